@@ -1,0 +1,35 @@
+# Two entry points on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-test
+export HF_DATASETS_OFFLINE := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: demo test install assets lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+assets: install
+	$(VENV)/bin/synthgen assets fetch --all
+
+demo: assets
+	$(PY) scripts/demo.py
+
+test: install
+	$(VENV)/bin/synthgen assets fetch wiki-summaries-en chatterbot-corpus-en
+	$(VENV)/bin/ruff check synthgen retriever tests scripts
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check synthgen retriever tests scripts
+	$(VENV)/bin/ruff format --check synthgen retriever tests scripts
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""Presets (frozen dataclasses): tiny for tests, CPU demo, GPU/TPU sizes, added per stage."""

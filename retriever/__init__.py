@@ -1,0 +1,1 @@
+"""Retrieval on DP synthetic data: dual encoders, metrics, ScaNN index, DP-RAG."""

@@ -1,0 +1,121 @@
+"""Corpus loaders: real text from the offline assets (or a local path) as `datasets.Dataset`.
+
+* `load_wiki_summaries`: Wikipedia lead paragraphs as (doc_id, title, document, query,
+  topic), with query = the article's short description. Entries without a description or
+  paragraph are dropped; doc_ids number the entries in file order, before dropping, so they
+  are stable across runs.
+* `load_chatterbot`: question/answer pairs as (category, question, answer).
+* `load_jsonl`: any JSON-lines file, for users' own corpora.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+import yaml
+
+from synthgen import assets
+
+WIKI_FILE = "summaries_en-us.json"
+
+
+def _resolve_file(name_or_path: str | Path, filename: str) -> Path:
+    path = assets.resolve(name_or_path)
+    if path.is_dir():
+        candidates = sorted(path.rglob(filename))
+        if not candidates:
+            raise FileNotFoundError(f"no {filename} under {path}")
+        path = candidates[0]
+    return path
+
+
+def load_wiki_summaries(
+    name_or_path: str | Path = "wiki-summaries-en", *, limit: int | None = None
+) -> datasets.Dataset:
+    """Loads the wiki summaries corpus.
+
+    Args:
+      name_or_path: asset name, the JSON file, or a folder containing it.
+      limit: keep only the first `limit` usable entries.
+
+    Returns:
+      Dataset with string columns doc_id, title, document, query, topic.
+    """
+    path = _resolve_file(name_or_path, WIKI_FILE)
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} is not a wiki summaries file (expected a JSON object)")
+    rows: dict[str, list[str]] = {k: [] for k in ("doc_id", "title", "document", "query", "topic")}
+    for index, (key, entry) in enumerate(raw.items()):
+        document = (entry.get("extract") or "").strip()
+        query = (entry.get("description") or "").strip()
+        if not document or not query:
+            continue
+        rows["doc_id"].append(f"wiki-{index:05d}")
+        rows["title"].append(entry.get("title") or key)
+        rows["document"].append(document)
+        rows["query"].append(query)
+        rows["topic"].append(entry.get("topic") or "Uncategorized")
+        if limit is not None and len(rows["doc_id"]) >= limit:
+            break
+    return datasets.Dataset.from_dict(rows)
+
+
+def load_chatterbot(name_or_path: str | Path = "chatterbot-corpus-en") -> datasets.Dataset:
+    """Loads ChatterBot YAML conversations as single-turn pairs.
+
+    Args:
+      name_or_path: asset name, a folder of YAML files, or one YAML file.
+
+    Returns:
+      Dataset with string columns category, question, answer (first two turns of each
+      conversation; files are read in sorted order).
+    """
+    path = assets.resolve(name_or_path)
+    files = sorted(path.rglob("*.yml")) if path.is_dir() else [path]
+    rows: dict[str, list[str]] = {"category": [], "question": [], "answer": []}
+    for file in files:
+        data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+        category = file.stem
+        for conversation in data.get("conversations", []):
+            if len(conversation) < 2:
+                continue
+            question, answer = (str(turn).strip() for turn in conversation[:2])
+            if question and answer:
+                rows["category"].append(category)
+                rows["question"].append(question)
+                rows["answer"].append(answer)
+    if not rows["question"]:
+        raise ValueError(f"no conversations found in {path}")
+    return datasets.Dataset.from_dict(rows)
+
+
+def load_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> datasets.Dataset:
+    """Loads a JSON-lines file, checking that every row has the `required` fields.
+
+    Raises:
+      FileNotFoundError: the file does not exist.
+      ValueError: the file is empty or a row lacks a required field (its line number
+        is named, never its content).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                raise ValueError(f"{path}:{number} is not valid JSON") from None
+            missing = [k for k in required if k not in record]
+            if missing:
+                raise ValueError(f"{path}:{number} lacks field(s) {missing}")
+            records.append(record)
+    if not records:
+        raise ValueError(f"{path} holds no records")
+    return datasets.Dataset.from_list(records)

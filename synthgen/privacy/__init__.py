@@ -1,0 +1,72 @@
+"""Privacy core: mechanisms, accounting and the budget ledger.
+
+Every DP release of the project goes through this package, so one ledger and one accountant
+state the guarantee of a whole pipeline. It imports nothing from the rest of the project.
+"""
+
+from synthgen.privacy.accounting import (
+    EpsilonDeltaDpEvent,
+    calibrate_noise_multiplier,
+    compose,
+    dpsgd_epsilon,
+    dpsgd_event,
+    epsilon,
+    epsilon_delta_event,
+    event_from_json,
+    event_to_json,
+    gaussian_event,
+    laplace_event,
+    make_accountant,
+    neighboring_relation,
+    poisson_sampled,
+    pure_epsilon_event,
+    self_composed,
+    steps_for_epochs,
+)
+from synthgen.privacy.errors import BudgetExceededError, PrivacyError, UnsupportedEventError
+from synthgen.privacy.ledger import Charge, PrivacyLedger, Scope, Spend
+from synthgen.privacy.mechanisms import (
+    AboveThreshold,
+    exponential_mechanism,
+    gaussian_mechanism,
+    laplace_mechanism,
+    limited_domain_top1,
+    report_noisy_max,
+    sparse_vector,
+)
+from synthgen.privacy.rng import secure_rng
+
+__all__ = [
+    "AboveThreshold",
+    "BudgetExceededError",
+    "Charge",
+    "EpsilonDeltaDpEvent",
+    "PrivacyError",
+    "PrivacyLedger",
+    "Scope",
+    "Spend",
+    "UnsupportedEventError",
+    "calibrate_noise_multiplier",
+    "compose",
+    "dpsgd_epsilon",
+    "dpsgd_event",
+    "epsilon",
+    "epsilon_delta_event",
+    "event_from_json",
+    "event_to_json",
+    "exponential_mechanism",
+    "gaussian_event",
+    "gaussian_mechanism",
+    "laplace_event",
+    "laplace_mechanism",
+    "limited_domain_top1",
+    "make_accountant",
+    "neighboring_relation",
+    "poisson_sampled",
+    "pure_epsilon_event",
+    "report_noisy_max",
+    "secure_rng",
+    "self_composed",
+    "sparse_vector",
+    "steps_for_epochs",
+]

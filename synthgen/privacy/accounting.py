@@ -1,0 +1,360 @@
+"""Privacy accounting on dp-accounting: events, accountants, DP-SGD, calibration.
+
+Every DP release in the project is described by a `dp_accounting.DpEvent`; this module builds
+those events for the mechanisms in `mechanisms.py` and for DP-SGD, converts them to and from
+JSON (for the ledger and output metadata), and turns a composition of events into one
+(epsilon, delta) statement with the PLD accountant (default, tight) or the RDP accountant.
+
+Samplings of DP-SGD (the training loop must do exactly this):
+  * ``poisson``: each example joins each step's batch independently with probability
+    q = batch_size / num_examples; add/remove-one neighbours; `PoissonSampledDpEvent`.
+  * ``shuffle``: each step's batch is a uniformly random subset of exactly `batch_size`
+    examples, drawn without replacement and independently across steps; replace-one
+    neighbours. RDP uses dp-accounting's `SampledWithoutReplacementDpEvent` (Wang, Balle &
+    Kasiviswanathan 2019). PLD uses the dominating pair for this sampling under
+    substitution, (1-q)N(0,s^2) + qN(-1,s^2) vs (1-q)N(0,s^2) + qN(1,s^2) (Zhu, Dong & Wang
+    2022), which dp-accounting builds for a `PoissonSampledDpEvent` under REPLACE_ONE.
+  Epoch-wise shuffling (a permutation split into batches) is *not* covered by either
+  accountant (Chua et al. 2024, "How private are DP-SGD implementations?").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+import attr
+import dp_accounting
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from synthgen.privacy.errors import UnsupportedEventError
+
+AccountantKind = Literal["pld", "rdp"]
+Sampling = Literal["poisson", "shuffle"]
+ACCOUNTANTS: tuple[str, ...] = ("pld", "rdp")
+SAMPLINGS: tuple[str, ...] = ("poisson", "shuffle")
+NeighboringRelation = dp_accounting.NeighboringRelation
+MIN_NOISE_MULTIPLIER = 0.3
+
+
+@attr.define(frozen=True)
+class EpsilonDeltaDpEvent(dp_event.DpEvent):
+    """A generic (epsilon, delta)-DP mechanism (delta = 0 for pure DP).
+
+    PLD composes it through its tight dominating pair (Kairouz, Oh & Viswanath 2015);
+    RDP only for delta = 0, through epsilon-DP => epsilon^2/2-zCDP (Bun & Steinke 2016).
+    """
+
+    epsilon: float
+    delta: float
+
+
+class PldAccountant(pld_privacy_accountant.PLDAccountant):
+    """dp-accounting's PLD accountant that also composes `EpsilonDeltaDpEvent`."""
+
+    def _maybe_compose(self, event, count, do_compose):
+        if isinstance(event, EpsilonDeltaDpEvent):
+            if do_compose:
+                params = privacy_loss_distribution.common.DifferentialPrivacyParameters(
+                    epsilon=event.epsilon, delta=event.delta
+                )
+                pld = privacy_loss_distribution.from_privacy_parameters(
+                    params, value_discretization_interval=self._value_discretization_interval
+                )
+                self._pld = self._pld.compose(pld.self_compose(count))
+            return None
+        return super()._maybe_compose(event, count, do_compose)
+
+
+class RdpAccountant(rdp_privacy_accountant.RdpAccountant):
+    """dp-accounting's RDP accountant that also composes pure `EpsilonDeltaDpEvent`."""
+
+    def _maybe_compose(self, event, count, do_compose):
+        if isinstance(event, EpsilonDeltaDpEvent):
+            if event.delta > 0:
+                return self.CompositionErrorDetails(
+                    invalid_event=event,
+                    error_message="RDP cannot compose (epsilon, delta>0) events; use PLD",
+                )
+            event = dp_event.ZCDpEvent(rho=event.epsilon**2 / 2)
+        return super()._maybe_compose(event, count, do_compose)
+
+
+def make_accountant(
+    kind: AccountantKind = "pld",
+    relation: NeighboringRelation = NeighboringRelation.ADD_OR_REMOVE_ONE,
+) -> dp_accounting.PrivacyAccountant:
+    """Returns a fresh accountant of the given kind for the given neighbouring relation."""
+    if kind == "pld":
+        return PldAccountant(neighboring_relation=relation)
+    if kind == "rdp":
+        return RdpAccountant(neighboring_relation=relation)
+    raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {kind=}")
+
+
+@contextlib.contextmanager
+def _quiet_absl() -> Iterator[None]:
+    """Silences dp-accounting's RDP warnings about orders it excludes (a safe omission)."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+# ---- events of the mechanisms -------------------------------------------------------------
+
+
+def gaussian_event(noise_multiplier: float) -> dp_event.DpEvent:
+    """Gaussian mechanism with noise std = noise_multiplier * L2 sensitivity."""
+    return dp_event.GaussianDpEvent(noise_multiplier)
+
+
+def laplace_event(epsilon: float) -> dp_event.DpEvent:
+    """Laplace mechanism with scale = sensitivity / epsilon."""
+    return dp_event.LaplaceDpEvent(1.0 / epsilon)
+
+
+def pure_epsilon_event(epsilon: float) -> dp_event.DpEvent:
+    """Any epsilon-DP mechanism (exponential, report-noisy-max, sparse vector)."""
+    return EpsilonDeltaDpEvent(epsilon=float(epsilon), delta=0.0)
+
+
+def epsilon_delta_event(epsilon: float, delta: float) -> dp_event.DpEvent:
+    """Any (epsilon, delta)-DP mechanism (e.g. LimitedDomain top-1)."""
+    return EpsilonDeltaDpEvent(epsilon=float(epsilon), delta=float(delta))
+
+
+def poisson_sampled(sampling_rate: float, event: dp_event.DpEvent) -> dp_event.DpEvent:
+    """`event` run on a Poisson subsample with inclusion probability `sampling_rate`."""
+    return dp_event.PoissonSampledDpEvent(sampling_rate, event)
+
+
+def self_composed(event: dp_event.DpEvent, count: int) -> dp_event.DpEvent:
+    """`event` run `count` times."""
+    return dp_event.SelfComposedDpEvent(event, count)
+
+
+def compose(events: Sequence[dp_event.DpEvent]) -> dp_event.DpEvent:
+    """All `events` run on the same dataset; identical events are grouped by count."""
+    counts = Counter(event_to_json(e) for e in events)
+    grouped = [
+        event_from_json(s) if n == 1 else self_composed(event_from_json(s), n)
+        for s, n in counts.items()
+    ]
+    return grouped[0] if len(grouped) == 1 else dp_event.ComposedDpEvent(grouped)
+
+
+# ---- DP-SGD -------------------------------------------------------------------------------
+
+
+def neighboring_relation(sampling: Sampling) -> NeighboringRelation:
+    """The neighbouring relation under which a DP-SGD sampling is analysed."""
+    if sampling == "poisson":
+        return NeighboringRelation.ADD_OR_REMOVE_ONE
+    if sampling == "shuffle":
+        return NeighboringRelation.REPLACE_ONE
+    raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling=}")
+
+
+def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:
+    """Number of steps that visit `epochs` x `num_examples` examples in expectation."""
+    _check_dpsgd_shape(num_examples, batch_size)
+    if not epochs > 0:
+        raise ValueError(f"epochs must be positive, got {epochs=}")
+    return max(1, math.ceil(epochs * num_examples / batch_size))
+
+
+def _check_dpsgd_shape(num_examples: int, batch_size: int) -> None:
+    if num_examples < 1:
+        raise ValueError(f"num_examples must be >= 1, got {num_examples=}")
+    if not 1 <= batch_size <= num_examples:
+        raise ValueError(f"batch_size must be in [1, num_examples], got {batch_size=}")
+
+
+def dpsgd_event(
+    *,
+    noise_multiplier: float,
+    num_examples: int,
+    batch_size: int,
+    steps: int,
+    sampling: Sampling = "poisson",
+    accountant: AccountantKind = "pld",
+) -> dp_event.DpEvent:
+    """The DpEvent of `steps` DP-SGD steps (see the module docstring for the samplings).
+
+    `batch_size` is the expected batch size (Poisson) or the exact one (shuffle). The
+    accountant matters only for `shuffle`, whose PLD and RDP events differ in form.
+    """
+    _check_dpsgd_shape(num_examples, batch_size)
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps=}")
+    if not noise_multiplier >= 0:
+        raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier=}")
+    step = gaussian_event(noise_multiplier)
+    rate = batch_size / num_examples
+    if sampling == "poisson" or (sampling == "shuffle" and accountant == "pld"):
+        sampled = poisson_sampled(rate, step)
+    elif sampling == "shuffle":
+        sampled = dp_event.SampledWithoutReplacementDpEvent(num_examples, batch_size, step)
+    else:
+        raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling=}")
+    return self_composed(sampled, steps)
+
+
+def epsilon(
+    event: dp_event.DpEvent,
+    delta: float,
+    *,
+    accountant: AccountantKind = "pld",
+    relation: NeighboringRelation = NeighboringRelation.ADD_OR_REMOVE_ONE,
+) -> float:
+    """Smallest epsilon such that `event` is (epsilon, delta)-DP under `accountant`."""
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta=}")
+    acc = make_accountant(accountant, relation)
+    if not acc.supports(event):
+        raise UnsupportedEventError(f"the {accountant} accountant cannot compose this event")
+    with _quiet_absl():
+        acc.compose(event)
+        return float(acc.get_epsilon(delta))
+
+
+def dpsgd_epsilon(
+    *,
+    noise_multiplier: float,
+    num_examples: int,
+    batch_size: int,
+    steps: int,
+    delta: float,
+    sampling: Sampling = "poisson",
+    accountant: AccountantKind = "pld",
+) -> float:
+    """Epsilon of DP-SGD with the given parameters."""
+    event = dpsgd_event(
+        noise_multiplier=noise_multiplier,
+        num_examples=num_examples,
+        batch_size=batch_size,
+        steps=steps,
+        sampling=sampling,
+        accountant=accountant,
+    )
+    return epsilon(event, delta, accountant=accountant, relation=neighboring_relation(sampling))
+
+
+def calibrate_noise_multiplier(
+    *,
+    target_epsilon: float,
+    delta: float,
+    num_examples: int,
+    batch_size: int,
+    steps: int,
+    sampling: Sampling = "poisson",
+    accountant: AccountantKind = "pld",
+    tolerance: float = 1e-3,
+) -> float:
+    """Smallest sigma (within `tolerance`) making the DP-SGD run (target_epsilon, delta)-DP.
+
+    Raises:
+      ValueError: on a non-positive target or a delta outside (0, 1).
+    """
+    if not target_epsilon > 0:
+        raise ValueError(f"target_epsilon must be positive, got {target_epsilon=}")
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta=}")
+    relation = neighboring_relation(sampling)
+
+    def make_event(sigma: float) -> dp_event.DpEvent:
+        return dpsgd_event(
+            noise_multiplier=sigma,
+            num_examples=num_examples,
+            batch_size=batch_size,
+            steps=steps,
+            sampling=sampling,
+            accountant=accountant,
+        )
+
+    def eps_of(sigma: float) -> float:
+        acc = make_accountant(accountant, relation)
+        with _quiet_absl():
+            return float(acc.compose(make_event(sigma)).get_epsilon(delta))
+
+    # Bracket [lower, upper] with eps(lower) > target >= eps(upper). Very small sigmas make
+    # the PLD discretisation explode, so the search stops at MIN_NOISE_MULTIPLIER: a target
+    # reachable with less noise gets that floor (more noise than needed, never less).
+    if eps_of(MIN_NOISE_MULTIPLIER) <= target_epsilon:
+        return MIN_NOISE_MULTIPLIER
+    lower, upper = MIN_NOISE_MULTIPLIER, 1.0
+    while eps_of(upper) > target_epsilon:
+        lower, upper = upper, upper * 2
+        if upper > 1e4:
+            raise ValueError(f"no noise multiplier <= 1e4 reaches {target_epsilon=}")
+    with _quiet_absl():
+        sigma = dp_accounting.calibrate_dp_mechanism(
+            lambda: make_accountant(accountant, relation),
+            make_event,
+            target_epsilon,
+            delta,
+            dp_accounting.ExplicitBracketInterval(lower, upper),
+            tol=tolerance,
+        )
+    # Brent's method returns a point within tol of the optimum; step up to the safe side.
+    while eps_of(sigma) > target_epsilon:
+        sigma += tolerance
+    return float(sigma)
+
+
+# ---- JSON ---------------------------------------------------------------------------------
+
+_EVENT_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in vars(dp_event).values()
+    if isinstance(cls, type) and issubclass(cls, dp_event.DpEvent)
+}
+_EVENT_TYPES[EpsilonDeltaDpEvent.__name__] = EpsilonDeltaDpEvent
+
+
+def _to_plain(event: dp_event.DpEvent) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": type(event).__name__}
+    for field in attr.fields(type(event)):
+        value = getattr(event, field.name)
+        if isinstance(value, dp_event.DpEvent):
+            value = _to_plain(value)
+        elif isinstance(value, list | tuple) and value and isinstance(value[0], dp_event.DpEvent):
+            value = [_to_plain(v) for v in value]
+        out[field.name] = value
+    return out
+
+
+def _from_plain(data: dict[str, Any]) -> dp_event.DpEvent:
+    data = dict(data)
+    cls = _EVENT_TYPES.get(data.pop("type", None))
+    if cls is None:
+        raise ValueError("unknown DpEvent type in JSON")
+    kwargs = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and "type" in value:
+            value = _from_plain(value)
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            value = [_from_plain(v) for v in value]
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def event_to_json(event: dp_event.DpEvent) -> str:
+    """Canonical JSON of a DpEvent (sorted keys), for the ledger and metadata."""
+    return json.dumps(_to_plain(event), sort_keys=True)
+
+
+def event_from_json(text: str) -> dp_event.DpEvent:
+    """Inverse of `event_to_json`."""
+    return _from_plain(json.loads(text))

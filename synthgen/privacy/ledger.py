@@ -1,0 +1,325 @@
+"""Persistent privacy budget ledger: one (epsilon, delta) cap per scope, charged before release.
+
+A scope is a (tenant, dataset) pair. Each charge records the stage that spent it, its
+DpEvent (JSON), its standalone (epsilon, delta), a free-form description (never private
+data) and the time. What a scope has spent is the composition of all its events under the
+scope's accountant, stated at the scope's delta cap:
+
+  * ``pld`` / ``rdp``: dp-accounting composition of the recorded events (tight);
+  * ``basic``: sum of the standalone epsilons and deltas (for events no accountant models).
+
+A charge that would push the composition past the cap raises `BudgetExceededError` and
+records nothing; callers draw noise only after `charge` returns. SQLite with
+``BEGIN IMMEDIATE`` serialises concurrent charges from threads and processes, so the check
+and the insert are one atomic step and the cap is never overspent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal
+
+from dp_accounting import dp_event
+
+from synthgen.privacy import accounting
+from synthgen.privacy.errors import BudgetExceededError, UnsupportedEventError
+
+LedgerAccountant = Literal["pld", "rdp", "basic"]
+LEDGER_ACCOUNTANTS = ("pld", "rdp", "basic")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS scopes (
+  tenant TEXT NOT NULL, dataset TEXT NOT NULL,
+  epsilon_cap REAL NOT NULL, delta_cap REAL NOT NULL,
+  accountant TEXT NOT NULL, relation TEXT NOT NULL, created_at REAL NOT NULL,
+  PRIMARY KEY (tenant, dataset));
+CREATE TABLE IF NOT EXISTS charges (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  tenant TEXT NOT NULL, dataset TEXT NOT NULL, stage TEXT NOT NULL,
+  epsilon REAL NOT NULL, delta REAL NOT NULL, event TEXT NOT NULL,
+  description TEXT NOT NULL, created_at REAL NOT NULL,
+  FOREIGN KEY (tenant, dataset) REFERENCES scopes (tenant, dataset));
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Scope:
+    """Who spends (tenant) on which private data (dataset), with its cap and accountant."""
+
+    tenant: str
+    dataset: str
+    epsilon_cap: float
+    delta_cap: float
+    accountant: LedgerAccountant = "pld"
+    relation: str = "ADD_OR_REMOVE_ONE"
+
+    def __post_init__(self) -> None:
+        if not self.tenant or not self.dataset:
+            raise ValueError(f"tenant and dataset must be non-empty, got {self.tenant=!r}")
+        if not (math.isfinite(self.epsilon_cap) and self.epsilon_cap > 0):
+            raise ValueError(f"epsilon_cap must be positive, got {self.epsilon_cap=}")
+        if not 0 < self.delta_cap < 1:
+            raise ValueError(f"delta_cap must be in (0, 1), got {self.delta_cap=}")
+        if self.accountant not in LEDGER_ACCOUNTANTS:
+            raise ValueError(
+                f"accountant must be one of {LEDGER_ACCOUNTANTS}, got {self.accountant=}"
+            )
+        if self.relation not in accounting.NeighboringRelation.__members__:
+            raise ValueError(f"unknown neighbouring relation {self.relation=}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Charge:
+    """One recorded spend."""
+
+    id: int
+    tenant: str
+    dataset: str
+    stage: str
+    epsilon: float
+    delta: float
+    event: str
+    description: str
+    created_at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Spend:
+    """Spent and remaining budget of a scope.
+
+    Under ``pld``/``rdp`` the spend is the statement (epsilon, delta_cap) of the composition,
+    so `delta` is the cap and `delta_remaining` is None; under ``basic`` both are sums.
+    """
+
+    epsilon: float
+    delta: float
+    epsilon_remaining: float
+    delta_remaining: float | None
+    num_charges: int
+
+
+class PrivacyLedger:
+    """SQLite-backed budget ledger shared by every DP stage of the project.
+
+    Args:
+      path: SQLite file; created if missing. Use one file per deployment.
+      timeout: seconds a charge waits for a concurrent writer before failing.
+    """
+
+    def __init__(self, path: str | Path, *, timeout: float = 60.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._timeout = timeout
+        with self._connect() as conn:
+            conn.executescript(_SCHEMA)
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None)
+        try:
+            conn.execute("PRAGMA foreign_keys = ON")
+            yield conn
+        finally:
+            conn.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    # ---- scopes -----------------------------------------------------------------------
+
+    def open_scope(self, scope: Scope) -> Scope:
+        """Creates `scope`, or checks that the stored one has the same cap and accountant."""
+        with self._write() as conn:
+            stored = self._scope(conn, scope.tenant, scope.dataset)
+            if stored is None:
+                conn.execute(
+                    "INSERT INTO scopes VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        scope.tenant,
+                        scope.dataset,
+                        scope.epsilon_cap,
+                        scope.delta_cap,
+                        scope.accountant,
+                        scope.relation,
+                        time.time(),
+                    ),
+                )
+                return scope
+        if stored != scope:
+            raise ValueError(
+                f"scope ({scope.tenant}, {scope.dataset}) exists with a different cap or "
+                f"accountant: stored={stored}"
+            )
+        return stored
+
+    def get_scope(self, tenant: str, dataset: str) -> Scope:
+        """Returns the stored scope; KeyError if it does not exist."""
+        with self._connect() as conn:
+            scope = self._scope(conn, tenant, dataset)
+        if scope is None:
+            raise KeyError(f"no ledger scope for {tenant=}, {dataset=}")
+        return scope
+
+    def scopes(self) -> list[Scope]:
+        """All scopes in the ledger."""
+        with self._connect() as conn:
+            rows = conn.execute(
+                "SELECT tenant, dataset, epsilon_cap, delta_cap, accountant, relation FROM scopes"
+            ).fetchall()
+        return [Scope(*row) for row in rows]
+
+    @staticmethod
+    def _scope(conn: sqlite3.Connection, tenant: str, dataset: str) -> Scope | None:
+        row = conn.execute(
+            "SELECT tenant, dataset, epsilon_cap, delta_cap, accountant, relation FROM scopes "
+            "WHERE tenant = ? AND dataset = ?",
+            (tenant, dataset),
+        ).fetchone()
+        return None if row is None else Scope(*row)
+
+    # ---- charges ----------------------------------------------------------------------
+
+    def charge(
+        self,
+        tenant: str,
+        dataset: str,
+        *,
+        stage: str,
+        event: dp_event.DpEvent,
+        description: str = "",
+        delta: float | None = None,
+    ) -> Charge:
+        """Records `event` against the scope if the composed spend stays within the cap.
+
+        Args:
+          tenant: scope tenant.
+          dataset: scope dataset.
+          stage: which stage spends (e.g. "train-generator", "rag-answer").
+          event: the DpEvent of the release that follows this charge.
+          description: public description (ids, parameters; never private data).
+          delta: delta at which to state this charge's standalone epsilon; default the
+            scope's cap. Required meaning for the ``basic`` accountant: its share of delta.
+
+        Returns:
+          The recorded charge.
+
+        Raises:
+          BudgetExceededError: the charge would exceed the cap; nothing is recorded.
+          UnsupportedEventError: the scope's accountant cannot compose `event`.
+        """
+        event_json = accounting.event_to_json(event)
+        with self._write() as conn:
+            scope = self._scope(conn, tenant, dataset)
+            if scope is None:
+                raise KeyError(f"no ledger scope for {tenant=}, {dataset=}; open it first")
+            own_eps, own_delta = self._standalone(scope, event, delta)
+            previous = [
+                (row[0], row[1], row[2])
+                for row in conn.execute(
+                    "SELECT event, epsilon, delta FROM charges WHERE tenant = ? AND dataset = ?",
+                    (tenant, dataset),
+                )
+            ]
+            total_eps, total_delta = self._compose(
+                scope, previous + [(event_json, own_eps, own_delta)]
+            )
+            if total_eps > scope.epsilon_cap * (1 + 1e-9) or total_delta > scope.delta_cap:
+                raise BudgetExceededError(
+                    f"charge refused for ({tenant}, {dataset}) stage={stage}: spend would be "
+                    f"epsilon={total_eps:.4g}, delta={total_delta:.3g} over cap "
+                    f"epsilon={scope.epsilon_cap:g}, delta={scope.delta_cap:g}"
+                )
+            now = time.time()
+            cursor = conn.execute(
+                "INSERT INTO charges (tenant, dataset, stage, epsilon, delta, event, description,"
+                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (tenant, dataset, stage, own_eps, own_delta, event_json, description, now),
+            )
+            return Charge(
+                cursor.lastrowid,
+                tenant,
+                dataset,
+                stage,
+                own_eps,
+                own_delta,
+                event_json,
+                description,
+                now,
+            )
+
+    def charges(self, tenant: str, dataset: str) -> list[Charge]:
+        """All charges of a scope, oldest first."""
+        with self._connect() as conn:
+            rows = conn.execute(
+                "SELECT id, tenant, dataset, stage, epsilon, delta, event, description, created_at"
+                " FROM charges WHERE tenant = ? AND dataset = ? ORDER BY id",
+                (tenant, dataset),
+            ).fetchall()
+        return [Charge(*row) for row in rows]
+
+    def spent(self, tenant: str, dataset: str) -> Spend:
+        """Composed spend of a scope under its accountant, and what remains of its cap."""
+        scope = self.get_scope(tenant, dataset)
+        charges = self.charges(tenant, dataset)
+        eps, delta = self._compose(scope, [(c.event, c.epsilon, c.delta) for c in charges])
+        return Spend(
+            epsilon=eps,
+            delta=delta,
+            epsilon_remaining=max(0.0, scope.epsilon_cap - eps),
+            delta_remaining=(
+                max(0.0, scope.delta_cap - delta) if scope.accountant == "basic" else None
+            ),
+            num_charges=len(charges),
+        )
+
+    # ---- accounting -------------------------------------------------------------------
+
+    @staticmethod
+    def _relation(scope: Scope) -> accounting.NeighboringRelation:
+        return accounting.NeighboringRelation[scope.relation]
+
+    def _standalone(
+        self, scope: Scope, event: dp_event.DpEvent, delta: float | None
+    ) -> tuple[float, float]:
+        if isinstance(event, accounting.EpsilonDeltaDpEvent):
+            return event.epsilon, event.delta
+        if delta is None:
+            if scope.accountant == "basic":
+                raise ValueError("the basic accountant needs an explicit delta for this event")
+            delta = scope.delta_cap
+        kind = "pld" if scope.accountant == "basic" else scope.accountant
+        eps = accounting.epsilon(event, delta, accountant=kind, relation=self._relation(scope))
+        return eps, delta
+
+    def _compose(
+        self, scope: Scope, records: list[tuple[str, float, float]]
+    ) -> tuple[float, float]:
+        """(epsilon at the delta cap, delta) of all records under the scope's accountant."""
+        if not records:
+            return 0.0, (0.0 if scope.accountant == "basic" else scope.delta_cap)
+        if scope.accountant == "basic":
+            return sum(r[1] for r in records), sum(r[2] for r in records)
+        events = [accounting.event_from_json(r[0]) for r in records]
+        composed = accounting.compose(events)
+        acc = accounting.make_accountant(scope.accountant, self._relation(scope))
+        if not acc.supports(composed):
+            raise UnsupportedEventError(
+                f"the {scope.accountant} accountant of scope ({scope.tenant}, {scope.dataset}) "
+                "cannot compose this event"
+            )
+        acc.compose(composed)
+        return float(acc.get_epsilon(scope.delta_cap)), scope.delta_cap

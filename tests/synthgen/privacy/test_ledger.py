@@ -1,0 +1,153 @@
+"""Budget ledger: refusal changes nothing, persistence, concurrent charges never overspend."""
+
+import multiprocessing
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from synthgen.privacy import accounting
+from synthgen.privacy.errors import BudgetExceededError, UnsupportedEventError
+from synthgen.privacy.ledger import PrivacyLedger, Scope
+
+
+def _open(tmp_path, accountant="pld", cap=2.0):
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    ledger.open_scope(Scope("acme", "queries", cap, 1e-5, accountant))
+    return ledger
+
+
+def test_refused_charge_changes_nothing(tmp_path):
+    ledger = _open(tmp_path)
+    ledger.charge("acme", "queries", stage="train", event=accounting.pure_epsilon_event(1.5))
+    before_charges = ledger.charges("acme", "queries")
+    before_spend = ledger.spent("acme", "queries")
+    with pytest.raises(BudgetExceededError):
+        ledger.charge("acme", "queries", stage="rag", event=accounting.pure_epsilon_event(1.0))
+    assert ledger.charges("acme", "queries") == before_charges
+    assert ledger.spent("acme", "queries") == before_spend
+
+
+def test_spend_is_the_composition_under_the_accountant(tmp_path):
+    ledger = _open(tmp_path, cap=10.0)
+    events = [
+        accounting.dpsgd_event(noise_multiplier=1.0, num_examples=1000, batch_size=10, steps=100),
+        accounting.pure_epsilon_event(0.5),
+        accounting.gaussian_event(4.0),
+    ]
+    for e in events:
+        ledger.charge("acme", "queries", stage="s", event=e)
+    spend = ledger.spent("acme", "queries")
+    assert spend.epsilon == pytest.approx(accounting.epsilon(accounting.compose(events), 1e-5))
+    assert spend.epsilon_remaining == pytest.approx(10.0 - spend.epsilon)
+    assert spend.num_charges == 3
+    # Each charge records its standalone guarantee too.
+    first = ledger.charges("acme", "queries")[0]
+    assert first.epsilon == pytest.approx(accounting.epsilon(events[0], 1e-5))
+    assert first.delta == 1e-5
+
+
+def test_persists_across_reopen(tmp_path):
+    ledger = _open(tmp_path)
+    ledger.charge(
+        "acme",
+        "queries",
+        stage="train",
+        event=accounting.pure_epsilon_event(0.4),
+        description="run 7",
+    )
+    reopened = PrivacyLedger(tmp_path / "ledger.sqlite")
+    [charge] = reopened.charges("acme", "queries")
+    assert (charge.stage, charge.epsilon, charge.description) == ("train", 0.4, "run 7")
+    assert reopened.spent("acme", "queries").epsilon == pytest.approx(0.4, abs=1e-3)
+    with pytest.raises(ValueError, match="different cap"):
+        reopened.open_scope(Scope("acme", "queries", 99.0, 1e-5))
+    assert reopened.open_scope(Scope("acme", "queries", 2.0, 1e-5)).epsilon_cap == 2.0
+
+
+def test_basic_accountant_sums_and_needs_delta(tmp_path):
+    ledger = _open(tmp_path, accountant="basic", cap=2.0)
+    ledger.charge("acme", "queries", stage="a", event=accounting.epsilon_delta_event(0.5, 4e-6))
+    with pytest.raises(ValueError, match="explicit delta"):
+        ledger.charge("acme", "queries", stage="b", event=accounting.gaussian_event(5.0))
+    ledger.charge("acme", "queries", stage="b", event=accounting.gaussian_event(5.0), delta=5e-6)
+    spend = ledger.spent("acme", "queries")
+    assert spend.delta == pytest.approx(9e-6)
+    with pytest.raises(BudgetExceededError):  # delta would exceed the cap
+        ledger.charge(
+            "acme", "queries", stage="c", event=accounting.epsilon_delta_event(0.01, 2e-6)
+        )
+
+
+def test_rdp_scope_refuses_approximate_events(tmp_path):
+    ledger = _open(tmp_path, accountant="rdp")
+    with pytest.raises(UnsupportedEventError):
+        ledger.charge("acme", "queries", stage="x", event=accounting.epsilon_delta_event(0.1, 1e-9))
+    assert ledger.charges("acme", "queries") == []
+
+
+def test_unknown_scope_and_bad_scope():
+    with pytest.raises(ValueError):
+        Scope("t", "d", -1.0, 1e-5)
+    with pytest.raises(ValueError):
+        Scope("t", "d", 1.0, 1.0)
+    with pytest.raises(ValueError):
+        Scope("", "d", 1.0, 1e-5)
+
+
+STEP = 0.25
+
+
+def _how_many_fit(cap):
+    """Sequentially, how many STEP charges the PLD accountant admits under `cap`."""
+    k = 0
+    while accounting.epsilon(
+        accounting.compose([accounting.pure_epsilon_event(STEP)] * (k + 1)), 1e-5
+    ) <= cap * (1 + 1e-9):
+        k += 1
+    return k
+
+
+def _charge_until_refused(path, barrier=None, results=None):
+    ledger = PrivacyLedger(path)
+    if barrier is not None:
+        barrier.wait()  # all workers charge at the same moment
+    accepted = 0
+    for _ in range(10):
+        try:
+            ledger.charge("acme", "queries", stage="p", event=accounting.pure_epsilon_event(STEP))
+            accepted += 1
+        except BudgetExceededError:
+            pass
+    if results is not None:
+        results.put(accepted)
+    return accepted
+
+
+def test_eight_processes_never_overspend(tmp_path):
+    cap = 2.0
+    _open(tmp_path, cap=cap)
+    path = tmp_path / "ledger.sqlite"
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(8), ctx.Queue()
+    workers = [
+        ctx.Process(target=_charge_until_refused, args=(path, barrier, results)) for _ in range(8)
+    ]
+    for w in workers:
+        w.start()
+    accepted = [results.get(timeout=300) for _ in workers]
+    for w in workers:
+        w.join()
+        assert w.exitcode == 0
+    ledger = PrivacyLedger(path)
+    assert sum(accepted) == len(ledger.charges("acme", "queries")) == _how_many_fit(cap)
+    assert ledger.spent("acme", "queries").epsilon <= cap
+
+
+def test_threads_never_overspend(tmp_path):
+    cap = 1.5
+    _open(tmp_path, cap=cap)
+    path = tmp_path / "ledger.sqlite"
+    with ThreadPoolExecutor(8) as pool:
+        accepted = list(pool.map(_charge_until_refused, [path] * 8))
+    assert sum(accepted) == _how_many_fit(cap)
+    assert PrivacyLedger(path).spent("acme", "queries").epsilon <= cap
