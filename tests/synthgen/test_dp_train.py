@@ -1,0 +1,219 @@
+"""DP-Adafactor: clipping against a naive reference, sensitivity, noise scale, resumption."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from scipy import stats
+
+from synthgen import dp_train
+from synthgen.batching import BatchSampler
+from synthgen.privacy import accounting
+from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.rng import secure_rng
+
+D = 6
+
+
+def _loss(trainable, frozen, ex):
+    pred = jnp.tanh(ex["x"] @ trainable["w"]) @ trainable["v"] + frozen["bias"]
+    return (pred - ex["y"]) ** 2
+
+
+def _setup(n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    data = {
+        "x": rng.normal(size=(n, D)).astype(np.float32) * 3,
+        "y": rng.normal(size=(n,)).astype(np.float32),
+    }
+    trainable = {
+        "w": jnp.asarray(rng.normal(size=(D, 4)), jnp.float32),
+        "v": jnp.asarray(rng.normal(size=(4,)), jnp.float32),
+    }
+    return data, trainable, {"bias": jnp.float32(0.5)}
+
+
+def _naive_clipped_sum(trainable, frozen, data, mask, clip):
+    grad = jax.grad(_loss)
+    total = jax.tree.map(jnp.zeros_like, trainable)
+    for i in range(len(mask)):
+        g = grad(trainable, frozen, {k: v[i] for k, v in data.items()})
+        norm = jnp.sqrt(sum(jnp.sum(x**2) for x in jax.tree.leaves(g)))
+        factor = mask[i] * min(1.0, clip / float(norm))
+        total = jax.tree.map(lambda t, x, f=factor: t + f * x, total, g)
+    return total
+
+
+def test_clipped_sum_matches_naive_per_example_loop():
+    data, trainable, frozen = _setup(n=16)
+    mask = np.ones(16, np.float32)
+    mask[[3, 11]] = 0
+    clip = 0.7
+    fn = jax.jit(dp_train.make_clipped_grad_sum(_loss, clip))
+    shaped = {k: v.reshape(4, 4, *v.shape[1:]) for k, v in data.items()}
+    got, _, clipped = fn(trainable, frozen, shaped, mask.reshape(4, 4))
+    want = _naive_clipped_sum(trainable, frozen, data, mask, clip)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert clipped > 0  # the test exercises the clipping branch
+
+
+def test_sensitivity_of_the_clipped_sum_is_the_clip_norm():
+    # Neighbouring datasets (one example removed, i.e. masked out): the L2 distance of the
+    # sums is at most C, with equality when that example's gradient exceeds C.
+    data, trainable, frozen = _setup(n=8, seed=1)
+    clip = 0.3
+    fn = jax.jit(dp_train.make_clipped_grad_sum(_loss, clip))
+    shaped = {k: v.reshape(2, 4, *v.shape[1:]) for k, v in data.items()}
+    full, _, _ = fn(trainable, frozen, shaped, np.ones((2, 4), np.float32))
+    for i in range(8):
+        mask = np.ones(8, np.float32)
+        mask[i] = 0
+        nb, _, _ = fn(trainable, frozen, shaped, mask.reshape(2, 4))
+        diff = np.sqrt(
+            sum(
+                float(jnp.sum((a - b) ** 2))
+                for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(nb))
+            )
+        )
+        assert diff <= clip * (1 + 1e-5)
+
+
+def test_noise_has_scale_sigma_c_over_b():
+    sigma, clip, batch = 1.3, 0.5, 10
+    update = jax.jit(
+        dp_train.make_noisy_update(
+            optax.sgd(-1.0), clip_norm=clip, noise_multiplier=sigma, expected_batch=batch
+        )
+    )
+    params = {"w": jnp.zeros(20_000)}
+    zero_sum = {"w": jnp.zeros(20_000)}
+    opt = optax.sgd(-1.0)
+    new, _ = update(params, opt.init(params), zero_sum, jax.random.key(3))
+    samples = np.asarray(new["w"])
+    scale = sigma * clip / batch
+    assert stats.kstest(samples, stats.norm(scale=scale).cdf).pvalue > 0.01
+    for wrong in (scale * 2 / 3, scale * 3 / 2):
+        assert stats.kstest(samples, stats.norm(scale=wrong).cdf).pvalue < 1e-6
+
+
+def test_poisson_sampler_rate_and_fixed_shapes():
+    sampler = BatchSampler(1000, 50, 16, "poisson", secure_rng(0))
+    sizes = [len(sampler.sample()) for _ in range(400)]
+    assert abs(np.mean(sizes) - 50) < 1.5  # binomial(1000, 0.05): sd of the mean ~0.34
+    chunks = list(sampler.chunks(np.arange(37)))
+    assert [c.indices.shape for c in chunks] == [(16,)] * 3
+    assert sum(c.mask.sum() for c in chunks) == 37
+    assert len(list(sampler.chunks(np.arange(0)))) == 1  # empty batch: one masked chunk
+    shuffle = BatchSampler(100, 10, 8, "shuffle", secure_rng(1))
+    batch = shuffle.sample()
+    assert len(batch) == len(set(batch.tolist())) == 10
+
+
+def test_plan_and_bad_input():
+    cfg = dp_train.DPConfig(batch_size=32, epochs=2, target_epsilon=4.0, accountant="rdp")
+    plan = dp_train.plan_privacy(cfg, 640)
+    assert plan.delta == 1 / 1280 and plan.steps == 40 and plan.epsilon <= 4.0
+    want = accounting.dpsgd_epsilon(
+        noise_multiplier=plan.noise_multiplier,
+        num_examples=640,
+        batch_size=32,
+        steps=40,
+        delta=1 / 1280,
+        accountant="rdp",
+    )
+    assert plan.epsilon == want
+    with pytest.raises(ValueError, match="empty"):
+        dp_train.plan_privacy(cfg, 0)
+    with pytest.raises(ValueError, match="delta"):
+        dp_train.plan_privacy(dp_train.DPConfig(batch_size=4, delta=0.5, target_epsilon=1), 10)
+    with pytest.raises(ValueError, match="target_epsilon"):
+        dp_train.DPConfig(target_epsilon=0.0)
+    with pytest.raises(ValueError, match="exactly one"):
+        dp_train.DPConfig(noise_multiplier=1.0, target_epsilon=1.0)
+
+
+def _cfg(**kw):
+    base = dict(
+        batch_size=16,
+        epochs=4,
+        clip_norm=1.0,
+        learning_rate=0.05,
+        noise_multiplier=0.5,
+        target_epsilon=None,
+        physical_batch=8,
+        microbatch=4,
+        seed=7,
+        checkpoint_every=3,
+    )
+    base.update(kw)
+    return dp_train.DPConfig(**base)
+
+
+def test_training_reduces_loss_and_charges_ledger(tmp_path):
+    data, trainable, frozen = _setup(n=128)
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.open_scope(Scope("t", "toy", 100.0, 1e-3))
+    result = dp_train.train(
+        _loss,
+        trainable,
+        frozen,
+        data,
+        _cfg(epochs=8),
+        progress=False,
+        ledger=ledger,
+        ledger_scope=("t", "toy"),
+    )
+    assert np.mean(result.losses[-10:]) < np.mean(result.losses[:10])
+    [charge] = ledger.charges("t", "toy")
+    assert charge.stage == "dp-train"
+    assert accounting.event_from_json(charge.event) == result.plan.event
+
+
+def test_resume_gives_the_same_run(tmp_path):
+    data, trainable, frozen = _setup(n=64)
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.open_scope(Scope("t", "toy", 100.0, 1e-3))
+    full = dp_train.train(_loss, trainable, frozen, data, _cfg(), progress=False)
+    ckpt = tmp_path / "ckpt"
+    first = dp_train.train(
+        _loss,
+        trainable,
+        frozen,
+        data,
+        _cfg(),
+        progress=False,
+        checkpoint_dir=ckpt,
+        stop_after=7,
+        ledger=ledger,
+        ledger_scope=("t", "toy"),
+    )
+    assert first.steps_run == 7
+    second = dp_train.train(
+        _loss,
+        trainable,
+        frozen,
+        data,
+        _cfg(),
+        progress=False,
+        checkpoint_dir=ckpt,
+        ledger=ledger,
+        ledger_scope=("t", "toy"),
+    )
+    assert second.resumed_from == 7  # a stop saves a checkpoint
+    assert second.steps_run == full.steps_run == full.plan.steps
+    assert second.plan.epsilon == full.plan.epsilon
+    for a, b in zip(jax.tree.leaves(second.trainable), jax.tree.leaves(full.trainable)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert len(ledger.charges("t", "toy")) == 1  # the resume did not charge again
+    with pytest.raises(ValueError, match="different run"):
+        dp_train.train(
+            _loss,
+            trainable,
+            frozen,
+            data,
+            _cfg(noise_multiplier=0.9),
+            progress=False,
+            checkpoint_dir=ckpt,
+        )
