@@ -295,6 +295,7 @@ def train(
     description: str = "",
     progress: bool = True,
     stop_after: int | None = None,
+    plan: PrivacyPlan | None = None,
 ) -> TrainResult:
     """Runs DP-Adafactor on `data` (arrays with a leading example axis).
 
@@ -311,6 +312,7 @@ def train(
       description: public description for the ledger (ids and parameters only).
       progress: show a progress bar (loss, examples/s, epsilon so far).
       stop_after: stop after this many steps in total (to test resumption).
+      plan: the run's privacy plan if already computed by `plan_privacy(config, n)`.
 
     Returns:
       TrainResult with the final trainable parameters and the privacy plan.
@@ -319,7 +321,10 @@ def train(
     if len(sizes) != 1:
         raise ValueError(f"all data arrays need the same number of rows, got {sorted(sizes)}")
     n = sizes.pop()
-    plan = plan_privacy(config, n)
+    if plan is None:
+        plan = plan_privacy(config, n)
+    elif plan.num_examples != n or plan.batch_size != config.batch_size:
+        raise ValueError("the privacy plan was made for another dataset or batch size")
     devices = jax.device_count()
     if config.microbatch % devices:
         raise ValueError(f"microbatch={config.microbatch} must be a multiple of {devices=}")

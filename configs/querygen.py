@@ -1,0 +1,109 @@
+"""Query-generator presets: tiny (tests), CPU demo, and the paper's GPU/TPU sizes.
+
+Carranza et al. 2023 hyper-parameters (t5_small, t5_base): learning rate 1e-3, clip norm
+0.1, batch 1024, 30 epochs, input 384 / target 128 tokens, delta = 1/(2n), nucleus p = 0.8.
+T5 weights do not ship on PyPI: pass `--base /path/to/hf/t5-small` (config.json +
+model.safetensors + spiece.model).
+"""
+
+from synthgen.dp_train import DPConfig
+from synthgen.querygen import GeneratorConfig
+
+_TINY_DP = DPConfig(
+    batch_size=32,
+    epochs=3,
+    clip_norm=1.0,
+    learning_rate=1e-2,
+    target_epsilon=8.0,
+    physical_batch=16,
+    microbatch=8,
+    checkpoint_every=20,
+)
+
+PRESETS: dict[str, GeneratorConfig] = {
+    "tiny_t5": GeneratorConfig(
+        family="t5",
+        base="random:tiny",
+        dp=_TINY_DP,
+        vocab_size=512,
+        input_len=64,
+        target_len=16,
+        max_new_tokens=12,
+        generation_batch=32,
+    ),
+    "tiny_llama": GeneratorConfig(
+        family="llama",
+        base="random:tiny",
+        dp=_TINY_DP,
+        vocab_size=512,
+        input_len=64,
+        target_len=16,
+        max_new_tokens=12,
+        generation_batch=32,
+    ),
+    # The demo: LoRA on SmolLM2-135M-Instruct, sized to finish in ~10 minutes on 2 cores.
+    "smollm2_lora_cpu": GeneratorConfig(
+        family="llama",
+        base="smollm2-135m-instruct",
+        lora_rank=8,
+        lora_alpha=16.0,
+        input_len=96,
+        target_len=16,
+        max_new_tokens=16,
+        generation_batch=8,
+        dp=DPConfig(
+            batch_size=32,
+            epochs=0.1,
+            clip_norm=1.0,
+            learning_rate=2e-3,
+            target_epsilon=8.0,
+            physical_batch=8,
+            microbatch=4,
+            checkpoint_every=5,
+        ),
+    ),
+    "t5_small": GeneratorConfig(
+        family="t5",
+        base="t5-small",
+        input_len=384,
+        target_len=128,
+        max_new_tokens=32,
+        generation_batch=64,
+        dp=DPConfig(
+            batch_size=1024,
+            epochs=30,
+            clip_norm=0.1,
+            learning_rate=1e-3,
+            target_epsilon=8.0,
+            physical_batch=128,
+            microbatch=16,
+            checkpoint_every=100,
+        ),
+    ),
+    "t5_base": GeneratorConfig(
+        family="t5",
+        base="t5-base",
+        input_len=384,
+        target_len=128,
+        max_new_tokens=32,
+        generation_batch=64,
+        dp=DPConfig(
+            batch_size=1024,
+            epochs=30,
+            clip_norm=0.1,
+            learning_rate=1e-3,
+            target_epsilon=8.0,
+            physical_batch=64,
+            microbatch=8,
+            checkpoint_every=100,
+        ),
+    ),
+}
+
+
+def get(name: str) -> GeneratorConfig:
+    """Returns a preset by name; ValueError naming the presets otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}") from None

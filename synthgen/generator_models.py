@@ -1,0 +1,257 @@
+"""Model families behind the query generator: loading, task encoding, per-example loss, sampling.
+
+Task: document -> query. T5 reads ``generate_query: {document}`` and writes the query.
+A Llama-architecture decoder reads the same instruction as a prompt (through its chat template
+when it has one) and writes the query after it. Documents are public; queries are private.
+
+Encodings have static shapes (inputs padded to `input_len`, targets to `target_len`) so one
+jitted per-example loss serves every example. Losses are per example: mean token
+cross-entropy over that example's own target tokens; nothing depends on the batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from synthgen.models.lora import is_lora_path
+from synthgen.models.sampling import SamplingConfig
+
+TASK_PREFIX = "generate_query: "
+CHAT_INSTRUCTION = "Write a short search query that this document answers.\n\n"
+_SENTINEL = "\x00DOCUMENT\x00"
+
+PyTree = Any
+
+
+def split_trainable(params: PyTree, *, lora: bool) -> tuple[PyTree, PyTree]:
+    """(trainable, frozen): the LoRA adapters and the rest, or everything and nothing."""
+    if not lora:
+        return params, {}
+    flat = traverse_util.flatten_dict(params)
+    trainable = {k: v for k, v in flat.items() if is_lora_path(k)}
+    if not trainable:
+        raise ValueError("lora_rank > 0 but the model has no LoRA parameters")
+    frozen = {k: v for k, v in flat.items() if not is_lora_path(k)}
+    return traverse_util.unflatten_dict(trainable), traverse_util.unflatten_dict(frozen)
+
+
+def merge_params(trainable: PyTree, frozen: PyTree) -> PyTree:
+    """Inverse of `split_trainable`."""
+    if not frozen:
+        return trainable
+    flat = traverse_util.flatten_dict(frozen)
+    flat.update(traverse_util.flatten_dict(trainable))
+    return traverse_util.unflatten_dict(flat)
+
+
+def _token_nll(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean negative log-likelihood of `targets` over positions where `mask` is 1."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def _pad(ids: Sequence[int], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    out = np.full(length, pad, np.int32)
+    mask = np.zeros(length, np.float32)
+    out[: len(ids)] = ids
+    mask[: len(ids)] = 1.0
+    return out, mask
+
+
+@dataclasses.dataclass
+class T5Family:
+    """T5 encoder-decoder (synthgen.models.t5)."""
+
+    config: Any
+    tokenizer: Any
+    name: str = "t5"
+
+    @property
+    def module(self):
+        from synthgen.models.t5 import T5
+
+        return T5(self.config)
+
+    def encode_input(self, document: str, input_len: int) -> list[int]:
+        ids = self.tokenizer.encode(TASK_PREFIX + document)[: input_len - 1]
+        return ids + [self.tokenizer.eos_id]
+
+    def encode_pairs(self, documents, queries, input_len: int, target_len: int) -> dict:
+        tok = self.tokenizer
+        rows = {k: [] for k in ("input_ids", "input_mask", "targets", "target_mask")}
+        for document, query in zip(documents, queries, strict=True):
+            inp, inp_mask = _pad(self.encode_input(document, input_len), input_len, tok.pad_id)
+            tgt_ids = tok.encode(query)[: target_len - 1] + [tok.eos_id]
+            tgt, tgt_mask = _pad(tgt_ids, target_len, tok.pad_id)
+            for key, value in zip(rows, (inp, inp_mask, tgt, tgt_mask), strict=True):
+                rows[key].append(value)
+        return {k: np.stack(v) for k, v in rows.items()}
+
+    def loss_fn(self):
+        from synthgen.models.t5 import shift_right
+
+        module, cfg = self.module, self.config
+
+        def loss(trainable, frozen, ex):
+            params = merge_params(trainable, frozen)
+            targets = ex["targets"][None]
+            decoder_in = shift_right(targets, cfg.decoder_start_token_id, cfg.pad_token_id)
+            logits = module.apply(
+                {"params": params},
+                ex["input_ids"][None],
+                ex["input_mask"][None],
+                decoder_in,
+                ex["target_mask"][None],
+            )
+            return _token_nll(logits[0], ex["targets"], ex["target_mask"])
+
+        return loss
+
+    def generate(
+        self,
+        params,
+        documents: Sequence[str],
+        *,
+        input_len: int,
+        max_new_tokens: int,
+        sampling: SamplingConfig,
+        key: jax.Array,
+        num_samples: int,
+        batch_size: int,
+    ) -> list[list[str]]:
+        from synthgen.models.t5_decoding import t5_generate
+
+        tok = self.tokenizer
+        out: list[list[str]] = []
+        for start in range(0, len(documents), batch_size):
+            part = list(documents[start : start + batch_size])
+            real = len(part)
+            part += [""] * (batch_size - real)  # static batch shape
+            enc = [_pad(self.encode_input(d, input_len), input_len, tok.pad_id) for d in part]
+            ids = np.stack([e[0] for e in enc])
+            mask = np.stack([e[1] for e in enc]).astype(np.int32)
+            gen = t5_generate(
+                self.config,
+                params,
+                jnp.asarray(ids),
+                jnp.asarray(mask),
+                max_new_tokens=max_new_tokens,
+                sampling=sampling,
+                key=jax.random.fold_in(key, start),
+                num_samples=num_samples,
+            )
+            gen = np.asarray(gen).reshape(batch_size, num_samples, -1)
+            for row in gen[:real]:
+                out.append([tok.decode(_until_eos(r, tok.eos_id)) for r in row])
+        return out
+
+
+def _until_eos(ids: Sequence[int], eos: int) -> list[int]:
+    ids = [int(i) for i in ids]
+    return ids[: ids.index(eos)] if eos in ids else ids
+
+
+@dataclasses.dataclass
+class LlamaFamily:
+    """Llama-architecture decoder (synthgen.models.llama)."""
+
+    config: Any
+    tokenizer: Any
+    name: str = "llama"
+
+    @property
+    def module(self):
+        from synthgen.models.llama import Llama
+
+        return Llama(self.config)
+
+    def _prompt_parts(self) -> tuple[list[int], list[int]]:
+        """Token ids before and after the document in the prompt."""
+        tok = self.tokenizer
+        template = getattr(tok, "apply_chat_template", None)
+        text = None
+        if template is not None and getattr(tok, "chat_template", None):
+            text = template(
+                [{"role": "user", "content": CHAT_INSTRUCTION + _SENTINEL}],
+                add_generation_prompt=True,
+            )
+        if text is None:
+            text = TASK_PREFIX + _SENTINEL + "\nquery:"
+        before, after = text.split(_SENTINEL)
+        prefix = [tok.bos_id] if tok.bos_id is not None and not text.startswith("<") else []
+        return prefix + tok.encode(before), tok.encode(after)
+
+    def encode_prompt(self, document: str, input_len: int) -> list[int]:
+        before, after = self._prompt_parts()
+        budget = input_len - len(before) - len(after)
+        if budget < 1:
+            raise ValueError(f"input_len={input_len} leaves no room for the document")
+        return before + self.tokenizer.encode(document)[:budget] + after
+
+    def encode_pairs(self, documents, queries, input_len: int, target_len: int) -> dict:
+        tok = self.tokenizer
+        total = input_len + target_len
+        rows = {k: [] for k in ("tokens", "attention_mask", "loss_mask")}
+        for document, query in zip(documents, queries, strict=True):
+            prompt = self.encode_prompt(document, input_len)
+            target = tok.encode(query)[: target_len - 1] + [tok.eos_id]
+            tokens, attn = _pad(prompt + target, total, tok.pad_id)
+            loss_mask = np.zeros(total, np.float32)
+            # position t predicts token t+1: mark the positions that predict target tokens
+            loss_mask[len(prompt) - 1 : len(prompt) - 1 + len(target)] = 1.0
+            rows["tokens"].append(tokens)
+            rows["attention_mask"].append(attn)
+            rows["loss_mask"].append(loss_mask)
+        return {k: np.stack(v) for k, v in rows.items()}
+
+    def loss_fn(self):
+        module = self.module
+
+        def loss(trainable, frozen, ex):
+            params = merge_params(trainable, frozen)
+            logits = module.apply(
+                {"params": params}, ex["tokens"][None], ex["attention_mask"][None]
+            )[0]
+            next_tokens = jnp.roll(ex["tokens"], -1)
+            return _token_nll(logits, next_tokens, ex["loss_mask"])
+
+        return loss
+
+    def generate(
+        self,
+        params,
+        documents: Sequence[str],
+        *,
+        input_len: int,
+        max_new_tokens: int,
+        sampling: SamplingConfig,
+        key: jax.Array,
+        num_samples: int,
+        batch_size: int,
+    ) -> list[list[str]]:
+        from synthgen.models.decoding import generate
+
+        tok = self.tokenizer
+        prompts = [self.encode_prompt(d, input_len) for d in documents for _ in range(num_samples)]
+        outs: list[list[int]] = []
+        for start in range(0, len(prompts), batch_size):
+            outs += generate(
+                self.config,
+                params,
+                prompts[start : start + batch_size],
+                max_new_tokens=max_new_tokens,
+                sampling=sampling,
+                key=jax.random.fold_in(key, start),
+                eos_id=tok.eos_id,
+                pad_id=tok.pad_id,
+            )
+        texts = [tok.decode(_until_eos(o, tok.eos_id)).strip() for o in outs]
+        return [texts[i : i + num_samples] for i in range(0, len(texts), num_samples)]

@@ -1,0 +1,367 @@
+"""DP query generator (Carranza et al. 2023): DP fine-tuning on (document -> query) pairs, then
+synthetic queries for documents.
+
+Privacy:
+  Unit: one (document, query) pair; queries are private, documents are public items
+  (query-level DP). Fine-tuning is DP-Adafactor (`synthgen.dp_train`): per-example clipping
+  to C, Gaussian noise sigma*C, Poisson sampling, PLD accounting, delta = 1/(2n) by default;
+  its guarantee is charged to the ledger before training. Generating queries from the
+  fine-tuned model is post-processing: it reads only public documents and the DP model, so
+  it costs no further budget. The vocabulary of a randomly initialised model is trained on
+  the public documents only.
+
+References: Carranza, Farahani, Ponomareva, Kurakin, Jagielski, Nasr 2023, "Synthetic Query
+Generation for Privacy-Preserving Deep Retrieval Systems using Differentially Private
+Language Models".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import datasets
+import jax
+import numpy as np
+from flax import serialization
+
+from synthgen import dp_train
+from synthgen.generator_models import LlamaFamily, T5Family, merge_params, split_trainable
+from synthgen.models.sampling import SamplingConfig
+from synthgen.privacy.ledger import PrivacyLedger
+
+Family = Literal["t5", "llama"]
+GENERATOR_FILE = "generator.json"
+PARAMS_FILE = "params.msgpack"
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratorConfig:
+    """Everything that defines a query-generator run (presets live in `configs/querygen.py`).
+
+    Attributes:
+      family: "t5" or "llama".
+      base: asset name or local path of the pretrained model, or "random:<preset>" for a
+        randomly initialised model of that preset (tests), whose SentencePiece vocabulary
+        of `vocab_size` pieces is trained on the public documents.
+      lora_rank: 0 for full fine-tuning, else the LoRA rank.
+      input_len, target_len: token budgets of document prompt and query.
+      dp: DP-Adafactor hyper-parameters.
+      top_p, temperature, queries_per_doc, max_new_tokens, generation_batch: sampling.
+    """
+
+    family: Family
+    base: str
+    dp: dp_train.DPConfig
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    input_len: int = 384
+    target_len: int = 128
+    vocab_size: int = 512
+    top_p: float = 0.8
+    temperature: float = 1.0
+    queries_per_doc: int = 1
+    max_new_tokens: int = 32
+    generation_batch: int = 16
+
+    def __post_init__(self) -> None:
+        if self.family not in ("t5", "llama"):
+            raise ValueError(f"family must be 't5' or 'llama', got {self.family=}")
+        if self.lora_rank < 0 or self.input_len < 8 or self.target_len < 2:
+            raise ValueError(f"bad sizes: {self.lora_rank=}, {self.input_len=}, {self.target_len=}")
+        if self.queries_per_doc < 1 or self.max_new_tokens < 1 or self.generation_batch < 1:
+            raise ValueError("queries_per_doc, max_new_tokens, generation_batch must be >= 1")
+        SamplingConfig(temperature=self.temperature, top_p=self.top_p)  # validates
+
+    def replace(self, **changes) -> GeneratorConfig:
+        dp_changes = {k[3:]: changes.pop(k) for k in list(changes) if k.startswith("dp_")}
+        if dp_changes:
+            changes["dp"] = dataclasses.replace(self.dp, **dp_changes)
+        return dataclasses.replace(self, **changes)
+
+
+# ---- loading models ----------------------------------------------------------------------
+
+
+def _config_from_dict(cls, data: dict):
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return cls(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields}
+    )
+
+
+def load_base(
+    config: GeneratorConfig,
+    documents: Sequence[str] = (),
+    *,
+    tokenizer_dir: Path | None = None,
+    seed: int = 0,
+):
+    """Returns (family adapter, params) for the configured base model.
+
+    For "random:<preset>", trains a SentencePiece vocabulary on `documents` (public) into
+    `tokenizer_dir`, then initialises the model from `seed`.
+    """
+    lora = dict(lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
+    if config.base.startswith("random:"):
+        preset = config.base.split(":", 1)[1]
+        if not documents or tokenizer_dir is None:
+            raise ValueError("a random-init base needs public documents for its vocabulary")
+        from synthgen.models.sentencepiece_tokenizer import train_sentencepiece
+
+        tokenizer = train_sentencepiece(list(documents), config.vocab_size, tokenizer_dir)
+        return _random_init(config.family, preset, tokenizer, lora, seed)
+    if config.family == "t5":
+        from synthgen.models.t5_loading import load_t5
+
+        model_config, params, tokenizer = load_t5(config.base, **lora)
+        return T5Family(model_config, tokenizer), params
+    from synthgen.models.llama_loading import load_llama
+
+    model_config, params, tokenizer = load_llama(config.base, **lora)
+    return LlamaFamily(model_config, tokenizer), params
+
+
+def _random_init(family: str, preset: str, tokenizer, lora: dict, seed: int):
+    key = jax.random.key(seed)
+    if family == "t5":
+        from synthgen.models.t5 import T5, T5Config
+
+        cfg = dataclasses.replace(T5Config.preset(preset), vocab_size=tokenizer.vocab_size, **lora)
+        ids = np.zeros((1, 4), np.int32)
+        params = T5(cfg).init(key, ids, np.ones_like(ids), ids)["params"]
+        return T5Family(cfg, tokenizer), params
+    from synthgen.models.llama import Llama, LlamaConfig
+
+    if preset != "tiny":
+        raise ValueError(f"random llama presets: tiny; got {preset=}")
+    cfg = dataclasses.replace(LlamaConfig.tiny(), vocab_size=tokenizer.vocab_size, **lora)
+    ids = np.zeros((1, 4), np.int32)
+    params = Llama(cfg).init(key, ids)["params"]
+    return LlamaFamily(cfg, tokenizer), params
+
+
+# ---- training ----------------------------------------------------------------------------
+
+
+def _check_pairs(pairs: datasets.Dataset, document_field: str, query_field: str) -> None:
+    if len(pairs) == 0:
+        raise ValueError("the training set is empty")
+    missing = [f for f in (document_field, query_field) if f not in pairs.column_names]
+    if missing:
+        raise ValueError(f"training data lacks field(s) {missing}; has {pairs.column_names}")
+    empty = sum(1 for q in pairs[query_field] if not str(q).strip())
+    if empty:
+        raise ValueError(f"{empty} training rows have an empty {query_field!r}")
+
+
+def train_generator(
+    config: GeneratorConfig,
+    pairs: datasets.Dataset,
+    out_dir: str | Path,
+    *,
+    document_field: str = "document",
+    query_field: str = "query",
+    ledger: PrivacyLedger | None = None,
+    ledger_scope: tuple[str, str] | None = None,
+    progress: bool = True,
+    stop_after: int | None = None,
+    plan: dp_train.PrivacyPlan | None = None,
+) -> dp_train.TrainResult:
+    """DP-fine-tunes the generator on private (document, query) pairs; writes `out_dir`.
+
+    Bad input (empty data, missing fields, epsilon <= 0, delta >= 1/n) raises ValueError
+    before any compute. `out_dir/checkpoints` makes the run resumable; the trained
+    generator (params, config, privacy plan) goes to `out_dir`.
+
+    Privacy:
+      See the module docstring: (epsilon, delta)-DP w.r.t. one (document, query) pair,
+      stated in `out_dir/generator.json` and charged to `ledger` before the first step.
+    """
+    _check_pairs(pairs, document_field, query_field)
+    if plan is None:  # validates epsilon, delta and sizes before any compute
+        plan = dp_train.plan_privacy(config.dp, len(pairs))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    documents, queries = pairs[document_field], pairs[query_field]
+    init_seed = config.dp.seed if config.dp.seed is not None else 0
+    family, params = load_base(config, documents, tokenizer_dir=out / "tokenizer", seed=init_seed)
+    data = family.encode_pairs(documents, queries, config.input_len, config.target_len)
+    lora = config.lora_rank > 0
+    trainable, frozen = split_trainable(params, lora=lora)
+    result = dp_train.train(
+        family.loss_fn(),
+        trainable,
+        frozen,
+        data,
+        config.dp,
+        lora=lora,
+        checkpoint_dir=out / "checkpoints",
+        ledger=ledger,
+        ledger_scope=ledger_scope,
+        description=f"query generator {config.family} base={config.base} n={len(pairs)}",
+        progress=progress,
+        stop_after=stop_after,
+        plan=plan,
+    )
+    if result.steps_run < plan.steps:
+        return result  # interrupted on purpose; resume by calling again
+    # LoRA on a pretrained base stores only the adapters (the base is re-loaded from its
+    # asset); otherwise the full parameters are stored.
+    to_save = result.trainable
+    if lora and config.base.startswith("random:"):
+        to_save = merge_params(result.trainable, jax.device_get(frozen))
+    (out / PARAMS_FILE).write_bytes(
+        serialization.msgpack_serialize(jax.tree.map(np.asarray, to_save))
+    )
+    record = {
+        "family": config.family,
+        "base": config.base,
+        "lora_rank": config.lora_rank,
+        "model_config": dataclasses.asdict(family.config),
+        "generator_config": _jsonable(dataclasses.asdict(config)),
+        "privacy": _privacy_block(result.plan),
+        "train_seconds": result.seconds,
+        "created_at": time.time(),
+    }
+    (out / GENERATOR_FILE).write_text(json.dumps(record, indent=1))
+    return result
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _privacy_block(plan: dp_train.PrivacyPlan) -> dict:
+    block = plan.to_dict()
+    block.update(
+        unit="one (document, query) pair; queries private, documents public",
+        mechanism="DP-Adafactor: per-example L2 clipping + Gaussian noise (Abadi et al. 2016)",
+    )
+    return block
+
+
+def load_generator(model_dir: str | Path):
+    """Returns (family adapter, full params, generator record) of a trained generator."""
+    model_dir = Path(model_dir)
+    path = model_dir / GENERATOR_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no trained generator in {model_dir} (missing {GENERATOR_FILE})")
+    record = json.loads(path.read_text())
+    gen_cfg = record["generator_config"]
+    dp_cfg = dp_train.DPConfig(**gen_cfg.pop("dp"))
+    config = GeneratorConfig(dp=dp_cfg, **{k: v for k, v in gen_cfg.items() if k != "dp"})
+    trainable_bytes = (model_dir / PARAMS_FILE).read_bytes()
+    if config.base.startswith("random:"):
+        family_cls, model_cls = _family_classes(config.family)
+        from synthgen.models.sentencepiece_tokenizer import SentencePieceTokenizer
+
+        tokenizer = SentencePieceTokenizer.load(model_dir / "tokenizer")
+        family = family_cls(_config_from_dict(model_cls, record["model_config"]), tokenizer)
+        params = serialization.msgpack_restore(trainable_bytes)
+        return family, params, record
+    family, base_params = load_base(config)
+    trainable = serialization.msgpack_restore(trainable_bytes)
+    if config.lora_rank > 0:
+        _, frozen = split_trainable(base_params, lora=True)
+        return family, merge_params(trainable, frozen), record
+    return family, trainable, record
+
+
+def _family_classes(family: str):
+    if family == "t5":
+        from synthgen.models.t5 import T5Config
+
+        return T5Family, T5Config
+    from synthgen.models.llama import LlamaConfig
+
+    return LlamaFamily, LlamaConfig
+
+
+# ---- generation --------------------------------------------------------------------------
+
+
+def generate_queries(
+    model_dir: str | Path,
+    documents: datasets.Dataset,
+    out_dir: str | Path,
+    *,
+    queries_per_doc: int | None = None,
+    top_p: float | None = None,
+    temperature: float | None = None,
+    max_new_tokens: int | None = None,
+    seed: int | None = None,
+    doc_id_field: str = "doc_id",
+    document_field: str = "document",
+) -> datasets.Dataset:
+    """Writes synthetic (doc_id, document, query) rows (JSONL + Parquet) and metadata.json.
+
+    Privacy:
+      Post-processing of the DP generator on public documents: no further budget. The
+      metadata repeats the generator's guarantee.
+    """
+    family, params, record = load_generator(model_dir)
+    cfg = record["generator_config"]
+    missing = [f for f in (doc_id_field, document_field) if f not in documents.column_names]
+    if missing:
+        raise ValueError(f"documents lack field(s) {missing}; has {documents.column_names}")
+    k = queries_per_doc or cfg["queries_per_doc"]
+    sampling = SamplingConfig(
+        temperature=cfg["temperature"] if temperature is None else temperature,
+        top_p=cfg["top_p"] if top_p is None else top_p,
+    )
+    max_new = max_new_tokens or cfg["max_new_tokens"]
+    key = jax.random.key(seed if seed is not None else secrets.randbits(63))
+    start = time.time()
+    texts = family.generate(
+        params,
+        documents[document_field],
+        input_len=cfg["input_len"],
+        max_new_tokens=max_new,
+        sampling=sampling,
+        key=key,
+        num_samples=k,
+        batch_size=cfg["generation_batch"],
+    )
+    rows = {"doc_id": [], "document": [], "query": []}
+    for doc_id, document, queries in zip(
+        documents[doc_id_field], documents[document_field], texts, strict=True
+    ):
+        for query in queries:
+            rows["doc_id"].append(doc_id)
+            rows["document"].append(document)
+            rows["query"].append(query)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dataset = datasets.Dataset.from_dict(rows)
+    dataset.to_json(out / "queries.jsonl", lines=True, force_ascii=False)
+    dataset.to_parquet(out / "queries.parquet")
+    metadata = {
+        "privacy": record["privacy"],
+        "post_processing": "queries are sampled from the DP generator given public documents;"
+        " generation spends no privacy budget",
+        "model": {
+            "family": record["family"],
+            "base": record["base"],
+            "lora_rank": record["lora_rank"],
+            "config": record["model_config"],
+            "generator_dir": str(Path(model_dir).absolute()),
+        },
+        "generation": {
+            "top_p": sampling.top_p,
+            "temperature": sampling.temperature,
+            "queries_per_doc": k,
+            "max_new_tokens": max_new,
+            "seconds": time.time() - start,
+        },
+        "generator_config": cfg,
+        "num_documents": len(documents),
+        "num_queries": len(dataset),
+    }
+    (out / "metadata.json").write_text(json.dumps(metadata, indent=1))
+    return dataset

@@ -1,0 +1,150 @@
+"""`synthgen train-generator` and `synthgen generate-queries`: thin wrappers over querygen."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from synthgen.paths import default_ledger_path
+from synthgen.privacy.ledger import PrivacyLedger, Scope
+
+# jax, flax and datasets are imported inside the commands so that `synthgen --help` and
+# the calculators start fast.
+
+
+def _load_rows(source: str, required: tuple[str, ...], limit: int | None):
+    """A JSONL file, or the wiki asset (name or its JSON file) -> datasets.Dataset."""
+    from synthgen import corpora
+
+    path = Path(source)
+    if path.suffix == ".jsonl":
+        ds = corpora.load_jsonl(path, required=required)
+    else:
+        ds = corpora.load_wiki_summaries(source)
+    return ds.select(range(min(limit, len(ds)))) if limit else ds
+
+
+def train_generator(
+    pairs: Annotated[
+        str, typer.Option(help="JSONL with document/query fields, or wiki-summaries-en")
+    ],
+    out: Annotated[Path, typer.Option(help="output folder (resumes if it holds checkpoints)")],
+    config: Annotated[str, typer.Option(help="preset in configs/querygen.py")] = "tiny_t5",
+    base: Annotated[
+        str | None, typer.Option(help="override the base model (asset or path)")
+    ] = None,
+    epsilon: Annotated[float | None, typer.Option(help="target epsilon")] = None,
+    noise_multiplier: Annotated[float | None, typer.Option(help="sigma instead of epsilon")] = None,
+    delta: Annotated[float | None, typer.Option(help="default 1/(2n)")] = None,
+    epochs: Annotated[float | None, typer.Option()] = None,
+    batch_size: Annotated[int | None, typer.Option(help="expected batch size")] = None,
+    limit: Annotated[int | None, typer.Option(help="first N pairs only")] = None,
+    document_field: Annotated[str, typer.Option()] = "document",
+    query_field: Annotated[str, typer.Option()] = "query",
+    ledger: Annotated[Path | None, typer.Option(help="ledger file")] = None,
+    tenant: Annotated[str, typer.Option(help="ledger tenant")] = "default",
+    dataset: Annotated[
+        str | None, typer.Option(help="ledger dataset (default: pairs name)")
+    ] = None,
+    budget: Annotated[float | None, typer.Option(help="epsilon cap of a new ledger scope")] = None,
+    seed: Annotated[int | None, typer.Option(help="tests only; default OS entropy")] = None,
+) -> None:
+    """DP-fine-tune a query generator on private (document, query) pairs."""
+    from configs import querygen as presets
+    from synthgen import querygen
+
+    cfg = presets.get(config)
+    changes: dict = {}
+    if base is not None:
+        changes["base"] = base
+    if epsilon is not None or noise_multiplier is not None:
+        changes.update(dp_target_epsilon=epsilon, dp_noise_multiplier=noise_multiplier)
+    for name, value in (
+        ("dp_delta", delta),
+        ("dp_epochs", epochs),
+        ("dp_batch_size", batch_size),
+        ("dp_seed", seed),
+    ):
+        if value is not None:
+            changes[name] = value
+    cfg = cfg.replace(**changes)
+    rows = _load_rows(pairs, (document_field, query_field), limit)
+    ledger_obj = PrivacyLedger(ledger or default_ledger_path())
+    scope_name = dataset or Path(pairs).stem
+    plan = querygen.dp_train.plan_privacy(cfg.dp, len(rows))
+    cap = budget if budget is not None else max(plan.epsilon, 1e-6)
+    if not _has_scope(ledger_obj, tenant, scope_name):
+        ledger_obj.open_scope(Scope(tenant, scope_name, cap, plan.delta))
+    result = querygen.train_generator(
+        cfg,
+        rows,
+        out,
+        document_field=document_field,
+        query_field=query_field,
+        ledger=ledger_obj,
+        ledger_scope=(tenant, scope_name),
+        plan=plan,
+    )
+    summary = {
+        "out": str(out),
+        "steps": result.steps_run,
+        "epsilon": result.plan.epsilon,
+        "delta": result.plan.delta,
+        "noise_multiplier": result.plan.noise_multiplier,
+        "first_loss": result.losses[0] if result.losses else None,
+        "last_loss": result.losses[-1] if result.losses else None,
+        "seconds": round(result.seconds, 1),
+    }
+    print(json.dumps(summary))
+
+
+def _has_scope(ledger: PrivacyLedger, tenant: str, dataset: str) -> bool:
+    try:
+        ledger.get_scope(tenant, dataset)
+        return True
+    except KeyError:
+        return False
+
+
+def generate_queries(
+    generator: Annotated[Path, typer.Option(help="folder written by train-generator")],
+    documents: Annotated[
+        str, typer.Option(help="JSONL with doc_id/document, or wiki-summaries-en")
+    ],
+    out: Annotated[Path, typer.Option(help="output folder")],
+    k: Annotated[int | None, typer.Option(help="queries per document")] = None,
+    top_p: Annotated[float | None, typer.Option()] = None,
+    temperature: Annotated[float | None, typer.Option()] = None,
+    limit: Annotated[int | None, typer.Option(help="first N documents only")] = None,
+    seed: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Generate synthetic queries for public documents (post-processing: no budget)."""
+    from synthgen import querygen
+
+    docs = _load_rows(documents, ("doc_id", "document"), limit)
+    ds = querygen.generate_queries(
+        generator, docs, out, queries_per_doc=k, top_p=top_p, temperature=temperature, seed=seed
+    )
+    meta = json.loads((out / "metadata.json").read_text())
+    print(
+        json.dumps(
+            {
+                "out": str(out),
+                "num_queries": len(ds),
+                "epsilon": meta["privacy"]["epsilon"],
+                "delta": meta["privacy"]["delta"],
+            }
+        )
+    )
+
+
+def presets_list() -> None:
+    """List the query-generator presets."""
+    from configs import querygen as presets
+
+    for name, cfg in presets.PRESETS.items():
+        print(name, json.dumps(dataclasses.asdict(cfg), default=str))

@@ -1,0 +1,79 @@
+"""End to end: DP fine-tuning of tiny T5 and Llama generators on real wiki pairs, then
+synthetic queries with their privacy metadata."""
+
+import json
+
+import dp_accounting
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+
+from configs import querygen as presets
+from synthgen import corpora, querygen
+from synthgen.privacy.ledger import PrivacyLedger, Scope
+
+N_TRAIN = 300
+
+
+@pytest.fixture(scope="module")
+def wiki():
+    ds = corpora.load_wiki_summaries(limit=N_TRAIN + 12)
+    return ds.select(range(N_TRAIN)), ds.select(range(N_TRAIN, N_TRAIN + 12))
+
+
+def _dp_accounting_epsilon(privacy):
+    """The same (q, sigma, steps, delta) through dp-accounting directly."""
+    acc = pld_privacy_accountant.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    step = dp_event.PoissonSampledDpEvent(
+        privacy["sampling_rate"], dp_event.GaussianDpEvent(privacy["noise_multiplier"])
+    )
+    acc.compose(dp_event.SelfComposedDpEvent(step, privacy["steps"]))
+    return acc.get_epsilon(privacy["delta"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["tiny_t5", "tiny_llama"])
+def test_train_then_generate(preset, wiki, tmp_path):
+    train, held_out = wiki
+    config = presets.get(preset).replace(dp_seed=0, queries_per_doc=2)
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    ledger.open_scope(Scope("t", "wiki", 8.0, 1 / (2 * N_TRAIN)))
+    result = querygen.train_generator(
+        config, train, tmp_path / "gen", ledger=ledger, ledger_scope=("t", "wiki"), progress=False
+    )
+    assert result.steps_run == result.plan.steps
+    assert result.plan.epsilon <= 8.0
+    assert sum(result.losses[-5:]) < sum(result.losses[:5])  # the loss falls
+
+    out = tmp_path / "synthetic"
+    ds = querygen.generate_queries(tmp_path / "gen", held_out, out, seed=1)
+    assert ds.column_names == ["doc_id", "document", "query"]
+    assert len(ds) == 2 * len(held_out)
+    assert set(ds["doc_id"]) == set(held_out["doc_id"])
+    assert (out / "queries.jsonl").is_file() and (out / "queries.parquet").is_file()
+    meta = json.loads((out / "metadata.json").read_text())
+    privacy = meta["privacy"]
+    assert privacy["delta"] == 1 / (2 * N_TRAIN)
+    assert privacy["sampling_rate"] == config.dp.batch_size / N_TRAIN
+    assert privacy["epsilon"] == pytest.approx(_dp_accounting_epsilon(privacy), rel=1e-9)
+    assert privacy["accountant"] == "pld" and privacy["sampling"] == "poisson"
+    assert privacy["clip_norm"] == config.dp.clip_norm
+    assert "no" in meta["post_processing"] or "spends no" in meta["post_processing"]
+    assert meta["model"]["family"] == config.family
+    # The whole run was charged once, before training.
+    [charge] = ledger.charges("t", "wiki")
+    assert charge.epsilon == pytest.approx(privacy["epsilon"])
+
+
+def test_bad_input_fails_before_compute(wiki, tmp_path):
+    train, _ = wiki
+    config = presets.get("tiny_t5")
+    with pytest.raises(ValueError, match="empty"):
+        querygen.train_generator(config, train.select([]), tmp_path)
+    with pytest.raises(ValueError, match="lacks field"):
+        querygen.train_generator(config, train.remove_columns("query"), tmp_path)
+    with pytest.raises(ValueError, match="delta"):
+        querygen.train_generator(config.replace(dp_delta=0.5), train, tmp_path)
+    with pytest.raises(ValueError, match="target_epsilon"):
+        config.replace(dp_target_epsilon=0.0)
+    assert not (tmp_path / "checkpoints").exists()
