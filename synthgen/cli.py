@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from synthgen import assets, querygen_cli
+from synthgen.lm_cli import lm_app
 from synthgen.paths import default_ledger_path
 from synthgen.privacy import accounting
 from synthgen.privacy.errors import PrivacyError
@@ -32,6 +33,7 @@ ledger_app = typer.Typer(help="Inspect the privacy budget ledger.", no_args_is_h
 app.add_typer(assets_app, name="assets")
 app.add_typer(privacy_app, name="privacy")
 app.add_typer(ledger_app, name="ledger")
+app.add_typer(lm_app, name="lm")
 app.command("train-generator")(querygen_cli.train_generator)
 app.command("generate-queries")(querygen_cli.generate_queries)
 

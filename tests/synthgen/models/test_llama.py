@@ -1,0 +1,199 @@
+"""Llama decoder: parity with transformers (HF folder and GGUF), KV cache, LoRA, vmap."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from synthgen.models import llama
+from synthgen.models.llama import Llama, LlamaConfig
+from synthgen.models.llama_loading import load_llama, unpermute_rotary
+
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "llama_tiny"
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return dict(np.load(FIXTURE / "expected.npz"))
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    return load_llama(FIXTURE)
+
+
+@functools.cache
+def _jitted_apply(config):
+    return jax.jit(lambda p, ids, mask: Llama(config).apply({"params": p}, ids, mask))
+
+
+def _forward(config, params, ids, mask=None):
+    mask = np.ones_like(ids) if mask is None else mask
+    return np.asarray(_jitted_apply(config)(params, ids, mask))
+
+
+def _check_parity(config, params, expected):
+    for name in ("a", "b"):
+        got = _forward(config, params, expected[f"ids_{name}"])
+        np.testing.assert_allclose(got, expected[f"logits_{name}"], atol=ATOL, rtol=0)
+    for side in ("right", "left"):
+        mask = expected[f"{side}_mask"]
+        got = _forward(config, params, expected[f"{side}_ids"], mask)
+        real = mask.astype(bool)
+        np.testing.assert_allclose(got[real], expected[f"{side}_logits"][real], atol=ATOL, rtol=0)
+
+
+def test_hf_folder_matches_transformers(hf_model, expected):
+    config, params, tokenizer = hf_model
+    assert tokenizer is None  # the fixture folder has no tokenizer.json
+    assert (config.num_layers, config.num_heads, config.num_kv_heads) == (2, 4, 2)
+    assert not config.tie_word_embeddings and "lm_head" in params
+    _check_parity(config, params, expected)
+
+
+def test_gguf_matches_transformers_and_hf_weights(hf_model, expected):
+    config, params, _ = load_llama(FIXTURE / "model.gguf")
+    assert config.rms_norm_eps == pytest.approx(hf_model[0].rms_norm_eps)  # float32 in GGUF
+    assert dataclasses.replace(config, rms_norm_eps=hf_model[0].rms_norm_eps) == hf_model[0]
+    _check_parity(config, params, expected)
+    flat_gguf = traverse_util.flatten_dict(params)
+    for path, value in traverse_util.flatten_dict(hf_model[1]).items():
+        np.testing.assert_array_equal(flat_gguf[path], value, err_msg=str(path))
+
+
+def _llama_cpp_permute(weights, n_head, n_head_kv):
+    """llama.cpp convert_hf_to_gguf.py `LlamaModel.permute`."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(9, 9), (9, 3)])
+def test_unpermute_inverts_llama_cpp_permute(heads, kv_heads):
+    w = np.random.default_rng(0).normal(size=(kv_heads * 64, 40))
+    permuted = _llama_cpp_permute(w, heads, kv_heads)
+    assert not np.array_equal(permuted, w)
+    np.testing.assert_array_equal(unpermute_rotary(permuted, kv_heads), w)
+
+
+def _prompts_batch(lengths, total, side, vocab, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = [rng.integers(3, vocab, size=n).tolist() for n in lengths]
+    ids = np.zeros((len(rows), total), np.int32)
+    mask = np.zeros((len(rows), total), np.int32)
+    for r, row in enumerate(rows):
+        pad = total - len(row)
+        s = pad if side == "left" else 0
+        ids[r, s : s + len(row)] = row
+        mask[r, s : s + len(row)] = 1
+    return rows, ids, mask
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_cached_prefill_and_steps_match_full_forward(hf_model, side):
+    config, params, _ = hf_model
+    lengths, steps = [3, 7, 5], 4
+    rows, ids, mask = _prompts_batch(lengths, 8, side, config.vocab_size)
+    continuation = np.random.default_rng(1).integers(3, config.vocab_size, size=(3, steps))
+    cache = llama.init_cache(config, 3, 8 + steps)
+    logits, cache = jax.jit(llama.prefill)(params, cache, ids, mask)
+    got = [np.asarray(logits)]
+    step = jax.jit(llama.step, donate_argnums=1)
+    for s in range(steps - 1):
+        logits, cache = step(params, cache, continuation[:, s])
+        got.append(np.asarray(logits))
+    got = np.stack(got, axis=1)  # [B, steps, V]
+    for r, row in enumerate(rows):
+        full = _forward(config, params, np.array([row + continuation[r, : steps - 1].tolist()]))
+        np.testing.assert_allclose(got[r], full[0, len(row) - 1 :], atol=ATOL, rtol=0)
+    assert cache.positions.tolist() == [n + steps - 1 for n in lengths]
+
+
+def test_prefill_checks_cache_size(hf_model):
+    config, params, _ = hf_model
+    cache = llama.init_cache(config, 1, 4)
+    with pytest.raises(ValueError, match="longer than the cache"):
+        llama.prefill(params, cache, np.ones((1, 5), np.int32), np.ones((1, 5), np.int32))
+
+
+def test_padding_does_not_change_real_positions_under_vmap():
+    config = LlamaConfig.tiny()
+    params = llama.init_params(config, jax.random.key(0))
+    _, ids, mask = _prompts_batch([4, 9], 12, "left", config.vocab_size, seed=3)
+    batch = _forward(config, params, ids, mask)
+
+    def one(i, m):
+        return Llama(config).apply({"params": params}, i[None], m[None])[0]
+
+    per_example = np.asarray(jax.jit(jax.vmap(one))(ids, mask))
+    real = mask.astype(bool)
+    np.testing.assert_allclose(per_example[real], batch[real], atol=1e-5, rtol=0)
+
+    def loss(p, i, m):
+        logits = Llama(config).apply({"params": p}, i[None], m[None])[0]
+        return jnp.sum(jax.nn.log_softmax(logits) * m[:, None])
+
+    grads = jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0)))(params, ids, mask)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+
+
+def test_lora_with_zero_b_leaves_logits_unchanged(hf_model, expected):
+    base_config, base_params, _ = hf_model
+    targets = ("q", "k", "v", "o", "gate", "up", "down")
+    config, params, _ = load_llama(
+        FIXTURE, lora_rank=4, lora_targets=targets, key=jax.random.key(7)
+    )
+    flat = traverse_util.flatten_dict(params)
+    lora = {k: v for k, v in flat.items() if k[-1] in ("lora_a", "lora_b")}
+    assert len(lora) == 2 * len(targets)
+    assert flat[("layers", "attn", "q", "lora_a")].shape == (2, 32, 4)
+    assert float(jnp.abs(flat[("layers", "attn", "q", "lora_a")]).max()) > 0
+    ids = expected["ids_a"]
+    base = _forward(base_config, base_params, ids)
+    np.testing.assert_allclose(_forward(config, params, ids), base, atol=1e-6, rtol=0)
+    flat[("layers", "mlp", "up", "lora_b")] = jnp.full((2, 4, 64), 0.05)
+    moved = _forward(config, traverse_util.unflatten_dict(flat), ids)
+    assert np.abs(moved - base).max() > 1e-3
+
+
+def test_tied_embeddings_and_bfloat16():
+    config = LlamaConfig.tiny(tie_word_embeddings=True)
+    params = llama.init_params(config, jax.random.key(1))
+    assert "lm_head" not in params
+    ids = np.arange(10, dtype=np.int32)[None]
+    full = _forward(config, params, ids)
+    low = _forward(dataclasses.replace(config, dtype="bfloat16"), params, ids)
+    assert low.dtype == np.float32
+    np.testing.assert_allclose(low, full, atol=0.1, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (dict(num_kv_heads=3), "num_kv_heads must divide"),
+        (dict(lora_targets=("q", "lm_head")), "lora_targets"),
+        (dict(dtype="float64"), "dtype"),
+        (dict(hidden_size=0), "hidden_size"),
+        (dict(head_dim=7), "head_dim"),
+    ],
+)
+def test_config_validation(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        LlamaConfig.tiny(**overrides)
+
+
+def test_load_llama_rejects_unknown_source(tmp_path):
+    with pytest.raises(ValueError, match="name_or_path"):
+        load_llama(tmp_path / "missing")
