@@ -1,0 +1,300 @@
+"""Loads and saves T5 in the Hugging Face directory format (config.json + safetensors).
+
+The name map is exact: every weight the Flax model needs must be in the checkpoint and every
+tensor in the checkpoint must be used, except the aliases HF itself ignores
+(`encoder.embed_tokens`, `decoder.embed_tokens`, a tied `lm_head`, and the unused
+`decoder.block.0.layer.1.EncDecAttention.relative_attention_bias` of the original
+checkpoints). PyTorch `nn.Linear` weights are [out, in]; Flax kernels are [in, out], so every
+projection is transposed. Weights are loaded as float32 whatever their stored dtype.
+
+HF name                                              Flax path (under params)
+shared.weight                                        shared/embedding
+{s}.block.0.layer.0.SelfAttention.relative_attention_bias.weight
+                                                     {s}/relative_attention_bias/embedding
+{s}.block.{i}.layer.0.layer_norm.weight              {s}/block_{i}/self_attn_norm/scale
+{s}.block.{i}.layer.0.SelfAttention.{q,k,v,o}.weight {s}/block_{i}/self_attn/{q,k,v,o}/kernel
+decoder.block.{i}.layer.1.layer_norm.weight          decoder/block_{i}/cross_attn_norm/scale
+decoder.block.{i}.layer.1.EncDecAttention.{q,k,v,o}.weight
+                                                     decoder/block_{i}/cross_attn/{..}/kernel
+{s}.block.{i}.layer.{f}.layer_norm.weight            {s}/block_{i}/ff_norm/scale
+{s}.block.{i}.layer.{f}.DenseReluDense.{wi,wi_0,wi_1,wo}.weight
+                                                     {s}/block_{i}/ff/{..}/kernel
+{s}.final_layer_norm.weight                          {s}/final_norm/scale
+lm_head.weight (untied only)                         lm_head/kernel
+
+with s in {encoder, decoder} and f = 1 (encoder) or 2 (decoder).
+
+An untied (v1.1) config whose checkpoint has no `lm_head.weight` takes the shared embedding as
+its head, as HF >= 5 does (it writes such checkpoints for freshly initialised v1.1 models).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from flax import traverse_util
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from synthgen.models.lora import is_lora_path
+from synthgen.models.t5 import T5, T5Config
+from synthgen.models.tokenizer import Tokenizer
+
+PyTree = Any
+Path_ = tuple[str, ...]
+
+_IGNORED = (
+    "encoder.embed_tokens.weight",
+    "decoder.embed_tokens.weight",
+    "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",
+)
+
+
+def hf_name_map(config: T5Config) -> dict[Path_, tuple[str, bool]]:
+    """Flax parameter path -> (HF tensor name, transpose?) for every base (non-LoRA) weight."""
+    names: dict[Path_, tuple[str, bool]] = {("shared", "embedding"): ("shared.weight", False)}
+    ff = ("wi_0", "wi_1", "wo") if config.is_gated else ("wi", "wo")
+    for stack, depth in (("encoder", config.num_layers), ("decoder", config.num_decoder_layers)):
+        names[(stack, "relative_attention_bias", "embedding")] = (
+            f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+            False,
+        )
+        names[(stack, "final_norm", "scale")] = (f"{stack}.final_layer_norm.weight", False)
+        for i in range(depth):
+            block, hf = (stack, f"block_{i}"), f"{stack}.block.{i}.layer"
+            parts = [("self_attn", 0, "SelfAttention")]
+            if stack == "decoder":
+                parts.append(("cross_attn", 1, "EncDecAttention"))
+            for flax_name, layer, hf_name in parts:
+                names[(*block, f"{flax_name}_norm", "scale")] = (
+                    f"{hf}.{layer}.layer_norm.weight",
+                    False,
+                )
+                for proj in ("q", "k", "v", "o"):
+                    names[(*block, flax_name, proj, "kernel")] = (
+                        f"{hf}.{layer}.{hf_name}.{proj}.weight",
+                        True,
+                    )
+            f = len(parts)
+            names[(*block, "ff_norm", "scale")] = (f"{hf}.{f}.layer_norm.weight", False)
+            for proj in ff:
+                names[(*block, "ff", proj, "kernel")] = (
+                    f"{hf}.{f}.DenseReluDense.{proj}.weight",
+                    True,
+                )
+    if not config.tie_word_embeddings:
+        names[("lm_head", "kernel")] = ("lm_head.weight", True)
+    return names
+
+
+def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """All tensors of `path` (a file, or a directory with one file or a sharded index)."""
+    if path.is_dir():
+        index = path / "model.safetensors.index.json"
+        if index.exists():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            files = [path / shard for shard in shards]
+        elif (path / "model.safetensors").exists():
+            files = [path / "model.safetensors"]
+        else:
+            raise FileNotFoundError(
+                f"no model.safetensors in {path} (PyTorch .bin checkpoints are not supported: "
+                "convert with transformers' save_pretrained(safe_serialization=True))"
+            )
+    else:
+        files = [path]
+    tensors: dict[str, np.ndarray] = {}
+    for file in files:
+        with safe_open(str(file), framework="numpy") as f:  # bf16 via ml_dtypes
+            for name in f.keys():
+                tensors[name] = np.asarray(f.get_tensor(name)).astype(np.float32)
+    return tensors
+
+
+def _base_params(config: T5Config, tensors: dict[str, np.ndarray]) -> dict[Path_, np.ndarray]:
+    tensors = dict(tensors)
+    shared = tensors.get("shared.weight")
+    if shared is None:  # some exports keep only the stack copies of the embedding
+        shared = tensors.get("encoder.embed_tokens.weight")
+        if shared is not None:
+            tensors["shared.weight"] = shared
+    if not config.tie_word_embeddings and "lm_head.weight" not in tensors and shared is not None:
+        # HF >= 5 ties lm_head to shared when the checkpoint has no separate head.
+        tensors["lm_head.weight"] = shared
+    if config.tie_word_embeddings and "lm_head.weight" in tensors:
+        if not np.array_equal(tensors.pop("lm_head.weight"), shared):
+            raise ValueError(
+                "config says tie_word_embeddings but lm_head.weight differs from "
+                "shared.weight; set tie_word_embeddings=false in config.json"
+            )
+    for alias in _IGNORED[:2]:
+        if alias in tensors and not np.array_equal(tensors.pop(alias), shared):
+            raise ValueError(
+                f"{alias} differs from shared.weight; untied input embeddings are not supported"
+            )
+    tensors.pop(_IGNORED[2], None)
+
+    flat: dict[Path_, np.ndarray] = {}
+    missing = []
+    for path, (name, transpose) in hf_name_map(config).items():
+        if name not in tensors:
+            missing.append(name)
+            continue
+        value = tensors.pop(name)
+        flat[path] = np.ascontiguousarray(value.T) if transpose else value
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} T5 weights, e.g. {missing[:3]=}")
+    if tensors:
+        raise ValueError(
+            f"checkpoint has {len(tensors)} unused tensors, e.g. {sorted(tensors)[:3]=}"
+        )
+    return flat
+
+
+def _expected_shapes(config: T5Config) -> dict[Path_, tuple[int, ...]]:
+    ids = np.zeros((1, 2), np.int32)
+    shapes = jax.eval_shape(lambda: T5(config).init(jax.random.key(0), ids, ids + 1, ids))
+    return {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(shapes["params"]).items()}
+
+
+def params_from_hf(
+    config: T5Config, tensors: dict[str, np.ndarray], *, lora_key: jax.Array | None = None
+) -> PyTree:
+    """Flax params of `config` from HF-named tensors; LoRA adapters are freshly initialised.
+
+    Args:
+      config: the model configuration (with `lora_rank` > 0 for adapters).
+      tensors: HF name -> array (any float dtype).
+      lora_key: PRNG key for the adapters' A matrices (B starts at zero, so the model's
+        output is unchanged); default `jax.random.key(0)`.
+
+    Raises:
+      ValueError: missing, unused or mis-shaped tensors.
+    """
+    flat = _base_params(config, tensors)
+    expected = _expected_shapes(config)
+    for path, shape in expected.items():
+        name = "/".join(path)
+        if is_lora_path(path):
+            continue
+        if path not in flat:
+            raise ValueError(f"no checkpoint weight for parameter {name=}")
+        if flat[path].shape != shape:
+            raise ValueError(f"checkpoint shape {flat[path].shape} of {name=}, expected {shape=}")
+    key = jax.random.key(0) if lora_key is None else lora_key
+    lora_paths = sorted(p for p in expected if is_lora_path(p))
+    for i, path in enumerate(lora_paths):
+        shape = expected[path]
+        if path[-1] == "lora_b":
+            flat[path] = np.zeros(shape, np.float32)
+        else:  # as LoraDense's init: N(0, 1/in)
+            noise = jax.random.normal(jax.random.fold_in(key, i), shape, np.float32)
+            flat[path] = np.asarray(noise) * shape[0] ** -0.5
+    params = traverse_util.unflatten_dict({k: jax.numpy.asarray(v) for k, v in flat.items()})
+    return params
+
+
+def load_t5(
+    path: str | Path,
+    *,
+    lora_rank: int = 0,
+    lora_alpha: float = 16.0,
+    lora_targets: tuple[str, ...] | None = None,
+    dtype: str = "float32",
+    lora_key: jax.Array | None = None,
+    require_tokenizer: bool = True,
+) -> tuple[T5Config, PyTree, Tokenizer | None]:
+    """Loads a Hugging Face T5 directory.
+
+    Args:
+      path: directory with config.json, model.safetensors (or a sharded index) and
+        spiece.model or tokenizer.json.
+      lora_rank: adapter rank (0: none).
+      lora_alpha: adapter scale numerator.
+      lora_targets: projections with adapters (default: the config default, q and v).
+      dtype: compute dtype of the model ("float32" or "bfloat16"); params are float32.
+      lora_key: PRNG key for the adapters' initialisation (default `jax.random.key(0)`).
+      require_tokenizer: raise if the directory has no tokenizer (else return None).
+
+    Returns:
+      (config, params, tokenizer).
+
+    Raises:
+      FileNotFoundError: no config.json, weights or (when required) tokenizer.
+      ValueError: the weights do not match the config exactly.
+    """
+    from synthgen.models.sentencepiece_tokenizer import load_tokenizer
+
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise FileNotFoundError(f"no config.json in {path} (expected a Hugging Face T5 folder)")
+    overrides: dict[str, Any] = dict(lora_rank=lora_rank, lora_alpha=lora_alpha, dtype=dtype)
+    if lora_targets is not None:
+        overrides["lora_targets"] = tuple(lora_targets)
+    config = T5Config.from_hf_config(json.loads(config_file.read_text()), **overrides)
+    params = params_from_hf(config, _read_safetensors(path), lora_key=lora_key)
+    tokenizer = load_tokenizer(path, required=require_tokenizer)
+    return config, params, tokenizer
+
+
+def params_to_hf(config: T5Config, params: PyTree, *, merge_lora: bool = True) -> dict:
+    """HF-named float32 numpy tensors of `params`; LoRA adapters are merged into the kernels.
+
+    Raises:
+      ValueError: LoRA adapters present and `merge_lora` is False (HF has no slot for them).
+    """
+    flat = {k: np.asarray(v, np.float32) for k, v in traverse_util.flatten_dict(params).items()}
+    lora = {k for k in flat if is_lora_path(k)}
+    if lora and not merge_lora:
+        raise ValueError(f"params have {len(lora)} LoRA tensors; pass merge_lora=True")
+    for path in sorted(lora):
+        if path[-1] == "lora_a":
+            a, b = flat[path], flat[(*path[:-1], "lora_b")]
+            kernel = (*path[:-1], "kernel")
+            flat[kernel] = flat[kernel] + (config.lora_alpha / a.shape[1]) * (a @ b)
+    tensors = {}
+    for path, (name, transpose) in hf_name_map(config).items():
+        if path not in flat:
+            raise ValueError(f"params lack a weight for HF tensor {name=}")
+        value = flat[path]
+        tensors[name] = np.ascontiguousarray(value.T if transpose else value)
+    return tensors
+
+
+def save_t5(
+    path: str | Path,
+    config: T5Config,
+    params: PyTree,
+    *,
+    tokenizer: Tokenizer | None = None,
+    merge_lora: bool = True,
+) -> Path:
+    """Writes `config.json` and `model.safetensors` (float32) that HF and `load_t5` read.
+
+    Args:
+      path: output directory (created).
+      config: the model configuration.
+      params: Flax params; LoRA adapters are merged (W + alpha/r A B) since HF has no slot.
+      tokenizer: optional; a SentencePiece tokenizer's model is copied to spiece.model.
+      merge_lora: must be True when params hold adapters.
+
+    Returns:
+      The directory.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = params_to_hf(config, params, merge_lora=merge_lora)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    hf = config.to_hf_config()
+    (path / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    if tokenizer is not None:
+        save = getattr(tokenizer, "save", None)
+        if save is None:
+            raise ValueError(f"cannot save a tokenizer of type {type(tokenizer).__name__=}")
+        save(path)
+    return path
