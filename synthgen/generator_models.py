@@ -51,7 +51,7 @@ def merge_params(trainable: PyTree, frozen: PyTree) -> PyTree:
     return traverse_util.unflatten_dict(flat)
 
 
-def _token_nll(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
+def token_nll(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
     """Mean negative log-likelihood of `targets` over positions where `mask` is 1."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
@@ -111,7 +111,7 @@ class T5Family:
                 decoder_in,
                 ex["target_mask"][None],
             )
-            return _token_nll(logits[0], ex["targets"], ex["target_mask"])
+            return token_nll(logits[0], ex["targets"], ex["target_mask"])
 
         return loss
 
@@ -221,7 +221,7 @@ class LlamaFamily:
                 {"params": params}, ex["tokens"][None], ex["attention_mask"][None]
             )[0]
             next_tokens = jnp.roll(ex["tokens"], -1)
-            return _token_nll(logits, next_tokens, ex["loss_mask"])
+            return token_nll(logits, next_tokens, ex["loss_mask"])
 
         return loss
 
