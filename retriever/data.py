@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
 from synthgen import corpora
 
 
@@ -45,24 +43,16 @@ def export_wiki(
     Returns:
       Counts of documents, train and test queries.
     """
-    if not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction=}")
     ds = corpora.load_wiki_summaries(source, limit=limit)
+    train, test = corpora.split_by_document(ds, test_fraction=test_fraction, seed=seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    order = np.random.default_rng(seed).permutation(len(ds))
-    test = set(order[: max(1, int(round(test_fraction * len(ds))))].tolist())
-    corpus, train_q, test_q = [], [], []
-    for i, row in enumerate(ds):
-        corpus.append(
-            {
-                "doc_id": row["doc_id"],
-                "text": row["document"],
-                "title": row["title"],
-                "topic": row["topic"],
-            }
-        )
-        (test_q if i in test else train_q).append({"query": row["query"], "doc_id": row["doc_id"]})
+    corpus = [
+        {"doc_id": r["doc_id"], "text": r["document"], "title": r["title"], "topic": r["topic"]}
+        for r in ds
+    ]
+    train_q = [{"query": r["query"], "doc_id": r["doc_id"]} for r in train]
+    test_q = [{"query": r["query"], "doc_id": r["doc_id"]} for r in test]
     write_jsonl(out / "corpus.jsonl", corpus)
     write_jsonl(out / "train_queries.jsonl", train_q)
     write_jsonl(out / "test_queries.jsonl", test_q)

@@ -6,6 +6,7 @@
   are stable across runs.
 * `load_chatterbot`: question/answer pairs as (category, question, answer).
 * `load_jsonl`: any JSON-lines file, for users' own corpora.
+* `split_by_document`: the fixed train/test split by document that every stage shares.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 from pathlib import Path
 
 import datasets
+import numpy as np
 import yaml
 
 from synthgen import assets
@@ -61,6 +63,39 @@ def load_wiki_summaries(
         if limit is not None and len(rows["doc_id"]) >= limit:
             break
     return datasets.Dataset.from_dict(rows)
+
+
+SPLITS = ("all", "train", "test")
+
+
+def split_by_document(
+    ds: datasets.Dataset, *, test_fraction: float = 0.2, seed: int = 0
+) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """Splits rows (one per document) into train and test with a fixed, public seed.
+
+    The same (fraction, seed) gives the same split in `synthgen` (generator training on the
+    train pairs) and `retriever` (evaluation on the test pairs), so no test query is ever
+    seen by a generator. Row order is kept within each part.
+
+    Raises:
+      ValueError: `test_fraction` outside (0, 1).
+    """
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction=}")
+    order = np.random.default_rng(seed).permutation(len(ds))
+    is_test = np.zeros(len(ds), bool)
+    is_test[order[: max(1, int(round(test_fraction * len(ds))))]] = True
+    return ds.select(np.flatnonzero(~is_test)), ds.select(np.flatnonzero(is_test))
+
+
+def select_split(ds: datasets.Dataset, split: str, **kwargs) -> datasets.Dataset:
+    """`ds` itself for "all", else that part of `split_by_document(ds, **kwargs)`."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split=}")
+    if split == "all":
+        return ds
+    train, test = split_by_document(ds, **kwargs)
+    return train if split == "train" else test
 
 
 def load_chatterbot(name_or_path: str | Path = "chatterbot-corpus-en") -> datasets.Dataset:

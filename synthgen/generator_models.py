@@ -199,17 +199,21 @@ class LlamaFamily:
     def encode_pairs(self, documents, queries, input_len: int, target_len: int) -> dict:
         tok = self.tokenizer
         total = input_len + target_len
-        rows = {k: [] for k in ("tokens", "attention_mask", "loss_mask")}
+        rows = {
+            k: [] for k in ("tokens", "attention_mask", "target_start", "targets", "target_mask")
+        }
         for document, query in zip(documents, queries, strict=True):
             prompt = self.encode_prompt(document, input_len)
             target = tok.encode(query)[: target_len - 1] + [tok.eos_id]
             tokens, attn = _pad(prompt + target, total, tok.pad_id)
-            loss_mask = np.zeros(total, np.float32)
-            # position t predicts token t+1: mark the positions that predict target tokens
-            loss_mask[len(prompt) - 1 : len(prompt) - 1 + len(target)] = 1.0
+            targets, target_mask = _pad(target, target_len, tok.pad_id)
             rows["tokens"].append(tokens)
             rows["attention_mask"].append(attn)
-            rows["loss_mask"].append(loss_mask)
+            # Position t predicts token t + 1: the target tokens are predicted by the
+            # target_len positions starting at the prompt's last token.
+            rows["target_start"].append(np.int32(len(prompt) - 1))
+            rows["targets"].append(targets)
+            rows["target_mask"].append(target_mask)
         return {k: np.stack(v) for k, v in rows.items()}
 
     def loss_fn(self):
@@ -218,10 +222,13 @@ class LlamaFamily:
         def loss(trainable, frozen, ex):
             params = merge_params(trainable, frozen)
             logits = module.apply(
-                {"params": params}, ex["tokens"][None], ex["attention_mask"][None]
+                {"params": params},
+                ex["tokens"][None],
+                ex["attention_mask"][None],
+                window_start=ex["target_start"][None],
+                window_len=ex["targets"].shape[0],
             )[0]
-            next_tokens = jnp.roll(ex["tokens"], -1)
-            return token_nll(logits, next_tokens, ex["loss_mask"])
+            return token_nll(logits, ex["targets"], ex["target_mask"])
 
         return loss
 

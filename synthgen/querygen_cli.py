@@ -16,16 +16,27 @@ from synthgen.privacy.ledger import PrivacyLedger, Scope
 # the calculators start fast.
 
 
-def _load_rows(source: str, required: tuple[str, ...], limit: int | None):
-    """A JSONL file, or the wiki asset (name or its JSON file) -> datasets.Dataset."""
+def _load_rows(source: str, required: tuple[str, ...], limit: int | None, split: str = "all"):
+    """A JSONL file, or the wiki asset (name or its JSON file) -> datasets.Dataset.
+
+    `split` selects the shared train/test split by document (`corpora.split_by_document`,
+    the split `retriever data wiki` writes) of the wiki corpus; JSONL files are used whole.
+    """
     from synthgen import corpora
 
     path = Path(source)
     if path.suffix == ".jsonl":
+        if split != "all":
+            raise ValueError("--split applies to the wiki corpus; a JSONL file is used whole")
         ds = corpora.load_jsonl(path, required=required)
     else:
-        ds = corpora.load_wiki_summaries(source)
+        ds = corpora.select_split(corpora.load_wiki_summaries(source), split)
     return ds.select(range(min(limit, len(ds)))) if limit else ds
+
+
+SplitOption = Annotated[
+    str, typer.Option(help="wiki corpus only: all | train | test (split by document)")
+]
 
 
 def train_generator(
@@ -43,6 +54,7 @@ def train_generator(
     epochs: Annotated[float | None, typer.Option()] = None,
     batch_size: Annotated[int | None, typer.Option(help="expected batch size")] = None,
     limit: Annotated[int | None, typer.Option(help="first N pairs only")] = None,
+    split: SplitOption = "all",
     document_field: Annotated[str, typer.Option()] = "document",
     query_field: Annotated[str, typer.Option()] = "query",
     ledger: Annotated[Path | None, typer.Option(help="ledger file")] = None,
@@ -72,7 +84,7 @@ def train_generator(
         if value is not None:
             changes[name] = value
     cfg = cfg.replace(**changes)
-    rows = _load_rows(pairs, (document_field, query_field), limit)
+    rows = _load_rows(pairs, (document_field, query_field), limit, split)
     ledger_obj = PrivacyLedger(ledger or default_ledger_path())
     scope_name = dataset or Path(pairs).stem
     plan = querygen.dp_train.plan_privacy(cfg.dp, len(rows))
@@ -120,12 +132,13 @@ def generate_queries(
     top_p: Annotated[float | None, typer.Option()] = None,
     temperature: Annotated[float | None, typer.Option()] = None,
     limit: Annotated[int | None, typer.Option(help="first N documents only")] = None,
+    split: SplitOption = "all",
     seed: Annotated[int | None, typer.Option()] = None,
 ) -> None:
     """Generate synthetic queries for public documents (post-processing: no budget)."""
     from synthgen import querygen
 
-    docs = _load_rows(documents, ("doc_id", "document"), limit)
+    docs = _load_rows(documents, ("doc_id", "document"), limit, split)
     ds = querygen.generate_queries(
         generator, docs, out, queries_per_doc=k, top_p=top_p, temperature=temperature, seed=seed
     )

@@ -390,6 +390,8 @@ class Llama(nn.Module):
         input_ids: jax.Array,
         attention_mask: jax.Array | None = None,
         positions: jax.Array | None = None,
+        window_start: jax.Array | None = None,
+        window_len: int | None = None,
     ) -> jax.Array:
         """Logits [B, T, V] (float32) of the next token at every position.
 
@@ -399,9 +401,14 @@ class Llama(nn.Module):
             never attended to); None means all real.
           positions: int [B, T] RoPE positions; None means each token's index among its
             row's real tokens (so left padding does not shift positions).
+          window_start: int [B]; with `window_len`, return only the logits of positions
+            window_start .. window_start + window_len - 1 of each row (the LM head, which
+            dominates the cost with a large vocabulary, runs on those positions only).
+          window_len: static length of that window.
 
         Returns:
-          float32 [B, T, V]; values at padding positions are meaningless.
+          float32 [B, T, V] (or [B, window_len, V]); values at padding positions are
+          meaningless.
         """
         b, t = input_ids.shape
         mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
@@ -409,6 +416,12 @@ class Llama(nn.Module):
             positions = default_positions(mask)
         self_mask = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]
         h, _ = self._blocks(input_ids, positions, self_mask)
+        if (window_start is None) != (window_len is None):
+            raise ValueError("give both window_start and window_len, or neither")
+        if window_len is not None:
+            h = jax.vmap(lambda row, start: jax.lax.dynamic_slice_in_dim(row, start, window_len))(
+                h, window_start.astype(jnp.int32)
+            )
         return self._logits(h)
 
     def prefill(

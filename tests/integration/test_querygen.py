@@ -4,6 +4,8 @@ synthetic queries with their privacy metadata."""
 import json
 
 import dp_accounting
+import jax
+import numpy as np
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
@@ -77,3 +79,67 @@ def test_bad_input_fails_before_compute(wiki, tmp_path):
     with pytest.raises(ValueError, match="target_epsilon"):
         config.replace(dp_target_epsilon=0.0)
     assert not (tmp_path / "checkpoints").exists()
+
+
+def _lora_leaves(params):
+    from synthgen.models.lora import is_lora_path
+
+    flat = jax.tree_util.tree_leaves_with_path(params)
+    return {
+        tuple(p.key for p in path): np.asarray(x)
+        for path, x in flat
+        if is_lora_path([p.key for p in path])
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["tiny_t5", "tiny_llama"])
+def test_lora_fine_tuning_moves_only_the_adapters(preset, wiki, tmp_path):
+    train, held_out = wiki
+    config = presets.get(preset).replace(
+        lora_rank=4, dp_seed=0, dp_epochs=1, dp_target_epsilon=None, dp_noise_multiplier=0.8
+    )
+    family, base = querygen.load_base(
+        config, train["document"], tokenizer_dir=tmp_path / "tok", seed=0
+    )
+    result = querygen.train_generator(config, train, tmp_path / "gen", progress=False)
+    adapters = _lora_leaves(result.trainable)
+    assert adapters and all("lora" in k[-1] for k in adapters)
+    assert any(np.abs(v).max() > 0 for k, v in adapters.items() if k[-1] == "lora_b")
+    _, params, record = querygen.load_generator(tmp_path / "gen")
+    # The frozen base is exactly the initial one; only adapters moved.
+    _, frozen_before = querygen.split_trainable(base, lora=True)
+    _, frozen_after = querygen.split_trainable(params, lora=True)
+    for a, b in zip(jax.tree.leaves(frozen_before), jax.tree.leaves(frozen_after), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert record["lora_rank"] == 4
+    ds = querygen.generate_queries(tmp_path / "gen", held_out.select(range(2)), tmp_path / "q")
+    assert len(ds) == 2
+
+
+@pytest.mark.slow
+def test_smollm2_lora_saves_adapters_and_reloads_from_the_asset(wiki, tmp_path):
+    train, held_out = wiki
+    config = presets.get("smollm2_lora_cpu").replace(
+        input_len=48,
+        target_len=8,
+        max_new_tokens=6,
+        generation_batch=2,
+        dp_batch_size=4,
+        dp_epochs=4 / 100,  # one step of an expected 4 examples
+        dp_physical_batch=4,
+        dp_microbatch=2,
+        dp_seed=0,
+    )
+    result = querygen.train_generator(
+        config, train.select(range(100)), tmp_path / "gen", progress=False
+    )
+    assert result.steps_run == 1
+    stored = (tmp_path / "gen" / querygen.PARAMS_FILE).stat().st_size
+    assert stored < 5_000_000  # adapters only, not the 135M-parameter base
+    family, params, _ = querygen.load_generator(tmp_path / "gen")
+    assert _lora_leaves(params) and family.tokenizer.eos_id is not None
+    ds = querygen.generate_queries(
+        tmp_path / "gen", held_out.select(range(2)), tmp_path / "q", seed=0
+    )
+    assert len(ds) == 2 and all(isinstance(q, str) for q in ds["query"])

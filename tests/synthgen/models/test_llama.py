@@ -197,3 +197,18 @@ def test_config_validation(overrides, match):
 def test_load_llama_rejects_unknown_source(tmp_path):
     with pytest.raises(ValueError, match="name_or_path"):
         load_llama(tmp_path / "missing")
+
+
+def test_logit_window_equals_full_logits_sliced(hf_model, expected):
+    config, params, _ = hf_model
+    ids, mask = expected["right_ids"], expected["right_mask"]
+    full = _forward(config, params, ids, mask)
+    starts = np.array([1, 3] + [0] * (len(ids) - 2), np.int32)[: len(ids)]
+    window = np.asarray(
+        Llama(config).apply(
+            {"params": params}, ids, mask, window_start=jnp.asarray(starts), window_len=4
+        )
+    )
+    assert window.shape == (len(ids), 4, config.vocab_size)
+    for row, start in enumerate(starts):
+        np.testing.assert_allclose(window[row], full[row, start : start + 4], atol=1e-5, rtol=0)
