@@ -25,6 +25,12 @@ class Restored:
     meta: dict
 
 
+def has_checkpoint(directory: str | Path) -> bool:
+    """Whether `directory` holds a saved step (orbax names step folders by number)."""
+    directory = Path(directory)
+    return directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
+
+
 class TrainCheckpoints:
     """Keeps the latest two checkpoints of a run under `directory`."""
 

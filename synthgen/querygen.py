@@ -31,6 +31,7 @@ import numpy as np
 from flax import serialization
 
 from synthgen import dp_train
+from synthgen.checkpoints import has_checkpoint
 from synthgen.generator_models import LlamaFamily, T5Family, merge_params, split_trainable
 from synthgen.models.sampling import SamplingConfig
 from synthgen.privacy.ledger import PrivacyLedger
@@ -187,6 +188,12 @@ def train_generator(
     if plan is None:  # validates epsilon, delta and sizes before any compute
         plan = dp_train.plan_privacy(config.dp, len(pairs))
     out = Path(out_dir)
+    if ledger is not None and not has_checkpoint(out / "checkpoints"):
+        # Refuse an over-budget run before loading anything; a resumed run was charged
+        # when it started. `dp_train.train` charges (re-checking atomically) before step 1.
+        if ledger_scope is None:
+            raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
+        ledger.check(*ledger_scope, stage="dp-train", event=plan.event)
     out.mkdir(parents=True, exist_ok=True)
     documents, queries = pairs[document_field], pairs[query_field]
     init_seed = config.dp.seed if config.dp.seed is not None else 0

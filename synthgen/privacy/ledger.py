@@ -223,26 +223,7 @@ class PrivacyLedger:
         """
         event_json = accounting.event_to_json(event)
         with self._write() as conn:
-            scope = self._scope(conn, tenant, dataset)
-            if scope is None:
-                raise KeyError(f"no ledger scope for {tenant=}, {dataset=}; open it first")
-            own_eps, own_delta = self._standalone(scope, event, delta)
-            previous = [
-                (row[0], row[1], row[2])
-                for row in conn.execute(
-                    "SELECT event, epsilon, delta FROM charges WHERE tenant = ? AND dataset = ?",
-                    (tenant, dataset),
-                )
-            ]
-            total_eps, total_delta = self._compose(
-                scope, previous + [(event_json, own_eps, own_delta)]
-            )
-            if total_eps > scope.epsilon_cap * (1 + 1e-9) or total_delta > scope.delta_cap:
-                raise BudgetExceededError(
-                    f"charge refused for ({tenant}, {dataset}) stage={stage}: spend would be "
-                    f"epsilon={total_eps:.4g}, delta={total_delta:.3g} over cap "
-                    f"epsilon={scope.epsilon_cap:g}, delta={scope.delta_cap:g}"
-                )
+            own_eps, own_delta = self._check(conn, tenant, dataset, stage, event, delta)
             now = time.time()
             cursor = conn.execute(
                 "INSERT INTO charges (tenant, dataset, stage, epsilon, delta, event, description,"
@@ -260,6 +241,50 @@ class PrivacyLedger:
                 description,
                 now,
             )
+
+    def check(
+        self,
+        tenant: str,
+        dataset: str,
+        *,
+        stage: str,
+        event: dp_event.DpEvent,
+        delta: float | None = None,
+    ) -> tuple[float, float]:
+        """Dry run of `charge`: raises as `charge` would, records nothing.
+
+        Lets a stage refuse before any expensive work (loading a model); the stage still
+        calls `charge` right before its release, which re-checks atomically.
+
+        Returns:
+          (epsilon, delta) of the event on its own.
+        """
+        with self._connect() as conn:
+            return self._check(conn, tenant, dataset, stage, event, delta)
+
+    def _check(self, conn, tenant, dataset, stage, event, delta) -> tuple[float, float]:
+        """Standalone (epsilon, delta) of `event`; BudgetExceededError if the scope's
+        composed spend with it would pass the cap."""
+        event_json = accounting.event_to_json(event)
+        scope = self._scope(conn, tenant, dataset)
+        if scope is None:
+            raise KeyError(f"no ledger scope for {tenant=}, {dataset=}; open it first")
+        own_eps, own_delta = self._standalone(scope, event, delta)
+        previous = [
+            (row[0], row[1], row[2])
+            for row in conn.execute(
+                "SELECT event, epsilon, delta FROM charges WHERE tenant = ? AND dataset = ?",
+                (tenant, dataset),
+            )
+        ]
+        total_eps, total_delta = self._compose(scope, previous + [(event_json, own_eps, own_delta)])
+        if total_eps > scope.epsilon_cap * (1 + 1e-9) or total_delta > scope.delta_cap:
+            raise BudgetExceededError(
+                f"charge refused for ({tenant}, {dataset}) stage={stage}: spend would be "
+                f"epsilon={total_eps:.4g}, delta={total_delta:.3g} over cap "
+                f"epsilon={scope.epsilon_cap:g}, delta={scope.delta_cap:g}"
+            )
+        return own_eps, own_delta
 
     def charges(self, tenant: str, dataset: str) -> list[Charge]:
         """All charges of a scope, oldest first."""

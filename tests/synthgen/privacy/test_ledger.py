@@ -27,6 +27,16 @@ def test_refused_charge_changes_nothing(tmp_path):
     assert ledger.spent("acme", "queries") == before_spend
 
 
+def test_check_is_a_dry_run_of_charge(tmp_path):
+    ledger = _open(tmp_path)
+    ledger.charge("acme", "queries", stage="train", event=accounting.pure_epsilon_event(1.5))
+    eps, _ = ledger.check("acme", "queries", stage="x", event=accounting.pure_epsilon_event(0.4))
+    assert eps == pytest.approx(0.4)
+    with pytest.raises(BudgetExceededError):
+        ledger.check("acme", "queries", stage="x", event=accounting.pure_epsilon_event(0.6))
+    assert len(ledger.charges("acme", "queries")) == 1  # neither check recorded anything
+
+
 def test_spend_is_the_composition_under_the_accountant(tmp_path):
     ledger = _open(tmp_path, cap=10.0)
     events = [

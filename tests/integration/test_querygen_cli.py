@@ -1,0 +1,77 @@
+"""`synthgen train-generator` / `generate-queries` as a user runs them: JSONL in, JSON out."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from synthgen import corpora
+
+
+def _synthgen(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "synthgen.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+    )
+
+
+@pytest.fixture(scope="module")
+def pairs_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
+    corpora.load_wiki_summaries(limit=120).to_json(path, lines=True)
+    return path
+
+
+def test_bad_input_is_one_line_before_compute(pairs_file, tmp_path):
+    common = ("train-generator", "--pairs", pairs_file, "--ledger", tmp_path / "l.sqlite")
+    result = _synthgen(*common, "--out", tmp_path / "a", "--epsilon", "0")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert "target_epsilon must be > 0" in result.stderr
+    result = _synthgen(*common, "--out", tmp_path / "b", "--delta", "0.1")
+    assert result.returncode == 1 and "delta must be in" in result.stderr
+    result = _synthgen(*common, "--out", tmp_path / "c", "--query-field", "nope")
+    assert result.returncode == 1 and "lacks field" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not any((tmp_path / d).exists() for d in "abc")
+
+
+@pytest.mark.slow
+def test_train_then_generate_through_the_cli(pairs_file, tmp_path):
+    ledger = tmp_path / "ledger.sqlite"
+    result = _synthgen(
+        "train-generator", "--pairs", pairs_file, "--config", "tiny_t5", "--epsilon", "4",
+        "--epochs", "1", "--batch-size", "16", "--out", tmp_path / "gen", "--ledger", ledger,
+        "--tenant", "acme", "--dataset", "wiki", "--seed", "0",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["epsilon"] <= 4 and summary["delta"] == 1 / 240
+    shown = json.loads(_synthgen("ledger", "show", "--db", ledger, "--json").stdout)
+    assert shown[0]["tenant"] == "acme" and shown[0]["charges"] == 1
+    assert shown[0]["epsilon_spent"] == pytest.approx(summary["epsilon"], rel=1e-6)
+
+    result = _synthgen(
+        "generate-queries", "--generator", tmp_path / "gen", "--documents", pairs_file,
+        "--limit", "3", "--k", "2", "--out", tmp_path / "q", "--seed", "0",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["num_queries"] == 6 and out["epsilon"] == summary["epsilon"]
+    rows = [json.loads(line) for line in (tmp_path / "q" / "queries.jsonl").open()]
+    assert [r["doc_id"] for r in rows] == ["wiki-00000"] * 2 + ["wiki-00001"] * 2 + [
+        "wiki-00002"
+    ] * 2
+    # A second run in the same scope would exceed its cap (opened at the first run's
+    # epsilon): refused, one line, nothing recorded.
+    result = _synthgen(
+        "train-generator", "--pairs", pairs_file, "--config", "tiny_t5", "--epsilon", "4",
+        "--epochs", "1", "--batch-size", "16", "--out", tmp_path / "gen2", "--ledger", ledger,
+        "--tenant", "acme", "--dataset", "wiki", "--seed", "1",
+    )  # fmt: skip
+    assert result.returncode == 1 and "charge refused" in result.stderr
+    assert not (tmp_path / "gen2").exists()  # refused before any work
+    shown = json.loads(_synthgen("ledger", "show", "--db", ledger, "--json").stdout)
+    assert shown[0]["charges"] == 1
