@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test install assets lint clean
+.PHONY: demo test install assets lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ test: install
 	$(VENV)/bin/synthgen assets fetch wiki-summaries-en chatterbot-corpus-en smollm2-135m-instruct
 	$(VENV)/bin/ruff check synthgen retriever tests scripts
 	$(PY) -m pytest -q
+
+bench: install
+	$(PY) scripts/bench_dp_step.py
 
 lint: install
 	$(VENV)/bin/ruff check synthgen retriever tests scripts

@@ -277,6 +277,20 @@ class TrainResult:
     seconds: float
 
 
+def _shared_seed(seed: int | None) -> int:
+    """The run's seed: `seed`, or OS entropy; with several processes (`jax.distributed`),
+    process 0's value, so that every process draws the same batches and the same noise."""
+    if seed is None:
+        seed = secrets.randbits(63)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        words = np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
+        hi, lo = (int(w) for w in multihost_utils.broadcast_one_to_all(words))
+        seed = (hi << 32) | lo
+    return seed
+
+
 def _mesh() -> Mesh:
     return Mesh(np.array(jax.devices()), ("data",))
 
@@ -329,7 +343,7 @@ def train(
     if config.microbatch % devices:
         raise ValueError(f"microbatch={config.microbatch} must be a multiple of {devices=}")
 
-    seed = config.seed if config.seed is not None else secrets.randbits(63)
+    seed = _shared_seed(config.seed)
     sampler = BatchSampler(
         n, config.batch_size, config.physical_batch, config.sampling, secure_rng(seed)
     )

@@ -126,12 +126,13 @@ class T5Family:
         key: jax.Array,
         num_samples: int,
         batch_size: int,
+        progress: bool = False,
     ) -> list[list[str]]:
         from synthgen.models.t5_decoding import t5_generate
 
         tok = self.tokenizer
         out: list[list[str]] = []
-        for start in range(0, len(documents), batch_size):
+        for start in _batches(len(documents), batch_size, num_samples, progress):
             part = list(documents[start : start + batch_size])
             real = len(part)
             part += [""] * (batch_size - real)  # static batch shape
@@ -152,6 +153,16 @@ class T5Family:
             for row in gen[:real]:
                 out.append([tok.decode(_until_eos(r, tok.eos_id)) for r in row])
         return out
+
+
+def _batches(total: int, batch_size: int, per_item: int, progress: bool):
+    """Start offsets of generation batches, with a progress bar counting queries."""
+    from tqdm.auto import tqdm
+
+    with tqdm(total=total * per_item, desc="generate", unit="query", disable=not progress) as bar:
+        for start in range(0, total, batch_size):
+            yield start
+            bar.update(min(batch_size, total - start) * per_item)
 
 
 def _until_eos(ids: Sequence[int], eos: int) -> list[int]:
@@ -243,13 +254,14 @@ class LlamaFamily:
         key: jax.Array,
         num_samples: int,
         batch_size: int,
+        progress: bool = False,
     ) -> list[list[str]]:
         from synthgen.models.decoding import generate
 
         tok = self.tokenizer
         prompts = [self.encode_prompt(d, input_len) for d in documents for _ in range(num_samples)]
         outs: list[list[int]] = []
-        for start in range(0, len(prompts), batch_size):
+        for start in _batches(len(prompts), batch_size, 1, progress):
             outs += generate(
                 self.config,
                 params,

@@ -253,6 +253,11 @@ def _privacy_block(plan: dp_train.PrivacyPlan) -> dict:
     return block
 
 
+def first_line(text: str) -> str:
+    """The first non-empty line of a generated query, stripped (queries are one line)."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
 def load_generator(model_dir: str | Path):
     """Returns (family adapter, full params, generator record) of a trained generator."""
     model_dir = Path(model_dir)
@@ -305,6 +310,7 @@ def generate_queries(
     seed: int | None = None,
     doc_id_field: str = "doc_id",
     document_field: str = "document",
+    progress: bool = True,
 ) -> datasets.Dataset:
     """Writes synthetic (doc_id, document, query) rows (JSONL + Parquet) and metadata.json.
 
@@ -334,6 +340,7 @@ def generate_queries(
         key=key,
         num_samples=k,
         batch_size=cfg["generation_batch"],
+        progress=progress,
     )
     rows = {"doc_id": [], "document": [], "query": []}
     for doc_id, document, queries in zip(
@@ -342,7 +349,7 @@ def generate_queries(
         for query in queries:
             rows["doc_id"].append(doc_id)
             rows["document"].append(document)
-            rows["query"].append(query)
+            rows["query"].append(first_line(query))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dataset = datasets.Dataset.from_dict(rows)
@@ -351,7 +358,7 @@ def generate_queries(
     metadata = {
         "privacy": record["privacy"],
         "post_processing": "queries are sampled from the DP generator given public documents;"
-        " generation spends no privacy budget",
+        " generation spends no privacy budget; each query is cut to its first non-empty line",
         "model": {
             "family": record["family"],
             "base": record["base"],

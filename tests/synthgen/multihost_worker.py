@@ -1,0 +1,36 @@
+"""One process of a two-process `jax.distributed` DP training run on CPU (gloo collectives).
+
+Run by tests/synthgen/test_dp_train_multihost.py: `python multihost_worker.py PID PORT`.
+Prints one JSON line with the trained parameters of a run with an OS-entropy seed and of a
+run with seed 0.
+"""
+
+import json
+import sys
+
+import jax
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(f"127.0.0.1:{sys.argv[2]}", num_processes=2, process_id=int(sys.argv[1]))
+
+import numpy as np  # noqa: E402
+
+from synthgen import dp_train  # noqa: E402
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+from test_dp_train import _loss, _setup  # noqa: E402
+
+
+def config(seed):
+    return dp_train.DPConfig(
+        batch_size=16, epochs=1, clip_norm=1.0, learning_rate=0.05, noise_multiplier=1.0,
+        target_epsilon=None, physical_batch=8, microbatch=2, seed=seed,
+    )  # fmt: skip
+
+
+data, trainable, frozen = _setup(n=64)
+out = {"devices": jax.device_count(), "processes": jax.process_count()}
+for name, seed in (("entropy", None), ("seed0", 0)):
+    result = dp_train.train(_loss, trainable, frozen, data, config(seed), progress=False)
+    out[name] = {k: np.asarray(v).tolist() for k, v in result.trainable.items()}
+print(json.dumps(out))
