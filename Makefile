@@ -23,7 +23,7 @@ demo: assets
 	$(PY) scripts/demo.py
 
 test: install
-	$(VENV)/bin/synthgen assets fetch wiki-summaries-en chatterbot-corpus-en smollm2-135m-instruct
+	$(VENV)/bin/synthgen assets fetch wiki-summaries-en chatterbot-corpus-en smollm2-135m-instruct all-minilm-l6-v2
 	$(VENV)/bin/ruff check synthgen retriever tests scripts
 	$(PY) -m pytest -q
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -54,7 +55,9 @@ LossFn = Callable[[PyTree, PyTree, dict[str, jax.Array]], jax.Array]
 class DPConfig:
     """Hyper-parameters of a DP-Adafactor run.
 
-    Exactly one of `noise_multiplier` and `target_epsilon` is set. `delta=None` means
+    Exactly one of `noise_multiplier` and `target_epsilon` is set; `noise_multiplier=0` is
+    an explicitly NON-private run (clipping, no noise, epsilon = infinity: a reference point,
+    refused by the ledger). `delta=None` means
     1/(2n) (Carranza et al.). `seed=None` (production) draws the sampler and noise seeds from
     OS entropy; fixed seeds are for tests.
     """
@@ -78,8 +81,8 @@ class DPConfig:
             raise ValueError("set exactly one of noise_multiplier and target_epsilon")
         if self.target_epsilon is not None and not self.target_epsilon > 0:
             raise ValueError(f"target_epsilon must be > 0, got {self.target_epsilon=}")
-        if self.noise_multiplier is not None and not self.noise_multiplier > 0:
-            raise ValueError(f"noise_multiplier must be > 0, got {self.noise_multiplier=}")
+        if self.noise_multiplier is not None and not self.noise_multiplier >= 0:
+            raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier=}")
         for name in ("batch_size", "physical_batch", "microbatch", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -125,10 +128,17 @@ class PrivacyPlan:
             accountant=self.accountant,
         )
 
+    @property
+    def private(self) -> bool:
+        """False for the explicitly non-private reference run (noise_multiplier = 0)."""
+        return self.noise_multiplier > 0
+
     def epsilon_after(self, steps: int) -> float:
         """Epsilon spent after the first `steps` steps (for progress reporting)."""
         if steps == 0:
             return 0.0
+        if not self.private:
+            return math.inf
         return accounting.dpsgd_epsilon(
             noise_multiplier=self.noise_multiplier,
             num_examples=self.num_examples,
@@ -142,9 +152,10 @@ class PrivacyPlan:
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out.update(
+            private=self.private,
             sampling_rate=self.sampling_rate,
             neighboring_relation=accounting.neighboring_relation(self.sampling).name,
-            dp_event=json.loads(accounting.event_to_json(self.event)),
+            dp_event=json.loads(accounting.event_to_json(self.event)) if self.private else None,
         )
         return out
 
@@ -175,7 +186,10 @@ def plan_privacy(config: DPConfig, num_examples: int) -> PrivacyPlan:
         sigma = accounting.calibrate_noise_multiplier(
             target_epsilon=config.target_epsilon, delta=delta, **shape
         )
-    eps = accounting.dpsgd_epsilon(noise_multiplier=sigma, delta=delta, **shape)
+    if sigma == 0:
+        eps = math.inf  # the explicitly non-private reference run
+    else:
+        eps = accounting.dpsgd_epsilon(noise_multiplier=sigma, delta=delta, **shape)
     return PrivacyPlan(
         num_examples,
         config.batch_size,
@@ -370,6 +384,8 @@ def train(
     resumed_from = step
 
     if ledger is not None and not charged:
+        if not plan.private:
+            raise ValueError("a non-private run (noise_multiplier=0) cannot be charged to a ledger")
         if ledger_scope is None:
             raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
         ledger.charge(

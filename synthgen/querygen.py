@@ -188,6 +188,8 @@ def train_generator(
     if plan is None:  # validates epsilon, delta and sizes before any compute
         plan = dp_train.plan_privacy(config.dp, len(pairs))
     out = Path(out_dir)
+    if ledger is not None and not plan.private:
+        raise ValueError("a non-private run (noise_multiplier=0) cannot be charged to a ledger")
     if ledger is not None and not has_checkpoint(out / "checkpoints"):
         # Refuse an over-budget run before loading anything; a resumed run was charged
         # when it started. `dp_train.train` charges (re-checking atomically) before step 1.
@@ -248,7 +250,9 @@ def _privacy_block(plan: dp_train.PrivacyPlan) -> dict:
     block = plan.to_dict()
     block.update(
         unit="one (document, query) pair; queries private, documents public",
-        mechanism="DP-Adafactor: per-example L2 clipping + Gaussian noise (Abadi et al. 2016)",
+        mechanism="DP-Adafactor: per-example L2 clipping + Gaussian noise (Abadi et al. 2016)"
+        if plan.private
+        else "NON-PRIVATE reference run: per-example clipping, no noise (epsilon = infinity)",
     )
     return block
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -85,12 +86,20 @@ def train_generator(
             changes[name] = value
     cfg = cfg.replace(**changes)
     rows = _load_rows(pairs, (document_field, query_field), limit, split)
-    ledger_obj = PrivacyLedger(ledger or default_ledger_path())
     scope_name = dataset or Path(pairs).stem
     plan = querygen.dp_train.plan_privacy(cfg.dp, len(rows))
-    cap = budget if budget is not None else max(plan.epsilon, 1e-6)
-    if not _has_scope(ledger_obj, tenant, scope_name):
-        ledger_obj.open_scope(Scope(tenant, scope_name, cap, plan.delta))
+    ledger_obj = None
+    if plan.private:
+        ledger_obj = PrivacyLedger(ledger or default_ledger_path())
+        cap = budget if budget is not None else max(plan.epsilon, 1e-6)
+        if not _has_scope(ledger_obj, tenant, scope_name):
+            ledger_obj.open_scope(Scope(tenant, scope_name, cap, plan.delta))
+    else:
+        print(
+            "warning: --noise-multiplier 0 is a NON-private run (epsilon = infinity); "
+            "nothing is charged",
+            file=sys.stderr,
+        )
     result = querygen.train_generator(
         cfg,
         rows,

@@ -217,3 +217,19 @@ def test_resume_gives_the_same_run(tmp_path):
             progress=False,
             checkpoint_dir=ckpt,
         )
+
+
+def test_noise_multiplier_zero_is_an_explicit_non_private_run(tmp_path):
+    config = dp_train.DPConfig(batch_size=8, epochs=1, noise_multiplier=0.0, target_epsilon=None)
+    plan = dp_train.plan_privacy(config, 64)
+    assert not plan.private and plan.epsilon == float("inf")
+    assert plan.to_dict()["private"] is False
+    data, trainable, frozen = _setup(n=64)
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.open_scope(Scope("t", "d", 100.0, 1e-3))
+    with pytest.raises(ValueError, match="non-private"):
+        dp_train.train(_loss, trainable, frozen, data, config, ledger=ledger,
+                       ledger_scope=("t", "d"), progress=False)  # fmt: skip
+    assert ledger.charges("t", "d") == []
+    result = dp_train.train(_loss, trainable, frozen, data, config, progress=False)
+    assert result.steps_run == plan.steps

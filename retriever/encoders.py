@@ -1,0 +1,761 @@
+"""Text encoders for the dual-encoder retriever: BERT and T5 encoders, mean pooled, in Flax.
+
+Two families load from local Hugging Face folders; no torch is used at run time (weights are
+read from safetensors with numpy, text is tokenized by `tokenizers` or SentencePiece):
+
+* ``bert``: a BERT encoder, e.g. the ``all-minilm-l6-v2`` asset (sentence-transformers'
+  all-MiniLM-L6-v2), with the WordPiece tokenizer of its ``tokenizer.json`` (lowercasing,
+  ``[CLS] ... [SEP]``). The embedding follows that model's sentence-transformers modules
+  (Transformer, Pooling(mean), Normalize): the mean of the last hidden states over real
+  tokens, L2 normalised. Parity with sentence-transformers is tested against the golden file
+  written by ``scripts/make_minilm_fixture.py``.
+* ``t5``: the encoder stack of `synthgen.models.t5.T5` loaded by `load_t5`; inputs end with
+  EOS; states are mean pooled and L2 normalised the same way. Only the ``shared`` and
+  ``encoder`` params are kept (one tower, no decoder).
+
+`TextEncoder.apply` is pure and jittable (params and token ids in, [n, dim] unit vectors out),
+so a training loop can differentiate through it; `TextEncoder.encode` is the batched host API
+(static shapes, one compile). `save_encoder` stores fine-tuned params with the name of the
+base model they belong to; `load_encoder` reverses it.
+
+The BERT module has no dropout, absolute positions and token type 0 only. HF tensor names map
+to Flax paths as follows (a ``bert.`` prefix is stripped; torch Linear weights are [out, in],
+so kernels are transposed; ``pooler.*``, ``cls.*`` and ``embeddings.position_ids`` are
+ignored, any other unused tensor is an error):
+
+HF name                                              Flax path (under params)
+embeddings.{word,position,token_type}_embeddings.weight   {..}_embeddings/embedding
+embeddings.LayerNorm.{weight,bias}                   embeddings_norm/{scale,bias}
+encoder.layer.{i}.attention.self.{query,key,value}   layer_{i}/{query,key,value}
+encoder.layer.{i}.attention.output.dense             layer_{i}/attention_out
+encoder.layer.{i}.attention.output.LayerNorm         layer_{i}/attention_norm
+encoder.layer.{i}.intermediate.dense                 layer_{i}/intermediate
+encoder.layer.{i}.output.dense                       layer_{i}/output
+encoder.layer.{i}.output.LayerNorm                   layer_{i}/output_norm
+
+References:
+  Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers"; Reimers and
+  Gurevych 2019, "Sentence-BERT"; Wang et al. 2020, "MiniLM"; HF `modeling_bert.py`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import json
+import math
+import string
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import serialization, traverse_util
+from safetensors import safe_open
+from tokenizers import Tokenizer as HFTokenizer
+from tqdm.auto import tqdm
+
+PyTree = Any
+FAMILIES = ("bert", "t5")
+ENCODER_FILE = "encoder.json"
+PARAMS_FILE = "params.msgpack"
+RANDOM_PREFIX = "random:"  # load_encoder("random:bert") == random_encoder("bert")
+
+_NEG = float(np.finfo(np.float32).min)  # additive mask value, as HF (no -inf: no NaN rows)
+_ACTIVATIONS = {
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
+    "relu": jax.nn.relu,
+}
+_UNUSED_PREFIXES = ("pooler.", "cls.", "embeddings.position_ids")
+
+
+# ---- BERT model ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """BERT encoder hyper-parameters (names and meaning as in HF `BertConfig`).
+
+    Attributes:
+      vocab_size: rows of the word embedding.
+      hidden_size: width of the residual stream and of the sentence embedding.
+      num_hidden_layers: transformer layers.
+      num_attention_heads: heads per layer; must divide hidden_size.
+      intermediate_size: inner width of the feed-forward block.
+      max_position_embeddings: rows of the absolute position embedding (longest input).
+      type_vocab_size: rows of the token-type embedding (only type 0 is used).
+      layer_norm_eps: LayerNorm epsilon.
+      hidden_act: "gelu" (exact erf GELU), "gelu_new" (tanh approximation) or "relu".
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value=}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                "hidden_size must be a multiple of num_attention_heads, got "
+                f"{self.hidden_size=}, {self.num_attention_heads=}"
+            )
+        if self.layer_norm_eps <= 0:
+            raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps=}")
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ValueError(f"hidden_act must be in {sorted(_ACTIVATIONS)}, {self.hidden_act=}")
+
+    @classmethod
+    def tiny(cls, **overrides: Any) -> BertConfig:
+        """A 2-layer, width-64 model for tests (vocab 1024, 128 positions)."""
+        fields: dict[str, Any] = dict(
+            vocab_size=1024,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=128,
+        )
+        return cls(**{**fields, **overrides})
+
+    @classmethod
+    def from_hf_config(cls, hf: dict[str, Any]) -> BertConfig:
+        """Reads a HF BERT `config.json` dict (missing keys take HF's defaults).
+
+        Raises:
+          ValueError: not a BERT config, or not absolute position embeddings.
+        """
+        if hf.get("model_type", "bert") != "bert":
+            raise ValueError(f"not a BERT config, got model_type={hf.get('model_type')!r}")
+        position = hf.get("position_embedding_type", "absolute")
+        if position != "absolute":
+            raise ValueError(f"only absolute position embeddings are supported, {position=}")
+        return cls(
+            vocab_size=hf.get("vocab_size", 30522),
+            hidden_size=hf.get("hidden_size", 768),
+            num_hidden_layers=hf.get("num_hidden_layers", 12),
+            num_attention_heads=hf.get("num_attention_heads", 12),
+            intermediate_size=hf.get("intermediate_size", 3072),
+            max_position_embeddings=hf.get("max_position_embeddings", 512),
+            type_vocab_size=hf.get("type_vocab_size", 2),
+            layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
+            hidden_act=hf.get("hidden_act", "gelu"),
+        )
+
+
+class BertLayer(nn.Module):
+    """Post-LN transformer layer: x = LN(x + Attn(x)); x = LN(x + W2 act(W1 x))."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, key_bias: jax.Array) -> jax.Array:
+        """x [B, T, d]; key_bias [B, 1, 1, T] is 0 for real keys and float32 min for padding."""
+        cfg = self.config
+        heads = cfg.num_attention_heads
+        width = cfg.hidden_size // heads
+        dense = functools.partial(nn.Dense, kernel_init=nn.initializers.normal(0.02))
+        norm = functools.partial(nn.LayerNorm, epsilon=cfg.layer_norm_eps)
+
+        q, k, v = (
+            dense(cfg.hidden_size, name=name)(x).reshape(*x.shape[:2], heads, width)
+            for name in ("query", "key", "value")
+        )
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(width) + key_bias
+        context = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+        attended = dense(cfg.hidden_size, name="attention_out")(context.reshape(x.shape))
+        x = norm(name="attention_norm")(x + attended)
+        inner = _ACTIVATIONS[cfg.hidden_act](dense(cfg.intermediate_size, name="intermediate")(x))
+        return norm(name="output_norm")(x + dense(cfg.hidden_size, name="output")(inner))
+
+
+class Bert(nn.Module):
+    """BERT encoder (HF `BertModel` without its pooler)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        """Last hidden states [B, T, d] float32.
+
+        Args:
+          input_ids: token ids [B, T], T <= max_position_embeddings.
+          attention_mask: [B, T], 1 for real tokens, 0 for padding (masked as keys).
+        """
+        cfg = self.config
+        embed = functools.partial(
+            nn.Embed, features=cfg.hidden_size, embedding_init=nn.initializers.normal(0.02)
+        )
+        ids = jnp.asarray(input_ids, jnp.int32)
+        x = (
+            embed(cfg.vocab_size, name="word_embeddings")(ids)
+            + embed(cfg.max_position_embeddings, name="position_embeddings")(
+                jnp.arange(ids.shape[1])
+            )
+            + embed(cfg.type_vocab_size, name="token_type_embeddings")(jnp.zeros_like(ids))
+        )
+        x = nn.LayerNorm(epsilon=cfg.layer_norm_eps, name="embeddings_norm")(x)
+        key_bias = jnp.where(jnp.asarray(attention_mask) > 0, 0.0, _NEG)[:, None, None, :]
+        for i in range(cfg.num_hidden_layers):
+            x = BertLayer(cfg, name=f"layer_{i}")(x, key_bias)
+        return x
+
+
+def bert_name_map(config: BertConfig) -> dict[tuple[str, ...], tuple[str, bool]]:
+    """Flax parameter path -> (HF tensor name without prefix, transpose?) for every weight."""
+    names: dict[tuple[str, ...], tuple[str, bool]] = {}
+    for table in ("word", "position", "token_type"):
+        names[(f"{table}_embeddings", "embedding")] = (
+            f"embeddings.{table}_embeddings.weight",
+            False,
+        )
+
+    def linear(path: tuple[str, ...], hf: str) -> None:
+        names[(*path, "kernel")] = (f"{hf}.weight", True)
+        names[(*path, "bias")] = (f"{hf}.bias", False)
+
+    def layer_norm(path: tuple[str, ...], hf: str) -> None:
+        names[(*path, "scale")] = (f"{hf}.weight", False)
+        names[(*path, "bias")] = (f"{hf}.bias", False)
+
+    layer_norm(("embeddings_norm",), "embeddings.LayerNorm")
+    for i in range(config.num_hidden_layers):
+        ours, hf = f"layer_{i}", f"encoder.layer.{i}"
+        for proj in ("query", "key", "value"):
+            linear((ours, proj), f"{hf}.attention.self.{proj}")
+        linear((ours, "attention_out"), f"{hf}.attention.output.dense")
+        layer_norm((ours, "attention_norm"), f"{hf}.attention.output.LayerNorm")
+        linear((ours, "intermediate"), f"{hf}.intermediate.dense")
+        linear((ours, "output"), f"{hf}.output.dense")
+        layer_norm((ours, "output_norm"), f"{hf}.output.LayerNorm")
+    return names
+
+
+def _hf_tensors(path: Path) -> dict[str, np.ndarray]:
+    """Tensors of a folder's model.safetensors (or sharded index), LayerNorm names normalised."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        files = [
+            path / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        ]
+    elif (path / "model.safetensors").exists():
+        files = [path / "model.safetensors"]
+    else:
+        raise FileNotFoundError(f"no model.safetensors in {path} (.bin checkpoints: unsupported)")
+    tensors: dict[str, np.ndarray] = {}
+    for file in files:
+        with safe_open(str(file), framework="numpy") as f:
+            for name in f.keys():
+                # Old TF conversions name the LayerNorm parameters gamma and beta.
+                key = name.replace("LayerNorm.gamma", "LayerNorm.weight")
+                tensors[key.replace("LayerNorm.beta", "LayerNorm.bias")] = f.get_tensor(name)
+    return tensors
+
+
+def bert_params_from_hf(config: BertConfig, tensors: dict[str, np.ndarray]) -> PyTree:
+    """Flax params of `Bert(config)` from HF-named tensors (``bert.`` prefix optional).
+
+    Raises:
+      ValueError: a missing, unused or mis-shaped tensor (named in the message).
+    """
+    tensors = {k.removeprefix("bert."): v for k, v in tensors.items()}
+    tensors = {k: v for k, v in tensors.items() if not k.startswith(_UNUSED_PREFIXES)}
+    ids = np.zeros((1, 2), np.int32)
+    shapes = jax.eval_shape(lambda: Bert(config).init(jax.random.key(0), ids, ids + 1))
+    expected = {k: v.shape for k, v in traverse_util.flatten_dict(shapes["params"]).items()}
+    flat = {}
+    for path, (name, transpose) in bert_name_map(config).items():
+        if name not in tensors:
+            raise ValueError(f"checkpoint lacks BERT tensor {name=}")
+        value = np.asarray(tensors.pop(name), np.float32)
+        value = np.ascontiguousarray(value.T) if transpose else value
+        if value.shape != expected[path]:
+            raise ValueError(f"tensor {name=} has shape {value.shape}, expected {expected[path]}")
+        flat[path] = jnp.asarray(value)
+    if tensors:
+        raise ValueError(
+            f"checkpoint has {len(tensors)} unused tensors, e.g. {sorted(tensors)[0]=}"
+        )
+    return traverse_util.unflatten_dict(flat)
+
+
+# ---- tokenization --------------------------------------------------------------------------
+
+
+class _FixedLength:
+    """A `tokenizers` tokenizer with its own specials, truncated and padded to a fixed length.
+
+    One configured copy per length, so concurrent callers with different lengths never see
+    each other's truncation settings.
+    """
+
+    def __init__(self, tokenizer: HFTokenizer, pad_token: str) -> None:
+        pad_id = tokenizer.token_to_id(pad_token)
+        if pad_id is None:
+            raise ValueError(f"the tokenizer has no padding token {pad_token=}")
+        self._json = tokenizer.to_str()
+        self.pad_token, self.pad_id = pad_token, pad_id
+        self._by_length: dict[int, HFTokenizer] = {}
+
+    def __call__(self, texts: list[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+        tok = self._by_length.get(max_len)
+        if tok is None:
+            tok = HFTokenizer.from_str(self._json)
+            tok.enable_truncation(max_length=max_len)
+            tok.enable_padding(length=max_len, pad_id=self.pad_id, pad_token=self.pad_token)
+            self._by_length[max_len] = tok
+        encodings = tok.encode_batch(texts, add_special_tokens=True)
+        ids = np.array([e.ids for e in encodings], np.int32).reshape(len(texts), max_len)
+        mask = np.array([e.attention_mask for e in encodings], np.int32)
+        return ids, mask.reshape(len(texts), max_len)
+
+
+class _AppendEos:
+    """A `synthgen` Tokenizer (SentencePiece for T5): ids + EOS, truncated, padded."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, texts: list[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+        tok = self.tokenizer
+        ids = np.full((len(texts), max_len), tok.pad_id, np.int32)
+        mask = np.zeros((len(texts), max_len), np.int32)
+        for row, text in enumerate(texts):
+            seq = tok.encode(text)[: max_len - 1] + [tok.eos_id]
+            ids[row, : len(seq)] = seq
+            mask[row, : len(seq)] = 1
+        return ids, mask
+
+
+# T5 conventions (pad 0, eos 1, unk 2) hold for the random vocabulary's first three ids.
+_SPECIALS = ("[PAD]", "[SEP]", "[UNK]", "[CLS]", "[MASK]")
+_DEFAULT_WORDS = (
+    "the of and to in is was for on that with as by at from his an it are were which be this "
+    "has also or had its first their one after but not new who they two have her she been other "
+    "all when there more into time during most would can may about up over world only some "
+    "city state year years people school university team music film war game what where how "
+    "why which query document search retrieval private data model text"
+).split()
+
+
+def wordpiece_tokenizer(vocab: Sequence[str], *, t5: bool = False) -> HFTokenizer:
+    """A lowercasing BERT WordPiece tokenizer over `vocab` (tokens in id order).
+
+    Args:
+      vocab: tokens; must hold the specials ``[PAD] [SEP] [UNK] [CLS] [MASK]``.
+      t5: ``$A [SEP]`` (T5 style, [SEP] playing EOS) instead of ``[CLS] $A [SEP]``.
+
+    Raises:
+      ValueError: `vocab` lacks one of the special tokens.
+    """
+    from tokenizers import models, normalizers, pre_tokenizers, processors
+
+    index = {token: i for i, token in enumerate(vocab)}
+    missing = [s for s in _SPECIALS if s not in index]
+    if missing:
+        raise ValueError(f"vocabulary lacks special tokens, got {missing=}")
+    tok = HFTokenizer(models.WordPiece(index, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A [SEP]" if t5 else "[CLS] $A [SEP]",
+        special_tokens=[("[CLS]", index["[CLS]"]), ("[SEP]", index["[SEP]"])],
+    )
+    return tok
+
+
+def build_vocab(texts: Iterable[str] | None = None, *, size: int = 1024) -> list[str]:
+    """A small WordPiece vocabulary: specials, characters, ##characters, frequent words.
+
+    Args:
+      texts: public texts whose most frequent words are added (default: a fixed list).
+      size: maximum vocabulary size.
+
+    Returns:
+      Tokens in id order (deterministic for a given input).
+    """
+    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
+    vocab = [*_SPECIALS, *chars, *(f"##{c}" for c in string.ascii_lowercase + string.digits)]
+    if size < len(vocab):
+        raise ValueError(f"size must be >= {len(vocab)}, got {size=}")
+    probe = wordpiece_tokenizer(vocab)
+    counts: collections.Counter[str] = collections.Counter()
+    for text in _DEFAULT_WORDS if texts is None else texts:
+        normal = probe.normalizer.normalize_str(text)
+        counts.update(w for w, _ in probe.pre_tokenizer.pre_tokenize_str(normal))
+    known = set(vocab)
+    words = sorted((w for w in counts if w not in known), key=lambda w: (-counts[w], w))
+    return vocab + words[: size - len(vocab)]
+
+
+# ---- the encoder ---------------------------------------------------------------------------
+
+
+def mean_pool(states: jax.Array, attention_mask: jax.Array) -> jax.Array:
+    """Mean of states [n, T, d] over real tokens (mask [n, T]); all-padding rows give 0."""
+    mask = jnp.asarray(attention_mask, jnp.float32)[..., None]
+    total = jnp.sum(states.astype(jnp.float32) * mask, axis=1)
+    return total / jnp.maximum(jnp.sum(mask, axis=1), 1e-9)  # clamp as sentence-transformers
+
+
+def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
+    """x / max(||x||, eps) along the last axis (torch.nn.functional.normalize)."""
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+class TextEncoder:
+    """One tower of a dual encoder: tokenizer, Flax model and mean pooling with L2 norm.
+
+    Attributes:
+      name: the base model (asset name, folder, or "random:<family>") whose architecture
+        and tokenizer this encoder uses; `save_encoder` records it.
+      family: "bert" or "t5".
+      dim: embedding width.
+      params: Flax params of the tower.
+      max_len: longest accepted input in tokens (BERT: position table or the
+        sentence-transformers max_seq_length; T5: 512 unless set).
+      config: the model's `BertConfig` or `T5Config`.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        family: str,
+        config: Any,
+        params: PyTree,
+        tokenize_fn: Callable[[list[str], int], tuple[np.ndarray, np.ndarray]] | None,
+        max_len: int,
+        vocab: list[str] | None = None,
+    ) -> None:
+        """Wraps a model; use `load_encoder` or `random_encoder` rather than this.
+
+        Args:
+          name: see the class attributes.
+          family: "bert" or "t5".
+          config: `BertConfig` or `T5Config`.
+          params: params of `Bert(config)`, or the shared+encoder params of `T5(config)`.
+          tokenize_fn: (texts, max_len) -> (ids, mask), or None when the folder had no
+            tokenizer (then `apply` needs token ids made elsewhere).
+          max_len: longest accepted input.
+          vocab: the vocabulary of a random encoder (stored by `save_encoder`).
+
+        Raises:
+          ValueError: unknown family or max_len < 2.
+        """
+        if family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {family=}")
+        if max_len < 2:
+            raise ValueError(f"max_len must be >= 2, got {max_len=}")
+        self.name, self.family, self.config, self.params = name, family, config, params
+        self.dim = config.hidden_size if family == "bert" else config.d_model
+        self.max_len = max_len
+        self.vocab = vocab
+        self._tokenize_fn = tokenize_fn
+        if family == "bert":
+            self._states = Bert(config).apply
+        else:
+            from synthgen.models.t5 import T5
+
+            self._states = functools.partial(T5(config).apply, method=T5.encode)
+        self._jit_apply = jax.jit(self.apply)
+
+    def __repr__(self) -> str:
+        return f"TextEncoder(name={self.name!r}, family={self.family!r}, dim={self.dim})"
+
+    def tokenize(self, texts: Sequence[str], max_len: int) -> dict[str, np.ndarray]:
+        """Token ids and mask, truncated and padded to `max_len`.
+
+        Returns:
+          {"input_ids": int32 [n, max_len], "attention_mask": int32 [n, max_len]}.
+
+        Raises:
+          ValueError: `texts` is a single string, max_len is out of range, or the encoder
+            was loaded without a tokenizer.
+        """
+        if isinstance(texts, str):
+            raise ValueError("texts must be a sequence of strings, got a single str")
+        if not 2 <= max_len <= self.max_len:
+            raise ValueError(f"max_len must be in [2, {self.max_len}], got {max_len=}")
+        if self._tokenize_fn is None:
+            raise ValueError(
+                f"encoder {self.name!r} has no tokenizer (no spiece.model or tokenizer.json); "
+                "pass token ids to apply()"
+            )
+        ids, mask = self._tokenize_fn(list(texts), max_len)
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def apply(self, params: PyTree, batch: dict[str, jax.Array]) -> jax.Array:
+        """L2-normalised mean-pooled embeddings float32 [n, dim] (pure, jittable).
+
+        Args:
+          params: params of this tower (e.g. `self.params` or fine-tuned ones).
+          batch: "input_ids" and "attention_mask" [n, T]; other keys are ignored.
+        """
+        mask = batch["attention_mask"]
+        states = self._states({"params": params}, batch["input_ids"], mask)
+        return l2_normalize(mean_pool(states, mask))
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        *,
+        params: PyTree | None = None,
+        batch_size: int = 64,
+        max_len: int = 128,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Embeds texts in fixed-shape batches (the last one padded): float32 [n, dim].
+
+        Args:
+          texts: the texts.
+          params: params to use (default: `self.params`).
+          batch_size: texts per device call; fewer texts than that make one smaller batch.
+          max_len: tokens per text (longer texts are truncated).
+          progress: show a tqdm progress bar.
+
+        Raises:
+          ValueError: bad batch_size or max_len, or no tokenizer (see `tokenize`).
+        """
+        if isinstance(texts, str):
+            raise ValueError("texts must be a sequence of strings, got a single str")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size=}")
+        texts = list(texts)
+        params = self.params if params is None else params
+        out = np.zeros((len(texts), self.dim), np.float32)
+        size = min(batch_size, len(texts))
+        with tqdm(total=len(texts), disable=not progress, desc="encode", unit="text") as bar:
+            for start in range(0, len(texts), max(size, 1)):
+                chunk = texts[start : start + size]
+                batch = self.tokenize(chunk, max_len)
+                # Pad rows have an all-zero mask: they embed to 0 and are dropped.
+                pad = ((0, size - len(chunk)), (0, 0))
+                batch = {k: np.pad(v, pad) for k, v in batch.items()}
+                out[start : start + len(chunk)] = np.asarray(self._jit_apply(params, batch))[
+                    : len(chunk)
+                ]
+                bar.update(len(chunk))
+        return out
+
+
+# ---- loading, saving, random init ----------------------------------------------------------
+
+
+def _bert_from_folder(name: str, path: Path, max_len: int | None) -> TextEncoder:
+    config = BertConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+    if not (path / "tokenizer.json").exists():
+        raise FileNotFoundError(f"no tokenizer.json in {path}")
+    tokenizer = HFTokenizer.from_file(str(path / "tokenizer.json"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    default = config.max_position_embeddings
+    st_config = path / "sentence_bert_config.json"
+    if st_config.exists():
+        default = json.loads(st_config.read_text()).get("max_seq_length") or default
+    max_len = default if max_len is None else max_len
+    if max_len > config.max_position_embeddings:
+        raise ValueError(f"max_len must be <= {config.max_position_embeddings=}, got {max_len=}")
+    params = bert_params_from_hf(config, _hf_tensors(path))
+    return TextEncoder(
+        name=name,
+        family="bert",
+        config=config,
+        params=params,
+        tokenize_fn=_FixedLength(tokenizer, "[PAD]"),
+        max_len=max_len,
+    )
+
+
+def _t5_from_folder(name: str, path: Path, max_len: int | None) -> TextEncoder:
+    from synthgen.models.t5_loading import load_t5
+
+    config, params, tokenizer = load_t5(path, require_tokenizer=False)
+    return TextEncoder(
+        name=name,
+        family="t5",
+        config=config,
+        params={k: params[k] for k in ("shared", "encoder")},
+        tokenize_fn=None if tokenizer is None else _AppendEos(tokenizer),
+        max_len=512 if max_len is None else max_len,
+    )
+
+
+def _random_from_vocab(
+    family: str, vocab: list[str], seed: int, max_len: int | None = None
+) -> TextEncoder:
+    tokenizer = wordpiece_tokenizer(vocab, t5=family == "t5")
+    tokenize_fn = _FixedLength(tokenizer, "[PAD]")
+    key = jax.random.key(seed)
+    ids = np.zeros((1, 4), np.int32)
+    if family == "bert":
+        config = BertConfig.tiny(vocab_size=len(vocab))
+        params = jax.jit(Bert(config).init)(key, ids, ids + 1)["params"]
+        max_len = config.max_position_embeddings if max_len is None else max_len
+    elif family == "t5":
+        from synthgen.models.t5 import T5, T5Config
+
+        config = T5Config.preset("tiny", vocab_size=len(vocab))
+        init = functools.partial(T5(config).init, method=T5.encode)  # no decoder params
+        params = jax.jit(init)(key, ids, ids + 1)["params"]
+        max_len = 128 if max_len is None else max_len
+    else:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family=}")
+    return TextEncoder(
+        name=f"{RANDOM_PREFIX}{family}",
+        family=family,
+        config=config,
+        params=params,
+        tokenize_fn=tokenize_fn,
+        max_len=max_len,
+        vocab=vocab,
+    )
+
+
+def random_encoder(
+    family: str = "bert", *, seed: int = 0, vocab_texts: Iterable[str] | None = None
+) -> TextEncoder:
+    """A tiny random-init encoder for fast tests (BertConfig.tiny or the tiny T5 preset).
+
+    Args:
+      family: "bert" or "t5".
+      seed: PRNG seed of the initialisation.
+      vocab_texts: public texts for the WordPiece vocabulary (`build_vocab`; default: a
+        fixed word list). Unknown words fall back to characters, never to [UNK] for ASCII.
+
+    Raises:
+      ValueError: unknown family.
+    """
+    return _random_from_vocab(family, build_vocab(vocab_texts), seed)
+
+
+def _check_params(params: PyTree, reference: PyTree, where: Path) -> None:
+    got = {k: np.shape(v) for k, v in traverse_util.flatten_dict(params).items()}
+    want = {k: np.shape(v) for k, v in traverse_util.flatten_dict(reference).items()}
+    for key in sorted(set(got) ^ set(want)):
+        state = "missing" if key in want else "unexpected"
+        raise ValueError(f"{where} does not fit its base: {state} parameter {'/'.join(key)!r}")
+    for key, shape in want.items():
+        if got[key] != shape:
+            name = "/".join(key)
+            raise ValueError(f"{where}: parameter {name=} has shape {got[key]}, expected {shape}")
+
+
+def load_encoder(name_or_path: str | Path, *, max_len: int | None = None) -> TextEncoder:
+    """Loads an encoder from an asset name, a HF BERT or T5 folder, or a `save_encoder` folder.
+
+    The family is chosen by config.json's "model_type" ("bert"; "t5" or "mt5"). A folder with
+    encoder.json loads its base, then replaces the params with the stored ones. The names
+    "random:bert" and "random:t5" give `random_encoder(family)`.
+
+    Args:
+      name_or_path: asset name (e.g. "all-minilm-l6-v2") or folder.
+      max_len: longest accepted input in tokens (default: see `TextEncoder.max_len`).
+
+    Returns:
+      The encoder; its `name` is the base model's name.
+
+    Raises:
+      FileNotFoundError: no such folder or asset, or a folder without the needed files.
+      ValueError: unsupported model type, or weights that do not fit the config.
+      synthgen.assets.AssetError: a known asset that is not cached and cannot be fetched.
+    """
+    from synthgen import assets
+
+    name = str(name_or_path)
+    if name.startswith(RANDOM_PREFIX):
+        return _random_from_vocab(name.removeprefix(RANDOM_PREFIX), build_vocab(), 0, max_len)
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        if name not in assets.REGISTRY:
+            raise FileNotFoundError(f"no encoder folder or known asset named {name!r}")
+        path = assets.resolve(name)
+    if not path.is_dir():
+        raise FileNotFoundError(f"an encoder is a folder, got a file {str(path)!r}")
+    if (path / ENCODER_FILE).exists():
+        return _load_saved(path, max_len)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no config.json or {ENCODER_FILE} in {path}")
+    model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    if model_type == "bert":
+        return _bert_from_folder(name, path, max_len)
+    if model_type in ("t5", "mt5"):
+        return _t5_from_folder(name, path, max_len)
+    raise ValueError(f"unsupported encoder model_type (bert, t5), got {model_type=}")
+
+
+def _load_saved(path: Path, max_len: int | None) -> TextEncoder:
+    meta = json.loads((path / ENCODER_FILE).read_text())
+    if not (path / PARAMS_FILE).exists():
+        raise FileNotFoundError(f"no {PARAMS_FILE} in {path}")
+    base = meta["base"]
+    if max_len is None:
+        max_len = meta.get("max_len")
+    if base.startswith(RANDOM_PREFIX) and meta.get("vocab"):
+        encoder = _random_from_vocab(base.removeprefix(RANDOM_PREFIX), meta["vocab"], 0, max_len)
+    else:
+        encoder = load_encoder(base, max_len=max_len)
+    if encoder.family != meta.get("family", encoder.family):
+        raise ValueError(f"{path} is a {meta['family']} encoder but its base is {encoder.family}")
+    params = serialization.msgpack_restore((path / PARAMS_FILE).read_bytes())
+    _check_params(params, encoder.params, path / PARAMS_FILE)
+    encoder.params = jax.tree.map(jnp.asarray, params)
+    return encoder
+
+
+def save_encoder(
+    encoder: TextEncoder, params: PyTree, out_dir: str | Path, *, extra: dict | None = None
+) -> None:
+    """Writes out_dir/encoder.json and out_dir/params.msgpack; `load_encoder(out_dir)` reads them.
+
+    encoder.json holds {"base": encoder.name, "family", "dim", "max_len", **extra} (and the
+    vocabulary of a random encoder); the base model itself is not copied.
+
+    Args:
+      encoder: the encoder whose architecture and tokenizer the params belong to.
+      params: the tower's params (e.g. after fine-tuning).
+      out_dir: output folder (created).
+      extra: more JSON-serialisable metadata (e.g. training config, privacy spent).
+
+    Raises:
+      ValueError: params do not fit the encoder, or `extra` overrides a reserved key.
+    """
+    out_dir = Path(out_dir)
+    _check_params(params, encoder.params, out_dir / PARAMS_FILE)
+    meta: dict[str, Any] = {
+        "base": encoder.name,
+        "family": encoder.family,
+        "dim": encoder.dim,
+        "max_len": encoder.max_len,
+    }
+    if encoder.vocab is not None:
+        meta["vocab"] = encoder.vocab
+    clash = set(meta) & set(extra or {})
+    if clash:
+        raise ValueError(f"extra must not override reserved keys, got {sorted(clash)=}")
+    meta.update(extra or {})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    host = jax.tree.map(np.asarray, params)
+    (out_dir / PARAMS_FILE).write_bytes(serialization.msgpack_serialize(host))
+    (out_dir / ENCODER_FILE).write_text(json.dumps(meta, indent=1) + "\n")

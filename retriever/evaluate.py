@@ -1,0 +1,91 @@
+"""Retrieval evaluation on plain files: NDCG@10, Recall@10, MRR@10 with exact or ScaNN search.
+
+corpus.jsonl: one ``{"doc_id": ..., "text": ...}`` per line; queries.jsonl: one
+``{"query": ..., "doc_id": ...}`` per line (lines sharing a query are one query with several
+relevant documents). Reports are JSON-serialisable dicts; nothing in them is text.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from retriever import metrics
+from retriever.encoders import TextEncoder, load_encoder
+from retriever.index import build_searcher
+from retriever.train import DOC_TOWER_DIR
+
+
+def read_corpus(path: str | Path) -> tuple[list[str], list[str]]:
+    """(doc_ids, texts) of a corpus.jsonl; duplicate doc_ids are an error."""
+    from synthgen.corpora import load_jsonl
+
+    ds = load_jsonl(path, required=("doc_id", "text"))
+    doc_ids = [str(d) for d in ds["doc_id"]]
+    if len(set(doc_ids)) != len(doc_ids):
+        raise ValueError(f"{path} repeats doc_ids")
+    return doc_ids, list(ds["text"])
+
+
+def read_queries(path: str | Path) -> list[dict]:
+    """Rows {"query", "doc_id"} of a queries.jsonl."""
+    from synthgen.corpora import load_jsonl
+
+    return load_jsonl(path, required=("query", "doc_id")).to_list()
+
+
+def load_towers(encoder: str | TextEncoder) -> tuple[TextEncoder, TextEncoder]:
+    """(query encoder, document encoder): the same unless `encoder` is a trained folder
+    with a separate document tower."""
+    if isinstance(encoder, TextEncoder):
+        return encoder, encoder
+    query = load_encoder(encoder)
+    doc_dir = Path(encoder) / DOC_TOWER_DIR
+    return query, (load_encoder(str(doc_dir)) if doc_dir.is_dir() else query)
+
+
+def evaluate(
+    encoder: str | TextEncoder,
+    doc_ids: list[str],
+    texts: list[str],
+    query_rows: list[dict],
+    *,
+    index: str = "exact",
+    k: int = 10,
+    max_query_len: int = 32,
+    max_doc_len: int = 128,
+    batch_size: int = 64,
+    progress: bool = True,
+) -> dict:
+    """Encodes corpus and queries, searches the top k, and scores the rankings.
+
+    Raises:
+      ValueError: a query's relevant doc_id is not in the corpus.
+    """
+    known = set(doc_ids)
+    missing = sum(1 for r in query_rows if str(r["doc_id"]) not in known)
+    if missing:
+        raise ValueError(f"{missing} query lines name a doc_id that is not in the corpus")
+    query_enc, doc_enc = load_towers(encoder)
+    queries, relevant = metrics.group_queries(query_rows)
+    start = time.time()
+    doc_emb = doc_enc.encode(texts, batch_size=batch_size, max_len=max_doc_len, progress=progress)
+    query_emb = query_enc.encode(
+        queries, batch_size=batch_size, max_len=max_query_len, progress=progress
+    )
+    encoded = time.time()
+    searcher = build_searcher(doc_emb, kind=index)
+    _, found = searcher.search(np.asarray(query_emb, np.float32), k)
+    rankings = [[doc_ids[i] for i in row if i >= 0] for row in found]
+    report = metrics.ranking_metrics(rankings, relevant, k=k)
+    report.update(
+        num_documents=len(doc_ids),
+        num_query_lines=len(query_rows),
+        index=searcher.kind,
+        encoder=query_enc.name,
+        encode_seconds=encoded - start,
+        search_seconds=time.time() - encoded,
+    )
+    return report

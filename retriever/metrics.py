@@ -1,0 +1,66 @@
+"""Ranking metrics with binary relevance: NDCG@k, Recall@k, MRR@k.
+
+Each query has a set of relevant document ids (the plain query format has one relevant
+document per line; lines that share the query text are grouped into one query with several
+relevant documents, see `group_queries`). For a ranking r_1, r_2, ... of document ids:
+
+* DCG@k = sum over ranks i <= k with r_i relevant of 1 / log2(i + 1); NDCG@k divides by the
+  DCG of the ideal ranking, sum_{i <= min(|rel|, k)} 1 / log2(i + 1) (as in BEIR/pytrec_eval
+  with binary judgements);
+* Recall@k = |rel ∩ top k| / |rel|;
+* MRR@k = 1 / (rank of the first relevant document) if it is within the top k, else 0.
+
+Scores are averaged over queries (macro average).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+
+def group_queries(rows: Iterable[dict]) -> tuple[list[str], list[set[str]]]:
+    """Groups {"query", "doc_id"} rows by query text, keeping first-seen order.
+
+    Returns:
+      (queries, relevant): the distinct query texts and, for each, its relevant doc ids.
+    """
+    relevant: dict[str, set[str]] = {}
+    for row in rows:
+        relevant.setdefault(row["query"], set()).add(str(row["doc_id"]))
+    return list(relevant), list(relevant.values())
+
+
+def query_metrics(ranking: Sequence[str], relevant: set[str], k: int = 10) -> dict[str, float]:
+    """NDCG@k, Recall@k and MRR@k of one ranking (best first) against its relevant ids."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k=}")
+    if not relevant:
+        raise ValueError("a query needs at least one relevant document")
+    top = list(ranking)[:k]
+    hits = [i for i, doc in enumerate(top, start=1) if doc in relevant]
+    dcg = sum(1.0 / math.log2(i + 1) for i in hits)
+    ideal = sum(1.0 / math.log2(i + 1) for i in range(1, min(len(relevant), k) + 1))
+    return {
+        f"ndcg@{k}": dcg / ideal,
+        f"recall@{k}": len(hits) / len(relevant),
+        f"mrr@{k}": 1.0 / hits[0] if hits else 0.0,
+    }
+
+
+def ranking_metrics(
+    rankings: Sequence[Sequence[str]], relevant: Sequence[set[str]], k: int = 10
+) -> dict[str, float]:
+    """Mean NDCG@k, Recall@k, MRR@k over queries, plus `num_queries`.
+
+    Raises:
+      ValueError: no queries, or rankings and relevance sets of different lengths.
+    """
+    if len(rankings) != len(relevant):
+        raise ValueError(f"{len(rankings)=} rankings for {len(relevant)=} relevance sets")
+    if not rankings:
+        raise ValueError("no queries to evaluate")
+    per_query = [query_metrics(r, rel, k) for r, rel in zip(rankings, relevant, strict=True)]
+    out = {name: sum(m[name] for m in per_query) / len(per_query) for name in per_query[0]}
+    out["num_queries"] = len(per_query)
+    return out

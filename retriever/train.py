@@ -1,0 +1,384 @@
+"""Dual-encoder training: in-batch softmax on (query, document) pairs, and a direct-DP baseline.
+
+`train_retriever` (non-private; for DP synthetic pairs, which is post-processing of the
+generator's output, or for real pairs as the epsilon = infinity reference): query and document
+embeddings from the encoder (one shared tower by default, two with `separate_towers`),
+logits = s * q_i . d_j over the batch (s = 1 / temperature, fixed or learned), softmax
+cross-entropy with the paired document as the label; other pairs of the batch that share the
+positive document are masked out of the negatives. AdamW (optax), orbax checkpoints
+(resumable: the data order of each epoch is a function of the seed and the epoch), data
+parallel over local devices, progress bar with loss and pairs/s.
+
+`train_retriever_dp` (the "direct DP" baseline of Carranza et al., Table 4): DP-Adafactor via
+`synthgen.dp_train` on the real pairs.
+
+Privacy of the DP baseline:
+  Unit: one (query, document) pair; add/remove-one neighbours (Poisson sampling). An
+  in-batch softmax couples examples: every other pair's loss uses this pair's document as a
+  negative, so clipping per-example losses of the in-batch objective (the paper's naive
+  approach with batch 32) does not bound the influence of one pair by C. Here the loss of
+  pair i depends on pair i alone: the query tower is trained, the document tower is frozen
+  at the public pretrained encoder, and the negatives are the embeddings of *all* public
+  corpus documents (a full softmax over the corpus, which is public). Per-example clipping
+  then gives L2 sensitivity exactly C, and the run is the subsampled Gaussian mechanism that
+  `synthgen.dp_train` accounts for and charges to the ledger.
+  References: Abadi et al. 2016; Carranza et al. 2023.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from retriever.encoders import TextEncoder, save_encoder
+from synthgen import dp_train
+from synthgen.checkpoints import TrainCheckpoints
+from synthgen.privacy.ledger import PrivacyLedger
+
+PyTree = Any
+DOC_TOWER_DIR = "doc_tower"
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrieverConfig:
+    """Hyper-parameters of dual-encoder training (non-private and the DP baseline's shapes).
+
+    Attributes:
+      batch_size: pairs per step (in-batch negatives: batch_size - 1 per query).
+      epochs: passes over the pairs (the last incomplete batch of an epoch is dropped).
+      learning_rate: AdamW learning rate (linear warm-up over the first 10% of steps).
+      weight_decay: AdamW weight decay.
+      temperature: softmax temperature tau (logit scale 1 / tau).
+      learn_temperature: learn log(1 / tau), initialised at the given temperature.
+      max_query_len, max_doc_len: token budgets (static shapes).
+      separate_towers: separate query and document encoders (both from the same base).
+      checkpoint_every: steps between checkpoints.
+      seed: data order (a public choice: this trainer sees no private data).
+    """
+
+    batch_size: int = 32
+    epochs: float = 1.0
+    learning_rate: float = 5e-5
+    weight_decay: float = 0.01
+    temperature: float = 0.05
+    learn_temperature: bool = False
+    max_query_len: int = 32
+    max_doc_len: int = 128
+    separate_towers: bool = False
+    checkpoint_every: int = 100
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 2:
+            raise ValueError(f"in-batch softmax needs batch_size >= 2, got {self.batch_size=}")
+        if not (self.epochs > 0 and self.learning_rate > 0 and self.temperature > 0):
+            raise ValueError(
+                f"epochs, learning_rate and temperature must be > 0, got {self.epochs=}, "
+                f"{self.learning_rate=}, {self.temperature=}"
+            )
+        if self.max_query_len < 4 or self.max_doc_len < 4 or self.checkpoint_every < 1:
+            raise ValueError(f"bad sizes: {self.max_query_len=}, {self.max_doc_len=}")
+
+
+@dataclasses.dataclass
+class RetrieverResult:
+    """Output of a training run: parameters by tower, the per-step losses, timing."""
+
+    params: dict[str, PyTree]
+    losses: list[float]
+    steps_run: int
+    total_steps: int
+    seconds: float
+    pairs_per_second: float
+
+
+def in_batch_softmax_loss(
+    q: jax.Array, d: jax.Array, doc_keys: jax.Array, scale: jax.Array
+) -> jax.Array:
+    """Mean cross-entropy of each query against its own document among the batch's documents.
+
+    Args:
+      q, d: L2-normalised query and document embeddings [B, dim]; row i is a pair.
+      doc_keys: int [B] document identities; another row with the same document is not a
+        negative (it is masked out).
+      scale: logit scale (1 / temperature).
+    """
+    logits = scale * (q @ d.T)
+    same = doc_keys[:, None] == doc_keys[None, :]
+    logits = jnp.where(same & ~jnp.eye(len(q), dtype=bool), -jnp.inf, logits)
+    return -jnp.mean(jnp.diagonal(jax.nn.log_softmax(logits, axis=-1)))
+
+
+def _towers(params: dict) -> tuple[PyTree, PyTree]:
+    return params["query"], params.get("doc", params["query"])
+
+
+def _schedule(config: RetrieverConfig, total_steps: int) -> optax.Schedule:
+    warmup = max(1, total_steps // 10)
+    return optax.join_schedules(
+        [
+            optax.linear_schedule(0.0, config.learning_rate, warmup),
+            optax.linear_schedule(config.learning_rate, 0.0, max(1, total_steps - warmup)),
+        ],
+        [warmup],
+    )
+
+
+def _tokenize_pairs(encoder: TextEncoder, queries, documents, config: RetrieverConfig) -> dict:
+    q = encoder.tokenize(list(queries), config.max_query_len)
+    d = encoder.tokenize(list(documents), config.max_doc_len)
+    return {
+        "q_ids": q["input_ids"],
+        "q_mask": q["attention_mask"],
+        "d_ids": d["input_ids"],
+        "d_mask": d["attention_mask"],
+    }
+
+
+def _check_pairs(queries: Sequence[str], documents: Sequence[str], batch_size: int) -> None:
+    if len(queries) != len(documents):
+        raise ValueError(f"{len(queries)=} queries for {len(documents)=} documents")
+    if len(queries) < batch_size:
+        raise ValueError(f"{len(queries)} pairs are fewer than one batch ({batch_size=})")
+    if any(not str(q).strip() for q in queries):
+        raise ValueError("training pairs contain an empty query")
+
+
+def train_retriever(
+    encoder: TextEncoder,
+    queries: Sequence[str],
+    documents: Sequence[str],
+    config: RetrieverConfig,
+    *,
+    doc_ids: Sequence[str] | None = None,
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> RetrieverResult:
+    """Trains the dual encoder with in-batch softmax (non-private).
+
+    Args:
+      encoder: the base encoder (its params initialise every tower).
+      queries, documents: the training pairs (row i is a pair).
+      config: hyper-parameters.
+      doc_ids: document identities (pairs sharing a document are not each other's
+        negatives); default: the document text.
+      out_dir: checkpoints go to out_dir/checkpoints (an existing run is resumed) and the
+        trained encoder to out_dir (see `save_trained`).
+      progress: show a progress bar.
+      stop_after: stop after this many steps in total (to test resumption).
+
+    Privacy:
+      None is spent here. Trained on DP synthetic pairs this is post-processing of the
+      generator's release and inherits its guarantee; trained on real pairs it is the
+      non-private reference.
+    """
+    _check_pairs(queries, documents, config.batch_size)
+    keys = doc_ids if doc_ids is not None else documents
+    _, key_index = np.unique(np.asarray(list(keys), dtype=object).astype(str), return_inverse=True)
+    data = _tokenize_pairs(encoder, queries, documents, config)
+    data["doc_key"] = key_index.astype(np.int32)
+    n = len(queries)
+    steps_per_epoch = n // config.batch_size
+    total = max(1, int(round(config.epochs * steps_per_epoch)))
+
+    params = {"query": encoder.params}
+    if config.separate_towers:
+        params["doc"] = jax.tree.map(jnp.copy, encoder.params)
+    params["log_scale"] = jnp.log(jnp.float32(1.0 / config.temperature))
+    optimizer = optax.adamw(_schedule(config, total), weight_decay=config.weight_decay)
+    if not config.learn_temperature:
+        labels = jax.tree.map(lambda _: "train", params)
+        labels["log_scale"] = "fixed"
+        optimizer = optax.multi_transform(
+            {"train": optimizer, "fixed": optax.set_to_zero()}, labels
+        )
+    opt_state = optimizer.init(params)
+    step = 0
+    manager = None
+    if out_dir is not None:
+        manager = TrainCheckpoints(Path(out_dir) / "checkpoints")
+        restored = manager.restore_latest(params, opt_state)
+        if restored is not None:
+            if restored.meta.get("config") != dataclasses.asdict(config):
+                raise ValueError(f"checkpoints in {out_dir} belong to a different run")
+            params, opt_state, step = restored.trainable, restored.opt_state, restored.step
+
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    if config.batch_size % jax.device_count():
+        raise ValueError(f"batch_size={config.batch_size} must be a multiple of the device count")
+    replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    params = jax.device_put(params, replicated)
+    opt_state = jax.device_put(opt_state, replicated)
+
+    def loss_fn(params, batch):
+        query_tower, doc_tower = _towers(params)
+        q = encoder.apply(
+            query_tower, {"input_ids": batch["q_ids"], "attention_mask": batch["q_mask"]}
+        )
+        d = encoder.apply(
+            doc_tower, {"input_ids": batch["d_ids"], "attention_mask": batch["d_mask"]}
+        )
+        return in_batch_softmax_loss(q, d, batch["doc_key"], jnp.exp(params["log_scale"]))
+
+    @jax.jit
+    def train_step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    last = total if stop_after is None else min(total, stop_after)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, initial=step, desc="retriever-train", unit="step")
+    losses: list[float] = []
+    start, seen = time.time(), 0
+    while step < last:
+        epoch, within = divmod(step, steps_per_epoch)
+        order = np.random.default_rng([config.seed, epoch]).permutation(n)
+        rows = order[within * config.batch_size : (within + 1) * config.batch_size]
+        batch = jax.device_put({k: v[rows] for k, v in data.items()}, sharded)
+        params, opt_state, loss = train_step(params, opt_state, batch)
+        step += 1
+        seen += config.batch_size
+        losses.append(float(loss))
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(
+                loss=f"{losses[-1]:.3f}", pairs_s=f"{seen / max(time.time() - start, 1e-9):.1f}"
+            )
+        if manager is not None and (step % config.checkpoint_every == 0 or step == last):
+            manager.save(
+                step,
+                params,
+                opt_state,
+                np.zeros(2, np.uint32),
+                {"config": dataclasses.asdict(config)},
+            )
+    if bar is not None:
+        bar.close()
+    if manager is not None:
+        manager.close()
+    seconds = time.time() - start
+    result = RetrieverResult(
+        jax.device_get(params), losses, step, total, seconds, seen / max(seconds, 1e-9)
+    )
+    if out_dir is not None and step == total:
+        save_trained(encoder, result.params, out_dir, {"training": _summary(config, result)})
+    return result
+
+
+def _summary(config: RetrieverConfig, result: RetrieverResult) -> dict:
+    return {
+        "config": dataclasses.asdict(config),
+        "steps": result.steps_run,
+        "seconds": result.seconds,
+        "pairs_per_second": result.pairs_per_second,
+        "temperature": float(1.0 / np.exp(result.params["log_scale"])),
+    }
+
+
+def save_trained(encoder: TextEncoder, params: dict, out_dir: str | Path, extra: dict) -> None:
+    """Writes the query tower to out_dir and, if separate, the document tower to
+    out_dir/doc_tower (both loadable with `retriever.encoders.load_encoder`)."""
+    out = Path(out_dir)
+    save_encoder(encoder, params["query"], out, extra=extra)
+    if "doc" in params:
+        save_encoder(encoder, params["doc"], out / DOC_TOWER_DIR, extra=extra)
+
+
+def train_retriever_dp(
+    encoder: TextEncoder,
+    queries: Sequence[str],
+    positive_index: Sequence[int],
+    corpus_texts: Sequence[str],
+    config: RetrieverConfig,
+    dp_config: dp_train.DPConfig,
+    *,
+    out_dir: str | Path | None = None,
+    ledger: PrivacyLedger | None = None,
+    ledger_scope: tuple[str, str] | None = None,
+    progress: bool = True,
+    plan: dp_train.PrivacyPlan | None = None,
+) -> dp_train.TrainResult:
+    """The direct-DP baseline: DP-Adafactor on real pairs, frozen public document tower.
+
+    Args:
+      encoder: the base encoder; its params initialise the query tower and stay the
+        document tower.
+      queries: private queries; `positive_index[i]` is the row of query i's document in
+        `corpus_texts` (the public corpus, whose embeddings are every query's candidates).
+      config: token budgets and temperature (`batch_size`/`epochs` come from `dp_config`).
+      dp_config: DP-Adafactor hyper-parameters (sigma or target epsilon, C, sampling).
+      out_dir: orbax checkpoints (resumable) and the trained towers.
+      ledger, ledger_scope: the run's guarantee is charged there before the first step.
+      plan: precomputed `dp_train.plan_privacy(dp_config, len(queries))`.
+
+    Privacy:
+      (epsilon, delta)-DP w.r.t. one (query, document) pair, add/remove-one, see the module
+      docstring: the per-example loss is a softmax over the public corpus embeddings, so
+      each pair's clipped gradient is its only influence (sensitivity C).
+    """
+    if len(queries) != len(positive_index):
+        raise ValueError(f"{len(queries)=} queries for {len(positive_index)=} positives")
+    if plan is None:
+        plan = dp_train.plan_privacy(dp_config, len(queries))
+    index = np.asarray(positive_index, np.int32)
+    if index.min() < 0 or index.max() >= len(corpus_texts):
+        raise ValueError("positive_index points outside the corpus")
+    doc_emb = encoder.encode(list(corpus_texts), max_len=config.max_doc_len, progress=progress)
+    tokens = encoder.tokenize(list(queries), config.max_query_len)
+    data = {
+        "input_ids": tokens["input_ids"],
+        "attention_mask": tokens["attention_mask"],
+        "positive": index,
+    }
+    scale = 1.0 / config.temperature
+
+    def loss(trainable, frozen, ex):
+        q = encoder.apply(
+            trainable,
+            {"input_ids": ex["input_ids"][None], "attention_mask": ex["attention_mask"][None]},
+        )[0]
+        logits = scale * (frozen["doc_embeddings"] @ q)
+        return -jax.nn.log_softmax(logits)[ex["positive"]]
+
+    result = dp_train.train(
+        loss,
+        encoder.params,
+        {"doc_embeddings": jnp.asarray(doc_emb)},
+        data,
+        dp_config,
+        checkpoint_dir=None if out_dir is None else Path(out_dir) / "checkpoints",
+        ledger=ledger,
+        ledger_scope=ledger_scope,
+        description=f"retriever direct-DP baseline n={len(queries)}",
+        progress=progress,
+        plan=plan,
+    )
+    if out_dir is not None and result.steps_run == plan.steps:
+        privacy = plan.to_dict()
+        privacy.update(
+            unit="one (query, document) pair",
+            mechanism="DP-Adafactor on a per-example softmax over public corpus embeddings "
+            "(frozen document tower)",
+        )
+        extra = {
+            "privacy": json.loads(json.dumps(privacy, default=str)),
+            "training": {"config": dataclasses.asdict(config), "seconds": result.seconds},
+        }
+        save_trained(encoder, {"query": result.trainable, "doc": encoder.params}, out_dir, extra)
+    return result

@@ -1,0 +1,178 @@
+"""QPS and recall@10 of numpy exact search, ScaNN brute force and ScaNN tree-AH.
+
+Two corpora, each searched by the three `retriever.index` searchers:
+
+* wiki (skip with ``--skip-wiki``): the wiki summaries' documents as the corpus and their short
+  descriptions as queries, encoded by `retriever.encoders` (all-MiniLM-L6-v2, 384-d). The
+  embeddings are cached under ``runs/bench_index/`` keyed by model and size, so reruns skip
+  the encoder.
+* synthetic: ``--n`` (default 1,000,000) x 384 float32 unit vectors from a mixture of 1,000
+  Gaussian clusters of uneven sizes and spreads, and ``--queries`` queries drawn near random
+  corpus rows (fixed seeds).
+
+For each searcher: build seconds, queries per second over the whole query set (one call after
+a small warm-up call, so both sides search the same batch), and recall@10 against the exact
+top 10. Exact search is a BLAS matmul per block of queries plus `np.argpartition`; ScaNN
+searches the batch with its own thread pool. Both run in this one process and use every core.
+Figures are from one run on a possibly busy machine: compare within a run.
+
+The last line is exactly ``scann_recall_at_10=<value> scann_vs_exact_qps=<ratio>`` for the
+synthetic corpus (tree-AH against numpy exact).
+
+    python scripts/bench_index.py --skip-wiki             # 1M synthetic (a few minutes)
+    python scripts/bench_index.py --n 50000 --queries 200 --skip-wiki   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from retriever import index
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE_DIR = ROOT / "runs" / "bench_index"
+WIKI_MODEL = "all-minilm-l6-v2"
+K = 10
+
+
+def clustered_unit_vectors(
+    n: int,
+    num_queries: int,
+    *,
+    dim: int = 384,
+    num_clusters: int = 1_000,
+    query_noise: float = 0.5,
+    seed: int = 0,
+    chunk: int = 100_000,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Returns ``(corpus [n, dim], queries [num_queries, dim])``, float32, rows of unit norm.
+
+    Cluster centres are random unit vectors; cluster c has weight ~ lognormal(0, 1) and spread
+    sigma_c ~ U(0.5, 1.0); a row of cluster c is ``centre_c + sigma_c * z / sqrt(dim)`` with z
+    standard normal (noise of norm about sigma_c), normalised. A query is a random corpus row
+    plus noise of norm about `query_noise`, normalised. Generated in chunks of `chunk` rows
+    (float32 throughout), so peak memory is about the corpus itself.
+    """
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((num_clusters, dim), dtype=np.float32)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    weights = rng.lognormal(0.0, 1.0, num_clusters)
+    spreads = rng.uniform(0.5, 1.0, num_clusters).astype(np.float32) / np.sqrt(dim)
+    labels = rng.choice(num_clusters, size=n, p=weights / weights.sum())
+    corpus = np.empty((n, dim), np.float32)
+    for start in range(0, n, chunk):
+        rows = slice(start, min(start + chunk, n))
+        block = rng.standard_normal((rows.stop - rows.start, dim), dtype=np.float32)
+        block *= spreads[labels[rows], None]
+        block += centres[labels[rows]]
+        block /= np.linalg.norm(block, axis=1, keepdims=True)
+        corpus[rows] = block
+    picks = rng.integers(0, n, num_queries)
+    noise = rng.standard_normal((num_queries, dim), dtype=np.float32)
+    queries = corpus[picks] + (query_noise / np.sqrt(dim)) * noise
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    return corpus, queries
+
+
+def wiki_embeddings(limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Encodes (or reads from the cache) the wiki documents and queries."""
+    from synthgen import corpora
+
+    ds = corpora.load_wiki_summaries(limit=limit)
+    n = len(ds)
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    paths = {part: CACHE_DIR / f"wiki-{WIKI_MODEL}-n{n}-{part}.npy" for part in ("docs", "q")}
+    if all(p.is_file() for p in paths.values()):
+        return np.load(paths["docs"]), np.load(paths["q"])
+    from retriever.encoders import load_encoder  # lazy: only this case needs the encoder
+
+    encoder = load_encoder(WIKI_MODEL)
+    out = {}
+    for part, column in (("docs", "document"), ("q", "query")):
+        out[part] = np.asarray(
+            encoder.encode(ds[column], batch_size=64, max_len=128, progress=True), np.float32
+        )
+        np.save(paths[part], out[part])
+    return out["docs"], out["q"]
+
+
+def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
+    """Mean over queries of |found row ∩ truth row| / k."""
+    hits = sum(len(set(f) & set(t)) for f, t in zip(found.tolist(), truth.tolist()))
+    return hits / truth.size
+
+
+def _timed_search(searcher: index.Searcher, queries: np.ndarray) -> tuple[float, np.ndarray]:
+    """Queries per second of one `search` over all `queries` (after a warm-up call)."""
+    searcher.search(queries[:8], K)
+    start = time.perf_counter()
+    _, ids = searcher.search(queries, K)
+    return len(queries) / (time.perf_counter() - start), ids
+
+
+def run_case(name: str, corpus: np.ndarray, queries: np.ndarray) -> dict[str, dict]:
+    """Builds and times the three searchers; prints and returns one row per searcher."""
+    print(f"[{name}] corpus {corpus.shape}, {len(queries)} queries", flush=True)
+    builders: dict[str, Callable[[], index.Searcher]] = {
+        "exact": lambda: index.ExactSearcher(corpus),
+        "scann-bf": lambda: index.ScannSearcher.build(corpus, kind="scann-bf"),
+        "scann": lambda: index.ScannSearcher.build(corpus, kind="scann"),
+    }
+    rows: dict[str, dict] = {}
+    truth = None
+    for kind, build in builders.items():
+        start = time.perf_counter()
+        searcher = build()
+        build_s = time.perf_counter() - start
+        qps, ids = _timed_search(searcher, queries)
+        truth = ids if truth is None else truth  # exact runs first
+        rows[kind] = {"build_s": build_s, "qps": qps, "recall": recall_at_k(ids, truth)}
+        extra = f" params={searcher.params}" if getattr(searcher, "params", None) else ""
+        print(
+            f"[{name}] {kind:8s} build={build_s:7.2f}s qps={qps:9.1f} "
+            f"recall@{K}={rows[kind]['recall']:.4f}{extra}",
+            flush=True,
+        )
+        del searcher
+    ratio = rows["scann"]["qps"] / rows["exact"]["qps"]
+    print(f"[{name}] scann vs exact: {ratio:.1f}x qps", flush=True)
+    return rows
+
+
+def report_training_throughput() -> None:
+    """Hook for the dual-encoder training throughput line (owned by retriever.train)."""
+    print("[train] training throughput: not measured by this script (see retriever.train)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1_000_000, help="synthetic corpus rows")
+    parser.add_argument("--queries", type=int, default=1_000, help="synthetic queries")
+    parser.add_argument("--dim", type=int, default=384, help="synthetic dimension")
+    parser.add_argument("--skip-wiki", action="store_true", help="skip the encoded wiki corpus")
+    parser.add_argument("--wiki-limit", type=int, default=None, help="first N wiki entries")
+    args = parser.parse_args()
+    if args.n < 1 or args.queries < 1:
+        parser.error(f"--n and --queries must be >= 1, got {args.n=} {args.queries=}")
+
+    if not args.skip_wiki:
+        docs, wiki_queries = wiki_embeddings(args.wiki_limit)
+        run_case("wiki", docs, wiki_queries)
+        del docs, wiki_queries
+    report_training_throughput()
+
+    start = time.perf_counter()
+    corpus, queries = clustered_unit_vectors(args.n, args.queries, dim=args.dim)
+    print(f"[synthetic] generated in {time.perf_counter() - start:.1f}s", flush=True)
+    rows = run_case("synthetic", corpus, queries)
+    ratio = rows["scann"]["qps"] / rows["exact"]["qps"]
+    print(f"scann_recall_at_10={rows['scann']['recall']:.4f} scann_vs_exact_qps={ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""`retriever` end to end as a user runs it: data -> train -> evaluate -> index -> query."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _retriever(*args):
+    result = subprocess.run(
+        [sys.executable, "-m", "retriever.cli", *map(str, args)], capture_output=True, text=True
+    )
+    return result
+
+
+@pytest.mark.slow
+def test_train_evaluate_index_query(tmp_path):
+    data = tmp_path / "data"
+    assert _retriever("data", "wiki", "--out", data, "--limit", "60").returncode == 0
+    corpus, test = data / "corpus.jsonl", data / "test_queries.jsonl"
+
+    zero = _retriever(
+        "evaluate", "--encoder", "all-minilm-l6-v2", "--corpus", corpus, "--queries", test, "--json"
+    )
+    assert zero.returncode == 0, zero.stderr
+    report = json.loads(zero.stdout.strip().splitlines()[-1])
+    assert report["num_queries"] == 12 and report["num_documents"] == 60
+    assert {"ndcg@10", "recall@10", "mrr@10"} <= set(report)
+    assert report["recall@10"] > 0.5  # the pretrained encoder finds most of them
+
+    model = tmp_path / "model"
+    trained = _retriever(
+        "train",
+        "--pairs",
+        data / "train_queries.jsonl",
+        "--corpus",
+        corpus,
+        "--out",
+        model,
+        "--batch-size",
+        "8",
+        "--limit",
+        "16",
+    )
+    assert trained.returncode == 0, trained.stderr
+    assert json.loads(trained.stdout.strip().splitlines()[-1])["steps"] == 2
+    assert (model / "encoder.json").is_file()
+
+    result = _retriever(
+        "evaluate",
+        "--encoder",
+        model,
+        "--corpus",
+        corpus,
+        "--queries",
+        test,
+        "--index",
+        "scann-bf",
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["index"] == "scann-bf"
+
+    index = tmp_path / "index"
+    built = _retriever(
+        "index", "build", "--encoder", model, "--corpus", corpus, "--out", index, "--kind", "scann"
+    )
+    assert built.returncode == 0, built.stderr
+    first = json.loads(corpus.read_text().splitlines()[0])
+    found = _retriever(
+        "index", "query", "--index", index, "--query", first["text"][:200], "--k", "3", "--json"
+    )
+    assert found.returncode == 0, found.stderr
+    [hits] = json.loads(found.stdout)
+    assert len(hits["results"]) == 3
+    assert hits["results"][0]["doc_id"] == first["doc_id"]  # a document retrieves itself
+
+
+def test_errors_are_one_line(tmp_path):
+    result = _retriever(
+        "evaluate",
+        "--encoder",
+        tmp_path / "missing",
+        "--corpus",
+        tmp_path / "c.jsonl",
+        "--queries",
+        tmp_path / "q.jsonl",
+    )
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,159 @@
+"""Dual-encoder training: the in-batch loss by hand, training, resumption, the DP baseline."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from retriever import evaluate as ev
+from retriever.encoders import load_encoder, random_encoder
+from retriever.train import (
+    RetrieverConfig,
+    in_batch_softmax_loss,
+    train_retriever,
+    train_retriever_dp,
+)
+from synthgen import corpora, dp_train
+from synthgen.privacy.ledger import PrivacyLedger, Scope
+
+
+@pytest.fixture(scope="module")
+def wiki():
+    return corpora.load_wiki_summaries(limit=96)
+
+
+@pytest.fixture(scope="module")
+def encoder(wiki):
+    return random_encoder("bert", seed=0, vocab_texts=list(wiki["document"]) + list(wiki["query"]))
+
+
+def test_in_batch_loss_by_hand():
+    q = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+    d = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.8, 0.6]])
+    s = 2.0
+    logits = s * np.asarray(q @ d.T)
+    want = -np.mean([logits[i, i] - np.log(np.exp(logits[i]).sum()) for i in range(3)])
+    got = in_batch_softmax_loss(q, d, jnp.array([0, 1, 2]), jnp.float32(s))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    # Rows 0 and 2 share a document: neither is the other's negative.
+    got = in_batch_softmax_loss(q, d, jnp.array([5, 1, 5]), jnp.float32(s))
+    keep = [[0, 1], [0, 1, 2], [1, 2]]
+    want = -np.mean([logits[i, i] - np.log(np.exp(logits[i, keep[i]]).sum()) for i in range(3)])
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_training_lowers_the_loss_and_resumes_to_the_same_model(wiki, encoder, tmp_path):
+    config = RetrieverConfig(
+        batch_size=8,
+        epochs=3,
+        learning_rate=1e-3,
+        max_query_len=16,
+        max_doc_len=32,
+        checkpoint_every=5,
+    )
+    args = (encoder, wiki["query"], wiki["document"], config)
+    full = train_retriever(*args, doc_ids=wiki["doc_id"], out_dir=tmp_path / "a", progress=False)
+    assert full.steps_run == full.total_steps == 36
+    assert np.mean(full.losses[-6:]) < np.mean(full.losses[:6])
+    part = train_retriever(
+        *args, doc_ids=wiki["doc_id"], out_dir=tmp_path / "b", progress=False, stop_after=17
+    )
+    assert part.steps_run == 17 and not (tmp_path / "b" / "encoder.json").exists()
+    resumed = train_retriever(*args, doc_ids=wiki["doc_id"], out_dir=tmp_path / "b", progress=False)
+    assert resumed.steps_run == 36
+    for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(resumed.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # The saved model loads and embeds like the trained parameters.
+    loaded = load_encoder(str(tmp_path / "a"))
+    texts = list(wiki["query"][:5])
+    np.testing.assert_allclose(
+        loaded.encode(texts, max_len=16),
+        encoder.encode(texts, params=full.params["query"], max_len=16),
+        atol=1e-5,
+    )
+
+
+def test_separate_towers_are_saved_and_used(wiki, encoder, tmp_path):
+    config = RetrieverConfig(
+        batch_size=8,
+        epochs=1,
+        learning_rate=1e-3,
+        max_query_len=16,
+        max_doc_len=32,
+        separate_towers=True,
+    )
+    result = train_retriever(
+        encoder, wiki["query"], wiki["document"], config, out_dir=tmp_path, progress=False
+    )
+    assert set(result.params) == {"query", "doc", "log_scale"}
+    query_enc, doc_enc = ev.load_towers(str(tmp_path))
+    assert query_enc is not doc_enc
+    text = [wiki["document"][0]]
+    np.testing.assert_allclose(
+        doc_enc.encode(text, max_len=32),
+        encoder.encode(text, params=result.params["doc"], max_len=32),
+        atol=1e-5,
+    )
+
+
+def test_evaluate_exact_and_scann_agree(wiki, encoder):
+    rows = [{"query": q, "doc_id": d} for q, d in zip(wiki["query"], wiki["doc_id"])][:40]
+    kwargs = dict(max_query_len=16, max_doc_len=32, progress=False)
+    exact = ev.evaluate(
+        encoder, list(wiki["doc_id"]), list(wiki["document"]), rows, index="exact", **kwargs
+    )
+    scann = ev.evaluate(
+        encoder, list(wiki["doc_id"]), list(wiki["document"]), rows, index="scann-bf", **kwargs
+    )
+    for name in ("ndcg@10", "recall@10", "mrr@10"):
+        assert 0 <= exact[name] <= 1
+        assert exact[name] == pytest.approx(scann[name], abs=1e-6)
+    assert exact["num_queries"] == 40 and exact["index"] == "exact"
+    with pytest.raises(ValueError, match="not in the corpus"):
+        ev.evaluate(encoder, ["x"], ["text"], rows[:1], **kwargs)
+
+
+def test_direct_dp_baseline_charges_and_records_its_guarantee(wiki, encoder, tmp_path):
+    n = len(wiki)
+    dp_config = dp_train.DPConfig(
+        batch_size=16,
+        epochs=1,
+        clip_norm=1.0,
+        learning_rate=1e-3,
+        target_epsilon=4.0,
+        physical_batch=8,
+        microbatch=4,
+        seed=0,
+    )
+    plan = dp_train.plan_privacy(dp_config, n)
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    ledger.open_scope(Scope("t", "wiki", 4.0, plan.delta))
+    config = RetrieverConfig(max_query_len=16, max_doc_len=32)
+    result = train_retriever_dp(
+        encoder,
+        wiki["query"],
+        list(range(n)),
+        wiki["document"],
+        config,
+        dp_config,
+        out_dir=tmp_path / "m",
+        ledger=ledger,
+        ledger_scope=("t", "wiki"),
+        progress=False,
+    )
+    assert result.steps_run == plan.steps
+    [charge] = ledger.charges("t", "wiki")
+    assert charge.epsilon == pytest.approx(plan.epsilon) and plan.epsilon <= 4.0
+    meta = json.loads((tmp_path / "m" / "encoder.json").read_text())
+    assert meta["privacy"]["epsilon"] == pytest.approx(plan.epsilon)
+    assert math.isclose(meta["privacy"]["delta"], 1 / (2 * n))
+    # The document tower is the frozen public encoder; only the query tower moved.
+    query_enc, doc_enc = ev.load_towers(str(tmp_path / "m"))
+    text = [wiki["document"][0]]
+    np.testing.assert_allclose(
+        doc_enc.encode(text, max_len=32), encoder.encode(text, max_len=32), atol=1e-6
+    )
+    assert not np.allclose(query_enc.encode(text, max_len=32), encoder.encode(text, max_len=32))
