@@ -195,6 +195,8 @@ class ScannParams:
     Attributes:
       num_leaves: k-means partitions of the corpus; 0 for no tree (score every row).
       num_leaves_to_search: partitions scored per query (default for `search`).
+      spherical: spherical k-means (unit-norm centroids, so a query picks leaves by inner
+        product with comparable centroids); the right tree for L2-normalised embeddings.
       training_sample_size: rows sampled to train the tree and the AH codebooks.
       use_ah: score with asymmetric hashing (4-bit codes, LUT16); False for float brute force.
       dimensions_per_block: dimensions per AH sub-space (2: 16 centres per 2 dims).
@@ -205,6 +207,7 @@ class ScannParams:
 
     num_leaves: int = 0
     num_leaves_to_search: int = 0
+    spherical: bool = True
     training_sample_size: int = 250_000
     use_ah: bool = True
     dimensions_per_block: int = 2
@@ -235,9 +238,11 @@ class ScannParams:
         * n < 1,000: float brute force, no tree and no AH (training codebooks on so few rows
           costs more than it saves).
         * 1,000 <= n < 10,000: AH over every row, no tree, then reordering.
-        * n >= 10,000: num_leaves = round(sqrt(n)) clamped to [100, 4,000] (about sqrt(n) rows
-          per leaf); num_leaves_to_search = max(20, ceil(num_leaves / 10)) -- a tenth of the
-          leaves, and never fewer than 20, for high recall.
+        * n >= 10,000: a spherical k-means tree with num_leaves = round(sqrt(n)) clamped to
+          [100, 4,000] (about sqrt(n) rows per leaf); num_leaves_to_search =
+          max(20, ceil(num_leaves / 10)) -- a tenth of the leaves, and never fewer than 20.
+          On the benchmark a fiftieth already reaches recall@10 0.996; the tenth leaves margin
+          for corpora less clustered than the benchmark's at about 1/3 of the speed.
         * training_sample_size = min(n, 250,000); AH with dimensions_per_block=2 and
           anisotropic_quantization_threshold=0.2; reorder = 250 (at search time
           ``max(250, 10 * k)`` candidates are re-scored in float32).
@@ -332,6 +337,7 @@ class ScannSearcher:
                     num_leaves=min(params.num_leaves, size),
                     num_leaves_to_search=min(params.num_leaves_to_search, size),
                     training_sample_size=sample,
+                    spherical=params.spherical,
                 )
             if params.use_ah:
                 builder = builder.score_ah(

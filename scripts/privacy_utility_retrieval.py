@@ -60,9 +60,24 @@ def main() -> None:
     parser.add_argument("--retriever-epochs", type=float, default=1.0)
     parser.add_argument("--dp-epochs", type=float, default=3.0)
     parser.add_argument("--max-doc-len", type=int, default=64)
+    parser.add_argument(
+        "--report-only", action="store_true", help="table and plot from the finished cells"
+    )
     args = parser.parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        order = ["zero-shot", "real", "synthetic-inf"]
+        cells = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
+        cells.sort(
+            key=lambda c: (
+                order.index(c["cell"]) if c["cell"] in order else 9,
+                c["cell"].split("-")[0],
+                c["epsilon"] or 0,
+            )
+        )
+        report(cells, out)
+        return
 
     wiki = corpora.load_wiki_summaries(limit=args.docs)
     train, test = corpora.split_by_document(wiki)
@@ -189,12 +204,20 @@ def main() -> None:
 
         cells.append(_cell(out, name, synthetic))
 
+    report(cells, out)
+
+
+def report(cells: list[dict], out: Path) -> None:
+    """Writes results.json and the plot; prints a markdown table."""
     (out / "results.json").write_text(json.dumps(cells, indent=1))
     plot(cells, out / "privacy_utility.png")
-    print(f"{'cell':18s} {'epsilon':>8s} {'NDCG@10':>8s} {'Recall@10':>9s}")
+    print("| cell | epsilon | NDCG@10 | Recall@10 | MRR@10 |\n|---|---|---|---|---|")
     for c in cells:
         eps = "-" if c["epsilon"] is None else f"{c['epsilon']:.3g}"
-        print(f"{c['cell']:18s} {eps:>8s} {c['ndcg@10']:8.4f} {c['recall@10']:9.4f}")
+        print(
+            f"| {c['cell']} | {eps} | {c['ndcg@10']:.4f} | {c['recall@10']:.4f} | "
+            f"{c['mrr@10']:.4f} |"
+        )
 
 
 def plot(cells: list[dict], path: Path) -> None:

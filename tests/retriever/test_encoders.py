@@ -10,7 +10,7 @@ import pytest
 from flax import traverse_util
 from safetensors.numpy import save_file
 
-from retriever import encoders
+from retriever import bert, encoders
 from synthgen.models.t5 import T5
 from synthgen.models.t5_loading import load_t5
 
@@ -117,7 +117,7 @@ def _hf_bert_folder(encoder, out: Path, prefix: str = "bert.") -> dict[str, np.n
     """Writes `encoder` as a HF BERT folder (torch layout), returns its tensors."""
     flat = traverse_util.flatten_dict(encoder.params)
     tensors = {}
-    for path, (name, transpose) in encoders.bert_name_map(encoder.config).items():
+    for path, (name, transpose) in bert.bert_name_map(encoder.config).items():
         value = np.asarray(flat[path])
         tensors[prefix + name] = np.ascontiguousarray(value.T if transpose else value)
     tensors[prefix + "pooler.dense.weight"] = np.zeros((encoder.dim, encoder.dim), np.float32)
@@ -210,4 +210,4 @@ def test_errors(tmp_path, tiny_bert):
     with pytest.raises(ValueError, match="family"):
         encoders.random_encoder("gpt")
     with pytest.raises(ValueError, match="hidden_size"):
-        encoders.BertConfig.tiny(num_attention_heads=5)
+        bert.BertConfig.tiny(num_attention_heads=5)
