@@ -270,5 +270,3 @@ def bert_params_from_hf(config: BertConfig, tensors: dict[str, np.ndarray]) -> P
             f"checkpoint has {len(tensors)} unused tensors, e.g. {sorted(tensors)[0]=}"
         )
     return traverse_util.unflatten_dict(flat)
-
-

@@ -108,12 +108,27 @@ def _write_meta(directory: Path, kind: str, size: int, dim: int, params: dict) -
     (directory / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
 
+def _top_k_unsorted(scores: np.ndarray, k: int) -> np.ndarray:
+    """Column ids of the k largest entries of each row of `scores` ``[b, n]``, k < n, unsorted."""
+    n = scores.shape[1]
+    kth = np.partition(scores, n - k, axis=1)[:, n - k]
+    rows, cols = np.nonzero(scores >= kth[:, None])
+    # Exactly k ids a row unless a tie at the k-th score (or a NaN) makes the row ragged.
+    if np.all(np.bincount(rows, minlength=scores.shape[0]) == k):
+        return cols.reshape(-1, k)
+    return np.argpartition(scores, n - k, axis=1)[:, n - k :]
+
+
 class ExactSearcher:
     """Exact maximum inner product search in numpy: the oracle.
 
     Queries are scored in blocks of at most ``EXACT_BLOCK_ELEMENTS // size`` rows (one BLAS
-    matmul per block, so the score matrix stays under 256 MiB whatever the number of queries),
-    then `np.argpartition` selects each row's top k and only those k are sorted.
+    matmul per block, so the score matrix stays under 256 MiB whatever the number of queries).
+    Each row's top k is then selected and only those k are sorted. The selection is
+    `np.partition` on the scores, which finds the k-th largest score of each row (SIMD-sorted
+    in numpy >= 2, several times faster than `np.argpartition`), then the ids whose score is at
+    least that; when a tie at the k-th score gives a row more than k such ids, the block falls
+    back to `np.argpartition`.
 
     ``k`` larger than the corpus is clamped to the corpus size: the result then has ``size``
     columns (every row, ranked) rather than padding.
@@ -166,7 +181,7 @@ class ExactSearcher:
             stop = min(start + self.block_size, num_queries)
             block = queries[start:stop] @ self.embeddings.T  # [b, n], one BLAS call
             if k < self.size:
-                top = np.argpartition(block, self.size - k, axis=1)[:, self.size - k :]
+                top = _top_k_unsorted(block, k)
             else:
                 top = np.broadcast_to(np.arange(self.size), block.shape)
             top_scores = np.take_along_axis(block, top, axis=1)

@@ -163,7 +163,7 @@ def main() -> None:
 
     preset = querygen_presets.get(args.generator)
     gen_epochs = args.generator_steps * preset.dp.batch_size / n
-    for eps in [math.inf, *args.epsilons]:
+    for eps in [*args.epsilons, math.inf]:
         name = "synthetic-inf" if math.isinf(eps) else f"synthetic-{eps:g}"
 
         def synthetic(eps=eps, name=name):

@@ -55,6 +55,17 @@ def test_exact_matches_full_sort():
     assert_allclose(true_scores(corpus, queries, ids), scores, atol=1e-6)
 
 
+def test_exact_ties_at_the_kth_score():
+    corpus, queries = clustered(1_000, 20)
+    corpus = np.concatenate([corpus, corpus[:500]])  # duplicate rows: tied scores everywhere
+    full = np.sort(queries @ corpus.T, axis=1)[:, ::-1]
+    for k in (1, 2, 3, 10):
+        scores, ids = index.ExactSearcher(corpus).search(queries, k)
+        assert_allclose(scores, full[:, :k], atol=1e-6)
+        assert_allclose(true_scores(corpus, queries, ids), scores, atol=1e-6)
+        assert np.all([len(set(row)) == k for row in ids])
+
+
 def test_exact_blocks_do_not_change_results(data, oracle):
     corpus, queries = data
     small_blocks = index.ExactSearcher(corpus, block_elements=7 * len(corpus))
