@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from synthgen import assets, querygen_cli
+from synthgen import assets, fewshot_cli, querygen_cli
 from synthgen.lm_cli import lm_app
 from synthgen.paths import default_ledger_path
 from synthgen.privacy import accounting
@@ -36,6 +36,8 @@ app.add_typer(ledger_app, name="ledger")
 app.add_typer(lm_app, name="lm")
 app.command("train-generator")(querygen_cli.train_generator)
 app.command("generate-queries")(querygen_cli.generate_queries)
+app.command("generate-docs")(fewshot_cli.generate_docs)
+app.command("generate-queries-fewshot")(fewshot_cli.generate_queries_fewshot)
 
 
 # ---- assets -----------------------------------------------------------------------------
@@ -149,6 +151,65 @@ def privacy_dpsgd(
         print(
             f"epsilon={eps:.4f} (delta={delta:g}, noise_multiplier={noise_multiplier:g}, "
             f"steps={steps}, q={result['sampling_rate']:.4g}, {sampling}, {accountant})"
+        )
+
+
+@privacy_app.command("fewshot")
+def privacy_fewshot(
+    num_private: Annotated[int, typer.Option(help="private examples N")],
+    sample_size: Annotated[int, typer.Option(help="examples drawn per token (all M subsets)")],
+    tokens: Annotated[int, typer.Option(help="total released tokens T")],
+    noise_multiplier: Annotated[
+        float | None, typer.Option(help="sigma (gaussian) or per-token epsilon (rnm)")
+    ] = None,
+    target_epsilon: Annotated[float | None, typer.Option(help="prints calibrated noise")] = None,
+    delta: Annotated[float | None, typer.Option(help="default 1/N")] = None,
+    mechanism: Annotated[str, typer.Option(help="gaussian | rnm")] = "gaussian",
+    tokens_per_draw: Annotated[
+        int, typer.Option(help="tokens sharing one draw (1 = fresh draw per token)")
+    ] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+) -> None:
+    """Epsilon of DP few-shot generation (Tang et al. 2024), or the noise for a target."""
+    if (noise_multiplier is None) == (target_epsilon is None):
+        raise typer.BadParameter("give exactly one of --noise-multiplier and --target-epsilon")
+    if mechanism not in accounting.FEWSHOT_MECHANISMS:
+        raise typer.BadParameter(f"--mechanism must be one of {accounting.FEWSHOT_MECHANISMS}")
+    if not 1 <= sample_size <= num_private:
+        raise typer.BadParameter(f"--sample-size must be in [1, N], got {sample_size}")
+    delta = 1.0 / num_private if delta is None else delta
+    noise_name = "noise_multiplier" if mechanism == "gaussian" else "token_epsilon"
+    shape = dict(
+        sampling_rate=sample_size / num_private,
+        tokens=tokens,
+        mechanism=mechanism,
+        tokens_per_draw=tokens_per_draw,
+    )
+    if target_epsilon is not None:
+        noise_multiplier = accounting.calibrate_fewshot(
+            target_epsilon=target_epsilon, delta=delta, **shape
+        )
+    eps = accounting.fewshot_epsilon(delta, **shape, **{noise_name: noise_multiplier})
+    result = {
+        "epsilon": eps,
+        "delta": delta,
+        "noise_multiplier": noise_multiplier if mechanism == "gaussian" else None,
+        "token_epsilon": noise_multiplier if mechanism == "rnm" else None,
+        "sampling_rate": shape["sampling_rate"],
+        "tokens": tokens,
+        "tokens_per_draw": tokens_per_draw,
+        "mechanism": mechanism,
+        "accountant": "pld",
+        "neighboring_relation": "ADD_OR_REMOVE_ONE",
+        "num_private": num_private,
+        "sample_size": sample_size,
+    }
+    if as_json:
+        print(json.dumps(result))
+    else:
+        print(
+            f"epsilon={eps:.4f} (delta={delta:g}, {noise_name}={noise_multiplier:.4g}, "
+            f"tokens={tokens}, q={result['sampling_rate']:.4g}, {mechanism}, pld)"
         )
 
 

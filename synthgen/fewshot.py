@@ -1,0 +1,575 @@
+"""DP few-shot generation (Tang et al. 2024): synthetic text from a frozen LM, no training.
+
+Each synthetic example is generated token by token. For a token, the private examples of its
+pool (its label's examples, or all) are Poisson-subsampled with rate q; every sampled example
+joins one of M prompts uniformly at random (at most `max_shots` per prompt, the rest
+dropped in random order). The M next-token distributions are averaged and one token is
+released through `synthgen.privacy.mechanisms`:
+
+  * ``gaussian``: N(0, (sigma * sqrt(2) / M)^2) noise on each candidate's mean probability,
+    then argmax;
+  * ``rnm``: the exponential mechanism (report-noisy-max with Gumbel noise) on the mean
+    probabilities, `token_epsilon` per token.
+
+Candidates are the whole vocabulary or, with `public_vocab=K` (RVP), the K most likely
+tokens of the *public* prompt (the same prompt without private examples); `public_prior`
+adds lambda * p_public to the noisy scores (post-processing of a public quantity). The
+released token is appended to every prompt; generation stops at EOS, at a newline
+(`stop_at_newline`) or at `max_new_tokens`.
+
+`resample="token"` draws fresh examples for every token (Tang et al.'s analysis: every token
+is amplified by subsampling; the prompts change, so each token is a full forward of the M+1
+prompts). `resample="example"` draws once per synthetic example and decodes with the KV
+cache (one cached step per token), at a higher privacy cost: its tokens share one draw.
+
+Privacy:
+  Unit: one private example; add/remove-one neighbours. Adding an example changes at most
+  one of the M prompts of a token of its own pool, so the mean distribution moves by at
+  most sqrt(2)/M in L2 (two distributions differ by at most sqrt(2)) and 1/M in L-infinity.
+  A token is a Gaussian mechanism of multiplier sigma (or a token_epsilon-DP exponential
+  mechanism) on a Poisson subsample of rate q; `accounting.fewshot_event` composes them
+  with the PLD accountant. Pool sizes set q = M * shots / N_pool and are treated as public,
+  as N is in DP-SGD. The charge covers the worst pool: the largest rate and the largest
+  token budget (examples of that pool x max_new_tokens), charged before the first token;
+  stopping early at EOS only spends less. The public prompt, the candidate set and the
+  stopping rule read only public text and released tokens.
+
+References: Tang, Shin, Inan, Manoel, Mireshghallah, Lin, Gopi, Kulkarni, Sim 2024,
+"Privacy-Preserving In-Context Learning with Differentially Private Few-Shot Generation"
+(ICLR 2024).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from synthgen.lm_backends import NextTokenLM
+from synthgen.privacy import accounting, mechanisms
+from synthgen.privacy.ledger import PrivacyLedger
+
+Mechanism = Literal["gaussian", "rnm"]
+Resample = Literal["token", "example"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FewShotConfig:
+    """Hyper-parameters of a DP few-shot generation run.
+
+    Attributes:
+      subsets: M, prompts per token.
+      shots: expected private examples per prompt (the rate is q = M * shots / N_pool).
+      max_shots: most examples a prompt keeps (default 2 * shots).
+      shot_tokens: every text field (of a private example or a target) is cut to this
+        many tokens in a prompt.
+      max_new_tokens: token limit of a synthetic example.
+      mechanism: "gaussian" or "rnm".
+      target_epsilon: calibrate the noise to this epsilon (or give the noise directly).
+      noise_multiplier: sigma of ``gaussian``.
+      token_epsilon: per-token epsilon of ``rnm``.
+      delta: default 1 / N (N = all private examples).
+      public_vocab: K of RVP; None = the whole vocabulary.
+      public_prior: lambda of the public soft prior (0 = none).
+      resample: "token" (fresh draw per token) or "example" (one draw, KV cache).
+      stop_at_newline: a token containing a newline ends the example (single paragraphs).
+    """
+
+    subsets: int = 10
+    shots: int = 4
+    max_shots: int | None = None
+    shot_tokens: int = 96
+    max_new_tokens: int = 64
+    mechanism: Mechanism = "gaussian"
+    target_epsilon: float | None = None
+    noise_multiplier: float | None = None
+    token_epsilon: float | None = None
+    delta: float | None = None
+    public_vocab: int | None = None
+    public_prior: float = 0.0
+    resample: Resample = "token"
+    stop_at_newline: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("subsets", "shots", "shot_tokens", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {name}={getattr(self, name)}")
+        if self.max_shots is not None and self.max_shots < self.shots:
+            raise ValueError(f"max_shots must be >= shots, got {self.max_shots=}")
+        if self.mechanism not in accounting.FEWSHOT_MECHANISMS:
+            raise ValueError(f"mechanism must be gaussian or rnm, got {self.mechanism=}")
+        if self.resample not in accounting.FEWSHOT_RESAMPLING:
+            raise ValueError(f"resample must be token or example, got {self.resample=}")
+        noise = self.noise_multiplier if self.mechanism == "gaussian" else self.token_epsilon
+        if (self.target_epsilon is None) == (noise is None):
+            param = "noise_multiplier" if self.mechanism == "gaussian" else "token_epsilon"
+            raise ValueError(f"give exactly one of target_epsilon and {param}")
+        for name in ("target_epsilon", "noise_multiplier", "token_epsilon"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite positive number, got {name}={value}")
+        if self.delta is not None and not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta=}")
+        if self.public_vocab is not None and self.public_vocab < 1:
+            raise ValueError(f"public_vocab must be >= 1, got {self.public_vocab=}")
+        if self.public_prior < 0:
+            raise ValueError(f"public_prior must be >= 0, got {self.public_prior=}")
+
+    @property
+    def shots_cap(self) -> int:
+        return self.max_shots or 2 * self.shots
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptTemplate:
+    """How prompts are written: header + shots + stem, then the generated tokens.
+
+    `header` and `stem` are formatted with the synthetic example's target fields (its
+    label, or the public document a query is generated for); `shot` with a private row.
+    The public prompt is header + stem with no shots.
+    """
+
+    header: str
+    shot: str
+    stem: str
+
+    def fields(self) -> tuple[set[str], set[str]]:
+        """(fields of a private row, fields of a target) the template reads."""
+        import string
+
+        def names(text: str) -> set[str]:
+            return {f for _, f, _, _ in string.Formatter().parse(text) if f}
+
+        return names(self.shot), names(self.header) | names(self.stem)
+
+
+DOCUMENT_TEMPLATE = PromptTemplate(
+    header="Here are paragraphs from encyclopedia articles about {label}.\n\n",
+    shot="Paragraph: {text}\n\n",
+    stem="Paragraph:",
+)
+QUERY_TEMPLATE = PromptTemplate(
+    header="Here are documents and search queries that find them.\n\n",
+    shot="Document: {document}\nQuery: {query}\n\n",
+    stem="Document: {document}\nQuery:",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FewShotPlan:
+    """The guarantee of a run, fixed before it starts: what the accountant assumes."""
+
+    num_private: int
+    smallest_pool: int
+    sampling_rate: float
+    tokens: int
+    tokens_per_draw: int
+    mechanism: str
+    noise_multiplier: float | None
+    token_epsilon: float | None
+    subsets: int
+    delta: float
+    epsilon: float
+
+    @property
+    def event(self):
+        return accounting.fewshot_event(
+            sampling_rate=self.sampling_rate,
+            tokens=self.tokens,
+            mechanism=self.mechanism,
+            noise_multiplier=self.noise_multiplier,
+            token_epsilon=self.token_epsilon,
+            tokens_per_draw=self.tokens_per_draw,
+        )
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.update(
+            unit="one private example",
+            neighboring_relation="ADD_OR_REMOVE_ONE",
+            accountant="pld",
+            sampling="poisson, per pool (label); pool sizes public",
+            noise_std=None
+            if self.noise_multiplier is None
+            else self.noise_multiplier * math.sqrt(2) / self.subsets,
+            mechanism_description=(
+                "Gaussian noise sigma*sqrt(2)/M on the mean of M next-token distributions, "
+                "argmax (Tang et al. 2024)"
+                if self.mechanism == "gaussian"
+                else "exponential mechanism (report-noisy-max, Gumbel) on the mean of M "
+                "next-token distributions, sensitivity 1/M (Tang et al. 2024)"
+            ),
+            dp_event=json.loads(accounting.event_to_json(self.event)),
+        )
+        return out
+
+
+def plan_privacy(
+    config: FewShotConfig, pool_sizes: Sequence[int], tokens_per_pool: int, num_private: int
+) -> FewShotPlan:
+    """Resolves delta, the rate and the noise for pools of these sizes.
+
+    Args:
+      config: the run's hyper-parameters.
+      pool_sizes: private examples in each pool that has synthetic examples to generate.
+      tokens_per_pool: most tokens released for one pool (examples x max_new_tokens).
+      num_private: all private examples (delta defaults to 1 / num_private).
+
+    Raises:
+      ValueError: a pool smaller than M * shots, or delta >= 1 / num_private.
+    """
+    if not pool_sizes or min(pool_sizes) < 1:
+        raise ValueError("every pool needs private examples")
+    need = config.subsets * config.shots
+    smallest = min(pool_sizes)
+    if smallest < need:
+        raise ValueError(
+            f"a pool has {smallest} private examples, fewer than subsets * shots = {need}"
+        )
+    delta = config.delta if config.delta is not None else 1.0 / num_private
+    if delta > 1.0 / num_private:
+        raise ValueError(f"delta must be <= 1/N = {1 / num_private:.3g}, got {delta=}")
+    rate = need / smallest
+    per_draw = 1 if config.resample == "token" else config.max_new_tokens
+    shape = dict(
+        sampling_rate=rate,
+        tokens=tokens_per_pool,
+        mechanism=config.mechanism,
+        tokens_per_draw=per_draw,
+    )
+    noise_name = "noise_multiplier" if config.mechanism == "gaussian" else "token_epsilon"
+    noise = getattr(config, noise_name)
+    if noise is None:
+        noise = accounting.calibrate_fewshot(
+            target_epsilon=config.target_epsilon, delta=delta, **shape
+        )
+    eps = accounting.fewshot_epsilon(delta, **shape, **{noise_name: noise})
+    return FewShotPlan(
+        num_private=num_private,
+        smallest_pool=smallest,
+        sampling_rate=rate,
+        tokens=tokens_per_pool,
+        tokens_per_draw=per_draw,
+        mechanism=config.mechanism,
+        noise_multiplier=noise if config.mechanism == "gaussian" else None,
+        token_epsilon=noise if config.mechanism == "rnm" else None,
+        subsets=config.subsets,
+        delta=delta,
+        epsilon=eps,
+    )
+
+
+# ---- one token ---------------------------------------------------------------------------
+
+
+def release_token(
+    logprobs: np.ndarray,
+    config: FewShotConfig,
+    plan: FewShotPlan,
+    rng: np.random.Generator,
+) -> int:
+    """Releases one token from log-probs [1 + M, V]: row 0 public, rows 1..M private.
+
+    Privacy:
+      One Gaussian mechanism (L2 sensitivity sqrt(2)/M, multiplier sigma) or one
+      token_epsilon-DP exponential mechanism (L-inf sensitivity 1/M) on the mean of the M
+      private distributions; candidates and prior come from the public row only. See the
+      module docstring (Tang et al. 2024).
+    """
+    m = config.subsets
+    if logprobs.shape[0] != m + 1:
+        raise ValueError(f"expected {m + 1} rows of log-probs, got {logprobs.shape[0]}")
+    public = np.exp(logprobs[0].astype(np.float64))
+    if config.public_vocab is None:
+        candidates = np.arange(public.size)
+    else:
+        k = min(config.public_vocab, public.size)
+        candidates = np.argpartition(-public, k - 1)[:k]
+    mean = np.exp(logprobs[1:, candidates].astype(np.float64)).mean(axis=0)
+    prior = config.public_prior * public[candidates]
+    if plan.mechanism == "gaussian":
+        noisy = mechanisms.gaussian_mechanism(
+            mean, sensitivity=math.sqrt(2) / m, noise_multiplier=plan.noise_multiplier, rng=rng
+        )
+        return int(candidates[np.argmax(noisy + prior)])
+    if config.public_prior:
+        # exp-mechanism on u + lambda * p_pub: the public term does not change sensitivity.
+        mean = mean + prior
+    choice = mechanisms.exponential_mechanism(
+        mean, epsilon=plan.token_epsilon, sensitivity=1.0 / m, rng=rng
+    )
+    return int(candidates[choice])
+
+
+# ---- prompts -----------------------------------------------------------------------------
+
+
+class _Prompts:
+    """Token ids of prompt pieces, encoded once; every text field cut to `field_tokens`."""
+
+    def __init__(self, lm: NextTokenLM, template: PromptTemplate, rows, field_tokens: int):
+        self.lm, self.template, self.rows, self.field_tokens = lm, template, rows, field_tokens
+        self._shots: dict[int, list[int]] = {}
+
+    def _cut(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        out = {}
+        for key, value in row.items():
+            if isinstance(value, str):
+                ids = self.lm.encode(value)
+                if len(ids) > self.field_tokens:
+                    value = self.lm.decode(ids[: self.field_tokens])
+            out[key] = value
+        return out
+
+    def shot(self, index: int) -> list[int]:
+        if index not in self._shots:
+            self._shots[index] = self.lm.encode(
+                self.template.shot.format(**self._cut(self.rows[index]))
+            )
+        return self._shots[index]
+
+    def frame(self, target: Mapping[str, Any]) -> tuple[list[int], list[int]]:
+        """(header ids, stem ids) of a target."""
+        target = self._cut(target)
+        header = self.lm.encode(self.template.header.format(**target), bos=True)
+        return header, self.lm.encode(self.template.stem.format(**target))
+
+    def prompt(self, frame: tuple[list[int], list[int]], shots: Sequence[int]) -> list[int]:
+        header, stem = frame
+        return header + [t for i in shots for t in self.shot(i)] + stem
+
+
+def draw_subsets(
+    pool: np.ndarray, config: FewShotConfig, rate: float, rng: np.random.Generator
+) -> list[list[int]]:
+    """Poisson-samples `pool` at `rate` and deals the sample to M prompts at random.
+
+    Each sampled example joins a uniformly random prompt; a prompt keeps at most
+    `config.shots_cap` of its examples (those of smallest random priority, in that order).
+    Adding one example to the pool changes at most one prompt: the sensitivity argument of
+    the module docstring.
+    """
+    # One row of uniforms per pool example (inclusion, prompt, priority), so an example's
+    # fate is independent of the others': the coupling of the sensitivity argument.
+    draws = rng.random((pool.size, 3))
+    keep = draws[:, 0] < rate
+    sampled, slots, priority = (
+        pool[keep],
+        (draws[keep, 1] * config.subsets).astype(int),
+        draws[keep, 2],
+    )
+    subsets = []
+    for j in range(config.subsets):
+        members = np.flatnonzero(slots == j)
+        order = members[np.argsort(priority[members])][: config.shots_cap]
+        subsets.append(sampled[order].tolist())
+    return subsets
+
+
+def _is_stop(lm: NextTokenLM, token: int, config: FewShotConfig) -> bool:
+    if token in lm.eos_ids:
+        return True
+    return config.stop_at_newline and "\n" in lm.decode([token])
+
+
+# ---- the generation loop ------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class FewShotResult:
+    """Generated texts (one per target), the plan and run statistics."""
+
+    texts: list[str]
+    plan: FewShotPlan
+    tokens_released: int
+    seconds: float
+
+
+def generate(
+    lm: NextTokenLM,
+    private_rows: Sequence[Mapping[str, Any]],
+    targets: Sequence[Mapping[str, Any]],
+    template: PromptTemplate,
+    config: FewShotConfig,
+    *,
+    pool_field: str | None = None,
+    rng: np.random.Generator,
+    ledger: PrivacyLedger | None = None,
+    ledger_scope: tuple[str, str] | None = None,
+    plan: FewShotPlan | None = None,
+    on_token: Callable[[int, FewShotPlan], None] | None = None,
+) -> FewShotResult:
+    """Generates one synthetic text per target by DP few-shot aggregation.
+
+    Args:
+      lm: the frozen LM backend.
+      private_rows: private examples (mappings with the fields `template.shot` reads).
+      targets: one mapping per synthetic example with the fields header and stem read
+        (e.g. {"label": ...}, or a public document); public.
+      template: prompt layout.
+      config: hyper-parameters.
+      pool_field: if set, a target uses only the private rows whose `pool_field` equals
+        its own (label-conditioned generation); else all rows.
+      rng: host randomness (subsampling and noise); production: `secure_rng()`.
+      ledger: charge the run's guarantee here before the first token.
+      ledger_scope: (tenant, dataset) of the charge.
+      plan: a plan from `plan_for` (computed here if None).
+      on_token: called after every released token with the total released so far.
+
+    Returns:
+      The texts (without the stop token) and the plan.
+
+    Privacy:
+      See the module docstring: (plan.epsilon, plan.delta)-DP for one private example
+      under add/remove-one, charged to `ledger` before any token is released.
+    """
+    plan = plan or plan_for(private_rows, targets, template, config, pool_field=pool_field)
+    pools = _pools(private_rows, targets, pool_field)
+    if ledger is not None:
+        if ledger_scope is None:
+            raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
+        ledger.charge(
+            *ledger_scope,
+            stage="fewshot-generate",
+            event=plan.event,
+            description=f"DP few-shot generation: {len(targets)} examples, "
+            f"{plan.tokens} tokens per pool, eps={plan.epsilon:.4g}",
+        )
+    prompts = _Prompts(lm, template, private_rows, config.shot_tokens)
+    sample_rng, noise_rng = rng.spawn(2)
+    start, released, texts = time.time(), 0, []
+    for target, pool in zip(targets, pools, strict=True):
+        rate = config.subsets * config.shots / pool.size
+        frame = prompts.frame(target)
+        public = prompts.prompt(frame, [])
+        generated: list[int] = []
+        if config.resample == "example":
+            subsets = draw_subsets(pool, config, rate, sample_rng)
+            rows = [public] + [prompts.prompt(frame, s) for s in subsets]
+            logprobs = lm.start(rows, config.max_new_tokens)
+        for _ in range(config.max_new_tokens):
+            if config.resample == "token":
+                subsets = draw_subsets(pool, config, rate, sample_rng)
+                rows = [public] + [prompts.prompt(frame, s) for s in subsets]
+                logprobs = lm.score([row + generated for row in rows])
+            token = release_token(logprobs, config, plan, noise_rng)
+            released += 1
+            if on_token is not None:
+                on_token(released, plan)
+            if _is_stop(lm, token, config):
+                break
+            generated.append(token)
+            if config.resample == "example" and len(generated) < config.max_new_tokens:
+                logprobs = lm.append(token)
+        texts.append(lm.decode(generated).strip())
+    return FewShotResult(texts, plan, released, time.time() - start)
+
+
+def _pools(rows, targets, pool_field: str | None) -> list[np.ndarray]:
+    if pool_field is None:
+        everything = np.arange(len(rows))
+        return [everything] * len(targets)
+    by_value: dict[Any, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_value.setdefault(row[pool_field], []).append(i)
+    pools = []
+    for target in targets:
+        if target[pool_field] not in by_value:
+            raise ValueError(f"a target's {pool_field!r} has no private examples")
+        pools.append(np.asarray(by_value[target[pool_field]]))
+    return pools
+
+
+def plan_for(
+    private_rows: Sequence[Mapping[str, Any]],
+    targets: Sequence[Mapping[str, Any]],
+    template: PromptTemplate,
+    config: FewShotConfig,
+    *,
+    pool_field: str | None = None,
+) -> FewShotPlan:
+    """Validates the inputs and fixes the run's guarantee (before any model is loaded).
+
+    Raises:
+      ValueError: no targets, a field the template reads is missing, a pool smaller than
+        M * shots, or a bad delta.
+    """
+    if not targets:
+        raise ValueError("nothing to generate: no targets")
+    if not private_rows:
+        raise ValueError("no private examples")
+    shot_fields, target_fields = template.fields()
+    missing = shot_fields - set(private_rows[0])
+    if pool_field is not None and pool_field not in private_rows[0]:
+        missing |= {pool_field}
+    if missing:
+        raise ValueError(
+            f"private rows lack field(s) {sorted(missing)}; have {sorted(private_rows[0])}"
+        )
+    missing = target_fields - set(targets[0])
+    if missing:
+        raise ValueError(f"targets lack field(s) {sorted(missing)}")
+    pools = _pools(private_rows, targets, pool_field)
+    per_pool: dict[int, int] = {}
+    for pool in pools:
+        key = id(pool) if pool_field is None else int(pool[0])
+        per_pool[key] = per_pool.get(key, 0) + 1
+    sizes = sorted({p.size for p in pools})
+    tokens = max(per_pool.values()) * config.max_new_tokens
+    return plan_privacy(config, sizes, tokens, len(private_rows))
+
+
+# ---- output ------------------------------------------------------------------------------
+
+
+def round_robin_targets(labels: Sequence[Any], num_examples: int) -> list[dict]:
+    """`num_examples` targets cycling over the sorted distinct labels (a public schedule)."""
+    if num_examples < 1:
+        raise ValueError(f"num_examples must be >= 1, got {num_examples=}")
+    distinct = sorted(set(labels), key=str)
+    if not distinct:
+        raise ValueError("no labels")
+    return [{"label": distinct[i % len(distinct)]} for i in range(num_examples)]
+
+
+def write_output(
+    out_dir: str,
+    columns: Mapping[str, Sequence[Any]],
+    result: FewShotResult,
+    config: FewShotConfig,
+    *,
+    model: str,
+    template: PromptTemplate,
+    name: str = "synthetic",
+) -> dict:
+    """Writes `<name>.jsonl`, `<name>.parquet` and metadata.json (with the guarantee)."""
+    from pathlib import Path
+
+    import datasets
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dataset = datasets.Dataset.from_dict({k: list(v) for k, v in columns.items()})
+    dataset.to_json(out / f"{name}.jsonl", lines=True, force_ascii=False)
+    dataset.to_parquet(out / f"{name}.parquet")
+    metadata = {
+        "privacy": result.plan.to_dict(),
+        "post_processing": "texts are decoded from DP-released tokens and stripped",
+        "model": {"backend": model},
+        "generation": {
+            "method": "DP few-shot generation (Tang et al. 2024)",
+            "config": dataclasses.asdict(config),
+            "template": dataclasses.asdict(template),
+            "tokens_released": result.tokens_released,
+            "seconds": round(result.seconds, 1),
+            "tokens_per_second": result.tokens_released / max(result.seconds, 1e-9),
+        },
+        "num_examples": len(dataset),
+    }
+    (out / "metadata.json").write_text(json.dumps(metadata, indent=1, default=str))
+    return metadata

@@ -1,0 +1,261 @@
+"""`synthgen generate-docs` and `synthgen generate-queries-fewshot`: thin wrappers over fewshot."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from synthgen.paths import default_ledger_path
+from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.querygen_cli import SplitOption, _has_scope, _load_rows
+
+ModelOption = Annotated[
+    str,
+    typer.Option(help="asset name, .gguf file or HF Llama folder; 'tiny' = the test LM"),
+]
+
+
+def _config(**values):
+    from synthgen.fewshot import FewShotConfig
+
+    mechanism = values["mechanism"]
+    epsilon, noise = values.pop("epsilon"), values.pop("noise")
+    if noise is not None:
+        values["noise_multiplier" if mechanism == "gaussian" else "token_epsilon"] = noise
+    return FewShotConfig(target_epsilon=None if noise is not None else epsilon, **values)
+
+
+def _load_lm(model: str):
+    from synthgen.lm_backends import FlaxLM, TinyLM
+
+    return TinyLM() if model == "tiny" else FlaxLM.load(model)
+
+
+def _ledger(ledger: Path | None, tenant: str, name: str, budget: float | None, plan):
+    """Opens the scope if it is new and refuses an over-budget run before any compute."""
+    ledger_obj = PrivacyLedger(ledger or default_ledger_path())
+    if not _has_scope(ledger_obj, tenant, name):
+        cap = budget if budget is not None else plan.epsilon
+        ledger_obj.open_scope(Scope(tenant, name, cap, plan.delta))
+    ledger_obj.check(tenant, name, stage="fewshot-generate", event=plan.event)
+    return ledger_obj
+
+
+def _run(lm_name, private, targets, template, cfg, pool_field, out, ledger_args, seed, columns):
+    """Plans, checks the budget, loads the LM, generates with a progress bar, writes."""
+    from tqdm import tqdm
+
+    from synthgen import fewshot
+    from synthgen.privacy import accounting, secure_rng
+
+    plan = fewshot.plan_for(private, targets, template, cfg, pool_field=pool_field)
+    ledger_obj = _ledger(*ledger_args[:2], ledger_args[2], ledger_args[3], plan)
+    lm = _load_lm(lm_name)
+    bar = tqdm(total=len(targets) * cfg.max_new_tokens, unit="tok", file=sys.stderr)
+    shown = {"eps": 0.0}
+
+    def on_token(released: int, plan) -> None:
+        bar.update(1)
+        if released % cfg.max_new_tokens == 0:
+            # An upper bound on any example's spend so far (the worst pool's rate).
+            args = dict(plan.to_dict())
+            tokens = min(released, plan.tokens)
+            shown["eps"] = accounting.fewshot_epsilon(
+                plan.delta,
+                sampling_rate=plan.sampling_rate,
+                tokens=tokens,
+                mechanism=plan.mechanism,
+                noise_multiplier=args["noise_multiplier"],
+                token_epsilon=args["token_epsilon"],
+                tokens_per_draw=plan.tokens_per_draw,
+            )
+        rate = bar.format_dict["rate"] or 0.0
+        bar.set_postfix_str(f"{rate:.2f} tok/s, eps so far <= {shown['eps']:.3g}", refresh=False)
+
+    result = fewshot.generate(
+        lm,
+        private,
+        targets,
+        template,
+        cfg,
+        pool_field=pool_field,
+        rng=secure_rng(seed),
+        ledger=ledger_obj,
+        ledger_scope=(ledger_args[0], ledger_args[1]),
+        plan=plan,
+        on_token=on_token,
+    )
+    bar.close()
+    fewshot.write_output(
+        str(out), columns(result.texts), result, cfg, model=lm_name, template=template
+    )
+    print(
+        json.dumps(
+            {
+                "out": str(out),
+                "num_examples": len(result.texts),
+                "epsilon": plan.epsilon,
+                "delta": plan.delta,
+                "noise_multiplier": plan.noise_multiplier,
+                "token_epsilon": plan.token_epsilon,
+                "tokens_released": result.tokens_released,
+                "tokens_per_second": round(result.tokens_released / max(result.seconds, 1e-9), 3),
+            }
+        )
+    )
+
+
+def generate_docs(
+    private: Annotated[str, typer.Option(help="JSONL of private examples, or wiki-summaries-en")],
+    text_field: Annotated[str, typer.Option(help="field of the private text")],
+    num_examples: Annotated[int, typer.Option(help="synthetic examples to generate")],
+    epsilon: Annotated[float | None, typer.Option(help="target epsilon")],
+    out: Annotated[Path, typer.Option(help="output folder")],
+    label_field: Annotated[
+        str | None, typer.Option(help="label field: one label per synthetic example")
+    ] = None,
+    delta: Annotated[float | None, typer.Option(help="default 1/N")] = None,
+    mechanism: Annotated[str, typer.Option(help="gaussian | rnm")] = "gaussian",
+    noise: Annotated[
+        float | None, typer.Option(help="sigma (gaussian) or per-token eps (rnm) instead")
+    ] = None,
+    shots: Annotated[int, typer.Option(help="expected private examples per prompt")] = 4,
+    subsets: Annotated[int, typer.Option(help="M prompts per token")] = 10,
+    public_vocab: Annotated[int | None, typer.Option(help="RVP: top-K public tokens")] = None,
+    public_prior: Annotated[float, typer.Option(help="weight of the public prior")] = 0.0,
+    max_new_tokens: Annotated[int, typer.Option()] = 64,
+    shot_tokens: Annotated[int, typer.Option(help="tokens kept per private example")] = 96,
+    resample: Annotated[str, typer.Option(help="token | example (KV cache)")] = "token",
+    model: ModelOption = "smollm2-135m-instruct",
+    header: Annotated[str | None, typer.Option(help="prompt header; may use {label}")] = None,
+    limit: Annotated[int | None, typer.Option(help="first N private examples only")] = None,
+    split: SplitOption = "all",
+    ledger: Annotated[Path | None, typer.Option(help="ledger file")] = None,
+    tenant: Annotated[str, typer.Option(help="ledger tenant")] = "default",
+    dataset: Annotated[str | None, typer.Option(help="ledger dataset (default: file name)")] = None,
+    budget: Annotated[float | None, typer.Option(help="epsilon cap of a new ledger scope")] = None,
+    seed: Annotated[int | None, typer.Option(help="tests only; default OS entropy")] = None,
+) -> None:
+    """DP few-shot generation of synthetic (label, text) examples from a frozen LM."""
+    import dataclasses
+
+    from synthgen import fewshot
+
+    if epsilon is None and noise is None:
+        raise typer.BadParameter("give --epsilon (or --noise)")
+    cfg = _config(
+        subsets=subsets,
+        shots=shots,
+        shot_tokens=shot_tokens,
+        max_new_tokens=max_new_tokens,
+        mechanism=mechanism,
+        epsilon=epsilon,
+        noise=noise,
+        delta=delta,
+        public_vocab=public_vocab,
+        public_prior=public_prior,
+        resample=resample,
+    )
+    required = (text_field,) + ((label_field,) if label_field else ())
+    rows = _load_rows(private, required, limit, split)
+    private_rows = [
+        {"text": r[text_field], "label": r[label_field] if label_field else ""} for r in rows
+    ]
+    template = fewshot.DOCUMENT_TEMPLATE
+    if header is not None:
+        template = dataclasses.replace(template, header=header)
+    elif not label_field:
+        template = dataclasses.replace(template, header="Here are example paragraphs.\n\n")
+    labels = [r["label"] for r in private_rows]
+    targets = fewshot.round_robin_targets(labels, num_examples)
+
+    def columns(texts):
+        return {"label": [t["label"] for t in targets], "text": texts}
+
+    name = dataset or Path(private).stem
+    _run(
+        model,
+        private_rows,
+        targets,
+        template,
+        cfg,
+        "label",
+        out,
+        (tenant, name, ledger, budget),
+        seed,
+        columns,
+    )
+
+
+def generate_queries_fewshot(
+    private: Annotated[str, typer.Option(help="JSONL of private (document, query) pairs")],
+    documents: Annotated[str, typer.Option(help="JSONL with doc_id/document (public)")],
+    epsilon: Annotated[float | None, typer.Option(help="target epsilon")],
+    out: Annotated[Path, typer.Option(help="output folder")],
+    delta: Annotated[float | None, typer.Option(help="default 1/N")] = None,
+    mechanism: Annotated[str, typer.Option(help="gaussian | rnm")] = "gaussian",
+    noise: Annotated[float | None, typer.Option(help="sigma or per-token eps instead")] = None,
+    shots: Annotated[int, typer.Option()] = 2,
+    subsets: Annotated[int, typer.Option()] = 10,
+    public_vocab: Annotated[int | None, typer.Option(help="RVP: top-K public tokens")] = 100,
+    public_prior: Annotated[float, typer.Option()] = 0.0,
+    max_new_tokens: Annotated[int, typer.Option()] = 16,
+    shot_tokens: Annotated[int, typer.Option()] = 64,
+    resample: Annotated[str, typer.Option(help="token | example (KV cache)")] = "token",
+    model: ModelOption = "smollm2-135m-instruct",
+    limit: Annotated[int | None, typer.Option(help="first N documents only")] = None,
+    split: SplitOption = "all",
+    ledger: Annotated[Path | None, typer.Option(help="ledger file")] = None,
+    tenant: Annotated[str, typer.Option()] = "default",
+    dataset: Annotated[str | None, typer.Option(help="ledger dataset (default: file name)")] = None,
+    budget: Annotated[float | None, typer.Option()] = None,
+    seed: Annotated[int | None, typer.Option(help="tests only")] = None,
+) -> None:
+    """Training-free DP synthetic queries for public documents (few-shot over private pairs)."""
+    from synthgen import fewshot
+
+    if epsilon is None and noise is None:
+        raise typer.BadParameter("give --epsilon (or --noise)")
+    cfg = _config(
+        subsets=subsets,
+        shots=shots,
+        shot_tokens=shot_tokens,
+        max_new_tokens=max_new_tokens,
+        mechanism=mechanism,
+        epsilon=epsilon,
+        noise=noise,
+        delta=delta,
+        public_vocab=public_vocab,
+        public_prior=public_prior,
+        resample=resample,
+        stop_at_newline=True,
+    )
+    pairs = _load_rows(private, ("document", "query"), None, split)
+    docs = _load_rows(documents, ("doc_id", "document"), limit, split)
+    private_rows = [{"document": r["document"], "query": r["query"]} for r in pairs]
+    targets = [{"doc_id": d["doc_id"], "document": d["document"]} for d in docs]
+
+    def columns(texts):
+        return {
+            "doc_id": [t["doc_id"] for t in targets],
+            "document": [t["document"] for t in targets],
+            "query": texts,
+        }
+
+    name = dataset or Path(private).stem
+    _run(
+        model,
+        private_rows,
+        targets,
+        fewshot.QUERY_TEMPLATE,
+        cfg,
+        None,
+        out,
+        (tenant, name, ledger, budget),
+        seed,
+        columns,
+    )

@@ -1,0 +1,218 @@
+"""Next-token log-probabilities of a frozen LM for a batch of prompts, one protocol.
+
+DP few-shot generation (`synthgen.fewshot`) releases one token at a time for M + 1 prompts
+that all continue with the same released tokens. A backend therefore keeps a *session*:
+`start(prompts)` returns the next-token log-probabilities [B, V] after each prompt and
+`append(token)` feeds the same token to every row and returns the next ones, so a token
+costs one cached decoding step per row. `score(prompts)` is the stateless full forward
+(what a session replaces; the naive path of `scripts/bench_fewshot.py`).
+
+Backends:
+  * `FlaxLM`: the local Flax Llama decoder (`smollm2-135m-instruct` by default, or any
+    GGUF / HF Llama checkpoint), all rows batched in one jitted prefill and one jitted
+    KV-cache step per token; shapes are bucketed so a session reuses compilations.
+  * `synthgen.openai_backend.OpenAICompletionsLM`: an OpenAI-compatible server over HTTP.
+  * `TinyLM`: a deterministic byte-level bigram "copy" model for tests.
+
+Log-probabilities are float32 numpy arrays on the host: the DP mechanism runs there
+(`synthgen.privacy.mechanisms`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class NextTokenLM(Protocol):
+    """A frozen LM seen through its next-token distributions."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]: ...
+
+    def encode(self, text: str, *, bos: bool = False) -> list[int]:
+        """Token ids of `text` (BOS first when `bos` and the model uses one)."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def start(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> np.ndarray:
+        """Opens a session; log-probs [B, V] of the token after each prompt."""
+        ...
+
+    def append(self, token: int) -> np.ndarray:
+        """Feeds `token` to every row of the session; log-probs [B, V] of the next token."""
+        ...
+
+    def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        """Stateless: log-probs [B, V] of the token after each prompt (full forward)."""
+        ...
+
+
+# ---- a deterministic test model ---------------------------------------------------------
+
+
+class TinyLM:
+    """Byte-level bigram copy model: p(b | context) ∝ floor + count of (last, b) in context.
+
+    Deterministic and instant, so few-shot behaviour is testable: tokens that follow the
+    last token in the prompt's examples are likely, and prompts whose examples agree give
+    the same distribution. Vocabulary: 256 bytes, then BOS, EOS, PAD.
+    """
+
+    BOS, EOS, PAD = 256, 257, 258
+
+    def __init__(self, floor: float = 1e-3, eos_after_newline: float = 0.0) -> None:
+        self.floor = float(floor)
+        self.eos_after_newline = float(eos_after_newline)
+        self._rows: list[list[int]] = []
+
+    @property
+    def vocab_size(self) -> int:
+        return 259
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return (self.EOS,)
+
+    def encode(self, text: str, *, bos: bool = False) -> list[int]:
+        return ([self.BOS] if bos else []) + list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def _logprobs(self, row: Sequence[int]) -> np.ndarray:
+        counts = np.full(self.vocab_size, self.floor)
+        counts[[self.BOS, self.PAD]] = 0.0
+        ids = np.asarray(row, np.int64)
+        if ids.size:
+            last = ids[-1]
+            following = ids[1:][ids[:-1] == last]
+            np.add.at(counts, following, 1.0)
+            if last == ord("\n"):
+                counts[self.EOS] += self.eos_after_newline
+        with np.errstate(divide="ignore"):  # BOS and PAD are never predicted: log 0 = -inf
+            return np.log(counts / counts.sum()).astype(np.float32)
+
+    def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        return np.stack([self._logprobs(p) for p in prompts])
+
+    def start(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> np.ndarray:
+        self._rows = [list(p) for p in prompts]
+        return self.score(self._rows)
+
+    def append(self, token: int) -> np.ndarray:
+        for row in self._rows:
+            row.append(int(token))
+        return self.score(self._rows)
+
+
+# ---- the local Flax decoder --------------------------------------------------------------
+
+
+def _bucket(n: int, minimum: int = 1) -> int:
+    from synthgen.models.decoding import bucket
+
+    return bucket(n, minimum)
+
+
+class FlaxLM:
+    """The local Flax Llama decoder behind `NextTokenLM`, with a batched KV cache.
+
+    A session left-pads its B prompts to a bucketed length (power of two, >= 16), pads the
+    batch to a power of two, prefills them in one jitted call and then runs one jitted
+    cached step per appended token for all rows at once.
+    """
+
+    def __init__(self, config: Any, params: Any, tokenizer: Any) -> None:
+        import jax
+
+        from synthgen.models import llama
+
+        self.config, self.params, self.tokenizer = config, params, tokenizer
+        self._cache = None
+        self._rows = 0
+        self._new_tokens = 0
+        self._max_new = 0
+
+        def prefill(params, cache, ids, mask):
+            logits, cache = llama.prefill(params, cache, ids, mask)
+            return jax.nn.log_softmax(logits, axis=-1), cache
+
+        def step(params, cache, tokens):
+            logits, cache = llama.step(params, cache, tokens)
+            return jax.nn.log_softmax(logits, axis=-1), cache
+
+        self._prefill = jax.jit(prefill)
+        self._step = jax.jit(step, donate_argnums=1)
+
+    @classmethod
+    def load(cls, name_or_path: str = "smollm2-135m-instruct", dtype: str = "float32") -> FlaxLM:
+        """Loads an asset name, a .gguf file or an HF Llama folder (with its tokenizer)."""
+        from synthgen.models.llama_loading import load_llama
+
+        config, params, tokenizer = load_llama(name_or_path, dtype=dtype)
+        if tokenizer is None:
+            raise ValueError(f"{name_or_path} holds no tokenizer")
+        return cls(config, params, tokenizer)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return (int(self.tokenizer.eos_id),)
+
+    def encode(self, text: str, *, bos: bool = False) -> list[int]:
+        ids = self.tokenizer.encode(text)
+        use_bos = bos and getattr(self.tokenizer, "add_bos", False)
+        return [self.tokenizer.bos_id, *ids] if use_bos else ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def _prefilled(self, prompts: Sequence[Sequence[int]], max_new_tokens: int):
+        from synthgen.models import llama
+        from synthgen.models.decoding import MIN_PROMPT_BUCKET, pad_prompts
+
+        if not prompts or min(len(p) for p in prompts) == 0:
+            raise ValueError("every prompt needs at least one token")
+        length = _bucket(max(len(p) for p in prompts), MIN_PROMPT_BUCKET)
+        if length + max_new_tokens > self.config.max_seq_len:
+            raise ValueError(
+                f"prompt + new tokens exceed the context: {length=} + {max_new_tokens=} > "
+                f"{self.config.max_seq_len=}"
+            )
+        rows = _bucket(len(prompts))
+        ids, mask = pad_prompts(prompts, length, self.tokenizer.pad_id, rows)
+        mask[len(prompts) :, -1] = 1  # padding rows get one token so no row is empty
+        cache = llama.init_cache(self.config, rows, length + max_new_tokens)
+        return self._prefill(self.params, cache, ids, mask)
+
+    def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        logprobs, _ = self._prefilled(prompts, 0)
+        return np.asarray(logprobs[: len(prompts)], np.float32)
+
+    def start(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> np.ndarray:
+        self._max_new = _bucket(max_new_tokens, 16)
+        logprobs, self._cache = self._prefilled(prompts, self._max_new)
+        self._rows, self._new_tokens = len(prompts), 0
+        return np.asarray(logprobs[: self._rows], np.float32)
+
+    def append(self, token: int) -> np.ndarray:
+        import jax.numpy as jnp
+
+        if self._cache is None:
+            raise RuntimeError("append() before start()")
+        if self._new_tokens >= self._max_new:
+            raise ValueError(f"the session holds at most {self._max_new} new tokens")
+        tokens = jnp.full((self._cache.mask.shape[0],), int(token), jnp.int32)
+        logprobs, self._cache = self._step(self.params, self._cache, tokens)
+        self._new_tokens += 1
+        return np.asarray(logprobs[: self._rows], np.float32)
