@@ -29,13 +29,27 @@ def _config(**values):
     return FewShotConfig(target_epsilon=None if noise is not None else epsilon, **values)
 
 
-def _load_lm(model: str):
+ServerOption = Annotated[
+    str | None,
+    typer.Option(
+        help="OpenAI-compatible base URL (e.g. http://localhost:8000/v1); --model "
+        "then only names the tokenizer, and --server-model the served model"
+    ),
+]
+
+
+def _load_lm(model: str, server: str | None = None, server_model: str | None = None):
     from synthgen.lm_backends import FlaxLM, TinyLM
 
+    if server is not None:
+        from synthgen.openai_backend import LocalTokenizer, OpenAICompletionsLM
+
+        tokenizer = TinyLM() if model == "tiny" else LocalTokenizer(model)
+        return OpenAICompletionsLM(server, server_model or model, tokenizer)
     return TinyLM() if model == "tiny" else FlaxLM.load(model)
 
 
-def _ledger(ledger: Path | None, tenant: str, name: str, budget: float | None, plan):
+def _ledger(tenant: str, name: str, ledger: Path | None, budget: float | None, plan):
     """Opens the scope if it is new and refuses an over-budget run before any compute."""
     ledger_obj = PrivacyLedger(ledger or default_ledger_path())
     if not _has_scope(ledger_obj, tenant, name):
@@ -45,7 +59,7 @@ def _ledger(ledger: Path | None, tenant: str, name: str, budget: float | None, p
     return ledger_obj
 
 
-def _run(lm_name, private, targets, template, cfg, pool_field, out, ledger_args, seed, columns):
+def _run(lm_args, private, targets, template, cfg, pool_field, out, ledger_args, seed, columns):
     """Plans, checks the budget, loads the LM, generates with a progress bar, writes."""
     from tqdm import tqdm
 
@@ -53,8 +67,9 @@ def _run(lm_name, private, targets, template, cfg, pool_field, out, ledger_args,
     from synthgen.privacy import accounting, secure_rng
 
     plan = fewshot.plan_for(private, targets, template, cfg, pool_field=pool_field)
-    ledger_obj = _ledger(*ledger_args[:2], ledger_args[2], ledger_args[3], plan)
-    lm = _load_lm(lm_name)
+    ledger_obj = _ledger(*ledger_args, plan)
+    lm = _load_lm(*lm_args)
+    lm_name = lm_args[0] if lm_args[1] is None else f"{lm_args[1]} ({lm_args[2] or lm_args[0]})"
     bar = tqdm(total=len(targets) * cfg.max_new_tokens, unit="tok", file=sys.stderr)
     shown = {"eps": 0.0}
 
@@ -131,6 +146,8 @@ def generate_docs(
     shot_tokens: Annotated[int, typer.Option(help="tokens kept per private example")] = 96,
     resample: Annotated[str, typer.Option(help="token | example (KV cache)")] = "token",
     model: ModelOption = "smollm2-135m-instruct",
+    server: ServerOption = None,
+    server_model: Annotated[str | None, typer.Option(help="served model name")] = None,
     header: Annotated[str | None, typer.Option(help="prompt header; may use {label}")] = None,
     limit: Annotated[int | None, typer.Option(help="first N private examples only")] = None,
     split: SplitOption = "all",
@@ -178,7 +195,7 @@ def generate_docs(
 
     name = dataset or Path(private).stem
     _run(
-        model,
+        (model, server, server_model),
         private_rows,
         targets,
         template,
@@ -207,6 +224,8 @@ def generate_queries_fewshot(
     shot_tokens: Annotated[int, typer.Option()] = 64,
     resample: Annotated[str, typer.Option(help="token | example (KV cache)")] = "token",
     model: ModelOption = "smollm2-135m-instruct",
+    server: ServerOption = None,
+    server_model: Annotated[str | None, typer.Option(help="served model name")] = None,
     limit: Annotated[int | None, typer.Option(help="first N documents only")] = None,
     split: SplitOption = "all",
     ledger: Annotated[Path | None, typer.Option(help="ledger file")] = None,
@@ -248,7 +267,7 @@ def generate_queries_fewshot(
 
     name = dataset or Path(private).stem
     _run(
-        model,
+        (model, server, server_model),
         private_rows,
         targets,
         fewshot.QUERY_TEMPLATE,
