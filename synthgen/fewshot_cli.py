@@ -148,6 +148,10 @@ def generate_docs(
     model: ModelOption = "smollm2-135m-instruct",
     server: ServerOption = None,
     server_model: Annotated[str | None, typer.Option(help="served model name")] = None,
+    labels: Annotated[
+        str | None,
+        typer.Option(help="public comma-separated label set (default: the data's labels)"),
+    ] = None,
     header: Annotated[str | None, typer.Option(help="prompt header; may use {label}")] = None,
     limit: Annotated[int | None, typer.Option(help="first N private examples only")] = None,
     split: SplitOption = "all",
@@ -187,8 +191,17 @@ def generate_docs(
         template = dataclasses.replace(template, header=header)
     elif not label_field:
         template = dataclasses.replace(template, header="Here are example paragraphs.\n\n")
-    labels = [r["label"] for r in private_rows]
-    targets = fewshot.round_robin_targets(labels, num_examples)
+    if labels:
+        label_set = [label.strip() for label in labels.split(",") if label.strip()]
+    else:
+        label_set = sorted({r["label"] for r in private_rows}, key=str)
+        if label_field:
+            print(
+                "warning: the label set is read from the private data and treated as public; "
+                "pass --labels to fix it publicly",
+                file=sys.stderr,
+            )
+    targets = fewshot.round_robin_targets(label_set, num_examples)
 
     def columns(texts):
         return {"label": [t["label"] for t in targets], "text": texts}

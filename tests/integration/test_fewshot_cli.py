@@ -36,12 +36,13 @@ def test_privacy_fewshot_tang_check():
 
 def test_bad_input_is_one_line_before_compute(private_file, tmp_path):
     common = ("generate-docs", "--private", private_file, "--text-field", "body",
-              "--label-field", "topic", "--num-examples", 2, "--model", "tiny",
-              "--ledger", tmp_path / "l.sqlite")  # fmt: skip
+              "--label-field", "topic", "--labels", "x,y", "--num-examples", 2,
+              "--model", "tiny", "--ledger", tmp_path / "l.sqlite")  # fmt: skip
     cases = [
         (("--epsilon", 0, "--out", tmp_path / "a"), "target_epsilon must be"),
         (("--epsilon", 4, "--subsets", 20, "--shots", 4, "--out", tmp_path / "b"), "fewer than"),
         (("--epsilon", 4, "--out", tmp_path / "c", "--mechanism", "laplace"), "mechanism"),
+        (("--epsilon", 4, "--out", tmp_path / "e", "--labels", "x,z"), "no private examples"),
     ]
     for extra, message in cases:
         result = _synthgen(*common, *extra)
@@ -50,7 +51,7 @@ def test_bad_input_is_one_line_before_compute(private_file, tmp_path):
     result = _synthgen("generate-docs", "--private", private_file, "--text-field", "nope",
                        "--num-examples", 2, "--epsilon", 4, "--out", tmp_path / "d")  # fmt: skip
     assert result.returncode == 1 and "lacks field" in result.stderr
-    assert not any((tmp_path / d).exists() for d in "abcd")
+    assert not any((tmp_path / d).exists() for d in "abcde")
 
 
 def test_generate_docs_end_to_end_with_the_tiny_lm(private_file, tmp_path):
