@@ -174,7 +174,8 @@ def test_mean_distribution_moves_within_the_sensitivity():
 
 # ---- validation and end to end ------------------------------------------------------------
 
-ROWS = [{"text": "abab abab", "label": "x"}] * 60 + [{"text": "cdcd cdcd", "label": "y"}] * 40
+# Every bigram of these texts has one continuation, so the tiny LM copies them exactly.
+ROWS = [{"text": "abcdefg", "label": "x"}] * 60 + [{"text": "nopqrst", "label": "y"}] * 40
 
 
 def test_bad_inputs_fail_before_any_compute():
@@ -203,8 +204,10 @@ def test_plan_charges_the_worst_pool():
 def test_end_to_end_with_the_tiny_lm_is_charged_and_on_topic(resample, tmp_path):
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
     ledger.open_scope(Scope("t", "d", 100.0, 0.01))
+    # sigma = 1 with M = 20: noise std 0.07 on the mean probability (small sigmas make the
+    # PLD of the charge slow).
     config = fewshot.FewShotConfig(
-        subsets=5, shots=2, max_new_tokens=8, noise_multiplier=0.3, resample=resample,
+        subsets=20, shots=1, max_new_tokens=8, noise_multiplier=1.0, resample=resample,
         stop_at_newline=True,
     )  # fmt: skip
     targets = fewshot.round_robin_targets([r["label"] for r in ROWS], 4)
@@ -217,10 +220,9 @@ def test_end_to_end_with_the_tiny_lm_is_charged_and_on_topic(resample, tmp_path)
     assert len(result.texts) == 4
     charges = ledger.charges("t", "d")
     assert len(charges) == 1 and charges[0].epsilon == pytest.approx(result.plan.epsilon)
-    # The tiny LM copies bigrams of its prompt: label x texts use a/b, label y texts c/d.
+    # The tiny LM copies bigrams of its prompt: each label's text comes back.
     for target, text in zip(targets, result.texts, strict=True):
-        letters = set(text) - {" "}
-        assert letters == ({"a", "b"} if target["label"] == "x" else {"c", "d"}), text
+        assert text == ("abcdefg" if target["label"] == "x" else "nopqrst")
     meta = fewshot.write_output(str(tmp_path / "out"), {"label": [t["label"] for t in targets],
                                 "text": result.texts}, result, config, model="tiny",
                                 template=fewshot.DOCUMENT_TEMPLATE)  # fmt: skip
@@ -231,7 +233,7 @@ def test_end_to_end_with_the_tiny_lm_is_charged_and_on_topic(resample, tmp_path)
 def test_over_budget_run_is_refused_and_releases_nothing(tmp_path):
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
     ledger.open_scope(Scope("t", "d", 0.5, 0.01))
-    config = fewshot.FewShotConfig(subsets=5, shots=2, max_new_tokens=8, noise_multiplier=0.3)
+    config = fewshot.FewShotConfig(subsets=5, shots=2, max_new_tokens=8, noise_multiplier=1.0)
     lm = TinyLM()
     from synthgen.privacy.errors import BudgetExceededError
 
