@@ -267,6 +267,15 @@ def plan_privacy(
 # ---- one token ---------------------------------------------------------------------------
 
 
+def private_mean(logprobs: np.ndarray) -> np.ndarray:
+    """Mean of the M private next-token distributions (rows 1..M of [1 + M, V] log-probs).
+
+    The statistic each token's mechanism releases: between neighbouring datasets it moves
+    by at most sqrt(2)/M in L2 and 1/M in L-infinity (one prompt changes).
+    """
+    return np.exp(logprobs[1:].astype(np.float64)).mean(axis=0)
+
+
 def release_token(
     logprobs: np.ndarray,
     config: FewShotConfig,
@@ -290,7 +299,7 @@ def release_token(
     else:
         k = min(config.public_vocab, public.size)
         candidates = np.argpartition(-public, k - 1)[:k]
-    mean = np.exp(logprobs[1:, candidates].astype(np.float64)).mean(axis=0)
+    mean = private_mean(logprobs[:, candidates])
     prior = config.public_prior * public[candidates]
     if plan.mechanism == "gaussian":
         noisy = mechanisms.gaussian_mechanism(
@@ -310,34 +319,46 @@ def release_token(
 
 
 class _Prompts:
-    """Token ids of prompt pieces, encoded once; every text field cut to `field_tokens`."""
+    """Token ids of prompt pieces, encoded once; every field's ids cut to `field_tokens`.
+
+    A piece is its template's literal text and its fields, each encoded separately, so a
+    shot has at most `shot_bound()` tokens whatever the private text (a public bound).
+    """
 
     def __init__(self, lm: NextTokenLM, template: PromptTemplate, rows, field_tokens: int):
         self.lm, self.template, self.rows, self.field_tokens = lm, template, rows, field_tokens
         self._shots: dict[int, list[int]] = {}
 
-    def _cut(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        out = {}
-        for key, value in row.items():
-            if isinstance(value, str):
-                ids = self.lm.encode(value)
-                if len(ids) > self.field_tokens:
-                    value = self.lm.decode(ids[: self.field_tokens])
-            out[key] = value
-        return out
+    def _render(self, text: str, row: Mapping[str, Any], *, bos: bool = False) -> list[int]:
+        import string
+
+        ids = self.lm.encode("", bos=True) if bos else []
+        for literal, field, _, _ in string.Formatter().parse(text):
+            ids += self.lm.encode(literal) if literal else []
+            if field:
+                ids += self.lm.encode(str(row[field]))[: self.field_tokens]
+        return ids
+
+    def _bound(self, text: str) -> int:
+        import string
+
+        parsed = list(string.Formatter().parse(text))
+        literals = sum(len(self.lm.encode(lit)) for lit, _, _, _ in parsed if lit)
+        return literals + self.field_tokens * sum(1 for _, f, _, _ in parsed if f)
+
+    def shot_bound(self) -> int:
+        """Most tokens a shot can have (public: template and `field_tokens` only)."""
+        return self._bound(self.template.shot)
 
     def shot(self, index: int) -> list[int]:
         if index not in self._shots:
-            self._shots[index] = self.lm.encode(
-                self.template.shot.format(**self._cut(self.rows[index]))
-            )
+            self._shots[index] = self._render(self.template.shot, self.rows[index])
         return self._shots[index]
 
     def frame(self, target: Mapping[str, Any]) -> tuple[list[int], list[int]]:
         """(header ids, stem ids) of a target."""
-        target = self._cut(target)
-        header = self.lm.encode(self.template.header.format(**target), bos=True)
-        return header, self.lm.encode(self.template.stem.format(**target))
+        header = self._render(self.template.header, target, bos=True)
+        return header, self._render(self.template.stem, target)
 
     def prompt(self, frame: tuple[list[int], list[int]], shots: Sequence[int]) -> list[int]:
         header, stem = frame
@@ -430,6 +451,19 @@ def generate(
     """
     plan = plan or plan_for(private_rows, targets, template, config, pool_field=pool_field)
     pools = _pools(private_rows, targets, pool_field)
+    _check_plan(plan, config, pools)
+    prompts = _Prompts(lm, template, private_rows, config.shot_tokens)
+    frames = [prompts.frame(target) for target in targets]
+    # A prompt's length depends on the private examples drawn: refuse, before the charge,
+    # any run whose public worst case does not fit the model's context.
+    context = getattr(lm, "max_context", None)
+    longest = max(len(h) + len(st) for h, st in frames)
+    worst = longest + config.shots_cap * prompts.shot_bound()
+    if context is not None and worst + config.max_new_tokens > context:
+        raise ValueError(
+            f"a prompt may reach {worst} + {config.max_new_tokens} new tokens, more than the "
+            f"model's context {context}: lower shots, max_shots, shot_tokens or max_new_tokens"
+        )
     if ledger is not None:
         if ledger_scope is None:
             raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
@@ -440,12 +474,10 @@ def generate(
             description=f"DP few-shot generation: {len(targets)} examples, "
             f"{plan.tokens} tokens per pool, eps={plan.epsilon:.4g}",
         )
-    prompts = _Prompts(lm, template, private_rows, config.shot_tokens)
     sample_rng, noise_rng = rng.spawn(2)
     start, released, texts = time.time(), 0, []
-    for target, pool in zip(targets, pools, strict=True):
+    for frame, pool in zip(frames, pools, strict=True):
         rate = config.subsets * config.shots / pool.size
-        frame = prompts.frame(target)
         public = prompts.prompt(frame, [])
         generated: list[int] = []
         if config.resample == "example":
@@ -470,6 +502,23 @@ def generate(
     return FewShotResult(texts, plan, released, time.time() - start)
 
 
+def _check_plan(plan: FewShotPlan, config: FewShotConfig, pools: Sequence[np.ndarray]) -> None:
+    """Refuses a plan that does not cover this run (it would under-charge)."""
+    per_draw = 1 if config.resample == "token" else config.max_new_tokens
+    counts: dict[int, int] = {}
+    for pool in pools:
+        counts[id(pool)] = counts.get(id(pool), 0) + 1
+    rate = config.subsets * config.shots / min(p.size for p in pools)
+    if (
+        plan.subsets != config.subsets
+        or plan.mechanism != config.mechanism
+        or plan.tokens_per_draw != per_draw
+        or rate > plan.sampling_rate * (1 + 1e-12)
+        or max(counts.values()) * config.max_new_tokens > plan.tokens
+    ):
+        raise ValueError("the privacy plan does not cover this run; make it with plan_for")
+
+
 def _pools(rows, targets, pool_field: str | None) -> list[np.ndarray]:
     if pool_field is None:
         everything = np.arange(len(rows))
@@ -477,11 +526,12 @@ def _pools(rows, targets, pool_field: str | None) -> list[np.ndarray]:
     by_value: dict[Any, list[int]] = {}
     for i, row in enumerate(rows):
         by_value.setdefault(row[pool_field], []).append(i)
-    pools = []
+    arrays = {value: np.asarray(indices) for value, indices in by_value.items()}
+    pools = []  # one shared array per pool, so pools can be told apart by identity
     for target in targets:
-        if target[pool_field] not in by_value:
+        if target[pool_field] not in arrays:
             raise ValueError(f"a target's {pool_field!r} has no private examples")
-        pools.append(np.asarray(by_value[target[pool_field]]))
+        pools.append(arrays[target[pool_field]])
     return pools
 
 
@@ -517,8 +567,7 @@ def plan_for(
     pools = _pools(private_rows, targets, pool_field)
     per_pool: dict[int, int] = {}
     for pool in pools:
-        key = id(pool) if pool_field is None else int(pool[0])
-        per_pool[key] = per_pool.get(key, 0) + 1
+        per_pool[id(pool)] = per_pool.get(id(pool), 0) + 1
     sizes = sorted({p.size for p in pools})
     tokens = max(per_pool.values()) * config.max_new_tokens
     return plan_privacy(config, sizes, tokens, len(private_rows))
@@ -566,8 +615,6 @@ def write_output(
             "config": dataclasses.asdict(config),
             "template": dataclasses.asdict(template),
             "tokens_released": result.tokens_released,
-            "seconds": round(result.seconds, 1),
-            "tokens_per_second": result.tokens_released / max(result.seconds, 1e-9),
         },
         "num_examples": len(dataset),
     }

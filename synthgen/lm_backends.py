@@ -166,6 +166,11 @@ class FlaxLM:
         return self.config.vocab_size
 
     @property
+    def max_context(self) -> int:
+        """Most tokens a row may hold (prompt + new tokens)."""
+        return self.config.max_seq_len
+
+    @property
     def eos_ids(self) -> tuple[int, ...]:
         return (int(self.tokenizer.eos_id),)
 
@@ -183,7 +188,12 @@ class FlaxLM:
 
         if not prompts or min(len(p) for p in prompts) == 0:
             raise ValueError("every prompt needs at least one token")
-        length = _bucket(max(len(p) for p in prompts), MIN_PROMPT_BUCKET)
+        longest = max(len(p) for p in prompts)
+        # Bucketed for compile reuse, but never past the context when the exact length fits.
+        length = max(
+            longest,
+            min(_bucket(longest, MIN_PROMPT_BUCKET), self.config.max_seq_len - max_new_tokens),
+        )
         if length + max_new_tokens > self.config.max_seq_len:
             raise ValueError(
                 f"prompt + new tokens exceed the context: {length=} + {max_new_tokens=} > "
@@ -200,7 +210,10 @@ class FlaxLM:
         return np.asarray(logprobs[: len(prompts)], np.float32)
 
     def start(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> np.ndarray:
-        self._max_new = _bucket(max_new_tokens, 16)
+        longest = max(len(p) for p in prompts)
+        self._max_new = max(
+            max_new_tokens, min(_bucket(max_new_tokens, 16), self.config.max_seq_len - longest)
+        )
         logprobs, self._cache = self._prefilled(prompts, self._max_new)
         self._rows, self._new_tokens = len(prompts), 0
         return np.asarray(logprobs[: self._rows], np.float32)

@@ -373,7 +373,9 @@ def amplified_pure_epsilon(epsilon: float, sampling_rate: float) -> float:
     """
     if not 0 < sampling_rate <= 1:
         raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate=}")
-    return math.log1p(sampling_rate * math.expm1(epsilon))
+    # = epsilon + log(q + (1 - q) e^-epsilon): no overflow for large epsilon.
+    q = sampling_rate
+    return epsilon + math.log(q + (1 - q) * math.exp(-epsilon))
 
 
 def fewshot_event(
@@ -451,21 +453,20 @@ def calibrate_fewshot(
     # Bisection in log space on a monotone function: epsilon falls with sigma and rises
     # with the per-token epsilon.
     lo, hi = (1e-6, 1.0) if increasing else (MIN_NOISE_MULTIPLIER, 1.0)
-    if not increasing and eps_of(lo) <= target_epsilon:
-        return lo
-    while (eps_of(hi) <= target_epsilon) == increasing:
+    floor_enough = not increasing and eps_of(lo) <= target_epsilon
+    while not floor_enough and (eps_of(hi) <= target_epsilon) == increasing:
         lo, hi = hi, hi * 2
         if hi > 1e4:
             raise ValueError(f"no {name} in range reaches {target_epsilon=}")
     if increasing and eps_of(lo) > target_epsilon:
         raise ValueError(f"{target_epsilon=} is below what any per-token epsilon >= 1e-6 gives")
-    while hi - lo > tolerance * lo:
+    while not floor_enough and hi - lo > tolerance * lo:
         mid = math.sqrt(lo * hi)
         if (eps_of(mid) <= target_epsilon) == increasing:
             lo = mid
         else:
             hi = mid
-    value = lo if increasing else hi
+    value = lo if increasing or floor_enough else hi
     while eps_of(value, 1e-4) > target_epsilon:  # the answer, on the safe side
         value = value / (1 + tolerance) if increasing else value * (1 + tolerance)
     return float(value)
