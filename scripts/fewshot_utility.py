@@ -15,7 +15,7 @@ Each synthetic cell is a separate, alternative release charged to its own ledger
 `<out>/ledger.sqlite`. Finished cells are cached in `<out>/cells/*.json` (rerun resumes);
 writes `<out>/results.json` and `<out>/fewshot_utility.png` and prints a markdown table.
 
-    python scripts/fewshot_utility.py --out runs/fewshot_utility   # ~15 min per epsilon (2 cores)
+    python scripts/fewshot_utility.py --out runs/fewshot_utility   # ~15-25 min per epsilon (2 cores)
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/fewshot_utility"))
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0, 8.0])
-    parser.add_argument("--per-label", type=int, default=2)
+    parser.add_argument("--per-label", type=int, default=1)
     parser.add_argument("--subsets", type=int, default=4)
     parser.add_argument("--shots", type=int, default=1)
     parser.add_argument("--shot-tokens", type=int, default=32)
