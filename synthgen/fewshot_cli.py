@@ -128,8 +128,8 @@ def generate_docs(
     private: Annotated[str, typer.Option(help="JSONL of private examples, or wiki-summaries-en")],
     text_field: Annotated[str, typer.Option(help="field of the private text")],
     num_examples: Annotated[int, typer.Option(help="synthetic examples to generate")],
-    epsilon: Annotated[float | None, typer.Option(help="target epsilon")],
     out: Annotated[Path, typer.Option(help="output folder")],
+    epsilon: Annotated[float | None, typer.Option(help="target epsilon")] = None,
     label_field: Annotated[
         str | None, typer.Option(help="label field: one label per synthetic example")
     ] = None,
@@ -224,8 +224,8 @@ def generate_docs(
 def generate_queries_fewshot(
     private: Annotated[str, typer.Option(help="JSONL of private (document, query) pairs")],
     documents: Annotated[str, typer.Option(help="JSONL with doc_id/document (public)")],
-    epsilon: Annotated[float | None, typer.Option(help="target epsilon")],
     out: Annotated[Path, typer.Option(help="output folder")],
+    epsilon: Annotated[float | None, typer.Option(help="target epsilon")] = None,
     delta: Annotated[float | None, typer.Option(help="default 1/N")] = None,
     mechanism: Annotated[str, typer.Option(help="gaussian | rnm")] = "gaussian",
     noise: Annotated[float | None, typer.Option(help="sigma or per-token eps instead")] = None,
