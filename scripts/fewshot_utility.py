@@ -15,7 +15,7 @@ Each synthetic cell is a separate, alternative release charged to its own ledger
 `<out>/ledger.sqlite`. Finished cells are cached in `<out>/cells/*.json` (rerun resumes);
 writes `<out>/results.json` and `<out>/fewshot_utility.png` and prints a markdown table.
 
-    python scripts/fewshot_utility.py --out runs/fewshot_utility   # ~15-25 min per epsilon (2 cores)
+    python scripts/fewshot_utility.py --out runs/fewshot_utility   # 15-25 min per epsilon
 """
 
 from __future__ import annotations
