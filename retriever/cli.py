@@ -167,10 +167,7 @@ def train_dp(
     plan = dp_train.plan_privacy(dp_config, len(rows))
     book = PrivacyLedger(ledger or default_ledger_path())
     scope = (tenant, dataset or queries.stem)
-    try:
-        book.get_scope(*scope)
-    except KeyError:
-        book.open_scope(Scope(*scope, plan.epsilon, plan.delta))
+    book.ensure_scope(Scope(*scope, plan.epsilon, plan.delta))
     book.check(*scope, stage="dp-train", event=plan.event)
     result = train_retriever_dp(
         load_encoder(encoder),

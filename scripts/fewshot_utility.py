@@ -137,8 +137,7 @@ def main() -> None:
             plan = fewshot.plan_for(private, targets, fewshot.DOCUMENT_TEMPLATE, config,
                                     pool_field="label")  # fmt: skip
             scope = f"wiki-train-eps{eps:g}"
-            if scope not in {s.dataset for s in ledger.scopes()}:
-                ledger.open_scope(Scope("fewshot-utility", scope, plan.epsilon, plan.delta))
+            ledger.ensure_scope(Scope("fewshot-utility", scope, plan.epsilon, plan.delta))
             lm = lm or FlaxLM.load(args.model)
             result = fewshot.generate(
                 lm, private, targets, fewshot.DOCUMENT_TEMPLATE, config, pool_field="label",

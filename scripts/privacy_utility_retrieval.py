@@ -100,10 +100,7 @@ def main() -> None:
 
     def scope(name: str, epsilon: float) -> tuple[str, str]:
         key = ("privacy-utility", name)
-        try:
-            ledger.get_scope(*key)
-        except KeyError:
-            ledger.open_scope(Scope(*key, epsilon * (1 + 1e-6), delta))
+        ledger.ensure_scope(Scope(*key, epsilon * (1 + 1e-6), delta))
         return key
 
     cells = [_cell(out, "zero-shot", lambda: {"epsilon": None, **score(base)})]

@@ -11,7 +11,7 @@ import typer
 
 from synthgen.paths import default_ledger_path
 from synthgen.privacy.ledger import PrivacyLedger, Scope
-from synthgen.querygen_cli import SplitOption, _has_scope, _load_rows
+from synthgen.querygen_cli import SplitOption, _load_rows
 
 ModelOption = Annotated[
     str,
@@ -52,9 +52,8 @@ def _load_lm(model: str, server: str | None = None, server_model: str | None = N
 def _ledger(tenant: str, name: str, ledger: Path | None, budget: float | None, plan):
     """Opens the scope if it is new and refuses an over-budget run before any compute."""
     ledger_obj = PrivacyLedger(ledger or default_ledger_path())
-    if not _has_scope(ledger_obj, tenant, name):
-        cap = budget if budget is not None else plan.epsilon
-        ledger_obj.open_scope(Scope(tenant, name, cap, plan.delta))
+    cap = budget if budget is not None else plan.epsilon
+    ledger_obj.ensure_scope(Scope(tenant, name, cap, plan.delta))
     ledger_obj.check(tenant, name, stage="fewshot-generate", event=plan.event)
     return ledger_obj
 

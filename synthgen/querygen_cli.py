@@ -92,8 +92,7 @@ def train_generator(
     if plan.private:
         ledger_obj = PrivacyLedger(ledger or default_ledger_path())
         cap = budget if budget is not None else max(plan.epsilon, 1e-6)
-        if not _has_scope(ledger_obj, tenant, scope_name):
-            ledger_obj.open_scope(Scope(tenant, scope_name, cap, plan.delta))
+        ledger_obj.ensure_scope(Scope(tenant, scope_name, cap, plan.delta))
     else:
         print(
             "warning: --noise-multiplier 0 is a NON-private run (epsilon = infinity); "
@@ -121,14 +120,6 @@ def train_generator(
         "seconds": round(result.seconds, 1),
     }
     print(json.dumps(summary))
-
-
-def _has_scope(ledger: PrivacyLedger, tenant: str, dataset: str) -> bool:
-    try:
-        ledger.get_scope(tenant, dataset)
-        return True
-    except KeyError:
-        return False
 
 
 def generate_queries(

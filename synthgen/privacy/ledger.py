@@ -166,6 +166,16 @@ class PrivacyLedger:
             )
         return stored
 
+    def ensure_scope(self, scope: Scope) -> Scope:
+        """Returns the stored (tenant, dataset) scope, or opens `scope` if there is none.
+
+        Unlike `open_scope`, an existing scope wins whatever its cap: its budget governs.
+        """
+        try:
+            return self.get_scope(scope.tenant, scope.dataset)
+        except KeyError:
+            return self.open_scope(scope)
+
     def get_scope(self, tenant: str, dataset: str) -> Scope:
         """Returns the stored scope; KeyError if it does not exist."""
         with self._connect() as conn:

@@ -161,3 +161,13 @@ def test_threads_never_overspend(tmp_path):
         accepted = list(pool.map(_charge_until_refused, [path] * 8))
     assert sum(accepted) == _how_many_fit(cap)
     assert PrivacyLedger(path).spent("acme", "queries").epsilon <= cap
+
+
+def test_ensure_scope_opens_once_and_then_keeps_the_stored_cap(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    first = ledger.ensure_scope(Scope("acme", "docs", 2.0, 1e-5))
+    assert first == ledger.get_scope("acme", "docs")
+    again = ledger.ensure_scope(Scope("acme", "docs", 50.0, 1e-5))  # a later, larger ask
+    assert again.epsilon_cap == 2.0
+    with pytest.raises(ValueError, match="different cap"):
+        ledger.open_scope(Scope("acme", "docs", 50.0, 1e-5))
