@@ -115,6 +115,7 @@ def privacy_dpsgd(
     if accountant not in accounting.ACCOUNTANTS:
         raise typer.BadParameter(f"--accountant must be one of {accounting.ACCOUNTANTS}")
     steps = accounting.steps_for_epochs(num_examples, batch_size, epochs)
+    accounting.check_delta(delta, num_examples)
     shape = dict(
         num_examples=num_examples,
         batch_size=batch_size,

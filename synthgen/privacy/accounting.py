@@ -1,21 +1,35 @@
 """Privacy accounting on dp-accounting: events, accountants, DP-SGD, calibration.
 
-Every DP release in the project is described by a `dp_accounting.DpEvent`; this module builds
-those events for the mechanisms in `mechanisms.py` and for DP-SGD, converts them to and from
-JSON (for the ledger and output metadata), and turns a composition of events into one
-(epsilon, delta) statement with the PLD accountant (default, tight) or the RDP accountant.
+Every DP release in the project is described by a `dp_accounting.DpEvent` together with the
+neighbouring relation under which it is analysed; this module builds those events for the
+mechanisms in `mechanisms.py` and for DP-SGD, validates them, converts them between
+relations where that is sound, serialises them to JSON (for the ledger and output
+metadata), and turns a composition of events into one (epsilon, delta) statement with the
+PLD accountant (default, tight) or the RDP accountant.
 
 Samplings of DP-SGD (the training loop must do exactly this):
   * ``poisson``: each example joins each step's batch independently with probability
     q = batch_size / num_examples; add/remove-one neighbours; `PoissonSampledDpEvent`.
   * ``shuffle``: each step's batch is a uniformly random subset of exactly `batch_size`
     examples, drawn without replacement and independently across steps; replace-one
-    neighbours. RDP uses dp-accounting's `SampledWithoutReplacementDpEvent` (Wang, Balle &
-    Kasiviswanathan 2019). PLD uses the dominating pair for this sampling under
-    substitution, (1-q)N(0,s^2) + qN(-1,s^2) vs (1-q)N(0,s^2) + qN(1,s^2) (Zhu, Dong & Wang
-    2022), which dp-accounting builds for a `PoissonSampledDpEvent` under REPLACE_ONE.
+    neighbours; `FixedSizeSampledGaussianDpEvent`. Replacing one example changes the
+    clipped batch sum by up to 2C when the example is in the batch (probability q), so a
+    step is a subsampled Gaussian at sensitivity 2C: the pair N(0, s^2) vs
+    (1-q) N(0, s^2) + q N(2, s^2) in units of C, taken in both orders (Balle, Barthe &
+    Gaboardi 2018, Thm 10; Zhu, Dong & Wang 2022, Prop. 30). PLD composes exactly that
+    pair (dp-accounting's add/remove subsampled Gaussian with multiplier sigma/2); RDP
+    uses dp-accounting's without-replacement bound (Wang, Balle & Kasiviswanathan 2019)
+    with multiplier sigma/2, because its multiplier is relative to the replace-one
+    sensitivity 2C. (The symmetric pair (1-q)N(0)+qN(-1) vs (1-q)N(0)+qN(1), which
+    describes Poisson sampling under substitution, does NOT bound fixed-size batches:
+    there an example's inclusion displaces another one; it under-states epsilon 2-5x.)
   Epoch-wise shuffling (a permutation split into batches) is *not* covered by either
   accountant (Chua et al. 2024, "How private are DP-SGD implementations?").
+
+Neighbouring relations: an event analysed under add/remove-one converts soundly to
+replace-one (a replacement is a removal then an addition: group privacy of size 2, or the
+doubled sensitivity of an additive mechanism); the converse does not hold, and
+`convert_relation` refuses it with `RelationMismatchError`.
 """
 
 from __future__ import annotations
@@ -30,11 +44,12 @@ from typing import Any, Literal
 
 import attr
 import dp_accounting
+import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from synthgen.privacy.errors import UnsupportedEventError
+from synthgen.privacy.errors import RelationMismatchError, UnsupportedEventError
 
 AccountantKind = Literal["pld", "rdp"]
 Sampling = Literal["poisson", "shuffle"]
@@ -55,6 +70,41 @@ class EpsilonDeltaDpEvent(dp_event.DpEvent):
     epsilon: float
     delta: float
 
+    def __attrs_post_init__(self) -> None:
+        _check_epsilon_delta(self.epsilon, self.delta)
+
+
+def _check_epsilon_delta(epsilon: float, delta: float) -> None:
+    if not (isinstance(epsilon, int | float) and math.isfinite(epsilon) and epsilon >= 0):
+        raise ValueError(f"epsilon must be finite and >= 0, got {epsilon=}")
+    if not (isinstance(delta, int | float) and 0 <= delta < 1):
+        raise ValueError(f"delta must be in [0, 1), got {delta=}")
+
+
+@attr.define(frozen=True)
+class FixedSizeSampledGaussianDpEvent(dp_event.DpEvent):
+    """One DP-SGD step on a batch of exactly `sample_size` of `dataset_size` examples.
+
+    The batch is drawn uniformly without replacement; the clipped per-example gradients
+    (norm <= C) are summed and N(0, (noise_multiplier * C)^2) noise is added. Analysed
+    under replace-one only: replacing one example moves the sum by up to 2C when it is in
+    the batch, so a step is the subsampled Gaussian pair at sensitivity 2C, i.e. multiplier
+    noise_multiplier / 2 at unit sensitivity (see the module docstring for references).
+    """
+
+    dataset_size: int
+    sample_size: int
+    noise_multiplier: float
+
+    def __attrs_post_init__(self) -> None:
+        _check_dpsgd_shape(self.dataset_size, self.sample_size)
+        if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
+            raise ValueError(f"noise_multiplier must be > 0, got {self.noise_multiplier=}")
+
+    @property
+    def sampling_rate(self) -> float:
+        return self.sample_size / self.dataset_size
+
 
 class PldAccountant(pld_privacy_accountant.PLDAccountant):
     """dp-accounting's PLD accountant that also composes `EpsilonDeltaDpEvent`."""
@@ -70,11 +120,40 @@ class PldAccountant(pld_privacy_accountant.PLDAccountant):
                 )
                 self._pld = self._pld.compose(pld.self_compose(count))
             return None
+        if isinstance(event, FixedSizeSampledGaussianDpEvent):
+            if self.neighboring_relation != NeighboringRelation.REPLACE_ONE:
+                return self.CompositionErrorDetails(
+                    invalid_event=event,
+                    error_message="fixed-size batches are analysed under REPLACE_ONE only",
+                )
+            if do_compose:
+                # Both orders of N(0, s^2) vs (1-q) N(0, s^2) + q N(2, s^2): dp-accounting's
+                # add/remove pair of the subsampled Gaussian with multiplier sigma / 2.
+                pld = privacy_loss_distribution.from_gaussian_mechanism(
+                    standard_deviation=event.noise_multiplier / 2,
+                    sampling_prob=event.sampling_rate,
+                    value_discretization_interval=self._value_discretization_interval,
+                    neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                )
+                self._pld = self._pld.compose(pld.self_compose(count))
+            return None
         return super()._maybe_compose(event, count, do_compose)
 
 
 class RdpAccountant(rdp_privacy_accountant.RdpAccountant):
-    """dp-accounting's RDP accountant that also composes pure `EpsilonDeltaDpEvent`."""
+    """dp-accounting's RDP accountant that also composes pure `EpsilonDeltaDpEvent` and
+    `FixedSizeSampledGaussianDpEvent`.
+
+    A pure epsilon-DP event has RDP min(epsilon, alpha epsilon^2 / 2) at order alpha (pure
+    DP bounds every Renyi divergence by epsilon; Bun & Steinke 2016, Prop. 3.3, give the
+    zCDP term). When every composed event is pure, `get_epsilon` also takes basic
+    composition (the sum of the epsilons, delta = 0) if that is smaller.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._pure_sum = 0.0
+        self._only_pure = True
 
     def _maybe_compose(self, event, count, do_compose):
         if isinstance(event, EpsilonDeltaDpEvent):
@@ -83,8 +162,26 @@ class RdpAccountant(rdp_privacy_accountant.RdpAccountant):
                     invalid_event=event,
                     error_message="RDP cannot compose (epsilon, delta>0) events; use PLD",
                 )
-            event = dp_event.ZCDpEvent(rho=event.epsilon**2 / 2)
+            if do_compose:
+                eps = event.epsilon
+                self._rdp += count * np.minimum(eps, self._orders * eps**2 / 2)
+                self._pure_sum += count * eps
+            return None
+        if isinstance(event, FixedSizeSampledGaussianDpEvent):
+            event = dp_event.SampledWithoutReplacementDpEvent(
+                event.dataset_size,
+                event.sample_size,
+                dp_event.GaussianDpEvent(event.noise_multiplier / 2),
+            )
+        if do_compose and not isinstance(
+            event, dp_event.SelfComposedDpEvent | dp_event.ComposedDpEvent | dp_event.NoOpDpEvent
+        ):
+            self._only_pure = False
         return super()._maybe_compose(event, count, do_compose)
+
+    def get_epsilon(self, target_delta: float) -> float:
+        eps = super().get_epsilon(target_delta)
+        return min(eps, self._pure_sum) if self._only_pure else eps
 
 
 def make_accountant(
@@ -116,11 +213,13 @@ def _quiet_absl() -> Iterator[None]:
 
 def gaussian_event(noise_multiplier: float) -> dp_event.DpEvent:
     """Gaussian mechanism with noise std = noise_multiplier * L2 sensitivity."""
-    return dp_event.GaussianDpEvent(noise_multiplier)
+    _check_positive("noise_multiplier", noise_multiplier)
+    return dp_event.GaussianDpEvent(float(noise_multiplier))
 
 
 def laplace_event(epsilon: float) -> dp_event.DpEvent:
     """Laplace mechanism with scale = sensitivity / epsilon."""
+    _check_positive("epsilon", epsilon)
     return dp_event.LaplaceDpEvent(1.0 / epsilon)
 
 
@@ -136,12 +235,14 @@ def epsilon_delta_event(epsilon: float, delta: float) -> dp_event.DpEvent:
 
 def poisson_sampled(sampling_rate: float, event: dp_event.DpEvent) -> dp_event.DpEvent:
     """`event` run on a Poisson subsample with inclusion probability `sampling_rate`."""
-    return dp_event.PoissonSampledDpEvent(sampling_rate, event)
+    _check_rate(sampling_rate)
+    return dp_event.PoissonSampledDpEvent(float(sampling_rate), event)
 
 
 def self_composed(event: dp_event.DpEvent, count: int) -> dp_event.DpEvent:
     """`event` run `count` times."""
-    return dp_event.SelfComposedDpEvent(event, count)
+    _check_count(count)
+    return dp_event.SelfComposedDpEvent(event, int(count))
 
 
 def compose(events: Sequence[dp_event.DpEvent]) -> dp_event.DpEvent:
@@ -152,6 +253,144 @@ def compose(events: Sequence[dp_event.DpEvent]) -> dp_event.DpEvent:
         for s, n in counts.items()
     ]
     return grouped[0] if len(grouped) == 1 else dp_event.ComposedDpEvent(grouped)
+
+
+# ---- validation and neighbouring relations -----------------------------------------------
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {name}={value!r}")
+
+
+def _check_rate(sampling_rate: float) -> None:
+    if not (isinstance(sampling_rate, int | float) and 0 < sampling_rate <= 1):
+        raise ValueError(f"sampling rate must be in (0, 1], got {sampling_rate=}")
+
+
+def _check_count(count: int) -> None:
+    if isinstance(count, bool) or not isinstance(count, int | np.integer) or count < 1:
+        raise ValueError(f"count must be an integer >= 1, got {count=}")
+
+
+def check_delta(delta: float, num_examples: int) -> None:
+    """Refuses a delta outside (0, 1/n): a larger delta permits releasing one example.
+
+    Raises:
+      ValueError: naming the bound, not the data.
+    """
+    if not (isinstance(delta, int | float) and 0 < delta < 1.0 / num_examples):
+        raise ValueError(
+            f"delta must be in (0, 1/n) = (0, {1 / num_examples:.3g}) for n={num_examples}, "
+            f"got {delta=}"
+        )
+
+
+def validate_event(event: dp_event.DpEvent) -> None:
+    """Checks every parameter of `event` (recursively) before it may reach a ledger.
+
+    epsilon >= 0 and finite, 0 <= delta < 1, sigma > 0 and finite, 0 < q <= 1, counts >= 1;
+    a non-private event and event types the project does not produce are refused.
+
+    Raises:
+      ValueError: a parameter is out of range.
+      UnsupportedEventError: the event type is not one the ledger accepts.
+    """
+    if isinstance(event, EpsilonDeltaDpEvent):
+        _check_epsilon_delta(event.epsilon, event.delta)
+    elif isinstance(event, FixedSizeSampledGaussianDpEvent):
+        event.__attrs_post_init__()
+    elif isinstance(event, dp_event.GaussianDpEvent | dp_event.LaplaceDpEvent):
+        _check_positive("noise_multiplier", event.noise_multiplier)
+    elif isinstance(event, dp_event.PoissonSampledDpEvent):
+        _check_rate(event.sampling_probability)
+        validate_event(event.event)
+    elif isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
+        _check_dpsgd_shape(event.source_dataset_size, event.sample_size)
+        validate_event(event.event)
+    elif isinstance(event, dp_event.SelfComposedDpEvent):
+        _check_count(event.count)
+        validate_event(event.event)
+    elif isinstance(event, dp_event.ComposedDpEvent):
+        if not event.events:
+            raise ValueError("a composed event needs at least one event")
+        for inner in event.events:
+            validate_event(inner)
+    elif isinstance(event, dp_event.ZCDpEvent):
+        if not (math.isfinite(event.rho) and event.rho >= 0 and event.xi >= 0):
+            raise ValueError(f"zCDP parameters must be finite and >= 0, got {event=}")
+    else:
+        raise UnsupportedEventError(f"the ledger does not accept {type(event).__name__}")
+
+
+def as_relation(relation: NeighboringRelation | str) -> NeighboringRelation:
+    """The relation named by `relation` (an enum member or its name); ValueError otherwise."""
+    if isinstance(relation, NeighboringRelation):
+        return relation
+    try:
+        return NeighboringRelation[relation]
+    except KeyError:
+        names = list(NeighboringRelation.__members__)
+        raise ValueError(f"relation must be one of {names}, got {relation=}") from None
+
+
+def convert_relation(
+    event: dp_event.DpEvent,
+    source: NeighboringRelation | str,
+    target: NeighboringRelation | str,
+) -> dp_event.DpEvent:
+    """An event that, analysed under `target`, bounds `event` analysed under `source`.
+
+    Add/remove-one to replace-one is sound (a replacement is a removal then an addition):
+      * Gaussian / Laplace noise: the replace-one sensitivity of any statistic is at most
+        twice its add/remove sensitivity, so the multiplier (noise / sensitivity) halves;
+      * (epsilon, delta)-DP: group privacy of size 2 gives (2 epsilon, (1 + e^epsilon) delta)
+        (Dwork & Roth 2014, Thm 2.2 and its approximate-DP form);
+      * a Poisson-subsampled Gaussian: dp-accounting's replace-one pair of Poisson sampling,
+        (1-q) N(0) + q N(-1) vs (1-q) N(0) + q N(1), is exactly this sampling under
+        substitution (the removed and the added example each join with probability q);
+      * composed events convert part by part.
+    Anything else, and any conversion from replace-one to add/remove (which does not hold
+    in general: a replace-one guarantee says nothing about datasets of other sizes), raises.
+
+    Raises:
+      RelationMismatchError: no sound conversion is known.
+    """
+    source, target = as_relation(source), as_relation(target)
+    if source == target:
+        return event
+    if not (
+        source == NeighboringRelation.ADD_OR_REMOVE_ONE
+        and target == NeighboringRelation.REPLACE_ONE
+    ):
+        raise RelationMismatchError(
+            f"an event analysed under {source.name} cannot be charged to a {target.name} "
+            "scope: no sound conversion exists"
+        )
+    return _to_replace_one(event)
+
+
+def _to_replace_one(event: dp_event.DpEvent) -> dp_event.DpEvent:
+    if isinstance(event, EpsilonDeltaDpEvent):
+        delta = min((1 + math.exp(event.epsilon)) * event.delta, 1.0)
+        if delta >= 1:
+            raise RelationMismatchError("group privacy of this (epsilon, delta) event is vacuous")
+        return EpsilonDeltaDpEvent(2 * event.epsilon, delta)
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return dp_event.GaussianDpEvent(event.noise_multiplier / 2)
+    if isinstance(event, dp_event.LaplaceDpEvent):
+        return dp_event.LaplaceDpEvent(event.noise_multiplier / 2)
+    if isinstance(event, dp_event.PoissonSampledDpEvent) and isinstance(
+        event.event, dp_event.GaussianDpEvent
+    ):
+        return event
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return dp_event.SelfComposedDpEvent(_to_replace_one(event.event), event.count)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return dp_event.ComposedDpEvent([_to_replace_one(e) for e in event.events])
+    raise RelationMismatchError(
+        f"no sound ADD_OR_REMOVE_ONE -> REPLACE_ONE conversion for {type(event).__name__}"
+    )
 
 
 # ---- DP-SGD -------------------------------------------------------------------------------
@@ -192,20 +431,18 @@ def dpsgd_event(
 ) -> dp_event.DpEvent:
     """The DpEvent of `steps` DP-SGD steps (see the module docstring for the samplings).
 
-    `batch_size` is the expected batch size (Poisson) or the exact one (shuffle). The
-    accountant matters only for `shuffle`, whose PLD and RDP events differ in form.
+    `batch_size` is the expected batch size (Poisson) or the exact one (shuffle). Both
+    accountants take the same event; `accountant` is validated for the caller's sake.
     """
     _check_dpsgd_shape(num_examples, batch_size)
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps=}")
-    if not noise_multiplier >= 0:
-        raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier=}")
-    step = gaussian_event(noise_multiplier)
-    rate = batch_size / num_examples
-    if sampling == "poisson" or (sampling == "shuffle" and accountant == "pld"):
-        sampled = poisson_sampled(rate, step)
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant=}")
+    if sampling == "poisson":
+        sampled = poisson_sampled(batch_size / num_examples, gaussian_event(noise_multiplier))
     elif sampling == "shuffle":
-        sampled = dp_event.SampledWithoutReplacementDpEvent(num_examples, batch_size, step)
+        sampled = FixedSizeSampledGaussianDpEvent(num_examples, batch_size, noise_multiplier)
     else:
         raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling=}")
     return self_composed(sampled, steps)
@@ -321,6 +558,7 @@ _EVENT_TYPES: dict[str, type] = {
     if isinstance(cls, type) and issubclass(cls, dp_event.DpEvent)
 }
 _EVENT_TYPES[EpsilonDeltaDpEvent.__name__] = EpsilonDeltaDpEvent
+_EVENT_TYPES[FixedSizeSampledGaussianDpEvent.__name__] = FixedSizeSampledGaussianDpEvent
 
 
 def _to_plain(event: dp_event.DpEvent) -> dict[str, Any]:

@@ -11,3 +11,7 @@ class BudgetExceededError(PrivacyError):
 
 class UnsupportedEventError(PrivacyError):
     """The chosen accountant cannot account for this event."""
+
+
+class RelationMismatchError(PrivacyError):
+    """An event's neighbouring relation differs from its scope's and cannot be converted."""

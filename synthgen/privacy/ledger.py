@@ -1,12 +1,19 @@
 """Persistent privacy budget ledger: one (epsilon, delta) cap per scope, charged before release.
 
-A scope is a (tenant, dataset) pair. Each charge records the stage that spent it, its
-DpEvent (JSON), its standalone (epsilon, delta), a free-form description (never private
-data) and the time. What a scope has spent is the composition of all its events under the
-scope's accountant, stated at the scope's delta cap:
+A scope is a (tenant, dataset) pair with a neighbouring relation (its privacy unit). Each
+charge records the stage that spent it, its DpEvent (JSON), the relation under which that
+event is analysed, its standalone (epsilon, delta) in the scope's relation, a free-form
+description (never private data), an optional idempotency reference and the time. What a
+scope has spent is the composition of all its events under the scope's accountant, stated
+at the scope's delta cap:
 
   * ``pld`` / ``rdp``: dp-accounting composition of the recorded events (tight);
   * ``basic``: sum of the standalone epsilons and deltas (for events no accountant models).
+
+Every event is validated before it reaches the ledger (`accounting.validate_event`:
+epsilon >= 0 and finite, 0 <= delta < 1, sigma > 0, 0 < q <= 1). An event analysed under
+another relation than its scope's is converted soundly (add/remove-one to replace-one, see
+`accounting.convert_relation`) or refused with `RelationMismatchError`.
 
 A charge that would push the composition past the cap raises `BudgetExceededError` and
 records nothing; callers draw noise only after `charge` returns. SQLite with
@@ -44,8 +51,24 @@ CREATE TABLE IF NOT EXISTS charges (
   tenant TEXT NOT NULL, dataset TEXT NOT NULL, stage TEXT NOT NULL,
   epsilon REAL NOT NULL, delta REAL NOT NULL, event TEXT NOT NULL,
   description TEXT NOT NULL, created_at REAL NOT NULL,
+  relation TEXT, ref TEXT,
   FOREIGN KEY (tenant, dataset) REFERENCES scopes (tenant, dataset));
 """
+# Ledgers written before charges carried their relation: their events were evaluated under
+# the scope's relation, which is what a NULL relation keeps meaning.
+_MIGRATIONS = (
+    "ALTER TABLE charges ADD COLUMN relation TEXT",
+    "ALTER TABLE charges ADD COLUMN ref TEXT",
+)
+_INDEX = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS charges_ref ON charges (tenant, dataset, ref) "
+    "WHERE ref IS NOT NULL"
+)
+_CHARGE_COLUMNS = (
+    "id, tenant, dataset, stage, epsilon, delta, event, description, charges.created_at, "
+    "COALESCE(charges.relation, scopes.relation), ref"
+)
+_CHARGE_FROM = "charges JOIN scopes USING (tenant, dataset)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +110,8 @@ class Charge:
     event: str
     description: str
     created_at: float
+    relation: str = "ADD_OR_REMOVE_ONE"
+    ref: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +143,11 @@ class PrivacyLedger:
         self._timeout = timeout
         with self._connect() as conn:
             conn.executescript(_SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(charges)")}
+            for statement in _MIGRATIONS:
+                if statement.split()[-2] not in columns:
+                    conn.execute(statement)
+            conn.execute(_INDEX)
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -210,8 +240,10 @@ class PrivacyLedger:
         *,
         stage: str,
         event: dp_event.DpEvent,
+        relation: accounting.NeighboringRelation | str,
         description: str = "",
         delta: float | None = None,
+        ref: str | None = None,
     ) -> Charge:
         """Records `event` against the scope if the composed spend stays within the cap.
 
@@ -220,25 +252,51 @@ class PrivacyLedger:
           dataset: scope dataset.
           stage: which stage spends (e.g. "train-generator", "rag-answer").
           event: the DpEvent of the release that follows this charge.
+          relation: the neighbouring relation under which `event` is analysed
+            ("ADD_OR_REMOVE_ONE" or "REPLACE_ONE"); converted to the scope's if sound.
           description: public description (ids, parameters; never private data).
           delta: delta at which to state this charge's standalone epsilon; default the
             scope's cap. Required meaning for the ``basic`` accountant: its share of delta.
+          ref: idempotency key (a public random id): if the scope already holds a charge
+            with this ref, that charge is returned and nothing new is charged, so a run
+            that crashed after charging can call again without paying twice.
 
         Returns:
-          The recorded charge.
+          The recorded charge (or the earlier one with the same `ref`).
 
         Raises:
           BudgetExceededError: the charge would exceed the cap; nothing is recorded.
+          RelationMismatchError: `relation` cannot be converted to the scope's.
           UnsupportedEventError: the scope's accountant cannot compose `event`.
+          ValueError: an invalid event or parameter, or `ref` reused for another event.
         """
+        relation = accounting.as_relation(relation)
+        accounting.validate_event(event)
         event_json = accounting.event_to_json(event)
         with self._write() as conn:
-            own_eps, own_delta = self._check(conn, tenant, dataset, stage, event, delta)
+            if ref is not None:
+                earlier = self._find(conn, tenant, dataset, ref)
+                if earlier is not None:
+                    if (earlier.event, earlier.relation) != (event_json, relation.name):
+                        raise ValueError(f"{ref=} already names a different charge")
+                    return earlier
+            own_eps, own_delta = self._check(conn, tenant, dataset, stage, event, relation, delta)
             now = time.time()
             cursor = conn.execute(
                 "INSERT INTO charges (tenant, dataset, stage, epsilon, delta, event, description,"
-                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (tenant, dataset, stage, own_eps, own_delta, event_json, description, now),
+                " created_at, relation, ref) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    tenant,
+                    dataset,
+                    stage,
+                    own_eps,
+                    own_delta,
+                    event_json,
+                    description,
+                    now,
+                    relation.name,
+                    ref,
+                ),
             )
             return Charge(
                 cursor.lastrowid,
@@ -250,6 +308,8 @@ class PrivacyLedger:
                 event_json,
                 description,
                 now,
+                relation.name,
+                ref,
             )
 
     def check(
@@ -259,6 +319,7 @@ class PrivacyLedger:
         *,
         stage: str,
         event: dp_event.DpEvent,
+        relation: accounting.NeighboringRelation | str,
         delta: float | None = None,
     ) -> tuple[float, float]:
         """Dry run of `charge`: raises as `charge` would, records nothing.
@@ -267,27 +328,47 @@ class PrivacyLedger:
         calls `charge` right before its release, which re-checks atomically.
 
         Returns:
-          (epsilon, delta) of the event on its own.
+          (epsilon, delta) of the event on its own, in the scope's relation.
         """
+        relation = accounting.as_relation(relation)
+        accounting.validate_event(event)
         with self._connect() as conn:
-            return self._check(conn, tenant, dataset, stage, event, delta)
+            return self._check(conn, tenant, dataset, stage, event, relation, delta)
 
-    def _check(self, conn, tenant, dataset, stage, event, delta) -> tuple[float, float]:
+    def find_charge(self, tenant: str, dataset: str, ref: str) -> Charge | None:
+        """The charge of the scope recorded with idempotency key `ref`, if any."""
+        with self._connect() as conn:
+            return self._find(conn, tenant, dataset, ref)
+
+    @staticmethod
+    def _find(conn, tenant: str, dataset: str, ref: str) -> Charge | None:
+        row = conn.execute(
+            f"SELECT {_CHARGE_COLUMNS} FROM {_CHARGE_FROM} "
+            "WHERE tenant = ? AND dataset = ? AND ref = ?",
+            (tenant, dataset, ref),
+        ).fetchone()
+        return None if row is None else Charge(*row)
+
+    def _check(self, conn, tenant, dataset, stage, event, relation, delta) -> tuple[float, float]:
         """Standalone (epsilon, delta) of `event`; BudgetExceededError if the scope's
         composed spend with it would pass the cap."""
-        event_json = accounting.event_to_json(event)
+        if delta is not None and not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta=}")
         scope = self._scope(conn, tenant, dataset)
         if scope is None:
             raise KeyError(f"no ledger scope for {tenant=}, {dataset=}; open it first")
+        event = accounting.convert_relation(event, relation, scope.relation)
         own_eps, own_delta = self._standalone(scope, event, delta)
         previous = [
-            (row[0], row[1], row[2])
+            (row[0], row[1], row[2], row[3])
             for row in conn.execute(
-                "SELECT event, epsilon, delta FROM charges WHERE tenant = ? AND dataset = ?",
+                f"SELECT event, epsilon, delta, COALESCE(charges.relation, scopes.relation) "
+                f"FROM {_CHARGE_FROM} WHERE tenant = ? AND dataset = ?",
                 (tenant, dataset),
             )
         ]
-        total_eps, total_delta = self._compose(scope, previous + [(event_json, own_eps, own_delta)])
+        new = (accounting.event_to_json(event), own_eps, own_delta, scope.relation)
+        total_eps, total_delta = self._compose(scope, previous + [new])
         if total_eps > scope.epsilon_cap * (1 + 1e-9) or total_delta > scope.delta_cap:
             raise BudgetExceededError(
                 f"charge refused for ({tenant}, {dataset}) stage={stage}: spend would be "
@@ -300,8 +381,8 @@ class PrivacyLedger:
         """All charges of a scope, oldest first."""
         with self._connect() as conn:
             rows = conn.execute(
-                "SELECT id, tenant, dataset, stage, epsilon, delta, event, description, created_at"
-                " FROM charges WHERE tenant = ? AND dataset = ? ORDER BY id",
+                f"SELECT {_CHARGE_COLUMNS} FROM {_CHARGE_FROM} "
+                "WHERE tenant = ? AND dataset = ? ORDER BY id",
                 (tenant, dataset),
             ).fetchall()
         return [Charge(*row) for row in rows]
@@ -310,7 +391,9 @@ class PrivacyLedger:
         """Composed spend of a scope under its accountant, and what remains of its cap."""
         scope = self.get_scope(tenant, dataset)
         charges = self.charges(tenant, dataset)
-        eps, delta = self._compose(scope, [(c.event, c.epsilon, c.delta) for c in charges])
+        eps, delta = self._compose(
+            scope, [(c.event, c.epsilon, c.delta, c.relation) for c in charges]
+        )
         return Spend(
             epsilon=eps,
             delta=delta,
@@ -341,14 +424,21 @@ class PrivacyLedger:
         return eps, delta
 
     def _compose(
-        self, scope: Scope, records: list[tuple[str, float, float]]
+        self, scope: Scope, records: list[tuple[str, float, float, str]]
     ) -> tuple[float, float]:
-        """(epsilon at the delta cap, delta) of all records under the scope's accountant."""
+        """(epsilon at the delta cap, delta) of all records under the scope's accountant.
+
+        Records are (event JSON, standalone epsilon, standalone delta, relation); standalone
+        figures are already in the scope's relation, events are converted here.
+        """
         if not records:
             return 0.0, (0.0 if scope.accountant == "basic" else scope.delta_cap)
         if scope.accountant == "basic":
             return sum(r[1] for r in records), sum(r[2] for r in records)
-        events = [accounting.event_from_json(r[0]) for r in records]
+        events = [
+            accounting.convert_relation(accounting.event_from_json(r[0]), r[3], scope.relation)
+            for r in records
+        ]
         composed = accounting.compose(events)
         acc = accounting.make_accountant(scope.accountant, self._relation(scope))
         if not acc.supports(composed):

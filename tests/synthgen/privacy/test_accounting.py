@@ -33,16 +33,17 @@ def _reference_epsilon(sigma, n, b, steps, delta, sampling, accountant):
         acc = rdp_privacy_accountant.RdpAccountant()
         acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps)
         return acc.get_epsilon(delta)
+    # Fixed-size batches under replace-one: a subsampled Gaussian at sensitivity 2C, i.e.
+    # multiplier sigma / 2 (the WOR RDP bound's multiplier is relative to that sensitivity).
     if sampling == "shuffle" and accountant == "rdp":
         acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=REL.REPLACE_ONE)
-        event = dp_event.SampledWithoutReplacementDpEvent(n, b, dp_event.GaussianDpEvent(sigma))
-        acc.compose(event, steps)
+        gaussian = dp_event.GaussianDpEvent(sigma / 2)
+        acc.compose(dp_event.SampledWithoutReplacementDpEvent(n, b, gaussian), steps)
         return acc.get_epsilon(delta)
-    relation = REL.ADD_OR_REMOVE_ONE if sampling == "poisson" else REL.REPLACE_ONE
     pld = pld_lib.from_gaussian_mechanism(
-        standard_deviation=sigma,
+        standard_deviation=sigma if sampling == "poisson" else sigma / 2,
         sampling_prob=q,
-        neighboring_relation=relation,
+        neighboring_relation=REL.ADD_OR_REMOVE_ONE,
         value_discretization_interval=1e-4,
     ).self_compose(steps)
     return pld.get_epsilon_for_delta(delta)

@@ -9,6 +9,8 @@ from synthgen.privacy import accounting
 from synthgen.privacy.errors import BudgetExceededError, UnsupportedEventError
 from synthgen.privacy.ledger import PrivacyLedger, Scope
 
+AR = "ADD_OR_REMOVE_ONE"
+
 
 def _open(tmp_path, accountant="pld", cap=2.0):
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
@@ -18,22 +20,32 @@ def _open(tmp_path, accountant="pld", cap=2.0):
 
 def test_refused_charge_changes_nothing(tmp_path):
     ledger = _open(tmp_path)
-    ledger.charge("acme", "queries", stage="train", event=accounting.pure_epsilon_event(1.5))
+    ledger.charge(
+        "acme", "queries", stage="train", relation=AR, event=accounting.pure_epsilon_event(1.5)
+    )
     before_charges = ledger.charges("acme", "queries")
     before_spend = ledger.spent("acme", "queries")
     with pytest.raises(BudgetExceededError):
-        ledger.charge("acme", "queries", stage="rag", event=accounting.pure_epsilon_event(1.0))
+        ledger.charge(
+            "acme", "queries", stage="rag", relation=AR, event=accounting.pure_epsilon_event(1.0)
+        )
     assert ledger.charges("acme", "queries") == before_charges
     assert ledger.spent("acme", "queries") == before_spend
 
 
 def test_check_is_a_dry_run_of_charge(tmp_path):
     ledger = _open(tmp_path)
-    ledger.charge("acme", "queries", stage="train", event=accounting.pure_epsilon_event(1.5))
-    eps, _ = ledger.check("acme", "queries", stage="x", event=accounting.pure_epsilon_event(0.4))
+    ledger.charge(
+        "acme", "queries", stage="train", relation=AR, event=accounting.pure_epsilon_event(1.5)
+    )
+    eps, _ = ledger.check(
+        "acme", "queries", stage="x", relation=AR, event=accounting.pure_epsilon_event(0.4)
+    )
     assert eps == pytest.approx(0.4)
     with pytest.raises(BudgetExceededError):
-        ledger.check("acme", "queries", stage="x", event=accounting.pure_epsilon_event(0.6))
+        ledger.check(
+            "acme", "queries", stage="x", relation=AR, event=accounting.pure_epsilon_event(0.6)
+        )
     assert len(ledger.charges("acme", "queries")) == 1  # neither check recorded anything
 
 
@@ -45,7 +57,7 @@ def test_spend_is_the_composition_under_the_accountant(tmp_path):
         accounting.gaussian_event(4.0),
     ]
     for e in events:
-        ledger.charge("acme", "queries", stage="s", event=e)
+        ledger.charge("acme", "queries", stage="s", relation=AR, event=e)
     spend = ledger.spent("acme", "queries")
     assert spend.epsilon == pytest.approx(accounting.epsilon(accounting.compose(events), 1e-5))
     assert spend.epsilon_remaining == pytest.approx(10.0 - spend.epsilon)
@@ -62,6 +74,7 @@ def test_persists_across_reopen(tmp_path):
         "acme",
         "queries",
         stage="train",
+        relation=AR,
         event=accounting.pure_epsilon_event(0.4),
         description="run 7",
     )
@@ -76,22 +89,38 @@ def test_persists_across_reopen(tmp_path):
 
 def test_basic_accountant_sums_and_needs_delta(tmp_path):
     ledger = _open(tmp_path, accountant="basic", cap=2.0)
-    ledger.charge("acme", "queries", stage="a", event=accounting.epsilon_delta_event(0.5, 4e-6))
+    ledger.charge(
+        "acme", "queries", stage="a", relation=AR, event=accounting.epsilon_delta_event(0.5, 4e-6)
+    )
     with pytest.raises(ValueError, match="explicit delta"):
-        ledger.charge("acme", "queries", stage="b", event=accounting.gaussian_event(5.0))
-    ledger.charge("acme", "queries", stage="b", event=accounting.gaussian_event(5.0), delta=5e-6)
+        ledger.charge(
+            "acme", "queries", stage="b", relation=AR, event=accounting.gaussian_event(5.0)
+        )
+    ledger.charge(
+        "acme", "queries", stage="b", relation=AR, event=accounting.gaussian_event(5.0), delta=5e-6
+    )
     spend = ledger.spent("acme", "queries")
     assert spend.delta == pytest.approx(9e-6)
     with pytest.raises(BudgetExceededError):  # delta would exceed the cap
         ledger.charge(
-            "acme", "queries", stage="c", event=accounting.epsilon_delta_event(0.01, 2e-6)
+            "acme",
+            "queries",
+            stage="c",
+            relation=AR,
+            event=accounting.epsilon_delta_event(0.01, 2e-6),
         )
 
 
 def test_rdp_scope_refuses_approximate_events(tmp_path):
     ledger = _open(tmp_path, accountant="rdp")
     with pytest.raises(UnsupportedEventError):
-        ledger.charge("acme", "queries", stage="x", event=accounting.epsilon_delta_event(0.1, 1e-9))
+        ledger.charge(
+            "acme",
+            "queries",
+            stage="x",
+            relation=AR,
+            event=accounting.epsilon_delta_event(0.1, 1e-9),
+        )
     assert ledger.charges("acme", "queries") == []
 
 
@@ -124,7 +153,9 @@ def _charge_until_refused(path, barrier=None, results=None):
     accepted = 0
     for _ in range(10):
         try:
-            ledger.charge("acme", "queries", stage="p", event=accounting.pure_epsilon_event(STEP))
+            ledger.charge(
+                "acme", "queries", stage="p", relation=AR, event=accounting.pure_epsilon_event(STEP)
+            )
             accepted += 1
         except BudgetExceededError:
             pass
