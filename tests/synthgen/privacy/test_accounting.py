@@ -185,3 +185,191 @@ def test_bad_inputs_are_clear_errors():
         )
     with pytest.raises(ValueError, match="sampling"):
         accounting.neighboring_relation("bogus")
+
+
+# ---- fixed-size ("shuffle") batches: the stated epsilon bounds an explicit neighbour pair ----
+
+
+def _explicit_pair_one_step(sigma: float, q: float, delta: float) -> float:
+    """Epsilon of one step on the explicit neighbours of the audit, by numerical integration.
+
+    Every other example's clipped gradient is +C e1; the replaced one is +C e1 in D and
+    -C e1 in D'. In units of C and up to a common shift: M(D) = N(0, sigma^2) and
+    M(D') = (1-q) N(0, sigma^2) + q N(-2, sigma^2). Both orders are taken.
+    """
+    from scipy import integrate, optimize, stats
+
+    def p(x):
+        return stats.norm.pdf(x, 0.0, sigma)
+
+    def m(x):
+        return (1 - q) * stats.norm.pdf(x, 0.0, sigma) + q * stats.norm.pdf(x, -2.0, sigma)
+
+    def hockey_stick(f, g, eps):
+        lo, hi = -2.0 - 40 * sigma, 40 * sigma
+        value, _ = integrate.quad(
+            lambda x: max(f(x) - math.exp(eps) * g(x), 0.0), lo, hi, points=[-2, -1, 0], limit=500
+        )
+        return value
+
+    def excess(eps):
+        return max(hockey_stick(p, m, eps), hockey_stick(m, p, eps)) - delta
+
+    return optimize.brentq(excess, 0.0, 50.0, xtol=1e-6)
+
+
+@pytest.mark.parametrize("n,b,sigma", [(2, 1, 1.0), (5, 2, 0.8), (10, 1, 2.0)])
+def test_shuffle_epsilon_bounds_the_explicit_pair_one_step(n, b, sigma):
+    # Audit: n=2, B=1, sigma=1, delta=1e-5 gives 8.98 on the explicit pair; the old
+    # accounting stated 4.22 (PLD) and 4.09 (RDP).
+    delta = 1e-5
+    explicit = _explicit_pair_one_step(sigma, b / n, delta)
+    shape = dict(noise_multiplier=sigma, num_examples=n, batch_size=b, steps=1, delta=delta)
+    for kind in ("pld", "rdp"):
+        stated = accounting.dpsgd_epsilon(sampling="shuffle", accountant=kind, **shape)
+        assert stated >= explicit * (1 - 1e-4), (kind, stated, explicit)
+    if (n, b, sigma) == (2, 1, 1.0):
+        assert explicit == pytest.approx(8.98, abs=0.01)
+
+
+def test_shuffle_epsilon_bounds_the_explicit_pair_many_steps():
+    # Audit: n=1600, B=32, 50 steps, sigma=0.402, delta=1e-5: the explicit pair gives 77.8;
+    # the old accounting stated 14.60 (PLD) and 26.57 (RDP). The explicit pair composed
+    # with dp-accounting's mixture-of-Gaussians PLD (built independently of our events).
+    n, b, steps, sigma, delta = 1600, 32, 50, 0.402, 1e-5
+    q = b / n
+    mixture = dp_event.MixtureOfGaussiansDpEvent(sigma, [0.0, 2.0], [1 - q, q])
+    acc = dp_accounting.pld.PLDAccountant(REL.ADD_OR_REMOVE_ONE)
+    explicit = acc.compose(mixture, steps).get_epsilon(delta)
+    assert explicit == pytest.approx(77.8, abs=0.1)
+    shape = dict(noise_multiplier=sigma, num_examples=n, batch_size=b, steps=steps, delta=delta)
+    for kind in ("pld", "rdp"):
+        stated = accounting.dpsgd_epsilon(sampling="shuffle", accountant=kind, **shape)
+        assert stated >= explicit * (1 - 1e-3), (kind, stated, explicit)
+
+
+def test_shuffle_calibration_uses_the_fixed_event():
+    shape = dict(num_examples=1000, batch_size=50, steps=40, delta=1e-5)
+    sigma = accounting.calibrate_noise_multiplier(target_epsilon=4.0, sampling="shuffle", **shape)
+    eps = accounting.dpsgd_epsilon(noise_multiplier=sigma, sampling="shuffle", **shape)
+    assert 4.0 * 0.98 <= eps <= 4.0
+    poisson = accounting.calibrate_noise_multiplier(target_epsilon=4.0, **shape)
+    assert sigma > 1.5 * poisson  # the 2C sensitivity needs about twice the noise
+
+
+def test_fixed_size_event_is_replace_one_only_and_round_trips():
+    event = accounting.dpsgd_event(
+        noise_multiplier=1.0, num_examples=100, batch_size=10, steps=3, sampling="shuffle"
+    )
+    assert accounting.event_from_json(accounting.event_to_json(event)) == event
+    with pytest.raises(UnsupportedEventError):  # not analysable under add/remove-one
+        accounting.epsilon(event, 1e-5, relation=REL.ADD_OR_REMOVE_ONE)
+    with pytest.raises(ValueError):
+        accounting.FixedSizeSampledGaussianDpEvent(10, 11, 1.0)
+
+
+# ---- validation --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: accounting.epsilon_delta_event(-10, -1e-3),
+        lambda: accounting.epsilon_delta_event(-1.0, 0.0),
+        lambda: accounting.epsilon_delta_event(math.nan, 0.0),
+        lambda: accounting.epsilon_delta_event(math.inf, 0.0),
+        lambda: accounting.epsilon_delta_event(1.0, 1.0),
+        lambda: accounting.pure_epsilon_event(-0.5),
+        lambda: accounting.gaussian_event(0.0),
+        lambda: accounting.gaussian_event(math.nan),
+        lambda: accounting.laplace_event(-1.0),
+        lambda: accounting.poisson_sampled(1.5, accounting.gaussian_event(1.0)),
+        lambda: accounting.poisson_sampled(0.0, accounting.gaussian_event(1.0)),
+        lambda: accounting.self_composed(accounting.gaussian_event(1.0), 0),
+    ],
+)
+def test_invalid_events_are_refused_at_construction(make):
+    with pytest.raises(ValueError):
+        make()
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        dp_event.GaussianDpEvent(-1.0),
+        dp_event.GaussianDpEvent(math.nan),
+        dp_event.LaplaceDpEvent(math.inf),
+        dp_event.PoissonSampledDpEvent(2.0, dp_event.GaussianDpEvent(1.0)),
+        dp_event.PoissonSampledDpEvent(math.nan, dp_event.GaussianDpEvent(1.0)),
+        dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(1.0), -3),
+        dp_event.ComposedDpEvent([dp_event.GaussianDpEvent(1.0), dp_event.LaplaceDpEvent(-2)]),
+        dp_event.ZCDpEvent(rho=-1.0),
+    ],
+)
+def test_validate_event_refuses_raw_invalid_events(event):
+    with pytest.raises(ValueError):
+        accounting.validate_event(event)
+
+
+def test_validate_event_refuses_non_private_and_unknown_events():
+    for event in (dp_event.NonPrivateDpEvent(), dp_event.UnsupportedDpEvent()):
+        with pytest.raises(UnsupportedEventError):
+            accounting.validate_event(event)
+
+
+# ---- RDP and pure events -----------------------------------------------------------------
+
+
+def test_rdp_pure_events_take_basic_composition_when_better():
+    # Three 0.1-DP events: basic composition says 0.3; the eps^2/2 zCDP route alone says
+    # about 0.68 at delta=1e-5 (the old statement).
+    events = accounting.compose([accounting.pure_epsilon_event(0.1)] * 3)
+    eps = accounting.epsilon(events, 1e-5, accountant="rdp")
+    assert eps == pytest.approx(0.3)
+    zcdp = rdp_privacy_accountant.RdpAccountant()
+    zcdp.compose(dp_event.ZCDpEvent(rho=0.1**2 / 2), 3)
+    assert zcdp.get_epsilon(1e-5) > 0.6
+
+
+def test_rdp_pure_event_caps_each_order_at_epsilon():
+    # A large pure event next to a Gaussian: RDP min(eps, alpha eps^2/2) per order is far
+    # below the zCDP-only conversion, and still at least the pure event's epsilon.
+    event = accounting.compose([accounting.pure_epsilon_event(5.0), accounting.gaussian_event(10)])
+    eps = accounting.epsilon(event, 1e-5, accountant="rdp")
+    zcdp = rdp_privacy_accountant.RdpAccountant()
+    zcdp.compose(dp_event.ZCDpEvent(rho=12.5))
+    zcdp.compose(dp_event.GaussianDpEvent(10.0))
+    assert 5.0 <= eps < zcdp.get_epsilon(1e-5) / 2
+
+
+# ---- neighbouring relations --------------------------------------------------------------
+
+
+def test_convert_relation_add_remove_to_replace_one_is_group_privacy():
+    pure = accounting.convert_relation(
+        accounting.epsilon_delta_event(1.0, 1e-6), "ADD_OR_REMOVE_ONE", "REPLACE_ONE"
+    )
+    assert (pure.epsilon, pure.delta) == pytest.approx((2.0, (1 + math.e) * 1e-6))
+    gaussian = accounting.convert_relation(
+        accounting.gaussian_event(2.0), REL.ADD_OR_REMOVE_ONE, REL.REPLACE_ONE
+    )
+    assert gaussian.noise_multiplier == 1.0  # the replace-one sensitivity is twice as large
+
+
+def test_convert_relation_refuses_replace_one_to_add_remove():
+    from synthgen.privacy.errors import RelationMismatchError
+
+    event = accounting.dpsgd_event(
+        noise_multiplier=1.0, num_examples=100, batch_size=10, steps=3, sampling="shuffle"
+    )
+    with pytest.raises(RelationMismatchError):
+        accounting.convert_relation(event, "REPLACE_ONE", "ADD_OR_REMOVE_ONE")
+
+
+def test_calculator_refuses_delta_of_one_over_n_or_more():
+    from synthgen.cli import run as cli_run
+
+    args = ["privacy", "dpsgd", "--num-examples", "100", "--batch-size", "10", "--epochs", "1"]
+    for delta in ("0.01", "0.5"):
+        with pytest.raises(ValueError, match=r"delta must be in \(0, 1/n\)"):
+            cli_run(app, [*args, "--delta", delta, "--noise-multiplier", "1", "--debug"])

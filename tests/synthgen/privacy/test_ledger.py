@@ -202,3 +202,161 @@ def test_ensure_scope_opens_once_and_then_keeps_the_stored_cap(tmp_path):
     assert again.epsilon_cap == 2.0
     with pytest.raises(ValueError, match="different cap"):
         ledger.open_scope(Scope("acme", "docs", 50.0, 1e-5))
+
+
+# ---- each charge carries its neighbouring relation ----------------------------------------
+
+
+def _shuffle_event():
+    return accounting.dpsgd_event(
+        noise_multiplier=0.8, num_examples=400, batch_size=20, steps=30, sampling="shuffle"
+    )
+
+
+def test_replace_one_charge_is_refused_by_an_add_remove_scope(tmp_path):
+    from synthgen.privacy.errors import RelationMismatchError
+
+    ledger = _open(tmp_path, cap=100.0)
+    with pytest.raises(RelationMismatchError):
+        ledger.charge("acme", "queries", stage="t", event=_shuffle_event(), relation="REPLACE_ONE")
+    with pytest.raises(RelationMismatchError):
+        ledger.check("acme", "queries", stage="t", event=_shuffle_event(), relation="REPLACE_ONE")
+    assert ledger.charges("acme", "queries") == []
+
+
+def test_replace_one_scope_records_a_shuffle_run_at_its_stated_epsilon(tmp_path):
+    # The audit: a shuffle plan stated at 13.49 was recorded as 6.77 under add/remove.
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    ledger.open_scope(Scope("acme", "queries", 100.0, 1e-5, relation="REPLACE_ONE"))
+    charge = ledger.charge(
+        "acme", "queries", stage="t", event=_shuffle_event(), relation="REPLACE_ONE"
+    )
+    stated = accounting.dpsgd_epsilon(
+        noise_multiplier=0.8,
+        num_examples=400,
+        batch_size=20,
+        steps=30,
+        delta=1e-5,
+        sampling="shuffle",
+    )
+    assert charge.relation == "REPLACE_ONE"
+    assert charge.epsilon == pytest.approx(stated, rel=1e-9)
+    assert ledger.spent("acme", "queries").epsilon == pytest.approx(stated, rel=1e-9)
+
+
+def test_add_remove_charge_converts_soundly_into_a_replace_one_scope(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    ledger.open_scope(Scope("acme", "queries", 100.0, 1e-5, relation="REPLACE_ONE"))
+    charge = ledger.charge(
+        "acme", "queries", stage="a", event=accounting.pure_epsilon_event(1.0), relation=AR
+    )
+    assert charge.epsilon == pytest.approx(2.0)  # group privacy of size 2
+    assert charge.relation == AR  # recorded as analysed; converted when composed
+    ledger.charge("acme", "queries", stage="b", event=_shuffle_event(), relation="REPLACE_ONE")
+    both = accounting.compose([accounting.pure_epsilon_event(2.0), _shuffle_event()])
+    want = accounting.epsilon(both, 1e-5, relation=accounting.NeighboringRelation.REPLACE_ONE)
+    assert ledger.spent("acme", "queries").epsilon == pytest.approx(want, rel=1e-6)
+
+
+# ---- validation: no charge can refund budget -----------------------------------------------
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp", "basic"])
+def test_invalid_events_never_reach_the_ledger(tmp_path, accountant):
+    from dp_accounting import dp_event
+
+    ledger = _open(tmp_path, accountant=accountant, cap=1.0)
+    bad = [
+        dp_event.GaussianDpEvent(-1.0),
+        dp_event.GaussianDpEvent(float("nan")),
+        dp_event.LaplaceDpEvent(-0.5),
+        dp_event.PoissonSampledDpEvent(1.5, dp_event.GaussianDpEvent(1.0)),
+        dp_event.SelfComposedDpEvent(accounting.pure_epsilon_event(1.0), -1),
+        dp_event.NonPrivateDpEvent(),
+    ]
+    for event in bad:
+        with pytest.raises((ValueError, UnsupportedEventError)):
+            ledger.charge("acme", "queries", stage="x", event=event, relation=AR, delta=1e-6)
+    with pytest.raises(ValueError):
+        accounting.epsilon_delta_event(-10, -1e-3)
+    assert ledger.charges("acme", "queries") == []
+    # The audit's refund: after the refused negative charge, only one 1.0 fits in cap 1.0.
+    accepted = 0
+    for _ in range(5):
+        try:
+            ledger.charge(
+                "acme", "queries", stage="x", event=accounting.pure_epsilon_event(1.0), relation=AR
+            )
+            accepted += 1
+        except BudgetExceededError:
+            pass
+    assert accepted == 1
+    assert ledger.spent("acme", "queries").epsilon == pytest.approx(1.0, abs=1e-3)
+
+
+def test_charge_refuses_unknown_relation_and_bad_delta(tmp_path):
+    ledger = _open(tmp_path)
+    event = accounting.gaussian_event(5.0)
+    with pytest.raises(ValueError, match="relation"):
+        ledger.charge("acme", "queries", stage="x", event=event, relation="SOMETIMES")
+    with pytest.raises(ValueError, match="delta"):
+        ledger.charge("acme", "queries", stage="x", event=event, relation=AR, delta=1.5)
+    assert ledger.charges("acme", "queries") == []
+
+
+# ---- idempotent charges --------------------------------------------------------------------
+
+
+def test_a_charge_ref_is_paid_once(tmp_path):
+    ledger = _open(tmp_path)
+    event = accounting.pure_epsilon_event(0.5)
+    first = ledger.charge("acme", "queries", stage="t", event=event, relation=AR, ref="run-1")
+    again = ledger.charge("acme", "queries", stage="t", event=event, relation=AR, ref="run-1")
+    assert again == first
+    assert ledger.find_charge("acme", "queries", "run-1") == first
+    assert ledger.find_charge("acme", "queries", "run-2") is None
+    assert len(ledger.charges("acme", "queries")) == 1
+    with pytest.raises(ValueError, match="different charge"):
+        ledger.charge(
+            "acme",
+            "queries",
+            stage="t",
+            event=accounting.pure_epsilon_event(0.7),
+            relation=AR,
+            ref="run-1",
+        )
+
+
+def test_a_ledger_written_before_relations_keeps_its_meaning(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        """
+        CREATE TABLE scopes (tenant TEXT NOT NULL, dataset TEXT NOT NULL,
+          epsilon_cap REAL NOT NULL, delta_cap REAL NOT NULL, accountant TEXT NOT NULL,
+          relation TEXT NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (tenant, dataset));
+        CREATE TABLE charges (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL,
+          dataset TEXT NOT NULL, stage TEXT NOT NULL, epsilon REAL NOT NULL,
+          delta REAL NOT NULL, event TEXT NOT NULL, description TEXT NOT NULL,
+          created_at REAL NOT NULL);
+        """
+    )
+    conn.execute(
+        "INSERT INTO scopes VALUES ('acme', 'q', 5.0, 1e-5, 'pld', 'ADD_OR_REMOVE_ONE', 0)"
+    )
+    event_json = accounting.event_to_json(accounting.pure_epsilon_event(1.0))
+    conn.execute(
+        "INSERT INTO charges (tenant, dataset, stage, epsilon, delta, event, description,"
+        " created_at) VALUES ('acme', 'q', 's', 1.0, 0.0, ?, '', 0)",
+        (event_json,),
+    )
+    conn.commit()
+    conn.close()
+    ledger = PrivacyLedger(path)
+    [charge] = ledger.charges("acme", "q")
+    assert (charge.relation, charge.ref) == (AR, None)
+    assert ledger.spent("acme", "q").epsilon == pytest.approx(1.0, abs=1e-3)
+    ledger.charge("acme", "q", stage="s", event=accounting.pure_epsilon_event(1.0), relation=AR)
+    assert ledger.spent("acme", "q").num_charges == 2
