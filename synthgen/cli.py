@@ -157,28 +157,33 @@ def privacy_dpsgd(
 
 @privacy_app.command("fewshot")
 def privacy_fewshot(
-    num_private: Annotated[int, typer.Option(help="private examples N")],
+    num_private: Annotated[int, typer.Option(help="private examples N (a declared public figure)")],
     sample_size: Annotated[int, typer.Option(help="examples drawn per token (all M subsets)")],
     tokens: Annotated[int, typer.Option(help="total released tokens T")],
     noise_multiplier: Annotated[
         float | None, typer.Option(help="sigma (gaussian) or per-token epsilon (rnm)")
     ] = None,
     target_epsilon: Annotated[float | None, typer.Option(help="prints calibrated noise")] = None,
-    delta: Annotated[float | None, typer.Option(help="default 1/N")] = None,
+    delta: Annotated[float | None, typer.Option(help="below 1/N; default 1/(10N)")] = None,
     mechanism: Annotated[str, typer.Option(help="gaussian | rnm")] = "gaussian",
     tokens_per_draw: Annotated[
         int, typer.Option(help="tokens sharing one draw (1 = fresh draw per token)")
     ] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
-    """Epsilon of DP few-shot generation (Tang et al. 2024), or the noise for a target."""
+    """Epsilon of DP few-shot generation (Tang et al. 2024), or the noise for a target.
+
+    delta must be below 1/N and defaults to 1/(10N), as in `synthgen generate-docs`.
+    """
+    from synthgen.fewshot import resolve_delta
+
     if (noise_multiplier is None) == (target_epsilon is None):
         raise typer.BadParameter("give exactly one of --noise-multiplier and --target-epsilon")
     if mechanism not in accounting.FEWSHOT_MECHANISMS:
         raise typer.BadParameter(f"--mechanism must be one of {accounting.FEWSHOT_MECHANISMS}")
     if not 1 <= sample_size <= num_private:
         raise typer.BadParameter(f"--sample-size must be in [1, N], got {sample_size}")
-    delta = 1.0 / num_private if delta is None else delta
+    delta = resolve_delta(delta, num_private)
     noise_name = "noise_multiplier" if mechanism == "gaussian" else "token_epsilon"
     shape = dict(
         sampling_rate=sample_size / num_private,
@@ -235,6 +240,7 @@ def ledger_show(
                 "tenant": scope.tenant,
                 "dataset": scope.dataset,
                 "accountant": scope.accountant,
+                "relation": scope.relation,
                 "epsilon_cap": scope.epsilon_cap,
                 "delta_cap": scope.delta_cap,
                 "epsilon_spent": spend.epsilon,
@@ -249,7 +255,7 @@ def ledger_show(
         print(
             f"{r['tenant']}/{r['dataset']}: epsilon {r['epsilon_spent']:.4f} of "
             f"{r['epsilon_cap']:g} spent at delta={r['delta_cap']:g} ({r['accountant']}, "
-            f"{r['charges']} charges)"
+            f"{r['relation']}, {r['charges']} charges)"
         )
 
 
