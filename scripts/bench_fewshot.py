@@ -46,8 +46,9 @@ def main() -> None:
         noise_multiplier=1.0,
         public_vocab=100,
         resample="example",
+        public_pool_size=len(rows),  # a benchmark: the corpus is public, its size too
     )
-    plan = fewshot.plan_privacy(cfg, [len(rows)], args.tokens, len(rows))
+    plan = fewshot.plan_privacy(cfg, args.tokens)
     prompts = fewshot._Prompts(lm, fewshot.DOCUMENT_TEMPLATE, rows, cfg.shot_tokens)
     frame = prompts.frame({"label": "History"})
     shots = np.arange(args.subsets * args.shots).reshape(args.subsets, args.shots)

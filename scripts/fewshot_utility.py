@@ -1,19 +1,27 @@
 """Utility of DP few-shot synthetic documents: topic classification on wiki-summaries-en.
 
 Private data: the train split (`corpora.split_by_document`) of lead paragraphs with their
-topic (12 labels). For each epsilon, `synthgen.fewshot.generate` writes `--per-label`
-synthetic paragraphs per topic from SmolLM2-135M-Instruct (fresh Poisson draw per token,
-Gaussian mechanism, RVP over the public prompt's top-K tokens). A logistic regression on
-all-MiniLM-L6-v2 embeddings is trained on them and scored on the real test split. Cells:
+topic; the label set is the public list `WIKI_TOPICS` (never read from the rows) and the pool
+size is the declared public figure `--public-pool-size`. For each epsilon,
+`synthgen.fewshot.generate` writes `--per-label` synthetic paragraphs per topic from
+SmolLM2-135M-Instruct (fresh Poisson draw per token, Gaussian mechanism, RVP over the public
+prompt's top-K tokens). A logistic regression on all-MiniLM-L6-v2 embeddings is trained on
+them and scored on the real test split. Cells:
 
 * zero-shot (no examples): nearest label description ("An encyclopedia article about X.");
 * real-k: the same classifier on k real train paragraphs per topic (k = --per-label);
 * real-all: on all real train paragraphs (an upper bound);
 * synthetic-<eps>: on the DP synthetic paragraphs.
 
-Each synthetic cell is a separate, alternative release charged to its own ledger scope in
-`<out>/ledger.sqlite`. Finished cells are cached in `<out>/cells/*.json` (rerun resumes);
-writes `<out>/results.json` and `<out>/fewshot_utility.png` and prints a markdown table.
+Privacy: every synthetic cell is released (results.json holds its samples), so all cells
+charge the same private data to ONE ledger scope: `--ledger` (default: the default ledger,
+`synthgen.paths.default_ledger_path`), `--tenant demo --dataset wiki-train`, the scope the
+README's `synthgen generate-docs` run on the same train split charges too; the ledger
+composes them all (the README states the total). `--budget` is the cap of that scope if
+this run opens it. Released files hold no timings of private work.
+
+Finished cells are cached in `<out>/cells/*.json` (rerun resumes); writes
+`<out>/results.json` and `<out>/fewshot_utility.png` and prints a markdown table.
 
     python scripts/fewshot_utility.py --out runs/fewshot_utility   # 15-25 min per epsilon
 """
@@ -22,16 +30,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 
-from retriever.encoders import load_encoder
-from synthgen import corpora, fewshot
-from synthgen.lm_backends import FlaxLM
-from synthgen.privacy import secure_rng
+from synthgen import fewshot
+from synthgen.paths import default_ledger_path
 from synthgen.privacy.ledger import PrivacyLedger, Scope
+
+# The corpus's public topic list (Wikipedia's vital-article topics, plus the loader's
+# "Uncategorized"): the label set of the private train split, declared, never read from it.
+WIKI_TOPICS = (
+    "Arts",
+    "Biology and health sciences",
+    "Everyday life",
+    "Geography",
+    "History",
+    "Mathematics",
+    "People",
+    "Philosophy and religion",
+    "Physical sciences",
+    "Society and social sciences",
+    "Technology",
+    "Uncategorized",
+)
+# Shared with the README's `synthgen generate-docs` run on the same private train split.
+TENANT, DATASET, PUBLIC_POOL_SIZE, BUDGET = "demo", "wiki-train", 150, 12.0
 
 
 def logistic_regression(x, y, classes, *, l2=1e-3, steps=500, lr=2.0):
@@ -54,12 +78,12 @@ def accuracy(w, x, y) -> float:
 
 
 def _cell(out: Path, name: str, run) -> dict:
+    """Runs (or reloads) one cell; what it writes is released, so it holds no timings."""
     path = out / "cells" / f"{name}.json"
     if path.is_file():
         return json.loads(path.read_text())
-    start = time.time()
     result = run()
-    result.update(cell=name, seconds=round(time.time() - start, 1))
+    result.update(cell=name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
     print(f"[{name}] " + json.dumps({k: v for k, v in result.items() if k != "samples"}),
@@ -67,9 +91,15 @@ def _cell(out: Path, name: str, run) -> dict:
     return result
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The script's options; the ledger scope defaults to the README run's."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/fewshot_utility"))
+    parser.add_argument("--ledger", type=Path, default=None, help="default: the default ledger")
+    parser.add_argument("--tenant", default=TENANT)
+    parser.add_argument("--dataset", default=DATASET, help="ledger scope of the train split")
+    parser.add_argument("--budget", type=float, default=BUDGET, help="cap if the scope is new")
+    parser.add_argument("--public-pool-size", type=int, default=PUBLIC_POOL_SIZE)
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0, 8.0])
     parser.add_argument("--per-label", type=int, default=1)
     parser.add_argument("--subsets", type=int, default=4)
@@ -79,7 +109,25 @@ def main() -> None:
     parser.add_argument("--public-vocab", type=int, default=50)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--report-only", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.ledger = args.ledger or default_ledger_path()
+    return args
+
+
+def open_scope(args: argparse.Namespace, plan: fewshot.FewShotPlan) -> PrivacyLedger:
+    """The one ledger scope of the private train split (opened with `--budget` if new)."""
+    ledger = PrivacyLedger(args.ledger)
+    ledger.ensure_scope(Scope(args.tenant, args.dataset, args.budget, plan.delta))
+    return ledger
+
+
+def main() -> None:
+    from retriever.encoders import load_encoder
+    from synthgen import corpora
+    from synthgen.lm_backends import FlaxLM
+    from synthgen.privacy import secure_rng
+
+    args = parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
@@ -87,7 +135,7 @@ def main() -> None:
         return
 
     train, test = corpora.split_by_document(corpora.load_wiki_summaries("wiki-summaries-en"))
-    labels = sorted(set(train["topic"]))
+    labels = sorted(WIKI_TOPICS)
     index = {t: i for i, t in enumerate(labels)}
     encoder = load_encoder("all-minilm-l6-v2")
     x_test = encoder.encode(test["document"], progress=True)
@@ -124,24 +172,24 @@ def main() -> None:
         {"text": d, "label": t} for d, t in zip(train["document"], train["topic"], strict=True)
     ]
     targets = fewshot.round_robin_targets(labels, args.per_label * len(labels))
-    ledger = PrivacyLedger(out / "ledger.sqlite")
     for eps in args.epsilons:
 
         def synthetic(eps=eps):
             nonlocal lm
             config = fewshot.FewShotConfig(
-                subsets=args.subsets, shots=args.shots, shot_tokens=args.shot_tokens,
-                max_new_tokens=args.max_new_tokens, target_epsilon=eps,
-                public_vocab=args.public_vocab, resample="token",
+                public_pool_size=args.public_pool_size, subsets=args.subsets, shots=args.shots,
+                shot_tokens=args.shot_tokens, max_new_tokens=args.max_new_tokens,
+                target_epsilon=eps, public_vocab=args.public_vocab, resample="token",
             )  # fmt: skip
             plan = fewshot.plan_for(private, targets, fewshot.DOCUMENT_TEMPLATE, config,
                                     pool_field="label")  # fmt: skip
-            scope = f"wiki-train-eps{eps:g}"
-            ledger.ensure_scope(Scope("fewshot-utility", scope, plan.epsilon, plan.delta))
+            ledger = open_scope(args, plan)
+            ledger.check(args.tenant, args.dataset, stage="fewshot-generate", event=plan.event,
+                         relation=fewshot.RELATION)  # fmt: skip
             lm = lm or FlaxLM.load(args.model)
             result = fewshot.generate(
                 lm, private, targets, fewshot.DOCUMENT_TEMPLATE, config, pool_field="label",
-                rng=secure_rng(), ledger=ledger, ledger_scope=("fewshot-utility", scope),
+                rng=secure_rng(), ledger=ledger, ledger_scope=(args.tenant, args.dataset),
                 plan=plan,
             )  # fmt: skip
             texts = [t if t else "(empty)" for t in result.texts]
@@ -151,8 +199,8 @@ def main() -> None:
             return {
                 **base, "epsilon": plan.epsilon, "delta": plan.delta,
                 "noise_multiplier": plan.noise_multiplier, "sampling_rate": plan.sampling_rate,
-                "tokens_charged": plan.tokens, "tokens_released": result.tokens_released,
-                "tokens_per_second": result.tokens_released / result.seconds,
+                "public_pool_size": plan.public_pool_size, "tokens_charged": plan.tokens,
+                "tokens_released": result.tokens_released,
                 "train_examples": len(texts), "accuracy": accuracy(w, x_test, y_test),
                 "samples": [{"label": t["label"], "text": s}
                             for t, s in zip(targets, result.texts, strict=True)],
@@ -182,7 +230,7 @@ def report(cells: list[dict], out: Path) -> None:
         [c for c in cells if not c["cell"].startswith("synthetic")], ("-.", "--", ":"), strict=False
     ):
         ax.axhline(c["accuracy"], linestyle=style, color="gray", label=c["cell"])
-    ax.set_xlabel("epsilon (delta = 1/N)")
+    ax.set_xlabel("epsilon of each cell (delta = 1/(10 N), N declared)")
     ax.set_ylabel("topic accuracy on real test paragraphs")
     ax.set_title("wiki-summaries-en: classifier on DP few-shot synthetic data")
     ax.legend(fontsize=8)

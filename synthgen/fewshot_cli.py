@@ -1,4 +1,11 @@
-"""`synthgen generate-docs` and `synthgen generate-queries-fewshot`: thin wrappers over fewshot."""
+"""`synthgen generate-docs` and `synthgen generate-queries-fewshot`: thin wrappers over fewshot.
+
+Privacy: the guarantee is fixed by declared public figures only (`--public-pool-size`, the
+public `--labels`); see `synthgen.fewshot`. `--limit` and `--split` select rows by their
+position in the whole file or corpus, so the guarantee covers the selected rows only (it is
+stated for adding or removing one selected row); `--seed` makes the mechanism's randomness
+reproducible and is for tests only (warned about and recorded in the metadata).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,25 @@ from synthgen.paths import default_ledger_path
 from synthgen.privacy.ledger import PrivacyLedger, Scope
 from synthgen.querygen_cli import SplitOption, _load_rows
 
+PoolSizeOption = Annotated[
+    int,
+    typer.Option(
+        help="declared public lower bound N on the private examples of every pool (label): "
+        "each example is sampled with probability q = subsets * shots / N, delta defaults "
+        "to 1/(10 N x pools); a smaller real pool is refused (its size is never shown)"
+    ),
+]
+DeltaOption = Annotated[
+    float | None, typer.Option(help="below 1/N (N = declared pool size x pools); default 1/(10N)")
+]
+SeedOption = Annotated[
+    int | None,
+    typer.Option(help="tests only: a fixed seed makes the release reproducible (warned)"),
+]
+SELECTION_NOTE = (
+    "{what} select rows by position in the whole data: adding or removing a row elsewhere "
+    "can change which rows are selected, so the guarantee covers the selected rows only"
+)
 ModelOption = Annotated[
     str,
     typer.Option(help="asset name, .gguf file or HF Llama folder; 'tiny' = the test LM"),
@@ -32,40 +58,74 @@ def _config(**values):
 ServerOption = Annotated[
     str | None,
     typer.Option(
-        help="OpenAI-compatible base URL (e.g. http://localhost:8000/v1); --model "
-        "then only names the tokenizer, and --server-model the served model"
+        help="OpenAI-compatible base URL (e.g. http://localhost:8000/v1) of a server you run "
+        "yourself: it sees the private prompts; --model then only names the tokenizer, and "
+        "--server-model the served model"
+    ),
+]
+ServerContextOption = Annotated[
+    int | None,
+    typer.Option(
+        help="context length (tokens) the server was started with; required with --server"
     ),
 ]
 
 
-def _load_lm(model: str, server: str | None = None, server_model: str | None = None):
+def _load_lm(
+    model: str,
+    server: str | None = None,
+    server_model: str | None = None,
+    server_context: int | None = None,
+):
     from synthgen.lm_backends import FlaxLM, TinyLM
 
     if server is not None:
         from synthgen.openai_backend import LocalTokenizer, OpenAICompletionsLM
 
         tokenizer = TinyLM() if model == "tiny" else LocalTokenizer(model)
-        return OpenAICompletionsLM(server, server_model or model, tokenizer)
+        return OpenAICompletionsLM(
+            server, server_model or model, tokenizer, max_context=server_context
+        )
     return TinyLM() if model == "tiny" else FlaxLM.load(model)
 
 
 def _ledger(tenant: str, name: str, ledger: Path | None, budget: float | None, plan):
     """Opens the scope if it is new and refuses an over-budget run before any compute."""
+    from synthgen.fewshot import RELATION
+
     ledger_obj = PrivacyLedger(ledger or default_ledger_path())
     cap = budget if budget is not None else plan.epsilon
     ledger_obj.ensure_scope(Scope(tenant, name, cap, plan.delta))
-    ledger_obj.check(tenant, name, stage="fewshot-generate", event=plan.event)
+    ledger_obj.check(tenant, name, stage="fewshot-generate", event=plan.event, relation=RELATION)
     return ledger_obj
 
 
-def _run(lm_args, private, targets, template, cfg, pool_field, out, ledger_args, seed, columns):
+def _selection(limit: int | None, split: str) -> str:
+    """Which private rows the guarantee covers (public: the options, never a count)."""
+    chosen = [f"--split {split}"] * (split != "all") + [f"--limit {limit}"] * (limit is not None)
+    if not chosen:
+        return "all rows of the private data"
+    return SELECTION_NOTE.format(what=" and ".join(chosen))
+
+
+def _run(
+    lm_args, private, targets, template, cfg, pool_field, out, ledger_args, seed, columns, rows
+):
     """Plans, checks the budget, loads the LM, generates with a progress bar, writes."""
     from tqdm import tqdm
 
     from synthgen import fewshot
     from synthgen.privacy import accounting, secure_rng
 
+    if lm_args[1] is not None and lm_args[3] is None:
+        raise typer.BadParameter("--server needs --server-context (the server's context length)")
     plan = fewshot.plan_for(private, targets, template, cfg, pool_field=pool_field)
+    if seed is not None:
+        print(
+            "warning: --seed fixes the mechanism's randomness: anyone who knows it can replay "
+            "the noise; for tests only, not for publication (recorded in metadata.json)",
+            file=sys.stderr,
+        )
     ledger_obj = _ledger(*ledger_args, plan)
     lm = _load_lm(*lm_args)
     lm_name = lm_args[0] if lm_args[1] is None else f"{lm_args[1]} ({lm_args[2] or lm_args[0]})"
@@ -87,8 +147,7 @@ def _run(lm_args, private, targets, template, cfg, pool_field, out, ledger_args,
                 token_epsilon=args["token_epsilon"],
                 tokens_per_draw=plan.tokens_per_draw,
             )
-        rate = bar.format_dict["rate"] or 0.0
-        bar.set_postfix_str(f"{rate:.2f} tok/s, eps so far <= {shown['eps']:.3g}", refresh=False)
+        bar.set_postfix_str(f"eps so far <= {shown['eps']:.3g}", refresh=False)
 
     result = fewshot.generate(
         lm,
@@ -105,7 +164,14 @@ def _run(lm_args, private, targets, template, cfg, pool_field, out, ledger_args,
     )
     bar.close()
     fewshot.write_output(
-        str(out), columns(result.texts), result, cfg, model=lm_name, template=template
+        str(out),
+        columns(result.texts),
+        result,
+        cfg,
+        model=lm_name,
+        template=template,
+        rows=rows,
+        seeded=seed is not None,
     )
     print(
         json.dumps(
@@ -117,7 +183,7 @@ def _run(lm_args, private, targets, template, cfg, pool_field, out, ledger_args,
                 "noise_multiplier": plan.noise_multiplier,
                 "token_epsilon": plan.token_epsilon,
                 "tokens_released": result.tokens_released,
-                "tokens_per_second": round(result.tokens_released / max(result.seconds, 1e-9), 3),
+                "seeded": seed is not None,
             }
         )
     )
@@ -128,11 +194,13 @@ def generate_docs(
     text_field: Annotated[str, typer.Option(help="field of the private text")],
     num_examples: Annotated[int, typer.Option(help="synthetic examples to generate")],
     out: Annotated[Path, typer.Option(help="output folder")],
+    public_pool_size: PoolSizeOption,
     epsilon: Annotated[float | None, typer.Option(help="target epsilon")] = None,
     label_field: Annotated[
-        str | None, typer.Option(help="label field: one label per synthetic example")
+        str | None,
+        typer.Option(help="label field: one label per synthetic example (needs --labels)"),
     ] = None,
-    delta: Annotated[float | None, typer.Option(help="default 1/N")] = None,
+    delta: DeltaOption = None,
     mechanism: Annotated[str, typer.Option(help="gaussian | rnm")] = "gaussian",
     noise: Annotated[
         float | None, typer.Option(help="sigma (gaussian) or per-token eps (rnm) instead")
@@ -147,18 +215,25 @@ def generate_docs(
     model: ModelOption = "smollm2-135m-instruct",
     server: ServerOption = None,
     server_model: Annotated[str | None, typer.Option(help="served model name")] = None,
+    server_context: ServerContextOption = None,
     labels: Annotated[
         str | None,
-        typer.Option(help="public comma-separated label set (default: the data's labels)"),
+        typer.Option(
+            help="public comma-separated label list (required with --label-field; rows with "
+            "other labels are ignored)"
+        ),
     ] = None,
     header: Annotated[str | None, typer.Option(help="prompt header; may use {label}")] = None,
-    limit: Annotated[int | None, typer.Option(help="first N private examples only")] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option(help="first N private examples only (the guarantee covers those only)"),
+    ] = None,
     split: SplitOption = "all",
     ledger: Annotated[Path | None, typer.Option(help="ledger file")] = None,
     tenant: Annotated[str, typer.Option(help="ledger tenant")] = "default",
     dataset: Annotated[str | None, typer.Option(help="ledger dataset (default: file name)")] = None,
     budget: Annotated[float | None, typer.Option(help="epsilon cap of a new ledger scope")] = None,
-    seed: Annotated[int | None, typer.Option(help="tests only; default OS entropy")] = None,
+    seed: SeedOption = None,
 ) -> None:
     """DP few-shot generation of synthetic (label, text) examples from a frozen LM."""
     import dataclasses
@@ -167,7 +242,15 @@ def generate_docs(
 
     if epsilon is None and noise is None:
         raise typer.BadParameter("give --epsilon (or --noise)")
+    if label_field and not labels:
+        raise typer.BadParameter(
+            "--label-field needs --labels: a public comma-separated label list (the label "
+            "set is never read from the private rows)"
+        )
+    if labels and not label_field:
+        raise typer.BadParameter("--labels needs --label-field")
     cfg = _config(
+        public_pool_size=public_pool_size,
         subsets=subsets,
         shots=shots,
         shot_tokens=shot_tokens,
@@ -183,40 +266,34 @@ def generate_docs(
     required = (text_field,) + ((label_field,) if label_field else ())
     rows = _load_rows(private, required, limit, split)
     private_rows = [
-        {"text": r[text_field], "label": r[label_field] if label_field else ""} for r in rows
+        {"text": r[text_field], "label": str(r[label_field]) if label_field else ""} for r in rows
     ]
     template = fewshot.DOCUMENT_TEMPLATE
     if header is not None:
         template = dataclasses.replace(template, header=header)
     elif not label_field:
         template = dataclasses.replace(template, header="Here are example paragraphs.\n\n")
-    if labels:
-        label_set = [label.strip() for label in labels.split(",") if label.strip()]
-    else:
-        label_set = sorted({r["label"] for r in private_rows}, key=str)
-        if label_field:
-            print(
-                "warning: the label set is read from the private data and treated as public; "
-                "pass --labels to fix it publicly",
-                file=sys.stderr,
-            )
-    targets = fewshot.round_robin_targets(label_set, num_examples)
+    label_set = [label.strip() for label in (labels or "").split(",") if label.strip()]
+    if label_field and not label_set:
+        raise typer.BadParameter("--labels holds no label")
+    targets = fewshot.round_robin_targets(label_set or [""], num_examples)
 
     def columns(texts):
         return {"label": [t["label"] for t in targets], "text": texts}
 
     name = dataset or Path(private).stem
     _run(
-        (model, server, server_model),
+        (model, server, server_model, server_context),
         private_rows,
         targets,
         template,
         cfg,
-        "label",
+        "label" if label_field else None,
         out,
         (tenant, name, ledger, budget),
         seed,
         columns,
+        _selection(limit, split),
     )
 
 
@@ -224,8 +301,9 @@ def generate_queries_fewshot(
     private: Annotated[str, typer.Option(help="JSONL of private (document, query) pairs")],
     documents: Annotated[str, typer.Option(help="JSONL with doc_id/document (public)")],
     out: Annotated[Path, typer.Option(help="output folder")],
+    public_pool_size: PoolSizeOption,
     epsilon: Annotated[float | None, typer.Option(help="target epsilon")] = None,
-    delta: Annotated[float | None, typer.Option(help="default 1/N")] = None,
+    delta: DeltaOption = None,
     mechanism: Annotated[str, typer.Option(help="gaussian | rnm")] = "gaussian",
     noise: Annotated[float | None, typer.Option(help="sigma or per-token eps instead")] = None,
     shots: Annotated[int, typer.Option()] = 2,
@@ -238,13 +316,14 @@ def generate_queries_fewshot(
     model: ModelOption = "smollm2-135m-instruct",
     server: ServerOption = None,
     server_model: Annotated[str | None, typer.Option(help="served model name")] = None,
-    limit: Annotated[int | None, typer.Option(help="first N documents only")] = None,
+    server_context: ServerContextOption = None,
+    limit: Annotated[int | None, typer.Option(help="first N (public) documents only")] = None,
     split: SplitOption = "all",
     ledger: Annotated[Path | None, typer.Option(help="ledger file")] = None,
     tenant: Annotated[str, typer.Option()] = "default",
     dataset: Annotated[str | None, typer.Option(help="ledger dataset (default: file name)")] = None,
     budget: Annotated[float | None, typer.Option()] = None,
-    seed: Annotated[int | None, typer.Option(help="tests only")] = None,
+    seed: SeedOption = None,
 ) -> None:
     """Training-free DP synthetic queries for public documents (few-shot over private pairs)."""
     from synthgen import fewshot
@@ -252,6 +331,7 @@ def generate_queries_fewshot(
     if epsilon is None and noise is None:
         raise typer.BadParameter("give --epsilon (or --noise)")
     cfg = _config(
+        public_pool_size=public_pool_size,
         subsets=subsets,
         shots=shots,
         shot_tokens=shot_tokens,
@@ -279,7 +359,7 @@ def generate_queries_fewshot(
 
     name = dataset or Path(private).stem
     _run(
-        (model, server, server_model),
+        (model, server, server_model, server_context),
         private_rows,
         targets,
         fewshot.QUERY_TEMPLATE,
@@ -289,4 +369,5 @@ def generate_queries_fewshot(
         (tenant, name, ledger, budget),
         seed,
         columns,
+        _selection(None, split),
     )

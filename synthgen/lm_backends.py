@@ -1,11 +1,17 @@
 """Next-token log-probabilities of a frozen LM for a batch of prompts, one protocol.
 
-DP few-shot generation (`synthgen.fewshot`) releases one token at a time for M + 1 prompts
-that all continue with the same released tokens. A backend therefore keeps a *session*:
-`start(prompts)` returns the next-token log-probabilities [B, V] after each prompt and
-`append(token)` feeds the same token to every row and returns the next ones, so a token
+DP few-shot generation (`synthgen.fewshot`) releases one token at a time for M private
+prompts that all continue with the same released tokens. A backend therefore keeps a
+*session*: `start(prompts)` returns the next-token log-probabilities [B, V] after each prompt
+and `append(token)` feeds the same token to every row and returns the next ones, so a token
 costs one cached decoding step per row. `score(prompts)` is the stateless full forward
-(what a session replaces; the naive path of `scripts/bench_fewshot.py`).
+(what a session replaces; the naive path of `scripts/bench_fewshot.py`); it must leave an
+open session untouched, because the public prompt is scored with `score` in a call of its
+own while the private rows' session is open.
+
+Privacy: rows of one batch are padded together and share batched numerics, so a row's
+log-probabilities may depend (by float rounding) on the other rows of its call. Callers keep
+public and private prompts in separate calls (`synthgen.fewshot.generate` does).
 
 Backends:
   * `FlaxLM`: the local Flax Llama decoder (`smollm2-135m-instruct` by default, or any
@@ -50,7 +56,10 @@ class NextTokenLM(Protocol):
         ...
 
     def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
-        """Stateless: log-probs [B, V] of the token after each prompt (full forward)."""
+        """Stateless: log-probs [B, V] of the token after each prompt (full forward).
+
+        Leaves an open `start`/`append` session untouched.
+        """
         ...
 
 

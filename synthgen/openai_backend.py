@@ -11,8 +11,15 @@ Returned token strings are mapped back to ids by the local tokenizer (vLLM's
 local vocabulary is dropped into the residual. Servers keep no session: every step re-sends
 prompt + generated tokens (servers with prefix caching, e.g. vLLM, make this cheap).
 
-Privacy: the server sees the private prompts. Run it where the private data may go (your
-own machine or enclave), never a third-party API.
+Every returned row is a probability distribution: a reply whose top-k mass exceeds 1 (a
+misconfigured server, duplicated tokens), or holds NaN or positive log-probabilities, is
+normalised, never trusted. The server's context length is declared (`max_context`), so
+`synthgen.fewshot.generate` refuses, before the charge, a run whose prompts may not fit
+(a server would truncate or fail on a private prompt).
+
+Privacy: the server sees the private prompts. Self-host it where the private data may go
+(your own machine or enclave), never a third-party API. The DP guarantee covers what is
+released from the generated tokens, not what the server logs.
 """
 
 from __future__ import annotations
@@ -34,8 +41,15 @@ class OpenAICompletionsLM:
       model: the served model's name.
       tokenizer: an object with ``encode``, ``decode``, ``vocab_size`` and ``eos_ids``
         matching the served model (e.g. a `FlaxLM`-free `LocalTokenizer`).
+      max_context: the context length (tokens) the server was started with (e.g. vLLM's
+        ``--max-model-len``, llama.cpp's ``-c``); required.
       top_logprobs: k, log-probs per reply (servers cap it, often at 20).
       timeout: seconds per request.
+
+    Privacy:
+      The server sees every prompt, private examples included: self-host it. The rows it
+      returns are normalised to distributions (`to_vector`), which the sqrt(2)/M
+      sensitivity of `synthgen.fewshot` needs.
     """
 
     def __init__(
@@ -44,13 +58,19 @@ class OpenAICompletionsLM:
         model: str,
         tokenizer: Any,
         *,
+        max_context: int | None,
         top_logprobs: int = 20,
         timeout: float = 120.0,
     ) -> None:
+        if max_context is None or max_context < 2:
+            raise ValueError(
+                f"max_context (the server's context length) is required, got {max_context=}"
+            )
         if top_logprobs < 1:
             raise ValueError(f"top_logprobs must be >= 1, got {top_logprobs=}")
         self.url = base_url.rstrip("/") + "/completions"
         self.model, self.tokenizer = model, tokenizer
+        self.max_context = int(max_context)
         self.top_logprobs, self.timeout = top_logprobs, timeout
         self._rows: list[list[int]] = []
 
@@ -75,6 +95,9 @@ class OpenAICompletionsLM:
         return ids[0] if len(ids) == 1 else None
 
     def _request(self, prompt: list[int]) -> dict[str, float]:
+        if len(prompt) + 1 > self.max_context:
+            # generate() refuses such runs before the charge; this guards direct use.
+            raise ValueError(f"a prompt does not fit the server's context {self.max_context}")
         body = {
             "model": self.model,
             "prompt": prompt,
@@ -95,20 +118,32 @@ class OpenAICompletionsLM:
             raise ValueError("the server's reply has no choices[0].logprobs.top_logprobs") from exc
 
     def to_vector(self, top: dict[str, float]) -> np.ndarray:
-        """Full-vocabulary log-probs [V] from a top-k dict (residual spread uniformly)."""
+        """Full-vocabulary log-probs [V] of a distribution from a top-k dict.
+
+        The top-k probabilities are kept and the residual 1 - sum(top-k) is spread
+        uniformly over the rest; a reply whose top-k mass exceeds 1 is normalised to sum
+        to 1 (NaN or positive log-probabilities count as probability 0 and 1).
+        """
         v = self.vocab_size
         known: dict[int, float] = {}
         for token, logprob in top.items():
             token_id = self._token_id(token)
-            if token_id is not None and 0 <= token_id < v:
-                known[token_id] = max(known.get(token_id, -math.inf), float(logprob))
-        mass = sum(math.exp(lp) for lp in known.values())
-        rest = v - len(known)
-        fill = math.log(max(1.0 - mass, 1e-12) / rest) if rest else -math.inf
-        out = np.full(v, fill, np.float64)
+            value = float(logprob)
+            if token_id is not None and 0 <= token_id < v and not math.isnan(value):
+                known[token_id] = max(known.get(token_id, -math.inf), min(value, 0.0))
+        probs = np.zeros(v, np.float64)
         for token_id, logprob in known.items():
-            out[token_id] = logprob
-        return out.astype(np.float32)
+            probs[token_id] = math.exp(logprob)
+        mass = float(probs.sum())
+        rest = v - len(known)
+        if mass < 1.0 and rest:
+            residual = np.full(v, (1.0 - mass) / rest)
+            residual[list(known)] = 0.0
+            probs += residual
+        total = float(probs.sum())
+        probs = probs / total if total > 0 else np.full(v, 1.0 / v)
+        with np.errstate(divide="ignore"):
+            return np.log(probs).astype(np.float32)
 
     def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         return np.stack([self.to_vector(self._request(list(map(int, p)))) for p in prompts])

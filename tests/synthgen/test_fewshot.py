@@ -1,5 +1,6 @@
 """DP few-shot generation: accounting, the token mechanism, sensitivity, end to end (tiny LM)."""
 
+import json
 import math
 
 import numpy as np
@@ -70,8 +71,8 @@ def test_calibration_meets_the_target_on_the_safe_side(mechanism):
 # ---- the token mechanism ------------------------------------------------------------------
 
 
-def _plan(config, pool=1000, tokens=10):
-    return fewshot.plan_privacy(config, [pool], tokens, pool)
+def _plan(config, tokens=10):
+    return fewshot.plan_privacy(config, tokens)
 
 
 def _logprobs(private_probs, public_probs):
@@ -83,7 +84,9 @@ def _logprobs(private_probs, public_probs):
 def test_agreeing_subsets_release_their_token(mechanism):
     # All M subsets put their mass on token 7; at a large epsilon it is released w.p. > 0.99.
     m, v = 10, 64
-    config = fewshot.FewShotConfig(subsets=m, shots=2, mechanism=mechanism, target_epsilon=50)
+    config = fewshot.FewShotConfig(
+        public_pool_size=1000, subsets=m, shots=2, mechanism=mechanism, target_epsilon=50
+    )
     plan = _plan(config)
     private = np.full((m, v), 1e-6)
     private[:, 7] = 1.0
@@ -100,7 +103,8 @@ def test_gaussian_noise_has_the_declared_scale(scale):
     # with P = Phi(d / (sqrt(2) * std)), std = sigma * sqrt(2) / M. The observed frequency
     # matches the declared sigma and rejects 2/3 and 3/2 of it.
     m, sigma, d = 8, 1.3, 0.2
-    config = fewshot.FewShotConfig(subsets=m, shots=1, noise_multiplier=sigma)
+    config = fewshot.FewShotConfig(public_pool_size=1000, subsets=m, shots=1,
+                                   noise_multiplier=sigma)  # fmt: skip
     plan = _plan(config)
     private = np.tile([0.5 + d / 2, 0.5 - d / 2], (m, 1))
     logprobs = _logprobs(private, np.array([0.5, 0.5]))
@@ -114,7 +118,8 @@ def test_gaussian_noise_has_the_declared_scale(scale):
 
 def test_rnm_selection_frequencies_follow_the_exponential_mechanism():
     m, v = 5, 3
-    config = fewshot.FewShotConfig(subsets=m, shots=1, mechanism="rnm", token_epsilon=2.0)
+    config = fewshot.FewShotConfig(public_pool_size=1000, subsets=m, shots=1, mechanism="rnm",
+                                   token_epsilon=2.0)  # fmt: skip
     plan = _plan(config)
     private = np.array([[0.6, 0.3, 0.1]] * m)
     logprobs = _logprobs(private, np.full(v, 1 / v))
@@ -129,7 +134,8 @@ def test_rnm_selection_frequencies_follow_the_exponential_mechanism():
 def test_candidates_come_from_the_public_row_only():
     # RVP: private mass on a token outside the public top-K is never released.
     m, v = 4, 50
-    config = fewshot.FewShotConfig(subsets=m, shots=1, target_epsilon=50, public_vocab=3)
+    config = fewshot.FewShotConfig(public_pool_size=1000, subsets=m, shots=1, target_epsilon=50,
+                                   public_vocab=3)  # fmt: skip
     plan = _plan(config)
     public = np.full(v, 1e-4)
     public[[1, 2, 3]] = 1.0
@@ -145,7 +151,7 @@ def test_candidates_come_from_the_public_row_only():
 
 
 def test_adding_one_example_changes_at_most_one_prompt():
-    config = fewshot.FewShotConfig(subsets=6, shots=3, noise_multiplier=1.0)
+    config = fewshot.FewShotConfig(public_pool_size=200, subsets=6, shots=3, noise_multiplier=1.0)
     pool = np.arange(200)
     for seed in range(50):
         # The same randomness for D and D + {x}: x is the last element, drawn last.
@@ -161,7 +167,8 @@ def test_neighbouring_pools_move_the_released_statistic_within_the_sensitivity()
     # ||.||_inf <= 1/M. A high rate fills the prompts past max_shots, so x can displace
     # another example of its prompt.
     m = 5
-    config = fewshot.FewShotConfig(subsets=m, shots=2, max_shots=2, noise_multiplier=1.0)
+    config = fewshot.FewShotConfig(public_pool_size=40, subsets=m, shots=2, max_shots=2,
+                                   noise_multiplier=1.0)  # fmt: skip
     rng = np.random.default_rng(5)
     rows = [{"text": "".join(rng.choice(list("abcdefgh"), 6))} for _ in range(41)]
     template = fewshot.PromptTemplate(header="", shot="{text}\n", stem="")
@@ -192,39 +199,189 @@ def test_neighbouring_pools_move_the_released_statistic_within_the_sensitivity()
 ROWS = [{"text": "abcdefg", "label": "x"}] * 60 + [{"text": "nopqrst", "label": "y"}] * 40
 
 
+def _config(**changes):
+    values = dict(public_pool_size=40, subsets=5, shots=2, max_new_tokens=8, noise_multiplier=1.0)
+    return fewshot.FewShotConfig(**{**values, **changes})
+
+
 def test_bad_inputs_fail_before_any_compute():
     with pytest.raises(ValueError, match="positive"):
-        fewshot.FewShotConfig(target_epsilon=0)
+        fewshot.FewShotConfig(public_pool_size=100, target_epsilon=0)
     with pytest.raises(ValueError, match="exactly one"):
-        fewshot.FewShotConfig()
-    config = fewshot.FewShotConfig(subsets=10, shots=5, target_epsilon=4)
-    targets = [{"label": "x"}, {"label": "y"}]
-    with pytest.raises(ValueError, match="fewer than subsets"):
-        fewshot.plan_for(ROWS, targets, fewshot.DOCUMENT_TEMPLATE, config, pool_field="label")
+        fewshot.FewShotConfig(public_pool_size=100)
+    with pytest.raises(TypeError):  # the declared pool size is required
+        fewshot.FewShotConfig(target_epsilon=4)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="public_pool_size must be >= subsets"):
+        fewshot.FewShotConfig(public_pool_size=49, subsets=10, shots=5, target_epsilon=4)
+    config = fewshot.FewShotConfig(public_pool_size=50, subsets=10, shots=5, target_epsilon=4)
     with pytest.raises(ValueError, match="lack field"):
-        fewshot.plan_for([{"body": "a"}] * 100, targets, fewshot.DOCUMENT_TEMPLATE, config)
+        fewshot.plan_for([{"body": "a"}] * 100, [{"label": "x"}], fewshot.DOCUMENT_TEMPLATE,
+                         config)  # fmt: skip
 
 
-def test_plan_charges_the_worst_pool():
-    config = fewshot.FewShotConfig(subsets=4, shots=2, max_new_tokens=10, noise_multiplier=1.0)
+def test_a_pool_smaller_than_declared_is_refused_without_its_size(tmp_path):
+    # Pool y has 40 examples, x has 60. Declaring 41 refuses y, by name, and says nothing of 40.
+    config = _config(public_pool_size=41)
+    targets = [{"label": "x"}, {"label": "y"}]
+    with pytest.raises(ValueError) as refused:
+        fewshot.plan_for(ROWS, targets, fewshot.DOCUMENT_TEMPLATE, config, pool_field="label")
+    message = str(refused.value)
+    assert "label='y'" in message and "smaller than the declared public pool size" in message
+    assert not any(str(n) in message for n in (40, 60, 100, 1, 0))
+    # generate() refuses the same way with a plan made elsewhere, before any charge.
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    ledger.open_scope(Scope("t", "d", 100.0, 0.01))
+    plan = fewshot.plan_privacy(config, 8, 2)
+    with pytest.raises(ValueError, match="smaller than the declared"):
+        fewshot.generate(TinyLM(), ROWS, targets, fewshot.DOCUMENT_TEMPLATE, config,
+                         pool_field="label", rng=np.random.default_rng(0), ledger=ledger,
+                         ledger_scope=("t", "d"), plan=plan)  # fmt: skip
+    assert ledger.charges("t", "d") == []
+    # A label of the public list with no private example at all is refused the same way.
+    with pytest.raises(ValueError, match="label='z' is smaller than the declared"):
+        fewshot.plan_for(ROWS, [{"label": "z"}], fewshot.DOCUMENT_TEMPLATE, _config(),
+                         pool_field="label")  # fmt: skip
+
+
+def test_the_plan_depends_on_declared_figures_only():
+    # Two private datasets with different pool sizes (both >= declared): the same plan, the
+    # rate M * shots / declared for every pool, and no real size anywhere in it.
+    config = _config(public_pool_size=30, max_new_tokens=10)
     targets = [{"label": "x"}] * 3 + [{"label": "y"}]
-    plan = fewshot.plan_for(ROWS, targets, fewshot.DOCUMENT_TEMPLATE, config, pool_field="label")
-    assert plan.sampling_rate == pytest.approx(8 / 40)  # the smaller pool
-    assert plan.tokens == 30  # the pool with the most examples
-    assert plan.delta == pytest.approx(1 / 100)
+    bigger = ROWS + [{"text": "abcdefg", "label": "y"}] * 17
+    plans = [fewshot.plan_for(rows, targets, fewshot.DOCUMENT_TEMPLATE, config,
+                              pool_field="label") for rows in (ROWS, bigger)]  # fmt: skip
+    assert plans[0] == plans[1]
+    plan = plans[0].to_dict()
+    assert plan["sampling_rate"] == pytest.approx(10 / 30)
+    assert plan["tokens"] == 30  # the pool with the most examples to generate
+    assert plan["public_pool_size"] == 30 and plan["pools"] == 2
+    assert not {"num_private", "smallest_pool"} & set(plan)
+    assert not any(str(n) in json.dumps(plan) for n in (40, 57, 60, 100, 117))
+
+
+def test_default_delta_is_well_below_one_over_n_and_one_over_n_is_refused():
+    config = _config(public_pool_size=50)
+    plan = fewshot.plan_privacy(config, 8, 2)
+    assert plan.delta == pytest.approx(1 / (10 * 100))  # N = declared pool size x pools
+    for delta in (1 / 100, 2 / 100):
+        with pytest.raises(ValueError, match="delta must be in"):
+            fewshot.plan_privacy(_config(public_pool_size=50, delta=delta), 8, 2)
+    assert fewshot.plan_privacy(_config(public_pool_size=50, delta=0.9 / 100), 8, 2).delta == (
+        pytest.approx(0.009)
+    )
+
+
+class CountingLM(TinyLM):
+    """Tiny LM that never stops and counts the shots of every private prompt it scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.shots: list[int] = []
+
+    @property
+    def eos_ids(self):
+        return ()
+
+    def score(self, prompts):
+        if len(prompts) > 1:  # the M private prompts; the public one is scored alone
+            self.shots += [self.decode(p).count("Paragraph: ") for p in prompts]
+        return super().score(prompts)
+
+
+def test_each_example_is_included_with_the_declared_rate_and_prompts_stay_capped():
+    # A real pool 4x the declared size: the inclusion probability is still q = M*n/declared
+    # (not M*n/real), so a prompt holds Binomial(200, q/M) examples cut at max_shots.
+    # Fixed seed; 400 tokens x 5 prompts, the mean has std ~0.06.
+    declared, m, n, cap = 50, 5, 2, 12
+    rows = [{"text": "abcdefg", "label": "x"}] * (4 * declared)
+    config = _config(public_pool_size=declared, subsets=m, shots=n, max_shots=cap,
+                     max_new_tokens=400, stop_at_newline=False)  # fmt: skip
+    template = fewshot.PromptTemplate(header="H\n", shot="Paragraph: {text}\n", stem="")
+    lm = CountingLM()
+    fewshot.generate(lm, rows, [{"label": "x"}], template, config, pool_field="label",
+                     rng=np.random.default_rng(7))  # fmt: skip
+    k = np.arange(len(rows) + 1)
+    expected = np.sum(np.minimum(k, cap) * stats.binom.pmf(k, len(rows), n / declared))  # ~7.9
+    assert abs(np.mean(lm.shots) - expected) < 0.3
+    assert max(lm.shots) == cap  # the cap binds, and holds
+    assert len(lm.shots) == 400 * m
+
+
+class BatchCoupledLM(TinyLM):
+    """Tiny LM with batched numerics: every row's log-probs move (by ~1e-6, unevenly over
+    the vocabulary) with the total length of the batch it is scored in, as padding and
+    batched matmuls do in a real model."""
+
+    def score(self, prompts):
+        out = super().score(prompts).astype(np.float64)
+        total = sum(len(p) for p in prompts)
+        out += 1e-6 * (total % 97) * (np.arange(out.shape[1]) % 3)
+        return out.astype(np.float32)
+
+
+@pytest.mark.parametrize("resample", ["token", "example"])
+def test_public_scores_are_bit_identical_whatever_the_private_prompts(resample, monkeypatch):
+    # The public row (and so the RVP candidates) must not depend on the private rows, even
+    # through batched numerics: it is scored in a call whose inputs are all public.
+    seen = []
+    real_release = fewshot.release_token
+
+    def spy(logprobs, config, plan, rng):
+        public = logprobs[0].copy()
+        seen.append((public, fewshot.public_candidates(fewshot.distributions(public[None])[0],
+                                                       config)))  # fmt: skip
+        return real_release(logprobs, config, plan, rng)
+
+    monkeypatch.setattr(fewshot, "release_token", spy)
+    config = _config(max_new_tokens=1, public_vocab=5, resample=resample)
+    targets = [{"label": "x"}, {"label": "y"}, {"label": "x"}]
+    template = fewshot.PromptTemplate(header="{label}\n", shot="{text}\n", stem="")
+    other = [{"text": r["text"][::-1] * 2, "label": r["label"]} for r in ROWS]
+    runs = []
+    for rows in (ROWS, other):
+        seen.clear()
+        fewshot.generate(BatchCoupledLM(), rows, targets, template, config, pool_field="label",
+                         rng=np.random.default_rng(0))  # fmt: skip
+        runs.append(list(seen))
+    assert len(runs[0]) == len(runs[1]) == 3
+    for (pub_a, cand_a), (pub_b, cand_b) in zip(*runs, strict=True):
+        assert pub_a.tobytes() == pub_b.tobytes()
+        np.testing.assert_array_equal(cand_a, cand_b)
+
+
+def test_rows_that_are_not_distributions_are_normalised():
+    # A backend returning a row that sums to 1.8 (or holds NaN) would break the sqrt(2)/M
+    # sensitivity; every row is normalised first.
+    v = 6
+    good = np.full(v, 1 / v)
+    bad = np.full(v, 1.8 / v)
+    nan = np.full(v, np.nan)
+    with np.errstate(divide="ignore"):
+        logprobs = np.log(np.vstack([good, good, bad])).astype(np.float32)
+    logprobs = np.vstack([logprobs, nan[None]])
+    mean = fewshot.private_mean(logprobs)
+    assert mean.sum() == pytest.approx(1.0)
+    np.testing.assert_allclose(fewshot.distributions(logprobs).sum(1), 1.0)
+    # Neighbours differing in one bogus row stay within sqrt(2)/M of each other.
+    m = logprobs.shape[0] - 1
+    other = logprobs.copy()
+    other[2] = np.log(np.eye(v)[0] * 1.8 + 1e-30)
+    diff = fewshot.private_mean(other) - mean
+    assert np.linalg.norm(diff) <= math.sqrt(2) / m + 1e-12
 
 
 @pytest.mark.parametrize("resample", ["token", "example"])
 def test_end_to_end_with_the_tiny_lm_is_charged_and_on_topic(resample, tmp_path):
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
-    ledger.open_scope(Scope("t", "d", 100.0, 0.01))
+    ledger.open_scope(Scope("t", "d", 100.0, 1 / 800))  # the plan's delta: 1/(10 x 40 x 2)
     # sigma = 1 with M = 20: noise std 0.07 on the mean probability (small sigmas make the
     # PLD of the charge slow).
     config = fewshot.FewShotConfig(
-        subsets=20, shots=1, max_new_tokens=8, noise_multiplier=1.0, resample=resample,
-        stop_at_newline=True,
+        public_pool_size=40, subsets=20, shots=1, max_new_tokens=8, noise_multiplier=1.0,
+        resample=resample, stop_at_newline=True,
     )  # fmt: skip
-    targets = fewshot.round_robin_targets([r["label"] for r in ROWS], 4)
+    targets = fewshot.round_robin_targets(["x", "y"], 4)
     # A header and stem whose letters do not compete with the examples' bigrams.
     template = fewshot.PromptTemplate(header="{label}\n", shot="{text}\n", stem="")
     result = fewshot.generate(
@@ -234,20 +391,29 @@ def test_end_to_end_with_the_tiny_lm_is_charged_and_on_topic(resample, tmp_path)
     assert len(result.texts) == 4
     charges = ledger.charges("t", "d")
     assert len(charges) == 1 and charges[0].epsilon == pytest.approx(result.plan.epsilon)
+    assert charges[0].relation == "ADD_OR_REMOVE_ONE"
     # The tiny LM copies bigrams of its prompt: each label's text comes back.
     for target, text in zip(targets, result.texts, strict=True):
         assert text == ("abcdefg" if target["label"] == "x" else "nopqrst")
     meta = fewshot.write_output(str(tmp_path / "out"), {"label": [t["label"] for t in targets],
                                 "text": result.texts}, result, config, model="tiny",
-                                template=fewshot.DOCUMENT_TEMPLATE)  # fmt: skip
+                                template=fewshot.DOCUMENT_TEMPLATE, seeded=True)  # fmt: skip
     assert meta["privacy"]["epsilon"] == result.plan.epsilon
     assert (tmp_path / "out" / "synthetic.jsonl").read_text().count("\n") == 4
+    # Released metadata: declared figures only, the seed is flagged, no timings.
+    assert (
+        meta["randomness"]["seeded"] is True
+        and "not for publication" in (meta["randomness"]["note"])
+    )
+    text = (tmp_path / "out" / "metadata.json").read_text()
+    assert "second" not in text and "smallest_pool" not in text and "num_private" not in text
+    assert not hasattr(result, "seconds")
 
 
 def test_over_budget_run_is_refused_and_releases_nothing(tmp_path):
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
     ledger.open_scope(Scope("t", "d", 0.5, 0.01))
-    config = fewshot.FewShotConfig(subsets=5, shots=2, max_new_tokens=8, noise_multiplier=1.0)
+    config = _config()
 
     class SpyLM(TinyLM):
         calls = 0
@@ -272,11 +438,10 @@ def test_a_run_that_may_overflow_the_context_is_refused_before_the_charge(tmp_pa
 
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
     ledger.open_scope(Scope("t", "d", 100.0, 0.01))
-    config = fewshot.FewShotConfig(subsets=5, shots=2, max_new_tokens=8, noise_multiplier=1.0)
     with pytest.raises(ValueError, match="context"):
-        fewshot.generate(ShortLM(), ROWS, [{"label": "x"}], fewshot.DOCUMENT_TEMPLATE, config,
-                         pool_field="label", rng=np.random.default_rng(0), ledger=ledger,
-                         ledger_scope=("t", "d"))  # fmt: skip
+        fewshot.generate(ShortLM(), ROWS, [{"label": "x"}], fewshot.DOCUMENT_TEMPLATE,
+                         _config(), pool_field="label", rng=np.random.default_rng(0),
+                         ledger=ledger, ledger_scope=("t", "d"))  # fmt: skip
     assert ledger.charges("t", "d") == []
 
 

@@ -1,0 +1,84 @@
+"""scripts/fewshot_utility.py: one ledger scope with the README run, no timings released."""
+
+import importlib.util
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location(
+        "fewshot_utility", ROOT / "scripts" / "fewshot_utility.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _readme_generate_docs() -> dict[str, str]:
+    """Options of the README's few-shot `synthgen generate-docs` command."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## DP few-shot generator") :]
+    block = section[section.index("```bash") : section.index("```", section.index("```bash") + 3)]
+    command = block[block.index("synthgen generate-docs") :].split("\n# ")[0]
+    words = shlex.split(command.replace("\\\n", " "))
+    return {w[2:]: v for w, v in zip(words, words[1:] + [""]) if w.startswith("--")}
+
+
+def test_the_script_and_the_readme_run_charge_one_scope(script, monkeypatch, tmp_path):
+    # The same private data (the wiki train split) must compose in one ledger scope: the
+    # default ledger, the README command's tenant/dataset, cap and declared figures.
+    monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.sqlite"))
+    args = script.parse_args([])
+    readme = _readme_generate_docs()
+    assert "ledger" not in readme and args.ledger == tmp_path / "ledger.sqlite"
+    assert (args.tenant, args.dataset) == (readme["tenant"], readme["dataset"])
+    assert args.budget == float(readme["budget"])
+    assert args.public_pool_size == int(readme["public-pool-size"])
+    assert readme["labels"].split(",") == sorted(script.WIKI_TOPICS)
+    assert readme["split"] == "train"
+
+
+@pytest.mark.slow
+def test_the_readme_states_the_composed_total(script):
+    # Recompute the README's total from declared figures only: the README command's plan and
+    # the script's default cells, composed (PLD) at the shared delta. ~30 s (calibrations).
+    from synthgen import fewshot
+    from synthgen.privacy import accounting
+
+    readme, args = _readme_generate_docs(), script.parse_args([])
+    labels = readme["labels"].split(",")
+    run = fewshot.FewShotConfig(
+        public_pool_size=int(readme["public-pool-size"]), subsets=int(readme["subsets"]),
+        shots=int(readme["shots"]), max_new_tokens=int(readme["max-new-tokens"]),
+        target_epsilon=float(readme["epsilon"]), public_vocab=int(readme["public-vocab"]),
+    )  # fmt: skip
+    per_pool = -(-int(readme["num-examples"]) // len(labels))
+    plans = [fewshot.plan_privacy(run, per_pool * run.max_new_tokens, len(labels))]
+    for eps in args.epsilons:
+        cell = fewshot.FewShotConfig(
+            public_pool_size=args.public_pool_size, subsets=args.subsets, shots=args.shots,
+            max_new_tokens=args.max_new_tokens, target_epsilon=eps,
+            public_vocab=args.public_vocab,
+        )  # fmt: skip
+        plans.append(fewshot.plan_privacy(cell, args.per_label * cell.max_new_tokens, 12))
+    assert len({plan.delta for plan in plans}) == 1
+    total = accounting.epsilon(accounting.compose([p.event for p in plans]), plans[0].delta)
+    assert total <= args.budget
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## DP few-shot generator") : text.index("## Dual-encoder")]
+    stated = re.search(r"ε = (\d+\.\d+) at δ = 1/([\d,]+)", section)
+    assert float(stated.group(1)) == pytest.approx(total, abs=0.005)
+    assert 1 / int(stated.group(2).replace(",", "")) == pytest.approx(plans[0].delta)
+
+
+def test_cells_hold_no_timings(script, tmp_path):
+    cell = script._cell(tmp_path, "synthetic-1", lambda: {"epsilon": 1.0, "accuracy": 0.5})
+    stored = json.loads((tmp_path / "cells" / "synthetic-1.json").read_text())
+    assert stored == cell == {"epsilon": 1.0, "accuracy": 0.5, "cell": "synthetic-1"}
