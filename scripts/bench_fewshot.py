@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from synthgen import corpora, fewshot
+from synthgen.fewshot.prompts import _Prompts
 from synthgen.lm_backends import FlaxLM
 
 
@@ -49,7 +50,7 @@ def main() -> None:
         public_pool_size=len(rows),  # a benchmark: the corpus is public, its size too
     )
     plan = fewshot.plan_privacy(cfg, args.tokens)
-    prompts = fewshot._Prompts(lm, fewshot.DOCUMENT_TEMPLATE, rows, cfg.shot_tokens)
+    prompts = _Prompts(lm, fewshot.DOCUMENT_TEMPLATE, rows, cfg.shot_tokens)
     frame = prompts.frame({"label": "History"})
     shots = np.arange(args.subsets * args.shots).reshape(args.subsets, args.shots)
     batch = [prompts.prompt(frame, [])] + [prompts.prompt(frame, s.tolist()) for s in shots]

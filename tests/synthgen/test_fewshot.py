@@ -9,6 +9,8 @@ from dp_accounting import dp_event
 from scipy import stats
 
 from synthgen import fewshot
+from synthgen.fewshot import generation
+from synthgen.fewshot.prompts import _Prompts
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import accounting
 from synthgen.privacy.ledger import PrivacyLedger, Scope
@@ -172,7 +174,7 @@ def test_neighbouring_pools_move_the_released_statistic_within_the_sensitivity()
     rng = np.random.default_rng(5)
     rows = [{"text": "".join(rng.choice(list("abcdefgh"), 6))} for _ in range(41)]
     template = fewshot.PromptTemplate(header="", shot="{text}\n", stem="")
-    prompts = fewshot._Prompts(TinyLM(), template, rows, 16)
+    prompts = _Prompts(TinyLM(), template, rows, 16)
     frame = prompts.frame({})
     lm, worst2, worstinf, displaced = TinyLM(), 0.0, 0.0, 0
     for seed in range(40):
@@ -333,7 +335,8 @@ def test_public_scores_are_bit_identical_whatever_the_private_prompts(resample, 
                                                        config)))  # fmt: skip
         return real_release(logprobs, config, plan, rng)
 
-    monkeypatch.setattr(fewshot, "release_token", spy)
+    # patched where `generate` looks it up: the loop lives in synthgen.fewshot.generation
+    monkeypatch.setattr(generation, "release_token", spy)
     config = _config(max_new_tokens=1, public_vocab=5, resample=resample)
     targets = [{"label": "x"}, {"label": "y"}, {"label": "x"}]
     template = fewshot.PromptTemplate(header="{label}\n", shot="{text}\n", stem="")

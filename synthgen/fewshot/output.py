@@ -1,0 +1,80 @@
+"""The output folder of a run: the synthetic rows and metadata.json with the guarantee.
+
+Privacy:
+  The folder is released: it holds DP outputs (texts decoded from released tokens) and
+  declared or DP figures only (the plan, the config, the count of released tokens); no
+  real pool size, no timing, no mechanism randomness.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from synthgen.fewshot.config import FewShotConfig
+from synthgen.fewshot.generation import FewShotResult
+from synthgen.fewshot.prompts import PromptTemplate
+
+SEEDED_NOTE = (
+    "the mechanism's randomness came from a fixed seed: reproducible by anyone who knows "
+    "the seed, so this output is for tests only, not for publication"
+)
+
+
+def write_output(
+    out_dir: str,
+    columns: Mapping[str, Sequence[Any]],
+    result: FewShotResult,
+    config: FewShotConfig,
+    *,
+    model: str,
+    template: PromptTemplate,
+    name: str = "synthetic",
+    rows: str = "all rows of the private data",
+    seeded: bool = False,
+) -> dict:
+    """Writes `<name>.jsonl`, `<name>.parquet` and metadata.json (with the guarantee).
+
+    Args:
+      out_dir: output folder (released: public figures and DP outputs only).
+      columns: the released columns.
+      result: the run's result.
+      config: the run's hyper-parameters (all public, the pool size declared).
+      model: backend description.
+      template: the prompt layout.
+      name: file stem.
+      rows: which private rows the guarantee covers (e.g. a split or a limit).
+      seeded: the mechanism's randomness came from a fixed seed (tests only).
+
+    Privacy:
+      Metadata holds only declared or DP figures: the plan (from `public_pool_size`),
+      the config and the count of released tokens; no real pool size and no timing.
+    """
+    from pathlib import Path
+
+    import datasets
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dataset = datasets.Dataset.from_dict({k: list(v) for k, v in columns.items()})
+    dataset.to_json(out / f"{name}.jsonl", lines=True, force_ascii=False)
+    dataset.to_parquet(out / f"{name}.parquet")
+    privacy = result.plan.to_dict()
+    privacy["rows_covered"] = rows
+    metadata = {
+        "privacy": privacy,
+        "randomness": {"seeded": seeded, "note": SEEDED_NOTE if seeded else "OS entropy"},
+        "post_processing": "texts are decoded from DP-released tokens and stripped",
+        "model": {"backend": model},
+        "generation": {
+            "method": "DP few-shot generation (Tang et al. 2024)",
+            "config": dataclasses.asdict(config),
+            "template": dataclasses.asdict(template),
+            "tokens_released": result.tokens_released,
+        },
+        "num_examples": len(dataset),
+    }
+    (out / "metadata.json").write_text(json.dumps(metadata, indent=1, default=str))
+    return metadata
