@@ -120,15 +120,37 @@ class PldAccountant(pld_privacy_accountant.PLDAccountant):
                 )
                 self._pld = self._pld.compose(pld.self_compose(count))
             return None
+        replace_one = self.neighboring_relation == NeighboringRelation.REPLACE_ONE
+        if replace_one and isinstance(event, dp_event.GaussianDpEvent | dp_event.LaplaceDpEvent):
+            # The multiplier is relative to the replace-one sensitivity, as in the RDP
+            # accountant (dp-accounting's PLD would compare N(-1) with N(+1), doubling it),
+            # so one event means the same under both accountants.
+            if do_compose:
+                if isinstance(event, dp_event.GaussianDpEvent):
+                    pld = privacy_loss_distribution.from_gaussian_mechanism(
+                        standard_deviation=event.noise_multiplier / math.sqrt(count),
+                        value_discretization_interval=self._value_discretization_interval,
+                    )
+                else:
+                    pld = privacy_loss_distribution.from_laplace_mechanism(
+                        event.noise_multiplier,
+                        value_discretization_interval=self._value_discretization_interval,
+                    ).self_compose(count)
+                self._pld = self._pld.compose(pld)
+            return None
         if isinstance(event, FixedSizeSampledGaussianDpEvent):
-            if self.neighboring_relation != NeighboringRelation.REPLACE_ONE:
+            if not replace_one:
                 return self.CompositionErrorDetails(
                     invalid_event=event,
                     error_message="fixed-size batches are analysed under REPLACE_ONE only",
                 )
             if do_compose:
                 # Both orders of N(0, s^2) vs (1-q) N(0, s^2) + q N(2, s^2): dp-accounting's
-                # add/remove pair of the subsampled Gaussian with multiplier sigma / 2.
+                # add/remove pair of the subsampled Gaussian with multiplier sigma / 2. Each
+                # order is composed with itself and the worse total is stated; with adaptive
+                # steps the worse order may change from step to step, which the
+                # per-direction composition is taken to cover (checked numerically on mixed
+                # orders; the events it is composed with here are symmetric).
                 pld = privacy_loss_distribution.from_gaussian_mechanism(
                     standard_deviation=event.noise_multiplier / 2,
                     sampling_prob=event.sampling_rate,
@@ -290,7 +312,10 @@ def validate_event(event: dp_event.DpEvent) -> None:
     """Checks every parameter of `event` (recursively) before it may reach a ledger.
 
     epsilon >= 0 and finite, 0 <= delta < 1, sigma > 0 and finite, 0 < q <= 1, counts >= 1;
-    a non-private event and event types the project does not produce are refused.
+    a non-private event and event types the project does not produce are refused, among
+    them dp-accounting's `SampledWithoutReplacementDpEvent`, whose multiplier is relative to
+    the replace-one sensitivity 2C and so under-states DP-SGD with fixed-size batches when
+    given sigma (use `FixedSizeSampledGaussianDpEvent`).
 
     Raises:
       ValueError: a parameter is out of range.
@@ -304,9 +329,6 @@ def validate_event(event: dp_event.DpEvent) -> None:
         _check_positive("noise_multiplier", event.noise_multiplier)
     elif isinstance(event, dp_event.PoissonSampledDpEvent):
         _check_rate(event.sampling_probability)
-        validate_event(event.event)
-    elif isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
-        _check_dpsgd_shape(event.source_dataset_size, event.sample_size)
         validate_event(event.event)
     elif isinstance(event, dp_event.SelfComposedDpEvent):
         _check_count(event.count)
@@ -343,7 +365,10 @@ def convert_relation(
 
     Add/remove-one to replace-one is sound (a replacement is a removal then an addition):
       * Gaussian / Laplace noise: the replace-one sensitivity of any statistic is at most
-        twice its add/remove sensitivity, so the multiplier (noise / sensitivity) halves;
+        twice its add/remove sensitivity, so the multiplier (noise / sensitivity) halves
+        (both accountants here read a replace-one multiplier relative to the replace-one
+        sensitivity; the RDP accountant cannot compose Poisson-sampled events under
+        replace-one and refuses them);
       * (epsilon, delta)-DP: group privacy of size 2 gives (2 epsilon, (1 + e^epsilon) delta)
         (Dwork & Roth 2014, Thm 2.2 and its approximate-DP form);
       * a Poisson-subsampled Gaussian: dp-accounting's replace-one pair of Poisson sampling,
@@ -368,6 +393,27 @@ def convert_relation(
             "scope: no sound conversion exists"
         )
     return _to_replace_one(event)
+
+
+def restate_legacy(event: dp_event.DpEvent) -> dp_event.DpEvent:
+    """An event recorded by an earlier version, restated so that it is never under-counted.
+
+    Earlier versions recorded fixed-size DP-SGD for RDP as dp-accounting's
+    `SampledWithoutReplacementDpEvent` with multiplier sigma (relative to C, where that
+    event expects the replace-one sensitivity 2C); it becomes the fixed-size event, which is
+    never smaller. Other events are returned unchanged.
+    """
+    if isinstance(event, dp_event.SampledWithoutReplacementDpEvent) and isinstance(
+        event.event, dp_event.GaussianDpEvent
+    ):
+        return FixedSizeSampledGaussianDpEvent(
+            event.source_dataset_size, event.sample_size, event.event.noise_multiplier
+        )
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return dp_event.SelfComposedDpEvent(restate_legacy(event.event), event.count)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return dp_event.ComposedDpEvent([restate_legacy(e) for e in event.events])
+    return event
 
 
 def _to_replace_one(event: dp_event.DpEvent) -> dp_event.DpEvent:

@@ -35,7 +35,7 @@ from typing import Literal
 from dp_accounting import dp_event
 
 from synthgen.privacy import accounting
-from synthgen.privacy.errors import BudgetExceededError, UnsupportedEventError
+from synthgen.privacy.errors import BudgetExceededError, PrivacyError, UnsupportedEventError
 
 LedgerAccountant = Literal["pld", "rdp", "basic"]
 LEDGER_ACCOUNTANTS = ("pld", "rdp", "basic")
@@ -141,8 +141,9 @@ class PrivacyLedger:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._timeout = timeout
-        with self._connect() as conn:
-            conn.executescript(_SCHEMA)
+        with self._write() as conn:  # one transaction: concurrent openers migrate once
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                conn.execute(statement)
             columns = {row[1] for row in conn.execute("PRAGMA table_info(charges)")}
             for statement in _MIGRATIONS:
                 if statement.split()[-2] not in columns:
@@ -369,7 +370,8 @@ class PrivacyLedger:
         ]
         new = (accounting.event_to_json(event), own_eps, own_delta, scope.relation)
         total_eps, total_delta = self._compose(scope, previous + [new])
-        if total_eps > scope.epsilon_cap * (1 + 1e-9) or total_delta > scope.delta_cap:
+        within = total_eps <= scope.epsilon_cap * (1 + 1e-9) and total_delta <= scope.delta_cap
+        if not within:  # fails closed on NaN as well
             raise BudgetExceededError(
                 f"charge refused for ({tenant}, {dataset}) stage={stage}: spend would be "
                 f"epsilon={total_eps:.4g}, delta={total_delta:.3g} over cap "
@@ -433,12 +435,20 @@ class PrivacyLedger:
         """
         if not records:
             return 0.0, (0.0 if scope.accountant == "basic" else scope.delta_cap)
+        events = []
+        for event_json, eps, delta, relation in records:
+            event = accounting.restate_legacy(accounting.event_from_json(event_json))
+            try:  # a stored row is re-validated: an old file may hold what is now refused
+                accounting.validate_event(event)
+                accounting.EpsilonDeltaDpEvent(eps, delta)
+            except (ValueError, UnsupportedEventError) as exc:
+                raise PrivacyError(
+                    f"scope ({scope.tenant}, {scope.dataset}) holds an invalid charge ({exc}); "
+                    "the ledger refuses to compose it"
+                ) from None
+            events.append(accounting.convert_relation(event, relation, scope.relation))
         if scope.accountant == "basic":
             return sum(r[1] for r in records), sum(r[2] for r in records)
-        events = [
-            accounting.convert_relation(accounting.event_from_json(r[0]), r[3], scope.relation)
-            for r in records
-        ]
         composed = accounting.compose(events)
         acc = accounting.make_accountant(scope.accountant, self._relation(scope))
         if not acc.supports(composed):

@@ -360,3 +360,90 @@ def test_a_ledger_written_before_relations_keeps_its_meaning(tmp_path):
     assert ledger.spent("acme", "q").epsilon == pytest.approx(1.0, abs=1e-3)
     ledger.charge("acme", "q", stage="s", event=accounting.pure_epsilon_event(1.0), relation=AR)
     assert ledger.spent("acme", "q").num_charges == 2
+
+
+def test_converted_noise_means_the_same_to_both_accountants(tmp_path):
+    # G(sigma=4) analysed under add/remove is, under replace-one, a Gaussian at sensitivity 2:
+    # exactly N(0, 2^2) vs N(1, 2^2) at unit sensitivity.
+    exact = accounting.epsilon(accounting.gaussian_event(2.0), 1e-5)
+    stated = {}
+    for kind in ("pld", "rdp"):
+        ledger = PrivacyLedger(tmp_path / f"{kind}.sqlite")
+        ledger.open_scope(Scope("acme", "q", 100.0, 1e-5, kind, relation="REPLACE_ONE"))
+        charge = ledger.charge(
+            "acme", "q", stage="g", event=accounting.gaussian_event(4.0), relation=AR
+        )
+        stated[kind] = charge.epsilon
+    assert stated["pld"] == pytest.approx(exact, rel=1e-3)
+    assert exact <= stated["rdp"] <= 1.2 * exact  # RDP is looser, never below
+
+
+def test_laplace_converts_into_a_replace_one_pld_scope(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    ledger.open_scope(Scope("acme", "q", 100.0, 1e-5, relation="REPLACE_ONE"))
+    charge = ledger.charge("acme", "q", stage="l", event=accounting.laplace_event(1.0), relation=AR)
+    assert 1.9 <= charge.epsilon <= 2.0 + 1e-6  # epsilon 1 under add/remove, 2 under replace
+
+
+def _legacy_ledger(path, relation, accountant, epsilon, delta, event):
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        """
+        CREATE TABLE scopes (tenant TEXT NOT NULL, dataset TEXT NOT NULL,
+          epsilon_cap REAL NOT NULL, delta_cap REAL NOT NULL, accountant TEXT NOT NULL,
+          relation TEXT NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (tenant, dataset));
+        CREATE TABLE charges (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL,
+          dataset TEXT NOT NULL, stage TEXT NOT NULL, epsilon REAL NOT NULL,
+          delta REAL NOT NULL, event TEXT NOT NULL, description TEXT NOT NULL,
+          created_at REAL NOT NULL);
+        """
+    )
+    conn.execute(
+        "INSERT INTO scopes VALUES ('acme', 'q', 1000.0, 1e-5, ?, ?, 0)", (accountant, relation)
+    )
+    conn.execute(
+        "INSERT INTO charges (tenant, dataset, stage, epsilon, delta, event, description,"
+        " created_at) VALUES ('acme', 'q', 's', ?, ?, ?, '', 0)",
+        (epsilon, delta, accounting.event_to_json(event)),
+    )
+    conn.commit()
+    conn.close()
+    return PrivacyLedger(path)
+
+
+def test_an_old_negative_charge_makes_the_scope_fail_closed(tmp_path):
+    from dp_accounting import dp_event
+
+    from synthgen.privacy.errors import PrivacyError
+
+    ledger = _legacy_ledger(
+        tmp_path / "old.sqlite", AR, "basic", -10.0, 0.0, dp_event.LaplaceDpEvent(1.0)
+    )
+    with pytest.raises(PrivacyError, match="invalid charge"):
+        ledger.charge("acme", "q", stage="s", event=accounting.pure_epsilon_event(1.0), relation=AR)
+    with pytest.raises(PrivacyError, match="invalid charge"):
+        ledger.spent("acme", "q")
+
+
+def test_an_old_without_replacement_row_is_restated_never_smaller(tmp_path):
+    from dp_accounting import dp_event
+
+    old = dp_event.SelfComposedDpEvent(
+        dp_event.SampledWithoutReplacementDpEvent(400, 20, dp_event.GaussianDpEvent(0.8)), 30
+    )
+    ledger = _legacy_ledger(tmp_path / "old.sqlite", "REPLACE_ONE", "rdp", 6.2, 1e-5, old)
+    want = accounting.dpsgd_epsilon(
+        noise_multiplier=0.8,
+        num_examples=400,
+        batch_size=20,
+        steps=30,
+        delta=1e-5,
+        sampling="shuffle",
+        accountant="rdp",
+    )
+    assert ledger.spent("acme", "q").epsilon == pytest.approx(want, rel=1e-9)
+    assert want > 40  # the old row stated 6.2
+    with pytest.raises(UnsupportedEventError):  # and no new charge may use the old form
+        ledger.charge("acme", "q", stage="s", event=old, relation="REPLACE_ONE")
