@@ -122,7 +122,7 @@ def train(
 def train_dp(
     queries: Annotated[Path, typer.Option(help="private queries.jsonl (query, doc_id)")],
     corpus: Annotated[Path, typer.Option(help="public corpus.jsonl")],
-    out: Annotated[Path, typer.Option(help="output folder (resumes from its checkpoints)")],
+    out: Annotated[Path, typer.Option(help="release folder: towers and privacy metadata")],
     encoder: Annotated[str, typer.Option(help="base encoder")] = "all-minilm-l6-v2",
     epsilon: Annotated[float | None, typer.Option(help="target epsilon")] = 8.0,
     noise_multiplier: Annotated[float | None, typer.Option(help="sigma instead")] = None,
@@ -135,13 +135,28 @@ def train_dp(
     tenant: Annotated[str, typer.Option()] = "default",
     dataset: Annotated[str | None, typer.Option(help="default: the queries file name")] = None,
     seed: Annotated[int | None, typer.Option(help="tests only; default OS entropy")] = None,
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="SECRET work folder: resume state incl. the noise key and sampler state; "
+            "never ship it (default: <ledger folder>/work/<out name>-<hash>)"
+        ),
+    ] = None,
+    keep_work: Annotated[
+        bool, typer.Option(help="keep the secret work folder after a finished run")
+    ] = False,
 ) -> None:
-    """Direct-DP baseline: DP-Adafactor on real pairs (frozen public document tower)."""
+    """Direct-DP baseline: DP-Adafactor on real pairs (frozen public document tower).
+
+    The release folder --out gets the towers only; the resume state (noise key, sampler
+    state, optimizer) stays in the secret --work-dir, which is deleted after a finished run
+    (unless --keep-work) and resumed from when the same command is run again.
+    """
     from retriever.encoders import load_encoder
     from retriever.evaluate import read_corpus, read_queries
     from retriever.train import RetrieverConfig, train_retriever_dp
     from synthgen import dp_train
-    from synthgen.paths import default_ledger_path
+    from synthgen.paths import default_ledger_path, default_work_dir
     from synthgen.privacy.ledger import PrivacyLedger, Scope
 
     if noise_multiplier is not None:
@@ -167,8 +182,8 @@ def train_dp(
     plan = dp_train.plan_privacy(dp_config, len(rows))
     book = PrivacyLedger(ledger or default_ledger_path())
     scope = (tenant, dataset or queries.stem)
-    book.ensure_scope(Scope(*scope, plan.epsilon, plan.delta))
-    book.check(*scope, stage="dp-train", event=plan.event)
+    book.ensure_scope(Scope(*scope, plan.epsilon, plan.delta, relation=plan.relation))
+    work = work_dir if work_dir is not None else default_work_dir(out, book.path)
     result = train_retriever_dp(
         load_encoder(encoder),
         [r["query"] for r in rows],
@@ -179,19 +194,20 @@ def train_dp(
         out_dir=out,
         ledger=book,
         ledger_scope=scope,
+        work_dir=work,
+        keep_work=keep_work,
         plan=plan,
     )
-    print(
-        json.dumps(
-            {
-                "out": str(out),
-                "steps": result.steps_run,
-                "epsilon": plan.epsilon,
-                "delta": plan.delta,
-                "noise_multiplier": plan.noise_multiplier,
-            }
-        )
-    )
+    summary = {
+        "out": str(out),
+        "steps": result.steps_run,
+        "epsilon": plan.epsilon,
+        "delta": plan.delta,
+        "noise_multiplier": plan.noise_multiplier,
+    }
+    if work.exists():
+        summary["work_dir"] = str(work)  # secret: kept, or an unfinished run to resume
+    print(json.dumps(summary))
 
 
 @app.command("evaluate")

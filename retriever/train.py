@@ -21,7 +21,10 @@ Privacy of the DP baseline:
   at the public pretrained encoder, and the negatives are the embeddings of *all* public
   corpus documents (a full softmax over the corpus, which is public). Per-example clipping
   then gives L2 sensitivity exactly C, and the run is the subsampled Gaussian mechanism that
-  `synthgen.dp_train` accounts for and charges to the ledger.
+  `synthgen.dp_train` accounts for and charges to the ledger. The released folder holds the
+  towers and the privacy metadata only; the resume state (noise key, sampler state,
+  optimizer) stays in the private work folder (`synthgen.work_folder`), deleted after a
+  finished run, and no loss or timing of the private training is written.
   References: Abadi et al. 2016; Carranza et al. 2023.
 """
 
@@ -44,7 +47,9 @@ from jax.sharding import PartitionSpec as P
 from retriever.encoders import TextEncoder, save_encoder
 from synthgen import dp_train
 from synthgen.checkpoints import TrainCheckpoints
+from synthgen.paths import default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.work_folder import WorkFolder
 
 PyTree = Any
 DOC_TOWER_DIR = "doc_tower"
@@ -261,13 +266,7 @@ def train_retriever(
                 loss=f"{losses[-1]:.3f}", pairs_s=f"{seen / max(time.time() - start, 1e-9):.1f}"
             )
         if manager is not None and (step % config.checkpoint_every == 0 or step == last):
-            manager.save(
-                step,
-                params,
-                opt_state,
-                np.zeros(2, np.uint32),
-                {"config": dataclasses.asdict(config)},
-            )
+            manager.save(step, params, opt_state, None, {"config": dataclasses.asdict(config)})
     if bar is not None:
         bar.close()
     if manager is not None:
@@ -311,7 +310,10 @@ def train_retriever_dp(
     out_dir: str | Path | None = None,
     ledger: PrivacyLedger | None = None,
     ledger_scope: tuple[str, str] | None = None,
+    work_dir: str | Path | None = None,
+    keep_work: bool = False,
     progress: bool = True,
+    stop_after: int | None = None,
     plan: dp_train.PrivacyPlan | None = None,
 ) -> dp_train.TrainResult:
     """The direct-DP baseline: DP-Adafactor on real pairs, frozen public document tower.
@@ -323,14 +325,23 @@ def train_retriever_dp(
         `corpus_texts` (the public corpus, whose embeddings are every query's candidates).
       config: token budgets and temperature (`batch_size`/`epochs` come from `dp_config`).
       dp_config: DP-Adafactor hyper-parameters (sigma or target epsilon, C, sampling).
-      out_dir: orbax checkpoints (resumable) and the trained towers.
-      ledger, ledger_scope: the run's guarantee is charged there before the first step.
+      out_dir: the release folder: the trained towers and the privacy metadata.
+      ledger, ledger_scope: the run's guarantee is charged there (once) before the first
+        step; an over-budget run is refused before the corpus is embedded.
+      work_dir: private work folder (checkpoints, noise key, sampler state, charge
+        record); with `out_dir`, default `synthgen.paths.default_work_dir(out_dir,
+        ledger.path)`. Calling again with the same folders resumes an interrupted run.
+      keep_work: keep the work folder after a finished run (it stays secret); by default
+        it is deleted once the release is written.
+      progress: show progress bars.
+      stop_after: stop after this many steps (to test resumption).
       plan: precomputed `dp_train.plan_privacy(dp_config, len(queries))`.
 
     Privacy:
       (epsilon, delta)-DP w.r.t. one (query, document) pair, add/remove-one, see the module
       docstring: the per-example loss is a softmax over the public corpus embeddings, so
-      each pair's clipped gradient is its only influence (sensitivity C).
+      each pair's clipped gradient is its only influence (sensitivity C). Nothing of the
+      mechanism's randomness and no loss or timing goes to `out_dir`.
     """
     if len(queries) != len(positive_index):
         raise ValueError(f"{len(queries)=} queries for {len(positive_index)=} positives")
@@ -339,6 +350,18 @@ def train_retriever_dp(
     index = np.asarray(positive_index, np.int32)
     if index.min() < 0 or index.max() >= len(corpus_texts):
         raise ValueError("positive_index points outside the corpus")
+    if work_dir is None and out_dir is not None:
+        work_dir = default_work_dir(out_dir, None if ledger is None else ledger.path)
+    work = None if work_dir is None else WorkFolder(work_dir)
+    if ledger is not None:
+        if not plan.private:
+            raise ValueError("a non-private run (noise_multiplier=0) cannot be charged to a ledger")
+        if ledger_scope is None:
+            raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
+        if work is not None:  # refuse an over-budget run before embedding the corpus
+            work.check_budget(ledger, ledger_scope, plan, stage="dp-train")
+        else:
+            ledger.check(*ledger_scope, stage="dp-train", event=plan.event, relation=plan.relation)
     doc_emb = encoder.encode(list(corpus_texts), max_len=config.max_doc_len, progress=progress)
     tokens = encoder.tokenize(list(queries), config.max_query_len)
     data = {
@@ -362,14 +385,17 @@ def train_retriever_dp(
         {"doc_embeddings": jnp.asarray(doc_emb)},
         data,
         dp_config,
-        checkpoint_dir=None if out_dir is None else Path(out_dir) / "checkpoints",
+        work_dir=None if work is None else work.path,
         ledger=ledger,
         ledger_scope=ledger_scope,
         description=f"retriever direct-DP baseline n={len(queries)}",
         progress=progress,
+        stop_after=stop_after,
         plan=plan,
     )
-    if out_dir is not None and result.steps_run == plan.steps:
+    if result.steps_run < plan.steps:
+        return result  # interrupted on purpose; the work folder stays: call again to resume
+    if out_dir is not None:
         privacy = plan.to_dict()
         privacy.update(
             unit="one (query, document) pair",
@@ -378,7 +404,9 @@ def train_retriever_dp(
         )
         extra = {
             "privacy": json.loads(json.dumps(privacy, default=str)),
-            "training": {"config": dataclasses.asdict(config), "seconds": result.seconds},
+            "training": {"config": dataclasses.asdict(config)},
         }
         save_trained(encoder, {"query": result.trainable, "doc": encoder.params}, out_dir, extra)
+    if work is not None and not keep_work:
+        work.discard()  # the release is complete: the secret resume state goes
     return result

@@ -155,19 +155,22 @@ def run_query_generator(args, ledger: PrivacyLedger) -> None:
         dp_target_epsilon=args.generator_epsilon
     )
     out = args.out / "querygen"
-    # The demo's ledger is new on every run, so its generator starts fresh too (a finished
-    # checkpoint would otherwise be resumed without a charge to the new ledger).
+    # The demo's ledger is new on every run, so its generator starts fresh too (a work
+    # folder charged to the old ledger would be refused).
     shutil.rmtree(out, ignore_errors=True)
     print(
         f"[querygen] DP-Adafactor LoRA fine-tuning of {config.base} on {len(train)} private "
         f"pairs, target epsilon={args.generator_epsilon} (preset smollm2_lora_cpu)"
     )
+    # The release goes to out/generator; the secret resume state (noise key, sampler
+    # state) to out/work, a private folder of this run, deleted once the release is written.
     result = querygen.train_generator(
         config,
         train,
         out / "generator",
         ledger=ledger,
         ledger_scope=("demo", "wiki-train-queries"),
+        work_dir=out / "work",
     )
     plan = result.plan
     print(

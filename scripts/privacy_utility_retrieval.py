@@ -14,8 +14,10 @@ All trained retrievers use the same encoder, token budgets and evaluation (NDCG@
 Recall@10 on the test queries, exact search). Each cell is a separate, alternative release of
 the same private data, charged to its own ledger scope in `<out>/ledger.sqlite` (the cells
 are not composed: a user would deploy one of them). Each finished cell is cached in
-`<out>/cells/<name>.json`; rerunning resumes. Writes `<out>/results.json` and
-`<out>/privacy_utility.png`.
+`<out>/cells/<name>.json`; rerunning resumes. The DP runs keep their secret resume state
+(noise key, sampler state) in `<out>/work/<cell>`, deleted when the cell's release is
+written; the released models and generators hold no secret randomness. Writes
+`<out>/results.json` and `<out>/privacy_utility.png`.
 
     python scripts/privacy_utility_retrieval.py --out runs/privacy_utility   # ~1 h on 2 cores
 """
@@ -98,9 +100,10 @@ def main() -> None:
         report = evaluate(encoder, doc_ids, texts, test_rows, max_doc_len=args.max_doc_len)
         return {k: report[k] for k in ("ndcg@10", "recall@10", "mrr@10", "num_queries")}
 
-    def scope(name: str, epsilon: float) -> tuple[str, str]:
+    def scope(name: str, plan: dp_train.PrivacyPlan) -> tuple[str, str]:
         key = ("privacy-utility", name)
-        ledger.ensure_scope(Scope(*key, epsilon * (1 + 1e-6), delta))
+        cap = plan.epsilon * (1 + 1e-6)
+        ledger.ensure_scope(Scope(*key, cap, delta, relation=plan.relation))
         return key
 
     cells = [_cell(out, "zero-shot", lambda: {"epsilon": None, **score(base)})]
@@ -146,7 +149,8 @@ def main() -> None:
                 dp_config,
                 out_dir=model,
                 ledger=ledger,
-                ledger_scope=scope(f"direct-dp-{eps:g}", plan.epsilon),
+                ledger_scope=scope(f"direct-dp-{eps:g}", plan),
+                work_dir=out / "work" / f"direct-dp-{eps:g}",
                 plan=plan,
             )
             return {
@@ -177,7 +181,8 @@ def main() -> None:
                 train,
                 gen_dir,
                 ledger=ledger if plan.private else None,
-                ledger_scope=scope(name, plan.epsilon) if plan.private else None,
+                ledger_scope=scope(name, plan) if plan.private else None,
+                work_dir=out / "work" / name,
                 plan=plan,
             )
             synth = querygen.generate_queries(gen_dir, train, out / "synthetic" / name)

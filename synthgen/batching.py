@@ -7,9 +7,12 @@
 * ``shuffle``: every step draws exactly B distinct examples uniformly at random,
   independently across steps (sampling without replacement; replace-one neighbours).
 
-The sampler's randomness is part of the mechanism: production uses `secure_rng()` (OS
-entropy); tests pass a seeded generator. Its state is checkpointed so a resumed run draws the
-same batches it would have drawn.
+The sampler's randomness is part of the mechanism: production seeds it with 128 bits of OS
+entropy (`synthgen.run_seed`, `secure_rng`); tests pass a seeded generator. Its state is
+checkpointed so a resumed run draws the same batches it would have drawn; that state is
+secret (PCG64 steps backwards too: it reveals every batch), so it lives in the run's private
+work folder only (`synthgen.work_folder`). Padded rows repeat index 0 with mask 0: the
+clipping step gives them weight exactly 0 whatever their gradient (`dp_train`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,13 @@
-"""Orbax checkpoints of a DP training run: parameters, optimizer, step, PRNG and sampler state.
+"""Orbax checkpoints of a training run: parameters, optimizer, step, PRNG and sampler state.
 
-The JSON part holds the privacy plan (so a resumed run is checked to be the same run and ends
-with the same epsilon and step count), the batch sampler's generator state, and whether the
-run's guarantee was already charged to the ledger (so a resume never charges twice).
+The JSON part of a DP run holds the privacy plan (so a resumed run is checked to be the same
+run and ends with the same epsilon and step count) and the batch sampler's generator state.
+Whether the run was charged is recorded beside them, in the work folder's charge record
+(`synthgen.work_folder`).
+
+Privacy:
+  A DP run's checkpoints hold the mechanism's secret randomness (the noise key data and the
+  sampler state): they belong in the run's private work folder, never in a released folder.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ class Restored:
     step: int
     trainable: Any
     opt_state: Any
-    noise_key: np.ndarray
+    noise_key: np.ndarray | None
     meta: dict
 
 
@@ -42,7 +47,10 @@ class TrainCheckpoints:
         )
 
     def save(self, step: int, trainable, opt_state, noise_key, meta: dict) -> None:
-        state = {"trainable": trainable, "opt_state": opt_state, "noise_key": np.asarray(noise_key)}
+        """Saves a step; `noise_key` is the PRNG key data (uint32 array) or None."""
+        state = {"trainable": trainable, "opt_state": opt_state}
+        if noise_key is not None:
+            state["noise_key"] = np.asarray(noise_key)
         self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -51,16 +59,18 @@ class TrainCheckpoints:
         )
         self._manager.wait_until_finished()
 
-    def restore_latest(self, trainable, opt_state) -> Restored | None:
-        """Restores the newest checkpoint into the structure of the given templates."""
+    def restore_latest(self, trainable, opt_state, noise_key=None) -> Restored | None:
+        """Restores the newest checkpoint into the structure of the given templates.
+
+        `noise_key` is a template of the saved key data (shape and dtype), or None if the
+        run saved none.
+        """
         step = self._manager.latest_step()
         if step is None:
             return None
-        template = {
-            "trainable": trainable,
-            "opt_state": opt_state,
-            "noise_key": np.zeros((2,), np.uint32),
-        }
+        template = {"trainable": trainable, "opt_state": opt_state}
+        if noise_key is not None:
+            template["noise_key"] = np.asarray(noise_key)
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
         restored = self._manager.restore(
             step,
@@ -73,7 +83,7 @@ class TrainCheckpoints:
             step,
             state["trainable"],
             state["opt_state"],
-            np.asarray(state["noise_key"]),
+            None if noise_key is None else np.asarray(state["noise_key"]),
             restored["meta"],
         )
 

@@ -16,9 +16,14 @@ Privacy:
   Gaussian mechanism with noise multiplier sigma. Fixed-size sampling ("shuffle"):
   replace-one neighbours (see `synthgen.privacy.accounting`). The accountant is built from
   the same `DPConfig` that drives the sampler, so it assumes exactly what the code does.
-  The whole run is charged to the ledger before the first step. The loss shown on the
-  progress bar is computed on private data and is NOT differentially private: it is shown
-  to the operator only and never written to outputs or metadata.
+  The whole run is charged to the ledger before the first step, exactly once even across
+  crashes and resumes (`synthgen.work_folder`). The noise key and the sampler seed come from
+  a 128-bit run seed (`synthgen.run_seed`: OS entropy in production); they and the resume
+  state stay in the run's private work folder, never in a released folder. A per-example
+  gradient that is not finite is zeroed (it contributes nothing; the sensitivity stays C).
+  The loss shown on the progress bar and the count of non-finite gradients are computed on
+  private data and are NOT differentially private: they are shown to the operator only and
+  never written to outputs or metadata.
 
 References: Abadi et al. 2016 (DP-SGD); Carranza et al. 2023 (DP-Adafactor for query
 generation); Shazeer & Stern 2018 (Adafactor).
@@ -29,11 +34,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,10 +46,13 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from synthgen import run_seed
 from synthgen.batching import BatchSampler
 from synthgen.privacy import accounting
+from synthgen.privacy.errors import PrivacyError
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.rng import secure_rng
+from synthgen.work_folder import WorkFolder
 
 PyTree = Any
 LossFn = Callable[[PyTree, PyTree, dict[str, jax.Array]], jax.Array]
@@ -58,8 +65,9 @@ class DPConfig:
     Exactly one of `noise_multiplier` and `target_epsilon` is set; `noise_multiplier=0` is
     an explicitly NON-private run (clipping, no noise, epsilon = infinity: a reference point,
     refused by the ledger). `delta=None` means
-    1/(2n) (Carranza et al.). `seed=None` (production) draws the sampler and noise seeds from
-    OS entropy; fixed seeds are for tests.
+    1/(2n) (Carranza et al.). `seed=None` (production) draws the 128-bit run seed of the
+    sampler and the noise from OS entropy; fixed seeds (integers in [0, 2**128)) are for
+    tests.
     """
 
     batch_size: int = 1024
@@ -97,6 +105,8 @@ class DPConfig:
             raise ValueError(f"sampling must be one of {accounting.SAMPLINGS}")
         if self.accountant not in accounting.ACCOUNTANTS:
             raise ValueError(f"accountant must be one of {accounting.ACCOUNTANTS}")
+        if self.seed is not None:
+            run_seed.check_seed(self.seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +139,11 @@ class PrivacyPlan:
         )
 
     @property
+    def relation(self) -> str:
+        """The neighbouring relation of `event`: "ADD_OR_REMOVE_ONE" or "REPLACE_ONE"."""
+        return accounting.neighboring_relation(self.sampling).name
+
+    @property
     def private(self) -> bool:
         """False for the explicitly non-private reference run (noise_multiplier = 0)."""
         return self.noise_multiplier > 0
@@ -154,7 +169,7 @@ class PrivacyPlan:
         out.update(
             private=self.private,
             sampling_rate=self.sampling_rate,
-            neighboring_relation=accounting.neighboring_relation(self.sampling).name,
+            neighboring_relation=self.relation,
             dp_event=json.loads(accounting.event_to_json(self.event)) if self.private else None,
         )
         return out
@@ -206,37 +221,56 @@ def plan_privacy(config: DPConfig, num_examples: int) -> PrivacyPlan:
 # ---- the jitted pieces ----------------------------------------------------------------------
 
 
+class ClipCounts(NamedTuple):
+    """Per-chunk counts of the clipping step (from private data: NOT DP, operator only)."""
+
+    clipped: jax.Array  # real examples whose gradient norm exceeded C
+    nonfinite: jax.Array  # real examples whose gradient had an inf or NaN (zeroed)
+
+
 def make_clipped_grad_sum(loss_fn: LossFn, clip_norm: float):
-    """Returns f(trainable, frozen, batch, mask) -> (sum of clipped grads, loss sum, clip count).
+    """Returns f(trainable, frozen, batch, mask) -> (sum of clipped grads, loss sum, ClipCounts).
 
     `batch` leaves have shape [num_micro, micro, ...] and `mask` [num_micro, micro]; the scan
     runs over microbatches, the vmap over examples of a microbatch.
+
+    Privacy:
+      Each real example (mask 1) contributes min(1, C / ||g||) g, of L2 norm at most C; a
+      gradient with any non-finite entry contributes exactly 0 (and is counted), and a
+      padding row (mask 0) contributes 0 whatever its gradient, so one example can never
+      turn the sum into NaN or inf: the sum's sensitivity is C (add/remove-one).
     """
     per_example = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(None, None, 0))
 
     def micro_step(carry, inputs):
-        trainable, frozen, acc, loss_sum, clipped = carry
+        trainable, frozen, acc, loss_sum, clipped, nonfinite = carry
         batch, mask = inputs
         losses, grads = per_example(trainable, frozen, batch)
-        leaves = jax.tree.leaves(grads)
-        sq = sum(
-            jnp.sum(jnp.square(g.astype(jnp.float32)).reshape(g.shape[0], -1), axis=1)
-            for g in leaves
-        )
-        norms = jnp.sqrt(sq)
-        factors = mask * jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12))
+        rows = [g.astype(jnp.float32).reshape(g.shape[0], -1) for g in jax.tree.leaves(grads)]
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(r), axis=1) for r in rows]), axis=0)
+        real = mask > 0
+        keep = real & finite
+        # Zero the rows that are not kept *before* any product: 0 * inf would be NaN.
+        rows = [jnp.where(keep[:, None], r, 0.0) for r in rows]
+        norms = jnp.sqrt(sum(jnp.sum(jnp.square(r), axis=1) for r in rows))
+        factors = jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12)), 0.0)
         acc = jax.tree.map(
-            lambda a, g: a + jnp.tensordot(factors, g.astype(jnp.float32), axes=1), acc, grads
+            lambda a, r: a + jnp.tensordot(factors, r, axes=1).reshape(a.shape),
+            acc,
+            jax.tree.unflatten(jax.tree.structure(grads), rows),
         )
-        loss_sum = loss_sum + jnp.sum(losses * mask)
-        clipped = clipped + jnp.sum(mask * (norms > clip_norm))
-        return (trainable, frozen, acc, loss_sum, clipped), None
+        loss_ok = keep & jnp.isfinite(losses)
+        loss_sum = loss_sum + jnp.sum(jnp.where(loss_ok, losses, 0.0))
+        clipped = clipped + jnp.sum(keep & (norms > clip_norm))
+        nonfinite = nonfinite + jnp.sum(real & ~finite)
+        return (trainable, frozen, acc, loss_sum, clipped, nonfinite), None
 
     def clipped_grad_sum(trainable, frozen, batch, mask):
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable)
-        init = (trainable, frozen, zeros, jnp.float32(0), jnp.float32(0))
-        (_, _, acc, loss_sum, clipped), _ = jax.lax.scan(micro_step, init, (batch, mask))
-        return acc, loss_sum, clipped
+        count = jnp.int32(0)
+        init = (trainable, frozen, zeros, jnp.float32(0), count, count)
+        (_, _, acc, loss_sum, clipped, nonfinite), _ = jax.lax.scan(micro_step, init, (batch, mask))
+        return acc, loss_sum, ClipCounts(clipped, nonfinite)
 
     return clipped_grad_sum
 
@@ -281,7 +315,12 @@ def make_optimizer(learning_rate: float, *, lora: bool) -> optax.GradientTransfo
 
 @dataclasses.dataclass
 class TrainResult:
-    """Output of `train`: trained parameters, the guarantee, and the per-step log."""
+    """Output of `train`: trained parameters, the guarantee, and the per-step log.
+
+    `losses` (mean loss of each step of this call) and `nonfinite` (per-example gradients
+    of this call that had an inf or NaN and were zeroed) are computed on private data and
+    are NOT differentially private: for the operator only, never for released files.
+    """
 
     trainable: PyTree
     plan: PrivacyPlan
@@ -289,20 +328,32 @@ class TrainResult:
     steps_run: int
     resumed_from: int
     seconds: float
+    nonfinite: int = 0
 
 
-def _shared_seed(seed: int | None) -> int:
-    """The run's seed: `seed`, or OS entropy; with several processes (`jax.distributed`),
-    process 0's value, so that every process draws the same batches and the same noise."""
-    if seed is None:
-        seed = secrets.randbits(63)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
+def _charge_on_process_0(charge: Callable[[], object]) -> None:
+    """Runs `charge` once per run: on process 0 only when there are several processes.
 
-        words = np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
-        hi, lo = (int(w) for w in multihost_utils.broadcast_one_to_all(words))
-        seed = (hi << 32) | lo
-    return seed
+    The other processes learn whether it succeeded (a broadcast flag) and stop with a
+    `PrivacyError` when it did not, so no process draws noise for a refused run and a run of
+    k processes is charged once, not k times.
+    """
+    if jax.process_count() == 1:
+        charge()
+        return
+    from jax.experimental import multihost_utils
+
+    error = None
+    if jax.process_index() == 0:
+        try:
+            charge()
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the broadcast
+            error = exc
+    ok = int(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
+    if error is not None:
+        raise error
+    if not ok:
+        raise PrivacyError("process 0 could not charge the run to the ledger; nothing is released")
 
 
 def _mesh() -> Mesh:
@@ -317,7 +368,7 @@ def train(
     config: DPConfig,
     *,
     lora: bool = False,
-    checkpoint_dir: str | Path | None = None,
+    work_dir: str | Path | None = None,
     ledger: PrivacyLedger | None = None,
     ledger_scope: tuple[str, str] | None = None,
     description: str = "",
@@ -334,8 +385,12 @@ def train(
       data: dict of arrays [n, ...]; row i is example i.
       config: DP hyper-parameters.
       lora: selects the Adafactor variant (see `make_optimizer`).
-      checkpoint_dir: orbax checkpoints; an existing one is resumed.
-      ledger: charge the run's guarantee to this ledger before the first step.
+      work_dir: the run's private work folder (`synthgen.work_folder`): checkpoints, which
+        an existing one resumes, and the record of the run's charge. It holds the noise key
+        and the sampler state: keep it secret, apart from any released folder; the caller
+        deletes it once the release is written.
+      ledger: charge the run's guarantee to this ledger before the first step (once: a
+        resume finds its charge through the work folder's record).
       ledger_scope: (tenant, dataset) of the charge.
       description: public description for the ledger (ids and parameters only).
       progress: show a progress bar (loss, examples/s, epsilon so far).
@@ -344,6 +399,15 @@ def train(
 
     Returns:
       TrainResult with the final trainable parameters and the privacy plan.
+
+    Raises:
+      ValueError: bad shapes; a work folder of another run, ledger or scope; a ledger
+        with a non-private run or without `ledger_scope`.
+      BudgetExceededError: the run's charge would exceed the scope's cap (nothing drawn).
+
+    Privacy:
+      See the module docstring: the subsampled Gaussian mechanism of `plan.event` under
+      `plan.relation`, charged before the first noise is drawn.
     """
     sizes = {len(v) for v in data.values()}
     if len(sizes) != 1:
@@ -357,44 +421,61 @@ def train(
     if config.microbatch % devices:
         raise ValueError(f"microbatch={config.microbatch} must be a multiple of {devices=}")
 
-    seed = _shared_seed(config.seed)
-    sampler = BatchSampler(
-        n, config.batch_size, config.physical_batch, config.sampling, secure_rng(seed)
-    )
-    noise_key = jax.random.key(seed ^ 0x5EED)  # separate stream from the sampler
-    optimizer = make_optimizer(config.learning_rate, lora=lora)
-    opt_state = optimizer.init(trainable)
-    step = 0
-    charged = False
-
-    manager = None
-    if checkpoint_dir is not None:
-        from synthgen.checkpoints import TrainCheckpoints
-
-        manager = TrainCheckpoints(checkpoint_dir)
-        restored = manager.restore_latest(trainable, opt_state)
-        if restored is not None:
-            meta = restored.meta
-            if meta["plan"] != json.loads(json.dumps(dataclasses.asdict(plan))):
-                raise ValueError(f"checkpoint in {checkpoint_dir} belongs to a different run")
-            trainable, opt_state, step = restored.trainable, restored.opt_state, restored.step
-            noise_key = jax.random.wrap_key_data(restored.noise_key)
-            sampler.set_state(meta["sampler"])
-            charged = meta.get("charged", False)
-    resumed_from = step
-
-    if ledger is not None and not charged:
+    if ledger is not None:
         if not plan.private:
             raise ValueError("a non-private run (noise_multiplier=0) cannot be charged to a ledger")
         if ledger_scope is None:
             raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
-        ledger.charge(
-            *ledger_scope,
-            stage="dp-train",
-            event=plan.event,
-            description=description or f"DP-Adafactor n={n} steps={plan.steps}",
+    description = description or f"DP-Adafactor n={n} steps={plan.steps}"
+
+    seed = run_seed.shared_seed(config.seed)
+    sampler_seed, noise_key_data = run_seed.split_streams(seed)
+    sampler = BatchSampler(
+        n, config.batch_size, config.physical_batch, config.sampling, secure_rng(sampler_seed)
+    )
+    noise_key = run_seed.noise_key(noise_key_data)
+    optimizer = make_optimizer(config.learning_rate, lora=lora)
+    opt_state = optimizer.init(trainable)
+    step = 0
+
+    manager = None
+    work = None if work_dir is None else WorkFolder(work_dir)
+    if work is not None:
+        from synthgen.checkpoints import TrainCheckpoints
+
+        if ledger is None and work.charge_record() is not None:
+            raise ValueError(
+                f"the run in {work.path} was charged to ledger "
+                f"{work.charge_record()['ledger']}: resume it with that ledger"
+            )
+        work.create()
+        manager = TrainCheckpoints(work.checkpoints)
+        restored = manager.restore_latest(trainable, opt_state, noise_key_data)
+        if restored is not None:
+            meta = restored.meta
+            if meta["plan"] != json.loads(json.dumps(dataclasses.asdict(plan))):
+                raise ValueError(f"checkpoint in {work.path} belongs to a different run")
+            trainable, opt_state, step = restored.trainable, restored.opt_state, restored.step
+            noise_key = run_seed.noise_key(restored.noise_key)
+            sampler.set_state(meta["sampler"])
+    resumed_from = step
+
+    if ledger is not None:  # charge before the first noise is drawn
+        _charge_on_process_0(
+            lambda: (
+                work.charge_once(
+                    ledger, ledger_scope, plan, stage="dp-train", description=description
+                )
+                if work is not None
+                else ledger.charge(
+                    *ledger_scope,
+                    stage="dp-train",
+                    event=plan.event,
+                    relation=plan.relation,
+                    description=description,
+                )
+            )
         )
-        charged = True
 
     mesh = _mesh()
     replicated = NamedSharding(mesh, P())
@@ -427,16 +508,17 @@ def train(
     last = plan.steps if stop_after is None else min(plan.steps, stop_after)
     bar = _progress(plan.steps, step, progress)
     losses: list[float] = []
-    start, seen = time.time(), 0
+    start, seen, nonfinite = time.time(), 0, 0
     while step < last:
         indices = sampler.sample()
         total = None
         loss_sum, count = 0.0, 0
         for chunk in sampler.chunks(indices):
             batch, mask = to_device(chunk.indices, chunk.mask)
-            acc, chunk_loss, _ = grad_sum_fn(trainable, frozen, batch, mask)
+            acc, chunk_loss, counts = grad_sum_fn(trainable, frozen, batch, mask)
             total = acc if total is None else jax.tree.map(jnp.add, total, acc)
             loss_sum += float(chunk_loss)
+            nonfinite += int(counts.nonfinite)
             count += int(chunk.mask.sum())
         trainable, opt_state = update_fn(
             trainable, opt_state, total, jax.random.fold_in(noise_key, step)
@@ -458,14 +540,20 @@ def train(
                 trainable,
                 opt_state,
                 jax.random.key_data(noise_key),
-                {"plan": dataclasses.asdict(plan), "sampler": sampler.state(), "charged": charged},
+                {"plan": dataclasses.asdict(plan), "sampler": sampler.state()},
             )
     if bar is not None:
         bar.close()
     if manager is not None:
         manager.close()
     return TrainResult(
-        jax.device_get(trainable), plan, losses, step, resumed_from, time.time() - start
+        jax.device_get(trainable),
+        plan,
+        losses,
+        step,
+        resumed_from,
+        time.time() - start,
+        nonfinite,
     )
 
 

@@ -1,7 +1,8 @@
-"""Where dpsynth keeps its files: a deletable cache and a durable data folder."""
+"""Where dpsynth keeps its files: a deletable cache, a durable data folder, private work."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -24,3 +25,21 @@ def default_ledger_path() -> Path:
         return Path(os.environ["DPSYNTH_LEDGER"]).expanduser()
     xdg = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
     return Path(xdg) / "dpsynth" / "ledger.sqlite"
+
+
+def default_work_dir(release_dir: str | Path, ledger_path: str | Path | None = None) -> Path:
+    """Private work folder of the DP run that releases into `release_dir`.
+
+    ``<ledger folder>/work/<release folder name>-<12 hex digits of sha256(its absolute
+    path)>``: beside the ledger (private, durable data; the default ledger's when
+    `ledger_path` is None), never inside the release folder, and the same folder every time
+    the same release is trained, so that calling again resumes an interrupted run.
+
+    Privacy:
+      The work folder holds the mechanism's secret randomness (noise key, sampler state) and
+      the resume state; it is secret and must never be shipped (`synthgen.work_folder`).
+    """
+    release = Path(release_dir).expanduser().resolve()
+    ledger = Path(ledger_path) if ledger_path is not None else default_ledger_path()
+    digest = hashlib.sha256(str(release).encode()).hexdigest()[:12]
+    return ledger.expanduser().resolve().parent / "work" / f"{release.name}-{digest}"

@@ -10,6 +10,11 @@ Privacy:
   it costs no further budget. The vocabulary of a randomly initialised model is trained on
   the public documents only.
 
+  The released generator folder holds the weights, the configs, the tokenizer and the
+  privacy metadata, nothing else: no resume state (noise key, sampler state, optimizer
+  state), which lives in the run's private work folder (`synthgen.work_folder`) and is
+  deleted after a finished run, and no losses or timings of the private training.
+
 References: Carranza, Farahani, Ponomareva, Kurakin, Jagielski, Nasr 2023, "Synthetic Query
 Generation for Privacy-Preserving Deep Retrieval Systems using Differentially Private
 Language Models".
@@ -19,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import secrets
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,11 +34,12 @@ import jax
 import numpy as np
 from flax import serialization
 
-from synthgen import dp_train
-from synthgen.checkpoints import has_checkpoint
+from synthgen import dp_train, run_seed
 from synthgen.generator_models import LlamaFamily, T5Family, merge_params, split_trainable
 from synthgen.models.sampling import SamplingConfig
+from synthgen.paths import default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.work_folder import WorkFolder
 
 Family = Literal["t5", "llama"]
 GENERATOR_FILE = "generator.json"
@@ -170,6 +175,8 @@ def train_generator(
     query_field: str = "query",
     ledger: PrivacyLedger | None = None,
     ledger_scope: tuple[str, str] | None = None,
+    work_dir: str | Path | None = None,
+    keep_work: bool = False,
     progress: bool = True,
     stop_after: int | None = None,
     plan: dp_train.PrivacyPlan | None = None,
@@ -177,29 +184,50 @@ def train_generator(
     """DP-fine-tunes the generator on private (document, query) pairs; writes `out_dir`.
 
     Bad input (empty data, missing fields, epsilon <= 0, delta >= 1/n) raises ValueError
-    before any compute. `out_dir/checkpoints` makes the run resumable; the trained
-    generator (params, config, privacy plan) goes to `out_dir`.
+    before any compute. The trained generator (params, configs, tokenizer, privacy plan)
+    goes to `out_dir`, the release; the resume state goes to the private `work_dir`.
+
+    Args:
+      config: the run's configuration.
+      pairs: private training pairs.
+      out_dir: the release folder (what `generate_queries` reads and a user ships).
+      document_field, query_field: column names in `pairs`.
+      ledger, ledger_scope: the run is charged there (once) before the first step.
+      work_dir: private work folder (checkpoints, noise key, sampler state, charge
+        record); default `synthgen.paths.default_work_dir(out_dir, ledger.path)`, beside
+        the ledger. Calling again with the same folders resumes an interrupted run.
+      keep_work: keep the work folder after a finished run (it stays secret); by default
+        it is deleted once the release is written. An interrupted run always keeps it.
+      progress: show a progress bar.
+      stop_after: stop after this many steps (to test resumption).
+      plan: precomputed `dp_train.plan_privacy(config.dp, len(pairs))`.
 
     Privacy:
       See the module docstring: (epsilon, delta)-DP w.r.t. one (document, query) pair,
       stated in `out_dir/generator.json` and charged to `ledger` before the first step.
+      Nothing of the mechanism's randomness and no statistic of the private data (loss,
+      timing) is written to `out_dir`.
     """
     _check_pairs(pairs, document_field, query_field)
     if plan is None:  # validates epsilon, delta and sizes before any compute
         plan = dp_train.plan_privacy(config.dp, len(pairs))
     out = Path(out_dir)
+    if work_dir is None:
+        work_dir = default_work_dir(out, None if ledger is None else ledger.path)
+    work = WorkFolder(work_dir)
     if ledger is not None and not plan.private:
         raise ValueError("a non-private run (noise_multiplier=0) cannot be charged to a ledger")
-    if ledger is not None and not has_checkpoint(out / "checkpoints"):
-        # Refuse an over-budget run before loading anything; a resumed run was charged
-        # when it started. `dp_train.train` charges (re-checking atomically) before step 1.
+    if ledger is not None:
+        # Refuse an over-budget run before loading anything; a resumed run whose charge is
+        # in the ledger passes. `dp_train.train` charges (atomically, once) before step 1.
         if ledger_scope is None:
             raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
-        ledger.check(*ledger_scope, stage="dp-train", event=plan.event)
+        work.check_budget(ledger, ledger_scope, plan, stage="dp-train")
     out.mkdir(parents=True, exist_ok=True)
     documents, queries = pairs[document_field], pairs[query_field]
-    init_seed = config.dp.seed if config.dp.seed is not None else 0
-    family, params = load_base(config, documents, tokenizer_dir=out / "tokenizer", seed=init_seed)
+    # The initialisation of a random-init base is public (seed 0): never derived from the
+    # mechanism's secret seed, which the released model must not carry a trace of.
+    family, params = load_base(config, documents, tokenizer_dir=out / "tokenizer", seed=0)
     data = family.encode_pairs(documents, queries, config.input_len, config.target_len)
     lora = config.lora_rank > 0
     trainable, frozen = split_trainable(params, lora=lora)
@@ -210,7 +238,7 @@ def train_generator(
         data,
         config.dp,
         lora=lora,
-        checkpoint_dir=out / "checkpoints",
+        work_dir=work.path,
         ledger=ledger,
         ledger_scope=ledger_scope,
         description=f"query generator {config.family} base={config.base} n={len(pairs)}",
@@ -219,7 +247,7 @@ def train_generator(
         plan=plan,
     )
     if result.steps_run < plan.steps:
-        return result  # interrupted on purpose; resume by calling again
+        return result  # interrupted on purpose; the work folder stays: call again to resume
     # LoRA on a pretrained base stores only the adapters (the base is re-loaded from its
     # asset); otherwise the full parameters are stored.
     to_save = result.trainable
@@ -233,17 +261,22 @@ def train_generator(
         "base": config.base,
         "lora_rank": config.lora_rank,
         "model_config": dataclasses.asdict(family.config),
-        "generator_config": _jsonable(dataclasses.asdict(config)),
+        "generator_config": _released_config(config),
         "privacy": _privacy_block(result.plan),
-        "train_seconds": result.seconds,
-        "created_at": time.time(),
     }
     (out / GENERATOR_FILE).write_text(json.dumps(record, indent=1))
+    if not keep_work:
+        work.discard()  # the release is complete: the secret resume state goes
     return result
 
 
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
+
+
+def _released_config(config: GeneratorConfig) -> dict:
+    """The run's config without its secret: a fixed (test) seed replays the noise."""
+    return _jsonable(dataclasses.asdict(config.replace(dp_seed=None)))
 
 
 def _privacy_block(plan: dp_train.PrivacyPlan) -> dict:
@@ -333,7 +366,7 @@ def generate_queries(
         top_p=cfg["top_p"] if top_p is None else top_p,
     )
     max_new = max_new_tokens or cfg["max_new_tokens"]
-    key = jax.random.key(seed if seed is not None else secrets.randbits(63))
+    key = run_seed.sampling_key(seed)  # 128 bits of OS entropy unless a test seed
     start = time.time()
     texts = family.generate(
         params,

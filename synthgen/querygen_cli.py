@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from synthgen.paths import default_ledger_path
+from synthgen.paths import default_ledger_path, default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger, Scope
 
 # jax, flax and datasets are imported inside the commands so that `synthgen --help` and
@@ -44,7 +44,10 @@ def train_generator(
     pairs: Annotated[
         str, typer.Option(help="JSONL with document/query fields, or wiki-summaries-en")
     ],
-    out: Annotated[Path, typer.Option(help="output folder (resumes if it holds checkpoints)")],
+    out: Annotated[
+        Path,
+        typer.Option(help="release folder: weights, configs, tokenizer, privacy metadata"),
+    ],
     config: Annotated[str, typer.Option(help="preset in configs/querygen.py")] = "tiny_t5",
     base: Annotated[
         str | None, typer.Option(help="override the base model (asset or path)")
@@ -65,8 +68,25 @@ def train_generator(
     ] = None,
     budget: Annotated[float | None, typer.Option(help="epsilon cap of a new ledger scope")] = None,
     seed: Annotated[int | None, typer.Option(help="tests only; default OS entropy")] = None,
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="SECRET work folder: resume state incl. the noise key and sampler state; "
+            "never ship it (default: <ledger folder>/work/<out name>-<hash>)"
+        ),
+    ] = None,
+    keep_work: Annotated[
+        bool, typer.Option(help="keep the secret work folder after a finished run")
+    ] = False,
 ) -> None:
-    """DP-fine-tune a query generator on private (document, query) pairs."""
+    """DP-fine-tune a query generator on private (document, query) pairs.
+
+    The release folder --out gets the generator only; the resume state (noise key, sampler
+    state, optimizer) stays in the secret --work-dir, which is deleted after a finished run
+    (unless --keep-work) and resumed from when the same command is run again. The printed
+    summary states the guarantee only: the training loss and timings are statistics of the
+    private data (not DP) and are never printed or released.
+    """
     from configs import querygen as presets
     from synthgen import querygen
 
@@ -88,11 +108,13 @@ def train_generator(
     rows = _load_rows(pairs, (document_field, query_field), limit, split)
     scope_name = dataset or Path(pairs).stem
     plan = querygen.dp_train.plan_privacy(cfg.dp, len(rows))
+    ledger_path = ledger or default_ledger_path()
+    work = work_dir if work_dir is not None else default_work_dir(out, ledger_path)
     ledger_obj = None
     if plan.private:
-        ledger_obj = PrivacyLedger(ledger or default_ledger_path())
+        ledger_obj = PrivacyLedger(ledger_path)
         cap = budget if budget is not None else max(plan.epsilon, 1e-6)
-        ledger_obj.ensure_scope(Scope(tenant, scope_name, cap, plan.delta))
+        ledger_obj.ensure_scope(Scope(tenant, scope_name, cap, plan.delta, relation=plan.relation))
     else:
         print(
             "warning: --noise-multiplier 0 is a NON-private run (epsilon = infinity); "
@@ -107,6 +129,8 @@ def train_generator(
         query_field=query_field,
         ledger=ledger_obj,
         ledger_scope=(tenant, scope_name),
+        work_dir=work,
+        keep_work=keep_work,
         plan=plan,
     )
     summary = {
@@ -115,10 +139,9 @@ def train_generator(
         "epsilon": result.plan.epsilon,
         "delta": result.plan.delta,
         "noise_multiplier": result.plan.noise_multiplier,
-        "first_loss": result.losses[0] if result.losses else None,
-        "last_loss": result.losses[-1] if result.losses else None,
-        "seconds": round(result.seconds, 1),
     }
+    if work.exists():
+        summary["work_dir"] = str(work)  # secret: kept, or an unfinished run to resume
     print(json.dumps(summary))
 
 

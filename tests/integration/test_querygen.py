@@ -102,7 +102,9 @@ def test_lora_fine_tuning_moves_only_the_adapters(preset, wiki, tmp_path):
     family, base = querygen.load_base(
         config, train["document"], tokenizer_dir=tmp_path / "tok", seed=0
     )
-    result = querygen.train_generator(config, train, tmp_path / "gen", progress=False)
+    result = querygen.train_generator(
+        config, train, tmp_path / "gen", work_dir=tmp_path / "work", progress=False
+    )
     adapters = _lora_leaves(result.trainable)
     assert adapters and all("lora" in k[-1] for k in adapters)
     assert any(np.abs(v).max() > 0 for k, v in adapters.items() if k[-1] == "lora_b")
@@ -132,7 +134,7 @@ def test_smollm2_lora_saves_adapters_and_reloads_from_the_asset(wiki, tmp_path):
         dp_seed=0,
     )
     result = querygen.train_generator(
-        config, train.select(range(100)), tmp_path / "gen", progress=False
+        config, train.select(range(100)), tmp_path / "gen", work_dir=tmp_path / "w", progress=False
     )
     assert result.steps_run == 1
     stored = (tmp_path / "gen" / querygen.PARAMS_FILE).stat().st_size

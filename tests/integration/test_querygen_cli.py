@@ -36,6 +36,14 @@ def test_bad_input_is_one_line_before_compute(pairs_file, tmp_path):
     assert result.returncode == 1 and "lacks field" in result.stderr
     assert "Traceback" not in result.stderr
     assert not any((tmp_path / d).exists() for d in "abc")
+    assert not (tmp_path / "work").exists()  # no work folder either
+
+
+def test_train_generator_documents_its_secret_work_folder():
+    result = _synthgen("train-generator", "--help")
+    assert result.returncode == 0
+    assert "--work-dir" in result.stdout and "--keep-work" in result.stdout
+    assert "SECRET" in result.stdout
 
 
 @pytest.mark.slow
@@ -49,6 +57,12 @@ def test_train_then_generate_through_the_cli(pairs_file, tmp_path):
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["epsilon"] <= 4 and summary["delta"] == 1 / 240
+    # Statistics of the private training (loss, timing) are not printed: they are not DP.
+    assert not any("loss" in k or "seconds" in k for k in summary), summary
+    # The release holds the generator only; the secret work folder (beside the ledger) is
+    # gone once the release is written.
+    assert not (tmp_path / "gen" / "checkpoints").exists() and "work_dir" not in summary
+    assert not any((tmp_path / "work").glob("*"))
     shown = json.loads(_synthgen("ledger", "show", "--db", ledger, "--json").stdout)
     assert shown[0]["tenant"] == "acme" and shown[0]["charges"] == 1
     assert shown[0]["epsilon_spent"] == pytest.approx(summary["epsilon"], rel=1e-6)

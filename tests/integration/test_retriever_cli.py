@@ -1,6 +1,7 @@
 """`retriever` end to end as a user runs it: data -> train -> evaluate -> index -> query."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -89,3 +90,42 @@ def test_errors_are_one_line(tmp_path):
     )
     assert result.returncode == 1 and result.stderr.count("\n") == 1
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_train_dp_keeps_its_secret_state_out_of_the_release(tmp_path):
+    data = tmp_path / "data"
+    assert _retriever("data", "wiki", "--out", data, "--limit", "60").returncode == 0
+    corpus, test = data / "corpus.jsonl", data / "test_queries.jsonl"
+    ledger = tmp_path / "private" / "ledger.sqlite"
+    common = (
+        "train-dp", "--queries", data / "train_queries.jsonl", "--corpus", corpus,
+        "--encoder", "random:bert", "--epochs", "1", "--batch-size", "16",
+        "--ledger", ledger, "--seed", "3",
+    )  # fmt: skip
+    kept = tmp_path / "kept-work"
+    result = _retriever(*common, "--out", tmp_path / "a", "--dataset", "a", "--work-dir", kept,
+                        "--keep-work")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["work_dir"] == str(kept) and (kept / "charge.json").is_file()
+    assert not (tmp_path / "a" / "checkpoints").exists()
+
+    result = _retriever(*common, "--out", tmp_path / "b", "--dataset", "b")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "work_dir" not in summary  # the default work folder, beside the ledger, is gone
+    assert not any((tmp_path / "private" / "work").glob("*"))
+    release = tmp_path / "b"
+    assert sorted(p.name for p in release.iterdir()) == sorted(
+        ["encoder.json", "params.msgpack", "doc_tower"]
+    )
+    assert "seconds" not in (release / "encoder.json").read_text()
+    shipped = tmp_path / "shipped"  # the release folder alone evaluates
+    shutil.copytree(release, shipped)
+    shutil.rmtree(release)
+    result = _retriever(
+        "evaluate", "--encoder", shipped, "--corpus", corpus, "--queries", test, "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["num_queries"] == 12

@@ -2,6 +2,9 @@
 
 import json
 import math
+import shutil
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +21,9 @@ from retriever.train import (
 )
 from synthgen import corpora, dp_train
 from synthgen.privacy.ledger import PrivacyLedger, Scope
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "synthgen"))
+from release_audit import assert_clean_release, files_containing, needles, record_randomness  # noqa: E402, I001
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +122,7 @@ def test_evaluate_exact_and_scann_agree(wiki, encoder):
         ev.evaluate(encoder, ["x"], ["text"], rows[:1], **kwargs)
 
 
-def test_direct_dp_baseline_charges_and_records_its_guarantee(wiki, encoder, tmp_path):
+def test_direct_dp_baseline_charges_and_records_its_guarantee(wiki, encoder, tmp_path, monkeypatch):
     n = len(wiki)
     dp_config = dp_train.DPConfig(
         batch_size=16,
@@ -126,32 +132,41 @@ def test_direct_dp_baseline_charges_and_records_its_guarantee(wiki, encoder, tmp
         target_epsilon=4.0,
         physical_batch=8,
         microbatch=4,
-        seed=0,
+        seed=2**90 + 5,
     )
     plan = dp_train.plan_privacy(dp_config, n)
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
-    ledger.open_scope(Scope("t", "wiki", 4.0, plan.delta))
+    ledger.open_scope(Scope("t", "wiki", 4.0, plan.delta, relation=plan.relation))
     config = RetrieverConfig(max_query_len=16, max_doc_len=32)
-    result = train_retriever_dp(
-        encoder,
-        wiki["query"],
-        list(range(n)),
-        wiki["document"],
-        config,
-        dp_config,
-        out_dir=tmp_path / "m",
-        ledger=ledger,
-        ledger_scope=("t", "wiki"),
-        progress=False,
-    )
-    assert result.steps_run == plan.steps
+    seen = record_randomness(monkeypatch)
+    release, work = tmp_path / "m", tmp_path / "private" / "work"
+
+    def run(**kw):
+        return train_retriever_dp(
+            encoder, wiki["query"], list(range(n)), wiki["document"], config, dp_config,
+            out_dir=release, ledger=ledger, ledger_scope=("t", "wiki"), work_dir=work,
+            progress=False, **kw,
+        )  # fmt: skip
+
+    part = run(stop_after=2)
+    assert part.steps_run == 2 and not (release / "encoder.json").exists()
+    assert files_containing(work, needles(seen))  # the secrets are in the work folder only
+    result = run()  # resumes: the scope's cap is this run's epsilon, so no second charge
+    assert result.resumed_from == 2 and result.steps_run == plan.steps
+    assert not work.exists()
     [charge] = ledger.charges("t", "wiki")
     assert charge.epsilon == pytest.approx(plan.epsilon) and plan.epsilon <= 4.0
-    meta = json.loads((tmp_path / "m" / "encoder.json").read_text())
+    assert_clean_release(release, seen)
+    meta = json.loads((release / "encoder.json").read_text())
     assert meta["privacy"]["epsilon"] == pytest.approx(plan.epsilon)
     assert math.isclose(meta["privacy"]["delta"], 1 / (2 * n))
-    # The document tower is the frozen public encoder; only the query tower moved.
-    query_enc, doc_enc = ev.load_towers(str(tmp_path / "m"))
+    assert "seconds" not in meta["training"] and "seconds" not in json.dumps(meta)
+    # The release alone is the model: evaluate it from a copy. The document tower is the
+    # frozen public encoder; only the query tower moved.
+    shipped = tmp_path / "shipped"
+    shutil.copytree(release, shipped)
+    shutil.rmtree(release)
+    query_enc, doc_enc = ev.load_towers(str(shipped))
     text = [wiki["document"][0]]
     np.testing.assert_allclose(
         doc_enc.encode(text, max_len=32), encoder.encode(text, max_len=32), atol=1e-6

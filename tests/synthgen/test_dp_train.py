@@ -7,9 +7,10 @@ import optax
 import pytest
 from scipy import stats
 
-from synthgen import dp_train
+from synthgen import dp_train, run_seed
 from synthgen.batching import BatchSampler
 from synthgen.privacy import accounting
+from synthgen.privacy.errors import BudgetExceededError
 from synthgen.privacy.ledger import PrivacyLedger, Scope
 from synthgen.privacy.rng import secure_rng
 
@@ -38,6 +39,8 @@ def _naive_clipped_sum(trainable, frozen, data, mask, clip):
     grad = jax.grad(_loss)
     total = jax.tree.map(jnp.zeros_like, trainable)
     for i in range(len(mask)):
+        if mask[i] == 0:
+            continue  # a masked row contributes nothing, whatever its gradient
         g = grad(trainable, frozen, {k: v[i] for k, v in data.items()})
         norm = jnp.sqrt(sum(jnp.sum(x**2) for x in jax.tree.leaves(g)))
         factor = mask[i] * min(1.0, clip / float(norm))
@@ -52,11 +55,12 @@ def test_clipped_sum_matches_naive_per_example_loop():
     clip = 0.7
     fn = jax.jit(dp_train.make_clipped_grad_sum(_loss, clip))
     shaped = {k: v.reshape(4, 4, *v.shape[1:]) for k, v in data.items()}
-    got, _, clipped = fn(trainable, frozen, shaped, mask.reshape(4, 4))
+    got, _, counts = fn(trainable, frozen, shaped, mask.reshape(4, 4))
     want = _naive_clipped_sum(trainable, frozen, data, mask, clip)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert clipped > 0  # the test exercises the clipping branch
+    assert counts.clipped > 0  # the test exercises the clipping branch
+    assert counts.nonfinite == 0
 
 
 def test_sensitivity_of_the_clipped_sum_is_the_clip_norm():
@@ -184,7 +188,7 @@ def test_resume_gives_the_same_run(tmp_path):
         data,
         _cfg(),
         progress=False,
-        checkpoint_dir=ckpt,
+        work_dir=ckpt,
         stop_after=7,
         ledger=ledger,
         ledger_scope=("t", "toy"),
@@ -197,7 +201,7 @@ def test_resume_gives_the_same_run(tmp_path):
         data,
         _cfg(),
         progress=False,
-        checkpoint_dir=ckpt,
+        work_dir=ckpt,
         ledger=ledger,
         ledger_scope=("t", "toy"),
     )
@@ -215,8 +219,12 @@ def test_resume_gives_the_same_run(tmp_path):
             data,
             _cfg(noise_multiplier=0.9),
             progress=False,
-            checkpoint_dir=ckpt,
+            work_dir=ckpt,
+            ledger=ledger,
+            ledger_scope=("t", "toy"),
         )
+    with pytest.raises(ValueError, match="resume it with that ledger"):
+        dp_train.train(_loss, trainable, frozen, data, _cfg(), progress=False, work_dir=ckpt)
 
 
 def test_noise_multiplier_zero_is_an_explicit_non_private_run(tmp_path):
@@ -233,3 +241,138 @@ def test_noise_multiplier_zero_is_an_explicit_non_private_run(tmp_path):
     assert ledger.charges("t", "d") == []
     result = dp_train.train(_loss, trainable, frozen, data, config, progress=False)
     assert result.steps_run == plan.steps
+
+
+def test_a_non_finite_gradient_is_zeroed_and_counted_never_nan():
+    data, trainable, frozen = _setup(n=16)
+    data["x"][0, 2] = np.inf  # example 0's gradient is NaN (0 * inf in tanh')
+    mask = np.ones(16, np.float32)
+    mask[[5, 9]] = 0.0  # padding rows repeat example 0, as BatchSampler.chunks pads
+    data_padded = {k: v.copy() for k, v in data.items()}
+    for k in data_padded:
+        data_padded[k][[5, 9]] = data[k][0]
+    clip = 0.7
+    fn = jax.jit(dp_train.make_clipped_grad_sum(_loss, clip))
+    shaped = {k: v.reshape(4, 4, *v.shape[1:]) for k, v in data_padded.items()}
+    got, loss_sum, counts = fn(trainable, frozen, shaped, mask.reshape(4, 4))
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(got))
+    assert np.isfinite(float(loss_sum))
+    assert int(counts.nonfinite) == 1  # the real example 0 only, not the padding rows
+    keep = mask.copy()
+    keep[0] = 0.0  # the non-finite example contributes exactly nothing
+    want = _naive_clipped_sum(trainable, frozen, data_padded, keep, clip)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # A whole run stays finite and reports the count (to the operator only).
+    data, trainable, frozen = _setup(n=64)
+    data["x"][0] = np.inf
+    result = dp_train.train(_loss, trainable, frozen, data, _cfg(), progress=False)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(result.trainable))
+    assert result.nonfinite >= 1
+
+
+def _zero_loss(trainable, frozen, ex):
+    # A zero gradient for every example: the parameters move by the noise alone.
+    return 0.0 * (jnp.sum(trainable["w"]) + jnp.sum(trainable["v"])) * ex["y"]
+
+
+def _noise_only_run(seed):
+    data, trainable, frozen = _setup(n=64)
+    config = _cfg(epochs=1, seed=seed)
+    out = dp_train.train(_zero_loss, trainable, frozen, data, config, progress=False)
+    return np.concatenate([np.ravel(x) for x in jax.tree.leaves(out.trainable)])
+
+
+def test_the_noise_depends_on_all_128_bits_of_the_seed():
+    base = 12345
+    same = _noise_only_run(base)
+    np.testing.assert_array_equal(same, _noise_only_run(base))  # a fixed seed replays
+    for high in (base + 2**40, base + 2**100, base + 2**127):  # equal low 32 (and 64) bits
+        assert not np.allclose(same, _noise_only_run(high), rtol=0, atol=1e-7), hex(high)
+    with pytest.raises(ValueError, match="seed"):
+        dp_train.DPConfig(seed=2**128)
+
+
+def test_run_seed_streams_keys_and_words():
+    seeds = (7, 7 + 2**40, 7 + 2**100)
+    streams = [run_seed.split_streams(s) for s in seeds]
+    noise = jax.jit(lambda k, i: jax.random.normal(jax.random.fold_in(k, i), (8,)))
+    draws = [np.asarray(noise(run_seed.noise_key(data), 3)) for _, data in streams]
+    for i in range(len(seeds)):
+        for j in range(i):
+            assert not np.allclose(draws[i], draws[j])
+            assert streams[i][0] != streams[j][0]  # the sampler seeds differ too
+    sampler_seed, data = streams[0]
+    assert data.shape == (4,) and data.dtype == np.uint32 and sampler_seed < 2**128
+    assert run_seed.split_streams(7)[0] == sampler_seed  # deterministic for a fixed seed
+    key = run_seed.noise_key(data)
+    np.testing.assert_array_equal(jax.random.key_data(key), data)  # what checkpoints store
+    for seed in (0, 1, 2**64 + 3, 2**128 - 1):
+        assert run_seed.from_words(run_seed.to_words(seed)) == seed
+    assert run_seed.shared_seed(None) != run_seed.shared_seed(None)  # OS entropy
+
+
+def _charging_run(tmp_path, ledger, **kw):
+    data, trainable, frozen = _setup(n=64)
+    return dp_train.train(
+        _loss, trainable, frozen, data, _cfg(), progress=False, work_dir=tmp_path / "work",
+        ledger=ledger, ledger_scope=("t", "toy"), **kw,
+    )  # fmt: skip
+
+
+def test_a_crash_after_the_charge_before_any_checkpoint_does_not_charge_twice(
+    tmp_path, monkeypatch
+):
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.open_scope(Scope("t", "toy", 100.0, 1e-3))
+
+    def crash(self):
+        raise RuntimeError("simulated crash in the first step")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(BatchSampler, "sample", crash)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            _charging_run(tmp_path, ledger)
+    [charge] = ledger.charges("t", "toy")  # charged, but no checkpoint was written
+    assert charge.ref is not None
+    result = _charging_run(tmp_path, ledger)
+    assert result.resumed_from == 0 and result.steps_run == result.plan.steps
+    assert ledger.charges("t", "toy") == [charge]  # the restart found the same charge
+
+
+def test_resuming_against_another_ledger_or_scope_is_refused(tmp_path):
+    first = PrivacyLedger(tmp_path / "a.sqlite")
+    first.open_scope(Scope("t", "toy", 100.0, 1e-3))
+    _charging_run(tmp_path, first, stop_after=2)
+    other = PrivacyLedger(tmp_path / "b.sqlite")
+    other.open_scope(Scope("t", "toy", 100.0, 1e-3))
+    with pytest.raises(ValueError, match="ledger"):
+        _charging_run(tmp_path, other)
+    assert other.charges("t", "toy") == []
+    first.open_scope(Scope("t", "other", 100.0, 1e-3))
+    data, trainable, frozen = _setup(n=64)
+    with pytest.raises(ValueError, match="scope"):
+        dp_train.train(
+            _loss, trainable, frozen, data, _cfg(), progress=False, work_dir=tmp_path / "work",
+            ledger=first, ledger_scope=("t", "other"),
+        )  # fmt: skip
+    assert len(first.charges("t", "toy")) == 1 and first.charges("t", "other") == []
+
+
+def test_a_refused_charge_leaves_a_work_folder_that_a_new_plan_may_reuse(tmp_path):
+    data, trainable, frozen = _setup(n=64)
+    big = dp_train.plan_privacy(_cfg(), 64)
+    small = dp_train.plan_privacy(_cfg(noise_multiplier=5.0), 64)
+    assert small.epsilon < big.epsilon
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.open_scope(Scope("t", "toy", (small.epsilon + big.epsilon) / 2, small.delta))
+    with pytest.raises(BudgetExceededError):
+        _charging_run(tmp_path, ledger)
+    assert ledger.charges("t", "toy") == []  # refused: nothing charged, no noise drawn
+    result = dp_train.train(
+        _loss, trainable, frozen, data, _cfg(noise_multiplier=5.0), progress=False,
+        work_dir=tmp_path / "work", ledger=ledger, ledger_scope=("t", "toy"),
+    )  # fmt: skip
+    assert result.steps_run == small.steps
+    [charge] = ledger.charges("t", "toy")
+    assert charge.epsilon == pytest.approx(small.epsilon)

@@ -21,11 +21,12 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_processes_draw_the_same_batches_and_noise():
+def test_two_processes_draw_the_same_batches_and_noise(tmp_path):
     port = str(_free_port())
+    ledger_path = tmp_path / "ledger.sqlite"
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(pid), port],
+            [sys.executable, str(WORKER), str(pid), port, str(ledger_path)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -38,6 +39,13 @@ def test_two_processes_draw_the_same_batches_and_noise():
         assert proc.returncode == 0, stderr[-2000:]
         outs.append(json.loads(stdout.strip().splitlines()[-1]))
     assert all(o["devices"] == 2 and o["processes"] == 2 for o in outs)
+    # Two processes ran one mechanism: the ledger holds one charge, not two.
+    from synthgen.privacy.ledger import PrivacyLedger
+
+    assert len(PrivacyLedger(ledger_path).charges("multi", "host")) == 1
+    # The run seed is broadcast whole (128 bits): process 0's, on both processes.
+    assert outs[0]["shared"] == outs[1]["shared"]
+    assert outs[0]["shared"][1] == str(2**127 + 2**70)
     # Production seeds come from each process's OS entropy; process 0's is broadcast, so
     # both processes ran the same mechanism and hold the same parameters.
     for key in outs[0]["entropy"]:

@@ -1,0 +1,169 @@
+"""The private work folder of a DP training run: its resume state and the record of its charge.
+
+Layout:
+  <work>/checkpoints/  orbax checkpoints: parameters, optimizer state, the noise key data,
+                       the batch sampler's PCG64 state and the privacy plan
+  <work>/charge.json   {ledger, tenant, dataset, ref, plan, charge_id}: the run's charge
+
+Privacy:
+  The work folder holds the mechanism's secret randomness: with the noise key and the
+  sampler state (PCG64 steps backwards as well as forwards) anyone could recompute every
+  step's batch and noise and subtract the noise from the released model. It therefore lives
+  apart from the released folder (default: beside the ledger, see
+  `synthgen.paths.default_work_dir`), is created with mode 0700, and is deleted once the
+  release is written unless the operator asks to keep it. Never ship it.
+
+  Charging exactly once: before the run is charged, `charge.json` records the ledger file,
+  the scope, the run's privacy plan and a fresh random `ref` (a public idempotency key,
+  independent of the data); the charge is made with `ref=` and its id recorded. A restart
+  reads the record, refuses another ledger, scope or plan, and charges with the same ref,
+  which the ledger answers with the earlier charge: a crash at any point (before, during or
+  after the charge, before the first checkpoint) never charges twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from synthgen.checkpoints import has_checkpoint
+
+if TYPE_CHECKING:
+    from synthgen.dp_train import PrivacyPlan
+    from synthgen.privacy.ledger import Charge, PrivacyLedger
+
+CHECKPOINTS = "checkpoints"
+CHARGE_FILE = "charge.json"
+
+
+def _plan_record(plan: PrivacyPlan) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(plan)))
+
+
+def _ledger_id(ledger: PrivacyLedger) -> str:
+    return str(Path(ledger.path).expanduser().resolve())
+
+
+class WorkFolder:
+    """The private work folder of one DP training run (see the module docstring).
+
+    Args:
+      path: the folder; created (mode 0700) when the run first writes to it.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).expanduser().absolute()
+
+    @property
+    def checkpoints(self) -> Path:
+        """Folder of the orbax checkpoints."""
+        return self.path / CHECKPOINTS
+
+    def create(self) -> None:
+        """Creates the folder, readable by its owner only."""
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def charge_record(self) -> dict | None:
+        """The recorded charge of the run, or None before it was first charged."""
+        path = self.path / CHARGE_FILE
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def check_budget(
+        self, ledger: PrivacyLedger, scope: tuple[str, str], plan: PrivacyPlan, *, stage: str
+    ) -> None:
+        """Dry run before any expensive work: refuses what `charge_once` would refuse.
+
+        A run whose charge is already in the ledger passes (its resume costs nothing more).
+
+        Raises:
+          ValueError: the folder belongs to another ledger, scope or plan.
+          BudgetExceededError: the run's charge would exceed the scope's cap.
+        """
+        record = self._matching_record(ledger, scope, plan)
+        if record is not None and ledger.find_charge(*scope, record["ref"]) is not None:
+            return
+        ledger.check(*scope, stage=stage, event=plan.event, relation=plan.relation)
+
+    def charge_once(
+        self,
+        ledger: PrivacyLedger,
+        scope: tuple[str, str],
+        plan: PrivacyPlan,
+        *,
+        stage: str,
+        description: str,
+    ) -> Charge:
+        """Charges the run's guarantee to `ledger` unless this run was already charged.
+
+        Returns:
+          The run's charge (the earlier one on a resume).
+
+        Raises:
+          ValueError: the folder belongs to another ledger, scope or plan.
+          BudgetExceededError: the charge would exceed the scope's cap.
+        """
+        record = self._matching_record(ledger, scope, plan)
+        if record is None:
+            record = {
+                "ledger": _ledger_id(ledger),
+                "tenant": scope[0],
+                "dataset": scope[1],
+                "ref": secrets.token_hex(16),
+                "plan": _plan_record(plan),
+                "charge_id": None,
+            }
+            self._write(record)  # before charging: a crash after the charge finds the ref
+        charge = ledger.charge(
+            *scope,
+            stage=stage,
+            event=plan.event,
+            relation=plan.relation,
+            description=description,
+            ref=record["ref"],
+        )
+        if record["charge_id"] != charge.id:
+            self._write({**record, "charge_id": charge.id})
+        return charge
+
+    def discard(self) -> None:
+        """Deletes the folder and everything in it (the run's secret state)."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def _matching_record(
+        self, ledger: PrivacyLedger, scope: tuple[str, str], plan: PrivacyPlan
+    ) -> dict | None:
+        """The charge record if it is this run's; None if there is none (or a stale one of
+        a run that was never charged and never stepped)."""
+        record = self.charge_record()
+        if record is None:
+            return None
+        stored = (record["ledger"], record["tenant"], record["dataset"])
+        if stored != (_ledger_id(ledger), *scope):
+            raise ValueError(
+                f"the work folder {self.path} belongs to a run charged to ledger "
+                f"{record['ledger']}, scope ({record['tenant']}, {record['dataset']}): resume "
+                "it against that ledger and scope, or use another work folder"
+            )
+        if record["plan"] != _plan_record(plan):
+            never_ran = ledger.find_charge(*scope, record["ref"]) is None and not has_checkpoint(
+                self.checkpoints
+            )
+            if never_ran:
+                return None  # nothing was charged or drawn: start afresh
+            raise ValueError(f"the work folder {self.path} belongs to a different run (plan)")
+        return record
+
+    def _write(self, record: dict) -> None:
+        self.create()
+        tmp = self.path / f".{CHARGE_FILE}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / CHARGE_FILE)
