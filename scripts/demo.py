@@ -75,6 +75,7 @@ def main() -> None:
         "wiki-train-queries",
         stage="demo-topic-histogram",
         event=accounting.laplace_event(0.5),
+        relation="ADD_OR_REMOVE_ONE",
         description="Laplace, 12 topics",
     )
     noisy = laplace_mechanism(
@@ -94,6 +95,7 @@ def main() -> None:
         "wiki-train-queries",
         stage="demo-top-first-word",
         event=accounting.epsilon_delta_event(eps2, delta2),
+        relation="ADD_OR_REMOVE_ONE",
         description="LimitedDomain top-1, k_bar=20",
     )
     index = limited_domain_top1(
@@ -142,6 +144,7 @@ def main() -> None:
             "wiki-train-queries",
             stage="demo-too-much",
             event=accounting.pure_epsilon_event(args.epsilon_cap),
+            relation="ADD_OR_REMOVE_ONE",
         )
     except BudgetExceededError as err:
         print(f"[ledger] refused as expected: {err}")

@@ -108,7 +108,8 @@ def test_ledger_show(tmp_path):
 
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
     ledger.open_scope(Scope("t", "d", 1.0, 1e-6))
-    ledger.charge("t", "d", stage="s", event=pure_epsilon_event(0.25))
+    ledger.charge("t", "d", stage="s", event=pure_epsilon_event(0.25), relation="ADD_OR_REMOVE_ONE")
     result = _synthgen("ledger", "show", "--db", str(tmp_path / "l.sqlite"), "--json")
     [row] = json.loads(result.stdout)
     assert row["charges"] == 1 and abs(row["epsilon_spent"] - 0.25) < 1e-3
+    assert row["relation"] == "ADD_OR_REMOVE_ONE"
