@@ -282,25 +282,7 @@ class PrivacyLedger:
                         raise ValueError(f"{ref=} already names a different charge")
                     return earlier
             own_eps, own_delta = self._check(conn, tenant, dataset, stage, event, relation, delta)
-            now = time.time()
-            cursor = conn.execute(
-                "INSERT INTO charges (tenant, dataset, stage, epsilon, delta, event, description,"
-                " created_at, relation, ref) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    tenant,
-                    dataset,
-                    stage,
-                    own_eps,
-                    own_delta,
-                    event_json,
-                    description,
-                    now,
-                    relation.name,
-                    ref,
-                ),
-            )
-            return Charge(
-                cursor.lastrowid,
+            values = (
                 tenant,
                 dataset,
                 stage,
@@ -308,10 +290,16 @@ class PrivacyLedger:
                 own_delta,
                 event_json,
                 description,
-                now,
+                time.time(),
                 relation.name,
                 ref,
             )
+            cursor = conn.execute(
+                "INSERT INTO charges (tenant, dataset, stage, epsilon, delta, event, description,"
+                " created_at, relation, ref) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                values,
+            )
+            return Charge(cursor.lastrowid, *values)
 
     def check(
         self,

@@ -328,33 +328,9 @@ def test_a_charge_ref_is_paid_once(tmp_path):
 
 
 def test_a_ledger_written_before_relations_keeps_its_meaning(tmp_path):
-    import sqlite3
-
-    path = tmp_path / "old.sqlite"
-    conn = sqlite3.connect(path)
-    conn.executescript(
-        """
-        CREATE TABLE scopes (tenant TEXT NOT NULL, dataset TEXT NOT NULL,
-          epsilon_cap REAL NOT NULL, delta_cap REAL NOT NULL, accountant TEXT NOT NULL,
-          relation TEXT NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (tenant, dataset));
-        CREATE TABLE charges (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL,
-          dataset TEXT NOT NULL, stage TEXT NOT NULL, epsilon REAL NOT NULL,
-          delta REAL NOT NULL, event TEXT NOT NULL, description TEXT NOT NULL,
-          created_at REAL NOT NULL);
-        """
+    ledger = _legacy_ledger(
+        tmp_path / "old.sqlite", AR, "pld", 1.0, 0.0, accounting.pure_epsilon_event(1.0)
     )
-    conn.execute(
-        "INSERT INTO scopes VALUES ('acme', 'q', 5.0, 1e-5, 'pld', 'ADD_OR_REMOVE_ONE', 0)"
-    )
-    event_json = accounting.event_to_json(accounting.pure_epsilon_event(1.0))
-    conn.execute(
-        "INSERT INTO charges (tenant, dataset, stage, epsilon, delta, event, description,"
-        " created_at) VALUES ('acme', 'q', 's', 1.0, 0.0, ?, '', 0)",
-        (event_json,),
-    )
-    conn.commit()
-    conn.close()
-    ledger = PrivacyLedger(path)
     [charge] = ledger.charges("acme", "q")
     assert (charge.relation, charge.ref) == (AR, None)
     assert ledger.spent("acme", "q").epsilon == pytest.approx(1.0, abs=1e-3)
