@@ -207,10 +207,11 @@ def test_ensure_scope_opens_once_and_then_keeps_the_stored_cap(tmp_path):
 # ---- each charge carries its neighbouring relation ----------------------------------------
 
 
+SHUFFLE_RUN = dict(noise_multiplier=0.8, num_examples=400, batch_size=20, steps=30)
+
+
 def _shuffle_event():
-    return accounting.dpsgd_event(
-        noise_multiplier=0.8, num_examples=400, batch_size=20, steps=30, sampling="shuffle"
-    )
+    return accounting.dpsgd_event(**SHUFFLE_RUN, sampling="shuffle")
 
 
 def test_replace_one_charge_is_refused_by_an_add_remove_scope(tmp_path):
@@ -231,14 +232,7 @@ def test_replace_one_scope_records_a_shuffle_run_at_its_stated_epsilon(tmp_path)
     charge = ledger.charge(
         "acme", "queries", stage="t", event=_shuffle_event(), relation="REPLACE_ONE"
     )
-    stated = accounting.dpsgd_epsilon(
-        noise_multiplier=0.8,
-        num_examples=400,
-        batch_size=20,
-        steps=30,
-        delta=1e-5,
-        sampling="shuffle",
-    )
+    stated = accounting.dpsgd_epsilon(**SHUFFLE_RUN, delta=1e-5, sampling="shuffle")
     assert charge.relation == "REPLACE_ONE"
     assert charge.epsilon == pytest.approx(stated, rel=1e-9)
     assert ledger.spent("acme", "queries").epsilon == pytest.approx(stated, rel=1e-9)
@@ -410,15 +404,7 @@ def test_an_old_without_replacement_row_is_restated_never_smaller(tmp_path):
         dp_event.SampledWithoutReplacementDpEvent(400, 20, dp_event.GaussianDpEvent(0.8)), 30
     )
     ledger = _legacy_ledger(tmp_path / "old.sqlite", "REPLACE_ONE", "rdp", 6.2, 1e-5, old)
-    want = accounting.dpsgd_epsilon(
-        noise_multiplier=0.8,
-        num_examples=400,
-        batch_size=20,
-        steps=30,
-        delta=1e-5,
-        sampling="shuffle",
-        accountant="rdp",
-    )
+    want = accounting.dpsgd_epsilon(**SHUFFLE_RUN, delta=1e-5, sampling="shuffle", accountant="rdp")
     assert ledger.spent("acme", "q").epsilon == pytest.approx(want, rel=1e-9)
     assert want > 40  # the old row stated 6.2
     with pytest.raises(UnsupportedEventError):  # and no new charge may use the old form
