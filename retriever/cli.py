@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from retriever import data
+from retriever import data, rag_cli
 from synthgen.cli import run
 
 app = typer.Typer(
@@ -24,6 +24,8 @@ data_app = typer.Typer(
 index_app = typer.Typer(help="Build and query a nearest-neighbour index.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 app.add_typer(index_app, name="index")
+app.add_typer(rag_cli.privacy_app, name="privacy")
+app.command("answer")(rag_cli.answer)
 
 # jax, flax, scann and datasets are imported inside the commands so `--help` starts fast.
 

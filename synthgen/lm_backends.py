@@ -26,6 +26,7 @@ Log-probabilities are float32 numpy arrays on the host: the DP mechanism runs th
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -80,6 +81,10 @@ class TinyLM:
         self.floor = float(floor)
         self.eos_after_newline = float(eos_after_newline)
         self._rows: list[list[int]] = []
+
+    def fork(self) -> TinyLM:
+        """The same model with its own session."""
+        return TinyLM(self.floor, self.eos_after_newline)
 
     @property
     def vocab_size(self) -> int:
@@ -169,6 +174,16 @@ class FlaxLM:
         if tokenizer is None:
             raise ValueError(f"{name_or_path} holds no tokenizer")
         return cls(config, params, tokenizer)
+
+    def fork(self) -> FlaxLM:
+        """A second handle on the same weights and compiled functions with its own session.
+
+        Lets a caller keep a public prompt's session apart from the private rows' session
+        (no shared batch, so no shared numerics) without loading or compiling twice.
+        """
+        other = copy.copy(self)
+        other._cache, other._rows, other._new_tokens, other._max_new = None, 0, 0, 0
+        return other
 
     @property
     def vocab_size(self) -> int:

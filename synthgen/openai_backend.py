@@ -24,6 +24,7 @@ released from the generated tokens, not what the server logs.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import urllib.request
@@ -147,6 +148,12 @@ class OpenAICompletionsLM:
 
     def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         return np.stack([self.to_vector(self._request(list(map(int, p)))) for p in prompts])
+
+    def fork(self) -> OpenAICompletionsLM:
+        """The same endpoint with its own session."""
+        other = copy.copy(self)
+        other._rows = []
+        return other
 
     def start(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> np.ndarray:
         self._rows = [list(p) for p in prompts]

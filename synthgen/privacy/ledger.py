@@ -27,7 +27,7 @@ import dataclasses
 import math
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
@@ -301,6 +301,76 @@ class PrivacyLedger:
             )
             return Charge(cursor.lastrowid, *values)
 
+    def charge_all(
+        self,
+        tenant: str,
+        dataset: str,
+        items: Sequence[tuple[str, dp_event.DpEvent, str]],
+        *,
+        relation: accounting.NeighboringRelation | str,
+        delta: float | None = None,
+        ref: str | None = None,
+    ) -> list[Charge]:
+        """Records one release's charges, one row per stage, atomically: all or none.
+
+        Args:
+          tenant: scope tenant.
+          dataset: scope dataset.
+          items: (stage, event, public description) per stage of the release.
+          relation: the neighbouring relation of every event.
+          delta: as in `charge`.
+          ref: idempotency key of the whole release; row i gets ``f"{ref}/{i}"``.
+
+        Returns:
+          The recorded charges (or the earlier ones with the same `ref`).
+
+        Raises:
+          BudgetExceededError: the charges together would exceed the cap; nothing is recorded.
+          ValueError: no items, an invalid event, or `ref` reused for other events.
+        """
+        if not items:
+            raise ValueError("charge_all needs at least one (stage, event, description)")
+        relation = accounting.as_relation(relation)
+        for _, event, _ in items:
+            accounting.validate_event(event)
+        with self._write() as conn:
+            if ref is not None:
+                earlier = [
+                    self._find(conn, tenant, dataset, f"{ref}/{i}") for i in range(len(items))
+                ]
+                if any(c is not None for c in earlier):
+                    wanted = [accounting.event_to_json(e) for _, e, _ in items]
+                    if any(c is None or c.event != w for c, w in zip(earlier, wanted)):
+                        raise ValueError(f"{ref=} already names different charges")
+                    return earlier
+            stage_events = [(stage, event) for stage, event, _ in items]
+            standalone = self._check_all(conn, tenant, dataset, stage_events, relation, delta)
+            recorded = []
+            now = time.time()
+            for i, ((stage, event, description), (own_eps, own_delta)) in enumerate(
+                zip(items, standalone)
+            ):
+                values = (
+                    tenant,
+                    dataset,
+                    stage,
+                    own_eps,
+                    own_delta,
+                    accounting.event_to_json(event),
+                    description,
+                    now,
+                    relation.name,
+                    None if ref is None else f"{ref}/{i}",
+                )
+                cursor = conn.execute(
+                    "INSERT INTO charges (tenant, dataset, stage, epsilon, delta, event,"
+                    " description, created_at, relation, ref)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    values,
+                )
+                recorded.append(Charge(cursor.lastrowid, *values))
+            return recorded
+
     def check(
         self,
         tenant: str,
@@ -341,13 +411,18 @@ class PrivacyLedger:
     def _check(self, conn, tenant, dataset, stage, event, relation, delta) -> tuple[float, float]:
         """Standalone (epsilon, delta) of `event`; BudgetExceededError if the scope's
         composed spend with it would pass the cap."""
+        return self._check_all(conn, tenant, dataset, [(stage, event)], relation, delta)[0]
+
+    def _check_all(
+        self, conn, tenant, dataset, stage_events, relation, delta
+    ) -> list[tuple[float, float]]:
+        """Standalone (epsilon, delta) of each new event; BudgetExceededError if the scope's
+        composed spend with all of them would pass the cap."""
         if delta is not None and not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta=}")
         scope = self._scope(conn, tenant, dataset)
         if scope is None:
             raise KeyError(f"no ledger scope for {tenant=}, {dataset=}; open it first")
-        event = accounting.convert_relation(event, relation, scope.relation)
-        own_eps, own_delta = self._standalone(scope, event, delta)
         previous = [
             (row[0], row[1], row[2], row[3])
             for row in conn.execute(
@@ -356,16 +431,22 @@ class PrivacyLedger:
                 (tenant, dataset),
             )
         ]
-        new = (accounting.event_to_json(event), own_eps, own_delta, scope.relation)
-        total_eps, total_delta = self._compose(scope, previous + [new])
+        standalone, new = [], []
+        for _, event in stage_events:
+            event = accounting.convert_relation(event, relation, scope.relation)
+            own_eps, own_delta = self._standalone(scope, event, delta)
+            standalone.append((own_eps, own_delta))
+            new.append((accounting.event_to_json(event), own_eps, own_delta, scope.relation))
+        total_eps, total_delta = self._compose(scope, previous + new)
         within = total_eps <= scope.epsilon_cap * (1 + 1e-9) and total_delta <= scope.delta_cap
         if not within:  # fails closed on NaN as well
+            stages = "+".join(stage for stage, _ in stage_events)
             raise BudgetExceededError(
-                f"charge refused for ({tenant}, {dataset}) stage={stage}: spend would be "
+                f"charge refused for ({tenant}, {dataset}) stage={stages}: spend would be "
                 f"epsilon={total_eps:.4g}, delta={total_delta:.3g} over cap "
                 f"epsilon={scope.epsilon_cap:g}, delta={scope.delta_cap:g}"
             )
-        return own_eps, own_delta
+        return standalone
 
     def charges(self, tenant: str, dataset: str) -> list[Charge]:
         """All charges of a scope, oldest first."""

@@ -1,0 +1,27 @@
+"""Online DP-RAG answer stage: DP retrieval thresholds, DP answer tokens, per-answer
+accounting, and the `DPRag` object that charges each answer to a tenant's budget."""
+
+from retriever.rag.aggregation import AggregationConfig, dp_icl_token
+from retriever.rag.answer import Answer, DPRag, RagConfig, StageCharge
+from retriever.rag.plan import AnswerPlan, make_plan
+from retriever.rag.prompts import PromptFormat
+from retriever.rag.retrieval import ScoreRange, dp_top_k_threshold, dp_top_p_threshold, select
+from retriever.rag.voting import SparseVoteGate, dp_vote_token
+
+__all__ = [
+    "AggregationConfig",
+    "Answer",
+    "AnswerPlan",
+    "DPRag",
+    "PromptFormat",
+    "RagConfig",
+    "ScoreRange",
+    "SparseVoteGate",
+    "StageCharge",
+    "dp_icl_token",
+    "dp_top_k_threshold",
+    "dp_top_p_threshold",
+    "dp_vote_token",
+    "make_plan",
+    "select",
+]

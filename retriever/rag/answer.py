@@ -1,0 +1,396 @@
+"""The DP-RAG answer stage: one object from a question to a charged, private answer.
+
+`DPRag` holds the private collection (texts and their embeddings), the question encoder,
+the LM and the ledger. `answer(question, tenant=, epsilon=, mechanism=)`:
+
+1. plans the answer (`retriever.rag.plan`) and asks the ledger whether its worst case fits
+   the tenant's remaining budget: a refused request draws no noise and puts no document in
+   any prompt;
+2. scores the question against every private document (exact inner products) and draws
+   the DP threshold (`retriever.rag.retrieval`); only the selected documents' text enters
+   prompts;
+3. releases the answer token by token through the chosen mechanism, with one batched
+   KV-cache step per token for all private prompts and a separate session for the public
+   prompt (`retriever.rag.aggregation`, `retriever.rag.voting`);
+4. optionally releases a confidence score through the Laplace mechanism;
+5. charges every stage in one ledger transaction and only then returns.
+
+Nothing returned (text, noisy count and score, charges) depends on the collection except
+through these mechanisms; no document id, raw score, logit or text is returned or logged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from retriever.rag.aggregation import AggregationConfig, dp_icl_token
+from retriever.rag.plan import AnswerPlan, make_plan
+from retriever.rag.prompts import PromptFormat
+from retriever.rag.retrieval import ScoreRange, dp_top_k_threshold, dp_top_p_threshold, select
+from retriever.rag.voting import SparseVoteGate, dp_vote_token, partition, vote_counts
+from synthgen.privacy import PrivacyLedger, accounting, laplace_mechanism, secure_rng
+
+RELATION = "ADD_OR_REMOVE_ONE"
+
+
+@dataclasses.dataclass(frozen=True)
+class RagConfig:
+    """Public parameters of the answer stage.
+
+    Attributes:
+      k: documents the DP threshold aims to select (top-k); ignored when `top_p` is set.
+      top_p: select a share of the score weight instead (Grislain's top-p variant).
+      score_range: public clipping range of similarity scores.
+      max_tokens: most answer tokens.
+      delta: per-answer delta.
+      retrieval_share: share of the per-answer epsilon for the threshold.
+      score_share: share for the Laplace score release (0: none).
+      composition: "pure" or "bounded-range" analysis of icl tokens.
+      aggregation: alpha, clip, theta of the icl aggregation.
+      num_voters: voters of vote / sparse-vote.
+      docs_per_voter: most documents in one voter's prompt (its best-scored ones).
+      max_candidates: LimitedDomain's k_bar.
+      gate_share: sparse-vote: the gate fires when at least this share of voters disagree.
+      max_releases: sparse-vote: most paid tokens per answer.
+      max_document_tokens: a document's text is cut to this many tokens in a prompt.
+    """
+
+    k: int = 8
+    top_p: float | None = None
+    score_range: ScoreRange = ScoreRange(0.0, 1.0)
+    max_tokens: int = 12
+    delta: float = 1e-6
+    retrieval_share: float = 0.1
+    score_share: float = 0.0
+    composition: str = "pure"
+    aggregation: AggregationConfig = AggregationConfig()
+    num_voters: int = 8
+    docs_per_voter: int = 2
+    max_candidates: int = 4
+    gate_share: float = 0.5
+    max_releases: int = 6
+    max_document_tokens: int = 160
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.max_tokens < 1 or self.num_voters < 1 or self.docs_per_voter < 1:
+            raise ValueError(f"k, max_tokens, num_voters, docs_per_voter must be >= 1: {self=}")
+        if self.top_p is not None and not 0 < self.top_p < 1:
+            raise ValueError(f"top_p must be in (0, 1), got {self.top_p=}")
+        if not 0 < self.gate_share <= 1:
+            raise ValueError(f"gate_share must be in (0, 1], got {self.gate_share=}")
+        if self.max_candidates < 1 or self.max_document_tokens < 1:
+            raise ValueError(f"max_candidates, max_document_tokens must be >= 1: {self=}")
+
+
+@functools.lru_cache(maxsize=256)
+def plan_answer(config: RagConfig, mechanism: str, epsilon: float) -> AnswerPlan:
+    """The plan of one answer at per-answer `epsilon` under `config` (cached: pure)."""
+    return make_plan(
+        mechanism,
+        epsilon,
+        delta=config.delta,
+        max_tokens=config.max_tokens,
+        retrieval_share=config.retrieval_share,
+        score_share=config.score_share,
+        composition=config.composition,
+        max_releases=config.max_releases,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StageCharge:
+    """What one stage of an answer cost (public)."""
+
+    stage: str
+    epsilon: float
+    delta: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """A released answer and what it cost.
+
+    Attributes:
+      text: the answer.
+      mechanism: "icl", "vote" or "sparse-vote".
+      tokens: answer tokens released.
+      paid_tokens: tokens that cost budget (sparse-vote: gate releases; else all planned).
+      charges: per stage (retrieval, gate, tokens, score).
+      epsilon: the answer's (epsilon, delta) under PLD composition of its charges.
+      delta: see epsilon.
+      remaining_epsilon: the tenant's remaining budget after the answer (None: no ledger).
+      selected_count: number of selected documents, Laplace-noised (None: no score stage).
+      confidence: mean similarity of the selected documents, from the noised sum and count
+        (None: no score stage).
+    """
+
+    text: str
+    mechanism: str
+    tokens: int
+    paid_tokens: int
+    charges: tuple[StageCharge, ...]
+    epsilon: float
+    delta: float
+    remaining_epsilon: float | None
+    selected_count: float | None = None
+    confidence: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class DPRag:
+    """Answers questions over a private collection with DP, charged to a tenant's budget.
+
+    Args:
+      doc_ids: ids of the private documents (never released).
+      texts: their texts.
+      embeddings: [N, D] document embeddings; inner products with the question embedding
+        are the similarity scores.
+      encode_question: maps a list of questions to [B, D] embeddings.
+      lm: a `synthgen.lm_backends.NextTokenLM` with `fork()`.
+      ledger: the privacy ledger (None: nothing charged, for experiments only).
+      dataset: the collection's name in the ledger.
+      config: public parameters.
+      prompt: prompt format.
+      rng: tests only; production draws a fresh OS-entropy generator per answer.
+
+    Privacy:
+      Privacy unit: one document of the private collection (add/remove-one). Each answer
+      is (epsilon, delta)-DP for the requested epsilon and the config's delta: the
+      threshold, the tokens and the score are DP mechanisms composed by the plan
+      (`retriever.rag.plan`), and everything else is post-processing of their outputs.
+    """
+
+    def __init__(
+        self,
+        doc_ids: Sequence[str],
+        texts: Sequence[str],
+        embeddings: np.ndarray,
+        encode_question,
+        lm,
+        *,
+        ledger: PrivacyLedger | None = None,
+        dataset: str = "private",
+        config: RagConfig = RagConfig(),
+        prompt: PromptFormat | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        embeddings = np.asarray(embeddings, dtype=np.float32)
+        if embeddings.ndim != 2 or embeddings.shape[0] != len(texts) != len(doc_ids):
+            raise ValueError(
+                f"need one embedding row per document: {embeddings.shape=}, {len(texts)=}"
+            )
+        if len(set(doc_ids)) != len(doc_ids):
+            raise ValueError("doc_ids must be unique")
+        self.doc_ids, self.texts = [str(d) for d in doc_ids], list(texts)
+        self.embeddings = embeddings
+        self.encode_question = encode_question
+        self.lm, self.public_lm = lm, lm.fork()
+        self.ledger, self.dataset = ledger, dataset
+        self.config, self.prompt = config, prompt or PromptFormat()
+        self._rng = rng
+
+    # ---- planning and budget --------------------------------------------------------
+
+    def plan(self, mechanism: str, epsilon: float) -> AnswerPlan:
+        return plan_answer(self.config, mechanism, float(epsilon))
+
+    def remaining(self, tenant: str) -> float | None:
+        if self.ledger is None:
+            return None
+        return self.ledger.spent(tenant, self.dataset).epsilon_remaining
+
+    # ---- the answer -----------------------------------------------------------------
+
+    def answer(
+        self, question: str, *, tenant: str, epsilon: float, mechanism: str = "icl"
+    ) -> Answer:
+        """Answers `question` for `tenant` at per-answer `epsilon` with `mechanism`.
+
+        Raises:
+          BudgetExceededError: the answer's worst case does not fit the tenant's remaining
+            budget; raised before any noise is drawn or any document enters a prompt.
+          ValueError: an empty question, a bad epsilon or mechanism.
+        """
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("the question must be non-empty text")
+        plan = self.plan(mechanism, float(epsilon))
+        if self.ledger is not None:
+            self.ledger.check(
+                tenant,
+                self.dataset,
+                stage="rag-answer",
+                event=plan.worst_case_event(),
+                relation=RELATION,
+                delta=plan.delta,
+            )
+        rng = self._rng if self._rng is not None else secure_rng()
+        scores = self.embeddings @ np.asarray(self.encode_question([question]))[0]
+        tau = self._threshold(scores, plan.retrieval_epsilon, rng)
+        chosen = select(scores, tau, self.config.score_range)  # private set, best first
+        if mechanism == "icl":
+            tokens, paid, stages = self._icl(question, chosen, plan, rng)
+        else:
+            tokens, paid, stages = self._vote(question, chosen, plan, rng)
+        count = confidence = None
+        if plan.score_epsilon > 0:
+            count, confidence = self._score(scores, chosen, plan.score_epsilon, rng)
+            stages.append(("score", accounting.laplace_event(plan.score_epsilon)))
+        stages.insert(0, ("retrieval", accounting.pure_epsilon_event(plan.retrieval_epsilon)))
+        charges = self._charge(tenant, mechanism, stages, plan.delta)
+        total = accounting.epsilon(accounting.compose([e for _, e in stages]), plan.delta)
+        return Answer(
+            text=self.lm.decode(tokens).strip(),
+            mechanism=mechanism,
+            tokens=len(tokens),
+            paid_tokens=paid,
+            charges=charges,
+            epsilon=total,
+            delta=plan.delta,
+            remaining_epsilon=self.remaining(tenant),
+            selected_count=count,
+            confidence=confidence,
+        )
+
+    def _threshold(self, scores: np.ndarray, epsilon: float, rng) -> float:
+        c = self.config
+        if c.top_p is not None:
+            return dp_top_p_threshold(scores, c.top_p, epsilon, rng, score_range=c.score_range)
+        return dp_top_k_threshold(scores, c.k, epsilon, rng, score_range=c.score_range)
+
+    def _charge(self, tenant, mechanism, stages, delta) -> tuple[StageCharge, ...]:
+        if self.ledger is None:
+            return tuple(StageCharge(stage, *_standalone(event, delta)) for stage, event in stages)
+        recorded = self.ledger.charge_all(
+            tenant,
+            self.dataset,
+            [(f"rag-{stage}", event, f"rag answer ({mechanism})") for stage, event in stages],
+            relation=RELATION,
+            delta=delta,
+            ref=secrets.token_hex(16),
+        )
+        return tuple(
+            StageCharge(stage, c.epsilon, c.delta) for (stage, _), c in zip(stages, recorded)
+        )
+
+    def _document_ids(self, position: int) -> list[int]:
+        ids = self.lm.encode(self.texts[position])
+        return ids[: self.config.max_document_tokens]
+
+    def _icl(self, question, chosen, plan: AnswerPlan, rng):
+        private = [self.prompt.encode(self.lm, question, [self._document_ids(i)]) for i in chosen]
+        public = self.prompt.encode(self.lm, question, [])
+        tokens: list[int] = []
+        session = _Sessions(self.lm, self.public_lm, private, public, plan.max_tokens)
+        for _ in range(plan.max_tokens):
+            token = dp_icl_token(
+                session.private,
+                session.public[0],
+                epsilon=plan.token_epsilon,
+                config=self.config.aggregation,
+                rng=rng,
+            )
+            if token in self.lm.eos_ids:
+                break
+            tokens.append(token)
+            session.append(token, last=len(tokens) == plan.max_tokens)
+        return tokens, plan.max_tokens, [("tokens", plan.token_block_event(plan.max_tokens))]
+
+    def _vote(self, question, chosen, plan: AnswerPlan, rng):
+        c = self.config
+        salt = rng.bytes(16)  # secret: which voter holds which document
+        groups = partition([self.doc_ids[i] for i in chosen], c.num_voters, salt)
+        # chosen is best first, so each voter keeps its best-scored documents
+        voters = [
+            self.prompt.encode(
+                self.lm, question, [self._document_ids(chosen[j]) for j in g[: c.docs_per_voter]]
+            )
+            for g in groups
+            if g
+        ]
+        public = self.prompt.encode(self.lm, question, [])
+        sparse = plan.mechanism == "sparse-vote"
+        gate = SparseVoteGate(
+            threshold=c.gate_share * c.num_voters,
+            gate_epsilon=plan.gate_epsilon,
+            token_epsilon=plan.token_epsilon,
+            token_delta=plan.token_delta,
+            max_candidates=c.max_candidates,
+            max_releases=plan.max_releases,
+            rng=rng,
+        )
+        session = _Sessions(self.lm, self.public_lm, voters, public, plan.max_tokens)
+        tokens: list[int] = []
+        for _ in range(plan.max_tokens):
+            counts = vote_counts(session.private, self.lm.vocab_size)
+            if sparse:
+                if gate.exhausted:
+                    break
+                token, _ = gate.step(counts, int(np.argmax(session.public[0])))
+            else:
+                token = dp_vote_token(
+                    counts,
+                    epsilon=plan.token_epsilon,
+                    delta=plan.token_delta,
+                    max_candidates=c.max_candidates,
+                    rng=rng,
+                )
+            if token is None or token in self.lm.eos_ids:
+                break
+            tokens.append(token)
+            session.append(token, last=len(tokens) == plan.max_tokens)
+        if not sparse:
+            return tokens, plan.max_tokens, [("tokens", plan.token_block_event(plan.max_tokens))]
+        stages = [
+            (stage, accounting.self_composed(accounting.epsilon_delta_event(e, d), n))
+            for stage, (e, d, n) in gate.charges().items()
+        ]
+        return tokens, gate.releases, stages
+
+    def _score(self, scores, chosen, epsilon: float, rng) -> tuple[float, float]:
+        """Noisy (count, mean similarity) of the selected documents.
+
+        Privacy: (count, sum of normalised scores in [0, 1]) has L1 sensitivity 2 under
+        add/remove-one given the threshold; Laplace(2 / epsilon) per coordinate is
+        epsilon-DP (Dwork et al. 2006). The mean is post-processing.
+        """
+        normalised = self.config.score_range.normalise(scores)[chosen]
+        count, total = laplace_mechanism(
+            np.array([len(chosen), normalised.sum()]), sensitivity=2.0, epsilon=epsilon, rng=rng
+        )
+        mean = float(np.clip(total / count, 0.0, 1.0)) if count >= 1 else 0.0
+        return float(max(count, 0.0)), mean
+
+
+def _standalone(event, delta: float) -> tuple[float, float]:
+    if isinstance(event, accounting.EpsilonDeltaDpEvent):
+        return event.epsilon, event.delta
+    return accounting.epsilon(event, delta), delta
+
+
+class _Sessions:
+    """The private rows' batched session and the public prompt's own session."""
+
+    def __init__(self, lm, public_lm, private_rows, public_row, max_tokens: int) -> None:
+        self.lm, self.public_lm = lm, public_lm
+        self.has_private = bool(private_rows)
+        self.private = (
+            lm.start(private_rows, max_tokens)
+            if private_rows
+            else np.zeros((0, lm.vocab_size), np.float32)
+        )
+        self.public = public_lm.start([public_row], max_tokens)
+
+    def append(self, token: int, *, last: bool) -> None:
+        if last:  # no next token will be drawn: skip the step
+            return
+        if self.has_private:
+            self.private = self.lm.append(token)
+        self.public = self.public_lm.append(token)

@@ -1,0 +1,201 @@
+"""DP retrieval: a similarity threshold drawn by the exponential mechanism (Grislain 2024).
+
+A question's similarity to every private document is clipped to a public range
+[min_score, max_score] and mapped to [0, 1]. A threshold tau in [0, 1] is drawn from the
+continuous exponential mechanism with utility u(tau) = -|#{i : s_i >= tau} - k| (top-k) or
+the weighted top-p variant, and the documents with s_i >= tau are selected. Only tau is
+released by the mechanism; the selected set is private and only enters the DP answer
+mechanisms (`retriever.rag.aggregation`, `retriever.rag.voting`).
+
+The density of tau is piecewise constant: between consecutive sorted scores the count of
+selected documents does not change. The mechanism picks an interval with probability
+proportional to length * exp(epsilon * u / 2) (through `synthgen.privacy.exponential_mechanism`
+with the log-length folded into the utility) and then tau uniformly inside it.
+
+The reference implementation (sarus-tech/dp-rag, `_exp_mechanism_top_k_threshold`) gives
+utility -|len(sorted) - k - j| to the interval starting at the j-th of the n + 2 padded
+scores, whose count is n - j, so its mode selects k - 2 documents; here the interval whose
+count is k has utility 0 (`tests/retriever/rag/test_retrieval.py` tests the mode).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from synthgen.privacy import exponential_mechanism
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreRange:
+    """Public clipping range of similarity scores; it must not depend on the private data."""
+
+    min_score: float = 0.0
+    max_score: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.min_score) and math.isfinite(self.max_score)):
+            raise ValueError(f"score range must be finite, got {self=}")
+        if not self.min_score < self.max_score:
+            raise ValueError(f"min_score must be < max_score, got {self=}")
+
+    def normalise(self, scores: np.typing.ArrayLike) -> np.ndarray:
+        """Scores clipped to the range and mapped affinely to [0, 1]."""
+        array = np.asarray(scores, dtype=np.float64)
+        if array.ndim != 1:
+            raise ValueError(f"scores must be 1-D, got shape={array.shape}")
+        if not np.all(np.isfinite(array)):
+            raise ValueError("scores must be finite")
+        clipped = np.clip(array, self.min_score, self.max_score)
+        return (clipped - self.min_score) / (self.max_score - self.min_score)
+
+
+def _check(epsilon: float) -> None:
+    if not (isinstance(epsilon, int | float) and math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon=}")
+
+
+def _intervals(scores01: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(left ends, lengths, selected counts) of the intervals (e_j, e_{j+1}] of [0, 1].
+
+    With sorted scores s_(1) <= ... <= s_(n) and e_0 = 0, e_{n+1} = 1, a threshold tau in
+    (e_j, e_{j+1}] selects the n - j documents with s_i >= tau (ties give zero-length
+    intervals, which are never drawn).
+    """
+    edges = np.concatenate([[0.0], np.sort(scores01), [1.0]])
+    counts = scores01.size - np.arange(scores01.size + 1)
+    return edges[:-1], np.diff(edges), counts
+
+
+def _draw(
+    left: np.ndarray,
+    lengths: np.ndarray,
+    utilities: np.ndarray,
+    epsilon: float,
+    rng: np.random.Generator,
+) -> float:
+    keep = lengths > 0  # the lengths sum to 1, so some interval is kept
+    # exp(eps * u / 2) * length == exp(eps * (u + 2 ln(length) / eps) / 2)
+    folded = utilities[keep] + 2.0 * np.log(lengths[keep]) / epsilon
+    j = exponential_mechanism(folded, epsilon=epsilon, sensitivity=1.0, rng=rng)
+    return float(left[keep][j] + lengths[keep][j] * (1.0 - rng.random()))
+
+
+def threshold_distribution(
+    scores01: np.typing.ArrayLike, utilities_of_counts, epsilon: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(left ends, lengths, probabilities) of the threshold's intervals: the closed form."""
+    scores = np.asarray(scores01, dtype=np.float64)
+    left, lengths, counts = _intervals(scores)
+    utilities = utilities_of_counts(scores, counts)
+    with np.errstate(divide="ignore"):
+        logits = epsilon * utilities / 2.0 + np.log(lengths)
+    weights = np.exp(logits - np.max(logits))
+    return left, lengths, weights / weights.sum()
+
+
+def _top_k_utilities(k: int):
+    def utilities(scores: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        return -np.abs(counts - k).astype(np.float64)
+
+    return utilities
+
+
+def _top_p_utilities(p: float, concentration: float):
+    def utilities(scores: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        weights = np.sort(np.exp(concentration * (scores - 1.0)))  # in (0, 1], ascending
+        # selected weight of the interval with count c: the c largest weights
+        selected = np.concatenate([[0.0], np.cumsum(weights[::-1])])[counts]
+        return -np.abs(selected - p * weights.sum())
+
+    return utilities
+
+
+def dp_top_k_threshold(
+    scores: np.typing.ArrayLike,
+    k: int,
+    epsilon: float,
+    rng: np.random.Generator,
+    *,
+    score_range: ScoreRange = ScoreRange(),
+) -> float:
+    """A DP threshold tau in [0, 1] that selects about `k` documents (those with s >= tau).
+
+    Args:
+      scores: similarity of the question to every document of the private collection
+        (raw; clipped to `score_range` and mapped to [0, 1] here).
+      k: how many documents the threshold should select (k >= 1).
+      epsilon: privacy parameter of the threshold.
+      rng: source of randomness (`synthgen.privacy.secure_rng()` in production).
+      score_range: public clipping range of the raw scores.
+
+    Returns:
+      tau on the normalised [0, 1] scale; select with `select(scores, tau, score_range)`.
+
+    Privacy:
+      Privacy unit: one document (add/remove-one). Adding or removing a document changes
+      #{i : s_i >= tau} by at most 1 for every tau, so the utility has sensitivity 1 and
+      the continuous exponential mechanism on [0, 1] (Lebesgue base measure) is
+      epsilon-DP, and epsilon-bounded-range (McSherry & Talwar 2007; Grislain 2024, "RAG
+      with differential privacy", Sec. 3). Account with `pure_epsilon_event(epsilon)`.
+      Scores are clipped to a public range, never to one read from the data.
+    """
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k=}")
+    _check(epsilon)
+    normalised = score_range.normalise(scores)
+    left, lengths, counts = _intervals(normalised)
+    return _draw(left, lengths, _top_k_utilities(int(k))(normalised, counts), epsilon, rng)
+
+
+def dp_top_p_threshold(
+    scores: np.typing.ArrayLike,
+    p: float,
+    epsilon: float,
+    rng: np.random.Generator,
+    *,
+    concentration: float = 5.0,
+    score_range: ScoreRange = ScoreRange(),
+) -> float:
+    """A DP threshold that selects the documents holding a share `p` of the score weight.
+
+    Each document weighs w_i = exp(concentration * (s_i - 1)) on the normalised scale, so
+    high scores dominate; the utility of tau is -|sum_{s_i >= tau} w_i - p * sum_i w_i|.
+
+    Args:
+      scores: similarity of the question to every private document (raw).
+      p: share of the total weight to select, in (0, 1).
+      epsilon: privacy parameter of the threshold.
+      rng: source of randomness.
+      concentration: public weighting of high scores (Grislain's top_p_alpha).
+      score_range: public clipping range of the raw scores.
+
+    Returns:
+      tau on the normalised [0, 1] scale.
+
+    Privacy:
+      Privacy unit: one document (add/remove-one). A document of weight w in (0, 1]
+      changes the utility by w * (1[s >= tau] - p), at most max(p, 1 - p) <= 1, so the
+      exponential mechanism with sensitivity 1 is epsilon-DP (Grislain 2024, top-p
+      variant). Account with `pure_epsilon_event(epsilon)`.
+    """
+    if not 0 < p < 1:
+        raise ValueError(f"p must be in (0, 1), got {p=}")
+    if not (math.isfinite(concentration) and concentration >= 0):
+        raise ValueError(f"concentration must be >= 0, got {concentration=}")
+    _check(epsilon)
+    normalised = score_range.normalise(scores)
+    left, lengths, counts = _intervals(normalised)
+    utilities = _top_p_utilities(float(p), float(concentration))(normalised, counts)
+    return _draw(left, lengths, utilities, epsilon, rng)
+
+
+def select(
+    scores: np.typing.ArrayLike, tau: float, score_range: ScoreRange = ScoreRange()
+) -> np.ndarray:
+    """Indices of the documents with normalised score >= tau, best first (private set)."""
+    normalised = score_range.normalise(scores)
+    chosen = np.flatnonzero(normalised >= tau)
+    return chosen[np.argsort(-normalised[chosen], kind="stable")]

@@ -1,0 +1,102 @@
+"""`retriever answer` and `retriever privacy rag`: thin wrappers over `retriever.rag`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+privacy_app = typer.Typer(help="Privacy calculators.", no_args_is_help=True)
+
+
+@privacy_app.command("rag")
+def privacy_rag(
+    tokens: Annotated[int, typer.Option(help="most answer tokens T")],
+    delta: Annotated[float, typer.Option(help="per-answer delta")],
+    target_epsilon: Annotated[float, typer.Option(help="per-answer epsilon")],
+    retrieval_epsilon: Annotated[float, typer.Option(help="the threshold's epsilon")] = 0.0,
+    composition: Annotated[str, typer.Option(help="pure | bounded-range")] = "pure",
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+) -> None:
+    """Per-token epsilon of a DP-RAG answer of T tokens within a per-answer target."""
+    from retriever.rag.accounting import rag_privacy_plan
+
+    plan = rag_privacy_plan(
+        tokens,
+        delta,
+        target_epsilon,
+        retrieval_epsilon=retrieval_epsilon,
+        composition=composition,
+    )
+    if as_json:
+        print(json.dumps(plan))
+    else:
+        print(
+            f"token_epsilon={plan['token_epsilon']:.6g} epsilon={plan['epsilon']:.6g} "
+            f"delta={plan['delta']:g} tokens={plan['tokens']} composition={composition}"
+        )
+
+
+def answer(
+    index: Annotated[Path, typer.Option(help="exact index over the private corpus")],
+    private_corpus: Annotated[Path, typer.Option(help="private corpus.jsonl: doc_id, text")],
+    question: Annotated[str, typer.Option(help="the question")],
+    epsilon: Annotated[float, typer.Option(help="per-answer epsilon")],
+    mechanism: Annotated[str, typer.Option(help="icl | vote | sparse-vote")] = "icl",
+    ledger: Annotated[Path | None, typer.Option(help="ledger file (default: data folder)")] = None,
+    tenant: Annotated[str, typer.Option(help="who pays")] = "default",
+    tenant_epsilon: Annotated[
+        float, typer.Option(help="cap of a new tenant scope (existing scopes keep theirs)")
+    ] = 10.0,
+    tenant_delta: Annotated[float, typer.Option(help="delta cap of a new tenant scope")] = 1e-5,
+    k: Annotated[int, typer.Option(help="documents the DP threshold aims to select")] = 8,
+    max_tokens: Annotated[int, typer.Option(help="most answer tokens")] = 12,
+    delta: Annotated[float, typer.Option(help="per-answer delta")] = 1e-6,
+    composition: Annotated[str, typer.Option(help="icl tokens: pure | bounded-range")] = "pure",
+    score: Annotated[bool, typer.Option(help="also release a noisy count and score")] = False,
+    min_score: Annotated[float, typer.Option(help="public lower clip of similarities")] = 0.0,
+    max_score: Annotated[float, typer.Option(help="public upper clip of similarities")] = 1.0,
+    lm: Annotated[str, typer.Option(help="LM asset or path")] = "smollm2-135m-instruct",
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+) -> None:
+    """Answer a question from a private collection with DP, charged to a tenant's budget."""
+    from retriever.rag import RagConfig, ScoreRange
+    from retriever.rag.answer import plan_answer
+    from retriever.rag.loading import load_dprag
+    from synthgen.paths import default_ledger_path
+    from synthgen.privacy import PrivacyLedger, Scope
+
+    config = RagConfig(
+        k=k,
+        max_tokens=max_tokens,
+        delta=delta,
+        composition=composition,
+        score_share=0.05 if score else 0.0,
+        score_range=ScoreRange(min_score, max_score),
+    )
+    book = PrivacyLedger(ledger or default_ledger_path())
+    dataset = private_corpus.stem
+    book.ensure_scope(Scope(tenant, dataset, tenant_epsilon, tenant_delta))
+    # refuse before loading anything heavy
+    plan = plan_answer(config, mechanism, epsilon)
+    book.check(
+        tenant,
+        dataset,
+        stage="rag-answer",
+        event=plan.worst_case_event(),
+        relation="ADD_OR_REMOVE_ONE",
+        delta=delta,
+    )
+    rag = load_dprag(index, private_corpus, lm=lm, ledger=book, dataset=dataset, config=config)
+    result = rag.answer(question, tenant=tenant, epsilon=epsilon, mechanism=mechanism)
+    if as_json:
+        print(json.dumps(result.to_json()))
+        return
+    print(result.text)
+    parts = ", ".join(f"{c.stage} {c.epsilon:.3g}" for c in result.charges)
+    print(
+        f"[{mechanism}] epsilon={result.epsilon:.4g} delta={result.delta:g} ({parts}); "
+        f"remaining epsilon={result.remaining_epsilon:.4g} for tenant {tenant}"
+    )

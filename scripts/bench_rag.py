@@ -1,0 +1,111 @@
+"""Seconds per DP-RAG answer token: one batched KV-cache step for all prompts vs one at a time.
+
+The answer stage (`retriever.rag.DPRag`, icl mechanism) with k = 32 selected documents
+(fictional medical records of `retriever.rag.medical`; random embeddings and a threshold
+epsilon so large that the DP threshold selects exactly k) and the public prompt. The
+batched path is the library's: all 32 private prompts prefilled in one call and advanced
+by one jitted cached step per token, the public prompt in its own session. The sequential
+path runs the same answer code with an LM wrapper that gives every prompt its own batch-1
+KV-cache session, so each token costs 32 + 1 cached steps. EOS is hidden so both paths
+release exactly --tokens tokens; compilation is excluded (one warm-up answer per path).
+
+    python scripts/bench_rag.py                 # smollm2-135m-instruct, k=32, 16 tokens
+
+Last line: ``batched_vs_sequential=<ratio> seconds_per_token=<batched seconds per token>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from retriever.rag import DPRag, RagConfig, ScoreRange
+from retriever.rag.medical import MedicalWorldConfig, make_world
+from synthgen.lm_backends import FlaxLM
+
+
+class NoStop:
+    """Delegates to an LM but reports no EOS, so an answer runs to max_tokens."""
+
+    def __init__(self, lm) -> None:
+        self.lm = lm
+
+    def __getattr__(self, name):
+        return getattr(self.lm, name)
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return ()
+
+    def fork(self):
+        return type(self)(self.lm.fork())
+
+
+class OneRowAtATime(NoStop):
+    """Every prompt in its own batch-1 KV-cache session (the sequential baseline)."""
+
+    def __init__(self, lm) -> None:
+        super().__init__(lm)
+        self.rows: list = []
+
+    def start(self, prompts, max_new_tokens):
+        self.rows = [self.lm.fork() for _ in prompts]
+        return np.concatenate([r.start([p], max_new_tokens) for r, p in zip(self.rows, prompts)])
+
+    def append(self, token):
+        return np.concatenate([r.append(token) for r in self.rows])
+
+
+def timed_answer(rag: DPRag, question: str, epsilon: float) -> tuple[float, int]:
+    start = time.perf_counter()
+    answer = rag.answer(question, tenant="bench", epsilon=epsilon, mechanism="icl")
+    return time.perf_counter() - start, answer.tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--k", type=int, default=32, help="selected documents")
+    parser.add_argument("--tokens", type=int, default=16, help="answer tokens")
+    parser.add_argument("--documents", type=int, default=400)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+
+    world = make_world(MedicalWorldConfig(num_records=args.documents, seed=0))
+    texts = [r.text for r in world.records]
+    rng = np.random.default_rng(0)
+    embeddings = rng.normal(size=(len(texts), 16)).astype(np.float32)
+    embeddings /= np.linalg.norm(embeddings, axis=1, keepdims=True)
+    question_vector = embeddings[0:1]
+    config = RagConfig(
+        k=args.k,
+        max_tokens=args.tokens,
+        retrieval_share=0.99,  # a benchmark: epsilon 100 * 0.99 on the threshold selects k
+        score_range=ScoreRange(-1.0, 1.0),
+    )
+    base = FlaxLM.load(args.model)
+    question = world.questions(per_disease=1, seed=0)[0].question
+    results = {}
+    for name, lm in (("batched", NoStop(base)), ("sequential", OneRowAtATime(base))):
+        rag = DPRag(
+            [r.doc_id for r in world.records],
+            texts,
+            embeddings,
+            lambda qs: question_vector,
+            lm,
+            config=config,
+            rng=np.random.default_rng(1),
+        )
+        timed_answer(rag, question, 100.0)  # warm-up: compilation
+        runs = [timed_answer(rag, question, 100.0) for _ in range(args.repeats)]
+        seconds = min(t / n for t, n in runs)
+        results[name] = seconds
+        print(f"{name}: {seconds:.4f} s/token (tokens per answer: {runs[0][1]})", flush=True)
+    ratio = results["sequential"] / results["batched"]
+    print(f"batched_vs_sequential={ratio:.2f} seconds_per_token={results['batched']:.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,336 @@
+"""Tests of the vote-based token release (`retriever.rag.voting`).
+
+`partition` is checked for the property the privacy proof needs (one document moves one
+voter's group only); `dp_vote_token` for its bottom-symbol behaviour, its candidate set and
+the LimitedDomain parameters it passes; `SparseVoteGate` for its pay-what-you-use charges.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from retriever.rag import voting
+from retriever.rag.voting import SparseVoteGate, dp_vote_token, partition, vote_counts
+from synthgen.privacy import AboveThreshold
+
+DOC_IDS = [f"doc-{i:03d}" for i in range(60)]
+
+
+def _groups_by_id(doc_ids: list[str], num_voters: int, salt: bytes) -> list[set[str]]:
+    return [{doc_ids[p] for p in group} for group in partition(doc_ids, num_voters, salt)]
+
+
+def test_partition_is_deterministic_disjoint_and_covering():
+    groups = partition(DOC_IDS, 5, b"answer-salt")
+    assert groups == partition(list(DOC_IDS), 5, b"answer-salt")
+    assert len(groups) == 5
+    positions = sorted(p for group in groups for p in group)
+    assert positions == list(range(len(DOC_IDS)))  # disjoint and covering
+    assert all(group for group in groups)  # 60 ids over 5 voters: none empty here
+    assert partition(DOC_IDS, 1, b"s") == [list(range(len(DOC_IDS)))]
+    assert partition([], 3, b"s") == [[], [], []]
+
+
+def test_partition_rejects_no_voters():
+    with pytest.raises(ValueError):
+        partition(DOC_IDS, 0, b"s")
+
+
+@pytest.mark.parametrize("where", [0, 17, 60])
+def test_adding_one_document_changes_only_its_voters_group(where):
+    salt = b"per-answer secret"
+    before = _groups_by_id(DOC_IDS, 4, salt)
+    new_id = "doc-new"
+    after_ids = DOC_IDS[:where] + [new_id] + DOC_IDS[where:]  # shifts positions, not ids
+    after = _groups_by_id(after_ids, 4, salt)
+    changed = [v for v in range(4) if before[v] != after[v]]
+    assert len(changed) == 1
+    assert after[changed[0]] == before[changed[0]] | {new_id}
+    # and removing a document (the other direction of the neighbouring relation)
+    removed = _groups_by_id(DOC_IDS[1:], 4, salt)
+    changed = [v for v in range(4) if before[v] != removed[v]]
+    assert len(changed) == 1
+    assert removed[changed[0]] == before[changed[0]] - {DOC_IDS[0]}
+
+
+def test_different_salts_give_different_assignments():
+    assignments = {
+        tuple(map(tuple, partition(DOC_IDS, 4, salt)))
+        for salt in (b"a", b"b", b"c", b"answer-1", b"answer-2")
+    }
+    assert len(assignments) == 5
+
+
+def test_vote_counts_is_the_histogram_of_greedy_tokens():
+    rng = np.random.default_rng(0)
+    voters = rng.normal(size=(9, 7))
+    expected = np.zeros(7)
+    for row in voters:
+        expected[int(np.argmax(row))] += 1
+    np.testing.assert_array_equal(vote_counts(voters, 7), expected)
+    np.testing.assert_array_equal(vote_counts(voters.ravel(), 7), expected)
+    assert vote_counts(voters, 7).sum() == 9
+    np.testing.assert_array_equal(vote_counts(np.zeros((0, 7)), 7), np.zeros(7))
+
+
+def _release_histogram(counts, n_draws: int, seed: int, **kwargs) -> collections.Counter:
+    rng = np.random.default_rng(seed)
+    return collections.Counter(dp_vote_token(counts, rng=rng, **kwargs) for _ in range(n_draws))
+
+
+def test_no_votes_ends_the_answer():
+    counts = np.zeros(10)
+    outcomes = _release_histogram(counts, 2000, seed=1, epsilon=1.0, delta=1e-6, max_candidates=5)
+    assert outcomes[None] / 2000 >= 0.99
+
+
+def test_a_single_vote_at_small_epsilon_ends_the_answer():
+    counts = np.zeros(10)
+    counts[3] = 1
+    outcomes = _release_histogram(counts, 2000, seed=2, epsilon=0.5, delta=1e-6, max_candidates=5)
+    assert outcomes[None] / 2000 >= 0.99
+
+
+def test_a_clear_majority_is_released():
+    counts = np.zeros(10)
+    counts[3], counts[7] = 30, 2  # 32 voters
+    outcomes = _release_histogram(counts, 2000, seed=3, epsilon=5.0, delta=1e-5, max_candidates=5)
+    assert outcomes[3] / 2000 >= 0.99
+
+
+def test_only_the_top_max_candidates_counts_can_be_released():
+    counts = np.zeros(12)
+    counts[[4, 9, 1, 6, 11, 0]] = [30, 29, 28, 27, 26, 25]
+    counts[[2, 3]] = 5
+    outcomes = _release_histogram(counts, 3000, seed=4, epsilon=1.0, delta=0.9, max_candidates=3)
+    released = set(outcomes) - {None}
+    assert released == {4, 9, 1}  # each of the top 3 appears, nothing else
+    # control: with every count a candidate, the 4th-6th counts do come out at this noise
+    wide = _release_histogram(counts, 3000, seed=4, epsilon=1.0, delta=0.9, max_candidates=12)
+    assert {6, 11, 0} <= set(wide)
+
+
+@pytest.mark.parametrize(("epsilon", "delta"), [(1.0, 1e-6), (4.0, 1e-3), (0.2, 0.5)])
+def test_limited_domain_runs_at_half_epsilon_and_group_privacy_delta(monkeypatch, epsilon, delta):
+    calls = []
+
+    def recording(counts, **kwargs):
+        calls.append((np.asarray(counts).copy(), kwargs))
+        return 42
+
+    monkeypatch.setattr(voting, "limited_domain_top1", recording)
+    counts = np.array([3.0, 0.0, 1.0])
+    rng = np.random.default_rng(0)
+    assert dp_vote_token(counts, epsilon=epsilon, delta=delta, max_candidates=2, rng=rng) == 42
+    ((seen_counts, kwargs),) = calls
+    np.testing.assert_array_equal(seen_counts, counts)
+    assert kwargs["epsilon"] == pytest.approx(epsilon / 2, rel=1e-15)
+    assert kwargs["delta"] == pytest.approx(delta / (1 + math.exp(epsilon / 2)), rel=1e-15)
+    assert kwargs["max_candidates"] == 2
+    assert kwargs["max_contributions"] == 1  # one vote touches one count
+    assert kwargs["rng"] is rng
+    # group privacy of size 2 recovers the requested (epsilon, delta)
+    eps2, dlt2 = 2 * kwargs["epsilon"], (1 + math.exp(kwargs["epsilon"])) * kwargs["delta"]
+    assert (eps2, dlt2) == (pytest.approx(epsilon), pytest.approx(delta))
+
+
+def _vote_release_probabilities(
+    counts: np.ndarray, epsilon: float, delta: float, max_candidates: int
+) -> np.ndarray:
+    """Closed form of `dp_vote_token`: P(token 0..V-1), then P(None), last.
+
+    LimitedDomain at (e, d) = (epsilon / 2, delta / (1 + e^(epsilon / 2))) perturbs the top
+    `max_candidates` counts and the threshold h + 1 + ln(1 / d) / e with i.i.d. Gumbel(1 / e)
+    noise and releases the argmax, so by the Gumbel-max identity the outcome o is drawn with
+    probability proportional to exp(e * value_o) (Durfee & Rogers 2019, Alg. 1).
+    """
+    e, d = epsilon / 2, delta / (1 + math.exp(epsilon / 2))
+    order = np.argsort(-counts, kind="stable")
+    top = order[:max_candidates]
+    h_next = counts[order[max_candidates]] if counts.size > max_candidates else 0.0
+    logits = np.full(counts.size + 1, -np.inf)
+    logits[top] = e * counts[top]
+    logits[-1] = e * (h_next + 1 + math.log(1 / d) / e)
+    weights = np.exp(logits - logits.max())
+    return weights / weights.sum()
+
+
+def test_vote_release_frequencies_match_the_closed_form():
+    counts = np.array([5.0, 4.0, 4.0, 2.0, 0.0, 1.0])
+    n_draws = 20_000
+    outcomes = _release_histogram(counts, n_draws, seed=5, epsilon=2.0, delta=0.1, max_candidates=3)
+    observed = np.array([outcomes[i] for i in range(counts.size)] + [outcomes[None]])
+    for epsilon, accept in ((2.0, True), (4.0, False)):  # 4.0: the negative control
+        probs = _vote_release_probabilities(counts, epsilon, 0.1, 3)
+        support = probs > 0
+        assert observed[~support].sum() == 0
+        pvalue = stats.chisquare(observed[support], probs[support] * n_draws).pvalue
+        assert pvalue > 1e-3 if accept else pvalue < 1e-6
+
+
+def _hockey_stick(p: np.ndarray, q: np.ndarray, epsilon: float) -> float:
+    """sup over outcome sets S of P(S) - e^epsilon Q(S)."""
+    return float(np.sum(np.maximum(0.0, p - math.exp(epsilon) * q)))
+
+
+def test_a_changed_added_or_removed_vote_is_epsilon_delta_private():
+    rng = np.random.default_rng(6)
+    worst = 0.0
+    for trial in range(3000):
+        vocab = int(rng.integers(2, 8))
+        max_candidates = int(rng.integers(1, vocab + 2))
+        counts = rng.integers(0, 6, size=vocab).astype(np.float64)
+        epsilon = float(rng.choice([0.1, 0.5, 1.0, 3.0, 8.0]))
+        delta = float(rng.choice([1e-6, 1e-3, 0.1]))
+        a, b = rng.integers(0, vocab, size=2)
+        neighbour = counts.copy()
+        if trial % 3 != 1 and neighbour[a] > 0:
+            neighbour[a] -= 1  # a voter leaves token a ...
+        if trial % 3 != 2:
+            neighbour[b] += 1  # ... and / or votes for token b
+        p = _vote_release_probabilities(counts, epsilon, delta, max_candidates)
+        q = _vote_release_probabilities(neighbour, epsilon, delta, max_candidates)
+        divergence = max(_hockey_stick(p, q, epsilon), _hockey_stick(q, p, epsilon))
+        assert divergence <= delta * (1 + 1e-9)
+        worst = max(worst, divergence / delta)
+    assert worst > 0.5  # the bound is nearly reached: the check is not vacuous
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "delta"), [(0.0, 1e-6), (-1.0, 1e-6), (math.nan, 1e-6), (1.0, 0.0), (1.0, -1e-6)]
+)
+def test_dp_vote_token_rejects_bad_privacy_parameters(epsilon, delta):
+    with pytest.raises(ValueError):
+        dp_vote_token(
+            np.array([3.0, 1.0]),
+            epsilon=epsilon,
+            delta=delta,
+            max_candidates=1,
+            rng=np.random.default_rng(0),
+        )
+
+
+@pytest.mark.parametrize("delta", [1.0, 1.5])
+def test_dp_vote_token_rejects_delta_of_one_or_more(delta):
+    with pytest.raises(ValueError):
+        dp_vote_token(
+            np.array([3.0, 1.0]),
+            epsilon=1.0,
+            delta=delta,
+            max_candidates=1,
+            rng=np.random.default_rng(0),
+        )
+
+
+VOCAB, PUBLIC, OTHER, VOTERS = 10, 2, 7, 16
+
+
+def _agree() -> np.ndarray:
+    counts = np.zeros(VOCAB)
+    counts[PUBLIC] = VOTERS
+    return counts
+
+
+def _disagree() -> np.ndarray:
+    counts = np.zeros(VOCAB)
+    counts[OTHER] = VOTERS
+    return counts
+
+
+@pytest.fixture
+def gate_instances(monkeypatch) -> list[AboveThreshold]:
+    """Every AboveThreshold the gate creates, with the arguments it was created with."""
+    created = []
+
+    class Recording(AboveThreshold):
+        def __init__(self, threshold, **kwargs):
+            super().__init__(threshold, **kwargs)
+            self.arguments = {"threshold": threshold, **kwargs}
+            created.append(self)
+
+    monkeypatch.setattr(voting, "AboveThreshold", Recording)
+    return created
+
+
+def _gate(seed: int, max_releases: int = 3) -> SparseVoteGate:
+    return SparseVoteGate(
+        threshold=VOTERS / 2,
+        gate_epsilon=5.0,
+        token_epsilon=5.0,
+        token_delta=1e-5,
+        max_candidates=4,
+        max_releases=max_releases,
+        rng=np.random.default_rng(seed),
+    )
+
+
+def _expected_charges(releases: int, open_instance: bool) -> dict:
+    out = {}
+    if releases:
+        out["gate"] = (5.0, 0.0, releases)
+        out["tokens"] = (5.0, 1e-5, releases)
+    if open_instance:
+        out["gate-open"] = (2.5, 0.0, 1)
+    return out
+
+
+def test_agreeing_voters_release_the_public_token_for_free(gate_instances):
+    gate = _gate(seed=0)
+    assert gate.charges() == {}
+    for _ in range(100):
+        assert gate.step(_agree(), PUBLIC) == (PUBLIC, False)
+    assert gate.releases == 0
+    assert gate.charges() == {"gate-open": (2.5, 0.0, 1)}  # one instance, epsilon / 2
+    assert len(gate_instances) == 1
+    assert gate_instances[0].arguments == {
+        "threshold": VOTERS / 2,
+        "epsilon": 5.0,
+        "sensitivity": 1.0,
+        "rng": gate.rng,
+    }
+
+
+def test_disagreeing_voters_fire_the_gate_and_pay_for_the_token():
+    gate = _gate(seed=1)
+    for releases in (1, 2):
+        assert gate.step(_disagree(), PUBLIC) == (OTHER, True)
+        assert gate.releases == releases
+        assert gate.charges() == _expected_charges(releases, open_instance=False)
+
+
+def test_the_gate_is_exhausted_after_max_releases():
+    gate = _gate(seed=2, max_releases=3)
+    for _ in range(3):
+        assert not gate.exhausted
+        assert gate.step(_disagree(), PUBLIC) == (OTHER, True)
+    assert gate.exhausted
+    assert gate.charges() == _expected_charges(3, open_instance=False)
+    with pytest.raises(RuntimeError):
+        gate.step(_agree(), PUBLIC)
+    assert gate.charges() == _expected_charges(3, open_instance=False)  # a refusal is free
+
+
+def test_a_fresh_above_threshold_starts_after_each_release(gate_instances):
+    gate = _gate(seed=3, max_releases=4)
+    script = ["agree", "agree", "fire", "agree", "fire", "fire", "agree", "agree", "fire"]
+    releases = 0
+    for move in script:
+        if move == "agree":
+            assert gate.step(_agree(), PUBLIC) == (PUBLIC, False)
+        else:
+            assert gate.step(_disagree(), PUBLIC) == (OTHER, True)
+            releases += 1
+        open_instance = move == "agree"
+        # the open-instance charge vanishes on a release and comes back on the next free step
+        assert gate.charges() == _expected_charges(releases, open_instance)
+        # one instance per firing, plus the open one; every earlier instance has halted
+        assert len(gate_instances) == releases + open_instance
+        assert all(instance.halted for instance in gate_instances[:releases])
+        if open_instance:
+            assert not gate_instances[-1].halted
+    assert gate.exhausted
