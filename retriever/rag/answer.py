@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import secrets
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,7 +35,13 @@ from retriever.rag.plan import AnswerPlan, make_plan
 from retriever.rag.prompts import PromptFormat
 from retriever.rag.retrieval import ScoreRange, dp_top_k_threshold, dp_top_p_threshold, select
 from retriever.rag.voting import SparseVoteGate, dp_vote_token, partition, vote_counts
-from synthgen.privacy import PrivacyLedger, accounting, laplace_mechanism, secure_rng
+from synthgen.privacy import (
+    BudgetExceededError,
+    PrivacyLedger,
+    accounting,
+    laplace_mechanism,
+    secure_rng,
+)
 
 RELATION = "ADD_OR_REMOVE_ONE"
 
@@ -183,10 +190,13 @@ class DPRag:
         rng: np.random.Generator | None = None,
     ) -> None:
         embeddings = np.asarray(embeddings, dtype=np.float32)
-        if embeddings.ndim != 2 or embeddings.shape[0] != len(texts) != len(doc_ids):
+        if embeddings.ndim != 2 or not embeddings.shape[0] == len(texts) == len(doc_ids):
             raise ValueError(
-                f"need one embedding row per document: {embeddings.shape=}, {len(texts)=}"
+                f"need one embedding row per document: {embeddings.shape=}, {len(texts)=}, "
+                f"{len(doc_ids)=}"
             )
+        if not np.all(np.isfinite(embeddings)):
+            raise ValueError("document embeddings must be finite")
         if len(set(doc_ids)) != len(doc_ids):
             raise ValueError("doc_ids must be unique")
         self.doc_ids, self.texts = [str(d) for d in doc_ids], list(texts)
@@ -196,6 +206,7 @@ class DPRag:
         self.ledger, self.dataset = ledger, dataset
         self.config, self.prompt = config, prompt or PromptFormat()
         self._rng = rng
+        self._lock = threading.Lock()  # one answer at a time: the LM sessions are shared
 
     # ---- planning and budget --------------------------------------------------------
 
@@ -217,11 +228,29 @@ class DPRag:
         Raises:
           BudgetExceededError: the answer's worst case does not fit the tenant's remaining
             budget; raised before any noise is drawn or any document enters a prompt.
-          ValueError: an empty question, a bad epsilon or mechanism.
+          ValueError: an empty question, a bad epsilon or mechanism, or a question too
+            long for the LM's context (decided from public lengths only).
+
+        Privacy:
+          Privacy unit: one document (add/remove-one). The answer is (epsilon, delta)-DP
+          with delta = config.delta: the plan's worst case composes to at most `epsilon`
+          (PLD). icl and vote answers are charged that worst case before any noise is
+          drawn. sparse-vote answers are charged their realized gate releases in a
+          ``basic`` scope (privacy filter, Rogers et al. 2016) and the worst case
+          otherwise; `Answer.epsilon` is then the realized loss bound, not a guarantee
+          stated in advance.
         """
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question must be non-empty text")
         plan = self.plan(mechanism, float(epsilon))
+        self._check_context(question)
+        with self._lock:
+            return self._answer(question, tenant, plan)
+
+    def _answer(self, question: str, tenant: str, plan: AnswerPlan) -> Answer:
+        mechanism = plan.mechanism
+        realized = mechanism == "sparse-vote" and self._pays_as_it_goes(tenant)
+        charges = None
         if self.ledger is not None:
             self.ledger.check(
                 tenant,
@@ -231,6 +260,8 @@ class DPRag:
                 relation=RELATION,
                 delta=plan.delta,
             )
+            if not realized:  # fixed events: charged before any noise is drawn
+                charges = self._charge(tenant, mechanism, plan.stage_events(), plan.delta)
         rng = self._rng if self._rng is not None else secure_rng()
         scores = self.embeddings @ np.asarray(self.encode_question([question]))[0]
         tau = self._threshold(scores, plan.retrieval_epsilon, rng)
@@ -244,7 +275,15 @@ class DPRag:
             count, confidence = self._score(scores, chosen, plan.score_epsilon, rng)
             stages.append(("score", accounting.laplace_event(plan.score_epsilon)))
         stages.insert(0, ("retrieval", accounting.pure_epsilon_event(plan.retrieval_epsilon)))
-        charges = self._charge(tenant, mechanism, stages, plan.delta)
+        if not realized:
+            stages = plan.stage_events()
+        if charges is None:
+            try:
+                charges = self._charge(tenant, mechanism, stages, plan.delta)
+            except BudgetExceededError:  # a concurrent answer spent the reservation
+                raise BudgetExceededError(
+                    f"the budget of {tenant} changed during the answer; nothing was released"
+                ) from None
         total = accounting.epsilon(accounting.compose([e for _, e in stages]), plan.delta)
         return Answer(
             text=self.lm.decode(tokens).strip(),
@@ -258,6 +297,33 @@ class DPRag:
             selected_count=count,
             confidence=confidence,
         )
+
+    def _pays_as_it_goes(self, tenant: str) -> bool:
+        """Sparse-vote pays its realized releases only where that is sound: a ``basic``
+        scope (a privacy filter, Rogers et al. 2016) or no ledger; a PLD/RDP scope is
+        charged the answer's worst case."""
+        if self.ledger is None:
+            return True
+        return self.ledger.get_scope(tenant, self.dataset).accountant == "basic"
+
+    def _check_context(self, question: str) -> None:
+        """Refuses, from public lengths only, a question whose prompts could overflow."""
+        limit = getattr(self.lm, "max_context", None)
+        if limit is None:
+            return
+        c = self.config
+        docs = max(1, c.docs_per_voter)  # icl prompts hold one document
+        wrapper = len(self.lm.encode("- ")) + len(self.lm.encode("\n"))
+        longest = (
+            len(self.prompt.encode(self.lm, question, [[0]]))
+            - 1
+            + docs * (c.max_document_tokens + wrapper)
+        )
+        if longest + c.max_tokens > limit:
+            raise ValueError(
+                f"question too long for the LM context: up to {longest} prompt tokens + "
+                f"{c.max_tokens} answer tokens > {limit}"
+            )
 
     def _threshold(self, scores: np.ndarray, epsilon: float, rng) -> float:
         c = self.config

@@ -127,6 +127,12 @@ def make_plan(
     Returns:
       The plan; its worst case composes to at most `epsilon` at `delta`.
 
+    Privacy:
+      Privacy unit: one document (add/remove-one). Each (epsilon, delta) event carries its
+      own delta share (vote: delta / (2 T) per token; bounded-range icl: delta / 2), and a
+      ledger scope composes them at its delta cap, so a scope with cap delta_cap holds
+      at most about 2 * delta_cap / delta such answers before it refuses every answer.
+
     Raises:
       ValueError: a bad parameter, or a target too small to split.
     """
@@ -162,7 +168,13 @@ def make_plan(
             extra_pure=(score,) if score > 0 else (),
             composition=composition,
         )
-        return AnswerPlan(**base, token_epsilon=token, max_releases=max_tokens)
+
+        # the calibration may use basic composition where discretised PLD is looser; the
+        # ledger composes with PLD, so shrink until the PLD worst case is within the target
+        def icl_plan(x: float) -> AnswerPlan:
+            return AnswerPlan(**base, token_epsilon=x, max_releases=max_tokens)
+
+        return icl_plan(_largest(lambda x: icl_plan(x).worst_case_epsilon() <= epsilon, token))
     releases = max_tokens if mechanism == "vote" else min(max_releases, max_tokens)
     token_delta = delta / (2 * releases)
 

@@ -338,9 +338,12 @@ class PrivacyLedger:
                 earlier = [
                     self._find(conn, tenant, dataset, f"{ref}/{i}") for i in range(len(items))
                 ]
-                if any(c is not None for c in earlier):
-                    wanted = [accounting.event_to_json(e) for _, e, _ in items]
-                    if any(c is None or c.event != w for c, w in zip(earlier, wanted)):
+                extra = self._find(conn, tenant, dataset, f"{ref}/{len(items)}")
+                if extra is not None or any(c is not None for c in earlier):
+                    wanted = [(accounting.event_to_json(e), relation.name) for _, e, _ in items]
+                    if extra is not None or any(
+                        c is None or (c.event, c.relation) != w for c, w in zip(earlier, wanted)
+                    ):
                         raise ValueError(f"{ref=} already names different charges")
                     return earlier
             stage_events = [(stage, event) for stage, event, _ in items]

@@ -33,10 +33,10 @@ def _collection(seed=0):
     return [f"d{i}" for i in range(N)], texts, emb.astype(np.float32)
 
 
-def _rag(tmp_path, *, cap=10.0, score_share=0.0, seed=0):
+def _rag(tmp_path, *, cap=10.0, score_share=0.0, seed=0, accountant="pld"):
     ids, texts, emb = _collection()
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
-    ledger.ensure_scope(Scope("alice", "records", cap, 1e-5))
+    ledger.ensure_scope(Scope("alice", "records", cap, 1e-5, accountant=accountant))
     lm = SpyLM()
     rag = DPRag(
         ids,
@@ -103,7 +103,7 @@ def test_budget_runs_out(tmp_path):
 
 
 def test_sparse_vote_pays_only_released_tokens(tmp_path):
-    rag, ledger, _ = _rag(tmp_path)
+    rag, ledger, _ = _rag(tmp_path, accountant="basic")  # a privacy filter: sound
     plan = rag.plan("sparse-vote", 3.0)
     answer = rag.answer("q?", tenant="alice", epsilon=3.0, mechanism="sparse-vote")
     charged = {c.stage: c for c in ledger.charges("alice", "records")}
@@ -121,7 +121,7 @@ def test_sparse_vote_free_when_voters_agree_with_public(tmp_path):
     """Documents that add nothing: voters agree with the public LM, the gate stays shut."""
     ids, _, emb = _collection()
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
-    ledger.ensure_scope(Scope("alice", "records", 100.0, 1e-5))
+    ledger.ensure_scope(Scope("alice", "records", 100.0, 1e-5, accountant="basic"))
     rag = DPRag(
         ids,
         ["" for _ in ids],  # empty documents: every voter's prompt equals the public one
@@ -154,3 +154,22 @@ def test_bad_requests(tmp_path):
     with pytest.raises(KeyError):
         rag.answer("q?", tenant="mallory", epsilon=1.0)
     assert ledger.charges("alice", "records") == []
+
+
+def test_sparse_vote_in_a_pld_scope_pays_its_worst_case_before_noise(tmp_path):
+    rag, ledger, _ = _rag(tmp_path)
+    plan = rag.plan("sparse-vote", 3.0)
+    answer = rag.answer("q?", tenant="alice", epsilon=3.0, mechanism="sparse-vote")
+    charged = {c.stage: c for c in ledger.charges("alice", "records")}
+    assert accounting.event_from_json(charged["rag-gate"].event).count == plan.max_releases
+    assert answer.epsilon == pytest.approx(plan.worst_case_epsilon())
+
+
+def test_inconsistent_collection_is_refused():
+    ids, texts, emb = _collection()
+    with pytest.raises(ValueError):
+        DPRag(ids[:-1], texts, emb, lambda q: emb[:1], TinyLM())
+    bad = emb.copy()
+    bad[3, 0] = np.nan
+    with pytest.raises(ValueError):
+        DPRag(ids, texts, bad, lambda q: emb[:1], TinyLM())

@@ -409,3 +409,26 @@ def test_an_old_without_replacement_row_is_restated_never_smaller(tmp_path):
     assert want > 40  # the old row stated 6.2
     with pytest.raises(UnsupportedEventError):  # and no new charge may use the old form
         ledger.charge("acme", "q", stage="s", event=old, relation="REPLACE_ONE")
+
+
+def test_charge_all_is_all_or_nothing_and_idempotent(tmp_path):
+    book = PrivacyLedger(tmp_path / "ledger.sqlite")
+    book.open_scope(Scope("t", "d", 1.0, 1e-5))
+    items = [
+        ("rag-retrieval", accounting.pure_epsilon_event(0.2), "answer"),
+        ("rag-tokens", accounting.self_composed(accounting.pure_epsilon_event(0.1), 4), "answer"),
+    ]
+    first = book.charge_all("t", "d", items, relation="ADD_OR_REMOVE_ONE", ref="a1")
+    assert [c.stage for c in first] == ["rag-retrieval", "rag-tokens"]
+    assert [c.ref for c in first] == ["a1/0", "a1/1"]
+    again = book.charge_all("t", "d", items, relation="ADD_OR_REMOVE_ONE", ref="a1")
+    assert again == first and len(book.charges("t", "d")) == 2
+    with pytest.raises(ValueError):  # the same ref for other events
+        book.charge_all("t", "d", items[:1] * 2, relation="ADD_OR_REMOVE_ONE", ref="a1")
+    # about 0.6 spent: three 0.3 stages together pass the cap, so none of them is recorded
+    over = [(f"s{i}", accounting.pure_epsilon_event(0.3), "") for i in range(3)]
+    with pytest.raises(BudgetExceededError):
+        book.charge_all("t", "d", over, relation="ADD_OR_REMOVE_ONE", ref="a2")
+    assert len(book.charges("t", "d")) == 2
+    with pytest.raises(ValueError):
+        book.charge_all("t", "d", [], relation="ADD_OR_REMOVE_ONE")
