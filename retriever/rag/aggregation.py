@@ -118,7 +118,7 @@ def dp_icl_token(
 
     Privacy:
       Privacy unit: one document of the private collection (add/remove-one), given the
-      selected set of the DP retrieval. A document adds or removes one row, whose
+      released threshold of the DP retrieval. A document adds or removes one row, whose
       contribution lies in [-C, C] in every coordinate, so the utility vector has
       L-infinity sensitivity C and the exponential mechanism over the full vocabulary is
       epsilon-DP and epsilon-bounded-range (McSherry & Talwar 2007; Dong, Durfee & Rogers

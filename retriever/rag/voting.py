@@ -72,7 +72,7 @@ def dp_vote_token(
       A token id, or None.
 
     Privacy:
-      Privacy unit: one document (add/remove-one), given the selected set. A document
+      Privacy unit: one document (add/remove-one), given the released threshold. A document
       belongs to one voter (`partition`), so it changes at most one vote: one count -1 and
       another +1. LimitedDomain top-1 is run at (epsilon / 2, delta / (1 + e^(epsilon/2)))
       under add/remove of one vote (l0 = 1), hence (epsilon, delta)-DP for a changed vote
@@ -103,7 +103,7 @@ class SparseVoteGate:
     starts. At most `max_releases` paid tokens per answer; after that the answer ends.
 
     Privacy:
-      Privacy unit: one document (add/remove-one), given the selected set. The disagreement
+      Privacy unit: one document (add/remove-one), given the released threshold. The disagreement
       count has sensitivity 1 (one voter changes). AboveThreshold is gate_epsilon-DP up to
       its first positive answer and gate_epsilon / 2-DP while it has answered only
       negatives (the threshold's Laplace share; Lyu, Su & Li 2017, Sec. 3), so an answer
