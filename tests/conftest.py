@@ -1,6 +1,45 @@
 """Shared test setup: offline datasets, no private data in logs."""
 
 import os
+import re
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# tests/postgres_server.py, importable as a plain module (site-packages may hold
+# another `tests` package, e.g. jax-privacy's).
+sys.path.insert(0, str(Path(__file__).parent))
+from postgres_server import PostgresServer, find_binaries  # noqa: E402
+
+POSTGRES_MISSING = "PostgreSQL server binaries (Debian package postgresql) not installed"
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One real PostgreSQL server for the session (``PostgresServer``, started).
+
+    Tests may ``kill()`` / ``stop()`` and ``start()`` it; it keeps its port and data.
+    """
+    binaries = find_binaries()
+    if binaries is None:
+        pytest.skip(POSTGRES_MISSING)
+    server = PostgresServer(binaries)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture
+def postgres_url(postgres_server, request):
+    """URL of a fresh, uniquely named database on the session's server."""
+    if not postgres_server.is_running():  # a previous test crashed or stopped it
+        postgres_server.start()
+    stem = re.sub(r"[^a-z0-9_]+", "_", request.node.name.lower())[:40]
+    return postgres_server.create_database(f"t_{stem}_{uuid.uuid4().hex[:8]}")

@@ -18,17 +18,24 @@ another relation than its scope's is converted soundly (add/remove-one to replac
 A charge that would push the composition past the cap raises `BudgetExceededError` and
 records nothing; callers draw noise only after `charge` returns. SQLite with
 ``BEGIN IMMEDIATE`` serialises concurrent charges from threads and processes, so the check
-and the insert are one atomic step and the cap is never overspent.
+and the insert are one atomic step and the cap is never overspent; on PostgreSQL the
+scope's row is locked for the same purpose (`ledger_store`).
+
+Cost: a charge does not recompose the history. Each ledger object keeps a running
+`summary.ScopeSummary` per scope (RDP curve, pure sum, composed PLD on a grid coarsened as
+it widens), folds in the rows other processes committed since it last looked (read inside
+the charge's transaction), and extends it by the new events: constant time per charge
+however long the history. The summary is a cache of the recorded events, never the record:
+`verify` rebuilds it from the rows and compares.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import sqlite3
+import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -36,34 +43,12 @@ from dp_accounting import dp_event
 
 from synthgen.privacy import accounting
 from synthgen.privacy.errors import BudgetExceededError, PrivacyError, UnsupportedEventError
+from synthgen.privacy.ledger_store import Connection, LedgerStore
+from synthgen.privacy.summary import ScopeSummary, event_pld, pld_epsilon
 
 LedgerAccountant = Literal["pld", "rdp", "basic"]
 LEDGER_ACCOUNTANTS = ("pld", "rdp", "basic")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS scopes (
-  tenant TEXT NOT NULL, dataset TEXT NOT NULL,
-  epsilon_cap REAL NOT NULL, delta_cap REAL NOT NULL,
-  accountant TEXT NOT NULL, relation TEXT NOT NULL, created_at REAL NOT NULL,
-  PRIMARY KEY (tenant, dataset));
-CREATE TABLE IF NOT EXISTS charges (
-  id INTEGER PRIMARY KEY AUTOINCREMENT,
-  tenant TEXT NOT NULL, dataset TEXT NOT NULL, stage TEXT NOT NULL,
-  epsilon REAL NOT NULL, delta REAL NOT NULL, event TEXT NOT NULL,
-  description TEXT NOT NULL, created_at REAL NOT NULL,
-  relation TEXT, ref TEXT,
-  FOREIGN KEY (tenant, dataset) REFERENCES scopes (tenant, dataset));
-"""
-# Ledgers written before charges carried their relation: their events were evaluated under
-# the scope's relation, which is what a NULL relation keeps meaning.
-_MIGRATIONS = (
-    "ALTER TABLE charges ADD COLUMN relation TEXT",
-    "ALTER TABLE charges ADD COLUMN ref TEXT",
-)
-_INDEX = (
-    "CREATE UNIQUE INDEX IF NOT EXISTS charges_ref ON charges (tenant, dataset, ref) "
-    "WHERE ref IS NOT NULL"
-)
 _CHARGE_COLUMNS = (
     "id, tenant, dataset, stage, epsilon, delta, event, description, charges.created_at, "
     "COALESCE(charges.relation, scopes.relation), ref"
@@ -129,67 +114,69 @@ class Spend:
     num_charges: int
 
 
+@dataclasses.dataclass(frozen=True)
+class Recomposition:
+    """A scope's spend recomputed from its recorded events alone (see `verify`).
+
+    Attributes:
+      stated: what the running summary states (epsilon at the delta cap; ``basic``: sum).
+      pld: dp-accounting's PLD composition of every recorded event (inf: not composable).
+      rdp: dp-accounting's RDP composition (inf: not composable).
+      num_charges: recorded charges.
+    """
+
+    stated: float
+    pld: float
+    rdp: float
+    num_charges: int
+
+    @property
+    def best(self) -> float:
+        """The tighter of the two recompositions."""
+        return min(self.pld, self.rdp)
+
+
 class PrivacyLedger:
-    """SQLite-backed budget ledger shared by every DP stage of the project.
+    """Budget ledger shared by every DP stage of the project, on SQLite or PostgreSQL.
 
     Args:
-      path: SQLite file; created if missing. Use one file per deployment.
+      location: a SQLite file path (created if missing), ``sqlite:///path`` or
+        ``postgresql://user@host:port/db`` (psycopg 3; the server and database must exist).
       timeout: seconds a charge waits for a concurrent writer before failing.
     """
 
-    def __init__(self, path: str | Path, *, timeout: float = 60.0) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._timeout = timeout
-        with self._write() as conn:  # one transaction: concurrent openers migrate once
-            for statement in filter(str.strip, _SCHEMA.split(";")):
-                conn.execute(statement)
-            columns = {row[1] for row in conn.execute("PRAGMA table_info(charges)")}
-            for statement in _MIGRATIONS:
-                if statement.split()[-2] not in columns:
-                    conn.execute(statement)
-            conn.execute(_INDEX)
+    def __init__(self, location: str | Path, *, timeout: float = 60.0) -> None:
+        self._store = LedgerStore(location, timeout=timeout)
+        self.path: Path | None = self._store.path
+        self.url: str = self._store.url
+        self.location: str = self._store.identity  # path or password-free URL
+        self.backend: str = self._store.dialect
+        self._summaries: dict[tuple[str, str], tuple[ScopeSummary, float | None]] = {}
+        self._cache_lock = threading.Lock()
 
-    @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None)
-        try:
-            conn.execute("PRAGMA foreign_keys = ON")
-            yield conn
-        finally:
-            conn.close()
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._connect() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+    def close(self) -> None:
+        """Releases this thread's database connection (PostgreSQL)."""
+        self._store.close()
 
     # ---- scopes -----------------------------------------------------------------------
 
     def open_scope(self, scope: Scope) -> Scope:
         """Creates `scope`, or checks that the stored one has the same cap and accountant."""
-        with self._write() as conn:
+        with self._store.write() as conn:
+            conn.execute(
+                "INSERT INTO scopes (tenant, dataset, epsilon_cap, delta_cap, accountant, "
+                "relation, created_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (
+                    scope.tenant,
+                    scope.dataset,
+                    scope.epsilon_cap,
+                    scope.delta_cap,
+                    scope.accountant,
+                    scope.relation,
+                    time.time(),
+                ),
+            )
             stored = self._scope(conn, scope.tenant, scope.dataset)
-            if stored is None:
-                conn.execute(
-                    "INSERT INTO scopes VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        scope.tenant,
-                        scope.dataset,
-                        scope.epsilon_cap,
-                        scope.delta_cap,
-                        scope.accountant,
-                        scope.relation,
-                        time.time(),
-                    ),
-                )
-                return scope
         if stored != scope:
             raise ValueError(
                 f"scope ({scope.tenant}, {scope.dataset}) exists with a different cap or "
@@ -209,22 +196,23 @@ class PrivacyLedger:
 
     def get_scope(self, tenant: str, dataset: str) -> Scope:
         """Returns the stored scope; KeyError if it does not exist."""
-        with self._connect() as conn:
+        with self._store.read() as conn:
             scope = self._scope(conn, tenant, dataset)
         if scope is None:
             raise KeyError(f"no ledger scope for {tenant=}, {dataset=}")
         return scope
 
     def scopes(self) -> list[Scope]:
-        """All scopes in the ledger."""
-        with self._connect() as conn:
+        """All scopes in the ledger, in creation order."""
+        with self._store.read() as conn:
             rows = conn.execute(
                 "SELECT tenant, dataset, epsilon_cap, delta_cap, accountant, relation FROM scopes"
+                " ORDER BY created_at, tenant, dataset"
             ).fetchall()
         return [Scope(*row) for row in rows]
 
     @staticmethod
-    def _scope(conn: sqlite3.Connection, tenant: str, dataset: str) -> Scope | None:
+    def _scope(conn: Connection, tenant: str, dataset: str) -> Scope | None:
         row = conn.execute(
             "SELECT tenant, dataset, epsilon_cap, delta_cap, accountant, relation FROM scopes "
             "WHERE tenant = ? AND dataset = ?",
@@ -271,35 +259,15 @@ class PrivacyLedger:
           UnsupportedEventError: the scope's accountant cannot compose `event`.
           ValueError: an invalid event or parameter, or `ref` reused for another event.
         """
-        relation = accounting.as_relation(relation)
-        accounting.validate_event(event)
-        event_json = accounting.event_to_json(event)
-        with self._write() as conn:
-            if ref is not None:
-                earlier = self._find(conn, tenant, dataset, ref)
-                if earlier is not None:
-                    if (earlier.event, earlier.relation) != (event_json, relation.name):
-                        raise ValueError(f"{ref=} already names a different charge")
-                    return earlier
-            own_eps, own_delta = self._check(conn, tenant, dataset, stage, event, relation, delta)
-            values = (
-                tenant,
-                dataset,
-                stage,
-                own_eps,
-                own_delta,
-                event_json,
-                description,
-                time.time(),
-                relation.name,
-                ref,
-            )
-            cursor = conn.execute(
-                "INSERT INTO charges (tenant, dataset, stage, epsilon, delta, event, description,"
-                " created_at, relation, ref) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                values,
-            )
-            return Charge(cursor.lastrowid, *values)
+        return self.charge_all(
+            tenant,
+            dataset,
+            [(stage, event, description)],
+            relation=relation,
+            delta=delta,
+            ref=ref,
+            _single=True,
+        )[0]
 
     def charge_all(
         self,
@@ -310,6 +278,7 @@ class PrivacyLedger:
         relation: accounting.NeighboringRelation | str,
         delta: float | None = None,
         ref: str | None = None,
+        _single: bool = False,
     ) -> list[Charge]:
         """Records one release's charges, one row per stage, atomically: all or none.
 
@@ -333,25 +302,31 @@ class PrivacyLedger:
         relation = accounting.as_relation(relation)
         for _, event, _ in items:
             accounting.validate_event(event)
-        with self._write() as conn:
+        refs = (
+            [ref] if _single else [None if ref is None else f"{ref}/{i}" for i in range(len(items))]
+        )
+        wanted = [(accounting.event_to_json(e), relation.name) for _, e, _ in items]
+        with self._store.scope_lock(tenant, dataset) as conn:
             if ref is not None:
-                earlier = [
-                    self._find(conn, tenant, dataset, f"{ref}/{i}") for i in range(len(items))
-                ]
-                extra = self._find(conn, tenant, dataset, f"{ref}/{len(items)}")
+                earlier = [self._find(conn, tenant, dataset, r) for r in refs]
+                extra = (
+                    None if _single else self._find(conn, tenant, dataset, f"{ref}/{len(items)}")
+                )
                 if extra is not None or any(c is not None for c in earlier):
-                    wanted = [(accounting.event_to_json(e), relation.name) for _, e, _ in items]
                     if extra is not None or any(
                         c is None or (c.event, c.relation) != w for c, w in zip(earlier, wanted)
                     ):
-                        raise ValueError(f"{ref=} already names different charges")
+                        noun = "charge" if _single else "charges"
+                        raise ValueError(f"{ref=} already names a different {noun}")
                     return earlier
             stage_events = [(stage, event) for stage, event, _ in items]
-            standalone = self._check_all(conn, tenant, dataset, stage_events, relation, delta)
+            scope, summary, standalone = self._check_all(
+                conn, tenant, dataset, stage_events, relation, delta
+            )
             recorded = []
             now = time.time()
-            for i, ((stage, event, description), (own_eps, own_delta)) in enumerate(
-                zip(items, standalone)
+            for (stage, _, description), (event_json, _), (own_eps, own_delta), row_ref in zip(
+                items, wanted, standalone, refs
             ):
                 values = (
                     tenant,
@@ -359,20 +334,23 @@ class PrivacyLedger:
                     stage,
                     own_eps,
                     own_delta,
-                    accounting.event_to_json(event),
+                    event_json,
                     description,
                     now,
                     relation.name,
-                    None if ref is None else f"{ref}/{i}",
+                    row_ref,
                 )
-                cursor = conn.execute(
+                row = conn.execute(
                     "INSERT INTO charges (tenant, dataset, stage, epsilon, delta, event,"
                     " description, created_at, relation, ref)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                     values,
-                )
-                recorded.append(Charge(cursor.lastrowid, *values))
-            return recorded
+                ).fetchone()
+                recorded.append(Charge(int(row[0]), *values))
+        # Committed: the summary that was checked now describes the recorded rows.
+        summary = dataclasses.replace(summary, last_id=recorded[-1].id)
+        self._remember(scope, summary, now)
+        return recorded
 
     def check(
         self,
@@ -394,16 +372,19 @@ class PrivacyLedger:
         """
         relation = accounting.as_relation(relation)
         accounting.validate_event(event)
-        with self._connect() as conn:
-            return self._check(conn, tenant, dataset, stage, event, relation, delta)
+        with self._store.read() as conn:
+            _, _, standalone = self._check_all(
+                conn, tenant, dataset, [(stage, event)], relation, delta
+            )
+        return standalone[0]
 
     def find_charge(self, tenant: str, dataset: str, ref: str) -> Charge | None:
         """The charge of the scope recorded with idempotency key `ref`, if any."""
-        with self._connect() as conn:
+        with self._store.read() as conn:
             return self._find(conn, tenant, dataset, ref)
 
     @staticmethod
-    def _find(conn, tenant: str, dataset: str, ref: str) -> Charge | None:
+    def _find(conn: Connection, tenant: str, dataset: str, ref: str) -> Charge | None:
         row = conn.execute(
             f"SELECT {_CHARGE_COLUMNS} FROM {_CHARGE_FROM} "
             "WHERE tenant = ? AND dataset = ? AND ref = ?",
@@ -411,36 +392,26 @@ class PrivacyLedger:
         ).fetchone()
         return None if row is None else Charge(*row)
 
-    def _check(self, conn, tenant, dataset, stage, event, relation, delta) -> tuple[float, float]:
-        """Standalone (epsilon, delta) of `event`; BudgetExceededError if the scope's
-        composed spend with it would pass the cap."""
-        return self._check_all(conn, tenant, dataset, [(stage, event)], relation, delta)[0]
-
     def _check_all(
         self, conn, tenant, dataset, stage_events, relation, delta
-    ) -> list[tuple[float, float]]:
-        """Standalone (epsilon, delta) of each new event; BudgetExceededError if the scope's
-        composed spend with all of them would pass the cap."""
+    ) -> tuple[Scope, ScopeSummary, list[tuple[float, float]]]:
+        """The scope, its summary with every new event folded in, and each new event's
+        standalone (epsilon, delta); BudgetExceededError if the composed spend would pass
+        the cap."""
         if delta is not None and not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta=}")
         scope = self._scope(conn, tenant, dataset)
         if scope is None:
             raise KeyError(f"no ledger scope for {tenant=}, {dataset=}; open it first")
-        previous = [
-            (row[0], row[1], row[2], row[3])
-            for row in conn.execute(
-                f"SELECT event, epsilon, delta, COALESCE(charges.relation, scopes.relation) "
-                f"FROM {_CHARGE_FROM} WHERE tenant = ? AND dataset = ?",
-                (tenant, dataset),
-            )
-        ]
-        standalone, new = [], []
+        summary = self._summary(conn, scope)
+        standalone = []
         for _, event in stage_events:
             event = accounting.convert_relation(event, relation, scope.relation)
-            own_eps, own_delta = self._standalone(scope, event, delta)
-            standalone.append((own_eps, own_delta))
-            new.append((accounting.event_to_json(event), own_eps, own_delta, scope.relation))
-        total_eps, total_delta = self._compose(scope, previous + new)
+            event_json = accounting.event_to_json(event)
+            own = self._standalone(scope, event, event_json, delta)
+            standalone.append(own)
+            summary = summary.extended(event_json, own)
+        total_eps, total_delta = summary.spend(scope.delta_cap)
         within = total_eps <= scope.epsilon_cap * (1 + 1e-9) and total_delta <= scope.delta_cap
         if not within:  # fails closed on NaN as well
             stages = "+".join(stage for stage, _ in stage_events)
@@ -449,11 +420,11 @@ class PrivacyLedger:
                 f"epsilon={total_eps:.4g}, delta={total_delta:.3g} over cap "
                 f"epsilon={scope.epsilon_cap:g}, delta={scope.delta_cap:g}"
             )
-        return standalone
+        return scope, summary, standalone
 
     def charges(self, tenant: str, dataset: str) -> list[Charge]:
         """All charges of a scope, oldest first."""
-        with self._connect() as conn:
+        with self._store.read() as conn:
             rows = conn.execute(
                 f"SELECT {_CHARGE_COLUMNS} FROM {_CHARGE_FROM} "
                 "WHERE tenant = ? AND dataset = ? ORDER BY id",
@@ -463,11 +434,12 @@ class PrivacyLedger:
 
     def spent(self, tenant: str, dataset: str) -> Spend:
         """Composed spend of a scope under its accountant, and what remains of its cap."""
-        scope = self.get_scope(tenant, dataset)
-        charges = self.charges(tenant, dataset)
-        eps, delta = self._compose(
-            scope, [(c.event, c.epsilon, c.delta, c.relation) for c in charges]
-        )
+        with self._store.read() as conn:
+            scope = self._scope(conn, tenant, dataset)
+            if scope is None:
+                raise KeyError(f"no ledger scope for {tenant=}, {dataset=}")
+            summary = self._summary(conn, scope)
+        eps, delta = summary.spend(scope.delta_cap)
         return Spend(
             epsilon=eps,
             delta=delta,
@@ -475,8 +447,30 @@ class PrivacyLedger:
             delta_remaining=(
                 max(0.0, scope.delta_cap - delta) if scope.accountant == "basic" else None
             ),
-            num_charges=len(charges),
+            num_charges=summary.num_events,
         )
+
+    def verify(self, tenant: str, dataset: str) -> Recomposition:
+        """Recomposes the scope's recorded events from scratch and states both figures.
+
+        Slow (linear in the history): for audits and tests, never on the charge path.
+        The running summary is sound if ``stated >= best`` (up to float rounding) and tight
+        if ``stated <= 1.05 * best``.
+        """
+        scope = self.get_scope(tenant, dataset)
+        charges = self.charges(tenant, dataset)
+        records = [(c.event, c.epsilon, c.delta, c.relation) for c in charges]
+        stated = self.spent(tenant, dataset).epsilon
+        if scope.accountant == "basic":
+            total = sum(c.epsilon for c in charges)
+            return Recomposition(stated, total, total, len(charges))
+        figures = {}
+        for kind in ("pld", "rdp"):
+            try:
+                figures[kind] = self._recompose(scope, records, kind)
+            except UnsupportedEventError:
+                figures[kind] = math.inf
+        return Recomposition(stated, figures["pld"], figures["rdp"], len(charges))
 
     # ---- accounting -------------------------------------------------------------------
 
@@ -485,7 +479,7 @@ class PrivacyLedger:
         return accounting.NeighboringRelation[scope.relation]
 
     def _standalone(
-        self, scope: Scope, event: dp_event.DpEvent, delta: float | None
+        self, scope: Scope, event: dp_event.DpEvent, event_json: str, delta: float | None
     ) -> tuple[float, float]:
         if isinstance(event, accounting.EpsilonDeltaDpEvent):
             return event.epsilon, event.delta
@@ -493,40 +487,93 @@ class PrivacyLedger:
             if scope.accountant == "basic":
                 raise ValueError("the basic accountant needs an explicit delta for this event")
             delta = scope.delta_cap
-        kind = "pld" if scope.accountant == "basic" else scope.accountant
-        eps = accounting.epsilon(event, delta, accountant=kind, relation=self._relation(scope))
-        return eps, delta
+        if scope.accountant == "rdp":
+            return ScopeSummary("rdp", scope.relation).extended(event_json, (0, 0)).epsilon(
+                delta
+            ), delta
+        return pld_epsilon(event_pld(event_json, scope.relation), delta), delta
 
-    def _compose(
-        self, scope: Scope, records: list[tuple[str, float, float, str]]
-    ) -> tuple[float, float]:
-        """(epsilon at the delta cap, delta) of all records under the scope's accountant.
+    def _row_record(self, scope: Scope, row: Sequence) -> tuple[str, tuple[float, float]]:
+        """(event JSON in the scope's relation, standalone figures) of a stored row."""
+        event_json, eps, delta, relation = row
+        event = accounting.restate_legacy(accounting.event_from_json(event_json))
+        try:  # a stored row is re-validated: an old file may hold what is now refused
+            accounting.validate_event(event)
+            accounting.EpsilonDeltaDpEvent(eps, delta)
+        except (ValueError, UnsupportedEventError) as exc:
+            raise PrivacyError(
+                f"scope ({scope.tenant}, {scope.dataset}) holds an invalid charge ({exc}); "
+                "the ledger refuses to compose it"
+            ) from None
+        event = accounting.convert_relation(event, relation, scope.relation)
+        return accounting.event_to_json(event), (eps, delta)
 
-        Records are (event JSON, standalone epsilon, standalone delta, relation); standalone
-        figures are already in the scope's relation, events are converted here.
-        """
+    def _summary(self, conn: Connection, scope: Scope) -> ScopeSummary:
+        """The scope's running summary, caught up with every committed row (constant
+        time when this object made the last charges; one rebuild when it first looks)."""
+        key = (scope.tenant, scope.dataset)
+        with self._cache_lock:
+            cached = self._summaries.get(key)
+        select = (
+            "SELECT charges.id, event, epsilon, delta, "
+            f"COALESCE(charges.relation, scopes.relation), charges.created_at FROM {_CHARGE_FROM}"
+            " WHERE tenant = ? AND dataset = ?"
+        )
+        if cached is not None:
+            summary, last_time = cached
+            if (summary.accountant, summary.relation) == (scope.accountant, scope.relation):
+                if summary.last_id == 0:
+                    alive = True
+                else:  # the row the summary ends with is still there: same ledger
+                    row = conn.execute(
+                        "SELECT created_at FROM charges"
+                        " WHERE id = ? AND tenant = ? AND dataset = ?",
+                        (summary.last_id, scope.tenant, scope.dataset),
+                    ).fetchone()
+                    alive = row is not None and row[0] == last_time
+                if alive:
+                    rows = conn.execute(
+                        select + " AND charges.id > ? ORDER BY charges.id",
+                        (scope.tenant, scope.dataset, summary.last_id),
+                    ).fetchall()
+                    for row in rows:
+                        event_json, figures = self._row_record(scope, row[1:5])
+                        summary = summary.extended(event_json, figures, last_id=int(row[0]))
+                    if rows:
+                        self._remember(scope, summary, rows[-1][5])
+                    return summary
+        rows = conn.execute(select + " ORDER BY charges.id", key).fetchall()
+        summary = ScopeSummary.build(
+            scope.accountant,
+            scope.relation,
+            [self._row_record(scope, row[1:5]) for row in rows],
+            last_id=int(rows[-1][0]) if rows else 0,
+        )
+        self._remember(scope, summary, rows[-1][5] if rows else None)
+        return summary
+
+    def _remember(self, scope: Scope, summary: ScopeSummary, last_time: float | None) -> None:
+        key = (scope.tenant, scope.dataset)
+        with self._cache_lock:
+            cached = self._summaries.get(key)
+            if cached is None or cached[0].last_id <= summary.last_id:
+                self._summaries[key] = (summary, last_time)
+
+    def _recompose(
+        self, scope: Scope, records: list[tuple[str, float, float, str]], kind: str
+    ) -> float:
+        """Epsilon at the delta cap of all records, recomposed by dp-accounting's `kind`."""
         if not records:
-            return 0.0, (0.0 if scope.accountant == "basic" else scope.delta_cap)
-        events = []
-        for event_json, eps, delta, relation in records:
-            event = accounting.restate_legacy(accounting.event_from_json(event_json))
-            try:  # a stored row is re-validated: an old file may hold what is now refused
-                accounting.validate_event(event)
-                accounting.EpsilonDeltaDpEvent(eps, delta)
-            except (ValueError, UnsupportedEventError) as exc:
-                raise PrivacyError(
-                    f"scope ({scope.tenant}, {scope.dataset}) holds an invalid charge ({exc}); "
-                    "the ledger refuses to compose it"
-                ) from None
-            events.append(accounting.convert_relation(event, relation, scope.relation))
-        if scope.accountant == "basic":
-            return sum(r[1] for r in records), sum(r[2] for r in records)
+            return 0.0
+        events = [
+            accounting.event_from_json(self._row_record(scope, record)[0]) for record in records
+        ]
         composed = accounting.compose(events)
-        acc = accounting.make_accountant(scope.accountant, self._relation(scope))
+        acc = accounting.make_accountant(kind, self._relation(scope))
         if not acc.supports(composed):
             raise UnsupportedEventError(
-                f"the {scope.accountant} accountant of scope ({scope.tenant}, {scope.dataset}) "
+                f"the {kind} accountant of scope ({scope.tenant}, {scope.dataset}) "
                 "cannot compose this event"
             )
         acc.compose(composed)
-        return float(acc.get_epsilon(scope.delta_cap)), scope.delta_cap
+        return float(acc.get_epsilon(scope.delta_cap))
