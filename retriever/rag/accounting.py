@@ -110,19 +110,8 @@ def _nonadaptive_delta(eps0: float, k: int, eps_g: float) -> float:
 
 
 def _envelope_pld(eps0: float) -> pld_lib.PrivacyLossDistribution:
-    """Pessimistic PLD of the pair dominating every eps0-BR pair, in both directions.
-
-    Its profile is sup_t delta_{RR_t}(e) = (1 - e^(-(eps0 - e)/2))^2 / (1 - e^-eps0) on
-    [0, eps0] (at t = (eps0 + e)/2): P(L > s) = (1 - u)/(1 - e^-eps0), u = e^((|s| - eps0)/2),
-    for s >= 0, and P(L <= -s) = Q(L > s) (symmetric). Mass on ((j-1)h, jh] goes to jh.
-    """
-    h = VALUE_DISCRETIZATION
-    n = math.ceil(eps0 / h)
-    s = np.clip(np.arange(-n, n + 1) * h, -eps0, eps0)
-    u = np.exp((np.abs(s) - eps0) / 2)
-    cdf = np.where(s < 0, np.exp(s) * u * (1 - u), u - math.exp(-eps0)) / -math.expm1(-eps0)
-    pmf = {j: float(p) for j, p in zip(range(-n + 1, n + 1), np.diff(cdf)) if p > 0}
-    return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(pmf, 0.0, h)
+    """PLD of the pair dominating every eps0-BR pair (`accounting.bounded_range_pld`)."""
+    return accounting.bounded_range_pld(eps0, VALUE_DISCRETIZATION)
 
 
 def _adaptive(eps0: float, tokens: int) -> tuple[pld_lib.PrivacyLossDistribution, np.ndarray]:

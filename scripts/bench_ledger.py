@@ -1,0 +1,70 @@
+"""Milliseconds per ledger charge as the history grows, and how tight the running spend is.
+
+Charges one scope (``pld`` accountant, add/remove-one, delta cap 1e-5, a cap no history
+reaches) `--charges` times with the 70-token DP-RAG answer event,
+``self_composed(pure_epsilon_event(0.17517), 70)``, each charge timed end to end
+(`PrivacyLedger.charge`: transaction, catch-up, check, insert, commit). Then the spend the
+ledger states is compared with dp-accounting's exact PLD recomposition of every recorded
+event (`PrivacyLedger.verify`; identical events, so one self-composition).
+
+    python scripts/bench_ledger.py                      # SQLite in a temporary folder
+    python scripts/bench_ledger.py --ledger postgresql://user@127.0.0.1:5432/db
+
+Last line: ``charge_ms_first=<mean of the first 50> charge_ms_last=<mean of the last 50>
+spent_vs_pld=<stated / recomposed>``. Targets (issue 17): last <= 3x first and <= 100 ms,
+ratio in [1, 1.05].
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from synthgen.privacy import accounting
+from synthgen.privacy.ledger import PrivacyLedger, Scope
+
+ANSWER_EVENT = accounting.self_composed(accounting.pure_epsilon_event(0.17517), 70)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--charges", type=int, default=1000)
+    parser.add_argument("--window", type=int, default=50)
+    parser.add_argument("--ledger", default=None, help="ledger URL (default: a temporary file)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        location = args.ledger or Path(tmp) / "ledger.sqlite"
+        ledger = PrivacyLedger(location)
+        ledger.open_scope(Scope("bench", "answers", 1e9, 1e-5, "pld"))
+        times = []
+        for i in range(args.charges):
+            start = time.perf_counter()
+            ledger.charge(
+                "bench",
+                "answers",
+                stage="rag-answer",
+                event=ANSWER_EVENT,
+                relation="ADD_OR_REMOVE_ONE",
+                description=f"answer {i}",
+            )
+            times.append(1000 * (time.perf_counter() - start))
+            if (i + 1) % 100 == 0:
+                print(f"charges={i + 1} charge_ms={times[-1]:.1f}", flush=True)
+        start = time.perf_counter()
+        check = ledger.verify("bench", "answers")
+        print(
+            f"stated_epsilon={check.stated:.4f} pld_recomposed={check.pld:.4f} "
+            f"rdp_recomposed={check.rdp:.4f} recompose_s={time.perf_counter() - start:.1f}"
+        )
+    first = statistics.fmean(times[: args.window])
+    last = statistics.fmean(times[-args.window :])
+    print(
+        f"charge_ms_first={first:.2f} charge_ms_last={last:.2f} spent_vs_pld={check.stated / check.pld:.5f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
