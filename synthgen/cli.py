@@ -18,6 +18,7 @@ from synthgen.paths import default_ledger_path
 from synthgen.privacy import accounting
 from synthgen.privacy.errors import PrivacyError
 from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_copy import copy_ledger
 
 app = typer.Typer(
     help="DP synthetic data: assets, privacy accounting, budget ledger.",
@@ -222,16 +223,26 @@ def privacy_fewshot(
 # ---- ledger -----------------------------------------------------------------------------
 
 
+def _open_ledger(db: str | None) -> PrivacyLedger:
+    """The ledger at `db` (path or URL; default $DPSYNTH_LEDGER); a missing file is an error."""
+    location = db or str(default_ledger_path())
+    if "://" not in location and not Path(location).exists():
+        raise FileNotFoundError(f"no ledger at {location}")
+    return PrivacyLedger(location)
+
+
+LedgerOption = Annotated[
+    str | None,
+    typer.Option(help="ledger: file path, sqlite:///path or postgresql://... ($DPSYNTH_LEDGER)"),
+]
+
+
 @ledger_app.command("show")
 def ledger_show(
-    db: Annotated[Path | None, typer.Option(help="ledger file (default: $DPSYNTH_LEDGER)")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    db: LedgerOption = None, as_json: Annotated[bool, typer.Option("--json")] = False
 ) -> None:
     """Spent and remaining budget of every scope."""
-    path = db or default_ledger_path()
-    if not path.exists():
-        raise FileNotFoundError(f"no ledger at {path}")
-    ledger = PrivacyLedger(path)
+    ledger = _open_ledger(db)
     rows = []
     for scope in ledger.scopes():
         spend = ledger.spent(scope.tenant, scope.dataset)
@@ -257,6 +268,36 @@ def ledger_show(
             f"{r['epsilon_cap']:g} spent at delta={r['delta_cap']:g} ({r['accountant']}, "
             f"{r['relation']}, {r['charges']} charges)"
         )
+
+
+@ledger_app.command("verify")
+def ledger_verify(db: LedgerOption = None) -> None:
+    """Recomposes every scope from its recorded events and compares with the stated spend."""
+    ledger = _open_ledger(db)
+    failed = 0
+    for scope in ledger.scopes():
+        check = ledger.verify(scope.tenant, scope.dataset)
+        sound = check.stated >= check.best * (1 - 1e-9)
+        failed += not sound
+        print(
+            f"{scope.tenant}/{scope.dataset}: stated {check.stated:.4f}, recomposed PLD "
+            f"{check.pld:.4f}, RDP {check.rdp:.4f} ({check.num_charges} charges) "
+            f"{'ok' if sound else 'BELOW THE RECOMPOSITION'}"
+        )
+    if failed:
+        raise typer.Exit(1)
+
+
+@ledger_app.command("copy")
+def ledger_copy(
+    source: Annotated[str, typer.Option("--from", help="ledger to read (path or URL)")],
+    target: Annotated[str, typer.Option("--to", help="new ledger to write (path or URL)")],
+) -> None:
+    """Copies a ledger to another backend, checked charge by charge."""
+    if "://" not in source and not Path(source).exists():
+        raise FileNotFoundError(f"no ledger at {source}")
+    report = copy_ledger(source, target)
+    print(f"copied {report.scopes} scopes and {report.charges} charges; checked charge by charge")
 
 
 # ---- entry point ------------------------------------------------------------------------

@@ -134,6 +134,11 @@ class LedgerStore:
         import psycopg  # only PostgreSQL ledgers need it
 
         conn = getattr(self._local, "conn", None)
+        if conn is not None and not (conn.closed or conn.broken):
+            try:  # one loopback round trip: a server restart since the last call is survived
+                conn.execute("SELECT 1")
+            except psycopg.OperationalError:
+                conn.close()
         if conn is None or conn.closed or conn.broken:
             conn = psycopg.connect(self.url, connect_timeout=int(self.timeout))
             timeout_ms = int(self.timeout * 1000)
@@ -153,7 +158,8 @@ class LedgerStore:
         try:
             yield Connection(conn, "postgresql")
         finally:
-            conn.rollback()
+            if not (conn.closed or conn.broken):
+                conn.rollback()
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
@@ -172,7 +178,7 @@ class LedgerStore:
         try:
             yield Connection(conn, "postgresql")
         except BaseException:
-            if not conn.closed:
+            if not (conn.closed or conn.broken):
                 conn.rollback()
             raise
         conn.commit()

@@ -1,0 +1,87 @@
+"""Moves a privacy ledger between backends (SQLite <-> PostgreSQL), checked charge by charge.
+
+The record is copied as it is: every scope with its cap, accountant, relation and creation
+time, every charge in id order with its stage, standalone figures, event JSON, description,
+time, relation and idempotency reference. Charges are not re-checked against caps (they
+were when first recorded). The target must not hold any of the copied scopes yet. After the
+copy, both ledgers are read back and compared row by row, and each scope's stated spend is
+recomputed on the target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+from synthgen.privacy.ledger import PrivacyLedger
+
+
+@dataclasses.dataclass(frozen=True)
+class CopyReport:
+    """What a copy moved: scopes, charges, and each scope's spend on both sides."""
+
+    scopes: int
+    charges: int
+    spends: dict[str, tuple[float, float]]  # "tenant/dataset": (source, target) epsilon
+
+
+def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
+    """Copies every scope and charge of ledger `source` into ledger `target`.
+
+    Args:
+      source, target: ledger locations (file path, ``sqlite:///...``, ``postgresql://...``).
+
+    Returns:
+      A `CopyReport`.
+
+    Raises:
+      ValueError: `target` already holds one of the scopes, or a copied row differs.
+    """
+    src, dst = PrivacyLedger(source), PrivacyLedger(target)
+    if src.location == dst.location:
+        raise ValueError("source and target are the same ledger")
+    scopes = src.scopes()
+    existing = {(s.tenant, s.dataset) for s in dst.scopes()}
+    clash = [f"{s.tenant}/{s.dataset}" for s in scopes if (s.tenant, s.dataset) in existing]
+    if clash:
+        raise ValueError(f"the target ledger already holds scopes {clash}; copy into a new one")
+    with src._store.read() as conn:  # noqa: SLF001 - the copy speaks the stores' schema
+        scope_rows = conn.execute(
+            "SELECT tenant, dataset, epsilon_cap, delta_cap, accountant, relation, created_at "
+            "FROM scopes ORDER BY created_at, tenant, dataset"
+        ).fetchall()
+        charge_rows = conn.execute(
+            "SELECT tenant, dataset, stage, epsilon, delta, event, description, created_at, "
+            "relation, ref FROM charges ORDER BY id"
+        ).fetchall()
+    with dst._store.write() as conn:  # noqa: SLF001 - one transaction: all or nothing
+        for row in scope_rows:
+            conn.execute(
+                "INSERT INTO scopes (tenant, dataset, epsilon_cap, delta_cap, accountant, "
+                "relation, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                tuple(row),
+            )
+        for row in charge_rows:
+            conn.execute(
+                "INSERT INTO charges (tenant, dataset, stage, epsilon, delta, event, "
+                "description, created_at, relation, ref) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                tuple(row),
+            )
+    spends = {}
+    for scope in scopes:
+        before = src.charges(scope.tenant, scope.dataset)
+        after = dst.charges(scope.tenant, scope.dataset)
+        strip = [dataclasses.replace(c, id=0) for c in before]
+        if strip != [dataclasses.replace(c, id=0) for c in after]:
+            raise ValueError(f"charges of {scope.tenant}/{scope.dataset} differ after the copy")
+        if dst.get_scope(scope.tenant, scope.dataset) != scope:
+            raise ValueError(f"scope {scope.tenant}/{scope.dataset} differs after the copy")
+        a = src.spent(scope.tenant, scope.dataset).epsilon
+        b = dst.spent(scope.tenant, scope.dataset).epsilon
+        if not math.isclose(a, b, rel_tol=1e-6):
+            raise ValueError(f"spend of {scope.tenant}/{scope.dataset} differs after the copy")
+        spends[f"{scope.tenant}/{scope.dataset}"] = (a, b)
+    src.close()
+    dst.close()
+    return CopyReport(len(scopes), len(charge_rows), spends)

@@ -1,0 +1,147 @@
+"""The ledger on a real PostgreSQL server (started by the `postgres_url` fixture): the same
+guarantees as on SQLite, across processes, server crashes and a copy between backends."""
+
+import multiprocessing
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+from synthgen.cli import app, run
+from synthgen.privacy import accounting
+from synthgen.privacy.errors import BudgetExceededError
+from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.ledger_copy import copy_ledger
+from synthgen.privacy.ledger_store import SCHEMA_VERSION
+
+AR = "ADD_OR_REMOVE_ONE"
+STEP = accounting.pure_epsilon_event(0.3)
+
+
+def _charge_until_refused(location, barrier=None, results=None):
+    ledger = PrivacyLedger(location)
+    if barrier is not None:
+        barrier.wait()  # all workers charge at the same moment
+    accepted = 0
+    for _ in range(10):
+        try:
+            ledger.charge("acme", "q", stage="p", relation=AR, event=STEP)
+            accepted += 1
+        except BudgetExceededError:
+            pass
+    if results is not None:
+        results.put(accepted)
+    return accepted
+
+
+def _how_many_fit(tmp_path, cap):
+    reference = PrivacyLedger(tmp_path / "reference.sqlite")
+    reference.open_scope(Scope("acme", "q", cap, 1e-5))
+    return _charge_until_refused(tmp_path / "reference.sqlite") if cap else 0
+
+
+def test_charges_refusals_and_refs_behave_as_on_sqlite(postgres_url):
+    ledger = PrivacyLedger(postgres_url)
+    assert ledger.backend == "postgresql" and "@" in ledger.location
+    ledger.open_scope(Scope("acme", "q", 2.0, 1e-5))
+    first = ledger.charge("acme", "q", stage="a", relation=AR, event=STEP, ref="r1")
+    assert ledger.charge("acme", "q", stage="a", relation=AR, event=STEP, ref="r1") == first
+    before = ledger.charges("acme", "q")
+    with pytest.raises(BudgetExceededError):
+        ledger.charge("acme", "q", stage="b", relation=AR, event=accounting.pure_epsilon_event(2))
+    with pytest.raises(BudgetExceededError):  # all or nothing
+        ledger.charge_all("acme", "q", [("x", STEP, ""), ("y", STEP, "")] * 5, relation=AR)
+    assert ledger.charges("acme", "q") == before
+    pair = ledger.charge_all("acme", "q", [("x", STEP, ""), ("y", STEP, "")], relation=AR)
+    assert (
+        [c.stage for c in ledger.charges("acme", "q")[1:]] == ["x", "y"] == [p.stage for p in pair]
+    )
+    check = PrivacyLedger(postgres_url).verify("acme", "q")
+    assert check.best * (1 - 1e-9) <= check.stated <= check.best * 1.001 <= 2.0
+
+
+def test_eight_processes_never_overspend(postgres_url, tmp_path):
+    cap = 2.0
+    PrivacyLedger(postgres_url).open_scope(Scope("acme", "q", cap, 1e-5))
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(8), ctx.Queue()
+    workers = [
+        ctx.Process(target=_charge_until_refused, args=(postgres_url, barrier, results))
+        for _ in range(8)
+    ]
+    for w in workers:
+        w.start()
+    accepted = [results.get(timeout=300) for _ in workers]
+    for w in workers:
+        w.join()
+        assert w.exitcode == 0
+    ledger = PrivacyLedger(postgres_url)
+    assert sum(accepted) == len(ledger.charges("acme", "q")) == _how_many_fit(tmp_path, cap)
+    assert ledger.verify("acme", "q").best <= cap
+
+
+def test_threads_never_overspend(postgres_url, tmp_path):
+    cap = 1.5
+    PrivacyLedger(postgres_url).open_scope(Scope("acme", "q", cap, 1e-5))
+    with ThreadPoolExecutor(8) as pool:
+        accepted = list(pool.map(_charge_until_refused, [postgres_url] * 8))
+    assert sum(accepted) == _how_many_fit(tmp_path, cap)
+
+
+def test_a_server_crash_between_charges_loses_nothing_committed(postgres_server, postgres_url):
+    ledger = PrivacyLedger(postgres_url)
+    ledger.open_scope(Scope("acme", "q", 10.0, 1e-5))
+    for _ in range(3):
+        ledger.charge("acme", "q", stage="a", relation=AR, event=STEP)
+    before = ledger.charges("acme", "q")
+    postgres_server.kill()  # SIGKILL: no shutdown checkpoint
+    with pytest.raises(psycopg.OperationalError):
+        ledger.charge("acme", "q", stage="down", relation=AR, event=STEP)
+    postgres_server.start()
+    assert ledger.charges("acme", "q") == before  # the same object reconnects
+    ledger.charge("acme", "q", stage="b", relation=AR, event=STEP)
+    after = PrivacyLedger(postgres_url).charges("acme", "q")
+    assert after[:3] == before and [c.stage for c in after[3:]] == ["b"]
+
+
+def test_concurrent_openers_migrate_once(postgres_url):
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(PrivacyLedger, [postgres_url] * 6))
+    with psycopg.connect(postgres_url) as conn:
+        versions = [r[0] for r in conn.execute("SELECT version FROM schema_version ORDER BY 1")]
+    assert versions == list(range(1, SCHEMA_VERSION + 1))
+
+
+def _fill(location):
+    ledger = PrivacyLedger(location)
+    ledger.open_scope(Scope("acme", "q", 50.0, 1e-5))
+    ledger.open_scope(Scope("zeta", "docs", 20.0, 1e-6, "rdp", "REPLACE_ONE"))
+    ledger.charge("acme", "q", stage="train", relation=AR, event=accounting.gaussian_event(2.0))
+    ledger.charge_all(
+        "acme", "q", [("retrieval", STEP, "k=3"), ("tokens", STEP, "")], relation=AR, ref="ans"
+    )
+    event = accounting.self_composed(accounting.bounded_range_event(0.2), 10)
+    ledger.charge("zeta", "docs", stage="br", relation=AR, event=event, description="x")
+    return ledger
+
+
+def test_copy_moves_a_ledger_between_backends_charge_by_charge(tmp_path, postgres_url):
+    source = _fill(tmp_path / "a.sqlite")
+    report = copy_ledger(tmp_path / "a.sqlite", postgres_url)
+    assert (report.scopes, report.charges) == (2, 4)
+    back = tmp_path / "b.sqlite"
+    assert run(app, ["ledger", "copy", "--from", postgres_url, "--to", str(back)]) == 0
+    copied = PrivacyLedger(back)
+    for scope in source.scopes():
+        assert copied.get_scope(scope.tenant, scope.dataset) == scope
+        assert [c.__dict__ | {"id": 0} for c in copied.charges(scope.tenant, scope.dataset)] == [
+            c.__dict__ | {"id": 0} for c in source.charges(scope.tenant, scope.dataset)
+        ]
+    # A ref still protects against paying twice after the move.
+    again = copied.charge_all(
+        "acme", "q", [("retrieval", STEP, "k=3"), ("tokens", STEP, "")], relation=AR, ref="ans"
+    )
+    assert [c.ref for c in again] == ["ans/0", "ans/1"]
+    assert len(copied.charges("acme", "q")) == 3
+    with pytest.raises(ValueError, match="already holds"):
+        copy_ledger(tmp_path / "a.sqlite", back)
