@@ -45,7 +45,9 @@ def answer(
     question: Annotated[str, typer.Option(help="the question")],
     epsilon: Annotated[float, typer.Option(help="per-answer epsilon")],
     mechanism: Annotated[str, typer.Option(help="icl | vote | sparse-vote")] = "icl",
-    ledger: Annotated[Path | None, typer.Option(help="ledger file (default: data folder)")] = None,
+    ledger: Annotated[
+        str | None, typer.Option(help="ledger file or URL (default: data folder)")
+    ] = None,
     tenant: Annotated[str, typer.Option(help="who pays")] = "default",
     tenant_epsilon: Annotated[
         float, typer.Option(help="cap of a new tenant scope (existing scopes keep theirs)")

@@ -89,7 +89,7 @@ def _load_lm(
     return TinyLM() if model == "tiny" else FlaxLM.load(model)
 
 
-def _ledger(tenant: str, name: str, ledger: Path | None, budget: float | None, plan):
+def _ledger(tenant: str, name: str, ledger: str | None, budget: float | None, plan):
     """Opens the scope if it is new and refuses an over-budget run before any compute."""
     from synthgen.fewshot import RELATION
 
@@ -229,7 +229,9 @@ def generate_docs(
         typer.Option(help="first N private examples only (the guarantee covers those only)"),
     ] = None,
     split: SplitOption = "all",
-    ledger: Annotated[Path | None, typer.Option(help="ledger file")] = None,
+    ledger: Annotated[
+        str | None, typer.Option(help="ledger: file, sqlite:///... or postgresql://...")
+    ] = None,
     tenant: Annotated[str, typer.Option(help="ledger tenant")] = "default",
     dataset: Annotated[str | None, typer.Option(help="ledger dataset (default: file name)")] = None,
     budget: Annotated[float | None, typer.Option(help="epsilon cap of a new ledger scope")] = None,
@@ -319,7 +321,9 @@ def generate_queries_fewshot(
     server_context: ServerContextOption = None,
     limit: Annotated[int | None, typer.Option(help="first N (public) documents only")] = None,
     split: SplitOption = "all",
-    ledger: Annotated[Path | None, typer.Option(help="ledger file")] = None,
+    ledger: Annotated[
+        str | None, typer.Option(help="ledger: file, sqlite:///... or postgresql://...")
+    ] = None,
     tenant: Annotated[str, typer.Option()] = "default",
     dataset: Annotated[str | None, typer.Option(help="ledger dataset (default: file name)")] = None,
     budget: Annotated[float | None, typer.Option()] = None,

@@ -32,14 +32,19 @@ def default_work_dir(release_dir: str | Path, ledger_path: str | Path | None = N
 
     ``<ledger folder>/work/<release folder name>-<12 hex digits of sha256(its absolute
     path)>``: beside the ledger (private, durable data; the default ledger's when
-    `ledger_path` is None), never inside the release folder, and the same folder every time
-    the same release is trained, so that calling again resumes an interrupted run.
+    `ledger_path` is None or a server URL), never inside the release folder, and the same
+    folder every time the same release is trained, so that calling again resumes an interrupted run.
 
     Privacy:
       The work folder holds the mechanism's secret randomness (noise key, sampler state) and
       the resume state; it is secret and must never be shipped (`synthgen.work_folder`).
     """
     release = Path(release_dir).expanduser().resolve()
-    ledger = Path(ledger_path) if ledger_path is not None else default_ledger_path()
+    text = None if ledger_path is None else str(ledger_path)
+    if text is not None and text.startswith("sqlite:"):
+        text = text.removeprefix("sqlite:///")
+    elif text is not None and "://" in text:  # a server ledger: the default ledger's folder
+        text = None
+    ledger = Path(text) if text is not None else default_ledger_path()
     digest = hashlib.sha256(str(release).encode()).hexdigest()[:12]
     return ledger.expanduser().resolve().parent / "work" / f"{release.name}-{digest}"

@@ -61,7 +61,9 @@ def train_generator(
     split: SplitOption = "all",
     document_field: Annotated[str, typer.Option()] = "document",
     query_field: Annotated[str, typer.Option()] = "query",
-    ledger: Annotated[Path | None, typer.Option(help="ledger file")] = None,
+    ledger: Annotated[
+        str | None, typer.Option(help="ledger: file, sqlite:///... or postgresql://...")
+    ] = None,
     tenant: Annotated[str, typer.Option(help="ledger tenant")] = "default",
     dataset: Annotated[
         str | None, typer.Option(help="ledger dataset (default: pairs name)")
