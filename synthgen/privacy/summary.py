@@ -47,6 +47,7 @@ from synthgen.privacy.errors import UnsupportedEventError
 
 BASE_INTERVAL = 1e-4  # dp-accounting's default PLD grid; coarser grids are 2^level times it
 MAX_PLD_BINS = 2**17
+MAX_FIRST_BINS = 2**22  # a scope's first event keeps its own grid up to this size
 TAIL_MASS_TRUNCATION = 1e-15  # dp-accounting's default: truncated right tails go to infinity
 RDP_ORDERS = np.asarray(rdp_lib.DEFAULT_RDP_ORDERS, dtype=float)
 _EVENT_CACHE = 64
@@ -91,12 +92,27 @@ def event_rdp(event_json: str, relation: str) -> _EventRdp:
         orders=list(RDP_ORDERS), neighboring_relation=accounting.NeighboringRelation[relation]
     )
     rdp = None
-    if all(acc.supports(part) for part in parts):
-        for part in parts:
-            acc.compose(part)
-        rdp = np.array(acc._rdp, dtype=float)  # noqa: SLF001
-    pure = acc._pure_sum if acc._only_pure and approx_delta == 0 else math.nan  # noqa: SLF001
-    return _EventRdp(rdp, approx_eps, approx_delta, pure + approx_eps)
+    with accounting._quiet_absl():  # noqa: SLF001 - dp-accounting warns on excluded orders
+        if all(acc.supports(part) for part in parts):
+            for part in parts:
+                acc.compose(part)
+            rdp = np.array(acc._rdp, dtype=float)  # noqa: SLF001
+    pure = _pure_total(accounting.event_from_json(event_json))
+    return _EventRdp(rdp, approx_eps, approx_delta, pure)
+
+
+def _pure_total(event: dp_event.DpEvent) -> float:
+    """Sum of the epsilons if `event` is made of pure parts only (basic composition), else
+    nan: read from the event's structure, never from what an accountant could compose."""
+    if isinstance(event, accounting.EpsilonDeltaDpEvent):
+        return event.epsilon if event.delta == 0 else math.nan
+    if isinstance(event, accounting.BoundedRangeDpEvent):
+        return event.epsilon
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return event.count * _pure_total(event.event)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return math.fsum(_pure_total(e) for e in event.events)
+    return math.nan
 
 
 def _split_approximate(event: dp_event.DpEvent) -> tuple[list[dp_event.DpEvent], float, float]:
@@ -185,11 +201,15 @@ def pld_epsilon(pld: pld_lib.PrivacyLossDistribution, delta: float) -> float:
     return max(eps, _pmf_epsilon(pld._pmf_add, delta))  # noqa: SLF001
 
 
+def _size(pld: pld_lib.PrivacyLossDistribution) -> int:
+    return max(pld._pmf_remove.size, pld._pmf_add.size)  # noqa: SLF001
+
+
 def _fit(
     pld: pld_lib.PrivacyLossDistribution, level: int
 ) -> tuple[pld_lib.PrivacyLossDistribution, int]:
     """Coarsens `pld` (at `level`) until it has at most MAX_PLD_BINS bins."""
-    size = max(pld._pmf_remove.size, pld._pmf_add.size)  # noqa: SLF001
+    size = _size(pld)
     factor = 1
     while size > MAX_PLD_BINS * factor:
         factor *= 2
@@ -267,10 +287,15 @@ class ScopeSummary:
             own = event_pld(event_json, self.relation, level)
             if count > 1:
                 own = own.self_compose(count, TAIL_MASS_TRUNCATION)
-            own, level = _fit(own, level)
-            history = coarsen(self.pld, 2 ** (level - self.pld_level)) if self.pld else None
-            composed = own if history is None else history.compose(own, TAIL_MASS_TRUNCATION)
-            changes["pld"], changes["pld_level"] = _fit(composed, level)
+            if self.pld is None and count == 1 and _size(own) <= MAX_FIRST_BINS:
+                # A first event stays on dp-accounting's grid: a scope whose cap is exactly
+                # one planned release's epsilon accepts that release.
+                changes["pld"], changes["pld_level"] = own, level
+            else:
+                own, level = _fit(own, level)
+                history = coarsen(self.pld, 2 ** (level - self.pld_level)) if self.pld else None
+                composed = own if history is None else history.compose(own, TAIL_MASS_TRUNCATION)
+                changes["pld"], changes["pld_level"] = _fit(composed, level)
         return dataclasses.replace(self, **changes)
 
     def epsilon(self, delta: float) -> float:
@@ -279,9 +304,14 @@ class ScopeSummary:
             return 0.0
         bounds = [self.pure_epsilon] if math.isfinite(self.pure_epsilon) else []
         if self.rdp is not None and self.approx_delta < delta:
-            rdp_eps, _ = rdp_lib.compute_epsilon(RDP_ORDERS, self.rdp, delta - self.approx_delta)
+            with accounting._quiet_absl():  # noqa: SLF001
+                rdp_eps, _ = rdp_lib.compute_epsilon(
+                    RDP_ORDERS, self.rdp, delta - self.approx_delta
+                )
             bounds.append(rdp_eps + self.approx_epsilon)
-        if self.pld is not None:
+        if self.pld is not None and self.num_events == 1 and self.pld_level == 0:
+            bounds.append(self.pld.get_epsilon_for_delta(delta))  # what a plan computed
+        elif self.pld is not None:
             bounds.append(pld_epsilon(self.pld, delta))
         eps = min(bounds, default=math.inf)
         return eps if not math.isnan(eps) else math.inf

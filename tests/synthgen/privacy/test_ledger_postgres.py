@@ -145,3 +145,19 @@ def test_copy_moves_a_ledger_between_backends_charge_by_charge(tmp_path, postgre
     assert len(copied.charges("acme", "q")) == 3
     with pytest.raises(ValueError, match="already holds"):
         copy_ledger(tmp_path / "a.sqlite", back)
+
+
+def test_a_repeatable_read_server_default_cannot_make_replicas_overspend(postgres_url, tmp_path):
+    # Found in review: under REPEATABLE READ the snapshot predates the row lock, so a waiter
+    # checked a stale history (48 charges accepted where 6 fit). Connections force
+    # READ COMMITTED.
+    database = postgres_url.rsplit("/", 1)[1]
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(
+            f"ALTER DATABASE {database} SET default_transaction_isolation = 'repeatable read'"
+        )
+    cap = 2.0
+    PrivacyLedger(postgres_url).open_scope(Scope("acme", "q", cap, 1e-5))
+    with ThreadPoolExecutor(8) as pool:
+        accepted = list(pool.map(_charge_until_refused, [postgres_url] * 8))
+    assert sum(accepted) == _how_many_fit(tmp_path, cap)

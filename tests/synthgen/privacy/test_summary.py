@@ -8,7 +8,7 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from synthgen.privacy import accounting
-from synthgen.privacy.errors import BudgetExceededError
+from synthgen.privacy.errors import BudgetExceededError, RelationMismatchError
 from synthgen.privacy.ledger import PrivacyLedger, Scope
 from synthgen.privacy.summary import (
     MAX_PLD_BINS,
@@ -192,3 +192,26 @@ def test_bounded_range_pld_dominates_its_binary_pairs():
         for e in np.linspace(0.0, t, 5):
             rr = max(0.0, 1 - math.exp(e - t)) * p_t
             assert envelope.get_delta_for_epsilon(e) >= rr - 1e-12
+
+
+@pytest.mark.parametrize("relation", [AR, "REPLACE_ONE"])
+def test_every_event_kind_in_either_scope_is_stated_at_least_its_recomposition(tmp_path, relation):
+    # Found in review: a Poisson DP-SGD run in a replace-one scope (RDP cannot compose it
+    # there) was stated at 0 through an empty "pure sum".
+    events = [
+        *_pool(),
+        accounting.poisson_sampled(0.1, accounting.laplace_event(1.0)),
+        accounting.epsilon_delta_event(0.3, 1e-9),
+    ]
+    for event in events:
+        ledger = PrivacyLedger(tmp_path / f"{relation}-{id(event)}.sqlite")
+        ledger.open_scope(Scope("t", "d", 1e6, 1e-6, "pld", relation))
+        try:
+            accounting.convert_relation(event, AR, relation)
+        except RelationMismatchError:
+            continue  # refused by every scope of that relation: nothing to state
+        for _ in range(3):
+            ledger.charge("t", "d", stage="s", event=event, relation=AR)
+        check = ledger.verify("t", "d")
+        assert check.stated > 0
+        _sound_and_tight(check, rel=1e-3)
