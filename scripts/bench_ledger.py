@@ -61,9 +61,8 @@ def main() -> None:
         )
     first = statistics.fmean(times[: args.window])
     last = statistics.fmean(times[-args.window :])
-    print(
-        f"charge_ms_first={first:.2f} charge_ms_last={last:.2f} spent_vs_pld={check.stated / check.pld:.5f}"
-    )
+    ratio = check.stated / check.pld
+    print(f"charge_ms_first={first:.2f} charge_ms_last={last:.2f} spent_vs_pld={ratio:.5f}")
 
 
 if __name__ == "__main__":
