@@ -12,8 +12,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # tests/postgres_server.py, importable as a plain module (site-packages may hold
-# another `tests` package, e.g. jax-privacy's).
-sys.path.insert(0, str(Path(__file__).parent))
+# another `tests` package, e.g. jax-privacy's). Appended, not prepended, so that tests/
+# never shadows a real package.
+_TESTS_DIR = str(Path(__file__).parent)
+if _TESTS_DIR not in sys.path:
+    sys.path.append(_TESTS_DIR)
 from postgres_server import PostgresServer, find_binaries  # noqa: E402
 
 POSTGRES_MISSING = "PostgreSQL server binaries (Debian package postgresql) not installed"

@@ -109,14 +109,11 @@ def _nonadaptive_delta(eps0: float, k: int, eps_g: float) -> float:
         return float(np.exp(logsumexp(log_terms, axis=1)).max())
 
 
-def _envelope_pld(eps0: float) -> pld_lib.PrivacyLossDistribution:
-    """PLD of the pair dominating every eps0-BR pair (`accounting.bounded_range_pld`)."""
-    return accounting.bounded_range_pld(eps0, VALUE_DISCRETIZATION)
-
-
 def _adaptive(eps0: float, tokens: int) -> tuple[pld_lib.PrivacyLossDistribution, np.ndarray]:
-    """The T-fold envelope PLD and the RDP curve of T eps0^2/8-zCDP mechanisms."""
-    return _envelope_pld(eps0).self_compose(int(tokens)), _RDP_ORDERS * tokens * eps0**2 / 8
+    """The T-fold envelope PLD (of the pair dominating every eps0-BR pair) and the RDP curve
+    of T eps0^2/8-zCDP mechanisms."""
+    envelope = accounting.bounded_range_pld(eps0, VALUE_DISCRETIZATION)
+    return envelope.self_compose(int(tokens)), _RDP_ORDERS * tokens * eps0**2 / 8
 
 
 def bounded_range_delta(

@@ -300,10 +300,12 @@ class DPRag:
 
     def _pays_as_it_goes(self, tenant: str) -> bool:
         """Sparse-vote pays its realized releases only where that is sound: a ``basic``
-        scope (a privacy filter, Rogers et al. 2016) or no ledger; a PLD/RDP scope is
-        charged the answer's worst case."""
+        scope (a privacy filter, Rogers et al. 2016) or no ledger; a PLD/RDP scope, or a
+        dataset with a collection cap (always PLD/RDP), is charged the answer's worst case."""
         if self.ledger is None:
             return True
+        if self.ledger.collection_scope(self.dataset) is not None:
+            return False
         return self.ledger.get_scope(tenant, self.dataset).accountant == "basic"
 
     def _check_context(self, question: str) -> None:

@@ -24,7 +24,7 @@ from synthgen.privacy.accounting import (
     steps_for_epochs,
 )
 from synthgen.privacy.errors import BudgetExceededError, PrivacyError, UnsupportedEventError
-from synthgen.privacy.ledger import Charge, PrivacyLedger, Scope, Spend
+from synthgen.privacy.ledger import COLLECTION, Charge, PrivacyLedger, Scope, Spend
 from synthgen.privacy.mechanisms import (
     AboveThreshold,
     exponential_mechanism,
@@ -39,6 +39,7 @@ from synthgen.privacy.rng import secure_rng
 __all__ = [
     "AboveThreshold",
     "BudgetExceededError",
+    "COLLECTION",
     "Charge",
     "EpsilonDeltaDpEvent",
     "PrivacyError",

@@ -6,7 +6,16 @@ class PrivacyError(Exception):
 
 
 class BudgetExceededError(PrivacyError):
-    """A charge would take a scope past its privacy budget; nothing was recorded."""
+    """A charge would take a scope past its privacy budget; nothing was recorded.
+
+    Attributes:
+      tenant: the refusing scope's tenant (``"*"``: the dataset's collection cap).
+      dataset: the refusing scope's dataset.
+    """
+
+    def __init__(self, message: str = "", *, tenant: str | None = None, dataset: str | None = None):
+        super().__init__(message)
+        self.tenant, self.dataset = tenant, dataset
 
 
 class UnsupportedEventError(PrivacyError):

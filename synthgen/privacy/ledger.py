@@ -18,8 +18,14 @@ another relation than its scope's is converted soundly (add/remove-one to replac
 A charge that would push the composition past the cap raises `BudgetExceededError` and
 records nothing; callers draw noise only after `charge` returns. SQLite with
 ``BEGIN IMMEDIATE`` serialises concurrent charges from threads and processes, so the check
-and the insert are one atomic step and the cap is never overspent; on PostgreSQL the
-scope's row is locked for the same purpose (`ledger_store`).
+and the insert are one atomic step and the cap is never overspent; on PostgreSQL an
+advisory lock keyed by the dataset does the same (`ledger_store`).
+
+Collection caps: tenants who collude add up, so a dataset may also have a collection scope,
+tenant ``COLLECTION`` (``"*"``), whose history is every charge of the dataset, whatever the
+tenant. A charge to any tenant of the dataset is checked against the tenant's cap and the
+collection's in the same transaction and recorded once; both must hold. Opening the
+collection scope later still counts the charges already made.
 
 Cost: a charge does not recompose the history. Each ledger object keeps a running
 `summary.ScopeSummary` per scope (RDP curve, pure sum, composed PLD on a grid coarsened as
@@ -48,12 +54,20 @@ from synthgen.privacy.summary import ScopeSummary, event_pld, pld_epsilon
 
 LedgerAccountant = Literal["pld", "rdp", "basic"]
 LEDGER_ACCOUNTANTS = ("pld", "rdp", "basic")
+COLLECTION = "*"  # reserved tenant of a dataset's collection scope (all tenants together)
 
 _CHARGE_COLUMNS = (
     "id, tenant, dataset, stage, epsilon, delta, event, description, charges.created_at, "
     "COALESCE(charges.relation, scopes.relation), ref"
 )
 _CHARGE_FROM = "charges JOIN scopes USING (tenant, dataset)"
+
+
+def _rows_of(tenant: str, dataset: str) -> tuple[str, tuple[str, ...]]:
+    """SQL condition and parameters selecting a scope's charges."""
+    if tenant == COLLECTION:
+        return "dataset = ?", (dataset,)
+    return "tenant = ? AND dataset = ?", (tenant, dataset)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +94,15 @@ class Scope:
             )
         if self.relation not in accounting.NeighboringRelation.__members__:
             raise ValueError(f"unknown neighbouring relation {self.relation=}")
+        if self.tenant == COLLECTION and self.accountant == "basic":
+            # a tenant's standalone figures are stated in its own relation and delta: the
+            # collection composes events, never sums figures
+            raise ValueError("a collection scope composes events: use the pld or rdp accountant")
+
+    @property
+    def is_collection(self) -> bool:
+        """Whether this is a dataset's collection scope (every tenant's charges)."""
+        return self.tenant == COLLECTION
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,8 +184,12 @@ class PrivacyLedger:
     # ---- scopes -----------------------------------------------------------------------
 
     def open_scope(self, scope: Scope) -> Scope:
-        """Creates `scope`, or checks that the stored one has the same cap and accountant."""
-        with self._store.write() as conn:
+        """Creates `scope`, or checks that the stored one has the same cap and accountant.
+
+        Taken under the dataset's charge lock, so a collection scope opened while tenants
+        charge sees every charge committed before it and checks every one after.
+        """
+        with self._store.scope_lock(scope.dataset) as conn:
             conn.execute(
                 "INSERT INTO scopes (tenant, dataset, epsilon_cap, delta_cap, accountant, "
                 "relation, created_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -210,6 +237,13 @@ class PrivacyLedger:
                 " ORDER BY created_at, tenant, dataset"
             ).fetchall()
         return [Scope(*row) for row in rows]
+
+    def collection_scope(self, dataset: str) -> Scope | None:
+        """The dataset's collection scope (cap over all tenants together), if it has one."""
+        try:
+            return self.get_scope(COLLECTION, dataset)
+        except KeyError:
+            return None
 
     @staticmethod
     def _scope(conn: Connection, tenant: str, dataset: str) -> Scope | None:
@@ -306,7 +340,7 @@ class PrivacyLedger:
             [ref] if _single else [None if ref is None else f"{ref}/{i}" for i in range(len(items))]
         )
         wanted = [(accounting.event_to_json(e), relation.name) for _, e, _ in items]
-        with self._store.scope_lock(tenant, dataset) as conn:
+        with self._store.scope_lock(dataset) as conn:
             if ref is not None:
                 earlier = [self._find(conn, tenant, dataset, r) for r in refs]
                 extra = (
@@ -320,9 +354,8 @@ class PrivacyLedger:
                         raise ValueError(f"{ref=} already names a different {noun}")
                     return earlier
             stage_events = [(stage, event) for stage, event, _ in items]
-            scope, summary, standalone = self._check_all(
-                conn, tenant, dataset, stage_events, relation, delta
-            )
+            checked = self._check_scopes(conn, tenant, dataset, stage_events, relation, delta)
+            standalone = checked[0][2]
             recorded = []
             now = time.time()
             for (stage, _, description), (event_json, _), (own_eps, own_delta), row_ref in zip(
@@ -347,9 +380,9 @@ class PrivacyLedger:
                     values,
                 ).fetchone()
                 recorded.append(Charge(int(row[0]), *values))
-        # Committed: the summary that was checked now describes the recorded rows.
-        summary = dataclasses.replace(summary, last_id=recorded[-1].id)
-        self._remember(scope, summary, now)
+        # Committed: the summaries that were checked now describe the recorded rows.
+        for scope, summary, _ in checked:
+            self._remember(scope, dataclasses.replace(summary, last_id=recorded[-1].id), now)
         return recorded
 
     def check(
@@ -373,10 +406,8 @@ class PrivacyLedger:
         relation = accounting.as_relation(relation)
         accounting.validate_event(event)
         with self._store.read() as conn:
-            _, _, standalone = self._check_all(
-                conn, tenant, dataset, [(stage, event)], relation, delta
-            )
-        return standalone[0]
+            checked = self._check_scopes(conn, tenant, dataset, [(stage, event)], relation, delta)
+        return checked[0][2][0]
 
     def find_charge(self, tenant: str, dataset: str, ref: str) -> Charge | None:
         """The charge of the scope recorded with idempotency key `ref`, if any."""
@@ -391,6 +422,18 @@ class PrivacyLedger:
             (tenant, dataset, ref),
         ).fetchone()
         return None if row is None else Charge(*row)
+
+    def _check_scopes(
+        self, conn, tenant, dataset, stage_events, relation, delta
+    ) -> list[tuple[Scope, ScopeSummary, list[tuple[float, float]]]]:
+        """`_check_all` for the tenant's scope, then for the dataset's collection scope if
+        it has one (a charge to the collection scope itself checks that scope only)."""
+        checked = [self._check_all(conn, tenant, dataset, stage_events, relation, delta)]
+        if tenant != COLLECTION and self._scope(conn, COLLECTION, dataset) is not None:
+            checked.append(
+                self._check_all(conn, COLLECTION, dataset, stage_events, relation, delta)
+            )
+        return checked
 
     def _check_all(
         self, conn, tenant, dataset, stage_events, relation, delta
@@ -415,20 +458,26 @@ class PrivacyLedger:
         within = total_eps <= scope.epsilon_cap * (1 + 1e-9) and total_delta <= scope.delta_cap
         if not within:  # fails closed on NaN as well
             stages = "+".join(stage for stage, _ in stage_events)
+            who = (
+                f"the collection cap of {dataset} (all tenants together)"
+                if scope.is_collection
+                else f"({tenant}, {dataset})"
+            )
             raise BudgetExceededError(
-                f"charge refused for ({tenant}, {dataset}) stage={stages}: spend would be "
+                f"charge refused for {who} stage={stages}: spend would be "
                 f"epsilon={total_eps:.4g}, delta={total_delta:.3g} over cap "
-                f"epsilon={scope.epsilon_cap:g}, delta={scope.delta_cap:g}"
+                f"epsilon={scope.epsilon_cap:g}, delta={scope.delta_cap:g}",
+                tenant=tenant,
+                dataset=dataset,
             )
         return scope, summary, standalone
 
     def charges(self, tenant: str, dataset: str) -> list[Charge]:
-        """All charges of a scope, oldest first."""
+        """All charges of a scope, oldest first (a collection scope: every tenant's)."""
+        where, params = _rows_of(tenant, dataset)
         with self._store.read() as conn:
             rows = conn.execute(
-                f"SELECT {_CHARGE_COLUMNS} FROM {_CHARGE_FROM} "
-                "WHERE tenant = ? AND dataset = ? ORDER BY id",
-                (tenant, dataset),
+                f"SELECT {_CHARGE_COLUMNS} FROM {_CHARGE_FROM} WHERE {where} ORDER BY id", params
             ).fetchall()
         return [Charge(*row) for row in rows]
 
@@ -514,10 +563,11 @@ class PrivacyLedger:
         key = (scope.tenant, scope.dataset)
         with self._cache_lock:
             cached = self._summaries.get(key)
+        where, params = _rows_of(scope.tenant, scope.dataset)
         select = (
             "SELECT charges.id, event, epsilon, delta, "
             f"COALESCE(charges.relation, scopes.relation), charges.created_at FROM {_CHARGE_FROM}"
-            " WHERE tenant = ? AND dataset = ?"
+            f" WHERE {where}"
         )
         if cached is not None:
             summary, last_time = cached
@@ -526,15 +576,14 @@ class PrivacyLedger:
                     alive = True
                 else:  # the row the summary ends with is still there: same ledger
                     row = conn.execute(
-                        "SELECT created_at FROM charges"
-                        " WHERE id = ? AND tenant = ? AND dataset = ?",
-                        (summary.last_id, scope.tenant, scope.dataset),
+                        f"SELECT created_at FROM charges WHERE id = ? AND {where}",
+                        (summary.last_id, *params),
                     ).fetchone()
                     alive = row is not None and row[0] == last_time
                 if alive:
                     rows = conn.execute(
                         select + " AND charges.id > ? ORDER BY charges.id",
-                        (scope.tenant, scope.dataset, summary.last_id),
+                        (*params, summary.last_id),
                     ).fetchall()
                     for row in rows:
                         event_json, figures = self._row_record(scope, row[1:5])
@@ -542,7 +591,7 @@ class PrivacyLedger:
                     if rows:
                         self._remember(scope, summary, rows[-1][5])
                     return summary
-        rows = conn.execute(select + " ORDER BY charges.id", key).fetchall()
+        rows = conn.execute(select + " ORDER BY charges.id", params).fetchall()
         summary = ScopeSummary.build(
             scope.accountant,
             scope.relation,

@@ -1,16 +1,18 @@
 """Where a privacy ledger lives: SQLite (embedded default) or PostgreSQL (several replicas).
 
 One schema, versioned migrations, and one transaction primitive, `LedgerStore.scope_lock`:
-a write transaction in which no other charge to the same scope can run.
+a write transaction in which no other charge to the same dataset can run (whatever the
+tenant: a dataset's collection scope caps all its tenants together, so their charges are
+checked one after another).
 
   * ``sqlite:///path`` or a plain path: ``BEGIN IMMEDIATE`` takes the file's write lock, so
     charges from threads and processes on one machine are serialised.
-  * ``postgresql://...`` (psycopg 3): the transaction locks the scope's row with
-    ``SELECT ... FOR UPDATE`` at READ COMMITTED, set on every connection whatever the
+  * ``postgresql://...`` (psycopg 3): the transaction takes a transaction-scoped advisory
+    lock keyed by the dataset, at READ COMMITTED, set on every connection whatever the
     server's default (under REPEATABLE READ the snapshot would predate the lock and a
     waiter would check a stale history); replicas on several machines charge one ledger.
     Charge ids come from an IDENTITY sequence drawn under that lock (sequence cache 1, the
-    default), so within a scope ids grow in commit order, which the ledger's catch-up
+    default), so within a dataset ids grow in commit order, which the ledger's catch-up
     (rows with id > the last one folded in) relies on.
 
 Migrations are numbered (`MIGRATIONS`); `schema_version` records the last one applied. A
@@ -29,6 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 _MIGRATION_LOCK = 7_402_114  # PostgreSQL advisory lock id of ledger migrations
+_DATASET_LOCK_SEED = 7_402_115  # seed of the hash that keys a dataset's advisory lock
 
 
 def _schema(real: str, serial: str) -> tuple[str, ...]:
@@ -41,6 +44,17 @@ def _schema(real: str, serial: str) -> tuple[str, ...]:
         f"delta {real} NOT NULL, event TEXT NOT NULL, description TEXT NOT NULL, "
         f"created_at {real} NOT NULL, "
         "FOREIGN KEY (tenant, dataset) REFERENCES scopes (tenant, dataset))",
+    )
+
+
+def _tenants_and_collections(real: str) -> tuple[str, ...]:
+    return (
+        # the service's tenants: API keys stored as salted hashes, never plain
+        "CREATE TABLE IF NOT EXISTS tenants (name TEXT PRIMARY KEY, key_id TEXT NOT NULL UNIQUE, "
+        f"key_salt TEXT NOT NULL, key_hash TEXT NOT NULL, created_at {real} NOT NULL, "
+        f"revoked_at {real})",
+        # a collection scope composes every charge of its dataset
+        "CREATE INDEX IF NOT EXISTS charges_dataset ON charges (dataset, id)",
     )
 
 
@@ -59,6 +73,7 @@ MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
                 "CREATE INDEX IF NOT EXISTS charges_scope ON charges (tenant, dataset, id)",
             ),
         ),
+        (5, _tenants_and_collections("REAL")),
     ),
     "postgresql": (
         (
@@ -77,6 +92,7 @@ MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
                 "CREATE INDEX IF NOT EXISTS charges_scope ON charges (tenant, dataset, id)",
             ),
         ),
+        (5, _tenants_and_collections("DOUBLE PRECISION")),
     ),
 }
 SCHEMA_VERSION = MIGRATIONS["sqlite"][-1][0]
@@ -196,17 +212,17 @@ class LedgerStore:
         conn.commit()
 
     @contextmanager
-    def scope_lock(self, tenant: str, dataset: str) -> Iterator[Connection]:
-        """A write transaction in which no other charge of (tenant, dataset) can run.
+    def scope_lock(self, dataset: str) -> Iterator[Connection]:
+        """A write transaction in which no other charge to `dataset` (any tenant) can run.
 
-        SQLite's write lock covers the whole file; PostgreSQL locks the scope's row (a
-        scope that does not exist yet locks nothing and the caller raises).
+        SQLite's write lock covers the whole file; PostgreSQL takes an advisory lock keyed
+        by a 64-bit hash of the dataset's name (a collision only serialises more).
         """
         with self.write() as conn:
             if self.dialect == "postgresql":
                 conn.execute(
-                    "SELECT 1 FROM scopes WHERE tenant = ? AND dataset = ? FOR UPDATE",
-                    (tenant, dataset),
+                    "SELECT pg_advisory_xact_lock(hashtextextended(?, ?))",
+                    (dataset, _DATASET_LOCK_SEED),
                 ).fetchall()
             yield conn
 

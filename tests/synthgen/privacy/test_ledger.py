@@ -2,12 +2,14 @@
 
 import multiprocessing
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import pytest
 
 from synthgen.privacy import accounting
 from synthgen.privacy.errors import BudgetExceededError, UnsupportedEventError
 from synthgen.privacy.ledger import PrivacyLedger, Scope
+from tests.synthgen.privacy.ledger_workers import charge_until_refused
 
 AR = "ADD_OR_REMOVE_ONE"
 
@@ -151,22 +153,7 @@ def _how_many_fit(cap):
     return k
 
 
-def _charge_until_refused(path, barrier=None, results=None):
-    ledger = PrivacyLedger(path)
-    if barrier is not None:
-        barrier.wait()  # all workers charge at the same moment
-    accepted = 0
-    for _ in range(10):
-        try:
-            ledger.charge(
-                "acme", "queries", stage="p", relation=AR, event=accounting.pure_epsilon_event(STEP)
-            )
-            accepted += 1
-        except BudgetExceededError:
-            pass
-    if results is not None:
-        results.put(accepted)
-    return accepted
+_charge_until_refused = partial(charge_until_refused, query="queries", epsilon=STEP)
 
 
 def test_eight_processes_never_overspend(tmp_path):

@@ -3,6 +3,7 @@ guarantees as on SQLite, across processes, server crashes and a copy between bac
 
 import multiprocessing
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import psycopg
 import pytest
@@ -13,25 +14,14 @@ from synthgen.privacy.errors import BudgetExceededError
 from synthgen.privacy.ledger import PrivacyLedger, Scope
 from synthgen.privacy.ledger_copy import copy_ledger
 from synthgen.privacy.ledger_store import SCHEMA_VERSION
+from tests.synthgen.privacy.ledger_workers import charge_until_refused
 
 AR = "ADD_OR_REMOVE_ONE"
-STEP = accounting.pure_epsilon_event(0.3)
+STEP_EPSILON = 0.3
+STEP = accounting.pure_epsilon_event(STEP_EPSILON)
 
 
-def _charge_until_refused(location, barrier=None, results=None):
-    ledger = PrivacyLedger(location)
-    if barrier is not None:
-        barrier.wait()  # all workers charge at the same moment
-    accepted = 0
-    for _ in range(10):
-        try:
-            ledger.charge("acme", "q", stage="p", relation=AR, event=STEP)
-            accepted += 1
-        except BudgetExceededError:
-            pass
-    if results is not None:
-        results.put(accepted)
-    return accepted
+_charge_until_refused = partial(charge_until_refused, query="q", epsilon=STEP_EPSILON)
 
 
 def _how_many_fit(tmp_path, cap):
