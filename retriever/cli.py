@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from retriever import data, rag_cli
+from retriever import data, rag_cli, service_cli
 from synthgen.cli import run
 
 app = typer.Typer(
@@ -26,6 +26,8 @@ app.add_typer(data_app, name="data")
 app.add_typer(index_app, name="index")
 app.add_typer(rag_cli.privacy_app, name="privacy")
 app.command("answer")(rag_cli.answer)
+app.command("serve")(service_cli.serve)
+app.add_typer(service_cli.tenant_app, name="tenant")
 
 # jax, flax, scann and datasets are imported inside the commands so `--help` starts fast.
 

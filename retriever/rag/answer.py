@@ -135,6 +135,7 @@ class Answer:
       selected_count: number of selected documents, Laplace-noised (None: no score stage).
       confidence: mean similarity of the selected documents, from the noised sum and count
         (None: no score stage).
+      ref: the public random id of the answer's charges in the ledger (None: no ledger).
     """
 
     text: str
@@ -147,6 +148,7 @@ class Answer:
     remaining_epsilon: float | None
     selected_count: float | None = None
     confidence: float | None = None
+    ref: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -251,6 +253,7 @@ class DPRag:
         mechanism = plan.mechanism
         realized = mechanism == "sparse-vote" and self._pays_as_it_goes(tenant)
         charges = None
+        ref = secrets.token_hex(16) if self.ledger is not None else None
         if self.ledger is not None:
             self.ledger.check(
                 tenant,
@@ -261,7 +264,7 @@ class DPRag:
                 delta=plan.delta,
             )
             if not realized:  # fixed events: charged before any noise is drawn
-                charges = self._charge(tenant, mechanism, plan.stage_events(), plan.delta)
+                charges = self._charge(tenant, mechanism, plan.stage_events(), plan.delta, ref)
         rng = self._rng if self._rng is not None else secure_rng()
         scores = self.embeddings @ np.asarray(self.encode_question([question]))[0]
         tau = self._threshold(scores, plan.retrieval_epsilon, rng)
@@ -279,7 +282,7 @@ class DPRag:
             stages = plan.stage_events()
         if charges is None:
             try:
-                charges = self._charge(tenant, mechanism, stages, plan.delta)
+                charges = self._charge(tenant, mechanism, stages, plan.delta, ref)
             except BudgetExceededError:  # a concurrent answer spent the reservation
                 raise BudgetExceededError(
                     f"the budget of {tenant} changed during the answer; nothing was released"
@@ -296,6 +299,7 @@ class DPRag:
             remaining_epsilon=self.remaining(tenant),
             selected_count=count,
             confidence=confidence,
+            ref=ref,
         )
 
     def _pays_as_it_goes(self, tenant: str) -> bool:
@@ -333,7 +337,7 @@ class DPRag:
             return dp_top_p_threshold(scores, c.top_p, epsilon, rng, score_range=c.score_range)
         return dp_top_k_threshold(scores, c.k, epsilon, rng, score_range=c.score_range)
 
-    def _charge(self, tenant, mechanism, stages, delta) -> tuple[StageCharge, ...]:
+    def _charge(self, tenant, mechanism, stages, delta, ref) -> tuple[StageCharge, ...]:
         if self.ledger is None:
             return tuple(StageCharge(stage, *_standalone(event, delta)) for stage, event in stages)
         recorded = self.ledger.charge_all(
@@ -342,7 +346,7 @@ class DPRag:
             [(f"rag-{stage}", event, f"rag answer ({mechanism})") for stage, event in stages],
             relation=RELATION,
             delta=delta,
-            ref=secrets.token_hex(16),
+            ref=ref,
         )
         return tuple(
             StageCharge(stage, c.epsilon, c.delta) for (stage, _), c in zip(stages, recorded)

@@ -1,0 +1,382 @@
+"""The DP-RAG service: a FastAPI app over `retriever.rag.DPRag` and the privacy ledger.
+
+Endpoints (JSON; every one but ``/`` and ``/health`` needs ``Authorization: Bearer <key>``):
+
+  * ``GET /health``: liveness, replicas and queue depth.
+  * ``POST /retrieve`` ``{"question", "k"}``: top-k of the public/synthetic index. Free: it
+    reads no private document.
+  * ``POST /answer`` ``{"question", "epsilon", "mechanism"}``: a DP answer from the private
+    collection, charged to the tenant's scope and the collection's cap in one ledger
+    transaction before any noise is drawn (`DPRag.answer`).
+  * ``GET /budget``: the tenant's caps, spend, remaining budget and charge log.
+  * ``GET /``: a one-file page to ask questions and watch the budget.
+
+Refusals are 4xx/503 with ``{"error", "detail", "request_id", ...}`` and charge nothing:
+401/403 bad keys, 400 bad input, 413 an oversize question, 402 a budget that does not
+cover the answer's worst case (with the remaining budget), 503 a full queue or a queue
+timeout (with Retry-After). Logs hold request ids, tenant names, endpoints, epsilon, counts
+and timings; never a question, a document, a document id, a score or a key.
+
+Trust model: a tenant's cap bounds what that tenant learns about the collection. Tenants
+who collude add up, so the collection's cap bounds all tenants together; both are checked
+in the same ledger transaction (`synthgen.privacy.ledger`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import math
+import secrets
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from retriever.rag.answer import RELATION, DPRag
+from retriever.service.admission import Admission, QueueFullError, QueueTimeoutError
+from retriever.service.public_index import PublicIndex
+from retriever.service.tenants import AuthError, TenantRegistry
+from synthgen.privacy import BudgetExceededError, PrivacyLedger
+
+log = logging.getLogger("retriever.service")
+MECHANISMS = ("icl", "vote", "sparse-vote")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceConfig:
+    """Public limits of the service.
+
+    Attributes:
+      max_question_chars: longer questions get 413.
+      queue_capacity: most requests waiting for a model replica (503 beyond).
+      queue_timeout: seconds a request may wait for a replica (503 beyond).
+      default_epsilon: per-answer epsilon when a request names none.
+      min_epsilon: smallest per-answer epsilon (below it an answer is noise); a tenant
+        with less left has an exhausted budget.
+      max_retrieve_k: most results of ``/retrieve``.
+      charge_log_limit: most recent charges listed by ``/budget``.
+    """
+
+    max_question_chars: int = 1000
+    queue_capacity: int = 16
+    queue_timeout: float = 30.0
+    default_epsilon: float = 1.0
+    min_epsilon: float = 0.01
+    max_retrieve_k: int = 20
+    charge_log_limit: int = 100
+
+    def __post_init__(self) -> None:
+        if self.max_question_chars < 1 or self.max_retrieve_k < 1 or self.charge_log_limit < 1:
+            raise ValueError(f"limits must be >= 1: {self=}")
+        if self.queue_capacity < 0 or not self.queue_timeout > 0:
+            raise ValueError(f"need queue_capacity >= 0 and queue_timeout > 0: {self=}")
+        if not 0 < self.min_epsilon <= self.default_epsilon < math.inf:
+            raise ValueError(f"need 0 < min_epsilon <= default_epsilon: {self=}")
+
+
+def require_collection_cap(ledger: PrivacyLedger, dataset: str) -> None:
+    """Raises ValueError unless `dataset` has a collection cap (all tenants together)."""
+    if ledger.collection_scope(dataset) is None:
+        raise ValueError(
+            f"{dataset} has no collection cap: add a tenant with `retriever tenant add NAME "
+            f"--epsilon E --delta D --dataset {dataset} --collection-epsilon E "
+            "--collection-delta D` first"
+        )
+
+
+class Refusal(Exception):
+    """A request refused with `status`; rendered as JSON, charges nothing."""
+
+    def __init__(self, status: int, error: str, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.status, self.error, self.detail = status, error, detail
+        self.headers = extra.pop("headers", None)
+        self.extra = extra
+
+
+@dataclasses.dataclass
+class Service:
+    """What one server process serves.
+
+    Attributes:
+      ledger: the privacy ledger (SQLite file or PostgreSQL URL).
+      registry: the tenants of that ledger.
+      dataset: the private collection's name in the ledger.
+      replicas: answer stages over the collection, one LM session each.
+      public: the public/synthetic index of ``/retrieve`` (None: not served).
+      config: limits.
+    """
+
+    ledger: PrivacyLedger
+    registry: TenantRegistry
+    dataset: str
+    replicas: list[DPRag]
+    public: PublicIndex | None = None
+    config: ServiceConfig = ServiceConfig()
+
+    def __post_init__(self) -> None:
+        require_collection_cap(self.ledger, self.dataset)
+        self.admission = Admission(
+            self.replicas, capacity=self.config.queue_capacity, timeout=self.config.queue_timeout
+        )
+
+    # ---- blocking helpers (run in worker threads) -----------------------------------
+
+    def budget_refusal(self, tenant: str, epsilon: float, exc: BudgetExceededError) -> Refusal:
+        """The 402 for an answer whose worst case does not fit (remaining budget in it)."""
+        remaining = self.ledger.spent(tenant, self.dataset).epsilon_remaining
+        cap = self.ledger.get_scope(tenant, self.dataset).epsilon_cap
+        if exc.tenant not in (None, tenant):  # the collection's cap refused
+            error = "collection_budget_exhausted"
+            detail = "the collection's budget over all tenants does not cover this answer"
+        elif remaining < self.config.min_epsilon:
+            error, detail = "budget_exhausted", f"the budget of {tenant} is spent"
+        else:
+            error = "epsilon_above_remaining"
+            detail = f"epsilon={epsilon:g} does not fit the remaining budget of {tenant}"
+        return Refusal(
+            402,
+            error,
+            detail,
+            remaining_epsilon=remaining,
+            requested_epsilon=epsilon,
+            epsilon_cap=cap,
+        )
+
+    def precheck(self, tenant: str, mechanism: str, epsilon: float) -> None:
+        """Refuses an answer that cannot fit before it waits for a replica."""
+        plan = self.replicas[0].plan(mechanism, epsilon)
+        try:
+            self.ledger.check(
+                tenant,
+                self.dataset,
+                stage="rag-answer",
+                event=plan.worst_case_event(),
+                relation=RELATION,
+                delta=plan.delta,
+            )
+        except KeyError:
+            raise Refusal(
+                403, "no_budget", f"tenant {tenant} has no budget on this collection"
+            ) from None
+        except BudgetExceededError as exc:
+            raise self.budget_refusal(tenant, epsilon, exc) from None
+
+    def budget(self, tenant: str) -> dict[str, Any]:
+        scope = self.ledger.get_scope(tenant, self.dataset)
+        spend = self.ledger.spent(tenant, self.dataset)
+        charges = self.ledger.charges(tenant, self.dataset)
+        by_stage: dict[str, dict[str, float]] = defaultdict(lambda: {"charges": 0, "epsilon": 0.0})
+        for c in charges:
+            by_stage[c.stage]["charges"] += 1
+            by_stage[c.stage]["epsilon"] += c.epsilon
+        recent = charges[-self.config.charge_log_limit :]
+        return {
+            "tenant": tenant,
+            "dataset": self.dataset,
+            "epsilon_cap": scope.epsilon_cap,
+            "delta_cap": scope.delta_cap,
+            "accountant": scope.accountant,
+            "spent_epsilon": spend.epsilon,
+            "remaining_epsilon": spend.epsilon_remaining,
+            "num_charges": spend.num_charges,
+            "by_stage": dict(by_stage),
+            "charges": [
+                {
+                    "stage": c.stage,
+                    "epsilon": c.epsilon,
+                    "delta": c.delta,
+                    "created_at": c.created_at,
+                    "ref": c.ref,
+                }
+                for c in recent
+            ],
+        }
+
+
+def _error_response(request_id: str, refusal: Refusal) -> JSONResponse:
+    body = {"error": refusal.error, "detail": refusal.detail, "request_id": request_id}
+    body.update(refusal.extra)
+    return JSONResponse(body, status_code=refusal.status, headers=refusal.headers)
+
+
+def _guarded(
+    handler: Callable[..., Awaitable[dict[str, Any]]],
+) -> Callable[..., Awaitable[JSONResponse]]:
+    """Request id, one log line, refusals as JSON, and no private text in any log."""
+
+    @functools.wraps(handler)
+    async def endpoint(request: Request) -> JSONResponse:
+        request_id = secrets.token_hex(6)
+        fields: dict[str, Any] = {}
+        request.state.log = fields
+        start = time.perf_counter()
+        try:
+            response = JSONResponse(await handler(request))
+        except Refusal as refusal:
+            fields["error"] = refusal.error
+            response = _error_response(request_id, refusal)
+        except Exception as exc:  # noqa: BLE001 - the type only: messages may quote input
+            fields["error"] = type(exc).__name__
+            response = _error_response(request_id, Refusal(500, "internal", "internal error"))
+        response.headers["X-Request-Id"] = request_id
+        described = " ".join(f"{k}={v}" for k, v in fields.items())
+        log.info(
+            "request_id=%s %s %s status=%d %s ms=%.1f",
+            request_id,
+            request.method,
+            request.url.path,
+            response.status_code,
+            described,
+            1e3 * (time.perf_counter() - start),
+        )
+        return response
+
+    return endpoint
+
+
+def create_app(service: Service) -> FastAPI:
+    """The FastAPI app serving `service`."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        service.admission.close()
+
+    app = FastAPI(
+        title="dpsynth DP-RAG", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
+    )
+    page = resources.files("retriever.service").joinpath("page.html").read_text()
+    config = service.config
+
+    async def authenticate(request: Request) -> str:
+        header = request.headers.get("authorization", "")
+        key = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else None
+        try:
+            tenant = await run_in_threadpool(service.registry.authenticate, key)
+        except AuthError as exc:
+            error = "unauthorized" if exc.status == 401 else "forbidden"
+            raise Refusal(exc.status, error, str(exc)) from None
+        request.state.log["tenant"] = tenant.name
+        return tenant.name
+
+    async def json_body(request: Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise Refusal(400, "bad_request", "the body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise Refusal(400, "bad_request", "the body must be a JSON object")
+        return body
+
+    def question_of(body: dict[str, Any]) -> str:
+        question = body.get("question")
+        if not isinstance(question, str) or not question.strip():
+            raise Refusal(400, "empty_question", "the question must be non-empty text")
+        if len(question) > config.max_question_chars:
+            raise Refusal(
+                413,
+                "question_too_long",
+                f"questions are limited to {config.max_question_chars} characters",
+            )
+        return question
+
+    @app.get("/health")
+    @_guarded
+    async def health(request: Request) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "dataset": service.dataset,
+            "replicas": len(service.replicas),
+            "busy": service.admission.busy,
+            "waiting": service.admission.waiting,
+            "queue_capacity": config.queue_capacity,
+            "retrieve": service.public is not None,
+        }
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(page)
+
+    @app.post("/retrieve")
+    @_guarded
+    async def retrieve(request: Request) -> dict[str, Any]:
+        await authenticate(request)
+        body = await json_body(request)
+        question = question_of(body)
+        if service.public is None:
+            raise Refusal(404, "no_public_index", "this service has no public index")
+        k = body.get("k", 5)
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= config.max_retrieve_k:
+            raise Refusal(400, "bad_k", f"k must be an integer in [1, {config.max_retrieve_k}]")
+        results = await run_in_threadpool(service.public.search, question, k)
+        request.state.log["results"] = len(results)
+        return {"results": results, "epsilon": 0.0}
+
+    @app.post("/answer")
+    @_guarded
+    async def answer(request: Request) -> dict[str, Any]:
+        tenant = await authenticate(request)
+        body = await json_body(request)
+        question = question_of(body)
+        epsilon = body.get("epsilon", config.default_epsilon)
+        mechanism = body.get("mechanism", "icl")
+        if (
+            not isinstance(epsilon, int | float)
+            or isinstance(epsilon, bool)
+            or not (math.isfinite(epsilon) and epsilon >= config.min_epsilon)
+        ):
+            raise Refusal(400, "bad_epsilon", f"epsilon must be a number >= {config.min_epsilon:g}")
+        if mechanism not in MECHANISMS:
+            raise Refusal(400, "bad_mechanism", f"mechanism must be one of {MECHANISMS}")
+        epsilon = float(epsilon)
+        request.state.log.update(epsilon=f"{epsilon:g}", mechanism=mechanism)
+        try:
+            await run_in_threadpool(service.precheck, tenant, mechanism, epsilon)
+        except ValueError as exc:  # a plan that cannot be made (public parameters)
+            raise Refusal(400, "bad_request", str(exc)) from None
+
+        def run(rag: DPRag):
+            return rag.answer(question, tenant=tenant, epsilon=epsilon, mechanism=mechanism)
+
+        retry = {"Retry-After": str(service.admission.retry_after())}
+        try:
+            result = await service.admission.run(run)
+        except QueueFullError:
+            raise Refusal(
+                503, "queue_full", "every model replica is busy; retry later", headers=retry
+            ) from None
+        except QueueTimeoutError:
+            raise Refusal(
+                503,
+                "queue_timeout",
+                "timed out waiting for a model replica; nothing was charged",
+                headers=retry,
+            ) from None
+        except BudgetExceededError as exc:  # another answer spent the budget meanwhile
+            raise await run_in_threadpool(service.budget_refusal, tenant, epsilon, exc) from None
+        except ValueError as exc:  # e.g. too long for the LM context (public lengths)
+            raise Refusal(400, "bad_request", str(exc)) from None
+        request.state.log.update(tokens=result.tokens, charged=f"{result.epsilon:.4g}")
+        return {"tenant": tenant, "answer": result.to_json()}
+
+    @app.get("/budget")
+    @_guarded
+    async def budget(request: Request) -> dict[str, Any]:
+        tenant = await authenticate(request)
+        try:
+            return await run_in_threadpool(service.budget, tenant)
+        except KeyError:
+            raise Refusal(
+                403, "no_budget", f"tenant {tenant} has no budget on this collection"
+            ) from None
+
+    return app

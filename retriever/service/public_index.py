@@ -1,0 +1,44 @@
+"""The public/synthetic index behind ``/retrieve``: free to query, it holds no private text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class PublicIndex:
+    """Top-k search over a public corpus with the index's own question encoder.
+
+    Args:
+      index: a folder written by `retriever index build` (any kind) over `corpus`.
+      corpus: the public/synthetic corpus.jsonl (doc_id, text) of that index.
+
+    Raises:
+      FileNotFoundError: no index in the folder.
+      ValueError: the index was not built from `corpus`.
+    """
+
+    def __init__(self, index: str | Path, corpus: str | Path) -> None:
+        from retriever.evaluate import load_towers, read_corpus
+        from retriever.index import load_searcher
+
+        index = Path(index)
+        meta_path = index / "index.json"
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"no index in {index} (missing index.json)")
+        meta = json.loads(meta_path.read_text())
+        self.doc_ids, self.texts = read_corpus(corpus)
+        if list(map(str, meta["doc_ids"])) != self.doc_ids:
+            raise ValueError(f"{index} was not built from {corpus} (doc_ids differ)")
+        self.encoder, _ = load_towers(meta["encoder"])
+        self.searcher = load_searcher(index / "searcher")
+
+    def search(self, question: str, k: int) -> list[dict[str, Any]]:
+        """The `k` best public documents for `question`, best first."""
+        scores, found = self.searcher.search(self.encoder.encode([question]), k)
+        return [
+            {"doc_id": self.doc_ids[i], "text": self.texts[i], "score": float(s)}
+            for s, i in zip(scores[0], found[0])
+            if i >= 0
+        ]

@@ -1,0 +1,187 @@
+"""Tenants of the DP-RAG service: names, API keys (stored hashed) and their ledger scopes.
+
+A tenant's budget is a ledger scope (tenant, dataset) with an (epsilon, delta) cap; the
+dataset's collection scope (`synthgen.privacy.COLLECTION`) caps all tenants together. The
+registry lives in the ledger's database (table ``tenants``, `ledger_store` migration 5),
+so every replica of the service on one PostgreSQL ledger sees the same tenants.
+
+API keys look like ``dpk_<key id>_<secret>``: the key id (8 random bytes, hex) is public and
+finds the row; the secret (32 random bytes, URL-safe base64) is never stored, only
+HMAC-SHA256(salt, secret) with a per-tenant 16-byte salt, compared in constant time. A
+fast hash is the standard for random 256-bit secrets (nothing to brute-force); a slow KDF
+protects low-entropy passwords, which these are not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from pathlib import Path
+
+from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
+from synthgen.privacy.ledger_store import LedgerStore
+
+KEY_PREFIX = "dpk_"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_KEY = re.compile(r"dpk_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
+
+
+class AuthError(Exception):
+    """A request's API key was refused. `status` is 401 (no or unknown key) or 403."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass(frozen=True)
+class Tenant:
+    """A registered tenant (public fields only: the key's hash never leaves the registry)."""
+
+    name: str
+    key_id: str
+    created_at: float
+    revoked_at: float | None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+def _digest(salt: str, secret: str) -> str:
+    return hmac.new(bytes.fromhex(salt), secret.encode(), hashlib.sha256).hexdigest()
+
+
+def check_name(name: str) -> str:
+    """`name` if it is a valid tenant name (letters, digits, ``_.-``; at most 64; not ``*``)."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(
+            f"tenant names are 1-64 letters, digits, '_', '.', '-' (starting with a letter or "
+            f"digit), got {name!r}"
+        )
+    return name
+
+
+class TenantRegistry:
+    """Adds, lists, revokes and authenticates tenants of a ledger.
+
+    Args:
+      ledger: the privacy ledger (its database also holds the tenants).
+    """
+
+    def __init__(self, ledger: PrivacyLedger) -> None:
+        self.ledger = ledger
+        self._store = LedgerStore(ledger.path if ledger.path is not None else ledger.url)
+
+    @classmethod
+    def open(cls, location: str | Path) -> TenantRegistry:
+        return cls(PrivacyLedger(location))
+
+    def add(
+        self,
+        name: str,
+        dataset: str,
+        *,
+        epsilon: float,
+        delta: float,
+        collection_epsilon: float | None = None,
+        collection_delta: float | None = None,
+    ) -> str:
+        """Registers `name` with an (epsilon, delta) cap on `dataset`; returns its API key.
+
+        The key is shown once: only its hash is stored. The dataset must have a collection
+        cap, or `collection_epsilon`/`collection_delta` open one (an existing one is kept).
+
+        Raises:
+          ValueError: a bad name or cap, a name already registered, or no collection cap.
+        """
+        check_name(name)
+        scope = Scope(name, dataset, float(epsilon), float(delta))  # validates the caps
+        if self.ledger.collection_scope(dataset) is None:
+            if collection_epsilon is None or collection_delta is None:
+                raise ValueError(
+                    f"{dataset} has no collection cap (all tenants together) yet: pass "
+                    "--collection-epsilon and --collection-delta"
+                )
+            self.ledger.ensure_scope(
+                Scope(COLLECTION, dataset, float(collection_epsilon), float(collection_delta))
+            )
+        key_id, salt = secrets.token_hex(8), secrets.token_hex(16)
+        secret = secrets.token_urlsafe(32)
+        with self._store.write() as conn:
+            if conn.execute("SELECT 1 FROM tenants WHERE name = ?", (name,)).fetchone():
+                raise ValueError(f"tenant {name} exists (revoked tenants keep their name)")
+            conn.execute(
+                "INSERT INTO tenants (name, key_id, key_salt, key_hash, created_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (name, key_id, salt, _digest(salt, secret), time.time()),
+            )
+        self.ledger.open_scope(scope)
+        return f"{KEY_PREFIX}{key_id}_{secret}"
+
+    def revoke(self, name: str) -> Tenant:
+        """Revokes `name`'s key for good; its ledger scope and charges stay.
+
+        Raises:
+          KeyError: no such tenant.
+        """
+        with self._store.write() as conn:
+            changed = conn.execute(
+                "UPDATE tenants SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL",
+                (time.time(), name),
+            ).rowcount
+            if (
+                not changed
+                and not conn.execute("SELECT 1 FROM tenants WHERE name = ?", (name,)).fetchone()
+            ):
+                raise KeyError(f"no tenant named {name}")
+        return self.get(name)
+
+    def get(self, name: str) -> Tenant:
+        with self._store.read() as conn:
+            row = conn.execute(
+                "SELECT name, key_id, created_at, revoked_at FROM tenants WHERE name = ?", (name,)
+            ).fetchone()
+        if row is None:
+            raise KeyError(f"no tenant named {name}")
+        return Tenant(*row)
+
+    def tenants(self) -> list[Tenant]:
+        """Every tenant, active or revoked, oldest first."""
+        with self._store.read() as conn:
+            rows = conn.execute(
+                "SELECT name, key_id, created_at, revoked_at FROM tenants ORDER BY created_at"
+            ).fetchall()
+        return [Tenant(*row) for row in rows]
+
+    def authenticate(self, key: str | None) -> Tenant:
+        """The active tenant holding `key`.
+
+        Raises:
+          AuthError: 401 for a missing, malformed or unknown key; 403 for a wrong secret or
+            a revoked tenant. Messages never contain the key.
+        """
+        if not key:
+            raise AuthError("missing API key (Authorization: Bearer dpk_...)", 401)
+        match = _KEY.fullmatch(key)
+        if match is None:
+            raise AuthError("malformed API key", 401)
+        key_id, secret = match.groups()
+        with self._store.read() as conn:
+            row = conn.execute(
+                "SELECT name, key_salt, key_hash, created_at, revoked_at FROM tenants "
+                "WHERE key_id = ?",
+                (key_id,),
+            ).fetchone()
+        if row is None:
+            raise AuthError("unknown API key", 401)
+        name, salt, stored, created_at, revoked_at = row
+        if not hmac.compare_digest(_digest(salt, secret), stored):
+            raise AuthError("invalid API key", 403)
+        if revoked_at is not None:
+            raise AuthError(f"the key of tenant {name} was revoked", 403)
+        return Tenant(name, key_id, created_at, revoked_at)

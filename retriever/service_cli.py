@@ -1,0 +1,158 @@
+"""`retriever serve` and `retriever tenant add|list|revoke`: thin wrappers over
+`retriever.service`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+tenant_app = typer.Typer(help="Tenants of the DP-RAG service.", no_args_is_help=True)
+
+LedgerOption = Annotated[str, typer.Option(help="ledger file or PostgreSQL URL")]
+
+
+def serve(
+    index: Annotated[Path, typer.Option(help="exact index over the private corpus")],
+    private_corpus: Annotated[Path, typer.Option(help="private corpus.jsonl: doc_id, text")],
+    ledger: LedgerOption,
+    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port (0: a free one, printed)")] = 0,
+    dataset: Annotated[
+        str | None, typer.Option(help="collection name in the ledger (default: corpus stem)")
+    ] = None,
+    lm: Annotated[str, typer.Option(help="LM asset or path; 'tiny': byte-level test model")] = (
+        "smollm2-135m-instruct"
+    ),
+    replicas: Annotated[int, typer.Option(help="model replicas (one answer each)")] = 1,
+    queue: Annotated[int, typer.Option(help="most requests waiting for a replica")] = 16,
+    queue_timeout: Annotated[float, typer.Option(help="seconds a request may wait")] = 30.0,
+    public_index: Annotated[
+        Path | None, typer.Option(help="index over a public/synthetic corpus (/retrieve)")
+    ] = None,
+    public_corpus: Annotated[Path | None, typer.Option(help="that corpus.jsonl")] = None,
+    k: Annotated[int, typer.Option(help="documents the DP threshold aims to select")] = 8,
+    max_tokens: Annotated[int, typer.Option(help="most answer tokens")] = 12,
+    delta: Annotated[float, typer.Option(help="per-answer delta")] = 1e-6,
+    composition: Annotated[str, typer.Option(help="icl tokens: pure | bounded-range")] = "pure",
+    min_score: Annotated[float, typer.Option(help="public lower clip of similarities")] = 0.0,
+    max_score: Annotated[float, typer.Option(help="public upper clip of similarities")] = 1.0,
+) -> None:
+    """Serve DP answers over HTTP, charged to tenants' budgets (Ctrl-C stops)."""
+    from retriever.rag import RagConfig, ScoreRange
+    from retriever.service.app import ServiceConfig
+    from retriever.service.server import load_service, serve
+
+    service = load_service(
+        index,
+        private_corpus,
+        ledger=ledger,
+        lm=lm,
+        replicas=replicas,
+        dataset=dataset,
+        rag_config=RagConfig(
+            k=k,
+            max_tokens=max_tokens,
+            delta=delta,
+            composition=composition,
+            score_range=ScoreRange(min_score, max_score),
+        ),
+        config=ServiceConfig(queue_capacity=queue, queue_timeout=queue_timeout),
+        public_index=public_index,
+        public_corpus=public_corpus,
+    )
+    serve(service, host=host, port=port)
+
+
+@tenant_app.command("add")
+def tenant_add(
+    name: Annotated[str, typer.Argument(help="tenant name")],
+    epsilon: Annotated[float, typer.Option(help="the tenant's epsilon cap")],
+    delta: Annotated[float, typer.Option(help="the tenant's delta cap")],
+    ledger: LedgerOption,
+    dataset: Annotated[str, typer.Option(help="collection name (the corpus file's stem)")],
+    collection_epsilon: Annotated[
+        float | None, typer.Option(help="cap over all tenants, if the collection has none")
+    ] = None,
+    collection_delta: Annotated[float | None, typer.Option(help="its delta cap")] = None,
+) -> None:
+    """Register a tenant with its budget and print its API key (shown once, stored hashed)."""
+    from retriever.service.tenants import TenantRegistry
+
+    key = TenantRegistry.open(ledger).add(
+        name,
+        dataset,
+        epsilon=epsilon,
+        delta=delta,
+        collection_epsilon=collection_epsilon,
+        collection_delta=collection_delta,
+    )
+    print(key)
+
+
+@tenant_app.command("list")
+def tenant_list(
+    ledger: LedgerOption,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
+) -> None:
+    """Tenants, their budgets per collection, and the collections' caps."""
+    from retriever.service.tenants import TenantRegistry
+    from synthgen.privacy import COLLECTION
+
+    registry = TenantRegistry.open(ledger)
+    scopes = registry.ledger.scopes()
+    rows = []
+    for tenant in registry.tenants():
+        for scope in (s for s in scopes if s.tenant == tenant.name):
+            spend = registry.ledger.spent(scope.tenant, scope.dataset)
+            rows.append(
+                {
+                    "tenant": tenant.name,
+                    "status": "active" if tenant.active else "revoked",
+                    "key": f"dpk_{tenant.key_id}_…",
+                    "dataset": scope.dataset,
+                    "epsilon_cap": scope.epsilon_cap,
+                    "delta_cap": scope.delta_cap,
+                    "spent_epsilon": spend.epsilon,
+                    "charges": spend.num_charges,
+                }
+            )
+    for scope in (s for s in scopes if s.tenant == COLLECTION):
+        spend = registry.ledger.spent(COLLECTION, scope.dataset)
+        rows.append(
+            {
+                "tenant": "(collection: all tenants)",
+                "status": "cap",
+                "key": "",
+                "dataset": scope.dataset,
+                "epsilon_cap": scope.epsilon_cap,
+                "delta_cap": scope.delta_cap,
+                "spent_epsilon": spend.epsilon,
+                "charges": spend.num_charges,
+            }
+        )
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    print(f"{'tenant':28} {'status':8} {'dataset':16} {'spent/cap eps':>16} {'charges':>8}  key")
+    for r in rows:
+        spent = f"{r['spent_epsilon']:.3g}/{r['epsilon_cap']:g}"
+        print(
+            f"{r['tenant']:28} {r['status']:8} {r['dataset']:16} {spent:>16} "
+            f"{r['charges']:>8}  {r['key']}"
+        )
+
+
+@tenant_app.command("revoke")
+def tenant_revoke(
+    name: Annotated[str, typer.Argument(help="tenant name")],
+    ledger: LedgerOption,
+) -> None:
+    """Revoke a tenant's key for good (its budget and charges stay in the ledger)."""
+    from retriever.service.tenants import TenantRegistry
+
+    tenant = TenantRegistry.open(ledger).revoke(name)
+    print(f"revoked {tenant.name}")

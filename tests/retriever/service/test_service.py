@@ -1,0 +1,174 @@
+"""`retriever serve` as a real uvicorn process: answers, budgets, every refusal, keys and logs."""
+
+import sqlite3
+
+import httpx
+import pytest
+
+from retriever.rag import RagConfig, ScoreRange
+from retriever.rag.answer import RELATION, plan_answer
+from synthgen.privacy import COLLECTION, BudgetExceededError, PrivacyLedger
+from tests.retriever.service.harness import Server, add_tenants, bearer, cli, questions
+
+CAPS = {"alice": 3.0, "bob": 1.5, "carol": 3.0, "dave": 3.0, "erin": 0.3}
+COLLECTION_CAP = 4.0
+SERVED = RagConfig(k=4, max_tokens=6, score_range=ScoreRange(0.2, 1.0))  # as in harness.Server
+
+
+@pytest.fixture(scope="module")
+def served(world, tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    ledger = str(root / "ledger.sqlite")
+    keys = add_tenants(ledger, CAPS, collection=COLLECTION_CAP)
+    cli("tenant", "revoke", "dave", "--ledger", ledger)
+    server = Server(world, ledger, root / "server.log").start()
+    yield server, keys, PrivacyLedger(ledger), root
+    server.stop()
+
+
+def _post(server, path, key, body, **kw):
+    headers = bearer(key) if key is not None else {}
+    return httpx.post(server.url + path, headers=headers, json=body, timeout=60, **kw)
+
+
+def _all_charges(book):
+    return book.charges(COLLECTION, "corpus")
+
+
+def test_health_and_page(served):
+    server, *_ = served
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok" and health["dataset"] == "corpus" and health["replicas"] == 1
+    page = httpx.get(server.url + "/")
+    assert page.status_code == 200 and 'id="ask"' in page.text
+
+
+def test_answer_is_charged_and_budget_shows_it(served, world):
+    server, keys, book, _ = served
+    before = book.spent("alice", "corpus").epsilon
+    response = _post(server, "/answer", keys["alice"], {"question": questions(world)[0],
+                                                        "epsilon": 1.0})  # fmt: skip
+    assert response.status_code == 200, response.text
+    answer = response.json()["answer"]
+    assert answer["epsilon"] <= 1.0 + 1e-9 and [c["stage"] for c in answer["charges"]] == [
+        "retrieval",
+        "tokens",
+    ]
+    charges = book.charges("alice", "corpus")
+    assert {c.ref.split("/")[0] for c in charges[-2:]} == {answer["ref"]}
+    budget = httpx.get(server.url + "/budget", headers=bearer(keys["alice"])).json()
+    assert budget["epsilon_cap"] == 3.0 and budget["delta_cap"] == 1e-5
+    assert budget["spent_epsilon"] > before
+    assert budget["remaining_epsilon"] == pytest.approx(answer["remaining_epsilon"])
+    assert [c["stage"] for c in budget["charges"][-2:]] == ["rag-retrieval", "rag-tokens"]
+    assert set(budget["by_stage"]) == {"rag-retrieval", "rag-tokens"}
+
+
+def test_retrieve_is_free(served, world):
+    server, keys, book, _ = served
+    before = len(_all_charges(book))
+    response = _post(server, "/retrieve", keys["carol"], {"question": questions(world)[1], "k": 3})
+    assert response.status_code == 200
+    results = response.json()["results"]
+    assert len(results) == 3 and all(r["doc_id"].startswith("rec-") for r in results)
+    public_ids = {line.split('"')[3] for line in world["public_corpus"].read_text().splitlines()}
+    assert {r["doc_id"] for r in results} <= public_ids  # the public index, never the private
+    assert len(_all_charges(book)) == before
+
+
+REFUSALS = [
+    # (key, body, status, error)
+    (None, {"question": "q"}, 401, "unauthorized"),
+    ("not-a-key", {"question": "q"}, 401, "unauthorized"),
+    ("dpk_0000000000000000_" + "A" * 43, {"question": "q"}, 401, "unauthorized"),
+    ("wrong-secret", {"question": "q"}, 403, "forbidden"),
+    ("dave", {"question": "q"}, 403, "forbidden"),  # revoked
+    ("alice", {"question": "   "}, 400, "empty_question"),
+    ("alice", {"epsilon": 1.0}, 400, "empty_question"),
+    ("alice", {"question": "x" * 1001}, 413, "question_too_long"),
+    ("alice", {"question": "q", "epsilon": -1}, 400, "bad_epsilon"),
+    ("alice", {"question": "q", "epsilon": 0.001}, 400, "bad_epsilon"),
+    ("alice", {"question": "q", "epsilon": "1"}, 400, "bad_epsilon"),
+    ("alice", {"question": "q", "mechanism": "best"}, 400, "bad_mechanism"),
+    ("alice", ["not", "an", "object"], 400, "bad_request"),
+    ("alice", {"question": "q", "epsilon": 50.0}, 402, "epsilon_above_remaining"),
+]
+
+
+@pytest.mark.parametrize(("who", "body", "status", "error"), REFUSALS)
+def test_refusals_charge_nothing(served, who, body, status, error):
+    server, keys, book, _ = served
+    if who == "wrong-secret":
+        key = keys["alice"][:-4] + ("AAAA" if not keys["alice"].endswith("AAAA") else "BBBB")
+    else:
+        key = keys.get(who, who)
+    before = _all_charges(book)
+    response = _post(server, "/answer", key, body)
+    assert response.status_code == status, response.text
+    assert response.json()["error"] == error and response.json()["request_id"]
+    assert _all_charges(book) == before
+    if status == 402:
+        remaining = book.spent("alice", "corpus").epsilon_remaining
+        assert response.json()["remaining_epsilon"] == pytest.approx(remaining)
+
+
+def test_non_json_body(served):
+    server, keys, *_ = served
+    response = httpx.post(
+        server.url + "/answer", headers=bearer(keys["alice"]), content=b"question=q", timeout=30
+    )
+    assert response.status_code == 400 and response.json()["error"] == "bad_request"
+
+
+def test_exhausted_tenant_and_collection(served, world):
+    server, keys, book, _ = served
+    question = questions(world)[2]
+    # bob's cap 1.5 holds one answer at 1.2; the next is refused with the remaining budget
+    assert _post(server, "/answer", keys["bob"], {"question": question, "epsilon": 1.2}).is_success
+    refused = _post(server, "/answer", keys["bob"], {"question": question, "epsilon": 1.2})
+    assert refused.status_code == 402 and refused.json()["error"] == "epsilon_above_remaining"
+    # erin's cap (0.3) holds one answer at 0.3; then her budget is named exhausted
+    assert _post(server, "/answer", keys["erin"], {"question": question, "epsilon": 0.3}).is_success
+    refused = _post(server, "/answer", keys["erin"], {"question": question, "epsilon": 0.05})
+    assert refused.status_code == 402 and refused.json()["error"] == "budget_exhausted"
+    assert refused.json()["remaining_epsilon"] < 0.01
+    # carol spends 1.5; then alice's own budget covers 95% of her remaining epsilon, but the
+    # collection's cap (over all tenants) does not
+    carol = _post(server, "/answer", keys["carol"], {"question": question, "epsilon": 1.5})
+    assert carol.is_success
+    wanted = 0.95 * book.spent("alice", "corpus").epsilon_remaining
+    worst = plan_answer(SERVED, "icl", wanted).worst_case_event()
+    with pytest.raises(BudgetExceededError) as premise:
+        book.check("alice", "corpus", stage="x", event=worst, relation=RELATION, delta=1e-6)
+    assert premise.value.tenant == COLLECTION  # alice's own cap would allow it
+    before = _all_charges(book)
+    refused = _post(server, "/answer", keys["alice"], {"question": question, "epsilon": wanted})
+    assert refused.status_code == 402 and refused.json()["error"] == "collection_budget_exhausted"
+    assert _all_charges(book) == before
+    assert book.spent(COLLECTION, "corpus").epsilon <= COLLECTION_CAP
+
+
+def test_keys_are_stored_hashed(served):
+    _, keys, book, root = served
+    raw = (root / "ledger.sqlite").read_bytes()
+    secrets = [key.rsplit("_", 1)[1] for key in keys.values()]
+    assert all(s.encode() not in raw for s in secrets)
+    with sqlite3.connect(root / "ledger.sqlite") as conn:
+        rows = conn.execute("SELECT name, key_hash FROM tenants").fetchall()
+    assert {name for name, _ in rows} == set(CAPS)
+    assert all(len(h) == 64 and h not in keys.values() for _, h in rows)
+    listed = cli("tenant", "list", "--ledger", root / "ledger.sqlite").stdout
+    assert "revoked" in listed and not any(s in listed for s in secrets)
+
+
+def test_logs_hold_no_private_text(served, world):
+    server, keys, _, root = served
+    log = server.log.read_text()
+    assert "request_id=" in log and "tenant=alice" in log and "status=402" in log
+    private = [line for line in world["private_corpus"].read_text().splitlines()]
+    doc_ids = [line.split('"')[3] for line in private]
+    texts = [line.split('"text": "')[1][:40] for line in private]
+    secrets = [k.rsplit("_", 1)[1] for k in keys.values()]
+    forbidden = questions(world)[:3] + doc_ids + texts + secrets
+    leaked = [s for s in forbidden if s in log]
+    assert not leaked, f"{len(leaked)} private strings in the server log"
