@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -9,9 +10,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 TIMEOUT = 120.0  # seconds a server may take to start (jax import, encoder load)
 
@@ -134,3 +137,93 @@ class Server:
 
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+@dataclasses.dataclass
+class Outcome:
+    """One client request: the HTTP status (0: the connection failed) and what came back."""
+
+    tenant: str
+    status: int
+    ref: str | None = None
+    charges: tuple[float, ...] = ()
+    error: str | None = None
+
+
+def run_clients(
+    urls: Callable[[int], str],
+    keys: dict[str, str],
+    question: str,
+    *,
+    clients: int = 50,
+    requests_each: int = 5,
+    epsilon: float = 0.3,
+    deadline_s: float = 90.0,
+    progress: Callable[[list[Outcome]], None] | None = None,
+) -> list[Outcome]:
+    """`clients` concurrent clients, client i a tenant in turn, each sending up to
+    `requests_each` answers to ``urls(i)`` (re-read on every try, so a restarted server
+    is found); a refused connection is retried until the deadline."""
+    names = sorted(keys)
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+    stop_at = time.monotonic() + deadline_s
+
+    def client(i: int) -> None:
+        tenant = names[i % len(names)]
+        with httpx.Client(timeout=60) as http:
+            sent = 0
+            while sent < requests_each and time.monotonic() < stop_at:
+                try:
+                    response = http.post(
+                        urls(i) + "/answer",
+                        headers=bearer(keys[tenant]),
+                        json={"question": question, "epsilon": epsilon},
+                    )
+                except httpx.TransportError:
+                    with lock:
+                        outcomes.append(Outcome(tenant, 0))
+                    time.sleep(0.1)  # the server is down: try again
+                    continue
+                sent += 1
+                body = response.json()
+                if response.status_code == 200:
+                    answer = body["answer"]
+                    outcome = Outcome(
+                        tenant, 200, answer["ref"], tuple(c["epsilon"] for c in answer["charges"])
+                    )
+                else:
+                    outcome = Outcome(tenant, response.status_code, error=body.get("error"))
+                with lock:
+                    outcomes.append(outcome)
+                    if progress is not None:
+                        progress(outcomes)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(deadline_s + 60)
+    return outcomes
+
+
+def check_ledger_against_answers(book, outcomes: list[Outcome], caps: dict[str, float]):
+    """Every returned answer's charges are in the ledger as returned; returns the refs the
+    ledger holds that no client saw (answers lost in flight)."""
+    from synthgen.privacy import COLLECTION
+
+    by_ref: dict[str, list] = {}
+    for charge in book.charges(COLLECTION, "corpus"):
+        by_ref.setdefault(charge.ref.split("/")[0], []).append(charge)
+    returned = {o.ref: o for o in outcomes if o.status == 200}
+    for ref, outcome in returned.items():
+        rows = by_ref.get(ref)
+        assert rows is not None, "an answer was returned without its charge"
+        assert {r.tenant for r in rows} == {outcome.tenant}
+        assert tuple(r.epsilon for r in rows) == pytest.approx(outcome.charges)
+    for tenant, cap in caps.items():
+        spent = book.spent(tenant, "corpus").epsilon
+        assert spent <= cap * (1 + 1e-9), f"{tenant} spent {spent} over its cap {cap}"
+        check = book.verify(tenant, "corpus")
+        assert check.best <= check.stated * (1 + 1e-6) + 1e-9  # the statement is sound
+    return set(by_ref) - set(returned)

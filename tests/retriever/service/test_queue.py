@@ -1,0 +1,154 @@
+"""The bounded queue in front of the model replica, over real HTTP (uvicorn in a thread):
+503 with Retry-After when full or timed out, nothing charged, one answer at a time."""
+
+import asyncio
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+
+from retriever.rag import DPRag, PromptFormat, RagConfig, ScoreRange
+from retriever.service.admission import Admission, QueueFullError, QueueTimeoutError
+from retriever.service.app import Service, ServiceConfig, create_app
+from retriever.service.server import bind
+from retriever.service.tenants import TenantRegistry
+from synthgen.lm_backends import TinyLM
+from synthgen.privacy import COLLECTION, PrivacyLedger
+
+N = 16
+
+
+class GatedLM(TinyLM):
+    """TinyLM whose private session waits for `gate` (the answer is already charged)."""
+
+    def __init__(self, gate, started):
+        super().__init__()
+        self.gate, self.started = gate, started
+
+    def fork(self):
+        return TinyLM()  # the public prompt's session is not gated
+
+    def start(self, prompts, max_new_tokens):
+        self.started.set()
+        assert self.gate.wait(60)
+        return super().start(prompts, max_new_tokens)
+
+
+@pytest.fixture
+def gated_server(tmp_path):
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(N, 8)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    book = PrivacyLedger(tmp_path / "ledger.sqlite")
+    registry = TenantRegistry(book)
+    key = registry.add(
+        "alice", "records", epsilon=5.0, delta=1e-5, collection_epsilon=5.0, collection_delta=1e-5
+    )
+    gate, started = threading.Event(), threading.Event()
+    rag = DPRag(
+        [f"d{i}" for i in range(N)],
+        [f"record {i} says blue" for i in range(N)],
+        emb,
+        lambda qs: emb[:1],
+        GatedLM(gate, started),
+        ledger=book,
+        dataset="records",
+        config=RagConfig(k=4, max_tokens=3, score_range=ScoreRange(-1.0, 1.0)),
+        prompt=PromptFormat(chat=False),
+    )
+    service = Service(
+        book, registry, "records", [rag], None, ServiceConfig(queue_capacity=1, queue_timeout=1.0)
+    )
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    yield url, key, book, gate, started
+    gate.set()
+    server.should_exit = True
+    thread.join(30)
+
+
+def _ask(url, key, results, name):
+    response = httpx.post(
+        url + "/answer",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"question": "what colour?", "epsilon": 1.0},
+        timeout=60,
+    )
+    results[name] = response
+
+
+def _wait(predicate, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_full_queue_and_queue_timeout_are_503_and_free(gated_server):
+    url, key, book, gate, started = gated_server
+    results = {}
+    first = threading.Thread(target=_ask, args=(url, key, results, "first"))
+    first.start()
+    assert started.wait(30)  # the replica holds the first answer (charged, then gated)
+    charged = book.charges(COLLECTION, "records")
+    assert len(charged) == 2
+    second = threading.Thread(target=_ask, args=(url, key, results, "second"))
+    second.start()
+    _wait(lambda: httpx.get(url + "/health").json()["waiting"] == 1)
+    _ask(url, key, results, "third")  # queue capacity 1: full
+    assert results["third"].status_code == 503
+    assert results["third"].json()["error"] == "queue_full"
+    assert int(results["third"].headers["Retry-After"]) >= 1
+    second.join(30)  # waits 1 s for the replica, then gives up
+    assert results["second"].status_code == 503
+    assert results["second"].json()["error"] == "queue_timeout"
+    assert "Retry-After" in results["second"].headers
+    assert book.charges(COLLECTION, "records") == charged  # the refusals cost nothing
+    gate.set()
+    first.join(30)
+    assert results["first"].status_code == 200
+    assert httpx.get(url + "/health").json()["busy"] == 0  # the replica is back
+
+
+def test_admission_returns_the_replica_after_a_cancelled_request():
+    async def until(predicate):
+        for _ in range(5000):
+            if predicate():
+                return
+            await asyncio.sleep(0.002)
+        raise AssertionError("timed out")
+
+    async def scenario():
+        admission = Admission(["r0"], capacity=0, timeout=5.0)
+        release = threading.Event()
+        task = asyncio.ensure_future(admission.run(lambda r: release.wait(10)))
+        await until(lambda: admission.busy == 1)
+        with pytest.raises(QueueFullError):
+            await admission.run(lambda r: r)
+        task.cancel()  # the client went away; the answer still runs to its end
+        await until(task.done)
+        assert admission.busy == 1  # not handed out while the answer runs
+        release.set()
+        await until(lambda: admission.busy == 0)
+        assert await admission.run(lambda r: r) == "r0"
+        short = Admission(["r0"], capacity=1, timeout=0.05)
+        hold = threading.Event()
+        holder = asyncio.ensure_future(short.run(lambda r: hold.wait(10)))
+        await until(lambda: short.busy == 1)
+        with pytest.raises(QueueTimeoutError):
+            await short.run(lambda r: r)
+        hold.set()
+        await holder
+        admission.close()
+        short.close()
+
+    asyncio.run(scenario())
