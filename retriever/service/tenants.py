@@ -110,17 +110,17 @@ class TenantRegistry:
             self.ledger.ensure_scope(
                 Scope(COLLECTION, dataset, float(collection_epsilon), float(collection_delta))
             )
+        if any(t.name == name for t in self.tenants()):
+            raise ValueError(f"tenant {name} exists (revoked tenants keep their name)")
+        self.ledger.open_scope(scope)  # an existing scope must have the same caps
         key_id, salt = secrets.token_hex(8), secrets.token_hex(16)
         secret = secrets.token_urlsafe(32)
-        with self._store.write() as conn:
-            if conn.execute("SELECT 1 FROM tenants WHERE name = ?", (name,)).fetchone():
-                raise ValueError(f"tenant {name} exists (revoked tenants keep their name)")
+        with self._store.write() as conn:  # the primary key refuses a concurrent twin
             conn.execute(
                 "INSERT INTO tenants (name, key_id, key_salt, key_hash, created_at) "
                 "VALUES (?, ?, ?, ?, ?)",
                 (name, key_id, salt, _digest(salt, secret), time.time()),
             )
-        self.ledger.open_scope(scope)
         return f"{KEY_PREFIX}{key_id}_{secret}"
 
     def revoke(self, name: str) -> Tenant:
