@@ -26,6 +26,10 @@ def serve(
     lm: Annotated[str, typer.Option(help="LM asset or path; 'tiny': byte-level test model")] = (
         "smollm2-135m-instruct"
     ),
+    answer_epsilon: Annotated[float, typer.Option(help="every answer's epsilon")] = 1.0,
+    mechanism: Annotated[str, typer.Option(help="every answer's: icl | vote | sparse-vote")] = (
+        "icl"
+    ),
     replicas: Annotated[int, typer.Option(help="model replicas (one answer each)")] = 1,
     queue: Annotated[int, typer.Option(help="most requests waiting for a replica")] = 16,
     queue_timeout: Annotated[float, typer.Option(help="seconds a request may wait")] = 30.0,
@@ -40,7 +44,12 @@ def serve(
     min_score: Annotated[float, typer.Option(help="public lower clip of similarities")] = 0.0,
     max_score: Annotated[float, typer.Option(help="public upper clip of similarities")] = 1.0,
 ) -> None:
-    """Serve DP answers over HTTP, charged to tenants' budgets (Ctrl-C stops)."""
+    """Serve DP answers over HTTP, charged to tenants' budgets (Ctrl-C stops).
+
+    Every answer is the same DP event (--answer-epsilon, --mechanism), so the ledger's
+    composition stays valid however tenants time their questions. Run every server of a
+    collection with the same settings.
+    """
     from retriever.rag import RagConfig, ScoreRange
     from retriever.service.app import ServiceConfig
     from retriever.service.server import load_service, serve
@@ -59,7 +68,12 @@ def serve(
             composition=composition,
             score_range=ScoreRange(min_score, max_score),
         ),
-        config=ServiceConfig(queue_capacity=queue, queue_timeout=queue_timeout),
+        config=ServiceConfig(
+            answer_epsilon=answer_epsilon,
+            mechanism=mechanism,
+            queue_capacity=queue,
+            queue_timeout=queue_timeout,
+        ),
         public_index=public_index,
         public_corpus=public_corpus,
     )

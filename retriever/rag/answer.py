@@ -215,6 +215,16 @@ class DPRag:
     def plan(self, mechanism: str, epsilon: float) -> AnswerPlan:
         return plan_answer(self.config, mechanism, float(epsilon))
 
+    def validate(self, question: str, mechanism: str, epsilon: float) -> AnswerPlan:
+        """The answer's plan, or ValueError for what `answer` refuses before any charge
+        (empty question, bad epsilon or mechanism, a question too long for the LM's
+        context); decided from public lengths and parameters only."""
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("the question must be non-empty text")
+        plan = self.plan(mechanism, float(epsilon))
+        self._check_context(question)
+        return plan
+
     def remaining(self, tenant: str) -> float | None:
         if self.ledger is None:
             return None
@@ -242,10 +252,7 @@ class DPRag:
           otherwise; `Answer.epsilon` is then the realized loss bound, not a guarantee
           stated in advance.
         """
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError("the question must be non-empty text")
-        plan = self.plan(mechanism, float(epsilon))
-        self._check_context(question)
+        plan = self.validate(question, mechanism, epsilon)
         with self._lock:
             return self._answer(question, tenant, plan)
 

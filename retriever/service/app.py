@@ -5,9 +5,9 @@ Endpoints (JSON; every one but ``/`` and ``/health`` needs ``Authorization: Bear
   * ``GET /health``: liveness, replicas and queue depth.
   * ``POST /retrieve`` ``{"question", "k"}``: top-k of the public/synthetic index. Free: it
     reads no private document.
-  * ``POST /answer`` ``{"question", "epsilon", "mechanism"}``: a DP answer from the private
-    collection, charged to the tenant's scope and the collection's cap in one ledger
-    transaction before any noise is drawn (`DPRag.answer`).
+  * ``POST /answer`` ``{"question"}``: a DP answer from the private collection at the
+    service's per-answer epsilon and mechanism, charged to the tenant's scope and the
+    collection's cap in one ledger transaction before any noise is drawn (`DPRag.answer`).
   * ``GET /budget``: the tenant's caps, spend, remaining budget and charge log.
   * ``GET /``: a one-file page to ask questions and watch the budget.
 
@@ -20,6 +20,13 @@ and timings; never a question, a document, a document id, a score or a key.
 Trust model: a tenant's cap bounds what that tenant learns about the collection. Tenants
 who collude add up, so the collection's cap bounds all tenants together; both are checked
 in the same ledger transaction (`synthgen.privacy.ledger`).
+
+Why one per-answer epsilon: the ledger states the composition of its events as if their
+parameters were fixed in advance. If each request chose its epsilon after seeing earlier
+answers, the parameters would be adaptive and that statement (PLD, RDP over many orders)
+would not be backed by a composition theorem. Every answer of a service is the same event,
+so only the number of answers is the tenants' choice, and stopping early is
+post-processing of the longest sequence the caps allow.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -52,23 +60,26 @@ MECHANISMS = ("icl", "vote", "sparse-vote")
 
 @dataclasses.dataclass(frozen=True)
 class ServiceConfig:
-    """Public limits of the service.
+    """Public parameters and limits of the service.
 
     Attributes:
+      answer_epsilon: every answer's epsilon (the same event for every answer: see above).
+      mechanism: every answer's mechanism ("icl", "vote" or "sparse-vote").
       max_question_chars: longer questions get 413.
+      max_body_bytes: larger request bodies get 413 unread.
       queue_capacity: most requests waiting for a model replica (503 beyond).
       queue_timeout: seconds a request may wait for a replica (503 beyond).
-      default_epsilon: per-answer epsilon when a request names none.
-      min_epsilon: smallest per-answer epsilon (below it an answer is noise); a tenant
-        with less left has an exhausted budget.
+      min_epsilon: a tenant with less epsilon left has an exhausted budget.
       max_retrieve_k: most results of ``/retrieve``.
       charge_log_limit: most recent charges listed by ``/budget``.
     """
 
+    answer_epsilon: float = 1.0
+    mechanism: str = "icl"
     max_question_chars: int = 1000
+    max_body_bytes: int = 65536
     queue_capacity: int = 16
     queue_timeout: float = 30.0
-    default_epsilon: float = 1.0
     min_epsilon: float = 0.01
     max_retrieve_k: int = 20
     charge_log_limit: int = 100
@@ -78,8 +89,12 @@ class ServiceConfig:
             raise ValueError(f"limits must be >= 1: {self=}")
         if self.queue_capacity < 0 or not self.queue_timeout > 0:
             raise ValueError(f"need queue_capacity >= 0 and queue_timeout > 0: {self=}")
-        if not 0 < self.min_epsilon <= self.default_epsilon < math.inf:
-            raise ValueError(f"need 0 < min_epsilon <= default_epsilon: {self=}")
+        if not 0 < self.min_epsilon <= self.answer_epsilon < math.inf:
+            raise ValueError(f"need 0 < min_epsilon <= answer_epsilon < inf: {self=}")
+        if self.mechanism not in MECHANISMS:
+            raise ValueError(f"mechanism must be one of {MECHANISMS}, got {self.mechanism=}")
+        if self.max_body_bytes < 2 * self.max_question_chars:
+            raise ValueError(f"max_body_bytes too small for max_question_chars: {self=}")
 
 
 def require_collection_cap(ledger: PrivacyLedger, dataset: str) -> None:
@@ -151,9 +166,14 @@ class Service:
             epsilon_cap=cap,
         )
 
-    def precheck(self, tenant: str, mechanism: str, epsilon: float) -> None:
-        """Refuses an answer that cannot fit before it waits for a replica."""
-        plan = self.replicas[0].plan(mechanism, epsilon)
+    def precheck(self, tenant: str, question: str) -> None:
+        """Refuses, before the request waits for a replica, an answer that cannot fit or
+        that `DPRag.answer` would refuse (public lengths and parameters only)."""
+        config = self.config
+        try:
+            plan = self.replicas[0].validate(question, config.mechanism, config.answer_epsilon)
+        except ValueError as exc:
+            raise Refusal(400, "bad_request", str(exc)) from None
         try:
             self.ledger.check(
                 tenant,
@@ -168,16 +188,18 @@ class Service:
                 403, "no_budget", f"tenant {tenant} has no budget on this collection"
             ) from None
         except BudgetExceededError as exc:
-            raise self.budget_refusal(tenant, epsilon, exc) from None
+            raise self.budget_refusal(tenant, config.answer_epsilon, exc) from None
 
     def budget(self, tenant: str) -> dict[str, Any]:
         scope = self.ledger.get_scope(tenant, self.dataset)
         spend = self.ledger.spent(tenant, self.dataset)
         charges = self.ledger.charges(tenant, self.dataset)
-        by_stage: dict[str, dict[str, float]] = defaultdict(lambda: {"charges": 0, "epsilon": 0.0})
-        for c in charges:
+        by_stage: dict[str, dict[str, float]] = defaultdict(
+            lambda: {"charges": 0, "standalone_epsilon_sum": 0.0}
+        )
+        for c in charges:  # sums of standalone figures; the spend is their composition
             by_stage[c.stage]["charges"] += 1
-            by_stage[c.stage]["epsilon"] += c.epsilon
+            by_stage[c.stage]["standalone_epsilon_sum"] += c.epsilon
         recent = charges[-self.config.charge_log_limit :]
         return {
             "tenant": tenant,
@@ -228,15 +250,17 @@ def _guarded(
             fields["error"] = type(exc).__name__
             response = _error_response(request_id, Refusal(500, "internal", "internal error"))
         response.headers["X-Request-Id"] = request_id
+        response.headers["Cache-Control"] = "no-store"
+        if request.url.path != "/answer":  # an answer's time depends on the private set
+            fields["ms"] = f"{1e3 * (time.perf_counter() - start):.1f}"
         described = " ".join(f"{k}={v}" for k, v in fields.items())
         log.info(
-            "request_id=%s %s %s status=%d %s ms=%.1f",
+            "request_id=%s %s %s status=%d %s",
             request_id,
             request.method,
             request.url.path,
             response.status_code,
             described,
-            1e3 * (time.perf_counter() - start),
         )
         return response
 
@@ -248,6 +272,9 @@ def create_app(service: Service) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
+        # ledger and key lookups run in worker threads, each holding its own database
+        # connection on PostgreSQL: bound them
+        anyio.to_thread.current_default_thread_limiter().total_tokens = 8
         yield
         service.admission.close()
 
@@ -269,6 +296,11 @@ def create_app(service: Service) -> FastAPI:
         return tenant.name
 
     async def json_body(request: Request) -> dict[str, Any]:
+        size = request.headers.get("content-length")
+        if size is None or not size.isdigit() or int(size) > config.max_body_bytes:
+            raise Refusal(
+                413, "body_too_large", f"bodies are limited to {config.max_body_bytes} bytes"
+            )
         try:
             body = await request.json()
         except ValueError:
@@ -300,6 +332,9 @@ def create_app(service: Service) -> FastAPI:
             "waiting": service.admission.waiting,
             "queue_capacity": config.queue_capacity,
             "retrieve": service.public is not None,
+            "answer_epsilon": config.answer_epsilon,
+            "mechanism": config.mechanism,
+            "max_question_chars": config.max_question_chars,
         }
 
     @app.get("/", response_class=HTMLResponse)
@@ -327,22 +362,27 @@ def create_app(service: Service) -> FastAPI:
         tenant = await authenticate(request)
         body = await json_body(request)
         question = question_of(body)
-        epsilon = body.get("epsilon", config.default_epsilon)
-        mechanism = body.get("mechanism", "icl")
-        if (
-            not isinstance(epsilon, int | float)
-            or isinstance(epsilon, bool)
-            or not (math.isfinite(epsilon) and epsilon >= config.min_epsilon)
-        ):
-            raise Refusal(400, "bad_epsilon", f"epsilon must be a number >= {config.min_epsilon:g}")
-        if mechanism not in MECHANISMS:
-            raise Refusal(400, "bad_mechanism", f"mechanism must be one of {MECHANISMS}")
-        epsilon = float(epsilon)
-        request.state.log.update(epsilon=f"{epsilon:g}", mechanism=mechanism)
+        epsilon = body.get("epsilon", config.answer_epsilon)
         try:
-            await run_in_threadpool(service.precheck, tenant, mechanism, epsilon)
-        except ValueError as exc:  # a plan that cannot be made (public parameters)
-            raise Refusal(400, "bad_request", str(exc)) from None
+            if isinstance(epsilon, bool) or not isinstance(epsilon, int | float):
+                raise TypeError
+            epsilon = float(epsilon)
+        except (TypeError, OverflowError):
+            raise Refusal(400, "bad_epsilon", "epsilon must be a number") from None
+        if not math.isclose(epsilon, config.answer_epsilon, rel_tol=1e-9):
+            raise Refusal(
+                400,
+                "epsilon_not_offered",
+                f"this service answers at epsilon={config.answer_epsilon:g} only (one event "
+                "per answer keeps the ledger's composition valid)",
+            )
+        if body.get("mechanism", config.mechanism) != config.mechanism:
+            raise Refusal(
+                400, "mechanism_not_offered", f"this service answers with {config.mechanism}"
+            )
+        epsilon, mechanism = config.answer_epsilon, config.mechanism
+        request.state.log.update(epsilon=f"{epsilon:g}", mechanism=mechanism)
+        await run_in_threadpool(service.precheck, tenant, question)
 
         def run(rag: DPRag):
             return rag.answer(question, tenant=tenant, epsilon=epsilon, mechanism=mechanism)
@@ -363,8 +403,11 @@ def create_app(service: Service) -> FastAPI:
             ) from None
         except BudgetExceededError as exc:  # another answer spent the budget meanwhile
             raise await run_in_threadpool(service.budget_refusal, tenant, epsilon, exc) from None
-        except ValueError as exc:  # e.g. too long for the LM context (public lengths)
-            raise Refusal(400, "bad_request", str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - after the charge: never echo the message
+            request.state.log["error"] = type(exc).__name__
+            raise Refusal(
+                500, "internal", "internal error; /budget shows whether this answer was charged"
+            ) from None
         request.state.log.update(tokens=result.tokens, charged=f"{result.epsilon:.4g}")
         return {"tenant": tenant, "answer": result.to_json()}
 

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
-from synthgen.privacy.ledger_store import LedgerStore
 
 KEY_PREFIX = "dpk_"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -75,7 +74,7 @@ class TenantRegistry:
 
     def __init__(self, ledger: PrivacyLedger) -> None:
         self.ledger = ledger
-        self._store = LedgerStore(ledger.path if ledger.path is not None else ledger.url)
+        self._store = ledger.store  # one connection per thread, shared with the ledger
 
     @classmethod
     def open(cls, location: str | Path) -> TenantRegistry:
@@ -101,6 +100,8 @@ class TenantRegistry:
         """
         check_name(name)
         scope = Scope(name, dataset, float(epsilon), float(delta))  # validates the caps
+        if any(t.name == name for t in self.tenants()):
+            raise ValueError(f"tenant {name} exists (revoked tenants keep their name)")
         if self.ledger.collection_scope(dataset) is None:
             if collection_epsilon is None or collection_delta is None:
                 raise ValueError(
@@ -110,8 +111,6 @@ class TenantRegistry:
             self.ledger.ensure_scope(
                 Scope(COLLECTION, dataset, float(collection_epsilon), float(collection_delta))
             )
-        if any(t.name == name for t in self.tenants()):
-            raise ValueError(f"tenant {name} exists (revoked tenants keep their name)")
         self.ledger.open_scope(scope)  # an existing scope must have the same caps
         key_id, salt = secrets.token_hex(8), secrets.token_hex(16)
         secret = secrets.token_urlsafe(32)

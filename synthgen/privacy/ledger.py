@@ -177,6 +177,11 @@ class PrivacyLedger:
         self._summaries: dict[tuple[str, str], tuple[ScopeSummary, float | None]] = {}
         self._cache_lock = threading.Lock()
 
+    @property
+    def store(self) -> LedgerStore:
+        """The ledger's database, for tables kept beside it (the service's tenants)."""
+        return self._store
+
     def close(self) -> None:
         """Releases this thread's database connection (PostgreSQL)."""
         self._store.close()
@@ -190,6 +195,7 @@ class PrivacyLedger:
         charge sees every charge committed before it and checks every one after.
         """
         with self._store.scope_lock(scope.dataset) as conn:
+            self._check_collection_mix(conn, scope)
             conn.execute(
                 "INSERT INTO scopes (tenant, dataset, epsilon_cap, delta_cap, accountant, "
                 "relation, created_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -210,6 +216,28 @@ class PrivacyLedger:
                 f"accountant: stored={stored}"
             )
         return stored
+
+    @staticmethod
+    def _check_collection_mix(conn: Connection, scope: Scope) -> None:
+        """A collection cap composes its dataset's events (PLD/RDP), which is not valid for
+        charges that only a ``basic`` scope's filter makes sound (realized, data-dependent
+        counts), so a dataset has a collection cap or ``basic`` scopes, never both."""
+        if scope.is_collection:
+            clash = conn.execute(
+                "SELECT 1 FROM scopes WHERE dataset = ? AND accountant = 'basic'", (scope.dataset,)
+            ).fetchone()
+        elif scope.accountant == "basic":
+            clash = conn.execute(
+                "SELECT 1 FROM scopes WHERE dataset = ? AND tenant = ?", (scope.dataset, COLLECTION)
+            ).fetchone()
+        else:
+            return
+        if clash is not None and PrivacyLedger._scope(conn, scope.tenant, scope.dataset) is None:
+            raise ValueError(
+                f"{scope.dataset} cannot have both a collection cap and basic scopes (a "
+                "collection composes events, which is not valid for a basic scope's "
+                "pay-as-you-go charges)"
+            )
 
     def ensure_scope(self, scope: Scope) -> Scope:
         """Returns the stored (tenant, dataset) scope, or opens `scope` if there is none.
@@ -340,7 +368,7 @@ class PrivacyLedger:
             [ref] if _single else [None if ref is None else f"{ref}/{i}" for i in range(len(items))]
         )
         wanted = [(accounting.event_to_json(e), relation.name) for _, e, _ in items]
-        with self._store.scope_lock(dataset) as conn:
+        with self._store.scope_lock(dataset, tenant) as conn:
             if ref is not None:
                 earlier = [self._find(conn, tenant, dataset, r) for r in refs]
                 extra = (

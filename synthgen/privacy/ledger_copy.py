@@ -42,10 +42,14 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
     if src.location == dst.location:
         raise ValueError("source and target are the same ledger")
     scopes = src.scopes()
-    existing = {(s.tenant, s.dataset) for s in dst.scopes()}
-    clash = [f"{s.tenant}/{s.dataset}" for s in scopes if (s.tenant, s.dataset) in existing]
+    # Whole datasets only: a target scope beside copied charges (a collection cap above
+    # all, or a tenant's charges interleaved) would be checked by no one during the copy.
+    existing = {s.dataset for s in dst.scopes()}
+    clash = sorted({f"*/{s.dataset}" for s in scopes if s.dataset in existing})
     if clash:
-        raise ValueError(f"the target ledger already holds scopes {clash}; copy into a new one")
+        raise ValueError(
+            f"the target ledger already holds scopes on datasets {clash}; copy into a new one"
+        )
     with src._store.read() as conn:  # noqa: SLF001 - the copy speaks the stores' schema
         scope_rows = conn.execute(
             "SELECT tenant, dataset, epsilon_cap, delta_cap, accountant, relation, created_at "

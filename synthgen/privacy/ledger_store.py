@@ -212,11 +212,14 @@ class LedgerStore:
         conn.commit()
 
     @contextmanager
-    def scope_lock(self, dataset: str) -> Iterator[Connection]:
+    def scope_lock(self, dataset: str, tenant: str | None = None) -> Iterator[Connection]:
         """A write transaction in which no other charge to `dataset` (any tenant) can run.
 
         SQLite's write lock covers the whole file; PostgreSQL takes an advisory lock keyed
-        by a 64-bit hash of the dataset's name (a collision only serialises more).
+        by a 64-bit hash of the dataset's name (a collision only serialises more), then
+        the row lock on (tenant, dataset) that replicas before schema 5 took, so a replica
+        not yet upgraded cannot charge that scope concurrently. Stop such replicas before
+        opening a collection cap: they do not check it.
         """
         with self.write() as conn:
             if self.dialect == "postgresql":
@@ -224,6 +227,11 @@ class LedgerStore:
                     "SELECT pg_advisory_xact_lock(hashtextextended(?, ?))",
                     (dataset, _DATASET_LOCK_SEED),
                 ).fetchall()
+                if tenant is not None:  # what replicas before schema 5 lock: they wait
+                    conn.execute(
+                        "SELECT 1 FROM scopes WHERE tenant = ? AND dataset = ? FOR UPDATE",
+                        (tenant, dataset),
+                    ).fetchall()
             yield conn
 
     def close(self) -> None:
@@ -260,6 +268,14 @@ class LedgerStore:
                 raise RuntimeError(
                     f"ledger schema version {version} is newer than this toolkit's "
                     f"({SCHEMA_VERSION}); upgrade dpsynth"
+                )
+            if (
+                0 < version < 5
+                and conn.execute("SELECT 1 FROM scopes WHERE tenant = '*'").fetchone()
+            ):
+                raise RuntimeError(
+                    "this ledger has a tenant named '*', which now names a dataset's collection "
+                    "cap over all tenants; rename it with an older dpsynth before upgrading"
                 )
             for number, statements in MIGRATIONS[self.dialect]:
                 if number > version:

@@ -16,6 +16,7 @@ from tests.retriever.service.harness import (
 )
 
 CAPS = {"t0": 2.0, "t1": 2.0, "t2": 2.0}
+SERVE = ("--queue", "64", "--answer-epsilon", "0.3")  # run_clients asks at 0.3
 COLLECTION_CAP = 3.0  # below what the tenants' caps compose to: it binds first
 
 
@@ -23,7 +24,7 @@ COLLECTION_CAP = 3.0  # below what the tenants' caps compose to: it binds first
 def test_load_with_sigkill_restart(world, tmp_path):
     ledger = str(tmp_path / "ledger.sqlite")
     keys = add_tenants(ledger, CAPS, collection=COLLECTION_CAP)
-    server = Server(world, ledger, tmp_path / "server.log", "--queue", "64").start()
+    server = Server(world, ledger, tmp_path / "server.log", *SERVE).start()
     current = {"url": server.url}
     killed = threading.Event()
 
@@ -68,8 +69,7 @@ def test_load_with_sigkill_restart(world, tmp_path):
 def test_two_replicas_on_one_postgres_ledger(world, tmp_path, postgres_url):
     keys = add_tenants(postgres_url, CAPS, collection=COLLECTION_CAP)
     servers = [
-        Server(world, postgres_url, tmp_path / f"server{i}.log", "--queue", "64").start()
-        for i in range(2)
+        Server(world, postgres_url, tmp_path / f"server{i}.log", *SERVE).start() for i in range(2)
     ]
     try:
         outcomes = run_clients(

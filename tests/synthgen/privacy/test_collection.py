@@ -146,3 +146,23 @@ def test_threads_on_postgres_respect_both_caps(postgres_url):
     assert sum(accepted) == 5  # the collection admits 5 of the 6 the tenant caps allow
     for name in ("alice", "bob", "carol"):
         assert book.spent(name, "records").epsilon <= 0.5 + 1e-9
+
+
+def test_collection_caps_and_basic_scopes_do_not_mix(tmp_path):
+    book = _ledger(tmp_path / "l.sqlite", collection_cap=1.0)
+    with pytest.raises(ValueError, match="both a collection cap and basic"):
+        book.open_scope(Scope("dave", "records", 1.0, 1e-5, accountant="basic"))
+    other = _ledger(tmp_path / "m.sqlite", collection_cap=None)
+    other.open_scope(Scope("dave", "records", 1.0, 1e-5, accountant="basic"))
+    with pytest.raises(ValueError, match="both a collection cap and basic"):
+        other.open_scope(Scope(COLLECTION, "records", 1.0, 1e-5))
+
+
+def test_a_copy_never_lands_beside_a_collection_cap(tmp_path):
+    from synthgen.privacy.ledger_copy import copy_ledger
+
+    source = _ledger(tmp_path / "a.sqlite", tenants=("alice",), collection_cap=None)
+    source.charge("alice", "records", stage="a", event=_pure(0.9), relation=AR)
+    _ledger(tmp_path / "b.sqlite", tenants=("bob",), collection_cap=1.0)
+    with pytest.raises(ValueError, match="already holds scopes on datasets"):
+        copy_ledger(tmp_path / "a.sqlite", tmp_path / "b.sqlite")

@@ -1,0 +1,109 @@
+"""The page at `/` driven in headless Chromium: key, question, answer, budget card, and
+the Ask button disabled once the budget cannot pay for another answer."""
+
+import re
+import shutil
+
+import pytest
+
+from synthgen.privacy import PrivacyLedger
+from tests.retriever.service.harness import Server, add_tenants, questions
+
+CAP = 2.5  # two answers at the service's epsilon 1.0 (PLD: 1.94), not three (2.49)
+COLLECTION_CAP = 5.0
+WAIT_MS = 60_000  # every wait in the browser is bounded by this
+REMAINING = re.compile(r"remaining ε (\S+) of (\S+) \(δ cap \S+, (\d+) charges\)")
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.skip("no system Chromium on PATH (apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def served(world, tmp_path):
+    ledger = str(tmp_path / "ledger.sqlite")
+    keys = add_tenants(ledger, {"alice": CAP}, collection=COLLECTION_CAP)
+    server = Server(world, ledger, tmp_path / "server.log").start()
+    yield server, keys["alice"], PrivacyLedger(ledger)
+    server.stop()
+
+
+def _sig3(x: float) -> float:
+    """`x` to the 3 significant digits the page shows (JS toPrecision(3))."""
+    return float(f"{x:.3g}")
+
+
+def _remaining(page) -> tuple[float, float, int]:
+    text = page.locator("#remaining").inner_text()
+    match = REMAINING.fullmatch(text.strip())
+    assert match, f"unexpected budget text: {text!r}"
+    return float(match[1]), float(match[2]), int(match[3])
+
+
+BUDGET_SHOWN = "document.getElementById('remaining').textContent.startsWith('remaining')"
+
+
+def _ask(page, question: str) -> None:
+    """Asks and waits until the answer (or error) and the refreshed budget are on the page."""
+    page.fill("#question", question)
+    page.click("#ask")  # sets body[data-busy] at once, clears it after the budget refresh
+    page.wait_for_function("!document.body.dataset.busy", timeout=WAIT_MS)
+
+
+def test_page_answers_and_shows_the_budget(chromium, served, world):
+    server, key, book = served
+    page = chromium.new_page()
+    page.set_default_timeout(WAIT_MS)
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    try:
+        page.goto(server.url + "/", timeout=WAIT_MS)
+        assert page.title() == "dpsynth · private answers"
+
+        page.fill("#key", key)
+        page.dispatch_event("#key", "change")
+        page.wait_for_function(BUDGET_SHOWN, timeout=WAIT_MS)
+        remaining, cap, charges = _remaining(page)
+        assert (remaining, cap, charges) == (CAP, CAP, 0)
+        assert page.locator("#tenant").inner_text() == "of alice on corpus"
+        assert page.locator("#log tbody tr").count() == 0
+
+        assert page.locator("#epsilon").inner_text() == "1.00"
+        assert page.locator("#mechanism").inner_text() == "icl"
+        _ask(page, questions(world)[0])
+        assert page.locator("#error").inner_text() == ""
+        assert page.locator("#answer").inner_text().strip()  # gibberish from the test LM
+        cost = page.locator("#cost").inner_text()
+        assert cost.startswith("cost ε ") and "retrieval" in cost and "tokens" in cost
+        spent = float(cost.split()[2].rstrip(","))
+        assert 0 < spent <= 1.0 + 1e-9
+
+        after, cap, charges = _remaining(page)
+        ledger_remaining = book.spent("alice", "corpus").epsilon_remaining
+        assert after == _sig3(ledger_remaining)
+        assert CAP - spent - 0.01 <= after < CAP  # the ledger's composition is never worse
+        assert charges == len(book.charges("alice", "corpus")) == 2
+        assert page.locator("#log tbody tr").count() == 2
+        assert float(page.locator("#spent-bar").get_attribute("value") or 0) > 0
+        assert not page.locator("#ask").is_disabled()
+
+        # the second answer leaves less than one answer's epsilon: the page says so and
+        # disables Ask instead of sending a request the ledger would refuse
+        _ask(page, questions(world)[1])
+        final, cap, charges = _remaining(page)
+        assert final == _sig3(book.spent("alice", "corpus").epsilon_remaining) < 1.0
+        assert charges == 4 and page.locator("#log tbody tr").count() == 4
+        assert page.locator("#ask").is_disabled()
+        assert page.locator("#error").inner_text().startswith("budget exhausted")
+        assert errors == []
+    finally:
+        page.close()
