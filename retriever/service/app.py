@@ -52,7 +52,7 @@ from retriever.rag.answer import RELATION, DPRag
 from retriever.service.admission import Admission, QueueFullError, QueueTimeoutError
 from retriever.service.public_index import PublicIndex
 from retriever.service.tenants import AuthError, TenantRegistry
-from synthgen.privacy import BudgetExceededError, PrivacyLedger
+from synthgen.privacy import COLLECTION, BudgetExceededError, PrivacyLedger
 
 log = logging.getLogger("retriever.service")
 MECHANISMS = ("icl", "vote", "sparse-vote")
@@ -108,7 +108,7 @@ def require_collection_cap(ledger: PrivacyLedger, dataset: str) -> None:
 
 
 class Refusal(Exception):
-    """A request refused with `status`; rendered as JSON, charges nothing."""
+    """An error status for a request, rendered as JSON; every status but 500 charges nothing."""
 
     def __init__(self, status: int, error: str, detail: str, **extra: Any) -> None:
         super().__init__(detail)
@@ -149,7 +149,7 @@ class Service:
         """The 402 for an answer whose worst case does not fit (remaining budget in it)."""
         remaining = self.ledger.spent(tenant, self.dataset).epsilon_remaining
         cap = self.ledger.get_scope(tenant, self.dataset).epsilon_cap
-        if exc.tenant not in (None, tenant):  # the collection's cap refused
+        if exc.tenant == COLLECTION:
             error = "collection_budget_exhausted"
             detail = "the collection's budget over all tenants does not cover this answer"
         elif remaining < self.config.min_epsilon:
@@ -297,7 +297,9 @@ def create_app(service: Service) -> FastAPI:
 
     async def json_body(request: Request) -> dict[str, Any]:
         size = request.headers.get("content-length")
-        if size is None or not size.isdigit() or int(size) > config.max_body_bytes:
+        if size is None or not size.isdigit():
+            raise Refusal(411, "length_required", "send a Content-Length header")
+        if int(size) > config.max_body_bytes:
             raise Refusal(
                 413, "body_too_large", f"bodies are limited to {config.max_body_bytes} bytes"
             )

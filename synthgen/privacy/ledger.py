@@ -458,17 +458,19 @@ class PrivacyLedger:
         it has one (a charge to the collection scope itself checks that scope only)."""
         checked = [self._check_all(conn, tenant, dataset, stage_events, relation, delta)]
         if tenant != COLLECTION and self._scope(conn, COLLECTION, dataset) is not None:
+            # the rows keep the tenant's figures; the collection (pld/rdp) composes events
+            figures = checked[0][2]
             checked.append(
-                self._check_all(conn, COLLECTION, dataset, stage_events, relation, delta)
+                self._check_all(conn, COLLECTION, dataset, stage_events, relation, delta, figures)
             )
         return checked
 
     def _check_all(
-        self, conn, tenant, dataset, stage_events, relation, delta
+        self, conn, tenant, dataset, stage_events, relation, delta, figures=None
     ) -> tuple[Scope, ScopeSummary, list[tuple[float, float]]]:
         """The scope, its summary with every new event folded in, and each new event's
-        standalone (epsilon, delta); BudgetExceededError if the composed spend would pass
-        the cap."""
+        standalone (epsilon, delta) (`figures` if given, as the rows will record them);
+        BudgetExceededError if the composed spend would pass the cap."""
         if delta is not None and not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta=}")
         scope = self._scope(conn, tenant, dataset)
@@ -476,10 +478,10 @@ class PrivacyLedger:
             raise KeyError(f"no ledger scope for {tenant=}, {dataset=}; open it first")
         summary = self._summary(conn, scope)
         standalone = []
-        for _, event in stage_events:
+        for i, (_, event) in enumerate(stage_events):
             event = accounting.convert_relation(event, relation, scope.relation)
             event_json = accounting.event_to_json(event)
-            own = self._standalone(scope, event, event_json, delta)
+            own = figures[i] if figures else self._standalone(scope, event, event_json, delta)
             standalone.append(own)
             summary = summary.extended(event_json, own)
         total_eps, total_delta = summary.spend(scope.delta_cap)

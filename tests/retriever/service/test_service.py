@@ -181,3 +181,16 @@ def test_logs_hold_no_private_text(served, world):
     forbidden = questions(world)[:3] + doc_ids + texts + secrets
     leaked = [s for s in forbidden if s in log]
     assert not leaked, f"{len(leaked)} private strings in the server log"
+
+
+def test_a_body_without_length_is_refused_unread(served):
+    server, keys, book, _ = served
+    before = _all_charges(book)
+    response = httpx.post(
+        server.url + "/answer",
+        headers=bearer(keys["alice"]),
+        content=iter([b'{"question": "q"}']),  # chunked: no Content-Length
+        timeout=30,
+    )
+    assert response.status_code == 411 and response.json()["error"] == "length_required"
+    assert _all_charges(book) == before

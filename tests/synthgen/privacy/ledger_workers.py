@@ -30,3 +30,20 @@ def charge_until_refused(
     if results is not None:
         results.put(accepted)
     return accepted
+
+
+def race_processes(location, workers):
+    """Runs each worker (a picklable `charge_until_refused` partial) in its own spawned
+    process, all charging at one moment; returns how many charges each had accepted."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(len(workers)), ctx.Queue()
+    processes = [ctx.Process(target=w, args=(location, barrier, results)) for w in workers]
+    for p in processes:
+        p.start()
+    accepted = [results.get(timeout=300) for _ in processes]
+    for p in processes:
+        p.join(60)
+        assert p.exitcode == 0
+    return accepted

@@ -1,16 +1,16 @@
 """Collection caps: one cap over every tenant of a dataset, checked in the charge's
 transaction, on SQLite and PostgreSQL, from threads and processes."""
 
-import multiprocessing as mp
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import pytest
 
 from synthgen.privacy import COLLECTION, BudgetExceededError, PrivacyLedger, Scope, accounting
-from tests.synthgen.privacy.ledger_workers import charge_until_refused
+from tests.synthgen.privacy.ledger_workers import charge_until_refused, race_processes
 
 AR = "ADD_OR_REMOVE_ONE"
+TENANTS = ("alice", "bob", "carol")
 
 
 def _pure(eps):
@@ -95,27 +95,11 @@ def _collection_race(location, processes):
     """Three tenants x `processes` workers charge 0.25 ten times each; the collection cap
     1.0 admits exactly 4 of them in total whatever the interleaving."""
     _ledger(location, tenant_cap=1.0, collection_cap=1.0)
-    ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(processes)
-    results = ctx.Queue()
     workers = [
-        ctx.Process(
-            target=partial(
-                charge_until_refused,
-                query="records",
-                epsilon=0.25,
-                tenant=("alice", "bob", "carol")[i % 3],
-            ),
-            args=(location, barrier, results),
-        )
+        partial(charge_until_refused, query="records", epsilon=0.25, tenant=TENANTS[i % 3])
         for i in range(processes)
     ]
-    for w in workers:
-        w.start()
-    accepted = [results.get(timeout=120) for _ in workers]
-    for w in workers:
-        w.join(timeout=60)
-    return sum(accepted)
+    return sum(race_processes(location, workers))
 
 
 def test_concurrent_tenants_never_pass_the_collection_cap_sqlite(tmp_path):

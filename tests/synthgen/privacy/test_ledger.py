@@ -1,6 +1,5 @@
 """Budget ledger: refusal changes nothing, persistence, concurrent charges never overspend."""
 
-import multiprocessing
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -9,7 +8,7 @@ import pytest
 from synthgen.privacy import accounting
 from synthgen.privacy.errors import BudgetExceededError, UnsupportedEventError
 from synthgen.privacy.ledger import PrivacyLedger, Scope
-from tests.synthgen.privacy.ledger_workers import charge_until_refused
+from tests.synthgen.privacy.ledger_workers import charge_until_refused, race_processes
 
 AR = "ADD_OR_REMOVE_ONE"
 
@@ -160,17 +159,7 @@ def test_eight_processes_never_overspend(tmp_path):
     cap = 2.0
     _open(tmp_path, cap=cap)
     path = tmp_path / "ledger.sqlite"
-    ctx = multiprocessing.get_context("spawn")
-    barrier, results = ctx.Barrier(8), ctx.Queue()
-    workers = [
-        ctx.Process(target=_charge_until_refused, args=(path, barrier, results)) for _ in range(8)
-    ]
-    for w in workers:
-        w.start()
-    accepted = [results.get(timeout=300) for _ in workers]
-    for w in workers:
-        w.join()
-        assert w.exitcode == 0
+    accepted = race_processes(path, [_charge_until_refused] * 8)
     ledger = PrivacyLedger(path)
     assert sum(accepted) == len(ledger.charges("acme", "queries")) == _how_many_fit(cap)
     assert ledger.spent("acme", "queries").epsilon <= cap

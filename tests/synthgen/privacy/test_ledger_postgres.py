@@ -1,7 +1,6 @@
 """The ledger on a real PostgreSQL server (started by the `postgres_url` fixture): the same
 guarantees as on SQLite, across processes, server crashes and a copy between backends."""
 
-import multiprocessing
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -14,7 +13,7 @@ from synthgen.privacy.errors import BudgetExceededError
 from synthgen.privacy.ledger import PrivacyLedger, Scope
 from synthgen.privacy.ledger_copy import copy_ledger
 from synthgen.privacy.ledger_store import SCHEMA_VERSION
-from tests.synthgen.privacy.ledger_workers import charge_until_refused
+from tests.synthgen.privacy.ledger_workers import charge_until_refused, race_processes
 
 AR = "ADD_OR_REMOVE_ONE"
 STEP_EPSILON = 0.3
@@ -53,18 +52,7 @@ def test_charges_refusals_and_refs_behave_as_on_sqlite(postgres_url):
 def test_eight_processes_never_overspend(postgres_url, tmp_path):
     cap = 2.0
     PrivacyLedger(postgres_url).open_scope(Scope("acme", "q", cap, 1e-5))
-    ctx = multiprocessing.get_context("spawn")
-    barrier, results = ctx.Barrier(8), ctx.Queue()
-    workers = [
-        ctx.Process(target=_charge_until_refused, args=(postgres_url, barrier, results))
-        for _ in range(8)
-    ]
-    for w in workers:
-        w.start()
-    accepted = [results.get(timeout=300) for _ in workers]
-    for w in workers:
-        w.join()
-        assert w.exitcode == 0
+    accepted = race_processes(postgres_url, [_charge_until_refused] * 8)
     ledger = PrivacyLedger(postgres_url)
     assert sum(accepted) == len(ledger.charges("acme", "q")) == _how_many_fit(tmp_path, cap)
     assert ledger.verify("acme", "q").best <= cap
