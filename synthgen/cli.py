@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from synthgen import assets, fewshot_cli, querygen_cli
+from synthgen.audit_cli import audit_app
 from synthgen.lm_cli import lm_app
 from synthgen.paths import default_ledger_path
 from synthgen.privacy import accounting
@@ -35,6 +36,7 @@ app.add_typer(assets_app, name="assets")
 app.add_typer(privacy_app, name="privacy")
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(lm_app, name="lm")
+app.add_typer(audit_app, name="audit")
 app.command("train-generator")(querygen_cli.train_generator)
 app.command("generate-queries")(querygen_cli.generate_queries)
 app.command("generate-docs")(fewshot_cli.generate_docs)

@@ -58,6 +58,16 @@ def token_nll(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Arr
     return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
+def _loss_from_logits(logits_fn):
+    """The per-example training loss: mean NLL of the example's own target tokens."""
+
+    def loss(trainable, frozen, ex):
+        logits = logits_fn(merge_params(trainable, frozen), ex)
+        return token_nll(logits, ex["targets"], ex["target_mask"])
+
+    return loss
+
+
 def _pad(ids: Sequence[int], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
     out = np.full(length, pad, np.int32)
     mask = np.zeros(length, np.float32)
@@ -95,25 +105,27 @@ class T5Family:
                 rows[key].append(value)
         return {k: np.stack(v) for k, v in rows.items()}
 
-    def loss_fn(self):
+    def logits_fn(self):
+        """fn(params, example) -> [target_len, vocab] logits predicting `example["targets"]`."""
         from synthgen.models.t5 import shift_right
 
         module, cfg = self.module, self.config
 
-        def loss(trainable, frozen, ex):
-            params = merge_params(trainable, frozen)
+        def logits(params, ex):
             targets = ex["targets"][None]
             decoder_in = shift_right(targets, cfg.decoder_start_token_id, cfg.pad_token_id)
-            logits = module.apply(
+            return module.apply(
                 {"params": params},
                 ex["input_ids"][None],
                 ex["input_mask"][None],
                 decoder_in,
                 ex["target_mask"][None],
-            )
-            return token_nll(logits[0], ex["targets"], ex["target_mask"])
+            )[0]
 
-        return loss
+        return logits
+
+    def loss_fn(self):
+        return _loss_from_logits(self.logits_fn())
 
     def generate(
         self,
@@ -227,21 +239,23 @@ class LlamaFamily:
             rows["target_mask"].append(target_mask)
         return {k: np.stack(v) for k, v in rows.items()}
 
-    def loss_fn(self):
+    def logits_fn(self):
+        """fn(params, example) -> [target_len, vocab] logits predicting `example["targets"]`."""
         module = self.module
 
-        def loss(trainable, frozen, ex):
-            params = merge_params(trainable, frozen)
-            logits = module.apply(
+        def logits(params, ex):
+            return module.apply(
                 {"params": params},
                 ex["tokens"][None],
                 ex["attention_mask"][None],
                 window_start=ex["target_start"][None],
                 window_len=ex["targets"].shape[0],
             )[0]
-            return token_nll(logits, ex["targets"], ex["target_mask"])
 
-        return loss
+        return logits
+
+    def loss_fn(self):
+        return _loss_from_logits(self.logits_fn())
 
     def generate(
         self,

@@ -1,0 +1,418 @@
+"""`synthgen audit run` for the DP query generator: train with canaries, score, audit.
+
+For each epsilon (math.inf = a non-private run: clipping, no noise) the generator is trained
+by `querygen.train_generator` on the private pairs plus the included canaries, then every
+canary (included or not) is scored with its references: exposure and extraction per
+(kind, repetitions) cell, and membership inference per repetitions group, with the score
+log-perplexity under the base model minus that under the trained model (calibrated by the
+base model, as in Carlini et al. 2022 and Panda et al. 2025).
+
+Claimed guarantee per group: the generator is (eps, delta)-DP for one (document, query)
+pair; a canary repeated r times is r pairs, covered by group privacy: (r eps,
+r e^{(r-1) eps} delta)-DP (vacuous once that delta reaches 1). The empirical lower bounds of
+a group are compared with that group's claim.
+
+Privacy:
+  The audit trains on the private pairs. Its models, the canary record (secrets, in/out
+  labels), the per-canary scores and the training runs' secret state stay in the private
+  work folder; the report folder gets aggregate figures only (per cell and group: medians,
+  rates, AUC, TPR, epsilon bounds). The audited runs are not charged to a ledger: they are
+  never released. Their aggregates are computed from the trained models, so publishing the
+  report of a run at epsilon costs that epsilon; the epsilon = inf row is NOT private.
+
+References: Carranza et al. 2023, Table 7; Carlini et al. 2019; Steinke, Nasr, Jagielski
+2023; Panda et al. 2025.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import datasets
+import jax
+import numpy as np
+
+from synthgen import querygen
+from synthgen.audit import auditor, canaries, exposure
+from synthgen.privacy.rng import secure_rng
+
+SCORES = "scores"
+MODELS = "models"
+
+
+def epsilon_tag(epsilon: float) -> str:
+    return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
+
+
+def parse_epsilons(text: str) -> tuple[float, ...]:
+    """'inf,16,8,3' -> (inf, 16.0, 8.0, 3.0); each > 0."""
+    values = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        value = math.inf if part in ("inf", "infinity", "∞") else float(part)
+        if not value > 0:
+            raise ValueError(f"epsilons must be > 0 or inf, got {part!r}")
+        values.append(value)
+    if not values:
+        raise ValueError("no epsilon given")
+    return tuple(values)
+
+
+def group_claim(epsilon: float, delta: float, repetitions: int) -> tuple[float, float]:
+    """Group privacy for `repetitions` copies: (r eps, r e^{(r-1)eps} delta); inf if vacuous."""
+    if math.isinf(epsilon):
+        return math.inf, delta
+    if repetitions == 1:
+        return epsilon, delta
+    log_delta = math.log(repetitions) + (repetitions - 1) * epsilon + math.log(delta)
+    if log_delta >= 0:
+        return math.inf, delta  # the group guarantee is vacuous
+    return repetitions * epsilon, math.exp(log_delta)
+
+
+def run_config(config: querygen.GeneratorConfig, epsilon: float, seed: int | None):
+    """The generator config of the audit run at `epsilon` (inf: noise multiplier 0)."""
+    if math.isinf(epsilon):
+        changes = dict(dp_noise_multiplier=0.0, dp_target_epsilon=None)
+    else:
+        changes = dict(dp_noise_multiplier=None, dp_target_epsilon=epsilon)
+    return config.replace(dp_seed=seed, **changes)
+
+
+def _private_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def _first_token_log_probs(family, params, input_len: int, target_len: int) -> np.ndarray:
+    """The base model's log-probabilities of the first query token after an empty document."""
+    data = family.encode_pairs([""], ["x"], input_len, target_len)
+    ex = {k: v[0] for k, v in data.items()}
+    logits = family.logits_fn()(params, ex)[0]
+    return np.asarray(jax.nn.log_softmax(logits.astype(np.float32)))
+
+
+def _secret_start(tokenizer, canary: canaries.Canary) -> int:
+    key = tokenizer.encode(canary.key)
+    return len(key) if tokenizer.encode(canary.query)[: len(key)] == key else 0
+
+
+def check_lengths(tokenizer, drawn, references, target_len: int) -> None:
+    """Refuses canaries whose queries would be cut at `target_len` tokens (before training)."""
+    longest = max(
+        len(tokenizer.encode(c.with_secret(s))) + 1
+        for c, refs in zip(drawn, references, strict=True)
+        for s in [c.secret, *refs]
+    )
+    if longest > target_len:
+        raise ValueError(f"canary queries need {longest} tokens > {target_len=}: raise target_len")
+
+
+def prepare(
+    config: querygen.GeneratorConfig,
+    pairs: datasets.Dataset,
+    work: Path,
+    spec: canaries.CanarySpec,
+    *,
+    document_field: str,
+    query_field: str,
+    seed: int | None,
+    score_batch: int = 16,
+    progress: bool = False,
+) -> tuple[list[canaries.Canary], dict]:
+    """Draws (or reloads) the canaries, their references and their base-model scores.
+
+    The base model is loaded as `train_generator` will load it (a random-init vocabulary
+    is trained on the same documents), so the rare-token pool, the length check and the
+    calibration scores use the tokenizer the audited generators train with.
+
+    Returns:
+      (canaries, record): the record holds the references, the rare-token pool and the
+      base log-perplexities ("base_log_perplexity"), all private to the work folder.
+    """
+    if (work / canaries.RECORD_FILE).is_file():
+        return canaries.load_record(work)
+    rng = secure_rng(seed)
+    drawn = canaries.make_canaries(spec, list(pairs[document_field]), rng)
+    train = training_set(pairs, drawn, document_field, query_field)
+    family, params = querygen.load_base(
+        config, list(train["document"]), tokenizer_dir=work / "base_tokenizer", seed=0
+    )
+    pool: list[int] = []
+    if "rare_token" in spec.kinds:
+        log_probs = _first_token_log_probs(family, params, config.input_len, config.target_len)
+        pool = canaries.rare_token_pool(family.tokenizer, log_probs, spec.rare_pool)
+        drawn = canaries.with_rare_secrets(drawn, rng, family.tokenizer, pool)
+    references = [
+        [canaries.reference_secret(c, rng, family.tokenizer, pool) for _ in range(spec.references)]
+        for c in drawn
+    ]
+    check_lengths(family.tokenizer, drawn, references, config.target_len)
+    base = score_base(
+        family,
+        params,
+        drawn,
+        input_len=config.input_len,
+        target_len=config.target_len,
+        batch=score_batch,
+        progress=progress,
+    )
+    canaries.save_record(
+        drawn,
+        work,
+        references=references,
+        rare_pool=pool,
+        base_log_perplexity=base.tolist(),
+        spec=dataclasses.asdict(spec),
+        num_private_pairs=len(pairs),
+    )
+    return canaries.load_record(work)
+
+
+def training_set(
+    pairs: datasets.Dataset, drawn: Sequence[canaries.Canary], document_field: str, query_field: str
+) -> datasets.Dataset:
+    """The private pairs followed by the included canaries (order does not matter: Poisson)."""
+    documents, queries = canaries.insertions(drawn)
+    return datasets.Dataset.from_dict(
+        {
+            "document": list(pairs[document_field]) + documents,
+            "query": list(pairs[query_field]) + queries,
+        }
+    )
+
+
+def score_model(
+    family, params, drawn, references, *, input_len: int, target_len: int, batch: int, progress
+) -> dict[str, np.ndarray]:
+    """Log-perplexities (bits) of every canary (column 0) and its references; greedy hits."""
+    width = 1 + len(references[0])
+    documents, queries, starts = [], [], []
+    for canary, refs in zip(drawn, references, strict=True):
+        start = _secret_start(family.tokenizer, canary)
+        documents += [canary.document] * width
+        queries += [canary.query] + [canary.with_secret(r) for r in refs]
+        starts += [start] * width
+    scores = exposure.score_sequences(
+        family,
+        params,
+        documents,
+        queries,
+        secret_start=starts,
+        input_len=input_len,
+        target_len=target_len,
+        batch_size=batch,
+        progress=progress,
+    )
+    return {
+        "log_perplexity": scores.log_perplexity.reshape(len(drawn), width),
+        "greedy": scores.greedy_secret.reshape(len(drawn), width)[:, 0],
+    }
+
+
+def score_base(
+    family, params, drawn, *, input_len: int, target_len: int, batch: int, progress
+) -> np.ndarray:
+    """Log-perplexities (bits) of the canaries under the base model (the calibration)."""
+    scores = exposure.score_sequences(
+        family,
+        params,
+        [c.document for c in drawn],
+        [c.query for c in drawn],
+        input_len=input_len,
+        target_len=target_len,
+        batch_size=batch,
+        progress=progress,
+        description="score base",
+    )
+    return scores.log_perplexity
+
+
+def cell_figures(drawn, scores: dict, base_ppl: np.ndarray, pool_size: int) -> list[dict]:
+    """Exposure and extraction per (kind, repetitions, included) cell."""
+    rows = []
+    ppl = scores["log_perplexity"]
+    keys = sorted({(c.kind, c.repetitions) for c in drawn}, key=lambda k: (k[1], k[0]))
+    for kind, reps in keys:
+        for included in (True, False):
+            idx = [
+                i
+                for i, c in enumerate(drawn)
+                if c.kind == kind and c.repetitions == reps and c.included == included
+            ]
+            if not idx:
+                continue
+            ranks = [exposure.rank(ppl[i, 0], ppl[i, 1:]) for i in idx]
+            exp = [exposure.exposure(ppl[i, 0], ppl[i, 1:]) for i in idx]
+            ext = [
+                exposure.extrapolated_exposure(
+                    ppl[i, 0], ppl[i, 1:], canaries.space_size(drawn[i], pool_size)
+                )
+                for i in idx
+            ]
+            rows.append(
+                {
+                    "kind": kind,
+                    "repetitions": reps,
+                    "included": included,
+                    "canaries": len(idx),
+                    "references": int(ppl.shape[1] - 1),
+                    "median_rank": float(np.median(ranks)),
+                    "median_exposure": float(np.median(exp)),
+                    "max_exposure": float(np.max(exp)),
+                    "median_extrapolated_exposure": float(np.median(ext)),
+                    "extracted": float(np.mean(scores["greedy"][idx])),
+                    "median_log_perplexity_drop": float(np.median(base_ppl[idx] - ppl[idx, 0])),
+                }
+            )
+    return rows
+
+
+def membership_figures(
+    drawn, scores: dict, base_ppl: np.ndarray, epsilon: float, delta: float, significance: float
+) -> tuple[list[dict], dict]:
+    """Membership audit per repetitions group; returns (rows, ROC points per group)."""
+    rows, rocs = [], {}
+    membership = base_ppl - scores["log_perplexity"][:, 0]  # higher: more likely inserted
+    for reps in sorted({c.repetitions for c in drawn}):
+        inside = [
+            membership[i] for i, c in enumerate(drawn) if c.repetitions == reps and c.included
+        ]
+        outside = [
+            membership[i] for i, c in enumerate(drawn) if c.repetitions == reps and not c.included
+        ]
+        claim_eps, claim_delta = group_claim(epsilon, delta, reps)
+        row = {"repetitions": reps, "claimed_epsilon": claim_eps, "claimed_delta": claim_delta}
+        if inside and outside:
+            result = auditor.audit(
+                inside,
+                outside,
+                claimed_epsilon=claim_eps,
+                delta=claim_delta,
+                significance=significance,
+            )
+            row.update(result.to_dict())
+            row["violation_message"] = auditor.violation_message(result)
+            fpr, tpr = auditor.roc_points(inside, outside)
+            rocs[reps] = {"fpr": fpr.tolist(), "tpr": tpr.tolist()}
+        else:
+            row["note"] = "no in/out split in this group (every canary landed on one side)"
+        rows.append(row)
+    return rows, rocs
+
+
+def run_querygen_audit(
+    config: querygen.GeneratorConfig,
+    pairs: datasets.Dataset,
+    out_dir: str | Path,
+    *,
+    epsilons: Sequence[float],
+    spec: canaries.CanarySpec,
+    work_dir: str | Path,
+    document_field: str = "document",
+    query_field: str = "query",
+    significance: float = 0.05,
+    score_batch: int = 16,
+    seed: int | None = None,
+    progress: bool = True,
+) -> dict:
+    """Trains the generator with canaries at each epsilon, scores them, writes the report.
+
+    Resumable: the canaries, each trained model and each model's scores are kept in the
+    private `work_dir`; calling again with the same folders skips what is done.
+
+    Args:
+      config: the generator configuration to audit (its epsilon is replaced per run).
+      pairs: the private training pairs.
+      out_dir: the report folder (aggregate figures and plots only).
+      epsilons: the runs; math.inf is a non-private run.
+      spec: the canaries to insert.
+      work_dir: the PRIVATE work folder (models, canary record, scores, training state).
+      seed: tests only: fixes the canaries and every run's noise; default OS entropy.
+
+    Returns:
+      The audit record written to `out_dir/audit.json`.
+    """
+    from tqdm.auto import tqdm
+
+    from synthgen.audit import report
+
+    if not 0 < significance < 0.5:
+        raise ValueError(f"significance must be in (0, 0.5), got {significance=}")
+    work = _private_dir(Path(work_dir))
+    drawn, record = prepare(
+        config,
+        pairs,
+        work,
+        spec,
+        document_field=document_field,
+        query_field=query_field,
+        seed=seed,
+        score_batch=score_batch,
+        progress=progress,
+    )
+    references = record["references"]
+    pool_size = max(len(record["rare_pool"]), 1)
+    base_ppl = np.asarray(record["base_log_perplexity"])
+    train = training_set(pairs, drawn, document_field, query_field)
+    sizes = dict(input_len=config.input_len, target_len=config.target_len, batch=score_batch)
+    runs = []
+    for epsilon in tqdm(epsilons, desc="audit runs", unit="run", disable=not progress):
+        tag = epsilon_tag(epsilon)
+        model_dir = work / MODELS / tag
+        if not (model_dir / querygen.GENERATOR_FILE).is_file():
+            querygen.train_generator(
+                run_config(config, epsilon, seed),
+                train,
+                model_dir,
+                work_dir=work / "train" / tag,
+                progress=progress,
+            )
+        score_file = _private_dir(work / SCORES) / f"{tag}.npz"
+        if not score_file.is_file():
+            family, params, _ = querygen.load_generator(model_dir)
+            scored = score_model(family, params, drawn, references, progress=progress, **sizes)
+            np.savez(score_file, **scored)
+        scores = dict(np.load(score_file))
+        privacy = json.loads((model_dir / querygen.GENERATOR_FILE).read_text())["privacy"]
+        claimed = math.inf if not privacy.get("private", True) else float(privacy["epsilon"])
+        delta = float(privacy["delta"])
+        members, rocs = membership_figures(drawn, scores, base_ppl, claimed, delta, significance)
+        runs.append(
+            {
+                "epsilon": claimed,
+                "delta": delta,
+                "noise_multiplier": privacy["noise_multiplier"],
+                "steps": privacy["steps"],
+                "cells": cell_figures(drawn, scores, base_ppl, pool_size),
+                "membership": members,
+                "roc": rocs,
+            }
+        )
+    audit = {
+        "generator": "dp-query-generator",
+        "family": config.family,
+        "base": config.base,
+        "lora_rank": config.lora_rank,
+        "training_examples": {
+            "private_pairs": len(pairs),
+            "canary_copies": len(train) - len(pairs),
+        },
+        "canaries": {
+            "kinds": list(spec.kinds),
+            "repetitions": list(spec.repetitions),
+            "total": len(drawn),
+            "included": sum(c.included for c in drawn),
+            "references_per_canary": spec.references,
+        },
+        "significance": significance,
+        "runs": runs,
+    }
+    report.write_report(audit, out_dir)
+    return audit

@@ -1,0 +1,123 @@
+"""`synthgen audit run`: the canary audit of the DP query generator (thin wrapper)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+audit_app = typer.Typer(
+    help="Empirical privacy audits: canaries, exposure, membership, epsilon lower bounds.",
+    no_args_is_help=True,
+)
+
+
+def _ints(text: str, name: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated integers, got {text!r}") from None
+    if not values:
+        raise ValueError(f"{name} is empty")
+    return values
+
+
+@audit_app.command("run")
+def audit_run(
+    out: Annotated[Path, typer.Option(help="report folder: audit.json, audit.md, PNG plots")],
+    pairs: Annotated[
+        str, typer.Option(help="private pairs: JSONL with document/query, or wiki-summaries-en")
+    ] = "wiki-summaries-en",
+    config: Annotated[str, typer.Option(help="preset in configs/querygen.py")] = "tiny_llama",
+    epsilon: Annotated[
+        str, typer.Option(help="comma-separated epsilons; inf = non-private run")
+    ] = "inf,16,8,3",
+    repetitions: Annotated[str, typer.Option(help="comma-separated repetition counts")] = (
+        "1,10,100"
+    ),
+    per_cell: Annotated[
+        str,
+        typer.Option(
+            help="canaries per (kind, repetitions) cell: one number, or one per repetition "
+            "count (e.g. 16,4,1)"
+        ),
+    ] = "8",
+    kinds: Annotated[
+        str, typer.Option(help="secret,real_document,random_document,rare_token")
+    ] = "secret,real_document,random_document,rare_token",
+    references: Annotated[int, typer.Option(help="reference secrets per canary")] = 100,
+    limit: Annotated[int | None, typer.Option(help="first N private pairs only")] = None,
+    split: Annotated[str, typer.Option(help="wiki corpus only: all | train | test")] = "train",
+    epochs: Annotated[float | None, typer.Option(help="override the preset's epochs")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="expected batch size")] = None,
+    learning_rate: Annotated[float | None, typer.Option()] = None,
+    target_len: Annotated[int | None, typer.Option(help="query tokens (canaries need ~20)")] = None,
+    significance: Annotated[float, typer.Option(help="1 - confidence of the bounds")] = 0.05,
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="PRIVATE work folder: canary record, models, scores, training state "
+            "(default: beside the ledger, <ledger folder>/work/<out name>-<hash>; never ship it)"
+        ),
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="tests only; default OS entropy")] = None,
+) -> None:
+    """Train the query generator with canaries at each epsilon, score them, write the report.
+
+    Canaries of each (kind, repetitions) cell are inserted with probability 1/2. The report
+    folder gets aggregate figures only; the canary record, the models and the per-canary
+    scores stay in the private --work-dir. Re-running the same command resumes.
+    """
+    from configs import querygen as presets
+    from synthgen.audit import canaries, querygen_audit
+    from synthgen.paths import default_work_dir
+    from synthgen.querygen_cli import _load_rows
+
+    reps = _ints(repetitions, "--repetitions")
+    counts = _ints(per_cell, "--per-cell")
+    if len(counts) not in (1, len(reps)):
+        raise ValueError("--per-cell takes one number or one per repetition count")
+    spec = canaries.CanarySpec(
+        kinds=tuple(k.strip() for k in kinds.split(",") if k.strip()),
+        repetitions=reps,
+        per_cell=counts[0] if len(counts) == 1 else dict(zip(reps, counts, strict=True)),
+        references=references,
+    )
+    cfg = presets.get(config)
+    changes = {}
+    for name, value in (
+        ("dp_epochs", epochs),
+        ("dp_batch_size", batch_size),
+        ("dp_learning_rate", learning_rate),
+        ("target_len", target_len),
+    ):
+        if value is not None:
+            changes[name] = value
+    cfg = cfg.replace(**changes)
+    rows = _load_rows(pairs, ("document", "query"), limit, split)
+    work = work_dir if work_dir is not None else default_work_dir(out, None)
+    audit = querygen_audit.run_querygen_audit(
+        cfg,
+        rows,
+        out,
+        epsilons=querygen_audit.parse_epsilons(epsilon),
+        spec=spec,
+        work_dir=work,
+        significance=significance,
+        seed=seed,
+    )
+    from synthgen.audit import report
+
+    print(report.markdown(audit), file=sys.stderr)
+    print(
+        json.dumps(
+            {
+                "out": str(out),
+                "work_dir": str(work),
+                "violations": len(report.violations(audit)),
+            }
+        )
+    )
