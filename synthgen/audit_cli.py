@@ -73,6 +73,7 @@ def audit_run(
     """
     from configs import querygen as presets
     from synthgen.audit import canaries, querygen_audit
+    from synthgen.audit.claims import parse_epsilons
     from synthgen.paths import default_work_dir
     from synthgen.querygen_cli import _load_rows
 
@@ -103,7 +104,7 @@ def audit_run(
         cfg,
         rows,
         out,
-        epsilons=querygen_audit.parse_epsilons(epsilon),
+        epsilons=parse_epsilons(epsilon),
         spec=spec,
         work_dir=work,
         significance=significance,

@@ -39,40 +39,11 @@ import numpy as np
 
 from synthgen import querygen
 from synthgen.audit import auditor, canaries, exposure
+from synthgen.audit.claims import epsilon_tag, group_claim
 from synthgen.privacy.rng import secure_rng
 
 SCORES = "scores"
 MODELS = "models"
-
-
-def epsilon_tag(epsilon: float) -> str:
-    return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
-
-
-def parse_epsilons(text: str) -> tuple[float, ...]:
-    """'inf,16,8,3' -> (inf, 16.0, 8.0, 3.0); each > 0."""
-    values = []
-    for part in text.split(","):
-        part = part.strip().lower()
-        value = math.inf if part in ("inf", "infinity", "∞") else float(part)
-        if not value > 0:
-            raise ValueError(f"epsilons must be > 0 or inf, got {part!r}")
-        values.append(value)
-    if not values:
-        raise ValueError("no epsilon given")
-    return tuple(values)
-
-
-def group_claim(epsilon: float, delta: float, repetitions: int) -> tuple[float, float]:
-    """Group privacy for `repetitions` copies: (r eps, r e^{(r-1)eps} delta); inf if vacuous."""
-    if math.isinf(epsilon):
-        return math.inf, delta
-    if repetitions == 1:
-        return epsilon, delta
-    log_delta = math.log(repetitions) + (repetitions - 1) * epsilon + math.log(delta)
-    if log_delta >= 0:
-        return math.inf, delta  # the group guarantee is vacuous
-    return repetitions * epsilon, math.exp(log_delta)
 
 
 def run_config(config: querygen.GeneratorConfig, epsilon: float, seed: int | None):

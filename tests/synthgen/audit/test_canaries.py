@@ -93,3 +93,18 @@ def test_bad_specs_are_refused():
         canaries.CanarySpec(repetitions=(0,))
     with pytest.raises(ValueError):
         canaries.CanarySpec(repetitions=(1, 10), per_cell={1: 4})
+
+
+def test_group_claims_follow_group_privacy():
+    import math
+
+    from synthgen.audit.claims import group_claim, parse_epsilons
+
+    assert group_claim(2.0, 1e-5, 1) == (2.0, 1e-5)
+    eps, delta = group_claim(0.1, 1e-6, 10)
+    assert eps == pytest.approx(1.0) and delta == pytest.approx(10 * math.exp(0.9) * 1e-6)
+    assert group_claim(3.0, 1e-3, 10)[0] == math.inf  # r e^{(r-1)eps} delta >= 1: vacuous
+    assert group_claim(math.inf, 1e-3, 100)[0] == math.inf
+    assert parse_epsilons("inf, 16,8,3") == (math.inf, 16.0, 8.0, 3.0)
+    with pytest.raises(ValueError):
+        parse_epsilons("0")

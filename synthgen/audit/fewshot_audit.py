@@ -1,0 +1,532 @@
+"""Canary audit of DP few-shot generation (Tang et al. 2024): exposure, extraction, membership.
+
+Digit-secret canaries (`canaries.make_canaries`, kind "secret") are written as private
+examples whose text field is `"<key> <secret>"`; each is included with probability 1/2,
+independently, and then repeated `repetitions` times among the private rows (Steinke et al.
+2023: the in/out split of a one-run audit). For each epsilon (math.inf = noise off):
+
+  exposure    Each canary (included or not) is teacher-forced through the generator: the
+              released prefix is `lead + key`, then the secret's tokens. At every secret
+              token the M private prompts are built exactly as `synthgen.fewshot.generate`
+              builds them (`draw_subsets` at the plan's rate, `_Prompts`), their rows are
+              averaged by `fewshot.private_mean` over the candidates of
+              `fewshot.public_candidates`, plus the public prior, and the probability that
+              the MECHANISM RELEASES the secret's token is computed (see "What is scored").
+              The sum of -log2 of these probabilities is the secret's log-perplexity;
+              reference secrets from the same space (`canaries.digit_secret`) get the same
+              key, the same subset draws (common random numbers) and the same computation;
+              rank and exposure follow Carlini et al. 2019 (`exposure.exposure`). The
+              cells also give `median_ratio_bits`: the median over canaries of (median
+              reference log-perplexity - the secret's), i.e. log2 of how much more likely
+              the release makes the secret than a typical secret of its space. Under heavy
+              noise the references' spread collapses, so the rank-based exposure can reach
+              its maximum log2(#references) for a bias of under a bit (an r-times repeated
+              canary may legitimately shift the release by about r * eps nats by group
+              privacy); `median_ratio_bits` keeps the size of the bias.
+  extraction  `fewshot.generate` is run on the private rows with the canaries; a canary is
+              extracted when its secret appears verbatim in a released text. The softer
+              figure is the longest prefix of the secret (in digits) found in any released
+              text (out canaries give its chance level).
+  membership  score = median reference log-perplexity - the secret's log-perplexity (the
+              key-calibrated exposure), in vs out per repetitions group, through
+              `auditor.audit` against the group-privacy claim of the run's plan.
+
+What is scored, and why it is sound:
+  The probability of the released token, P(release = v | released prefix), marginalised over
+  everything the mechanism draws: the Poisson subsample (Monte Carlo, `draws` draws) and the
+  noise (exactly: the exponential mechanism's softmax of eps * (mean + prior) / (2 / M); for
+  the Gaussian mechanism P(argmax(a + Z) = v) = integral of phi(z) * prod_c Phi(z + (a_v -
+  a_c) / s) dz, s = sigma * sqrt(2) / M, by quadrature). This is the distribution of the
+  release itself, so the exposure measures what the DP guarantee protects: by
+  post-processing and group privacy, an r-times repeated canary shifts it by at most a
+  factor e^{r eps} per draw of the whole text. With `resample="token"` the tokens' draws are
+  independent given the prefix, so the product over the secret's tokens is exactly the
+  probability that the generator, having released the key, releases the secret. With
+  `resample="example"` one draw is shared by a text: the probability is averaged over draws
+  per sequence, E_draw[prod_t P(s_t | draw)], without weighting the draws by the key's own
+  likelihood (a documented approximation). The noise-free mean (`private_mean` alone) is NOT
+  scored: it is the same at every epsilon and is never released, so exposure on it would
+  say nothing about the mechanism. At epsilon = inf the release is the argmax of the mean
+  (ties split evenly), a token's probability is the fraction of draws whose argmax it is;
+  zero probabilities are floored at 2^-FLOOR_BITS and, at epsilon = inf only, ties are broken
+  by a 1e-6-weighted log-perplexity under the noise-free mean.
+
+Privacy:
+  The audit reads the private rows. The canary record (keys, secrets, in/out labels,
+  references), the per-canary scores and the released texts (which, at epsilon = inf, hold
+  secrets) stay in the PRIVATE `work_dir`; the returned dict holds aggregate figures only
+  (per cell and group: medians, rates, AUC, TPR, epsilon bounds) and the public plans. The
+  runs are not charged to a ledger: they are never released. Publishing the figures of a
+  run at epsilon costs that run's epsilon; the epsilon = inf row is NOT private.
+
+References: Tang et al. 2024 (ICLR), DP few-shot generation; Carlini et al. 2019 (secret
+sharer, exposure); Steinke, Nasr, Jagielski 2023 (one-run audit); Carranza et al. 2023.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import special
+
+from synthgen import fewshot
+from synthgen.audit import auditor, canaries, exposure
+from synthgen.audit.claims import epsilon_tag, group_claim
+from synthgen.fewshot.prompts import _Prompts
+from synthgen.fewshot.sampling import _pools
+from synthgen.lm_backends import NextTokenLM
+from synthgen.privacy.rng import secure_rng
+
+FLOOR_BITS = 64.0  # a token's probability is floored at 2^-64 (log-perplexity stays finite)
+TIE_WEIGHT = 1e-6  # epsilon = inf only: weight of the noise-free mean's bits (tie-break)
+NOISE_OFF = 1e-9  # the Gaussian multiplier (rnm: 1 / token epsilon) of epsilon = inf runs
+SCORES = "fewshot_scores"
+TEXTS = "fewshot_texts"
+_LN2 = math.log(2.0)
+
+
+def run_plan(
+    rows: Sequence[Mapping[str, Any]],
+    targets: Sequence[Mapping[str, Any]],
+    template: fewshot.PromptTemplate,
+    config: fewshot.FewShotConfig,
+    epsilon: float,
+    pool_field: str | None,
+) -> tuple[fewshot.FewShotConfig, fewshot.FewShotPlan]:
+    """The config and plan of the audit run at `epsilon`.
+
+    A finite epsilon is a calibration target (`target_epsilon`); math.inf keeps the plan's
+    shape (rate, tokens, delta) but switches the noise off: a Gaussian multiplier of
+    NOISE_OFF (rnm: token epsilon 1 / NOISE_OFF), i.e. argmax with random tie-breaking, and
+    the plan's epsilon is math.inf.
+    """
+    target = 1.0 if math.isinf(epsilon) else float(epsilon)
+    config = dataclasses.replace(
+        config, target_epsilon=target, noise_multiplier=None, token_epsilon=None
+    )
+    plan = fewshot.plan_for(rows, targets, template, config, pool_field=pool_field)
+    if math.isinf(epsilon):
+        if config.mechanism == "gaussian":
+            plan = dataclasses.replace(plan, noise_multiplier=NOISE_OFF, epsilon=math.inf)
+        else:
+            plan = dataclasses.replace(plan, token_epsilon=1.0 / NOISE_OFF, epsilon=math.inf)
+    return config, plan
+
+
+# ---- the probability that the mechanism releases a token ----------------------------------
+
+
+def gaussian_win_logprob(scores: np.ndarray, index: int, std: float) -> float:
+    """log P(argmax_c (scores_c + Z_c) = index), Z_c ~ N(0, std^2) independently.
+
+    P = integral phi(z) prod_{c != index} Phi(z + (scores_index - scores_c) / std) dz. The
+    integrand is log-concave with curvature >= 1, so all but e^-50 of its mass lies within
+    10 of its mode: a coarse grid finds the mode, a fine trapezoid grid integrates around it
+    (in log space, so tail probabilities far below float range stay exact). Equal competitor
+    scores are grouped.
+    """
+    scores = np.asarray(scores, np.float64)
+    gaps = (scores[index] - np.delete(scores, index)) / std
+    gaps, counts = np.unique(gaps, return_counts=True)
+    keep = gaps < 40.0  # log Phi(z + gap) == 0 in float64 for z >= -10 beyond this
+    gaps, counts = gaps[keep], counts[keep]
+
+    def log_integrand(z: np.ndarray) -> np.ndarray:
+        if not gaps.size:
+            return -0.5 * z**2
+        terms = special.log_ndtr(z[:, None] + gaps[None, :]) @ counts
+        return -0.5 * z**2 + terms
+
+    top = max(10.0, float(-gaps.min()) + 10.0) if gaps.size else 10.0
+    coarse = np.linspace(-10.0, top, 513)
+    mode = coarse[int(np.argmax(log_integrand(coarse)))]
+    fine = np.linspace(mode - 10.0, mode + 10.0, 1025)
+    values = log_integrand(fine)
+    weights = np.full(fine.size, fine[1] - fine[0])
+    weights[[0, -1]] *= 0.5
+    return float(special.logsumexp(values, b=weights) - 0.5 * math.log(2 * math.pi))
+
+
+def release_logprob(
+    logprobs: np.ndarray,
+    token: int,
+    config: fewshot.FewShotConfig,
+    plan: fewshot.FewShotPlan,
+) -> float:
+    """Natural log of P(`release_token` returns `token`) given these [1 + M, V] log-probs.
+
+    Exact in the mechanism's noise (Gaussian quadrature, the exponential mechanism's
+    softmax, or the argmax at epsilon = inf), for the same candidates, mean and public
+    prior as `fewshot.release_token`; -inf when `token` is not a candidate.
+    """
+    public = fewshot.distributions(logprobs[:1])[0]
+    candidates = fewshot.public_candidates(public, config)
+    where = np.flatnonzero(candidates == token)
+    if not where.size:
+        return -math.inf
+    mean = fewshot.private_mean(logprobs)[candidates]
+    prior = config.public_prior * public[candidates]
+    m = config.subsets
+    if math.isinf(plan.epsilon):  # noise off: the argmax, ties split evenly
+        scores = mean + prior
+        best = np.flatnonzero(scores == scores.max())
+        return -math.log(best.size) if int(where[0]) in best else -math.inf
+    if plan.mechanism == "gaussian":
+        std = plan.noise_multiplier * math.sqrt(2) / m
+        return gaussian_win_logprob(mean + prior, int(where[0]), std)
+    utilities = mean + prior if config.public_prior else mean
+    logits = plan.token_epsilon * utilities / (2.0 * (1.0 / m))
+    return float(logits[where[0]] - special.logsumexp(logits))
+
+
+def _split(lm: NextTokenLM, lead: str, key: str, secret: str) -> tuple[list[int], list[int]]:
+    """(ids of the released prefix lead + key, ids of " " + secret after it)."""
+    prefix = lm.encode(lead + key)
+    whole = lm.encode(f"{lead}{key} {secret}")
+    if whole[: len(prefix)] == prefix:
+        return prefix, whole[len(prefix) :]
+    return prefix, lm.encode(f" {secret}")
+
+
+def score_canaries(
+    lm: NextTokenLM,
+    rows: Sequence[Mapping[str, Any]],
+    drawn: Sequence[canaries.Canary],
+    references: Sequence[Sequence[str]],
+    template: fewshot.PromptTemplate,
+    target: Mapping[str, Any],
+    runs: Sequence[tuple[fewshot.FewShotConfig, fewshot.FewShotPlan]],
+    *,
+    pool_field: str | None,
+    lead: str,
+    draws: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Log-perplexities (bits) under each run's release: [runs, canaries, 1 + references].
+
+    Column 0 is the canary's secret, the rest its references; all share the canary's key
+    and, per token position, the same `draws` subset draws. The subsets and means do not
+    depend on epsilon (the rate is M * shots / public_pool_size), so each mean is computed
+    once and scored under every run's noise.
+    """
+    config = runs[0][0]
+    rate = runs[0][1].sampling_rate
+    pool = _pools(rows, [target], pool_field, config.public_pool_size)[0]
+    prompts = _Prompts(lm, template, rows, config.shot_tokens)
+    frame = prompts.frame(target)
+    public = prompts.prompt(frame, [])
+    per_token = config.resample == "token"
+    width = 1 + len(references[0])
+    out = np.zeros((len(runs), len(drawn), width))
+    for i, (canary, refs) in enumerate(zip(drawn, references, strict=True)):
+        splits = [_split(lm, lead, canary.key, s) for s in [canary.secret, *refs]]
+        length = max(len(ids) for _, ids in splits)
+        if per_token:
+            subsets = [
+                [fewshot.draw_subsets(pool, config, rate, rng) for _ in range(length)]
+                for _ in range(draws)
+            ]
+        else:
+            subsets = [
+                [fewshot.draw_subsets(pool, config, rate, rng)] * length for _ in range(draws)
+            ]
+        for j, (prefix, ids) in enumerate(splits):
+            # logp[run, draw, position] (natural log); mean_bits: noise-free tie-break.
+            logp = np.zeros((len(runs), draws, len(ids)))
+            mean_bits = 0.0
+            for t, token in enumerate(ids):
+                released = prefix + ids[:t]
+                public_row = np.asarray(lm.score([public + released]), np.float32)[:1]
+                for d in range(draws):
+                    private = lm.score([prompts.prompt(frame, s) + released for s in subsets[d][t]])
+                    logprobs = np.vstack([public_row, np.asarray(private, np.float32)])
+                    mean_p = fewshot.private_mean(logprobs)[token]
+                    mean_bits -= math.log2(max(mean_p, 2.0**-FLOOR_BITS)) / draws
+                    for k, (run_config, plan) in enumerate(runs):
+                        logp[k, d, t] = release_logprob(logprobs, token, run_config, plan)
+            floor = -FLOOR_BITS * _LN2
+            if per_token:  # independent draws per token: average each token, then multiply
+                tokens = special.logsumexp(logp, axis=1) - math.log(draws)
+                bits = -np.maximum(tokens, floor).sum(axis=1) / _LN2
+            else:  # one draw per text: average the sequence probabilities over draws
+                seqs = np.maximum(logp, floor).sum(axis=2)
+                bits = -(special.logsumexp(seqs, axis=1) - math.log(draws)) / _LN2
+            for k, (_, plan) in enumerate(runs):
+                tie = TIE_WEIGHT * mean_bits if math.isinf(plan.epsilon) else 0.0
+                out[k, i, j] = bits[k] + tie
+    return out
+
+
+# ---- extraction from released texts --------------------------------------------------------
+
+
+def longest_prefix_found(secret: str, texts: Sequence[str]) -> int:
+    """Length of the longest prefix of `secret` that occurs in any of `texts`."""
+    best = 0
+    for text in texts:
+        while best < len(secret) and secret[: best + 1] in text:
+            best += 1
+    return best
+
+
+# ---- the audit ----------------------------------------------------------------------------
+
+
+def _cells(drawn, ppl: np.ndarray, extracted: np.ndarray, prefixes: np.ndarray) -> list[dict]:
+    rows = []
+    for reps in sorted({c.repetitions for c in drawn}):
+        for included in (True, False):
+            idx = [
+                i for i, c in enumerate(drawn) if c.repetitions == reps and c.included == included
+            ]
+            if not idx:
+                continue
+            ranks = [exposure.rank(ppl[i, 0], ppl[i, 1:]) for i in idx]
+            exp = [exposure.exposure(ppl[i, 0], ppl[i, 1:]) for i in idx]
+            extrapolated = [
+                exposure.extrapolated_exposure(ppl[i, 0], ppl[i, 1:], 10.0**canaries.DIGITS)
+                for i in idx
+            ]
+            rows.append(
+                {
+                    "kind": "secret",
+                    "repetitions": reps,
+                    "included": included,
+                    "canaries": len(idx),
+                    "references": int(ppl.shape[1] - 1),
+                    "median_rank": float(np.median(ranks)),
+                    "median_exposure": float(np.median(exp)),
+                    "max_exposure": float(np.max(exp)),
+                    "median_extrapolated_exposure": float(np.median(extrapolated)),
+                    "extracted": float(np.mean(extracted[idx])),
+                    "median_prefix_digits": float(np.median(prefixes[idx])),
+                    "median_ratio_bits": float(
+                        np.median(np.median(ppl[idx, 1:], axis=1) - ppl[idx, 0])
+                    ),
+                }
+            )
+    return rows
+
+
+def _membership(drawn, ppl: np.ndarray, plan, significance: float) -> tuple[list, dict]:
+    score = np.median(ppl[:, 1:], axis=1) - ppl[:, 0]  # higher: more likely inserted
+    rows, rocs = [], {}
+    for reps in sorted({c.repetitions for c in drawn}):
+        inside = [score[i] for i, c in enumerate(drawn) if c.repetitions == reps and c.included]
+        outside = [
+            score[i] for i, c in enumerate(drawn) if c.repetitions == reps and not c.included
+        ]
+        claim_eps, claim_delta = group_claim(plan.epsilon, plan.delta, reps)
+        row = {"repetitions": reps, "claimed_epsilon": claim_eps, "claimed_delta": claim_delta}
+        if inside and outside:
+            result = auditor.audit(
+                inside,
+                outside,
+                claimed_epsilon=claim_eps,
+                delta=claim_delta,
+                significance=significance,
+            )
+            row.update(result.to_dict())
+            row["violation_message"] = auditor.violation_message(result)
+            fpr, tpr = auditor.roc_points(inside, outside)
+            rocs[reps] = {"fpr": fpr.tolist(), "tpr": tpr.tolist()}
+        else:
+            row["note"] = "no in/out split in this group (every canary landed on one side)"
+        rows.append(row)
+    return rows, rocs
+
+
+def canary_rows(
+    drawn: Sequence[canaries.Canary], text_field: str, canary_fields: Mapping[str, Any]
+) -> list[dict]:
+    """The included canaries as private rows, each repeated `repetitions` times."""
+    return [
+        {**canary_fields, text_field: c.query}
+        for c in drawn
+        if c.included
+        for _ in range(c.repetitions)
+    ]
+
+
+def run_fewshot_audit(
+    lm: NextTokenLM,
+    private_rows: Sequence[Mapping[str, Any]],
+    config: fewshot.FewShotConfig,
+    *,
+    template: fewshot.PromptTemplate,
+    targets: Sequence[Mapping[str, Any]],
+    work_dir: str | Path,
+    epsilons: Sequence[float] = (math.inf, 1.0),
+    spec: canaries.CanarySpec | None = None,
+    text_field: str = "text",
+    pool_field: str | None = None,
+    canary_fields: Mapping[str, Any] | None = None,
+    score_target: Mapping[str, Any] | None = None,
+    lead: str = " ",
+    public_documents: Sequence[str] = (),
+    draws: int = 8,
+    significance: float = 0.05,
+    out_dir: str | Path | None = None,
+    seed: int | None = None,
+) -> dict:
+    """Audits DP few-shot generation with digit-secret canaries among its private examples.
+
+    See the module docstring for what is measured. Per epsilon the returned run holds the
+    plan's (epsilon, delta), per-(repetitions, included) cells (median rank and exposure,
+    extraction rate, median longest secret prefix found) and membership figures per
+    repetitions group (`auditor.audit` against the group-privacy claim).
+
+    Args:
+      lm: the frozen LM backend the generator uses.
+      private_rows: the private examples (mappings with the fields `template.shot` reads).
+      config: the generator's hyper-parameters; its noise is replaced per epsilon.
+      template: the prompt layout.
+      targets: the public targets of the extraction runs (one released text each).
+      work_dir: the PRIVATE work folder: canary record, scores, released texts.
+      epsilons: the runs; math.inf switches the noise off (not private).
+      spec: the canaries (kinds must be ("secret",)); default 4 per cell at 1 and 10
+        repetitions, 31 references.
+      text_field: the shot field that holds a canary's `"<key> <secret>"`.
+      pool_field: as in `fewshot.generate`; then `canary_fields` must put the canaries in
+        `score_target`'s pool.
+      canary_fields: the canary rows' other fields (e.g. a public document, a label).
+      score_target: the target whose prompts score the canaries (default `targets[0]`).
+      lead: what the generator releases before a shot's text field (" " after
+        "Paragraph:" in `DOCUMENT_TEMPLATE`; "" for a stem that ends where the field starts).
+      public_documents: public text for the keys' words (default a fixed word list).
+      draws: Monte Carlo draws of the subsets per token (common to a canary's references).
+      significance: the level of the epsilon lower bounds.
+      out_dir: if set, `report.write_report` writes the aggregate report there.
+      seed: tests only: fixes the canaries, the draws and the mechanisms' noise; default OS
+        entropy.
+
+    Returns:
+      The audit record: aggregate figures only (no key, secret, text or per-canary score).
+
+    Raises:
+      ValueError: on bad arguments, a spec with other kinds, or canaries outside the pool.
+
+    Privacy:
+      Unit: one private example, add/remove-one (`fewshot.RELATION`); a canary repeated r
+      times is r examples, claimed (r eps, r e^{(r-1) eps} delta) by group privacy. The
+      secrets, in/out labels, per-canary scores and released texts stay in `work_dir`;
+      the record holds aggregates and public plans. Runs are not charged: nothing is
+      released but the aggregates, whose publication costs each run's epsilon (the
+      epsilon = inf row is not private). Tang et al. 2024; Carlini et al. 2019.
+    """
+    from synthgen.audit import report
+
+    spec = spec or canaries.CanarySpec(
+        kinds=("secret",), repetitions=(1, 10), per_cell=4, references=31
+    )
+    if spec.kinds != ("secret",):
+        raise ValueError(f"the few-shot audit uses digit-secret canaries only, got {spec.kinds=}")
+    if not epsilons or any(not e > 0 for e in epsilons):
+        raise ValueError(f"epsilons must be > 0 or inf, got {epsilons=}")
+    if draws < 1 or not 0 < significance < 0.5:
+        raise ValueError(f"need draws >= 1 and significance in (0, 0.5), got {draws=}")
+    if not targets:
+        raise ValueError("no targets to generate")
+    canary_fields = dict(canary_fields or {})
+    score_target = dict(score_target or targets[0])
+    if pool_field is not None and canary_fields.get(pool_field) != score_target.get(pool_field):
+        raise ValueError(f"canary_fields must put the canaries in score_target's {pool_field=}")
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    work.chmod(0o700)
+
+    canary_rng, reference_rng, draw_rng, generate_rng = secure_rng(seed).spawn(4)
+    if (work / canaries.RECORD_FILE).is_file():
+        drawn, record = canaries.load_record(work)
+        references = record["references"]
+    else:
+        drawn = canaries.make_canaries(spec, list(public_documents), canary_rng)
+        references = [
+            [canaries.digit_secret(reference_rng) for _ in range(spec.references)] for _ in drawn
+        ]
+        canaries.save_record(
+            drawn, work, references=references, spec=dataclasses.asdict(spec), generator="fewshot"
+        )
+    rows = list(private_rows) + canary_rows(drawn, text_field, canary_fields)
+    runs = [run_plan(rows, targets, template, config, e, pool_field) for e in epsilons]
+
+    scores_dir = work / SCORES
+    scores_dir.mkdir(exist_ok=True)
+    ppl = score_canaries(
+        lm,
+        rows,
+        drawn,
+        references,
+        template,
+        score_target,
+        runs,
+        pool_field=pool_field,
+        lead=lead,
+        draws=draws,
+        rng=draw_rng,
+    )
+    texts_dir = work / TEXTS
+    texts_dir.mkdir(exist_ok=True)
+    results = []
+    for epsilon, (run_config, plan), run_ppl, gen_rng in zip(
+        epsilons, runs, ppl, generate_rng.spawn(len(runs)), strict=True
+    ):
+        tag = epsilon_tag(epsilon)
+        released = fewshot.generate(
+            lm, rows, targets, template, run_config, pool_field=pool_field, rng=gen_rng, plan=plan
+        )
+        (texts_dir / f"{tag}.json").write_text(json.dumps(released.texts))
+        extracted = np.array([any(c.secret in t for t in released.texts) for c in drawn])
+        prefixes = np.array([longest_prefix_found(c.secret, released.texts) for c in drawn])
+        np.savez(
+            scores_dir / f"{tag}.npz",
+            log_perplexity=run_ppl,
+            extracted=extracted,
+            prefix_digits=prefixes,
+        )
+        members, rocs = _membership(drawn, run_ppl, plan, significance)
+        results.append(
+            {
+                "epsilon": plan.epsilon,
+                "delta": plan.delta,
+                "noise_multiplier": None if math.isinf(plan.epsilon) else plan.noise_multiplier,
+                "token_epsilon": None if math.isinf(plan.epsilon) else plan.token_epsilon,
+                "tokens_released": released.tokens_released,
+                "cells": _cells(drawn, run_ppl, extracted, prefixes),
+                "membership": members,
+                "roc": rocs,
+            }
+        )
+    audit = {
+        "generator": "dp-few-shot-generator",
+        "base": type(lm).__name__,
+        "scored_distribution": (
+            "P(released token) marginalised over subsample draws (Monte Carlo) and the "
+            "mechanism's noise (exact); epsilon = inf: argmax of the mean"
+        ),
+        "config": {
+            k: v
+            for k, v in dataclasses.asdict(config).items()
+            if k not in ("target_epsilon", "noise_multiplier", "token_epsilon")
+        },
+        "draws": draws,
+        "private_examples": {"canary_copies": len(rows) - len(private_rows)},
+        "canaries": {
+            "kinds": list(spec.kinds),
+            "repetitions": list(spec.repetitions),
+            "total": len(drawn),
+            "included": sum(c.included for c in drawn),
+            "references_per_canary": spec.references,
+        },
+        "significance": significance,
+        "runs": results,
+    }
+    if out_dir is not None:
+        report.write_report(audit, out_dir)
+    return audit
