@@ -51,7 +51,11 @@ class BatchSampler:
         physical_batch: int,
         sampling: accounting.Sampling,
         rng: np.random.Generator,
+        rate: float | None = None,
     ) -> None:
+        if rate is not None and (sampling != "poisson" or not 0 < rate <= 1):
+            raise ValueError(f"a fixed rate needs Poisson sampling and 0 < rate <= 1, {rate=}")
+        self._rate = rate
         if num_examples < 1:
             raise ValueError(f"num_examples must be >= 1, got {num_examples=}")
         if not 1 <= batch_size <= num_examples:
@@ -68,7 +72,8 @@ class BatchSampler:
 
     @property
     def sampling_rate(self) -> float:
-        return self.batch_size / self.num_examples
+        """batch_size / num_examples, or the fixed Poisson rate given at construction."""
+        return self._rate if self._rate is not None else self.batch_size / self.num_examples
 
     def sample(self) -> np.ndarray:
         """Indices of one logical batch (sorted)."""

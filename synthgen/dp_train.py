@@ -375,8 +375,14 @@ def train(
     progress: bool = True,
     stop_after: int | None = None,
     plan: PrivacyPlan | None = None,
+    fixed_rate: bool = False,
 ) -> TrainResult:
     """Runs DP-Adafactor on `data` (arrays with a leading example axis).
+
+    With `fixed_rate`, `plan` may be made for more examples than `data` has: each example is
+    then drawn with the plan's Poisson rate B / plan.num_examples, so the mechanism (rate,
+    steps, sigma, delta) does not depend on the dataset's size. Audits use it: their size
+    depends on which canaries were inserted, and the claim must not.
 
     Args:
       loss_fn: per-example loss(trainable, frozen, example) -> scalar. No batch statistics.
@@ -415,8 +421,12 @@ def train(
     n = sizes.pop()
     if plan is None:
         plan = plan_privacy(config, n)
-    elif plan.num_examples != n or plan.batch_size != config.batch_size:
+    elif plan.batch_size != config.batch_size or (
+        plan.num_examples != n if not fixed_rate else n > plan.num_examples
+    ):
         raise ValueError("the privacy plan was made for another dataset or batch size")
+    if fixed_rate and (plan.sampling != "poisson" or config.sampling != "poisson"):
+        raise ValueError("fixed_rate needs Poisson sampling")
     devices = jax.device_count()
     if config.microbatch % devices:
         raise ValueError(f"microbatch={config.microbatch} must be a multiple of {devices=}")
@@ -431,7 +441,12 @@ def train(
     seed = run_seed.shared_seed(config.seed)
     sampler_seed, noise_key_data = run_seed.split_streams(seed)
     sampler = BatchSampler(
-        n, config.batch_size, config.physical_batch, config.sampling, secure_rng(sampler_seed)
+        n,
+        config.batch_size,
+        config.physical_batch,
+        config.sampling,
+        secure_rng(sampler_seed),
+        rate=plan.sampling_rate if fixed_rate else None,
     )
     noise_key = run_seed.noise_key(noise_key_data)
     optimizer = make_optimizer(config.learning_rate, lora=lora)

@@ -180,6 +180,7 @@ def train_generator(
     progress: bool = True,
     stop_after: int | None = None,
     plan: dp_train.PrivacyPlan | None = None,
+    fixed_rate: bool = False,
 ) -> dp_train.TrainResult:
     """DP-fine-tunes the generator on private (document, query) pairs; writes `out_dir`.
 
@@ -201,6 +202,8 @@ def train_generator(
       progress: show a progress bar.
       stop_after: stop after this many steps (to test resumption).
       plan: precomputed `dp_train.plan_privacy(config.dp, len(pairs))`.
+      fixed_rate: `plan` may be made for more pairs than given; each pair is drawn at the
+        plan's Poisson rate (see `dp_train.train`; canary audits use it).
 
     Privacy:
       See the module docstring: (epsilon, delta)-DP w.r.t. one (document, query) pair,
@@ -245,6 +248,7 @@ def train_generator(
         progress=progress,
         stop_after=stop_after,
         plan=plan,
+        fixed_rate=fixed_rate,
     )
     if result.steps_run < plan.steps:
         return result  # interrupted on purpose; the work folder stays: call again to resume

@@ -8,6 +8,7 @@ Modules:
   auditor: membership AUC, TPR at low FPR and empirical epsilon lower bounds (one-run and
     Clopper-Pearson) from in/out canary scores.
   querygen_audit: `synthgen audit run` for the DP query generator.
-  fewshot_audit, rag_audit: the same questions for the few-shot generator and DP-RAG.
+  fewshot_audit: the same questions for the few-shot generator (the DP-RAG canary audit is
+    `retriever.rag.canary_audit`: synthgen never imports retriever).
   report: audit.json, the Markdown table and the plots.
 """

@@ -38,6 +38,8 @@ def group_claim(epsilon: float, delta: float, repetitions: int) -> tuple[float, 
         raise ValueError(f"repetitions must be >= 1, got {repetitions=}")
     if math.isinf(epsilon) or repetitions == 1:
         return epsilon, delta
+    if delta == 0:
+        return repetitions * epsilon, 0.0
     log_delta = math.log(repetitions) + (repetitions - 1) * epsilon + math.log(delta)
     if log_delta >= 0:
         return math.inf, delta  # the group guarantee is vacuous

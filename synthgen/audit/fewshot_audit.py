@@ -28,8 +28,11 @@ independently, and then repeated `repetitions` times among the private rows (Ste
               figure is the longest prefix of the secret (in digits) found in any released
               text (out canaries give its chance level).
   membership  score = median reference log-perplexity - the secret's log-perplexity (the
-              key-calibrated exposure), in vs out per repetitions group, through
-              `auditor.audit` against the group-privacy claim of the run's plan.
+              key-calibrated exposure), in vs out per repetitions group: AUC and TPR at 1%
+              FPR, descriptive only. No epsilon lower bound is computed: the scores are
+              exact probabilities of the release computed from the private rows, not the
+              outputs of one DP run, and under honest DP an inserted canary keeps a bias of
+              up to r * eps that separates it perfectly (the bound would refute true claims).
 
 What is scored, and why it is sound:
   The probability of the released token, P(release = v | released prefix), marginalised over
@@ -325,15 +328,22 @@ def _membership(drawn, ppl: np.ndarray, plan, significance: float) -> tuple[list
         claim_eps, claim_delta = group_claim(plan.epsilon, plan.delta, reps)
         row = {"repetitions": reps, "claimed_epsilon": claim_eps, "claimed_delta": claim_delta}
         if inside and outside:
-            result = auditor.audit(
-                inside,
-                outside,
-                claimed_epsilon=claim_eps,
-                delta=claim_delta,
-                significance=significance,
+            # Descriptive figures only. The scores are exact release probabilities computed
+            # from the private rows, not outputs of one DP run: under honest (r eps)-DP an
+            # inserted canary keeps a fixed bias, so in and out canaries separate perfectly
+            # and an epsilon "lower bound" from them would refute true claims. The one-run
+            # and Clopper-Pearson bounds are therefore not computed here.
+            row.update(
+                num_in=len(inside),
+                num_out=len(outside),
+                auroc=auditor.auroc(inside, outside),
+                tpr_at_1pct_fpr=auditor.tpr_at_fpr(inside, outside, 0.01),
+                epsilon_one_run=None,
+                epsilon_clopper_pearson=None,
+                violation=False,
+                violation_message=None,
+                note="exact release probabilities: no epsilon lower bound (not one DP run)",
             )
-            row.update(result.to_dict())
-            row["violation_message"] = auditor.violation_message(result)
             fpr, tpr = auditor.roc_points(inside, outside)
             rocs[reps] = {"fpr": fpr.tolist(), "tpr": tpr.tolist()}
         else:

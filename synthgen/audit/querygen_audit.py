@@ -74,6 +74,25 @@ def _secret_start(tokenizer, canary: canaries.Canary) -> int:
     return len(key) if tokenizer.encode(canary.query)[: len(key)] == key else 0
 
 
+def check_fingerprint(work: Path, config, spec: canaries.CanarySpec, num_pairs: int) -> None:
+    """Refuses to resume a work folder made with another config, spec or dataset size."""
+    import hashlib
+
+    text = json.dumps(
+        [dataclasses.asdict(config.replace(dp_seed=None)), dataclasses.asdict(spec), num_pairs],
+        sort_keys=True,
+        default=str,
+    )
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    path = work / "fingerprint.txt"
+    if path.is_file() and path.read_text() != digest:
+        raise ValueError(
+            f"{work} holds an audit of another config, canary spec or dataset: "
+            "use a new --work-dir (or delete that one)"
+        )
+    path.write_text(digest)
+
+
 def check_lengths(tokenizer, drawn, references, target_len: int) -> None:
     """Refuses canaries whose queries would be cut at `target_len` tokens (before training)."""
     longest = max(
@@ -316,7 +335,11 @@ def run_querygen_audit(
 
     if not 0 < significance < 0.5:
         raise ValueError(f"significance must be in (0, 0.5), got {significance=}")
+    out_path, work_path = Path(out_dir).resolve(), Path(work_dir).resolve()
+    if out_path.is_relative_to(work_path) or work_path.is_relative_to(out_path):
+        raise ValueError("the private work folder and the report folder must not overlap")
     work = _private_dir(Path(work_dir))
+    check_fingerprint(work, config, spec, len(pairs))
     drawn, record = prepare(
         config,
         pairs,
@@ -332,18 +355,24 @@ def run_querygen_audit(
     pool_size = max(len(record["rare_pool"]), 1)
     base_ppl = np.asarray(record["base_log_perplexity"])
     train = training_set(pairs, drawn, document_field, query_field)
+    planned_size = len(pairs) + sum(c.repetitions for c in drawn)
     sizes = dict(input_len=config.input_len, target_len=config.target_len, batch=score_batch)
     runs = []
     for epsilon in tqdm(epsilons, desc="audit runs", unit="run", disable=not progress):
         tag = epsilon_tag(epsilon)
         model_dir = work / MODELS / tag
         if not (model_dir / querygen.GENERATOR_FILE).is_file():
+            cfg = run_config(config, epsilon, seed)
             querygen.train_generator(
-                run_config(config, epsilon, seed),
+                cfg,
                 train,
                 model_dir,
                 work_dir=work / "train" / tag,
                 progress=progress,
+                # The plan is made for every canary inserted (a public size fixed before
+                # the in/out draw): rate, steps, sigma and delta do not depend on the draw.
+                plan=querygen.dp_train.plan_privacy(cfg.dp, planned_size),
+                fixed_rate=True,
             )
         score_file = _private_dir(work / SCORES) / f"{tag}.npz"
         if not score_file.is_file():

@@ -78,7 +78,14 @@ def markdown(audit: dict) -> str:
                     f"{_eps(row['claimed_epsilon'])} | – | – | – | – | – | {row['note']} |"
                 )
                 continue
-            verdict = "**VIOLATION**" if row["violation"] else "consistent"
+            if row["violation"]:
+                verdict = "**VIOLATION**"
+            elif row.get("epsilon_one_run") is None:
+                verdict = "descriptive only"
+            elif math.isinf(row["claimed_epsilon"]):
+                verdict = "no claim"
+            else:
+                verdict = "consistent"
             lines.append(
                 f"| {_eps(run['epsilon'])} | {row['repetitions']} | "
                 f"{_eps(row['claimed_epsilon'])} | {row['num_in']}/{row['num_out']} | "
@@ -92,9 +99,18 @@ def markdown(audit: dict) -> str:
         "skew-normal to the references (Carlini et al. 2019) and is capped at log2 of the "
         "secret space. 'Extracted': greedy decoding after the canary's key words reproduces "
         "the secret. A group of r repetitions is claimed (rε, r·e^{(r−1)ε}·δ)-DP by group "
-        "privacy (∞ when that δ reaches 1). The ε lower bounds hold at the stated confidence "
-        "because each canary was inserted independently with probability 1/2.",
+        "privacy (∞ when that δ reaches 1). The one-run ε lower bound holds at the stated "
+        "confidence because each canary was inserted independently with probability 1/2, "
+        "and decides the verdict (a report of G groups: all right with probability ≥ 1 − "
+        "G × significance); the Clopper–Pearson bound treats canaries as separate runs and is "
+        "for information only.",
     ]
+    if any(math.isinf(run["epsilon"]) for run in audit["runs"]):
+        lines += [
+            "",
+            "**The ε = ∞ rows come from a NON-private model: they are not DP and must not be "
+            "published outside the operators.**",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -110,3 +110,43 @@ def test_a_violation_is_flagged_loudly(tmp_path, capsys):
     report.write_report(audit, tmp_path)
     assert "PRIVACY VIOLATION" in capsys.readouterr().err
     assert "**VIOLATION**" in (tmp_path / report.TABLE_FILE).read_text()
+
+
+@pytest.mark.slow
+def test_a_non_private_model_claimed_private_is_flagged(audited):
+    """The same scores, as if the non-private run had claimed epsilon = 0.05: flagged."""
+    audit, root, *_ = audited
+    drawn, record = canaries.load_record(root / "work")
+    scores = dict(np.load(root / "work" / querygen_audit.SCORES / "inf.npz"))
+    base = np.asarray(record["base_log_perplexity"])
+    rows, _ = querygen_audit.membership_figures(drawn, scores, base, 0.05, 1e-5, 0.05)
+    single = next(r for r in rows if r["repetitions"] == 1)
+    assert single["violation"] and single["epsilon_one_run"] > 0.05
+    assert "PRIVACY VIOLATION" in single["violation_message"]
+
+
+@pytest.mark.slow
+def test_the_claim_does_not_depend_on_which_canaries_went_in(audited):
+    """Every run is planned for all canary copies (fixed Poisson rate), not the drawn ones."""
+    audit, root, config, pairs, args = audited
+    drawn, _ = canaries.load_record(root / "work")
+    planned = len(pairs) + sum(c.repetitions for c in drawn)
+    for tag in ("inf", "0.5"):
+        generator = json.loads(
+            (root / "work" / querygen_audit.MODELS / tag / "generator.json").read_text()
+        )
+        assert generator["privacy"]["num_examples"] == planned
+
+
+def test_work_folder_inside_the_report_is_refused(tmp_path):
+    spec = canaries.CanarySpec(kinds=("secret",), repetitions=(1,), per_cell=2)
+    with pytest.raises(ValueError, match="overlap"):
+        querygen_audit.run_querygen_audit(
+            presets.get("tiny_llama"),
+            corpora.load_wiki_summaries(limit=40),
+            tmp_path / "report",
+            epsilons=(1.0,),
+            spec=spec,
+            work_dir=tmp_path / "report" / "work",
+            progress=False,
+        )

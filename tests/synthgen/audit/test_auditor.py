@@ -249,4 +249,6 @@ def test_violation_is_strict():
         significance=0.05,
     )
     assert not result.violation
-    assert dataclasses.replace(result, epsilon_clopper_pearson=1.01).violation
+    assert dataclasses.replace(result, epsilon_one_run=1.01).violation
+    # the Clopper-Pearson bound (canaries as separate runs) is information only
+    assert not dataclasses.replace(result, epsilon_clopper_pearson=5.0).violation
