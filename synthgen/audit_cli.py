@@ -74,8 +74,8 @@ def audit_run(
     from configs import querygen as presets
     from synthgen.audit import canaries, querygen_audit
     from synthgen.audit.claims import parse_epsilons
+    from synthgen.corpora import load_rows
     from synthgen.paths import default_work_dir
-    from synthgen.querygen_cli import _load_rows
 
     reps = _ints(repetitions, "--repetitions")
     counts = _ints(per_cell, "--per-cell")
@@ -98,7 +98,7 @@ def audit_run(
         if value is not None:
             changes[name] = value
     cfg = cfg.replace(**changes)
-    rows = _load_rows(pairs, ("document", "query"), limit, split)
+    rows = load_rows(pairs, ("document", "query"), limit, split)
     work = work_dir if work_dir is not None else default_work_dir(out, None)
     audit = querygen_audit.run_querygen_audit(
         cfg,

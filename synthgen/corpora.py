@@ -154,3 +154,22 @@ def load_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> datasets.
     if not records:
         raise ValueError(f"{path} holds no records")
     return datasets.Dataset.from_list(records)
+
+
+def load_rows(
+    source: str | Path, required: tuple[str, ...] = (), limit: int | None = None, split: str = "all"
+) -> datasets.Dataset:
+    """A JSONL file, or the wiki asset (name or its JSON file), as a `datasets.Dataset`.
+
+    `split` selects the shared train/test split by document (`split_by_document`, the split
+    `retriever data wiki` writes) of the wiki corpus; JSONL files are used whole. `limit`
+    keeps the first rows only.
+    """
+    path = Path(source)
+    if path.suffix == ".jsonl":
+        if split != "all":
+            raise ValueError("--split applies to the wiki corpus; a JSONL file is used whole")
+        ds = load_jsonl(path, required=required)
+    else:
+        ds = select_split(load_wiki_summaries(str(source)), split)
+    return ds.select(range(min(limit, len(ds)))) if limit else ds

@@ -18,7 +18,7 @@ import typer
 
 from synthgen.paths import default_ledger_path
 from synthgen.privacy.ledger import PrivacyLedger, Scope
-from synthgen.querygen_cli import SplitOption, _load_rows
+from synthgen.querygen_cli import SplitOption
 
 PoolSizeOption = Annotated[
     int,
@@ -265,8 +265,10 @@ def generate_docs(
         public_prior=public_prior,
         resample=resample,
     )
+    from synthgen.corpora import load_rows
+
     required = (text_field,) + ((label_field,) if label_field else ())
-    rows = _load_rows(private, required, limit, split)
+    rows = load_rows(private, required, limit, split)
     private_rows = [
         {"text": r[text_field], "label": str(r[label_field]) if label_field else ""} for r in rows
     ]
@@ -349,8 +351,10 @@ def generate_queries_fewshot(
         resample=resample,
         stop_at_newline=True,
     )
-    pairs = _load_rows(private, ("document", "query"), None, split)
-    docs = _load_rows(documents, ("doc_id", "document"), limit, split)
+    from synthgen.corpora import load_rows
+
+    pairs = load_rows(private, ("document", "query"), None, split)
+    docs = load_rows(documents, ("doc_id", "document"), limit, split)
     private_rows = [{"document": r["document"], "query": r["query"]} for r in pairs]
     targets = [{"doc_id": d["doc_id"], "document": d["document"]} for d in docs]
 

@@ -17,24 +17,6 @@ from synthgen.privacy.ledger import PrivacyLedger, Scope
 # the calculators start fast.
 
 
-def _load_rows(source: str, required: tuple[str, ...], limit: int | None, split: str = "all"):
-    """A JSONL file, or the wiki asset (name or its JSON file) -> datasets.Dataset.
-
-    `split` selects the shared train/test split by document (`corpora.split_by_document`,
-    the split `retriever data wiki` writes) of the wiki corpus; JSONL files are used whole.
-    """
-    from synthgen import corpora
-
-    path = Path(source)
-    if path.suffix == ".jsonl":
-        if split != "all":
-            raise ValueError("--split applies to the wiki corpus; a JSONL file is used whole")
-        ds = corpora.load_jsonl(path, required=required)
-    else:
-        ds = corpora.select_split(corpora.load_wiki_summaries(source), split)
-    return ds.select(range(min(limit, len(ds)))) if limit else ds
-
-
 SplitOption = Annotated[
     str, typer.Option(help="wiki corpus only: all | train | test (split by document)")
 ]
@@ -90,7 +72,7 @@ def train_generator(
     private data (not DP) and are never printed or released.
     """
     from configs import querygen as presets
-    from synthgen import querygen
+    from synthgen import corpora, querygen
 
     cfg = presets.get(config)
     changes: dict = {}
@@ -107,7 +89,7 @@ def train_generator(
         if value is not None:
             changes[name] = value
     cfg = cfg.replace(**changes)
-    rows = _load_rows(pairs, (document_field, query_field), limit, split)
+    rows = corpora.load_rows(pairs, (document_field, query_field), limit, split)
     scope_name = dataset or Path(pairs).stem
     plan = querygen.dp_train.plan_privacy(cfg.dp, len(rows))
     ledger_path = ledger or default_ledger_path()
@@ -161,9 +143,9 @@ def generate_queries(
     seed: Annotated[int | None, typer.Option()] = None,
 ) -> None:
     """Generate synthetic queries for public documents (post-processing: no budget)."""
-    from synthgen import querygen
+    from synthgen import corpora, querygen
 
-    docs = _load_rows(documents, ("doc_id", "document"), limit, split)
+    docs = corpora.load_rows(documents, ("doc_id", "document"), limit, split)
     ds = querygen.generate_queries(
         generator, docs, out, queries_per_doc=k, top_p=top_p, temperature=temperature, seed=seed
     )

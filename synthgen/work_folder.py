@@ -38,6 +38,20 @@ if TYPE_CHECKING:
     from synthgen.privacy.ledger import Charge, PrivacyLedger
 
 CHECKPOINTS = "checkpoints"
+
+
+def private_folder(path: str | Path) -> Path:
+    """Creates `path` if needed and makes it readable by its owner only (mode 0700).
+
+    Every private work folder (training resume state, audit records) goes through here: an
+    existing folder gets its mode tightened too, which `mkdir(mode=...)` alone would not do.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
 CHARGE_FILE = "charge.json"
 
 
@@ -66,7 +80,7 @@ class WorkFolder:
 
     def create(self) -> None:
         """Creates the folder, readable by its owner only."""
-        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_folder(self.path)
 
     def charge_record(self) -> dict | None:
         """The recorded charge of the run, or None before it was first charged."""

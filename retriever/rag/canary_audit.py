@@ -47,6 +47,7 @@ from retriever.rag.evaluation import greedy_answer
 from retriever.rag.prompts import PromptFormat
 from synthgen.audit.canaries import DIGITS, digit_secret, public_words
 from synthgen.privacy import PrivacyLedger, Scope, secure_rng
+from synthgen.work_folder import private_folder
 
 RECORD_FILE = "rag_canaries.json"
 TENANT = "canary-audit"
@@ -133,13 +134,6 @@ def leak_bound(epsilon: float, delta: float, windows: int) -> float:
     if math.isinf(epsilon):
         return 1.0
     return min(1.0, math.exp(epsilon) * max(windows, 1) * 10.0**-DIGITS + delta)
-
-
-def _private_dir(path: str | Path) -> Path:
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
 
 
 def _validate(epsilons, canaries, answers_per_canary, mechanism, baseline_k) -> None:
@@ -325,7 +319,7 @@ def run_rag_canary_audit(
         "documents": len(documents),
     }
     if work_dir is not None:
-        path = _private_dir(work_dir) / RECORD_FILE
+        path = private_folder(work_dir) / RECORD_FILE
         path.write_text(
             json.dumps(
                 {

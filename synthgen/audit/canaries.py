@@ -240,10 +240,22 @@ def insertions(canaries: Sequence[Canary]) -> tuple[list[str], list[str]]:
     return documents, queries
 
 
+def split_by_repetitions(
+    canaries: Sequence[Canary], scores: Sequence[float]
+) -> dict[int, tuple[list[float], list[float]]]:
+    """Per repetition count: (scores of the inserted canaries, scores of the held-out ones)."""
+    groups: dict[int, tuple[list[float], list[float]]] = {}
+    for canary, score in zip(canaries, scores, strict=True):
+        inside, outside = groups.setdefault(canary.repetitions, ([], []))
+        (inside if canary.included else outside).append(float(score))
+    return dict(sorted(groups.items()))
+
+
 def save_record(canaries: Sequence[Canary], work_dir: str | Path, **extra) -> Path:
     """Writes the canaries (with secrets and in/out labels) to the PRIVATE work folder."""
-    path = Path(work_dir) / RECORD_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from synthgen.work_folder import private_folder
+
+    path = private_folder(work_dir) / RECORD_FILE
     record = {"canaries": [dataclasses.asdict(c) for c in canaries], **extra}
     path.write_text(json.dumps(record, indent=1))
     return path

@@ -85,6 +85,7 @@ from synthgen.fewshot.prompts import _Prompts
 from synthgen.fewshot.sampling import _pools
 from synthgen.lm_backends import NextTokenLM
 from synthgen.privacy.rng import secure_rng
+from synthgen.work_folder import private_folder
 
 FLOOR_BITS = 64.0  # a token's probability is floored at 2^-64 (log-perplexity stays finite)
 TIE_WEIGHT = 1e-6  # epsilon = inf only: weight of the noise-free mean's bits (tie-break)
@@ -320,11 +321,7 @@ def _cells(drawn, ppl: np.ndarray, extracted: np.ndarray, prefixes: np.ndarray) 
 def _membership(drawn, ppl: np.ndarray, plan, significance: float) -> tuple[list, dict]:
     score = np.median(ppl[:, 1:], axis=1) - ppl[:, 0]  # higher: more likely inserted
     rows, rocs = [], {}
-    for reps in sorted({c.repetitions for c in drawn}):
-        inside = [score[i] for i, c in enumerate(drawn) if c.repetitions == reps and c.included]
-        outside = [
-            score[i] for i, c in enumerate(drawn) if c.repetitions == reps and not c.included
-        ]
+    for reps, (inside, outside) in canaries.split_by_repetitions(drawn, score).items():
         claim_eps, claim_delta = group_claim(plan.epsilon, plan.delta, reps)
         row = {"repetitions": reps, "claimed_epsilon": claim_eps, "claimed_delta": claim_delta}
         if inside and outside:
@@ -447,9 +444,7 @@ def run_fewshot_audit(
     score_target = dict(score_target or targets[0])
     if pool_field is not None and canary_fields.get(pool_field) != score_target.get(pool_field):
         raise ValueError(f"canary_fields must put the canaries in score_target's {pool_field=}")
-    work = Path(work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    work.chmod(0o700)
+    work = private_folder(work_dir)
 
     canary_rng, reference_rng, draw_rng, generate_rng = secure_rng(seed).spawn(4)
     if (work / canaries.RECORD_FILE).is_file():

@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from synthgen import querygen
 from synthgen.audit import auditor, canaries, exposure
 from synthgen.audit.claims import epsilon_tag, group_claim
 from synthgen.privacy.rng import secure_rng
+from synthgen.work_folder import private_folder
 
 SCORES = "scores"
 MODELS = "models"
@@ -53,12 +53,6 @@ def run_config(config: querygen.GeneratorConfig, epsilon: float, seed: int | Non
     else:
         changes = dict(dp_noise_multiplier=None, dp_target_epsilon=epsilon)
     return config.replace(dp_seed=seed, **changes)
-
-
-def _private_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
 
 
 def _first_token_log_probs(family, params, input_len: int, target_len: int) -> np.ndarray:
@@ -270,13 +264,7 @@ def membership_figures(
     """Membership audit per repetitions group; returns (rows, ROC points per group)."""
     rows, rocs = [], {}
     membership = base_ppl - scores["log_perplexity"][:, 0]  # higher: more likely inserted
-    for reps in sorted({c.repetitions for c in drawn}):
-        inside = [
-            membership[i] for i, c in enumerate(drawn) if c.repetitions == reps and c.included
-        ]
-        outside = [
-            membership[i] for i, c in enumerate(drawn) if c.repetitions == reps and not c.included
-        ]
+    for reps, (inside, outside) in canaries.split_by_repetitions(drawn, membership).items():
         claim_eps, claim_delta = group_claim(epsilon, delta, reps)
         row = {"repetitions": reps, "claimed_epsilon": claim_eps, "claimed_delta": claim_delta}
         if inside and outside:
@@ -338,7 +326,7 @@ def run_querygen_audit(
     out_path, work_path = Path(out_dir).resolve(), Path(work_dir).resolve()
     if out_path.is_relative_to(work_path) or work_path.is_relative_to(out_path):
         raise ValueError("the private work folder and the report folder must not overlap")
-    work = _private_dir(Path(work_dir))
+    work = private_folder(Path(work_dir))
     check_fingerprint(work, config, spec, len(pairs))
     drawn, record = prepare(
         config,
@@ -374,7 +362,7 @@ def run_querygen_audit(
                 plan=querygen.dp_train.plan_privacy(cfg.dp, planned_size),
                 fixed_rate=True,
             )
-        score_file = _private_dir(work / SCORES) / f"{tag}.npz"
+        score_file = private_folder(work / SCORES) / f"{tag}.npz"
         if not score_file.is_file():
             family, params, _ = querygen.load_generator(model_dir)
             scored = score_model(family, params, drawn, references, progress=progress, **sizes)

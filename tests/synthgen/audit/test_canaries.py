@@ -108,3 +108,21 @@ def test_group_claims_follow_group_privacy():
     assert parse_epsilons("inf, 16,8,3") == (math.inf, 16.0, 8.0, 3.0)
     with pytest.raises(ValueError):
         parse_epsilons("0")
+
+
+def test_split_by_repetitions_and_private_record_folder(tmp_path):
+    import stat
+
+    spec = canaries.CanarySpec(kinds=("secret",), repetitions=(1, 5), per_cell=6)
+    drawn = canaries.make_canaries(spec, DOCS, np.random.default_rng(6))
+    scores = [float(c.id) for c in drawn]
+    groups = canaries.split_by_repetitions(drawn, scores)
+    assert list(groups) == [1, 5]
+    for reps, (inside, outside) in groups.items():
+        cell = [c for c in drawn if c.repetitions == reps]
+        assert inside == [float(c.id) for c in cell if c.included]
+        assert outside == [float(c.id) for c in cell if not c.included]
+    work = tmp_path / "work"
+    work.mkdir(mode=0o755)
+    canaries.save_record(drawn, work)
+    assert stat.S_IMODE(work.stat().st_mode) == 0o700  # tightened, not only on creation
