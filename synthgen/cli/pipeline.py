@@ -1,0 +1,95 @@
+"""`synthgen pipeline`: the main job, whole or one stage at a time.
+
+    synthgen pipeline --config configs/demo.py                 # every stage not yet done
+    synthgen pipeline --config configs/demo.py --from train    # recompute train and after
+    synthgen pipeline status --config configs/demo.py
+    synthgen pipeline generate --config configs/demo.py        # one stage (and --force)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+STAGE_HELP = {
+    "data": "Load the private pairs and split them by document (public seed).",
+    "generate": "DP synthetic queries (fine-tuned or few-shot generator), charged first.",
+    "train": "Dual encoder on the synthetic pairs (and the real-data upper bound).",
+    "evaluate": "NDCG/Recall on held-out real queries: zero-shot, synthetic, real.",
+    "index": "ScaNN index over the public corpus with the trained encoder.",
+    "rag": "A few questions answered by the DP-RAG stage, each charged first.",
+    "report": "report.html, metrics.json and the plots.",
+}
+
+ConfigOption = Annotated[Path | None, typer.Option(help="pipeline config file (.py)")]
+OutOption = Annotated[Path | None, typer.Option(help="run folder (default: the config's out)")]
+ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress")]
+
+pipeline_app = typer.Typer(
+    help="The main job: private pairs -> DP synthetic queries -> encoder -> index -> report.",
+    invoke_without_command=True,
+)
+
+
+def _load(config: Path | None):
+    from synthgen.pipeline import load_pipeline_config
+
+    if config is None:
+        raise typer.BadParameter("give --config path/to/config.py (e.g. configs/demo.py)")
+    return load_pipeline_config(config)
+
+
+@pipeline_app.callback()
+def pipeline(
+    ctx: typer.Context,
+    config: ConfigOption = None,
+    out: OutOption = None,
+    from_: Annotated[
+        str | None, typer.Option("--from", help="recompute this stage and every later one")
+    ] = None,
+    progress: ProgressOption = True,
+) -> None:
+    """Runs every stage that is not done under this config, then prints the report's path."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from synthgen.pipeline import run_pipeline
+
+    cfg = _load(config)
+    run = run_pipeline(cfg, out, start=from_, progress=progress)
+    print(f"report: {(run.root / 'report' / 'report.html').resolve()}")
+
+
+@pipeline_app.command("status")
+def status(config: ConfigOption = None, out: OutOption = None) -> None:
+    """Each stage: done, stale (config changed), interrupted or missing."""
+    from synthgen.pipeline import RunFolder, stage_status
+
+    cfg = _load(config)
+    run = RunFolder(Path(out or cfg.out))
+    for stage, state in stage_status(cfg, run).items():
+        print(f"{stage:9s} {state}")
+
+
+def _stage_command(name: str):
+    def command(
+        config: ConfigOption = None,
+        out: OutOption = None,
+        force: Annotated[bool, typer.Option(help="recompute even if up to date")] = False,
+        progress: ProgressOption = True,
+    ) -> None:
+        from synthgen.pipeline import RunFolder, run_stage
+
+        cfg = _load(config)
+        run = RunFolder(Path(out or cfg.out))
+        run.root.mkdir(parents=True, exist_ok=True)
+        record = run_stage(name, cfg, run, force=force, progress=progress)
+        print(f"{name}: {record['status']} ({record.get('seconds', 0):.1f} s) in {run.root}")
+
+    command.__doc__ = STAGE_HELP[name]
+    return command
+
+
+for _name in STAGE_HELP:
+    pipeline_app.command(_name)(_stage_command(_name))

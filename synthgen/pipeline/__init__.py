@@ -1,0 +1,47 @@
+"""The main job: private pairs -> DP synthetic queries -> dual encoder -> index -> DP-RAG answers
+-> report, one resumable stage at a time (`synthgen pipeline --config configs/demo.py`).
+
+This is the application layer: it may import both `synthgen` and `retriever`.
+"""
+
+from synthgen.pipeline.config import (
+    DataConfig,
+    EncoderConfig,
+    EvaluateConfig,
+    GenerateConfig,
+    IndexConfig,
+    PipelineConfig,
+    PrivacyConfig,
+    RagStageConfig,
+    ReportConfig,
+    load_pipeline_config,
+)
+from synthgen.pipeline.runner import (
+    STAGES,
+    RunFolder,
+    StageNotReadyError,
+    fingerprints,
+    run_pipeline,
+    run_stage,
+    stage_status,
+)
+
+__all__ = [
+    "STAGES",
+    "DataConfig",
+    "EncoderConfig",
+    "EvaluateConfig",
+    "GenerateConfig",
+    "IndexConfig",
+    "PipelineConfig",
+    "PrivacyConfig",
+    "RagStageConfig",
+    "ReportConfig",
+    "RunFolder",
+    "StageNotReadyError",
+    "fingerprints",
+    "load_pipeline_config",
+    "run_pipeline",
+    "run_stage",
+    "stage_status",
+]

@@ -1,0 +1,275 @@
+"""The main job's configuration: frozen dataclasses, one per stage, loaded from a Python file.
+
+A config file (`configs/demo.py`, `configs/tiny.py`, `configs/gpu.py`) defines
+`get_config() -> PipelineConfig`; `load_pipeline_config(path)` imports it by path (as the flax
+examples and t5x do), so `configs/` is a folder of files, not an installed package.
+
+Each stage reads only its own section (and the sections it names in `runner.STAGE_SECTIONS`):
+changing a section changes that stage's fingerprint, and through the chain of fingerprints
+exactly the stages downstream of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Literal
+
+from synthgen.fewshot.config import FewShotConfig
+from synthgen.querygen import GeneratorConfig
+
+GeneratorKind = Literal["querygen", "fewshot"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The private pairs: (document, short description) rows of `wiki-summaries-en`.
+
+    Attributes:
+      source: asset name or path of the wiki summaries.
+      num_documents: first N documents (None: all).
+      test_fraction: held-out share of documents (their real queries evaluate the encoders).
+    """
+
+    source: str = "wiki-summaries-en"
+    num_documents: int | None = 2000
+    test_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.num_documents is not None and self.num_documents < 10:
+            raise ValueError(f"need at least 10 documents, got {self.num_documents=}")
+        if not 0 < self.test_fraction < 1:
+            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction=}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyConfig:
+    """The private pairs' ledger scope.
+
+    Attributes:
+      tenant: the ledger tenant of every charge of this run.
+      epsilon_cap: cap of the private pairs' scope (every generator run is charged there).
+      delta: delta of the private pairs (None: 1/(2n), n = train pairs).
+    """
+
+    tenant: str = "pipeline"
+    epsilon_cap: float = 10.0
+    delta: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.epsilon_cap) and self.epsilon_cap > 0):
+            raise ValueError(f"epsilon_cap must be positive and finite, {self.epsilon_cap=}")
+        if self.delta is not None and not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta=}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateConfig:
+    """The DP synthetic-query stage.
+
+    Attributes:
+      kind: "querygen" (DP fine-tuned generator, Carranza et al. 2023) or "fewshot" (DP
+        few-shot aggregation, Tang et al. 2024).
+      querygen: the fine-tuned generator's config (its `dp.target_epsilon` is the release's
+        epsilon).
+      fewshot: the few-shot generator's config (its `target_epsilon` is the release's).
+      fewshot_model: LM asset or path of the few-shot generator.
+      synthetic_documents: train documents that get synthetic queries (None: all).
+    """
+
+    kind: GeneratorKind = "querygen"
+    querygen: GeneratorConfig | None = None
+    fewshot: FewShotConfig | None = None
+    fewshot_model: str = "smollm2-135m-instruct"
+    synthetic_documents: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("querygen", "fewshot"):
+            raise ValueError(f"kind must be 'querygen' or 'fewshot', got {self.kind=}")
+        if getattr(self, self.kind) is None:
+            raise ValueError(f"generator kind {self.kind!r} needs its config ({self.kind}=...)")
+        if self.synthetic_documents is not None and self.synthetic_documents < 2:
+            raise ValueError(f"synthetic_documents must be >= 2, got {self.synthetic_documents=}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    """The dual encoder trained (non-privately) on the synthetic pairs.
+
+    Attributes:
+      base: base encoder asset or folder (also the zero-shot baseline).
+      batch_size, epochs, learning_rate, temperature: in-batch softmax training.
+      max_query_len, max_doc_len: token budgets.
+      real_upper_bound: also train on the real train pairs (not DP: the report's upper bound,
+        kept in the private folder).
+    """
+
+    base: str = "all-minilm-l6-v2"
+    batch_size: int = 32
+    epochs: float = 1.0
+    learning_rate: float = 5e-5
+    temperature: float = 0.05
+    max_query_len: int = 32
+    max_doc_len: int = 64
+    real_upper_bound: bool = True
+
+    def retriever_config(self):
+        from retriever.train import RetrieverConfig
+
+        return RetrieverConfig(
+            batch_size=self.batch_size,
+            epochs=self.epochs,
+            learning_rate=self.learning_rate,
+            temperature=self.temperature,
+            max_query_len=self.max_query_len,
+            max_doc_len=self.max_doc_len,
+        )
+
+    def __post_init__(self) -> None:
+        self.retriever_config()  # validates
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateConfig:
+    """Evaluation on the held-out real pairs (exact search, the oracle).
+
+    Attributes:
+      k: the cut of NDCG@k and Recall@k.
+      max_queries: first N held-out queries (None: all).
+    """
+
+    k: int = 10
+    max_queries: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or (self.max_queries is not None and self.max_queries < 1):
+            raise ValueError(f"k and max_queries must be >= 1, got {self.k=}, {self.max_queries=}")
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexConfig:
+    """The serving index over the public corpus, built with the trained encoder.
+
+    Attributes:
+      kind: "scann", "exact" or "auto" (`retriever.index.build_searcher`).
+      k: neighbours per query when the index's recall against exact search is measured.
+    """
+
+    kind: str = "scann"
+    k: int = 10
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("scann", "exact", "auto"):
+            raise ValueError(f"kind must be scann, exact or auto, got {self.kind=}")
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, got {self.k=}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RagStageConfig:
+    """A few questions answered by the DP-RAG stage over a private collection.
+
+    The collection is the fictional medical world of the DP-RAG evaluation (records no
+    pretrained LM can know), scored with the pipeline's trained encoder.
+
+    Attributes:
+      enabled: run the stage.
+      lm: LM asset or path.
+      num_records, num_diseases, world_seed: the fictional medical world.
+      questions: questions answered.
+      epsilon: per-answer epsilon.
+      mechanism: "icl", "vote" or "sparse-vote".
+      k, max_tokens, delta: the answer stage's public parameters (`RagConfig`).
+      epsilon_cap, delta_cap: caps of the collection's ledger scope.
+    """
+
+    enabled: bool = True
+    lm: str = "smollm2-135m-instruct"
+    num_records: int = 200
+    num_diseases: int = 10
+    world_seed: int = 0
+    questions: int = 3
+    epsilon: float = 5.0
+    mechanism: str = "icl"
+    k: int = 4
+    max_tokens: int = 8
+    delta: float = 1e-6
+    epsilon_cap: float = 20.0
+    delta_cap: float = 1e-4
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.epsilon_cap) and self.epsilon_cap > 0):
+            raise ValueError(f"epsilon_cap must be positive and finite, {self.epsilon_cap=}")
+        if not 0 <= self.delta_cap < 1:
+            raise ValueError(f"delta_cap must be in [0, 1), got {self.delta_cap=}")
+        if self.questions < 1 or self.num_records < self.num_diseases:
+            raise ValueError(f"bad sizes: {self.questions=}, {self.num_records=}")
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"epsilon must be positive and finite, got {self.epsilon=}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportConfig:
+    """The report.
+
+    Attributes:
+      samples: documents whose synthetic query the report shows next to the real one.
+    """
+
+    samples: int = 8
+
+    def __post_init__(self) -> None:
+        if self.samples < 0:
+            raise ValueError(f"samples must be >= 0, got {self.samples=}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """The whole job: private pairs -> DP synthetic queries -> encoder -> index -> report.
+
+    Attributes:
+      name: shown in the report.
+      out: the run folder (the CLI's `--out` overrides it).
+      seed: public seed of data order and initialisation; the mechanisms' noise always
+        comes from OS entropy.
+    """
+
+    name: str = "demo"
+    out: str = "runs/demo"
+    seed: int = 0
+    data: DataConfig = DataConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
+    generate: GenerateConfig | None = None
+    encoder: EncoderConfig = EncoderConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    index: IndexConfig = IndexConfig()
+    rag: RagStageConfig = RagStageConfig()
+    report: ReportConfig = ReportConfig()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.generate, GenerateConfig):
+            raise ValueError("PipelineConfig needs generate=GenerateConfig(...)")
+
+    def replace(self, **changes) -> PipelineConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def load_pipeline_config(path: str | Path) -> PipelineConfig:
+    """Imports the config file at `path` and returns its `get_config()`.
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: the file defines no `get_config` or it returns no `PipelineConfig`.
+    """
+    from synthgen.config_files import load_config_module
+
+    module = load_config_module(path)
+    get_config = getattr(module, "get_config", None)
+    if not callable(get_config):
+        raise ValueError(f"{path} defines no get_config()")
+    config = get_config()
+    if not isinstance(config, PipelineConfig):
+        kind = type(config).__name__
+        raise ValueError(f"{path}: get_config() returned {kind}, not a PipelineConfig")
+    return config

@@ -1,0 +1,275 @@
+"""Runs the main job's stages in order, each one resumable and recomputed only when needed.
+
+Every stage writes `<run>/stages/<name>.json`: its fingerprint, status, timing and peak
+memory, and a public summary (counts, epsilons, metrics; never private text). A stage's
+fingerprint hashes its config sections and the fingerprints of the stages it reads, so a
+changed config section invalidates exactly the stages downstream of it. A stage whose record
+is "running" was interrupted: calling it again with the same fingerprint resumes it (the DP
+generator and the encoder resume from their checkpoints, and a charge is never made twice);
+with another fingerprint its outputs are removed first.
+
+Run folder:
+  ledger.sqlite        every charge of the run (public events: mechanism, epsilon, delta)
+  private/             mode 0700: the private split, secret resume state (noise keys, sampler
+                       states), the non-private upper-bound encoder; never ship it
+  data/corpus.jsonl    the public documents
+  generator/, synthetic/, encoder/, index/, rag/   the stages' releases
+  stages/<name>.json   stage records
+  report/              report.html, metrics.json, the PNGs
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from synthgen.pipeline.config import PipelineConfig
+from synthgen.work_folder import private_folder
+
+STAGES = ("data", "generate", "train", "evaluate", "index", "rag", "report")
+# The config sections each stage reads, and the stages whose outputs it reads.
+STAGE_SECTIONS = {
+    "data": ("data", "seed"),
+    "generate": ("generate", "privacy", "seed"),
+    "train": ("encoder", "seed"),
+    "evaluate": ("evaluate",),
+    "index": ("index",),
+    "rag": ("rag", "privacy"),
+    "report": ("name", "report"),
+}
+UPSTREAM = {
+    "data": (),
+    "generate": ("data",),
+    "train": ("generate",),
+    "evaluate": ("train",),
+    "index": ("train",),
+    "rag": ("train",),
+    "report": ("evaluate", "index", "rag"),
+}
+# What each stage writes (relative to the run folder), removed when its config changed.
+STAGE_OUTPUTS = {
+    "data": ("data", "private/data"),
+    "generate": ("generator", "synthetic", "samples", "private/work/generate"),
+    "train": ("encoder", "private/real_encoder"),
+    "evaluate": (),
+    "index": ("index",),
+    "rag": ("rag", "private/rag"),
+    "report": ("report",),
+}
+
+
+class StageNotReadyError(ValueError):
+    """A stage was asked for before the stages it reads are done under this config."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFolder:
+    """Paths of one run."""
+
+    root: Path
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger.sqlite"
+
+    @property
+    def private(self) -> Path:
+        """The private folder (created with mode 0700)."""
+        return private_folder(self.root / "private")
+
+    def record_path(self, stage: str) -> Path:
+        return self.root / "stages" / f"{stage}.json"
+
+    def record(self, stage: str) -> dict | None:
+        path = self.record_path(stage)
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def write_record(self, stage: str, record: dict) -> None:
+        path = self.record_path(stage)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=1, allow_nan=False))
+        tmp.replace(path)
+
+    def summary(self, stage: str) -> dict:
+        record = self.record(stage)
+        if record is None or record["status"] != "done":
+            raise StageNotReadyError(f"stage {stage!r} has not finished in {self.root}")
+        return record["summary"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StageContext:
+    """What a stage function gets: the config, the run folder, and whether to show bars."""
+
+    config: PipelineConfig
+    run: RunFolder
+    progress: bool = True
+
+    def log(self, stage: str, message: str) -> None:
+        print(f"[{stage}] {message}", file=sys.stderr, flush=True)
+
+
+def _jsonable(value):
+    if dataclasses.is_dataclass(value):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, float) and value != value:
+        return "nan"
+    return value if isinstance(value, str | int | float | bool | type(None)) else repr(value)
+
+
+def fingerprints(config: PipelineConfig) -> dict[str, str]:
+    """Each stage's fingerprint: its config sections and its upstream stages' fingerprints."""
+    out: dict[str, str] = {}
+    for stage in STAGES:
+        payload = {
+            "stage": stage,
+            "sections": {s: _jsonable(getattr(config, s)) for s in STAGE_SECTIONS[stage]},
+            "upstream": [out[u] for u in UPSTREAM[stage]],
+        }
+        text = json.dumps(payload, sort_keys=True, default=str)
+        out[stage] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return out
+
+
+def stage_status(config: PipelineConfig, run: RunFolder) -> dict[str, str]:
+    """ "done", "stale" (done under another config), "interrupted" or "missing" per stage."""
+    fps, out = fingerprints(config), {}
+    for stage in STAGES:
+        record = run.record(stage)
+        if record is None:
+            out[stage] = "missing"
+        elif record["fingerprint"] != fps[stage] or record["status"] == "stale-upstream":
+            out[stage] = "stale"
+        else:
+            out[stage] = "done" if record["status"] == "done" else "interrupted"
+    return out
+
+
+def _reset_peak_memory() -> None:
+    """Resets the kernel's peak-RSS mark of this process (Linux >= 4.0); no-op elsewhere."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _peak_memory_bytes() -> int | None:
+    """Peak resident memory of this process since the last reset (VmHWM), if readable."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _clean(run: RunFolder, stage: str) -> None:
+    for rel in STAGE_OUTPUTS[stage]:
+        shutil.rmtree(run.root / rel, ignore_errors=True)
+
+
+def run_stage(
+    stage: str,
+    config: PipelineConfig,
+    run: RunFolder,
+    *,
+    force: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Runs one stage if it is not done under this config (or `force`); returns its record.
+
+    Raises:
+      StageNotReadyError: a stage it reads is not done under this config.
+      ValueError: unknown stage.
+    """
+    from synthgen.pipeline.stages import STAGE_FUNCTIONS
+
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+    status, fps = stage_status(config, run), fingerprints(config)
+    for upstream in UPSTREAM[stage]:
+        if status[upstream] != "done":
+            raise StageNotReadyError(
+                f"stage {stage!r} reads {upstream!r}, which is {status[upstream]} under this "
+                f"config: run `synthgen pipeline {upstream}` (or the whole pipeline) first"
+            )
+    record = run.record(stage)
+    run.private  # noqa: B018 - created owner-only before any stage writes into it
+    if status[stage] == "done" and not force:
+        print(f"[{stage}] up to date (fingerprint {fps[stage]}), skipped", file=sys.stderr)
+        return record
+    if status[stage] == "interrupted" and not force:
+        print(f"[{stage}] resuming an interrupted run", file=sys.stderr)
+    else:
+        _clean(run, stage)
+    # A stage recomputed invalidates its downstream records (their fingerprints still match).
+    for later in STAGES[STAGES.index(stage) + 1 :]:
+        if later_reads(later, stage):
+            path = run.record_path(later)
+            if path.is_file():
+                stale = json.loads(path.read_text())
+                stale["status"] = "stale-upstream"
+                run.write_record(later, stale)
+    started = time.time()
+    run.write_record(
+        stage, {"stage": stage, "fingerprint": fps[stage], "status": "running", "started": started}
+    )
+    _reset_peak_memory()
+    function: Callable[[StageContext], dict] = STAGE_FUNCTIONS[stage]
+    summary = function(StageContext(config, run, progress))
+    record = {
+        "stage": stage,
+        "fingerprint": fps[stage],
+        "status": "done",
+        "started": started,
+        "seconds": round(time.time() - started, 2),
+        "peak_memory_bytes": _peak_memory_bytes(),
+        "summary": _jsonable(summary),
+    }
+    run.write_record(stage, record)
+    return record
+
+
+def later_reads(later: str, stage: str) -> bool:
+    """Whether `later` reads `stage`'s outputs, directly or through other stages."""
+    return stage in UPSTREAM[later] or any(later_reads(u, stage) for u in UPSTREAM[later])
+
+
+def run_pipeline(
+    config: PipelineConfig,
+    out: str | Path | None = None,
+    *,
+    start: str | None = None,
+    progress: bool = True,
+) -> RunFolder:
+    """Runs every stage that is not done under `config`, in order; returns the run folder.
+
+    Args:
+      config: the job's config.
+      out: the run folder (default `config.out`).
+      start: recompute this stage and every stage after it (`--from`); the stages before it
+        must be done under this config.
+      progress: show progress bars.
+    """
+    run = RunFolder(Path(out or config.out))
+    run.root.mkdir(parents=True, exist_ok=True)
+    if start is not None and start not in STAGES:
+        raise ValueError(f"unknown stage {start!r}; stages: {', '.join(STAGES)}")
+    first = STAGES.index(start) if start else 0
+    for stage in STAGES[first:]:
+        run_stage(stage, config, run, force=start is not None, progress=progress)
+    return run

@@ -1,0 +1,222 @@
+"""The main job's stages: each reads the previous stages' folders and returns a public summary.
+
+Summaries hold counts, epsilons, metrics and timings only: never a private query or
+document, never a training loss (computed on private data and not DP). The stage records and
+the report read them.
+
+Privacy:
+  Privacy unit of the pairs: one (document, query) pair of the train split (add/remove-one);
+  documents are public, queries private. The generate stage is the only release computed from
+  the private pairs and is charged to the run's ledger before training starts; the encoder,
+  the index and the synthetic queries are post-processing of it. The rag stage answers over
+  a second private collection (one record = one unit), each answer charged before noise is
+  drawn. The evaluate stage and the real-data upper bound read held-out or train real
+  queries: their figures are not DP and are shown to the operator only (the report says so).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from synthgen.pipeline.retrieval_stages import evaluate_stage, index_stage, train_stage
+from synthgen.pipeline.runner import StageContext
+
+PAIRS_DATASET = "train-pairs"
+
+
+def _write_jsonl(path: Path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def data_stage(ctx: StageContext) -> dict:
+    """Loads the wiki pairs and splits them by document (a public, seeded split).
+
+    Writes the public corpus to `data/corpus.jsonl` and the private train pairs and held-out
+    real queries to `private/data/`.
+    """
+    from synthgen import corpora
+
+    cfg = ctx.config.data
+    wiki = corpora.load_wiki_summaries(cfg.source, limit=cfg.num_documents)
+    train, test = corpora.split_by_document(
+        wiki, test_fraction=cfg.test_fraction, seed=ctx.config.seed
+    )
+    root, private = ctx.run.root, ctx.run.private
+    _write_jsonl(
+        root / "data" / "corpus.jsonl",
+        ({"doc_id": r["doc_id"], "text": r["document"], "title": r["title"]} for r in wiki),
+    )
+    _write_jsonl(
+        private / "data" / "train_pairs.jsonl",
+        ({"doc_id": r["doc_id"], "document": r["document"], "query": r["query"]} for r in train),
+    )
+    _write_jsonl(
+        private / "data" / "test_queries.jsonl",
+        ({"doc_id": r["doc_id"], "query": r["query"]} for r in test),
+    )
+    ctx.log("data", f"{len(wiki)} documents: {len(train)} train pairs, {len(test)} held out")
+    return {"documents": len(wiki), "train_pairs": len(train), "test_queries": len(test)}
+
+
+def _pairs_scope(ctx: StageContext, n: int, relation: str, delta: float):
+    """The ledger and the private pairs' scope (opened on first use; its cap governs)."""
+    from synthgen.privacy.ledger import PrivacyLedger, Scope
+
+    privacy = ctx.config.privacy
+    ledger = PrivacyLedger(ctx.run.ledger)
+    ledger.ensure_scope(
+        Scope(privacy.tenant, PAIRS_DATASET, privacy.epsilon_cap, delta, relation=relation)
+    )
+    return ledger, (privacy.tenant, PAIRS_DATASET)
+
+
+def generate_stage(ctx: StageContext) -> dict:
+    """DP synthetic queries for the train documents (fine-tuned or few-shot generator)."""
+    import datasets
+
+    cfg = ctx.config.generate
+    pairs = read_jsonl(ctx.run.private / "data" / "train_pairs.jsonl")
+    targets = pairs if cfg.synthetic_documents is None else pairs[: cfg.synthetic_documents]
+    documents = datasets.Dataset.from_list(
+        [{"doc_id": r["doc_id"], "document": r["document"]} for r in targets]
+    )
+    if cfg.kind == "querygen":
+        summary = _querygen(ctx, pairs, documents)
+    else:
+        summary = _fewshot(ctx, pairs, documents)
+    rows = read_jsonl(ctx.run.root / "synthetic" / "queries.jsonl")
+    summary.update(
+        kind=cfg.kind,
+        private_pairs=len(pairs),
+        synthetic_documents=len(documents),
+        synthetic_queries=sum(1 for r in rows if r["query"].strip()),
+        empty_queries=sum(1 for r in rows if not r["query"].strip()),
+    )
+    return summary
+
+
+def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
+    import datasets
+
+    from synthgen import dp_train, querygen
+
+    n = len(pairs)
+    delta = ctx.config.privacy.delta or 1 / (2 * n)
+    config = ctx.config.generate.querygen.replace(dp_delta=delta)
+    plan = dp_train.plan_privacy(config.dp, n)
+    ledger, scope = _pairs_scope(ctx, n, plan.relation, delta)
+    ctx.log(
+        "generate",
+        f"DP fine-tuning {config.base} ({config.family}, LoRA rank {config.lora_rank}) on {n} "
+        f"private pairs: epsilon={plan.epsilon:.3f} delta={plan.delta:.2e} "
+        f"sigma={plan.noise_multiplier:.3f} steps={plan.steps}",
+    )
+    train = datasets.Dataset.from_list(pairs)
+    result = querygen.train_generator(
+        config,
+        train,
+        ctx.run.root / "generator",
+        ledger=ledger,
+        ledger_scope=scope,
+        work_dir=ctx.run.private / "work" / "generate",
+        progress=ctx.progress,
+        plan=plan,
+    )
+    querygen.generate_queries(
+        ctx.run.root / "generator", documents, ctx.run.root / "synthetic", progress=ctx.progress
+    )
+    return {
+        "generator": f"DP fine-tuned {config.base} ({config.family})",
+        "epsilon": plan.epsilon,
+        "delta": plan.delta,
+        "noise_multiplier": plan.noise_multiplier,
+        "sampling_rate": plan.sampling_rate,
+        "steps": plan.steps,
+        "steps_run": result.steps_run,
+        "accountant": plan.accountant,
+        "relation": plan.relation,
+        "train_seconds": result.seconds,
+    }
+
+
+def _fewshot(ctx: StageContext, pairs: list[dict], documents) -> dict:
+    from synthgen import fewshot
+    from synthgen.lm_backends import FlaxLM
+    from synthgen.privacy import secure_rng
+
+    cfg = ctx.config.generate
+    private = [{"document": r["document"], "query": r["query"]} for r in pairs]
+    targets = [
+        {"doc_id": d, "document": t} for d, t in zip(documents["doc_id"], documents["document"])
+    ]
+    plan = fewshot.plan_for(private, targets, fewshot.QUERY_TEMPLATE, cfg.fewshot)
+    delta = max(ctx.config.privacy.delta or 0.0, plan.delta)
+    ledger, scope = _pairs_scope(ctx, len(pairs), fewshot.RELATION, delta)
+    ctx.log(
+        "generate",
+        f"DP few-shot queries with {cfg.fewshot_model}: epsilon={plan.epsilon:.3f} "
+        f"delta={plan.delta:.2e} over {len(targets)} documents",
+    )
+    lm = FlaxLM.load(cfg.fewshot_model)
+    result = fewshot.generate(
+        lm,
+        private,
+        targets,
+        fewshot.QUERY_TEMPLATE,
+        cfg.fewshot,
+        rng=secure_rng(),
+        ledger=ledger,
+        ledger_scope=scope,
+        plan=plan,
+    )
+    fewshot.write_output(
+        str(ctx.run.root / "synthetic"),
+        {
+            "doc_id": [t["doc_id"] for t in targets],
+            "document": [t["document"] for t in targets],
+            "query": [text.strip().split("\n")[0] for text in result.texts],
+        },
+        result,
+        cfg.fewshot,
+        model=cfg.fewshot_model,
+        template=fewshot.QUERY_TEMPLATE,
+        name="queries",
+    )
+    return {
+        "generator": f"DP few-shot {cfg.fewshot_model}",
+        "epsilon": plan.epsilon,
+        "delta": plan.delta,
+        "accountant": "pld",
+        "relation": fewshot.RELATION,
+    }
+
+
+def rag_stage(ctx: StageContext) -> dict:
+    from synthgen.pipeline.rag_stage import answer_questions
+
+    return answer_questions(ctx)
+
+
+def report_stage(ctx: StageContext) -> dict:
+    from synthgen.pipeline.report import write_report
+
+    return write_report(ctx)
+
+
+STAGE_FUNCTIONS = {
+    "data": data_stage,
+    "generate": generate_stage,
+    "train": train_stage,
+    "evaluate": evaluate_stage,
+    "index": index_stage,
+    "rag": rag_stage,
+    "report": report_stage,
+}

@@ -1,0 +1,149 @@
+"""Stage bookkeeping of the main job: skip, resume, invalidate exactly downstream."""
+
+import dataclasses
+import json
+import stat
+
+import pytest
+
+from synthgen.dp_train import DPConfig
+from synthgen.pipeline import (
+    STAGES,
+    GenerateConfig,
+    IndexConfig,
+    PipelineConfig,
+    RunFolder,
+    StageNotReadyError,
+    fingerprints,
+    load_pipeline_config,
+    run_pipeline,
+    run_stage,
+    stage_status,
+)
+from synthgen.pipeline import stages as stages_module
+from synthgen.querygen import GeneratorConfig
+
+
+def _config(**changes) -> PipelineConfig:
+    generator = GeneratorConfig(family="llama", base="random:tiny", dp=DPConfig(batch_size=8))
+    base = PipelineConfig(generate=GenerateConfig(querygen=generator))
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Replaces every stage function with one that records its call (no compute)."""
+    seen = []
+
+    def fake(name):
+        def stage(ctx):
+            seen.append(name)
+            if ctx.config.name == f"fail-{name}":
+                raise KeyboardInterrupt
+            return {"stage": name}
+
+        return stage
+
+    monkeypatch.setattr(stages_module, "STAGE_FUNCTIONS", {s: fake(s) for s in STAGES})
+    return seen
+
+
+def test_runs_all_then_skips(tmp_path, calls):
+    config = _config()
+    run_pipeline(config, tmp_path)
+    assert calls == list(STAGES)
+    assert set(stage_status(config, RunFolder(tmp_path)).values()) == {"done"}
+    record = RunFolder(tmp_path).record("generate")
+    assert record["seconds"] >= 0 and record["peak_memory_bytes"] > 0
+    calls.clear()
+    run_pipeline(config, tmp_path)
+    assert calls == []
+
+
+def test_changed_section_invalidates_exactly_downstream(tmp_path, calls):
+    run_pipeline(_config(), tmp_path)
+    calls.clear()
+    run_pipeline(_config(index=IndexConfig(kind="exact")), tmp_path)
+    assert calls == ["index", "report"]
+    calls.clear()
+    changed = _config(
+        index=IndexConfig(kind="exact"), data=dataclasses.replace(_config().data, num_documents=500)
+    )
+    assert stage_status(changed, RunFolder(tmp_path)) == {s: "stale" for s in STAGES}
+    run_pipeline(changed, tmp_path)
+    assert calls == list(STAGES)
+
+
+def test_fingerprints_chain():
+    a, b = fingerprints(_config()), fingerprints(_config(index=IndexConfig(kind="exact")))
+    assert [s for s in STAGES if a[s] != b[s]] == ["index", "report"]
+    c = fingerprints(_config(seed=1))
+    assert [s for s in STAGES if a[s] == c[s]] == []  # the seed reaches data, so everything
+
+
+def test_from_recomputes_that_stage_and_later(tmp_path, calls):
+    run_pipeline(_config(), tmp_path)
+    calls.clear()
+    run_pipeline(_config(), tmp_path, start="evaluate")
+    assert calls == ["evaluate", "index", "rag", "report"]
+
+
+def test_single_stage_needs_its_upstream(tmp_path, calls):
+    config, run = _config(), RunFolder(tmp_path)
+    with pytest.raises(StageNotReadyError, match="'data'"):
+        run_stage("generate", config, run)
+    run_stage("data", config, run)
+    run_stage("generate", config, run)
+    assert calls == ["data", "generate"]
+    run_stage("data", config, run, force=True)  # recomputed: generate must run again
+    assert stage_status(config, run)["generate"] == "stale"
+    with pytest.raises(ValueError, match="unknown stage"):
+        run_stage("nope", config, run)
+
+
+def test_interrupted_stage_is_resumed_not_cleaned(tmp_path, calls):
+    run = RunFolder(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        run_pipeline(_config(name="fail-train"), tmp_path)
+    broken = _config(name="fail-train")
+    assert stage_status(broken, run)["train"] == "interrupted"
+    (tmp_path / "encoder").mkdir()
+    (tmp_path / "encoder" / "checkpoint").write_text("partial")
+    calls.clear()
+    run_pipeline(_config(name="fail-train-ok"), tmp_path)  # name only reaches the report
+    assert calls == ["train", "evaluate", "index", "rag", "report"]
+    assert (tmp_path / "encoder" / "checkpoint").read_text() == "partial"  # resumed in place
+
+
+def test_stale_stage_outputs_are_removed(tmp_path, calls):
+    run_pipeline(_config(), tmp_path)
+    (tmp_path / "index").mkdir(exist_ok=True)
+    (tmp_path / "index" / "old").write_text("x")
+    run_pipeline(_config(index=IndexConfig(kind="exact")), tmp_path)
+    assert not (tmp_path / "index" / "old").exists()
+
+
+def test_private_folder_is_owner_only(tmp_path, calls):
+    run_pipeline(_config(), tmp_path)
+    mode = stat.S_IMODE((tmp_path / "private").stat().st_mode)
+    assert mode == 0o700
+    records = [json.loads(p.read_text()) for p in (tmp_path / "stages").glob("*.json")]
+    assert {r["stage"] for r in records} == set(STAGES)
+
+
+def test_config_files_load(tmp_path):
+    for name in ("tiny", "demo", "gpu"):
+        assert isinstance(load_pipeline_config(f"configs/{name}.py"), PipelineConfig)
+    bad = tmp_path / "bad.py"
+    bad.write_text("x = 1\n")
+    with pytest.raises(ValueError, match="get_config"):
+        load_pipeline_config(bad)
+    with pytest.raises(FileNotFoundError):
+        load_pipeline_config(tmp_path / "missing.py")
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="needs its config"):
+        GenerateConfig(kind="fewshot")
+    with pytest.raises(ValueError, match="generate"):
+        PipelineConfig()
