@@ -20,7 +20,7 @@ assets: install
 	$(VENV)/bin/synthgen assets fetch --all
 
 demo: assets
-	$(PY) scripts/demo.py
+	$(VENV)/bin/synthgen pipeline --config configs/demo.py
 
 test: install
 	$(VENV)/bin/synthgen assets fetch wiki-summaries-en chatterbot-corpus-en smollm2-135m-instruct all-minilm-l6-v2

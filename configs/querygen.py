@@ -1,5 +1,9 @@
 """Query-generator presets: tiny (tests), CPU demo, and the paper's GPU/TPU sizes.
 
+A config file loaded by path, not an installed module: `synthgen.config_files.querygen_preset`
+looks a name up in `PRESETS` (`--config NAME`), or in a copy of this file
+(`--config path/to/file.py:NAME`).
+
 Carranza et al. 2023 hyper-parameters (t5_small, t5_base): learning rate 1e-3, clip norm
 0.1, batch 1024, 30 epochs, input 384 / target 128 tokens, delta = 1/(2n), nucleus p = 0.8.
 T5 weights do not ship on PyPI: pass `--base /path/to/hf/t5-small` (config.json +

@@ -18,24 +18,6 @@ from retriever.index import build_searcher
 from retriever.train import DOC_TOWER_DIR
 
 
-def read_corpus(path: str | Path) -> tuple[list[str], list[str]]:
-    """(doc_ids, texts) of a corpus.jsonl; duplicate doc_ids are an error."""
-    from synthgen.corpora import load_jsonl
-
-    ds = load_jsonl(path, required=("doc_id", "text"))
-    doc_ids = [str(d) for d in ds["doc_id"]]
-    if len(set(doc_ids)) != len(doc_ids):
-        raise ValueError(f"{path} repeats doc_ids")
-    return doc_ids, list(ds["text"])
-
-
-def read_queries(path: str | Path) -> list[dict]:
-    """Rows {"query", "doc_id"} of a queries.jsonl."""
-    from synthgen.corpora import load_jsonl
-
-    return load_jsonl(path, required=("query", "doc_id")).to_list()
-
-
 def load_towers(encoder: str | TextEncoder) -> tuple[TextEncoder, TextEncoder]:
     """(query encoder, document encoder): the same unless `encoder` is a trained folder
     with a separate document tower."""

@@ -30,11 +30,11 @@ import math
 import time
 from pathlib import Path
 
-from configs import querygen as querygen_presets
 from retriever.encoders import load_encoder
 from retriever.evaluate import evaluate
 from retriever.train import RetrieverConfig, train_retriever, train_retriever_dp
 from synthgen import corpora, dp_train, querygen
+from synthgen.config_files import querygen_preset
 from synthgen.privacy.ledger import PrivacyLedger, Scope
 
 
@@ -57,7 +57,11 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=2000, help="first N wiki documents")
     parser.add_argument("--epsilons", type=float, nargs="+", default=[3.0, 8.0, 16.0])
     parser.add_argument("--encoder", default="all-minilm-l6-v2")
-    parser.add_argument("--generator", default="smollm2_lora_cpu", help="querygen preset")
+    parser.add_argument(
+        "--generator",
+        default="smollm2_lora_cpu",
+        help="querygen preset: a name in configs/querygen.py or path/to/file.py:NAME",
+    )
     parser.add_argument("--generator-steps", type=int, default=25)
     parser.add_argument("--retriever-epochs", type=float, default=1.0)
     parser.add_argument("--dp-epochs", type=float, default=3.0)
@@ -162,7 +166,7 @@ def main() -> None:
 
         cells.append(_cell(out, f"direct-dp-{eps:g}", direct_dp))
 
-    preset = querygen_presets.get(args.generator)
+    preset = querygen_preset(args.generator)
     gen_epochs = args.generator_steps * preset.dp.batch_size / n
     for eps in [*args.epsilons, math.inf]:
         name = "synthetic-inf" if math.isinf(eps) else f"synthetic-{eps:g}"

@@ -46,3 +46,18 @@ def postgres_url(postgres_server, request):
         postgres_server.start()
     stem = re.sub(r"[^a-z0-9_]+", "_", request.node.name.lower())[:40]
     return postgres_server.create_database(f"t_{stem}_{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Headless Chromium (Debian's `chromium`) driven by playwright; skips with the reason."""
+    import shutil
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.skip("no system Chromium on PATH (apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        yield browser
+        browser.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from retriever.rag.answer import DPRag, RagConfig
@@ -36,15 +35,13 @@ def load_dprag(
       FileNotFoundError: no index in the folder.
       ValueError: the index is not exact or does not match the corpus.
     """
-    from retriever.evaluate import load_towers, read_corpus
-    from retriever.index import load_searcher
+    from retriever.data import read_corpus
+    from retriever.evaluate import load_towers
+    from retriever.index_folder import load_index_searcher, read_index_meta
 
     index, private_corpus = Path(index), Path(private_corpus)
-    meta_path = index / "index.json"
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"no index in {index} (missing index.json)")
-    meta = json.loads(meta_path.read_text())
-    searcher = load_searcher(index / "searcher")
+    meta = read_index_meta(index)
+    searcher = load_index_searcher(index)
     if getattr(searcher, "embeddings", None) is None:
         raise ValueError(
             f"{index} is a {searcher.kind} index; DP retrieval scores every document: build "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,17 @@ class PublicIndex:
     """
 
     def __init__(self, index: str | Path, corpus: str | Path) -> None:
-        from retriever.evaluate import load_towers, read_corpus
-        from retriever.index import load_searcher
+        from retriever.data import read_corpus
+        from retriever.evaluate import load_towers
+        from retriever.index_folder import load_index_searcher, read_index_meta
 
         index = Path(index)
-        meta_path = index / "index.json"
-        if not meta_path.is_file():
-            raise FileNotFoundError(f"no index in {index} (missing index.json)")
-        meta = json.loads(meta_path.read_text())
+        meta = read_index_meta(index)
         self.doc_ids, self.texts = read_corpus(corpus)
         if list(map(str, meta["doc_ids"])) != self.doc_ids:
             raise ValueError(f"{index} was not built from {corpus} (doc_ids differ)")
         self.encoder, _ = load_towers(meta["encoder"])
-        self.searcher = load_searcher(index / "searcher")
+        self.searcher = load_index_searcher(index)
 
     def search(self, question: str, k: int) -> list[dict[str, Any]]:
         """The `k` best public documents for `question`, best first."""

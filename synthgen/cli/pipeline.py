@@ -1,9 +1,9 @@
 """`synthgen pipeline`: the main job, whole or one stage at a time.
 
-    synthgen pipeline --config configs/demo.py                 # every stage not yet done
-    synthgen pipeline --config configs/demo.py --from train    # recompute train and after
-    synthgen pipeline status --config configs/demo.py
-    synthgen pipeline generate --config configs/demo.py        # one stage (and --force)
+synthgen pipeline --config configs/demo.py                 # every stage not yet done
+synthgen pipeline --config configs/demo.py --from train    # recompute train and after
+synthgen pipeline status --config configs/demo.py
+synthgen pipeline generate --config configs/demo.py        # one stage (and --force)
 """
 
 from __future__ import annotations

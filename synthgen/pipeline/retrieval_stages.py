@@ -10,6 +10,7 @@ Privacy:
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import numpy as np
@@ -49,6 +50,8 @@ def train_stage(ctx: StageContext) -> dict:
         out_dir=ctx.run.root / "encoder",
         progress=ctx.progress,
     )
+    # The release holds the trained towers only; the checkpoints were resume state.
+    shutil.rmtree(ctx.run.root / "encoder" / "checkpoints", ignore_errors=True)
     provenance = {
         "trained_on": "DP synthetic queries (run folder synthetic/)",
         "guarantee": "post-processing of an (epsilon, delta)-DP release",
@@ -137,6 +140,7 @@ def index_stage(ctx: StageContext) -> dict:
     measures its recall@k against exact search and its speed on the held-out queries."""
     from retriever.evaluate import load_towers
     from retriever.index import build_searcher
+    from retriever.index_folder import save_index_folder
 
     cfg = ctx.config.index
     doc_ids, texts = _corpus(ctx)
@@ -149,13 +153,8 @@ def index_stage(ctx: StageContext) -> dict:
     start = time.time()
     searcher = build_searcher(embeddings, kind=cfg.kind)
     build_seconds = time.time() - start
-    out = ctx.run.root / "index"
-    out.mkdir(parents=True, exist_ok=True)
-    searcher.save(out / "searcher")
-    (out / "index.json").write_text(
-        json.dumps(
-            {"encoder": str(encoder_dir.resolve()), "doc_ids": doc_ids, "kind": searcher.kind}
-        )
+    save_index_folder(
+        ctx.run.root / "index", searcher, encoder=str(encoder_dir.resolve()), doc_ids=doc_ids
     )
     # Recall of the index against the exact oracle, on the held-out query texts' embeddings
     # (a property of the index, not of the queries: no figure about a query is reported).

@@ -141,6 +141,7 @@ def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
         "sampling_rate": plan.sampling_rate,
         "steps": plan.steps,
         "steps_run": result.steps_run,
+        "resumed_from_step": result.resumed_from,
         "accountant": plan.accountant,
         "relation": plan.relation,
         "train_seconds": result.seconds,

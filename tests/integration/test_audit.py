@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from configs import querygen as presets
 from synthgen import corpora
 from synthgen.audit import auditor, canaries, querygen_audit, report
+from synthgen.config_files import querygen_preset
 
 REFERENCES = 30
 MAX_EXPOSURE = math.log2(REFERENCES)
@@ -20,7 +20,7 @@ MAX_EXPOSURE = math.log2(REFERENCES)
 def audited(tmp_path_factory):
     root = tmp_path_factory.mktemp("audit")
     pairs = corpora.load_wiki_summaries(limit=150)
-    config = presets.get("tiny_llama").replace(
+    config = querygen_preset("tiny_llama").replace(
         target_len=32, dp_epochs=20, dp_batch_size=32, dp_learning_rate=1e-2
     )
     spec = canaries.CanarySpec(
@@ -142,7 +142,7 @@ def test_work_folder_inside_the_report_is_refused(tmp_path):
     spec = canaries.CanarySpec(kinds=("secret",), repetitions=(1,), per_cell=2)
     with pytest.raises(ValueError, match="overlap"):
         querygen_audit.run_querygen_audit(
-            presets.get("tiny_llama"),
+            querygen_preset("tiny_llama"),
             corpora.load_wiki_summaries(limit=40),
             tmp_path / "report",
             epsilons=(1.0,),

@@ -10,8 +10,8 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 
-from configs import querygen as presets
 from synthgen import corpora, querygen
+from synthgen.config_files import querygen_preset
 from synthgen.privacy.ledger import PrivacyLedger, Scope
 
 N_TRAIN = 300
@@ -37,7 +37,7 @@ def _dp_accounting_epsilon(privacy):
 @pytest.mark.parametrize("preset", ["tiny_t5", "tiny_llama"])
 def test_train_then_generate(preset, wiki, tmp_path):
     train, held_out = wiki
-    config = presets.get(preset).replace(dp_seed=0, queries_per_doc=2)
+    config = querygen_preset(preset).replace(dp_seed=0, queries_per_doc=2)
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
     ledger.open_scope(Scope("t", "wiki", 8.0, 1 / (2 * N_TRAIN)))
     result = querygen.train_generator(
@@ -69,7 +69,7 @@ def test_train_then_generate(preset, wiki, tmp_path):
 
 def test_bad_input_fails_before_compute(wiki, tmp_path):
     train, _ = wiki
-    config = presets.get("tiny_t5")
+    config = querygen_preset("tiny_t5")
     with pytest.raises(ValueError, match="empty"):
         querygen.train_generator(config, train.select([]), tmp_path)
     with pytest.raises(ValueError, match="lacks field"):
@@ -96,7 +96,7 @@ def _lora_leaves(params):
 @pytest.mark.parametrize("preset", ["tiny_t5", "tiny_llama"])
 def test_lora_fine_tuning_moves_only_the_adapters(preset, wiki, tmp_path):
     train, held_out = wiki
-    config = presets.get(preset).replace(
+    config = querygen_preset(preset).replace(
         lora_rank=4, dp_seed=0, dp_epochs=1, dp_target_epsilon=None, dp_noise_multiplier=0.8
     )
     family, base = querygen.load_base(
@@ -122,7 +122,7 @@ def test_lora_fine_tuning_moves_only_the_adapters(preset, wiki, tmp_path):
 @pytest.mark.slow
 def test_smollm2_lora_saves_adapters_and_reloads_from_the_asset(wiki, tmp_path):
     train, held_out = wiki
-    config = presets.get("smollm2_lora_cpu").replace(
+    config = querygen_preset("smollm2_lora_cpu").replace(
         input_len=48,
         target_len=8,
         max_new_tokens=6,

@@ -1,6 +1,8 @@
-"""Plain-format export of the wiki corpus."""
+"""The plain formats: export of the wiki corpus, and reading corpora, queries and pairs."""
 
 import json
+
+import pytest
 
 from retriever import data
 
@@ -34,3 +36,49 @@ def test_generator_split_is_the_retriever_split(tmp_path):
     train_ids = set(corpora.select_split(ds, "train")["doc_id"])
     assert train_ids.isdisjoint(q["doc_id"] for q in test)
     assert len(train_ids) + len(test) == 120
+
+
+def _write(path, rows):
+    data.write_jsonl(path, rows)
+    return path
+
+
+def test_read_pairs_of_a_generator_output_needs_no_corpus(tmp_path):
+    pairs = _write(
+        tmp_path / "queries.jsonl",
+        [
+            {"doc_id": 7, "document": "seven", "query": "q7"},
+            {"doc_id": 11, "document": "eleven", "query": "q11"},
+            {"doc_id": 9, "document": "nine", "query": "q9"},
+        ],
+    )
+    assert data.read_pairs(pairs) == (
+        ["q7", "q11", "q9"],
+        ["seven", "eleven", "nine"],
+        ["7", "11", "9"],
+    )
+    assert data.read_pairs(pairs, limit=2) == (["q7", "q11"], ["seven", "eleven"], ["7", "11"])
+
+
+def test_read_pairs_joins_plain_queries_with_the_corpus(tmp_path):
+    corpus = _write(
+        tmp_path / "corpus.jsonl",
+        [{"doc_id": "a", "text": "alpha"}, {"doc_id": "b", "text": "beta"}],
+    )
+    plain = _write(
+        tmp_path / "train.jsonl", [{"query": "qb", "doc_id": "b"}, {"query": "qa", "doc_id": "a"}]
+    )
+    assert data.read_pairs(plain, corpus) == (["qb", "qa"], ["beta", "alpha"], ["b", "a"])
+    with pytest.raises(ValueError, match="no document field: pass --corpus"):
+        data.read_pairs(plain)
+    stray = _write(tmp_path / "stray.jsonl", [{"query": "qz", "doc_id": "z"}])
+    with pytest.raises(ValueError, match="1 pairs name a doc_id that is not in"):
+        data.read_pairs(stray, corpus)
+
+
+def test_read_corpus_refuses_repeated_doc_ids(tmp_path):
+    corpus = _write(
+        tmp_path / "corpus.jsonl", [{"doc_id": 1, "text": "a"}, {"doc_id": 1, "text": "b"}]
+    )
+    with pytest.raises(ValueError, match="repeats doc_ids"):
+        data.read_corpus(corpus)

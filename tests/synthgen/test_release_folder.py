@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from configs import querygen as presets
 from synthgen import corpora, querygen
+from synthgen.config_files import querygen_preset
 from synthgen.paths import default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger, Scope
 
@@ -43,7 +43,7 @@ def test_a_finished_run_releases_no_secret_and_generates_from_the_release_alone(
 ):
     wiki = corpora.load_wiki_summaries(limit=N + 3)
     train, held_out = wiki.select(range(N)), wiki.select(range(N, N + 3))
-    config = presets.get("tiny_t5").replace(dp_seed=SEED, dp_epochs=1, dp_batch_size=16)
+    config = querygen_preset("tiny_t5").replace(dp_seed=SEED, dp_epochs=1, dp_batch_size=16)
     ledger = PrivacyLedger(tmp_path / "private" / "ledger.sqlite")
     ledger.open_scope(Scope("t", "wiki", 8.0, 1 / (2 * N)))
     release, work = tmp_path / "gen", tmp_path / "private" / "work" / "gen"
@@ -80,7 +80,7 @@ def test_a_finished_run_releases_no_secret_and_generates_from_the_release_alone(
 @pytest.mark.slow
 def test_keep_work_keeps_the_work_folder_outside_the_release(tmp_path):
     wiki = corpora.load_wiki_summaries(limit=N)
-    config = presets.get("tiny_t5").replace(
+    config = querygen_preset("tiny_t5").replace(
         dp_seed=1, dp_epochs=0.2, dp_batch_size=16, dp_target_epsilon=None, dp_noise_multiplier=1
     )
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")

@@ -204,7 +204,7 @@ def test_answer_is_correct_on_a_world(world):
 
 
 def test_writers_use_the_project_formats(world, tmp_path):
-    from retriever.evaluate import read_corpus
+    from retriever.data import read_corpus
 
     medical.write_corpus(world, tmp_path / "corpus.jsonl")
     doc_ids, texts = read_corpus(tmp_path / "corpus.jsonl")

@@ -2,7 +2,6 @@
 the Ask button disabled once the budget cannot pay for another answer."""
 
 import re
-import shutil
 
 import pytest
 
@@ -13,18 +12,6 @@ CAP = 2.5  # two answers at the service's epsilon 1.0 (PLD: 1.94), not three (2.
 COLLECTION_CAP = 5.0
 WAIT_MS = 60_000  # every wait in the browser is bounded by this
 REMAINING = re.compile(r"remaining ε (\S+) of (\S+) \(δ cap \S+, (\d+) charges\)")
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.skip("no system Chromium on PATH (apt-get install chromium)")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

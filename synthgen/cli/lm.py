@@ -7,7 +7,6 @@ import sys
 import time
 from typing import Annotated
 
-import jax
 import typer
 
 lm_app = typer.Typer(
@@ -35,6 +34,8 @@ def generate(
     stats: Annotated[bool, typer.Option(help="print timing to stderr")] = False,
 ) -> None:
     """Generate a continuation of --prompt or an answer to --chat and print it."""
+    import jax
+
     from synthgen.models.decoding import complete
     from synthgen.models.llama_loading import load_llama
     from synthgen.models.sampling import SamplingConfig

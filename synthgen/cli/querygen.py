@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -10,16 +9,12 @@ from typing import Annotated
 
 import typer
 
+from synthgen.cli.common import PresetOption, SplitOption
 from synthgen.paths import default_ledger_path, default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger, Scope
 
 # jax, flax and datasets are imported inside the commands so that `synthgen --help` and
 # the calculators start fast.
-
-
-SplitOption = Annotated[
-    str, typer.Option(help="wiki corpus only: all | train | test (split by document)")
-]
 
 
 def train_generator(
@@ -30,7 +25,7 @@ def train_generator(
         Path,
         typer.Option(help="release folder: weights, configs, tokenizer, privacy metadata"),
     ],
-    config: Annotated[str, typer.Option(help="preset in configs/querygen.py")] = "tiny_t5",
+    config: PresetOption = "tiny_t5",
     base: Annotated[
         str | None, typer.Option(help="override the base model (asset or path)")
     ] = None,
@@ -71,10 +66,10 @@ def train_generator(
     summary states the guarantee only: the training loss and timings are statistics of the
     private data (not DP) and are never printed or released.
     """
-    from configs import querygen as presets
     from synthgen import corpora, querygen
+    from synthgen.config_files import querygen_preset
 
-    cfg = presets.get(config)
+    cfg = querygen_preset(config)
     changes: dict = {}
     if base is not None:
         changes["base"] = base
@@ -160,11 +155,3 @@ def generate_queries(
             }
         )
     )
-
-
-def presets_list() -> None:
-    """List the query-generator presets."""
-    from configs import querygen as presets
-
-    for name, cfg in presets.PRESETS.items():
-        print(name, json.dumps(dataclasses.asdict(cfg), default=str))

@@ -16,9 +16,9 @@ from typing import Annotated
 
 import typer
 
+from synthgen.cli.common import SplitOption
 from synthgen.paths import default_ledger_path
 from synthgen.privacy.ledger import PrivacyLedger, Scope
-from synthgen.querygen_cli import SplitOption
 
 PoolSizeOption = Annotated[
     int,

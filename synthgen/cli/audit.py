@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from synthgen.cli.common import PresetOption
+
 audit_app = typer.Typer(
     help="Empirical privacy audits: canaries, exposure, membership, epsilon lower bounds.",
     no_args_is_help=True,
@@ -31,7 +33,7 @@ def audit_run(
     pairs: Annotated[
         str, typer.Option(help="private pairs: JSONL with document/query, or wiki-summaries-en")
     ] = "wiki-summaries-en",
-    config: Annotated[str, typer.Option(help="preset in configs/querygen.py")] = "tiny_llama",
+    config: PresetOption = "tiny_llama",
     epsilon: Annotated[
         str, typer.Option(help="comma-separated epsilons; inf = non-private run")
     ] = "inf,16,8,3",
@@ -71,9 +73,9 @@ def audit_run(
     folder gets aggregate figures only; the canary record, the models and the per-canary
     scores stay in the private --work-dir. Re-running the same command resumes.
     """
-    from configs import querygen as presets
     from synthgen.audit import canaries, querygen_audit
     from synthgen.audit.claims import parse_epsilons
+    from synthgen.config_files import querygen_preset
     from synthgen.corpora import load_rows
     from synthgen.paths import default_work_dir
 
@@ -87,7 +89,7 @@ def audit_run(
         per_cell=counts[0] if len(counts) == 1 else dict(zip(reps, counts, strict=True)),
         references=references,
     )
-    cfg = presets.get(config)
+    cfg = querygen_preset(config)
     changes = {}
     for name, value in (
         ("dp_epochs", epochs),

@@ -1,1 +1,0 @@
-"""Presets (frozen dataclasses): tiny for tests, CPU demo, GPU/TPU sizes, added per stage."""

@@ -1,0 +1,42 @@
+"""`retriever` command line: thin wrappers over the retriever library.
+
+One module per command group (`data`, `index`, `rag`: privacy rag and answer, `service`:
+serve and tenant) or per family of top-level commands (`train`: train, train-dp; `evaluate`).
+Errors go through `synthgen.cli.common.run`: one line on stderr, a non-zero exit code,
+`--debug` for the traceback. jax, flax, scann and datasets are imported inside the commands
+so `--help` starts fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from retriever.cli import evaluate, rag, service, train
+from retriever.cli.data import data_app
+from retriever.cli.index import index_app
+from synthgen.cli.common import run
+
+__all__ = ["app", "main", "run"]
+
+app = typer.Typer(
+    help="Retrieval on DP synthetic data.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(data_app, name="data")
+app.add_typer(index_app, name="index")
+app.add_typer(rag.privacy_app, name="privacy")
+app.command("answer")(rag.answer)
+app.command("serve")(service.serve)
+app.add_typer(service.tenant_app, name="tenant")
+app.command("train")(train.train)
+app.command("train-dp")(train.train_dp)
+app.command("evaluate")(evaluate.evaluate)
+
+
+def main() -> None:
+    """Console script `retriever`."""
+    sys.exit(run(app))

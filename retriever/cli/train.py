@@ -1,0 +1,148 @@
+"""`retriever train` and `retriever train-dp`: thin wrappers over `retriever.train`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def train(
+    pairs: Annotated[Path, typer.Option(help="queries.jsonl (generator output or plain)")],
+    out: Annotated[Path, typer.Option(help="output folder (resumes from its checkpoints)")],
+    encoder: Annotated[str, typer.Option(help="base encoder: asset or folder")] = (
+        "all-minilm-l6-v2"
+    ),
+    corpus: Annotated[Path | None, typer.Option(help="corpus.jsonl for plain pairs")] = None,
+    epochs: Annotated[float, typer.Option()] = 1.0,
+    batch_size: Annotated[int, typer.Option()] = 32,
+    learning_rate: Annotated[float, typer.Option()] = 5e-5,
+    temperature: Annotated[float, typer.Option()] = 0.05,
+    learn_temperature: Annotated[bool, typer.Option()] = False,
+    separate_towers: Annotated[bool, typer.Option()] = False,
+    limit: Annotated[int | None, typer.Option(help="first N pairs only")] = None,
+    seed: Annotated[int, typer.Option(help="data order")] = 0,
+) -> None:
+    """Train a dual encoder with in-batch softmax (non-private: for synthetic pairs)."""
+    from retriever.data import read_pairs
+    from retriever.encoders import load_encoder
+    from retriever.train import RetrieverConfig, train_retriever
+
+    config = RetrieverConfig(
+        batch_size=batch_size,
+        epochs=epochs,
+        learning_rate=learning_rate,
+        temperature=temperature,
+        learn_temperature=learn_temperature,
+        separate_towers=separate_towers,
+        seed=seed,
+    )
+    queries, documents, doc_ids = read_pairs(pairs, corpus, limit)
+    result = train_retriever(
+        load_encoder(encoder), queries, documents, config, doc_ids=doc_ids, out_dir=out
+    )
+    print(
+        json.dumps(
+            {
+                "out": str(out),
+                "steps": result.steps_run,
+                "pairs_per_second": round(result.pairs_per_second, 2),
+                "seconds": round(result.seconds, 1),
+            }
+        )
+    )
+
+
+def train_dp(
+    queries: Annotated[Path, typer.Option(help="private queries.jsonl (query, doc_id)")],
+    corpus: Annotated[Path, typer.Option(help="public corpus.jsonl")],
+    out: Annotated[Path, typer.Option(help="release folder: towers and privacy metadata")],
+    encoder: Annotated[str, typer.Option(help="base encoder")] = "all-minilm-l6-v2",
+    epsilon: Annotated[float | None, typer.Option(help="target epsilon")] = 8.0,
+    noise_multiplier: Annotated[float | None, typer.Option(help="sigma instead")] = None,
+    delta: Annotated[float | None, typer.Option(help="default 1/(2n)")] = None,
+    epochs: Annotated[float, typer.Option()] = 1.0,
+    batch_size: Annotated[int, typer.Option(help="expected batch size")] = 64,
+    clip_norm: Annotated[float, typer.Option()] = 1.0,
+    learning_rate: Annotated[float, typer.Option()] = 1e-3,
+    ledger: Annotated[
+        str | None, typer.Option(help="ledger: file, sqlite:///... or postgresql://...")
+    ] = None,
+    tenant: Annotated[str, typer.Option()] = "default",
+    dataset: Annotated[str | None, typer.Option(help="default: the queries file name")] = None,
+    seed: Annotated[int | None, typer.Option(help="tests only; default OS entropy")] = None,
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="SECRET work folder: resume state incl. the noise key and sampler state; "
+            "never ship it (default: <ledger folder>/work/<out name>-<hash>)"
+        ),
+    ] = None,
+    keep_work: Annotated[
+        bool, typer.Option(help="keep the secret work folder after a finished run")
+    ] = False,
+) -> None:
+    """Direct-DP baseline: DP-Adafactor on real pairs (frozen public document tower).
+
+    The release folder --out gets the towers only; the resume state (noise key, sampler
+    state, optimizer) stays in the secret --work-dir, which is deleted after a finished run
+    (unless --keep-work) and resumed from when the same command is run again.
+    """
+    from retriever.data import read_corpus, read_queries
+    from retriever.encoders import load_encoder
+    from retriever.train import RetrieverConfig, train_retriever_dp
+    from synthgen import dp_train
+    from synthgen.paths import default_ledger_path, default_work_dir
+    from synthgen.privacy.ledger import PrivacyLedger, Scope
+
+    if noise_multiplier is not None:
+        epsilon = None
+    dp_config = dp_train.DPConfig(
+        batch_size=batch_size,
+        epochs=epochs,
+        clip_norm=clip_norm,
+        learning_rate=learning_rate,
+        target_epsilon=epsilon,
+        noise_multiplier=noise_multiplier,
+        delta=delta,
+        physical_batch=16,
+        microbatch=8,
+        seed=seed,
+    )
+    rows = read_queries(queries)
+    doc_ids, texts = read_corpus(corpus)
+    row_of = {d: i for i, d in enumerate(doc_ids)}
+    missing = sum(1 for r in rows if str(r["doc_id"]) not in row_of)
+    if missing:
+        raise ValueError(f"{missing} queries name a doc_id that is not in {corpus}")
+    plan = dp_train.plan_privacy(dp_config, len(rows))
+    book = PrivacyLedger(ledger or default_ledger_path())
+    scope = (tenant, dataset or queries.stem)
+    book.ensure_scope(Scope(*scope, plan.epsilon, plan.delta, relation=plan.relation))
+    work = work_dir if work_dir is not None else default_work_dir(out, book.path)
+    result = train_retriever_dp(
+        load_encoder(encoder),
+        [r["query"] for r in rows],
+        [row_of[str(r["doc_id"])] for r in rows],
+        texts,
+        RetrieverConfig(),
+        dp_config,
+        out_dir=out,
+        ledger=book,
+        ledger_scope=scope,
+        work_dir=work,
+        keep_work=keep_work,
+        plan=plan,
+    )
+    summary = {
+        "out": str(out),
+        "steps": result.steps_run,
+        "epsilon": plan.epsilon,
+        "delta": plan.delta,
+        "noise_multiplier": plan.noise_multiplier,
+    }
+    if work.exists():
+        summary["work_dir"] = str(work)  # secret: kept, or an unfinished run to resume
+    print(json.dumps(summary))

@@ -1,0 +1,48 @@
+"""`synthgen` command line: thin wrappers that parse arguments and call one library function.
+
+One module per command group (`assets`, `privacy`, `ledger`, `lm`, `audit`) or per family of
+top-level commands (`querygen`: train-generator, generate-queries; `fewshot`: generate-docs,
+generate-queries-fewshot); `common` holds the error wrapper `run` and the option types the
+command lines share. Every error is one line on stderr and a non-zero exit code; `--debug`
+shows the traceback. jax, flax and datasets are imported inside the commands so that
+`synthgen --help` and the calculators start fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from synthgen.cli import fewshot, querygen
+from synthgen.cli.assets import assets_app
+from synthgen.cli.audit import audit_app
+from synthgen.cli.common import USER_ERRORS, run
+from synthgen.cli.ledger import ledger_app
+from synthgen.cli.lm import lm_app
+from synthgen.cli.pipeline import pipeline_app
+from synthgen.cli.privacy import privacy_app
+
+__all__ = ["USER_ERRORS", "app", "main", "run"]
+
+app = typer.Typer(
+    help="DP synthetic data: assets, privacy accounting, budget ledger.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(assets_app, name="assets")
+app.add_typer(privacy_app, name="privacy")
+app.add_typer(ledger_app, name="ledger")
+app.add_typer(lm_app, name="lm")
+app.add_typer(audit_app, name="audit")
+app.add_typer(pipeline_app, name="pipeline")
+app.command("train-generator")(querygen.train_generator)
+app.command("generate-queries")(querygen.generate_queries)
+app.command("generate-docs")(fewshot.generate_docs)
+app.command("generate-queries-fewshot")(fewshot.generate_queries_fewshot)
+
+
+def main() -> None:
+    """Console script `synthgen`."""
+    sys.exit(run(app))

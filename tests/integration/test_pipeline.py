@@ -1,0 +1,157 @@
+"""The main job end to end at tiny size: interrupted mid-generation, resumed by the CLI,
+re-run as a no-op, a changed section recomputing only its downstream stages, and the report
+checked in headless Chromium."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from synthgen import querygen
+from synthgen.pipeline import STAGES, RunFolder, load_pipeline_config, run_pipeline, stage_status
+from synthgen.privacy import PrivacyLedger
+from tests.synthgen.release_audit import assert_clean_release, record_randomness
+
+pytestmark = pytest.mark.slow
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.py"
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "synthgen.cli", "pipeline", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def _started(run: Path) -> dict:
+    return {s: json.loads((run / "stages" / f"{s}.json").read_text())["started"] for s in STAGES}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """The tiny pipeline, interrupted after 2 DP steps of the generator, then resumed by
+    `synthgen pipeline` in a new process."""
+    run = tmp_path_factory.mktemp("pipeline") / "run"
+    config = load_pipeline_config(CONFIG)
+    original = querygen.train_generator
+    with pytest.MonkeyPatch.context() as patch:
+        seen = record_randomness(patch)
+
+        def interrupted(*args, **kwargs):
+            original(*args, **{**kwargs, "stop_after": 2})
+            raise KeyboardInterrupt  # as if the user pressed Ctrl-C mid-training
+
+        patch.setattr(querygen, "train_generator", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            run_pipeline(config, run, progress=False)
+    state = stage_status(config, RunFolder(run))
+    charges = PrivacyLedger(run / "ledger.sqlite").charges("pipeline", "train-pairs")
+    resumed = _cli("--config", CONFIG, "--out", run, "--no-progress")
+    return run, config, state, charges, resumed, seen
+
+
+def test_interrupted_generation_resumes_without_a_second_charge(tiny_run):
+    run, config, state, charges, resumed, _ = tiny_run
+    assert state["data"] == "done" and state["generate"] == "interrupted"
+    assert [c.stage for c in charges] == ["dp-train"]  # charged before the first step
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming an interrupted run" in resumed.stderr
+    report = (run / "report" / "report.html").resolve()
+    assert resumed.stdout.strip().splitlines()[-1] == f"report: {report}"
+    assert PrivacyLedger(run / "ledger.sqlite").charges("pipeline", "train-pairs") == charges
+    generate = RunFolder(run).summary("generate")
+    assert generate["resumed_from_step"] == 2 and generate["steps_run"] == generate["steps"]
+    assert set(stage_status(config, RunFolder(run)).values()) == {"done"}
+
+
+def test_report_numbers_come_from_the_run(tiny_run):
+    run = tiny_run[0]
+    metrics = json.loads((run / "report" / "metrics.json").read_text())
+    folder = RunFolder(run)
+    assert metrics["evaluation"] == folder.summary("evaluate")
+    assert [r["encoder"] for r in metrics["evaluation"]["rows"]] == [
+        "zero-shot",
+        "DP synthetic",
+        "real (upper bound)",
+    ]
+    assert all(0 <= r["ndcg"] <= 1 and 0 <= r["recall"] <= 1 for r in metrics["evaluation"]["rows"])
+    ledger = PrivacyLedger(run / "ledger.sqlite")
+    by_scope = {s["dataset"]: s for s in metrics["privacy"]}
+    assert set(by_scope) == {"train-pairs", "medical-records"}
+    for name, scope in by_scope.items():
+        spend = ledger.spent("pipeline", name)
+        assert scope["epsilon"] == pytest.approx(spend.epsilon)
+        assert len(scope["charges"]) == spend.num_charges
+    generate = folder.summary("generate")
+    assert by_scope["train-pairs"]["epsilon"] == pytest.approx(generate["epsilon"], rel=1e-6)
+    rag = folder.summary("rag")
+    assert len(by_scope["medical-records"]["charges"]) == 2 * rag["questions"]
+    assert [s["stage"] for s in metrics["stages"]] == [s for s in STAGES if s != "report"]
+    assert all(s["seconds"] > 0 and s["peak_memory_bytes"] > 0 for s in metrics["stages"])
+    for png in ("retrieval.png", "stages.png", "privacy.png"):
+        assert (run / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (run / "report" / "report.html").read_text()
+    assert page.index("Privacy statement") < page.index("Retrieval quality")
+    assert f"{generate['epsilon']:.4f}".rstrip("0") in page
+
+
+def test_released_folders_hold_no_secret_randomness(tiny_run):
+    run, seen = tiny_run[0], tiny_run[5]
+    for folder in ("generator", "synthetic", "encoder", "index", "rag", "data", "report"):
+        assert_clean_release(run / folder, seen)
+    assert not list((run / "private" / "work").rglob("*.npy"))  # deleted after the release
+
+
+def test_rerun_is_a_no_op_and_a_changed_section_recomputes_its_downstream(tiny_run, tmp_path):
+    run = tiny_run[0]
+    before = _started(run)
+    again = _cli("--config", CONFIG, "--out", run, "--no-progress")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert _started(run) == before
+    changed = tmp_path / "tiny_exact.py"
+    changed.write_text(
+        CONFIG.read_text().replace('IndexConfig(kind="scann")', 'IndexConfig(kind="exact")')
+    )
+    status = _cli("status", "--config", changed, "--out", run)
+    assert status.returncode == 0
+    assert "index     stale" in status.stdout and "evaluate  done" in status.stdout
+    single = _cli("index", "--config", changed, "--out", run, "--no-progress")
+    assert single.returncode == 0, single.stderr[-2000:]
+    after = _cli("--config", changed, "--out", run, "--no-progress")
+    assert after.returncode == 0, after.stderr[-2000:]
+    now = _started(run)
+    assert [s for s in STAGES if now[s] != before[s]] == ["index", "report"]
+    assert RunFolder(run).summary("index")["kind"] == "exact"
+    assert dataclasses.is_dataclass(load_pipeline_config(changed))
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    missing = _cli("--config", tmp_path / "nope.py", "--out", tmp_path / "run")
+    assert missing.returncode == 1 and missing.stderr.startswith("error:")
+    assert len(missing.stderr.strip().splitlines()) == 1
+    early = _cli("train", "--config", CONFIG, "--out", tmp_path / "run")
+    assert early.returncode == 1 and "run `synthgen pipeline generate`" in early.stderr
+
+
+def test_report_in_headless_chromium(tiny_run, chromium, tmp_path):
+    run = tiny_run[0]
+    page = chromium.new_page(viewport={"width": 1100, "height": 900})
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto((run / "report" / "report.html").resolve().as_uri())
+    headings = page.locator("h2").all_inner_texts()
+    assert headings[0] == "Privacy statement"
+    assert "Retrieval quality" in headings and "DP-RAG answers" in headings
+    widths = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.naturalWidth)")
+    assert len(widths) == 3 and all(w > 0 for w in widths)
+    shot = tmp_path / "report.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    assert errors == []
+    page.close()
