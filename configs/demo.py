@@ -1,10 +1,10 @@
 """`make demo`: the main job on a laptop (2 CPU cores, under 20 minutes, under 12 GiB).
 
 The first 1,000 `wiki-summaries-en` documents (800 private train pairs, 200 held out);
-SmolLM2-135M-Instruct + LoRA fine-tuned with DP-Adafactor at epsilon = 8 (20 Poisson steps of
-expected batch 32, delta = 1/(2n)); one synthetic query for each of 400 train documents;
+SmolLM2-135M-Instruct + LoRA fine-tuned with DP-Adafactor at epsilon = 8 (15 Poisson steps of
+expected batch 32, delta = 1/(2n)); one synthetic query for each of 320 train documents;
 all-MiniLM-L6-v2 trained on them, next to the zero-shot encoder and the real-data upper
-bound on the same 400 documents; a ScaNN index; three DP-RAG answers (epsilon 5 each) over
+bound on the same 320 documents; a ScaNN index; three DP-RAG answers (epsilon 5 each) over
 a fictional private medical collection.
 
     synthgen pipeline --config configs/demo.py
@@ -23,7 +23,7 @@ from synthgen.pipeline.config import (
 from synthgen.querygen import GeneratorConfig
 
 TRAIN_PAIRS = 800  # 1,000 documents, test_fraction 0.2
-STEPS, BATCH = 20, 32
+STEPS, BATCH = 15, 32
 
 
 def get_config() -> PipelineConfig:
@@ -52,7 +52,7 @@ def get_config() -> PipelineConfig:
         out="runs/demo",
         data=DataConfig(num_documents=1000),
         privacy=PrivacyConfig(epsilon_cap=10.0),
-        generate=GenerateConfig(kind="querygen", querygen=generator, synthetic_documents=400),
+        generate=GenerateConfig(kind="querygen", querygen=generator, synthetic_documents=320),
         encoder=EncoderConfig(batch_size=32, epochs=1.0, max_query_len=32, max_doc_len=64),
         index=IndexConfig(kind="scann"),
         rag=RagStageConfig(questions=3, epsilon=5.0, k=4, max_tokens=8),

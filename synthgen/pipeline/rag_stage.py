@@ -56,8 +56,15 @@ def answer_questions(ctx: StageContext) -> dict:
         dataset=RAG_DATASET,
         config=RagConfig(k=cfg.k, max_tokens=cfg.max_tokens, delta=cfg.delta),
     )
-    answers = []
+    out = ctx.run.root / "rag"
+    out.mkdir(parents=True, exist_ok=True)
+    done_path = out / "answers.json"
+    # Each answer is written as soon as it is released: an interrupted stage resumes after
+    # the last written answer instead of paying for it again.
+    answers = json.loads(done_path.read_text()) if done_path.is_file() else []
     for number, question in enumerate(questions, start=1):
+        if number <= len(answers):
+            continue
         answer = rag.answer(
             question.question, tenant=tenant, epsilon=cfg.epsilon, mechanism=cfg.mechanism
         )
@@ -74,9 +81,9 @@ def answer_questions(ctx: StageContext) -> dict:
                 "mechanism": answer.mechanism,
             }
         )
-    out = ctx.run.root / "rag"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "answers.json").write_text(json.dumps(answers, indent=1, ensure_ascii=False))
+        tmp = done_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(answers, indent=1, ensure_ascii=False))
+        tmp.replace(done_path)
     spend = ledger.spent(tenant, RAG_DATASET)
     return {
         "enabled": True,
