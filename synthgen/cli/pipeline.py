@@ -53,6 +53,11 @@ def pipeline(
 ) -> None:
     """Runs every stage that is not done under this config, then prints the report's path."""
     if ctx.invoked_subcommand is not None:
+        if config is not None or out is not None or from_ is not None:
+            raise typer.BadParameter(
+                f"put --config/--out after the stage name: synthgen pipeline "
+                f"{ctx.invoked_subcommand} --config FILE"
+            )
         return
     from synthgen.pipeline import run_pipeline
 

@@ -201,8 +201,14 @@ class RagStageConfig:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.epsilon_cap) and self.epsilon_cap > 0):
             raise ValueError(f"epsilon_cap must be positive and finite, {self.epsilon_cap=}")
-        if not 0 <= self.delta_cap < 1:
-            raise ValueError(f"delta_cap must be in [0, 1), got {self.delta_cap=}")
+        if not 0 < self.delta_cap < 1 or not 0 < self.delta <= self.delta_cap:
+            raise ValueError(
+                f"need 0 < delta <= delta_cap < 1, got {self.delta=}, {self.delta_cap=}"
+            )
+        if self.mechanism not in ("icl", "vote", "sparse-vote"):
+            raise ValueError(f"mechanism must be icl, vote or sparse-vote, {self.mechanism=}")
+        if self.k < 1 or self.max_tokens < 1:
+            raise ValueError(f"k and max_tokens must be >= 1, got {self.k=}, {self.max_tokens=}")
         if self.questions < 1 or self.num_records < self.num_diseases:
             raise ValueError(f"bad sizes: {self.questions=}, {self.num_records=}")
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):

@@ -23,6 +23,7 @@ def answer_questions(ctx: StageContext) -> dict:
     from retriever.rag import DPRag, RagConfig
     from retriever.rag.medical import MedicalWorldConfig, answer_is_correct, make_world
     from synthgen.lm_backends import FlaxLM
+    from synthgen.pipeline.stages import open_run_scope
     from synthgen.privacy.ledger import PrivacyLedger, Scope
 
     cfg = ctx.config.rag
@@ -41,7 +42,7 @@ def answer_questions(ctx: StageContext) -> dict:
     questions = world.questions()[: cfg.questions]
     tenant = ctx.config.privacy.tenant
     ledger = PrivacyLedger(ctx.run.ledger)
-    ledger.ensure_scope(Scope(tenant, RAG_DATASET, cfg.epsilon_cap, cfg.delta_cap))
+    open_run_scope(ledger, Scope(tenant, RAG_DATASET, cfg.epsilon_cap, cfg.delta_cap))
     question_encoder, doc_encoder = load_towers(str(ctx.run.root / "encoder"))
     texts = [r.text for r in world.records]
     embeddings = doc_encoder.encode(texts, max_len=128, progress=ctx.progress)

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 from synthgen.pipeline.runner import STAGES, StageContext
+from synthgen.work_folder import private_folder
 
 PRIVACY_UNITS = {
     "train-pairs": "one (document, query) pair of the train split; documents public",
@@ -372,8 +373,7 @@ def write_report(ctx: StageContext) -> dict:
     """Writes `report/report.html`, `report/metrics.json` and the PNGs; returns the paths."""
     metrics = collect_metrics(ctx)
     plots = _plots(metrics)
-    out = ctx.run.root / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    out = private_folder(ctx.run.root / "report")  # real queries: operator only
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1, allow_nan=False))
     for name, data in plots.items():
         (out / name).write_bytes(data)

@@ -50,8 +50,6 @@ def train_stage(ctx: StageContext) -> dict:
         out_dir=ctx.run.root / "encoder",
         progress=ctx.progress,
     )
-    # The release holds the trained towers only; the checkpoints were resume state.
-    shutil.rmtree(ctx.run.root / "encoder" / "checkpoints", ignore_errors=True)
     provenance = {
         "trained_on": "DP synthetic queries (run folder synthetic/)",
         "guarantee": "post-processing of an (epsilon, delta)-DP release",
@@ -83,6 +81,9 @@ def train_stage(ctx: StageContext) -> dict:
             progress=ctx.progress,
         )
         summary.update(real_pairs=len(real), real_seconds=upper.seconds)
+    # The release holds the trained towers only; the checkpoints were resume state.
+    shutil.rmtree(ctx.run.root / "encoder" / "checkpoints", ignore_errors=True)
+    shutil.rmtree(ctx.run.private / "real_encoder" / "checkpoints", ignore_errors=True)
     return summary
 
 

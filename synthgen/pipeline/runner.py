@@ -14,8 +14,8 @@ Run folder:
                        states), the non-private upper-bound encoder; never ship it
   data/corpus.jsonl    the public documents
   generator/, synthetic/, encoder/, index/, rag/   the stages' releases
-  stages/<name>.json   stage records
-  report/              report.html, metrics.json, the PNGs
+  stages/<name>.json   stage records (mode 0700: timings and non-DP evaluation figures)
+  report/              report.html, metrics.json, the PNGs (mode 0700: operator only)
 """
 
 from __future__ import annotations
@@ -83,6 +83,15 @@ class RunFolder:
         """The private folder (created with mode 0700)."""
         return private_folder(self.root / "private")
 
+    def check_is_run(self) -> None:
+        """Refuses a non-empty folder that is not a run folder: the runner removes stage
+        outputs by name (data/, index/, ...) and must never touch a user's own folders."""
+        if self.root.is_dir() and any(self.root.iterdir()) and not (self.root / "stages").is_dir():
+            raise ValueError(
+                f"{self.root} is not empty and holds no pipeline run (no stages/ folder): "
+                "choose a new or empty run folder"
+            )
+
     def record_path(self, stage: str) -> Path:
         return self.root / "stages" / f"{stage}.json"
 
@@ -92,7 +101,7 @@ class RunFolder:
 
     def write_record(self, stage: str, record: dict) -> None:
         path = self.record_path(stage)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(path.parent)  # operator only: timings and non-DP evaluation figures
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record, indent=1, allow_nan=False))
         tmp.replace(path)
@@ -196,7 +205,7 @@ def run_stage(
       StageNotReadyError: a stage it reads is not done under this config.
       ValueError: unknown stage.
     """
-    from synthgen.pipeline.stages import STAGE_FUNCTIONS
+    from synthgen.pipeline.stages import PRECHECKS, STAGE_FUNCTIONS
 
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
@@ -207,15 +216,20 @@ def run_stage(
                 f"stage {stage!r} reads {upstream!r}, which is {status[upstream]} under this "
                 f"config: run `synthgen pipeline {upstream}` (or the whole pipeline) first"
             )
+    run.check_is_run()
     record = run.record(stage)
     run.private  # noqa: B018 - created owner-only before any stage writes into it
     if status[stage] == "done" and not force:
         print(f"[{stage}] up to date (fingerprint {fps[stage]}), skipped", file=sys.stderr)
         return record
+    context = StageContext(config, run, progress)
     if status[stage] == "interrupted" and not force:
         print(f"[{stage}] resuming an interrupted run", file=sys.stderr)
     else:
-        _clean(run, stage)
+        if stage in PRECHECKS:
+            PRECHECKS[stage](context)  # refuses before the previous outputs are removed
+        if record is not None:
+            _clean(run, stage)
     # A stage recomputed invalidates its downstream records (their fingerprints still match).
     for later in STAGES[STAGES.index(stage) + 1 :]:
         if later_reads(later, stage):
@@ -230,7 +244,7 @@ def run_stage(
     )
     _reset_peak_memory()
     function: Callable[[StageContext], dict] = STAGE_FUNCTIONS[stage]
-    summary = function(StageContext(config, run, progress))
+    summary = function(context)
     record = {
         "stage": stage,
         "fingerprint": fps[stage],
@@ -266,6 +280,7 @@ def run_pipeline(
       progress: show progress bars.
     """
     run = RunFolder(Path(out or config.out))
+    run.check_is_run()
     run.root.mkdir(parents=True, exist_ok=True)
     if start is not None and start not in STAGES:
         raise ValueError(f"unknown stage {start!r}; stages: {', '.join(STAGES)}")

@@ -66,16 +66,52 @@ def data_stage(ctx: StageContext) -> dict:
     return {"documents": len(wiki), "train_pairs": len(train), "test_queries": len(test)}
 
 
+def open_run_scope(ledger, scope) -> None:
+    """Opens `scope` in the run's ledger, or refuses one stored with other caps: a run's
+    scopes never change under it (a lower cap would not be enforced, a higher one would
+    hide what was already spent)."""
+    try:
+        ledger.open_scope(scope)
+    except ValueError:
+        stored = ledger.get_scope(scope.tenant, scope.dataset)
+        raise ValueError(
+            f"the run's ledger holds scope ({scope.tenant}, {scope.dataset}) with epsilon cap "
+            f"{stored.epsilon_cap:g} and delta {stored.delta_cap:.3g}, but the config asks for "
+            f"{scope.epsilon_cap:g} and {scope.delta_cap:.3g}: restore the config's privacy "
+            "settings or start a new run folder (--out)"
+        ) from None
+
+
 def _pairs_scope(ctx: StageContext, n: int, relation: str, delta: float):
-    """The ledger and the private pairs' scope (opened on first use; its cap governs)."""
+    """The ledger and the private pairs' scope (opened on first use)."""
     from synthgen.privacy.ledger import PrivacyLedger, Scope
 
     privacy = ctx.config.privacy
     ledger = PrivacyLedger(ctx.run.ledger)
-    ledger.ensure_scope(
-        Scope(privacy.tenant, PAIRS_DATASET, privacy.epsilon_cap, delta, relation=relation)
+    open_run_scope(
+        ledger, Scope(privacy.tenant, PAIRS_DATASET, privacy.epsilon_cap, delta, relation=relation)
     )
     return ledger, (privacy.tenant, PAIRS_DATASET)
+
+
+def _querygen_plan(ctx: StageContext, n: int):
+    from synthgen import dp_train
+
+    delta = ctx.config.privacy.delta or 1 / (2 * n)
+    config = ctx.config.generate.querygen.replace(dp_delta=delta)
+    return config, dp_train.plan_privacy(config.dp, n), delta
+
+
+def generate_precheck(ctx: StageContext) -> None:
+    """Refuses a new generate run whose charge would not fit the pairs' scope, before the
+    runner removes the previous release (a refused request changes nothing)."""
+    path = ctx.run.private / "data" / "train_pairs.jsonl"
+    if ctx.config.generate.kind != "querygen" or not path.is_file():
+        return
+    n = len(read_jsonl(path))
+    _, plan, delta = _querygen_plan(ctx, n)
+    ledger, scope = _pairs_scope(ctx, n, plan.relation, delta)
+    ledger.check(*scope, stage="dp-train", event=plan.event, relation=plan.relation)
 
 
 def generate_stage(ctx: StageContext) -> dict:
@@ -104,14 +140,14 @@ def generate_stage(ctx: StageContext) -> dict:
 
 
 def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
+    import shutil
+
     import datasets
 
-    from synthgen import dp_train, querygen
+    from synthgen import querygen
 
     n = len(pairs)
-    delta = ctx.config.privacy.delta or 1 / (2 * n)
-    config = ctx.config.generate.querygen.replace(dp_delta=delta)
-    plan = dp_train.plan_privacy(config.dp, n)
+    config, plan, delta = _querygen_plan(ctx, n)
     ledger, scope = _pairs_scope(ctx, n, plan.relation, delta)
     ctx.log(
         "generate",
@@ -120,19 +156,24 @@ def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
         f"sigma={plan.noise_multiplier:.3f} steps={plan.steps}",
     )
     train = datasets.Dataset.from_list(pairs)
+    work = ctx.run.private / "work" / "generate"
+    # keep_work: the work folder holds the charge's record until the whole stage is done, so
+    # a crash while sampling queries resumes under the same charge instead of paying again.
     result = querygen.train_generator(
         config,
         train,
         ctx.run.root / "generator",
         ledger=ledger,
         ledger_scope=scope,
-        work_dir=ctx.run.private / "work" / "generate",
+        work_dir=work,
+        keep_work=True,
         progress=ctx.progress,
         plan=plan,
     )
     querygen.generate_queries(
         ctx.run.root / "generator", documents, ctx.run.root / "synthetic", progress=ctx.progress
     )
+    shutil.rmtree(work)  # the secret resume state is not needed any more
     return {
         "generator": f"DP fine-tuned {config.base} ({config.family})",
         "epsilon": plan.epsilon,
@@ -144,7 +185,6 @@ def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
         "resumed_from_step": result.resumed_from,
         "accountant": plan.accountant,
         "relation": plan.relation,
-        "train_seconds": result.seconds,
     }
 
 
@@ -211,6 +251,9 @@ def report_stage(ctx: StageContext) -> dict:
 
     return write_report(ctx)
 
+
+# Checks run before a stage's previous outputs are removed (not when resuming).
+PRECHECKS = {"generate": generate_precheck}
 
 STAGE_FUNCTIONS = {
     "data": data_stage,

@@ -51,6 +51,15 @@ def tiny_run(tmp_path_factory):
             run_pipeline(config, run, progress=False)
     state = stage_status(config, RunFolder(run))
     charges = PrivacyLedger(run / "ledger.sqlite").charges("pipeline", "train-pairs")
+    with pytest.MonkeyPatch.context() as patch:  # training done, sampling queries interrupted
+
+        def sampling_interrupted(*args, **kwargs):
+            raise KeyboardInterrupt
+
+        patch.setattr(querygen, "generate_queries", sampling_interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            run_pipeline(config, run, progress=False)
+    assert (run / "private" / "work" / "generate").is_dir()  # the charge's record is kept
     resumed = _cli("--config", CONFIG, "--out", run, "--no-progress")
     return run, config, state, charges, resumed, seen
 
@@ -65,7 +74,8 @@ def test_interrupted_generation_resumes_without_a_second_charge(tiny_run):
     assert resumed.stdout.strip().splitlines()[-1] == f"report: {report}"
     assert PrivacyLedger(run / "ledger.sqlite").charges("pipeline", "train-pairs") == charges
     generate = RunFolder(run).summary("generate")
-    assert generate["resumed_from_step"] == 2 and generate["steps_run"] == generate["steps"]
+    # the last resume found training finished (the second interruption came while sampling)
+    assert generate["resumed_from_step"] == generate["steps_run"] == generate["steps"]
     assert set(stage_status(config, RunFolder(run)).values()) == {"done"}
 
 
@@ -104,7 +114,27 @@ def test_released_folders_hold_no_secret_randomness(tiny_run):
     run, seen = tiny_run[0], tiny_run[5]
     for folder in ("generator", "synthetic", "encoder", "index", "rag", "data", "report"):
         assert_clean_release(run / folder, seen)
-    assert not list((run / "private" / "work").rglob("*.npy"))  # deleted after the release
+    assert not (run / "private" / "work" / "generate").exists()  # deleted after the stage
+    assert not (run / "encoder" / "checkpoints").exists()
+
+
+def test_stage_records_and_index_hold_no_real_query(tiny_run):
+    run = tiny_run[0]
+    private = run / "private" / "data"
+    queries = [
+        json.loads(line)["query"]
+        for name in ("train_pairs.jsonl", "test_queries.jsonl")
+        for line in (private / name).read_text().splitlines()
+    ]
+    queries = [q.encode() for q in queries if len(q) >= 20]
+    assert len(queries) > 50
+    for folder in ("stages", "index", "encoder", "generator"):
+        for path in (run / folder).rglob("*"):
+            if path.is_file():
+                data = path.read_bytes()
+                assert not [q for q in queries if q in data], path
+    for folder in ("private", "stages", "report"):
+        assert (run / folder).stat().st_mode & 0o077 == 0, folder
 
 
 def test_rerun_is_a_no_op_and_a_changed_section_recomputes_its_downstream(tiny_run, tmp_path):

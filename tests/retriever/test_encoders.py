@@ -37,6 +37,11 @@ def tiny_bert():
     return encoders.random_encoder("bert", seed=1, vocab_texts=TEXTS)
 
 
+@pytest.fixture(scope="module")
+def tiny_t5():
+    return encoders.random_encoder("t5", seed=0)
+
+
 def test_minilm_matches_sentence_transformers(minilm):
     # Golden values from scripts/make_minilm_fixture.py (sentence-transformers 6.2, torch 2.13).
     expected = np.load(FIXTURES / "minilm" / "expected.npz")
@@ -75,6 +80,56 @@ def test_batches_that_do_not_divide_n(tiny_bert):
     np.testing.assert_allclose(np.linalg.norm(in_threes, axis=1), 1.0, atol=1e-5)
     assert len(set(np.round(in_threes[:, 0], 6))) == len(TEXTS)  # distinct texts, vectors
     assert tiny_bert.encode([]).shape == (0, tiny_bert.dim)
+
+
+def _mixed_lengths(n=13, seed=3):
+    """Texts of 1 to 80 words (some longer than 64 tokens), in no order of length."""
+    rng = np.random.default_rng(seed)
+    words = " ".join(TEXTS).split()
+    return [" ".join(rng.choice(words, size=int(k))) for k in rng.integers(1, 80, n)]
+
+
+def test_encode_sorts_by_length_and_pads_to_few_buckets(tiny_bert, monkeypatch):
+    texts = _mixed_lengths()
+    full = tiny_bert.tokenize(texts, 64)  # the old path: every text padded to max_len
+    lengths = full["attention_mask"].sum(1)
+    assert lengths.min() < 16 and lengths.max() == 64 and (np.diff(lengths) < 0).any()
+    want = np.asarray(tiny_bert._jit_apply(tiny_bert.params, full))
+
+    shapes = []
+    jitted = tiny_bert._jit_apply
+
+    def spy(params, batch):
+        shapes.append(batch["input_ids"].shape)
+        return jitted(params, batch)
+
+    monkeypatch.setattr(tiny_bert, "_jit_apply", spy)
+    got = tiny_bert.encode(texts, batch_size=4, max_len=64)
+    np.testing.assert_allclose(got, want, atol=1e-5)  # same values, original order
+    alone = [tiny_bert.encode([t], batch_size=1, max_len=64)[0] for t in texts[:2]]
+    np.testing.assert_allclose(got[:2], np.stack(alone), atol=1e-5)
+
+    buckets = encoders._bucket_lengths(64)
+    rows, widths = zip(*shapes[:4])
+    assert set(rows) == {4} and list(widths) == sorted(widths) and set(widths) <= set(buckets)
+    longest = np.sort(lengths)[3::4].tolist() + [lengths.max()]  # each batch's longest text
+    assert list(widths) == [min(b for b in buckets if b >= n) for n in longest]
+    assert widths[0] < 64  # short texts are not padded to max_len
+
+
+def test_bucket_lengths_are_few_and_bound_the_padding():
+    for max_len in (2, 16, 24, 100, 128, 256, 384, 512, 1024):
+        buckets = encoders._bucket_lengths(max_len)
+        assert buckets[-1] == max_len and list(buckets) == sorted(set(buckets))
+        assert len(buckets) <= (8 if max_len <= 128 else 11)
+        assert max(np.diff((0, *buckets))) <= max(16, max_len // 8 + 15)
+
+
+def test_random_t5_bucketed_encode_matches_full_padding(tiny_t5):
+    texts = _mixed_lengths(n=7, seed=5)
+    want = tiny_t5._jit_apply(tiny_t5.params, tiny_t5.tokenize(texts, 32))
+    got = tiny_t5.encode(texts, batch_size=3, max_len=32)
+    np.testing.assert_allclose(got, np.asarray(want), atol=1e-5)
 
 
 def test_apply_is_jittable_and_differentiable(tiny_bert):
@@ -186,8 +241,8 @@ def test_t5_folder_with_sentencepiece_appends_eos(tmp_path):
     np.testing.assert_allclose(got, np.asarray(encoder.apply(encoder.params, batch)), atol=1e-6)
 
 
-def test_random_t5_encodes_with_eos_and_padding_invariance():
-    encoder = encoders.random_encoder("t5", seed=0)
+def test_random_t5_encodes_with_eos_and_padding_invariance(tiny_t5):
+    encoder = tiny_t5
     batch = encoder.tokenize(["the world", "x"], 8)
     # Two words, then EOS (1), then padding (0); T5 inputs have no [CLS].
     assert batch["attention_mask"].sum(1).tolist() == [3, 2]

@@ -147,3 +147,31 @@ def test_config_validation():
         GenerateConfig(kind="fewshot")
     with pytest.raises(ValueError, match="generate"):
         PipelineConfig()
+
+
+def test_refuses_a_folder_that_is_not_a_run(tmp_path, calls):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "mine.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="holds no pipeline run"):
+        run_pipeline(_config(), tmp_path)
+    with pytest.raises(ValueError, match="holds no pipeline run"):
+        run_stage("data", _config(), RunFolder(tmp_path))
+    assert (tmp_path / "data" / "mine.txt").read_text() == "keep me" and calls == []
+
+
+def test_run_scope_refuses_other_caps(tmp_path):
+    from synthgen.pipeline.stages import open_run_scope
+    from synthgen.privacy.ledger import PrivacyLedger, Scope
+
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    open_run_scope(ledger, Scope("t", "d", 10.0, 1e-5))
+    open_run_scope(ledger, Scope("t", "d", 10.0, 1e-5))  # the same scope again is fine
+    with pytest.raises(ValueError, match="cap 10 .* asks for 3"):
+        open_run_scope(ledger, Scope("t", "d", 3.0, 1e-5))
+
+
+def test_cli_rejects_group_options_before_a_stage(tmp_path):
+    from synthgen.cli import app, run
+
+    code = run(app, ["pipeline", "--config", "configs/tiny.py", "status"])
+    assert code == 2
