@@ -15,8 +15,9 @@ read from safetensors with numpy, text is tokenized by `tokenizers` or SentenceP
 
 `TextEncoder.apply` is pure and jittable (params and token ids in, [n, dim] unit vectors out),
 so a training loop can differentiate through it; `TextEncoder.encode` is the batched host API
-(static shapes, one compile). `save_encoder` stores fine-tuned params with the name of the
-base model they belong to; `load_encoder` reverses it.
+(texts sorted by length, each batch padded to one of a few bucketed lengths: few compiles).
+`save_encoder` stores fine-tuned params with the name of the base model they belong to;
+`load_encoder` reverses it.
 
 The BERT model and its checkpoint loading live in `retriever.bert`.
 
@@ -276,7 +277,16 @@ class TextEncoder:
         max_len: int = 128,
         progress: bool = False,
     ) -> np.ndarray:
-        """Embeds texts in fixed-shape batches (the last one padded): float32 [n, dim].
+        """Embeds texts in length-sorted, length-bucketed batches: float32 [n, dim].
+
+        All texts are tokenized once and sorted by token count, then embedded `batch_size`
+        at a time; each batch is padded only up to the first of `_bucket_lengths(max_len)`
+        that holds its longest text (the last batch also gets all-padding rows, so every
+        batch has the same number of rows). As in sentence-transformers, short texts then
+        cost little; unlike its exact per-batch lengths, the few bucketed lengths bound the
+        jit compiles (one per bucket used). Padding has attention mask 0: it is masked as a
+        key and left out of the mean, so an embedding does not depend on its batch or padded
+        length (up to float rounding). Embeddings come back in the order of `texts`.
 
         Args:
           texts: the texts.
@@ -295,19 +305,76 @@ class TextEncoder:
         texts = list(texts)
         params = self.params if params is None else params
         out = np.zeros((len(texts), self.dim), np.float32)
+        if not texts:
+            return out
+        tokens = self._tokenize_ragged(texts, max_len)
+        buckets = np.asarray(_bucket_lengths(max_len))
+        order = np.argsort(tokens.lengths, kind="stable")
         size = min(batch_size, len(texts))
         with tqdm(total=len(texts), disable=not progress, desc="encode", unit="text") as bar:
-            for start in range(0, len(texts), max(size, 1)):
-                chunk = texts[start : start + size]
-                batch = self.tokenize(chunk, max_len)
-                # Pad rows have an all-zero mask: they embed to 0 and are dropped.
-                pad = ((0, size - len(chunk)), (0, 0))
-                batch = {k: np.pad(v, pad) for k, v in batch.items()}
-                out[start : start + len(chunk)] = np.asarray(self._jit_apply(params, batch))[
-                    : len(chunk)
-                ]
-                bar.update(len(chunk))
+            for start in range(0, len(texts), size):
+                rows = order[start : start + size]
+                longest = int(tokens.lengths[rows].max())
+                width = int(buckets[np.searchsorted(buckets, longest)])
+                batch = tokens.batch(rows, width, size)
+                out[rows] = np.asarray(self._jit_apply(params, batch))[: len(rows)]
+                bar.update(len(rows))
         return out
+
+    def _tokenize_ragged(self, texts: list[str], max_len: int) -> _RaggedTokens:
+        """Tokenizes `texts` once, in chunks, keeping each text's tokens up to its last real one."""
+        ids, masks, lengths = [], [], []
+        for start in range(0, len(texts), _TOKENIZE_CHUNK):
+            batch = self.tokenize(texts[start : start + _TOKENIZE_CHUNK], max_len)
+            real = batch["attention_mask"] != 0
+            width = real.shape[1]
+            # One past the last real token (0 for none); with padding on the right (both
+            # tokenizers) that is the token count, and cutting there drops padding only.
+            length = np.where(real.any(axis=1), width - np.argmax(real[:, ::-1], axis=1), 0)
+            keep = np.arange(width) < length[:, None]
+            ids.append(batch["input_ids"][keep])
+            masks.append(batch["attention_mask"][keep])
+            lengths.append(length)
+        return _RaggedTokens(ids, masks, np.concatenate(lengths))
+
+
+_TOKENIZE_CHUNK = 4096  # texts per tokenizer call in `encode`: bounds the [n, max_len] arrays
+
+
+def _bucket_lengths(max_len: int) -> tuple[int, ...]:
+    """The padded lengths `TextEncoder.encode` uses for `max_len`, ascending, last = max_len.
+
+    Multiples of a step of max_len / 8 rounded up to a multiple of 16 (so a text gets fewer
+    than `step` padding tokens beyond its batch's longest text, and sizes suit vector units),
+    plus the powers of two from 16 below the step for short texts such as queries: at most
+    8 shapes for max_len <= 128, 9 for 256, 10 for 512, so few jit compiles.
+    """
+    step = -(-max_len // 128) * 16
+    lengths = {min(k * step, max_len) for k in range(1, -(-max_len // step) + 1)}
+    lengths.update(2**k for k in range(4, step.bit_length()) if 2**k < min(step, max_len))
+    return tuple(sorted(lengths))
+
+
+class _RaggedTokens:
+    """Token ids and masks of many texts without padding, batched on demand."""
+
+    def __init__(self, ids: list[np.ndarray], masks: list[np.ndarray], lengths: np.ndarray):
+        # A trailing 0 gives out-of-text gathers (masked anyway) a valid index.
+        self.ids = np.concatenate([*ids, np.zeros(1, np.int32)])
+        self.masks = np.concatenate([*masks, np.zeros(1, np.int32)])
+        self.lengths = lengths
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+
+    def batch(self, rows: np.ndarray, width: int, size: int) -> dict[str, np.ndarray]:
+        """Texts `rows` padded with 0 to [size, width] (rows beyond len(rows): all padding)."""
+        cols = np.arange(width)
+        inside = cols < self.lengths[rows][:, None]
+        index = np.where(inside, self.offsets[rows][:, None] + cols, len(self.ids) - 1)
+        pad = ((0, size - len(rows)), (0, 0))
+        return {
+            "input_ids": np.pad(self.ids[index].astype(np.int32), pad),
+            "attention_mask": np.pad(self.masks[index].astype(np.int32), pad),
+        }
 
 
 # ---- loading, saving, random init ----------------------------------------------------------
