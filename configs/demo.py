@@ -1,7 +1,7 @@
 """`make demo`: the main job on a laptop (2 CPU cores, under 20 minutes, under 12 GiB).
 
 The first 1,000 `wiki-summaries-en` documents (800 private train pairs, 200 held out);
-SmolLM2-135M-Instruct + LoRA fine-tuned with DP-Adafactor at epsilon = 8 (15 Poisson steps of
+SmolLM2-135M-Instruct + LoRA fine-tuned with DP-Adafactor at epsilon = 8 (10 Poisson steps of
 expected batch 32, delta = 1/(2n)); one synthetic query for each of 320 train documents;
 all-MiniLM-L6-v2 trained on them, next to the zero-shot encoder and the real-data upper
 bound on the same 320 documents; a ScaNN index; three DP-RAG answers (epsilon 5 each) over
@@ -23,7 +23,7 @@ from synthgen.pipeline.config import (
 from synthgen.querygen import GeneratorConfig
 
 TRAIN_PAIRS = 800  # 1,000 documents, test_fraction 0.2
-STEPS, BATCH = 15, 32
+STEPS, BATCH = 10, 32
 
 
 def get_config() -> PipelineConfig:

@@ -127,13 +127,13 @@ def load_chatterbot(name_or_path: str | Path = "chatterbot-corpus-en") -> datase
     return datasets.Dataset.from_dict(rows)
 
 
-def load_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> datasets.Dataset:
-    """Loads a JSON-lines file, checking that every row has the `required` fields.
+def read_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> list[dict]:
+    """The records of a JSON-lines file (blank lines skipped), each checked for `required`.
 
     Raises:
       FileNotFoundError: the file does not exist.
-      ValueError: the file is empty or a row lacks a required field (its line number
-        is named, never its content).
+      ValueError: the file is empty or a row is not JSON or lacks a required field (its
+        line number is named, never its content).
     """
     path = Path(path)
     if not path.is_file():
@@ -153,7 +153,12 @@ def load_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> datasets.
             records.append(record)
     if not records:
         raise ValueError(f"{path} holds no records")
-    return datasets.Dataset.from_list(records)
+    return records
+
+
+def load_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> datasets.Dataset:
+    """`read_jsonl` as a `datasets.Dataset` (same checks and errors)."""
+    return datasets.Dataset.from_list(read_jsonl(path, required=required))
 
 
 def load_rows(

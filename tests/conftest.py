@@ -1,8 +1,11 @@
 """Shared test setup: offline datasets, no private data in logs."""
 
+import atexit
 import os
 import re
+import shutil
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -10,6 +13,16 @@ import pytest
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# One JAX compilation cache for the session, inherited by the CLI subprocesses the
+# integration tests start: a program compiled once (same HLO, same flags) is loaded, not
+# recompiled, by later processes and by functions jitted afresh. Set before jax is imported
+# (jax reads these variables at import); a fresh, owner-only folder removed at exit.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _JAX_CACHE = tempfile.mkdtemp(prefix="dpsynth-test-jax-cache-")
+    atexit.register(shutil.rmtree, _JAX_CACHE, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _JAX_CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 # tests/postgres_server.py, importable as a plain module (site-packages may hold
 # another `tests` package, e.g. jax-privacy's). Appended, not prepended, so that tests/
@@ -51,8 +64,6 @@ def postgres_url(postgres_server, request):
 @pytest.fixture(scope="module")
 def chromium():
     """Headless Chromium (Debian's `chromium`) driven by playwright; skips with the reason."""
-    import shutil
-
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     executable = shutil.which("chromium")
     if executable is None:

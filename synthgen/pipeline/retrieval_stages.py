@@ -9,29 +9,26 @@ Privacy:
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 
 import numpy as np
 
+from synthgen.corpora import read_jsonl
 from synthgen.pipeline.runner import StageContext
-
-
-def _read_jsonl(path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def train_stage(ctx: StageContext) -> dict:
     """Trains the dual encoder on the synthetic pairs (and the real upper bound if asked)."""
+    from retriever import provenance
     from retriever.encoders import load_encoder
     from retriever.train import train_retriever
+    from synthgen.pipeline.stages import PAIRS_DATASET
 
     cfg = ctx.config.encoder
     rconfig = cfg.retriever_config()
     synthetic = [
-        r for r in _read_jsonl(ctx.run.root / "synthetic" / "queries.jsonl") if r["query"].strip()
+        r for r in read_jsonl(ctx.run.root / "synthetic" / "queries.jsonl") if r["query"].strip()
     ]
     if len(synthetic) < rconfig.batch_size:
         raise ValueError(
@@ -39,7 +36,8 @@ def train_stage(ctx: StageContext) -> dict:
             f"({rconfig.batch_size}): generate more or lower encoder.batch_size"
         )
     base = load_encoder(cfg.base)
-    metadata = json.loads((ctx.run.root / "synthetic" / "metadata.json").read_text())
+    scope = (ctx.config.privacy.tenant, PAIRS_DATASET)  # the generate stage's charge
+    record = provenance.from_synthetic_release(ctx.run.root / "synthetic", ledger_scope=scope)
     ctx.log("train", f"dual encoder on {len(synthetic)} synthetic pairs (base {cfg.base})")
     result = train_retriever(
         base,
@@ -49,13 +47,9 @@ def train_stage(ctx: StageContext) -> dict:
         doc_ids=[r["doc_id"] for r in synthetic],
         out_dir=ctx.run.root / "encoder",
         progress=ctx.progress,
+        provenance=record,
     )
-    provenance = {
-        "trained_on": "DP synthetic queries (run folder synthetic/)",
-        "guarantee": "post-processing of an (epsilon, delta)-DP release",
-        "privacy": metadata.get("privacy"),
-    }
-    (ctx.run.root / "encoder" / "provenance.json").write_text(json.dumps(provenance, indent=1))
+    provenance.write_provenance(ctx.run.root / "encoder", record)  # = encoder.json's
     summary = {
         "synthetic_pairs": len(synthetic),
         "steps": result.steps_run,
@@ -67,7 +61,7 @@ def train_stage(ctx: StageContext) -> dict:
         used = {r["doc_id"] for r in synthetic}
         real = [
             r
-            for r in _read_jsonl(ctx.run.private / "data" / "train_pairs.jsonl")
+            for r in read_jsonl(ctx.run.private / "data" / "train_pairs.jsonl")
             if r["doc_id"] in used
         ]
         ctx.log("train", f"real-data upper bound on {len(real)} real pairs (not DP, private)")
@@ -79,6 +73,7 @@ def train_stage(ctx: StageContext) -> dict:
             doc_ids=[r["doc_id"] for r in real],
             out_dir=ctx.run.private / "real_encoder",
             progress=ctx.progress,
+            provenance=provenance.from_real_data("the real train pairs (private/data/)"),
         )
         summary.update(real_pairs=len(real), real_seconds=upper.seconds)
     # The release holds the trained towers only; the checkpoints were resume state.
@@ -88,7 +83,7 @@ def train_stage(ctx: StageContext) -> dict:
 
 
 def _corpus(ctx: StageContext) -> tuple[list[str], list[str]]:
-    rows = _read_jsonl(ctx.run.root / "data" / "corpus.jsonl")
+    rows = read_jsonl(ctx.run.root / "data" / "corpus.jsonl")
     return [r["doc_id"] for r in rows], [r["text"] for r in rows]
 
 
@@ -99,7 +94,7 @@ def evaluate_stage(ctx: StageContext) -> dict:
 
     cfg, encoder_cfg = ctx.config.evaluate, ctx.config.encoder
     doc_ids, texts = _corpus(ctx)
-    queries = _read_jsonl(ctx.run.private / "data" / "test_queries.jsonl")
+    queries = read_jsonl(ctx.run.private / "data" / "test_queries.jsonl")
     if cfg.max_queries is not None:
         queries = queries[: cfg.max_queries]
     encoders = [
@@ -159,7 +154,7 @@ def index_stage(ctx: StageContext) -> dict:
     )
     # Recall of the index against the exact oracle, on the held-out query texts' embeddings
     # (a property of the index, not of the queries: no figure about a query is reported).
-    queries = [r["query"] for r in _read_jsonl(ctx.run.private / "data" / "test_queries.jsonl")]
+    queries = [r["query"] for r in read_jsonl(ctx.run.private / "data" / "test_queries.jsonl")]
     q = np.asarray(
         query_encoder.encode(queries, max_len=ctx.config.encoder.max_query_len), np.float32
     )

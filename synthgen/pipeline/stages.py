@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from synthgen.corpora import read_jsonl
 from synthgen.pipeline.retrieval_stages import evaluate_stage, index_stage, train_stage
 from synthgen.pipeline.runner import StageContext
 
@@ -29,11 +30,6 @@ def _write_jsonl(path: Path, rows) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def data_stage(ctx: StageContext) -> dict:
