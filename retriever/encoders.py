@@ -231,6 +231,7 @@ class TextEncoder:
 
             self._states = functools.partial(T5(config).apply, method=T5.encode)
         self._jit_apply = jax.jit(self.apply)
+        self._jit_apply_in_steps = jax.jit(self._apply_in_steps, static_argnums=2)
 
     def __repr__(self) -> str:
         return f"TextEncoder(name={self.name!r}, family={self.family!r}, dim={self.dim})"
@@ -284,7 +285,8 @@ class TextEncoder:
         that holds its longest text (the last batch also gets all-padding rows, so every
         batch has the same number of rows). As in sentence-transformers, short texts then
         cost little; unlike its exact per-batch lengths, the few bucketed lengths bound the
-        jit compiles (one per bucket used). Padding has attention mask 0: it is masked as a
+        jit compiles (one per bucket used). On CPU each device call runs its batch in
+        cache-sized steps (`_rows_per_step`). Padding has attention mask 0: it is masked as a
         key and left out of the mean, so an embedding does not depend on its batch or padded
         length (up to float rounding). Embeddings come back in the order of `texts`.
 
@@ -316,10 +318,22 @@ class TextEncoder:
                 rows = order[start : start + size]
                 longest = int(tokens.lengths[rows].max())
                 width = int(buckets[np.searchsorted(buckets, longest)])
-                batch = tokens.batch(rows, width, size)
-                out[rows] = np.asarray(self._jit_apply(params, batch))[: len(rows)]
+                step = _rows_per_step(width, size)
+                batch = tokens.batch(rows, width, -(-size // step) * step)
+                embedded = self._jit_apply_in_steps(params, batch, step)
+                out[rows] = np.asarray(embedded)[: len(rows)]
                 bar.update(len(rows))
         return out
+
+    def _apply_in_steps(self, params: PyTree, batch: dict[str, jax.Array], rows: int) -> jax.Array:
+        """`apply` on `rows` rows at a time, in sequence inside one call (rows divides n)."""
+        n, width = batch["input_ids"].shape
+        if rows >= n:
+            return self.apply(params, batch)
+        steps = {
+            k: batch[k].reshape(n // rows, rows, width) for k in ("input_ids", "attention_mask")
+        }
+        return jax.lax.map(lambda b: self.apply(params, b), steps).reshape(n, self.dim)
 
     def _tokenize_ragged(self, texts: list[str], max_len: int) -> _RaggedTokens:
         """Tokenizes `texts` once, in chunks, keeping each text's tokens up to its last real one."""
@@ -353,6 +367,23 @@ def _bucket_lengths(max_len: int) -> tuple[int, ...]:
     lengths = {min(k * step, max_len) for k in range(1, -(-max_len // step) + 1)}
     lengths.update(2**k for k in range(4, step.bit_length()) if 2**k < min(step, max_len))
     return tuple(sorted(lengths))
+
+
+_CPU_TOKENS_PER_STEP = 1024
+
+
+def _rows_per_step(width: int, batch_size: int) -> int:
+    """Rows `encode` runs at once inside one device call of `batch_size` rows of `width`.
+
+    On CPU, a batch runs as a sequence of steps of about `_CPU_TOKENS_PER_STEP` tokens (all
+    rows at once for short texts): a step's activations, above all its [rows, heads, T, T]
+    attention scores, then stay in cache. Measured with all-MiniLM-L6-v2 on 2 cores: 21.7 ->
+    28.0 texts/s at [64, 256], 46.8 -> 63 at [64, 128]. Accelerators take the whole batch.
+    Embeddings are unchanged up to float rounding (each row is computed on its own anyway).
+    """
+    if jax.default_backend() != "cpu":
+        return batch_size
+    return min(batch_size, max(1, _CPU_TOKENS_PER_STEP // width))
 
 
 class _RaggedTokens:

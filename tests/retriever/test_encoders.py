@@ -97,13 +97,13 @@ def test_encode_sorts_by_length_and_pads_to_few_buckets(tiny_bert, monkeypatch):
     want = np.asarray(tiny_bert._jit_apply(tiny_bert.params, full))
 
     shapes = []
-    jitted = tiny_bert._jit_apply
+    jitted = tiny_bert._jit_apply_in_steps
 
-    def spy(params, batch):
+    def spy(params, batch, rows_per_step):
         shapes.append(batch["input_ids"].shape)
-        return jitted(params, batch)
+        return jitted(params, batch, rows_per_step)
 
-    monkeypatch.setattr(tiny_bert, "_jit_apply", spy)
+    monkeypatch.setattr(tiny_bert, "_jit_apply_in_steps", spy)
     got = tiny_bert.encode(texts, batch_size=4, max_len=64)
     np.testing.assert_allclose(got, want, atol=1e-5)  # same values, original order
     alone = [tiny_bert.encode([t], batch_size=1, max_len=64)[0] for t in texts[:2]]
@@ -115,6 +115,26 @@ def test_encode_sorts_by_length_and_pads_to_few_buckets(tiny_bert, monkeypatch):
     longest = np.sort(lengths)[3::4].tolist() + [lengths.max()]  # each batch's longest text
     assert list(widths) == [min(b for b in buckets if b >= n) for n in longest]
     assert widths[0] < 64  # short texts are not padded to max_len
+
+
+def test_cpu_steps_leave_embeddings_unchanged(tiny_bert, monkeypatch):
+    texts = TEXTS + _mixed_lengths(n=11, seed=7)
+    want = np.asarray(tiny_bert._jit_apply(tiny_bert.params, tiny_bert.tokenize(texts, 64)))
+    assert encoders._rows_per_step(256, 64) == (4 if jax.default_backend() == "cpu" else 64)
+    assert encoders._rows_per_step(16, 64) == 64  # short texts: the whole batch at once
+    monkeypatch.setattr(encoders, "_CPU_TOKENS_PER_STEP", 48)  # 3 rows of 16, 1 row of 64
+    steps = []
+    jitted = tiny_bert._jit_apply_in_steps
+
+    def spy(params, batch, rows_per_step):
+        steps.append((batch["input_ids"].shape, rows_per_step))
+        return jitted(params, batch, rows_per_step)
+
+    monkeypatch.setattr(tiny_bert, "_jit_apply_in_steps", spy)
+    got = tiny_bert.encode(texts, batch_size=4, max_len=64)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    if jax.default_backend() == "cpu":  # rows padded to whole steps
+        assert ((6, 16), 3) in steps and ((4, 32), 1) in steps and ((4, 64), 1) in steps
 
 
 def test_bucket_lengths_are_few_and_bound_the_padding():
