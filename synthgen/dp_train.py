@@ -544,8 +544,8 @@ def train(
         if bar is not None:
             bar.update(1)
             if step % max(1, plan.steps // 50) == 0 or step == last:
+                # No loss here: a loss on private examples is not DP, and bars end up in logs.
                 bar.set_postfix(
-                    loss=f"{losses[-1]:.3f}",
                     ex_s=f"{seen / max(time.time() - start, 1e-9):.1f}",
                     eps=f"{plan.epsilon_after(step):.2f}",
                 )
