@@ -65,7 +65,15 @@ def data_stage(ctx: StageContext) -> dict:
 def open_run_scope(ledger, scope) -> None:
     """Opens `scope` in the run's ledger, or refuses one stored with other caps: a run's
     scopes never change under it (a lower cap would not be enforced, a higher one would
-    hide what was already spent)."""
+    hide what was already spent), nor does their tenant (the same private data charged under a
+    second tenant would start from zero, and each scope's statement would miss the other's)."""
+    for stored in ledger.scopes():
+        if stored.dataset == scope.dataset and stored.tenant != scope.tenant:
+            raise ValueError(
+                f"the run's ledger charges {scope.dataset} to tenant {stored.tenant!r}, but the "
+                f"config names tenant {scope.tenant!r}: one run's private data has one tenant; "
+                "restore privacy.tenant or start a new run folder (--out)"
+            )
     try:
         ledger.open_scope(scope)
     except ValueError:
@@ -226,6 +234,7 @@ def _fewshot(ctx: StageContext, pairs: list[dict], documents) -> dict:
         model=cfg.fewshot_model,
         template=fewshot.QUERY_TEMPLATE,
         name="queries",
+        ledger_scope=scope,
     )
     return {
         "generator": f"DP few-shot {cfg.fewshot_model}",

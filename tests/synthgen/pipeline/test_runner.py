@@ -168,6 +168,10 @@ def test_run_scope_refuses_other_caps(tmp_path):
     open_run_scope(ledger, Scope("t", "d", 10.0, 1e-5))  # the same scope again is fine
     with pytest.raises(ValueError, match="cap 10 .* asks for 3"):
         open_run_scope(ledger, Scope("t", "d", 3.0, 1e-5))
+    with pytest.raises(ValueError, match="charges d to tenant 't'.*names tenant 'u'"):
+        open_run_scope(ledger, Scope("u", "d", 10.0, 1e-5))
+    assert [(s.tenant, s.dataset) for s in ledger.scopes()] == [("t", "d")]  # nothing opened
+    open_run_scope(ledger, Scope("t", "e", 10.0, 1e-5))  # another dataset is its own scope
 
 
 def test_cli_rejects_group_options_before_a_stage(tmp_path):
