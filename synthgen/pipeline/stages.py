@@ -110,12 +110,31 @@ def generate_precheck(ctx: StageContext) -> None:
     """Refuses a new generate run whose charge would not fit the pairs' scope, before the
     runner removes the previous release (a refused request changes nothing)."""
     path = ctx.run.private / "data" / "train_pairs.jsonl"
-    if ctx.config.generate.kind != "querygen" or not path.is_file():
+    if not path.is_file():
         return
-    n = len(read_jsonl(path))
-    _, plan, delta = _querygen_plan(ctx, n)
-    ledger, scope = _pairs_scope(ctx, n, plan.relation, delta)
-    ledger.check(*scope, stage="dp-train", event=plan.event, relation=plan.relation)
+    pairs = read_jsonl(path)
+    if ctx.config.generate.kind == "querygen":
+        _, plan, delta = _querygen_plan(ctx, len(pairs))
+        ledger, scope = _pairs_scope(ctx, len(pairs), plan.relation, delta)
+        ledger.check(*scope, stage="dp-train", event=plan.event, relation=plan.relation)
+        return
+    from synthgen import fewshot
+
+    _, _, plan, delta = _fewshot_plan(ctx, pairs)
+    ledger, scope = _pairs_scope(ctx, len(pairs), fewshot.RELATION, delta)
+    ledger.check(*scope, stage="fewshot-generate", event=plan.event, relation=fewshot.RELATION)
+
+
+def _fewshot_plan(ctx: StageContext, pairs: list[dict]):
+    """(private rows, target rows, plan, delta) of the few-shot generate run."""
+    from synthgen import fewshot
+
+    cfg = ctx.config.generate
+    chosen = pairs if cfg.synthetic_documents is None else pairs[: cfg.synthetic_documents]
+    private = [{"document": r["document"], "query": r["query"]} for r in pairs]
+    targets = [{"doc_id": r["doc_id"], "document": r["document"]} for r in chosen]
+    plan = fewshot.plan_for(private, targets, fewshot.QUERY_TEMPLATE, cfg.fewshot)
+    return private, targets, plan, max(ctx.config.privacy.delta or 0.0, plan.delta)
 
 
 def generate_stage(ctx: StageContext) -> dict:
@@ -131,7 +150,7 @@ def generate_stage(ctx: StageContext) -> dict:
     if cfg.kind == "querygen":
         summary = _querygen(ctx, pairs, documents)
     else:
-        summary = _fewshot(ctx, pairs, documents)
+        summary = _fewshot(ctx, pairs)
     rows = read_jsonl(ctx.run.root / "synthetic" / "queries.jsonl")
     summary.update(
         kind=cfg.kind,
@@ -192,18 +211,13 @@ def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
     }
 
 
-def _fewshot(ctx: StageContext, pairs: list[dict], documents) -> dict:
+def _fewshot(ctx: StageContext, pairs: list[dict]) -> dict:
     from synthgen import fewshot
     from synthgen.lm_backends import FlaxLM
     from synthgen.privacy import secure_rng
 
     cfg = ctx.config.generate
-    private = [{"document": r["document"], "query": r["query"]} for r in pairs]
-    targets = [
-        {"doc_id": d, "document": t} for d, t in zip(documents["doc_id"], documents["document"])
-    ]
-    plan = fewshot.plan_for(private, targets, fewshot.QUERY_TEMPLATE, cfg.fewshot)
-    delta = max(ctx.config.privacy.delta or 0.0, plan.delta)
+    private, targets, plan, delta = _fewshot_plan(ctx, pairs)
     ledger, scope = _pairs_scope(ctx, len(pairs), fewshot.RELATION, delta)
     ctx.log(
         "generate",

@@ -179,3 +179,32 @@ def test_cli_rejects_group_options_before_a_stage(tmp_path):
 
     code = run(app, ["pipeline", "--config", "configs/tiny.py", "status"])
     assert code == 2
+
+
+def test_fewshot_generate_precheck_refuses_a_run_over_the_cap(tmp_path):
+    from synthgen.fewshot import FewShotConfig
+    from synthgen.pipeline import PrivacyConfig
+    from synthgen.pipeline.runner import StageContext
+    from synthgen.privacy import BudgetExceededError, PrivacyLedger
+
+    def context(cap):
+        fewshot = FewShotConfig(public_pool_size=40, subsets=2, shots=2, target_epsilon=8.0)
+        config = _config(
+            generate=GenerateConfig(kind="fewshot", fewshot=fewshot, synthetic_documents=4),
+            privacy=PrivacyConfig(epsilon_cap=cap),
+        )
+        return StageContext(config, RunFolder(tmp_path / f"run-{cap}"), progress=False)
+
+    rows = [{"doc_id": str(i), "document": f"document {i}", "query": f"q {i}"} for i in range(40)]
+    for cap in (5.0, 10.0):
+        ctx = context(cap)
+        pairs = ctx.run.private / "data" / "train_pairs.jsonl"
+        pairs.parent.mkdir(parents=True)
+        pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(BudgetExceededError):
+        stages_module.generate_precheck(context(5.0))
+    stages_module.generate_precheck(context(10.0))  # fits: nothing is charged by a check
+    assert (
+        PrivacyLedger(tmp_path / "run-10.0" / "ledger.sqlite").charges("pipeline", "train-pairs")
+        == []
+    )
