@@ -436,10 +436,55 @@ def _bert_from_folder(name: str, path: Path, max_len: int | None) -> TextEncoder
     )
 
 
+def _t5_encoder_only(path: Path) -> tuple[Any, PyTree, Any]:
+    """(config, shared+encoder params, tokenizer or None) of a HF `T5EncoderModel` folder.
+
+    Tensors map by name (`synthgen.models.t5_loading.hf_name_map`, encoder stack only) with
+    a shape check; a missing, unused or mis-shaped tensor is an error.
+    """
+    from synthgen.models.sentencepiece_tokenizer import load_tokenizer
+    from synthgen.models.t5 import T5, T5Config
+    from synthgen.models.t5_loading import hf_name_map
+
+    config = T5Config.from_hf_config(json.loads((path / "config.json").read_text()))
+    tensors = read_hf_tensors(path)
+    shared = tensors.get("shared.weight")
+    alias = tensors.pop("encoder.embed_tokens.weight", None)
+    if shared is None and alias is not None:
+        tensors["shared.weight"] = alias
+    elif alias is not None and not np.array_equal(alias, shared):
+        raise ValueError("encoder.embed_tokens.weight differs from shared.weight")
+    ids = np.zeros((1, 2), np.int32)
+    init = functools.partial(T5(config).init, method=T5.encode)
+    shapes = jax.eval_shape(lambda: init(jax.random.key(0), ids, ids + 1))["params"]
+    expected = {k: v.shape for k, v in traverse_util.flatten_dict(shapes).items()}
+    flat = {}
+    for key, (hf, transpose) in hf_name_map(config).items():
+        if key not in expected:
+            continue  # decoder and head: not part of an encoder checkpoint
+        if hf not in tensors:
+            raise ValueError(f"{path} lacks T5 encoder tensor {hf=}")
+        value = np.asarray(tensors.pop(hf), np.float32)
+        value = np.ascontiguousarray(value.T) if transpose else value
+        if value.shape != expected[key]:
+            raise ValueError(f"tensor {hf=} has shape {value.shape}, expected {expected[key]}")
+        flat[key] = jnp.asarray(value)
+    if tensors:
+        raise ValueError(f"{path} has {len(tensors)} unused tensors, e.g. {sorted(tensors)[0]=}")
+    return config, traverse_util.unflatten_dict(flat), load_tokenizer(path, required=False)
+
+
 def _t5_from_folder(name: str, path: Path, max_len: int | None) -> TextEncoder:
     from synthgen.models.t5_loading import load_t5
 
-    config, params, tokenizer = load_t5(path, require_tokenizer=False)
+    architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
+    if any(a.endswith("EncoderModel") for a in architectures):  # e.g. a `retriever export`
+        config, params, tokenizer = _t5_encoder_only(path)
+    else:
+        config, params, tokenizer = load_t5(path, require_tokenizer=False)
+    st_config = path / "sentence_bert_config.json"
+    if max_len is None and st_config.exists():
+        max_len = json.loads(st_config.read_text()).get("max_seq_length")
     return TextEncoder(
         name=name,
         family="t5",
@@ -513,9 +558,11 @@ def _check_params(params: PyTree, reference: PyTree, where: Path) -> None:
 def load_encoder(name_or_path: str | Path, *, max_len: int | None = None) -> TextEncoder:
     """Loads an encoder from an asset name, a HF BERT or T5 folder, or a `save_encoder` folder.
 
-    The family is chosen by config.json's "model_type" ("bert"; "t5" or "mt5"). A folder with
-    encoder.json loads its base, then replaces the params with the stored ones. The names
-    "random:bert" and "random:t5" give `random_encoder(family)`.
+    The family is chosen by config.json's "model_type" ("bert"; "t5" or "mt5"); a T5 folder
+    whose architecture is an encoder model (``T5EncoderModel``, as `retriever export` writes)
+    holds the encoder stack only. A folder with encoder.json loads its base, then replaces
+    the params with the stored ones. The names "random:bert" and "random:t5" give
+    `random_encoder(family)`.
 
     Args:
       name_or_path: asset name (e.g. "all-minilm-l6-v2") or folder.

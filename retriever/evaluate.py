@@ -2,7 +2,9 @@
 
 corpus.jsonl: one ``{"doc_id": ..., "text": ...}`` per line; queries.jsonl: one
 ``{"query": ..., "doc_id": ...}`` per line (lines sharing a query are one query with several
-relevant documents). Reports are JSON-serialisable dicts; nothing in them is text.
+relevant documents). Reports are JSON-serialisable dicts; nothing in them is text. A report
+names the encoder it evaluated (the resolved folder, or the asset name), its base model and
+the encoder's privacy statement (`retriever.provenance`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 from retriever import metrics
 from retriever.encoders import TextEncoder, load_encoder
 from retriever.index import build_searcher
+from retriever.provenance import encoder_provenance
 from retriever.train import DOC_TOWER_DIR
 
 
@@ -26,6 +29,14 @@ def load_towers(encoder: str | TextEncoder) -> tuple[TextEncoder, TextEncoder]:
     query = load_encoder(encoder)
     doc_dir = Path(encoder) / DOC_TOWER_DIR
     return query, (load_encoder(str(doc_dir)) if doc_dir.is_dir() else query)
+
+
+def encoder_label(encoder: str | Path | TextEncoder) -> str:
+    """How a report names an encoder: its resolved folder, else the asset or model name."""
+    if isinstance(encoder, TextEncoder):
+        return encoder.name
+    path = Path(encoder).expanduser()
+    return str(path.resolve()) if path.is_dir() else str(encoder)
 
 
 def evaluate(
@@ -42,6 +53,11 @@ def evaluate(
     progress: bool = True,
 ) -> dict:
     """Encodes corpus and queries, searches the top k, and scores the rankings.
+
+    Returns:
+      The metrics (`retriever.metrics.ranking_metrics`), counts, the index kind, timings,
+      ``encoder`` (`encoder_label`: the folder evaluated), ``base`` (its base model) and
+      ``statement`` (its privacy statement; None for a `TextEncoder` object).
 
     Raises:
       ValueError: a query's relevant doc_id is not in the corpus.
@@ -66,7 +82,11 @@ def evaluate(
         num_documents=len(doc_ids),
         num_query_lines=len(query_rows),
         index=searcher.kind,
-        encoder=query_enc.name,
+        encoder=encoder_label(encoder),
+        base=query_enc.name,
+        statement=None
+        if isinstance(encoder, TextEncoder)  # an object in memory: its training is unknown
+        else encoder_provenance(encoder)["statement"],
         encode_seconds=encoded - start,
         search_seconds=time.time() - encoded,
     )

@@ -4,7 +4,8 @@ corpus's doc_ids.
 Layout: ``index.json`` (``{"encoder": asset or folder, "doc_ids": [...], "kind": ...}``) and
 ``searcher/`` (a `retriever.index` searcher's ``save``). `retriever index build` writes it
 (`build_index_folder`); `retriever index query` (`search_index_folder`), `retriever answer`
-(`retriever.rag.loading`) and `retriever serve` (`retriever.service.public_index`) read it.
+(`retriever.rag.loading`), `retriever serve` (`retriever.service.public_index`) and
+`retriever index export` (`retriever.export.export_index`, through `index_embeddings`) read it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from retriever.index import Searcher
 
 META_FILE = "index.json"
@@ -77,6 +80,38 @@ def read_index_meta(index: str | Path) -> dict[str, Any]:
     if not meta_path.is_file():
         raise FileNotFoundError(f"no index in {index} (missing {META_FILE})")
     return json.loads(meta_path.read_text())
+
+
+# Float32 corpus rows in corpus order, as each searcher kind saves them: the exact searcher's
+# own file, and ScaNN's dataset (kept for brute-force scoring and for reordering).
+_EMBEDDING_FILES = {"exact": "embeddings.npy", "scann-bf": "dataset.npy", "scann": "dataset.npy"}
+
+
+def index_embeddings(index: str | Path) -> np.ndarray:
+    """The corpus embeddings float32 [n, dim] an index folder's searcher keeps, in doc_id order.
+
+    Raises:
+      FileNotFoundError: no index in `index`.
+      ValueError: the searcher keeps no float embeddings of the saved size.
+    """
+    import numpy as np
+
+    from retriever.index import META_FILE as SEARCHER_META
+
+    folder = Path(index) / SEARCHER_DIR
+    meta_path = folder / SEARCHER_META
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"no searcher in {index} (missing {SEARCHER_DIR}/{SEARCHER_META})")
+    meta = json.loads(meta_path.read_text())
+    path = folder / _EMBEDDING_FILES.get(meta.get("kind"), "embeddings.npy")
+    embeddings = np.load(path) if path.is_file() else None
+    shape = (meta.get("size"), meta.get("dim"))
+    if embeddings is None or embeddings.shape != shape or embeddings.dtype != np.float32:
+        raise ValueError(
+            f"the {meta.get('kind')} searcher in {index} keeps no float32 embeddings of shape "
+            f"{shape}: rebuild the index with `retriever index build`"
+        )
+    return embeddings
 
 
 def load_index_searcher(index: str | Path) -> Searcher:

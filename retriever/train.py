@@ -5,9 +5,14 @@ generator's output, or for real pairs as the epsilon = infinity reference): quer
 embeddings from the encoder (one shared tower by default, two with `separate_towers`),
 logits = s * q_i . d_j over the batch (s = 1 / temperature, fixed or learned), softmax
 cross-entropy with the paired document as the label; other pairs of the batch that share the
-positive document are masked out of the negatives. AdamW (optax), orbax checkpoints
-(resumable: the data order of each epoch is a function of the seed and the epoch), data
-parallel over local devices, progress bar with loss and pairs/s.
+positive document are masked out of the negatives. AdamW (optax), orbax checkpoints in a work
+folder outside the release (resumable: the data order of each epoch is a function of the seed
+and the epoch; deleted once the trained encoder is written), data parallel over local
+devices, progress bar with loss and pairs/s.
+
+Both trainers write the towers (`save_trained`) with ``provenance.json`` (`retriever.provenance`):
+what the encoder was trained on and the privacy statement that follows from it. A released
+encoder folder holds the towers, their metadata and the provenance, never resume state.
 
 `train_retriever_dp` (the "direct DP" baseline of Carranza et al., Table 4): DP-Adafactor via
 `synthgen.dp_train` on the real pairs.
@@ -22,16 +27,19 @@ Privacy of the DP baseline:
   corpus documents (a full softmax over the corpus, which is public). Per-example clipping
   then gives L2 sensitivity exactly C, and the run is the subsampled Gaussian mechanism that
   `synthgen.dp_train` accounts for and charges to the ledger. The released folder holds the
-  towers and the privacy metadata only; the resume state (noise key, sampler state,
-  optimizer) stays in the private work folder (`synthgen.work_folder`), deleted after a
-  finished run, and no loss or timing of the private training is written.
+  towers, the privacy metadata and provenance.json (the DP-SGD guarantee) only; the resume
+  state (noise key, sampler state, optimizer) stays in the private work folder
+  (`synthgen.work_folder`), deleted after a finished run, and no loss or timing of the
+  private training is written.
   References: Abadi et al. 2016; Carranza et al. 2023.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,12 +52,13 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from retriever import provenance as prov
 from retriever.encoders import TextEncoder, save_encoder
 from synthgen import dp_train
 from synthgen.checkpoints import TrainCheckpoints
 from synthgen.paths import default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger
-from synthgen.work_folder import WorkFolder
+from synthgen.work_folder import CHECKPOINTS, WorkFolder, private_folder
 
 PyTree = Any
 DOC_TOWER_DIR = "doc_tower"
@@ -168,6 +177,9 @@ def train_retriever(
     *,
     doc_ids: Sequence[str] | None = None,
     out_dir: str | Path | None = None,
+    provenance: dict | None = None,
+    work_dir: str | Path | None = None,
+    keep_work: bool = False,
     progress: bool = True,
     stop_after: int | None = None,
 ) -> RetrieverResult:
@@ -179,15 +191,26 @@ def train_retriever(
       config: hyper-parameters.
       doc_ids: document identities (pairs sharing a document are not each other's
         negatives); default: the document text.
-      out_dir: checkpoints go to out_dir/checkpoints (an existing run is resumed) and the
-        trained encoder to out_dir (see `save_trained`).
+      out_dir: the release folder: the trained encoder once the run is complete (see
+        `save_trained`), never resume state.
+      provenance: what the pairs are (`retriever.provenance`: `synthetic` for a DP
+        generator's release, `for_pairs_file` for a file); default: real data, no
+        guarantee. Written to out_dir/provenance.json.
+      work_dir: the run's resume state (orbax checkpoints; a run with the same config and
+        pairs resumes from it); with `out_dir`, default
+        `synthgen.paths.default_work_dir(out_dir)`, outside the release.
+      keep_work: keep the work folder after a finished run (default: deleted once the
+        encoder is written; an interrupted run always keeps it).
       progress: show a progress bar.
       stop_after: stop after this many steps in total (to test resumption).
 
+    Raises:
+      ValueError: bad pairs, or a work folder holding another run's checkpoints.
+
     Privacy:
       None is spent here. Trained on DP synthetic pairs this is post-processing of the
-      generator's release and inherits its guarantee; trained on real pairs it is the
-      non-private reference.
+      generator's release and inherits its guarantee (state it with `provenance`); trained
+      on real pairs it is the non-private reference.
     """
     _check_pairs(queries, documents, config.batch_size)
     keys = doc_ids if doc_ids is not None else documents
@@ -211,13 +234,19 @@ def train_retriever(
         )
     opt_state = optimizer.init(params)
     step = 0
-    manager = None
+    manager = work = None
+    run_meta = {"config": dataclasses.asdict(config), "data": _pairs_digest(data)}
     if out_dir is not None:
-        manager = TrainCheckpoints(Path(out_dir) / "checkpoints")
+        work = Path(work_dir) if work_dir is not None else default_work_dir(out_dir)
+        manager = TrainCheckpoints(private_folder(work) / CHECKPOINTS)
         restored = manager.restore_latest(params, opt_state)
         if restored is not None:
-            if restored.meta.get("config") != dataclasses.asdict(config):
-                raise ValueError(f"checkpoints in {out_dir} belong to a different run")
+            if {k: restored.meta.get(k) for k in run_meta} != run_meta:
+                manager.close()
+                raise ValueError(
+                    f"the work folder {work} holds checkpoints of a different run (config or "
+                    "training pairs): remove it or pass another work folder"
+                )
             params, opt_state, step = restored.trainable, restored.opt_state, restored.step
 
     mesh = Mesh(np.array(jax.devices()), ("data",))
@@ -262,11 +291,12 @@ def train_retriever(
         losses.append(float(loss))
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(
-                loss=f"{losses[-1]:.3f}", pairs_s=f"{seen / max(time.time() - start, 1e-9):.1f}"
-            )
+            shown = {"pairs_s": f"{seen / max(time.time() - start, 1e-9):.1f}"}
+            if (provenance or {}).get("trained_on", {}).get("kind") == "dp-synthetic":
+                shown["loss"] = f"{losses[-1]:.3f}"  # a loss on real pairs is private data
+            bar.set_postfix(shown)
         if manager is not None and (step % config.checkpoint_every == 0 or step == last):
-            manager.save(step, params, opt_state, None, {"config": dataclasses.asdict(config)})
+            manager.save(step, params, opt_state, None, run_meta)
     if bar is not None:
         bar.close()
     if manager is not None:
@@ -276,8 +306,24 @@ def train_retriever(
         jax.device_get(params), losses, step, total, seconds, seen / max(seconds, 1e-9)
     )
     if out_dir is not None and step == total:
-        save_trained(encoder, result.params, out_dir, {"training": _summary(config, result)})
+        if provenance is None:
+            provenance = prov.real_data(num_pairs=n)
+        extra = {"training": _summary(config, result)}
+        save_trained(encoder, result.params, out_dir, extra, provenance=provenance)
+        if work is not None and not keep_work:
+            shutil.rmtree(work, ignore_errors=True)  # resume state of a finished run
     return result
+
+
+def _pairs_digest(data: dict[str, np.ndarray]) -> str:
+    """SHA-256 of the tokenized pairs: a resumed run must train on the same pairs. Kept in
+    the work folder only."""
+    digest = hashlib.sha256()
+    for key in sorted(data):
+        array = np.ascontiguousarray(data[key])
+        digest.update(f"{key}:{array.dtype}:{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 def _summary(config: RetrieverConfig, result: RetrieverResult) -> dict:
@@ -290,13 +336,24 @@ def _summary(config: RetrieverConfig, result: RetrieverResult) -> dict:
     }
 
 
-def save_trained(encoder: TextEncoder, params: dict, out_dir: str | Path, extra: dict) -> None:
+def save_trained(
+    encoder: TextEncoder,
+    params: dict,
+    out_dir: str | Path,
+    extra: dict,
+    *,
+    provenance: dict,
+) -> None:
     """Writes the query tower to out_dir and, if separate, the document tower to
-    out_dir/doc_tower (both loadable with `retriever.encoders.load_encoder`)."""
+    out_dir/doc_tower (both loadable with `retriever.encoders.load_encoder`), each with
+    ``provenance.json`` (`provenance` with the base model's name filled in)."""
     out = Path(out_dir)
+    record = {**provenance, "base_model": encoder.name}
     save_encoder(encoder, params["query"], out, extra=extra)
+    prov.write_provenance(out, record)
     if "doc" in params:
         save_encoder(encoder, params["doc"], out / DOC_TOWER_DIR, extra=extra)
+        prov.write_provenance(out / DOC_TOWER_DIR, record)
 
 
 def train_retriever_dp(
@@ -325,7 +382,8 @@ def train_retriever_dp(
         `corpus_texts` (the public corpus, whose embeddings are every query's candidates).
       config: token budgets and temperature (`batch_size`/`epochs` come from `dp_config`).
       dp_config: DP-Adafactor hyper-parameters (sigma or target epsilon, C, sampling).
-      out_dir: the release folder: the trained towers and the privacy metadata.
+      out_dir: the release folder: the trained towers, the privacy metadata and
+        provenance.json (`retriever.provenance.dp_sgd`, with the ledger scope).
       ledger, ledger_scope: the run's guarantee is charged there (once) before the first
         step; an over-budget run is refused before the corpus is embedded.
       work_dir: private work folder (checkpoints, noise key, sampler state, charge
@@ -402,11 +460,13 @@ def train_retriever_dp(
             mechanism="DP-Adafactor on a per-example softmax over public corpus embeddings "
             "(frozen document tower)",
         )
-        extra = {
-            "privacy": json.loads(json.dumps(privacy, default=str)),
-            "training": {"config": dataclasses.asdict(config)},
-        }
-        save_trained(encoder, {"query": result.trainable, "doc": encoder.params}, out_dir, extra)
+        privacy = json.loads(json.dumps(privacy, default=str))
+        extra = {"privacy": privacy, "training": {"config": dataclasses.asdict(config)}}
+        record = prov.dp_sgd(
+            privacy, ledger_scope=None if ledger is None else ledger_scope, num_pairs=len(queries)
+        )
+        towers = {"query": result.trainable, "doc": encoder.params}
+        save_trained(encoder, towers, out_dir, extra, provenance=record)
     if work is not None and not keep_work:
         work.discard()  # the release is complete: the secret resume state goes
     return result

@@ -266,7 +266,7 @@ def train_generator(
         "lora_rank": config.lora_rank,
         "model_config": dataclasses.asdict(family.config),
         "generator_config": _released_config(config),
-        "privacy": _privacy_block(result.plan),
+        "privacy": _privacy_block(result.plan, ledger_scope if ledger is not None else None),
     }
     (out / GENERATOR_FILE).write_text(json.dumps(record, indent=1))
     if not keep_work:
@@ -283,13 +283,19 @@ def _released_config(config: GeneratorConfig) -> dict:
     return _jsonable(dataclasses.asdict(config.replace(dp_seed=None)))
 
 
-def _privacy_block(plan: dp_train.PrivacyPlan) -> dict:
+def _privacy_block(plan: dp_train.PrivacyPlan, ledger_scope: tuple[str, str] | None) -> dict:
+    """The released guarantee: the plan, unit, mechanism and the ledger scope charged (or
+    None: not charged to a ledger), so that whatever is trained on the release can state
+    it (`retriever.provenance`)."""
     block = plan.to_dict()
     block.update(
         unit="one (document, query) pair; queries private, documents public",
         mechanism="DP-Adafactor: per-example L2 clipping + Gaussian noise (Abadi et al. 2016)"
         if plan.private
         else "NON-PRIVATE reference run: per-example clipping, no noise (epsilon = infinity)",
+        ledger_scope=None
+        if ledger_scope is None
+        else {"tenant": str(ledger_scope[0]), "dataset": str(ledger_scope[1])},
     )
     return block
 
@@ -357,7 +363,8 @@ def generate_queries(
 
     Privacy:
       Post-processing of the DP generator on public documents: no further budget. The
-      metadata repeats the generator's guarantee.
+      metadata repeats the generator's guarantee (with its ledger scope), which an encoder
+      trained on the queries inherits (`retriever.provenance.synthetic`).
     """
     family, params, record = load_generator(model_dir)
     cfg = record["generator_config"]

@@ -1,7 +1,8 @@
 """`retriever` command line: thin wrappers over the retriever library.
 
 One module per command group (`data`, `index`, `rag`: privacy rag and answer, `service`:
-serve and tenant) or per family of top-level commands (`train`: train, train-dp; `evaluate`).
+serve and tenant) or per family of top-level commands (`train`: train, train-dp; `evaluate`;
+`export`).
 Errors go through `synthgen.cli.common.run`: one line on stderr, a non-zero exit code,
 `--debug` for the traceback. jax, flax, scann and datasets are imported inside the commands
 so `--help` starts fast.
@@ -13,7 +14,7 @@ import sys
 
 import typer
 
-from retriever.cli import evaluate, rag, service, train
+from retriever.cli import evaluate, export, rag, service, train
 from retriever.cli.data import data_app
 from retriever.cli.index import index_app
 from synthgen.cli.common import run
@@ -35,6 +36,7 @@ app.add_typer(service.tenant_app, name="tenant")
 app.command("train")(train.train)
 app.command("train-dp")(train.train_dp)
 app.command("evaluate")(evaluate.evaluate)
+app.command("export")(export.export)
 
 
 def main() -> None:

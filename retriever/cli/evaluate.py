@@ -34,5 +34,5 @@ def evaluate(
                 f"{name}={report[name]:.4f}" for name in (f"ndcg@{k}", f"recall@{k}", f"mrr@{k}")
             )
             + f" (queries={report['num_queries']}, documents={report['num_documents']}, "
-            f"index={report['index']})"
+            f"index={report['index']}, encoder={report['encoder']})"
         )

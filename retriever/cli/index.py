@@ -1,4 +1,5 @@
-"""`retriever index build|query`: thin wrappers over `retriever.index_folder`."""
+"""`retriever index build|query|export`: thin wrappers over `retriever.index_folder` and
+`retriever.export`."""
 
 from __future__ import annotations
 
@@ -43,3 +44,15 @@ def index_query(
         print(q)
         for rank, hit in enumerate(r, start=1):
             print(f"  {rank:2d}. {hit['doc_id']}  {hit['score']:.4f}")
+
+
+@index_app.command("export")
+def index_export(
+    index: Annotated[Path, typer.Option(help="folder written by `index build`")],
+    out: Annotated[Path, typer.Option(help="output file (new)")],
+    format: Annotated[str, typer.Option(help="parquet")] = "parquet",  # noqa: A002
+) -> None:
+    """Write (doc_id, embedding) rows for a vector database, with the encoder's provenance."""
+    from retriever.export import export_index
+
+    print(json.dumps(export_index(index, out, format=format)))

@@ -11,7 +11,7 @@ import typer
 
 def train(
     pairs: Annotated[Path, typer.Option(help="queries.jsonl (generator output or plain)")],
-    out: Annotated[Path, typer.Option(help="output folder (resumes from its checkpoints)")],
+    out: Annotated[Path, typer.Option(help="release folder: towers and provenance.json")],
     encoder: Annotated[str, typer.Option(help="base encoder: asset or folder")] = (
         "all-minilm-l6-v2"
     ),
@@ -24,10 +24,34 @@ def train(
     separate_towers: Annotated[bool, typer.Option()] = False,
     limit: Annotated[int | None, typer.Option(help="first N pairs only")] = None,
     seed: Annotated[int, typer.Option(help="data order")] = 0,
+    synthetic_metadata: Annotated[
+        Path | None,
+        typer.Option(
+            help="metadata.json of the DP release the pairs come from (default: the one "
+            "beside --pairs, if it describes that file); without one the encoder is stated "
+            "as trained on real data, with no privacy guarantee"
+        ),
+    ] = None,
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="resume state (checkpoints), outside the release; the same command resumes "
+            "from it (default: <ledger folder>/work/<out name>-<hash>)"
+        ),
+    ] = None,
+    keep_work: Annotated[
+        bool, typer.Option(help="keep the work folder after a finished run")
+    ] = False,
 ) -> None:
-    """Train a dual encoder with in-batch softmax (non-private: for synthetic pairs)."""
+    """Train a dual encoder with in-batch softmax (non-private: for synthetic pairs).
+
+    The release folder --out gets the towers and provenance.json: trained on a DP release's
+    synthetic pairs (its metadata.json beside --pairs, or --synthetic-metadata), the
+    encoder is post-processing of that release; otherwise it has no privacy guarantee.
+    """
     from retriever.data import read_pairs
     from retriever.encoders import load_encoder
+    from retriever.provenance import for_pairs_file
     from retriever.train import RetrieverConfig, train_retriever
 
     config = RetrieverConfig(
@@ -40,8 +64,17 @@ def train(
         seed=seed,
     )
     queries, documents, doc_ids = read_pairs(pairs, corpus, limit)
+    provenance = for_pairs_file(pairs, metadata=synthetic_metadata, num_pairs=len(queries))
     result = train_retriever(
-        load_encoder(encoder), queries, documents, config, doc_ids=doc_ids, out_dir=out
+        load_encoder(encoder),
+        queries,
+        documents,
+        config,
+        doc_ids=doc_ids,
+        out_dir=out,
+        provenance=provenance,
+        work_dir=work_dir,
+        keep_work=keep_work,
     )
     print(
         json.dumps(
@@ -50,6 +83,7 @@ def train(
                 "steps": result.steps_run,
                 "pairs_per_second": round(result.pairs_per_second, 2),
                 "seconds": round(result.seconds, 1),
+                "statement": provenance["statement"],
             }
         )
     )

@@ -34,6 +34,7 @@ def write_output(
     name: str = "synthetic",
     rows: str = "all rows of the private data",
     seeded: bool = False,
+    ledger_scope: tuple[str, str] | None = None,
 ) -> dict:
     """Writes `<name>.jsonl`, `<name>.parquet` and metadata.json (with the guarantee).
 
@@ -47,6 +48,8 @@ def write_output(
       name: file stem.
       rows: which private rows the guarantee covers (e.g. a split or a limit).
       seeded: the mechanism's randomness came from a fixed seed (tests only).
+      ledger_scope: (tenant, dataset) the run was charged to; recorded in the privacy
+        block (None: not charged to a ledger), for what is trained on the output.
 
     Privacy:
       Metadata holds only declared or DP figures: the plan (from `public_pool_size`),
@@ -63,6 +66,11 @@ def write_output(
     dataset.to_parquet(out / f"{name}.parquet")
     privacy = result.plan.to_dict()
     privacy["rows_covered"] = rows
+    privacy["ledger_scope"] = (
+        None
+        if ledger_scope is None
+        else {"tenant": str(ledger_scope[0]), "dataset": str(ledger_scope[1])}
+    )
     metadata = {
         "privacy": privacy,
         "randomness": {"seeded": seeded, "note": SEEDED_NOTE if seeded else "OS entropy"},

@@ -2,8 +2,10 @@
 
 Privacy:
   The encoder is trained on the DP synthetic queries only: post-processing of the generate
-  stage's release, so it carries that release's guarantee. The optional real-data upper
-  bound is trained on the real train pairs (no guarantee) and stays in the private folder.
+  stage's release, so it carries that release's guarantee, stated in encoder/provenance.json
+  (`retriever.provenance.synthetic`, from synthetic/metadata.json). The optional real-data
+  upper bound is trained on the real train pairs (no guarantee) and stays in the private
+  folder. The training runs' resume state is in private/work/train, removed at stage end.
   Evaluation reads held-out real queries: its figures are for the operator, not DP.
 """
 
@@ -21,6 +23,7 @@ from synthgen.pipeline.runner import StageContext
 
 def train_stage(ctx: StageContext) -> dict:
     """Trains the dual encoder on the synthetic pairs (and the real upper bound if asked)."""
+    from retriever import provenance
     from retriever.encoders import load_encoder
     from retriever.train import train_retriever
 
@@ -37,6 +40,9 @@ def train_stage(ctx: StageContext) -> dict:
     base = load_encoder(cfg.base)
     metadata = json.loads((ctx.run.root / "synthetic" / "metadata.json").read_text())
     ctx.log("train", f"dual encoder on {len(synthetic)} synthetic pairs (base {cfg.base})")
+    # keep_work: a crash later in the stage resumes from the finished run's last checkpoint
+    # instead of training again; the work folder goes at the end of the stage.
+    work = ctx.run.private / "work" / "train"
     result = train_retriever(
         base,
         [r["query"] for r in synthetic],
@@ -44,14 +50,15 @@ def train_stage(ctx: StageContext) -> dict:
         rconfig,
         doc_ids=[r["doc_id"] for r in synthetic],
         out_dir=ctx.run.root / "encoder",
+        provenance=provenance.synthetic(
+            metadata,
+            num_pairs=len(synthetic),
+            description="DP synthetic queries (run folder synthetic/)",
+        ),
+        work_dir=work / "encoder",
+        keep_work=True,
         progress=ctx.progress,
     )
-    provenance = {
-        "trained_on": "DP synthetic queries (run folder synthetic/)",
-        "guarantee": "post-processing of an (epsilon, delta)-DP release",
-        "privacy": metadata.get("privacy"),
-    }
-    (ctx.run.root / "encoder" / "provenance.json").write_text(json.dumps(provenance, indent=1))
     summary = {
         "synthetic_pairs": len(synthetic),
         "steps": result.steps_run,
@@ -74,12 +81,15 @@ def train_stage(ctx: StageContext) -> dict:
             rconfig,
             doc_ids=[r["doc_id"] for r in real],
             out_dir=ctx.run.private / "real_encoder",
+            provenance=provenance.real_data(
+                num_pairs=len(real), description="real train pairs (the real-data upper bound)"
+            ),
+            work_dir=work / "real_encoder",
+            keep_work=True,
             progress=ctx.progress,
         )
         summary.update(real_pairs=len(real), real_seconds=upper.seconds)
-    # The release holds the trained towers only; the checkpoints were resume state.
-    shutil.rmtree(ctx.run.root / "encoder" / "checkpoints", ignore_errors=True)
-    shutil.rmtree(ctx.run.private / "real_encoder" / "checkpoints", ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)  # resume state: the releases are complete
     return summary
 
 

@@ -56,7 +56,7 @@ UPSTREAM = {
 STAGE_OUTPUTS = {
     "data": ("data", "private/data"),
     "generate": ("generator", "synthetic", "samples", "private/work/generate"),
-    "train": ("encoder", "private/real_encoder"),
+    "train": ("encoder", "private/real_encoder", "private/work/train"),
     "evaluate": (),
     "index": ("index",),
     "rag": ("rag", "private/rag"),

@@ -118,7 +118,7 @@ def test_train_dp_keeps_its_secret_state_out_of_the_release(tmp_path):
     assert not any((tmp_path / "private" / "work").glob("*"))
     release = tmp_path / "b"
     assert sorted(p.name for p in release.iterdir()) == sorted(
-        ["encoder.json", "params.msgpack", "doc_tower"]
+        ["encoder.json", "params.msgpack", "provenance.json", "doc_tower"]
     )
     assert "seconds" not in (release / "encoder.json").read_text()
     shipped = tmp_path / "shipped"  # the release folder alone evaluates

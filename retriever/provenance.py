@@ -1,0 +1,360 @@
+"""Provenance of an encoder: what it was trained on, and the privacy statement that follows.
+
+Every encoder folder `retriever.train` writes holds ``provenance.json`` (both towers), and
+every export carries it with a model card made from it (`retriever.export`). One form for
+all cases::
+
+  {"format": 1,
+   "base_model": "all-minilm-l6-v2",
+   "trained_on": {"kind": ..., "description": ..., "num_pairs": ..., "dataset": {...}},
+   "guarantee": {"kind": ..., "epsilon": ..., "delta": ..., "privacy_unit": ...,
+                 "neighboring_relation": ..., "mechanism": ..., "ledger_scope": ...},
+   "statement": "post-processing of an (ε, δ)-DP release: ..."}
+
+``trained_on.kind`` is one of
+
+* ``"dp-synthetic"``: only synthetic pairs of a DP generator release (the ``metadata.json``
+  that `synthgen.querygen.generate_queries` or `synthgen.fewshot.write_output` writes
+  beside them); ``dataset`` holds that release's generator, (ε, δ), privacy unit and ledger
+  scope. The guarantee is ``"post-processing"``: training reads nothing private beyond the
+  release, so the encoder is (ε, δ)-DP by post-processing (Dwork and Roth 2014, Prop. 2.1).
+* ``"real-dp-sgd"``: private pairs through DP-SGD (`retriever.train.train_retriever_dp`):
+  the guarantee is that run's (ε, δ), kind ``"dp-sgd"``.
+* ``"real"``: real data, or data whose origin is not recorded: guarantee ``"none"``,
+  "trained on real data: no privacy guarantee". A synthetic file is only taken for a DP
+  release when its metadata says so and describes exactly that file (`for_pairs_file`).
+* ``"pretrained"``: a base model that was not trained here (an asset, a Hugging Face
+  folder, a random initialisation): no statement about the operator's data applies.
+
+Privacy:
+  Provenance holds public figures only: the guarantee, the privacy unit, the ledger scope
+  names, the number of training pairs (a count the released generator's metadata already
+  states for synthetic data) and descriptions; never a text, score or path of private data.
+
+References:
+  Dwork and Roth 2014, "The Algorithmic Foundations of Differential Privacy", Prop. 2.1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+PROVENANCE_FILE = "provenance.json"
+FORMAT = 1
+METADATA_FILE = "metadata.json"  # what a generator release writes beside its synthetic rows
+REAL_STATEMENT = "trained on real data: no privacy guarantee"
+UNKNOWN_STATEMENT = "no provenance recorded: treated as " + REAL_STATEMENT
+_RELATIONS = {"ADD_OR_REMOVE_ONE": "add/remove-one", "REPLACE_ONE": "replace-one"}
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _figures(epsilon: float, delta: float) -> str:
+    return f"ε = {epsilon:.4g}, δ = {delta:.3g}"
+
+
+def _guarantee(kind: str, privacy: dict | None, ledger_scope: Any = None) -> dict:
+    privacy = privacy or {}
+    relation = privacy.get("neighboring_relation")
+    return {
+        "kind": kind,
+        "epsilon": _number(privacy.get("epsilon")),
+        "delta": _number(privacy.get("delta")),
+        "privacy_unit": privacy.get("unit"),
+        "neighboring_relation": relation,
+        "mechanism": privacy.get("mechanism") or privacy.get("mechanism_description"),
+        "accountant": privacy.get("accountant"),
+        "ledger_scope": _scope(ledger_scope),
+    }
+
+
+def _scope(scope: Any) -> dict | None:
+    """{"tenant", "dataset"} from a (tenant, dataset) pair or such a dict; None if unknown."""
+    if scope is None:
+        return None
+    if isinstance(scope, dict):
+        return {"tenant": str(scope["tenant"]), "dataset": str(scope["dataset"])}
+    tenant, dataset = scope
+    return {"tenant": str(tenant), "dataset": str(dataset)}
+
+
+def _is_dp(privacy: dict | None) -> bool:
+    """A stated, finite (ε, δ) of a private run (a noise-free reference run is not DP)."""
+    if not privacy or privacy.get("private") is False:
+        return False
+    epsilon, delta = _number(privacy.get("epsilon")), _number(privacy.get("delta"))
+    return (
+        epsilon is not None
+        and delta is not None
+        and math.isfinite(epsilon)
+        and epsilon >= 0
+        and 0 <= delta < 1
+    )
+
+
+def _unit_text(guarantee: dict) -> str:
+    unit = guarantee["privacy_unit"] or "one private example"
+    relation = _RELATIONS.get(guarantee["neighboring_relation"], guarantee["neighboring_relation"])
+    return f"{unit} ({relation} neighbours)" if relation else unit
+
+
+def _generator(metadata: dict) -> str:
+    """A one-line description of the generator a synthetic release came from."""
+    model = metadata.get("model") or {}
+    if "family" in model:  # synthgen.querygen
+        lora = f", LoRA rank {model['lora_rank']}" if model.get("lora_rank") else ""
+        return f"DP fine-tuned query generator {model.get('base')} ({model['family']}{lora})"
+    method = (metadata.get("generation") or {}).get("method", "DP few-shot generation")
+    backend = model.get("backend")
+    return f"{method} with {backend}" if backend else method
+
+
+def _num_rows(metadata: dict) -> int | None:
+    for key in ("num_queries", "num_examples"):
+        if isinstance(metadata.get(key), int):
+            return metadata[key]
+    return None
+
+
+def synthetic(
+    metadata: dict, *, num_pairs: int | None = None, description: str | None = None
+) -> dict:
+    """Provenance of an encoder trained only on a generator release's synthetic pairs.
+
+    Args:
+      metadata: the release's ``metadata.json`` (querygen or few-shot), with its
+        "privacy" block (epsilon, delta, unit, neighboring_relation, ledger_scope).
+      num_pairs: synthetic pairs used for training.
+      description: where the synthetic data came from (default: "DP synthetic queries").
+
+    Returns:
+      The provenance dict (see the module docstring). A release of a non-private
+      reference run (no noise, ε = ∞) gives guarantee "none".
+
+    Raises:
+      ValueError: `metadata` has no "privacy" block.
+
+    Privacy:
+      Post-processing (Dwork and Roth 2014, Prop. 2.1): the encoder is a function of the
+      release (and public documents) only, so it is (ε, δ)-DP for the release's privacy
+      unit and relation, and its training spends no further budget.
+    """
+    privacy = metadata.get("privacy")
+    if not isinstance(privacy, dict):
+        raise ValueError("synthetic data metadata has no 'privacy' block: not a DP release")
+    generator = _generator(metadata)
+    dataset = {
+        "generator": generator,
+        "epsilon": _number(privacy.get("epsilon")),
+        "delta": _number(privacy.get("delta")),
+        "privacy_unit": privacy.get("unit"),
+        "neighboring_relation": privacy.get("neighboring_relation"),
+        "rows_covered": privacy.get("rows_covered"),
+        "ledger_scope": _scope(privacy.get("ledger_scope")),
+        "num_rows": _num_rows(metadata),
+    }
+    trained_on = {
+        "kind": "dp-synthetic",
+        "description": description or "DP synthetic queries",
+        "num_pairs": num_pairs,
+        "dataset": dataset,
+    }
+    if not _is_dp(privacy):
+        return _provenance(
+            trained_on,
+            _guarantee("none", None),
+            f"trained on synthetic data from a NON-private generator run ({generator}, "
+            "no noise, ε = ∞): no privacy guarantee",
+        )
+    guarantee = _guarantee("post-processing", privacy, privacy.get("ledger_scope"))
+    statement = (
+        f"post-processing of an (ε, δ)-DP release: trained only on synthetic queries from "
+        f"the {generator}, which is ({_figures(guarantee['epsilon'], guarantee['delta'])})-DP for "
+        f"{_unit_text(guarantee)}; the encoder inherits that guarantee and spent no "
+        "further budget"
+    )
+    if (metadata.get("randomness") or {}).get("seeded"):
+        dataset["seeded"] = True
+        statement += (
+            " (the release's noise came from a fixed seed: for tests only, not for publication)"
+        )
+    return _provenance(trained_on, guarantee, statement)
+
+
+def dp_sgd(privacy: dict, *, ledger_scope: Any = None, num_pairs: int | None = None) -> dict:
+    """Provenance of an encoder trained on private pairs by DP-SGD (`train_retriever_dp`).
+
+    Args:
+      privacy: the run's privacy block (`dp_train.PrivacyPlan.to_dict` with "unit" and
+        "mechanism").
+      ledger_scope: (tenant, dataset) the run was charged to, if any.
+      num_pairs: private pairs (the plan's public `num_examples` if not given).
+
+    Privacy:
+      The run's own (ε, δ) guarantee w.r.t. its unit (see `train_retriever_dp`); a
+      noise-free run gives guarantee "none".
+    """
+    if num_pairs is None and isinstance(privacy.get("num_examples"), int):
+        num_pairs = privacy["num_examples"]
+    trained_on = {
+        "kind": "real-dp-sgd",
+        "description": "private (query, document) pairs, trained with DP-SGD",
+        "num_pairs": num_pairs,
+        "dataset": None,
+    }
+    if not _is_dp(privacy):
+        return _provenance(
+            trained_on,
+            _guarantee("none", None),
+            "NON-private run (no noise, ε = ∞): " + REAL_STATEMENT,
+        )
+    guarantee = _guarantee("dp-sgd", privacy, ledger_scope)
+    statement = (
+        f"({_figures(guarantee['epsilon'], guarantee['delta'])})-DP for "
+        f"{_unit_text(guarantee)}: DP-SGD on the private pairs"
+    )
+    return _provenance(trained_on, guarantee, statement)
+
+
+def real_data(*, num_pairs: int | None = None, description: str | None = None) -> dict:
+    """Provenance of an encoder trained on real data (or data of unrecorded origin)."""
+    trained_on = {
+        "kind": "real",
+        "description": description or "real (query, document) pairs",
+        "num_pairs": num_pairs,
+        "dataset": None,
+    }
+    return _provenance(trained_on, _guarantee("none", None), REAL_STATEMENT)
+
+
+def pretrained(name: str) -> dict:
+    """Provenance of a base model that was not trained here (asset, folder, random init)."""
+    trained_on = {
+        "kind": "pretrained",
+        "description": f"the pretrained model {name}, not trained by dpsynth",
+        "num_pairs": None,
+        "dataset": None,
+    }
+    statement = (
+        f"pretrained model {name}, not trained on the operator's data by dpsynth: "
+        "no privacy statement applies"
+    )
+    return _provenance(trained_on, _guarantee("none", None), statement, base_model=name)
+
+
+def _provenance(trained_on: dict, guarantee: dict, statement: str, **more: Any) -> dict:
+    return {
+        "format": FORMAT,
+        "base_model": more.get("base_model"),
+        "trained_on": trained_on,
+        "guarantee": guarantee,
+        "statement": statement,
+    }
+
+
+def for_pairs_file(
+    pairs: str | Path, *, metadata: str | Path | None = None, num_pairs: int | None = None
+) -> dict:
+    """Provenance of training on a pairs file: DP synthetic if its release metadata says so.
+
+    The release's metadata is `metadata`, or else the ``metadata.json`` beside `pairs`. It
+    counts only when it describes exactly that file: a "privacy" block and a row count
+    ("num_queries" or "num_examples") equal to the file's number of rows. Anything else is
+    real data (no guarantee): a DP statement is never made on a guess.
+
+    Args:
+      pairs: the training pairs (JSON lines).
+      metadata: the release's metadata.json, if not beside `pairs`.
+      num_pairs: pairs used for training (e.g. after a limit); default: all rows.
+
+    Raises:
+      FileNotFoundError: `metadata` was given and does not exist.
+      ValueError: `metadata` was given but does not describe `pairs`.
+    """
+    pairs = Path(pairs)
+    explicit = metadata is not None
+    path = Path(metadata) if explicit else pairs.parent / METADATA_FILE
+    if not path.is_file():
+        if explicit:
+            raise FileNotFoundError(f"no such metadata file: {path}")
+        return real_data(num_pairs=num_pairs)
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        meta = None
+    rows = _count_rows(pairs)
+    declared = _num_rows(meta) if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or "privacy" not in meta or declared != rows:
+        if explicit:
+            raise ValueError(
+                f"{path} does not describe {pairs}: no privacy block, or its row count "
+                f"({declared}) is not the file's ({rows})"
+            )
+        return real_data(num_pairs=num_pairs)
+    return synthetic(
+        meta,
+        num_pairs=rows if num_pairs is None else num_pairs,
+        description=f"DP synthetic queries ({pairs.name})",
+    )
+
+
+def _count_rows(path: Path) -> int:
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def write_provenance(folder: str | Path, provenance: dict) -> Path:
+    """Writes ``provenance.json`` into `folder` (which must exist); returns its path."""
+    path = Path(folder) / PROVENANCE_FILE
+    path.write_text(json.dumps(provenance, indent=1, ensure_ascii=False) + "\n", "utf-8")
+    return path
+
+
+def read_provenance(folder: str | Path) -> dict | None:
+    """The ``provenance.json`` of `folder`, or None when it has none.
+
+    The pipeline's earlier form (``{"trained_on": str, "guarantee": str, "privacy": the
+    generator release's privacy block}``) is read as `synthetic` of that block.
+    """
+    path = Path(folder) / PROVENANCE_FILE
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text(encoding="utf-8"))
+    if "format" not in record:  # the pipeline's train stage wrote this before format 1
+        if isinstance(record.get("privacy"), dict):
+            described = record.get("trained_on")
+            return synthetic(
+                {"privacy": record["privacy"]},
+                description=described if isinstance(described, str) else None,
+            )
+        return {**real_data(description="not recorded"), "statement": UNKNOWN_STATEMENT}
+    return record
+
+
+def encoder_provenance(name_or_path: str | Path) -> dict:
+    """The provenance of any encoder `retriever.encoders.load_encoder` accepts.
+
+    A folder's ``provenance.json``; for a trained folder without one (written before
+    provenance was recorded) the unknown case, stated as real data; for an asset, a Hugging
+    Face folder or a random initialisation, `pretrained`.
+    """
+    from retriever.encoders import ENCODER_FILE
+
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        recorded = read_provenance(path)
+        if recorded is not None:
+            return recorded
+        if (path / ENCODER_FILE).is_file():
+            base = json.loads((path / ENCODER_FILE).read_text()).get("base")
+            unknown = real_data(description="not recorded")
+            return {**unknown, "base_model": base, "statement": UNKNOWN_STATEMENT}
+    return pretrained(str(name_or_path))
