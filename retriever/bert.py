@@ -265,18 +265,36 @@ def bert_params_from_hf(config: BertConfig, tensors: dict[str, np.ndarray]) -> P
     tensors = {k: v for k, v in tensors.items() if not k.startswith(_UNUSED_PREFIXES)}
     ids = np.zeros((1, 2), np.int32)
     shapes = jax.eval_shape(lambda: Bert(config).init(jax.random.key(0), ids, ids + 1))
-    expected = {k: v.shape for k, v in traverse_util.flatten_dict(shapes["params"]).items()}
-    flat = {}
-    for path, (name, transpose) in bert_name_map(config).items():
+    return params_by_name(bert_name_map(config), shapes["params"], tensors, "BERT", "checkpoint")
+
+
+def params_by_name(
+    name_map: dict[tuple[str, ...], tuple[str, bool]],
+    shapes: PyTree,
+    tensors: dict[str, np.ndarray],
+    family: str,
+    where: str,
+) -> PyTree:
+    """Flax params of the tree `shapes` from HF-named tensors, converted by name, never by
+    position: each path takes its `name_map` tensor (transposed where marked) as float32.
+
+    Paths of `name_map` outside `shapes` are skipped (e.g. a T5 decoder for an encoder).
+
+    Raises:
+      ValueError: a missing, mis-shaped or unused tensor (named in the message).
+    """
+    expected = {k: v.shape for k, v in traverse_util.flatten_dict(shapes).items()}
+    tensors, flat = dict(tensors), {}
+    for path, (name, transpose) in name_map.items():
+        if path not in expected:
+            continue
         if name not in tensors:
-            raise ValueError(f"checkpoint lacks BERT tensor {name=}")
+            raise ValueError(f"{where} lacks {family} tensor {name=}")
         value = np.asarray(tensors.pop(name), np.float32)
         value = np.ascontiguousarray(value.T) if transpose else value
         if value.shape != expected[path]:
             raise ValueError(f"tensor {name=} has shape {value.shape}, expected {expected[path]}")
         flat[path] = jnp.asarray(value)
     if tensors:
-        raise ValueError(
-            f"checkpoint has {len(tensors)} unused tensors, e.g. {sorted(tensors)[0]=}"
-        )
+        raise ValueError(f"{where} has {len(tensors)} unused tensors, e.g. {sorted(tensors)[0]=}")
     return traverse_util.unflatten_dict(flat)

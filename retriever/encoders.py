@@ -43,7 +43,7 @@ from flax import serialization, traverse_util
 from tokenizers import Tokenizer as HFTokenizer
 from tqdm.auto import tqdm
 
-from retriever.bert import Bert, BertConfig, bert_params_from_hf, read_hf_tensors
+from retriever.bert import Bert, BertConfig, bert_params_from_hf, params_by_name, read_hf_tensors
 
 PyTree = Any
 FAMILIES = ("bert", "t5")
@@ -457,21 +457,9 @@ def _t5_encoder_only(path: Path) -> tuple[Any, PyTree, Any]:
     ids = np.zeros((1, 2), np.int32)
     init = functools.partial(T5(config).init, method=T5.encode)
     shapes = jax.eval_shape(lambda: init(jax.random.key(0), ids, ids + 1))["params"]
-    expected = {k: v.shape for k, v in traverse_util.flatten_dict(shapes).items()}
-    flat = {}
-    for key, (hf, transpose) in hf_name_map(config).items():
-        if key not in expected:
-            continue  # decoder and head: not part of an encoder checkpoint
-        if hf not in tensors:
-            raise ValueError(f"{path} lacks T5 encoder tensor {hf=}")
-        value = np.asarray(tensors.pop(hf), np.float32)
-        value = np.ascontiguousarray(value.T) if transpose else value
-        if value.shape != expected[key]:
-            raise ValueError(f"tensor {hf=} has shape {value.shape}, expected {expected[key]}")
-        flat[key] = jnp.asarray(value)
-    if tensors:
-        raise ValueError(f"{path} has {len(tensors)} unused tensors, e.g. {sorted(tensors)[0]=}")
-    return config, traverse_util.unflatten_dict(flat), load_tokenizer(path, required=False)
+    # The decoder and head of hf_name_map are not in `shapes`: not part of an encoder.
+    params = params_by_name(hf_name_map(config), shapes, tensors, "T5 encoder", str(path))
+    return config, params, load_tokenizer(path, required=False)
 
 
 def _t5_from_folder(name: str, path: Path, max_len: int | None) -> TextEncoder:
