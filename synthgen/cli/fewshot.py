@@ -69,6 +69,19 @@ ServerContextOption = Annotated[
         help="context length (tokens) the server was started with; required with --server"
     ),
 ]
+ServerPromptOption = Annotated[
+    str,
+    typer.Option(
+        help="auto | tokens | text: how prompts reach --server; auto probes it once with a "
+        "public prompt and sends token ids where accepted, text otherwise"
+    ),
+]
+TopLogprobsOption = Annotated[
+    int, typer.Option(help="log-probs per --server reply (servers cap it, often at 20)")
+]
+ServerConcurrencyOption = Annotated[
+    int, typer.Option(help="--server requests in flight at once (the M prompts of a token)")
+]
 
 
 def _load_lm(
@@ -76,6 +89,7 @@ def _load_lm(
     server: str | None = None,
     server_model: str | None = None,
     server_context: int | None = None,
+    server_options: dict | None = None,
 ):
     from synthgen.lm_backends import FlaxLM, TinyLM
 
@@ -83,9 +97,17 @@ def _load_lm(
         from synthgen.openai_backend import LocalTokenizer, OpenAICompletionsLM
 
         tokenizer = TinyLM() if model == "tiny" else LocalTokenizer(model)
-        return OpenAICompletionsLM(
-            server, server_model or model, tokenizer, max_context=server_context
+        remote = OpenAICompletionsLM(
+            server,
+            server_model or model,
+            tokenizer,
+            max_context=server_context,
+            **(server_options or {}),
         )
+        check = remote.prepare()  # public probe, before the charge
+        kind = "warning" if check.tokenization == "unchecked" else "server"
+        print(f"{kind}: {check.note}", file=sys.stderr)
+        return remote
     return TinyLM() if model == "tiny" else FlaxLM.load(model)
 
 
@@ -128,6 +150,14 @@ def _run(
         )
     ledger_obj = _ledger(*ledger_args, plan)
     lm = _load_lm(*lm_args)
+    top_k = getattr(lm, "top_logprobs", None)
+    if top_k is not None and (cfg.public_vocab is None or cfg.public_vocab > top_k):
+        print(
+            f"warning: the server returns {top_k} log-probs per prompt and the other tokens "
+            "share the rest uniformly, so candidates past its top-k are tokens the model did "
+            f"not rank: use --public-vocab {top_k} or less",
+            file=sys.stderr,
+        )
     lm_name = lm_args[0] if lm_args[1] is None else f"{lm_args[1]} ({lm_args[2] or lm_args[0]})"
     bar = tqdm(total=len(targets) * cfg.max_new_tokens, unit="tok", file=sys.stderr)
     shown = {"eps": 0.0}
@@ -149,20 +179,22 @@ def _run(
             )
         bar.set_postfix_str(f"eps so far <= {shown['eps']:.3g}", refresh=False)
 
-    result = fewshot.generate(
-        lm,
-        private,
-        targets,
-        template,
-        cfg,
-        pool_field=pool_field,
-        rng=secure_rng(seed),
-        ledger=ledger_obj,
-        ledger_scope=(ledger_args[0], ledger_args[1]),
-        plan=plan,
-        on_token=on_token,
-    )
-    bar.close()
+    try:
+        result = fewshot.generate(
+            lm,
+            private,
+            targets,
+            template,
+            cfg,
+            pool_field=pool_field,
+            rng=secure_rng(seed),
+            ledger=ledger_obj,
+            ledger_scope=(ledger_args[0], ledger_args[1]),
+            plan=plan,
+            on_token=on_token,
+        )
+    finally:
+        bar.close()  # also on an error, whose line then stays the last one
     fewshot.write_output(
         str(out),
         columns(result.texts),
@@ -172,6 +204,7 @@ def _run(
         template=template,
         rows=rows,
         seeded=seed is not None,
+        ledger_scope=(ledger_args[0], ledger_args[1]),
     )
     print(
         json.dumps(
@@ -216,6 +249,9 @@ def generate_docs(
     server: ServerOption = None,
     server_model: Annotated[str | None, typer.Option(help="served model name")] = None,
     server_context: ServerContextOption = None,
+    server_prompt: ServerPromptOption = "auto",
+    top_logprobs: TopLogprobsOption = 20,
+    server_concurrency: ServerConcurrencyOption = 8,
     labels: Annotated[
         str | None,
         typer.Option(
@@ -287,7 +323,17 @@ def generate_docs(
 
     name = dataset or Path(private).stem
     _run(
-        (model, server, server_model, server_context),
+        (
+            model,
+            server,
+            server_model,
+            server_context,
+            {
+                "prompt_format": server_prompt,
+                "top_logprobs": top_logprobs,
+                "concurrency": server_concurrency,
+            },
+        ),
         private_rows,
         targets,
         template,
@@ -321,6 +367,9 @@ def generate_queries_fewshot(
     server: ServerOption = None,
     server_model: Annotated[str | None, typer.Option(help="served model name")] = None,
     server_context: ServerContextOption = None,
+    server_prompt: ServerPromptOption = "auto",
+    top_logprobs: TopLogprobsOption = 20,
+    server_concurrency: ServerConcurrencyOption = 8,
     limit: Annotated[int | None, typer.Option(help="first N (public) documents only")] = None,
     split: SplitOption = "all",
     ledger: Annotated[
@@ -367,7 +416,17 @@ def generate_queries_fewshot(
 
     name = dataset or Path(private).stem
     _run(
-        (model, server, server_model, server_context),
+        (
+            model,
+            server,
+            server_model,
+            server_context,
+            {
+                "prompt_format": server_prompt,
+                "top_logprobs": top_logprobs,
+                "concurrency": server_concurrency,
+            },
+        ),
         private_rows,
         targets,
         fewshot.QUERY_TEMPLATE,
