@@ -223,6 +223,9 @@ class TextEncoder:
         self.dim = config.hidden_size if family == "bert" else config.d_model
         self.max_len = max_len
         self.vocab = vocab
+        # The folder `load_encoder` read (its provenance.json says what these weights were
+        # trained on; training that starts here inherits it), or None.
+        self.origin: Path | None = None
         self._tokenize_fn = tokenize_fn
         if family == "bert":
             self._states = Bert(config).apply
@@ -557,7 +560,7 @@ def load_encoder(name_or_path: str | Path, *, max_len: int | None = None) -> Tex
       max_len: longest accepted input in tokens (default: see `TextEncoder.max_len`).
 
     Returns:
-      The encoder; its `name` is the base model's name.
+      The encoder; its `name` is the base model's name, its `origin` the folder read.
 
     Raises:
       FileNotFoundError: no such folder or asset, or a folder without the needed files.
@@ -577,15 +580,19 @@ def load_encoder(name_or_path: str | Path, *, max_len: int | None = None) -> Tex
     if not path.is_dir():
         raise FileNotFoundError(f"an encoder is a folder, got a file {str(path)!r}")
     if (path / ENCODER_FILE).exists():
-        return _load_saved(path, max_len)
-    if not (path / "config.json").exists():
+        encoder = _load_saved(path, max_len)
+    elif not (path / "config.json").exists():
         raise FileNotFoundError(f"no config.json or {ENCODER_FILE} in {path}")
-    model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    if model_type == "bert":
-        return _bert_from_folder(name, path, max_len)
-    if model_type in ("t5", "mt5"):
-        return _t5_from_folder(name, path, max_len)
-    raise ValueError(f"unsupported encoder model_type (bert, t5), got {model_type=}")
+    else:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+        if model_type == "bert":
+            encoder = _bert_from_folder(name, path, max_len)
+        elif model_type in ("t5", "mt5"):
+            encoder = _t5_from_folder(name, path, max_len)
+        else:
+            raise ValueError(f"unsupported encoder model_type (bert, t5), got {model_type=}")
+    encoder.origin = path.resolve()
+    return encoder
 
 
 def _load_saved(path: Path, max_len: int | None) -> TextEncoder:

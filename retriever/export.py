@@ -48,6 +48,12 @@ ENCODER_FORMATS = ("sentence-transformers",)
 INDEX_FORMATS = ("parquet",)
 WEIGHTS_FILE = "model.safetensors"
 PARQUET_METADATA_KEY = b"dpsynth"
+# Index rows are not covered by the encoder's statement, which is about its training data.
+CORPUS_STATEMENT = (
+    "the embeddings are a deterministic function of the indexed documents and carry no "
+    "privacy guarantee for them: export an index of public documents only (the encoder's "
+    "statement covers what it was trained on, not the corpus)"
+)
 _TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -427,7 +433,8 @@ def export_index(
 
     Columns: ``doc_id`` (string) and ``embedding`` (fixed-size list of float32, unit
     vectors). The schema metadata key ``dpsynth`` holds JSON: the encoder, its provenance
-    (`retriever.provenance.encoder_provenance`), the dimension, the row count and the
+    (`retriever.provenance.encoder_provenance`), ``corpus_statement`` (the rows themselves
+    carry no guarantee for the indexed documents), the dimension, the row count and the
     similarity (dot product of unit vectors, i.e. cosine).
 
     Args:
@@ -436,7 +443,7 @@ def export_index(
       format: "parquet" (the only one).
 
     Returns:
-      A summary: out, rows, dim, statement.
+      A summary: out, rows, dim, statement (the encoder's), corpus_statement.
 
     Raises:
       ValueError: unknown format, an existing file, or a searcher that keeps no float
@@ -470,6 +477,7 @@ def export_index(
     info = {
         "encoder": meta["encoder"],
         "provenance": record,
+        "corpus_statement": CORPUS_STATEMENT,
         "dim": dim,
         "rows": len(doc_ids),
         "similarity": "dot product of unit vectors (= cosine)",
@@ -480,7 +488,13 @@ def export_index(
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out)
-    return {"out": str(out), "rows": len(doc_ids), "dim": dim, "statement": record["statement"]}
+    return {
+        "out": str(out),
+        "rows": len(doc_ids),
+        "dim": dim,
+        "statement": record["statement"],
+        "corpus_statement": CORPUS_STATEMENT,
+    }
 
 
 def read_parquet_metadata(path: str | Path) -> dict:

@@ -42,6 +42,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from synthgen.corpora import file_sha256
+
 PROVENANCE_FILE = "provenance.json"
 FORMAT = 1
 METADATA_FILE = "metadata.json"  # what a generator release writes beside its synthetic rows
@@ -266,9 +268,11 @@ def for_pairs_file(
     """Provenance of training on a pairs file: DP synthetic if its release metadata says so.
 
     The release's metadata is `metadata`, or else the ``metadata.json`` beside `pairs`. It
-    counts only when it describes exactly that file: a "privacy" block and a row count
-    ("num_queries" or "num_examples") equal to the file's number of rows. Anything else is
-    real data (no guarantee): a DP statement is never made on a guess.
+    counts only when it describes exactly that file: a "privacy" block and, under "files",
+    the SHA-256 of a file of that name equal to this file's (the generators record the
+    digests of what they write). Anything else, an edited file or a release written before
+    digests were recorded included, is real data (no guarantee): a DP statement is never
+    made on a guess.
 
     Args:
       pairs: the training pairs (JSON lines).
@@ -290,18 +294,18 @@ def for_pairs_file(
         meta = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError:
         meta = None
-    rows = _count_rows(pairs)
-    declared = _num_rows(meta) if isinstance(meta, dict) else None
-    if not isinstance(meta, dict) or "privacy" not in meta or declared != rows:
+    files = meta.get("files") if isinstance(meta, dict) else None
+    declared = files.get(pairs.name) if isinstance(files, dict) else None
+    if "privacy" not in (meta or {}) or declared != file_sha256(pairs):
         if explicit:
             raise ValueError(
-                f"{path} does not describe {pairs}: no privacy block, or its row count "
-                f"({declared}) is not the file's ({rows})"
+                f"{path} does not describe {pairs}: no privacy block, or no SHA-256 of "
+                f"{pairs.name!r} equal to the file's (edited, or not the released file)"
             )
         return real_data(num_pairs=num_pairs)
     return synthetic(
         meta,
-        num_pairs=rows if num_pairs is None else num_pairs,
+        num_pairs=_count_rows(pairs) if num_pairs is None else num_pairs,
         description=f"DP synthetic queries ({pairs.name})",
     )
 
@@ -346,8 +350,10 @@ def encoder_provenance(name_or_path: str | Path) -> dict:
     provenance was recorded) the unknown case, stated as real data; for an asset, a Hugging
     Face folder or a random initialisation, `pretrained`.
     """
-    from retriever.encoders import ENCODER_FILE
+    from retriever.encoders import ENCODER_FILE, RANDOM_PREFIX
+    from synthgen import assets
 
+    name = str(name_or_path)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         recorded = read_provenance(path)
@@ -357,4 +363,32 @@ def encoder_provenance(name_or_path: str | Path) -> dict:
             base = json.loads((path / ENCODER_FILE).read_text()).get("base")
             unknown = real_data(description="not recorded")
             return {**unknown, "base_model": base, "statement": UNKNOWN_STATEMENT}
-    return pretrained(str(name_or_path))
+        if (path / "config.json").is_file():
+            return pretrained(name)  # a Hugging Face model folder
+    elif name.startswith(RANDOM_PREFIX) or name in assets.REGISTRY:
+        return pretrained(name)
+    # A path that is gone (a moved run folder) or unknown: never assume an untouched model.
+    unknown = real_data(description=f"unknown encoder {name!r}")
+    return {**unknown, "statement": UNKNOWN_STATEMENT}
+
+
+def continued_from(start: dict, trained: dict) -> dict:
+    """Provenance of training that starts from an encoder whose provenance is `start`.
+
+    Starting from a pretrained model changes nothing. Starting from an encoder trained here,
+    the weights carry what it was trained on, so the new statement cannot be that of
+    `trained` alone: no guarantee is stated (composing the two would need both to be DP
+    statements about the same unit), and both are recorded.
+    """
+    if start["trained_on"]["kind"] == "pretrained":
+        return trained
+    description = (
+        f"{trained['trained_on']['description']}, continued from an encoder whose "
+        f"provenance says: {start['statement']}"
+    )
+    record = real_data(num_pairs=trained["trained_on"]["num_pairs"], description=description)
+    statement = (
+        "no privacy guarantee: training continued from an encoder trained on other data "
+        f"({start['statement']})"
+    )
+    return {**record, "statement": statement, "started_from": start, "this_run": trained}

@@ -235,7 +235,11 @@ def train_retriever(
     opt_state = optimizer.init(params)
     step = 0
     manager = work = None
-    run_meta = {"config": dataclasses.asdict(config), "data": _pairs_digest(data)}
+    run_meta = {
+        "config": dataclasses.asdict(config),
+        "data": _pairs_digest(data),
+        "start": _params_digest(encoder.params),  # the weights training started from
+    }
     if out_dir is not None:
         work = Path(work_dir) if work_dir is not None else default_work_dir(out_dir)
         manager = TrainCheckpoints(private_folder(work) / CHECKPOINTS)
@@ -244,8 +248,8 @@ def train_retriever(
             if {k: restored.meta.get(k) for k in run_meta} != run_meta:
                 manager.close()
                 raise ValueError(
-                    f"the work folder {work} holds checkpoints of a different run (config or "
-                    "training pairs): remove it or pass another work folder"
+                    f"the work folder {work} holds checkpoints of a different run (config, "
+                    "training pairs or starting encoder): remove it or pass another work folder"
                 )
             params, opt_state, step = restored.trainable, restored.opt_state, restored.step
 
@@ -326,6 +330,16 @@ def _pairs_digest(data: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
+def _params_digest(params: PyTree) -> str:
+    """SHA-256 of a parameter tree's paths and values (kept in the work folder only)."""
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        array = np.ascontiguousarray(np.asarray(leaf))
+        digest.update(f"{jax.tree_util.keystr(path)}:{array.dtype}:{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
 def _summary(config: RetrieverConfig, result: RetrieverResult) -> dict:
     return {
         "config": dataclasses.asdict(config),
@@ -348,6 +362,8 @@ def save_trained(
     out_dir/doc_tower (both loadable with `retriever.encoders.load_encoder`), each with
     ``provenance.json`` (`provenance` with the base model's name filled in)."""
     out = Path(out_dir)
+    if encoder.origin is not None:  # weights from a folder: what they were trained on counts
+        provenance = prov.continued_from(prov.encoder_provenance(encoder.origin), provenance)
     record = {**provenance, "base_model": encoder.name}
     save_encoder(encoder, params["query"], out, extra=extra)
     prov.write_provenance(out, record)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -178,3 +179,12 @@ def load_rows(
     else:
         ds = select_split(load_wiki_summaries(str(source)), split)
     return ds.select(range(min(limit, len(ds)))) if limit else ds
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes: a release's metadata names exactly the files it covers."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

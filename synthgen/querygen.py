@@ -35,6 +35,7 @@ import numpy as np
 from flax import serialization
 
 from synthgen import dp_train, run_seed
+from synthgen.corpora import file_sha256
 from synthgen.generator_models import LlamaFamily, T5Family, merge_params, split_trainable
 from synthgen.models.sampling import SamplingConfig
 from synthgen.paths import default_work_dir
@@ -424,6 +425,7 @@ def generate_queries(
         "generator_config": cfg,
         "num_documents": len(documents),
         "num_queries": len(dataset),
+        "files": {f: file_sha256(out / f) for f in ("queries.jsonl", "queries.parquet")},
     }
     (out / "metadata.json").write_text(json.dumps(metadata, indent=1))
     return dataset

@@ -195,6 +195,9 @@ def _run(
         )
     finally:
         bar.close()  # also on an error, whose line then stays the last one
+        close = getattr(lm, "close", None)
+        if callable(close):  # a server backend: no request may outlive the run
+            close()
     fewshot.write_output(
         str(out),
         columns(result.texts),

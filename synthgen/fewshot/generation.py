@@ -110,6 +110,9 @@ def generate(
             f"a prompt may reach {worst} + {config.max_new_tokens} new tokens, more than the "
             f"model's context {context}: lower shots, max_shots, shot_tokens or max_new_tokens"
         )
+    prepare = getattr(lm, "prepare", None)
+    if callable(prepare):  # a remote LM probes its server with a public prompt, pre-charge
+        prepare()
     if ledger is not None:
         if ledger_scope is None:
             raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")

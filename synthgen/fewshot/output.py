@@ -59,6 +59,8 @@ def write_output(
 
     import datasets
 
+    from synthgen.corpora import file_sha256
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dataset = datasets.Dataset.from_dict({k: list(v) for k, v in columns.items()})
@@ -83,6 +85,7 @@ def write_output(
             "tokens_released": result.tokens_released,
         },
         "num_examples": len(dataset),
+        "files": {f: file_sha256(out / f) for f in (f"{name}.jsonl", f"{name}.parquet")},
     }
     (out / "metadata.json").write_text(json.dumps(metadata, indent=1, default=str))
     return metadata

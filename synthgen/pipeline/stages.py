@@ -67,8 +67,10 @@ def open_run_scope(ledger, scope) -> None:
     scopes never change under it (a lower cap would not be enforced, a higher one would
     hide what was already spent), nor does their tenant (the same private data charged under a
     second tenant would start from zero, and each scope's statement would miss the other's)."""
+    from synthgen.privacy.ledger import COLLECTION
+
     for stored in ledger.scopes():
-        if stored.dataset == scope.dataset and stored.tenant != scope.tenant:
+        if stored.dataset == scope.dataset and stored.tenant not in (scope.tenant, COLLECTION):
             raise ValueError(
                 f"the run's ledger charges {scope.dataset} to tenant {stored.tenant!r}, but the "
                 f"config names tenant {scope.tenant!r}: one run's private data has one tenant; "

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from synthgen.corpora import file_sha256
+
 WORDS = "city music film war game team school state river mountain station history".split()
 
 
@@ -51,6 +53,7 @@ def _release(tmp_path):
         "privacy": privacy,
         "model": {"family": "t5", "base": "random:tiny", "lora_rank": 0},
         "num_queries": len(pairs),
+        "files": {"queries.jsonl": file_sha256(tmp_path / "synthetic" / "queries.jsonl")},
     }
     (tmp_path / "synthetic" / "metadata.json").write_text(json.dumps(metadata))
 
@@ -116,4 +119,5 @@ def test_train_evaluate_export_index_export(tmp_path):
     assert table.num_rows == 12 and table.schema.field("embedding").type.list_size == 64
     meta = json.loads(table.schema.metadata[b"dpsynth"])
     assert meta["provenance"]["statement"] == summary["statement"]
+    assert "no privacy guarantee for them" in meta["corpus_statement"]  # rows of the corpus
     assert meta["provenance"]["guarantee"]["ledger_scope"] == {"tenant": "acme", "dataset": "pairs"}

@@ -8,9 +8,10 @@ import pytest
 
 from retriever import evaluate as ev
 from retriever import provenance as prov
-from retriever.encoders import random_encoder, save_encoder
+from retriever.encoders import load_encoder, random_encoder, save_encoder
 from retriever.train import RetrieverConfig, train_retriever
 from synthgen import dp_train, fewshot, querygen
+from synthgen.corpora import file_sha256
 
 POST_PROCESSING = "post-processing of an (ε, δ)-DP release"
 
@@ -111,16 +112,24 @@ def _write_pairs(folder, n):
     return folder / "queries.jsonl"
 
 
+def _describing(pairs):
+    """Release metadata that names `pairs` by its SHA-256, as the generators write it."""
+    return {**_querygen_metadata(12), "files": {pairs.name: file_sha256(pairs)}}
+
+
 def test_a_pairs_file_is_synthetic_only_when_its_metadata_describes_it(tmp_path):
     pairs = _write_pairs(tmp_path / "synthetic", 12)
     assert prov.for_pairs_file(pairs)["trained_on"]["kind"] == "real"  # no metadata.json
     (tmp_path / "synthetic" / "metadata.json").write_text(json.dumps(_querygen_metadata(12)))
+    assert prov.for_pairs_file(pairs)["statement"] == prov.REAL_STATEMENT  # no file digest
+    (tmp_path / "synthetic" / "metadata.json").write_text(json.dumps(_describing(pairs)))
     record = prov.for_pairs_file(pairs, num_pairs=8)
     assert record["statement"].startswith(POST_PROCESSING)
     assert record["trained_on"]["num_pairs"] == 8
-    # A file with other rows than the release's (edited, or another file) is real data.
-    edited = _write_pairs(tmp_path / "synthetic-edited", 13)
-    (edited.parent / "metadata.json").write_text(json.dumps(_querygen_metadata(12)))
+    # A file with other rows than the release's, even as many of them, is real data.
+    edited = _write_pairs(tmp_path / "synthetic-edited", 12)
+    edited.write_text(edited.read_text().replace('"q 3"', '"a real query"'))
+    (edited.parent / "metadata.json").write_text(json.dumps(_describing(pairs)))
     assert prov.for_pairs_file(edited)["statement"] == prov.REAL_STATEMENT
     with pytest.raises(ValueError, match="does not describe"):
         prov.for_pairs_file(edited, metadata=edited.parent / "metadata.json")
@@ -139,6 +148,31 @@ def test_provenance_of_untrained_and_unrecorded_encoders(tmp_path):
     save_encoder(encoder, encoder.params, tmp_path / "old")  # written before provenance
     record = prov.encoder_provenance(tmp_path / "old")
     assert record["statement"] == prov.UNKNOWN_STATEMENT and record["base_model"] == "random:bert"
+    # A path that is gone (a moved run folder) is not taken for an untouched base model.
+    assert prov.encoder_provenance(tmp_path / "moved")["statement"] == prov.UNKNOWN_STATEMENT
+
+
+def test_training_that_continues_from_a_trained_encoder_states_no_guarantee(tmp_path):
+    encoder = random_encoder("bert", seed=0)
+    config = RetrieverConfig(batch_size=4, epochs=1, max_query_len=16, max_doc_len=16)
+    queries, documents = [q for q, _ in PAIRS], [d for _, d in PAIRS]
+    real = tmp_path / "real"  # trained on real pairs: no guarantee
+    train_retriever(encoder, queries, documents, config, out_dir=real, work_dir=tmp_path / "w1",
+                    progress=False)  # fmt: skip
+    start = load_encoder(real)
+    assert start.origin == real.resolve()
+    synthetic = prov.synthetic(_querygen_metadata(8), num_pairs=8)
+    out = tmp_path / "continued"
+    train_retriever(start, queries, documents, config, out_dir=out, provenance=synthetic,
+                    work_dir=tmp_path / "w2", progress=False)  # fmt: skip
+    stored = json.loads((out / "provenance.json").read_text())
+    assert stored["guarantee"]["kind"] == "none" and POST_PROCESSING not in stored["statement"]
+    assert stored["statement"].startswith("no privacy guarantee: training continued")
+    assert stored["started_from"]["statement"] == prov.REAL_STATEMENT
+    # From a base model the synthetic statement stands.
+    base = load_encoder("random:bert")
+    assert base.origin is None
+    assert prov.continued_from(prov.encoder_provenance("random:bert"), synthetic) == synthetic
 
 
 PAIRS = [

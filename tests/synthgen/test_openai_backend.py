@@ -28,7 +28,7 @@ class _Handler(BaseHTTPRequestHandler):
     busy = 0  # answer 503 to this many requests first
     cap = None  # a server that returns at most this many log-probs
     poison = None  # a value put in place of the top log-prob (NaN, "x", ...)
-    delay = 0.0  # seconds per request (concurrency tests)
+    delay = 0.0  # seconds per request, or a function of the prompt's ids (concurrency tests)
     stops = None  # "unbiased": stop before the first token unless logit_bias (llama-cpp-python)
     biases: list = []  # the logit_bias of every completion request
     log: list = []  # every prompt received, in arrival order
@@ -56,7 +56,7 @@ class _Handler(BaseHTTPRequestHandler):
         if cls.stops == "always" or (cls.stops == "unbiased" and "logit_bias" not in body):
             reply = {"text": "", "finish_reason": "stop", "logprobs": {"top_logprobs": []}}
             return self._send(200, {"choices": [reply]})
-        time.sleep(cls.delay)
+        time.sleep(cls.delay(prompt) if callable(cls.delay) else cls.delay)
         logprobs = self.lm.score([prompt])[0]
         top = np.argsort(-logprobs)[: min(body["logprobs"], cls.cap or 10**9)]
         # ASCII tokens as text (llama.cpp, OpenAI), the rest in vLLM's "token_id:<n>" form.
@@ -143,7 +143,9 @@ def test_fewshot_generation_through_the_server(server):
 
 
 def test_concurrent_prompts_come_back_in_prompt_order(serve):
-    url, _ = serve(delay=0.05)
+    # The earlier a prompt, the slower its answer: replies complete in reverse order.
+    slow = {ord("b"): 0.3, ord("y"): 0.2, ord("n"): 0.1}
+    url, _ = serve(delay=lambda ids: slow.get(ids[-1], 0.0))
     tiny = TinyLM()
     prompts = [tiny.encode(text) for text in ("abab ab", "xyxy xy", "mnmn mn", "pqpq pq") * 2]
     remote = _remote(url, k=5, concurrency=4)
