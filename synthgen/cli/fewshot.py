@@ -84,6 +84,12 @@ ServerConcurrencyOption = Annotated[
 ]
 
 
+def _lm_args(model, server, server_model, server_context, prompt, top_logprobs, concurrency):
+    """The arguments of `_load_lm` from the commands' LM options."""
+    options = {"prompt_format": prompt, "top_logprobs": top_logprobs, "concurrency": concurrency}
+    return model, server, server_model, server_context, options
+
+
 def _load_lm(
     model: str,
     server: str | None = None,
@@ -326,17 +332,15 @@ def generate_docs(
 
     name = dataset or Path(private).stem
     _run(
-        (
+        _lm_args(
             model,
             server,
             server_model,
             server_context,
-            {
-                "prompt_format": server_prompt,
-                "top_logprobs": top_logprobs,
-                "concurrency": server_concurrency,
-            },
-        ),
+            server_prompt,
+            top_logprobs,
+            server_concurrency,
+        ),  # fmt: skip
         private_rows,
         targets,
         template,
@@ -419,17 +423,15 @@ def generate_queries_fewshot(
 
     name = dataset or Path(private).stem
     _run(
-        (
+        _lm_args(
             model,
             server,
             server_model,
             server_context,
-            {
-                "prompt_format": server_prompt,
-                "top_logprobs": top_logprobs,
-                "concurrency": server_concurrency,
-            },
-        ),
+            server_prompt,
+            top_logprobs,
+            server_concurrency,
+        ),  # fmt: skip
         private_rows,
         targets,
         fewshot.QUERY_TEMPLATE,
