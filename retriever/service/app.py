@@ -9,13 +9,17 @@ Endpoints (JSON; every one but ``/`` and ``/health`` needs ``Authorization: Bear
     service's per-answer epsilon and mechanism, charged to the tenant's scope and the
     collection's cap in one ledger transaction before any noise is drawn (`DPRag.answer`).
   * ``GET /budget``: the tenant's caps, spend, remaining budget and charge log.
+  * ``GET /card`` (no key): the public card of what the service releases and under which
+    guarantee, when it has one (a network contributor's, `retriever.network.contributor`).
   * ``GET /``: a one-file page to ask questions and watch the budget.
 
 Refusals are 4xx/503 with ``{"error", "detail", "request_id", ...}`` and charge nothing:
 401/403 bad keys, 400 bad input, 413 an oversize question, 402 a budget that does not
 cover the answer's worst case (with the remaining budget), 503 a full queue or a queue
-timeout (with Retry-After). Logs hold request ids, tenant names, endpoints, epsilon, counts
-and timings; never a question, a document, a document id, a score or a key.
+timeout (with Retry-After), 404 an endpoint this service does not serve (``/answer`` of a
+service without replicas, ``/retrieve`` without a public index, ``/card`` without a card).
+Logs hold request ids, tenant names, endpoints, epsilon, counts and timings; never a
+question, a document, a document id, a score or a key.
 
 Trust model: a tenant's cap bounds what that tenant learns about the collection. Tenants
 who collude add up, so the collection's cap bounds all tenants together; both are checked
@@ -125,9 +129,11 @@ class Service:
       ledger: the privacy ledger (SQLite file or PostgreSQL URL).
       registry: the tenants of that ledger.
       dataset: the private collection's name in the ledger.
-      replicas: answer stages over the collection, one LM session each.
+      replicas: answer stages over the collection, one LM session each (empty: ``/answer``
+        is not served, and the collection needs no cap to start).
       public: the public/synthetic index of ``/retrieve`` (None: not served).
       config: limits.
+      card: the public card served at ``/card`` (None: not served).
     """
 
     ledger: PrivacyLedger
@@ -136,12 +142,17 @@ class Service:
     replicas: list[DPRag]
     public: PublicIndex | None = None
     config: ServiceConfig = ServiceConfig()
+    card: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        require_collection_cap(self.ledger, self.dataset)
-        self.admission = Admission(
-            self.replicas, capacity=self.config.queue_capacity, timeout=self.config.queue_timeout
-        )
+        self.admission: Admission | None = None
+        if self.replicas:
+            require_collection_cap(self.ledger, self.dataset)
+            self.admission = Admission(
+                self.replicas,
+                capacity=self.config.queue_capacity,
+                timeout=self.config.queue_timeout,
+            )
 
     # ---- blocking helpers (run in worker threads) -----------------------------------
 
@@ -276,7 +287,8 @@ def create_app(service: Service) -> FastAPI:
         # connection on PostgreSQL: bound them
         anyio.to_thread.current_default_thread_limiter().total_tokens = 8
         yield
-        service.admission.close()
+        if service.admission is not None:
+            service.admission.close()
 
     app = FastAPI(
         title="dpsynth DP-RAG", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
@@ -326,18 +338,28 @@ def create_app(service: Service) -> FastAPI:
     @app.get("/health")
     @_guarded
     async def health(request: Request) -> dict[str, Any]:
+        admission = service.admission
         return {
             "status": "ok",
             "dataset": service.dataset,
             "replicas": len(service.replicas),
-            "busy": service.admission.busy,
-            "waiting": service.admission.waiting,
+            "busy": admission.busy if admission is not None else 0,
+            "waiting": admission.waiting if admission is not None else 0,
             "queue_capacity": config.queue_capacity,
             "retrieve": service.public is not None,
-            "answer_epsilon": config.answer_epsilon,
-            "mechanism": config.mechanism,
+            "answer": admission is not None,
+            "answer_epsilon": config.answer_epsilon if admission is not None else None,
+            "mechanism": config.mechanism if admission is not None else None,
             "max_question_chars": config.max_question_chars,
+            "card": service.card is not None,
         }
+
+    @app.get("/card")
+    @_guarded
+    async def card(request: Request) -> dict[str, Any]:
+        if service.card is None:
+            raise Refusal(404, "no_card", "this service has no card")
+        return service.card
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> HTMLResponse:
@@ -362,6 +384,9 @@ def create_app(service: Service) -> FastAPI:
     @_guarded
     async def answer(request: Request) -> dict[str, Any]:
         tenant = await authenticate(request)
+        admission = service.admission
+        if admission is None:
+            raise Refusal(404, "answer_not_served", "this service serves no DP answers")
         body = await json_body(request)
         question = question_of(body)
         epsilon = body.get("epsilon", config.answer_epsilon)
@@ -389,9 +414,9 @@ def create_app(service: Service) -> FastAPI:
         def run(rag: DPRag):
             return rag.answer(question, tenant=tenant, epsilon=epsilon, mechanism=mechanism)
 
-        retry = {"Retry-After": str(service.admission.retry_after())}
+        retry = {"Retry-After": str(admission.retry_after())}
         try:
-            result = await service.admission.run(run)
+            result = await admission.run(run)
         except QueueFullError:
             raise Refusal(
                 503, "queue_full", "every model replica is busy; retry later", headers=retry

@@ -43,6 +43,13 @@ class FewShotConfig:
       public_prior: lambda of the public soft prior (0 = none).
       resample: "token" (fresh draw per token) or "example" (one draw, KV cache).
       stop_at_newline: a token containing a newline ends the example (single paragraphs).
+      allow_small_pools: run pools smaller than `public_pool_size` instead of refusing
+        them. The guarantee does not change (every example joins a draw with probability
+        exactly q, whatever its pool's size); small pools only fill fewer shots. For pools
+        made from DP-released keys, where refusing would itself read a pool's size.
+      extra_candidates: public token ids added to the RVP candidates (e.g. the tokens of
+        DP-released keywords); they must not depend on private data except through a
+        DP release.
     """
 
     public_pool_size: int = dataclasses.field(kw_only=True)
@@ -60,6 +67,8 @@ class FewShotConfig:
     public_prior: float = 0.0
     resample: Resample = "token"
     stop_at_newline: bool = True
+    allow_small_pools: bool = False
+    extra_candidates: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("subsets", "shots", "shot_tokens", "max_new_tokens"):
@@ -89,8 +98,15 @@ class FewShotConfig:
             raise ValueError(f"delta must be in (0, 1), got {self.delta=}")
         if self.public_vocab is not None and self.public_vocab < 1:
             raise ValueError(f"public_vocab must be >= 1, got {self.public_vocab=}")
+        if any(not isinstance(t, int) or t < 0 for t in self.extra_candidates):
+            raise ValueError("extra_candidates must be token ids (ints >= 0)")
         if self.public_prior < 0:
             raise ValueError(f"public_prior must be >= 0, got {self.public_prior=}")
+
+    @property
+    def min_pool_size(self) -> int:
+        """Pools below this size are refused (0: none is, see `allow_small_pools`)."""
+        return 0 if self.allow_small_pools else self.public_pool_size
 
     @property
     def shots_cap(self) -> int:

@@ -96,7 +96,7 @@ def generate(
       under add/remove-one, charged to `ledger` before any token is released.
     """
     plan = plan or plan_for(private_rows, targets, template, config, pool_field=pool_field)
-    pools = _pools(private_rows, targets, pool_field, config.public_pool_size)
+    pools = _pools(private_rows, targets, pool_field, config.min_pool_size)
     _check_plan(plan, config, pools)
     prompts = _Prompts(lm, template, private_rows, config.shot_tokens)
     frames = [prompts.frame(target) for target in targets]

@@ -51,11 +51,17 @@ def private_mean(logprobs: np.ndarray) -> np.ndarray:
 
 
 def public_candidates(public: np.ndarray, config: FewShotConfig) -> np.ndarray:
-    """Candidate token ids: all, or the K most likely under the public distribution."""
+    """Candidate token ids: all, or the K most likely under the public distribution plus
+    the config's public `extra_candidates`."""
     if config.public_vocab is None:
         return np.arange(public.size)
     k = min(config.public_vocab, public.size)
-    return np.argpartition(-public, k - 1)[:k]
+    top = np.argpartition(-public, k - 1)[:k]
+    if not config.extra_candidates:
+        return top
+    extra = np.asarray(config.extra_candidates, np.int64)
+    extra = extra[extra < public.size]
+    return np.union1d(top, extra)
 
 
 def release_token(

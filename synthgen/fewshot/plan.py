@@ -68,12 +68,13 @@ class FewShotPlan:
     subsets: int
     delta: float
     epsilon: float
+    pools_per_example: int = 1
 
     @property
     def event(self):
         return accounting.fewshot_event(
             sampling_rate=self.sampling_rate,
-            tokens=self.tokens,
+            tokens=self.tokens * self.pools_per_example,
             mechanism=self.mechanism,
             noise_multiplier=self.noise_multiplier,
             token_epsilon=self.token_epsilon,
@@ -106,13 +107,17 @@ class FewShotPlan:
         return out
 
 
-def plan_privacy(config: FewShotConfig, tokens_per_pool: int, pools: int = 1) -> FewShotPlan:
+def plan_privacy(
+    config: FewShotConfig, tokens_per_pool: int, pools: int = 1, pools_per_example: int = 1
+) -> FewShotPlan:
     """Resolves delta and the noise of a run from declared public figures only.
 
     Args:
       config: the run's hyper-parameters (its `public_pool_size` sets the rate).
       tokens_per_pool: most tokens released for one pool (examples x max_new_tokens).
       pools: pools that have synthetic examples to generate (public: from the targets).
+      pools_per_example: most pools one private example sits in (overlapping pools, e.g.
+        one per keyword of a document): its tokens are charged that many times.
 
     Raises:
       ValueError: delta >= 1 / N with N = public_pool_size x pools.
@@ -121,14 +126,17 @@ def plan_privacy(config: FewShotConfig, tokens_per_pool: int, pools: int = 1) ->
       Nothing here reads private data: q = M * shots / public_pool_size, delta and the
       noise follow from public figures, so the plan may be published whole.
     """
-    if pools < 1 or tokens_per_pool < 1:
-        raise ValueError(f"pools and tokens_per_pool must be >= 1, got {pools=}")
+    if pools < 1 or tokens_per_pool < 1 or pools_per_example < 1:
+        raise ValueError(
+            f"pools, tokens_per_pool, pools_per_example must be >= 1, got {pools=} "
+            f"{tokens_per_pool=} {pools_per_example=}"
+        )
     delta = resolve_delta(config.delta, config.public_pool_size * pools)
     rate = config.sampling_rate
     per_draw = 1 if config.resample == "token" else config.max_new_tokens
     shape = dict(
         sampling_rate=rate,
-        tokens=tokens_per_pool,
+        tokens=tokens_per_pool * pools_per_example,
         mechanism=config.mechanism,
         tokens_per_draw=per_draw,
     )
@@ -151,6 +159,7 @@ def plan_privacy(config: FewShotConfig, tokens_per_pool: int, pools: int = 1) ->
         subsets=config.subsets,
         delta=delta,
         epsilon=eps,
+        pools_per_example=pools_per_example,
     )
 
 
@@ -161,8 +170,13 @@ def plan_for(
     config: FewShotConfig,
     *,
     pool_field: str | None = None,
+    pools_per_example: int = 1,
 ) -> FewShotPlan:
     """Validates the inputs and fixes the run's guarantee (before any model is loaded).
+
+    `pools_per_example`: most pools one private example's rows sit in (overlapping pools
+    repeat an example's row once per pool, each with another `pool_field` value); the
+    plan charges every token that many times.
 
     The plan depends only on public figures (the config and the targets); the private rows
     are read only to refuse a pool smaller than `config.public_pool_size`.
@@ -186,12 +200,12 @@ def plan_for(
     missing = target_fields - set(targets[0])
     if missing:
         raise ValueError(f"targets lack field(s) {sorted(missing)}")
-    pools = _pools(private_rows, targets, pool_field, config.public_pool_size)
+    pools = _pools(private_rows, targets, pool_field, config.min_pool_size)
     per_pool: dict[int, int] = {}
     for pool in pools:
         per_pool[id(pool)] = per_pool.get(id(pool), 0) + 1
     tokens = max(per_pool.values()) * config.max_new_tokens
-    return plan_privacy(config, tokens, len(per_pool))
+    return plan_privacy(config, tokens, len(per_pool), pools_per_example)
 
 
 def _check_plan(plan: FewShotPlan, config: FewShotConfig, pools: Sequence[np.ndarray]) -> None:

@@ -35,11 +35,10 @@ def _pools(rows, targets, pool_field: str | None, declared: int) -> list[np.ndar
     for i, row in enumerate(rows):
         by_value.setdefault(row[pool_field], []).append(i)
     arrays = {value: np.asarray(indices, np.int64) for value, indices in by_value.items()}
-    empty = np.zeros(0, np.int64)
     pools = []  # one shared array per pool, so pools can be told apart by identity
     for target in targets:
         value = target[pool_field]
-        pool = arrays.setdefault(value, empty)
+        pool = arrays.setdefault(value, np.zeros(0, np.int64))  # its own, even if empty
         if pool.size < declared:
             raise ValueError(
                 f"the private pool of {pool_field}={value!r} is smaller than the declared "

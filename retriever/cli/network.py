@@ -1,0 +1,211 @@
+"""`retriever contributor serve|card|key add` and `retriever network query`: thin wrappers
+over `retriever.network` (contributors of the retrieval network, and the engine that asks
+them all).
+
+`retriever contributor build` lives in `retriever.cli.contributor_build` and is registered
+here when that module exists.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+contributor_app = typer.Typer(
+    help="A contributor of the retrieval network: its release, its keys, its server.",
+    no_args_is_help=True,
+)
+key_app = typer.Typer(help="API keys of a contributor (tenants of its own ledger).")
+contributor_app.add_typer(key_app, name="key")
+network_app = typer.Typer(help="Ask every contributor of a network at once.", no_args_is_help=True)
+
+if importlib.util.find_spec("retriever.cli.contributor_build") is not None:
+    from retriever.cli.contributor_build import build
+
+    contributor_app.command("build")(build)
+
+DirOption = Annotated[Path, typer.Option("--dir", help="the release (knowledge) folder")]
+WorkOption = Annotated[
+    Path, typer.Option("--work", help="the contributor's private work folder (private.json)")
+]
+
+
+@contributor_app.command("serve")
+def serve(
+    release: DirOption,
+    work: WorkOption,
+    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port (0: a free one, printed)")] = 0,
+    answer: Annotated[
+        bool, typer.Option("--answer/--no-answer", help="also serve DP answers (/answer)")
+    ] = False,
+    lm: Annotated[str, typer.Option(help="LM asset or path; 'tiny': byte-level test model")] = (
+        "smollm2-135m-instruct"
+    ),
+    answer_epsilon: Annotated[float, typer.Option(help="every answer's epsilon")] = 1.0,
+    mechanism: Annotated[str, typer.Option(help="every answer's: icl | vote | sparse-vote")] = (
+        "icl"
+    ),
+    replicas: Annotated[int, typer.Option(help="model replicas (one answer each)")] = 1,
+    queue: Annotated[int, typer.Option(help="most requests waiting for a replica")] = 16,
+    queue_timeout: Annotated[float, typer.Option(help="seconds a request may wait")] = 30.0,
+    k: Annotated[int, typer.Option(help="documents the DP threshold aims to select")] = 8,
+    max_tokens: Annotated[int, typer.Option(help="most answer tokens")] = 12,
+    delta: Annotated[float, typer.Option(help="per-answer delta")] = 1e-6,
+    min_score: Annotated[float, typer.Option(help="public lower clip of similarities")] = 0.0,
+    max_score: Annotated[float, typer.Option(help="public upper clip of similarities")] = 1.0,
+) -> None:
+    """Serve a contributor's release: /retrieve (free), /card, and with --answer /answer.
+
+    /retrieve searches the DP synthetic documents only (post-processing: no budget spent);
+    /answer gives DP answers from the private collection, charged to the caller's tenant on
+    this contributor's own ledger. Callers need a key from `retriever contributor key add`.
+    """
+    from retriever.network.contributor import load_contributor
+    from retriever.rag import RagConfig, ScoreRange
+    from retriever.service.app import ServiceConfig
+    from retriever.service.server import serve as serve_forever
+
+    service = load_contributor(
+        release,
+        work,
+        answer=answer,
+        lm=lm,
+        rag_config=RagConfig(
+            k=k, max_tokens=max_tokens, delta=delta, score_range=ScoreRange(min_score, max_score)
+        ),
+        config=ServiceConfig(
+            answer_epsilon=answer_epsilon,
+            mechanism=mechanism,
+            queue_capacity=queue,
+            queue_timeout=queue_timeout,
+        ),
+        replicas=replicas,
+    )
+    serve_forever(service, host=host, port=port)
+
+
+@contributor_app.command("card")
+def card(release: DirOption) -> None:
+    """Print the card of a release: what it holds and its (epsilon, delta) guarantee."""
+    from retriever.network.folder import read_card
+
+    print(json.dumps(read_card(release), indent=1))
+
+
+@key_app.command("add")
+def key_add(
+    name: Annotated[str, typer.Argument(help="the caller's (tenant's) name")],
+    work: WorkOption,
+    epsilon: Annotated[float, typer.Option(help="the tenant's epsilon cap for /answer")],
+    delta: Annotated[float, typer.Option(help="its delta cap")],
+    collection_epsilon: Annotated[
+        float | None, typer.Option(help="cap over all tenants, if the collection has none")
+    ] = None,
+    collection_delta: Annotated[float | None, typer.Option(help="its delta cap")] = None,
+) -> None:
+    """Register a caller on this contributor's ledger and print its API key (shown once).
+
+    The key works at this contributor only. /retrieve is free whatever the cap; the cap
+    bounds the caller's /answer calls.
+    """
+    from retriever.network.contributor import add_key
+
+    print(
+        add_key(
+            work,
+            name,
+            epsilon=epsilon,
+            delta=delta,
+            collection_epsilon=collection_epsilon,
+            collection_delta=collection_delta,
+        )
+    )
+
+
+def _read_keys(path: Path) -> dict[str, str]:
+    """{url: key} from a JSON file (trailing slashes ignored)."""
+    try:
+        keys = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise ValueError(f"{path} is not JSON: expected {{url: key}}") from None
+    if not isinstance(keys, dict) or not all(
+        isinstance(u, str) and isinstance(k, str) for u, k in keys.items()
+    ):
+        raise ValueError(f"{path} must be a JSON object {{url: key}}")
+    return {url.rstrip("/"): key for url, key in keys.items()}
+
+
+@network_app.command("query")
+def query(
+    contributors: Annotated[str, typer.Option(help="contributor URLs, comma-separated")],
+    keys: Annotated[
+        Path, typer.Option(help="JSON file {url: API key} (keys never on the command line)")
+    ],
+    question: Annotated[str, typer.Option(help="the question")],
+    k: Annotated[int, typer.Option(help="documents to return (asked of each contributor)")] = 10,
+    timeout: Annotated[float, typer.Option(help="seconds per contributor, retries included")] = (
+        10.0
+    ),
+    retries: Annotated[int, typer.Option(help="retries after a transport error or 5xx")] = 2,
+    rerank: Annotated[
+        str | None, typer.Option(help="re-score the merged hits with this local encoder")
+    ] = None,
+    lm: Annotated[
+        str, typer.Option(help="local LM answering over the documents ('tiny'; 'none': off)")
+    ] = "none",
+    mode: Annotated[
+        str, typer.Option(help="retrieve (free) | answer (each contributor's DP /answer)")
+    ] = "retrieve",
+    max_response_bytes: Annotated[int, typer.Option(help="largest reply accepted")] = 1 << 20,
+    cards: Annotated[
+        bool, typer.Option("--cards/--no-cards", help="fetch each contributor's card first")
+    ] = True,
+) -> None:
+    """Ask every contributor at once; print the merged result as JSON.
+
+    Exit code 0 when at least one contributor answered (stderr names those that did not),
+    1 when none did. /retrieve is free at every contributor; --mode answer spends each
+    contributor's per-answer epsilon from your budget there.
+    """
+    from retriever.network.engine import (
+        Contributor,
+        EngineConfig,
+        NetworkQueryEngine,
+        Reranker,
+        load_answer_lm,
+    )
+
+    urls = [u.strip().rstrip("/") for u in contributors.split(",") if u.strip()]
+    if not urls:
+        raise ValueError("--contributors names no URL")
+    key_of = _read_keys(keys)
+    missing = [url for url in urls if url not in key_of]
+    if missing:
+        raise ValueError(f"{keys} has no key for {', '.join(missing)}")
+    model, prompt, lm_name = None, None, None
+    if lm.lower() != "none":
+        model, prompt = load_answer_lm(lm)
+        lm_name = lm
+    engine = NetworkQueryEngine(
+        [Contributor(url, key_of[url]) for url in urls],
+        config=EngineConfig(
+            k=k, timeout=timeout, retries=retries, max_response_bytes=max_response_bytes
+        ),
+        reranker=Reranker.load(rerank) if rerank else None,
+        lm=model,
+        prompt=prompt,
+        lm_name=lm_name,
+    )
+    response = engine.query_sync(question, mode=mode, cards=cards)
+    print(json.dumps(response.to_json(), indent=1))
+    for report in response.failed:
+        print(f"warning: {report.name}: {report.status}: {report.reason}", file=sys.stderr)
+    if response.all_failed:
+        print(f"error: all {len(urls)} contributors failed", file=sys.stderr)
+        raise typer.Exit(1)

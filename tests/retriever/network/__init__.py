@@ -1,0 +1,1 @@
+"""Tests of the privacy-preserving retrieval network (`retriever.network`)."""
