@@ -31,6 +31,9 @@ def build(
     encoder: Annotated[str, typer.Option(help="encoder of the indexes")] = "all-minilm-l6-v2",
     topic_share: Annotated[float, typer.Option(help="share of epsilon for the topics")] = 0.3,
     max_keywords: Annotated[int, typer.Option(help="most keywords (pools) per document")] = 4,
+    pools_per_document: Annotated[
+        int, typer.Option(help="most topic pools a document joins (charged that many times)")
+    ] = 1,
     max_topics: Annotated[int, typer.Option(help="most topics generated for")] = 64,
     per_topic: Annotated[int, typer.Option(help="synthetic documents per topic")] = 1,
     public_pool_size: Annotated[
@@ -64,6 +67,7 @@ def build(
         delta=delta,
         topic_share=topic_share,
         max_keywords=max_keywords,
+        pools_per_document=pools_per_document,
         max_topics=max_topics,
         per_topic=per_topic,
         fewshot=FewShotConfig(

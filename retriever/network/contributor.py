@@ -129,9 +129,10 @@ def load_contributor(
     config = config or ServiceConfig()
     if answer_epsilon is not None:
         config = dataclasses.replace(config, answer_epsilon=answer_epsilon)
+    empty = int(card["releases"].get("synthetic_documents", 0)) == 0
     if not answer:
         ledger = PrivacyLedger(record["ledger"])
-        public = PublicIndex(folder.index, folder.synthetic)
+        public = _EmptyRelease() if empty else PublicIndex(folder.index, folder.synthetic)
         return Service(
             ledger,
             TenantRegistry(ledger),
@@ -155,11 +156,20 @@ def load_contributor(
         dataset=str(record["dataset"]),
         rag_config=rag_config,
         config=config,
-        public_index=folder.index,
-        public_corpus=folder.synthetic,
+        public_index=None if empty else folder.index,
+        public_corpus=None if empty else folder.synthetic,
     )
+    if empty:
+        service.public = _EmptyRelease()
     service.card = served_card(card, answer=config, rag=rag_config)
     return service
+
+
+class _EmptyRelease:
+    """The index of a release with no document (no topic passed the DP threshold)."""
+
+    def search(self, question: str, k: int) -> list[dict[str, Any]]:
+        return []
 
 
 def add_key(

@@ -77,6 +77,7 @@ def build_knowledge(
     answer_index: bool = True,
     seed: int | None = None,
     progress: bool = True,
+    lm_name: str | None = None,
 ) -> KnowledgeResult:
     """Builds a contributor's release folder and private work folder.
 
@@ -93,6 +94,7 @@ def build_knowledge(
       answer_index: also index the private corpus exactly, for /answer.
       seed: tests only: a fixed seed for the mechanisms (stated on the card).
       progress: show a progress bar on stderr.
+      lm_name: how the card names a loaded `lm` (default: its type).
 
     Raises:
       ValueError: a bad config, a work folder inside the release, or an empty corpus.
@@ -101,7 +103,7 @@ def build_knowledge(
     """
     from retriever.data import read_corpus
     from synthgen.fewshot.topics import release_topic_documents
-    from synthgen.privacy import PrivacyLedger, Scope, secure_rng
+    from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope, secure_rng
     from synthgen.work_folder import private_folder
 
     out = Path(out).absolute()
@@ -116,6 +118,11 @@ def build_knowledge(
     ledger_location = ledger or str(work / "ledger.sqlite")
     book = PrivacyLedger(ledger_location)
     book.ensure_scope(Scope(RELEASE_TENANT, dataset, config.epsilon, config.delta))
+    if book.charges(RELEASE_TENANT, dataset):  # one release per collection and ledger
+        raise BudgetExceededError(
+            f"{dataset} was already released from this ledger ({ledger_location}): a second "
+            "release would compose with the first; use a new collection name or ledger"
+        )
     model = _load_lm(lm)
     bar = None
     if progress:
@@ -149,7 +156,7 @@ def build_knowledge(
             "delta": plan.documents.delta,
         },
     ]
-    model_name = lm if isinstance(lm, str) else type(lm).__name__
+    model_name = lm if isinstance(lm, str) else (lm_name or type(lm).__name__)
     card = make_card(
         contributor=contributor,
         epsilon=plan.epsilon,

@@ -167,7 +167,8 @@ def plan_topics(config: TopicConfig) -> TopicPlan:
         allow_small_pools=True,
     )
     tokens = config.per_topic * fewshot.max_new_tokens
-    documents = plan_privacy(fewshot, tokens, 1, config.pools_per_document)
+    # delta is checked against the most pools a run can have (a public bound)
+    documents = plan_privacy(fewshot, tokens, config.max_topics, config.pools_per_document)
     # NB: the config's noise is now fixed; later plans (one per run) reuse it.
     name = "noise_multiplier" if fewshot.mechanism == "gaussian" else "token_epsilon"
     fewshot = dataclasses.replace(
@@ -248,8 +249,9 @@ def release_topic_documents(
     )
     fewshot = dataclasses.replace(plan.fewshot, extra_candidates=tuple(extra))
     doc_plan = plan_privacy(
-        fewshot, config.per_topic * fewshot.max_new_tokens, len(chosen), config.pools_per_document
-    )
+        fewshot, config.per_topic * fewshot.max_new_tokens, config.max_topics,
+        config.pools_per_document,
+    )  # fmt: skip
     if doc_plan.event != plan.documents.event:  # the same charge as checked
         raise AssertionError("the document stage's plan changed after the check")
     result = generate(

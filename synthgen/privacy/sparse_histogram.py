@@ -37,6 +37,8 @@ from scipy.stats import norm
 
 from synthgen.privacy import accounting
 
+MIN_NOISE_STD = 0.1  # the least noise the calibration tries (see plan_sparse_histogram)
+
 
 @dataclasses.dataclass(frozen=True)
 class SparseHistogramPlan:
@@ -115,12 +117,23 @@ def plan_sparse_histogram(epsilon: float, delta: float, max_keys: int) -> Sparse
         eps = accounting.epsilon(sparse_histogram_event(sigma, max_keys, dt), delta)
         return SparseHistogramPlan(max_keys, sigma, tau, dt, eps, delta)
 
-    low, high = 1e-3, 1.0
-    while plan(high).epsilon > epsilon:
-        low, high = high, high * 2
-        if high > 1e6:
-            raise ValueError(f"no noise reaches {epsilon=} at {delta=}")
-    for _ in range(30):
+    # Bracket [low, high] with plan(high) meeting epsilon and plan(low) not. Below
+    # MIN_NOISE_STD the PLD grid explodes; a target reachable with less noise gets the floor
+    # (more noise than needed, never less).
+    high = 1.0
+    if plan(high).epsilon <= epsilon:
+        while high > MIN_NOISE_STD and plan(high / 2).epsilon <= epsilon:
+            high /= 2
+        low = high / 2
+        if high <= MIN_NOISE_STD:
+            return plan(high)
+    else:
+        low = high
+        while plan(high).epsilon > epsilon:
+            low, high = high, high * 2
+            if high > 1e6:
+                raise ValueError(f"no noise reaches {epsilon=} at {delta=}")
+    while high - low > 1e-3 * high:
         mid = math.sqrt(low * high)
         low, high = (low, mid) if plan(mid).epsilon <= epsilon else (mid, high)
     return plan(high)
