@@ -271,7 +271,7 @@ def main() -> None:
     acc = {e["cell"]: e["accuracy"] for e in accuracy_table(results)}
     refs = {"rag": acc["rag"], "no-rag": acc["no-rag"]}
     for eps in args.epsilons:
-        table[f"{eps:g}"]["dprag"] = {str(q): acc[f"icl-eps{round(eps / q, 6):g}"] for q in QS}
+        table[f"{eps:g}"]["dprag"] = {str(q): acc.get(f"icl-eps{round(eps / q, 6):g}") for q in QS}
     lines = [
         "| total ε | network (any Q) | DP-RAG Q=1 | Q=10 | Q=100 | Q=1000 | "
         "network Recall@10 | synthetic docs | card ε (3 contributors) |",
