@@ -162,6 +162,9 @@ def write_knowledge_folder(
     ]
     write_jsonl(folder.synthetic, rows)
     if metadata is not None:
+        from synthgen.corpora import file_sha256
+
+        metadata = {**metadata, "files": {SYNTHETIC_FILE: file_sha256(folder.synthetic)}}
         folder.metadata.write_text(json.dumps(metadata, indent=1, default=str))
     if rows:
         encoder = card["releases"]["encoder"]

@@ -55,14 +55,6 @@ def default_contributor_work(release: str | Path) -> Path:
     return default_work_dir(release)
 
 
-def _load_lm(lm: str | object):
-    if not isinstance(lm, str):
-        return lm
-    from synthgen.lm_backends import FlaxLM, TinyLM
-
-    return TinyLM() if lm == "tiny" else FlaxLM.load(lm)
-
-
 def build_knowledge(
     private_corpus: str | Path,
     out: str | Path,
@@ -123,7 +115,12 @@ def build_knowledge(
             f"{dataset} was already released from this ledger ({ledger_location}): a second "
             "release would compose with the first; use a new collection name or ledger"
         )
-    model = _load_lm(lm)
+    if isinstance(lm, str):
+        from retriever.network.engine import load_answer_lm
+
+        model, _ = load_answer_lm(lm)  # "tiny" or an LM asset or path
+    else:
+        model = lm
     bar = None
     if progress:
         from tqdm import tqdm
