@@ -11,7 +11,13 @@ them and scored on the real test split. Cells:
 * zero-shot (no examples): nearest label description ("An encyclopedia article about X.");
 * real-k: the same classifier on k real train paragraphs per topic (k = --per-label);
 * real-all: on all real train paragraphs (an upper bound);
-* synthetic-<eps>: on the DP synthetic paragraphs.
+* synthetic-<eps>: on the DP few-shot synthetic paragraphs;
+* pe-<eps>: on Private Evolution paragraphs (`synthgen.evolution`): a public first
+  population from "Write one paragraph of an encyclopedia article about <topic>." (generated
+  once, `<out>/pe_initial.json`, shared by the PE cells: it reads no private data), then
+  `--pe-iterations` DP nearest-neighbour histograms of the private train paragraphs'
+  MiniLM embeddings, with LM paraphrases of the selected synthetic paragraphs in between;
+  `--pe-samples` paragraphs are released (drawn from the last histogram).
 
 Privacy: every synthetic cell is released (results.json holds its samples), so all cells
 charge the same private data to ONE ledger scope: `--ledger` (default: the default ledger,
@@ -24,6 +30,7 @@ Finished cells are cached in `<out>/cells/*.json` (rerun resumes); writes
 `<out>/results.json` and `<out>/fewshot_utility.png` and prints a markdown table.
 
     python scripts/fewshot_utility.py --out runs/fewshot_utility   # 15-25 min per epsilon
+    python scripts/fewshot_utility.py --out runs/fewshot_utility --methods pe   # PE only
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ WIKI_TOPICS = (
     "Uncategorized",
 )
 # Shared with the README's `synthgen generate-docs` run on the same private train split.
-TENANT, DATASET, PUBLIC_POOL_SIZE, BUDGET = "demo", "wiki-train", 150, 12.0
+TENANT, DATASET, PUBLIC_POOL_SIZE, BUDGET = "demo", "wiki-train", 150, 24.0
 
 
 def logistic_regression(x, y, classes, *, l2=1e-3, steps=500, lr=2.0):
@@ -108,6 +115,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--public-vocab", type=int, default=50)
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["fewshot", "pe"],
+        choices=["fewshot", "pe"],
+        help="which DP generators get cells",
+    )
+    parser.add_argument("--pe-population", type=int, default=12, help="PE: per topic")
+    parser.add_argument("--pe-samples", type=int, default=144, help="PE: released, in all")
+    parser.add_argument("--pe-iterations", type=int, default=3)
+    parser.add_argument("--pe-max-new-tokens", type=int, default=64)
+    parser.add_argument("--pe-batch-size", type=int, default=32)
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     args.ledger = args.ledger or default_ledger_path()
@@ -131,7 +150,7 @@ def main() -> None:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
-        report([json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))], out)
+        report(all_cells(out), out)
         return
 
     train, test = corpora.split_by_document(corpora.load_wiki_summaries("wiki-summaries-en"))
@@ -172,7 +191,7 @@ def main() -> None:
         {"text": d, "label": t} for d, t in zip(train["document"], train["topic"], strict=True)
     ]
     targets = fewshot.round_robin_targets(labels, args.per_label * len(labels))
-    for eps in args.epsilons:
+    for eps in args.epsilons if "fewshot" in args.methods else []:
 
         def synthetic(eps=eps):
             nonlocal lm
@@ -207,7 +226,121 @@ def main() -> None:
             }  # fmt: skip
 
         results.append(_cell(out, f"synthetic-{eps:g}", synthetic))
-    report(results, out)
+    if "pe" in args.methods:
+        results += pe_cells(args, encoder, private, labels, (x_test, y_test), base)
+    report(all_cells(out), out)
+
+
+def all_cells(out: Path) -> list[dict]:
+    """Every finished cell in `<out>/cells`: baselines, then few-shot, then PE cells."""
+    cells = [json.loads(p.read_text()) for p in (out / "cells").glob("*.json")]
+    kind = {"synthetic": 1, "pe": 2}
+    return sorted(cells, key=lambda c: (kind.get(c["cell"].split("-")[0], 0),
+                                        c["epsilon"] or 0, c["cell"]))  # fmt: skip
+
+
+def pe_config(args: argparse.Namespace, labels: list[str], eps: float):
+    """The PE cell's public parameters (delta = the few-shot cells' 1/(10 N), N declared)."""
+    from synthgen import evolution
+
+    return evolution.EvolutionConfig(
+        num_samples=args.pe_samples, iterations=args.pe_iterations, target_epsilon=eps,
+        public_size=args.public_pool_size * len(labels), labels=tuple(labels),
+        population=args.pe_population, max_new_tokens=args.pe_max_new_tokens,
+        batch_size=args.pe_batch_size,
+    )  # fmt: skip
+
+
+def pe_cells(args, encoder, private, labels, test, base) -> list[dict]:
+    """The Private Evolution cells: one shared public first population, one run per epsilon."""
+    import time
+
+    from tqdm import tqdm
+
+    from synthgen import evolution
+    from synthgen.lm_backends import FlaxLM
+    from synthgen.privacy import secure_rng
+
+    def embed(texts):
+        return encoder.encode([t if t else "(empty)" for t in texts])
+
+    def config(eps: float) -> evolution.EvolutionConfig:
+        return pe_config(args, labels, eps)
+
+    lm, sampler, timing = None, None, {}
+
+    def get_sampler():
+        nonlocal lm, sampler
+        if sampler is None:
+            lm = FlaxLM.load(args.model)
+            cfg = config(1.0)
+            sampler = evolution.make_sampler(
+                lm, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                top_p=cfg.top_p, batch_size=cfg.batch_size,
+            )  # fmt: skip
+        return sampler
+
+    initial_path = args.out / "pe_initial.json"
+    if initial_path.is_file():
+        initial = json.loads(initial_path.read_text())
+    else:  # public work only: prompts name the public topics
+        prompts = [p for _, p in evolution.initial_prompts(config(1.0))]
+        began = time.perf_counter()
+        initial = []
+        for start in tqdm(range(0, len(prompts), args.pe_batch_size), desc="PE initial"):
+            initial += get_sampler().sample(prompts[start : start + args.pe_batch_size], start)
+        seconds = time.perf_counter() - began
+        print(f"PE initial population: {len(initial)} samples in {seconds:.0f} s "
+              f"({len(initial) / seconds:.2f} samples/s)", flush=True)  # fmt: skip
+        initial_path.write_text(json.dumps(initial, indent=1))
+    index = {t: i for i, t in enumerate(labels)}
+    texts = [r["text"] for r in private]
+    private_labels = [r["label"] for r in private]
+    private_emb = None  # embedded once, on the first cell that runs
+    cells = []
+    for eps in args.epsilons:
+
+        def run(eps=eps):
+            nonlocal private_emb
+            cfg = config(eps)
+            plan = evolution.plan_evolution(cfg)
+            ledger = PrivacyLedger(args.ledger)
+            ledger.ensure_scope(Scope(args.tenant, args.dataset, args.budget, plan.delta))
+            ledger.check(args.tenant, args.dataset, stage="evolution", event=plan.event,
+                         relation="ADD_OR_REMOVE_ONE")  # fmt: skip
+            if private_emb is None:
+                private_emb = encoder.encode(texts, progress=True)
+            bar = tqdm(desc=f"PE eps={eps:g}", unit="step")
+
+            def progress(stage, done, total):
+                bar.set_postfix_str(f"{stage} {done}/{total}")
+                bar.update(0 if stage == "histogram" and done == 0 else 1)
+
+            result = evolution.evolve(
+                get_sampler(), embed, texts, cfg, rng=secure_rng(), private_labels=private_labels,
+                initial=initial, private_embeddings=private_emb, ledger=ledger,
+                ledger_scope=(args.tenant, args.dataset), plan=plan, progress=progress,
+            )  # fmt: skip
+            bar.close()
+            timing[eps] = result.samples_generated / max(result.generation_seconds, 1e-9)
+            x = embed(result.texts)
+            y = np.array([index[label] for label in result.labels])
+            w = logistic_regression(x, y, len(labels))
+            return {
+                **base, "epsilon": plan.epsilon, "delta": plan.delta,
+                "noise_multiplier": plan.noise_multiplier, "noise_std": plan.noise_std,
+                "threshold_count": plan.threshold_count, "iterations": plan.iterations,
+                "population_per_topic": args.pe_population,
+                "selected_share": result.selected_share,
+                "train_examples": len(result.texts), "accuracy": accuracy(w, *test),
+                "samples": [{"label": label, "text": text}
+                            for label, text in zip(result.labels, result.texts, strict=True)],
+            }  # fmt: skip
+
+        cells.append(_cell(args.out, f"pe-{eps:g}", run))
+        if eps in timing:  # printed, never written to the released cells
+            print(f"[pe-{eps:g}] LM variations: {timing[eps]:.2f} samples/s", flush=True)
+    return cells
 
 
 def report(cells: list[dict], out: Path) -> None:
@@ -223,16 +356,16 @@ def report(cells: list[dict], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    pts = sorted((c["epsilon"], c["accuracy"]) for c in cells if c["cell"].startswith("synthetic"))
-    if pts:
-        ax.plot(*zip(*pts), marker="o", label="DP few-shot synthetic")
-    for c, style in zip(
-        [c for c in cells if not c["cell"].startswith("synthetic")], ("-.", "--", ":"), strict=False
-    ):
+    for prefix, name in (("synthetic", "DP few-shot synthetic"), ("pe-", "Private Evolution")):
+        pts = sorted((c["epsilon"], c["accuracy"]) for c in cells if c["cell"].startswith(prefix))
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=name)
+    baselines = [c for c in cells if not c["cell"].startswith(("synthetic", "pe-"))]
+    for c, style in zip(baselines, ("-.", "--", ":"), strict=False):
         ax.axhline(c["accuracy"], linestyle=style, color="gray", label=c["cell"])
     ax.set_xlabel("epsilon of each cell (delta = 1/(10 N), N declared)")
     ax.set_ylabel("topic accuracy on real test paragraphs")
-    ax.set_title("wiki-summaries-en: classifier on DP few-shot synthetic data")
+    ax.set_title("wiki-summaries-en: classifier on DP synthetic data")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "fewshot_utility.png", dpi=120)

@@ -253,3 +253,38 @@ class FlaxLM:
         logprobs, self._cache = self._step(self.params, self._cache, tokens)
         self._new_tokens += 1
         return np.asarray(logprobs[: self._rows], np.float32)
+
+
+def load_backend(
+    model: str,
+    server: str | None = None,
+    server_model: str | None = None,
+    server_context: int | None = None,
+    server_options: dict | None = None,
+):
+    """The backend a command names: the test LM, the local Flax Llama or a server.
+
+    Args:
+      model: "tiny" (the test LM), an asset name, a .gguf file or an HF Llama folder; with
+        `server`, only the tokenizer's name.
+      server: base URL of an OpenAI-compatible server (it sees every prompt sent to it).
+      server_model: the served model's name (default: `model`).
+      server_context: the server's context length.
+      server_options: further `OpenAICompletionsLM` options.
+
+    Returns:
+      (lm, check): `check` is the server's public probe (`ServerCheck`), None locally.
+    """
+    if server is not None:
+        from synthgen.openai_backend import LocalTokenizer, OpenAICompletionsLM
+
+        tokenizer = TinyLM() if model == "tiny" else LocalTokenizer(model)
+        remote = OpenAICompletionsLM(
+            server,
+            server_model or model,
+            tokenizer,
+            max_context=server_context,
+            **(server_options or {}),
+        )
+        return remote, remote.prepare()  # a public probe, before any charge
+    return (TinyLM() if model == "tiny" else FlaxLM.load(model)), None

@@ -2,10 +2,10 @@
 
 One module per command group (`assets`, `privacy`, `ledger`, `lm`, `audit`) or per family of
 top-level commands (`querygen`: train-generator, generate-queries; `fewshot`: generate-docs,
-generate-queries-fewshot); `common` holds the error wrapper `run` and the option types the
-command lines share. Every error is one line on stderr and a non-zero exit code; `--debug`
-shows the traceback. jax, flax and datasets are imported inside the commands so that
-`synthgen --help` and the calculators start fast.
+generate-queries-fewshot; `evolution`: generate-docs-pe); `common` holds the error wrapper
+`run` and the option types the command lines share. Every error is one line on stderr and a
+non-zero exit code; `--debug` shows the traceback. jax, flax and datasets are imported inside
+the commands so that `synthgen --help` and the calculators start fast.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 
 import typer
 
-from synthgen.cli import fewshot, querygen
+from synthgen.cli import evolution, fewshot, querygen
 from synthgen.cli.assets import assets_app
 from synthgen.cli.audit import audit_app
 from synthgen.cli.common import USER_ERRORS, run
@@ -41,6 +41,7 @@ app.command("train-generator")(querygen.train_generator)
 app.command("generate-queries")(querygen.generate_queries)
 app.command("generate-docs")(fewshot.generate_docs)
 app.command("generate-queries-fewshot")(fewshot.generate_queries_fewshot)
+app.command("generate-docs-pe")(evolution.generate_docs_pe)
 
 
 def main() -> None:

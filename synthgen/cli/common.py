@@ -27,6 +27,42 @@ PresetOption = Annotated[
     ),
 ]
 
+SeedOption = Annotated[
+    int | None,
+    typer.Option(help="tests only: a fixed seed makes the release reproducible (warned)"),
+]
+ModelOption = Annotated[
+    str,
+    typer.Option(help="asset name, .gguf file or HF Llama folder; 'tiny' = the test LM"),
+]
+ServerOption = Annotated[
+    str | None,
+    typer.Option(
+        help="OpenAI-compatible base URL (e.g. http://localhost:8000/v1) of a server you run "
+        "yourself: it sees the private prompts; --model then only names the tokenizer, and "
+        "--server-model the served model"
+    ),
+]
+ServerContextOption = Annotated[
+    int | None,
+    typer.Option(
+        help="context length (tokens) the server was started with; required with --server"
+    ),
+]
+ServerPromptOption = Annotated[
+    str,
+    typer.Option(
+        help="auto | tokens | text: how prompts reach --server; auto probes it once with a "
+        "public prompt and sends token ids where accepted, text otherwise"
+    ),
+]
+TopLogprobsOption = Annotated[
+    int, typer.Option(help="log-probs per --server reply (servers cap it, often at 20)")
+]
+ServerConcurrencyOption = Annotated[
+    int, typer.Option(help="--server requests in flight at once (the M prompts of a token)")
+]
+
 
 def run(application: typer.Typer, argv: list[str] | None = None) -> int:
     """Runs a Typer app, turning known errors into one line and exit code 1 (2 for usage)."""

@@ -16,7 +16,16 @@ from typing import Annotated
 
 import typer
 
-from synthgen.cli.common import SplitOption
+from synthgen.cli.common import (
+    ModelOption,
+    SeedOption,
+    ServerConcurrencyOption,
+    ServerContextOption,
+    ServerOption,
+    ServerPromptOption,
+    SplitOption,
+    TopLogprobsOption,
+)
 from synthgen.paths import default_ledger_path
 from synthgen.privacy.ledger import PrivacyLedger, Scope
 
@@ -31,18 +40,10 @@ PoolSizeOption = Annotated[
 DeltaOption = Annotated[
     float | None, typer.Option(help="below 1/N (N = declared pool size x pools); default 1/(10N)")
 ]
-SeedOption = Annotated[
-    int | None,
-    typer.Option(help="tests only: a fixed seed makes the release reproducible (warned)"),
-]
 SELECTION_NOTE = (
     "{what} select rows by position in the whole data: adding or removing a row elsewhere "
     "can change which rows are selected, so the guarantee covers the selected rows only"
 )
-ModelOption = Annotated[
-    str,
-    typer.Option(help="asset name, .gguf file or HF Llama folder; 'tiny' = the test LM"),
-]
 
 
 def _config(**values):
@@ -53,35 +54,6 @@ def _config(**values):
     if noise is not None:
         values["noise_multiplier" if mechanism == "gaussian" else "token_epsilon"] = noise
     return FewShotConfig(target_epsilon=None if noise is not None else epsilon, **values)
-
-
-ServerOption = Annotated[
-    str | None,
-    typer.Option(
-        help="OpenAI-compatible base URL (e.g. http://localhost:8000/v1) of a server you run "
-        "yourself: it sees the private prompts; --model then only names the tokenizer, and "
-        "--server-model the served model"
-    ),
-]
-ServerContextOption = Annotated[
-    int | None,
-    typer.Option(
-        help="context length (tokens) the server was started with; required with --server"
-    ),
-]
-ServerPromptOption = Annotated[
-    str,
-    typer.Option(
-        help="auto | tokens | text: how prompts reach --server; auto probes it once with a "
-        "public prompt and sends token ids where accepted, text otherwise"
-    ),
-]
-TopLogprobsOption = Annotated[
-    int, typer.Option(help="log-probs per --server reply (servers cap it, often at 20)")
-]
-ServerConcurrencyOption = Annotated[
-    int, typer.Option(help="--server requests in flight at once (the M prompts of a token)")
-]
 
 
 def _lm_args(model, server, server_model, server_context, prompt, top_logprobs, concurrency):
@@ -97,24 +69,13 @@ def _load_lm(
     server_context: int | None = None,
     server_options: dict | None = None,
 ):
-    from synthgen.lm_backends import FlaxLM, TinyLM
+    from synthgen.lm_backends import load_backend
 
-    if server is not None:
-        from synthgen.openai_backend import LocalTokenizer, OpenAICompletionsLM
-
-        tokenizer = TinyLM() if model == "tiny" else LocalTokenizer(model)
-        remote = OpenAICompletionsLM(
-            server,
-            server_model or model,
-            tokenizer,
-            max_context=server_context,
-            **(server_options or {}),
-        )
-        check = remote.prepare()  # public probe, before the charge
+    lm, check = load_backend(model, server, server_model, server_context, server_options)
+    if check is not None:
         kind = "warning" if check.tokenization == "unchecked" else "server"
         print(f"{kind}: {check.note}", file=sys.stderr)
-        return remote
-    return TinyLM() if model == "tiny" else FlaxLM.load(model)
+    return lm
 
 
 def _ledger(tenant: str, name: str, ledger: str | None, budget: float | None, plan):

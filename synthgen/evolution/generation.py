@@ -1,0 +1,240 @@
+"""The Private Evolution loop: public population, DP votes, selection, public variations.
+
+Per label, a population of synthetic samples is generated from the public initial prompt
+(or given). Each iteration embeds the population, lets every private sample vote for its
+k nearest synthetic samples of its own label (`synthgen.privacy.nn_histogram`), adds
+Gaussian noise, zeroes noisy counts below the threshold, and draws the label's samples in
+proportion to the noisy counts. All iterations but the last then build the next
+population: the best distinct drawn samples (by noisy count, `keep_share` of it) and LM
+variations of the drawn ones (public prompts holding a synthetic sample, never a private
+one). The last iteration's draw is the release.
+
+Privacy:
+  Unit: one private sample; add/remove-one. Each iteration is one Gaussian mechanism of
+  L2 sensitivity sqrt(k) (its votes) with noise std sigma * sqrt(k); everything after it
+  (threshold, draws, variations, the next embeddings) is post-processing of released
+  histograms and public prompts. T iterations compose to `plan.event` (PLD), checked
+  against the ledger before any work and charged before the first histogram. Private rows
+  are used only as embeddings inside the vote count; rows whose label is not in the
+  public list are dropped row by row (a stable transformation). Nothing private is
+  logged or returned: the progress callback gets stage names and public counts.
+
+References: Lin et al. 2024 (PE, ICLR 2024); Xie et al. 2024 (Aug-PE, ICML 2024).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from synthgen.evolution.config import EvolutionConfig
+from synthgen.evolution.plan import EvolutionPlan, plan_evolution
+from synthgen.evolution.sampler import TextSampler
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.nn_histogram import RELATION, dp_nn_histogram, nearest_neighbour_votes
+
+Embed = Callable[[Sequence[str]], np.ndarray]
+# progress(stage, done, total): stage is "initial", "histogram" or "variation"
+Progress = Callable[[str, int, int], None]
+
+
+@dataclasses.dataclass
+class EvolutionResult:
+    """The released samples (label, text) and DP figures of the run.
+
+    Attributes:
+      texts: released synthetic samples.
+      labels: their labels.
+      plan: the guarantee.
+      selected_share: per iteration, the share of candidates whose noisy count passed the
+        threshold (post-processing of released histograms).
+      samples_generated: LM samples generated (public work).
+      generation_seconds: time spent in the LM (public work; not for release folders).
+    """
+
+    texts: list[str]
+    labels: list[str]
+    plan: EvolutionPlan
+    selected_share: list[float]
+    samples_generated: int
+    generation_seconds: float
+
+
+def initial_prompts(config: EvolutionConfig) -> list[tuple[str, str]]:
+    """(label, prompt) of the first population, label by label (public)."""
+    return [
+        (label, config.initial_prompt.format(label=label))
+        for label, n in zip(config.labels, config.population_per_label(), strict=True)
+        for _ in range(n)
+    ]
+
+
+def _group_draw(
+    noisy: np.ndarray, groups: np.ndarray, group: int, n: int, rng: np.random.Generator
+) -> list[int]:
+    """n candidates of `group` drawn in proportion to their noisy counts (uniformly when
+    none passed the threshold): post-processing of the released histogram."""
+    members = np.flatnonzero(groups == group)
+    weights = np.clip(noisy[members], 0.0, None)
+    total = weights.sum()
+    p = weights / total if total > 0 else np.full(len(members), 1.0 / len(members))
+    return [int(i) for i in members[rng.choice(len(members), size=n, replace=True, p=p)]]
+
+
+def evolve(
+    sampler: TextSampler,
+    embed: Embed,
+    private_texts: Sequence[str],
+    config: EvolutionConfig,
+    *,
+    rng: np.random.Generator,
+    private_labels: Sequence[str] | None = None,
+    initial: Sequence[str] | None = None,
+    private_embeddings: np.ndarray | None = None,
+    ledger: PrivacyLedger | None = None,
+    ledger_scope: tuple[str, str] | None = None,
+    plan: EvolutionPlan | None = None,
+    progress: Progress | None = None,
+) -> EvolutionResult:
+    """Runs Private Evolution and returns `config.num_samples` released samples.
+
+    Args:
+      sampler: the LM, sampling continuations of public prompts (`make_sampler`).
+      embed: texts -> embeddings [n, d] (a public encoder, e.g. all-MiniLM-L6-v2).
+      private_texts: the private samples.
+      config: public parameters.
+      rng: the mechanism's secret randomness (production: `secure_rng()`).
+      private_labels: label of each private sample (needed when `config.labels` names
+        labels); rows with a label outside the list are dropped.
+      initial: a public first population (in `initial_prompts` order) instead of
+        generating it, e.g. shared by runs at several epsilons.
+      private_embeddings: `embed(private_texts)`, if already computed (row for row).
+      ledger: charged `plan.event` before the first histogram (checked first).
+      ledger_scope: (tenant, dataset) of the charge.
+      plan: the plan (default `plan_evolution(config)`).
+      progress: callback (stage, done, total), public counts only.
+
+    Returns:
+      The release, its plan and public figures of the run.
+
+    Raises:
+      BudgetExceededError: the ledger refuses the charge (nothing generated or charged).
+      ValueError: bad arguments.
+
+    Privacy:
+      (plan.epsilon, plan.delta)-DP for one private sample under add/remove-one; see the
+      module docstring.
+    """
+    import time
+
+    plan = plan or plan_evolution(config)
+    if ledger is not None:
+        if ledger_scope is None:
+            raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
+        ledger.check(*ledger_scope, stage="evolution", event=plan.event, relation=RELATION)
+    labelled = config.labels != ("",)
+    if labelled and private_labels is None:
+        raise ValueError("config.labels names labels: pass private_labels")
+    if private_labels is not None and len(private_labels) != len(private_texts):
+        raise ValueError("one label per private sample is needed")
+    group_of = {label: g for g, label in enumerate(config.labels)}
+    if labelled:
+        keep = [i for i, label in enumerate(private_labels) if str(label) in group_of]
+        groups = np.array([group_of[str(private_labels[i])] for i in keep], np.int64)
+    else:
+        keep, groups = list(range(len(private_texts))), np.zeros(len(private_texts), np.int64)
+    if private_embeddings is not None and len(private_embeddings) != len(private_texts):
+        raise ValueError("private_embeddings needs one row per private sample")
+    hist_rng, draw_rng, lm_rng = rng.spawn(3)
+    report = progress or (lambda stage, done, total: None)
+    seconds, generated = 0.0, 0
+
+    def generate(stage: str, prompts: list[str]) -> list[str]:
+        nonlocal seconds, generated
+        out: list[str] = []
+        step = max(1, getattr(sampler, "batch_size", len(prompts)))
+        for start in range(0, len(prompts), step):
+            began = time.perf_counter()
+            seed = int(lm_rng.integers(2**62))
+            out.extend(sampler.sample(prompts[start : start + step], seed))
+            seconds += time.perf_counter() - began
+            report(stage, len(out), len(prompts))
+        generated += len(out)
+        return out
+
+    first = initial_prompts(config)
+    if initial is None:
+        population = generate("initial", [prompt for _, prompt in first])
+    else:
+        if len(initial) != len(first):
+            raise ValueError(f"initial holds {len(initial)} samples, the config {len(first)}")
+        population = list(initial)
+    population_labels = [label for label, _ in first]
+    if private_embeddings is not None:
+        private_emb = np.asarray(private_embeddings, np.float32)[keep]
+    else:
+        private_emb = embed([private_texts[i] for i in keep]) if keep else None
+    if ledger is not None:
+        ledger.charge(
+            *ledger_scope,
+            stage="evolution",
+            event=plan.event,
+            relation=RELATION,
+            description=(
+                f"Private Evolution: {plan.iterations} DP NN histograms, "
+                f"sigma={plan.noise_multiplier:.4g}, eps={plan.epsilon:.4g}"
+            ),
+        )
+    released = config.samples_per_label()
+    sizes = config.population_per_label()
+    shares: list[float] = []
+    for t in range(plan.iterations):
+        report("histogram", t, plan.iterations)
+        synthetic_emb = embed(population)
+        c_groups = np.array([group_of[label] for label in population_labels], np.int64)
+        counts = nearest_neighbour_votes(
+            np.zeros((0, synthetic_emb.shape[1]), np.float32) if not keep else private_emb,
+            synthetic_emb,
+            votes=plan.votes,
+            private_groups=groups,
+            candidate_groups=c_groups,
+        )
+        noisy = dp_nn_histogram(
+            counts,
+            noise_multiplier=plan.noise_multiplier,
+            votes=plan.votes,
+            threshold=plan.threshold_count,
+            rng=hist_rng,
+        )
+        del counts
+        shares.append(float(np.mean(noisy > 0)))
+        report("histogram", t + 1, plan.iterations)
+        if t == plan.iterations - 1:
+            picks = [
+                i
+                for g in range(len(config.labels))
+                for i in _group_draw(noisy, c_groups, g, released[g], draw_rng)
+            ]
+            population = [population[i] for i in picks]
+            population_labels = [population_labels[i] for i in picks]
+            break
+        kept: list[list[str]] = []
+        prompts: list[str] = []
+        for g, label in enumerate(config.labels):
+            members = np.flatnonzero(c_groups == g)
+            ranked = members[np.argsort(-noisy[members], kind="stable")]
+            parents = [i for i in ranked if noisy[i] > 0][: int(config.keep_share * sizes[g])]
+            kept.append([population[i] for i in parents])
+            picks = _group_draw(noisy, c_groups, g, sizes[g] - len(parents), draw_rng)
+            prompts += [
+                config.variation_prompt.format(label=label, text=population[i]) for i in picks
+            ]
+        variations = iter(generate("variation", prompts))
+        population, population_labels = [], []
+        for g, label in enumerate(config.labels):
+            new = kept[g] + [next(variations) for _ in range(sizes[g] - len(kept[g]))]
+            population += new
+            population_labels += [label] * len(new)
+    return EvolutionResult(population, population_labels, plan, shares, generated, seconds)
