@@ -17,7 +17,9 @@ them and scored on the real test split. Cells:
   once, `<out>/pe_initial.json`, shared by the PE cells: it reads no private data), then
   `--pe-iterations` DP nearest-neighbour histograms of the private train paragraphs'
   MiniLM embeddings, with LM paraphrases of the selected synthetic paragraphs in between;
-  `--pe-samples` paragraphs are released (drawn from the last histogram).
+  `--pe-samples` paragraphs are released (drawn from the last histogram);
+* pe-initial: on that public first population alone (no private data: what PE's DP
+  selection adds is pe-<eps> minus this).
 
 Privacy: every synthetic cell is released (results.json holds its samples), so all cells
 charge the same private data to ONE ledger scope: `--ledger` (default: the default ledger,
@@ -251,6 +253,13 @@ def pe_config(args: argparse.Namespace, labels: list[str], eps: float):
     )  # fmt: skip
 
 
+def plan_pe(args: argparse.Namespace, labels: list[str], eps: float):
+    """The PE cell's plan (public figures only)."""
+    from synthgen import evolution
+
+    return evolution.plan_evolution(pe_config(args, labels, eps))
+
+
 def pe_cells(args, encoder, private, labels, test, base) -> list[dict]:
     """The Private Evolution cells: one shared public first population, one run per epsilon."""
     import time
@@ -294,10 +303,18 @@ def pe_cells(args, encoder, private, labels, test, base) -> list[dict]:
               f"({len(initial) / seconds:.2f} samples/s)", flush=True)  # fmt: skip
         initial_path.write_text(json.dumps(initial, indent=1))
     index = {t: i for i, t in enumerate(labels)}
+
+    def public_only():  # the first population alone: no private data, no privacy cost
+        first = evolution.initial_prompts(config(1.0))
+        w = logistic_regression(embed(initial), np.array([index[lb] for lb, _ in first]),
+                                len(labels))  # fmt: skip
+        return {**base, "epsilon": None, "train_examples": len(initial),
+                "accuracy": accuracy(w, *test)}  # fmt: skip
+
+    cells = [_cell(args.out, "pe-initial", public_only)]
     texts = [r["text"] for r in private]
     private_labels = [r["label"] for r in private]
     private_emb = None  # embedded once, on the first cell that runs
-    cells = []
     for eps in args.epsilons:
 
         def run(eps=eps):
@@ -357,11 +374,15 @@ def report(cells: list[dict], out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for prefix, name in (("synthetic", "DP few-shot synthetic"), ("pe-", "Private Evolution")):
-        pts = sorted((c["epsilon"], c["accuracy"]) for c in cells if c["cell"].startswith(prefix))
+        pts = sorted(
+            (c["epsilon"], c["accuracy"])
+            for c in cells
+            if c["cell"].startswith(prefix) and c["epsilon"] is not None
+        )
         if pts:
             ax.plot(*zip(*pts), marker="o", label=name)
-    baselines = [c for c in cells if not c["cell"].startswith(("synthetic", "pe-"))]
-    for c, style in zip(baselines, ("-.", "--", ":"), strict=False):
+    baselines = [c for c in cells if c["epsilon"] is None]
+    for c, style in zip(baselines, ("-.", "--", ":", (0, (1, 4))), strict=False):
         ax.axhline(c["accuracy"], linestyle=style, color="gray", label=c["cell"])
     ax.set_xlabel("epsilon of each cell (delta = 1/(10 N), N declared)")
     ax.set_ylabel("topic accuracy on real test paragraphs")

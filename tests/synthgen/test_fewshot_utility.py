@@ -48,7 +48,8 @@ def test_the_script_and_the_readme_run_charge_one_scope(script, monkeypatch, tmp
 @pytest.mark.slow
 def test_the_readme_states_the_composed_total(script):
     # Recompute the README's total from declared figures only: the README command's plan and
-    # the script's default cells, composed (PLD) at the shared delta. ~30 s (calibrations).
+    # the script's default cells (few-shot and Private Evolution), composed (PLD) at the
+    # shared delta. ~40 s (calibrations).
     from synthgen import fewshot
     from synthgen.privacy import accounting
 
@@ -68,6 +69,7 @@ def test_the_readme_states_the_composed_total(script):
             public_vocab=args.public_vocab,
         )  # fmt: skip
         plans.append(fewshot.plan_privacy(cell, args.per_label * cell.max_new_tokens, 12))
+    plans += [script.plan_pe(args, labels, eps) for eps in args.epsilons]  # the PE cells
     assert len({plan.delta for plan in plans}) == 1
     total = accounting.epsilon(accounting.compose([p.event for p in plans]), plans[0].delta)
     assert total <= args.budget
