@@ -211,3 +211,40 @@ def test_llama_cpp_llama_server_takes_token_ids_and_agrees(tokenizer, local_lm):
         # The fibonacci prompt is a near tie locally (0.04 nats): left out of the top-1 check.
         texts = [t for t in PUBLIC_PROMPTS if not t.startswith("def")] + [STOPPING_PROMPT]
         _agreement(remote, local_lm, tokenizer, texts)
+
+
+@needs_llama_cpp_python
+def test_private_evolution_runs_through_the_server_with_public_prompts_only(
+    llama_server, tokenizer
+):
+    # PE's LM calls go through any NextTokenLM: here one `score` request per row and token.
+    from synthgen import evolution
+
+    remote = _remote(llama_server, tokenizer)
+    remote.prepare()
+    sampler = evolution.make_sampler(remote, max_new_tokens=3, batch_size=2)
+    assert isinstance(sampler, evolution.NextTokenSampler)
+    sent = []
+    score = remote.score
+
+    def spy(prompts):
+        sent.extend(remote.decode(p) for p in prompts)
+        return score(prompts)
+
+    remote.score = spy
+    config = evolution.EvolutionConfig(
+        num_samples=2, iterations=2, noise_multiplier=2.0, public_size=100,
+        labels=("rivers", "music"), max_new_tokens=3, batch_size=2,
+    )  # fmt: skip
+    private = [f"{SECRET} sailed down the river {i}" for i in range(5)] + ["a song"] * 5
+    labels = ["rivers"] * 5 + ["music"] * 5
+
+    def embed(texts):
+        rng = np.random.default_rng(abs(hash(tuple(texts))) % 2**32)
+        return rng.normal(size=(len(texts), 8)).astype(np.float32)
+
+    result = evolution.evolve(sampler, embed, private, config, rng=np.random.default_rng(0),
+                              private_labels=labels)  # fmt: skip
+    remote.close()
+    assert result.labels == ["rivers", "music"] and result.samples_generated == 4
+    assert sent and not any(SECRET in prompt for prompt in sent)
