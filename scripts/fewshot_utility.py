@@ -129,6 +129,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pe-iterations", type=int, default=3)
     parser.add_argument("--pe-max-new-tokens", type=int, default=64)
     parser.add_argument("--pe-batch-size", type=int, default=32)
+    parser.add_argument(
+        "--pe-repeats", type=int, default=1,
+        help="PE runs per epsilon (each one a further release, charged too)",
+    )  # fmt: skip
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     args.ledger = args.ledger or default_ledger_path()
@@ -315,7 +319,9 @@ def pe_cells(args, encoder, private, labels, test, base) -> list[dict]:
     texts = [r["text"] for r in private]
     private_labels = [r["label"] for r in private]
     private_emb = None  # embedded once, on the first cell that runs
-    for eps in args.epsilons:
+    runs = [(eps, r) for r in range(1, args.pe_repeats + 1) for eps in args.epsilons]
+    for eps, repeat in runs:
+        name = f"pe-{eps:g}" + (f"-r{repeat}" if repeat > 1 else "")
 
         def run(eps=eps):
             nonlocal private_emb
@@ -354,9 +360,9 @@ def pe_cells(args, encoder, private, labels, test, base) -> list[dict]:
                             for label, text in zip(result.labels, result.texts, strict=True)],
             }  # fmt: skip
 
-        cells.append(_cell(args.out, f"pe-{eps:g}", run))
+        cells.append(_cell(args.out, name, run))
         if eps in timing:  # printed, never written to the released cells
-            print(f"[pe-{eps:g}] LM variations: {timing[eps]:.2f} samples/s", flush=True)
+            print(f"[{name}] LM variations: {timing.pop(eps):.2f} samples/s", flush=True)
     return cells
 
 
@@ -374,16 +380,20 @@ def report(cells: list[dict], out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for prefix, name in (("synthetic", "DP few-shot synthetic"), ("pe-", "Private Evolution")):
-        pts = sorted(
-            (c["epsilon"], c["accuracy"])
-            for c in cells
-            if c["cell"].startswith(prefix) and c["epsilon"] is not None
-        )
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=name)
+        runs: dict[float, list[float]] = {}
+        for c in cells:
+            if c["cell"].startswith(prefix) and c["epsilon"] is not None:
+                runs.setdefault(round(c["epsilon"], 1), []).append(c["accuracy"])
+        if runs:  # the mean over repeats, every run as a dot
+            xs = sorted(runs)
+            line = ax.plot(xs, [np.mean(runs[x]) for x in xs], marker="o", label=name)[0]
+            for x in xs:
+                ax.scatter([x] * len(runs[x]), runs[x], s=12, color=line.get_color(), alpha=0.5)
     baselines = [c for c in cells if c["epsilon"] is None]
     for c, style in zip(baselines, ("-.", "--", ":", (0, (1, 4))), strict=False):
-        ax.axhline(c["accuracy"], linestyle=style, color="gray", label=c["cell"])
+        public = c["cell"] == "pe-initial"  # PE's first population: no private data
+        ax.axhline(c["accuracy"], linestyle=style, color="tab:orange" if public else "gray",
+                   label="PE first population (public only)" if public else c["cell"])  # fmt: skip
     ax.set_xlabel("epsilon of each cell (delta = 1/(10 N), N declared)")
     ax.set_ylabel("topic accuracy on real test paragraphs")
     ax.set_title("wiki-summaries-en: classifier on DP synthetic data")
