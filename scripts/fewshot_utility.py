@@ -332,8 +332,8 @@ def pe_cells(args, encoder, private, labels, test, base) -> list[dict]:
             ledger.check(args.tenant, args.dataset, stage="evolution", event=plan.event,
                          relation="ADD_OR_REMOVE_ONE")  # fmt: skip
             if private_emb is None:
-                private_emb = encoder.encode(texts, progress=True)
-            bar = tqdm(desc=f"PE eps={eps:g}", unit="step")
+                private_emb = encoder.encode(texts)  # no progress bar: private work's timing
+            bar = tqdm(desc=f"PE eps={eps:g}", bar_format="{desc}: {postfix}")
 
             def progress(stage, done, total):
                 bar.set_postfix_str(f"{stage} {done}/{total}")

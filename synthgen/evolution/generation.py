@@ -7,7 +7,9 @@ Gaussian noise, zeroes noisy counts below the threshold, and draws the label's s
 proportion to the noisy counts. All iterations but the last then build the next
 population: the best distinct drawn samples (by noisy count, `keep_share` of it) and LM
 variations of the drawn ones (public prompts holding a synthetic sample, never a private
-one). The last iteration's draw is the release.
+one). The last iteration's draw is the release: a draw with replacement, as in PE's
+Algorithm 1, so a sample with a large noisy count may be released more than once (a
+population larger than the release gives more distinct samples).
 
 Privacy:
   Unit: one private sample; add/remove-one. Each iteration is one Gaussian mechanism of
@@ -25,6 +27,7 @@ References: Lin et al. 2024 (PE, ICLR 2024); Xie et al. 2024 (Aug-PE, ICML 2024)
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -69,6 +72,23 @@ def initial_prompts(config: EvolutionConfig) -> list[tuple[str, str]]:
         for label, n in zip(config.labels, config.population_per_label(), strict=True)
         for _ in range(n)
     ]
+
+
+def _check_plan(plan: EvolutionPlan, config: EvolutionConfig) -> None:
+    """Refuses a plan that is not the config's: the metadata states the config's figures."""
+    from synthgen.fewshot.plan import resolve_delta
+
+    same = (
+        plan.iterations == config.iterations
+        and plan.votes == config.votes
+        and plan.public_size == config.public_size
+        and plan.delta == resolve_delta(config.delta, config.public_size)
+        and math.isclose(plan.threshold_count, config.threshold * plan.noise_std)
+        and (config.noise_multiplier is None or plan.noise_multiplier == config.noise_multiplier)
+        and (config.target_epsilon is None or plan.epsilon <= config.target_epsilon)
+    )
+    if not same:
+        raise ValueError("the plan was not made from this config (plan_evolution(config))")
 
 
 def _group_draw(
@@ -130,6 +150,7 @@ def evolve(
     import time
 
     plan = plan or plan_evolution(config)
+    _check_plan(plan, config)
     if ledger is not None:
         if ledger_scope is None:
             raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
@@ -151,17 +172,28 @@ def evolve(
     report = progress or (lambda stage, done, total: None)
     seconds, generated = 0.0, 0
 
-    def generate(stage: str, prompts: list[str]) -> list[str]:
+    def sample(prompts: list[str]) -> list[str]:
         nonlocal seconds, generated
+        began = time.perf_counter()
+        texts = sampler.sample(prompts, int(lm_rng.integers(2**62)))
+        seconds += time.perf_counter() - began
+        if len(texts) != len(prompts):
+            raise ValueError(f"the sampler returned {len(texts)} texts for {len(prompts)} prompts")
+        generated += len(texts)
+        return list(texts)
+
+    def generate(stage: str, prompts: list[str]) -> list[str]:
+        """LM samples of public prompts; empty ones are sampled once more (public work)."""
         out: list[str] = []
         step = max(1, getattr(sampler, "batch_size", len(prompts)))
         for start in range(0, len(prompts), step):
-            began = time.perf_counter()
-            seed = int(lm_rng.integers(2**62))
-            out.extend(sampler.sample(prompts[start : start + step], seed))
-            seconds += time.perf_counter() - began
+            out.extend(sample(prompts[start : start + step]))
             report(stage, len(out), len(prompts))
-        generated += len(out)
+        empty = [i for i, text in enumerate(out) if not text.strip()]
+        for start in range(0, len(empty), step):
+            again = empty[start : start + step]
+            for i, text in zip(again, sample([prompts[i] for i in again]), strict=True):
+                out[i] = text
         return out
 
     first = initial_prompts(config)
@@ -172,10 +204,18 @@ def evolve(
             raise ValueError(f"initial holds {len(initial)} samples, the config {len(first)}")
         population = list(initial)
     population_labels = [label for label, _ in first]
+    synthetic_emb = np.asarray(embed(population), np.float32)
     if private_embeddings is not None:
         private_emb = np.asarray(private_embeddings, np.float32)[keep]
+    elif keep:
+        private_emb = np.asarray(embed([private_texts[i] for i in keep]), np.float32)
     else:
-        private_emb = embed([private_texts[i] for i in keep]) if keep else None
+        private_emb = np.zeros((0, synthetic_emb.shape[1]), np.float32)
+    if private_emb.ndim != 2 or private_emb.shape[1] != synthetic_emb.shape[1]:
+        raise ValueError(  # widths only, before any charge
+            f"private and synthetic embeddings differ in width: {private_emb.shape[-1]} and "
+            f"{synthetic_emb.shape[1]}"
+        )
     if ledger is not None:
         ledger.charge(
             *ledger_scope,
@@ -192,10 +232,11 @@ def evolve(
     shares: list[float] = []
     for t in range(plan.iterations):
         report("histogram", t, plan.iterations)
-        synthetic_emb = embed(population)
+        if t > 0:
+            synthetic_emb = np.asarray(embed(population), np.float32)
         c_groups = np.array([group_of[label] for label in population_labels], np.int64)
         counts = nearest_neighbour_votes(
-            np.zeros((0, synthetic_emb.shape[1]), np.float32) if not keep else private_emb,
+            private_emb,
             synthetic_emb,
             votes=plan.votes,
             private_groups=groups,

@@ -13,7 +13,10 @@ Privacy:
   noise multiplier sigma / sqrt(votes) (Dwork & Roth 2014, Thm A.1; Balle & Wang 2018).
   Thresholding and normalising the noisy counts are post-processing. The candidates and
   the threshold are public; the private embeddings are computed by a public encoder from
-  one sample each, so a sample's votes depend on that sample alone.
+  one sample each, so a sample's votes depend on that sample alone -- up to float rounding,
+  as in every floating-point DP implementation: batched embedding shares numerics between
+  rows (the encoder masks padding, so the difference is rounding only), and distances are
+  computed in float64 in blocks of one fixed shape whatever the number of rows.
 
 References:
   Lin, Gopi, Kulkarni, Nori, Yekhanin 2024, "Differentially Private Synthetic Data via
@@ -46,7 +49,7 @@ def nearest_neighbour_votes(
     votes: int = 1,
     private_groups: Sequence[int] | None = None,
     candidate_groups: Sequence[int] | None = None,
-    chunk: int = 4096,
+    chunk: int = 1024,
 ) -> np.ndarray:
     """Exact vote counts [num_candidates]: each private row's `votes` nearest candidates +1.
 
@@ -61,7 +64,8 @@ def nearest_neighbour_votes(
       votes: k, the nearest candidates each private row votes for.
       private_groups: group id per private row (None: one group).
       candidate_groups: group id per candidate (None: one group).
-      chunk: private rows per matrix product (bounds memory).
+      chunk: private rows per matrix product (bounds memory; the last block is padded to
+        it, so the product's shape never depends on the number of private rows).
 
     Returns:
       float64 counts [C]; their sum is at most `votes` per private row.
@@ -70,7 +74,11 @@ def nearest_neighbour_votes(
     private = np.asarray(private, np.float32)
     candidates = np.asarray(candidates, np.float32)
     if private.ndim != 2 or candidates.ndim != 2 or private.shape[1] != candidates.shape[1]:
-        raise ValueError(f"need [N, d] and [C, d] embeddings: {private.shape=} {candidates.shape=}")
+        # widths only: the number of private rows is not public
+        raise ValueError(
+            f"need [N, d] private and [C, d] candidate embeddings of one width d, got widths "
+            f"{private.shape[-1]} and {candidates.shape[-1]}"
+        )
     counts = np.zeros(len(candidates), np.float64)
     p_groups = np.zeros(len(private), np.int64) if private_groups is None else np.asarray(
         private_groups, np.int64
@@ -90,9 +98,13 @@ def nearest_neighbour_votes(
         cand_sq = np.sum(cand.astype(np.float64) ** 2, 1)
         for start in range(0, len(rows), chunk):
             block = rows[start : start + chunk]
+            real = len(block)
+            if real < chunk:  # one product shape whatever N: a row's rounding stays its own
+                pad = np.zeros((chunk - real, block.shape[1]), block.dtype)
+                block = np.concatenate([block, pad])
             # ||p - c||^2 = ||p||^2 - 2 p.c + ||c||^2; ||p||^2 does not change the order
-            dist = cand_sq[None, :] - 2.0 * (block @ cand.T).astype(np.float64)
-            order = np.argsort(dist, axis=1, kind="stable")[:, :k]
+            dist = cand_sq[None, :] - 2.0 * (block.astype(np.float64) @ cand.T.astype(np.float64))
+            order = np.argsort(dist[:real], axis=1, kind="stable")[:, :k]
             np.add.at(counts, members[order.ravel()], 1.0)
     return counts
 

@@ -207,6 +207,11 @@ def test_cli_writes_the_release_and_refuses_bad_options(tmp_path):
     assert summary["num_examples"] == 4 and summary["epsilon"] <= 4.0
     assert "samples/s" in run.stderr and "warning: --seed" in run.stderr
     meta = json.loads((tmp_path / "out" / "metadata.json").read_text())
+    assert set(meta) == {"privacy", "randomness", "post_processing", "model", "generation",
+                         "num_examples", "files"}  # fmt: skip
+    for fragment in ("cat sat", "kitten", "purr", "bark", "fetched"):  # private text
+        assert fragment not in run.stdout + run.stderr
+    assert "private" not in json.dumps(meta["generation"])  # no private figure
     assert meta["privacy"]["delta"] == pytest.approx(1e-3)
     assert meta["generation"]["config"]["labels"] == ["cat", "dog"]
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
@@ -239,3 +244,141 @@ def test_flax_sampler_batches_prompts_and_is_reproducible_by_seed():
     first, again = sampler.sample(prompts, 7), sampler.sample(prompts, 7)
     assert len(first) == 6 and first == again
     assert sampler.sample(prompts, 8) != first
+
+
+class IdentitySampler(ScriptedSampler):
+    """ScriptedSampler whose candidates repeat: initial prompts cycle through them."""
+
+    def __init__(self, candidates, batch_size=8):
+        super().__init__([])
+        self.pool, self.batch_size, self.next = list(candidates), batch_size, 0
+
+    def sample(self, prompts, seed):
+        self.prompts += list(prompts)
+        out = []
+        for p in prompts:
+            if p.endswith(": "):
+                out.append(self.pool[self.next % len(self.pool)])
+                self.next += 1
+            else:
+                out.append(p.split(" ", 1)[1])
+        return out
+
+
+CANDIDATES = ["cat sat", "mat", "kitten cat", "dog", "bark", "ball dog", "log", "sat on"]
+
+
+def _capture(monkeypatch):
+    """Records the exact counts and the keyword arguments of every histogram."""
+    seen = []
+    real = generation.dp_nn_histogram
+
+    def histogram(counts, **kwargs):
+        noisy = real(counts, **kwargs)
+        seen.append((np.array(counts), kwargs, noisy))
+        return noisy
+
+    monkeypatch.setattr(generation, "dp_nn_histogram", histogram)
+    return seen
+
+
+def _run(private, labels, config, seed=0, batch_size=8):
+    sampler = IdentitySampler(CANDIDATES, batch_size)
+    return evolution.evolve(sampler, embed, private, config, rng=np.random.default_rng(seed),
+                            private_labels=labels)  # fmt: skip
+
+
+def test_neighbouring_datasets_move_the_loops_histogram_by_sqrt_k(monkeypatch):
+    # Through `evolve`: removing one private sample moves the first histogram's exact counts
+    # by exactly `votes` ones within its own label; removing a row whose label is not in
+    # the public list changes nothing. The plan's k reaches both the votes and the noise.
+    config = _config(num_samples=8, population=4, votes=2, iterations=1)
+    extra, extra_labels = PRIVATE + ["zzz"], PRIVATE_LABELS + ["other"]
+    seen = _capture(monkeypatch)
+    _run(extra, extra_labels, config)
+    _run(PRIVATE, PRIVATE_LABELS, config)
+    _run(PRIVATE[1:], PRIVATE_LABELS[1:], config)
+    (with_other, kwargs, _), (full, _, _), (less, _, _) = seen
+    assert kwargs["votes"] == 2 and kwargs["noise_multiplier"] == 2.0
+    np.testing.assert_array_equal(with_other, full)
+    diff = full - less
+    assert np.count_nonzero(diff) == 2 and set(diff[diff != 0]) == {1.0}
+    assert np.linalg.norm(diff) == pytest.approx(np.sqrt(2))
+    assert np.all(diff[4:] == 0)  # the removed row is a "cat": dog candidates are 4..7
+    assert full[:4].sum() == 2 * 60 and full[4:].sum() == 2 * 40
+
+
+def test_keep_share_keeps_the_best_distinct_samples_of_each_label(monkeypatch):
+    config = _config(num_samples=8, population=8, keep_share=0.5, iterations=2)
+    seen = _capture(monkeypatch)
+    embedded = []
+    sampler = IdentitySampler(CANDIDATES)
+
+    def spy(texts):
+        embedded.append(list(texts))
+        return embed(texts)
+
+    evolution.evolve(sampler, spy, PRIVATE, config, rng=np.random.default_rng(3),
+                     private_labels=PRIVATE_LABELS)  # fmt: skip
+    first, second = embedded[0], embedded[2]  # [population, private, next population]
+    noisy = seen[0][2]
+    for g in range(2):
+        members = np.arange(8 * g, 8 * g + 8)
+        ranked = [i for i in members[np.argsort(-noisy[members], kind="stable")] if noisy[i] > 0]
+        kept = min(4, len(ranked))  # at most keep_share x 8, only candidates above zero
+        assert kept >= 1
+        assert second[8 * g : 8 * g + kept] == [first[i] for i in ranked[:kept]]
+        # the others are variations (here: copies) of drawn samples of the same label
+        assert set(second[8 * g + kept : 8 * g + 8]) <= set(first[8 * g : 8 * g + 8])
+
+
+def test_histogram_noise_does_not_depend_on_the_lm_batch_size(monkeypatch):
+    config = _config(num_samples=8, population=4, iterations=2)
+    seen = _capture(monkeypatch)
+    _run(PRIVATE, PRIVATE_LABELS, config, seed=5, batch_size=1)
+    _run(PRIVATE, PRIVATE_LABELS, config, seed=5, batch_size=8)
+    np.testing.assert_array_equal(seen[0][2], seen[2][2])  # first histogram of each run
+
+
+def test_a_label_without_private_rows_still_gets_its_samples():
+    config = _config(labels=("cat", "dog", "bird"), num_samples=6)
+    result = _run(PRIVATE, PRIVATE_LABELS, config)
+    assert result.labels == ["cat", "cat", "dog", "dog", "bird", "bird"]
+
+
+def test_empty_generations_are_sampled_again_and_short_replies_refused():
+    class Flaky(IdentitySampler):
+        def sample(self, prompts, seed):
+            out = super().sample(prompts, seed)
+            return ["" if i == 0 and len(self.prompts) <= len(prompts) else t
+                    for i, t in enumerate(out)]  # fmt: skip
+
+    sampler = Flaky(CANDIDATES)
+    result = evolution.evolve(sampler, embed, PRIVATE, _config(), rng=np.random.default_rng(0),
+                              private_labels=PRIVATE_LABELS)  # fmt: skip
+    assert all(result.texts)
+
+    class Short(IdentitySampler):
+        def sample(self, prompts, seed):
+            return super().sample(prompts, seed)[:-1]
+
+    with pytest.raises(ValueError, match="texts for"):
+        evolution.evolve(Short(CANDIDATES), embed, PRIVATE, _config(),
+                         rng=np.random.default_rng(0), private_labels=PRIVATE_LABELS)  # fmt: skip
+
+
+def test_a_plan_of_another_config_and_mismatched_widths_are_refused_before_the_charge(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    ledger.open_scope(Scope("t", "d", 100.0, 1e-3))
+    other = evolution.plan_evolution(_config(iterations=3))
+    with pytest.raises(ValueError, match="plan"):
+        evolution.evolve(IdentitySampler(CANDIDATES), embed, PRIVATE, _config(),
+                         rng=np.random.default_rng(0), private_labels=PRIVATE_LABELS,
+                         plan=other, ledger=ledger, ledger_scope=("t", "d"))  # fmt: skip
+    with pytest.raises(ValueError, match="width") as error:
+        evolution.evolve(IdentitySampler(CANDIDATES), embed, PRIVATE, _config(),
+                         rng=np.random.default_rng(0), private_labels=PRIVATE_LABELS,
+                         private_embeddings=np.zeros((len(PRIVATE), 5)), ledger=ledger,
+                         ledger_scope=("t", "d"))  # fmt: skip
+    assert str(len(PRIVATE)) not in str(error.value)  # the private count is not shown
+    assert ledger.charges("t", "d") == []
