@@ -181,6 +181,21 @@ def load_rows(
     return ds.select(range(min(limit, len(ds)))) if limit else ds
 
 
+SELECTION_NOTE = (
+    "{what} select rows by position in the whole data: adding or removing a row elsewhere "
+    "can change which rows are selected, so the guarantee covers the selected rows only"
+)
+
+
+def selection_note(limit: int | None, split: str) -> str:
+    """Which private rows a guarantee covers after `load_rows(limit=, split=)` (public: the
+    options, never a count)."""
+    chosen = [f"--split {split}"] * (split != "all") + [f"--limit {limit}"] * (limit is not None)
+    if not chosen:
+        return "all rows of the private data"
+    return SELECTION_NOTE.format(what=" and ".join(chosen))
+
+
 def file_sha256(path: str | Path) -> str:
     """Hex SHA-256 of a file's bytes: a release's metadata names exactly the files it covers."""
     digest = hashlib.sha256()

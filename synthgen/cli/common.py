@@ -31,6 +31,10 @@ SeedOption = Annotated[
     int | None,
     typer.Option(help="tests only: a fixed seed makes the release reproducible (warned)"),
 ]
+SEED_WARNING = (
+    "warning: --seed fixes the mechanism's randomness: anyone who knows it can replay the "
+    "noise; for tests only, not for publication (recorded in metadata.json)"
+)
 ModelOption = Annotated[
     str,
     typer.Option(help="asset name, .gguf file or HF Llama folder; 'tiny' = the test LM"),

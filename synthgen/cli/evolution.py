@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 
 from synthgen.cli.common import (
+    SEED_WARNING,
     ModelOption,
     SeedOption,
     ServerConcurrencyOption,
@@ -94,7 +95,7 @@ def generate_docs_pe(
 
     from retriever.encoders import load_encoder
     from synthgen import evolution
-    from synthgen.corpora import load_rows
+    from synthgen.corpora import load_rows, selection_note
     from synthgen.lm_backends import load_backend
     from synthgen.paths import default_ledger_path
     from synthgen.privacy import secure_rng
@@ -126,11 +127,7 @@ def generate_docs_pe(
                                   plan.delta))  # fmt: skip
     ledger_obj.check(tenant, name, stage="evolution", event=plan.event, relation=RELATION)
     if seed is not None:
-        print(
-            "warning: --seed fixes the mechanism's randomness: anyone who knows it can replay "
-            "the noise; for tests only, not for publication (recorded in metadata.json)",
-            file=sys.stderr,
-        )
+        print(SEED_WARNING, file=sys.stderr)
     required = (text_field,) + ((label_field,) if label_field else ())
     rows = load_rows(private, required, limit, split)
     texts = list(rows[text_field])
@@ -173,15 +170,11 @@ def generate_docs_pe(
         close = getattr(lm, "close", None)
         if callable(close):
             close()
-    chosen = [f"--split {split}"] * (split != "all") + [f"--limit {limit}"] * (limit is not None)
-    rows_note = (
-        "all rows of the private data"
-        if not chosen
-        else " and ".join(chosen) + " select rows by position: the guarantee covers those rows"
-    )
     lm_name = model if server is None else f"{server} ({server_model or model})"
-    evolution.write_output(out, result, config, model=lm_name, encoder=encoder, rows=rows_note,
-                           seeded=seed is not None, ledger_scope=(tenant, name))  # fmt: skip
+    evolution.write_output(
+        out, result, config, model=lm_name, encoder=encoder, rows=selection_note(limit, split),
+        seeded=seed is not None, ledger_scope=(tenant, name),
+    )  # fmt: skip
     rate = result.samples_generated / max(result.generation_seconds, 1e-9)
     print(
         f"LM: {result.samples_generated} samples in {result.generation_seconds:.1f} s "

@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 
 from synthgen.cli.common import (
+    SEED_WARNING,
     ModelOption,
     SeedOption,
     ServerConcurrencyOption,
@@ -40,10 +41,6 @@ PoolSizeOption = Annotated[
 DeltaOption = Annotated[
     float | None, typer.Option(help="below 1/N (N = declared pool size x pools); default 1/(10N)")
 ]
-SELECTION_NOTE = (
-    "{what} select rows by position in the whole data: adding or removing a row elsewhere "
-    "can change which rows are selected, so the guarantee covers the selected rows only"
-)
 
 
 def _config(**values):
@@ -89,14 +86,6 @@ def _ledger(tenant: str, name: str, ledger: str | None, budget: float | None, pl
     return ledger_obj
 
 
-def _selection(limit: int | None, split: str) -> str:
-    """Which private rows the guarantee covers (public: the options, never a count)."""
-    chosen = [f"--split {split}"] * (split != "all") + [f"--limit {limit}"] * (limit is not None)
-    if not chosen:
-        return "all rows of the private data"
-    return SELECTION_NOTE.format(what=" and ".join(chosen))
-
-
 def _run(
     lm_args, private, targets, template, cfg, pool_field, out, ledger_args, seed, columns, rows
 ):
@@ -110,11 +99,7 @@ def _run(
         raise typer.BadParameter("--server needs --server-context (the server's context length)")
     plan = fewshot.plan_for(private, targets, template, cfg, pool_field=pool_field)
     if seed is not None:
-        print(
-            "warning: --seed fixes the mechanism's randomness: anyone who knows it can replay "
-            "the noise; for tests only, not for publication (recorded in metadata.json)",
-            file=sys.stderr,
-        )
+        print(SEED_WARNING, file=sys.stderr)
     ledger_obj = _ledger(*ledger_args, plan)
     lm = _load_lm(*lm_args)
     top_k = getattr(lm, "top_logprobs", None)
@@ -271,7 +256,7 @@ def generate_docs(
         public_prior=public_prior,
         resample=resample,
     )
-    from synthgen.corpora import load_rows
+    from synthgen.corpora import load_rows, selection_note
 
     required = (text_field,) + ((label_field,) if label_field else ())
     rows = load_rows(private, required, limit, split)
@@ -311,7 +296,7 @@ def generate_docs(
         (tenant, name, ledger, budget),
         seed,
         columns,
-        _selection(limit, split),
+        selection_note(limit, split),
     )
 
 
@@ -368,7 +353,7 @@ def generate_queries_fewshot(
         resample=resample,
         stop_at_newline=True,
     )
-    from synthgen.corpora import load_rows
+    from synthgen.corpora import load_rows, selection_note
 
     pairs = load_rows(private, ("document", "query"), None, split)
     docs = load_rows(documents, ("doc_id", "document"), limit, split)
@@ -402,5 +387,5 @@ def generate_queries_fewshot(
         (tenant, name, ledger, budget),
         seed,
         columns,
-        _selection(None, split),
+        selection_note(None, split),
     )
