@@ -39,7 +39,8 @@ class EvolutionConfig:
       max_new_tokens: most tokens of a generated sample.
       temperature: sampling temperature of the LM.
       top_p: nucleus cut of the LM's sampling.
-      batch_size: prompts per batched generation call.
+      batch_size: prompts per batched generation call (a power of two: the local decoder
+        pads a batch's rows up to one).
     """
 
     num_samples: int
