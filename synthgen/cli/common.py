@@ -31,6 +31,12 @@ SeedOption = Annotated[
     int | None,
     typer.Option(help="tests only: a fixed seed makes the release reproducible (warned)"),
 ]
+LedgerOption = Annotated[
+    str | None, typer.Option(help="ledger: file, sqlite:///... or postgresql://...")
+]
+TenantOption = Annotated[str, typer.Option(help="ledger tenant")]
+DatasetOption = Annotated[str | None, typer.Option(help="ledger dataset (default: file name)")]
+BudgetOption = Annotated[float | None, typer.Option(help="epsilon cap of a new ledger scope")]
 SEED_WARNING = (
     "warning: --seed fixes the mechanism's randomness: anyone who knows it can replay the "
     "noise; for tests only, not for publication (recorded in metadata.json)"

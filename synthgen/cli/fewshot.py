@@ -18,6 +18,9 @@ import typer
 
 from synthgen.cli.common import (
     SEED_WARNING,
+    BudgetOption,
+    DatasetOption,
+    LedgerOption,
     ModelOption,
     SeedOption,
     ServerConcurrencyOption,
@@ -25,6 +28,7 @@ from synthgen.cli.common import (
     ServerOption,
     ServerPromptOption,
     SplitOption,
+    TenantOption,
     TopLogprobsOption,
 )
 from synthgen.paths import default_ledger_path
@@ -220,12 +224,10 @@ def generate_docs(
         typer.Option(help="first N private examples only (the guarantee covers those only)"),
     ] = None,
     split: SplitOption = "all",
-    ledger: Annotated[
-        str | None, typer.Option(help="ledger: file, sqlite:///... or postgresql://...")
-    ] = None,
-    tenant: Annotated[str, typer.Option(help="ledger tenant")] = "default",
-    dataset: Annotated[str | None, typer.Option(help="ledger dataset (default: file name)")] = None,
-    budget: Annotated[float | None, typer.Option(help="epsilon cap of a new ledger scope")] = None,
+    ledger: LedgerOption = None,
+    tenant: TenantOption = "default",
+    dataset: DatasetOption = None,
+    budget: BudgetOption = None,
     seed: SeedOption = None,
 ) -> None:
     """DP few-shot generation of synthetic (label, text) examples from a frozen LM."""
