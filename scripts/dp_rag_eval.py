@@ -1,12 +1,16 @@
-"""DP-RAG answer accuracy on fictional medical records: mechanisms x epsilon vs non-DP RAG.
+"""DP-RAG answers on fictional medical records: accuracy, abstention and readability.
 
 Builds a `retriever.rag.medical` world (invented diseases, so SmolLM2 cannot know the
-answers), embeds its records with all-MiniLM-L6-v2, and answers the same questions with
-icl / vote / sparse-vote at each per-answer epsilon, next to non-private RAG (top-k records
-in one prompt) and no-RAG. Resumable per question (rerun the same command); writes
-``results.json``, ``table.md`` and ``accuracy.png`` to --out.
+answers; by default 2,000 records over 60 diseases whose supports span 1 to ~300 records,
+one question per disease), embeds its records with all-MiniLM-L6-v2, and answers the same
+questions with icl / vote / sparse-vote at each per-answer epsilon (each mechanism with its
+own k), next to non-private RAG (top-k records in one prompt) and no-RAG. Reports accuracy
+by support bin (1-2, 3-9, 10-29, 30-99, 100+) and per cell the readability: share of
+answers with U+FFFD or control characters, share of abstentions, and the mean public
+log-probability per token of the answers. Resumable per question (rerun the same command);
+writes ``results.json``, ``table.md`` and ``accuracy.png`` to --out.
 
-    python scripts/dp_rag_eval.py --out runs/dp_rag_eval     # ~40 min on 2 CPU cores
+    python scripts/dp_rag_eval.py --out runs/dp_rag_eval     # ~1.5 h on 2 CPU cores
 
 Last line: ``cells=<n> best_dp_accuracy=<acc> rag_accuracy=<acc> no_rag_accuracy=<acc>``.
 """
@@ -34,37 +38,52 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/dp_rag_eval"))
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--diseases", type=int, default=20)
-    parser.add_argument("--records", type=int, default=400)
-    parser.add_argument("--questions-per-disease", type=int, default=2)
+    parser.add_argument("--diseases", type=int, default=60)
+    parser.add_argument("--records", type=int, default=2000)
+    parser.add_argument("--questions-per-disease", type=int, default=1)
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 3.0, 5.0, 10.0])
     parser.add_argument("--mechanisms", nargs="+", default=["icl", "vote", "sparse-vote"])
-    parser.add_argument("--k", type=int, default=16, help="documents the threshold aims at")
+    parser.add_argument("--k-icl", type=int, default=32, help="icl: documents aimed at")
+    parser.add_argument("--k-vote", type=int, default=64, help="vote: documents (= voters)")
+    parser.add_argument("--k-sparse", type=int, default=64, help="sparse-vote: voters")
+    parser.add_argument("--rag-k", type=int, default=16, help="non-private RAG's top-k")
     parser.add_argument("--min-score", type=float, default=0.2, help="public lower clip")
-    parser.add_argument("--max-tokens", type=int, default=6)
-    parser.add_argument("--theta", type=float, default=0.3, help="weight of the public prompt")
+    parser.add_argument("--max-tokens", type=int, default=5)
+    parser.add_argument("--max-releases", type=int, default=4, help="sparse-vote's paid tokens")
+    parser.add_argument("--beta", type=float, default=RagConfig().aggregation.beta)
+    parser.add_argument(
+        "--beta-fade", type=float, default=RagConfig().aggregation.beta_fade_epsilon
+    )
     parser.add_argument("--composition", default="bounded-range", help="icl: pure | bounded-range")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
+    pool = max(MedicalWorldConfig.symptom_pool, 3 * args.diseases)
     world = make_world(
-        MedicalWorldConfig(num_diseases=args.diseases, num_records=args.records, seed=args.seed)
+        MedicalWorldConfig(
+            num_diseases=args.diseases,
+            num_records=args.records,
+            symptom_pool=pool,
+            seed=args.seed,
+        )
     )
     questions = world.questions(per_disease=args.questions_per_disease, seed=args.seed)
     rag_config = RagConfig(
-        k=args.k,
+        k=args.k_icl,
         max_tokens=args.max_tokens,
+        max_releases=args.max_releases,
         score_range=ScoreRange(args.min_score, 1.0),
         composition=args.composition,
-        aggregation=AggregationConfig(theta=args.theta),
-        num_voters=args.k,  # one document per voter: as many voters as the selection allows
-        docs_per_voter=1,
+        aggregation=AggregationConfig(beta=args.beta, beta_fade_epsilon=args.beta_fade),
     )
     rag = make_rag(world, args.out, lm=FlaxLM.load(args.model), config=rag_config, seed=args.seed)
     eval_config = EvalConfig(
-        epsilons=tuple(args.epsilons), mechanisms=tuple(args.mechanisms), rag_k=args.k
+        epsilons=tuple(args.epsilons),
+        mechanisms=tuple(args.mechanisms),
+        rag_k=args.rag_k,
+        mechanism_k=(("icl", args.k_icl), ("vote", args.k_vote), ("sparse-vote", args.k_sparse)),
     )
-    results = evaluate_world(world, questions, rag, eval_config, args.out)
+    results = evaluate_world(world, questions, rag, eval_config, args.out, readability=True)
     table = accuracy_table(results)
     (args.out / "results.json").write_text(
         json.dumps(

@@ -16,26 +16,50 @@ def privacy_rag(
     tokens: Annotated[int, typer.Option(help="most answer tokens T")],
     delta: Annotated[float, typer.Option(help="per-answer delta")],
     target_epsilon: Annotated[float, typer.Option(help="per-answer epsilon")],
+    mechanism: Annotated[str, typer.Option(help="icl | vote | sparse-vote")] = "icl",
     retrieval_epsilon: Annotated[float, typer.Option(help="the threshold's epsilon")] = 0.0,
-    composition: Annotated[str, typer.Option(help="pure | bounded-range")] = "pure",
+    composition: Annotated[str, typer.Option(help="icl: pure | bounded-range")] = "pure",
+    voters: Annotated[int, typer.Option(help="vote / sparse-vote: most voters")] = 16,
+    max_releases: Annotated[int, typer.Option(help="sparse-vote: most paid tokens")] = 6,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
-    """Per-token epsilon of a DP-RAG answer of T tokens within a per-answer target."""
-    from retriever.rag.accounting import rag_privacy_plan
+    """Per-token parameters of a DP-RAG answer of T tokens within a per-answer target.
 
-    plan = rag_privacy_plan(
-        tokens,
-        delta,
-        target_epsilon,
-        retrieval_epsilon=retrieval_epsilon,
-        composition=composition,
-    )
+    For vote and sparse-vote it also prints LimitedDomain's release threshold in votes: a
+    plan whose threshold exceeds the voters can only abstain.
+    """
+    from retriever.rag.accounting import rag_privacy_plan
+    from retriever.rag.plan import make_plan
+
+    if mechanism == "icl":
+        plan = rag_privacy_plan(
+            tokens,
+            delta,
+            target_epsilon,
+            retrieval_epsilon=retrieval_epsilon,
+            composition=composition,
+        )
+        line = f"composition={composition}"
+    else:
+        share = retrieval_epsilon / target_epsilon if retrieval_epsilon > 0 else 0.1
+        plan = make_plan(
+            mechanism,
+            target_epsilon,
+            delta=delta,
+            max_tokens=tokens,
+            retrieval_share=share,
+            max_releases=max_releases,
+        ).vote_summary(voters)
+        line = (
+            f"voters={voters} limited_domain_threshold={plan['limited_domain_threshold']:.1f} "
+            f"release_possible={plan['release_possible']}"
+        )
     if as_json:
         print(json.dumps(plan))
     else:
         print(
             f"token_epsilon={plan['token_epsilon']:.6g} epsilon={plan['epsilon']:.6g} "
-            f"delta={plan['delta']:g} tokens={plan['tokens']} composition={composition}"
+            f"delta={plan['delta']:g} tokens={plan['tokens']} mechanism={mechanism} {line}"
         )
 
 

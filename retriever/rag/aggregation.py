@@ -5,9 +5,19 @@ every privately selected document gets its own prompt, and one public prompt hol
 document. For each prompt the next-token log-probabilities are shifted so their maximum is
 0, transformed by f(x) = (exp(alpha * x) - 1) / alpha (alpha -> 0 keeps log-probabilities,
 alpha = 1 gives p / p_max - 1), centred on the midpoint of their range and clipped to
-L-infinity norm <= C. The clipped vectors are summed, theta * log p_public is added, and one
-token is drawn by the exponential mechanism over the whole vocabulary: no candidate list is
-cut from private scores.
+L-infinity norm <= C. The clipped vectors are summed into the utility u, and one token is
+drawn by the exponential mechanism over the whole vocabulary (no candidate list is cut from
+private scores) with the public prompt's distribution as its base measure:
+
+    P(v) ∝ p_public(v)^beta(epsilon) * exp(epsilon * u(v) / (2 C)).
+
+Grislain adds theta * log p_public inside the utility, where it is multiplied by epsilon /
+(2 C) and vanishes at small epsilon: the draw becomes uniform over the vocabulary (token
+salad). As a base measure it keeps its weight whatever epsilon, so at small epsilon the
+answer is the public LM's own text and at large epsilon the documents take over. beta is a
+public function of the token's epsilon (`AggregationConfig.public_power`): strong where the
+documents cannot speak, fading where they can, so the public prior does not pull a
+well-supported private answer towards the words the LM already knows.
 """
 
 from __future__ import annotations
@@ -31,20 +41,30 @@ class AggregationConfig:
       alpha: transform of the shifted log-probabilities (> 0).
       clip: L-infinity clip C of each document's centred vector (> 0); the utility's
         sensitivity. The transformed range is 1 / alpha, so C >= 1 / (2 alpha) never clips.
-      theta: weight of the public prompt's log-probabilities (>= 0).
+      beta: power of the public distribution in the base measure at token epsilon -> 0
+        (>= 0; 0: uniform base measure). Above 1 it sharpens the public LM towards its
+        greedy text.
+      beta_fade_epsilon: the power fades linearly to 0 at this token epsilon
+        (`public_power`); inf keeps `beta` at every epsilon.
     """
 
     alpha: float = 1.0
     clip: float = 0.5
-    theta: float = 0.1
+    beta: float = 1.0
+    beta_fade_epsilon: float = math.inf
 
     def __post_init__(self) -> None:
-        for name in ("alpha", "clip"):
+        for name in ("alpha", "clip", "beta_fade_epsilon"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
+            if not (value > 0 and (math.isfinite(value) or name == "beta_fade_epsilon")):
                 raise ValueError(f"{name} must be finite and > 0, got {self=}")
-        if not (math.isfinite(self.theta) and self.theta >= 0):
-            raise ValueError(f"theta must be finite and >= 0, got {self.theta=}")
+        if not (math.isfinite(self.beta) and self.beta >= 0):
+            raise ValueError(f"beta must be finite and >= 0, got {self.beta=}")
+
+    def public_power(self, token_epsilon: float) -> float:
+        """beta(epsilon) = beta * max(0, 1 - epsilon / beta_fade_epsilon): public, from the
+        token's public epsilon only."""
+        return self.beta * max(0.0, 1.0 - token_epsilon / self.beta_fade_epsilon)
 
 
 def clipped_contributions(logprobs: np.ndarray, config: AggregationConfig) -> np.ndarray:
@@ -67,17 +87,25 @@ def clipped_contributions(logprobs: np.ndarray, config: AggregationConfig) -> np
     return centred * scale
 
 
-def token_utilities(
-    private_logprobs: np.ndarray, public_logprobs: np.ndarray, config: AggregationConfig
+def token_utilities(private_logprobs: np.ndarray, vocab_size: int, config: AggregationConfig):
+    """u_v = the sum over documents of the clipped vectors, shape [V] (zeros for no rows)."""
+    private = np.asarray(private_logprobs, dtype=np.float64).reshape(-1, vocab_size)
+    return clipped_contributions(private, config).sum(axis=0)
+
+
+def log_base_measure(
+    public_logprobs: np.ndarray, *, epsilon: float, config: AggregationConfig
 ) -> np.ndarray:
-    """u_v = sum over documents of the clipped vectors + theta * log p_public(v), shape [V]."""
+    """beta(epsilon) * log p_public(v), shape [V]; -inf entries floored (finite)."""
     public = np.asarray(public_logprobs, dtype=np.float64)
     if public.ndim != 1:
         raise ValueError(f"public_logprobs must be [V], got shape={public.shape}")
-    private = np.asarray(private_logprobs, dtype=np.float64).reshape(-1, public.size)
-    summed = clipped_contributions(private, config).sum(axis=0)
-    floor = np.where(np.isfinite(public), public, PUBLIC_LOGPROB_FLOOR)
-    return summed + config.theta * np.maximum(floor, PUBLIC_LOGPROB_FLOOR)
+    if np.any(np.isnan(public)) or np.any(public == np.inf):
+        raise ValueError("public_logprobs must not hold NaN or +inf")
+    floored = np.maximum(
+        np.where(np.isfinite(public), public, PUBLIC_LOGPROB_FLOOR), PUBLIC_LOGPROB_FLOOR
+    )
+    return config.public_power(epsilon) * floored
 
 
 def token_probabilities(
@@ -88,9 +116,9 @@ def token_probabilities(
     config: AggregationConfig,
 ) -> np.ndarray:
     """The closed form of `dp_icl_token`'s distribution (for tests and diagnostics)."""
-    logits = (
-        epsilon * token_utilities(private_logprobs, public_logprobs, config) / (2.0 * config.clip)
-    )
+    base = log_base_measure(public_logprobs, epsilon=epsilon, config=config)
+    utilities = token_utilities(private_logprobs, base.size, config)
+    logits = base + epsilon * utilities / (2.0 * config.clip)
     weights = np.exp(logits - logits.max())
     return weights / weights.sum()
 
@@ -110,11 +138,12 @@ def dp_icl_token(
         (M may be 0: then only the public prompt speaks).
       public_logprobs: [V] next-token log-probabilities of the public prompt.
       epsilon: this token's privacy parameter.
-      config: alpha, clip C and theta.
+      config: alpha, clip C and the public power beta.
       rng: source of randomness.
 
     Returns:
-      The token id, drawn with probability proportional to exp(epsilon * u_v / (2 C)).
+      The token id, drawn with probability proportional to
+      p_public(v)^beta(epsilon) * exp(epsilon * u_v / (2 C)).
 
     Privacy:
       Privacy unit: one document of the private collection (add/remove-one), given the
@@ -122,9 +151,16 @@ def dp_icl_token(
       contribution lies in [-C, C] in every coordinate, so the utility vector has
       L-infinity sensitivity C and the exponential mechanism over the full vocabulary is
       epsilon-DP and epsilon-bounded-range (McSherry & Talwar 2007; Dong, Durfee & Rogers
-      2020). The public term does not depend on the collection. Account with
+      2020). The base measure p_public^beta comes from the public prompt (the question and
+      the answer so far, no document) and beta from the public epsilon, so it does not
+      depend on the collection: it scales a token's weight by the same factor in both
+      neighbours and leaves the guarantee unchanged (McSherry & Talwar 2007 define the
+      mechanism for any data-independent base measure). Account with
       `pure_epsilon_event(epsilon)` per token, or the bounded-range analysis of
       `retriever.rag.accounting` (Grislain 2024).
     """
-    utilities = token_utilities(private_logprobs, public_logprobs, config)
-    return exponential_mechanism(utilities, epsilon=epsilon, sensitivity=config.clip, rng=rng)
+    base = log_base_measure(public_logprobs, epsilon=epsilon, config=config)
+    utilities = token_utilities(private_logprobs, base.size, config)
+    return exponential_mechanism(
+        utilities, epsilon=epsilon, sensitivity=config.clip, rng=rng, log_base_measure=base
+    )

@@ -11,7 +11,8 @@ the LM and the ledger. `answer(question, tenant=, epsilon=, mechanism=)`:
    prompts;
 3. releases the answer token by token through the chosen mechanism, with one batched
    KV-cache step per token for all private prompts and a separate session for the public
-   prompt (`retriever.rag.aggregation`, `retriever.rag.voting`);
+   prompt (`retriever.rag.aggregation`, `retriever.rag.voting`); an answer the private
+   documents did not move abstains with `ABSTENTION_TEXT` (post-processing);
 4. optionally releases a confidence score through the Laplace mechanism;
 5. charges every stage in one ledger transaction and only then returns.
 
@@ -21,6 +22,7 @@ through these mechanisms; no document id, raw score, logit or text is returned o
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import secrets
@@ -34,7 +36,8 @@ from retriever.rag.aggregation import AggregationConfig, dp_icl_token
 from retriever.rag.plan import AnswerPlan, make_plan
 from retriever.rag.prompts import PromptFormat
 from retriever.rag.retrieval import ScoreRange, dp_top_k_threshold, dp_top_p_threshold, select
-from retriever.rag.voting import SparseVoteGate, dp_vote_token, partition, vote_counts
+from retriever.rag.text import clean_answer_text
+from retriever.rag.voting import SparseVoteGate, dp_vote_token, vote_counts, voter_documents
 from synthgen.privacy import (
     BudgetExceededError,
     PrivacyLedger,
@@ -44,6 +47,7 @@ from synthgen.privacy import (
 )
 
 RELATION = "ADD_OR_REMOVE_ONE"
+ABSTENTION_TEXT = "No answer: the private documents do not support one at this privacy level."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,16 +63,15 @@ class RagConfig:
       retrieval_share: share of the per-answer epsilon for the threshold.
       score_share: share for the Laplace score release (0: none).
       composition: "pure" or "bounded-range" analysis of icl tokens.
-      aggregation: alpha, clip, theta of the icl aggregation.
-      num_voters: voters of vote / sparse-vote.
-      docs_per_voter: most documents in one voter's prompt (its best-scored ones).
-      max_candidates: LimitedDomain's k_bar.
-      gate_share: sparse-vote: the gate fires when at least this share of voters disagree.
+      aggregation: alpha, clip and the public power beta of the icl aggregation.
+      max_voters: vote / sparse-vote: most voters, one selected document each (the best
+        scored); also LimitedDomain's k_bar. None: k.
+      gate_share: sparse-vote: the gate fires when at least this share of `voters` disagree.
       max_releases: sparse-vote: most paid tokens per answer.
       max_document_tokens: a document's text is cut to this many tokens in a prompt.
     """
 
-    k: int = 8
+    k: int = 16
     top_p: float | None = None
     score_range: ScoreRange = ScoreRange(0.0, 1.0)
     max_tokens: int = 12
@@ -77,22 +80,25 @@ class RagConfig:
     score_share: float = 0.0
     composition: str = "pure"
     aggregation: AggregationConfig = AggregationConfig()
-    num_voters: int = 8
-    docs_per_voter: int = 2
-    max_candidates: int = 4
+    max_voters: int | None = None
     gate_share: float = 0.5
     max_releases: int = 6
     max_document_tokens: int = 160
 
     def __post_init__(self) -> None:
-        if self.k < 1 or self.max_tokens < 1 or self.num_voters < 1 or self.docs_per_voter < 1:
-            raise ValueError(f"k, max_tokens, num_voters, docs_per_voter must be >= 1: {self=}")
+        if self.k < 1 or self.max_tokens < 1 or (self.max_voters or 1) < 1:
+            raise ValueError(f"k, max_tokens and max_voters must be >= 1: {self=}")
         if self.top_p is not None and not 0 < self.top_p < 1:
             raise ValueError(f"top_p must be in (0, 1), got {self.top_p=}")
         if not 0 < self.gate_share <= 1:
             raise ValueError(f"gate_share must be in (0, 1], got {self.gate_share=}")
-        if self.max_candidates < 1 or self.max_document_tokens < 1:
-            raise ValueError(f"max_candidates, max_document_tokens must be >= 1: {self=}")
+        if self.max_document_tokens < 1:
+            raise ValueError(f"max_document_tokens must be >= 1: {self=}")
+
+    @property
+    def voters(self) -> int:
+        """Most voters of vote / sparse-vote (public): `max_voters`, or k."""
+        return self.max_voters or self.k
 
 
 @functools.lru_cache(maxsize=256)
@@ -124,7 +130,7 @@ class Answer:
     """A released answer and what it cost.
 
     Attributes:
-      text: the answer.
+      text: the answer (`ABSTENTION_TEXT` when it abstains).
       mechanism: "icl", "vote" or "sparse-vote".
       tokens: answer tokens released.
       paid_tokens: tokens that cost budget (sparse-vote: gate releases; else all planned).
@@ -136,6 +142,10 @@ class Answer:
       confidence: mean similarity of the selected documents, from the noised sum and count
         (None: no score stage).
       ref: the public random id of the answer's charges in the ledger (None: no ledger).
+      abstained: the private documents did not move the answer (icl and sparse-vote: the
+        released tokens are the public LM's own greedy text; vote and sparse-vote: the
+        first paid release was the bottom symbol). Decided from released values and the
+        public prompt only (post-processing); the answer is charged all the same.
     """
 
     text: str
@@ -149,6 +159,7 @@ class Answer:
     selected_count: float | None = None
     confidence: float | None = None
     ref: str | None = None
+    abstained: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -209,6 +220,12 @@ class DPRag:
         self.config, self.prompt = config, prompt or PromptFormat()
         self._rng = rng
         self._lock = threading.Lock()  # one answer at a time: the LM sessions are shared
+
+    def with_config(self, config: RagConfig) -> DPRag:
+        """The same collection, encoder, LM sessions, ledger and lock under `config`."""
+        other = copy.copy(self)
+        other.config = config
+        return other
 
     # ---- planning and budget --------------------------------------------------------
 
@@ -277,9 +294,9 @@ class DPRag:
         tau = self._threshold(scores, plan.retrieval_epsilon, rng)
         chosen = select(scores, tau, self.config.score_range)  # private set, best first
         if mechanism == "icl":
-            tokens, paid, stages = self._icl(question, chosen, plan, rng)
+            tokens, paid, stages, abstained = self._icl(question, chosen, plan, rng)
         else:
-            tokens, paid, stages = self._vote(question, chosen, plan, rng)
+            tokens, paid, stages, abstained = self._vote(question, chosen, plan, rng)
         count = confidence = None
         if plan.score_epsilon > 0:
             count, confidence = self._score(scores, chosen, plan.score_epsilon, rng)
@@ -295,8 +312,9 @@ class DPRag:
                     f"the budget of {tenant} changed during the answer; nothing was released"
                 ) from None
         total = accounting.epsilon(accounting.compose([e for _, e in stages]), plan.delta)
+        text = ABSTENTION_TEXT if abstained else clean_answer_text(self.lm.decode(tokens))
         return Answer(
-            text=self.lm.decode(tokens).strip(),
+            text=text,
             mechanism=mechanism,
             tokens=len(tokens),
             paid_tokens=paid,
@@ -307,6 +325,7 @@ class DPRag:
             selected_count=count,
             confidence=confidence,
             ref=ref,
+            abstained=abstained,
         )
 
     def _pays_as_it_goes(self, tenant: str) -> bool:
@@ -324,14 +343,8 @@ class DPRag:
         limit = getattr(self.lm, "max_context", None)
         if limit is None:
             return
-        c = self.config
-        docs = max(1, c.docs_per_voter)  # icl prompts hold one document
-        wrapper = len(self.lm.encode("- ")) + len(self.lm.encode("\n"))
-        longest = (
-            len(self.prompt.encode(self.lm, question, [[0]]))
-            - 1
-            + docs * (c.max_document_tokens + wrapper)
-        )
+        c = self.config  # every private prompt holds one document
+        longest = len(self.prompt.encode(self.lm, question, [[0]])) - 1 + c.max_document_tokens
         if longest + c.max_tokens > limit:
             raise ValueError(
                 f"question too long for the LM context: up to {longest} prompt tokens + "
@@ -364,9 +377,12 @@ class DPRag:
         return ids[: self.config.max_document_tokens]
 
     def _icl(self, question, chosen, plan: AnswerPlan, rng):
+        """(tokens, paid, stages, abstained); abstains when every released token is the
+        public prompt's greedy token (the documents never moved the draw)."""
         private = [self.prompt.encode(self.lm, question, [self._document_ids(i)]) for i in chosen]
         public = self.prompt.encode(self.lm, question, [])
         tokens: list[int] = []
+        moved = False
         session = _Sessions(self.lm, self.public_lm, private, public, plan.max_tokens)
         for _ in range(plan.max_tokens):
             token = dp_icl_token(
@@ -376,62 +392,76 @@ class DPRag:
                 config=self.config.aggregation,
                 rng=rng,
             )
+            moved = moved or token != int(np.argmax(session.public[0]))
             if token in self.lm.eos_ids:
                 break
             tokens.append(token)
             session.append(token, last=len(tokens) == plan.max_tokens)
-        return tokens, plan.max_tokens, [("tokens", plan.token_block_event(plan.max_tokens))]
+        stages = [("tokens", plan.token_block_event(plan.max_tokens))]
+        return tokens, plan.max_tokens, stages, not moved
 
     def _vote(self, question, chosen, plan: AnswerPlan, rng):
+        """(tokens, paid, stages, abstained). The best `config.voters` selected documents
+        vote, one each. A bottom release abstains when it is the answer's first paid
+        release and otherwise lets the public token continue, as a closed or spent gate
+        does; sparse-vote abstains too when no release was paid (the public text alone)."""
         c = self.config
-        salt = rng.bytes(16)  # secret: which voter holds which document
-        groups = partition([self.doc_ids[i] for i in chosen], c.num_voters, salt)
-        # chosen is best first, so each voter keeps its best-scored documents
         voters = [
-            self.prompt.encode(
-                self.lm, question, [self._document_ids(chosen[j]) for j in g[: c.docs_per_voter]]
-            )
-            for g in groups
-            if g
+            self.prompt.encode(self.lm, question, [self._document_ids(i)])
+            for i in voter_documents(chosen, c.voters)
         ]
         public = self.prompt.encode(self.lm, question, [])
         sparse = plan.mechanism == "sparse-vote"
         gate = SparseVoteGate(
-            threshold=c.gate_share * c.num_voters,
+            threshold=c.gate_share * c.voters,
             gate_epsilon=plan.gate_epsilon,
             token_epsilon=plan.token_epsilon,
             token_delta=plan.token_delta,
-            max_candidates=c.max_candidates,
+            max_candidates=c.voters,
             max_releases=plan.max_releases,
             rng=rng,
         )
         session = _Sessions(self.lm, self.public_lm, voters, public, plan.max_tokens)
         tokens: list[int] = []
+        paid_releases = 0
+        abstained = False
         for _ in range(plan.max_tokens):
+            public_token = int(np.argmax(session.public[0]))
             counts = vote_counts(session.private, self.lm.vocab_size)
-            if sparse:
-                if gate.exhausted:
-                    break
-                token, _ = gate.step(counts, int(np.argmax(session.public[0])))
+            if sparse and gate.exhausted:
+                token, paid = public_token, False
+            elif sparse:
+                token, paid = gate.step(counts, public_token)
             else:
-                token = dp_vote_token(
-                    counts,
-                    epsilon=plan.token_epsilon,
-                    delta=plan.token_delta,
-                    max_candidates=c.max_candidates,
-                    rng=rng,
+                token, paid = (
+                    dp_vote_token(
+                        counts,
+                        epsilon=plan.token_epsilon,
+                        delta=plan.token_delta,
+                        max_candidates=c.voters,
+                        rng=rng,
+                    ),
+                    True,
                 )
-            if token is None or token in self.lm.eos_ids:
+            if paid:
+                paid_releases += 1
+                if token is None and paid_releases == 1:
+                    abstained = True
+                    break
+            if token is None:
+                token = public_token
+            if token in self.lm.eos_ids:
                 break
             tokens.append(token)
             session.append(token, last=len(tokens) == plan.max_tokens)
         if not sparse:
-            return tokens, plan.max_tokens, [("tokens", plan.token_block_event(plan.max_tokens))]
+            stages = [("tokens", plan.token_block_event(plan.max_tokens))]
+            return tokens, plan.max_tokens, stages, abstained
         stages = [
             (stage, accounting.self_composed(accounting.epsilon_delta_event(e, d), n))
             for stage, (e, d, n) in gate.charges().items()
         ]
-        return tokens, gate.releases, stages
+        return tokens, gate.releases, stages, abstained or gate.releases == 0
 
     def _score(self, scores, chosen, epsilon: float, rng) -> tuple[float, float]:
         """Noisy (count, mean similarity) of the selected documents.

@@ -1,8 +1,12 @@
 """Answer accuracy of the DP-RAG mechanisms on fictional medical records, cell by cell.
 
 A cell is one (method, epsilon): the DP mechanisms ("icl", "vote", "sparse-vote") at each
-per-answer epsilon, plus two non-private references: "rag" (the top-k records by exact
-similarity in one prompt, greedy decoding) and "no-rag" (the question alone). Every cell
+per-answer epsilon, each with its own number of documents k, plus two non-private
+references: "rag" (the top-k records by exact similarity in one prompt, greedy decoding)
+and "no-rag" (the question alone). Besides accuracy by support bin, each cell reports its
+readability: the share of answers holding U+FFFD or control characters, the share of
+abstentions, and the mean log-probability per token of its (non-abstained) answers under
+the public LM given the question alone (`public_logprob`). Every cell
 answers the same questions; each answer is appended to ``cells/<cell>.jsonl`` as soon as it
 exists, so an interrupted run resumes where it stopped (per question). The collection is a
 world of `retriever.rag.medical`, embedded once with the question encoder (cached in the
@@ -22,8 +26,9 @@ import numpy as np
 from retriever.rag.answer import DPRag, RagConfig
 from retriever.rag.medical import MedicalWorld, Question, answer_is_correct
 from retriever.rag.prompts import PromptFormat
+from retriever.rag.text import unreadable_count
 
-SUPPORT_BINS = ((1, 2), (3, 5), (6, 15), (16, 10**9))
+SUPPORT_BINS = ((1, 2), (3, 9), (10, 29), (30, 99), (100, 10**9))
 MEDICAL_PROMPT = PromptFormat(
     instruction=(
         "You are a medical assistant. Use the patient records to name the disease. "
@@ -45,6 +50,10 @@ class EvalConfig:
     mechanisms: tuple[str, ...] = ("icl", "vote", "sparse-vote")
     rag_k: int = 8
     seed: int = 0
+    mechanism_k: tuple[tuple[str, int], ...] = ()  # (mechanism, k); others: the rag's k
+
+    def k_of(self, mechanism: str, default: int) -> int:
+        return dict(self.mechanism_k).get(mechanism, default)
 
 
 def greedy_answer(lm, prompt_ids: list[int], max_tokens: int) -> str:
@@ -101,6 +110,8 @@ def run_cell(
                 "support": q.support,
                 "answer": text,
                 "correct": answer_is_correct(text, q.answer, others=others),
+                "unreadable": unreadable_count(text) > 0,
+                "abstained": False,
                 "seconds": round(time.perf_counter() - start, 3),
                 **extra,
             }
@@ -110,14 +121,39 @@ def run_cell(
     return [rows[i] for i in sorted(rows)]
 
 
+def public_logprob(lm, prompt_ids: list[int], text: str) -> float | None:
+    """Mean log-probability per token of `text` after `prompt_ids` under `lm` (None: empty)."""
+    ids = lm.encode(text)
+    if not ids:
+        return None
+    rows = lm.score([prompt_ids + ids[:j] for j in range(len(ids))])
+    return float(np.mean([rows[j][t] for j, t in enumerate(ids)]))
+
+
+def add_readability(rows: list[dict], questions: Sequence[Question], lm, prompt) -> None:
+    """Fills each row's ``public_logprob`` (None for abstentions and empty answers)."""
+    for row in rows:
+        if "public_logprob" in row:
+            continue
+        q = questions[row["question_index"]]
+        text = "" if row["abstained"] else row["answer"]
+        row["public_logprob"] = public_logprob(lm, prompt.encode(lm, q.question, []), text)
+
+
 def evaluate_world(
     world: MedicalWorld,
     questions: Sequence[Question],
     rag: DPRag,
     config: EvalConfig,
     out_dir: str | Path,
+    *,
+    readability: bool = False,
 ) -> dict[str, list[dict]]:
-    """Runs (or resumes) every cell; returns {cell: rows}."""
+    """Runs (or resumes) every cell; returns {cell: rows}.
+
+    Each mechanism answers with ``config.k_of(mechanism, rag.config.k)`` documents; with
+    `readability`, rows also get their answers' `public_logprob` (kept in the cell file).
+    """
     out_dir = Path(out_dir)
     others = [d.name for d in world.diseases]
     lm, prompt = rag.lm, rag.prompt
@@ -138,19 +174,30 @@ def evaluate_world(
         "rag": run_cell("rag", questions, non_private_rag, out_dir, others=others),
     }
     for mechanism in config.mechanisms:
+        k = config.k_of(mechanism, rag.config.k)
+        mech_rag = rag.with_config(dataclasses.replace(rag.config, k=k))
         for epsilon in config.epsilons:
 
-            def dp(q: Question, mechanism=mechanism, epsilon=epsilon) -> tuple[str, dict]:
+            def dp(q: Question, rag=mech_rag, mechanism=mechanism, epsilon=epsilon, k=k):
                 a = rag.answer(q.question, tenant="eval", epsilon=epsilon, mechanism=mechanism)
-                return a.text, {"epsilon": a.epsilon, "paid_tokens": a.paid_tokens}
+                extra = {"epsilon": a.epsilon, "paid_tokens": a.paid_tokens, "k": k}
+                return a.text, extra | {"abstained": a.abstained}
 
             name = f"{mechanism}-eps{epsilon:g}"
             results[name] = run_cell(name, questions, dp, out_dir, others=others)
+    if readability:
+        for name, rows in results.items():
+            if any("public_logprob" not in r for r in rows):
+                add_readability(rows, questions, lm, prompt)
+                path = out_dir / "cells" / f"{name}.jsonl"
+                path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return results
 
 
 def accuracy_table(results: dict[str, list[dict]]) -> list[dict]:
-    """One row per cell: overall accuracy and accuracy per support bin (None: no question)."""
+    """One row per cell: accuracy overall and per support bin (None: no question), the
+    shares of unreadable answers and of abstentions, and the mean public log-probability
+    per token of its answers (None: not measured or all abstained)."""
     table = []
     for cell, rows in results.items():
         entry = {
@@ -161,6 +208,11 @@ def accuracy_table(results: dict[str, list[dict]]) -> list[dict]:
         for low, high in SUPPORT_BINS:
             hits = [r["correct"] for r in rows if low <= r["support"] <= high]
             entry[bin_label(low, high)] = float(np.mean(hits)) if hits else None
+        entry["unreadable"] = float(np.mean([r.get("unreadable", False) for r in rows]))
+        entry["abstained"] = float(np.mean([r.get("abstained", False) for r in rows]))
+        logprobs = [r["public_logprob"] for r in rows if r.get("public_logprob") is not None]
+        entry["public_logprob"] = float(np.mean(logprobs)) if logprobs else None
+        entry["k"] = rows[0].get("k") if rows else None
         entry["seconds_per_answer"] = float(np.mean([r["seconds"] for r in rows]))
         table.append(entry)
     return table
@@ -168,45 +220,65 @@ def accuracy_table(results: dict[str, list[dict]]) -> list[dict]:
 
 def markdown_table(table: list[dict]) -> str:
     bins = [bin_label(*b) for b in SUPPORT_BINS]
-    head = "| cell | n | accuracy | " + " | ".join(f"support {b}" for b in bins) + " | s/answer |"
-    lines = [head, "|" + "---|" * (len(bins) + 4)]
+
+    def fmt(value, spec=".2f") -> str:
+        return "–" if value is None else format(value, spec)
+
+    head = (
+        "| cell | k | accuracy | "
+        + " | ".join(f"support {b}" for b in bins)
+        + " | abstained | unreadable | public log-prob/token | s/answer |"
+    )
+    lines = [head, "|" + "---|" * (len(bins) + 7)]
     for e in table:
-        cells = [f"{e[b]:.2f}" if e[b] is not None else "–" for b in bins]
         lines.append(
-            f"| {e['cell']} | {e['n']} | {e['accuracy']:.2f} | "
-            + " | ".join(cells)
-            + f" | {e['seconds_per_answer']:.1f} |"
+            f"| {e['cell']} | {fmt(e.get('k'), 'd')} | {e['accuracy']:.2f} | "
+            + " | ".join(fmt(e[b]) for b in bins)
+            + f" | {fmt(e.get('abstained'))} | {fmt(e.get('unreadable'))} | "
+            + f"{fmt(e.get('public_logprob'))} | {e['seconds_per_answer']:.1f} |"
         )
     return "\n".join(lines)
 
 
 def plot(table: list[dict], config: EvalConfig, path: str | Path) -> None:
-    """Accuracy against per-answer epsilon per mechanism, with the two references."""
+    """Accuracy and abstention against per-answer epsilon, and accuracy by support."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     by_cell = {e["cell"]: e for e in table}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    ax = axes[0]
-    for mechanism in config.mechanisms:
-        ys = [by_cell[f"{mechanism}-eps{e:g}"]["accuracy"] for e in config.epsilons]
-        ax.plot(config.epsilons, ys, marker="o", label=mechanism)
-    for ref, style in (("rag", "--"), ("no-rag", ":")):
-        ax.axhline(by_cell[ref]["accuracy"], linestyle=style, color="gray", label=f"{ref} (non-DP)")
-    ax.set_xlabel("per-answer ε (δ = 1e-6)")
-    ax.set_ylabel("answer accuracy")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title("Accuracy vs ε")
-    ax.legend(fontsize=8)
-    ax = axes[1]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    refs = (("rag", "--"), ("no-rag", ":"))
+    for ax, key, title in (
+        (axes[0], "accuracy", "Accuracy vs ε"),
+        (axes[1], "abstained", "Abstentions vs ε"),
+    ):
+        for mechanism in config.mechanisms:
+            cells = [by_cell[f"{mechanism}-eps{e:g}"] for e in config.epsilons]
+            ax.plot(
+                config.epsilons,
+                [c[key] for c in cells],
+                marker="o",
+                label=f"{mechanism} (k={cells[0].get('k')})",
+            )
+        if key == "accuracy":
+            for ref, style in refs:
+                ax.axhline(
+                    by_cell[ref][key], linestyle=style, color="gray", label=f"{ref} (non-DP)"
+                )
+        ax.set_xlabel("per-answer ε (δ = 1e-6)")
+        ax.set_ylabel(f"share of answers: {key}")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    ax = axes[2]
     bins = [bin_label(*b) for b in SUPPORT_BINS]
     best = max(config.epsilons)
     for cell in ["rag", "no-rag"] + [f"{m}-eps{best:g}" for m in config.mechanisms]:
         ys = [by_cell[cell][b] if by_cell[cell][b] is not None else np.nan for b in bins]
         ax.plot(bins, ys, marker="o", label=cell)
-    ax.set_xlabel("records sharing the fact (support)")
+    ax.set_xlabel("records stating the answer (support)")
     ax.set_ylabel("answer accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"Accuracy by support (DP at ε = {best:g})")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dp_accounting import dp_event
 
 from retriever.rag.accounting import bounded_range_epsilon, calibrate_token_epsilon
+from retriever.rag.voting import vote_threshold
 from synthgen.privacy import accounting
 
 MECHANISMS = ("icl", "vote", "sparse-vote")
@@ -98,6 +99,37 @@ class AnswerPlan:
 
     def worst_case_epsilon(self) -> float:
         return accounting.epsilon(self.worst_case_event(), self.delta)
+
+    def vote_summary(self, voters: int, gate_share: float = 0.5) -> dict[str, float | int | bool]:
+        """What a vote / sparse-vote plan implies for `voters` voters (public arithmetic).
+
+        `limited_domain_threshold` is how many agreeing votes a token release needs
+        (`retriever.rag.voting.vote_threshold`); when it exceeds `voters` a release is
+        practically impossible and every answer abstains. `gate_threshold` is how many
+        voters must disagree with the public LM before sparse-vote pays for a release.
+        """
+        if self.mechanism == "icl":
+            raise ValueError("vote_summary is for vote and sparse-vote plans")
+        if voters < 1:
+            raise ValueError(f"voters must be >= 1, got {voters=}")
+        threshold = vote_threshold(self.token_epsilon, self.token_delta)
+        out = dict(
+            mechanism=self.mechanism,
+            epsilon=self.worst_case_epsilon(),
+            target_epsilon=self.epsilon,
+            delta=self.delta,
+            tokens=self.max_tokens,
+            retrieval_epsilon=self.retrieval_epsilon,
+            token_epsilon=self.token_epsilon,
+            token_delta=self.token_delta,
+            max_releases=self.max_releases,
+            voters=int(voters),
+            limited_domain_threshold=threshold,
+            release_possible=threshold <= voters,
+        )
+        if self.mechanism == "sparse-vote":
+            out.update(gate_epsilon=self.gate_epsilon, gate_threshold=gate_share * voters)
+        return out
 
 
 def make_plan(

@@ -1,38 +1,39 @@
 """DPVoteRAG and DPSparseVoteRAG token release (Koga, Wu & Chaudhuri 2024).
 
-Voters hold disjoint partitions of the privately selected documents; each votes for its
-greedy next token given its own documents and the answer so far. The token is released by
-LimitedDomain top-1 (Durfee & Rogers 2019, `synthgen.privacy.limited_domain_top1`), whose
-bottom symbol ends the answer. The sparse variant first asks, through the sparse vector
+Each privately selected document is one voter, up to a public maximum of voters (the best
+scored ones; Koga et al. 2024, Sec. 5, run one document per voter): a voter votes for its
+greedy next token given its own document and the answer so far. The token is released by
+LimitedDomain top-1 (Durfee & Rogers 2019, `synthgen.privacy.limited_domain_top1`) with
+k_bar equal to the voters' maximum; its bottom symbol means the voters do not agree enough
+to say anything (the answer abstains if that is its first release, and otherwise goes on
+with the public LM's token). The sparse variant first asks, through the sparse vector
 technique, whether enough voters disagree with the token the LM would emit with no
 documents at all; only then does it pay for a LimitedDomain release, and otherwise emits
-the public token for free.
+the public token for free. `vote_threshold` states, from public parameters only, how many
+agreeing votes a release needs, so an operator sees when a release is impossible.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 from synthgen.privacy import AboveThreshold, limited_domain_top1
 
 
-def partition(doc_ids: list[str], num_voters: int, salt: bytes) -> list[list[int]]:
-    """Positions of `doc_ids` per voter, by a salted hash of each document's own id.
+def voter_documents(chosen: Sequence[int], max_voters: int) -> list[int]:
+    """The documents that vote, one voter each: the best-scored `max_voters` of `chosen`.
 
-    A document's voter depends only on its id and the (secret, per-answer) salt, so adding
-    or removing one document changes one voter's partition and no other.
+    `chosen` is the DP selection, best first. Adding or removing one document of the
+    collection adds or removes one voter, or, when the cap binds, swaps one voter for
+    another: the vote histogram changes by at most +1 in one count and -1 in another.
     """
-    if num_voters < 1:
-        raise ValueError(f"num_voters must be >= 1, got {num_voters=}")
-    groups: list[list[int]] = [[] for _ in range(num_voters)]
-    for position, doc_id in enumerate(doc_ids):
-        digest = hashlib.blake2b(doc_id.encode(), key=salt, digest_size=8).digest()
-        groups[int.from_bytes(digest, "little") % num_voters].append(position)
-    return groups
+    if max_voters < 1:
+        raise ValueError(f"max_voters must be >= 1, got {max_voters=}")
+    return [int(i) for i in chosen[:max_voters]]
 
 
 def vote_counts(voter_logprobs: np.ndarray, vocab_size: int) -> np.ndarray:
@@ -49,6 +50,19 @@ def _per_vote_parameters(epsilon: float, delta: float) -> tuple[float, float]:
     """
     half = epsilon / 2.0
     return half, delta / (1.0 + math.exp(half))
+
+
+def vote_threshold(epsilon: float, delta: float) -> float:
+    """Votes the top token needs to beat LimitedDomain's threshold without noise.
+
+    The threshold of `dp_vote_token` when at most k_bar tokens have votes: 1 +
+    ln(1 / delta') / epsilon' at its per-vote parameters (both Gumbel draws at their mode).
+    With fewer agreeing voters than this a release is unlikely (public arithmetic only).
+    """
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta=}")
+    eps, dlt = _per_vote_parameters(epsilon, delta)
+    return 1.0 + math.log(1.0 / dlt) / eps
 
 
 def dp_vote_token(
@@ -73,10 +87,11 @@ def dp_vote_token(
 
     Privacy:
       Privacy unit: one document (add/remove-one), given the released threshold. A document
-      belongs to one voter (`partition`), so it changes at most one vote: one count -1 and
-      another +1. LimitedDomain top-1 is run at (epsilon / 2, delta / (1 + e^(epsilon/2)))
-      under add/remove of one vote (l0 = 1), hence (epsilon, delta)-DP for a changed vote
-      (group privacy of size 2). Durfee & Rogers 2019, Alg. 1; Koga et al. 2024, DPVoteRAG.
+      is one voter, so it adds or removes one vote; when the public cap on voters binds, it
+      also displaces the last voter: at most one count -1 and another +1. LimitedDomain
+      top-1 is run at (epsilon / 2, delta / (1 + e^(epsilon/2))) under add/remove of one
+      vote (l0 = 1), hence (epsilon, delta)-DP for a changed vote (group privacy of size 2).
+      Durfee & Rogers 2019, Alg. 1; Koga et al. 2024, DPVoteRAG.
       Account with `epsilon_delta_event(epsilon, delta)`; None still costs the charge.
     """
     if not 0 < delta < 1:
@@ -96,11 +111,13 @@ def dp_vote_token(
 class SparseVoteGate:
     """DPSparseVoteRAG: pays only for tokens where the voters overrule the public LM.
 
-    Each token asks an AboveThreshold instance whether the number of non-empty voters
+    The threshold is a public share of the public maximum of voters (half, as Koga et al.
+    2024 run it). Each token asks an AboveThreshold instance whether the number of non-empty voters
     that disagree with the public token reaches `threshold`. Below: the public token is
     emitted, free. Above: the instance halts (it costs `gate_epsilon`), the token is
     released by `dp_vote_token` at (`token_epsilon`, `token_delta`), and a fresh instance
-    starts. At most `max_releases` paid tokens per answer; after that the answer ends.
+    starts. At most `max_releases` paid tokens per answer; after that the public LM's tokens
+    continue the answer for free.
 
     Privacy:
       Privacy unit: one document (add/remove-one), given the released threshold. The disagreement

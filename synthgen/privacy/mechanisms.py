@@ -96,11 +96,14 @@ def exponential_mechanism(
     sensitivity: float,
     rng: np.random.Generator,
     monotonic: bool = False,
+    log_base_measure: np.typing.ArrayLike | None = None,
 ) -> int:
-    """Selects index i with probability proportional to exp(epsilon * u_i / (2 * sensitivity)).
+    """Selects index i with probability proportional to mu_i exp(epsilon u_i / (2 sensitivity)).
 
-    Sampled with the Gumbel-max trick: argmax_i (epsilon * u_i / (2 * sensitivity) + G_i),
-    G_i ~ Gumbel(0, 1) independently. With `monotonic=True` the factor 2 is dropped.
+    Sampled with the Gumbel-max trick: argmax_i (log mu_i + epsilon * u_i / (2 * sensitivity)
+    + G_i), G_i ~ Gumbel(0, 1) independently. With `monotonic=True` the factor 2 is dropped.
+    The base measure mu is uniform unless `log_base_measure` gives log mu (finite, or -inf
+    for a candidate that can never be drawn; at least one finite).
 
     Args:
       utilities: one utility per candidate (1-D, finite).
@@ -108,18 +111,32 @@ def exponential_mechanism(
       sensitivity: L-infinity sensitivity of the utility vector.
       rng: source of randomness.
       monotonic: utilities all move in the same direction between neighbours.
+      log_base_measure: log mu per candidate; must not depend on the private data.
 
     Returns:
       The selected index.
 
     Privacy:
-      epsilon-DP (McSherry & Talwar 2007; monotone case: Dwork & Roth 2014, Thm 3.10).
-      Account with `accounting.pure_epsilon_event(epsilon)`.
+      epsilon-DP and epsilon-bounded-range (McSherry & Talwar 2007; monotone case: Dwork &
+      Roth 2014, Thm 3.10; bounded range: Dong, Durfee & Rogers 2020). A base measure that
+      does not depend on the private data leaves the guarantee unchanged: it multiplies the
+      same candidate's weight by the same factor in both neighbours, so the ratio of the
+      unnormalised weights is still within exp(+-epsilon / 2) (exp(epsilon) in the monotone
+      case) and the normaliser's ratio within the same bound (McSherry & Talwar 2007 state
+      the mechanism for any base measure). Account with
+      `accounting.pure_epsilon_event(epsilon)`.
     """
     _check_positive(epsilon=epsilon, sensitivity=sensitivity)
     scores = _scores(utilities)
     factor = 1.0 if monotonic else 2.0
     logits = epsilon * scores / (factor * sensitivity)
+    if log_base_measure is not None:
+        base = np.asarray(log_base_measure, dtype=np.float64)
+        if base.shape != scores.shape:
+            raise ValueError(f"log_base_measure must match utilities: {base.shape=}")
+        if np.any(np.isnan(base)) or np.any(base == np.inf) or not np.any(np.isfinite(base)):
+            raise ValueError("log_base_measure must be finite or -inf, with a finite entry")
+        logits = logits + base
     return int(np.argmax(logits + rng.gumbel(size=scores.shape)))
 
 

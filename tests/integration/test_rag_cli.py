@@ -1,6 +1,7 @@
 """`retriever privacy rag` and `retriever answer` as a user runs them."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -27,6 +28,34 @@ def test_privacy_rag_calculator():
     # 32 pure tokens at delta 1e-6: PLD bisection (Grislain 2024); bounded range is tighter
     assert out["pure"]["token_epsilon"] == pytest.approx(0.1936, abs=5e-4)
     assert out["bounded-range"]["token_epsilon"] > out["pure"]["token_epsilon"]
+
+
+def test_privacy_rag_prints_the_vote_release_threshold():
+    """An operator sees, from public parameters, when vote cannot release anything."""
+    thresholds = {}
+    for eps in ("1", "10"):
+        result = _run(
+            "retriever.cli", "privacy", "rag", "--tokens", "5", "--delta", "1e-6",
+            "--target-epsilon", eps, "--mechanism", "vote", "--voters", "64", "--json",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        plan = json.loads(result.stdout)
+        assert plan["mechanism"] == "vote" and plan["voters"] == 64
+        assert plan["epsilon"] <= float(eps)
+        # the noise-free LimitedDomain threshold of the plan's per-vote parameters
+        e, d = (
+            plan["token_epsilon"] / 2,
+            plan["token_delta"] / (1 + math.exp(plan["token_epsilon"] / 2)),
+        )
+        assert plan["limited_domain_threshold"] == pytest.approx(1 + math.log(1 / d) / e)
+        thresholds[eps] = plan
+    assert thresholds["10"]["release_possible"] and not thresholds["1"]["release_possible"]
+    sparse = _run(
+        "retriever.cli", "privacy", "rag", "--tokens", "5", "--delta", "1e-6",
+        "--target-epsilon", "10", "--mechanism", "sparse-vote", "--voters", "64", "--json",
+    )  # fmt: skip
+    assert sparse.returncode == 0, sparse.stderr
+    assert json.loads(sparse.stdout)["gate_threshold"] == 32
 
 
 @pytest.mark.slow

@@ -19,15 +19,16 @@ from retriever.rag.aggregation import (
     AggregationConfig,
     clipped_contributions,
     dp_icl_token,
+    log_base_measure,
     token_probabilities,
     token_utilities,
 )
 
 CONFIGS = [
     AggregationConfig(),
-    AggregationConfig(alpha=0.2, clip=0.7, theta=0.0),
-    AggregationConfig(alpha=5.0, clip=0.05, theta=1.0),
-    AggregationConfig(alpha=1e-3, clip=3.0, theta=0.3),
+    AggregationConfig(alpha=0.2, clip=0.7, beta=0.0),
+    AggregationConfig(alpha=5.0, clip=0.05, beta=1.0),
+    AggregationConfig(alpha=1e-3, clip=3.0, beta=3.0, beta_fade_epsilon=4.0),
 ]
 
 
@@ -95,14 +96,16 @@ def test_minus_infinity_log_probabilities_give_finite_output():
     # an impossible token sits at the bottom of its row's range: -clip after centring
     assert out[0, 1] == out[0, 2] == pytest.approx(-0.5)
     public = np.array([-np.inf, 0.0, -np.inf, -1.0])
-    config = AggregationConfig(alpha=1.0, clip=0.5, theta=0.1)
-    utilities = token_utilities(rows, public, config)
-    assert np.all(np.isfinite(utilities))
-    # the public term of an impossible token is theta times the finite floor
-    public_term = utilities - clipped_contributions(rows, config).sum(axis=0)
+    config = AggregationConfig(alpha=1.0, clip=0.5, beta=2.0)
+    utilities = token_utilities(rows, public.size, config)
+    np.testing.assert_allclose(utilities, clipped_contributions(rows, config).sum(axis=0))
+    # the base measure of an impossible token is beta times the finite floor
+    base = log_base_measure(public, epsilon=1.0, config=config)
     np.testing.assert_allclose(
-        public_term, 0.1 * np.array([PUBLIC_LOGPROB_FLOOR, 0, PUBLIC_LOGPROB_FLOOR, -1])
+        base, 2.0 * np.array([PUBLIC_LOGPROB_FLOOR, 0, PUBLIC_LOGPROB_FLOOR, -1])
     )
+    probs = token_probabilities(rows, public, epsilon=1.0, config=config)
+    assert np.all(np.isfinite(probs)) and probs.sum() == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(
@@ -138,8 +141,12 @@ def test_nan_in_a_private_row_raises_in_the_mechanism():
         {"alpha": math.nan},
         {"clip": 0.0},
         {"clip": math.inf},
-        {"theta": -0.1},
-        {"theta": math.nan},
+        {"beta": -0.1},
+        {"beta": math.nan},
+        {"beta": math.inf},
+        {"beta_fade_epsilon": 0.0},
+        {"beta_fade_epsilon": -1.0},
+        {"beta_fade_epsilon": math.nan},
     ],
 )
 def test_bad_config_raises(kwargs):
@@ -152,20 +159,19 @@ def test_bad_config_raises(kwargs):
 def test_adding_one_document_moves_every_utility_by_at_most_clip(config, seed):
     rng = np.random.default_rng(seed)
     vocab = 40
-    public = _logprobs(rng, 1, vocab)[0]
     for _ in range(25):
         rows = _logprobs(rng, int(rng.integers(0, 7)), vocab, scale=float(rng.uniform(0.1, 20)))
         extra = _logprobs(rng, 1, vocab, scale=float(rng.uniform(0.1, 20)))
         if rng.random() < 0.5:
             extra = _with_impossible_tokens(rng, extra)
-        before = token_utilities(rows, public, config)
-        after = token_utilities(np.concatenate([rows, extra]), public, config)
+        before = token_utilities(rows, vocab, config)
+        after = token_utilities(np.concatenate([rows, extra]), vocab, config)
         assert np.max(np.abs(after - before)) <= config.clip * (1 + 1e-12)
 
 
 def test_token_frequencies_match_the_closed_form():
     rng = np.random.default_rng(3)
-    vocab, epsilon, config = 6, 1.0, AggregationConfig(alpha=1.0, clip=0.5, theta=0.1)
+    vocab, epsilon, config = 6, 1.0, AggregationConfig(alpha=1.0, clip=0.5, beta=0.7)
     private = _logprobs(rng, 4, vocab)
     public = _logprobs(rng, 1, vocab)[0]
     probs = token_probabilities(private, public, epsilon=epsilon, config=config)
@@ -202,14 +208,15 @@ def test_a_token_every_document_rejects_is_still_eligible():
     assert stats.binomtest(hits, draws.size, probs[rare]).pvalue > 1e-3
 
 
-def test_with_no_private_rows_the_public_distribution_is_tempered():
+@pytest.mark.parametrize("epsilon", [0.05, 3.0])
+def test_with_no_private_rows_the_draw_is_the_public_distribution_to_the_power_beta(epsilon):
+    """The base measure keeps its weight at any epsilon (it is not scaled by epsilon)."""
     rng = np.random.default_rng(5)
-    vocab, epsilon = 6, 3.0
-    config = AggregationConfig(alpha=1.0, clip=0.5, theta=0.4)
+    vocab = 6
+    config = AggregationConfig(alpha=1.0, clip=0.5, beta=1.5)
     public = _logprobs(rng, 1, vocab, scale=1.0)[0]
     no_rows = np.zeros((0, vocab))
-    # P(v) ∝ p_public(v) ** (epsilon * theta / (2 C))
-    power = np.exp(public) ** (epsilon * config.theta / (2 * config.clip))
+    power = np.exp(public) ** 1.5  # P(v) ∝ p_public(v) ** beta, whatever epsilon
     closed_form = power / power.sum()
     probs = token_probabilities(no_rows, public, epsilon=epsilon, config=config)
     np.testing.assert_allclose(probs, closed_form, rtol=1e-12)
@@ -219,13 +226,40 @@ def test_with_no_private_rows_the_public_distribution_is_tempered():
     ]
     observed = np.bincount(draws, minlength=vocab)
     assert _chi2_pvalue(observed, closed_form) > 1e-3
+    plain = np.exp(public)  # beta = 1: a different distribution, rejected
+    assert _chi2_pvalue(observed, plain / plain.sum()) < 1e-6
     uniform = np.full(vocab, 1 / vocab)
     assert _chi2_pvalue(observed, uniform) < 1e-6
+
+
+def test_public_power_fades_linearly_with_the_token_epsilon():
+    config = AggregationConfig(beta=2.0, beta_fade_epsilon=4.0)
+    assert config.public_power(0.0) == 2.0
+    assert config.public_power(1.0) == pytest.approx(1.5)
+    assert config.public_power(4.0) == 0.0
+    assert config.public_power(9.0) == 0.0
+    assert AggregationConfig(beta=0.8).public_power(100.0) == 0.8
+
+
+def test_at_large_epsilon_the_documents_outweigh_the_public_prior():
+    """A token every document prefers wins against a public prior that rejects it."""
+    vocab, favourite = 8, 5
+    public = np.log(np.full(vocab, 0.5 / (vocab - 1)))
+    public[favourite] = np.log(1e-4)
+    public -= np.logaddexp.reduce(public)
+    rows = np.full((20, vocab), np.log(0.1 / (vocab - 1)))
+    rows[:, favourite] = np.log(0.9)
+    config = AggregationConfig(beta=1.0, beta_fade_epsilon=8.0)
+    small = token_probabilities(rows, public, epsilon=0.05, config=config)
+    large = token_probabilities(rows, public, epsilon=8.0, config=config)
+    assert small[favourite] < 0.01
+    assert large[favourite] > 0.99
 
 
 @pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("epsilon", [0.1, 1.0, 8.0])
 def test_neighbouring_row_sets_change_log_probabilities_by_at_most_epsilon(config, epsilon):
+    """With the public base measure p_public^beta(epsilon) (the same in both neighbours)."""
     rng = np.random.default_rng(6)
     vocab = 30
     worst = 0.0
@@ -238,7 +272,9 @@ def test_neighbouring_row_sets_change_log_probabilities_by_at_most_epsilon(confi
             np.concatenate([rows, extra]), public, epsilon=epsilon, config=config
         )
         assert np.all(p > 0) and np.all(q > 0)
-        gap = np.max(np.abs(np.log(p) - np.log(q)))
-        assert gap <= epsilon + 1e-9
+        ratio = np.log(p) - np.log(q)
+        gap = np.max(np.abs(ratio))
+        assert gap <= epsilon + 1e-9  # epsilon-DP
+        assert np.ptp(ratio) <= epsilon + 1e-9  # epsilon-bounded range
         worst = max(worst, gap / epsilon)
     assert worst > 0.5  # the bound is nearly reached: the check is not vacuous

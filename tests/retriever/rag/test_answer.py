@@ -3,7 +3,17 @@
 import numpy as np
 import pytest
 
-from retriever.rag import DPRag, PromptFormat, RagConfig, ScoreRange, make_plan
+from retriever.rag import (
+    AggregationConfig,
+    DPRag,
+    PromptFormat,
+    RagConfig,
+    ScoreRange,
+    make_plan,
+)
+from retriever.rag import answer as answer_module
+from retriever.rag.answer import ABSTENTION_TEXT
+from retriever.rag.text import unreadable_count
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope, accounting
 
@@ -140,6 +150,9 @@ def test_sparse_vote_free_when_voters_agree_with_public(tmp_path):
     assert answer.paid_tokens == 0
     assert "rag-gate" not in stages and "rag-tokens" not in stages
     assert stages == ["rag-retrieval", "rag-gate-open"]
+    # no paid release: the text is the public LM's alone, so the answer abstains
+    assert answer.abstained and answer.text == ABSTENTION_TEXT
+    assert answer.to_json()["abstained"] is True
 
 
 def test_bad_requests(tmp_path):
@@ -173,3 +186,130 @@ def test_inconsistent_collection_is_refused():
     bad[3, 0] = np.nan
     with pytest.raises(ValueError):
         DPRag(ids, texts, bad, lambda q: emb[:1], TinyLM())
+
+
+def _plain_rag(tmp_path, texts, *, config, instruction="a:b a:b a:b", seed=0, lm=None):
+    ids, _, emb = _collection()
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    ledger.ensure_scope(Scope("alice", "records", 1000.0, 1e-5, accountant="basic"))
+    return DPRag(
+        ids,
+        texts,
+        emb,
+        lambda qs: emb[:1],
+        lm or TinyLM(),
+        ledger=ledger,
+        dataset="records",
+        config=config,
+        prompt=PromptFormat(chat=False, instruction=instruction),
+        rng=np.random.default_rng(seed),
+    )
+
+
+def test_vote_abstains_when_its_first_release_is_bottom(tmp_path):
+    """At epsilon 1 a release needs ~190 agreeing votes: 8 voters get the bottom symbol."""
+    rag = _plain_rag(
+        tmp_path,
+        [f"x:{i % 3}" for i in range(N)],
+        config=RagConfig(k=8, max_tokens=5, score_range=ScoreRange(-1.0, 1.0)),
+    )
+    plan = rag.plan("vote", 1.0)
+    answer = rag.answer("q", tenant="alice", epsilon=1.0, mechanism="vote")
+    assert answer.abstained and answer.text == ABSTENTION_TEXT and answer.tokens == 0
+    # abstaining is post-processing: the answer is charged its whole worst case all the same
+    assert answer.epsilon == pytest.approx(plan.worst_case_epsilon(), rel=1e-6)
+
+
+class AppendSpyLM(TinyLM):
+    """TinyLM whose public fork records every token appended to the answer."""
+
+    def __init__(self):
+        super().__init__()
+        self.appended, self.public_rows = [], []
+
+    def fork(self):
+        self.public = AppendSpyLM()
+        return self.public
+
+    def start(self, prompts, max_new_tokens):
+        out = super().start(prompts, max_new_tokens)
+        self.public_rows.append(out)
+        return out
+
+    def append(self, token):
+        self.appended.append(int(token))
+        out = super().append(token)
+        self.public_rows.append(out)
+        return out
+
+
+def test_vote_goes_on_with_the_public_token_after_a_later_bottom(tmp_path, monkeypatch):
+    released = iter([ord("Z"), None, None, ord("Y"), None])
+    monkeypatch.setattr(answer_module, "dp_vote_token", lambda counts, **kw: next(released))
+    lm = AppendSpyLM()
+    rag = _plain_rag(
+        tmp_path,
+        ["a:b" for _ in range(N)],
+        config=RagConfig(k=4, max_tokens=5, score_range=ScoreRange(-1.0, 1.0)),
+        lm=lm,
+    )
+    answer = rag.answer("q", tenant="alice", epsilon=5.0, mechanism="vote")
+    assert not answer.abstained
+    assert answer.tokens == 5  # the bottom symbols did not end the answer
+    public = lm.public  # its rows: the public prompt's next-token log-probabilities
+    greedy = [int(np.argmax(rows[0])) for rows in public.public_rows]
+    assert public.appended[0] == ord("Z") and public.appended[3] == ord("Y")
+    # each bottom was filled with the public prompt's greedy token at that position
+    assert public.appended[1] == greedy[1] and public.appended[2] == greedy[2]
+    assert answer.text.startswith("Z")
+
+
+def test_icl_abstains_when_the_documents_never_move_the_draw(tmp_path):
+    """Documents equal to no document and a sharp public base measure: the released text is
+    the public prompt's greedy text, so the answer abstains."""
+    rag = _plain_rag(
+        tmp_path,
+        ["" for _ in range(N)],
+        config=RagConfig(
+            k=8,
+            max_tokens=1,  # after ':' the public prompt says 'b' (4 counts to <= 2): no tie
+            score_range=ScoreRange(-1.0, 1.0),
+            aggregation=AggregationConfig(beta=60.0),
+        ),
+    )
+    answer = rag.answer("a:b", tenant="alice", epsilon=1.0, mechanism="icl")
+    assert answer.abstained and answer.text == ABSTENTION_TEXT
+
+
+def test_icl_answers_when_the_documents_move_the_draw(tmp_path):
+    """Every document continues ':' with 'Q', the public prompt with 'b': at a large epsilon
+    and a faded public power the documents win and the answer does not abstain."""
+    rag = _plain_rag(
+        tmp_path,
+        [":Q :Q :Q :Q" for _ in range(N)],
+        config=RagConfig(
+            k=8,
+            max_tokens=1,
+            score_range=ScoreRange(-1.0, 1.0),
+            aggregation=AggregationConfig(beta=1.0, beta_fade_epsilon=10.0),
+        ),
+        instruction="a:b",
+    )
+    answer = rag.answer("a:", tenant="alice", epsilon=50.0, mechanism="icl")
+    assert not answer.abstained
+    assert answer.text == "Q"
+
+
+def test_answer_text_never_holds_a_split_multibyte_character(tmp_path, monkeypatch):
+    """A released byte sequence that ends inside 'é' (0xC3 0xA9) decodes without U+FFFD."""
+    released = iter([ord("c"), ord("a"), ord("f"), 0xC3])
+    monkeypatch.setattr(answer_module, "dp_icl_token", lambda *a, **kw: next(released))
+    rag = _plain_rag(
+        tmp_path,
+        ["" for _ in range(N)],
+        config=RagConfig(k=4, max_tokens=4, score_range=ScoreRange(-1.0, 1.0)),
+    )
+    answer = rag.answer("q", tenant="alice", epsilon=5.0, mechanism="icl")
+    assert TinyLM().decode([ord("c"), ord("a"), ord("f"), 0xC3]) == "caf\ufffd"
+    assert answer.text == "caf"
+    assert unreadable_count(answer.text) == 0

@@ -1,8 +1,9 @@
 """Tests of the vote-based token release (`retriever.rag.voting`).
 
-`partition` is checked for the property the privacy proof needs (one document moves one
-voter's group only); `dp_vote_token` for its bottom-symbol behaviour, its candidate set and
-the LimitedDomain parameters it passes; `SparseVoteGate` for its pay-what-you-use charges.
+The voters (one selected document each, up to a public cap) are checked for the property
+the privacy proof needs (one document moves one vote in and one out); `dp_vote_token` for
+its bottom-symbol behaviour, its candidate set and the LimitedDomain parameters it passes;
+`SparseVoteGate` for its pay-what-you-use charges.
 """
 
 from __future__ import annotations
@@ -15,55 +16,67 @@ import pytest
 from scipy import stats
 
 from retriever.rag import voting
-from retriever.rag.voting import SparseVoteGate, dp_vote_token, partition, vote_counts
+from retriever.rag.retrieval import ScoreRange, select
+from retriever.rag.voting import (
+    SparseVoteGate,
+    dp_vote_token,
+    vote_counts,
+    vote_threshold,
+    voter_documents,
+)
 from synthgen.privacy import AboveThreshold
 
-DOC_IDS = [f"doc-{i:03d}" for i in range(60)]
+
+def _votes(scores: np.ndarray, greedy: np.ndarray, tau: float, max_voters: int) -> np.ndarray:
+    """The vote histogram the answer stage builds: DP selection, then one voter each."""
+    chosen = select(scores, tau, ScoreRange(0.0, 1.0))
+    return np.bincount(greedy[voter_documents(chosen, max_voters)], minlength=6)
 
 
-def _groups_by_id(doc_ids: list[str], num_voters: int, salt: bytes) -> list[set[str]]:
-    return [{doc_ids[p] for p in group} for group in partition(doc_ids, num_voters, salt)]
+@pytest.mark.parametrize("max_voters", [1, 4, 16, 64])
+def test_one_document_changes_the_vote_histogram_by_one_vote_in_and_one_out(max_voters):
+    """Neighbouring collections (one document added) at the same released threshold: at
+    most +1 in one count and -1 in another, the change `dp_vote_token` is calibrated for."""
+    rng = np.random.default_rng(max_voters)
+    worst_l1 = 0
+    for _ in range(300):
+        n = int(rng.integers(0, 40))
+        scores, greedy = rng.uniform(size=n + 1), rng.integers(0, 6, size=n + 1)
+        tau = float(rng.uniform(0.0, 0.9))
+        where = int(rng.integers(0, n + 1))  # the added document, anywhere in the order
+        keep = np.arange(n + 1) != where
+        before = _votes(scores[keep], greedy[keep], tau, max_voters)
+        after = _votes(scores, greedy, tau, max_voters)
+        diff = after - before
+        assert np.all(np.abs(diff) <= 1)
+        assert np.sum(diff > 0) <= 1 and np.sum(diff < 0) <= 1
+        worst_l1 = max(worst_l1, int(np.abs(diff).sum()))
+    assert worst_l1 == (2 if max_voters < 40 else 1)  # the swap happens when the cap binds
 
 
-def test_partition_is_deterministic_disjoint_and_covering():
-    groups = partition(DOC_IDS, 5, b"answer-salt")
-    assert groups == partition(list(DOC_IDS), 5, b"answer-salt")
-    assert len(groups) == 5
-    positions = sorted(p for group in groups for p in group)
-    assert positions == list(range(len(DOC_IDS)))  # disjoint and covering
-    assert all(group for group in groups)  # 60 ids over 5 voters: none empty here
-    assert partition(DOC_IDS, 1, b"s") == [list(range(len(DOC_IDS)))]
-    assert partition([], 3, b"s") == [[], [], []]
-
-
-def test_partition_rejects_no_voters():
+def test_voter_documents_are_the_best_scored_up_to_the_cap():
+    assert voter_documents([5, 2, 9, 1], 2) == [5, 2]
+    assert voter_documents([5, 2], 8) == [5, 2]
+    assert voter_documents([], 3) == []
     with pytest.raises(ValueError):
-        partition(DOC_IDS, 0, b"s")
+        voter_documents([1], 0)
 
 
-@pytest.mark.parametrize("where", [0, 17, 60])
-def test_adding_one_document_changes_only_its_voters_group(where):
-    salt = b"per-answer secret"
-    before = _groups_by_id(DOC_IDS, 4, salt)
-    new_id = "doc-new"
-    after_ids = DOC_IDS[:where] + [new_id] + DOC_IDS[where:]  # shifts positions, not ids
-    after = _groups_by_id(after_ids, 4, salt)
-    changed = [v for v in range(4) if before[v] != after[v]]
-    assert len(changed) == 1
-    assert after[changed[0]] == before[changed[0]] | {new_id}
-    # and removing a document (the other direction of the neighbouring relation)
-    removed = _groups_by_id(DOC_IDS[1:], 4, salt)
-    changed = [v for v in range(4) if before[v] != removed[v]]
-    assert len(changed) == 1
-    assert removed[changed[0]] == before[changed[0]] - {DOC_IDS[0]}
-
-
-def test_different_salts_give_different_assignments():
-    assignments = {
-        tuple(map(tuple, partition(DOC_IDS, 4, salt)))
-        for salt in (b"a", b"b", b"c", b"answer-1", b"answer-2")
-    }
-    assert len(assignments) == 5
+def test_vote_threshold_is_the_noise_free_limited_domain_threshold():
+    epsilon, delta = 2.0, 1e-6
+    eps, dlt = epsilon / 2, delta / (1 + math.exp(epsilon / 2))
+    assert vote_threshold(epsilon, delta) == pytest.approx(1 + math.log(1 / dlt) / eps)
+    # counts well above it are released almost always; well below, almost never
+    rng = np.random.default_rng(0)
+    need = vote_threshold(epsilon, delta)
+    for votes, expect in ((need + 12, True), (need - 12, False)):
+        counts = np.zeros(8)
+        counts[3] = votes
+        released = [
+            dp_vote_token(counts, epsilon=epsilon, delta=delta, max_candidates=8, rng=rng)
+            for _ in range(200)
+        ]
+        assert np.mean([r == 3 for r in released]) > 0.95 if expect else not any(released)
 
 
 def test_vote_counts_is_the_histogram_of_greedy_tokens():
