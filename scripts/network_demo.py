@@ -260,7 +260,7 @@ def main() -> None:
     per_answer = [e for e in per_answer if e >= args.min_answer_epsilon]
     rag_config = RagConfig(
         k=16, max_tokens=6, score_range=ScoreRange(0.2, 1.0), composition="bounded-range",
-        aggregation=AggregationConfig(theta=0.3), num_voters=16, docs_per_voter=1,
+        aggregation=AggregationConfig(),
     )  # fmt: skip
     rag = make_rag(world, args.out / "dprag", lm=lm, config=rag_config, seed=0)
     results = evaluate_world(

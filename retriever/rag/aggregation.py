@@ -50,8 +50,8 @@ class AggregationConfig:
 
     alpha: float = 1.0
     clip: float = 0.5
-    beta: float = 1.0
-    beta_fade_epsilon: float = math.inf
+    beta: float = 2.0  # defaults chosen on scripts/dp_rag_eval.py (README, DP-RAG answers)
+    beta_fade_epsilon: float = 2.0
 
     def __post_init__(self) -> None:
         for name in ("alpha", "clip", "beta_fade_epsilon"):

@@ -8,7 +8,8 @@ Endpoints (JSON; every one but ``/`` and ``/health`` needs ``Authorization: Bear
   * ``POST /answer`` ``{"question"}``: a DP answer from the private collection at the
     service's per-answer epsilon and mechanism, charged to the tenant's scope and the
     collection's cap in one ledger transaction before any noise is drawn (`DPRag.answer`).
-  * ``GET /budget``: the tenant's caps, spend, remaining budget and charge log.
+  * ``GET /budget``: the tenant's caps, spend, remaining budget, how many answers still
+    fit (the ledger's own check) and charge log.
   * ``GET /card`` (no key): the public card of what the service releases and under which
     guarantee, when it has one (a network contributor's, `retriever.network.contributor`).
   * ``GET /``: a one-file page to ask questions and watch the budget.
@@ -76,6 +77,7 @@ class ServiceConfig:
       min_epsilon: a tenant with less epsilon left has an exhausted budget.
       max_retrieve_k: most results of ``/retrieve``.
       charge_log_limit: most recent charges listed by ``/budget``.
+      max_answers_shown: ``/budget``'s ``answers_left`` counts up to this many.
     """
 
     answer_epsilon: float = 1.0
@@ -87,9 +89,11 @@ class ServiceConfig:
     min_epsilon: float = 0.01
     max_retrieve_k: int = 20
     charge_log_limit: int = 100
+    max_answers_shown: int = 100
 
     def __post_init__(self) -> None:
-        if self.max_question_chars < 1 or self.max_retrieve_k < 1 or self.charge_log_limit < 1:
+        limits = (self.max_question_chars, self.max_retrieve_k, self.charge_log_limit)
+        if min(*limits, self.max_answers_shown) < 1:
             raise ValueError(f"limits must be >= 1: {self=}")
         if self.queue_capacity < 0 or not self.queue_timeout > 0:
             raise ValueError(f"need queue_capacity >= 0 and queue_timeout > 0: {self=}")
@@ -201,6 +205,26 @@ class Service:
         except BudgetExceededError as exc:
             raise self.budget_refusal(tenant, config.answer_epsilon, exc) from None
 
+    def answers_left(self, tenant: str) -> int | None:
+        """How many more answers the ledger admits for `tenant` (None: no /answer here).
+
+        The ledger's own check (`PrivacyLedger.repeats_that_fit`) of the service's fixed
+        answer event, as every answer is charged: the worst case of its plan, stage by
+        stage, against the tenant's and the collection's caps; at most
+        ``config.max_answers_shown``.
+        """
+        if not self.replicas:
+            return None
+        plan = self.replicas[0].plan(self.config.mechanism, self.config.answer_epsilon)
+        return self.ledger.repeats_that_fit(
+            tenant,
+            self.dataset,
+            plan.stage_events(),
+            relation=RELATION,
+            delta=plan.delta,
+            limit=self.config.max_answers_shown,
+        )
+
     def budget(self, tenant: str) -> dict[str, Any]:
         scope = self.ledger.get_scope(tenant, self.dataset)
         spend = self.ledger.spent(tenant, self.dataset)
@@ -221,6 +245,8 @@ class Service:
             "spent_epsilon": spend.epsilon,
             "remaining_epsilon": spend.epsilon_remaining,
             "num_charges": spend.num_charges,
+            "answers_left": self.answers_left(tenant),
+            "answers_left_limit": self.config.max_answers_shown,
             "by_stage": dict(by_stage),
             "charges": [
                 {

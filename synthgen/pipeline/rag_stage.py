@@ -76,6 +76,7 @@ def answer_questions(ctx: StageContext) -> dict:
                 "question": question.question,
                 "expected": question.answer,
                 "answer": answer.text,
+                "abstained": answer.abstained,
                 "correct": correct,
                 "epsilon": answer.epsilon,
                 "delta": answer.delta,
@@ -94,6 +95,7 @@ def answer_questions(ctx: StageContext) -> dict:
         "questions": len(answers),
         "epsilon_per_answer": cfg.epsilon,
         "correct": sum(a["correct"] for a in answers),
+        "abstained": sum(a.get("abstained", False) for a in answers),
         "collection_epsilon_spent": spend.epsilon,
         "answers": answers,
     }

@@ -320,7 +320,9 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
         parts.append(
             f"<p>{rag['questions']} questions over {rag['records']} private records with "
             f"{_e(rag['lm'])} ({_e(rag['mechanism'])}, ε = {_num(rag['epsilon_per_answer'])} "
-            f"per answer): {rag['correct']} correct.</p>"
+            f"per answer): {rag['correct']} correct, {rag.get('abstained', 0)} abstained. "
+            "An answer abstains when the private records did not move it (nothing the "
+            "records support at this ε); it is charged all the same.</p>"
         )
         parts.append(
             _table(
@@ -328,7 +330,7 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
                 [
                     [
                         _e(a["question"]),
-                        _e(a["answer"]),
+                        "<em>abstained</em>" if a.get("abstained") else _e(a["answer"]),
                         _e(a["expected"]),
                         "yes" if a["correct"] else "no",
                         _num(a["epsilon"]),

@@ -159,6 +159,11 @@ class Recomposition:
         return min(self.pld, self.rdp)
 
 
+def _within(scope: Scope, epsilon: float, delta: float) -> bool:
+    """Whether a composed spend is within the scope's caps (False on NaN: fails closed)."""
+    return epsilon <= scope.epsilon_cap * (1 + 1e-9) and delta <= scope.delta_cap
+
+
 class PrivacyLedger:
     """Budget ledger shared by every DP stage of the project, on SQLite or PostgreSQL.
 
@@ -437,6 +442,61 @@ class PrivacyLedger:
             checked = self._check_scopes(conn, tenant, dataset, [(stage, event)], relation, delta)
         return checked[0][2][0]
 
+    def repeats_that_fit(
+        self,
+        tenant: str,
+        dataset: str,
+        stage_events: Sequence[tuple[str, dp_event.DpEvent]],
+        *,
+        relation: accounting.NeighboringRelation | str,
+        delta: float | None = None,
+        limit: int = 100,
+    ) -> int:
+        """How many more times `charge_all(stage_events)` would pass, at most `limit`.
+
+        The ledger's own admission rule applied to n copies of the same charge (e.g. one
+        answer's stages) after the scope's current record, for the tenant's scope and the
+        dataset's collection scope: what a client may still ask for, as the server will
+        decide it (composition makes this more than remaining epsilon / epsilon). Read-only.
+
+        Raises:
+          KeyError: the tenant has no scope on the dataset.
+        """
+        relation = accounting.as_relation(relation)
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit=}")
+        if delta is not None and not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta=}")
+        for _, event in stage_events:
+            accounting.validate_event(event)
+        fits, figures = limit, None
+        with self._store.read() as conn:
+            names = [tenant]
+            if tenant != COLLECTION and self._scope(conn, COLLECTION, dataset) is not None:
+                names.append(COLLECTION)
+            for name in names:
+                scope = self._scope(conn, name, dataset)
+                if scope is None:
+                    raise KeyError(f"no ledger scope for {tenant=}, {dataset=}")
+                summary, prepared = self._summary(conn, scope), []
+                for i, (_, event) in enumerate(stage_events):
+                    event = accounting.convert_relation(event, relation, scope.relation)
+                    event_json = accounting.event_to_json(event)
+                    own = (
+                        figures[i] if figures else self._standalone(scope, event, event_json, delta)
+                    )
+                    prepared.append((event_json, own))
+                figures = figures or [own for _, own in prepared]  # as the rows record them
+                count = 0
+                while count < fits:
+                    for event_json, own in prepared:
+                        summary = summary.extended(event_json, own)
+                    if not _within(scope, *summary.spend(scope.delta_cap)):
+                        break
+                    count += 1
+                fits = count
+        return fits
+
     def find_charge(self, tenant: str, dataset: str, ref: str) -> Charge | None:
         """The charge of the scope recorded with idempotency key `ref`, if any."""
         with self._store.read() as conn:
@@ -485,8 +545,7 @@ class PrivacyLedger:
             standalone.append(own)
             summary = summary.extended(event_json, own)
         total_eps, total_delta = summary.spend(scope.delta_cap)
-        within = total_eps <= scope.epsilon_cap * (1 + 1e-9) and total_delta <= scope.delta_cap
-        if not within:  # fails closed on NaN as well
+        if not _within(scope, total_eps, total_delta):
             stages = "+".join(stage for stage, _ in stage_events)
             who = (
                 f"the collection cap of {dataset} (all tenants together)"

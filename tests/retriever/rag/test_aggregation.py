@@ -96,7 +96,7 @@ def test_minus_infinity_log_probabilities_give_finite_output():
     # an impossible token sits at the bottom of its row's range: -clip after centring
     assert out[0, 1] == out[0, 2] == pytest.approx(-0.5)
     public = np.array([-np.inf, 0.0, -np.inf, -1.0])
-    config = AggregationConfig(alpha=1.0, clip=0.5, beta=2.0)
+    config = AggregationConfig(alpha=1.0, clip=0.5, beta=2.0, beta_fade_epsilon=math.inf)
     utilities = token_utilities(rows, public.size, config)
     np.testing.assert_allclose(utilities, clipped_contributions(rows, config).sum(axis=0))
     # the base measure of an impossible token is beta times the finite floor
@@ -213,7 +213,7 @@ def test_with_no_private_rows_the_draw_is_the_public_distribution_to_the_power_b
     """The base measure keeps its weight at any epsilon (it is not scaled by epsilon)."""
     rng = np.random.default_rng(5)
     vocab = 6
-    config = AggregationConfig(alpha=1.0, clip=0.5, beta=1.5)
+    config = AggregationConfig(alpha=1.0, clip=0.5, beta=1.5, beta_fade_epsilon=math.inf)
     public = _logprobs(rng, 1, vocab, scale=1.0)[0]
     no_rows = np.zeros((0, vocab))
     power = np.exp(public) ** 1.5  # P(v) ∝ p_public(v) ** beta, whatever epsilon
@@ -238,7 +238,7 @@ def test_public_power_fades_linearly_with_the_token_epsilon():
     assert config.public_power(1.0) == pytest.approx(1.5)
     assert config.public_power(4.0) == 0.0
     assert config.public_power(9.0) == 0.0
-    assert AggregationConfig(beta=0.8).public_power(100.0) == 0.8
+    assert AggregationConfig(beta=0.8, beta_fade_epsilon=math.inf).public_power(100.0) == 0.8
 
 
 def test_at_large_epsilon_the_documents_outweigh_the_public_prior():

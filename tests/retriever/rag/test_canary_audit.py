@@ -100,8 +100,9 @@ def _audit(lm, epsilons, work_dir=None):
     )
 
 
-def _no_noise(utilities, *, epsilon, sensitivity, rng, monotonic=False):
-    """The exponential mechanism with its Gumbel noise switched off: argmax."""
+def _no_noise(utilities, *, epsilon, sensitivity, rng, monotonic=False, log_base_measure=None):
+    """The exponential mechanism with its Gumbel noise and public base measure switched
+    off: the argmax of the private utilities."""
     return int(np.argmax(np.asarray(utilities, dtype=np.float64)))
 
 

@@ -1,14 +1,16 @@
-"""The page at `/` driven in headless Chromium: key, question, answer, budget card, and
-the Ask button disabled once the budget cannot pay for another answer."""
+"""The page at `/` driven in headless Chromium: key, question, answer, budget card, the
+Ask button enabled exactly while the ledger admits another answer, and abstentions."""
 
 import re
 
+import httpx
 import pytest
 
+from retriever.rag.answer import ABSTENTION_TEXT
 from synthgen.privacy import PrivacyLedger
-from tests.retriever.service.harness import Server, add_tenants, questions
+from tests.retriever.service.harness import Server, add_tenants, bearer, questions
 
-CAP = 2.5  # two answers at the service's epsilon 1.0 (PLD: 1.94), not three (2.49)
+CAP = 2.5  # three answers at the service's epsilon 1.0 (PLD: 2.49), not four
 COLLECTION_CAP = 5.0
 WAIT_MS = 60_000  # every wait in the browser is bounded by this
 REMAINING = re.compile(r"remaining ε (\S+) of (\S+) \(δ cap \S+, (\d+) charges\)")
@@ -83,14 +85,75 @@ def test_page_answers_and_shows_the_budget(chromium, served, world):
         assert float(page.locator("#spent-bar").get_attribute("value") or 0) > 0
         assert not page.locator("#ask").is_disabled()
 
-        # the second answer leaves less than one answer's epsilon: the page says so and
-        # disables Ask instead of sending a request the ledger would refuse
+        assert _answers_left(page) == _api_answers_left(server, key) == 2
+
+        # the second answer leaves less than one answer's epsilon (2.5 - 1.94), yet the
+        # ledger admits a third (composition: 2.49 <= 2.5): Ask stays enabled, as /budget says
         _ask(page, questions(world)[1])
+        second, cap, charges = _remaining(page)
+        assert second < 1.0 and charges == 4
+        assert _answers_left(page) == _api_answers_left(server, key) == 1
+        assert not page.locator("#ask").is_disabled()
+        assert page.locator("#error").inner_text() == ""
+        _ask(page, questions(world)[2])
+        assert page.locator("#error").inner_text() == ""  # the third answer was admitted
         final, cap, charges = _remaining(page)
-        assert final == _sig3(book.spent("alice", "corpus").epsilon_remaining) < 1.0
-        assert charges == 4 and page.locator("#log tbody tr").count() == 4
+        assert final == _sig3(book.spent("alice", "corpus").epsilon_remaining)
+        assert charges == 6 and page.locator("#log tbody tr").count() == 6
+        # now none fits: the page disables Ask, and the API indeed refuses the next answer
+        assert _api_answers_left(server, key) == 0
+        assert page.locator("#answers-left").inner_text().startswith("0 more answers fit")
         assert page.locator("#ask").is_disabled()
         assert page.locator("#error").inner_text().startswith("budget exhausted")
+        refused = httpx.post(
+            server.url + "/answer",
+            json={"question": questions(world)[3]},
+            headers=bearer(key),
+            timeout=60,
+        )
+        assert refused.status_code == 402
         assert errors == []
     finally:
         page.close()
+
+
+def _answers_left(page) -> int:
+    text = page.locator("#answers-left").inner_text()
+    match = re.fullmatch(r"(\d+) more answers? fits? in this budget", text.strip())
+    assert match, f"unexpected answers-left text: {text!r}"
+    return int(match[1])
+
+
+def _api_answers_left(server, key: str) -> int:
+    budget = httpx.get(server.url + "/budget", headers=bearer(key), timeout=30)
+    assert budget.status_code == 200
+    return budget.json()["answers_left"]
+
+
+def test_page_shows_an_abstention_as_such(chromium, world, tmp_path):
+    """vote at epsilon 1 needs ~190 agreeing votes of at most 4 voters: its first release is
+    the bottom symbol, so the answer abstains, and the page says so."""
+    ledger = str(tmp_path / "ledger.sqlite")
+    key = add_tenants(ledger, {"alice": 10.0}, collection=20.0)["alice"]
+    server = Server(
+        world, ledger, tmp_path / "server.log", "--mechanism", "vote", "--answer-epsilon", "1.0"
+    ).start()
+    page = chromium.new_page()
+    page.set_default_timeout(WAIT_MS)
+    try:
+        page.goto(server.url + "/", timeout=WAIT_MS)
+        page.fill("#key", key)
+        page.dispatch_event("#key", "change")
+        page.wait_for_function(BUDGET_SHOWN, timeout=WAIT_MS)
+        assert page.locator("#mechanism").inner_text() == "vote"
+        _ask(page, questions(world)[0])
+        assert page.locator("#error").inner_text() == ""
+        assert page.locator("#answer").inner_text() == ABSTENTION_TEXT
+        assert "abstained" in (page.locator("#answer").get_attribute("class") or "")
+        assert page.locator("#abstention").inner_text().startswith("abstained:")
+        assert "charged" in page.locator("#abstention").inner_text()
+        assert _remaining(page)[2] == 2  # an abstention is charged like any answer
+        assert not page.locator("#ask").is_disabled()
+    finally:
+        page.close()
+        server.stop()

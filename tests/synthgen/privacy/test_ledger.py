@@ -413,3 +413,74 @@ def test_charge_all_is_all_or_nothing_and_idempotent(tmp_path):
     assert len(book.charges("t", "d")) == 2
     with pytest.raises(ValueError):
         book.charge_all("t", "d", [], relation="ADD_OR_REMOVE_ONE")
+
+
+ANSWER_STAGES = [
+    ("rag-retrieval", accounting.pure_epsilon_event(0.3)),
+    ("rag-tokens", accounting.epsilon_delta_event(0.9, 1e-7)),
+    ("rag-score", accounting.laplace_event(0.4)),
+]
+
+
+@pytest.mark.parametrize(
+    ("accountant", "collection_cap"), [("basic", None), ("pld", None), ("pld", 9.0)]
+)
+def test_repeats_that_fit_is_how_many_charges_the_ledger_then_admits(
+    tmp_path, accountant, collection_cap
+):
+    """The count follows the ledger's own admission rule, not epsilon arithmetic."""
+    from synthgen.privacy import COLLECTION
+
+    book = PrivacyLedger(tmp_path / "ledger.sqlite")
+    book.open_scope(Scope("alice", "d", 12.0, 1e-5, accountant=accountant))
+    if collection_cap is not None:
+        book.open_scope(Scope(COLLECTION, "d", collection_cap, 1e-5))
+    items = [(stage, event, "answer") for stage, event in ANSWER_STAGES]
+    charge = partial(book.charge_all, "alice", "d", items, relation=AR, delta=1e-6)
+    charge()  # one answer already spent
+    predicted = book.repeats_that_fit("alice", "d", ANSWER_STAGES, relation=AR, delta=1e-6)
+    assert book.charges("alice", "d")[-1].stage == "rag-score"  # the count recorded nothing
+    admitted = 0
+    while True:
+        try:
+            charge()
+        except BudgetExceededError:
+            break
+        admitted += 1
+    assert predicted == admitted
+    assert book.repeats_that_fit("alice", "d", ANSWER_STAGES, relation=AR, delta=1e-6) == 0
+
+
+def test_repeats_that_fit_counts_what_composition_leaves_not_epsilon_arithmetic(tmp_path):
+    """Pure token events compose sublinearly under PLD: the next answer costs less than the
+    answer's own epsilon, so more answers fit than remaining epsilon / epsilon says."""
+    stages = [
+        ("rag-retrieval", accounting.pure_epsilon_event(0.1)),
+        ("rag-tokens", accounting.self_composed(accounting.pure_epsilon_event(0.05), 20)),
+    ]
+    book = PrivacyLedger(tmp_path / "ledger.sqlite")
+    book.open_scope(Scope("alice", "d", 8.0, 1e-5))
+    items = [(stage, event, "answer") for stage, event in stages]
+    book.charge_all("alice", "d", items, relation=AR, delta=1e-6)
+    one = accounting.epsilon(accounting.compose([e for _, e in stages]), 1e-6)
+    remaining = book.spent("alice", "d").epsilon_remaining
+    fits = book.repeats_that_fit("alice", "d", stages, relation=AR, delta=1e-6)
+    assert fits > int(remaining / one) + 1
+    for _ in range(fits):
+        book.charge_all("alice", "d", items, relation=AR, delta=1e-6)
+    with pytest.raises(BudgetExceededError):
+        book.charge_all("alice", "d", items, relation=AR, delta=1e-6)
+
+
+def test_repeats_that_fit_stops_at_its_limit_and_knows_no_missing_scope(tmp_path):
+    book = PrivacyLedger(tmp_path / "ledger.sqlite")
+    book.open_scope(Scope("alice", "d", 1000.0, 1e-5))
+    tiny = [("a", accounting.pure_epsilon_event(0.01))]
+    assert book.repeats_that_fit("alice", "d", tiny, relation=AR, limit=7) == 7
+    assert book.repeats_that_fit("alice", "d", tiny, relation=AR, limit=0) == 0
+    with pytest.raises(KeyError):
+        book.repeats_that_fit("bob", "d", tiny, relation=AR)
+    with pytest.raises(ValueError):
+        book.repeats_that_fit(
+            "alice", "d", [("a", accounting.pure_epsilon_event(-1.0))], relation=AR
+        )
