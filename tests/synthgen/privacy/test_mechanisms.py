@@ -57,6 +57,38 @@ def test_exponential_mechanism_frequencies(monotonic):
     assert _chi2_matches(draws, wrong / wrong.sum()) < 1e-6
 
 
+def test_exponential_mechanism_with_a_base_measure_draws_mu_times_exp():
+    """P(i) ∝ mu_i exp(eps u_i / (2 sens)); -inf in log mu is never drawn."""
+    utilities = np.array([0.0, 1.0, 2.0, 4.0, 3.0])
+    log_mu = np.log(np.array([0.5, 0.1, 0.3, 0.1, 1.0]))
+    log_mu[4] = -np.inf
+    eps, sens = 1.0, 2.0
+    rng = secure_rng(3)
+    draws = np.array(
+        [
+            m.exponential_mechanism(
+                utilities, epsilon=eps, sensitivity=sens, rng=rng, log_base_measure=log_mu
+            )
+            for _ in range(N)
+        ]
+    )
+    assert not np.any(draws == 4)
+    expected = np.exp(log_mu[:4] + eps * utilities[:4] / (2 * sens))
+    assert _chi2_matches(draws, expected / expected.sum()) > 0.01
+    uniform_base = np.exp(eps * utilities[:4] / (2 * sens))
+    assert _chi2_matches(draws, uniform_base / uniform_base.sum()) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "log_mu", [np.array([0.0, np.nan]), np.array([0.0, np.inf]), np.full(2, -np.inf), np.zeros(3)]
+)
+def test_exponential_mechanism_rejects_a_bad_base_measure(log_mu):
+    with pytest.raises(ValueError):
+        m.exponential_mechanism(
+            [0.0, 1.0], epsilon=1.0, sensitivity=1.0, rng=secure_rng(0), log_base_measure=log_mu
+        )
+
+
 def _p_second_wins(gap, scale):
     """P(gap + L1 > L0) for iid Laplace(scale): difference of Laplaces has a closed form."""
     return 1 - 0.5 * math.exp(-gap / scale) * (1 + gap / (2 * scale))
