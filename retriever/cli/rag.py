@@ -68,7 +68,9 @@ def answer(
     private_corpus: Annotated[Path, typer.Option(help="private corpus.jsonl: doc_id, text")],
     question: Annotated[str, typer.Option(help="the question")],
     epsilon: Annotated[float, typer.Option(help="per-answer epsilon")],
-    mechanism: Annotated[str, typer.Option(help="icl | vote | sparse-vote")] = "icl",
+    mechanism: Annotated[
+        str, typer.Option(help="auto (best evaluated at the epsilon) | icl | vote | sparse-vote")
+    ] = "auto",
     ledger: Annotated[
         str | None, typer.Option(help="ledger file or URL (default: data folder)")
     ] = None,
@@ -77,7 +79,9 @@ def answer(
         float, typer.Option(help="cap of a new tenant scope (existing scopes keep theirs)")
     ] = 10.0,
     tenant_delta: Annotated[float, typer.Option(help="delta cap of a new tenant scope")] = 1e-5,
-    k: Annotated[int, typer.Option(help="documents the DP threshold aims to select")] = 8,
+    k: Annotated[
+        int | None, typer.Option(help="documents the DP threshold aims at (default: evaluated)")
+    ] = None,
     max_tokens: Annotated[int, typer.Option(help="most answer tokens")] = 12,
     delta: Annotated[float, typer.Option(help="per-answer delta")] = 1e-6,
     composition: Annotated[str, typer.Option(help="icl tokens: pure | bounded-range")] = "pure",
@@ -90,9 +94,13 @@ def answer(
     """Answer a question from a private collection with DP, charged to a tenant's budget."""
     from retriever.rag import RagConfig, ScoreRange
     from retriever.rag.answer import plan_answer
+    from retriever.rag.defaults import answer_defaults, resolve_mechanism
     from retriever.rag.loading import load_dprag
     from synthgen.paths import default_ledger_path
     from synthgen.privacy import PrivacyLedger, Scope
+
+    mechanism = resolve_mechanism(mechanism, epsilon)
+    k = k or answer_defaults(epsilon).k
 
     config = RagConfig(
         k=k,
@@ -122,7 +130,8 @@ def answer(
         return
     print(result.text)
     parts = ", ".join(f"{c.stage} {c.epsilon:.3g}" for c in result.charges)
+    abstained = " abstained;" if result.abstained else ""
     print(
-        f"[{mechanism}] epsilon={result.epsilon:.4g} delta={result.delta:g} ({parts}); "
+        f"[{mechanism}]{abstained} epsilon={result.epsilon:.4g} delta={result.delta:g} ({parts}); "
         f"remaining epsilon={result.remaining_epsilon:.4g} for tenant {tenant}"
     )

@@ -27,9 +27,12 @@ def serve(
         "smollm2-135m-instruct"
     ),
     answer_epsilon: Annotated[float, typer.Option(help="every answer's epsilon")] = 1.0,
-    mechanism: Annotated[str, typer.Option(help="every answer's: icl | vote | sparse-vote")] = (
-        "icl"
-    ),
+    mechanism: Annotated[
+        str,
+        typer.Option(
+            help="every answer's: auto (best evaluated at the epsilon) | icl | vote | sparse-vote"
+        ),
+    ] = "auto",
     replicas: Annotated[int, typer.Option(help="model replicas (one answer each)")] = 1,
     queue: Annotated[int, typer.Option(help="most requests waiting for a replica")] = 16,
     queue_timeout: Annotated[float, typer.Option(help="seconds a request may wait")] = 30.0,
@@ -37,7 +40,10 @@ def serve(
         Path | None, typer.Option(help="index over a public/synthetic corpus (/retrieve)")
     ] = None,
     public_corpus: Annotated[Path | None, typer.Option(help="that corpus.jsonl")] = None,
-    k: Annotated[int, typer.Option(help="documents the DP threshold aims to select")] = 8,
+    k: Annotated[
+        int | None,
+        typer.Option(help="documents the DP threshold aims to select (default: evaluation's)"),
+    ] = None,
     max_tokens: Annotated[int, typer.Option(help="most answer tokens")] = 12,
     delta: Annotated[float, typer.Option(help="per-answer delta")] = 1e-6,
     composition: Annotated[str, typer.Option(help="icl tokens: pure | bounded-range")] = "pure",
@@ -51,8 +57,12 @@ def serve(
     collection with the same settings.
     """
     from retriever.rag import RagConfig, ScoreRange
+    from retriever.rag.defaults import answer_defaults, resolve_mechanism
     from retriever.service.app import ServiceConfig
     from retriever.service.server import load_service, serve
+
+    mechanism = resolve_mechanism(mechanism, answer_epsilon)
+    k = k or answer_defaults(answer_epsilon).k
 
     service = load_service(
         index,

@@ -179,7 +179,8 @@ class RagStageConfig:
       num_records, num_diseases, world_seed: the fictional medical world.
       questions: questions answered.
       epsilon: per-answer epsilon.
-      mechanism: "icl", "vote" or "sparse-vote".
+      mechanism: "icl", "vote", "sparse-vote", or "auto": the DP-RAG evaluation's best at
+        `epsilon` (`retriever.rag.defaults`).
       k, max_tokens, delta: the answer stage's public parameters (`RagConfig`).
       epsilon_cap, delta_cap: caps of the collection's ledger scope.
     """
@@ -191,7 +192,7 @@ class RagStageConfig:
     world_seed: int = 0
     questions: int = 3
     epsilon: float = 5.0
-    mechanism: str = "icl"
+    mechanism: str = "auto"
     k: int = 4
     max_tokens: int = 8
     delta: float = 1e-6
@@ -205,8 +206,8 @@ class RagStageConfig:
             raise ValueError(
                 f"need 0 < delta <= delta_cap < 1, got {self.delta=}, {self.delta_cap=}"
             )
-        if self.mechanism not in ("icl", "vote", "sparse-vote"):
-            raise ValueError(f"mechanism must be icl, vote or sparse-vote, {self.mechanism=}")
+        if self.mechanism not in ("auto", "icl", "vote", "sparse-vote"):
+            raise ValueError(f"mechanism must be auto, icl, vote or sparse-vote, {self.mechanism=}")
         if self.k < 1 or self.max_tokens < 1:
             raise ValueError(f"k and max_tokens must be >= 1, got {self.k=}, {self.max_tokens=}")
         if self.questions < 1 or self.num_records < self.num_diseases:

@@ -21,6 +21,7 @@ def answer_questions(ctx: StageContext) -> dict:
     """Answers `rag.questions` questions at `rag.epsilon` each; writes `rag/answers.json`."""
     from retriever.evaluate import load_towers
     from retriever.rag import DPRag, RagConfig
+    from retriever.rag.defaults import resolve_mechanism
     from retriever.rag.medical import MedicalWorldConfig, answer_is_correct, make_world
     from synthgen.lm_backends import FlaxLM
     from synthgen.pipeline.stages import open_run_scope
@@ -29,6 +30,7 @@ def answer_questions(ctx: StageContext) -> dict:
     cfg = ctx.config.rag
     if not cfg.enabled:
         return {"enabled": False}
+    mechanism = resolve_mechanism(cfg.mechanism, cfg.epsilon)
     world = make_world(
         MedicalWorldConfig(
             num_diseases=cfg.num_diseases,
@@ -67,7 +69,7 @@ def answer_questions(ctx: StageContext) -> dict:
         if number <= len(answers):
             continue
         answer = rag.answer(
-            question.question, tenant=tenant, epsilon=cfg.epsilon, mechanism=cfg.mechanism
+            question.question, tenant=tenant, epsilon=cfg.epsilon, mechanism=mechanism
         )
         correct = answer_is_correct(answer.text, question.answer)
         ctx.log("rag", f"question {number}/{len(questions)}: epsilon={answer.epsilon:.3g}")
@@ -90,7 +92,7 @@ def answer_questions(ctx: StageContext) -> dict:
     return {
         "enabled": True,
         "lm": cfg.lm,
-        "mechanism": cfg.mechanism,
+        "mechanism": mechanism,
         "records": len(texts),
         "questions": len(answers),
         "epsilon_per_answer": cfg.epsilon,
