@@ -19,7 +19,7 @@ def privacy_rag(
     mechanism: Annotated[str, typer.Option(help="icl | vote | sparse-vote")] = "icl",
     retrieval_epsilon: Annotated[float, typer.Option(help="the threshold's epsilon")] = 0.0,
     composition: Annotated[str, typer.Option(help="icl: pure | bounded-range")] = "pure",
-    voters: Annotated[int, typer.Option(help="vote / sparse-vote: most voters")] = 16,
+    voters: Annotated[int, typer.Option(help="vote / sparse-vote: most voters")] = 64,
     max_releases: Annotated[int, typer.Option(help="sparse-vote: most paid tokens")] = 6,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
@@ -94,13 +94,12 @@ def answer(
     """Answer a question from a private collection with DP, charged to a tenant's budget."""
     from retriever.rag import RagConfig, ScoreRange
     from retriever.rag.answer import plan_answer
-    from retriever.rag.defaults import answer_defaults, resolve_mechanism
+    from retriever.rag.defaults import resolve
     from retriever.rag.loading import load_dprag
     from synthgen.paths import default_ledger_path
     from synthgen.privacy import PrivacyLedger, Scope
 
-    mechanism = resolve_mechanism(mechanism, epsilon)
-    k = k or answer_defaults(epsilon).k
+    mechanism, k = resolve(mechanism, k, epsilon)
 
     config = RagConfig(
         k=k,

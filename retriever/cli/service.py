@@ -57,12 +57,11 @@ def serve(
     collection with the same settings.
     """
     from retriever.rag import RagConfig, ScoreRange
-    from retriever.rag.defaults import answer_defaults, resolve_mechanism
+    from retriever.rag.defaults import resolve
     from retriever.service.app import ServiceConfig
     from retriever.service.server import load_service, serve
 
-    mechanism = resolve_mechanism(mechanism, answer_epsilon)
-    k = k or answer_defaults(answer_epsilon).k
+    mechanism, k = resolve(mechanism, k, answer_epsilon)
 
     service = load_service(
         index,

@@ -57,7 +57,7 @@ class AggregationConfig:
         for name in ("alpha", "clip", "beta_fade_epsilon"):
             value = getattr(self, name)
             if not (value > 0 and (math.isfinite(value) or name == "beta_fade_epsilon")):
-                raise ValueError(f"{name} must be finite and > 0, got {self=}")
+                raise ValueError(f"{name} must be > 0 (finite but beta_fade_epsilon), {self=}")
         if not (math.isfinite(self.beta) and self.beta >= 0):
             raise ValueError(f"beta must be finite and >= 0, got {self.beta=}")
 

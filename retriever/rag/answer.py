@@ -47,7 +47,7 @@ from synthgen.privacy import (
 )
 
 RELATION = "ADD_OR_REMOVE_ONE"
-ABSTENTION_TEXT = "No answer: the private documents do not support one at this privacy level."
+ABSTENTION_TEXT = "No answer: the private documents did not settle one at this privacy level."
 
 
 @dataclasses.dataclass(frozen=True)

@@ -83,7 +83,7 @@ def dp_vote_token(
       rng: source of randomness.
 
     Returns:
-      A token id, or None.
+      A token id, or None (the bottom symbol: not enough agreement to release a token).
 
     Privacy:
       Privacy unit: one document (add/remove-one), given the released threshold. A document
@@ -153,7 +153,7 @@ class SparseVoteGate:
     def step(self, counts: np.ndarray, public_token: int) -> tuple[int | None, bool]:
         """(token or None, paid) for one position of the answer."""
         if self.exhausted:
-            raise RuntimeError("the gate has spent its max_releases; end the answer")
+            raise RuntimeError("the gate has spent its max_releases; continue with public tokens")
         if self._gate is None:
             self._gate = self._fresh()
         disagree = float(counts.sum() - counts[public_token])

@@ -211,7 +211,9 @@ class Service:
         The ledger's own check (`PrivacyLedger.repeats_that_fit`) of the service's fixed
         answer event, as every answer is charged: the worst case of its plan, stage by
         stage, against the tenant's and the collection's caps; at most
-        ``config.max_answers_shown``.
+        ``config.max_answers_shown``. A sparse-vote service on a ``basic`` tenant scope
+        charges realised releases, often less than the worst case: there the count is a
+        lower bound.
         """
         if not self.replicas:
             return None

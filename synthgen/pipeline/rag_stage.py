@@ -21,7 +21,7 @@ def answer_questions(ctx: StageContext) -> dict:
     """Answers `rag.questions` questions at `rag.epsilon` each; writes `rag/answers.json`."""
     from retriever.evaluate import load_towers
     from retriever.rag import DPRag, RagConfig
-    from retriever.rag.defaults import resolve_mechanism
+    from retriever.rag.defaults import resolve
     from retriever.rag.medical import MedicalWorldConfig, answer_is_correct, make_world
     from synthgen.lm_backends import FlaxLM
     from synthgen.pipeline.stages import open_run_scope
@@ -30,7 +30,7 @@ def answer_questions(ctx: StageContext) -> dict:
     cfg = ctx.config.rag
     if not cfg.enabled:
         return {"enabled": False}
-    mechanism = resolve_mechanism(cfg.mechanism, cfg.epsilon)
+    mechanism, _ = resolve(cfg.mechanism, cfg.k, cfg.epsilon)  # k: the config's (small worlds)
     world = make_world(
         MedicalWorldConfig(
             num_diseases=cfg.num_diseases,

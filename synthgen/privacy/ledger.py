@@ -467,6 +467,8 @@ class PrivacyLedger:
             raise ValueError(f"limit must be >= 0, got {limit=}")
         if delta is not None and not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta=}")
+        if not stage_events:
+            raise ValueError("stage_events must not be empty")
         for _, event in stage_events:
             accounting.validate_event(event)
         fits, figures = limit, None
@@ -478,14 +480,8 @@ class PrivacyLedger:
                 scope = self._scope(conn, name, dataset)
                 if scope is None:
                     raise KeyError(f"no ledger scope for {tenant=}, {dataset=}")
-                summary, prepared = self._summary(conn, scope), []
-                for i, (_, event) in enumerate(stage_events):
-                    event = accounting.convert_relation(event, relation, scope.relation)
-                    event_json = accounting.event_to_json(event)
-                    own = (
-                        figures[i] if figures else self._standalone(scope, event, event_json, delta)
-                    )
-                    prepared.append((event_json, own))
+                summary = self._summary(conn, scope)
+                prepared = self._prepared(scope, stage_events, relation, delta, figures)
                 figures = figures or [own for _, own in prepared]  # as the rows record them
                 count = 0
                 while count < fits:
@@ -525,6 +521,19 @@ class PrivacyLedger:
             )
         return checked
 
+    def _prepared(
+        self, scope: Scope, stage_events, relation, delta, figures=None
+    ) -> list[tuple[str, tuple[float, float]]]:
+        """(event JSON in the scope's relation, standalone figures) of each new event;
+        the figures are `figures` when given (as the rows will record them)."""
+        prepared = []
+        for i, (_, event) in enumerate(stage_events):
+            event = accounting.convert_relation(event, relation, scope.relation)
+            event_json = accounting.event_to_json(event)
+            own = figures[i] if figures else self._standalone(scope, event, event_json, delta)
+            prepared.append((event_json, own))
+        return prepared
+
     def _check_all(
         self, conn, tenant, dataset, stage_events, relation, delta, figures=None
     ) -> tuple[Scope, ScopeSummary, list[tuple[float, float]]]:
@@ -537,13 +546,10 @@ class PrivacyLedger:
         if scope is None:
             raise KeyError(f"no ledger scope for {tenant=}, {dataset=}; open it first")
         summary = self._summary(conn, scope)
-        standalone = []
-        for i, (_, event) in enumerate(stage_events):
-            event = accounting.convert_relation(event, relation, scope.relation)
-            event_json = accounting.event_to_json(event)
-            own = figures[i] if figures else self._standalone(scope, event, event_json, delta)
-            standalone.append(own)
+        prepared = self._prepared(scope, stage_events, relation, delta, figures)
+        for event_json, own in prepared:
             summary = summary.extended(event_json, own)
+        standalone = [own for _, own in prepared]
         total_eps, total_delta = summary.spend(scope.delta_cap)
         if not _within(scope, total_eps, total_delta):
             stages = "+".join(stage for stage, _ in stage_events)

@@ -119,12 +119,10 @@ def exponential_mechanism(
     Privacy:
       epsilon-DP and epsilon-bounded-range (McSherry & Talwar 2007; monotone case: Dwork &
       Roth 2014, Thm 3.10; bounded range: Dong, Durfee & Rogers 2020). A base measure that
-      does not depend on the private data leaves the guarantee unchanged: it multiplies the
-      same candidate's weight by the same factor in both neighbours, so the ratio of the
-      unnormalised weights is still within exp(+-epsilon / 2) (exp(epsilon) in the monotone
-      case) and the normaliser's ratio within the same bound (McSherry & Talwar 2007 state
-      the mechanism for any base measure). Account with
-      `accounting.pure_epsilon_event(epsilon)`.
+      does not depend on the private data leaves the guarantee unchanged: it multiplies a
+      candidate's weight by the same factor in both neighbours, so the usual proof goes
+      through as it is (McSherry & Talwar 2007 state the mechanism for any base measure).
+      Account with `accounting.pure_epsilon_event(epsilon)`.
     """
     _check_positive(epsilon=epsilon, sensitivity=sensitivity)
     scores = _scores(utilities)
