@@ -42,10 +42,13 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=2000)
     parser.add_argument("--questions-per-disease", type=int, default=1)
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 3.0, 5.0, 10.0])
-    parser.add_argument("--mechanisms", nargs="+", default=["icl", "vote", "sparse-vote"])
+    parser.add_argument(
+        "--mechanisms", nargs="+", default=["icl", "vote", "sparse-vote", "answer-vote"]
+    )
     parser.add_argument("--k-icl", type=int, default=32, help="icl: documents aimed at")
     parser.add_argument("--k-vote", type=int, default=64, help="vote: documents (= voters)")
     parser.add_argument("--k-sparse", type=int, default=64, help="sparse-vote: voters")
+    parser.add_argument("--k-answer", type=int, default=64, help="answer-vote: voters")
     parser.add_argument("--rag-k", type=int, default=16, help="non-private RAG's top-k")
     parser.add_argument("--min-score", type=float, default=0.2, help="public lower clip")
     parser.add_argument("--max-tokens", type=int, default=5)
@@ -81,7 +84,12 @@ def main() -> None:
         epsilons=tuple(args.epsilons),
         mechanisms=tuple(args.mechanisms),
         rag_k=args.rag_k,
-        mechanism_k=(("icl", args.k_icl), ("vote", args.k_vote), ("sparse-vote", args.k_sparse)),
+        mechanism_k=(
+            ("icl", args.k_icl),
+            ("vote", args.k_vote),
+            ("sparse-vote", args.k_sparse),
+            ("answer-vote", args.k_answer),
+        ),
     )
     results = evaluate_world(world, questions, rag, eval_config, args.out, readability=True)
     table = accuracy_table(results)

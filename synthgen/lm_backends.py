@@ -52,8 +52,9 @@ class NextTokenLM(Protocol):
         """Opens a session; log-probs [B, V] of the token after each prompt."""
         ...
 
-    def append(self, token: int) -> np.ndarray:
-        """Feeds `token` to every row of the session; log-probs [B, V] of the next token."""
+    def append(self, token: int | Sequence[int]) -> np.ndarray:
+        """Feeds `token` to every row of the session (or one token per row, in row order);
+        log-probs [B, V] of the next token."""
         ...
 
     def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
@@ -62,6 +63,16 @@ class NextTokenLM(Protocol):
         Leaves an open `start`/`append` session untouched.
         """
         ...
+
+
+def row_tokens(token: int | Sequence[int], rows: int) -> list[int]:
+    """`append`'s argument as one token per row: an int for every row, or one per row."""
+    if isinstance(token, int | np.integer):
+        return [int(token)] * rows
+    tokens = [int(t) for t in token]
+    if len(tokens) != rows:
+        raise ValueError(f"need one token per row: {len(tokens)=}, {rows=}")
+    return tokens
 
 
 # ---- a deterministic test model ---------------------------------------------------------
@@ -120,9 +131,9 @@ class TinyLM:
         self._rows = [list(p) for p in prompts]
         return self.score(self._rows)
 
-    def append(self, token: int) -> np.ndarray:
-        for row in self._rows:
-            row.append(int(token))
+    def append(self, token: int | Sequence[int]) -> np.ndarray:
+        for row, t in zip(self._rows, row_tokens(token, len(self._rows)), strict=True):
+            row.append(t)
         return self.score(self._rows)
 
 
@@ -249,7 +260,9 @@ class FlaxLM:
             raise RuntimeError("append() before start()")
         if self._new_tokens >= self._max_new:
             raise ValueError(f"the session holds at most {self._max_new} new tokens")
-        tokens = jnp.full((self._cache.mask.shape[0],), int(token), jnp.int32)
+        tokens = np.zeros(self._cache.mask.shape[0], np.int32)  # padding rows: unread
+        tokens[: self._rows] = row_tokens(token, self._rows)
+        tokens = jnp.asarray(tokens)
         logprobs, self._cache = self._step(self.params, self._cache, tokens)
         self._new_tokens += 1
         return np.asarray(logprobs[: self._rows], np.float32)

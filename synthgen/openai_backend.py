@@ -213,9 +213,11 @@ class OpenAICompletionsLM:
         self._rows = [list(p) for p in prompts]
         return self.score(self._rows)
 
-    def append(self, token: int) -> np.ndarray:
-        for row in self._rows:
-            row.append(int(token))
+    def append(self, token: int | Sequence[int]) -> np.ndarray:
+        from synthgen.lm_backends import row_tokens
+
+        for row, t in zip(self._rows, row_tokens(token, len(self._rows)), strict=True):
+            row.append(t)
         return self.score(self._rows)
 
     def close(self) -> None:

@@ -48,9 +48,9 @@ def serve(
         "smollm2-135m-instruct"
     ),
     answer_epsilon: Annotated[float, typer.Option(help="every answer's epsilon")] = 1.0,
-    mechanism: Annotated[str, typer.Option(help="every answer's: icl | vote | sparse-vote")] = (
-        "icl"
-    ),
+    mechanism: Annotated[
+        str, typer.Option(help="every answer's: icl | vote | sparse-vote | answer-vote")
+    ] = ("icl"),
     replicas: Annotated[int, typer.Option(help="model replicas (one answer each)")] = 1,
     queue: Annotated[int, typer.Option(help="most requests waiting for a replica")] = 16,
     queue_timeout: Annotated[float, typer.Option(help="seconds a request may wait")] = 30.0,

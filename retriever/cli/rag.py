@@ -16,7 +16,7 @@ def privacy_rag(
     tokens: Annotated[int, typer.Option(help="most answer tokens T")],
     delta: Annotated[float, typer.Option(help="per-answer delta")],
     target_epsilon: Annotated[float, typer.Option(help="per-answer epsilon")],
-    mechanism: Annotated[str, typer.Option(help="icl | vote | sparse-vote")] = "icl",
+    mechanism: Annotated[str, typer.Option(help="icl | vote | sparse-vote | answer-vote")] = "icl",
     retrieval_epsilon: Annotated[float, typer.Option(help="the threshold's epsilon")] = 0.0,
     composition: Annotated[str, typer.Option(help="icl: pure | bounded-range")] = "pure",
     voters: Annotated[int, typer.Option(help="vote / sparse-vote: most voters")] = 64,
@@ -69,7 +69,7 @@ def answer(
     question: Annotated[str, typer.Option(help="the question")],
     epsilon: Annotated[float, typer.Option(help="per-answer epsilon")],
     mechanism: Annotated[
-        str, typer.Option(help="auto (best evaluated at the epsilon) | icl | vote | sparse-vote")
+        str, typer.Option(help="auto (best evaluated) | icl | vote | sparse-vote | answer-vote")
     ] = "auto",
     ledger: Annotated[
         str | None, typer.Option(help="ledger file or URL (default: data folder)")

@@ -30,7 +30,7 @@ def serve(
     mechanism: Annotated[
         str,
         typer.Option(
-            help="every answer's: auto (best evaluated at the epsilon) | icl | vote | sparse-vote"
+            help="every answer's: auto (best evaluated) | icl | vote | sparse-vote | answer-vote"
         ),
     ] = "auto",
     replicas: Annotated[int, typer.Option(help="model replicas (one answer each)")] = 1,

@@ -37,7 +37,13 @@ from retriever.rag.plan import AnswerPlan, make_plan
 from retriever.rag.prompts import PromptFormat
 from retriever.rag.retrieval import ScoreRange, dp_top_k_threshold, dp_top_p_threshold, select
 from retriever.rag.text import clean_answer_text
-from retriever.rag.voting import SparseVoteGate, dp_vote_token, vote_counts, voter_documents
+from retriever.rag.voting import (
+    SparseVoteGate,
+    dp_answer_vote,
+    dp_vote_token,
+    vote_counts,
+    voter_documents,
+)
 from synthgen.privacy import (
     BudgetExceededError,
     PrivacyLedger,
@@ -295,6 +301,8 @@ class DPRag:
         chosen = select(scores, tau, self.config.score_range)  # private set, best first
         if mechanism == "icl":
             tokens, paid, stages, abstained = self._icl(question, chosen, plan, rng)
+        elif mechanism == "answer-vote":
+            tokens, paid, stages, abstained = self._answer_vote(question, chosen, plan, rng)
         else:
             tokens, paid, stages, abstained = self._vote(question, chosen, plan, rng)
         count = confidence = None
@@ -312,7 +320,12 @@ class DPRag:
                     f"the budget of {tenant} changed during the answer; nothing was released"
                 ) from None
         total = accounting.epsilon(accounting.compose([e for _, e in stages]), plan.delta)
-        text = ABSTENTION_TEXT if abstained else clean_answer_text(self.lm.decode(tokens))
+        if abstained:
+            text = ABSTENTION_TEXT
+        elif isinstance(tokens, str):  # answer-vote releases the winning answer's text
+            text, tokens = tokens, self.lm.encode(tokens)
+        else:
+            text = clean_answer_text(self.lm.decode(tokens))
         return Answer(
             text=text,
             mechanism=mechanism,
@@ -462,6 +475,38 @@ class DPRag:
             for stage, (e, d, n) in gate.charges().items()
         ]
         return tokens, gate.releases, stages, abstained or gate.releases == 0
+
+    def _answer_vote(self, question, chosen, plan: AnswerPlan, rng):
+        """(answer text, paid, stages, abstained). The best `config.voters` selected
+        documents each decode their own greedy answer (all `max_tokens` steps, whatever
+        they say: the loop's length is public); `dp_answer_vote` releases the most common
+        one, or the bottom symbol, and the answer abstains."""
+        c = self.config
+        voters = [
+            self.prompt.encode(self.lm, question, [self._document_ids(i)])
+            for i in voter_documents(chosen, c.voters)
+        ]
+        answers: list[list[int]] = [[] for _ in voters]
+        if voters:
+            logprobs = self.lm.start(voters, plan.max_tokens)
+            ended = np.zeros(len(voters), bool)
+            for step in range(plan.max_tokens):
+                greedy = np.argmax(logprobs, axis=1)
+                for row, token in enumerate(greedy):
+                    ended[row] |= int(token) in self.lm.eos_ids
+                    if not ended[row]:
+                        answers[row].append(int(token))
+                if step + 1 < plan.max_tokens:
+                    logprobs = self.lm.append([int(t) for t in greedy])
+        winner = dp_answer_vote(
+            [self.lm.decode(a) for a in answers],
+            epsilon=plan.token_epsilon,
+            delta=plan.token_delta,
+            max_candidates=c.voters,
+            rng=rng,
+        )
+        stages = [("tokens", plan.token_block_event(1))]
+        return winner or "", 1, stages, winner is None
 
     def _score(self, scores, chosen, epsilon: float, rng) -> tuple[float, float]:
         """Noisy (count, mean similarity) of the selected documents.

@@ -44,6 +44,7 @@ import numpy as np
 
 from retriever.rag.answer import DPRag, RagConfig
 from retriever.rag.evaluation import greedy_answer
+from retriever.rag.plan import MECHANISMS
 from retriever.rag.prompts import PromptFormat
 from synthgen.audit.canaries import DIGITS, digit_secret, public_words
 from synthgen.privacy import PrivacyLedger, Scope, secure_rng
@@ -144,7 +145,7 @@ def _validate(epsilons, canaries, answers_per_canary, mechanism, baseline_k) -> 
             raise ValueError(f"epsilons must be > 0 (inf: the non-private baseline), {eps=}")
     if canaries < 1 or answers_per_canary < 1:
         raise ValueError(f"need >= 1 canary and answer: {canaries=}, {answers_per_canary=}")
-    if mechanism not in ("icl", "vote", "sparse-vote"):
+    if mechanism not in MECHANISMS:
         raise ValueError(f"unknown {mechanism=}")
     if baseline_k is not None and baseline_k < 1:
         raise ValueError(f"baseline_k must be >= 1, got {baseline_k=}")

@@ -22,7 +22,7 @@ from retriever.rag.accounting import bounded_range_epsilon, calibrate_token_epsi
 from retriever.rag.voting import vote_threshold
 from synthgen.privacy import accounting
 
-MECHANISMS = ("icl", "vote", "sparse-vote")
+MECHANISMS = ("icl", "vote", "sparse-vote", "answer-vote")
 COMPOSITIONS = ("pure", "bounded-range")
 
 
@@ -44,7 +44,7 @@ class AnswerPlan:
     """Public parameters of one answer's mechanisms and its worst-case charge.
 
     Attributes:
-      mechanism: "icl", "vote" or "sparse-vote".
+      mechanism: "icl", "vote", "sparse-vote" or "answer-vote".
       epsilon: the per-answer target.
       delta: the per-answer delta.
       max_tokens: most answer tokens.
@@ -54,7 +54,8 @@ class AnswerPlan:
         LimitedDomain).
       token_delta: per released token (vote/sparse; 0 for icl).
       gate_epsilon: per AboveThreshold instance (sparse only).
-      max_releases: paid tokens at most (sparse: the gate's cap; otherwise max_tokens).
+      max_releases: paid tokens at most (sparse: the gate's cap; answer-vote: 1, the whole
+        answer; otherwise max_tokens).
       composition: "pure" or "bounded-range" (icl tokens).
     """
 
@@ -146,7 +147,7 @@ def make_plan(
     """Splits a per-answer `epsilon` into the answer's mechanisms' parameters.
 
     Args:
-      mechanism: "icl", "vote" or "sparse-vote".
+      mechanism: "icl", "vote", "sparse-vote" or "answer-vote".
       epsilon: per-answer target epsilon.
       delta: per-answer delta.
       max_tokens: most answer tokens.
@@ -207,7 +208,7 @@ def make_plan(
             return AnswerPlan(**base, token_epsilon=x, max_releases=max_tokens)
 
         return icl_plan(_largest(lambda x: icl_plan(x).worst_case_epsilon() <= epsilon, token))
-    releases = max_tokens if mechanism == "vote" else min(max_releases, max_tokens)
+    releases = {"vote": max_tokens, "answer-vote": 1}.get(mechanism, min(max_releases, max_tokens))
     token_delta = delta / (2 * releases)
 
     def plan_of(x: float) -> AnswerPlan:

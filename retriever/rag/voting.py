@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from retriever.rag.text import clean_answer_text
 from synthgen.privacy import AboveThreshold, limited_domain_top1
 
 
@@ -105,6 +106,56 @@ def dp_vote_token(
         max_contributions=1,
         rng=rng,
     )
+
+
+def answer_key(text: str) -> str:
+    """The form an answer is counted and released under: readable text, whitespace
+    collapsed, trailing punctuation dropped ("Besox fever." and "Besox fever" agree)."""
+    return clean_answer_text(text).rstrip(" .,;:!?")
+
+
+def dp_answer_vote(
+    answers: Sequence[str],
+    *,
+    epsilon: float,
+    delta: float,
+    max_candidates: int,
+    rng: np.random.Generator,
+) -> str | None:
+    """Releases the voters' most common whole answer (its `answer_key`), or None.
+
+    Args:
+      answers: each voter's own greedy answer (one voter per document).
+      epsilon: the release's privacy parameter.
+      delta: its delta.
+      max_candidates: LimitedDomain's k_bar (the voters' cap).
+      rng: source of randomness.
+
+    Returns:
+      The winning answer key, or None (the bottom symbol: the voters do not agree enough).
+
+    Privacy:
+      Privacy unit: one document (add/remove-one), given the released threshold. Each
+      voter's answer depends on its own document only, so a document adds or removes one
+      vote, or swaps one when the voters' cap binds: one count -1 and another +1 over the
+      (unbounded) domain of answer strings. LimitedDomain top-1 needs only the top k_bar + 1
+      counts of such a domain (Durfee & Rogers 2019, the unknown-domain setting) and runs,
+      as in `dp_vote_token`, at (epsilon / 2, delta / (1 + e^(epsilon/2))) per vote, so
+      the release is (epsilon, delta)-DP. One release per answer, instead of one per token
+      (Wu et al. 2024, DP-ICL keyword-space aggregation; Koga et al. 2024 vote per token).
+    """
+    keys = [answer_key(a) for a in answers]
+    keys = [k for k in keys if k]  # an empty answer is no vote
+    if not keys:
+        keys_seen, counts = [], np.zeros(1)
+    else:
+        keys_seen = sorted(set(keys))  # a fixed order: ties broken by the answer text
+        index = {k: i for i, k in enumerate(keys_seen)}
+        counts = np.bincount([index[k] for k in keys], minlength=len(keys_seen)).astype(float)
+    winner = dp_vote_token(
+        counts, epsilon=epsilon, delta=delta, max_candidates=max_candidates, rng=rng
+    )
+    return None if winner is None or not keys_seen else keys_seen[winner]
 
 
 @dataclasses.dataclass

@@ -54,13 +54,13 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from retriever.rag.answer import RELATION, DPRag
+from retriever.rag.plan import MECHANISMS
 from retriever.service.admission import Admission, QueueFullError, QueueTimeoutError
 from retriever.service.public_index import PublicIndex
 from retriever.service.tenants import AuthError, TenantRegistry
 from synthgen.privacy import COLLECTION, BudgetExceededError, PrivacyLedger
 
 log = logging.getLogger("retriever.service")
-MECHANISMS = ("icl", "vote", "sparse-vote")
 
 
 @dataclasses.dataclass(frozen=True)

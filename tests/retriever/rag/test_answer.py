@@ -65,7 +65,7 @@ def _rag(tmp_path, *, cap=10.0, score_share=0.0, seed=0, accountant="pld"):
     return rag, ledger, lm
 
 
-@pytest.mark.parametrize("mechanism", ["icl", "vote", "sparse-vote"])
+@pytest.mark.parametrize("mechanism", ["icl", "vote", "sparse-vote", "answer-vote"])
 @pytest.mark.parametrize("composition", ["pure", "bounded-range"])
 def test_plan_worst_case_within_target(mechanism, composition):
     plan = make_plan(mechanism, 3.0, delta=1e-6, max_tokens=8, composition=composition)
@@ -75,7 +75,7 @@ def test_plan_worst_case_within_target(mechanism, composition):
     assert plan.retrieval_epsilon == pytest.approx(0.3)
 
 
-@pytest.mark.parametrize("mechanism", ["icl", "vote", "sparse-vote"])
+@pytest.mark.parametrize("mechanism", ["icl", "vote", "sparse-vote", "answer-vote"])
 def test_answer_charges_each_stage_once(tmp_path, mechanism):
     rag, ledger, lm = _rag(tmp_path, score_share=0.05)
     answer = rag.answer("what is the answer?", tenant="alice", epsilon=2.0, mechanism=mechanism)
@@ -313,3 +313,35 @@ def test_answer_text_never_holds_a_split_multibyte_character(tmp_path, monkeypat
     assert TinyLM().decode([ord("c"), ord("a"), ord("f"), 0xC3]) == "caf\ufffd"
     assert answer.text == "caf"
     assert unreadable_count(answer.text) == 0
+
+
+def test_answer_vote_releases_the_voters_common_answer_once(tmp_path):
+    """Every document answers 'Q' after ':' (then a newline ends it): 24 voters agree, so
+    one LimitedDomain release at epsilon 20 gives 'Q', charged as one release."""
+    rag = _plain_rag(
+        tmp_path,
+        [":Q\n :Q\n :Q\n" for _ in range(N)],
+        config=RagConfig(k=N, max_tokens=3, score_range=ScoreRange(-1.0, 1.0)),
+        instruction="a:b",
+        lm=TinyLM(eos_after_newline=50.0),
+    )
+    plan = rag.plan("answer-vote", 20.0)
+    assert plan.max_releases == 1 and plan.token_epsilon > 15  # one release, not one per token
+    answer = rag.answer("a:", tenant="alice", epsilon=20.0, mechanism="answer-vote")
+    assert not answer.abstained
+    assert answer.text == "Q"
+    assert [c.stage for c in answer.charges] == ["retrieval", "tokens"]
+    assert answer.paid_tokens == 1
+
+
+def test_answer_vote_abstains_when_the_voters_disagree(tmp_path):
+    """Each document answers its own word: no answer has more than one vote."""
+    rag = _plain_rag(
+        tmp_path,
+        [f":w{i}\n" for i in range(N)],
+        config=RagConfig(k=N, max_tokens=4, score_range=ScoreRange(-1.0, 1.0)),
+        instruction="a",
+        lm=TinyLM(eos_after_newline=50.0),
+    )
+    answer = rag.answer("a:", tenant="alice", epsilon=5.0, mechanism="answer-vote")
+    assert answer.abstained and answer.text == ABSTENTION_TEXT

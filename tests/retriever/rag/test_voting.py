@@ -19,6 +19,8 @@ from retriever.rag import voting
 from retriever.rag.retrieval import ScoreRange, select
 from retriever.rag.voting import (
     SparseVoteGate,
+    answer_key,
+    dp_answer_vote,
     dp_vote_token,
     vote_counts,
     vote_threshold,
@@ -350,3 +352,40 @@ def test_a_fresh_above_threshold_starts_after_each_release(gate_instances):
         if open_instance:
             assert not gate_instances[-1].halted
     assert gate.exhausted
+
+
+def test_answer_keys_ignore_trailing_punctuation_and_unreadable_characters():
+    assert answer_key(" Besox  fever.\n") == "Besox fever"
+    assert answer_key("Besox fever\ufffd") == "Besox fever"
+    assert answer_key("...") == ""
+
+
+def test_dp_answer_vote_is_limited_domain_over_whole_answers(monkeypatch):
+    """It passes LimitedDomain the answers' counts (empty answers cast no vote) and maps
+    the winner back to its text."""
+    seen = {}
+
+    def fake_vote(counts, **kwargs):
+        seen["counts"], seen["kwargs"] = np.asarray(counts), kwargs
+        return int(np.argmax(counts))
+
+    monkeypatch.setattr(voting, "dp_vote_token", fake_vote)
+    answers = ["Besox fever.", "Besox fever", "Rovanora", "", "besox fever"]
+    rng = np.random.default_rng(0)
+    got = dp_answer_vote(answers, epsilon=3.0, delta=1e-6, max_candidates=8, rng=rng)
+    assert got == "Besox fever"
+    assert sorted(seen["counts"].tolist()) == [1.0, 1.0, 2.0]  # 4 votes; case is kept
+    assert seen["kwargs"] == {"epsilon": 3.0, "delta": 1e-6, "max_candidates": 8, "rng": rng}
+
+
+def test_dp_answer_vote_releases_a_strong_majority_and_refuses_a_weak_one():
+    rng = np.random.default_rng(1)
+    need = vote_threshold(4.0, 1e-6)
+    strong = ["Besox fever"] * int(need + 10) + ["Rovanora"] * 3
+    weak = ["Besox fever"] * max(1, int(need - 8)) + [f"w{i}" for i in range(30)]
+    for _ in range(50):
+        assert dp_answer_vote(strong, epsilon=4.0, delta=1e-6, max_candidates=64, rng=rng) == (
+            "Besox fever"
+        )
+        assert dp_answer_vote(weak, epsilon=4.0, delta=1e-6, max_candidates=64, rng=rng) is None
+    assert dp_answer_vote([], epsilon=4.0, delta=1e-6, max_candidates=64, rng=rng) is None
