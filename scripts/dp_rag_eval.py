@@ -43,11 +43,14 @@ def main() -> None:
     parser.add_argument("--questions-per-disease", type=int, default=1)
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 3.0, 5.0, 10.0])
     parser.add_argument(
-        "--mechanisms", nargs="+", default=["icl", "vote", "sparse-vote", "answer-vote"]
+        "--mechanisms",
+        nargs="+",
+        default=["icl", "vote", "sparse-vote"],
+        help="any of icl vote sparse-vote answer-vote",
     )
     parser.add_argument("--k-icl", type=int, default=32, help="icl: documents aimed at")
     parser.add_argument("--k-vote", type=int, default=64, help="vote: documents (= voters)")
-    parser.add_argument("--k-sparse", type=int, default=64, help="sparse-vote: voters")
+    parser.add_argument("--k-sparse", type=int, default=32, help="sparse-vote: voters")
     parser.add_argument("--k-answer", type=int, default=64, help="answer-vote: voters")
     parser.add_argument("--rag-k", type=int, default=16, help="non-private RAG's top-k")
     parser.add_argument("--min-score", type=float, default=0.2, help="public lower clip")

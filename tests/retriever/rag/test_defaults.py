@@ -33,12 +33,14 @@ def test_the_defaults_are_the_recorded_evaluation_winners():
     """Each evaluated epsilon's default is the cell with the best accuracy in the committed
     evaluation (ties: more abstentions, i.e. fewer wrong answers shown), at its k."""
     table = {row["cell"]: row for row in json.loads(EVAL.read_text())["table"]}
-    for mechanism, k in EVALUATED_K.items():
-        assert table[f"{mechanism}-eps10"]["k"] == k
+    evaluated = [m for m in EVALUATED_K if f"{m}-eps10" in table]
+    assert {"icl", "vote", "sparse-vote"} <= set(evaluated)
+    for mechanism in evaluated:
+        assert table[f"{mechanism}-eps10"]["k"] == EVALUATED_K[mechanism]
     for epsilon, chosen in EVALUATED.items():
         cells = [
             (table[f"{mechanism}-eps{epsilon:g}"]["accuracy"],
              table[f"{mechanism}-eps{epsilon:g}"]["abstained"], mechanism)
-            for mechanism in EVALUATED_K
+            for mechanism in evaluated
         ]  # fmt: skip
         assert max(cells)[2] == chosen, epsilon
