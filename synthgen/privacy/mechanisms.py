@@ -9,12 +9,19 @@ Conventions: `sensitivity` is the largest change of the released statistic betwe
 neighbouring datasets (L2 for Gaussian, L1 for Laplace, L-infinity of the score vector for
 selection mechanisms). `monotonic=True` asserts that, between neighbours, all scores move in
 the same direction (counts under add/remove-one); it halves the noise of selections.
+
+Released noisy values never come from floating-point Laplace samples: `laplace_mechanism`
+releases multiples of a public power-of-two grid with integer noise drawn by exact
+(rational) arithmetic, which closes Mironov's (2012) least-significant-bits attack. Where
+only a comparison or an argmax leaves the function (report-noisy-max, sparse vector), the
+float noise stays: those release an index or a bit, not the noisy value.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from fractions import Fraction
 
 import numpy as np
 
@@ -62,6 +69,49 @@ def gaussian_mechanism(
     return array + rng.normal(0.0, noise_multiplier * sensitivity, size=array.shape)
 
 
+GRID_STEPS = 2**20
+"""`laplace_grid` puts at least this many grid steps in each coordinate's share of the
+sensitivity, so rounding to the grid adds at most a 2**-20 share of noise."""
+_CLAMP_STEPS = 2**62  # |value| / granularity is clamped here, exactly representable
+
+
+def laplace_grid(sensitivity: float, size: int) -> tuple[float, Fraction]:
+    """The public grid of `laplace_mechanism` and the sensitivity it inflates for rounding.
+
+    The granularity g is the largest power of two <= sensitivity / (size * 2**20): public
+    (it depends on the sensitivity and the number of coordinates only), exact in floating
+    point (dividing by it, and multiplying an integer by it, are exact), and fine: the
+    noise scale is at least 2**20 * size / epsilon grid steps.
+
+    Rounding each coordinate to the nearest multiple of g moves it by at most g / 2, so two
+    values at L1 distance <= sensitivity round to grid points at L1 distance
+    <= sensitivity + size * g: that is the sensitivity the noise is calibrated to.
+
+    Args:
+      sensitivity: L1 sensitivity of the statistic.
+      size: number of coordinates of the statistic (>= 1).
+
+    Returns:
+      (granularity g, inflated sensitivity sensitivity + size * g as an exact fraction).
+
+    Raises:
+      ValueError: a non-positive sensitivity or size, or a grid outside the float range.
+    """
+    _check_positive(sensitivity=sensitivity)
+    if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
+        raise ValueError(f"size must be an integer >= 1, got {size=}")
+    target = Fraction(sensitivity) / (int(size) * GRID_STEPS)
+    exponent = target.numerator.bit_length() - target.denominator.bit_length()
+    while Fraction(2) ** exponent > target:
+        exponent -= 1
+    while Fraction(2) ** (exponent + 1) <= target:
+        exponent += 1
+    if not -1000 <= exponent <= 900:
+        raise ValueError(f"sensitivity out of the supported range, got {sensitivity=}")
+    granularity = math.ldexp(1.0, exponent)
+    return granularity, Fraction(sensitivity) + int(size) * Fraction(granularity)
+
+
 def laplace_mechanism(
     value: np.typing.ArrayLike,
     *,
@@ -69,24 +119,151 @@ def laplace_mechanism(
     epsilon: float,
     rng: np.random.Generator,
 ) -> np.ndarray:
-    """Adds Laplace(sensitivity / epsilon) noise to every coordinate.
+    """Adds Laplace noise of scale ~sensitivity / epsilon, released on a public grid.
+
+    Each coordinate is rounded to the nearest multiple of the public granularity g
+    (`laplace_grid`), then moved by g * R with R = rint(L), L ~ Laplace(0, s) in grid
+    units, s = sensitivity' / (epsilon * g), sensitivity' = sensitivity + size * g. R is
+    drawn exactly with integer arithmetic (`rounded_laplace`), so every output is a
+    multiple of g, whatever the value; values beyond +-2**62 g are clamped first.
 
     Args:
-      value: the statistic to release (any shape).
+      value: the statistic to release (any shape, finite).
       sensitivity: L1 sensitivity of `value` between neighbouring datasets.
       epsilon: privacy parameter.
       rng: source of randomness.
 
     Returns:
-      The noisy statistic, float64, same shape as `value`.
+      The noisy statistic, float64, same shape as `value`; multiples of g.
+
+    Raises:
+      ValueError: non-positive sensitivity or epsilon, or a non-finite value.
 
     Privacy:
-      epsilon-DP, Laplace mechanism (Dwork, McSherry, Nissim & Smith 2006); account with
-      `accounting.laplace_event(epsilon)`.
+      epsilon-DP w.r.t. the neighbouring relation for which `sensitivity` bounds the L1
+      change of `value`. The release is post-processing (rounding to the grid) of the
+      Laplace mechanism (Dwork, McSherry, Nissim & Smith 2006) with scale
+      sensitivity' / epsilon applied to the rounded statistic g * rint(clamp(value) / g):
+      clamping is 1-Lipschitz and rounding adds at most g / 2 per coordinate, so the
+      rounded statistic has L1 sensitivity <= sensitivity' (`laplace_grid`), and rounding
+      c + L to the grid (c on the grid) is c + rint(L). Hence it is dominated by the
+      continuous Laplace mechanism at the caller's epsilon, also for tight (PLD)
+      composition: account with `accounting.laplace_event(epsilon)`. (A discrete Laplace
+      with the same epsilon would be epsilon-DP too, but its privacy-loss distribution is
+      not dominated by the continuous one, which the PLD accountant composes.)
+
+      Floating-point safety: a float Laplace sample added to a float leaves traces in the
+      low-order bits that can reveal the input (Mironov 2012, "On significance of the
+      least significant bits for differential privacy"). Here the output is g times an
+      integer; the integer noise is sampled exactly, by the rational Bernoulli(exp(-gamma))
+      and geometric samplers of Canonne, Kamath & Steinke 2020 ("The discrete Gaussian
+      for differential privacy", Alg. 1 and 2), from exactly uniform integers; the
+      rounding and the scaling by a power of two are exact.
     """
     _check_positive(sensitivity=sensitivity, epsilon=epsilon)
     array = np.asarray(value, dtype=np.float64)
-    return array + rng.laplace(0.0, sensitivity / epsilon, size=array.shape)
+    if not np.all(np.isfinite(array)):
+        raise ValueError("value must be finite")
+    if array.size == 0:
+        return array.copy()
+    granularity, inflated = laplace_grid(sensitivity, array.size)
+    rate = Fraction(epsilon) * Fraction(granularity) / inflated  # 1 / scale, grid units
+    bound = _CLAMP_STEPS * granularity
+    centres = np.rint(np.clip(array, -bound, bound) / granularity)
+    steps = [float(int(c) + _rounded_laplace(rate, rng)) for c in centres.ravel()]
+    return np.asarray(steps, dtype=np.float64).reshape(array.shape) * granularity
+
+
+def rounded_laplace(
+    scale: float | Fraction,
+    *,
+    size: int | tuple[int, ...] = (),
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Integers rint(L), L ~ Laplace(0, scale), sampled exactly (no floating point).
+
+    P(0) = 1 - exp(-1 / (2 scale)); P(+-m) = exp(-(m - 1/2) / scale) (1 - exp(-1 / scale))
+    / 2 for m >= 1. The scale is taken as the exact rational value of the float.
+
+    Args:
+      scale: the Laplace scale (in units of the integer grid), > 0.
+      size: output shape.
+      rng: source of randomness (uniform integers and bytes only).
+
+    Returns:
+      An int64 array of shape `size`.
+
+    References:
+      Canonne, Kamath & Steinke 2020, "The discrete Gaussian for differential privacy"
+      (exact Bernoulli(exp(-gamma)) and geometric sampling, Alg. 1 and 2).
+    """
+    if not (isinstance(scale, Fraction) and scale > 0):
+        _check_positive(scale=scale)
+    rate = 1 / Fraction(scale)
+    shape = (size,) if isinstance(size, int | np.integer) else tuple(size)
+    count = math.prod(shape)
+    return np.asarray([_rounded_laplace(rate, rng) for _ in range(count)], np.int64).reshape(shape)
+
+
+def _uniform_below(n: int, rng: np.random.Generator) -> int:
+    """A uniform integer in [0, n), exactly (numpy's unbiased integers, or rejection)."""
+    if n < 2**63:
+        return int(rng.integers(n))
+    bits = n.bit_length()
+    nbytes = (bits + 7) // 8
+    while True:
+        draw = int.from_bytes(rng.bytes(nbytes), "little") >> (8 * nbytes - bits)
+        if draw < n:
+            return draw
+
+
+def _bernoulli(numerator: int, denominator: int, rng: np.random.Generator) -> bool:
+    """Bernoulli(numerator / denominator), exactly."""
+    return _uniform_below(denominator, rng) < numerator
+
+
+def _bernoulli_exp_unit(numerator: int, denominator: int, rng: np.random.Generator) -> bool:
+    """Bernoulli(exp(-gamma)), gamma = numerator / denominator in [0, 1] (CKS 2020, Alg. 1)."""
+    k = 1
+    while _bernoulli(numerator, denominator * k, rng):
+        k += 1
+    return k % 2 == 1
+
+
+def _bernoulli_exp(gamma: Fraction, rng: np.random.Generator) -> bool:
+    """Bernoulli(exp(-gamma)) for a rational gamma >= 0, exactly."""
+    whole = math.floor(gamma)
+    for _ in range(whole):
+        if not _bernoulli_exp_unit(1, 1, rng):
+            return False
+    rest = gamma - whole
+    return _bernoulli_exp_unit(rest.numerator, rest.denominator, rng)
+
+
+def _geometric(rate: Fraction, rng: np.random.Generator) -> int:
+    """n >= 0 with P(n) = (1 - exp(-rate)) exp(-rate n), exactly (CKS 2020, Alg. 2).
+
+    With rate = s / t: X = U + t V, U on {0, ..., t-1} with P(U = u) ~ exp(-u / t) (by
+    rejection), V ~ Geometric(1 - exp(-1)), has P(X = x) ~ exp(-x / t); floor(X / s) then
+    has P(n) ~ exp(-n s / t).
+    """
+    s, t = rate.numerator, rate.denominator
+    while True:
+        u = _uniform_below(t, rng)
+        if _bernoulli_exp_unit(u, t, rng):
+            break
+    v = 0
+    while _bernoulli_exp_unit(1, 1, rng):
+        v += 1
+    return (u + t * v) // s
+
+
+def _rounded_laplace(rate: Fraction, rng: np.random.Generator) -> int:
+    """rint(L), L ~ Laplace(0, 1 / rate): 0 w.p. 1 - exp(-rate / 2), else +-(1 + Geometric)."""
+    if not _bernoulli_exp(rate / 2, rng):
+        return 0
+    magnitude = 1 + _geometric(rate, rng)
+    return magnitude if _bernoulli(1, 2, rng) else -magnitude
 
 
 def exponential_mechanism(
@@ -160,7 +337,10 @@ def report_noisy_max(
 
     Privacy:
       epsilon-DP, report-noisy-max with Laplace noise (Dwork & Roth 2014, Claim 3.9).
-      Account with `accounting.pure_epsilon_event(epsilon)`.
+      Account with `accounting.pure_epsilon_event(epsilon)`. The noise is numpy's float
+      Laplace; only the argmax leaves the function, not the noisy scores whose low-order
+      bits Mironov (2012) exploits, so it is not float-safe-sampled like
+      `laplace_mechanism`.
     """
     _check_positive(epsilon=epsilon, sensitivity=sensitivity)
     array = _scores(scores)
