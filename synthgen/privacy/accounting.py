@@ -90,6 +90,9 @@ class FixedSizeSampledGaussianDpEvent(dp_event.DpEvent):
     under replace-one only: replacing one example moves the sum by up to 2C when it is in
     the batch, so a step is the subsampled Gaussian pair at sensitivity 2C, i.e. multiplier
     noise_multiplier / 2 at unit sensitivity (see the module docstring for references).
+
+    Both sizes must be integers (Python or numpy; stored as Python ints); floats, even
+    integral ones, and bools are refused (see `_check_dpsgd_shape`).
     """
 
     dataset_size: int
@@ -97,7 +100,9 @@ class FixedSizeSampledGaussianDpEvent(dp_event.DpEvent):
     noise_multiplier: float
 
     def __attrs_post_init__(self) -> None:
-        _check_dpsgd_shape(self.dataset_size, self.sample_size)
+        _check_dpsgd_shape(self.dataset_size, self.sample_size, ("dataset_size", "sample_size"))
+        object.__setattr__(self, "dataset_size", int(self.dataset_size))
+        object.__setattr__(self, "sample_size", int(self.sample_size))
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
             raise ValueError(f"noise_multiplier must be > 0, got {self.noise_multiplier=}")
 
@@ -526,11 +531,23 @@ def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:
     return max(1, math.ceil(epochs * num_examples / batch_size))
 
 
-def _check_dpsgd_shape(num_examples: int, batch_size: int) -> None:
+def _check_dpsgd_shape(
+    num_examples: int, batch_size: int, names: tuple[str, str] = ("num_examples", "batch_size")
+) -> None:
+    """Refuses a DP-SGD shape the accountants would misread: sizes are counts.
+
+    Both must be integers (int or numpy integer) with 1 <= batch_size <= num_examples. The
+    strict choice: a float is refused even when integral (2.0), and so is a bool, because
+    a float size means a computation upstream went wrong (a dataset of 2.5 examples once
+    reached the accountant), and the accountant must not guess what was meant.
+    """
+    for name, value in zip(names, (num_examples, batch_size), strict=True):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise ValueError(f"{name} must be an integer, got {name}={value!r}")
     if num_examples < 1:
-        raise ValueError(f"num_examples must be >= 1, got {num_examples=}")
+        raise ValueError(f"{names[0]} must be >= 1, got {names[0]}={num_examples!r}")
     if not 1 <= batch_size <= num_examples:
-        raise ValueError(f"batch_size must be in [1, num_examples], got {batch_size=}")
+        raise ValueError(f"{names[1]} must be in [1, {names[0]}], got {names[1]}={batch_size!r}")
 
 
 def dpsgd_event(

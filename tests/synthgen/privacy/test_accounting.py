@@ -4,6 +4,7 @@ import json
 import math
 
 import dp_accounting
+import numpy as np
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
@@ -266,6 +267,43 @@ def test_fixed_size_event_is_replace_one_only_and_round_trips():
         accounting.epsilon(event, 1e-5, relation=REL.ADD_OR_REMOVE_ONE)
     with pytest.raises(ValueError):
         accounting.FixedSizeSampledGaussianDpEvent(10, 11, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("dataset_size", "sample_size"),
+    [(2.5, 1), (10, 2.5), (10.0, 2), (10, 2.0), (True, 1), (10, True), ("10", 2)],
+)
+def test_dpsgd_sizes_must_be_integers(dataset_size, sample_size):
+    """A fractional dataset size once reached the accountant; sizes are counts (strict:
+    integral floats and bools are refused too), for both samplings and the raw event."""
+    with pytest.raises(ValueError, match="must be an integer"):
+        accounting.FixedSizeSampledGaussianDpEvent(dataset_size, sample_size, 1.0)
+    for sampling in accounting.SAMPLINGS:
+        with pytest.raises(ValueError, match="must be an integer"):
+            accounting.dpsgd_event(
+                noise_multiplier=1.0, num_examples=dataset_size, batch_size=sample_size,
+                steps=3, sampling=sampling,
+            )  # fmt: skip
+    with pytest.raises(ValueError, match="must be an integer"):
+        accounting.steps_for_epochs(dataset_size, sample_size, 1.0)
+    with pytest.raises(ValueError, match="must be an integer"):
+        accounting.event_from_json(
+            json.dumps({"type": "FixedSizeSampledGaussianDpEvent", "dataset_size": dataset_size,
+                        "sample_size": sample_size, "noise_multiplier": 1.0})
+        )  # fmt: skip
+
+
+def test_dpsgd_sizes_accept_numpy_integers_and_store_python_ints():
+    event = accounting.FixedSizeSampledGaussianDpEvent(np.int64(100), np.int32(10), 1.0)
+    assert type(event.dataset_size) is int and type(event.sample_size) is int
+    assert event == accounting.FixedSizeSampledGaussianDpEvent(100, 10, 1.0)
+    assert accounting.event_from_json(accounting.event_to_json(event)) == event
+    poisson = accounting.dpsgd_event(
+        noise_multiplier=1.0, num_examples=np.int64(100), batch_size=np.int64(10), steps=3
+    )
+    assert poisson == accounting.dpsgd_event(
+        noise_multiplier=1.0, num_examples=100, batch_size=10, steps=3
+    )
 
 
 # ---- validation --------------------------------------------------------------------------
