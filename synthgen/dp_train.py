@@ -21,9 +21,11 @@ Privacy:
   a 128-bit run seed (`synthgen.run_seed`: OS entropy in production); they and the resume
   state stay in the run's private work folder, never in a released folder. A per-example
   gradient that is not finite is zeroed (it contributes nothing; the sensitivity stays C).
-  The loss shown on the progress bar and the count of non-finite gradients are computed on
-  private data and are NOT differentially private: they are shown to the operator only and
-  never written to outputs or metadata.
+  The progress bar shows steps and epsilon only (`PROGRESS_FORMAT`): no loss, no examples/s
+  or time per step, which are statistics of the realised batches. The losses and the count
+  of non-finite gradients in `TrainResult` are computed on private data and are NOT
+  differentially private: they are returned to the caller only and never written to
+  outputs or metadata.
 
 References: Abadi et al. 2016 (DP-SGD); Carranza et al. 2023 (DP-Adafactor for query
 generation); Shazeer & Stern 2018 (Adafactor).
@@ -523,7 +525,7 @@ def train(
     last = plan.steps if stop_after is None else min(plan.steps, stop_after)
     bar = _progress(plan.steps, step, progress)
     losses: list[float] = []
-    start, seen, nonfinite = time.time(), 0, 0
+    start, nonfinite = time.time(), 0
     while step < last:
         indices = sampler.sample()
         total = None
@@ -539,16 +541,13 @@ def train(
             trainable, opt_state, total, jax.random.fold_in(noise_key, step)
         )
         step += 1
-        seen += count
         losses.append(loss_sum / max(count, 1))
         if bar is not None:
             bar.update(1)
             if step % max(1, plan.steps // 50) == 0 or step == last:
-                # No loss here: a loss on private examples is not DP, and bars end up in logs.
-                bar.set_postfix(
-                    ex_s=f"{seen / max(time.time() - start, 1e-9):.1f}",
-                    eps=f"{plan.epsilon_after(step):.2f}",
-                )
+                # Steps and epsilon only: no loss (not DP), no examples/s or time per step
+                # (statistics of the realised Poisson batches and of n); bars reach logs.
+                bar.set_postfix_str(f"eps {plan.epsilon_after(step):.2f}")
         if manager is not None and (step % config.checkpoint_every == 0 or step == last):
             manager.save(
                 step,
@@ -572,9 +571,15 @@ def train(
     )
 
 
+PROGRESS_FORMAT = "{desc}: {n_fmt}/{total_fmt} steps {postfix}"
+"""The DP-SGD bar: steps and epsilon spent, nothing else. tqdm's default format adds the
+rate and elapsed time, which depend on the realised (private) Poisson batch sizes and on n;
+the Private Evolution histogram bar leaves them out the same way."""
+
+
 def _progress(total: int, initial: int, enabled: bool):
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc="dp-train", unit="step")
+    return tqdm(total=total, initial=initial, desc="dp-train", bar_format=PROGRESS_FORMAT)

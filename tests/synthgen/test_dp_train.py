@@ -175,6 +175,20 @@ def test_training_reduces_loss_and_charges_ledger(tmp_path):
     assert accounting.event_from_json(charge.event) == result.plan.event
 
 
+def test_the_progress_bar_shows_steps_and_epsilon_only(capsys):
+    """No examples/s, time per step or elapsed time: they reveal the realised Poisson batch
+    sizes and n (tqdm shows rate and elapsed by default); no loss either."""
+    data, trainable, frozen = _setup(n=64)
+    result = dp_train.train(_loss, trainable, frozen, data, _cfg(epochs=1), progress=True)
+    err = capsys.readouterr().err
+    final = err.replace("\r", "\n").strip().splitlines()[-1]
+    steps = result.plan.steps
+    assert final.startswith(f"dp-train: {steps}/{steps} steps")
+    assert f"eps {result.plan.epsilon_after(steps):.2f}" in final
+    for leak in ("ex_s", "/s", "s/", "it/s", "<", "[", "loss", "00:"):
+        assert leak not in err, (leak, err)
+
+
 def test_resume_gives_the_same_run(tmp_path):
     data, trainable, frozen = _setup(n=64)
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
