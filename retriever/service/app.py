@@ -1,24 +1,43 @@
 """The DP-RAG service: a FastAPI app over `retriever.rag.DPRag` and the privacy ledger.
 
-Endpoints (JSON; every one but ``/`` and ``/health`` needs ``Authorization: Bearer <key>``):
+Endpoints (JSON; every one but ``/``, ``/card`` and ``/health`` needs
+``Authorization: Bearer <key>``; the scheme is case-insensitive, RFC 7235):
 
-  * ``GET /health``: liveness, replicas and queue depth.
+  * ``GET /health``: liveness, ``{"status": "ok"}``. With a valid tenant key it also states
+    the service's public terms: replicas, queue capacity, per-answer epsilon and mechanism,
+    and the question limits. It never states how many requests are running or waiting: the
+    queue depth would time other tenants' answers, whose duration depends on the private
+    collection.
   * ``POST /retrieve`` ``{"question", "k"}``: top-k of the public/synthetic index. Free: it
     reads no private document.
-  * ``POST /answer`` ``{"question"}``: a DP answer from the private collection at the
+  * ``POST /answer`` ``{"question", "epsilon", "mechanism"}`` (the last two optional and,
+    when sent, equal to the service's): a DP answer from the private collection at the
     service's per-answer epsilon and mechanism, charged to the tenant's scope and the
     collection's cap in one ledger transaction before any noise is drawn (`DPRag.answer`).
+    An answer runs at most ``answer_timeout`` seconds: past it, the answer stops releasing
+    tokens and comes back with ``truncated: true``, charged as usual.
   * ``GET /budget``: the tenant's caps, spend, remaining budget, how many answers still
     fit (the ledger's own check) and charge log.
   * ``GET /card`` (no key): the public card of what the service releases and under which
     guarantee, when it has one (a network contributor's, `retriever.network.contributor`).
   * ``GET /``: a one-file page to ask questions and watch the budget.
 
-Refusals are 4xx/503 with ``{"error", "detail", "request_id", ...}`` and charge nothing:
-401/403 bad keys, 400 bad input, 413 an oversize question, 402 a budget that does not
-cover the answer's worst case (with the remaining budget), 503 a full queue or a queue
-timeout (with Retry-After), 404 an endpoint this service does not serve (``/answer`` of a
-service without replicas, ``/retrieve`` without a public index, ``/card`` without a card).
+Every error, 404 and 405 of unknown paths and methods included, is
+``{"error", "detail", "request_id", ...}`` with an ``X-Request-Id`` header. Refusals are
+4xx/503 and charge nothing: 401/403 bad keys, 400 bad input (a body that is not a JSON
+object, text that is not valid Unicode such as a lone surrogate escape, ``unknown_fields``
+naming the fields a request does not take), 413 an oversize body or question (in
+characters, and in tokens of the answer LM: ``max_question_tokens``, checked before the
+request queues), 402 a budget that does not cover the answer's worst case (with the
+remaining budget), 503 a full queue or a queue timeout (with Retry-After), 404 an endpoint
+this service does not serve (``/answer`` of a service without replicas, ``/retrieve``
+without a public index, ``/card`` without a card).
+
+An answer is charged before any noise is drawn, so a client that disconnects after the
+charge (a timeout, a closed tab) is charged all the same: the answer runs to its end and
+its charge stays in the ledger, as the charge must precede the release to bound what
+could have been released. ``/budget`` shows it.
+
 Logs hold request ids, tenant names, endpoints, epsilon, counts and timings; never a
 question, a document, a document id, a score or a key.
 
@@ -45,13 +64,16 @@ import secrets
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from importlib import resources
 from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from retriever.rag.answer import RELATION, DPRag
 from retriever.rag.plan import MECHANISMS
@@ -70,7 +92,14 @@ class ServiceConfig:
     Attributes:
       answer_epsilon: every answer's epsilon (the same event for every answer: see above).
       mechanism: every answer's mechanism ("icl", "vote" or "sparse-vote").
-      max_question_chars: longer questions get 413.
+      max_question_chars: longer questions get 413 (a cheap first check, before the
+        question is tokenized).
+      max_question_tokens: questions longer in tokens of the answer LM get 413 before they
+        queue. An answer's time and memory grow with its prompts, so a limit in characters
+        alone lets a short question of many-token characters (emoji, rare scripts) hold a
+        replica for minutes.
+      answer_timeout: seconds an answer may run once a replica starts it; past them it stops
+        releasing tokens and returns truncated (charged as usual: the charge came first).
       max_body_bytes: larger request bodies get 413 unread.
       queue_capacity: most requests waiting for a model replica (503 beyond).
       queue_timeout: seconds a request may wait for a replica (503 beyond).
@@ -83,6 +112,8 @@ class ServiceConfig:
     answer_epsilon: float = 1.0
     mechanism: str = "icl"
     max_question_chars: int = 1000
+    max_question_tokens: int = 128
+    answer_timeout: float = 120.0
     max_body_bytes: int = 65536
     queue_capacity: int = 16
     queue_timeout: float = 30.0
@@ -92,9 +123,11 @@ class ServiceConfig:
     max_answers_shown: int = 100
 
     def __post_init__(self) -> None:
-        limits = (self.max_question_chars, self.max_retrieve_k, self.charge_log_limit)
-        if min(*limits, self.max_answers_shown) < 1:
+        limits = (self.max_question_chars, self.max_question_tokens, self.max_retrieve_k)
+        if min(*limits, self.charge_log_limit, self.max_answers_shown) < 1:
             raise ValueError(f"limits must be >= 1: {self=}")
+        if not 0 < self.answer_timeout < math.inf:
+            raise ValueError(f"need 0 < answer_timeout < inf: {self=}")
         if self.queue_capacity < 0 or not self.queue_timeout > 0:
             raise ValueError(f"need queue_capacity >= 0 and queue_timeout > 0: {self=}")
         if not 0 < self.min_epsilon <= self.answer_epsilon < math.inf:
@@ -182,11 +215,20 @@ class Service:
         )
 
     def precheck(self, tenant: str, question: str) -> None:
-        """Refuses, before the request waits for a replica, an answer that cannot fit or
+        """Refuses, before the request waits for a replica, an answer that cannot fit, a
+        question longer than ``config.max_question_tokens`` tokens of the answer LM, or one
         that `DPRag.answer` would refuse (public lengths and parameters only)."""
         config = self.config
+        rag = self.replicas[0]
+        if len(rag.lm.encode(question)) > config.max_question_tokens:
+            raise Refusal(
+                413,
+                "question_too_long",
+                f"questions are limited to {config.max_question_tokens} tokens of the answer LM",
+                max_question_tokens=config.max_question_tokens,
+            )
         try:
-            plan = self.replicas[0].validate(question, config.mechanism, config.answer_epsilon)
+            plan = rag.validate(question, config.mechanism, config.answer_epsilon)
         except ValueError as exc:
             raise Refusal(400, "bad_request", str(exc)) from None
         try:
@@ -269,13 +311,39 @@ def _error_response(request_id: str, refusal: Refusal) -> JSONResponse:
     return JSONResponse(body, status_code=refusal.status, headers=refusal.headers)
 
 
+def _finish(
+    request: Request,
+    request_id: str,
+    response: Response,
+    fields: dict[str, Any],
+    start: float,
+    path: str | None = None,
+) -> Response:
+    """The request id and no-store headers on `response`, and the request's one log line
+    (`path`: what to log for the path, default the request's)."""
+    response.headers["X-Request-Id"] = request_id
+    response.headers["Cache-Control"] = "no-store"
+    if request.url.path != "/answer":  # an answer's time depends on the private set
+        fields["ms"] = f"{1e3 * (time.perf_counter() - start):.1f}"
+    described = " ".join(f"{k}={v}" for k, v in fields.items())
+    log.info(
+        "request_id=%s %s %s status=%d %s",
+        request_id,
+        request.method,
+        request.url.path if path is None else path,
+        response.status_code,
+        described,
+    )
+    return response
+
+
 def _guarded(
     handler: Callable[..., Awaitable[dict[str, Any]]],
-) -> Callable[..., Awaitable[JSONResponse]]:
+) -> Callable[..., Awaitable[Response]]:
     """Request id, one log line, refusals as JSON, and no private text in any log."""
 
     @functools.wraps(handler)
-    async def endpoint(request: Request) -> JSONResponse:
+    async def endpoint(request: Request) -> Response:
         request_id = secrets.token_hex(6)
         fields: dict[str, Any] = {}
         request.state.log = fields
@@ -288,22 +356,72 @@ def _guarded(
         except Exception as exc:  # noqa: BLE001 - the type only: messages may quote input
             fields["error"] = type(exc).__name__
             response = _error_response(request_id, Refusal(500, "internal", "internal error"))
-        response.headers["X-Request-Id"] = request_id
-        response.headers["Cache-Control"] = "no-store"
-        if request.url.path != "/answer":  # an answer's time depends on the private set
-            fields["ms"] = f"{1e3 * (time.perf_counter() - start):.1f}"
-        described = " ".join(f"{k}={v}" for k, v in fields.items())
-        log.info(
-            "request_id=%s %s %s status=%d %s",
-            request_id,
-            request.method,
-            request.url.path,
-            response.status_code,
-            described,
-        )
-        return response
+        return _finish(request, request_id, response, fields, start)
 
     return endpoint
+
+
+def _http_refusal(exc: Exception) -> Refusal:
+    """The documented error shape for what the framework refuses before any endpoint runs
+    (an unknown path, a method an endpoint does not take, a request it cannot parse)."""
+    if isinstance(exc, RequestValidationError):
+        return Refusal(400, "bad_request", "the request does not fit this endpoint")
+    if not isinstance(exc, StarletteHTTPException):
+        return Refusal(500, "internal", "internal error")
+    status, headers = exc.status_code, dict(exc.headers or {})
+    if status == 404:
+        return Refusal(404, "not_found", "no such endpoint", headers=headers)
+    if status == 405:
+        allowed = headers.get("allow", headers.get("Allow", ""))
+        detail = (
+            f"method not allowed here (allowed: {allowed})" if allowed else "method not allowed"
+        )
+        return Refusal(405, "method_not_allowed", detail, headers=headers)
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "error"
+    return Refusal(
+        status, phrase.lower().replace(" ", "_").replace("-", "_"), phrase, headers=headers
+    )
+
+
+async def _framework_error(request: Request, exc: Exception) -> Response:
+    request_id, start = secrets.token_hex(6), time.perf_counter()
+    refusal = _http_refusal(exc)
+    fields: dict[str, Any] = {"error": refusal.error}
+    # a path that matched no endpoint is the client's own text: never logged verbatim
+    path = "(unknown path)" if refusal.status == 404 else None
+    response = _error_response(request_id, refusal)
+    return _finish(request, request_id, response, fields, start, path)
+
+
+def _invalid_text(value: Any) -> bool:
+    """Whether a parsed JSON value holds a string (key or value) that is not valid Unicode,
+    such as a lone surrogate escape ``"\\ud800"``: every later encoding of it would fail."""
+    stack = [value]
+    while stack:  # iterative: the body's depth is the client's choice
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _bearer_key(request: Request) -> str | None:
+    """The key of an ``Authorization: Bearer KEY`` header; the scheme is case-insensitive
+    (RFC 7235 section 2.1)."""
+    scheme, _, key = request.headers.get("authorization", "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return key.strip() or None
 
 
 def create_app(service: Service) -> FastAPI:
@@ -321,12 +439,13 @@ def create_app(service: Service) -> FastAPI:
     app = FastAPI(
         title="dpsynth DP-RAG", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
     )
+    for kind in (StarletteHTTPException, RequestValidationError, Exception):
+        app.add_exception_handler(kind, _framework_error)
     page = resources.files("retriever.service").joinpath("page.html").read_text()
     config = service.config
 
     async def authenticate(request: Request) -> str:
-        header = request.headers.get("authorization", "")
-        key = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else None
+        key = _bearer_key(request)
         try:
             tenant = await run_in_threadpool(service.registry.authenticate, key)
         except AuthError as exc:
@@ -335,7 +454,8 @@ def create_app(service: Service) -> FastAPI:
         request.state.log["tenant"] = tenant.name
         return tenant.name
 
-    async def json_body(request: Request) -> dict[str, Any]:
+    async def json_body(request: Request, fields: frozenset[str]) -> dict[str, Any]:
+        """The body as a JSON object of valid Unicode text with no field but `fields`."""
         size = request.headers.get("content-length")
         if size is None or not size.isdigit():
             raise Refusal(411, "length_required", "send a Content-Length header")
@@ -345,10 +465,26 @@ def create_app(service: Service) -> FastAPI:
             )
         try:
             body = await request.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             raise Refusal(400, "bad_request", "the body must be a JSON object") from None
         if not isinstance(body, dict):
             raise Refusal(400, "bad_request", "the body must be a JSON object")
+        if _invalid_text(body):
+            raise Refusal(
+                400,
+                "bad_request",
+                "the body holds text that is not valid Unicode (a lone "
+                "surrogate escape such as \\ud800)",
+            )
+        unknown = sorted(set(body) - fields)
+        if unknown:
+            raise Refusal(
+                400,
+                "unknown_fields",
+                f"unknown fields: {', '.join(unknown)} (this endpoint takes "
+                f"{', '.join(sorted(fields))})",
+                fields=unknown,
+            )
         return body
 
     def question_of(body: dict[str, Any]) -> str:
@@ -366,19 +502,26 @@ def create_app(service: Service) -> FastAPI:
     @app.get("/health")
     @_guarded
     async def health(request: Request) -> dict[str, Any]:
-        admission = service.admission
+        if _bearer_key(request) is None:
+            return {"status": "ok"}
+        try:
+            await authenticate(request)
+        except Refusal:  # a liveness probe: a bad key is not an error here
+            return {"status": "ok"}
+        answers = service.admission is not None
+        # no busy/waiting counts: the queue's depth would time other tenants' answers
         return {
             "status": "ok",
             "dataset": service.dataset,
             "replicas": len(service.replicas),
-            "busy": admission.busy if admission is not None else 0,
-            "waiting": admission.waiting if admission is not None else 0,
             "queue_capacity": config.queue_capacity,
             "retrieve": service.public is not None,
-            "answer": admission is not None,
-            "answer_epsilon": config.answer_epsilon if admission is not None else None,
-            "mechanism": config.mechanism if admission is not None else None,
+            "answer": answers,
+            "answer_epsilon": config.answer_epsilon if answers else None,
+            "mechanism": config.mechanism if answers else None,
+            "answer_timeout": config.answer_timeout if answers else None,
             "max_question_chars": config.max_question_chars,
+            "max_question_tokens": config.max_question_tokens if answers else None,
             "card": service.card is not None,
         }
 
@@ -397,7 +540,7 @@ def create_app(service: Service) -> FastAPI:
     @_guarded
     async def retrieve(request: Request) -> dict[str, Any]:
         await authenticate(request)
-        body = await json_body(request)
+        body = await json_body(request, frozenset({"question", "k"}))
         question = question_of(body)
         if service.public is None:
             raise Refusal(404, "no_public_index", "this service has no public index")
@@ -415,7 +558,7 @@ def create_app(service: Service) -> FastAPI:
         admission = service.admission
         if admission is None:
             raise Refusal(404, "answer_not_served", "this service serves no DP answers")
-        body = await json_body(request)
+        body = await json_body(request, frozenset({"question", "epsilon", "mechanism"}))
         question = question_of(body)
         epsilon = body.get("epsilon", config.answer_epsilon)
         try:
@@ -440,7 +583,10 @@ def create_app(service: Service) -> FastAPI:
         await run_in_threadpool(service.precheck, tenant, question)
 
         def run(rag: DPRag):
-            return rag.answer(question, tenant=tenant, epsilon=epsilon, mechanism=mechanism)
+            deadline = time.monotonic() + config.answer_timeout  # from the replica's start
+            return rag.answer(
+                question, tenant=tenant, epsilon=epsilon, mechanism=mechanism, deadline=deadline
+            )
 
         retry = {"Retry-After": str(admission.retry_after())}
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -133,6 +134,56 @@ class Server:
         if getattr(self, "stderr", None) is not None:
             self.stderr.close()
             self.stderr = None
+
+
+N_RECORDS = 16  # documents of `tiny_rag`'s collection
+
+
+def tiny_rag(book, dataset: str, lm=None, **config):
+    """A `DPRag` over 16 short records with random unit embeddings and `lm` (TinyLM)."""
+    import numpy as np
+
+    from retriever.rag import DPRag, PromptFormat, RagConfig, ScoreRange
+    from synthgen.lm_backends import TinyLM
+
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(N_RECORDS, 8)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    config = {"k": 4, "max_tokens": 3, "score_range": ScoreRange(-1.0, 1.0), **config}
+    return DPRag(
+        [f"d{i}" for i in range(N_RECORDS)],
+        [f"record {i} says blue" for i in range(N_RECORDS)],
+        emb,
+        lambda qs: emb[:1],
+        lm if lm is not None else TinyLM(),
+        ledger=book,
+        dataset=dataset,
+        config=RagConfig(**config),
+        prompt=PromptFormat(chat=False),
+    )
+
+
+@contextlib.contextmanager
+def serve_in_thread(service) -> Iterator[str]:
+    """`create_app(service)` under uvicorn in a thread on a loopback port; yields its URL."""
+    import uvicorn
+
+    from retriever.service.app import create_app
+    from retriever.service.server import bind
+
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
 
 
 def bearer(key: str) -> dict[str, str]:

@@ -66,8 +66,10 @@ def test_page_answers_and_shows_the_budget(chromium, served, world):
         assert page.locator("#tenant").inner_text() == "of alice on corpus"
         assert page.locator("#log tbody tr").count() == 0
 
+        # the terms come from /health, which states them to a valid key only
         assert page.locator("#epsilon").inner_text() == "1.00"
         assert page.locator("#mechanism").inner_text() == "icl"
+        assert page.locator("#max-question-tokens").inner_text() == "128"
         _ask(page, questions(world)[0])
         assert page.locator("#error").inner_text() == ""
         assert page.locator("#answer").inner_text().strip()  # gibberish from the test LM

@@ -6,19 +6,14 @@ import threading
 import time
 
 import httpx
-import numpy as np
 import pytest
-import uvicorn
 
-from retriever.rag import DPRag, PromptFormat, RagConfig, ScoreRange
 from retriever.service.admission import Admission, QueueFullError, QueueTimeoutError
-from retriever.service.app import Service, ServiceConfig, create_app
-from retriever.service.server import bind
+from retriever.service.app import Service, ServiceConfig
 from retriever.service.tenants import TenantRegistry
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import COLLECTION, PrivacyLedger
-
-N = 16
+from tests.retriever.service.harness import serve_in_thread, tiny_rag
 
 
 class GatedLM(TinyLM):
@@ -31,49 +26,27 @@ class GatedLM(TinyLM):
     def fork(self):
         return TinyLM()  # the public prompt's session is not gated
 
-    def start(self, prompts, max_new_tokens):
+    def start(self, prompts, max_new_tokens, **kw):
         self.started.set()
         assert self.gate.wait(60)
-        return super().start(prompts, max_new_tokens)
+        return super().start(prompts, max_new_tokens, **kw)
 
 
 @pytest.fixture
 def gated_server(tmp_path):
-    rng = np.random.default_rng(0)
-    emb = rng.normal(size=(N, 8)).astype(np.float32)
-    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
     book = PrivacyLedger(tmp_path / "ledger.sqlite")
     registry = TenantRegistry(book)
     key = registry.add(
         "alice", "records", epsilon=5.0, delta=1e-5, collection_epsilon=5.0, collection_delta=1e-5
     )
     gate, started = threading.Event(), threading.Event()
-    rag = DPRag(
-        [f"d{i}" for i in range(N)],
-        [f"record {i} says blue" for i in range(N)],
-        emb,
-        lambda qs: emb[:1],
-        GatedLM(gate, started),
-        ledger=book,
-        dataset="records",
-        config=RagConfig(k=4, max_tokens=3, score_range=ScoreRange(-1.0, 1.0)),
-        prompt=PromptFormat(chat=False),
-    )
+    rag = tiny_rag(book, "records", GatedLM(gate, started))
     service = Service(
         book, registry, "records", [rag], None, ServiceConfig(queue_capacity=1, queue_timeout=1.0)
     )
-    sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
-    thread.start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    yield url, key, book, gate, started
-    gate.set()
-    server.should_exit = True
-    thread.join(30)
+    with serve_in_thread(service) as url:
+        yield url, key, book, gate, started, service.admission
+        gate.set()
 
 
 def _ask(url, key, results, name):
@@ -94,7 +67,7 @@ def _wait(predicate, timeout=30):
 
 
 def test_full_queue_and_queue_timeout_are_503_and_free(gated_server):
-    url, key, book, gate, started = gated_server
+    url, key, book, gate, started, admission = gated_server
     results = {}
     first = threading.Thread(target=_ask, args=(url, key, results, "first"))
     first.start()
@@ -103,7 +76,7 @@ def test_full_queue_and_queue_timeout_are_503_and_free(gated_server):
     assert len(charged) == 2
     second = threading.Thread(target=_ask, args=(url, key, results, "second"))
     second.start()
-    _wait(lambda: httpx.get(url + "/health").json()["waiting"] == 1)
+    _wait(lambda: admission.waiting == 1)  # not on /health: a timing side channel
     _ask(url, key, results, "third")  # queue capacity 1: full
     assert results["third"].status_code == 503
     assert results["third"].json()["error"] == "queue_full"
@@ -116,7 +89,7 @@ def test_full_queue_and_queue_timeout_are_503_and_free(gated_server):
     gate.set()
     first.join(30)
     assert results["first"].status_code == 200
-    assert httpx.get(url + "/health").json()["busy"] == 0  # the replica is back
+    _wait(lambda: admission.busy == 0)  # the replica is back
 
 
 def test_admission_returns_the_replica_after_a_cancelled_request():

@@ -36,8 +36,8 @@ def _all_charges(book):
 
 
 def test_health_and_page(served):
-    server, *_ = served
-    health = httpx.get(server.url + "/health").json()
+    server, keys, *_ = served
+    health = httpx.get(server.url + "/health", headers=bearer(keys["alice"])).json()
     assert health["status"] == "ok" and health["dataset"] == "corpus" and health["replicas"] == 1
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and 'id="ask"' in page.text
@@ -194,3 +194,131 @@ def test_a_body_without_length_is_refused_unread(served):
     )
     assert response.status_code == 411 and response.json()["error"] == "length_required"
     assert _all_charges(book) == before
+
+
+def _budget(server, key):
+    response = httpx.get(server.url + "/budget", headers=bearer(key), timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _is_error(response, status, error):
+    """`response` is the documented error: status, {error, detail, request_id}, headers."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["error"] == error and isinstance(body["detail"], str) and body["detail"]
+    assert body["request_id"] and response.headers["X-Request-Id"] == body["request_id"]
+    assert response.headers["Cache-Control"] == "no-store"
+    return body
+
+
+def test_a_question_long_in_tokens_is_refused_before_any_charge(served):
+    """100 emoji are 100 characters (under the 1000-character limit) but 400 tokens of the
+    byte-level test LM (over the default 128): refused 413 before queueing, nothing charged."""
+    server, keys, book, _ = served
+    before, charges = _budget(server, keys["carol"]), _all_charges(book)
+    response = _post(server, "/answer", keys["carol"], {"question": "\N{GRINNING FACE}" * 100})
+    body = _is_error(response, 413, "question_too_long")
+    assert "128 tokens" in body["detail"] and body["max_question_tokens"] == 128
+    assert _budget(server, keys["carol"]) == before and _all_charges(book) == charges
+    # the character limit still answers first, unread by the tokenizer
+    response = _post(server, "/answer", keys["carol"], {"question": "x" * 1001})
+    assert "1000 characters" in _is_error(response, 413, "question_too_long")["detail"]
+
+
+@pytest.mark.parametrize("path", ["/answer", "/retrieve"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"question": "x \\ud800 y"}',  # a lone surrogate escape
+        b'{"question": "x \\udfff\\ud800 y"}',  # a reversed pair: two lone surrogates
+        b'{"question": "x y", "k": 3, "\\ud800": 1}',  # in a key
+        b'{"question": "x \xed\xa0\x80 y"}',  # the surrogate's UTF-8 form, sent raw
+    ],
+)
+def test_text_that_is_not_unicode_is_400(served, path, raw):
+    server, keys, book, _ = served
+    before = _all_charges(book)
+    response = httpx.post(
+        server.url + path,
+        headers={**bearer(keys["carol"]), "Content-Type": "application/json"},
+        content=raw,
+        timeout=60,
+    )
+    _is_error(response, 400, "bad_request")
+    assert _all_charges(book) == before
+
+
+def test_a_valid_surrogate_pair_is_text(served):
+    server, keys, *_ = served
+    body = b'{"question": "which disease \\ud83d\\ude00?", "k": 2}'
+    response = httpx.post(
+        server.url + "/retrieve",
+        headers={**bearer(keys["carol"]), "Content-Type": "application/json"},
+        content=body,
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "unknown"),
+    [
+        ("/answer", {"question": "q", "k": 3}, ["k"]),
+        (
+            "/answer",
+            {"question": "q", "tenant": "bob", "temperature": 0.0, "max_tokens": 99, "k": 3},
+            ["k", "max_tokens", "temperature", "tenant"],
+        ),
+        ("/retrieve", {"question": "q", "k": 3, "epsilon": 1.0}, ["epsilon"]),
+        (
+            "/retrieve",
+            {"question": "q", "mechanism": "icl", "Question": "q"},
+            ["Question", "mechanism"],
+        ),
+    ],
+)
+def test_unknown_fields_are_refused(served, path, body, unknown):
+    server, keys, book, _ = served
+    before = _all_charges(book)
+    refused = _is_error(_post(server, path, keys["carol"], body), 400, "unknown_fields")
+    assert refused["fields"] == unknown
+    assert f"unknown fields: {', '.join(unknown)} " in refused["detail"]
+    assert _all_charges(book) == before
+
+
+def test_every_error_has_the_documented_shape(served):
+    server, *_ = served
+    _is_error(httpx.get(server.url + "/nope", timeout=30), 404, "not_found")
+    _is_error(httpx.post(server.url + "/budget", timeout=30), 405, "method_not_allowed")
+    response = httpx.get(server.url + "/answer", timeout=30)
+    assert "POST" in _is_error(response, 405, "method_not_allowed")["detail"]
+    assert response.headers["Allow"] == "POST"
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "BeArEr"])
+def test_the_auth_scheme_is_case_insensitive(served, scheme):
+    server, keys, *_ = served
+    headers = {"Authorization": f"{scheme}  {keys['carol']}"}
+    budget = httpx.get(server.url + "/budget", headers=headers, timeout=30)
+    assert budget.status_code == 200, budget.text
+    assert budget.json()["tenant"] == "carol"
+    retrieved = httpx.post(
+        server.url + "/retrieve", headers=headers, json={"question": "q", "k": 1}, timeout=30
+    )
+    assert retrieved.status_code == 200, retrieved.text
+    refused = httpx.get(server.url + "/budget", headers={"Authorization": f"Basic {keys['carol']}"})
+    _is_error(refused, 401, "unauthorized")
+
+
+def test_health_states_terms_to_tenants_only_and_no_queue_depth(served):
+    server, keys, *_ = served
+    for headers in ({}, bearer("not-a-key"), bearer(keys["dave"])):  # none, bad, revoked
+        response = httpx.get(server.url + "/health", headers=headers, timeout=30)
+        assert response.status_code == 200 and response.json() == {"status": "ok"}
+    health = httpx.get(server.url + "/health", headers=bearer(keys["carol"]), timeout=30).json()
+    assert health["status"] == "ok" and health["answer"] is True and health["replicas"] == 1
+    assert health["max_question_tokens"] == 128 and health["max_question_chars"] == 1000
+    assert health["answer_epsilon"] == 1.0 and health["mechanism"] == "icl"
+    assert health["queue_capacity"] == 16 and health["answer_timeout"] == 120.0
+    assert not {"busy", "waiting"} & set(health)  # the queue's depth times others' answers
