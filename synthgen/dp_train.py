@@ -571,7 +571,7 @@ def train(
     )
 
 
-PROGRESS_FORMAT = "{desc}: {n_fmt}/{total_fmt} steps {postfix}"
+PROGRESS_FORMAT = "{desc}: {n_fmt}/{total_fmt} steps{postfix}"
 """The DP-SGD bar: steps and epsilon spent, nothing else. tqdm's default format adds the
 rate and elapsed time, which depend on the realised (private) Poisson batch sizes and on n;
 the Private Evolution histogram bar leaves them out the same way."""

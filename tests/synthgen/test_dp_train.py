@@ -184,7 +184,7 @@ def test_the_progress_bar_shows_steps_and_epsilon_only(capsys):
     final = err.replace("\r", "\n").strip().splitlines()[-1]
     steps = result.plan.steps
     assert final.startswith(f"dp-train: {steps}/{steps} steps")
-    assert f"eps {result.plan.epsilon_after(steps):.2f}" in final
+    assert final.endswith(f"steps, eps {result.plan.epsilon_after(steps):.2f}")
     for leak in ("ex_s", "/s", "s/", "it/s", "<", "[", "loss", "00:"):
         assert leak not in err, (leak, err)
 
