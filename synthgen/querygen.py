@@ -45,6 +45,10 @@ from synthgen.work_folder import WorkFolder
 Family = Literal["t5", "llama"]
 GENERATOR_FILE = "generator.json"
 PARAMS_FILE = "params.msgpack"
+SEEDED_NOTE = (
+    "the DP-SGD noise and the Poisson sampler came from a fixed seed: reproducible by anyone "
+    "who knows the seed, so this generator is for tests only, not for publication"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,6 +272,7 @@ def train_generator(
         "model_config": dataclasses.asdict(family.config),
         "generator_config": _released_config(config),
         "privacy": _privacy_block(result.plan, ledger_scope if ledger is not None else None),
+        "randomness": _randomness(config),
     }
     (out / GENERATOR_FILE).write_text(json.dumps(record, indent=1))
     if not keep_work:
@@ -282,6 +287,12 @@ def _jsonable(value: Any) -> Any:
 def _released_config(config: GeneratorConfig) -> dict:
     """The run's config without its secret: a fixed (test) seed replays the noise."""
     return _jsonable(dataclasses.asdict(config.replace(dp_seed=None)))
+
+
+def _randomness(config: GeneratorConfig) -> dict:
+    """Whether the mechanism's randomness came from a fixed (test) seed; never the seed."""
+    seeded = config.dp.seed is not None
+    return {"seeded": seeded, "note": SEEDED_NOTE if seeded else "OS entropy"}
 
 
 def _privacy_block(plan: dp_train.PrivacyPlan, ledger_scope: tuple[str, str] | None) -> dict:
@@ -406,6 +417,8 @@ def generate_queries(
     dataset.to_parquet(out / "queries.parquet")
     metadata = {
         "privacy": record["privacy"],
+        # the generator's: a seeded training run marks every query set drawn from it
+        "randomness": record.get("randomness", {"seeded": None, "note": "not recorded"}),
         "post_processing": "queries are sampled from the DP generator given public documents;"
         " generation spends no privacy budget; each query is cut to its first non-empty line",
         "model": {

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from synthgen.cli.common import PresetOption, SplitOption
+from synthgen.cli.common import SEED_WARNING, PresetOption, SeedOption, SplitOption
 from synthgen.paths import default_ledger_path, default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger, Scope
 
@@ -46,7 +46,7 @@ def train_generator(
         str | None, typer.Option(help="ledger dataset (default: pairs name)")
     ] = None,
     budget: Annotated[float | None, typer.Option(help="epsilon cap of a new ledger scope")] = None,
-    seed: Annotated[int | None, typer.Option(help="tests only; default OS entropy")] = None,
+    seed: SeedOption = None,
     work_dir: Annotated[
         Path | None,
         typer.Option(
@@ -100,6 +100,8 @@ def train_generator(
             "nothing is charged",
             file=sys.stderr,
         )
+    if seed is not None:
+        print(SEED_WARNING, file=sys.stderr)
     result = querygen.train_generator(
         cfg,
         rows,
@@ -118,6 +120,7 @@ def train_generator(
         "epsilon": result.plan.epsilon,
         "delta": result.plan.delta,
         "noise_multiplier": result.plan.noise_multiplier,
+        "seeded": seed is not None,
     }
     if work.exists():
         summary["work_dir"] = str(work)  # secret: kept, or an unfinished run to resume

@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from synthgen import corpora
+from synthgen import corpora, querygen
+from synthgen.cli.common import SEED_WARNING
+from synthgen.config_files import querygen_preset
 
 
 def _synthgen(*args, cwd=None):
@@ -44,6 +46,38 @@ def test_train_generator_documents_its_secret_work_folder():
     assert result.returncode == 0
     assert "--work-dir" in result.stdout and "--keep-work" in result.stdout
     assert "SECRET" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_seeded_generator_is_warned_and_marked_in_its_release(pairs_file, tmp_path):
+    """--seed replays the DP-SGD noise: the run warns, and the generator release and every
+    query set drawn from it say so (as the few-shot, PE and contributor releases do)."""
+    result = _synthgen(
+        "train-generator", "--pairs", pairs_file, "--limit", "48", "--config", "tiny_t5",
+        "--noise-multiplier", "2", "--epochs", "0.2", "--batch-size", "8",
+        "--out", tmp_path / "gen", "--ledger", tmp_path / "l.sqlite", "--seed", "5",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert SEED_WARNING in result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["seeded"] is True
+    record = json.loads((tmp_path / "gen" / querygen.GENERATOR_FILE).read_text())
+    assert record["randomness"] == {"seeded": True, "note": querygen.SEEDED_NOTE}
+    assert record["generator_config"]["dp"]["seed"] is None  # the seed itself stays out
+
+    result = _synthgen(
+        "generate-queries", "--generator", tmp_path / "gen", "--documents", pairs_file,
+        "--limit", "2", "--k", "1", "--out", tmp_path / "q",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    metadata = json.loads((tmp_path / "q" / "metadata.json").read_text())
+    assert metadata["randomness"]["seeded"] is True
+
+
+def test_an_unseeded_generator_release_says_os_entropy():
+    config = querygen_preset("tiny_t5")
+    assert config.dp.seed is None
+    assert querygen._randomness(config) == {"seeded": False, "note": "OS entropy"}
+    assert querygen._randomness(config.replace(dp_seed=0))["seeded"] is True
 
 
 @pytest.mark.slow
