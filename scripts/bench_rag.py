@@ -50,7 +50,7 @@ class OneRowAtATime(NoStop):
         super().__init__(lm)
         self.rows: list = []
 
-    def start(self, prompts, max_new_tokens):
+    def start(self, prompts, max_new_tokens, **kwargs):
         self.rows = [self.lm.fork() for _ in prompts]
         return np.concatenate([r.start([p], max_new_tokens) for r, p in zip(self.rows, prompts)])
 

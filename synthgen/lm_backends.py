@@ -48,8 +48,15 @@ class NextTokenLM(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def start(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> np.ndarray:
-        """Opens a session; log-probs [B, V] of the token after each prompt."""
+    def start(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, length: int | None = None
+    ) -> np.ndarray:
+        """Opens a session; log-probs [B, V] of the token after each prompt.
+
+        `length` (public) pads every prompt to at least this many tokens, so the session's
+        shape, compiled program and time do not depend on how long the prompts are (a
+        backend without shapes may ignore it).
+        """
         ...
 
     def append(self, token: int | Sequence[int]) -> np.ndarray:
@@ -127,7 +134,9 @@ class TinyLM:
     def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         return np.stack([self._logprobs(p) for p in prompts])
 
-    def start(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> np.ndarray:
+    def start(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, length: int | None = None
+    ) -> np.ndarray:
         self._rows = [list(p) for p in prompts]
         return self.score(self._rows)
 
@@ -217,13 +226,15 @@ class FlaxLM:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
 
-    def _prefilled(self, prompts: Sequence[Sequence[int]], max_new_tokens: int):
+    def _prefilled(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, length: int | None = None
+    ):
         from synthgen.models import llama
         from synthgen.models.decoding import MIN_PROMPT_BUCKET, pad_prompts
 
         if not prompts or min(len(p) for p in prompts) == 0:
             raise ValueError("every prompt needs at least one token")
-        longest = max(len(p) for p in prompts)
+        longest = max(max(len(p) for p in prompts), length or 0)
         # Bucketed for compile reuse, but never past the context when the exact length fits.
         length = max(
             longest,
@@ -244,12 +255,14 @@ class FlaxLM:
         logprobs, _ = self._prefilled(prompts, 0)
         return np.asarray(logprobs[: len(prompts)], np.float32)
 
-    def start(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> np.ndarray:
-        longest = max(len(p) for p in prompts)
+    def start(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, length: int | None = None
+    ) -> np.ndarray:
+        longest = max(max(len(p) for p in prompts), length or 0)
         self._max_new = max(
             max_new_tokens, min(_bucket(max_new_tokens, 16), self.config.max_seq_len - longest)
         )
-        logprobs, self._cache = self._prefilled(prompts, self._max_new)
+        logprobs, self._cache = self._prefilled(prompts, self._max_new, length)
         self._rows, self._new_tokens = len(prompts), 0
         return np.asarray(logprobs[: self._rows], np.float32)
 

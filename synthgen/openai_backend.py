@@ -209,7 +209,9 @@ class OpenAICompletionsLM:
         other._rows = []
         return other
 
-    def start(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> np.ndarray:
+    def start(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, length: int | None = None
+    ) -> np.ndarray:
         self._rows = [list(p) for p in prompts]
         return self.score(self._rows)
 

@@ -87,10 +87,25 @@ def clipped_contributions(logprobs: np.ndarray, config: AggregationConfig) -> np
     return centred * scale
 
 
-def token_utilities(private_logprobs: np.ndarray, vocab_size: int, config: AggregationConfig):
-    """u_v = the sum over documents of the clipped vectors, shape [V] (zeros for no rows)."""
+def token_utilities(
+    private_logprobs: np.ndarray,
+    vocab_size: int,
+    config: AggregationConfig,
+    weights: np.ndarray | None = None,
+):
+    """u_v = the sum over documents of the clipped vectors, shape [V] (zeros for no rows).
+
+    `weights` (0 or 1 per row; default all 1) masks padding rows out of the sum, so a batch
+    of a fixed public shape costs the same whichever rows are real.
+    """
     private = np.asarray(private_logprobs, dtype=np.float64).reshape(-1, vocab_size)
-    return clipped_contributions(private, config).sum(axis=0)
+    contributions = clipped_contributions(private, config)
+    if weights is None:
+        return contributions.sum(axis=0)
+    weights = np.asarray(weights, dtype=np.float64)
+    if weights.shape != (private.shape[0],) or not np.all((weights == 0) | (weights == 1)):
+        raise ValueError(f"weights must be 0 or 1, one per row: {weights.shape=}")
+    return weights @ contributions
 
 
 def log_base_measure(
@@ -108,17 +123,26 @@ def log_base_measure(
     return config.public_power(epsilon) * floored
 
 
+def utility_sensitivity(config: AggregationConfig, *, capped: bool) -> float:
+    """L-infinity sensitivity of the utility: C, or 2C when a public cap on rows can swap
+    one document's row for another's (`dp_icl_token`)."""
+    return 2.0 * config.clip if capped else config.clip
+
+
 def token_probabilities(
     private_logprobs: np.ndarray,
     public_logprobs: np.ndarray,
     *,
     epsilon: float,
     config: AggregationConfig,
+    weights: np.ndarray | None = None,
+    capped: bool = False,
 ) -> np.ndarray:
     """The closed form of `dp_icl_token`'s distribution (for tests and diagnostics)."""
     base = log_base_measure(public_logprobs, epsilon=epsilon, config=config)
-    utilities = token_utilities(private_logprobs, base.size, config)
-    logits = base + epsilon * utilities / (2.0 * config.clip)
+    utilities = token_utilities(private_logprobs, base.size, config, weights)
+    sensitivity = utility_sensitivity(config, capped=capped)
+    logits = base + epsilon * utilities / (2.0 * sensitivity)
     weights = np.exp(logits - logits.max())
     return weights / weights.sum()
 
@@ -130,29 +154,38 @@ def dp_icl_token(
     epsilon: float,
     config: AggregationConfig,
     rng: np.random.Generator,
+    weights: np.ndarray | None = None,
+    capped: bool = False,
 ) -> int:
     """Draws one answer token from the aggregated per-document distributions.
 
     Args:
-      private_logprobs: [M, V] next-token log-probabilities, one row per selected document
-        (M may be 0: then only the public prompt speaks).
+      private_logprobs: [R, V] next-token log-probabilities, one row per selected document
+        (R may be 0: then only the public prompt speaks), or padding rows masked by
+        `weights`.
       public_logprobs: [V] next-token log-probabilities of the public prompt.
       epsilon: this token's privacy parameter.
       config: alpha, clip C and the public power beta.
       rng: source of randomness.
+      weights: 1 for a document's row, 0 for a padding row (default: all documents).
+      capped: the rows are the best R of the selection for a public cap R (a fixed
+        shape), so a document can displace another's row.
 
     Returns:
       The token id, drawn with probability proportional to
-      p_public(v)^beta(epsilon) * exp(epsilon * u_v / (2 C)).
+      p_public(v)^beta(epsilon) * exp(epsilon * u_v / (2 S)), S = C, or 2C when `capped`.
 
     Privacy:
       Privacy unit: one document of the private collection (add/remove-one), given the
       released threshold of the DP retrieval. A document adds or removes one row, whose
       contribution lies in [-C, C] in every coordinate, so the utility vector has
-      L-infinity sensitivity C and the exponential mechanism over the full vocabulary is
-      epsilon-DP and epsilon-bounded-range (McSherry & Talwar 2007; Dong, Durfee & Rogers
-      2020). The base measure p_public^beta comes from the public prompt (the question and
-      the answer so far, no document) and beta from the public epsilon, so it does not
+      L-infinity sensitivity C; under a public cap on rows it may also displace the last
+      row (its row in, another out): sensitivity 2C. The exponential mechanism over the
+      full vocabulary at that sensitivity is epsilon-DP and epsilon-bounded-range
+      (McSherry & Talwar 2007; Dong, Durfee & Rogers 2020). Padding rows carry weight 0
+      and a public prompt, so they add nothing that depends on the collection. The base
+      measure p_public^beta comes from the public prompt (the question and the answer so
+      far, no document) and beta from the public epsilon, so it does not
       depend on the collection: it scales a token's weight by the same factor in both
       neighbours and leaves the guarantee unchanged (McSherry & Talwar 2007 define the
       mechanism for any data-independent base measure). Account with
@@ -160,7 +193,11 @@ def dp_icl_token(
       `retriever.rag.accounting` (Grislain 2024).
     """
     base = log_base_measure(public_logprobs, epsilon=epsilon, config=config)
-    utilities = token_utilities(private_logprobs, base.size, config)
+    utilities = token_utilities(private_logprobs, base.size, config, weights)
     return exponential_mechanism(
-        utilities, epsilon=epsilon, sensitivity=config.clip, rng=rng, log_base_measure=base
+        utilities,
+        epsilon=epsilon,
+        sensitivity=utility_sensitivity(config, capped=capped),
+        rng=rng,
+        log_base_measure=base,
     )

@@ -18,6 +18,17 @@ the LM and the ledger. `answer(question, tenant=, epsilon=, mechanism=)`:
 
 Nothing returned (text, noisy count and score, charges) depends on the collection except
 through these mechanisms; no document id, raw score, logit or text is returned or logged.
+
+Time and memory are outputs too (Privacy rule 9). Every answer runs at one public shape:
+the private session always holds `RagConfig.voters` rows (the best-scored selected
+documents, then padding rows holding the public prompt and a public filler document,
+masked out of every count and sum), every prompt is padded to the public length of a
+prompt with a document of `max_document_tokens` tokens, and the loops run the public
+number of steps. How many documents the threshold selected (not DP) sets neither the batch,
+the compiled program nor the loop counts. The fixed shape also makes a row's numerics
+independent of which other rows share its batch, so one document cannot flip another
+voter's argmax through float rounding. Remote LM backends (`synthgen.openai_backend`)
+ignore the padding; their timing is the server's.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import dataclasses
 import functools
 import secrets
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +66,16 @@ from synthgen.privacy import (
 
 RELATION = "ADD_OR_REMOVE_ONE"
 ABSTENTION_TEXT = "No answer: the private documents did not settle one at this privacy level."
+# The public filler of padding rows (repeated to `max_document_tokens` tokens).
+PADDING_TEXT = " ."
+
+
+class AnswerFailedError(RuntimeError):
+    """An answer failed after its budget check: charged its worst case, nothing released.
+
+    Its message is fixed: the failure's own text may quote private data and never reaches
+    the caller.
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +92,9 @@ class RagConfig:
       score_share: share for the Laplace score release (0: none).
       composition: "pure" or "bounded-range" analysis of icl tokens.
       aggregation: alpha, clip and the public power beta of the icl aggregation.
-      max_voters: vote / sparse-vote: most voters, one selected document each (the best
-        scored); also LimitedDomain's k_bar. None: k.
+      max_voters: the public cap on private prompts of every mechanism, one selected
+        document each (the best scored; fewer selected: padding rows): icl's rows, the
+        voters of vote / sparse-vote / answer-vote and LimitedDomain's k_bar. None: k.
       gate_share: sparse-vote: the gate fires when at least this share of `voters` disagree.
       max_releases: sparse-vote: most paid tokens per answer.
       max_document_tokens: a document's text is cut to this many tokens in a prompt.
@@ -103,7 +126,7 @@ class RagConfig:
 
     @property
     def voters(self) -> int:
-        """Most voters of vote / sparse-vote (public): `max_voters`, or k."""
+        """Private prompts of every answer (public): `max_voters`, or k."""
         return self.max_voters or self.k
 
 
@@ -152,6 +175,8 @@ class Answer:
         released tokens are the public LM's own greedy text; vote and sparse-vote: the
         first paid release was the bottom symbol). Decided from released values and the
         public prompt only (post-processing); the answer is charged all the same.
+      truncated: the answer's deadline passed before its last token (fewer tokens; the
+        charge is the same).
     """
 
     text: str
@@ -166,6 +191,7 @@ class Answer:
     confidence: float | None = None
     ref: str | None = None
     abstained: bool = False
+    truncated: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -218,6 +244,7 @@ class DPRag:
             raise ValueError("document embeddings must be finite")
         if len(set(doc_ids)) != len(doc_ids):
             raise ValueError("doc_ids must be unique")
+        _check_delta(config, len(doc_ids))
         self.doc_ids, self.texts = [str(d) for d in doc_ids], list(texts)
         self.embeddings = embeddings
         self.encode_question = encode_question
@@ -229,6 +256,7 @@ class DPRag:
 
     def with_config(self, config: RagConfig) -> DPRag:
         """The same collection, encoder, LM sessions, ledger and lock under `config`."""
+        _check_delta(config, len(self.doc_ids))
         other = copy.copy(self)
         other.config = config
         return other
@@ -256,15 +284,28 @@ class DPRag:
     # ---- the answer -----------------------------------------------------------------
 
     def answer(
-        self, question: str, *, tenant: str, epsilon: float, mechanism: str = "icl"
+        self,
+        question: str,
+        *,
+        tenant: str,
+        epsilon: float,
+        mechanism: str = "icl",
+        deadline: float | None = None,
     ) -> Answer:
         """Answers `question` for `tenant` at per-answer `epsilon` with `mechanism`.
+
+        `deadline` (a `time.monotonic()` instant) bounds the answer's wall time: once it
+        passes, no further token is decoded and the answer returns `truncated` (charged
+        as planned). Every step has the same public shape, so when the deadline strikes
+        does not depend on the collection.
 
         Raises:
           BudgetExceededError: the answer's worst case does not fit the tenant's remaining
             budget; raised before any noise is drawn or any document enters a prompt.
           ValueError: an empty question, a bad epsilon or mechanism, or a question too
             long for the LM's context (decided from public lengths only).
+          AnswerFailedError: the answer failed after its budget check; it was charged its
+            worst case, and nothing was released (the failure's text is withheld).
 
         Privacy:
           Privacy unit: one document (add/remove-one). The answer is (epsilon, delta)-DP
@@ -277,9 +318,11 @@ class DPRag:
         """
         plan = self.validate(question, mechanism, epsilon)
         with self._lock:
-            return self._answer(question, tenant, plan)
+            return self._answer(question, tenant, plan, deadline)
 
-    def _answer(self, question: str, tenant: str, plan: AnswerPlan) -> Answer:
+    def _answer(
+        self, question: str, tenant: str, plan: AnswerPlan, deadline: float | None
+    ) -> Answer:
         mechanism = plan.mechanism
         realized = mechanism == "sparse-vote" and self._pays_as_it_goes(tenant)
         charges = None
@@ -295,21 +338,19 @@ class DPRag:
             )
             if not realized:  # fixed events: charged before any noise is drawn
                 charges = self._charge(tenant, mechanism, plan.stage_events(), plan.delta, ref)
-        rng = self._rng if self._rng is not None else secure_rng()
-        scores = self.embeddings @ np.asarray(self.encode_question([question]))[0]
-        tau = self._threshold(scores, plan.retrieval_epsilon, rng)
-        chosen = select(scores, tau, self.config.score_range)  # private set, best first
-        if mechanism == "icl":
-            tokens, paid, stages, abstained = self._icl(question, chosen, plan, rng)
-        elif mechanism == "answer-vote":
-            tokens, paid, stages, abstained = self._answer_vote(question, chosen, plan, rng)
-        else:
-            tokens, paid, stages, abstained = self._vote(question, chosen, plan, rng)
-        count = confidence = None
-        if plan.score_epsilon > 0:
-            count, confidence = self._score(scores, chosen, plan.score_epsilon, rng)
-            stages.append(("score", accounting.laplace_event(plan.score_epsilon)))
-        stages.insert(0, ("retrieval", accounting.pure_epsilon_event(plan.retrieval_epsilon)))
+        failed = False
+        try:
+            released = self._release(question, plan, deadline)
+        except Exception:  # noqa: BLE001 - re-raised below without its private text
+            failed = True
+        if failed:  # outside the except block: the new error carries no context
+            if charges is None:  # pays-as-it-goes: the checked worst case, on any failure
+                self._charge(tenant, mechanism, plan.stage_events(), plan.delta, ref)
+            raise AnswerFailedError(
+                "the answer failed after its budget check; it was charged its worst case "
+                "and released nothing"
+            )
+        tokens, paid, stages, abstained, truncated, count, confidence = released
         if not realized:
             stages = plan.stage_events()
         if charges is None:
@@ -339,7 +380,31 @@ class DPRag:
             confidence=confidence,
             ref=ref,
             abstained=abstained,
+            truncated=truncated,
         )
+
+    def _release(self, question: str, plan: AnswerPlan, deadline: float | None):
+        """The mechanisms' releases: (tokens, paid, realized stages, abstained, truncated,
+        noisy count, confidence)."""
+        mechanism = plan.mechanism
+        rng = self._rng if self._rng is not None else secure_rng()
+        scores = self.embeddings @ np.asarray(self.encode_question([question]))[0]
+        tau = self._threshold(scores, plan.retrieval_epsilon, rng)
+        chosen = select(scores, tau, self.config.score_range)  # private set, best first
+        rows = self._rows(question, chosen)
+        clock = _Deadline(deadline)
+        if mechanism == "icl":
+            tokens, paid, stages, abstained = self._icl(rows, plan, rng, clock)
+        elif mechanism == "answer-vote":
+            tokens, paid, stages, abstained = self._answer_vote(rows, plan, rng, clock)
+        else:
+            tokens, paid, stages, abstained = self._vote(rows, plan, rng, clock)
+        count = confidence = None
+        if plan.score_epsilon > 0:
+            count, confidence = self._score(scores, chosen, plan.score_epsilon, rng)
+            stages.append(("score", accounting.laplace_event(plan.score_epsilon)))
+        stages.insert(0, ("retrieval", accounting.pure_epsilon_event(plan.retrieval_epsilon)))
+        return tokens, paid, stages, abstained, clock.passed, count, confidence
 
     def _pays_as_it_goes(self, tenant: str) -> bool:
         """Sparse-vote pays its realized releases only where that is sound: a ``basic``
@@ -389,21 +454,40 @@ class DPRag:
         ids = self.lm.encode(self.texts[position])
         return ids[: self.config.max_document_tokens]
 
-    def _icl(self, question, chosen, plan: AnswerPlan, rng):
+    def _rows(self, question: str, chosen) -> _Rows:
+        """The answer's private prompts at the public shape: the best `config.voters`
+        selected documents, then padding rows (the public filler document), all padded
+        to the public length of a prompt with a `max_document_tokens`-token document."""
+        c = self.config
+        filler = (self.lm.encode(PADDING_TEXT) * c.max_document_tokens)[: c.max_document_tokens]
+        padding = self.prompt.encode(self.lm, question, [filler])
+        real = [
+            self.prompt.encode(self.lm, question, [self._document_ids(i)])
+            for i in voter_documents(chosen, c.voters)
+        ]
+        weights = np.zeros(c.voters)
+        weights[: len(real)] = 1.0
+        prompts = real + [padding] * (c.voters - len(real))
+        public = self.prompt.encode(self.lm, question, [])
+        return _Rows(prompts, weights, public, length=len(padding))
+
+    def _icl(self, rows: _Rows, plan: AnswerPlan, rng, clock: _Deadline):
         """(tokens, paid, stages, abstained); abstains when every released token is the
         public prompt's greedy token (the documents never moved the draw)."""
-        private = [self.prompt.encode(self.lm, question, [self._document_ids(i)]) for i in chosen]
-        public = self.prompt.encode(self.lm, question, [])
         tokens: list[int] = []
         moved = False
-        session = _Sessions(self.lm, self.public_lm, private, public, plan.max_tokens)
+        session = _Sessions(self.lm, self.public_lm, rows, plan.max_tokens)
         for _ in range(plan.max_tokens):
+            if clock.check():
+                break
             token = dp_icl_token(
                 session.private,
                 session.public[0],
                 epsilon=plan.token_epsilon,
                 config=self.config.aggregation,
                 rng=rng,
+                weights=rows.weights,
+                capped=True,
             )
             moved = moved or token != int(np.argmax(session.public[0]))
             if token in self.lm.eos_ids:
@@ -413,17 +497,12 @@ class DPRag:
         stages = [("tokens", plan.token_block_event(plan.max_tokens))]
         return tokens, plan.max_tokens, stages, not moved
 
-    def _vote(self, question, chosen, plan: AnswerPlan, rng):
+    def _vote(self, rows: _Rows, plan: AnswerPlan, rng, clock: _Deadline):
         """(tokens, paid, stages, abstained). The best `config.voters` selected documents
         vote, one each. A bottom release abstains when it is the answer's first paid
         release and otherwise lets the public token continue, as a closed or spent gate
         does; sparse-vote abstains too when no release was paid (the public text alone)."""
         c = self.config
-        voters = [
-            self.prompt.encode(self.lm, question, [self._document_ids(i)])
-            for i in voter_documents(chosen, c.voters)
-        ]
-        public = self.prompt.encode(self.lm, question, [])
         sparse = plan.mechanism == "sparse-vote"
         gate = SparseVoteGate(
             threshold=c.gate_share * c.voters,
@@ -434,13 +513,15 @@ class DPRag:
             max_releases=plan.max_releases,
             rng=rng,
         )
-        session = _Sessions(self.lm, self.public_lm, voters, public, plan.max_tokens)
+        session = _Sessions(self.lm, self.public_lm, rows, plan.max_tokens)
         tokens: list[int] = []
         paid_releases = 0
         abstained = False
         for _ in range(plan.max_tokens):
+            if clock.check():
+                break
             public_token = int(np.argmax(session.public[0]))
-            counts = vote_counts(session.private, self.lm.vocab_size)
+            counts = vote_counts(session.private, self.lm.vocab_size, rows.weights)
             if sparse and gate.exhausted:
                 token, paid = public_token, False
             elif sparse:
@@ -476,30 +557,29 @@ class DPRag:
         ]
         return tokens, gate.releases, stages, abstained or gate.releases == 0
 
-    def _answer_vote(self, question, chosen, plan: AnswerPlan, rng):
+    def _answer_vote(self, rows: _Rows, plan: AnswerPlan, rng, clock: _Deadline):
         """(answer text, paid, stages, abstained). The best `config.voters` selected
         documents each decode their own greedy answer (all `max_tokens` steps, whatever
-        they say: the loop's length is public); `dp_answer_vote` releases the most common
-        one, or the bottom symbol, and the answer abstains."""
+        they say: the loop's length is public; padding rows decode too and do not vote);
+        `dp_answer_vote` releases the most common one, or the bottom symbol, and the
+        answer abstains."""
         c = self.config
-        voters = [
-            self.prompt.encode(self.lm, question, [self._document_ids(i)])
-            for i in voter_documents(chosen, c.voters)
-        ]
-        answers: list[list[int]] = [[] for _ in voters]
-        if voters:
-            logprobs = self.lm.start(voters, plan.max_tokens)
-            ended = np.zeros(len(voters), bool)
-            for step in range(plan.max_tokens):
-                greedy = np.argmax(logprobs, axis=1)
-                for row, token in enumerate(greedy):
-                    ended[row] |= int(token) in self.lm.eos_ids
-                    if not ended[row]:
-                        answers[row].append(int(token))
-                if step + 1 < plan.max_tokens:
-                    logprobs = self.lm.append([int(t) for t in greedy])
+        answers: list[list[int]] = [[] for _ in rows.prompts]
+        logprobs = self.lm.start(rows.prompts, plan.max_tokens, length=rows.length)
+        ended = np.zeros(len(rows.prompts), bool)
+        for step in range(plan.max_tokens):
+            if clock.check():
+                break
+            greedy = np.argmax(logprobs, axis=1)
+            for row, token in enumerate(greedy):
+                ended[row] |= int(token) in self.lm.eos_ids
+                if not ended[row]:
+                    answers[row].append(int(token))
+            if step + 1 < plan.max_tokens:
+                logprobs = self.lm.append([int(t) for t in greedy])
+        texts = [self.lm.decode(a) for a in answers]
         winner = dp_answer_vote(
-            [self.lm.decode(a) for a in answers],
+            [text for text, w in zip(texts, rows.weights, strict=True) if w],
             epsilon=plan.token_epsilon,
             delta=plan.token_delta,
             max_candidates=c.voters,
@@ -529,22 +609,56 @@ def _standalone(event, delta: float) -> tuple[float, float]:
     return accounting.epsilon(event, delta), delta
 
 
-class _Sessions:
-    """The private rows' batched session and the public prompt's own session."""
-
-    def __init__(self, lm, public_lm, private_rows, public_row, max_tokens: int) -> None:
-        self.lm, self.public_lm = lm, public_lm
-        self.has_private = bool(private_rows)
-        self.private = (
-            lm.start(private_rows, max_tokens)
-            if private_rows
-            else np.zeros((0, lm.vocab_size), np.float32)
+def _check_delta(config: RagConfig, num_documents: int) -> None:
+    """Refuses a per-answer delta of at least 1/n for n documents: a delta that large
+    allows releasing one document outright (the rule DP-SGD's configs follow too)."""
+    if not config.delta < 1.0 / max(num_documents, 1):
+        raise ValueError(
+            f"the per-answer delta must be below 1/n for n = {num_documents} documents: "
+            f"{config.delta=}"
         )
-        self.public = public_lm.start([public_row], max_tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """The private prompts of one answer at its public shape (`DPRag._rows`).
+
+    Attributes:
+      prompts: `config.voters` prompts: documents first, then padding rows.
+      weights: 1 for a document's row, 0 for a padding row (private: used in sums only).
+      public: the public prompt (the question, no document).
+      length: the public length every private prompt is padded to.
+    """
+
+    prompts: list[list[int]]
+    weights: np.ndarray
+    public: list[int]
+    length: int
+
+
+class _Deadline:
+    """A wall-time bound on the decode loops (None: none); `passed` once it struck."""
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline, self.passed = deadline, False
+
+    def check(self) -> bool:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.passed = True
+        return self.passed
+
+
+class _Sessions:
+    """The private rows' batched session (always the public shape) and the public
+    prompt's own session."""
+
+    def __init__(self, lm, public_lm, rows: _Rows, max_tokens: int) -> None:
+        self.lm, self.public_lm = lm, public_lm
+        self.private = lm.start(rows.prompts, max_tokens, length=rows.length)
+        self.public = public_lm.start([rows.public], max_tokens)
 
     def append(self, token: int, *, last: bool) -> None:
         if last:  # no next token will be drawn: skip the step
             return
-        if self.has_private:
-            self.private = self.lm.append(token)
+        self.private = self.lm.append(token)
         self.public = self.public_lm.append(token)

@@ -37,10 +37,20 @@ def voter_documents(chosen: Sequence[int], max_voters: int) -> list[int]:
     return [int(i) for i in chosen[:max_voters]]
 
 
-def vote_counts(voter_logprobs: np.ndarray, vocab_size: int) -> np.ndarray:
-    """Histogram over the vocabulary of the voters' greedy tokens, shape [V]."""
+def vote_counts(
+    voter_logprobs: np.ndarray, vocab_size: int, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """Histogram over the vocabulary of the voters' greedy tokens, shape [V].
+
+    `weights` (0 or 1 per row; default all 1) leaves padding rows out of the count.
+    """
     rows = np.asarray(voter_logprobs).reshape(-1, vocab_size)
-    return np.bincount(np.argmax(rows, axis=1), minlength=vocab_size).astype(np.float64)
+    if weights is not None:
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != (rows.shape[0],) or not np.all((weights == 0) | (weights == 1)):
+            raise ValueError(f"weights must be 0 or 1, one per row: {weights.shape=}")
+    greedy = np.argmax(rows, axis=1)
+    return np.bincount(greedy, weights=weights, minlength=vocab_size).astype(np.float64)
 
 
 def _per_vote_parameters(epsilon: float, delta: float) -> tuple[float, float]:

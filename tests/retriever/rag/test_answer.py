@@ -30,7 +30,7 @@ class SpyLM(TinyLM):
     def fork(self):
         return SpyLM(self.seen)
 
-    def start(self, prompts, max_new_tokens):
+    def start(self, prompts, max_new_tokens, **kwargs):
         self.seen.extend(self.decode(p) for p in prompts)
         return super().start(prompts, max_new_tokens)
 
@@ -231,7 +231,7 @@ class AppendSpyLM(TinyLM):
         self.public = AppendSpyLM()
         return self.public
 
-    def start(self, prompts, max_new_tokens):
+    def start(self, prompts, max_new_tokens, **kwargs):
         out = super().start(prompts, max_new_tokens)
         self.public_rows.append(out)
         return out

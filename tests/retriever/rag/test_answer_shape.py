@@ -1,0 +1,160 @@
+"""The answer stage's public shape, wall-time bound, failure path and delta against n.
+
+Time and memory are outputs (house privacy rule 9): however many documents the DP
+threshold selects, every answer runs the same batch, prompt length and loop count.
+"""
+
+import time
+
+import numpy as np
+import pytest
+
+from retriever.rag import DPRag, PromptFormat, RagConfig, ScoreRange
+from retriever.rag import answer as answer_module
+from retriever.rag.aggregation import AggregationConfig, token_probabilities, token_utilities
+from retriever.rag.answer import AnswerFailedError
+from retriever.rag.voting import vote_counts
+from synthgen.lm_backends import TinyLM
+from synthgen.privacy import PrivacyLedger, Scope
+
+N = 24
+MECHANISMS = ["icl", "vote", "sparse-vote", "answer-vote"]
+
+
+class ShapeLM(TinyLM):
+    """TinyLM that records the shape of every session it opens and every step it takes."""
+
+    def __init__(self, log=None):
+        super().__init__()
+        self.log = [] if log is None else log
+
+    def fork(self):
+        return ShapeLM(self.log)
+
+    def start(self, prompts, max_new_tokens, *, length=None):
+        padded = max(max(len(p) for p in prompts), length or 0)
+        self.log.append(("start", len(prompts), padded, max_new_tokens))
+        return super().start(prompts, max_new_tokens)
+
+    def append(self, token):
+        self.log.append(("append", len(self._rows)))
+        return super().append(token)
+
+    @property
+    def eos_ids(self):
+        return ()  # every answer runs its public number of steps
+
+
+def _rag(tmp_path, lm, *, accountant="pld", delta=1e-6):
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(N, 8)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    texts = [f"record {i}: the patient has besox fever and a rash" for i in range(N)]
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    ledger.ensure_scope(Scope("alice", "records", 100.0, 1e-5, accountant=accountant))
+    rag = DPRag(
+        [f"d{i}" for i in range(N)],
+        texts,
+        emb,
+        lambda qs: emb[:1],
+        lm,
+        ledger=ledger,
+        dataset="records",
+        config=RagConfig(k=6, max_tokens=4, score_range=ScoreRange(-1.0, 1.0), delta=delta),
+        prompt=PromptFormat(chat=False),
+        rng=np.random.default_rng(1),
+    )
+    return rag, ledger
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_the_session_shape_does_not_depend_on_how_many_documents_were_selected(
+    tmp_path, monkeypatch, mechanism
+):
+    log = []
+    rag, _ = _rag(tmp_path, ShapeLM(log))
+    shapes = []
+    for selected in (0, 1, 3, 6, N):  # none, one, some, the cap, beyond the cap
+        monkeypatch.setattr(answer_module, "select", lambda s, t, r, m=selected: np.arange(m))
+        log.clear()
+        rag.answer("what does the patient have?", tenant="alice", epsilon=5.0, mechanism=mechanism)
+        shapes.append(list(log))
+    # Sessions open at one shape; every step runs every row. (How many steps run depends
+    # on released values only: an end token or an abstaining bottom symbol.)
+    starts = [[e for e in s if e[0] == "start"] for s in shapes]
+    assert all(s == starts[0] for s in starts), starts
+    assert {e[1] for s in shapes for e in s if e[1] > 1} == {rag.config.voters}
+
+
+def test_padding_rows_count_for_nothing():
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(5, 7))
+    weights = np.array([1, 1, 0, 1, 0.0])
+    config = AggregationConfig()
+    np.testing.assert_allclose(
+        token_utilities(rows, 7, config, weights), token_utilities(rows[[0, 1, 3]], 7, config)
+    )
+    np.testing.assert_array_equal(vote_counts(rows, 7, weights), vote_counts(rows[[0, 1, 3]], 7))
+    with pytest.raises(ValueError):
+        token_utilities(rows, 7, config, np.array([1, 0.5, 0, 1, 0]))
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 2.0])
+def test_a_capped_row_set_stays_epsilon_dp_when_a_document_displaces_another(epsilon):
+    """Under a public cap, adding a document can swap one row for another: the draw's
+    log-probabilities still move by at most epsilon (sensitivity 2C), and would not under C."""
+    config = AggregationConfig(beta=0.0)
+    vocab = 6
+    rest = np.log(np.tile([0.01, 0.95, 0.01, 0.01, 0.01, 0.01], (3, 1)))  # token 1 leads
+    x = np.log(np.array([0.95, 0.01, 0.01, 0.01, 0.01, 0.01]))  # the new document
+    d = np.log(np.array([0.01, 0.95, 0.01, 0.01, 0.01, 0.01]))  # the row it displaces
+    public = np.log(np.full(vocab, 1.0 / vocab))
+    before, after = np.vstack([rest, d[None]]), np.vstack([rest, x[None]])
+
+    def gap(capped):
+        p = token_probabilities(before, public, epsilon=epsilon, config=config, capped=capped)
+        q = token_probabilities(after, public, epsilon=epsilon, config=config, capped=capped)
+        return np.max(np.abs(np.log(p) - np.log(q)))
+
+    assert gap(capped=True) <= epsilon + 1e-9
+    assert gap(capped=False) > epsilon  # the swap needs the doubled sensitivity
+
+
+@pytest.mark.parametrize("mechanism", ["icl", "vote"])
+def test_a_passed_deadline_truncates_the_answer_and_charges_as_planned(tmp_path, mechanism):
+    rag, ledger = _rag(tmp_path, ShapeLM())
+    answer = rag.answer(
+        "q?", tenant="alice", epsilon=2.0, mechanism=mechanism, deadline=time.monotonic() - 1
+    )
+    assert answer.truncated and answer.tokens == 0
+    plan = rag.plan(mechanism, 2.0)
+    assert len(ledger.charges("alice", "records")) == len(plan.stage_events())
+    on_time = rag.answer("q?", tenant="alice", epsilon=2.0, mechanism=mechanism)
+    assert not on_time.truncated
+    assert on_time.tokens == 4 or (mechanism == "vote" and on_time.abstained)
+
+
+@pytest.mark.parametrize("accountant", ["basic", "pld"])
+def test_a_failure_after_the_check_charges_the_worst_case_and_withholds_its_text(
+    tmp_path, monkeypatch, accountant
+):
+    rag, ledger = _rag(tmp_path, ShapeLM(), accountant=accountant)
+
+    def leaky(*args, **kwargs):
+        raise ValueError("record 3: the patient has besox fever")
+
+    monkeypatch.setattr(answer_module, "vote_counts", leaky)
+    with pytest.raises(AnswerFailedError) as caught:
+        rag.answer("q?", tenant="alice", epsilon=3.0, mechanism="sparse-vote")
+    assert "besox" not in str(caught.value) and caught.value.__context__ is None
+    plan = rag.plan("sparse-vote", 3.0)
+    charged = ledger.charges("alice", "records")
+    assert sorted(c.stage for c in charged) == sorted(f"rag-{s}" for s, _ in plan.stage_events())
+
+
+def test_a_per_answer_delta_of_one_over_n_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="1/n"):
+        _rag(tmp_path, ShapeLM(), delta=1.0 / N)
+    rag, _ = _rag(tmp_path, ShapeLM())
+    with pytest.raises(ValueError, match="1/n"):
+        rag.with_config(RagConfig(delta=0.1))
