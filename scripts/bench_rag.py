@@ -9,9 +9,17 @@ path runs the same answer code with an LM wrapper that gives every prompt its ow
 KV-cache session, so each token costs 32 + 1 cached steps. EOS is hidden so both paths
 release exactly --tokens tokens; compilation is excluded (one warm-up answer per path).
 
-    python scripts/bench_rag.py                 # smollm2-135m-instruct, k=32, 16 tokens
+Then the timing channel: median answer latency with M = 0, 1 and k selected documents
+(a collection whose scores make the DP threshold select exactly M), every answer at the
+service's fixed public shape (`retriever.rag.answer`); ``latency_spread`` is the largest
+median over the smallest (target <= 1.1: latency does not tell how many documents the
+private collection held for the question).
 
-Last line: ``batched_vs_sequential=<ratio> seconds_per_token=<batched seconds per token>``.
+    python scripts/bench_rag.py                 # smollm2-135m-instruct, k=32, 16 tokens
+    python scripts/bench_rag.py --model tiny --repeats 20   # the byte-level test LM
+
+Last lines: ``batched_vs_sequential=<ratio> seconds_per_token=<batched seconds per token>``
+and ``latency_spread=<max/min median latency over M in {0, 1, k}>``.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import numpy as np
 
 from retriever.rag import DPRag, RagConfig, ScoreRange
 from retriever.rag.medical import MedicalWorldConfig, make_world
-from synthgen.lm_backends import FlaxLM
+from synthgen.lm_backends import FlaxLM, TinyLM
 
 
 class NoStop:
@@ -64,9 +72,38 @@ def timed_answer(rag: DPRag, question: str, epsilon: float) -> tuple[float, int]
     return time.perf_counter() - start, answer.tokens
 
 
+def latency_spread(lm, texts: list[str], k: int, tokens: int, repeats: int) -> float:
+    """max/min over M in {0, 1, k} of the median answer latency with exactly M selected."""
+    n = len(texts)
+    embeddings = np.eye(n, dtype=np.float32)  # document i scores 1 on axis i, else 0
+    config = RagConfig(k=k, max_tokens=tokens, score_range=ScoreRange(0.0, 1.0))
+    medians = {}
+    for selected in (0, 1, k):
+        question = np.zeros((1, n), np.float32)
+        question[0, :selected] = 1.0  # M documents at score 1, the rest at 0: tau selects M
+        rag = DPRag(
+            [str(i) for i in range(n)],
+            texts,
+            embeddings,
+            lambda qs, q=question: q,
+            lm,
+            config=config,
+            rng=np.random.default_rng(2),
+        )
+        rag.answer("warm-up?", tenant="bench", epsilon=10.0, mechanism="icl")
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            rag.answer("What does the patient have?", tenant="bench", epsilon=10.0)
+            times.append(time.perf_counter() - start)
+        medians[selected] = float(np.median(times))
+        print(f"selected={selected}: median {1e3 * medians[selected]:.2f} ms", flush=True)
+    return max(medians.values()) / min(medians.values())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="an LM asset or 'tiny'")
     parser.add_argument("--k", type=int, default=32, help="selected documents")
     parser.add_argument("--tokens", type=int, default=16, help="answer tokens")
     parser.add_argument("--documents", type=int, default=400)
@@ -85,7 +122,7 @@ def main() -> None:
         retrieval_share=0.99,  # a benchmark: epsilon 100 * 0.99 on the threshold selects k
         score_range=ScoreRange(-1.0, 1.0),
     )
-    base = FlaxLM.load(args.model)
+    base = TinyLM() if args.model == "tiny" else FlaxLM.load(args.model)
     question = world.questions(per_disease=1, seed=0)[0].question
     results = {}
     for name, lm in (("batched", NoStop(base)), ("sequential", OneRowAtATime(base))):
@@ -105,6 +142,8 @@ def main() -> None:
         print(f"{name}: {seconds:.4f} s/token (tokens per answer: {runs[0][1]})", flush=True)
     ratio = results["sequential"] / results["batched"]
     print(f"batched_vs_sequential={ratio:.2f} seconds_per_token={results['batched']:.4f}")
+    spread = latency_spread(NoStop(base), texts, args.k, args.tokens, args.repeats)
+    print(f"latency_spread={spread:.3f}")
 
 
 if __name__ == "__main__":

@@ -130,7 +130,9 @@ def test_answer_is_served_only_where_offered(network, world_question):
         timeout=60,
     )
     assert refused.status_code == 404 and refused.json()["error"] == "answer_not_served"
-    health = httpx.get(network.url("south") + "/health", timeout=30).json()
+    health = httpx.get(
+        network.url("south") + "/health", headers=bearer(network.keys["south"]), timeout=30
+    ).json()
     assert health["answer"] is False and health["replicas"] == 0 and health["retrieve"] is True
     assert _charges(network, "south") == south_before
 
@@ -180,7 +182,8 @@ def test_a_service_without_card_replicas_or_index_serves_health_only(tmp_path):
         "t", DATASET, epsilon=1.0, delta=1e-6, collection_epsilon=1.0, collection_delta=1e-6
     )
     with TestClient(create_app(Service(ledger, registry, DATASET, []))) as client:
-        health = client.get("/health").json()
+        assert client.get("/health").json() == {"status": "ok"}  # no key: liveness only
+        health = client.get("/health", headers=bearer(key)).json()
         assert health["answer"] is False and health["answer_epsilon"] is None
         assert client.get("/card").status_code == 404
         assert client.get("/card").json()["error"] == "no_card"
