@@ -392,3 +392,50 @@ def continued_from(start: dict, trained: dict) -> dict:
         f"({start['statement']})"
     )
     return {**record, "statement": statement, "started_from": start, "this_run": trained}
+
+
+def collection_independence(name_or_path: str | Path) -> str | None:
+    """Why an encoder may score a private collection under DP-RAG, from its provenance.
+
+    DP-RAG's sensitivity arguments (`retriever.rag`) hold the question encoder and the
+    document embeddings fixed: they must not depend on the private collection they score.
+    The provenance establishes that for
+
+    * a public pretrained model: a registered asset or a random initialisation, or a folder
+      whose ``provenance.json`` says ``"pretrained"`` (not trained by dpsynth);
+    * a DP-trained encoder: guarantee ``"post-processing"`` (trained only on a DP synthetic
+      release) or ``"dp-sgd"``, with a finite (ε, δ). It may depend on the collection only
+      through that DP release: when the release was made from this collection, the
+      answers' guarantee composes with the encoder's (its ε is in the ledger of the run
+      that made it).
+
+    Not established (None): real data without DP, a non-private generator run, training
+    continued from such an encoder, a trained folder without provenance, and a model folder
+    of unrecorded origin (a Hugging Face folder may have been fine-tuned on anything).
+
+    Args:
+      name_or_path: anything `retriever.encoders.load_encoder` accepts.
+
+    Returns:
+      A one-line public statement of why the encoder qualifies, or None.
+
+    Privacy:
+      Reads public provenance only. The statement is what the answers' guarantee assumes
+      of the encoder (Dwork and Roth 2014, Prop. 2.1 for post-processing; Thm. 3.16 for
+      the composition with a DP-trained encoder).
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() and read_provenance(path) is None:
+        return None  # a folder of unrecorded origin
+    record = encoder_provenance(name_or_path)
+    guarantee = record["guarantee"]
+    if record["trained_on"]["kind"] == "pretrained":
+        return f"public pretrained model, not trained on the collection ({record['statement']})"
+    if guarantee["kind"] in ("post-processing", "dp-sgd") and _is_dp(
+        {"epsilon": guarantee["epsilon"], "delta": guarantee["delta"]}
+    ):
+        return (
+            f"DP-trained encoder ({record['statement']}): if its training data came from this "
+            "collection, the answers' guarantee composes with the encoder's"
+        )
+    return None

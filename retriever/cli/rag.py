@@ -68,6 +68,9 @@ def answer(
     private_corpus: Annotated[Path, typer.Option(help="private corpus.jsonl: doc_id, text")],
     question: Annotated[str, typer.Option(help="the question")],
     epsilon: Annotated[float, typer.Option(help="per-answer epsilon")],
+    dataset: Annotated[
+        str, typer.Option(help="the collection's name in the ledger (its caps hold for it)")
+    ],
     mechanism: Annotated[
         str, typer.Option(help="auto (best evaluated) | icl | vote | sparse-vote | answer-vote")
     ] = "auto",
@@ -79,25 +82,54 @@ def answer(
         float, typer.Option(help="cap of a new tenant scope (existing scopes keep theirs)")
     ] = 10.0,
     tenant_delta: Annotated[float, typer.Option(help="delta cap of a new tenant scope")] = 1e-5,
+    collection_epsilon: Annotated[
+        float | None,
+        typer.Option(help="cap over all tenants, if the collection has none (required then)"),
+    ] = None,
+    collection_delta: Annotated[float | None, typer.Option(help="its delta cap")] = None,
     k: Annotated[
         int | None, typer.Option(help="documents the DP threshold aims at (default: evaluated)")
     ] = None,
     max_tokens: Annotated[int, typer.Option(help="most answer tokens")] = 12,
-    delta: Annotated[float, typer.Option(help="per-answer delta")] = 1e-6,
+    delta: Annotated[float, typer.Option(help="per-answer delta (below 1/n)")] = 1e-6,
     composition: Annotated[str, typer.Option(help="icl tokens: pure | bounded-range")] = "pure",
     score: Annotated[bool, typer.Option(help="also release a noisy count and score")] = False,
     min_score: Annotated[float, typer.Option(help="public lower clip of similarities")] = 0.0,
     max_score: Annotated[float, typer.Option(help="public upper clip of similarities")] = 1.0,
     lm: Annotated[str, typer.Option(help="LM asset or path")] = "smollm2-135m-instruct",
+    encoder_independent_of_collection: Annotated[
+        bool,
+        typer.Option(
+            "--encoder-independent-of-collection",
+            help="assert that the index's encoder was not trained on this collection where "
+            "its provenance does not show it (recorded on the collection cap)",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
-    """Answer a question from a private collection with DP, charged to a tenant's budget."""
+    """Answer a question from a private collection with DP, charged to a tenant's budget.
+
+    The collection needs a collection cap over all tenants (--collection-epsilon and
+    --collection-delta open it), or each new --tenant would be a fresh budget. Every answer
+    charged to a collection is the same event: the first answer (or server) pins its
+    --epsilon, --mechanism, --delta and --max-tokens, and other settings are refused.
+    Refused before anything is charged: a δ (--delta or a scope's cap) of 1/n or more for
+    n documents, and an encoder not known to be independent of the collection.
+    """
+    from retriever.index_folder import read_index_meta
     from retriever.rag import RagConfig, ScoreRange
     from retriever.rag.answer import plan_answer
+    from retriever.rag.collection import (
+        check_answer_event,
+        check_delta,
+        check_encoder,
+        open_answer_scopes,
+        pin_answer_event,
+    )
     from retriever.rag.defaults import resolve
     from retriever.rag.loading import load_dprag
     from synthgen.paths import default_ledger_path
-    from synthgen.privacy import PrivacyLedger, Scope
+    from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
 
     mechanism, k = resolve(mechanism, k, epsilon)
 
@@ -109,11 +141,25 @@ def answer(
         score_share=0.05 if score else 0.0,
         score_range=ScoreRange(min_score, max_score),
     )
-    book = PrivacyLedger(ledger or default_ledger_path())
-    dataset = private_corpus.stem
-    book.ensure_scope(Scope(tenant, dataset, tenant_epsilon, tenant_delta))
-    # refuse before loading anything heavy
     plan = plan_answer(config, mechanism, epsilon)
+    if (collection_epsilon is None) != (collection_delta is None):
+        raise ValueError("pass both --collection-epsilon and --collection-delta, or neither")
+    collection = None
+    if collection_epsilon is not None:
+        collection = Scope(COLLECTION, dataset, collection_epsilon, collection_delta)
+    # refuse before writing or loading anything
+    meta = read_index_meta(index)
+    documents = len(meta["doc_ids"])
+    check_delta(delta, documents, "--delta (per answer)")
+    check_encoder(meta["encoder"], asserted=encoder_independent_of_collection)
+    book = PrivacyLedger(ledger or default_ledger_path())
+    check_answer_event(book, dataset, plan)
+    open_answer_scopes(
+        book,
+        Scope(tenant, dataset, tenant_epsilon, tenant_delta),
+        documents=documents,
+        collection=collection,
+    )
     book.check(
         tenant,
         dataset,
@@ -122,7 +168,16 @@ def answer(
         relation="ADD_OR_REMOVE_ONE",
         delta=delta,
     )
-    rag = load_dprag(index, private_corpus, lm=lm, ledger=book, dataset=dataset, config=config)
+    rag = load_dprag(
+        index,
+        private_corpus,
+        lm=lm,
+        ledger=book,
+        dataset=dataset,
+        config=config,
+        encoder_independent_of_collection=encoder_independent_of_collection,
+    )
+    pin_answer_event(book, dataset, plan)
     result = rag.answer(question, tenant=tenant, epsilon=epsilon, mechanism=mechanism)
     if as_json:
         print(json.dumps(result.to_json()))

@@ -49,12 +49,24 @@ def serve(
     composition: Annotated[str, typer.Option(help="icl tokens: pure | bounded-range")] = "pure",
     min_score: Annotated[float, typer.Option(help="public lower clip of similarities")] = 0.0,
     max_score: Annotated[float, typer.Option(help="public upper clip of similarities")] = 1.0,
+    encoder_independent_of_collection: Annotated[
+        bool,
+        typer.Option(
+            "--encoder-independent-of-collection",
+            help="assert that the index's encoder was not trained on this collection where "
+            "its provenance does not show it (recorded on the collection cap)",
+        ),
+    ] = False,
 ) -> None:
     """Serve DP answers over HTTP, charged to tenants' budgets (Ctrl-C stops).
 
-    Every answer is the same DP event (--answer-epsilon, --mechanism), so the ledger's
-    composition stays valid however tenants time their questions. Run every server of a
-    collection with the same settings.
+    Every answer is the same DP event (--answer-epsilon, --mechanism, --delta,
+    --max-tokens): the first server or `retriever answer` of a collection pins it in the
+    ledger and any other is refused, so the ledger's composition stays valid however
+    tenants time their questions. Refused before loading: a collection without a
+    collection cap, a δ (per answer or any cap of the collection) of 1/n or more for n
+    documents, an encoder not known to be independent of the collection, and a public
+    corpus or index that is the private one.
     """
     from retriever.rag import RagConfig, ScoreRange
     from retriever.rag.defaults import resolve
@@ -85,6 +97,7 @@ def serve(
         ),
         public_index=public_index,
         public_corpus=public_corpus,
+        encoder_independent_of_collection=encoder_independent_of_collection,
     )
     serve(service, host=host, port=port)
 
@@ -95,13 +108,17 @@ def tenant_add(
     epsilon: Annotated[float, typer.Option(help="the tenant's epsilon cap")],
     delta: Annotated[float, typer.Option(help="the tenant's delta cap")],
     ledger: LedgerOption,
-    dataset: Annotated[str, typer.Option(help="collection name (the corpus file's stem)")],
+    dataset: Annotated[str, typer.Option(help="collection name in the ledger (serve's --dataset)")],
     collection_epsilon: Annotated[
         float | None, typer.Option(help="cap over all tenants, if the collection has none")
     ] = None,
     collection_delta: Annotated[float | None, typer.Option(help="its delta cap")] = None,
 ) -> None:
-    """Register a tenant with its budget and print its API key (shown once, stored hashed)."""
+    """Register a tenant with its budget and print its API key (shown once, stored hashed).
+
+    The tenant's delta cap may not exceed the collection's (which `retriever serve` checks
+    against 1/n for the collection's n documents).
+    """
     from retriever.service.tenants import TenantRegistry
 
     key = TenantRegistry.open(ledger).add(
@@ -154,6 +171,8 @@ def tenant_list(
                 "delta_cap": scope.delta_cap,
                 "spent_epsilon": spend.epsilon,
                 "charges": spend.num_charges,
+                "notes": registry.ledger.scope_notes(COLLECTION, scope.dataset),
+                "answer_event": registry.ledger.event_shape(COLLECTION, scope.dataset),
             }
         )
     if as_json:

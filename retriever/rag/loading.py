@@ -1,10 +1,17 @@
-"""Builds a `DPRag` from an index folder (`retriever index build`) and its private corpus."""
+"""Builds a `DPRag` from an index folder (`retriever index build`) and its private corpus,
+after checking what its guarantee assumes (`retriever.rag.collection`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from retriever.rag.answer import DPRag, RagConfig
+from retriever.rag.collection import (
+    check_delta,
+    check_encoder,
+    check_scope_deltas,
+    record_encoder_assertion,
+)
 from retriever.rag.prompts import PromptFormat
 from synthgen.privacy import PrivacyLedger
 
@@ -18,8 +25,14 @@ def load_dprag(
     dataset: str | None = None,
     config: RagConfig | None = None,
     prompt: PromptFormat | None = None,
+    encoder_independent_of_collection: bool = False,
 ) -> DPRag:
     """The answer stage over `private_corpus`, scored with the embeddings of `index`.
+
+    Before loading the encoder or the LM it refuses an index whose encoder is not known to
+    be independent of the collection (`check_encoder`: from its ``provenance.json``, or
+    asserted by the caller), a per-answer δ of 1/n or more and, with a ledger, any scope of
+    the dataset whose δ cap is 1/n or more, for n documents.
 
     Args:
       index: a folder written by `retriever index build --kind exact` over the private
@@ -30,10 +43,24 @@ def load_dprag(
       dataset: the collection's name in the ledger (default: the corpus file's stem).
       config: public parameters of the answer stage.
       prompt: prompt format.
+      encoder_independent_of_collection: the operator asserts that the index's encoder
+        was not trained on this collection, where its provenance does not establish it.
+        With a ledger, the assertion is recorded on the dataset's collection cap (which
+        must exist): every answer's charge composes there.
 
     Raises:
       FileNotFoundError: no index in the folder.
-      ValueError: the index is not exact or does not match the corpus.
+      ValueError: the index is not exact or does not match the corpus; an encoder not
+        known to be independent of the collection; a δ (per answer or a scope's cap) of
+        1/n or more.
+
+    Privacy:
+      Privacy unit: one document of the collection (add/remove-one), as `DPRag`. Its
+      sensitivity arguments assume scores from an encoder that does not depend on the
+      collection: from a public pretrained model that holds; from a DP-trained encoder
+      (synthetic data of a DP release, or DP-SGD) the answers' guarantee composes with the
+      encoder's when that release was made from this collection; otherwise it rests on the
+      operator's assertion. δ < 1/n, as for DP-SGD (`accounting.check_delta`).
     """
     from retriever.data import read_corpus
     from retriever.evaluate import load_towers
@@ -41,6 +68,11 @@ def load_dprag(
 
     index, private_corpus = Path(index), Path(private_corpus)
     meta = read_index_meta(index)
+    dataset = dataset or private_corpus.stem
+    config = config or RagConfig()
+    assertion = check_encoder(meta["encoder"], asserted=encoder_independent_of_collection)
+    if assertion is not None and ledger is not None and ledger.collection_scope(dataset) is None:
+        record_encoder_assertion(ledger, dataset, assertion)  # refuses: no collection cap
     searcher = load_index_searcher(index)
     if getattr(searcher, "embeddings", None) is None:
         raise ValueError(
@@ -50,6 +82,11 @@ def load_dprag(
     doc_ids, texts = read_corpus(private_corpus)
     if list(map(str, meta["doc_ids"])) != doc_ids:
         raise ValueError(f"{index} was not built from {private_corpus} (doc_ids differ)")
+    check_delta(config.delta, len(doc_ids), "the per-answer delta")
+    if ledger is not None:
+        check_scope_deltas(ledger, dataset, len(doc_ids))
+        if assertion is not None:
+            record_encoder_assertion(ledger, dataset, assertion)
     question_encoder, _ = load_towers(meta["encoder"])
     if isinstance(lm, str | Path):
         from synthgen.lm_backends import FlaxLM
@@ -62,7 +99,7 @@ def load_dprag(
         question_encoder.encode,
         lm,
         ledger=ledger,
-        dataset=dataset or private_corpus.stem,
-        config=config or RagConfig(),
+        dataset=dataset,
+        config=config,
         prompt=prompt,
     )

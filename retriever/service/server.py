@@ -30,8 +30,15 @@ def load_service(
     config: ServiceConfig | None = None,
     public_index: str | Path | None = None,
     public_corpus: str | Path | None = None,
+    encoder_independent_of_collection: bool = False,
 ) -> Service:
     """The service over `private_corpus` (indexed exactly in `index`) and `ledger`.
+
+    Before loading anything heavy it refuses a collection without a collection cap, a
+    public corpus or index that is the private one, and an answer event other than the one
+    the collection pinned; `load_dprag` refuses an encoder not known to be independent of
+    the collection and δ caps of 1/n or more. Once loaded, the service pins its answer
+    event on the collection cap (`retriever.rag.collection`).
 
     Args:
       index: exact index over the private corpus (`retriever index build --kind exact`).
@@ -44,10 +51,21 @@ def load_service(
       config: the service's limits (default `ServiceConfig()`).
       public_index: index over a public/synthetic corpus for ``/retrieve`` (optional).
       public_corpus: that corpus.
+      encoder_independent_of_collection: the operator asserts the index's encoder was not
+        trained on the collection (recorded on the collection cap; see `load_dprag`).
 
     Raises:
-      ValueError: bad arguments, or the collection has no collection cap in the ledger.
+      ValueError: bad arguments, the collection has no collection cap in the ledger, the
+        public corpus or index is the private one, another answer event is pinned, or a
+        check of `load_dprag` fails.
+
+    Privacy:
+      Every answer is `DPRag.answer` (one document, add/remove-one), the same event for
+      every answer of the collection, whichever server charges it. ``/retrieve`` reads the
+      public index only, so that index must not be the private collection's.
     """
+    from retriever.rag.answer import plan_answer
+    from retriever.rag.collection import check_answer_event, pin_answer_event
     from retriever.rag.loading import load_dprag
 
     rag_config, config = rag_config or RagConfig(), config or ServiceConfig()
@@ -56,9 +74,13 @@ def load_service(
         raise ValueError(f"replicas must be >= 1, got {replicas=}")
     if (public_index is None) != (public_corpus is None):
         raise ValueError("pass both --public-index and --public-corpus, or neither")
+    if public_index is not None:
+        refuse_private_as_public(index, private_corpus, public_index, public_corpus)
     book = PrivacyLedger(ledger)
     dataset = dataset or Path(private_corpus).stem
     require_collection_cap(book, dataset)  # before loading anything heavy
+    plan = plan_answer(rag_config, config.mechanism, config.answer_epsilon)
+    check_answer_event(book, dataset, plan)
     if lm == TINY_LM:
         from synthgen.lm_backends import TinyLM
 
@@ -67,8 +89,9 @@ def load_service(
         model, prompt = lm, None
     first = load_dprag(
         index, private_corpus, lm=model, ledger=book, dataset=dataset, config=rag_config,
-        prompt=prompt,
+        prompt=prompt, encoder_independent_of_collection=encoder_independent_of_collection,
     )  # fmt: skip
+    pin_answer_event(book, dataset, plan)  # atomic: a concurrent other shape is refused
     pool = [first] + [
         DPRag(
             first.doc_ids,
@@ -85,6 +108,34 @@ def load_service(
     ]
     public = None if public_index is None else PublicIndex(public_index, public_corpus)
     return Service(book, TenantRegistry(book), dataset, pool, public, config)
+
+
+def refuse_private_as_public(
+    index: str | Path,
+    private_corpus: str | Path,
+    public_index: str | Path,
+    public_corpus: str | Path,
+) -> None:
+    """Refuses a public corpus or index that is the private one (``/retrieve`` is free).
+
+    The same resolved file, or a corpus with the same bytes (SHA-256), is the private
+    collection whatever its name; so is the private index's folder.
+
+    Raises:
+      ValueError: one line naming the option, never the content.
+    """
+    from synthgen.corpora import file_sha256
+
+    private, public = Path(private_corpus).resolve(), Path(public_corpus).resolve()
+    if private == public or (
+        private.is_file() and public.is_file() and file_sha256(private) == file_sha256(public)
+    ):
+        raise ValueError(
+            "--public-corpus is the private corpus (same file or same content): /retrieve is "
+            "free and must read public or DP synthetic documents only"
+        )
+    if Path(index).resolve() == Path(public_index).resolve():
+        raise ValueError("--public-index is the private index: /retrieve must not search it")
 
 
 def bind(host: str, port: int) -> socket.socket:

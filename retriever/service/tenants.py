@@ -94,23 +94,35 @@ class TenantRegistry:
 
         The key is shown once: only its hash is stored. The dataset must have a collection
         cap, or `collection_epsilon`/`collection_delta` open one (an existing one is kept).
+        The tenant's delta cap may not exceed the collection's: the service checks the
+        collection's against 1/n for its n documents when it starts, and this keeps every
+        tenant added while it runs below that bound too.
 
         Raises:
-          ValueError: a bad name or cap, a name already registered, or no collection cap.
+          ValueError: a bad name or cap, a name already registered, no collection cap, or
+            a delta cap above the collection's.
         """
         check_name(name)
         scope = Scope(name, dataset, float(epsilon), float(delta))  # validates the caps
         if any(t.name == name for t in self.tenants()):
             raise ValueError(f"tenant {name} exists (revoked tenants keep their name)")
-        if self.ledger.collection_scope(dataset) is None:
+        collection = self.ledger.collection_scope(dataset)
+        if collection is None:
             if collection_epsilon is None or collection_delta is None:
                 raise ValueError(
                     f"{dataset} has no collection cap (all tenants together) yet: pass "
                     "--collection-epsilon and --collection-delta"
                 )
-            self.ledger.ensure_scope(
-                Scope(COLLECTION, dataset, float(collection_epsilon), float(collection_delta))
+            collection = Scope(
+                COLLECTION, dataset, float(collection_epsilon), float(collection_delta)
             )
+        if scope.delta_cap > collection.delta_cap:
+            raise ValueError(
+                f"tenant {name}'s delta cap {scope.delta_cap:g} exceeds the collection cap's "
+                f"{collection.delta_cap:g} on {dataset}: a tenant's delta is at most the "
+                "collection's (which must be below 1/n for n documents)"
+            )
+        self.ledger.ensure_scope(collection)
         self.ledger.open_scope(scope)  # an existing scope must have the same caps
         key_id, salt = secrets.token_hex(8), secrets.token_hex(16)
         secret = secrets.token_urlsafe(32)

@@ -5,7 +5,10 @@ Privacy:
   (epsilon, delta)-DP (`retriever.rag.DPRag`: DP retrieval threshold, DP token aggregation;
   Grislain 2024, Koga et al. 2024), charged to the run's ledger before any noise is drawn;
   the collection's scope caps the total. The questions are public (generated from the
-  fictional world's disease descriptions), the answers are releases.
+  fictional world's disease descriptions), the answers are releases. The sensitivity
+  assumes an encoder that does not depend on the collection: the run's encoder is trained
+  on the generate stage's DP synthetic release (checked from its provenance.json, as
+  `retriever answer` does), and δ and the scope's δ cap are below 1/n for n records.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ def answer_questions(ctx: StageContext) -> dict:
     """Answers `rag.questions` questions at `rag.epsilon` each; writes `rag/answers.json`."""
     from retriever.evaluate import load_towers
     from retriever.rag import DPRag, RagConfig
+    from retriever.rag.collection import check_delta, check_encoder
     from retriever.rag.defaults import resolve
     from retriever.rag.medical import MedicalWorldConfig, answer_is_correct, make_world
     from synthgen.lm_backends import FlaxLM
@@ -42,10 +46,14 @@ def answer_questions(ctx: StageContext) -> dict:
     # The first questions in the world's (public) disease order: choosing by how many records
     # a disease has would branch on the private collection.
     questions = world.questions()[: cfg.questions]
+    encoder = str(ctx.run.root / "encoder")
+    check_encoder(encoder)  # trained on the DP synthetic release: its provenance says so
+    check_delta(cfg.delta, len(world.records), "rag.delta")
+    check_delta(cfg.delta_cap, len(world.records), "rag.delta_cap")
     tenant = ctx.config.privacy.tenant
     ledger = PrivacyLedger(ctx.run.ledger)
     open_run_scope(ledger, Scope(tenant, RAG_DATASET, cfg.epsilon_cap, cfg.delta_cap))
-    question_encoder, doc_encoder = load_towers(str(ctx.run.root / "encoder"))
+    question_encoder, doc_encoder = load_towers(encoder)
     texts = [r.text for r in world.records]
     embeddings = doc_encoder.encode(texts, max_len=128, progress=ctx.progress)
     ctx.log("rag", f"loading {cfg.lm}; {len(texts)} private records, {len(questions)} questions")

@@ -27,6 +27,13 @@ tenant. A charge to any tenant of the dataset is checked against the tenant's ca
 collection's in the same transaction and recorded once; both must hold. Opening the
 collection scope later still counts the charges already made.
 
+What a scope's guarantee rests on beyond its events: a scope keeps public, append-only
+notes (operator assertions the ledger cannot check, `note_scope`) and, for a
+release repeated on request (every answer of a collection), the shape of its one event
+(`pin_event_shape`): an opaque public string set by the first caller and compared for
+equality by every later one, so no caller charges a differently parameterised event to the
+same composition. The ledger never reads either; the caller builds them.
+
 Cost: a charge does not recompose the history. Each ledger object keeps a running
 `summary.ScopeSummary` per scope (RDP curve, pure sum, composed PLD on a grid coarsened as
 it widens), folds in the rows other processes committed since it last looked (read inside
@@ -68,6 +75,27 @@ def _rows_of(tenant: str, dataset: str) -> tuple[str, tuple[str, ...]]:
     if tenant == COLLECTION:
         return "dataset = ?", (dataset,)
     return "tenant = ? AND dataset = ?", (tenant, dataset)
+
+
+class EventShapeError(PrivacyError):
+    """A scope records another event shape than the one a caller would charge.
+
+    Attributes:
+      tenant, dataset: the scope.
+      recorded: the shape the scope records (public).
+      requested: the caller's shape (public).
+    """
+
+    def __init__(self, tenant: str, dataset: str, recorded: str, requested: str) -> None:
+        who = (
+            f"the collection cap of {dataset}" if tenant == COLLECTION else f"({tenant}, {dataset})"
+        )
+        super().__init__(
+            f"{who} records another event shape: every repeated release of a scope must be "
+            "the same event (adaptively chosen events void the ledger's composition)"
+        )
+        self.tenant, self.dataset = tenant, dataset
+        self.recorded, self.requested = recorded, requested
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +314,86 @@ class PrivacyLedger:
             (tenant, dataset),
         ).fetchone()
         return None if row is None else Scope(*row)
+
+    # ---- what a scope's guarantee rests on --------------------------------------------
+
+    def note_scope(self, tenant: str, dataset: str, note: str) -> list[str]:
+        """Adds `note` to the scope's public notes (once); returns every note, oldest first.
+
+        The notes are the scope's description of what its guarantee also rests on and the
+        ledger cannot check, e.g. an operator's assertion that the encoder scoring a
+        collection was not trained on it. Public text only (names, parameters; never
+        private data).
+
+        Raises:
+          KeyError: no such scope.
+          ValueError: an empty note or one holding a line break.
+        """
+        if not note.strip() or "\n" in note or "\r" in note:
+            raise ValueError(f"a scope note is one non-empty line, got {note=}")
+        with self._store.scope_lock(dataset) as conn:
+            stored = self._record_row(conn, tenant, dataset, "notes")
+            notes = stored.split("\n") if stored else []
+            if note not in notes:
+                notes.append(note)
+                conn.execute(
+                    "UPDATE scopes SET notes = ? WHERE tenant = ? AND dataset = ?",
+                    ("\n".join(notes), tenant, dataset),
+                )
+        return notes
+
+    def scope_notes(self, tenant: str, dataset: str) -> list[str]:
+        """The scope's notes, oldest first; KeyError if it does not exist."""
+        with self._store.read() as conn:
+            stored = self._record_row(conn, tenant, dataset, "notes")
+        return stored.split("\n") if stored else []
+
+    def pin_event_shape(self, tenant: str, dataset: str, shape: str) -> bool:
+        """Records `shape` as the scope's one repeated event, or checks the recorded one.
+
+        The composition a scope states (PLD, RDP over many orders) assumes its events'
+        parameters were fixed in advance. A release repeated on request (every answer of a
+        collection) keeps that true only if every caller charges the same event: parameters
+        chosen after seeing earlier releases are adaptive, and the statement would not be
+        backed by a composition theorem. The first caller records its event's shape; later
+        callers must present the same. `shape` is an opaque public string (the caller's
+        canonical description of the event's parameters), compared for equality only.
+
+        Returns:
+          True if this call recorded the shape, False if it matched the recorded one.
+
+        Raises:
+          KeyError: no such scope.
+          EventShapeError: the scope records another shape; nothing changes.
+          ValueError: an empty shape.
+        """
+        if not shape:
+            raise ValueError("an event shape is a non-empty string")
+        with self._store.scope_lock(dataset) as conn:
+            recorded = self._record_row(conn, tenant, dataset, "event_shape")
+            if recorded is None:
+                conn.execute(
+                    "UPDATE scopes SET event_shape = ? WHERE tenant = ? AND dataset = ?",
+                    (shape, tenant, dataset),
+                )
+                return True
+        if recorded != shape:
+            raise EventShapeError(tenant, dataset, recorded, shape)
+        return False
+
+    def event_shape(self, tenant: str, dataset: str) -> str | None:
+        """The scope's recorded event shape (None: none yet); KeyError if no such scope."""
+        with self._store.read() as conn:
+            return self._record_row(conn, tenant, dataset, "event_shape")
+
+    @staticmethod
+    def _record_row(conn: Connection, tenant: str, dataset: str, column: str) -> str | None:
+        row = conn.execute(
+            f"SELECT {column} FROM scopes WHERE tenant = ? AND dataset = ?", (tenant, dataset)
+        ).fetchone()
+        if row is None:
+            raise KeyError(f"no ledger scope for {tenant=}, {dataset=}")
+        return row[0]
 
     # ---- charges ----------------------------------------------------------------------
 

@@ -18,6 +18,10 @@ checked one after another).
 Migrations are numbered (`MIGRATIONS`); `schema_version` records the last one applied. A
 SQLite file written before versioning is recognised by its columns. Concurrent openers
 migrate once (SQLite: the write lock; PostgreSQL: a transaction-scoped advisory lock).
+Migration 6 adds two public text columns to ``scopes`` (NULL on existing rows): ``notes``
+(operator assertions the scope's guarantee rests on, `PrivacyLedger.note_scope`) and
+``event_shape`` (the one event a scope's repeated release may charge,
+`PrivacyLedger.pin_event_shape`).
 """
 
 from __future__ import annotations
@@ -58,6 +62,16 @@ def _tenants_and_collections(real: str) -> tuple[str, ...]:
     )
 
 
+def _scope_records() -> tuple[str, ...]:
+    return (
+        # public, newline-separated notes: what the scope's guarantee also rests on (not
+        # "description": charges has one, and the ledger joins the two tables)
+        "ALTER TABLE scopes ADD COLUMN notes TEXT",
+        # the opaque public shape of the one event a repeated release charges (NULL: none)
+        "ALTER TABLE scopes ADD COLUMN event_shape TEXT",
+    )
+
+
 # (version, statements) per dialect; append, never edit an applied one.
 MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
     "sqlite": (
@@ -74,6 +88,7 @@ MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
             ),
         ),
         (5, _tenants_and_collections("REAL")),
+        (6, _scope_records()),
     ),
     "postgresql": (
         (
@@ -93,6 +108,7 @@ MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
             ),
         ),
         (5, _tenants_and_collections("DOUBLE PRECISION")),
+        (6, _scope_records()),
     ),
 }
 SCHEMA_VERSION = MIGRATIONS["sqlite"][-1][0]

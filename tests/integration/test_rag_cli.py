@@ -72,6 +72,7 @@ def test_answer_charges_then_refuses(tmp_path):
     question = json.loads((data / "questions.jsonl").read_text().splitlines()[0])["question"]
     common = ["--index", index, "--private-corpus", corpus, "--question", question,
               "--ledger", ledger, "--tenant", "alice", "--tenant-epsilon", "3",
+              "--dataset", "corpus", "--collection-epsilon", "10", "--collection-delta", "1e-5",
               "--k", "4", "--max-tokens", "3", "--min-score", "0.2"]  # fmt: skip
     first = _run("retriever.cli", "answer", *common, "--epsilon", "2", "--json")
     assert first.returncode == 0, first.stderr
@@ -88,3 +89,112 @@ def test_answer_charges_then_refuses(tmp_path):
     assert second.stderr.startswith("error:") and len(second.stderr.strip().splitlines()) == 1
     assert question not in second.stderr  # nothing private in the error
     assert book.charges("alice", "corpus") == before
+
+    # every answer charged to the collection is the event the first one pinned
+    assert json.loads(book.event_shape("*", "corpus"))["epsilon"] == 2.0
+    other = _run("retriever.cli", "answer", *common, "--tenant", "bob", "--epsilon", "1")
+    assert other.returncode == 1 and "already answers with another event" in other.stderr
+    assert book.charges("*", "corpus") == before
+    assert [s.tenant for s in book.scopes()] == ["*", "alice"]  # bob was never opened
+
+
+N = 20  # documents of the collection below: delta must be below 1/20
+
+
+@pytest.fixture
+def collection(tmp_path):
+    """An exact index over N documents (random embeddings) and its corpus; the encoder is
+    the MiniLM asset (public), never loaded: every refusal below comes first."""
+    import numpy as np
+
+    from retriever.index import ExactSearcher
+    from retriever.index_folder import save_index_folder
+
+    ids = [f"d{i}" for i in range(N)]
+    corpus = tmp_path / "records.jsonl"
+    corpus.write_text("".join(json.dumps({"doc_id": d, "text": f"{d} blue"}) + "\n" for d in ids))
+    emb = np.eye(N, 32, dtype=np.float32)
+
+    def index(encoder="all-minilm-l6-v2"):
+        folder = tmp_path / f"index-{len(list(tmp_path.iterdir()))}"
+        save_index_folder(folder, ExactSearcher(emb), encoder=encoder, doc_ids=ids)
+        return folder
+
+    return index, corpus
+
+
+def _answer(index, corpus, ledger, *extra):
+    return _run(
+        "retriever.cli", "answer", "--index", index, "--private-corpus", corpus,
+        "--question", "which record says blue?", "--epsilon", "1", "--ledger", ledger,
+        "--tenant", "alice", "--lm", "no-such-lm", *extra,
+    )  # fmt: skip
+
+
+def test_answer_needs_a_dataset(collection, tmp_path):
+    index, corpus = collection
+    result = _answer(index(), corpus, tmp_path / "ledger.sqlite")
+    assert result.returncode == 2 and "--dataset" in result.stderr
+
+
+CAPS = ("--dataset", "records", "--collection-epsilon", "10", "--collection-delta", "1e-5")
+
+
+BOUND = f"delta must be in (0, 1/n) = (0, 0.05) for n={N} documents"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--dataset", "records"), "records has no collection cap"),
+        ((*CAPS, "--delta", "0.1"), f"--delta (per answer): {BOUND}, got 0.1"),
+        ((*CAPS, "--delta", "0.05"), f"--delta (per answer): {BOUND}, got 0.05"),
+        ((*CAPS, "--tenant-delta", "0.1"), f"the scope (alice, records): {BOUND}, got 0.1"),
+        ((*CAPS[:-1], "0.2"), f"the collection cap of records: {BOUND}, got 0.2"),
+    ],
+)
+def test_answer_refuses_before_opening_or_charging_anything(collection, tmp_path, extra, message):
+    index, corpus = collection
+    ledger = tmp_path / "ledger.sqlite"
+    result = _answer(index(), corpus, ledger, *extra)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("error:") and len(result.stderr.strip().splitlines()) == 1
+    assert message in result.stderr
+    book = PrivacyLedger(ledger)
+    assert book.scopes() == []
+
+
+def test_answer_refuses_an_encoder_without_provenance(collection, tmp_path):
+    index, corpus = collection
+    encoder = tmp_path / "my-encoder"
+    encoder.mkdir()
+    (encoder / "encoder.json").write_text(json.dumps({"base": "random:bert"}))  # no provenance
+    ledger = tmp_path / "ledger.sqlite"
+    result = _answer(index(str(encoder)), corpus, ledger, *CAPS)
+    assert result.returncode == 1
+    assert "--encoder-independent-of-collection" in result.stderr
+    assert "a folder without provenance.json" in result.stderr
+    assert PrivacyLedger(ledger).scopes() == []
+    # asserted by the operator: it passes that check, is recorded on the collection cap,
+    # and the command goes on (to the LM, which does not exist here)
+    asserted = _answer(index(str(encoder)), corpus, ledger, *CAPS,
+                       "--encoder-independent-of-collection")  # fmt: skip
+    assert "encoder-independent" not in asserted.stderr
+    [note] = PrivacyLedger(ledger).scope_notes("*", "records")
+    assert "my-encoder" in note and "asserted by the operator" in note
+
+
+def test_answer_refuses_another_event_than_the_collections(collection, tmp_path):
+    from retriever.rag import make_plan
+    from retriever.rag.collection import pin_answer_event
+    from synthgen.privacy import Scope
+
+    index, corpus = collection
+    ledger = tmp_path / "ledger.sqlite"
+    book = PrivacyLedger(ledger)
+    book.open_scope(Scope("*", "records", 10.0, 1e-5))
+    pin_answer_event(book, "records", make_plan("icl", 2.0, delta=1e-6, max_tokens=12))
+    result = _answer(index(), corpus, ledger, "--dataset", "records", "--mechanism", "icl")
+    assert result.returncode == 1
+    assert "already answers with another event (epsilon 2.0 recorded, 1.0 here)" in result.stderr
+    assert [s.tenant for s in book.scopes()] == ["*"] and book.charges("*", "records") == []

@@ -72,3 +72,17 @@ def test_names_caps_and_the_collection_cap_are_validated(tmp_path):
     registry.add("bob", "records", epsilon=1.0, delta=1e-5)
     assert [t.name for t in registry.tenants()] == ["alice", "bob"]
     assert registry.ledger.get_scope(COLLECTION, "records").epsilon_cap == 4.0
+
+
+def test_a_tenant_delta_above_the_collections_is_refused(tmp_path):
+    registry = _registry(tmp_path / "l.sqlite")
+    with pytest.raises(ValueError, match="exceeds the collection cap"):
+        registry.add(
+            "alice", "records", epsilon=1.0, delta=1e-4, collection_epsilon=4.0,
+            collection_delta=1e-5,
+        )  # fmt: skip
+    assert registry.ledger.scopes() == [] and registry.tenants() == []  # nothing opened
+    _add(registry, "bob")  # opens the collection cap at delta 1e-5
+    with pytest.raises(ValueError, match="exceeds the collection cap"):
+        registry.add("carol", "records", epsilon=1.0, delta=2e-5)
+    assert [t.name for t in registry.tenants()] == ["bob"]

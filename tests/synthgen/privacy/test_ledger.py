@@ -484,3 +484,96 @@ def test_repeats_that_fit_stops_at_its_limit_and_knows_no_missing_scope(tmp_path
         book.repeats_that_fit(
             "alice", "d", [("a", accounting.pure_epsilon_event(-1.0))], relation=AR
         )
+
+
+def test_the_first_event_shape_is_pinned_and_another_is_refused(tmp_path):
+    from synthgen.privacy.ledger import EventShapeError
+
+    ledger = _open(tmp_path)
+    assert ledger.event_shape("acme", "queries") is None
+    assert ledger.pin_event_shape("acme", "queries", '{"epsilon":1}') is True
+    assert ledger.pin_event_shape("acme", "queries", '{"epsilon":1}') is False
+    with pytest.raises(EventShapeError) as refused:
+        ledger.pin_event_shape("acme", "queries", '{"epsilon":2}')
+    assert (refused.value.recorded, refused.value.requested) == ('{"epsilon":1}', '{"epsilon":2}')
+    assert PrivacyLedger(tmp_path / "ledger.sqlite").event_shape("acme", "queries") == (
+        '{"epsilon":1}'
+    )
+    with pytest.raises(KeyError):
+        ledger.pin_event_shape("nobody", "queries", "x")
+    with pytest.raises(ValueError):
+        ledger.pin_event_shape("acme", "queries", "")
+
+
+def test_concurrent_pins_of_two_shapes_leave_exactly_one(tmp_path):
+    from synthgen.privacy.ledger import EventShapeError
+
+    _open(tmp_path)
+
+    def pin(i):
+        try:
+            PrivacyLedger(tmp_path / "ledger.sqlite").pin_event_shape(
+                "acme", "queries", "ab"[i % 2]
+            )
+            return "ab"[i % 2]
+        except EventShapeError:
+            return None
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(pin, range(16)))
+    winner = PrivacyLedger(tmp_path / "ledger.sqlite").event_shape("acme", "queries")
+    assert winner in ("a", "b")
+    assert [o for o in outcomes if o is not None] == [winner] * 8  # every other pin refused
+
+
+def test_scope_notes_are_appended_once_and_kept(tmp_path):
+    ledger = _open(tmp_path)
+    assert ledger.scope_notes("acme", "queries") == []
+    assert ledger.note_scope("acme", "queries", "encoder e: asserted") == ["encoder e: asserted"]
+    ledger.note_scope("acme", "queries", "encoder e: asserted")
+    ledger.note_scope("acme", "queries", "second")
+    assert PrivacyLedger(tmp_path / "ledger.sqlite").scope_notes("acme", "queries") == [
+        "encoder e: asserted",
+        "second",
+    ]
+    with pytest.raises(ValueError):
+        ledger.note_scope("acme", "queries", "two\nlines")
+    with pytest.raises(KeyError):
+        ledger.note_scope("nobody", "queries", "x")
+    # notes and shapes are not part of a scope's identity: reopening it still matches
+    assert ledger.open_scope(Scope("acme", "queries", 2.0, 1e-5)) == ledger.get_scope(
+        "acme", "queries"
+    )
+
+
+def test_a_schema_5_ledger_is_migrated_with_its_scopes_and_charges(tmp_path):
+    import sqlite3
+
+    from synthgen.privacy.ledger_store import MIGRATIONS, SCHEMA_VERSION
+
+    path = tmp_path / "v5.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    for number, statements in MIGRATIONS["sqlite"][:5]:
+        for statement in statements:
+            conn.execute(statement)
+        conn.execute("INSERT INTO schema_version VALUES (?)", (number,))
+    conn.execute("INSERT INTO scopes VALUES ('*', 'q', 5.0, 1e-5, 'pld', ?, 0)", (AR,))
+    conn.execute(
+        "INSERT INTO charges (tenant, dataset, stage, epsilon, delta, event, description, "
+        "created_at, relation) VALUES ('*', 'q', 's', 1.0, 0.0, ?, 'old', 0, ?)",
+        (accounting.event_to_json(accounting.pure_epsilon_event(1.0)), AR),
+    )
+    conn.commit()
+    conn.close()
+    assert SCHEMA_VERSION == 6
+    ledger = PrivacyLedger(path)
+    assert ledger.get_scope("*", "q") == Scope("*", "q", 5.0, 1e-5)
+    assert [c.description for c in ledger.charges("*", "q")] == ["old"]
+    assert ledger.event_shape("*", "q") is None and ledger.scope_notes("*", "q") == []
+    ledger.pin_event_shape("*", "q", "shape")
+    ledger.note_scope("*", "q", "note")
+    ledger.charge("*", "q", stage="t", relation=AR, event=accounting.pure_epsilon_event(1.0))
+    assert ledger.spent("*", "q").epsilon == pytest.approx(2.0, abs=1e-3)
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 6

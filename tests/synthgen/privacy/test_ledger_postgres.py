@@ -139,3 +139,28 @@ def test_a_repeatable_read_server_default_cannot_make_replicas_overspend(postgre
     with ThreadPoolExecutor(8) as pool:
         accepted = list(pool.map(_charge_until_refused, [postgres_url] * 8))
     assert sum(accepted) == _how_many_fit(tmp_path, cap)
+
+
+def test_a_schema_5_postgres_ledger_is_migrated_and_pins_one_shape(postgres_url):
+    from synthgen.privacy.ledger import EventShapeError
+    from synthgen.privacy.ledger_store import MIGRATIONS
+
+    with psycopg.connect(postgres_url) as conn:
+        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for number, statements in MIGRATIONS["postgresql"][:5]:
+            for statement in statements:
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_version VALUES (%s)", (number,))
+        conn.execute("INSERT INTO scopes VALUES ('*', 'q', 5.0, 1e-5, 'pld', %s, 0)", (AR,))
+    ledger = PrivacyLedger(postgres_url)
+    assert ledger.get_scope("*", "q") == Scope("*", "q", 5.0, 1e-5)
+    assert ledger.event_shape("*", "q") is None
+    assert ledger.pin_event_shape("*", "q", "a") is True
+    assert PrivacyLedger(postgres_url).pin_event_shape("*", "q", "a") is False
+    with pytest.raises(EventShapeError):
+        PrivacyLedger(postgres_url).pin_event_shape("*", "q", "b")
+    assert ledger.note_scope("*", "q", "n1") == ["n1"]
+    assert PrivacyLedger(postgres_url).scope_notes("*", "q") == ["n1"]
+    with psycopg.connect(postgres_url) as conn:
+        versions = [r[0] for r in conn.execute("SELECT version FROM schema_version ORDER BY 1")]
+    assert versions == list(range(1, SCHEMA_VERSION + 1))

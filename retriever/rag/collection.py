@@ -1,0 +1,248 @@
+"""What answering from a private collection assumes, checked before anything is charged.
+
+`DPRag`'s mechanisms are DP for one document of the collection (add/remove-one) under
+assumptions the answer loop cannot see. `load_dprag`, `retriever answer`, `retriever serve`
+and the pipeline's rag stage check them here, before any scope is opened or charged:
+
+1. **The encoder does not depend on the collection.** Every sensitivity argument of
+   `retriever.rag` holds the question encoder and the document embeddings fixed. The
+   encoder's provenance establishes it (`retriever.provenance.collection_independence`:
+   a public pretrained model, or a DP-trained one whose guarantee then composes with the
+   answers'), or the operator asserts it (``--encoder-independent-of-collection``); the
+   assertion is recorded in the collection cap's notes in the ledger, where every
+   answer's charge composes (`check_encoder`, `record_encoder_assertion`).
+2. **δ below 1/n** for n documents: the per-answer δ and the δ cap of every scope of the
+   collection. A δ of 1/n or more permits releasing one document outright; DP-SGD refuses
+   it the same way (`synthgen.privacy.accounting.check_delta`).
+3. **One answer event per collection.** The ledger composes a collection's charges as if
+   their parameters were fixed in advance; parameters chosen after seeing earlier answers
+   are adaptive and void that statement. The first service or command that answers from a
+   collection pins its answer event's public parameters on the collection cap
+   (`answer_event_shape`, `PrivacyLedger.pin_event_shape`); any other shape is refused.
+
+Privacy:
+  Everything here reads public parameters, provenance and counts the operator already
+  states (n, the number of documents, as the δ bound needs); no document text, id or score
+  enters an error, a log or the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from retriever.provenance import collection_independence, encoder_provenance, read_provenance
+from retriever.rag.answer import RELATION
+from retriever.rag.plan import AnswerPlan
+from synthgen.privacy import COLLECTION, PrivacyLedger, Scope, accounting
+from synthgen.privacy.ledger import EventShapeError
+
+ENCODER_FLAG = "--encoder-independent-of-collection"
+SHAPE_FORMAT = 1
+
+
+def _encoder_label(encoder: str) -> str:
+    """How the ledger names an encoder: an asset's name, a folder's last component (no
+    path of the operator's machine goes into the ledger)."""
+    path = Path(encoder).expanduser()
+    return path.resolve().name if path.is_dir() else str(encoder)
+
+
+def check_encoder(encoder: str, *, asserted: bool = False) -> str | None:
+    """Refuses an encoder not known to be independent of the collection it would score.
+
+    Args:
+      encoder: the encoder the index was built with (asset, folder).
+      asserted: the operator asserts it was not trained on the collection
+        (``--encoder-independent-of-collection``).
+
+    Returns:
+      None when its provenance establishes independence; else, when `asserted`, the public
+      line to record in the collection cap's notes (`record_encoder_assertion`).
+
+    Raises:
+      ValueError: neither the provenance nor the operator establishes it.
+
+    Privacy:
+      The answers' sensitivity (retrieval threshold, token aggregation) assumes scores
+      from an encoder fixed independently of the collection; an encoder trained on the
+      collection without DP could encode any document. A DP-trained encoder may depend on
+      the collection through its DP release only, and the guarantees compose (Dwork and
+      Roth 2014, Thm. 3.16).
+    """
+    if collection_independence(encoder) is not None:
+        return None
+    if asserted:
+        return (
+            f"encoder {_encoder_label(encoder)}: asserted by the operator ({ENCODER_FLAG}) not "
+            "to depend on this collection; its provenance does not establish it"
+        )
+    path = Path(encoder).expanduser()
+    if path.is_dir() and read_provenance(path) is None:
+        why = "a folder without provenance.json"
+    else:
+        why = encoder_provenance(encoder)["statement"]
+    raise ValueError(
+        f"the index's encoder {encoder} is not known to be independent of the private "
+        f"collection ({why}); DP-RAG's sensitivity assumes it is: build the index with a "
+        f"public pretrained or DP-trained encoder, or pass {ENCODER_FLAG} if it was never "
+        "trained on this collection"
+    )
+
+
+def record_encoder_assertion(ledger: PrivacyLedger, dataset: str, line: str) -> None:
+    """Records the operator's encoder assertion in the notes of `dataset`'s collection cap.
+
+    Raises:
+      ValueError: the dataset has no collection cap (where every answer composes).
+    """
+    if ledger.collection_scope(dataset) is None:
+        raise ValueError(
+            f"{ENCODER_FLAG} is recorded on the collection cap of {dataset}, which has none: "
+            "open one first (retriever tenant add ... --collection-epsilon E --collection-delta D)"
+        )
+    ledger.note_scope(COLLECTION, dataset, line)
+
+
+def _scope_name(scope: Scope) -> str:
+    if scope.is_collection:
+        return f"the collection cap of {scope.dataset}"
+    return f"the scope ({scope.tenant}, {scope.dataset})"
+
+
+def check_delta(delta: float, documents: int, what: str) -> None:
+    """Refuses `delta` >= 1/n for a collection of n = `documents` documents.
+
+    Raises:
+      ValueError: one line naming `what`, the bound and n (never a document).
+    """
+    try:
+        accounting.check_delta(delta, documents)
+    except ValueError:
+        raise ValueError(
+            f"{what}: delta must be in (0, 1/n) = (0, {1 / documents:.3g}) for n={documents} "
+            f"documents, got {delta:g} (a larger delta permits releasing one document)"
+        ) from None
+
+
+def check_scope_deltas(
+    ledger: PrivacyLedger, dataset: str, documents: int, scopes: list[Scope] | None = None
+) -> None:
+    """Refuses a δ cap >= 1/n among `scopes` (default: every scope of `dataset`).
+
+    Raises:
+      ValueError: naming the scope, its cap and n.
+    """
+    if scopes is None:
+        scopes = [s for s in ledger.scopes() if s.dataset == dataset]
+    for scope in scopes:
+        check_delta(scope.delta_cap, documents, f"the delta cap of {_scope_name(scope)}")
+
+
+def open_answer_scopes(
+    ledger: PrivacyLedger, tenant: Scope, *, documents: int, collection: Scope | None = None
+) -> None:
+    """Opens the tenant's scope on a collection that has a collection cap, δ caps checked.
+
+    A tenant scope opened on a collection without a collection cap would be a fresh budget
+    per tenant name, with nothing bounding them together: the collection cap (stored, or
+    `collection` to open it) is required, as the service requires it. An existing scope
+    keeps its caps. Every scope of the dataset, and the new ones, must have a δ cap below
+    1/n; every check runs before anything is written.
+
+    Args:
+      ledger: the privacy ledger.
+      tenant: the tenant's scope to open if it does not exist.
+      documents: n, the collection's documents.
+      collection: the collection cap to open if the dataset has none.
+
+    Raises:
+      ValueError: no collection cap, or a δ cap (stored or new) >= 1/n.
+    """
+    dataset = tenant.dataset
+    stored = ledger.collection_scope(dataset)
+    if stored is None and collection is None:
+        raise ValueError(
+            f"{dataset} has no collection cap (all tenants together): pass "
+            "--collection-epsilon and --collection-delta to open one"
+        )
+    existing = [s for s in ledger.scopes() if s.dataset == dataset]
+    new = [s for s in (collection, tenant) if s is not None and s.dataset == dataset]
+    new = [s for s in new if all(s.tenant != e.tenant for e in existing)]
+    check_scope_deltas(ledger, dataset, documents, existing + new)
+    if stored is None:
+        ledger.ensure_scope(collection)
+    ledger.ensure_scope(tenant)
+
+
+def answer_event_shape(plan: AnswerPlan) -> str:
+    """The canonical public description of an answer's event (what a collection pins).
+
+    The plan's public inputs, which fix every stage's DP event: the mechanism, the
+    per-answer (ε, δ), the most tokens and paid releases, the retrieval and score shares
+    of ε, the icl composition and the neighbouring relation. Parameters that change
+    which documents or tokens are chosen but not the event (k, voters, score range) are
+    left out: composition only needs the events fixed.
+    """
+    shape = {
+        "format": SHAPE_FORMAT,
+        "kind": "rag-answer",
+        "relation": RELATION,
+        "mechanism": plan.mechanism,
+        "epsilon": plan.epsilon,
+        "delta": plan.delta,
+        "max_tokens": plan.max_tokens,
+        "max_releases": plan.max_releases,
+        # shares, not products: a differing epsilon is then named once
+        "retrieval_share": round(plan.retrieval_epsilon / plan.epsilon, 12),
+        "score_share": round(plan.score_epsilon / plan.epsilon, 12),
+        "composition": plan.composition if plan.mechanism == "icl" else None,
+    }
+    return json.dumps(shape, sort_keys=True, separators=(",", ":"))
+
+
+def _differences(recorded: str, requested: str) -> str:
+    try:
+        old, new = json.loads(recorded), json.loads(requested)
+    except json.JSONDecodeError:
+        return "recorded by another program"
+    keys = sorted(set(old) | set(new))
+    return "; ".join(
+        f"{key} {old.get(key)} recorded, {new.get(key)} here"
+        for key in keys
+        if old.get(key) != new.get(key)
+    )
+
+
+def _shape_refusal(dataset: str, recorded: str, requested: str) -> ValueError:
+    return ValueError(
+        f"{dataset} already answers with another event ({_differences(recorded, requested)}): "
+        "every answer charged to a collection must be the same event (adaptively chosen "
+        "events void the ledger's composition); answer with the recorded settings"
+    )
+
+
+def check_answer_event(ledger: PrivacyLedger, dataset: str, plan: AnswerPlan) -> None:
+    """Read-only: refuses a plan whose shape differs from the one `dataset` pinned (to
+    refuse before loading anything heavy; `pin_answer_event` decides atomically)."""
+    if ledger.collection_scope(dataset) is None:
+        return
+    shape = answer_event_shape(plan)
+    recorded = ledger.event_shape(COLLECTION, dataset)
+    if recorded is not None and recorded != shape:
+        raise _shape_refusal(dataset, recorded, shape)
+
+
+def pin_answer_event(ledger: PrivacyLedger, dataset: str, plan: AnswerPlan) -> None:
+    """Pins `plan`'s event shape on `dataset`'s collection cap, or checks the pinned one.
+
+    Raises:
+      ValueError: no collection cap, or another shape pinned (nothing changes).
+    """
+    if ledger.collection_scope(dataset) is None:
+        raise ValueError(f"{dataset} has no collection cap to record its answer event on")
+    shape = answer_event_shape(plan)
+    try:
+        ledger.pin_event_shape(COLLECTION, dataset, shape)
+    except EventShapeError as exc:
+        raise _shape_refusal(dataset, exc.recorded, shape) from None

@@ -1,0 +1,260 @@
+"""What answering from a private collection assumes: an encoder independent of it, δ below
+1/n, one answer event per collection; checked by `load_dprag` before anything loads."""
+
+import json
+
+import numpy as np
+import pytest
+
+from retriever import provenance
+from retriever.index import ExactSearcher
+from retriever.index_folder import save_index_folder
+from retriever.rag import RagConfig, make_plan
+from retriever.rag.collection import (
+    ENCODER_FLAG,
+    answer_event_shape,
+    check_answer_event,
+    check_delta,
+    check_encoder,
+    open_answer_scopes,
+    pin_answer_event,
+)
+from retriever.rag.loading import load_dprag
+from synthgen.lm_backends import TinyLM
+from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
+
+N = 20  # documents: delta must be below 1/20 = 0.05
+DP_RELEASE = {
+    "model": {"family": "llama", "base": "random:tiny"},
+    "privacy": {
+        "epsilon": 4.0,
+        "delta": 1e-5,
+        "unit": "one (document, query) pair",
+        "neighboring_relation": "ADD_OR_REMOVE_ONE",
+    },
+}
+
+
+def _encoder(tmp_path, name, record=None, files=("encoder.json",)):
+    """An encoder folder with `record` as provenance.json (None: none) and `files`."""
+    folder = tmp_path / name
+    folder.mkdir()
+    for file in files:
+        (folder / file).write_text(json.dumps({"base": "random:bert"}))
+    if record is not None:
+        provenance.write_provenance(folder, record)
+    return str(folder)
+
+
+ENCODERS = {
+    # name: (provenance record or None, files, independent by provenance)
+    "pretrained-folder": (provenance.pretrained("all-minilm-l6-v2"), (), True),
+    "dp-synthetic": (provenance.synthetic(DP_RELEASE, num_pairs=8), (), True),
+    "dp-sgd": (provenance.dp_sgd({**DP_RELEASE["privacy"], "num_examples": 8}), (), True),
+    "real": (provenance.real_data(num_pairs=8), (), False),
+    "non-private-synthetic": (
+        provenance.synthetic({"privacy": {"private": False, "epsilon": None}}),
+        (),
+        False,
+    ),
+    "continued-from-real": (
+        provenance.continued_from(
+            provenance.real_data(), provenance.synthetic(DP_RELEASE, num_pairs=8)
+        ),
+        (),
+        False,
+    ),
+    "trained-without-provenance": (None, ("encoder.json",), False),
+    "hugging-face-folder": (None, ("config.json",), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENCODERS))
+def test_provenance_decides_which_encoder_may_score_a_collection(tmp_path, name):
+    record, files, independent = ENCODERS[name]
+    encoder = _encoder(tmp_path, name, record, files)
+    if independent:
+        assert check_encoder(encoder) is None
+        assert provenance.collection_independence(encoder)
+        return
+    assert provenance.collection_independence(encoder) is None
+    with pytest.raises(ValueError) as refused:
+        check_encoder(encoder)
+    message = str(refused.value)
+    assert ENCODER_FLAG in message and "\n" not in message
+    line = check_encoder(encoder, asserted=True)
+    assert ENCODER_FLAG in line and name in line and str(tmp_path) not in line  # no path
+
+
+@pytest.mark.parametrize("name", ["all-minilm-l6-v2", "random:bert"])
+def test_assets_and_random_initialisations_are_public(name):
+    assert check_encoder(name) is None
+
+
+def test_dp_trained_encoders_state_that_the_guarantees_compose(tmp_path):
+    encoder = _encoder(tmp_path, "e", ENCODERS["dp-synthetic"][0])
+    assert "composes" in provenance.collection_independence(encoder)
+
+
+class _Encoder:
+    def __init__(self, dim=8):
+        self.dim = dim
+
+    def encode(self, texts, **_):
+        return np.ones((len(texts), self.dim), np.float32) / np.sqrt(self.dim)
+
+
+@pytest.fixture
+def towers(monkeypatch):
+    """`load_towers` replaced: records its calls (nothing loads a real encoder)."""
+    import retriever.evaluate
+
+    calls = []
+
+    def fake(encoder):
+        calls.append(encoder)
+        return _Encoder(), _Encoder()
+
+    monkeypatch.setattr(retriever.evaluate, "load_towers", fake)
+    return calls
+
+
+def _collection(tmp_path, encoder):
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(N, 8)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    ids = [f"d{i}" for i in range(N)]
+    corpus = tmp_path / "records.jsonl"
+    corpus.write_text("".join(json.dumps({"doc_id": d, "text": f"{d} blue"}) + "\n" for d in ids))
+    index = tmp_path / "index"
+    save_index_folder(index, ExactSearcher(emb), encoder=encoder, doc_ids=ids)
+    return index, corpus
+
+
+def _ledger(tmp_path, collection_delta=1e-5, tenant_delta=1e-5):
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    ledger.open_scope(Scope(COLLECTION, "records", 10.0, collection_delta))
+    ledger.open_scope(Scope("alice", "records", 5.0, tenant_delta))
+    return ledger
+
+
+def test_load_dprag_refuses_an_encoder_without_provenance_before_loading(tmp_path, towers):
+    index, corpus = _collection(tmp_path, _encoder(tmp_path, "enc", None))
+    ledger = _ledger(tmp_path)
+    with pytest.raises(ValueError, match=ENCODER_FLAG):
+        load_dprag(index, corpus, lm=TinyLM(), ledger=ledger, dataset="records")
+    assert towers == [] and ledger.scope_notes(COLLECTION, "records") == []
+
+
+def test_the_operators_assertion_is_recorded_on_the_collection_cap(tmp_path, towers):
+    index, corpus = _collection(tmp_path, _encoder(tmp_path, "enc", None))
+    ledger = _ledger(tmp_path)
+    for _ in range(2):
+        rag = load_dprag(
+            index,
+            corpus,
+            lm=TinyLM(),
+            ledger=ledger,
+            dataset="records",
+            encoder_independent_of_collection=True,
+        )
+    [note] = ledger.scope_notes(COLLECTION, "records")  # recorded once
+    assert ENCODER_FLAG in note and "enc" in note and str(tmp_path) not in note
+    assert rag.dataset == "records" and towers
+    # without a collection cap there is nowhere to record it: refused before loading
+    other = PrivacyLedger(tmp_path / "other.sqlite")
+    with pytest.raises(ValueError, match="collection cap"):
+        load_dprag(
+            index,
+            corpus,
+            lm=TinyLM(),
+            ledger=other,
+            dataset="records",
+            encoder_independent_of_collection=True,
+        )
+    assert other.scopes() == []
+
+
+def test_a_pretrained_encoder_needs_no_assertion(tmp_path, towers):
+    index, corpus = _collection(tmp_path, "all-minilm-l6-v2")
+    ledger = _ledger(tmp_path)
+    load_dprag(index, corpus, lm=TinyLM(), ledger=ledger, dataset="records")
+    assert ledger.scope_notes(COLLECTION, "records") == []
+
+
+@pytest.mark.parametrize(
+    ("delta", "collection_delta", "tenant_delta", "named"),
+    [
+        (0.1, 1e-5, 1e-5, "per-answer delta"),
+        (1 / N, 1e-5, 1e-5, "per-answer delta"),
+        (1e-6, 0.05, 1e-5, "collection cap of records"),
+        (1e-6, 1e-5, 0.2, "scope (alice, records)"),
+    ],
+)
+def test_load_dprag_refuses_delta_at_or_above_one_over_n(
+    tmp_path, towers, delta, collection_delta, tenant_delta, named
+):
+    index, corpus = _collection(tmp_path, "all-minilm-l6-v2")
+    ledger = _ledger(tmp_path, collection_delta, tenant_delta)
+    with pytest.raises(ValueError) as refused:
+        load_dprag(
+            index, corpus, lm=TinyLM(), ledger=ledger, dataset="records",
+            config=RagConfig(delta=delta),
+        )  # fmt: skip
+    message = str(refused.value)
+    assert named in message and f"n={N}" in message and "\n" not in message
+    assert towers == []
+
+
+def test_check_delta_names_the_bound_and_n():
+    check_delta(0.049, N, "x")
+    with pytest.raises(ValueError, match=r"x: delta must be in \(0, 1/n\) = \(0, 0.05\) for n=20"):
+        check_delta(0.05, N, "x")
+
+
+def test_answer_scopes_need_a_collection_cap_and_small_deltas(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    alice = Scope("alice", "records", 5.0, 1e-5)
+    with pytest.raises(ValueError, match="no collection cap"):
+        open_answer_scopes(ledger, alice, documents=N)
+    cap = Scope(COLLECTION, "records", 10.0, 1e-5)
+    with pytest.raises(ValueError, match=r"scope \(bob, records\).*n=20"):
+        open_answer_scopes(ledger, Scope("bob", "records", 5.0, 0.5), documents=N, collection=cap)
+    with pytest.raises(ValueError, match="collection cap of records"):
+        open_answer_scopes(
+            ledger, alice, documents=N, collection=Scope(COLLECTION, "records", 10.0, 0.05)
+        )
+    assert ledger.scopes() == []  # refusals write nothing
+    open_answer_scopes(ledger, alice, documents=N, collection=cap)
+    assert {(s.tenant, s.delta_cap) for s in ledger.scopes()} == {("*", 1e-5), ("alice", 1e-5)}
+    # the stored caps govern: a later call needs no collection options
+    open_answer_scopes(ledger, Scope("carol", "records", 5.0, 1e-5), documents=N)
+    assert len(ledger.scopes()) == 3
+
+
+def _plan(epsilon=1.0, mechanism="icl", max_tokens=4):
+    return make_plan(mechanism, epsilon, delta=1e-6, max_tokens=max_tokens)
+
+
+def test_the_answer_event_shape_is_canonical_public_parameters():
+    shape = json.loads(answer_event_shape(_plan()))
+    assert shape["mechanism"] == "icl" and shape["epsilon"] == 1.0 and shape["delta"] == 1e-6
+    assert shape["max_tokens"] == 4 and shape["relation"] == "ADD_OR_REMOVE_ONE"
+    assert answer_event_shape(_plan()) == answer_event_shape(_plan())
+    assert answer_event_shape(_plan(2.0)) != answer_event_shape(_plan())
+    assert answer_event_shape(_plan(mechanism="vote")) != answer_event_shape(_plan())
+
+
+def test_one_answer_event_per_collection(tmp_path):
+    ledger = _ledger(tmp_path)
+    check_answer_event(ledger, "records", _plan())  # nothing pinned yet
+    pin_answer_event(ledger, "records", _plan())
+    pin_answer_event(ledger, "records", _plan())  # the same event again
+    for other in (_plan(2.0), _plan(mechanism="vote"), _plan(max_tokens=8)):
+        for check in (check_answer_event, pin_answer_event):
+            with pytest.raises(ValueError, match="already answers with another event") as err:
+                check(ledger, "records", other)
+            assert "\n" not in str(err.value) and "recorded" in str(err.value)
+    with pytest.raises(ValueError, match="epsilon 1.0 recorded, 2.0 here"):
+        pin_answer_event(ledger, "records", _plan(2.0))
+    assert ledger.event_shape(COLLECTION, "records") == answer_event_shape(_plan())
