@@ -57,21 +57,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import math
-import secrets
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
-from http import HTTPStatus
 from importlib import resources
 from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -79,6 +75,13 @@ from retriever.rag.answer import RELATION, DPRag
 from retriever.rag.plan import MECHANISMS
 from retriever.service.admission import Admission, QueueFullError, QueueTimeoutError
 from retriever.service.public_index import PublicIndex
+from retriever.service.responses import (
+    Refusal,
+    bearer_key,
+    framework_error,
+    guarded,
+    invalid_text,
+)
 from retriever.service.tenants import AuthError, TenantRegistry
 from synthgen.privacy import COLLECTION, BudgetExceededError, PrivacyLedger
 
@@ -146,16 +149,6 @@ def require_collection_cap(ledger: PrivacyLedger, dataset: str) -> None:
             f"--epsilon E --delta D --dataset {dataset} --collection-epsilon E "
             "--collection-delta D` first"
         )
-
-
-class Refusal(Exception):
-    """An error status for a request, rendered as JSON; every status but 500 charges nothing."""
-
-    def __init__(self, status: int, error: str, detail: str, **extra: Any) -> None:
-        super().__init__(detail)
-        self.status, self.error, self.detail = status, error, detail
-        self.headers = extra.pop("headers", None)
-        self.extra = extra
 
 
 @dataclasses.dataclass
@@ -305,125 +298,6 @@ class Service:
         }
 
 
-def _error_response(request_id: str, refusal: Refusal) -> JSONResponse:
-    body = {"error": refusal.error, "detail": refusal.detail, "request_id": request_id}
-    body.update(refusal.extra)
-    return JSONResponse(body, status_code=refusal.status, headers=refusal.headers)
-
-
-def _finish(
-    request: Request,
-    request_id: str,
-    response: Response,
-    fields: dict[str, Any],
-    start: float,
-    path: str | None = None,
-) -> Response:
-    """The request id and no-store headers on `response`, and the request's one log line
-    (`path`: what to log for the path, default the request's)."""
-    response.headers["X-Request-Id"] = request_id
-    response.headers["Cache-Control"] = "no-store"
-    if request.url.path != "/answer":  # an answer's time depends on the private set
-        fields["ms"] = f"{1e3 * (time.perf_counter() - start):.1f}"
-    described = " ".join(f"{k}={v}" for k, v in fields.items())
-    log.info(
-        "request_id=%s %s %s status=%d %s",
-        request_id,
-        request.method,
-        request.url.path if path is None else path,
-        response.status_code,
-        described,
-    )
-    return response
-
-
-def _guarded(
-    handler: Callable[..., Awaitable[dict[str, Any]]],
-) -> Callable[..., Awaitable[Response]]:
-    """Request id, one log line, refusals as JSON, and no private text in any log."""
-
-    @functools.wraps(handler)
-    async def endpoint(request: Request) -> Response:
-        request_id = secrets.token_hex(6)
-        fields: dict[str, Any] = {}
-        request.state.log = fields
-        start = time.perf_counter()
-        try:
-            response = JSONResponse(await handler(request))
-        except Refusal as refusal:
-            fields["error"] = refusal.error
-            response = _error_response(request_id, refusal)
-        except Exception as exc:  # noqa: BLE001 - the type only: messages may quote input
-            fields["error"] = type(exc).__name__
-            response = _error_response(request_id, Refusal(500, "internal", "internal error"))
-        return _finish(request, request_id, response, fields, start)
-
-    return endpoint
-
-
-def _http_refusal(exc: Exception) -> Refusal:
-    """The documented error shape for what the framework refuses before any endpoint runs
-    (an unknown path, a method an endpoint does not take, a request it cannot parse)."""
-    if isinstance(exc, RequestValidationError):
-        return Refusal(400, "bad_request", "the request does not fit this endpoint")
-    if not isinstance(exc, StarletteHTTPException):
-        return Refusal(500, "internal", "internal error")
-    status, headers = exc.status_code, dict(exc.headers or {})
-    if status == 404:
-        return Refusal(404, "not_found", "no such endpoint", headers=headers)
-    if status == 405:
-        allowed = headers.get("allow", headers.get("Allow", ""))
-        detail = (
-            f"method not allowed here (allowed: {allowed})" if allowed else "method not allowed"
-        )
-        return Refusal(405, "method_not_allowed", detail, headers=headers)
-    try:
-        phrase = HTTPStatus(status).phrase
-    except ValueError:
-        phrase = "error"
-    return Refusal(
-        status, phrase.lower().replace(" ", "_").replace("-", "_"), phrase, headers=headers
-    )
-
-
-async def _framework_error(request: Request, exc: Exception) -> Response:
-    request_id, start = secrets.token_hex(6), time.perf_counter()
-    refusal = _http_refusal(exc)
-    fields: dict[str, Any] = {"error": refusal.error}
-    # a path that matched no endpoint is the client's own text: never logged verbatim
-    path = "(unknown path)" if refusal.status == 404 else None
-    response = _error_response(request_id, refusal)
-    return _finish(request, request_id, response, fields, start, path)
-
-
-def _invalid_text(value: Any) -> bool:
-    """Whether a parsed JSON value holds a string (key or value) that is not valid Unicode,
-    such as a lone surrogate escape ``"\\ud800"``: every later encoding of it would fail."""
-    stack = [value]
-    while stack:  # iterative: the body's depth is the client's choice
-        item = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
-
-
-def _bearer_key(request: Request) -> str | None:
-    """The key of an ``Authorization: Bearer KEY`` header; the scheme is case-insensitive
-    (RFC 7235 section 2.1)."""
-    scheme, _, key = request.headers.get("authorization", "").strip().partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return key.strip() or None
-
-
 def create_app(service: Service) -> FastAPI:
     """The FastAPI app serving `service`."""
 
@@ -440,12 +314,12 @@ def create_app(service: Service) -> FastAPI:
         title="dpsynth DP-RAG", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
     )
     for kind in (StarletteHTTPException, RequestValidationError, Exception):
-        app.add_exception_handler(kind, _framework_error)
+        app.add_exception_handler(kind, framework_error)
     page = resources.files("retriever.service").joinpath("page.html").read_text()
     config = service.config
 
     async def authenticate(request: Request) -> str:
-        key = _bearer_key(request)
+        key = bearer_key(request)
         try:
             tenant = await run_in_threadpool(service.registry.authenticate, key)
         except AuthError as exc:
@@ -469,7 +343,7 @@ def create_app(service: Service) -> FastAPI:
             raise Refusal(400, "bad_request", "the body must be a JSON object") from None
         if not isinstance(body, dict):
             raise Refusal(400, "bad_request", "the body must be a JSON object")
-        if _invalid_text(body):
+        if invalid_text(body):
             raise Refusal(
                 400,
                 "bad_request",
@@ -500,9 +374,9 @@ def create_app(service: Service) -> FastAPI:
         return question
 
     @app.get("/health")
-    @_guarded
+    @guarded
     async def health(request: Request) -> dict[str, Any]:
-        if _bearer_key(request) is None:
+        if bearer_key(request) is None:
             return {"status": "ok"}
         try:
             await authenticate(request)
@@ -526,7 +400,7 @@ def create_app(service: Service) -> FastAPI:
         }
 
     @app.get("/card")
-    @_guarded
+    @guarded
     async def card(request: Request) -> dict[str, Any]:
         if service.card is None:
             raise Refusal(404, "no_card", "this service has no card")
@@ -537,7 +411,7 @@ def create_app(service: Service) -> FastAPI:
         return HTMLResponse(page)
 
     @app.post("/retrieve")
-    @_guarded
+    @guarded
     async def retrieve(request: Request) -> dict[str, Any]:
         await authenticate(request)
         body = await json_body(request, frozenset({"question", "k"}))
@@ -552,7 +426,7 @@ def create_app(service: Service) -> FastAPI:
         return {"results": results, "epsilon": 0.0}
 
     @app.post("/answer")
-    @_guarded
+    @guarded
     async def answer(request: Request) -> dict[str, Any]:
         tenant = await authenticate(request)
         admission = service.admission
@@ -613,7 +487,7 @@ def create_app(service: Service) -> FastAPI:
         return {"tenant": tenant, "answer": result.to_json()}
 
     @app.get("/budget")
-    @_guarded
+    @guarded
     async def budget(request: Request) -> dict[str, Any]:
         tenant = await authenticate(request)
         try:
