@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import math
 import time
 from collections import defaultdict
@@ -84,8 +83,6 @@ from retriever.service.responses import (
 )
 from retriever.service.tenants import AuthError, TenantRegistry
 from synthgen.privacy import COLLECTION, BudgetExceededError, PrivacyLedger
-
-log = logging.getLogger("retriever.service")
 
 
 @dataclasses.dataclass(frozen=True)
