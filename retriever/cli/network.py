@@ -54,6 +54,12 @@ def serve(
     replicas: Annotated[int, typer.Option(help="model replicas (one answer each)")] = 1,
     queue: Annotated[int, typer.Option(help="most requests waiting for a replica")] = 16,
     queue_timeout: Annotated[float, typer.Option(help="seconds a request may wait")] = 30.0,
+    max_question_tokens: Annotated[
+        int, typer.Option(help="longest question in tokens of the answer LM (413 beyond)")
+    ] = 128,
+    answer_timeout: Annotated[
+        float, typer.Option(help="seconds an answer may run; then it returns truncated")
+    ] = 120.0,
     k: Annotated[int, typer.Option(help="documents the DP threshold aims to select")] = 8,
     max_tokens: Annotated[int, typer.Option(help="most answer tokens")] = 12,
     delta: Annotated[float, typer.Option(help="per-answer delta")] = 1e-6,
@@ -84,6 +90,8 @@ def serve(
             mechanism=mechanism,
             queue_capacity=queue,
             queue_timeout=queue_timeout,
+            max_question_tokens=max_question_tokens,
+            answer_timeout=answer_timeout,
         ),
         replicas=replicas,
     )

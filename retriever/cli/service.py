@@ -36,6 +36,12 @@ def serve(
     replicas: Annotated[int, typer.Option(help="model replicas (one answer each)")] = 1,
     queue: Annotated[int, typer.Option(help="most requests waiting for a replica")] = 16,
     queue_timeout: Annotated[float, typer.Option(help="seconds a request may wait")] = 30.0,
+    max_question_tokens: Annotated[
+        int, typer.Option(help="longest question in tokens of the answer LM (413 beyond)")
+    ] = 128,
+    answer_timeout: Annotated[
+        float, typer.Option(help="seconds an answer may run; then it returns truncated")
+    ] = 120.0,
     public_index: Annotated[
         Path | None, typer.Option(help="index over a public/synthetic corpus (/retrieve)")
     ] = None,
@@ -94,6 +100,8 @@ def serve(
             mechanism=mechanism,
             queue_capacity=queue,
             queue_timeout=queue_timeout,
+            max_question_tokens=max_question_tokens,
+            answer_timeout=answer_timeout,
         ),
         public_index=public_index,
         public_corpus=public_corpus,
