@@ -1,11 +1,11 @@
 """Moves a privacy ledger between backends (SQLite <-> PostgreSQL), checked charge by charge.
 
-The record is copied as it is: every scope with its cap, accountant, relation and creation
-time, every charge in id order with its stage, standalone figures, event JSON, description,
-time, relation and idempotency reference. Charges are not re-checked against caps (they
-were when first recorded). The target must not hold any of the copied scopes yet. After the
-copy, both ledgers are read back and compared row by row, and each scope's stated spend is
-recomputed on the target.
+The record is copied as it is: every scope with its cap, accountant, relation, creation
+time, notes and pinned event shape, every charge in id order with its stage, standalone
+figures, event JSON, description, time, relation and idempotency reference. Charges are
+not re-checked against caps (they were when first recorded). The target must not hold any
+of the copied scopes yet. After the copy, both ledgers are read back and compared row by
+row, and each scope's stated spend is recomputed on the target.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
         )
     with src._store.read() as conn:  # noqa: SLF001 - the copy speaks the stores' schema
         scope_rows = conn.execute(
-            "SELECT tenant, dataset, epsilon_cap, delta_cap, accountant, relation, created_at "
-            "FROM scopes ORDER BY created_at, tenant, dataset"
+            "SELECT tenant, dataset, epsilon_cap, delta_cap, accountant, relation, created_at, "
+            "notes, event_shape FROM scopes ORDER BY created_at, tenant, dataset"
         ).fetchall()
         charge_rows = conn.execute(
             "SELECT tenant, dataset, stage, epsilon, delta, event, description, created_at, "
@@ -63,7 +63,7 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
         for row in scope_rows:
             conn.execute(
                 "INSERT INTO scopes (tenant, dataset, epsilon_cap, delta_cap, accountant, "
-                "relation, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "relation, created_at, notes, event_shape) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 tuple(row),
             )
         for row in charge_rows:
@@ -81,6 +81,11 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
             raise ValueError(f"charges of {scope.tenant}/{scope.dataset} differ after the copy")
         if dst.get_scope(scope.tenant, scope.dataset) != scope:
             raise ValueError(f"scope {scope.tenant}/{scope.dataset} differs after the copy")
+        for read in ("scope_notes", "event_shape"):
+            if getattr(src, read)(scope.tenant, scope.dataset) != getattr(dst, read)(
+                scope.tenant, scope.dataset
+            ):
+                raise ValueError(f"{read} of {scope.tenant}/{scope.dataset} differ after the copy")
         a = src.spent(scope.tenant, scope.dataset).epsilon
         b = dst.spent(scope.tenant, scope.dataset).epsilon
         if not math.isclose(a, b, rel_tol=1e-6):

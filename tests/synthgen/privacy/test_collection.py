@@ -150,3 +150,18 @@ def test_a_copy_never_lands_beside_a_collection_cap(tmp_path):
     _ledger(tmp_path / "b.sqlite", tenants=("bob",), collection_cap=1.0)
     with pytest.raises(ValueError, match="already holds scopes on datasets"):
         copy_ledger(tmp_path / "a.sqlite", tmp_path / "b.sqlite")
+
+
+def test_a_copy_keeps_the_notes_and_the_pinned_event_shape(tmp_path):
+    from synthgen.privacy.ledger_copy import copy_ledger
+
+    source = _ledger(tmp_path / "a.sqlite", tenants=("alice",), collection_cap=5.0)
+    source.note_scope(COLLECTION, "records", "encoder asserted independent of the collection")
+    source.pin_event_shape(COLLECTION, "records", '{"mechanism": "icl"}')
+    source.charge("alice", "records", stage="a", event=_pure(0.5), relation=AR)
+    copy_ledger(tmp_path / "a.sqlite", tmp_path / "b.sqlite")
+    target = PrivacyLedger(tmp_path / "b.sqlite")
+    assert target.scope_notes(COLLECTION, "records") == [
+        "encoder asserted independent of the collection"
+    ]
+    assert target.event_shape(COLLECTION, "records") == '{"mechanism": "icl"}'
