@@ -61,6 +61,9 @@ def main() -> None:
         "--beta-fade", type=float, default=RagConfig().aggregation.beta_fade_epsilon
     )
     parser.add_argument("--composition", default="bounded-range", help="icl: pure | bounded-range")
+    parser.add_argument(
+        "--max-document-tokens", type=int, default=64, help="public cut of a record (<= 54 here)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -81,6 +84,7 @@ def main() -> None:
         score_range=ScoreRange(args.min_score, 1.0),
         composition=args.composition,
         aggregation=AggregationConfig(beta=args.beta, beta_fade_epsilon=args.beta_fade),
+        max_document_tokens=args.max_document_tokens,
     )
     rag = make_rag(world, args.out, lm=FlaxLM.load(args.model), config=rag_config, seed=args.seed)
     eval_config = EvalConfig(

@@ -154,8 +154,8 @@ def dp_icl_token(
     epsilon: float,
     config: AggregationConfig,
     rng: np.random.Generator,
+    capped: bool,
     weights: np.ndarray | None = None,
-    capped: bool = False,
 ) -> int:
     """Draws one answer token from the aggregated per-document distributions.
 
@@ -167,9 +167,10 @@ def dp_icl_token(
       epsilon: this token's privacy parameter.
       config: alpha, clip C and the public power beta.
       rng: source of randomness.
-      weights: 1 for a document's row, 0 for a padding row (default: all documents).
       capped: the rows are the best R of the selection for a public cap R (a fixed
-        shape), so a document can displace another's row.
+        shape), so a document can displace another's row (required: a capped caller
+        that forgot it would run at half the sensitivity it needs).
+      weights: 1 for a document's row, 0 for a padding row (default: all documents).
 
     Returns:
       The token id, drawn with probability proportional to

@@ -27,12 +27,18 @@ prompt with a document of `max_document_tokens` tokens, and the loops run the pu
 number of steps. How many documents the threshold selected (not DP) sets neither the batch,
 the compiled program nor the loop counts. The fixed shape also makes a row's numerics
 independent of which other rows share its batch, so one document cannot flip another
-voter's argmax through float rounding. Remote LM backends (`synthgen.openai_backend`)
-ignore the padding; their timing is the server's.
+voter's argmax through float rounding. The selection itself is a partition over all N
+scores (`retrieval.best_selected`), documents are tokenized once at construction, and a
+row that is not a distribution (a numerical fault) counts as padding instead of failing
+the answer; the score stage sums over all N with the selection as a mask. Remote LM
+backends (`synthgen.openai_backend`) ignore the padding: their timing is the server's,
+and a server's prefix cache would serve the identical padding rows faster than documents,
+so the latency of a remote answer can reveal M.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -47,14 +53,18 @@ import numpy as np
 from retriever.rag.aggregation import AggregationConfig, dp_icl_token
 from retriever.rag.plan import AnswerPlan, make_plan
 from retriever.rag.prompts import PromptFormat
-from retriever.rag.retrieval import ScoreRange, dp_top_k_threshold, dp_top_p_threshold, select
+from retriever.rag.retrieval import (
+    ScoreRange,
+    best_selected,
+    dp_top_k_threshold,
+    dp_top_p_threshold,
+)
 from retriever.rag.text import clean_answer_text
 from retriever.rag.voting import (
     SparseVoteGate,
     dp_answer_vote,
     dp_vote_token,
     vote_counts,
-    voter_documents,
 )
 from synthgen.privacy import (
     BudgetExceededError,
@@ -246,6 +256,7 @@ class DPRag:
             raise ValueError("doc_ids must be unique")
         _check_delta(config, len(doc_ids))
         self.doc_ids, self.texts = [str(d) for d in doc_ids], list(texts)
+        self._tokens = _tokenize(lm, self.texts)
         self.embeddings = embeddings
         self.encode_question = encode_question
         self.lm, self.public_lm = lm, lm.fork()
@@ -345,7 +356,8 @@ class DPRag:
             failed = True
         if failed:  # outside the except block: the new error carries no context
             if charges is None:  # pays-as-it-goes: the checked worst case, on any failure
-                self._charge(tenant, mechanism, plan.stage_events(), plan.delta, ref)
+                with contextlib.suppress(Exception):  # the error below is raised whatever
+                    self._charge(tenant, mechanism, plan.stage_events(), plan.delta, ref)
             raise AnswerFailedError(
                 "the answer failed after its budget check; it was charged its worst case "
                 "and released nothing"
@@ -390,8 +402,10 @@ class DPRag:
         rng = self._rng if self._rng is not None else secure_rng()
         scores = self.embeddings @ np.asarray(self.encode_question([question]))[0]
         tau = self._threshold(scores, plan.retrieval_epsilon, rng)
-        chosen = select(scores, tau, self.config.score_range)  # private set, best first
-        rows = self._rows(question, chosen)
+        indices, weights, selected = best_selected(  # private: used only below
+            scores, tau, self.config.voters, self.config.score_range
+        )
+        rows = self._rows(question, indices, weights)
         clock = _Deadline(deadline)
         if mechanism == "icl":
             tokens, paid, stages, abstained = self._icl(rows, plan, rng, clock)
@@ -401,7 +415,7 @@ class DPRag:
             tokens, paid, stages, abstained = self._vote(rows, plan, rng, clock)
         count = confidence = None
         if plan.score_epsilon > 0:
-            count, confidence = self._score(scores, chosen, plan.score_epsilon, rng)
+            count, confidence = self._score(scores, selected, plan.score_epsilon, rng)
             stages.append(("score", accounting.laplace_event(plan.score_epsilon)))
         stages.insert(0, ("retrieval", accounting.pure_epsilon_event(plan.retrieval_epsilon)))
         return tokens, paid, stages, abstained, clock.passed, count, confidence
@@ -450,26 +464,21 @@ class DPRag:
             StageCharge(stage, c.epsilon, c.delta) for (stage, _), c in zip(stages, recorded)
         )
 
-    def _document_ids(self, position: int) -> list[int]:
-        ids = self.lm.encode(self.texts[position])
-        return ids[: self.config.max_document_tokens]
-
-    def _rows(self, question: str, chosen) -> _Rows:
-        """The answer's private prompts at the public shape: the best `config.voters`
-        selected documents, then padding rows (the public filler document), all padded
-        to the public length of a prompt with a `max_document_tokens`-token document."""
+    def _rows(self, question: str, indices: np.ndarray, weights: np.ndarray) -> _Rows:
+        """The answer's private prompts at the public shape: `config.voters` rows, the
+        selected documents' (weight 1) and padding rows (weight 0: the public filler
+        document), built from token ids cut at `__init__` and prompt parts encoded once, so
+        building them costs the same whichever rows are real."""
         c = self.config
+        prefix, suffix = self.prompt.document_parts(self.lm, question)
         filler = (self.lm.encode(PADDING_TEXT) * c.max_document_tokens)[: c.max_document_tokens]
-        padding = self.prompt.encode(self.lm, question, [filler])
-        real = [
-            self.prompt.encode(self.lm, question, [self._document_ids(i)])
-            for i in voter_documents(chosen, c.voters)
+        documents = [
+            self._tokens[i][: c.max_document_tokens] if w else filler
+            for i, w in zip(indices, weights, strict=True)
         ]
-        weights = np.zeros(c.voters)
-        weights[: len(real)] = 1.0
-        prompts = real + [padding] * (c.voters - len(real))
+        prompts = [prefix + doc + suffix for doc in documents]
         public = self.prompt.encode(self.lm, question, [])
-        return _Rows(prompts, weights, public, length=len(padding))
+        return _Rows(prompts, weights, public, length=len(prefix) + len(filler) + len(suffix))
 
     def _icl(self, rows: _Rows, plan: AnswerPlan, rng, clock: _Deadline):
         """(tokens, paid, stages, abstained); abstains when every released token is the
@@ -480,13 +489,14 @@ class DPRag:
         for _ in range(plan.max_tokens):
             if clock.check():
                 break
+            private, weights = _usable_rows(session.private, rows.weights)
             token = dp_icl_token(
-                session.private,
+                private,
                 session.public[0],
                 epsilon=plan.token_epsilon,
                 config=self.config.aggregation,
                 rng=rng,
-                weights=rows.weights,
+                weights=weights,
                 capped=True,
             )
             moved = moved or token != int(np.argmax(session.public[0]))
@@ -588,16 +598,19 @@ class DPRag:
         stages = [("tokens", plan.token_block_event(1))]
         return winner or "", 1, stages, winner is None
 
-    def _score(self, scores, chosen, epsilon: float, rng) -> tuple[float, float]:
+    def _score(self, scores, selected, epsilon: float, rng) -> tuple[float, float]:
         """Noisy (count, mean similarity) of the selected documents.
 
         Privacy: (count, sum of normalised scores in [0, 1]) has L1 sensitivity 2 under
         add/remove-one given the threshold; Laplace(2 / epsilon) per coordinate is
         epsilon-DP (Dwork et al. 2006). The mean is post-processing.
         """
-        normalised = self.config.score_range.normalise(scores)[chosen]
+        normalised = self.config.score_range.normalise(scores)
         count, total = laplace_mechanism(
-            np.array([len(chosen), normalised.sum()]), sensitivity=2.0, epsilon=epsilon, rng=rng
+            np.array([selected.sum(), normalised @ selected]),
+            sensitivity=2.0,
+            epsilon=epsilon,
+            rng=rng,
         )
         mean = float(np.clip(total / count, 0.0, 1.0)) if count >= 1 else 0.0
         return float(max(count, 0.0)), mean
@@ -607,6 +620,30 @@ def _standalone(event, delta: float) -> tuple[float, float]:
     if isinstance(event, accounting.EpsilonDeltaDpEvent):
         return event.epsilon, event.delta
     return accounting.epsilon(event, delta), delta
+
+
+def _tokenize(lm, texts: Sequence[str]) -> list[list[int]]:
+    """Every document's token ids, once, before any answer: an answer then only slices
+    them (the same work for any selection), and a text the tokenizer refuses is refused
+    here, with its position, instead of failing an answer that selected it."""
+    tokens = []
+    for position, text in enumerate(texts):
+        try:
+            tokens.append([int(t) for t in lm.encode(text)])
+        except Exception:  # noqa: BLE001 - the message may quote the text
+            raise ValueError(f"document at position {position} cannot be tokenized") from None
+    return tokens
+
+
+def _usable_rows(logprobs: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows that are not distributions (NaN, +inf, all -inf) count as padding: zero
+    weight and zero values, so a numerical fault on one document's prompt changes that
+    row's contribution only (within the sensitivity) and never fails the answer."""
+    rows = np.asarray(logprobs, dtype=np.float64)
+    bad = np.any(np.isnan(rows) | (rows == np.inf), axis=1) | np.all(rows == -np.inf, axis=1)
+    if not bad.any():
+        return rows, weights
+    return np.where(bad[:, None], 0.0, rows), np.where(bad, 0.0, weights)
 
 
 def _check_delta(config: RagConfig, num_documents: int) -> None:

@@ -41,6 +41,13 @@ class PromptFormat:
             tail = f"\nQuestion: {question}\nAnswer:{self.answer_prefix}"
         return head, tail.rstrip(" ") if self.answer_prefix else tail
 
+    def document_parts(self, lm, question: str) -> tuple[list[int], list[int]]:
+        """(prefix, suffix): a one-document prompt is prefix + document ids + suffix, the
+        same ids as `encode(lm, question, [document])`, with the text encoded once."""
+        head, tail = self._pieces(question, True)
+        prefix = lm.encode(head, bos=True) + lm.encode("- ")
+        return prefix, lm.encode("\n") + lm.encode(tail)
+
     def encode(self, lm, question: str, documents: Sequence[Sequence[int]]) -> list[int]:
         """Token ids of the prompt; `documents` are token ids of each document's text."""
         head, tail = self._pieces(question, bool(documents))

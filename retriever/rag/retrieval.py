@@ -192,6 +192,35 @@ def dp_top_p_threshold(
     return _draw(left, lengths, utilities, epsilon, rng)
 
 
+def best_selected(
+    scores: np.typing.ArrayLike, tau: float, rows: int, score_range: ScoreRange = ScoreRange()
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The best `rows` selected documents at a fixed shape (private; for the answer stage).
+
+    Returns:
+      (indices [rows], weights [rows], selected [N]): the `rows` best-scored documents with
+      normalised score >= tau, best first, padded with weight-0 entries when fewer are
+      selected; and the mask of all selected documents. The work is the same whatever the
+      number selected (a partition over all N scores, a sort of `rows`), so its time does
+      not tell how many documents the threshold selected.
+    """
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows=}")
+    normalised = score_range.normalise(scores)
+    selected = normalised >= tau
+    keyed = np.where(selected, normalised, -np.inf)
+    if keyed.size > rows:
+        candidates = np.argpartition(-keyed, rows - 1)[:rows]
+    else:
+        candidates = np.arange(keyed.size)
+    order = candidates[np.argsort(-keyed[candidates], kind="stable")]
+    weights = np.isfinite(keyed[order]).astype(np.float64)
+    missing = rows - order.size  # a collection smaller than the rows: padding entries
+    order = np.concatenate([order, np.zeros(missing, order.dtype)])
+    weights = np.concatenate([weights, np.zeros(missing)])
+    return order, weights, selected
+
+
 def select(
     scores: np.typing.ArrayLike, tau: float, score_range: ScoreRange = ScoreRange()
 ) -> np.ndarray:

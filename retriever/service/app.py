@@ -41,9 +41,13 @@ could have been released. ``/budget`` shows it.
 Logs hold request ids, tenant names, endpoints, epsilon, counts and timings; never a
 question, a document, a document id, a score or a key.
 
-Trust model: a tenant's cap bounds what that tenant learns about the collection. Tenants
-who collude add up, so the collection's cap bounds all tenants together; both are checked
-in the same ledger transaction (`synthgen.privacy.ledger`).
+Trust model: a tenant's cap bounds what that tenant learns about the collection from its
+own answers. Tenants who collude add up, so the collection's cap bounds all tenants
+together; both are checked in the same ledger transaction (`synthgen.privacy.ledger`).
+Answers run at a fixed shape (`retriever.rag.answer`), but one may end early on a released
+value (an end token, an abstention), and other tenants can time that through their own
+waits and 503s: that leak is of released values, covered by the collection's cap over all
+tenants, not by the asking tenant's own cap.
 
 Why one per-answer epsilon: the ledger states the composition of its events as if their
 parameters were fixed in advance. If each request chose its epsilon after seeing earlier

@@ -130,6 +130,7 @@ def test_nan_in_a_private_row_raises_in_the_mechanism():
             epsilon=1.0,
             config=AggregationConfig(),
             rng=np.random.default_rng(0),
+            capped=False,
         )
 
 
@@ -177,7 +178,7 @@ def test_token_frequencies_match_the_closed_form():
     probs = token_probabilities(private, public, epsilon=epsilon, config=config)
     assert probs.min() * 20_000 >= 5
     draws = [
-        dp_icl_token(private, public, epsilon=epsilon, config=config, rng=rng)
+        dp_icl_token(private, public, epsilon=epsilon, config=config, rng=rng, capped=False)
         for _ in range(20_000)
     ]
     observed = np.bincount(draws, minlength=vocab)
@@ -198,7 +199,7 @@ def test_a_token_every_document_rejects_is_still_eligible():
     probs = token_probabilities(private, public, epsilon=epsilon, config=config)
     draws = np.array(
         [
-            dp_icl_token(private, public, epsilon=epsilon, config=config, rng=rng)
+            dp_icl_token(private, public, epsilon=epsilon, config=config, rng=rng, capped=False)
             for _ in range(5000)
         ]
     )
@@ -221,7 +222,7 @@ def test_with_no_private_rows_the_draw_is_the_public_distribution_to_the_power_b
     probs = token_probabilities(no_rows, public, epsilon=epsilon, config=config)
     np.testing.assert_allclose(probs, closed_form, rtol=1e-12)
     draws = [
-        dp_icl_token(no_rows, public, epsilon=epsilon, config=config, rng=rng)
+        dp_icl_token(no_rows, public, epsilon=epsilon, config=config, rng=rng, capped=False)
         for _ in range(20_000)
     ]
     observed = np.bincount(draws, minlength=vocab)

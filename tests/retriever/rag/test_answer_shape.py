@@ -75,7 +75,10 @@ def test_the_session_shape_does_not_depend_on_how_many_documents_were_selected(
     rag, _ = _rag(tmp_path, ShapeLM(log))
     shapes = []
     for selected in (0, 1, 3, 6, N):  # none, one, some, the cap, beyond the cap
-        monkeypatch.setattr(answer_module, "select", lambda s, t, r, m=selected: np.arange(m))
+        # the first `selected` documents score at the top of the range, the rest at the bottom
+        scores = np.where(np.arange(N) < selected, 1.0, -1.0)
+        monkeypatch.setattr(rag, "encode_question", lambda qs, s=scores: s[None, :])
+        monkeypatch.setattr(rag, "embeddings", np.eye(N, dtype=np.float32))
         log.clear()
         rag.answer("what does the patient have?", tenant="alice", epsilon=5.0, mechanism=mechanism)
         shapes.append(list(log))
@@ -158,3 +161,79 @@ def test_a_per_answer_delta_of_one_over_n_is_refused(tmp_path):
     rag, _ = _rag(tmp_path, ShapeLM())
     with pytest.raises(ValueError, match="1/n"):
         rag.with_config(RagConfig(delta=0.1))
+
+
+def test_best_selected_is_the_best_rows_of_the_selection_padded_to_a_fixed_shape():
+    from retriever.rag.retrieval import best_selected, select
+
+    scores = np.array([0.1, 0.9, 0.5, 0.7, 0.3, 0.8])
+    for tau in (0.0, 0.4, 0.75, 0.95):
+        for rows in (1, 3, 6, 9):
+            indices, weights, selected = best_selected(scores, tau, rows)
+            assert indices.shape == weights.shape == (rows,)
+            real = select(scores, tau)[:rows]
+            np.testing.assert_array_equal(indices[: int(weights.sum())], real)
+            assert weights.sum() == len(real) and np.all(weights[len(real) :] == 0)
+            np.testing.assert_array_equal(np.flatnonzero(selected), np.sort(select(scores, tau)))
+
+
+def test_document_parts_make_the_same_prompt_as_encode():
+    lm = TinyLM()
+    for chat in (True, False):
+        prompt = PromptFormat(chat=chat)
+        prefix, suffix = prompt.document_parts(lm, "which disease?")
+        doc = lm.encode("a record")
+        assert prefix + doc + suffix == prompt.encode(lm, "which disease?", [doc])
+
+
+class NanLM(ShapeLM):
+    """Row 0 of every private session comes out as NaN (a numerical fault)."""
+
+    def _poison(self, out):
+        if len(out) > 1:
+            out = out.copy()
+            out[0] = np.nan
+        return out
+
+    def fork(self):
+        return ShapeLM(self.log)
+
+    def start(self, prompts, max_new_tokens, *, length=None):
+        return self._poison(super().start(prompts, max_new_tokens, length=length))
+
+    def append(self, token):
+        return self._poison(super().append(token))
+
+
+def test_a_row_that_is_not_a_distribution_counts_as_padding_and_fails_nothing(tmp_path):
+    rag, _ = _rag(tmp_path, NanLM())
+    answer = rag.answer("q?", tenant="alice", epsilon=3.0, mechanism="icl")
+    assert answer.tokens == 4
+
+
+def test_a_document_the_tokenizer_refuses_is_refused_at_construction(tmp_path):
+    class Picky(ShapeLM):
+        def encode(self, text, *, bos=False):
+            if "forbidden" in text:
+                raise UnicodeError(f"cannot encode {text!r}")
+            return super().encode(text, bos=bos)
+
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="position 1") as caught:
+        DPRag(
+            ["a", "b"],
+            ["fine", "forbidden secret"],
+            rng.normal(size=(2, 4)),
+            lambda qs: np.ones((1, 4)),
+            Picky(),
+            config=RagConfig(delta=1e-3),
+        )
+    assert "secret" not in str(caught.value)
+
+
+def test_a_failure_whose_charge_fails_too_still_raises_the_fixed_error(tmp_path, monkeypatch):
+    rag, ledger = _rag(tmp_path, ShapeLM(), accountant="basic")
+    monkeypatch.setattr(answer_module, "vote_counts", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr(ledger, "charge_all", lambda *a, **k: 1 / 0)
+    with pytest.raises(AnswerFailedError):
+        rag.answer("q?", tenant="alice", epsilon=3.0, mechanism="sparse-vote")
