@@ -89,6 +89,11 @@ def local_lm():
     return FlaxLM.load(MODEL)
 
 
+# Local top-1 margins below this (nats) are near ties: "def fibonacci(n):\n    " gives
+# " def" -1.656 against " fib" -1.694 locally and the reverse order on a llama.cpp build.
+NEAR_TIE = 0.2
+
+
 def _agreement(remote, local_lm, tokenizer, texts) -> list[float]:
     """Same top-1 as the local model on every prompt; the KL of each (asserted < 0.02)."""
     prompts = [tokenizer.encode(text, bos=True) for text in texts]
@@ -96,7 +101,11 @@ def _agreement(remote, local_lm, tokenizer, texts) -> list[float]:
     kls = []
     for prompt, row in zip(prompts, served):
         want = local_lm.score([prompt])[0]
-        assert int(np.argmax(row)) == int(np.argmax(want))
+        runner_up, best = np.sort(want)[-2:]
+        if best - runner_up > NEAR_TIE:
+            assert int(np.argmax(row)) == int(np.argmax(want))
+        else:  # a near tie: the server's quantized kernels may order the two either way
+            assert int(np.argmax(row)) in np.argsort(want)[-2:]
         assert np.exp(row.astype(np.float64)).sum() == pytest.approx(1.0, abs=1e-5)
         kls.append(_kl_top_k(row, want))
     print(f"KL(server || local) over the top-20 + rest: {[round(x, 4) for x in kls]}")
