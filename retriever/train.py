@@ -70,7 +70,9 @@ class RetrieverConfig:
 
     Attributes:
       batch_size: pairs per step (in-batch negatives: batch_size - 1 per query).
-      epochs: passes over the pairs (the last incomplete batch of an epoch is dropped).
+      epochs: passes over the pairs. Steps have a fixed batch, so the n mod batch_size
+        pairs that fill no batch are left out of each epoch (others each epoch: the order
+        is reshuffled); `RetrieverResult.pairs_left_out_per_epoch` says how many.
       learning_rate: AdamW learning rate (linear warm-up over the first 10% of steps).
       weight_decay: AdamW weight decay.
       temperature: softmax temperature tau (logit scale 1 / tau).
@@ -107,7 +109,8 @@ class RetrieverConfig:
 
 @dataclasses.dataclass
 class RetrieverResult:
-    """Output of a training run: parameters by tower, the per-step losses, timing."""
+    """Output of a training run: parameters by tower, the per-step losses, timing, and how
+    many pairs per epoch filled no batch (left out of that epoch)."""
 
     params: dict[str, PyTree]
     losses: list[float]
@@ -115,6 +118,7 @@ class RetrieverResult:
     total_steps: int
     seconds: float
     pairs_per_second: float
+    pairs_left_out_per_epoch: int = 0
 
 
 def in_batch_softmax_loss(
@@ -307,7 +311,13 @@ def train_retriever(
         manager.close()
     seconds = time.time() - start
     result = RetrieverResult(
-        jax.device_get(params), losses, step, total, seconds, seen / max(seconds, 1e-9)
+        jax.device_get(params),
+        losses,
+        step,
+        total,
+        seconds,
+        seen / max(seconds, 1e-9),
+        pairs_left_out_per_epoch=n % config.batch_size,
     )
     if out_dir is not None and step == total:
         if provenance is None:
@@ -346,6 +356,7 @@ def _summary(config: RetrieverConfig, result: RetrieverResult) -> dict:
         "steps": result.steps_run,
         "seconds": result.seconds,
         "pairs_per_second": result.pairs_per_second,
+        "pairs_left_out_per_epoch": result.pairs_left_out_per_epoch,
         "temperature": float(1.0 / np.exp(result.params["log_scale"])),
     }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -76,11 +77,20 @@ def train(
         work_dir=work_dir,
         keep_work=keep_work,
     )
+    if result.pairs_left_out_per_epoch:
+        print(
+            f"note: {len(queries)} pairs at batch {batch_size}: "
+            f"{result.pairs_left_out_per_epoch} pairs per epoch fill no batch and are left "
+            "out of it (each epoch reshuffles; use a batch size that divides the pairs, or "
+            "more epochs, to train on every pair)",
+            file=sys.stderr,
+        )
     print(
         json.dumps(
             {
                 "out": str(out),
                 "steps": result.steps_run,
+                "pairs_left_out_per_epoch": result.pairs_left_out_per_epoch,
                 "pairs_per_second": round(result.pairs_per_second, 2),
                 "seconds": round(result.seconds, 1),
                 "statement": provenance["statement"],

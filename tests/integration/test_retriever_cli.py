@@ -45,7 +45,9 @@ def test_train_evaluate_index_query(tmp_path):
         "16",
     )
     assert trained.returncode == 0, trained.stderr
-    assert json.loads(trained.stdout.strip().splitlines()[-1])["steps"] == 2
+    summary = json.loads(trained.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and summary["pairs_left_out_per_epoch"] == 0
+    assert "left out" not in trained.stderr  # 16 pairs fill two batches of 8
     assert (model / "encoder.json").is_file()
 
     result = _retriever(

@@ -91,10 +91,18 @@ def test_separate_towers_are_saved_and_used(wiki, encoder, tmp_path):
         max_doc_len=32,
         separate_towers=True,
     )
+    n = 92  # 11 batches of 8 and 4 pairs that fill none
     result = train_retriever(
-        encoder, wiki["query"], wiki["document"], config, out_dir=tmp_path, progress=False
+        encoder,
+        list(wiki["query"])[:n],
+        list(wiki["document"])[:n],
+        config,
+        out_dir=tmp_path,
+        progress=False,
     )
     assert set(result.params) == {"query", "doc", "log_scale"}
+    assert result.steps_run == 11
+    assert result.pairs_left_out_per_epoch == 4  # said, not dropped silently
     query_enc, doc_enc = ev.load_towers(str(tmp_path))
     assert query_enc is not doc_enc
     text = [wiki["document"][0]]
