@@ -8,6 +8,7 @@ synthgen pipeline generate --config configs/demo.py        # one stage (and --fo
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -68,13 +69,23 @@ def pipeline(
 
 @pipeline_app.command("status")
 def status(config: ConfigOption = None, out: OutOption = None) -> None:
-    """Each stage: done, stale (config changed), interrupted or missing."""
+    """Each stage: done, stale (config changed), interrupted or missing; and the config's
+    assets that are not cached yet (a run fetches them first, from PyPI)."""
+    from synthgen import assets
     from synthgen.pipeline import RunFolder, stage_status
+    from synthgen.pipeline.config import config_assets
 
     cfg = _load(config)
     run = RunFolder(Path(out or cfg.out))
     for stage, state in stage_status(cfg, run).items():
         print(f"{stage:9s} {state}")
+    missing = [name for name in config_assets(cfg) if not assets.is_cached(name)]
+    if missing:
+        print(
+            f"warning: not cached yet: {', '.join(missing)}; the run fetches them first "
+            f"(`synthgen assets fetch {' '.join(missing)}`)",
+            file=sys.stderr,
+        )
 
 
 def _stage_command(name: str):

@@ -280,3 +280,24 @@ def load_pipeline_config(path: str | Path) -> PipelineConfig:
         kind = type(config).__name__
         raise ValueError(f"{path}: get_config() returned {kind}, not a PipelineConfig")
     return config
+
+
+def config_assets(config: object) -> list[str]:
+    """The registered assets a config names (LMs, encoders, corpora), sorted.
+
+    Walks the config's dataclass fields; a string field whose value is an asset name of
+    `synthgen.assets.REGISTRY` counts (paths and other strings do not).
+    """
+    from synthgen import assets
+
+    found: set[str] = set()
+    stack = [config]
+    while stack:
+        item = stack.pop()
+        if dataclasses.is_dataclass(item) and not isinstance(item, type):
+            stack.extend(getattr(item, f.name) for f in dataclasses.fields(item))
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, str) and item in assets.REGISTRY:
+            found.add(item)
+    return sorted(found)

@@ -1,0 +1,30 @@
+"""`synthgen pipeline status` names the config's assets that are not cached yet."""
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from synthgen import assets
+from synthgen.cli import app
+from synthgen.pipeline import load_pipeline_config
+from synthgen.pipeline.config import config_assets
+
+TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny.py"
+
+
+def test_config_assets_lists_the_registered_names_a_config_holds():
+    names = config_assets(load_pipeline_config(TINY))
+    assert names and set(names) <= set(assets.REGISTRY)
+    assert "wiki-summaries-en" in names  # the corpus the tiny run reads
+
+
+def test_status_warns_about_assets_not_cached(tmp_path, monkeypatch):
+    runner = CliRunner()
+    args = ["pipeline", "status", "--config", str(TINY), "--out", str(tmp_path / "run")]
+    monkeypatch.setattr(assets, "is_cached", lambda name: name != "wiki-summaries-en")
+    warned = runner.invoke(app, args)
+    assert warned.exit_code == 0, warned.output
+    assert "not cached yet: wiki-summaries-en" in warned.stderr
+    monkeypatch.setattr(assets, "is_cached", lambda name: True)
+    quiet = runner.invoke(app, args)
+    assert quiet.exit_code == 0 and "not cached" not in quiet.stderr
