@@ -467,7 +467,7 @@ class DPRag:
     def _rows(self, question: str, indices: np.ndarray, weights: np.ndarray) -> _Rows:
         """The answer's private prompts at the public shape: `config.voters` rows, the
         selected documents' (weight 1) and padding rows (weight 0: the public filler
-        document), built from token ids cut at `__init__` and prompt parts encoded once, so
+        document), built from token ids computed at `__init__` and prompt parts encoded once, so
         building them costs the same whichever rows are real."""
         c = self.config
         prefix, suffix = self.prompt.document_parts(self.lm, question)

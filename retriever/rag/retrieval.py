@@ -203,6 +203,11 @@ def best_selected(
       selected; and the mask of all selected documents. The work is the same whatever the
       number selected (a partition over all N scores, a sort of `rows`), so its time does
       not tell how many documents the threshold selected.
+
+    Privacy: given the released tau, adding or removing one document adds or removes one
+    row, or, when the cap binds, swaps one row for another (the sensitivity the token
+    mechanisms are calibrated for: `aggregation.dp_icl_token(capped=True)`,
+    `voting.dp_vote_token`).
     """
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows=}")

@@ -25,18 +25,6 @@ from retriever.rag.text import clean_answer_text
 from synthgen.privacy import AboveThreshold, limited_domain_top1
 
 
-def voter_documents(chosen: Sequence[int], max_voters: int) -> list[int]:
-    """The documents that vote, one voter each: the best-scored `max_voters` of `chosen`.
-
-    `chosen` is the DP selection, best first. Adding or removing one document of the
-    collection adds or removes one voter, or, when the cap binds, swaps one voter for
-    another: the vote histogram changes by at most +1 in one count and -1 in another.
-    """
-    if max_voters < 1:
-        raise ValueError(f"max_voters must be >= 1, got {max_voters=}")
-    return [int(i) for i in chosen[:max_voters]]
-
-
 def vote_counts(
     voter_logprobs: np.ndarray, vocab_size: int, weights: np.ndarray | None = None
 ) -> np.ndarray:

@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 
 from retriever.rag import voting
-from retriever.rag.retrieval import ScoreRange, select
+from retriever.rag.retrieval import ScoreRange, best_selected
 from retriever.rag.voting import (
     SparseVoteGate,
     answer_key,
@@ -24,15 +24,17 @@ from retriever.rag.voting import (
     dp_vote_token,
     vote_counts,
     vote_threshold,
-    voter_documents,
 )
 from synthgen.privacy import AboveThreshold
 
 
 def _votes(scores: np.ndarray, greedy: np.ndarray, tau: float, max_voters: int) -> np.ndarray:
-    """The vote histogram the answer stage builds: DP selection, then one voter each."""
-    chosen = select(scores, tau, ScoreRange(0.0, 1.0))
-    return np.bincount(greedy[voter_documents(chosen, max_voters)], minlength=6)
+    """The vote histogram the answer stage builds: the DP selection's best `max_voters`
+    rows at the fixed shape (`best_selected`), one voter each, padding rows masked."""
+    if scores.size == 0:
+        return np.zeros(6)
+    indices, weights, _ = best_selected(scores, tau, max_voters, ScoreRange(0.0, 1.0))
+    return np.bincount(greedy[indices], weights=weights, minlength=6)
 
 
 @pytest.mark.parametrize("max_voters", [1, 4, 16, 64])
@@ -54,14 +56,6 @@ def test_one_document_changes_the_vote_histogram_by_one_vote_in_and_one_out(max_
         assert np.sum(diff > 0) <= 1 and np.sum(diff < 0) <= 1
         worst_l1 = max(worst_l1, int(np.abs(diff).sum()))
     assert worst_l1 == (2 if max_voters < 40 else 1)  # the swap happens when the cap binds
-
-
-def test_voter_documents_are_the_best_scored_up_to_the_cap():
-    assert voter_documents([5, 2, 9, 1], 2) == [5, 2]
-    assert voter_documents([5, 2], 8) == [5, 2]
-    assert voter_documents([], 3) == []
-    with pytest.raises(ValueError):
-        voter_documents([1], 0)
 
 
 def test_vote_threshold_is_the_noise_free_limited_domain_threshold():
