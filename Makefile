@@ -29,7 +29,7 @@ assets: install
 	$(VENV)/bin/synthgen assets fetch --all
 
 demo: assets
-	$(VENV)/bin/synthgen pipeline --config configs/demo.py
+	$(VENV)/bin/synthgen pipeline --config demo
 
 test: install $(SERVER_STAMP)
 	$(VENV)/bin/synthgen assets fetch wiki-summaries-en chatterbot-corpus-en smollm2-135m-instruct all-minilm-l6-v2

@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument(
         "--generator",
         default="smollm2_lora_cpu",
-        help="querygen preset: a name in configs/querygen.py or path/to/file.py:NAME",
+        help="querygen preset: a name in synthgen/configs/querygen.py or path/to/file.py:NAME",
     )
     parser.add_argument("--generator-steps", type=int, default=25)
     parser.add_argument("--retriever-epochs", type=float, default=1.0)

@@ -1,13 +1,16 @@
 """`synthgen pipeline`: the main job, whole or one stage at a time.
 
-synthgen pipeline --config configs/demo.py                 # every stage not yet done
-synthgen pipeline --config configs/demo.py --from train    # recompute train and after
-synthgen pipeline status --config configs/demo.py
-synthgen pipeline generate --config configs/demo.py        # one stage (and --force)
+synthgen pipeline --config demo                      # every stage not yet done (packaged demo)
+synthgen pipeline --config demo --from train         # recompute train and after
+synthgen pipeline status --config demo
+synthgen pipeline generate --config demo             # one stage (and --force)
+synthgen pipeline init demo                          # copy the example to ./demo.py to edit
+synthgen pipeline --config demo.py                   # run the edited copy (any path works)
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -24,7 +27,13 @@ STAGE_HELP = {
     "report": "report.html, metrics.json and the plots.",
 }
 
-ConfigOption = Annotated[Path | None, typer.Option(help="pipeline config file (.py)")]
+# str, not Path: Path("./demo") would lose the "./" that makes it a path and not a name.
+ConfigOption = Annotated[
+    str | None,
+    typer.Option(
+        help="pipeline config: a .py file, or a packaged example's name (e.g. demo, tiny)"
+    ),
+]
 OutOption = Annotated[Path | None, typer.Option(help="run folder (default: the config's out)")]
 ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress")]
 
@@ -34,12 +43,25 @@ pipeline_app = typer.Typer(
 )
 
 
-def _load(config: Path | None):
+def _load(config: str | None):
+    from synthgen.config_files import UnknownConfigError, pipeline_examples
     from synthgen.pipeline import load_pipeline_config
 
     if config is None:
-        raise typer.BadParameter("give --config path/to/config.py (e.g. configs/demo.py)")
-    return load_pipeline_config(config)
+        raise typer.BadParameter(
+            f"give --config NAME ({', '.join(pipeline_examples())}) or --config path/to/file.py"
+        )
+    try:
+        cfg = load_pipeline_config(config)
+    except UnknownConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--config'") from exc
+    if not config.endswith(".py") and "/" not in config and Path(f"{config}.py").is_file():
+        print(
+            f"note: --config {config} is the packaged example; your ./{config}.py is "
+            f"--config {config}.py",
+            file=sys.stderr,
+        )
+    return cfg
 
 
 @pipeline_app.callback()
@@ -86,6 +108,25 @@ def status(config: ConfigOption = None, out: OutOption = None) -> None:
             f"(`synthgen assets fetch {' '.join(missing)}`)",
             file=sys.stderr,
         )
+
+
+@pipeline_app.command("init")
+def init(
+    name: Annotated[str, typer.Argument(help="packaged example to copy (e.g. demo, tiny)")],
+    to: Annotated[
+        Path | None, typer.Option(help="destination file or folder (default: ./NAME.py)")
+    ] = None,
+    force: Annotated[bool, typer.Option(help="overwrite an existing file")] = False,
+) -> None:
+    """Copies a packaged example config to a file you can edit, and says how to run it."""
+    from synthgen.config_files import UnknownConfigError, copy_pipeline_example
+
+    try:
+        path = copy_pipeline_example(name, to, force=force)
+    except UnknownConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'NAME'") from exc
+    print(f"wrote {path}")
+    print(f"next: synthgen pipeline --config {shlex.quote(str(path))}")
 
 
 def _stage_command(name: str):

@@ -1,5 +1,5 @@
 """The main job: private pairs -> DP synthetic queries -> dual encoder -> index -> DP-RAG answers
--> report, one resumable stage at a time (`synthgen pipeline --config configs/demo.py`).
+-> report, one resumable stage at a time (`synthgen pipeline --config demo`).
 
 This is the application layer: it may import both `synthgen` and `retriever`.
 """

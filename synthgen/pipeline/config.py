@@ -1,8 +1,9 @@
 """The main job's configuration: frozen dataclasses, one per stage, loaded from a Python file.
 
-A config file (`configs/demo.py`, `configs/tiny.py`, `configs/gpu.py`) defines
-`get_config() -> PipelineConfig`; `load_pipeline_config(path)` imports it by path (as the flax
-examples and t5x do), so `configs/` is a folder of files, not an installed package.
+A config file (the packaged examples `synthgen/configs/demo.py`, `tiny.py`, `gpu.py`, or a
+user's copy) defines `get_config() -> PipelineConfig`; `load_pipeline_config(spec)` imports it
+by path (as the flax examples and t5x do). A bare name (`demo`) is a packaged example
+(`synthgen.config_files.resolve_pipeline_config`), so it works from any folder and install.
 
 Each stage reads only its own section (and the sections it names in `runner.STAGE_SECTIONS`):
 changing a section changes that stage's fingerprint, and through the chain of fingerprints
@@ -262,15 +263,21 @@ class PipelineConfig:
         return dataclasses.replace(self, **changes)
 
 
-def load_pipeline_config(path: str | Path) -> PipelineConfig:
-    """Imports the config file at `path` and returns its `get_config()`.
+def load_pipeline_config(spec: str | Path) -> PipelineConfig:
+    """Imports the config file `spec` names and returns its `get_config()`.
+
+    Args:
+      spec: a config file's path, or a packaged example's name (`demo`, `tiny`, `gpu`; see
+        `synthgen.config_files.resolve_pipeline_config`).
 
     Raises:
       FileNotFoundError: no such file.
+      UnknownConfigError: a bare name that is no packaged example (a `ValueError`).
       ValueError: the file defines no `get_config` or it returns no `PipelineConfig`.
     """
-    from synthgen.config_files import load_config_module
+    from synthgen.config_files import load_config_module, resolve_pipeline_config
 
+    path = resolve_pipeline_config(spec)
     module = load_config_module(path)
     get_config = getattr(module, "get_config", None)
     if not callable(get_config):

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from synthgen import querygen
+from synthgen.config_files import default_configs_dir
 from synthgen.pipeline import STAGES, RunFolder, load_pipeline_config, run_pipeline, stage_status
 from synthgen.privacy import PrivacyLedger
 from tests.synthgen.release_audit import assert_clean_release, record_randomness
 
 pytestmark = pytest.mark.slow
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.py"
+CONFIG = default_configs_dir() / "tiny.py"  # the packaged example (`--config tiny`)
 
 
 def _cli(*args):

@@ -131,9 +131,11 @@ def test_private_folder_is_owner_only(tmp_path, calls):
     assert {r["stage"] for r in records} == set(STAGES)
 
 
-def test_config_files_load(tmp_path):
+def test_config_files_load(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # packaged examples load by name from any folder
     for name in ("tiny", "demo", "gpu"):
-        assert isinstance(load_pipeline_config(f"configs/{name}.py"), PipelineConfig)
+        config = load_pipeline_config(name)
+        assert isinstance(config, PipelineConfig) and config.name == name
     bad = tmp_path / "bad.py"
     bad.write_text("x = 1\n")
     with pytest.raises(ValueError, match="get_config"):
@@ -177,7 +179,7 @@ def test_run_scope_refuses_other_caps(tmp_path):
 def test_cli_rejects_group_options_before_a_stage(tmp_path):
     from synthgen.cli import app, run
 
-    code = run(app, ["pipeline", "--config", "configs/tiny.py", "status"])
+    code = run(app, ["pipeline", "--config", "tiny", "status"])
     assert code == 2
 
 

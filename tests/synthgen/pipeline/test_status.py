@@ -1,7 +1,5 @@
 """`synthgen pipeline status` names the config's assets that are not cached yet."""
 
-from pathlib import Path
-
 from typer.testing import CliRunner
 
 from synthgen import assets
@@ -9,7 +7,7 @@ from synthgen.cli import app
 from synthgen.pipeline import load_pipeline_config
 from synthgen.pipeline.config import config_assets
 
-TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny.py"
+TINY = "tiny"  # the packaged example
 
 
 def test_config_assets_lists_the_registered_names_a_config_holds():

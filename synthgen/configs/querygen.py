@@ -1,6 +1,6 @@
 """Query-generator presets: tiny (tests), CPU demo, and the paper's GPU/TPU sizes.
 
-A config file loaded by path, not an installed module: `synthgen.config_files.querygen_preset`
+A config file shipped with the package and loaded by path: `synthgen.config_files.querygen_preset`
 looks a name up in `PRESETS` (`--config NAME`), or in a copy of this file
 (`--config path/to/file.py:NAME`).
 

@@ -6,7 +6,7 @@ training is a library feature of `dp_train` (see the README's Scaling section). 
 do not ship on PyPI: point DPSYNTH_T5_BASE at a Hugging Face t5-base folder (config.json,
 model.safetensors, spiece.model). Every wiki document; one synthetic query per train document.
 
-    DPSYNTH_T5_BASE=/models/t5-base synthgen pipeline --config configs/gpu.py
+    DPSYNTH_T5_BASE=/models/t5-base synthgen pipeline --config gpu
 """
 
 import os

@@ -1,6 +1,6 @@
 """The main job at test size (CI): a random-init tiny Llama generator, 120 wiki documents.
 
-synthgen pipeline --config configs/tiny.py --out /tmp/tiny-run
+synthgen pipeline --config tiny --out /tmp/tiny-run
 """
 
 from synthgen.dp_train import DPConfig

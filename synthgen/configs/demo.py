@@ -7,7 +7,7 @@ all-MiniLM-L6-v2 trained on them, next to the zero-shot encoder and the real-dat
 bound on the same 320 documents; a ScaNN index; three DP-RAG answers (epsilon 5 each) over
 a fictional private medical collection.
 
-    synthgen pipeline --config configs/demo.py
+    synthgen pipeline --config demo            # or: synthgen pipeline init demo (a copy to edit)
 """
 
 from synthgen.dp_train import DPConfig
