@@ -22,8 +22,8 @@ SplitOption = Annotated[
 PresetOption = Annotated[
     str,
     typer.Option(
-        help="query-generator preset: a name in configs/querygen.py, or path/to/file.py:NAME "
-        "(an entry of that file's PRESETS dict)"
+        help="query-generator preset: a name in synthgen/configs/querygen.py (shipped with the "
+        "package), or path/to/file.py:NAME (an entry of that file's PRESETS dict)"
     ),
 ]
 
