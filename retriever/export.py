@@ -428,32 +428,44 @@ def export_index(
     out: str | Path,
     *,
     format: str = "parquet",  # noqa: A002
+    encoder: str | Path | None = None,
 ) -> dict:
     """Writes an index folder's (doc_id, embedding) rows to a Parquet file.
 
     Columns: ``doc_id`` (string) and ``embedding`` (fixed-size list of float32, unit
-    vectors). The schema metadata key ``dpsynth`` holds JSON: the encoder, its provenance
-    (`retriever.provenance.encoder_provenance`), ``corpus_statement`` (the rows themselves
-    carry no guarantee for the indexed documents), the dimension, the row count and the
-    similarity (dot product of unit vectors, i.e. cosine).
+    vectors). The schema metadata key ``dpsynth`` holds JSON: the encoder, its provenance,
+    ``corpus_statement`` (the rows themselves carry no guarantee for the indexed documents),
+    the dimension, the row count and the similarity (dot product of unit vectors, i.e.
+    cosine).
+
+    The provenance is never dropped. It is the copy ``index.json`` recorded when the index
+    was built (`retriever.index_folder.index_encoder`): it describes the encoder that made
+    these embeddings, so the encoder folder need not be there (nothing is embedded). An
+    index of format 1 recorded no copy: its encoder is found as `retriever index query`
+    finds it (or `encoder`), its own provenance is written and a warning goes to stderr;
+    where that encoder cannot be found the export is refused, rather than writing "no
+    provenance recorded" in place of a statement that may be a DP guarantee.
 
     Args:
       index_dir: a folder `retriever index build` wrote.
       out: the Parquet file (its folder is created; an existing file is refused).
       format: "parquet" (the only one).
+      encoder: the index's encoder where it moved (format 1); for format 2 it must have
+        the recorded provenance.
 
     Returns:
       A summary: out, rows, dim, statement (the encoder's), corpus_statement.
 
     Raises:
-      ValueError: unknown format, an existing file, or a searcher that keeps no float
-        embeddings.
-      FileNotFoundError: no index in `index_dir`.
+      ValueError: unknown format, an existing file, a searcher that keeps no float
+        embeddings, or an `encoder` whose provenance is not the recorded one.
+      FileNotFoundError: no index in `index_dir`; a format 1 index whose encoder is not
+        found.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from retriever.index_folder import index_embeddings, read_index_meta
+    from retriever.index_folder import index_embeddings, index_encoder, read_index_meta
 
     if format not in INDEX_FORMATS:
         raise ValueError(f"format must be one of {INDEX_FORMATS}, got {format=}")
@@ -461,12 +473,12 @@ def export_index(
     if out.exists():
         raise ValueError(f"{out} exists: choose a new file")
     meta = read_index_meta(index_dir)
+    reference, record = index_encoder(index_dir, encoder=encoder, meta=meta, load=False)
     embeddings = index_embeddings(index_dir)
     doc_ids = [str(d) for d in meta["doc_ids"]]
     if len(doc_ids) != len(embeddings):
         raise ValueError(f"{index_dir}: {len(doc_ids)} doc_ids for {len(embeddings)} embeddings")
     dim = int(embeddings.shape[1])
-    record = prov.encoder_provenance(meta["encoder"])
     values = pa.array(np.ascontiguousarray(embeddings, np.float32).reshape(-1), pa.float32())
     table = pa.table(
         {
@@ -475,7 +487,7 @@ def export_index(
         }
     )
     info = {
-        "encoder": meta["encoder"],
+        "encoder": reference,
         "provenance": record,
         "corpus_statement": CORPUS_STATEMENT,
         "dim": dim,

@@ -14,14 +14,33 @@ index_app = typer.Typer(help="Build and query a nearest-neighbour index.", no_ar
 
 @index_app.command("build")
 def index_build(
-    corpus: Annotated[Path, typer.Option(help="corpus.jsonl: doc_id, text")],
+    corpus: Annotated[
+        Path, typer.Option(help="corpus.jsonl: doc_id, text", exists=True, dir_okay=False)
+    ],
     out: Annotated[Path, typer.Option(help="index folder")],
     encoder: Annotated[str, typer.Option(help="asset or trained folder")] = "all-minilm-l6-v2",
     kind: Annotated[str, typer.Option(help="auto | exact | scann | scann-bf")] = "auto",
 ) -> None:
-    """Embed a corpus (batched, jitted) and build a searchable, serialised index."""
-    from retriever.index_folder import build_index_folder
+    """Embed a corpus (batched, jitted) and build a searchable, serialised index.
 
+    index.json records the encoder's absolute folder (or asset name) and a copy of its
+    provenance. Every option is checked before the corpus is embedded (usage errors: exit 2).
+    """
+    from retriever.encoders import RANDOM_PREFIX
+    from retriever.index_folder import build_index_folder, check_kind
+    from synthgen import assets
+
+    try:
+        check_kind(kind)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--kind") from None
+    known = encoder.startswith(RANDOM_PREFIX) or encoder in assets.REGISTRY
+    if not known and not Path(encoder).expanduser().is_dir():
+        raise typer.BadParameter(
+            f"no encoder folder or known asset named {encoder!r}", param_hint="--encoder"
+        )
+    if out.exists() and not out.is_dir():
+        raise typer.BadParameter(f"{out} is a file, not a folder", param_hint="--out")
     searcher = build_index_folder(corpus, out, encoder=encoder, kind=kind, progress=True)
     print(json.dumps({"out": str(out), "documents": searcher.size, "kind": searcher.kind}))
 
@@ -32,11 +51,15 @@ def index_query(
     query: Annotated[list[str], typer.Option(help="query text (repeatable)")],
     k: Annotated[int, typer.Option()] = 10,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    encoder: Annotated[
+        str | None,
+        typer.Option(help="the index's encoder where its folder moved (provenance checked)"),
+    ] = None,
 ) -> None:
     """Top-k documents of each query from a built index."""
     from retriever.index_folder import search_index_folder
 
-    results = search_index_folder(index, query, k)
+    results = search_index_folder(index, query, k, encoder=encoder)
     if as_json:
         print(json.dumps([{"query": q, "results": r} for q, r in zip(query, results)]))
         return
@@ -51,8 +74,12 @@ def index_export(
     index: Annotated[Path, typer.Option(help="folder written by `index build`")],
     out: Annotated[Path, typer.Option(help="output file (new)")],
     format: Annotated[str, typer.Option(help="parquet")] = "parquet",  # noqa: A002
+    encoder: Annotated[
+        str | None,
+        typer.Option(help="an old index's encoder where its folder moved (provenance checked)"),
+    ] = None,
 ) -> None:
     """Write (doc_id, embedding) rows for a vector database, with the encoder's provenance."""
     from retriever.export import export_index
 
-    print(json.dumps(export_index(index, out, format=format)))
+    print(json.dumps(export_index(index, out, format=format, encoder=encoder)))

@@ -116,7 +116,7 @@ def answer(
     Refused before anything is charged: a δ (--delta or a scope's cap) of 1/n or more for
     n documents, and an encoder not known to be independent of the collection.
     """
-    from retriever.index_folder import read_index_meta
+    from retriever.index_folder import index_encoder, read_index_meta
     from retriever.rag import RagConfig, ScoreRange
     from retriever.rag.answer import plan_answer
     from retriever.rag.collection import (
@@ -151,7 +151,8 @@ def answer(
     meta = read_index_meta(index)
     documents = len(meta["doc_ids"])
     check_delta(delta, documents, "--delta (per answer)")
-    check_encoder(meta["encoder"], asserted=encoder_independent_of_collection)
+    encoder, _ = index_encoder(index, meta=meta, option=None)
+    check_encoder(encoder, asserted=encoder_independent_of_collection)
     book = PrivacyLedger(ledger or default_ledger_path())
     check_answer_event(book, dataset, plan)
     open_answer_scopes(

@@ -49,10 +49,11 @@ def load_dprag(
         must exist): every answer's charge composes there.
 
     Raises:
-      FileNotFoundError: no index in the folder.
-      ValueError: the index is not exact or does not match the corpus; an encoder not
-        known to be independent of the collection; a δ (per answer or a scope's cap) of
-        1/n or more.
+      FileNotFoundError: no index in the folder, or its encoder folder is not there.
+      ValueError: the encoder's provenance is not the one the index recorded
+        (`retriever.index_folder.index_encoder`); the index is not exact or does not match
+        the corpus; an encoder not known to be independent of the collection; a δ (per
+        answer or a scope's cap) of 1/n or more.
 
     Privacy:
       Privacy unit: one document of the collection (add/remove-one), as `DPRag`. Its
@@ -64,13 +65,14 @@ def load_dprag(
     """
     from retriever.data import read_corpus
     from retriever.evaluate import load_towers
-    from retriever.index_folder import load_index_searcher, read_index_meta
+    from retriever.index_folder import index_encoder, load_index_searcher, read_index_meta
 
     index, private_corpus = Path(index), Path(private_corpus)
     meta = read_index_meta(index)
     dataset = dataset or private_corpus.stem
     config = config or RagConfig()
-    assertion = check_encoder(meta["encoder"], asserted=encoder_independent_of_collection)
+    encoder, _ = index_encoder(index, meta=meta, option=None)  # checked against index.json
+    assertion = check_encoder(encoder, asserted=encoder_independent_of_collection)
     if assertion is not None and ledger is not None and ledger.collection_scope(dataset) is None:
         record_encoder_assertion(ledger, dataset, assertion)  # refuses: no collection cap
     searcher = load_index_searcher(index)
@@ -87,7 +89,7 @@ def load_dprag(
         check_scope_deltas(ledger, dataset, len(doc_ids))
         if assertion is not None:
             record_encoder_assertion(ledger, dataset, assertion)
-    question_encoder, _ = load_towers(meta["encoder"])
+    question_encoder, _ = load_towers(encoder)
     if isinstance(lm, str | Path):
         from synthgen.lm_backends import FlaxLM
 

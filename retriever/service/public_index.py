@@ -14,21 +14,23 @@ class PublicIndex:
       corpus: the public/synthetic corpus.jsonl (doc_id, text) of that index.
 
     Raises:
-      FileNotFoundError: no index in the folder.
-      ValueError: the index was not built from `corpus`.
+      FileNotFoundError: no index in the folder, or its encoder folder is not there.
+      ValueError: the index was not built from `corpus`; its encoder's provenance is not
+        the one the index recorded (`retriever.index_folder.index_encoder`).
     """
 
     def __init__(self, index: str | Path, corpus: str | Path) -> None:
         from retriever.data import read_corpus
         from retriever.evaluate import load_towers
-        from retriever.index_folder import load_index_searcher, read_index_meta
+        from retriever.index_folder import index_encoder, load_index_searcher, read_index_meta
 
         index = Path(index)
         meta = read_index_meta(index)
         self.doc_ids, self.texts = read_corpus(corpus)
         if list(map(str, meta["doc_ids"])) != self.doc_ids:
             raise ValueError(f"{index} was not built from {corpus} (doc_ids differ)")
-        self.encoder, _ = load_towers(meta["encoder"])
+        encoder, _ = index_encoder(index, meta=meta, option=None)
+        self.encoder, _ = load_towers(encoder)
         self.searcher = load_index_searcher(index)
 
     def search(self, question: str, k: int) -> list[dict[str, Any]]:

@@ -252,13 +252,43 @@ def test_index_export_writes_rows_and_provenance_to_parquet(kind, tmp_path):
     meta = export.read_parquet_metadata(tmp_path / "out" / "rows.parquet")
     assert meta["provenance"] == json.loads((tmp_path / "encoder" / "provenance.json").read_text())
     assert meta["encoder"] == str(tmp_path / "encoder") and meta["dim"] == 16
+    assert meta["provenance"]["statement"].startswith(STATEMENT)
     with pytest.raises(ValueError, match="exists"):
         export.export_index(tmp_path / "index", tmp_path / "out" / "rows.parquet")
+    # The encoder folder moved: the DP statement recorded in index.json is still written.
+    (tmp_path / "encoder").rename(tmp_path / "moved")
+    export.export_index(tmp_path / "index", tmp_path / "moved.parquet")
+    moved = export.read_parquet_metadata(tmp_path / "moved.parquet")
+    assert moved["provenance"] == meta["provenance"]
     (
         tmp_path / "index" / "searcher" / ("embeddings.npy" if kind == "exact" else "dataset.npy")
     ).unlink()
     with pytest.raises(ValueError, match="keeps no float32 embeddings"):
         export.export_index(tmp_path / "index", tmp_path / "other.parquet")
+
+
+def test_index_export_of_a_format_1_index_never_drops_the_provenance(tmp_path, capsys):
+    """An index.json of format 1 holds no copy of the provenance: the encoder's own is
+    written (found beside the index, with a warning), or the export is refused."""
+    encoder = random_encoder("bert", seed=0)
+    _trained(encoder, tmp_path / "encoder")
+    save_index_folder(
+        tmp_path / "index", ExactSearcher(np.eye(3, 8, dtype=np.float32)),
+        encoder=str(tmp_path / "encoder"), doc_ids=["a", "b", "c"],
+    )  # fmt: skip
+    old = {"encoder": "encoder", "doc_ids": ["a", "b", "c"], "kind": "exact"}
+    (tmp_path / "index" / "index.json").write_text(json.dumps(old))
+    export.export_index(tmp_path / "index", tmp_path / "rows.parquet")
+    meta = export.read_parquet_metadata(tmp_path / "rows.parquet")
+    assert meta["provenance"]["statement"].startswith(STATEMENT)
+    assert "warning: " in capsys.readouterr().err
+    (tmp_path / "encoder").rename(tmp_path / "moved")
+    with pytest.raises(FileNotFoundError, match="--encoder PATH"):
+        export.export_index(tmp_path / "index", tmp_path / "refused.parquet")
+    assert not (tmp_path / "refused.parquet").exists()
+    export.export_index(tmp_path / "index", tmp_path / "again.parquet", encoder=tmp_path / "moved")
+    again = export.read_parquet_metadata(tmp_path / "again.parquet")
+    assert again["provenance"] == meta["provenance"]
 
 
 # ---- with sentence-transformers installed (optional) ---------------------------------------
