@@ -27,6 +27,18 @@ def default_ledger_path() -> Path:
     return Path(xdg) / "dpsynth" / "ledger.sqlite"
 
 
+def default_ledger_help() -> str:
+    """What a ``--ledger`` help says of its default: the rule, and where it points here.
+
+    Computed when the command line is built (at ``--help``) by `default_ledger_path`, the
+    function the commands call when ``--ledger`` is left out.
+    """
+    return (
+        f"default: $DPSYNTH_LEDGER, else <data folder>/dpsynth/ledger.sqlite; "
+        f"here {default_ledger_path()}"
+    )
+
+
 def default_work_dir(release_dir: str | Path, ledger_path: str | Path | None = None) -> Path:
     """Private work folder of the DP run that releases into `release_dir`.
 

@@ -17,7 +17,7 @@ import typer
 from retriever.cli import evaluate, export, network, rag, service, train
 from retriever.cli.data import data_app
 from retriever.cli.index import index_app
-from synthgen.cli.common import run
+from synthgen.cli.common import global_options, run
 
 __all__ = ["app", "main", "run"]
 
@@ -26,7 +26,11 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's own help layout: option names are never cut (rich's table cuts them with
+    # "…" below ~100 columns); the tree inherits the top-level app's mode
+    rich_markup_mode=None,
 )
+app.callback()(global_options)
 app.add_typer(data_app, name="data")
 app.add_typer(index_app, name="index")
 app.add_typer(rag.privacy_app, name="privacy")

@@ -8,15 +8,21 @@ from typing import Annotated
 
 import typer
 
+from synthgen.cli.common import positive, probability
+
 
 def build(
     private: Annotated[Path, typer.Option(help="private corpus.jsonl (doc_id, text)")],
-    epsilon: Annotated[float, typer.Option(help="epsilon of the whole release (paid once)")],
+    epsilon: Annotated[
+        float, typer.Option(help="epsilon of the whole release (paid once)", callback=positive)
+    ],
     out: Annotated[Path, typer.Option(help="release folder (safe to ship)")],
     name: Annotated[
         str | None, typer.Option(help="contributor's public name (default: --out's name)")
     ] = None,
-    delta: Annotated[float, typer.Option(help="delta of the whole release")] = 1e-5,
+    delta: Annotated[
+        float, typer.Option(help="delta of the whole release", callback=probability)
+    ] = 1e-5,
     work: Annotated[
         Path | None,
         typer.Option(help="private work folder: ledger, keys, private index (never ship it)"),

@@ -16,6 +16,8 @@ from typing import Annotated
 
 import typer
 
+from synthgen.cli.common import positive, probability
+
 contributor_app = typer.Typer(
     help="A contributor of the retrieval network: its release, its keys, its server.",
     no_args_is_help=True,
@@ -110,12 +112,17 @@ def card(release: DirOption) -> None:
 def key_add(
     name: Annotated[str, typer.Argument(help="the caller's (tenant's) name")],
     work: WorkOption,
-    epsilon: Annotated[float, typer.Option(help="the tenant's epsilon cap for /answer")],
-    delta: Annotated[float, typer.Option(help="its delta cap")],
+    epsilon: Annotated[
+        float, typer.Option(help="the tenant's epsilon cap for /answer", callback=positive)
+    ],
+    delta: Annotated[float, typer.Option(help="its delta cap", callback=probability)],
     collection_epsilon: Annotated[
-        float | None, typer.Option(help="cap over all tenants, if the collection has none")
+        float | None,
+        typer.Option(help="cap over all tenants, if the collection has none", callback=positive),
     ] = None,
-    collection_delta: Annotated[float | None, typer.Option(help="its delta cap")] = None,
+    collection_delta: Annotated[
+        float | None, typer.Option(help="its delta cap", callback=probability)
+    ] = None,
 ) -> None:
     """Register a caller on this contributor's ledger and print its API key (shown once).
 

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from synthgen.cli.common import LedgerOption, positive, probability
+
 privacy_app = typer.Typer(help="Privacy calculators.", no_args_is_help=True)
 
 
@@ -74,19 +76,27 @@ def answer(
     mechanism: Annotated[
         str, typer.Option(help="auto (best evaluated) | icl | vote | sparse-vote | answer-vote")
     ] = "auto",
-    ledger: Annotated[
-        str | None, typer.Option(help="ledger file or URL (default: data folder)")
-    ] = None,
+    ledger: LedgerOption = None,
     tenant: Annotated[str, typer.Option(help="who pays")] = "default",
     tenant_epsilon: Annotated[
-        float, typer.Option(help="cap of a new tenant scope (existing scopes keep theirs)")
+        float,
+        typer.Option(
+            help="cap of a new tenant scope (existing scopes keep theirs)", callback=positive
+        ),
     ] = 10.0,
-    tenant_delta: Annotated[float, typer.Option(help="delta cap of a new tenant scope")] = 1e-5,
+    tenant_delta: Annotated[
+        float, typer.Option(help="delta cap of a new tenant scope", callback=probability)
+    ] = 1e-5,
     collection_epsilon: Annotated[
         float | None,
-        typer.Option(help="cap over all tenants, if the collection has none (required then)"),
+        typer.Option(
+            help="cap over all tenants, if the collection has none (required then)",
+            callback=positive,
+        ),
     ] = None,
-    collection_delta: Annotated[float | None, typer.Option(help="its delta cap")] = None,
+    collection_delta: Annotated[
+        float | None, typer.Option(help="its delta cap", callback=probability)
+    ] = None,
     k: Annotated[
         int | None, typer.Option(help="documents the DP threshold aims at (default: evaluated)")
     ] = None,

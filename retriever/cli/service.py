@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from synthgen.cli.common import positive, probability
+
 tenant_app = typer.Typer(help="Tenants of the DP-RAG service.", no_args_is_help=True)
 
 LedgerOption = Annotated[str, typer.Option(help="ledger file or PostgreSQL URL")]
@@ -26,7 +28,9 @@ def serve(
     lm: Annotated[str, typer.Option(help="LM asset or path; 'tiny': byte-level test model")] = (
         "smollm2-135m-instruct"
     ),
-    answer_epsilon: Annotated[float, typer.Option(help="every answer's epsilon")] = 1.0,
+    answer_epsilon: Annotated[
+        float, typer.Option(help="every answer's epsilon", callback=positive)
+    ] = 1.0,
     mechanism: Annotated[
         str,
         typer.Option(
@@ -51,7 +55,7 @@ def serve(
         typer.Option(help="documents the DP threshold aims to select (default: evaluation's)"),
     ] = None,
     max_tokens: Annotated[int, typer.Option(help="most answer tokens")] = 12,
-    delta: Annotated[float, typer.Option(help="per-answer delta")] = 1e-6,
+    delta: Annotated[float, typer.Option(help="per-answer delta", callback=probability)] = 1e-6,
     composition: Annotated[str, typer.Option(help="icl tokens: pure | bounded-range")] = "pure",
     min_score: Annotated[float, typer.Option(help="public lower clip of similarities")] = 0.0,
     max_score: Annotated[float, typer.Option(help="public upper clip of similarities")] = 1.0,
@@ -113,30 +117,36 @@ def serve(
 @tenant_app.command("add")
 def tenant_add(
     name: Annotated[str, typer.Argument(help="tenant name")],
-    epsilon: Annotated[float, typer.Option(help="the tenant's epsilon cap")],
-    delta: Annotated[float, typer.Option(help="the tenant's delta cap")],
+    epsilon: Annotated[float, typer.Option(help="the tenant's epsilon cap", callback=positive)],
+    delta: Annotated[float, typer.Option(help="the tenant's delta cap", callback=probability)],
     ledger: LedgerOption,
     dataset: Annotated[str, typer.Option(help="collection name in the ledger (serve's --dataset)")],
     collection_epsilon: Annotated[
-        float | None, typer.Option(help="cap over all tenants, if the collection has none")
+        float | None,
+        typer.Option(help="cap over all tenants, if the collection has none", callback=positive),
     ] = None,
-    collection_delta: Annotated[float | None, typer.Option(help="its delta cap")] = None,
+    collection_delta: Annotated[
+        float | None, typer.Option(help="its delta cap", callback=probability)
+    ] = None,
 ) -> None:
     """Register a tenant with its budget and print its API key (shown once, stored hashed).
 
     The tenant's delta cap may not exceed the collection's (which `retriever serve` checks
-    against 1/n for the collection's n documents).
+    against 1/n for the collection's n documents). Caps are checked before the ledger is
+    opened; a ledger file this command created is removed again if it refuses the tenant.
     """
     from retriever.service.tenants import TenantRegistry
+    from synthgen.privacy.ledger_store import removed_if_refused
 
-    key = TenantRegistry.open(ledger).add(
-        name,
-        dataset,
-        epsilon=epsilon,
-        delta=delta,
-        collection_epsilon=collection_epsilon,
-        collection_delta=collection_delta,
-    )
+    with removed_if_refused(ledger):
+        key = TenantRegistry.open(ledger).add(
+            name,
+            dataset,
+            epsilon=epsilon,
+            delta=delta,
+            collection_epsilon=collection_epsilon,
+            collection_delta=collection_delta,
+        )
     print(key)
 
 
@@ -147,7 +157,7 @@ def tenant_list(
 ) -> None:
     """Tenants, their budgets per collection, and the collections' caps."""
     from retriever.service.tenants import TenantRegistry
-    from synthgen.privacy import COLLECTION
+    from synthgen.privacy import COLLECTION, format_epsilon
 
     registry = TenantRegistry.open(ledger)
     scopes = registry.ledger.scopes()
@@ -164,6 +174,7 @@ def tenant_list(
                     "epsilon_cap": scope.epsilon_cap,
                     "delta_cap": scope.delta_cap,
                     "spent_epsilon": spend.epsilon,
+                    "spent_epsilon_text": format_epsilon(spend.epsilon),
                     "charges": spend.num_charges,
                 }
             )
@@ -178,6 +189,7 @@ def tenant_list(
                 "epsilon_cap": scope.epsilon_cap,
                 "delta_cap": scope.delta_cap,
                 "spent_epsilon": spend.epsilon,
+                "spent_epsilon_text": format_epsilon(spend.epsilon),
                 "charges": spend.num_charges,
                 "notes": registry.ledger.scope_notes(COLLECTION, scope.dataset),
                 "answer_event": registry.ledger.event_shape(COLLECTION, scope.dataset),
@@ -189,7 +201,7 @@ def tenant_list(
         return
     print(f"{'tenant':28} {'status':8} {'dataset':16} {'spent/cap eps':>16} {'charges':>8}  key")
     for r in rows:
-        spent = f"{r['spent_epsilon']:.3g}/{r['epsilon_cap']:g}"
+        spent = f"{r['spent_epsilon_text']}/{r['epsilon_cap']:g}"
         print(
             f"{r['tenant']:28} {r['status']:8} {r['dataset']:16} {spent:>16} "
             f"{r['charges']:>8}  {r['key']}"

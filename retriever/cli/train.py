@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from synthgen.cli.common import LedgerOption
+
 
 def train(
     pairs: Annotated[Path, typer.Option(help="queries.jsonl (generator output or plain)")],
@@ -111,9 +113,7 @@ def train_dp(
     batch_size: Annotated[int, typer.Option(help="expected batch size")] = 64,
     clip_norm: Annotated[float, typer.Option()] = 1.0,
     learning_rate: Annotated[float, typer.Option()] = 1e-3,
-    ledger: Annotated[
-        str | None, typer.Option(help="ledger: file, sqlite:///... or postgresql://...")
-    ] = None,
+    ledger: LedgerOption = None,
     tenant: Annotated[str, typer.Option()] = "default",
     dataset: Annotated[str | None, typer.Option(help="default: the queries file name")] = None,
     seed: Annotated[int | None, typer.Option(help="tests only; default OS entropy")] = None,

@@ -17,7 +17,10 @@ Endpoints (JSON; every one but ``/``, ``/card`` and ``/health`` needs
     An answer runs at most ``answer_timeout`` seconds: past it, the answer stops releasing
     tokens and comes back with ``truncated: true``, charged as usual.
   * ``GET /budget``: the tenant's caps, spend, remaining budget, how many answers still
-    fit (the ledger's own check) and charge log.
+    fit (the ledger's own check) and charge log. The spend is the ledger's stated figure
+    (`PrivacyLedger.spent`, a function of the recorded events, as ``synthgen ledger show``
+    states it), also written by `format_epsilon` (``spent_epsilon_text``, 4 decimals
+    rounded up; ``remaining_epsilon_text`` is the cap less it, rounded down).
   * ``GET /card`` (no key): the public card of what the service releases and under which
     guarantee, when it has one (a network contributor's, `retriever.network.contributor`).
   * ``GET /``: a one-file page to ask questions and watch the budget.
@@ -86,7 +89,13 @@ from retriever.service.responses import (
     invalid_text,
 )
 from retriever.service.tenants import AuthError, TenantRegistry
-from synthgen.privacy import COLLECTION, BudgetExceededError, PrivacyLedger
+from synthgen.privacy import (
+    COLLECTION,
+    BudgetExceededError,
+    PrivacyLedger,
+    format_epsilon,
+    format_remaining,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +198,8 @@ class Service:
 
     def budget_refusal(self, tenant: str, epsilon: float, exc: BudgetExceededError) -> Refusal:
         """The 402 for an answer whose worst case does not fit (remaining budget in it)."""
-        remaining = self.ledger.spent(tenant, self.dataset).epsilon_remaining
+        spend = self.ledger.spent(tenant, self.dataset)
+        remaining = spend.epsilon_remaining
         cap = self.ledger.get_scope(tenant, self.dataset).epsilon_cap
         if exc.tenant == COLLECTION:
             error = "collection_budget_exhausted"
@@ -204,6 +214,7 @@ class Service:
             error,
             detail,
             remaining_epsilon=remaining,
+            remaining_epsilon_text=format_remaining(cap, spend.epsilon),
             requested_epsilon=epsilon,
             epsilon_cap=cap,
         )
@@ -281,7 +292,9 @@ class Service:
             "delta_cap": scope.delta_cap,
             "accountant": scope.accountant,
             "spent_epsilon": spend.epsilon,
+            "spent_epsilon_text": format_epsilon(spend.epsilon),
             "remaining_epsilon": spend.epsilon_remaining,
+            "remaining_epsilon_text": format_remaining(scope.epsilon_cap, spend.epsilon),
             "num_charges": spend.num_charges,
             "answers_left": self.answers_left(tenant),
             "answers_left_limit": self.config.max_answers_shown,

@@ -17,7 +17,7 @@ import typer
 from synthgen.cli import evolution, fewshot, querygen
 from synthgen.cli.assets import assets_app
 from synthgen.cli.audit import audit_app
-from synthgen.cli.common import USER_ERRORS, run
+from synthgen.cli.common import USER_ERRORS, global_options, run
 from synthgen.cli.ledger import ledger_app
 from synthgen.cli.lm import lm_app
 from synthgen.cli.pipeline import pipeline_app
@@ -30,7 +30,11 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's own help layout: option names are never cut (rich's table cuts them with
+    # "…" below ~100 columns); the tree inherits the top-level app's mode
+    rich_markup_mode=None,
 )
+app.callback()(global_options)
 app.add_typer(assets_app, name="assets")
 app.add_typer(privacy_app, name="privacy")
 app.add_typer(ledger_app, name="ledger")

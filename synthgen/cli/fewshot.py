@@ -327,12 +327,10 @@ def generate_queries_fewshot(
     server_concurrency: ServerConcurrencyOption = 8,
     limit: Annotated[int | None, typer.Option(help="first N (public) documents only")] = None,
     split: SplitOption = "all",
-    ledger: Annotated[
-        str | None, typer.Option(help="ledger: file, sqlite:///... or postgresql://...")
-    ] = None,
+    ledger: LedgerOption = None,
     tenant: Annotated[str, typer.Option()] = "default",
     dataset: Annotated[str | None, typer.Option(help="ledger dataset (default: file name)")] = None,
-    budget: Annotated[float | None, typer.Option()] = None,
+    budget: BudgetOption = None,
     seed: SeedOption = None,
 ) -> None:
     """Training-free DP synthetic queries for public documents (few-shot over private pairs)."""

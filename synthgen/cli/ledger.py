@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from synthgen.paths import default_ledger_path
+from synthgen.paths import default_ledger_help, default_ledger_path
+from synthgen.privacy.figures import format_epsilon, format_remaining
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_copy import copy_ledger
 
@@ -25,7 +26,9 @@ def _open_ledger(db: str | None) -> PrivacyLedger:
 
 LedgerOption = Annotated[
     str | None,
-    typer.Option(help="ledger: file path, sqlite:///path or postgresql://... ($DPSYNTH_LEDGER)"),
+    typer.Option(
+        help=f"ledger: file path, sqlite:///path or postgresql://... ({default_ledger_help()})"
+    ),
 ]
 
 
@@ -33,7 +36,11 @@ LedgerOption = Annotated[
 def ledger_show(
     db: LedgerOption = None, as_json: Annotated[bool, typer.Option("--json")] = False
 ) -> None:
-    """Spent and remaining budget of every scope."""
+    """Spent and remaining budget of every scope.
+
+    The spend is the ledger's stated figure (`PrivacyLedger.spent`), written as everywhere
+    else (`format_epsilon`: 4 decimals rounded up; ``--json`` also has the float).
+    """
     ledger = _open_ledger(db)
     rows = []
     for scope in ledger.scopes():
@@ -47,7 +54,9 @@ def ledger_show(
                 "epsilon_cap": scope.epsilon_cap,
                 "delta_cap": scope.delta_cap,
                 "epsilon_spent": spend.epsilon,
+                "epsilon_spent_text": format_epsilon(spend.epsilon),
                 "epsilon_remaining": spend.epsilon_remaining,
+                "epsilon_remaining_text": format_remaining(scope.epsilon_cap, spend.epsilon),
                 "charges": spend.num_charges,
             }
         )
@@ -56,7 +65,7 @@ def ledger_show(
         return
     for r in rows:
         print(
-            f"{r['tenant']}/{r['dataset']}: epsilon {r['epsilon_spent']:.4f} of "
+            f"{r['tenant']}/{r['dataset']}: epsilon {r['epsilon_spent_text']} of "
             f"{r['epsilon_cap']:g} spent at delta={r['delta_cap']:g} ({r['accountant']}, "
             f"{r['relation']}, {r['charges']} charges)"
         )
@@ -71,8 +80,9 @@ def ledger_verify(db: LedgerOption = None) -> None:
         check = ledger.verify(scope.tenant, scope.dataset)
         sound = check.stated >= check.best * (1 - 1e-9)
         failed += not sound
+        stated = format_epsilon(check.stated)
         print(
-            f"{scope.tenant}/{scope.dataset}: stated {check.stated:.4f}, recomposed PLD "
+            f"{scope.tenant}/{scope.dataset}: stated {stated}, recomposed PLD "
             f"{check.pld:.4f}, RDP {check.rdp:.4f} ({check.num_charges} charges) "
             f"{'ok' if sound else 'BELOW THE RECOMPOSITION'}"
         )

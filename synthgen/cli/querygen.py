@@ -9,7 +9,14 @@ from typing import Annotated
 
 import typer
 
-from synthgen.cli.common import SEED_WARNING, PresetOption, SeedOption, SplitOption
+from synthgen.cli.common import (
+    SEED_WARNING,
+    BudgetOption,
+    LedgerOption,
+    PresetOption,
+    SeedOption,
+    SplitOption,
+)
 from synthgen.paths import default_ledger_path, default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger, Scope
 
@@ -38,14 +45,12 @@ def train_generator(
     split: SplitOption = "all",
     document_field: Annotated[str, typer.Option()] = "document",
     query_field: Annotated[str, typer.Option()] = "query",
-    ledger: Annotated[
-        str | None, typer.Option(help="ledger: file, sqlite:///... or postgresql://...")
-    ] = None,
+    ledger: LedgerOption = None,
     tenant: Annotated[str, typer.Option(help="ledger tenant")] = "default",
     dataset: Annotated[
         str | None, typer.Option(help="ledger dataset (default: pairs name)")
     ] = None,
-    budget: Annotated[float | None, typer.Option(help="epsilon cap of a new ledger scope")] = None,
+    budget: BudgetOption = None,
     seed: SeedOption = None,
     work_dir: Annotated[
         Path | None,

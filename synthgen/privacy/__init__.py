@@ -24,6 +24,7 @@ from synthgen.privacy.accounting import (
     steps_for_epochs,
 )
 from synthgen.privacy.errors import BudgetExceededError, PrivacyError, UnsupportedEventError
+from synthgen.privacy.figures import format_epsilon, format_remaining
 from synthgen.privacy.ledger import COLLECTION, Charge, PrivacyLedger, Scope, Spend
 from synthgen.privacy.mechanisms import (
     AboveThreshold,
@@ -56,6 +57,8 @@ __all__ = [
     "event_from_json",
     "event_to_json",
     "exponential_mechanism",
+    "format_epsilon",
+    "format_remaining",
     "gaussian_event",
     "gaussian_mechanism",
     "laplace_event",

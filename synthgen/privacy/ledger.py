@@ -40,6 +40,16 @@ it widens), folds in the rows other processes committed since it last looked (re
 the charge's transaction), and extends it by the new events: constant time per charge
 however long the history. The summary is a cache of the recorded events, never the record:
 `verify` rebuilds it from the rows and compares.
+
+Stated spend: a running summary depends on the order in which its process saw the events
+(its PLD grid coarsens along the way), so a long-lived service and a fresh command line
+could state one record a few 1e-4 apart, both upper bounds. What the ledger states
+(`spent`, hence ``/budget``, ``synthgen ledger show``, reports) is one function of the
+record: the summary of its `summary.EventTally` (identical events self-composed, in order
+of first record), caught up row by row and recomposed only when rows were added. The
+running summary is for the constant-cost charge checks only. People read it through one
+helper, `figures.format_epsilon` (4 decimals, rounded up, so a shown spend is never below
+the stated one).
 """
 
 from __future__ import annotations
@@ -57,7 +67,7 @@ from dp_accounting import dp_event
 from synthgen.privacy import accounting
 from synthgen.privacy.errors import BudgetExceededError, PrivacyError, UnsupportedEventError
 from synthgen.privacy.ledger_store import Connection, LedgerStore
-from synthgen.privacy.summary import ScopeSummary, event_pld, pld_epsilon
+from synthgen.privacy.summary import EventTally, ScopeSummary, event_pld, pld_epsilon
 
 LedgerAccountant = Literal["pld", "rdp", "basic"]
 LEDGER_ACCOUNTANTS = ("pld", "rdp", "basic")
@@ -81,7 +91,8 @@ class EventShapeError(PrivacyError):
     """A scope records another event shape than the one a caller would charge.
 
     Attributes:
-      tenant, dataset: the scope.
+      tenant: the scope's tenant.
+      dataset: the scope's dataset.
       recorded: the shape the scope records (public).
       requested: the caller's shape (public).
     """
@@ -208,6 +219,7 @@ class PrivacyLedger:
         self.location: str = self._store.identity  # path or password-free URL
         self.backend: str = self._store.dialect
         self._summaries: dict[tuple[str, str], tuple[ScopeSummary, float | None]] = {}
+        self._stated: dict[tuple[str, str], tuple[EventTally, float | None, ScopeSummary]] = {}
         self._cache_lock = threading.Lock()
 
     @property
@@ -685,12 +697,18 @@ class PrivacyLedger:
         return [Charge(*row) for row in rows]
 
     def spent(self, tenant: str, dataset: str) -> Spend:
-        """Composed spend of a scope under its accountant, and what remains of its cap."""
+        """Composed spend of a scope under its accountant, and what remains of its cap.
+
+        The stated spend: a function of the recorded events alone (the summary of their
+        `EventTally`), the same figure in every process whatever it charged before, never
+        below the exact composition (pessimistic PLD, RDP and basic bounds). A long-lived
+        object's running summary, which its charge checks use, may state a little more.
+        """
         with self._store.read() as conn:
             scope = self._scope(conn, tenant, dataset)
             if scope is None:
                 raise KeyError(f"no ledger scope for {tenant=}, {dataset=}")
-            summary = self._summary(conn, scope)
+            summary = self._stated_summary(conn, scope)[0]
         eps, delta = summary.spend(scope.delta_cap)
         return Spend(
             epsilon=eps,
@@ -706,13 +724,15 @@ class PrivacyLedger:
         """Recomposes the scope's recorded events from scratch and states both figures.
 
         Slow (linear in the history): for audits and tests, never on the charge path.
-        The running summary is sound if ``stated >= best`` (up to float rounding) and tight
-        if ``stated <= 1.05 * best``.
+        The running summary (what this object's charge checks use; in a fresh process the
+        stated spend of `spent`) is sound if ``stated >= best`` (up to float rounding) and
+        tight if ``stated <= 1.05 * best``.
         """
         scope = self.get_scope(tenant, dataset)
         charges = self.charges(tenant, dataset)
         records = [(c.event, c.epsilon, c.delta, c.relation) for c in charges]
-        stated = self.spent(tenant, dataset).epsilon
+        with self._store.read() as conn:
+            stated = self._summary(conn, scope).spend(scope.delta_cap)[0]
         if scope.accountant == "basic":
             total = sum(c.epsilon for c in charges)
             return Recomposition(stated, total, total, len(charges))
@@ -775,15 +795,7 @@ class PrivacyLedger:
         if cached is not None:
             summary, last_time = cached
             if (summary.accountant, summary.relation) == (scope.accountant, scope.relation):
-                if summary.last_id == 0:
-                    alive = True
-                else:  # the row the summary ends with is still there: same ledger
-                    row = conn.execute(
-                        f"SELECT created_at FROM charges WHERE id = ? AND {where}",
-                        (summary.last_id, *params),
-                    ).fetchone()
-                    alive = row is not None and row[0] == last_time
-                if alive:
+                if self._still_there(conn, where, params, summary.last_id, last_time):
                     rows = conn.execute(
                         select + " AND charges.id > ? ORDER BY charges.id",
                         (*params, summary.last_id),
@@ -794,15 +806,56 @@ class PrivacyLedger:
                     if rows:
                         self._remember(scope, summary, rows[-1][5])
                     return summary
-        rows = conn.execute(select + " ORDER BY charges.id", params).fetchall()
-        summary = ScopeSummary.build(
-            scope.accountant,
-            scope.relation,
-            [self._row_record(scope, row[1:5]) for row in rows],
-            last_id=int(rows[-1][0]) if rows else 0,
-        )
-        self._remember(scope, summary, rows[-1][5] if rows else None)
+        summary, last_time = self._stated_summary(conn, scope)  # the record's own summary
+        self._remember(scope, summary, last_time)
         return summary
+
+    @staticmethod
+    def _still_there(
+        conn: Connection, where: str, params: tuple, last_id: int, last_time: float | None
+    ) -> bool:
+        """Whether the row a cache ends with is still there (same ledger, not replaced)."""
+        if last_id == 0:
+            return True
+        row = conn.execute(
+            f"SELECT created_at FROM charges WHERE id = ? AND {where}", (last_id, *params)
+        ).fetchone()
+        return row is not None and row[0] == last_time
+
+    def _stated_summary(self, conn: Connection, scope: Scope) -> tuple[ScopeSummary, float | None]:
+        """(the summary of the scope's `EventTally`, the time of its last row): what the
+        ledger states, a function of the recorded rows alone. The tally catches up with
+        rows committed since this object last looked; the summary is recomposed only when
+        there were some."""
+        key = (scope.tenant, scope.dataset)
+        where, params = _rows_of(scope.tenant, scope.dataset)
+        with self._cache_lock:
+            cached = self._stated.get(key)
+        tally, last_time, summary = EventTally(), None, None
+        if (
+            cached is not None
+            and (cached[2].accountant, cached[2].relation) == (scope.accountant, scope.relation)
+            and self._still_there(conn, where, params, cached[0].last_id, cached[1])
+        ):
+            tally, last_time, summary = cached
+        rows = conn.execute(
+            "SELECT charges.id, event, epsilon, delta, "
+            f"COALESCE(charges.relation, scopes.relation), charges.created_at FROM {_CHARGE_FROM}"
+            f" WHERE {where} AND charges.id > ? ORDER BY charges.id",
+            (*params, tally.last_id),
+        ).fetchall()
+        if rows or summary is None:
+            tally = tally.added(
+                [self._row_record(scope, row[1:5]) for row in rows],
+                last_id=int(rows[-1][0]) if rows else tally.last_id,
+            )
+            last_time = rows[-1][5] if rows else last_time
+            summary = tally.summary(scope.accountant, scope.relation)
+            with self._cache_lock:
+                known = self._stated.get(key)
+                if known is None or known[0].last_id <= tally.last_id:
+                    self._stated[key] = (tally, last_time, summary)
+        return summary, last_time
 
     def _remember(self, scope: Scope, summary: ScopeSummary, last_time: float | None) -> None:
         key = (scope.tenant, scope.dataset)

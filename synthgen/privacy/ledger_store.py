@@ -136,6 +136,46 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def sqlite_path(location: str | Path) -> Path | None:
+    """The file of a SQLite ledger location (path or ``sqlite:///path``); None for a server."""
+    text = str(location)
+    if text.startswith(("postgresql://", "postgres://")):
+        return None
+    return Path(text.removeprefix("sqlite:///") if text.startswith("sqlite:") else text)
+
+
+@contextmanager
+def removed_if_refused(location: str | Path) -> Iterator[None]:
+    """Runs a block that may create the SQLite ledger at `location`; if the block raises,
+    removes what it created (the file, its journal files, the folders made for it).
+
+    A command refused after it opened a new ledger (``retriever tenant add`` with a bad
+    cap) must not leave an empty ledger behind. Nothing that existed before the block is
+    removed, and server ledgers (PostgreSQL) are left alone.
+    """
+    path = sqlite_path(location)
+    if path is None or path.exists():
+        yield
+        return
+    path = path.expanduser()
+    new_folders = []
+    folder = path.parent
+    while not folder.exists():
+        new_folders.append(folder)
+        folder = folder.parent
+    try:
+        yield
+    except BaseException:
+        for name in (path, *(Path(f"{path}{end}") for end in ("-journal", "-wal", "-shm"))):
+            name.unlink(missing_ok=True)
+        for made in new_folders:  # innermost first; only if nothing else was put there
+            try:
+                made.rmdir()
+            except OSError:
+                break
+        raise
+
+
 class LedgerStore:
     """Connections, transactions and migrations of one ledger database.
 
@@ -152,7 +192,7 @@ class LedgerStore:
             self.identity = redact_url(text)
             self._local = threading.local()
         else:
-            path = Path(text.removeprefix("sqlite:///") if text.startswith("sqlite:") else text)
+            path = sqlite_path(text)
             self.dialect, self.path = "sqlite", path
             self.url = f"sqlite:///{path}"
             self.identity = str(path.expanduser().resolve())

@@ -21,7 +21,10 @@ The statement is the least of the valid bounds for the scope's accountant (``pld
 cache, RDP + basic remainder, pure sum; ``rdp``: RDP, pure sum; ``basic``: the sums). A
 summary is a cache derived from the recorded events: `ScopeSummary.build` recomputes it
 from the records (identical events grouped into self-compositions), and the ledger's
-`verify` compares the two.
+`verify` compares the two. An extended summary depends on the order in which a process saw
+the events (its PLD grid coarsens along the way): two processes may state the same record
+a few 1e-4 apart, both upper bounds. What the ledger *states* is therefore the summary of
+the `EventTally` of the record, a function of the recorded events alone.
 
 Costs: one RDP vector addition, one FFT convolution of at most `MAX_PLD_BINS` bins and a
 vectorised epsilon search per event, whatever the history's length. Each distinct event's
@@ -33,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections import Counter
 from collections.abc import Iterable
 
 import numpy as np
@@ -332,20 +334,72 @@ class ScopeSummary:
         last_id: int = 0,
     ) -> ScopeSummary:
         """Summary of `records` ((event JSON in the scope's relation, standalone figures)),
-        identical events grouped into self-compositions."""
-        counts: Counter = Counter()
-        standalone: dict[str, tuple[float, float]] = {}
-        basic = [0.0, 0.0]
+        identical events grouped into self-compositions (`EventTally.summary`)."""
+        return EventTally().added(records, last_id=last_id).summary(accountant, relation)
+
+
+@dataclasses.dataclass(frozen=True)
+class EventTally:
+    """A scope's recorded events as a multiset: all that `ScopeSummary.build` reads.
+
+    Distinct event JSONs in order of first record, with their counts and first standalone
+    figures, and the row-by-row sums of the standalone figures. Extending a tally by new
+    rows (in id order) gives the tally of the whole record, so its summary is a function
+    of the recorded events alone, whatever the process saw before: the ledger's stated
+    spend (`PrivacyLedger.spent`).
+
+    Attributes:
+      counts: event JSON -> how many rows recorded it (insertion order: first record).
+      standalone: event JSON -> the standalone figures of its first row.
+      basic_epsilon, basic_delta: row-by-row sums of the standalone figures.
+      num_events: rows folded in.
+      last_id: id of the last row folded in (0: none).
+    """
+
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    standalone: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    basic_epsilon: float = 0.0
+    basic_delta: float = 0.0
+    num_events: int = 0
+    last_id: int = 0
+
+    def added(
+        self, records: Iterable[tuple[str, tuple[float, float]]], *, last_id: int | None = None
+    ) -> EventTally:
+        """This tally with `records` (event JSON, standalone figures) folded in, in order."""
+        counts, standalone = dict(self.counts), dict(self.standalone)
+        basic = [self.basic_epsilon, self.basic_delta]
+        num = self.num_events
         for event_json, figures in records:
-            counts[event_json] += 1
+            counts[event_json] = counts.get(event_json, 0) + 1
             standalone.setdefault(event_json, figures)
             basic[0] += figures[0]
             basic[1] += figures[1]
-        summary = cls(accountant, relation)
-        for event_json, count in counts.items():
-            summary = summary.extended(event_json, standalone[event_json], count=count)
+            num += 1
+        return EventTally(
+            counts,
+            standalone,
+            basic[0],
+            basic[1],
+            num,
+            self.last_id if last_id is None else last_id,
+        )
+
+    def summary(self, accountant: str, relation: str) -> ScopeSummary:
+        """The summary of the tallied events: each distinct event self-composed its count
+        of times, in order of first record.
+
+        Raises:
+          UnsupportedEventError: the accountant cannot compose an event.
+        """
+        summary = ScopeSummary(accountant, relation)
+        for event_json, count in self.counts.items():
+            summary = summary.extended(event_json, self.standalone[event_json], count=count)
         # Standalone figures of identical events can differ (stated at other deltas): the
         # basic sums are taken row by row.
         return dataclasses.replace(
-            summary, last_id=last_id, basic_epsilon=basic[0], basic_delta=basic[1]
+            summary,
+            last_id=self.last_id,
+            basic_epsilon=self.basic_epsilon,
+            basic_delta=self.basic_delta,
         )

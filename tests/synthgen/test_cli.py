@@ -113,3 +113,101 @@ def test_ledger_show(tmp_path):
     [row] = json.loads(result.stdout)
     assert row["charges"] == 1 and abs(row["epsilon_spent"] - 0.25) < 1e-3
     assert row["relation"] == "ADD_OR_REMOVE_ONE"
+
+
+# ---- issue 34: --version, --debug in --help, option names at 80 columns, caps, --ledger ----
+
+
+def _commands(group, path=()):
+    """(command path, click command) of every command of a click group, depth first."""
+    import click
+
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+        else:
+            yield (*path, name), command
+
+
+def assert_every_option_shown_in_full(app):
+    """`--help` of every command at COLUMNS=80 names every option of it uncut."""
+    import typer
+    from typer.testing import CliRunner
+
+    runner, root = CliRunner(), typer.main.get_command(app)
+    commands = list(_commands(root))
+    assert len(commands) >= 5
+    for path, command in commands:
+        result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "80"})
+        assert result.exit_code == 0, (path, result.output)
+        assert "…" not in result.output, path
+        words = set(result.output.replace(",", " ").replace("/", " ").split())
+        for param in command.params:
+            for name in (*param.opts, *param.secondary_opts):
+                if name.startswith("-"):
+                    assert name in words, f"{' '.join(path)} --help cuts {name}"
+
+
+def test_version():
+    from importlib.metadata import version
+
+    result = _synthgen("--version")
+    assert result.returncode == 0
+    assert result.stdout == f"dpsynth {version('dpsynth')}\n"
+
+
+def test_debug_is_a_documented_global_option():
+    result = _synthgen("--help")
+    assert result.returncode == 0
+    assert "--debug" in result.stdout and "--version" in result.stdout
+    # before the subcommand too (as --help now suggests), not only after it
+    before = _synthgen(
+        "--debug", "privacy", "dpsgd", "--num-examples", "10", "--batch-size", "100",
+        "--epochs", "1", "--delta", "1e-5", "--noise-multiplier", "1",
+    )  # fmt: skip
+    assert before.returncode != 0 and "Traceback" in before.stderr
+
+
+def test_help_shows_every_option_name_in_full_at_80_columns():
+    from synthgen.cli import app
+
+    assert_every_option_shown_in_full(app)
+
+
+def test_a_bad_cap_names_the_option_and_exits_2(tmp_path):
+    # parsed first, before the command checks anything else or opens the ledger
+    ledger = str(tmp_path / "l.sqlite")
+    result = _synthgen("generate-docs", "--budget", "-1", "--ledger", ledger, "--epsilon", "1")
+    assert result.returncode == 2
+    assert result.stderr == "error: --budget must be positive, got -1.0\n"
+    assert not (tmp_path / "l.sqlite").exists()
+
+
+def test_ledger_help_names_the_default_path(tmp_path):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "DPSYNTH_LEDGER"}
+    env.update(XDG_DATA_HOME=str(tmp_path / "data"))
+    want = str(tmp_path / "data" / "dpsynth" / "ledger.sqlite")
+    for command in (("ledger", "show"), ("generate-docs",), ("train-generator",)):
+        result = subprocess.run(
+            [sys.executable, "-m", "synthgen.cli", *command, "--help"],
+            capture_output=True, text=True, env=env,
+        )  # fmt: skip
+        text = "".join(result.stdout.split())  # help wraps (and may cut a long path)
+        assert f"<datafolder>/dpsynth/ledger.sqlite;here{want}" in text, command
+
+
+def test_ledger_show_writes_the_spend_rounded_up(tmp_path):
+    from synthgen.privacy import PrivacyLedger, Scope, pure_epsilon_event
+
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.open_scope(Scope("t", "d", 1.0, 1e-6, "basic"))
+    event = pure_epsilon_event(0.12341)
+    ledger.charge("t", "d", stage="s", event=event, relation="ADD_OR_REMOVE_ONE")
+    text = _synthgen("ledger", "show", "--db", str(tmp_path / "l.sqlite")).stdout
+    assert text.startswith("t/d: epsilon 0.1235 of 1 spent")  # up, never below
+    [row] = json.loads(
+        _synthgen("ledger", "show", "--db", str(tmp_path / "l.sqlite"), "--json").stdout
+    )
+    assert (row["epsilon_spent_text"], row["epsilon_remaining_text"]) == ("0.1235", "0.8765")

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from retriever.rag.answer import ABSTENTION_TEXT
-from synthgen.privacy import PrivacyLedger
+from synthgen.privacy import PrivacyLedger, format_remaining
 from tests.retriever.service.harness import Server, add_tenants, bearer, questions
 
 CAP = 2.5  # three answers at the service's epsilon 1.0 (PLD: 2.49), not four
@@ -25,9 +25,13 @@ def served(world, tmp_path):
     server.stop()
 
 
-def _sig3(x: float) -> float:
-    """`x` to the 3 significant digits the page shows (JS toPrecision(3))."""
-    return float(f"{x:.3g}")
+def _ledger_remaining(book: PrivacyLedger) -> str:
+    """alice's remaining epsilon as every front end writes it (`format_remaining`)."""
+    return format_remaining(CAP, book.spent("alice", "corpus").epsilon)
+
+
+def _remaining_text(page) -> str:
+    return REMAINING.fullmatch(page.locator("#remaining").inner_text().strip())[1]
 
 
 def _remaining(page) -> tuple[float, float, int]:
@@ -79,8 +83,7 @@ def test_page_answers_and_shows_the_budget(chromium, served, world):
         assert 0 < spent <= 1.0 + 1e-9
 
         after, cap, charges = _remaining(page)
-        ledger_remaining = book.spent("alice", "corpus").epsilon_remaining
-        assert after == _sig3(ledger_remaining)
+        assert _remaining_text(page) == _ledger_remaining(book)  # the same string
         assert CAP - spent - 0.01 <= after < CAP  # the ledger's composition is never worse
         assert charges == len(book.charges("alice", "corpus")) == 2
         assert page.locator("#log tbody tr").count() == 2
@@ -100,7 +103,8 @@ def test_page_answers_and_shows_the_budget(chromium, served, world):
         _ask(page, questions(world)[2])
         assert page.locator("#cost").inner_text().startswith("cost ε ")  # admitted and shown
         final, cap, charges = _remaining(page)
-        assert final == _sig3(book.spent("alice", "corpus").epsilon_remaining)
+        assert _remaining_text(page) == _ledger_remaining(book)
+        assert final == float(_ledger_remaining(book))
         assert charges == 6 and page.locator("#log tbody tr").count() == 6
         # now none fits: the page disables Ask, and the API indeed refuses the next answer
         assert _api_answers_left(server, key) == 0

@@ -1,0 +1,72 @@
+"""`retriever` command-line contract (issue 34): --version, --debug in --help, option names
+uncut at 80 columns, caps refused by the option's name before any ledger is created."""
+
+import os
+import subprocess
+import sys
+from importlib.metadata import version
+
+from typer.testing import CliRunner
+
+from retriever.cli import app
+from tests.synthgen.test_cli import assert_every_option_shown_in_full
+
+
+def _retriever(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "retriever.cli", *args], capture_output=True, text=True, env=env
+    )
+
+
+def test_version_and_debug_in_help():
+    result = _retriever("--version")
+    assert (result.returncode, result.stdout) == (0, f"dpsynth {version('dpsynth')}\n")
+    result = _retriever("--help")
+    assert result.returncode == 0 and "--debug" in result.stdout and "--version" in result.stdout
+
+
+def test_help_shows_every_option_name_in_full_at_80_columns():
+    assert_every_option_shown_in_full(app)
+    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "80"})
+    assert "--encoder-independent-of-collection" in result.output  # cut before issue 34
+
+
+def _tenant_add(ledger, *caps):
+    return _retriever("tenant", "add", "alice", "--ledger", str(ledger), "--dataset", "d", *caps)
+
+
+def test_a_bad_cap_names_the_option_exits_2_and_creates_no_ledger(tmp_path):
+    ledger = tmp_path / "new" / "ledger.sqlite"
+    for caps, message in [
+        (("--epsilon", "-1", "--delta", "1e-6"), "--epsilon must be positive, got -1.0"),
+        (("--epsilon", "1", "--delta", "1.5"), "--delta must be in (0, 1), got 1.5"),
+        (
+            ("--epsilon", "1", "--delta", "1e-6", "--collection-epsilon", "0"),
+            "--collection-epsilon must be positive, got 0.0",
+        ),
+    ]:
+        result = _tenant_add(ledger, *caps)
+        assert (result.returncode, result.stderr) == (2, f"error: {message}\n")
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_refused_tenant_add_removes_the_ledger_it_created_only(tmp_path):
+    ledger = tmp_path / "new" / "ledger.sqlite"
+    result = _tenant_add(ledger, "--epsilon", "1", "--delta", "1e-6")  # no collection cap
+    assert result.returncode == 1 and "no collection cap" in result.stderr
+    assert not ledger.exists() and not (tmp_path / "new").exists()
+    caps = ("--epsilon", "1", "--delta", "1e-6", "--collection-epsilon", "2")
+    assert _tenant_add(ledger, *caps, "--collection-delta", "1e-6").returncode == 0
+    again = _tenant_add(ledger, *caps, "--collection-delta", "1e-6")  # the name exists
+    assert again.returncode == 1 and "exists" in again.stderr
+    assert ledger.exists()  # not created by the refused command: kept, tenant and all
+    assert "alice" in _retriever("tenant", "list", "--ledger", str(ledger)).stdout
+
+
+def test_ledger_help_names_the_default_path(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "DPSYNTH_LEDGER"}
+    env["XDG_DATA_HOME"] = str(tmp_path / "data")
+    want = str(tmp_path / "data" / "dpsynth" / "ledger.sqlite")
+    for command in (("answer",), ("train-dp",)):
+        result = _retriever(*command, "--help", env=env)
+        assert f"<datafolder>/dpsynth/ledger.sqlite;here{want}" in "".join(result.stdout.split())
