@@ -7,12 +7,12 @@ SERVER_STAMP := $(VENV)/.installed-server-test
 export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test install assets lint bench clean
+.PHONY: demo test install assets lint bench docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,7 +22,7 @@ install: $(STAMP)
 # `make test` needs it (not `make demo`). A failed build is not fatal: those tests then
 # skip with the reason, and the next `make test` tries again.
 $(SERVER_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[test,server-test]' && touch $(SERVER_STAMP) || \
+	$(PY) -m pip install -q -e '.[test,docs,server-test]' && touch $(SERVER_STAMP) || \
 	  echo "warning: could not build llama-cpp-python[server]; the LM server tests will skip" >&2
 
 assets: install
@@ -34,7 +34,13 @@ demo: assets
 test: install $(SERVER_STAMP)
 	$(VENV)/bin/synthgen assets fetch wiki-summaries-en chatterbot-corpus-en smollm2-135m-instruct all-minilm-l6-v2
 	$(VENV)/bin/ruff check synthgen retriever tests scripts
+	$(MAKE) docs
 	$(PY) -m pytest -q
+
+# The documentation site, warnings as errors (a broken link or a renamed function fails).
+docs: install
+	$(VENV)/bin/sphinx-build -E -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs: docs/_build/html/index.html"
 
 bench: install
 	$(PY) scripts/bench_dp_step.py
@@ -44,4 +50,4 @@ lint: install
 	$(VENV)/bin/ruff format --check synthgen retriever tests scripts
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache docs/_build

@@ -619,7 +619,7 @@ def save_encoder(
 ) -> None:
     """Writes out_dir/encoder.json and out_dir/params.msgpack; `load_encoder(out_dir)` reads them.
 
-    encoder.json holds {"base": encoder.name, "family", "dim", "max_len", **extra} (and the
+    encoder.json holds ``{"base": encoder.name, "family", "dim", "max_len", **extra}`` (and the
     vocabulary of a random encoder); the base model itself is not copied.
 
     Args:

@@ -171,7 +171,7 @@ def _flat_shapes(tree: Any) -> dict:
 
 
 def base_folder(name: str) -> Path | None:
-    """The Hugging Face folder of a base model (asset or folder); None for "random:*".
+    """The Hugging Face folder of a base model (asset or folder); None for ``"random:*"``.
 
     Raises:
       FileNotFoundError: neither a folder nor a known asset.

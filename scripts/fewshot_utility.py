@@ -24,8 +24,8 @@ them and scored on the real test split. Cells:
 Privacy: every synthetic cell is released (results.json holds its samples), so all cells
 charge the same private data to ONE ledger scope: `--ledger` (default: the default ledger,
 `synthgen.paths.default_ledger_path`), `--tenant demo --dataset wiki-train`, the scope the
-README's `synthgen generate-docs` run on the same train split charges too; the ledger
-composes them all (the README states the total). `--budget` is the cap of that scope if
+few-shot guide's `synthgen generate-docs` run on the same train split charges too; the ledger
+composes them all (docs/guides/fewshot.md states the total). `--budget` is the cap of that scope if
 this run opens it. Released files hold no timings of private work.
 
 Finished cells are cached in `<out>/cells/*.json` (rerun resumes); writes
@@ -63,7 +63,7 @@ WIKI_TOPICS = (
     "Technology",
     "Uncategorized",
 )
-# Shared with the README's `synthgen generate-docs` run on the same private train split.
+# Shared with the few-shot guide's `synthgen generate-docs` run on the same private train split.
 TENANT, DATASET, PUBLIC_POOL_SIZE, BUDGET = "demo", "wiki-train", 150, 24.0
 
 
@@ -101,7 +101,7 @@ def _cell(out: Path, name: str, run) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The script's options; the ledger scope defaults to the README run's."""
+    """The script's options; the ledger scope defaults to the few-shot guide's run's."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/fewshot_utility"))
     parser.add_argument("--ledger", type=Path, default=None, help="default: the default ledger")

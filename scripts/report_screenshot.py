@@ -1,4 +1,4 @@
-"""A PNG of a pipeline run's report (the README's `docs/demo_report.png`).
+"""A PNG of a pipeline run's report (`docs/demo_report.png`: the README, the main job's guide).
 
 Opens RUN_DIR/report/report.html in headless Chromium (the system's `chromium`, driven by
 playwright; no browser is downloaded), saves a screenshot of the top of the page (the whole

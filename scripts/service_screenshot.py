@@ -1,4 +1,4 @@
-"""The README's screenshot of `retriever serve`'s page (`docs/service_page.png`).
+"""The DP-RAG service guide's screenshot of `retriever serve`'s page (`docs/service_page.png`).
 
 Builds a small fictional medical collection with an exact index, registers one tenant,
 starts `retriever serve` with a real small LM, asks one question in headless Chromium

@@ -1,6 +1,7 @@
 """The private work folder of a DP training run: its resume state and the record of its charge.
 
-Layout:
+Layout::
+
   <work>/checkpoints/  orbax checkpoints: parameters, optimizer state, the noise key data,
                        the batch sampler's PCG64 state and the privacy plan
   <work>/charge.json   {ledger, tenant, dataset, ref, plan, charge_id}: the run's charge

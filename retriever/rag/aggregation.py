@@ -50,7 +50,7 @@ class AggregationConfig:
 
     alpha: float = 1.0
     clip: float = 0.5
-    beta: float = 2.0  # defaults chosen on scripts/dp_rag_eval.py (README, DP-RAG answers)
+    beta: float = 2.0  # defaults chosen on scripts/dp_rag_eval.py (docs/results/tables.md)
     beta_fade_epsilon: float = 2.0
 
     def __post_init__(self) -> None:

@@ -2,9 +2,9 @@
 
 `retriever serve`, `retriever answer` and the pipeline's rag stage default to
 ``mechanism="auto"``: the mechanism that won `scripts/dp_rag_eval.py`
-(`docs/dp_rag_eval.json`, the README's DP-RAG table) at the largest evaluated per-answer
-epsilon not above the requested one (the smallest evaluated one below it), with the k it
-was evaluated at. The choice depends on public parameters only.
+(`docs/dp_rag_eval.json`, the DP-RAG table of docs/results/tables.md) at the largest
+evaluated per-answer epsilon not above the requested one (the smallest evaluated one below
+it), with the k it was evaluated at. The choice depends on public parameters only.
 """
 
 from __future__ import annotations

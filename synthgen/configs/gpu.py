@@ -2,7 +2,7 @@
 
 DP-Adafactor over all local devices of one host (data parallel: `synthgen.dp_train` shards
 each physical batch over `jax.local_devices()`). The pipeline runs on one host; multi-host
-training is a library feature of `dp_train` (see the README's Scaling section). T5 weights
+training is a library feature of `dp_train` (see docs/guides/scaling.md). T5 weights
 do not ship on PyPI: point DPSYNTH_T5_BASE at a Hugging Face t5-base folder (config.json,
 model.safetensors, spiece.model). Every wiki document; one synthetic query per train document.
 

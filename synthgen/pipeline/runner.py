@@ -8,7 +8,8 @@ is "running" was interrupted: calling it again with the same fingerprint resumes
 generator and the encoder resume from their checkpoints, and a charge is never made twice);
 with another fingerprint its outputs are removed first.
 
-Run folder:
+Run folder::
+
   ledger.sqlite        every charge of the run (public events: mechanism, epsilon, delta)
   private/             mode 0700: the private split, secret resume state (noise keys, sampler
                        states), the non-private upper-bound encoder; never ship it

@@ -23,6 +23,7 @@ Samplings of DP-SGD (the training loop must do exactly this):
     sensitivity 2C. (The symmetric pair (1-q)N(0)+qN(-1) vs (1-q)N(0)+qN(1), which
     describes Poisson sampling under substitution, does NOT bound fixed-size batches:
     there an example's inclusion displaces another one; it under-states epsilon 2-5x.)
+
   Epoch-wise shuffling (a permutation split into batches) is *not* covered by either
   accountant (Chua et al. 2024, "How private are DP-SGD implementations?").
 
@@ -445,6 +446,7 @@ def convert_relation(
         (1-q) N(0) + q N(-1) vs (1-q) N(0) + q N(1), is exactly this sampling under
         substitution (the removed and the added example each join with probability q);
       * composed events convert part by part.
+
     Anything else, and any conversion from replace-one to add/remove (which does not hold
     in general: a replace-one guarantee says nothing about datasets of other sizes), raises.
 

@@ -1,4 +1,4 @@
-"""scripts/fewshot_utility.py: one ledger scope with the README run, no timings released."""
+"""scripts/fewshot_utility.py: one ledger scope with the guide run, no timings released."""
 
 import importlib.util
 import json
@@ -21,46 +21,45 @@ def script():
     return module
 
 
-def _readme_generate_docs() -> dict[str, str]:
-    """Options of the README's few-shot `synthgen generate-docs` command."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## DP few-shot generator") :]
+def _guide_generate_docs() -> dict[str, str]:
+    """Options of the few-shot guide's `synthgen generate-docs` command."""
+    section = (ROOT / "docs" / "guides" / "fewshot.md").read_text()
     block = section[section.index("```bash") : section.index("```", section.index("```bash") + 3)]
     command = block[block.index("synthgen generate-docs") :].split("\n# ")[0]
     words = shlex.split(command.replace("\\\n", " "))
     return {w[2:]: v for w, v in zip(words, words[1:] + [""]) if w.startswith("--")}
 
 
-def test_the_script_and_the_readme_run_charge_one_scope(script, monkeypatch, tmp_path):
+def test_the_script_and_the_guide_run_charge_one_scope(script, monkeypatch, tmp_path):
     # The same private data (the wiki train split) must compose in one ledger scope: the
-    # default ledger, the README command's tenant/dataset, cap and declared figures.
+    # default ledger, the guide command's tenant/dataset, cap and declared figures.
     monkeypatch.setenv("DPSYNTH_LEDGER", str(tmp_path / "ledger.sqlite"))
     args = script.parse_args([])
-    readme = _readme_generate_docs()
-    assert "ledger" not in readme and args.ledger == tmp_path / "ledger.sqlite"
-    assert (args.tenant, args.dataset) == (readme["tenant"], readme["dataset"])
-    assert args.budget == float(readme["budget"])
-    assert args.public_pool_size == int(readme["public-pool-size"])
-    assert readme["labels"].split(",") == sorted(script.WIKI_TOPICS)
-    assert readme["split"] == "train"
+    guide = _guide_generate_docs()
+    assert "ledger" not in guide and args.ledger == tmp_path / "ledger.sqlite"
+    assert (args.tenant, args.dataset) == (guide["tenant"], guide["dataset"])
+    assert args.budget == float(guide["budget"])
+    assert args.public_pool_size == int(guide["public-pool-size"])
+    assert guide["labels"].split(",") == sorted(script.WIKI_TOPICS)
+    assert guide["split"] == "train"
 
 
 @pytest.mark.slow
-def test_the_readme_states_the_composed_total(script):
-    # Recompute the README's total from declared figures only: the README command's plan and
+def test_the_guide_states_the_composed_total(script):
+    # Recompute the guide's total from declared figures only: the guide command's plan and
     # the script's default cells (few-shot and Private Evolution), composed (PLD) at the
     # shared delta. ~40 s (calibrations).
     from synthgen import fewshot
     from synthgen.privacy import accounting
 
-    readme, args = _readme_generate_docs(), script.parse_args([])
-    labels = readme["labels"].split(",")
+    guide, args = _guide_generate_docs(), script.parse_args([])
+    labels = guide["labels"].split(",")
     run = fewshot.FewShotConfig(
-        public_pool_size=int(readme["public-pool-size"]), subsets=int(readme["subsets"]),
-        shots=int(readme["shots"]), max_new_tokens=int(readme["max-new-tokens"]),
-        target_epsilon=float(readme["epsilon"]), public_vocab=int(readme["public-vocab"]),
+        public_pool_size=int(guide["public-pool-size"]), subsets=int(guide["subsets"]),
+        shots=int(guide["shots"]), max_new_tokens=int(guide["max-new-tokens"]),
+        target_epsilon=float(guide["epsilon"]), public_vocab=int(guide["public-vocab"]),
     )  # fmt: skip
-    per_pool = -(-int(readme["num-examples"]) // len(labels))
+    per_pool = -(-int(guide["num-examples"]) // len(labels))
     plans = [fewshot.plan_privacy(run, per_pool * run.max_new_tokens, len(labels))]
     for eps in args.epsilons:
         cell = fewshot.FewShotConfig(
@@ -73,8 +72,7 @@ def test_the_readme_states_the_composed_total(script):
     assert len({plan.delta for plan in plans}) == 1
     total = accounting.epsilon(accounting.compose([p.event for p in plans]), plans[0].delta)
     assert total <= args.budget
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## DP few-shot generator") : text.index("## Dual-encoder")]
+    section = (ROOT / "docs" / "guides" / "fewshot.md").read_text()
     stated = re.search(r"ε = (\d+\.\d+) at δ = 1/([\d,]+)", section)
     assert float(stated.group(1)) == pytest.approx(total, abs=0.005)
     assert 1 / int(stated.group(2).replace(",", "")) == pytest.approx(plans[0].delta)
