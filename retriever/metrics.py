@@ -5,9 +5,9 @@ document per line; lines that share the query text are grouped into one query wi
 relevant documents, see `group_queries`). For a ranking r_1, r_2, ... of document ids:
 
 * DCG@k = sum over ranks i <= k with r_i relevant of 1 / log2(i + 1); NDCG@k divides by the
-  DCG of the ideal ranking, sum_{i <= min(|rel|, k)} 1 / log2(i + 1) (as in BEIR/pytrec_eval
+  DCG of the ideal ranking, ``sum_{i <= min(|rel|, k)} 1 / log2(i + 1)`` (as in BEIR/pytrec_eval
   with binary judgements);
-* Recall@k = |rel ∩ top k| / |rel|;
+* Recall@k = ``|rel ∩ top k| / |rel|``;
 * MRR@k = 1 / (rank of the first relevant document) if it is within the top k, else 0.
 
 Scores are averaged over queries (macro average).

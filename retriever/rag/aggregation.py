@@ -68,7 +68,7 @@ class AggregationConfig:
 
 
 def clipped_contributions(logprobs: np.ndarray, config: AggregationConfig) -> np.ndarray:
-    """Each row's transformed, centred and clipped vector, shape [M, V], |x| <= clip."""
+    """Each row's transformed, centred and clipped vector, shape [M, V], ``|x| <= clip``."""
     rows = np.asarray(logprobs, dtype=np.float64)
     if rows.ndim != 2:
         raise ValueError(f"logprobs must be [M, V], got shape={rows.shape}")

@@ -2,7 +2,7 @@
 
 A question's similarity to every private document is clipped to a public range
 [min_score, max_score] and mapped to [0, 1]. A threshold tau in [0, 1] is drawn from the
-continuous exponential mechanism with utility u(tau) = -|#{i : s_i >= tau} - k| (top-k) or
+continuous exponential mechanism with utility ``u(tau) = -|#{i : s_i >= tau} - k|`` (top-k) or
 the weighted top-p variant, and the documents with s_i >= tau are selected. Only tau is
 released by the mechanism; the selected set is private and only enters the DP answer
 mechanisms (`retriever.rag.aggregation`, `retriever.rag.voting`).
@@ -13,7 +13,7 @@ proportional to length * exp(epsilon * u / 2) (through `synthgen.privacy.exponen
 with the log-length folded into the utility) and then tau uniformly inside it.
 
 The reference implementation (sarus-tech/dp-rag, `_exp_mechanism_top_k_threshold`) gives
-utility -|len(sorted) - k - j| to the interval starting at the j-th of the n + 2 padded
+utility ``-|len(sorted) - k - j|`` to the interval starting at the j-th of the n + 2 padded
 scores, whose count is n - j, so its mode selects k - 2 documents; here the interval whose
 count is k has utility 0 (`tests/retriever/rag/test_retrieval.py` tests the mode).
 """
@@ -162,7 +162,7 @@ def dp_top_p_threshold(
     """A DP threshold that selects the documents holding a share `p` of the score weight.
 
     Each document weighs w_i = exp(concentration * (s_i - 1)) on the normalised scale, so
-    high scores dominate; the utility of tau is -|sum_{s_i >= tau} w_i - p * sum_i w_i|.
+    high scores dominate; the utility of tau is ``-|sum_{s_i >= tau} w_i - p * sum_i w_i|``.
 
     Args:
       scores: similarity of the question to every private document (raw).

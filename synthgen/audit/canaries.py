@@ -3,7 +3,7 @@
 Four kinds, after Carranza et al. 2023 (Table 7) and Panda et al. 2025. Every canary's
 private query is `"<key> <secret>"`: a random query of a few words (the key) followed by the
 secret. Only queries are private in the query generator (documents are public inputs), so
-the secret sits in the query: a secret in the document would be copied, not memorised.
+the secret sits in the query: a secret in the document would be copied, not memorised::
 
   secret           (random query, random 10-digit secret): no document.
   real_document    (random query, its real document + secret): a public document.
