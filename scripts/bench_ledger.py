@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 from synthgen.privacy import accounting
-from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_types import Scope
 
 ANSWER_EVENT = accounting.self_composed(accounting.pure_epsilon_event(0.17517), 70)
 

@@ -45,7 +45,8 @@ import numpy as np
 
 from synthgen import fewshot
 from synthgen.paths import default_ledger_path
-from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_types import Scope
 
 # The corpus's public topic list (Wikipedia's vital-article topics, plus the loader's
 # "Uncategorized"): the label set of the private train split, declared, never read from it.

@@ -35,7 +35,8 @@ from retriever.evaluate import evaluate
 from retriever.train import RetrieverConfig, train_retriever, train_retriever_dp
 from synthgen import corpora, dp_train, querygen
 from synthgen.config_files import querygen_preset
-from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_types import Scope
 
 
 def _cell(out: Path, name: str, run) -> dict:

@@ -36,7 +36,8 @@ from synthgen.checkpoints import has_checkpoint
 
 if TYPE_CHECKING:
     from synthgen.dp_train import PrivacyPlan
-    from synthgen.privacy.ledger import Charge, PrivacyLedger
+    from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.ledger_types import Charge
 
 CHECKPOINTS = "checkpoints"
 

@@ -139,7 +139,8 @@ def train_dp(
     from retriever.train import RetrieverConfig, train_retriever_dp
     from synthgen import dp_train
     from synthgen.paths import default_ledger_path, default_work_dir
-    from synthgen.privacy.ledger import PrivacyLedger, Scope
+    from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.ledger_types import Scope
 
     if noise_multiplier is not None:
         epsilon = None

@@ -35,7 +35,7 @@ from retriever.provenance import collection_independence, encoder_provenance, re
 from retriever.rag.answer import RELATION
 from retriever.rag.plan import AnswerPlan
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope, accounting
-from synthgen.privacy.ledger import EventShapeError
+from synthgen.privacy.ledger_types import EventShapeError
 
 ENCODER_FLAG = "--encoder-independent-of-collection"
 SHAPE_FORMAT = 1

@@ -101,7 +101,8 @@ def generate_docs_pe(
     from synthgen.lm_backends import load_backend
     from synthgen.paths import default_ledger_path
     from synthgen.privacy import secure_rng
-    from synthgen.privacy.ledger import PrivacyLedger, Scope
+    from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.ledger_types import Scope
     from synthgen.privacy.nn_histogram import RELATION
 
     if (epsilon is None) == (noise is None):

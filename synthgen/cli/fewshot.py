@@ -32,7 +32,8 @@ from synthgen.cli.common import (
     TopLogprobsOption,
 )
 from synthgen.paths import default_ledger_path
-from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_types import Scope
 
 PoolSizeOption = Annotated[
     int,

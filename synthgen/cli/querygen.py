@@ -18,7 +18,8 @@ from synthgen.cli.common import (
     SplitOption,
 )
 from synthgen.paths import default_ledger_path, default_work_dir
-from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_types import Scope
 
 # jax, flax and datasets are imported inside the commands so that `synthgen --help` and
 # the calculators start fast.

@@ -29,7 +29,8 @@ def answer_questions(ctx: StageContext) -> dict:
     from retriever.rag.medical import MedicalWorldConfig, answer_is_correct, make_world
     from synthgen.lm_backends import FlaxLM
     from synthgen.pipeline.stages import open_run_scope
-    from synthgen.privacy.ledger import PrivacyLedger, Scope
+    from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.ledger_types import Scope
 
     cfg = ctx.config.rag
     if not cfg.enabled:

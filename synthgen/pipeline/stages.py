@@ -67,7 +67,7 @@ def open_run_scope(ledger, scope) -> None:
     scopes never change under it (a lower cap would not be enforced, a higher one would
     hide what was already spent), nor does their tenant (the same private data charged under a
     second tenant would start from zero, and each scope's statement would miss the other's)."""
-    from synthgen.privacy.ledger import COLLECTION
+    from synthgen.privacy.ledger_types import COLLECTION
 
     for stored in ledger.scopes():
         if stored.dataset == scope.dataset and stored.tenant not in (scope.tenant, COLLECTION):
@@ -90,7 +90,8 @@ def open_run_scope(ledger, scope) -> None:
 
 def _pairs_scope(ctx: StageContext, n: int, relation: str, delta: float):
     """The ledger and the private pairs' scope (opened on first use)."""
-    from synthgen.privacy.ledger import PrivacyLedger, Scope
+    from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.ledger_types import Scope
 
     privacy = ctx.config.privacy
     ledger = PrivacyLedger(ctx.run.ledger)

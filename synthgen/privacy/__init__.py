@@ -4,28 +4,30 @@ Every DP release of the project goes through this package, so one ledger and one
 state the guarantee of a whole pipeline. It imports nothing from the rest of the project.
 """
 
-from synthgen.privacy.accounting import (
-    EpsilonDeltaDpEvent,
+from synthgen.privacy.accountants import epsilon, make_accountant
+from synthgen.privacy.dpsgd_accounting import (
     calibrate_noise_multiplier,
-    compose,
     dpsgd_epsilon,
     dpsgd_event,
-    epsilon,
+    neighboring_relation,
+    steps_for_epochs,
+)
+from synthgen.privacy.errors import BudgetExceededError, PrivacyError, UnsupportedEventError
+from synthgen.privacy.events import (
+    EpsilonDeltaDpEvent,
+    compose,
     epsilon_delta_event,
     event_from_json,
     event_to_json,
     gaussian_event,
     laplace_event,
-    make_accountant,
-    neighboring_relation,
     poisson_sampled,
     pure_epsilon_event,
     self_composed,
-    steps_for_epochs,
 )
-from synthgen.privacy.errors import BudgetExceededError, PrivacyError, UnsupportedEventError
 from synthgen.privacy.figures import format_epsilon, format_remaining
-from synthgen.privacy.ledger import COLLECTION, Charge, PrivacyLedger, Scope, Spend
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_types import COLLECTION, Charge, Scope, Spend
 from synthgen.privacy.mechanisms import (
     AboveThreshold,
     exponential_mechanism,

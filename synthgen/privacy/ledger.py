@@ -10,10 +10,10 @@ at the scope's delta cap:
   * ``pld`` / ``rdp``: dp-accounting composition of the recorded events (tight);
   * ``basic``: sum of the standalone epsilons and deltas (for events no accountant models).
 
-Every event is validated before it reaches the ledger (`accounting.validate_event`:
+Every event is validated before it reaches the ledger (`events.validate_event`:
 epsilon >= 0 and finite, 0 <= delta < 1, sigma > 0, 0 < q <= 1). An event analysed under
 another relation than its scope's is converted soundly (add/remove-one to replace-one, see
-`accounting.convert_relation`) or refused with `RelationMismatchError`.
+`events.convert_relation`) or refused with `RelationMismatchError`.
 
 A charge that would push the composition past the cap raises `BudgetExceededError` and
 records nothing; callers draw noise only after `charge` returns. SQLite with
@@ -50,6 +50,12 @@ of first record), caught up row by row and recomposed only when rows were added.
 running summary is for the constant-cost charge checks only. People read it through one
 helper, `figures.format_epsilon` (4 decimals, rounded up, so a shown spend is never below
 the stated one).
+
+Layout: `PrivacyLedger` (this module) holds the scopes, their notes and event shapes, and
+the charges; its base class `ledger_composition.LedgerComposition` the composition of a
+scope's record (admission checks, running and stated summaries, recomposition);
+`ledger_types` the value types (`Scope`, `Charge`, `Spend`, `Recomposition`,
+`EventShapeError`); `ledger_store` the database; `summary` the running summaries.
 """
 
 from __future__ import annotations
@@ -60,150 +66,31 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
 from dp_accounting import dp_event
 
-from synthgen.privacy import accounting
-from synthgen.privacy.errors import BudgetExceededError, PrivacyError, UnsupportedEventError
-from synthgen.privacy.ledger_store import Connection, LedgerStore
-from synthgen.privacy.summary import EventTally, ScopeSummary, event_pld, pld_epsilon
-
-LedgerAccountant = Literal["pld", "rdp", "basic"]
-LEDGER_ACCOUNTANTS = ("pld", "rdp", "basic")
-COLLECTION = "*"  # reserved tenant of a dataset's collection scope (all tenants together)
-
-_CHARGE_COLUMNS = (
-    "id, tenant, dataset, stage, epsilon, delta, event, description, charges.created_at, "
-    "COALESCE(charges.relation, scopes.relation), ref"
+from synthgen.privacy import events
+from synthgen.privacy.errors import UnsupportedEventError
+from synthgen.privacy.ledger_composition import (
+    _CHARGE_COLUMNS,
+    _CHARGE_FROM,
+    LedgerComposition,
+    _rows_of,
+    _within,
 )
-_CHARGE_FROM = "charges JOIN scopes USING (tenant, dataset)"
+from synthgen.privacy.ledger_store import Connection, LedgerStore
+from synthgen.privacy.ledger_types import (
+    COLLECTION,
+    Charge,
+    EventShapeError,
+    Recomposition,
+    Scope,
+    Spend,
+)
+from synthgen.privacy.summary import EventTally, ScopeSummary
 
 
-def _rows_of(tenant: str, dataset: str) -> tuple[str, tuple[str, ...]]:
-    """SQL condition and parameters selecting a scope's charges."""
-    if tenant == COLLECTION:
-        return "dataset = ?", (dataset,)
-    return "tenant = ? AND dataset = ?", (tenant, dataset)
-
-
-class EventShapeError(PrivacyError):
-    """A scope records another event shape than the one a caller would charge.
-
-    Attributes:
-      tenant: the scope's tenant.
-      dataset: the scope's dataset.
-      recorded: the shape the scope records (public).
-      requested: the caller's shape (public).
-    """
-
-    def __init__(self, tenant: str, dataset: str, recorded: str, requested: str) -> None:
-        who = (
-            f"the collection cap of {dataset}" if tenant == COLLECTION else f"({tenant}, {dataset})"
-        )
-        super().__init__(
-            f"{who} records another event shape: every repeated release of a scope must be "
-            "the same event (adaptively chosen events void the ledger's composition)"
-        )
-        self.tenant, self.dataset = tenant, dataset
-        self.recorded, self.requested = recorded, requested
-
-
-@dataclasses.dataclass(frozen=True)
-class Scope:
-    """Who spends (tenant) on which private data (dataset), with its cap and accountant."""
-
-    tenant: str
-    dataset: str
-    epsilon_cap: float
-    delta_cap: float
-    accountant: LedgerAccountant = "pld"
-    relation: str = "ADD_OR_REMOVE_ONE"
-
-    def __post_init__(self) -> None:
-        if not self.tenant or not self.dataset:
-            raise ValueError(f"tenant and dataset must be non-empty, got {self.tenant=!r}")
-        if not (math.isfinite(self.epsilon_cap) and self.epsilon_cap > 0):
-            raise ValueError(f"epsilon_cap must be positive, got {self.epsilon_cap=}")
-        if not 0 < self.delta_cap < 1:
-            raise ValueError(f"delta_cap must be in (0, 1), got {self.delta_cap=}")
-        if self.accountant not in LEDGER_ACCOUNTANTS:
-            raise ValueError(
-                f"accountant must be one of {LEDGER_ACCOUNTANTS}, got {self.accountant=}"
-            )
-        if self.relation not in accounting.NeighboringRelation.__members__:
-            raise ValueError(f"unknown neighbouring relation {self.relation=}")
-        if self.tenant == COLLECTION and self.accountant == "basic":
-            # a tenant's standalone figures are stated in its own relation and delta: the
-            # collection composes events, never sums figures
-            raise ValueError("a collection scope composes events: use the pld or rdp accountant")
-
-    @property
-    def is_collection(self) -> bool:
-        """Whether this is a dataset's collection scope (every tenant's charges)."""
-        return self.tenant == COLLECTION
-
-
-@dataclasses.dataclass(frozen=True)
-class Charge:
-    """One recorded spend."""
-
-    id: int
-    tenant: str
-    dataset: str
-    stage: str
-    epsilon: float
-    delta: float
-    event: str
-    description: str
-    created_at: float
-    relation: str = "ADD_OR_REMOVE_ONE"
-    ref: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Spend:
-    """Spent and remaining budget of a scope.
-
-    Under ``pld``/``rdp`` the spend is the statement (epsilon, delta_cap) of the composition,
-    so `delta` is the cap and `delta_remaining` is None; under ``basic`` both are sums.
-    """
-
-    epsilon: float
-    delta: float
-    epsilon_remaining: float
-    delta_remaining: float | None
-    num_charges: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Recomposition:
-    """A scope's spend recomputed from its recorded events alone (see `verify`).
-
-    Attributes:
-      stated: what the running summary states (epsilon at the delta cap; ``basic``: sum).
-      pld: dp-accounting's PLD composition of every recorded event (inf: not composable).
-      rdp: dp-accounting's RDP composition (inf: not composable).
-      num_charges: recorded charges.
-    """
-
-    stated: float
-    pld: float
-    rdp: float
-    num_charges: int
-
-    @property
-    def best(self) -> float:
-        """The tighter of the two recompositions."""
-        return min(self.pld, self.rdp)
-
-
-def _within(scope: Scope, epsilon: float, delta: float) -> bool:
-    """Whether a composed spend is within the scope's caps (False on NaN: fails closed)."""
-    return epsilon <= scope.epsilon_cap * (1 + 1e-9) and delta <= scope.delta_cap
-
-
-class PrivacyLedger:
+class PrivacyLedger(LedgerComposition):
     """Budget ledger shared by every DP stage of the project, on SQLite or PostgreSQL.
 
     Args:
@@ -416,7 +303,7 @@ class PrivacyLedger:
         *,
         stage: str,
         event: dp_event.DpEvent,
-        relation: accounting.NeighboringRelation | str,
+        relation: events.NeighboringRelation | str,
         description: str = "",
         delta: float | None = None,
         ref: str | None = None,
@@ -462,7 +349,7 @@ class PrivacyLedger:
         dataset: str,
         items: Sequence[tuple[str, dp_event.DpEvent, str]],
         *,
-        relation: accounting.NeighboringRelation | str,
+        relation: events.NeighboringRelation | str,
         delta: float | None = None,
         ref: str | None = None,
         _single: bool = False,
@@ -486,13 +373,13 @@ class PrivacyLedger:
         """
         if not items:
             raise ValueError("charge_all needs at least one (stage, event, description)")
-        relation = accounting.as_relation(relation)
+        relation = events.as_relation(relation)
         for _, event, _ in items:
-            accounting.validate_event(event)
+            events.validate_event(event)
         refs = (
             [ref] if _single else [None if ref is None else f"{ref}/{i}" for i in range(len(items))]
         )
-        wanted = [(accounting.event_to_json(e), relation.name) for _, e, _ in items]
+        wanted = [(events.event_to_json(e), relation.name) for _, e, _ in items]
         with self._store.scope_lock(dataset, tenant) as conn:
             if ref is not None:
                 earlier = [self._find(conn, tenant, dataset, r) for r in refs]
@@ -545,7 +432,7 @@ class PrivacyLedger:
         *,
         stage: str,
         event: dp_event.DpEvent,
-        relation: accounting.NeighboringRelation | str,
+        relation: events.NeighboringRelation | str,
         delta: float | None = None,
     ) -> tuple[float, float]:
         """Dry run of `charge`: raises as `charge` would, records nothing.
@@ -556,8 +443,8 @@ class PrivacyLedger:
         Returns:
           (epsilon, delta) of the event on its own, in the scope's relation.
         """
-        relation = accounting.as_relation(relation)
-        accounting.validate_event(event)
+        relation = events.as_relation(relation)
+        events.validate_event(event)
         with self._store.read() as conn:
             checked = self._check_scopes(conn, tenant, dataset, [(stage, event)], relation, delta)
         return checked[0][2][0]
@@ -568,7 +455,7 @@ class PrivacyLedger:
         dataset: str,
         stage_events: Sequence[tuple[str, dp_event.DpEvent]],
         *,
-        relation: accounting.NeighboringRelation | str,
+        relation: events.NeighboringRelation | str,
         delta: float | None = None,
         limit: int = 100,
     ) -> int:
@@ -582,7 +469,7 @@ class PrivacyLedger:
         Raises:
           KeyError: the tenant has no scope on the dataset.
         """
-        relation = accounting.as_relation(relation)
+        relation = events.as_relation(relation)
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit=}")
         if delta is not None and not 0 < delta < 1:
@@ -590,7 +477,7 @@ class PrivacyLedger:
         if not stage_events:
             raise ValueError("stage_events must not be empty")
         for _, event in stage_events:
-            accounting.validate_event(event)
+            events.validate_event(event)
         fits, figures = limit, None
         with self._store.read() as conn:
             names = [tenant]
@@ -626,66 +513,6 @@ class PrivacyLedger:
             (tenant, dataset, ref),
         ).fetchone()
         return None if row is None else Charge(*row)
-
-    def _check_scopes(
-        self, conn, tenant, dataset, stage_events, relation, delta
-    ) -> list[tuple[Scope, ScopeSummary, list[tuple[float, float]]]]:
-        """`_check_all` for the tenant's scope, then for the dataset's collection scope if
-        it has one (a charge to the collection scope itself checks that scope only)."""
-        checked = [self._check_all(conn, tenant, dataset, stage_events, relation, delta)]
-        if tenant != COLLECTION and self._scope(conn, COLLECTION, dataset) is not None:
-            # the rows keep the tenant's figures; the collection (pld/rdp) composes events
-            figures = checked[0][2]
-            checked.append(
-                self._check_all(conn, COLLECTION, dataset, stage_events, relation, delta, figures)
-            )
-        return checked
-
-    def _prepared(
-        self, scope: Scope, stage_events, relation, delta, figures=None
-    ) -> list[tuple[str, tuple[float, float]]]:
-        """(event JSON in the scope's relation, standalone figures) of each new event;
-        the figures are `figures` when given (as the rows will record them)."""
-        prepared = []
-        for i, (_, event) in enumerate(stage_events):
-            event = accounting.convert_relation(event, relation, scope.relation)
-            event_json = accounting.event_to_json(event)
-            own = figures[i] if figures else self._standalone(scope, event, event_json, delta)
-            prepared.append((event_json, own))
-        return prepared
-
-    def _check_all(
-        self, conn, tenant, dataset, stage_events, relation, delta, figures=None
-    ) -> tuple[Scope, ScopeSummary, list[tuple[float, float]]]:
-        """The scope, its summary with every new event folded in, and each new event's
-        standalone (epsilon, delta) (`figures` if given, as the rows will record them);
-        BudgetExceededError if the composed spend would pass the cap."""
-        if delta is not None and not 0 < delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {delta=}")
-        scope = self._scope(conn, tenant, dataset)
-        if scope is None:
-            raise KeyError(f"no ledger scope for {tenant=}, {dataset=}; open it first")
-        summary = self._summary(conn, scope)
-        prepared = self._prepared(scope, stage_events, relation, delta, figures)
-        for event_json, own in prepared:
-            summary = summary.extended(event_json, own)
-        standalone = [own for _, own in prepared]
-        total_eps, total_delta = summary.spend(scope.delta_cap)
-        if not _within(scope, total_eps, total_delta):
-            stages = "+".join(stage for stage, _ in stage_events)
-            who = (
-                f"the collection cap of {dataset} (all tenants together)"
-                if scope.is_collection
-                else f"({tenant}, {dataset})"
-            )
-            raise BudgetExceededError(
-                f"charge refused for {who} stage={stages}: spend would be "
-                f"epsilon={total_eps:.4g}, delta={total_delta:.3g} over cap "
-                f"epsilon={scope.epsilon_cap:g}, delta={scope.delta_cap:g}",
-                tenant=tenant,
-                dataset=dataset,
-            )
-        return scope, summary, standalone
 
     def charges(self, tenant: str, dataset: str) -> list[Charge]:
         """All charges of a scope, oldest first (a collection scope: every tenant's)."""
@@ -743,142 +570,3 @@ class PrivacyLedger:
             except UnsupportedEventError:
                 figures[kind] = math.inf
         return Recomposition(stated, figures["pld"], figures["rdp"], len(charges))
-
-    # ---- accounting -------------------------------------------------------------------
-
-    @staticmethod
-    def _relation(scope: Scope) -> accounting.NeighboringRelation:
-        return accounting.NeighboringRelation[scope.relation]
-
-    def _standalone(
-        self, scope: Scope, event: dp_event.DpEvent, event_json: str, delta: float | None
-    ) -> tuple[float, float]:
-        if isinstance(event, accounting.EpsilonDeltaDpEvent):
-            return event.epsilon, event.delta
-        if delta is None:
-            if scope.accountant == "basic":
-                raise ValueError("the basic accountant needs an explicit delta for this event")
-            delta = scope.delta_cap
-        if scope.accountant == "rdp":
-            return ScopeSummary("rdp", scope.relation).extended(event_json, (0, 0)).epsilon(
-                delta
-            ), delta
-        return pld_epsilon(event_pld(event_json, scope.relation), delta), delta
-
-    def _row_record(self, scope: Scope, row: Sequence) -> tuple[str, tuple[float, float]]:
-        """(event JSON in the scope's relation, standalone figures) of a stored row."""
-        event_json, eps, delta, relation = row
-        event = accounting.restate_legacy(accounting.event_from_json(event_json))
-        try:  # a stored row is re-validated: an old file may hold what is now refused
-            accounting.validate_event(event)
-            accounting.EpsilonDeltaDpEvent(eps, delta)
-        except (ValueError, UnsupportedEventError) as exc:
-            raise PrivacyError(
-                f"scope ({scope.tenant}, {scope.dataset}) holds an invalid charge ({exc}); "
-                "the ledger refuses to compose it"
-            ) from None
-        event = accounting.convert_relation(event, relation, scope.relation)
-        return accounting.event_to_json(event), (eps, delta)
-
-    def _summary(self, conn: Connection, scope: Scope) -> ScopeSummary:
-        """The scope's running summary, caught up with every committed row (constant
-        time when this object made the last charges; one rebuild when it first looks)."""
-        key = (scope.tenant, scope.dataset)
-        with self._cache_lock:
-            cached = self._summaries.get(key)
-        where, params = _rows_of(scope.tenant, scope.dataset)
-        select = (
-            "SELECT charges.id, event, epsilon, delta, "
-            f"COALESCE(charges.relation, scopes.relation), charges.created_at FROM {_CHARGE_FROM}"
-            f" WHERE {where}"
-        )
-        if cached is not None:
-            summary, last_time = cached
-            if (summary.accountant, summary.relation) == (scope.accountant, scope.relation):
-                if self._still_there(conn, where, params, summary.last_id, last_time):
-                    rows = conn.execute(
-                        select + " AND charges.id > ? ORDER BY charges.id",
-                        (*params, summary.last_id),
-                    ).fetchall()
-                    for row in rows:
-                        event_json, figures = self._row_record(scope, row[1:5])
-                        summary = summary.extended(event_json, figures, last_id=int(row[0]))
-                    if rows:
-                        self._remember(scope, summary, rows[-1][5])
-                    return summary
-        summary, last_time = self._stated_summary(conn, scope)  # the record's own summary
-        self._remember(scope, summary, last_time)
-        return summary
-
-    @staticmethod
-    def _still_there(
-        conn: Connection, where: str, params: tuple, last_id: int, last_time: float | None
-    ) -> bool:
-        """Whether the row a cache ends with is still there (same ledger, not replaced)."""
-        if last_id == 0:
-            return True
-        row = conn.execute(
-            f"SELECT created_at FROM charges WHERE id = ? AND {where}", (last_id, *params)
-        ).fetchone()
-        return row is not None and row[0] == last_time
-
-    def _stated_summary(self, conn: Connection, scope: Scope) -> tuple[ScopeSummary, float | None]:
-        """(the summary of the scope's `EventTally`, the time of its last row): what the
-        ledger states, a function of the recorded rows alone. The tally catches up with
-        rows committed since this object last looked; the summary is recomposed only when
-        there were some."""
-        key = (scope.tenant, scope.dataset)
-        where, params = _rows_of(scope.tenant, scope.dataset)
-        with self._cache_lock:
-            cached = self._stated.get(key)
-        tally, last_time, summary = EventTally(), None, None
-        if (
-            cached is not None
-            and (cached[2].accountant, cached[2].relation) == (scope.accountant, scope.relation)
-            and self._still_there(conn, where, params, cached[0].last_id, cached[1])
-        ):
-            tally, last_time, summary = cached
-        rows = conn.execute(
-            "SELECT charges.id, event, epsilon, delta, "
-            f"COALESCE(charges.relation, scopes.relation), charges.created_at FROM {_CHARGE_FROM}"
-            f" WHERE {where} AND charges.id > ? ORDER BY charges.id",
-            (*params, tally.last_id),
-        ).fetchall()
-        if rows or summary is None:
-            tally = tally.added(
-                [self._row_record(scope, row[1:5]) for row in rows],
-                last_id=int(rows[-1][0]) if rows else tally.last_id,
-            )
-            last_time = rows[-1][5] if rows else last_time
-            summary = tally.summary(scope.accountant, scope.relation)
-            with self._cache_lock:
-                known = self._stated.get(key)
-                if known is None or known[0].last_id <= tally.last_id:
-                    self._stated[key] = (tally, last_time, summary)
-        return summary, last_time
-
-    def _remember(self, scope: Scope, summary: ScopeSummary, last_time: float | None) -> None:
-        key = (scope.tenant, scope.dataset)
-        with self._cache_lock:
-            cached = self._summaries.get(key)
-            if cached is None or cached[0].last_id <= summary.last_id:
-                self._summaries[key] = (summary, last_time)
-
-    def _recompose(
-        self, scope: Scope, records: list[tuple[str, float, float, str]], kind: str
-    ) -> float:
-        """Epsilon at the delta cap of all records, recomposed by dp-accounting's `kind`."""
-        if not records:
-            return 0.0
-        events = [
-            accounting.event_from_json(self._row_record(scope, record)[0]) for record in records
-        ]
-        composed = accounting.compose(events)
-        acc = accounting.make_accountant(kind, self._relation(scope))
-        if not acc.supports(composed):
-            raise UnsupportedEventError(
-                f"the {kind} accountant of scope ({scope.tenant}, {scope.dataset}) "
-                "cannot compose this event"
-            )
-        acc.compose(composed)
-        return float(acc.get_epsilon(scope.delta_cap))

@@ -2,7 +2,7 @@
 
 Every function draws its noise from an explicit `np.random.Generator`; production callers
 pass `secure_rng()` (OS entropy), tests pass a fixed seed. Each mechanism's accounting
-counterpart lives in `synthgen.privacy.accounting` (`*_event` functions), so a caller
+counterpart lives in `synthgen.privacy.events` (`*_event` functions), so a caller
 charges the ledger with exactly the mechanism it runs.
 
 Conventions: `sensitivity` is the largest change of the released statistic between
@@ -61,7 +61,7 @@ def gaussian_mechanism(
 
     Privacy:
       Gaussian mechanism with L2 sensitivity `sensitivity`; account with
-      `accounting.gaussian_event(noise_multiplier)` (Dwork & Roth 2014, App. A;
+      `events.gaussian_event(noise_multiplier)` (Dwork & Roth 2014, App. A;
       tight PLD in dp-accounting).
     """
     _check_positive(sensitivity=sensitivity, noise_multiplier=noise_multiplier)
@@ -148,7 +148,7 @@ def laplace_mechanism(
       rounded statistic has L1 sensitivity <= sensitivity' (`laplace_grid`), and rounding
       c + L to the grid (c on the grid) is c + rint(L). Hence it is dominated by the
       continuous Laplace mechanism at the caller's epsilon, also for tight (PLD)
-      composition: account with `accounting.laplace_event(epsilon)`. (A discrete Laplace
+      composition: account with `events.laplace_event(epsilon)`. (A discrete Laplace
       with the same epsilon would be epsilon-DP too, but its privacy-loss distribution is
       not dominated by the continuous one, which the PLD accountant composes.)
 
@@ -305,7 +305,7 @@ def exponential_mechanism(
       does not depend on the private data leaves the guarantee unchanged: it multiplies a
       candidate's weight by the same factor in both neighbours, so the usual proof goes
       through as it is (McSherry & Talwar 2007 state the mechanism for any base measure).
-      Account with `accounting.pure_epsilon_event(epsilon)`.
+      Account with `events.pure_epsilon_event(epsilon)`.
     """
     _check_positive(epsilon=epsilon, sensitivity=sensitivity)
     scores = _scores(utilities)
@@ -343,7 +343,7 @@ def report_noisy_max(
 
     Privacy:
       epsilon-DP, report-noisy-max with Laplace noise (Dwork & Roth 2014, Claim 3.9).
-      Account with `accounting.pure_epsilon_event(epsilon)`. The noise is numpy's float
+      Account with `events.pure_epsilon_event(epsilon)`. The noise is numpy's float
       Laplace; only the argmax leaves the function, not the noisy scores whose low-order
       bits Mironov (2012) exploits, so it is not float-safe-sampled like
       `laplace_mechanism`.
@@ -387,7 +387,7 @@ def limited_domain_top1(
       (epsilon, delta)-DP for k = 1 under adding or removing one individual who changes
       at most `max_contributions` counts by at most 1 each (Durfee & Rogers 2019,
       "Practical DP top-k selection with pay-what-you-get composition", Alg. 1 / Thm. 1).
-      Account with `accounting.epsilon_delta_event(epsilon, delta)`. Returning None still
+      Account with `events.epsilon_delta_event(epsilon, delta)`. Returning None still
       costs the charge.
     """
     _check_positive(epsilon=epsilon, delta=delta)
@@ -424,7 +424,7 @@ class AboveThreshold:
     Privacy:
       epsilon-DP for the whole stream up to and including the first positive answer
       (Dwork & Roth 2014, Alg. 1 / Thm. 3.23; monotone variant: Lyu, Su & Li 2017).
-      Negative answers are free; charge `accounting.pure_epsilon_event(epsilon)` once,
+      Negative answers are free; charge `events.pure_epsilon_event(epsilon)` once,
       before the first query.
     """
 

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from synthgen.privacy import accounting
+from synthgen.privacy import accountants, events
 
 RELATION = "ADD_OR_REMOVE_ONE"
 
@@ -115,7 +115,7 @@ def nn_histogram_event(noise_multiplier: float, iterations: int = 1):
         raise ValueError(f"noise_multiplier must be finite and > 0, got {noise_multiplier=}")
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations=}")
-    return accounting.self_composed(accounting.gaussian_event(noise_multiplier), iterations)
+    return events.self_composed(events.gaussian_event(noise_multiplier), iterations)
 
 
 def calibrate_nn_histogram(
@@ -129,7 +129,7 @@ def calibrate_nn_histogram(
         raise ValueError(f"delta must be in (0, 1), got {delta=}")
 
     def eps(z: float) -> float:
-        return accounting.epsilon(nn_histogram_event(z, iterations), delta)
+        return accountants.epsilon(nn_histogram_event(z, iterations), delta)
 
     low, high = 0.25, 1.0
     while eps(high) > target_epsilon:

@@ -35,7 +35,7 @@ import numpy as np
 from dp_accounting import dp_event
 from scipy.stats import norm
 
-from synthgen.privacy import accounting
+from synthgen.privacy import accountants, events
 
 MIN_NOISE_STD = 0.1  # the least noise the calibration tries (see plan_sparse_histogram)
 
@@ -87,12 +87,10 @@ def sparse_histogram_event(
         raise ValueError(f"max_keys must be >= 1, got {max_keys=}")
     if not 0 <= delta_threshold < 1:
         raise ValueError(f"delta_threshold must be in [0, 1), got {delta_threshold=}")
-    gaussian = accounting.gaussian_event(noise_std / math.sqrt(max_keys))
+    gaussian = events.gaussian_event(noise_std / math.sqrt(max_keys))
     if delta_threshold == 0:
         return gaussian
-    return dp_event.ComposedDpEvent(
-        [gaussian, accounting.epsilon_delta_event(0.0, delta_threshold)]
-    )
+    return dp_event.ComposedDpEvent([gaussian, events.epsilon_delta_event(0.0, delta_threshold)])
 
 
 def plan_sparse_histogram(epsilon: float, delta: float, max_keys: int) -> SparseHistogramPlan:
@@ -114,7 +112,7 @@ def plan_sparse_histogram(epsilon: float, delta: float, max_keys: int) -> Sparse
     def plan(sigma: float) -> SparseHistogramPlan:
         tau = 1.0 + sigma * z
         dt = threshold_delta(sigma, tau, max_keys)
-        eps = accounting.epsilon(sparse_histogram_event(sigma, max_keys, dt), delta)
+        eps = accountants.epsilon(sparse_histogram_event(sigma, max_keys, dt), delta)
         return SparseHistogramPlan(max_keys, sigma, tau, dt, eps, delta)
 
     # Bracket [low, high] with plan(high) meeting epsilon and plan(low) not. Below

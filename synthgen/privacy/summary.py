@@ -44,7 +44,7 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
-from synthgen.privacy import accounting
+from synthgen.privacy import accountants, events
 from synthgen.privacy.errors import UnsupportedEventError
 
 BASE_INTERVAL = 1e-4  # dp-accounting's default PLD grid; coarser grids are 2^level times it
@@ -60,11 +60,11 @@ _EVENT_CACHE = 64
 
 @functools.lru_cache(maxsize=_EVENT_CACHE)
 def _base_pld(event_json: str, relation: str) -> pld_lib.PrivacyLossDistribution:
-    acc = accounting.PldAccountant(
-        neighboring_relation=accounting.NeighboringRelation[relation],
+    acc = accountants.PldAccountant(
+        neighboring_relation=events.NeighboringRelation[relation],
         value_discretization_interval=BASE_INTERVAL,
     )
-    event = accounting.event_from_json(event_json)
+    event = events.event_from_json(event_json)
     if not acc.supports(event):
         raise UnsupportedEventError(f"the PLD accountant cannot compose {type(event).__name__}")
     acc.compose(event)
@@ -89,26 +89,26 @@ class _EventRdp:
 @functools.lru_cache(maxsize=_EVENT_CACHE)
 def event_rdp(event_json: str, relation: str) -> _EventRdp:
     """RDP curve of one event at `RDP_ORDERS`, with its (epsilon, delta > 0) parts apart."""
-    parts, approx_eps, approx_delta = _split_approximate(accounting.event_from_json(event_json))
-    acc = accounting.RdpAccountant(
-        orders=list(RDP_ORDERS), neighboring_relation=accounting.NeighboringRelation[relation]
+    parts, approx_eps, approx_delta = _split_approximate(events.event_from_json(event_json))
+    acc = accountants.RdpAccountant(
+        orders=list(RDP_ORDERS), neighboring_relation=events.NeighboringRelation[relation]
     )
     rdp = None
-    with accounting._quiet_absl():  # noqa: SLF001 - dp-accounting warns on excluded orders
+    with accountants._quiet_absl():  # noqa: SLF001 - dp-accounting warns on excluded orders
         if all(acc.supports(part) for part in parts):
             for part in parts:
                 acc.compose(part)
             rdp = np.array(acc._rdp, dtype=float)  # noqa: SLF001
-    pure = _pure_total(accounting.event_from_json(event_json))
+    pure = _pure_total(events.event_from_json(event_json))
     return _EventRdp(rdp, approx_eps, approx_delta, pure)
 
 
 def _pure_total(event: dp_event.DpEvent) -> float:
     """Sum of the epsilons if `event` is made of pure parts only (basic composition), else
     nan: read from the event's structure, never from what an accountant could compose."""
-    if isinstance(event, accounting.EpsilonDeltaDpEvent):
+    if isinstance(event, events.EpsilonDeltaDpEvent):
         return event.epsilon if event.delta == 0 else math.nan
-    if isinstance(event, accounting.BoundedRangeDpEvent):
+    if isinstance(event, events.BoundedRangeDpEvent):
         return event.epsilon
     if isinstance(event, dp_event.SelfComposedDpEvent):
         return event.count * _pure_total(event.event)
@@ -119,7 +119,7 @@ def _pure_total(event: dp_event.DpEvent) -> float:
 
 def _split_approximate(event: dp_event.DpEvent) -> tuple[list[dp_event.DpEvent], float, float]:
     """(RDP parts, summed epsilon, summed delta of the (epsilon, delta > 0) parts)."""
-    if isinstance(event, accounting.EpsilonDeltaDpEvent) and event.delta > 0:
+    if isinstance(event, events.EpsilonDeltaDpEvent) and event.delta > 0:
         return [], event.epsilon, event.delta
     if isinstance(event, dp_event.SelfComposedDpEvent):
         parts, eps, delta = _split_approximate(event.event)
@@ -306,7 +306,7 @@ class ScopeSummary:
             return 0.0
         bounds = [self.pure_epsilon] if math.isfinite(self.pure_epsilon) else []
         if self.rdp is not None and self.approx_delta < delta:
-            with accounting._quiet_absl():  # noqa: SLF001
+            with accountants._quiet_absl():  # noqa: SLF001
                 rdp_eps, _ = rdp_lib.compute_epsilon(
                     RDP_ORDERS, self.rdp, delta - self.approx_delta
                 )

@@ -12,7 +12,8 @@ from dp_accounting.pld import pld_privacy_accountant
 
 from synthgen import corpora, querygen
 from synthgen.config_files import querygen_preset
-from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_types import Scope
 
 N_TRAIN = 300
 

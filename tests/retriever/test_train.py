@@ -20,7 +20,8 @@ from retriever.train import (
     train_retriever_dp,
 )
 from synthgen import corpora, dp_train
-from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_types import Scope
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "synthgen"))
 from release_audit import assert_clean_release, files_containing, needles, record_randomness  # noqa: E402, I001

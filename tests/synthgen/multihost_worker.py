@@ -16,7 +16,8 @@ jax.distributed.initialize(f"127.0.0.1:{sys.argv[2]}", num_processes=2, process_
 import numpy as np  # noqa: E402
 
 from synthgen import dp_train, run_seed  # noqa: E402
-from synthgen.privacy.ledger import PrivacyLedger, Scope  # noqa: E402
+from synthgen.privacy.ledger import PrivacyLedger  # noqa: E402
+from synthgen.privacy.ledger_types import Scope  # noqa: E402
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 from test_dp_train import _loss, _setup  # noqa: E402

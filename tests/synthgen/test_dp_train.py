@@ -11,7 +11,8 @@ from synthgen import dp_train, run_seed
 from synthgen.batching import BatchSampler
 from synthgen.privacy import accounting
 from synthgen.privacy.errors import BudgetExceededError
-from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_types import Scope
 from synthgen.privacy.rng import secure_rng
 
 D = 6

@@ -13,7 +13,8 @@ from synthgen.evolution import generation
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import accounting
 from synthgen.privacy.errors import BudgetExceededError
-from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_types import Scope
 from synthgen.privacy.nn_histogram import nn_histogram_event
 
 PRIVATE = ["the cat sat on the mat", "a cat and a kitten", "cats purr"] * 20 + [

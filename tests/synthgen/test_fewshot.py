@@ -13,7 +13,8 @@ from synthgen.fewshot import generation
 from synthgen.fewshot.prompts import _Prompts
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import accounting
-from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_types import Scope
 
 # ---- accounting -------------------------------------------------------------------------
 

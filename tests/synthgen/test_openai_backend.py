@@ -263,7 +263,8 @@ def test_to_vector_keeps_collapsed_replies_and_refuses_broken_ones(server):
 
 
 def test_the_server_context_is_required_and_checked_before_the_charge(server, tmp_path):
-    from synthgen.privacy.ledger import PrivacyLedger, Scope
+    from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.ledger_types import Scope
 
     tiny = TinyLM()
     with pytest.raises(ValueError, match="max_context"):

@@ -11,7 +11,8 @@ import pytest
 from synthgen import corpora, querygen
 from synthgen.config_files import querygen_preset
 from synthgen.paths import default_work_dir
-from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_types import Scope
 
 sys.path.insert(0, str(Path(__file__).parent))
 from release_audit import assert_clean_release, files_containing, needles, record_randomness  # noqa: E402, I001

@@ -163,7 +163,8 @@ def test_refuses_a_folder_that_is_not_a_run(tmp_path, calls):
 
 def test_run_scope_refuses_other_caps(tmp_path):
     from synthgen.pipeline.stages import open_run_scope
-    from synthgen.privacy.ledger import PrivacyLedger, Scope
+    from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.ledger_types import Scope
 
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
     open_run_scope(ledger, Scope("t", "d", 10.0, 1e-5))

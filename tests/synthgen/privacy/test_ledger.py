@@ -7,7 +7,8 @@ import pytest
 
 from synthgen.privacy import accounting
 from synthgen.privacy.errors import BudgetExceededError, UnsupportedEventError
-from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_types import Scope
 from tests.synthgen.privacy.ledger_workers import charge_until_refused, race_processes
 
 AR = "ADD_OR_REMOVE_ONE"
@@ -487,7 +488,7 @@ def test_repeats_that_fit_stops_at_its_limit_and_knows_no_missing_scope(tmp_path
 
 
 def test_the_first_event_shape_is_pinned_and_another_is_refused(tmp_path):
-    from synthgen.privacy.ledger import EventShapeError
+    from synthgen.privacy.ledger_types import EventShapeError
 
     ledger = _open(tmp_path)
     assert ledger.event_shape("acme", "queries") is None
@@ -506,7 +507,7 @@ def test_the_first_event_shape_is_pinned_and_another_is_refused(tmp_path):
 
 
 def test_concurrent_pins_of_two_shapes_leave_exactly_one(tmp_path):
-    from synthgen.privacy.ledger import EventShapeError
+    from synthgen.privacy.ledger_types import EventShapeError
 
     _open(tmp_path)
 

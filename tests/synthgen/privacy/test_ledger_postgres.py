@@ -10,9 +10,10 @@ import pytest
 from synthgen.cli import app, run
 from synthgen.privacy import accounting
 from synthgen.privacy.errors import BudgetExceededError
-from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_copy import copy_ledger
 from synthgen.privacy.ledger_store import SCHEMA_VERSION
+from synthgen.privacy.ledger_types import Scope
 from tests.synthgen.privacy.ledger_workers import charge_until_refused, race_processes
 
 AR = "ADD_OR_REMOVE_ONE"
@@ -142,8 +143,8 @@ def test_a_repeatable_read_server_default_cannot_make_replicas_overspend(postgre
 
 
 def test_a_schema_5_postgres_ledger_is_migrated_and_pins_one_shape(postgres_url):
-    from synthgen.privacy.ledger import EventShapeError
     from synthgen.privacy.ledger_store import MIGRATIONS
+    from synthgen.privacy.ledger_types import EventShapeError
 
     with psycopg.connect(postgres_url) as conn:
         conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")

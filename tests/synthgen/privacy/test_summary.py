@@ -9,7 +9,8 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from synthgen.privacy import accounting
 from synthgen.privacy.errors import BudgetExceededError, RelationMismatchError
-from synthgen.privacy.ledger import PrivacyLedger, Scope
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_types import Scope
 from synthgen.privacy.summary import (
     MAX_PLD_BINS,
     ScopeSummary,
