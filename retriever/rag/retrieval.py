@@ -193,9 +193,16 @@ def dp_top_p_threshold(
 
 
 def best_selected(
-    scores: np.typing.ArrayLike, tau: float, rows: int, score_range: ScoreRange = ScoreRange()
+    scores: np.typing.ArrayLike,
+    tau: float,
+    rows: int,
+    score_range: ScoreRange = ScoreRange(),
+    eligible: np.typing.ArrayLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The best `rows` selected documents at a fixed shape (private; for the answer stage).
+
+    `eligible` (default: all) masks documents out of the selection whatever their score
+    (individual accounting's exhausted documents, `retriever.rag.individual`).
 
     Returns:
       (indices [rows], weights [rows], selected [N]): the `rows` best-scored documents with
@@ -213,6 +220,11 @@ def best_selected(
         raise ValueError(f"rows must be >= 1, got {rows=}")
     normalised = score_range.normalise(scores)
     selected = normalised >= tau
+    if eligible is not None:
+        eligible = np.asarray(eligible, dtype=bool)
+        if eligible.shape != normalised.shape:
+            raise ValueError(f"eligible needs one entry per score: {eligible.shape=}")
+        selected &= eligible
     keyed = np.where(selected, normalised, -np.inf)
     if keyed.size > rows:
         candidates = np.argpartition(-keyed, rows - 1)[:rows]

@@ -161,7 +161,7 @@ def laplace_mechanism(
       rounding and the scaling by a power of two are exact.
 
       Timing: the exact samplers loop a random number of times that grows with the
-      noise's magnitude (tens of microseconds: measured 20 us for |noise| below one scale,
+      noise's magnitude (tens of microseconds: measured 20 us for ``|noise|`` below one scale,
       43 us beyond three), so the time of one release says a little about its noise. The
       callers (the DP-RAG score stage) release it inside answers whose latency varies by
       milliseconds; a caller that times single releases should pad them to a fixed time.

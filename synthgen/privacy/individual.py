@@ -1,0 +1,183 @@
+"""Individual privacy filters: each document pays only for the releases it took part in.
+
+In individual mode a collection does not have one running privacy loss but one per document
+(Feldman & Zrnic 2021, "Individual privacy accounting via a Rényi filter"). The loss is kept
+as a zCDP parameter rho (Bun & Steinke 2016): the linear RDP curve D_alpha <= alpha * rho,
+valid at every order alpha at once, so one number per document suffices and the
+(epsilon, delta) statement is optimised over alpha only when it is stated.
+
+What a release costs a document, as rho (`event_rho`):
+
+* a pure epsilon-DP release (Laplace, the exponential mechanism read as pure DP, a pure
+  `EpsilonDeltaDpEvent`): epsilon^2 / 2 (Bun & Steinke 2016, Prop. 1.4);
+* an epsilon-bounded-range release (`BoundedRangeDpEvent`: the exponential mechanism):
+  epsilon^2 / 8 (Cesar & Rogers 2021, Lemma 3.2);
+* a `ZCDpEvent(rho)` (xi = 0): rho;
+* a Gaussian release of multiplier sigma (noise std / L2 sensitivity): 1 / (2 sigma^2);
+* compositions add; a k-fold self-composition is k times its part.
+
+An (epsilon, delta) release with delta > 0 (LimitedDomain, a vote's token) has no zCDP
+curve: an individual filter for it would need basic composition of approximate DP
+(Rogers et al. 2016; Whitehouse et al. 2023). This module refuses it
+(`UnsupportedEventError`, with that reason); vote and sparse-vote answers therefore run in
+collection mode only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+from synthgen.privacy.errors import UnsupportedEventError
+from synthgen.privacy.events import BoundedRangeDpEvent, EpsilonDeltaDpEvent
+
+# Orders over which a rho is stated as (epsilon, delta): dp-accounting's default grid plus
+# larger ones (small rho and small delta are optimised at large alpha).
+RDP_ORDERS = np.unique(np.concatenate([rdp_lib.DEFAULT_RDP_ORDERS, [512.0, 1024.0, 4096.0]]))
+
+
+def _positive(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be finite and > 0, got {name}={value!r}")
+    return float(value)
+
+
+def _delta(delta: float) -> float:
+    if isinstance(delta, bool) or not isinstance(delta, int | float) or not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta=}")
+    return float(delta)
+
+
+def pure_rho(epsilon: float) -> float:
+    """rho of one pure epsilon-DP release: epsilon^2 / 2 (Bun & Steinke 2016, Prop. 1.4)."""
+    return _positive("epsilon", epsilon) ** 2 / 2.0
+
+
+def bounded_range_rho(epsilon: float) -> float:
+    """rho of one epsilon-bounded-range release (the exponential mechanism at epsilon):
+    epsilon^2 / 8 (Cesar & Rogers 2021, "Bounding, concentrating, and truncating", Lemma 3.2)."""
+    return _positive("epsilon", epsilon) ** 2 / 8.0
+
+
+def gaussian_rho(noise_multiplier: float) -> float:
+    """rho of one Gaussian release of multiplier sigma (std / L2 sensitivity): 1/(2 sigma^2)."""
+    return 1.0 / (2.0 * _positive("noise_multiplier", noise_multiplier) ** 2)
+
+
+def event_rho(event: dp_event.DpEvent) -> float:
+    """The zCDP rho of `event` for one document that took part in it.
+
+    Args:
+      event: a `GaussianDpEvent`, `LaplaceDpEvent`, pure `EpsilonDeltaDpEvent`,
+        `BoundedRangeDpEvent`, `ZCDpEvent` (xi = 0), `NoOpDpEvent`, or a
+        `ComposedDpEvent` / `SelfComposedDpEvent` of those.
+
+    Returns:
+      rho >= 0.
+
+    Raises:
+      UnsupportedEventError: an (epsilon, delta) event with delta > 0, a sampled event, or
+        any other event without a zCDP curve here; the message says why.
+
+    Privacy:
+      The rho of a composition is the sum of its parts' (zCDP composes additively, also
+      adaptively: Bun & Steinke 2016, Lemma 2.3), which is what a filter adds up.
+    """
+    if isinstance(event, dp_event.NoOpDpEvent):
+        return 0.0
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return gaussian_rho(event.noise_multiplier)
+    if isinstance(event, dp_event.LaplaceDpEvent):
+        return pure_rho(1.0 / _positive("noise_multiplier", event.noise_multiplier))
+    if isinstance(event, BoundedRangeDpEvent):
+        return 0.0 if event.epsilon == 0 else bounded_range_rho(event.epsilon)
+    if isinstance(event, dp_event.ZCDpEvent):
+        if event.xi != 0 or not 0 <= event.rho < math.inf:
+            raise UnsupportedEventError(f"only (0, rho)-zCDP events, got {event}")
+        return float(event.rho)
+    if isinstance(event, EpsilonDeltaDpEvent):
+        if event.delta > 0:
+            raise UnsupportedEventError(
+                f"an (epsilon, delta) event with delta > 0 (epsilon={event.epsilon}, "
+                f"delta={event.delta}) has no zCDP curve, so a per-document filter cannot "
+                "take it; use collection accounting for vote and sparse-vote answers"
+            )
+        return 0.0 if event.epsilon == 0 else pure_rho(event.epsilon)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return float(sum(event_rho(part) for part in event.events))
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return event.count * event_rho(event.event)
+    raise UnsupportedEventError(
+        f"{type(event).__name__} has no zCDP curve in individual accounting (Gaussian, "
+        "Laplace, pure epsilon, bounded range, zCDP and their compositions only)"
+    )
+
+
+def rho_epsilon(rho: float, delta: float) -> float:
+    """The epsilon at `delta` of rho-zCDP, optimised over `RDP_ORDERS` (dp-accounting's RDP
+    conversion, tighter than rho + 2 sqrt(rho log 1/delta))."""
+    delta = _delta(delta)
+    if isinstance(rho, bool) or not isinstance(rho, int | float) or not 0 <= rho < math.inf:
+        raise ValueError(f"rho must be finite and >= 0, got {rho=}")
+    if rho == 0:
+        return 0.0
+    epsilon, _ = rdp_lib.compute_epsilon(RDP_ORDERS, RDP_ORDERS * float(rho), delta)
+    return float(epsilon)
+
+
+def rho_cap(epsilon: float, delta: float, iterations: int = 200) -> float:
+    """The largest rho whose `rho_epsilon` at `delta` is at most `epsilon` (bisection).
+
+    Raises:
+      ValueError: epsilon not finite and > 0, or delta not in (0, 1).
+    """
+    epsilon, delta = _positive("epsilon", epsilon), _delta(delta)
+    low, high = 0.0, epsilon  # rho_epsilon(rho) >= rho, so rho = epsilon is too large
+    for _ in range(iterations):
+        mid = (low + high) / 2.0
+        low, high = (mid, high) if rho_epsilon(mid, delta) <= epsilon else (low, mid)
+        if high - low <= 1e-15 * high:
+            break
+    return low
+
+
+@dataclasses.dataclass(frozen=True)
+class DocumentBudget:
+    """Each document's (epsilon, delta) target and the rho cap its filter enforces.
+
+    Attributes:
+      epsilon: the per-document epsilon target (> 0, finite).
+      delta: the per-document delta (in (0, 1); e.g. 1e-6).
+      rho_cap: the largest rho whose statement at `delta` is at most `epsilon` (derived).
+
+    Privacy:
+      Individual Rényi filter (Feldman & Zrnic 2021, Thm 3.3; fully adaptive composition,
+      Whitehouse et al. 2023): releases are chosen adaptively, document i's loss in release
+      t is rho_t(i) (0 when i cannot change the release), and i is excluded from every
+      release whose rho_t(i) would bring its running sum past `rho_cap`. Then for every
+      order alpha the RDP of the whole interaction towards i is at most alpha * rho_cap, the
+      filter's budget at that order (the stopping rule is the same at every alpha), so each
+      document is rho_cap-zCDP and (epsilon, delta)-DP by the RDP conversion, over every
+      release anyone asked, however adaptively. Excluding a document depends on its own
+      losses only, which the theorem allows.
+    """
+
+    epsilon: float
+    delta: float
+    rho_cap: float = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rho_cap", rho_cap(self.epsilon, self.delta))
+
+    def fits(self, spent_rho: float, charge_rho: float) -> bool:
+        """Whether a document that has spent `spent_rho` can pay `charge_rho` more (no float
+        slack: a sum that rounds past the cap is refused, the sound side)."""
+        return spent_rho + charge_rho <= self.rho_cap
+
+    def spent_epsilon(self, spent_rho: float) -> float:
+        """A document's spend as epsilon at this budget's delta."""
+        return rho_epsilon(spent_rho, self.delta)
