@@ -26,6 +26,7 @@ collection mode only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -129,8 +130,10 @@ def rho_epsilon(rho: float, delta: float) -> float:
     return float(epsilon)
 
 
+@functools.lru_cache(maxsize=256)
 def rho_cap(epsilon: float, delta: float, iterations: int = 200) -> float:
-    """The largest rho whose `rho_epsilon` at `delta` is at most `epsilon` (bisection).
+    """The largest rho whose `rho_epsilon` at `delta` is at most `epsilon` (bisection; cached:
+    a ledger reads a collection's cap on every charge).
 
     Raises:
       ValueError: epsilon not finite and > 0, or delta not in (0, 1).

@@ -36,7 +36,8 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
       A `CopyReport`.
 
     Raises:
-      ValueError: `target` already holds one of the scopes, or a copied row differs.
+      ValueError: `target` already holds one of the scopes, a copied row differs, or the
+        source has per-document filters (individual mode), which are not copied yet.
     """
     src, dst = PrivacyLedger(source), PrivacyLedger(target)
     if src.location == dst.location:
@@ -51,6 +52,13 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
             f"the target ledger already holds scopes on datasets {clash}; copy into a new one"
         )
     with src._store.read() as conn:  # noqa: SLF001 - the copy speaks the stores' schema
+        individual = conn.execute("SELECT COUNT(*) FROM document_filters").fetchone()[0]
+        if individual:
+            # A copy without the per-document losses would let documents pay twice.
+            raise ValueError(
+                f"the source ledger holds {individual} collection(s) with per-document "
+                "filters, which copy_ledger does not move yet; nothing was copied"
+            )
         scope_rows = conn.execute(
             "SELECT tenant, dataset, epsilon_cap, delta_cap, accountant, relation, created_at, "
             "notes, event_shape FROM scopes ORDER BY created_at, tenant, dataset"

@@ -72,6 +72,20 @@ def _scope_records() -> tuple[str, ...]:
     )
 
 
+def _document_filters(real: str) -> tuple[str, ...]:
+    return (
+        # a collection in individual mode: each document's (epsilon, delta) target, the rho
+        # cap it implies, the public per-answer charge and the number of documents
+        "CREATE TABLE IF NOT EXISTS document_filters (dataset TEXT PRIMARY KEY, "
+        f"epsilon {real} NOT NULL, delta {real} NOT NULL, rho_cap {real} NOT NULL, "
+        f"answer_rho {real} NOT NULL, documents INTEGER NOT NULL, created_at {real} NOT NULL)",
+        # each charged document's running zCDP loss (documents never charged have no row)
+        "CREATE TABLE IF NOT EXISTS document_losses (dataset TEXT NOT NULL, "
+        f"doc_id TEXT NOT NULL, rho {real} NOT NULL, charges INTEGER NOT NULL, "
+        "PRIMARY KEY (dataset, doc_id))",
+    )
+
+
 # (version, statements) per dialect; append, never edit an applied one.
 MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
     "sqlite": (
@@ -89,6 +103,7 @@ MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
         ),
         (5, _tenants_and_collections("REAL")),
         (6, _scope_records()),
+        (7, _document_filters("REAL")),
     ),
     "postgresql": (
         (
@@ -109,6 +124,7 @@ MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
         ),
         (5, _tenants_and_collections("DOUBLE PRECISION")),
         (6, _scope_records()),
+        (7, _document_filters("DOUBLE PRECISION")),
     ),
 }
 SCHEMA_VERSION = MIGRATIONS["sqlite"][-1][0]
