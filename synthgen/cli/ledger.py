@@ -1,4 +1,4 @@
-"""`synthgen ledger show|verify|copy`: inspect and copy the privacy budget ledger."""
+"""`synthgen ledger show|documents|verify|copy`: inspect and copy the privacy budget ledger."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from synthgen.paths import default_ledger_help, default_ledger_path
+from synthgen.privacy.document_filters import DocumentFilters
 from synthgen.privacy.figures import format_epsilon, format_remaining
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_copy import copy_ledger
@@ -69,6 +70,43 @@ def ledger_show(
             f"{r['epsilon_cap']:g} spent at delta={r['delta_cap']:g} ({r['accountant']}, "
             f"{r['relation']}, {r['charges']} charges)"
         )
+    filters = DocumentFilters(ledger.store)
+    for dataset in filters.datasets():
+        print(_documents_line(filters, dataset))
+
+
+def _documents_line(filters: DocumentFilters, dataset: str) -> str:
+    record, s = filters.get(dataset), filters.summary(dataset)
+    return (
+        f"{dataset} (individual accounting, per document epsilon {record.budget.epsilon:g} at "
+        f"delta={s['delta']:g}): {s['documents']} documents, {s['active']} active, "
+        f"{s['exhausted']} exhausted; epsilon spent per document max "
+        f"{format_epsilon(s['max_epsilon'])}, median {format_epsilon(s['median_epsilon'])}, "
+        f"mean {format_epsilon(s['mean_epsilon'])}"
+    )
+
+
+@ledger_app.command("documents")
+def ledger_documents(
+    dataset: Annotated[str, typer.Option(help="a collection in individual accounting")],
+    db: LedgerOption = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Per-document accounting of a collection: documents, active, exhausted, and the max,
+    median and mean epsilon the documents have spent at the document delta.
+
+    Aggregates only: which documents are exhausted depends on the private data.
+    """
+    filters = DocumentFilters(_open_ledger(db).store)
+    if filters.get(dataset) is None:
+        raise typer.BadParameter(
+            f"collection {dataset!r} is not in individual accounting in this ledger",
+            param_hint="--dataset",
+        )
+    if as_json:
+        print(json.dumps(filters.summary(dataset)))
+        return
+    print(_documents_line(filters, dataset))
 
 
 @ledger_app.command("verify")

@@ -144,6 +144,12 @@ class DocumentFilters:
             )
         return record
 
+    def datasets(self) -> list[str]:
+        """The collections in individual mode, by name."""
+        with self._store.read() as conn:
+            rows = conn.execute("SELECT dataset FROM document_filters ORDER BY dataset").fetchall()
+        return [str(r[0]) for r in rows]
+
     def get(self, dataset: str) -> DocumentFilter | None:
         """The collection's individual-mode record, or None (collection accounting)."""
         with self._store.read() as conn:

@@ -211,3 +211,27 @@ def test_ledger_show_writes_the_spend_rounded_up(tmp_path):
         _synthgen("ledger", "show", "--db", str(tmp_path / "l.sqlite"), "--json").stdout
     )
     assert (row["epsilon_spent_text"], row["epsilon_remaining_text"]) == ("0.1235", "0.8765")
+
+
+def test_ledger_documents_and_show_state_the_per_document_summary(tmp_path):
+    # issue 35: an individual-mode collection's aggregates, never a document's figure
+    from synthgen.privacy import PrivacyLedger
+    from synthgen.privacy.document_filters import SUMMARY_KEYS, DocumentFilter, DocumentFilters
+    from synthgen.privacy.individual import DocumentBudget
+
+    db = str(tmp_path / "l.sqlite")
+    filters = DocumentFilters(PrivacyLedger(db).store)
+    budget = DocumentBudget(epsilon=10.0, delta=1e-6)
+    filters.open(DocumentFilter("records", budget, budget.rho_cap / 3.5, 10))
+    for _ in range(3):
+        filters.charge("records", ["secret-id-1", "secret-id-2"], budget.rho_cap / 3.5)
+    result = _synthgen("ledger", "documents", "--db", db, "--dataset", "records", "--json")
+    summary = json.loads(result.stdout)
+    assert tuple(summary) == SUMMARY_KEYS
+    assert (summary["documents"], summary["active"], summary["exhausted"]) == (10, 8, 2)
+    assert summary["max_epsilon"] <= 10.0 and summary["median_epsilon"] == 0.0
+    shown = _synthgen("ledger", "show", "--db", db)
+    assert "records (individual accounting" in shown.stdout and "2 exhausted" in shown.stdout
+    assert "secret-id" not in shown.stdout + result.stdout
+    missing = _synthgen("ledger", "documents", "--db", db, "--dataset", "other")
+    assert missing.returncode == 2 and "not in individual accounting" in missing.stderr
