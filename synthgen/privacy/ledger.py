@@ -70,6 +70,7 @@ from pathlib import Path
 from dp_accounting import dp_event
 
 from synthgen.privacy import events
+from synthgen.privacy.document_filters import DocumentFilters
 from synthgen.privacy.errors import UnsupportedEventError
 from synthgen.privacy.ledger_composition import (
     _CHARGE_COLUMNS,
@@ -352,6 +353,7 @@ class PrivacyLedger(LedgerComposition):
         relation: events.NeighboringRelation | str,
         delta: float | None = None,
         ref: str | None = None,
+        documents: tuple[Sequence[str], float] | None = None,
         _single: bool = False,
     ) -> list[Charge]:
         """Records one release's charges, one row per stage, atomically: all or none.
@@ -363,12 +365,17 @@ class PrivacyLedger(LedgerComposition):
           relation: the neighbouring relation of every event.
           delta: as in `charge`.
           ref: idempotency key of the whole release; row i gets ``f"{ref}/{i}"``.
+          documents: (document ids, rho) of a collection in individual accounting: each
+            named document pays rho in the same transaction
+            (`synthgen.privacy.document_filters`), so the scope's charge and the
+            documents' losses land together or not at all.
 
         Returns:
           The recorded charges (or the earlier ones with the same `ref`).
 
         Raises:
           BudgetExceededError: the charges together would exceed the cap; nothing is recorded.
+          DocumentBudgetError: a named document cannot pay; nothing is recorded.
           ValueError: no items, an invalid event, or `ref` reused for other events.
         """
         if not items:
@@ -396,6 +403,9 @@ class PrivacyLedger(LedgerComposition):
             stage_events = [(stage, event) for stage, event, _ in items]
             checked = self._check_scopes(conn, tenant, dataset, stage_events, relation, delta)
             standalone = checked[0][2]
+            if documents is not None:
+                doc_ids, rho = documents
+                DocumentFilters(self._store).charge_in(conn, dataset, doc_ids, rho)
             recorded = []
             now = time.time()
             for (stage, _, description), (event_json, _), (own_eps, own_delta), row_ref in zip(

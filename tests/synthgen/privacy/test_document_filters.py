@@ -115,3 +115,31 @@ def test_copy_refuses_a_ledger_with_document_filters(tmp_path):
     _filters(source).charge("records", ["a"], ANSWER_RHO)
     with pytest.raises(ValueError, match="per-document"):
         copy_ledger(source, tmp_path / "target.sqlite")
+
+
+def test_an_answers_charge_and_its_documents_land_together_or_not_at_all(location):
+    from synthgen.privacy import accounting
+    from synthgen.privacy.errors import BudgetExceededError
+    from synthgen.privacy.ledger_types import Scope
+
+    ledger = PrivacyLedger(location)
+    ledger.open_scope(Scope("acme", "records", 1.0, 1e-5))
+    filters = DocumentFilters(ledger.store)
+    filters.open(DocumentFilter("records", BUDGET, ANSWER_RHO, 100))
+    answer = [("tokens", accounting.pure_epsilon_event(0.4), "answer")]
+    ar = "ADD_OR_REMOVE_ONE"
+    ledger.charge_all("acme", "records", answer, relation=ar, documents=(["a", "b"], ANSWER_RHO))
+    for _ in range(4):
+        filters.charge("records", ["c"], ANSWER_RHO)
+    filters.charge("records", ["c"], ANSWER_RHO)
+    with pytest.raises(DocumentBudgetError):  # a document refuses: no charge row either
+        ledger.charge_all(
+            "acme", "records", answer, relation=ar, documents=(["a", "c"], ANSWER_RHO)
+        )
+    assert len(ledger.charges("acme", "records")) == 1
+    ledger.charge_all("acme", "records", answer, relation=ar, documents=(["a"], ANSWER_RHO))
+    with pytest.raises(BudgetExceededError):  # the tenant's quota refuses: no document pays
+        ledger.charge_all("acme", "records", answer, relation=ar, documents=(["b"], ANSWER_RHO))
+    np.testing.assert_allclose(
+        filters.losses("records", ["a", "b", "c"]), [2 * ANSWER_RHO, ANSWER_RHO, 5 * ANSWER_RHO]
+    )
