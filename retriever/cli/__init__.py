@@ -3,7 +3,7 @@
 One module per command group (`data`, `index`, `rag`: privacy rag and answer, `service`:
 serve and tenant, `network`: contributor and network) or per family of top-level commands
 (`train`: train, train-dp; `evaluate`; `export`).
-Errors go through `synthgen.cli.common.run`: one line on stderr, a non-zero exit code,
+Errors go through `synthgen.command_line.run`: one line on stderr, a non-zero exit code,
 `--debug` for the traceback. jax, flax, scann and datasets are imported inside the commands
 so `--help` starts fast.
 """
@@ -17,7 +17,7 @@ import typer
 from retriever.cli import evaluate, export, network, rag, service, train
 from retriever.cli.data import data_app
 from retriever.cli.index import index_app
-from synthgen.cli.common import global_options, run
+from synthgen.command_line import global_options, run
 
 __all__ = ["app", "main", "run"]
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from synthgen.cli.common import positive, probability
+from synthgen.command_line import positive, probability
 
 
 def build(

@@ -16,7 +16,22 @@ from typing import Annotated
 
 import typer
 
-from synthgen.cli.common import positive, probability
+from retriever.cli_options import (
+    AnswerTimeoutOption,
+    CollectionDeltaOption,
+    CollectionEpsilonOption,
+    HostOption,
+    MaxQuestionTokensOption,
+    MaxScoreOption,
+    MaxTokensOption,
+    MinScoreOption,
+    PortOption,
+    QueueOption,
+    QueueTimeoutOption,
+    ReplicasOption,
+    ServedLmOption,
+)
+from synthgen.command_line import positive, probability
 
 contributor_app = typer.Typer(
     help="A contributor of the retrieval network: its release, its keys, its server.",
@@ -41,32 +56,26 @@ WorkOption = Annotated[
 def serve(
     release: DirOption,
     work: WorkOption,
-    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="port (0: a free one, printed)")] = 0,
+    host: HostOption = "127.0.0.1",
+    port: PortOption = 0,
     answer: Annotated[
         bool, typer.Option("--answer/--no-answer", help="also serve DP answers (/answer)")
     ] = False,
-    lm: Annotated[str, typer.Option(help="LM asset or path; 'tiny': byte-level test model")] = (
-        "smollm2-135m-instruct"
-    ),
+    lm: ServedLmOption = "smollm2-135m-instruct",
     answer_epsilon: Annotated[float, typer.Option(help="every answer's epsilon")] = 1.0,
     mechanism: Annotated[
         str, typer.Option(help="every answer's: icl | vote | sparse-vote | answer-vote")
     ] = ("icl"),
-    replicas: Annotated[int, typer.Option(help="model replicas (one answer each)")] = 1,
-    queue: Annotated[int, typer.Option(help="most requests waiting for a replica")] = 16,
-    queue_timeout: Annotated[float, typer.Option(help="seconds a request may wait")] = 30.0,
-    max_question_tokens: Annotated[
-        int, typer.Option(help="longest question in tokens of the answer LM (413 beyond)")
-    ] = 128,
-    answer_timeout: Annotated[
-        float, typer.Option(help="seconds an answer may run; then it returns truncated")
-    ] = 120.0,
+    replicas: ReplicasOption = 1,
+    queue: QueueOption = 16,
+    queue_timeout: QueueTimeoutOption = 30.0,
+    max_question_tokens: MaxQuestionTokensOption = 128,
+    answer_timeout: AnswerTimeoutOption = 120.0,
     k: Annotated[int, typer.Option(help="documents the DP threshold aims to select")] = 8,
-    max_tokens: Annotated[int, typer.Option(help="most answer tokens")] = 12,
+    max_tokens: MaxTokensOption = 12,
     delta: Annotated[float, typer.Option(help="per-answer delta")] = 1e-6,
-    min_score: Annotated[float, typer.Option(help="public lower clip of similarities")] = 0.0,
-    max_score: Annotated[float, typer.Option(help="public upper clip of similarities")] = 1.0,
+    min_score: MinScoreOption = 0.0,
+    max_score: MaxScoreOption = 1.0,
 ) -> None:
     """Serve a contributor's release: /retrieve (free), /card, and with --answer /answer.
 
@@ -116,13 +125,8 @@ def key_add(
         float, typer.Option(help="the tenant's epsilon cap for /answer", callback=positive)
     ],
     delta: Annotated[float, typer.Option(help="its delta cap", callback=probability)],
-    collection_epsilon: Annotated[
-        float | None,
-        typer.Option(help="cap over all tenants, if the collection has none", callback=positive),
-    ] = None,
-    collection_delta: Annotated[
-        float | None, typer.Option(help="its delta cap", callback=probability)
-    ] = None,
+    collection_epsilon: CollectionEpsilonOption = None,
+    collection_delta: CollectionDeltaOption = None,
 ) -> None:
     """Register a caller on this contributor's ledger and print its API key (shown once).
 

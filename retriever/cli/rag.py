@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from synthgen.cli.common import LedgerOption, positive, probability
+from retriever.cli_options import (
+    CollectionDeltaOption,
+    CompositionOption,
+    EncoderIndependentOption,
+    IndexOption,
+    MaxScoreOption,
+    MaxTokensOption,
+    MinScoreOption,
+    PrivateCorpusOption,
+)
+from synthgen.command_line import LedgerOption, positive, probability
 
 privacy_app = typer.Typer(help="Privacy calculators.", no_args_is_help=True)
 
@@ -66,8 +75,8 @@ def privacy_rag(
 
 
 def answer(
-    index: Annotated[Path, typer.Option(help="exact index over the private corpus")],
-    private_corpus: Annotated[Path, typer.Option(help="private corpus.jsonl: doc_id, text")],
+    index: IndexOption,
+    private_corpus: PrivateCorpusOption,
     question: Annotated[str, typer.Option(help="the question")],
     epsilon: Annotated[float, typer.Option(help="per-answer epsilon")],
     dataset: Annotated[
@@ -94,27 +103,18 @@ def answer(
             callback=positive,
         ),
     ] = None,
-    collection_delta: Annotated[
-        float | None, typer.Option(help="its delta cap", callback=probability)
-    ] = None,
+    collection_delta: CollectionDeltaOption = None,
     k: Annotated[
         int | None, typer.Option(help="documents the DP threshold aims at (default: evaluated)")
     ] = None,
-    max_tokens: Annotated[int, typer.Option(help="most answer tokens")] = 12,
+    max_tokens: MaxTokensOption = 12,
     delta: Annotated[float, typer.Option(help="per-answer delta (below 1/n)")] = 1e-6,
-    composition: Annotated[str, typer.Option(help="icl tokens: pure | bounded-range")] = "pure",
+    composition: CompositionOption = "pure",
     score: Annotated[bool, typer.Option(help="also release a noisy count and score")] = False,
-    min_score: Annotated[float, typer.Option(help="public lower clip of similarities")] = 0.0,
-    max_score: Annotated[float, typer.Option(help="public upper clip of similarities")] = 1.0,
+    min_score: MinScoreOption = 0.0,
+    max_score: MaxScoreOption = 1.0,
     lm: Annotated[str, typer.Option(help="LM asset or path")] = "smollm2-135m-instruct",
-    encoder_independent_of_collection: Annotated[
-        bool,
-        typer.Option(
-            "--encoder-independent-of-collection",
-            help="assert that the index's encoder was not trained on this collection where "
-            "its provenance does not show it (recorded on the collection cap)",
-        ),
-    ] = False,
+    encoder_independent_of_collection: EncoderIndependentOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
     """Answer a question from a private collection with DP, charged to a tenant's budget.

@@ -9,7 +9,26 @@ from typing import Annotated
 
 import typer
 
-from synthgen.cli.common import positive, probability
+from retriever.cli_options import (
+    AnswerTimeoutOption,
+    CollectionDeltaOption,
+    CollectionEpsilonOption,
+    CompositionOption,
+    EncoderIndependentOption,
+    HostOption,
+    IndexOption,
+    MaxQuestionTokensOption,
+    MaxScoreOption,
+    MaxTokensOption,
+    MinScoreOption,
+    PortOption,
+    PrivateCorpusOption,
+    QueueOption,
+    QueueTimeoutOption,
+    ReplicasOption,
+    ServedLmOption,
+)
+from synthgen.command_line import positive, probability
 
 tenant_app = typer.Typer(help="Tenants of the DP-RAG service.", no_args_is_help=True)
 
@@ -17,17 +36,15 @@ LedgerOption = Annotated[str, typer.Option(help="ledger file or PostgreSQL URL")
 
 
 def serve(
-    index: Annotated[Path, typer.Option(help="exact index over the private corpus")],
-    private_corpus: Annotated[Path, typer.Option(help="private corpus.jsonl: doc_id, text")],
+    index: IndexOption,
+    private_corpus: PrivateCorpusOption,
     ledger: LedgerOption,
-    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="port (0: a free one, printed)")] = 0,
+    host: HostOption = "127.0.0.1",
+    port: PortOption = 0,
     dataset: Annotated[
         str | None, typer.Option(help="collection name in the ledger (default: corpus stem)")
     ] = None,
-    lm: Annotated[str, typer.Option(help="LM asset or path; 'tiny': byte-level test model")] = (
-        "smollm2-135m-instruct"
-    ),
+    lm: ServedLmOption = "smollm2-135m-instruct",
     answer_epsilon: Annotated[
         float, typer.Option(help="every answer's epsilon", callback=positive)
     ] = 1.0,
@@ -37,15 +54,11 @@ def serve(
             help="every answer's: auto (best evaluated) | icl | vote | sparse-vote | answer-vote"
         ),
     ] = "auto",
-    replicas: Annotated[int, typer.Option(help="model replicas (one answer each)")] = 1,
-    queue: Annotated[int, typer.Option(help="most requests waiting for a replica")] = 16,
-    queue_timeout: Annotated[float, typer.Option(help="seconds a request may wait")] = 30.0,
-    max_question_tokens: Annotated[
-        int, typer.Option(help="longest question in tokens of the answer LM (413 beyond)")
-    ] = 128,
-    answer_timeout: Annotated[
-        float, typer.Option(help="seconds an answer may run; then it returns truncated")
-    ] = 120.0,
+    replicas: ReplicasOption = 1,
+    queue: QueueOption = 16,
+    queue_timeout: QueueTimeoutOption = 30.0,
+    max_question_tokens: MaxQuestionTokensOption = 128,
+    answer_timeout: AnswerTimeoutOption = 120.0,
     public_index: Annotated[
         Path | None, typer.Option(help="index over a public/synthetic corpus (/retrieve)")
     ] = None,
@@ -54,19 +67,12 @@ def serve(
         int | None,
         typer.Option(help="documents the DP threshold aims to select (default: evaluation's)"),
     ] = None,
-    max_tokens: Annotated[int, typer.Option(help="most answer tokens")] = 12,
+    max_tokens: MaxTokensOption = 12,
     delta: Annotated[float, typer.Option(help="per-answer delta", callback=probability)] = 1e-6,
-    composition: Annotated[str, typer.Option(help="icl tokens: pure | bounded-range")] = "pure",
-    min_score: Annotated[float, typer.Option(help="public lower clip of similarities")] = 0.0,
-    max_score: Annotated[float, typer.Option(help="public upper clip of similarities")] = 1.0,
-    encoder_independent_of_collection: Annotated[
-        bool,
-        typer.Option(
-            "--encoder-independent-of-collection",
-            help="assert that the index's encoder was not trained on this collection where "
-            "its provenance does not show it (recorded on the collection cap)",
-        ),
-    ] = False,
+    composition: CompositionOption = "pure",
+    min_score: MinScoreOption = 0.0,
+    max_score: MaxScoreOption = 1.0,
+    encoder_independent_of_collection: EncoderIndependentOption = False,
 ) -> None:
     """Serve DP answers over HTTP, charged to tenants' budgets (Ctrl-C stops).
 
@@ -121,13 +127,8 @@ def tenant_add(
     delta: Annotated[float, typer.Option(help="the tenant's delta cap", callback=probability)],
     ledger: LedgerOption,
     dataset: Annotated[str, typer.Option(help="collection name in the ledger (serve's --dataset)")],
-    collection_epsilon: Annotated[
-        float | None,
-        typer.Option(help="cap over all tenants, if the collection has none", callback=positive),
-    ] = None,
-    collection_delta: Annotated[
-        float | None, typer.Option(help="its delta cap", callback=probability)
-    ] = None,
+    collection_epsilon: CollectionEpsilonOption = None,
+    collection_delta: CollectionDeltaOption = None,
 ) -> None:
     """Register a tenant with its budget and print its API key (shown once, stored hashed).
 

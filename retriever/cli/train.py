@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from synthgen.cli.common import LedgerOption
+from synthgen.command_line import LedgerOption
 
 
 def train(

@@ -2,10 +2,11 @@
 
 One module per command group (`assets`, `privacy`, `ledger`, `lm`, `audit`) or per family of
 top-level commands (`querygen`: train-generator, generate-queries; `fewshot`: generate-docs,
-generate-queries-fewshot; `evolution`: generate-docs-pe); `common` holds the error wrapper
-`run` and the option types the command lines share. Every error is one line on stderr and a
-non-zero exit code; `--debug` shows the traceback. jax, flax and datasets are imported inside
-the commands so that `synthgen --help` and the calculators start fast.
+generate-queries-fewshot; `evolution`: generate-docs-pe); `common` holds the option types
+these commands share. The error wrapper `run` and what `retriever`'s command line shares with
+this one live in the library module `synthgen.command_line`. Every error is one line on stderr
+and a non-zero exit code; `--debug` shows the traceback. jax, flax and datasets are imported
+inside the commands so that `synthgen --help` and the calculators start fast.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import typer
 from synthgen.cli import evolution, fewshot, querygen
 from synthgen.cli.assets import assets_app
 from synthgen.cli.audit import audit_app
-from synthgen.cli.common import USER_ERRORS, global_options, run
 from synthgen.cli.ledger import ledger_app
 from synthgen.cli.lm import lm_app
 from synthgen.cli.pipeline import pipeline_app
 from synthgen.cli.privacy import privacy_app
+from synthgen.command_line import USER_ERRORS, global_options, run
 
 __all__ = ["USER_ERRORS", "app", "main", "run"]
 

@@ -20,7 +20,6 @@ from synthgen.cli.common import (
     SEED_WARNING,
     BudgetOption,
     DatasetOption,
-    LedgerOption,
     ModelOption,
     SeedOption,
     ServerConcurrencyOption,
@@ -31,6 +30,7 @@ from synthgen.cli.common import (
     TenantOption,
     TopLogprobsOption,
 )
+from synthgen.command_line import LedgerOption
 
 
 def generate_docs_pe(

@@ -12,11 +12,11 @@ import typer
 from synthgen.cli.common import (
     SEED_WARNING,
     BudgetOption,
-    LedgerOption,
     PresetOption,
     SeedOption,
     SplitOption,
 )
+from synthgen.command_line import LedgerOption
 from synthgen.paths import default_ledger_path, default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope

@@ -70,3 +70,20 @@ def test_ledger_help_names_the_default_path(tmp_path):
     for command in (("answer",), ("train-dp",)):
         result = _retriever(*command, "--help", env=env)
         assert f"<datafolder>/dpsynth/ledger.sqlite;here{want}" in "".join(result.stdout.split())
+
+
+def test_cli_modules_import_no_other_command_lines_helpers():
+    """House style: shared helpers live in the library (synthgen.command_line,
+    retriever.cli_options), never in the other tool's cli package."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for package, other in (("retriever", "synthgen.cli"), ("synthgen", "retriever.cli")):
+        for path in sorted((root / package / "cli").glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom):
+                    names = [node.module or ""]
+                bad = [n for n in names if n == other or n.startswith(other + ".")]
+                assert not bad, f"{path.relative_to(root)} imports {bad}"

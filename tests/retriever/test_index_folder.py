@@ -13,7 +13,7 @@ from retriever.cli import app
 from retriever.encoders import random_encoder
 from retriever.index import ExactSearcher
 from retriever.train import save_trained
-from synthgen.cli.common import run
+from synthgen.command_line import run
 
 TEXTS = ["the city music film", "war game team school", "river mountain station", "data model"]
 DP_STATEMENT = "post-processing of an (ε, δ)-DP release"

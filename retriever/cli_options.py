@@ -1,0 +1,59 @@
+"""Typer option declarations that several `retriever` commands share.
+
+`retriever answer`, `retriever serve`, `retriever tenant add` and `retriever contributor
+serve|key add` take the same options for the same things: the private index and corpus, the
+answer's RAG settings, the collection cap, the server's queue. Each is declared once here, so
+the commands cannot drift apart in name, type, help text or validation; defaults stay in each
+command's signature. Kept outside `retriever.cli`, whose modules are entry points and do not
+import each other's helpers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from synthgen.command_line import positive, probability
+
+# the private collection
+IndexOption = Annotated[Path, typer.Option(help="exact index over the private corpus")]
+PrivateCorpusOption = Annotated[Path, typer.Option(help="private corpus.jsonl: doc_id, text")]
+EncoderIndependentOption = Annotated[
+    bool,
+    typer.Option(
+        "--encoder-independent-of-collection",
+        help="assert that the index's encoder was not trained on this collection where "
+        "its provenance does not show it (recorded on the collection cap)",
+    ),
+]
+CollectionEpsilonOption = Annotated[
+    float | None,
+    typer.Option(help="cap over all tenants, if the collection has none", callback=positive),
+]
+CollectionDeltaOption = Annotated[
+    float | None, typer.Option(help="its delta cap", callback=probability)
+]
+
+# the answer (retriever.rag.RagConfig)
+MaxTokensOption = Annotated[int, typer.Option(help="most answer tokens")]
+CompositionOption = Annotated[str, typer.Option(help="icl tokens: pure | bounded-range")]
+MinScoreOption = Annotated[float, typer.Option(help="public lower clip of similarities")]
+MaxScoreOption = Annotated[float, typer.Option(help="public upper clip of similarities")]
+
+# the server (retriever.service.ServiceConfig)
+ServedLmOption = Annotated[
+    str, typer.Option(help="LM asset or path; 'tiny': byte-level test model")
+]
+HostOption = Annotated[str, typer.Option(help="interface to listen on")]
+PortOption = Annotated[int, typer.Option(help="port (0: a free one, printed)")]
+ReplicasOption = Annotated[int, typer.Option(help="model replicas (one answer each)")]
+QueueOption = Annotated[int, typer.Option(help="most requests waiting for a replica")]
+QueueTimeoutOption = Annotated[float, typer.Option(help="seconds a request may wait")]
+MaxQuestionTokensOption = Annotated[
+    int, typer.Option(help="longest question in tokens of the answer LM (413 beyond)")
+]
+AnswerTimeoutOption = Annotated[
+    float, typer.Option(help="seconds an answer may run; then it returns truncated")
+]

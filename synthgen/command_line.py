@@ -1,0 +1,162 @@
+"""Shared pieces of the two command lines: the one-line error wrapper, option validators and
+types.
+
+`synthgen.cli` and `retriever.cli` are entry points, and neither imports the other's helpers;
+what both use lives here, in the library. `run` turns the errors a user can fix into one line
+on stderr and a non-zero exit code (``--debug`` shows the traceback instead);
+`global_options` is both tools' top-level callback: it documents ``--debug`` and answers
+``--version``. `positive` and `probability` refuse a bad epsilon or delta at parsing, naming
+the option the user typed; `LedgerOption` is the ``--ledger`` option of the commands that
+charge the budget ledger.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import sys
+from typing import Annotated
+
+import click
+import typer
+
+from synthgen.assets import AssetError
+from synthgen.paths import default_ledger_help
+from synthgen.privacy.errors import PrivacyError
+
+__all__ = [
+    "USER_ERRORS",
+    "LedgerOption",
+    "global_options",
+    "positive",
+    "probability",
+    "run",
+]
+
+USER_ERRORS = (AssetError, PrivacyError, ValueError, KeyError, FileNotFoundError)
+"""Errors a user can fix: `run` prints their message alone, without the exception's type."""
+
+
+def _option_name(param: click.Parameter) -> str:
+    return max(param.opts, key=len) if param.opts else str(param.name)
+
+
+def positive(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Option callback: a positive, finite epsilon (an epsilon cap or a release's epsilon).
+
+    Refused at parsing, before the command opens anything, naming the option the user typed
+    (``--epsilon must be positive, got -1.0``, a usage error: exit 2) rather than the
+    library field it feeds.
+
+    Args:
+      ctx: the click context of the command being parsed.
+      param: the option being parsed.
+      value: its value, or None where it was not given and has no default.
+
+    Returns:
+      The value unchanged.
+
+    Raises:
+      click.UsageError: the value is zero, negative, infinite or NaN.
+    """
+    if value is not None and not 0 < value < math.inf:
+        raise click.UsageError(f"{_option_name(param)} must be positive, got {value!r}", ctx)
+    return value
+
+
+def probability(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Option callback: a delta in (0, 1), refused as `positive` refuses an epsilon.
+
+    Args:
+      ctx: the click context of the command being parsed.
+      param: the option being parsed.
+      value: its value, or None where it was not given and has no default.
+
+    Returns:
+      The value unchanged.
+
+    Raises:
+      click.UsageError: the value is not strictly between 0 and 1.
+    """
+    if value is not None and not 0 < value < 1:
+        raise click.UsageError(f"{_option_name(param)} must be in (0, 1), got {value!r}", ctx)
+    return value
+
+
+LedgerOption = Annotated[
+    str | None,
+    typer.Option(help=f"ledger: file, sqlite:///... or postgresql://... ({default_ledger_help()})"),
+]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        try:
+            version = importlib.metadata.version("dpsynth")
+        except importlib.metadata.PackageNotFoundError:  # a source tree, not installed
+            version = "unknown (not installed)"
+        print(f"dpsynth {version}")
+        raise typer.Exit(0)
+
+
+def global_options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            is_eager=True,
+            callback=_print_version,
+            help="print dpsynth's version and exit",
+        ),
+    ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help="on an error, show the traceback instead of one line (may stand anywhere on "
+            "the command line)",
+        ),
+    ] = False,
+) -> None:
+    """The top-level options of `synthgen` and `retriever` (`app.callback()`).
+
+    `--debug` is read by `run` from the whole command line before parsing, so it also works
+    after a subcommand; it is declared here so that the top-level ``--help`` lists it.
+    """
+
+
+def run(application: typer.Typer, argv: list[str] | None = None) -> int:
+    """Runs a Typer app, turning known errors into one line and exit code 1 (2 for usage).
+
+    Args:
+      application: the Typer app (`synthgen.cli.app` or `retriever.cli.app`).
+      argv: the arguments after the program name (default: ``sys.argv[1:]``); ``--debug``
+        anywhere among them re-raises errors with their traceback.
+
+    Returns:
+      The exit code: 0, the command's own code, 1 for an error, 2 for a usage error, 130
+      when aborted.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    if debug:
+        argv.remove("--debug")
+    try:
+        result = application(args=argv, standalone_mode=False)
+        return result if isinstance(result, int) else 0
+    except (typer.Abort, KeyboardInterrupt):
+        print("aborted", file=sys.stderr)
+        return 130
+    except typer.Exit as exc:
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - one line for users, traceback with --debug
+        if debug:
+            raise
+        format_message = getattr(exc, "format_message", None)
+        if callable(format_message) and hasattr(exc, "exit_code"):  # click/typer usage errors
+            print(f"error: {format_message()}", file=sys.stderr)
+            return exc.exit_code
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        kind = "" if isinstance(exc, USER_ERRORS) else f"{type(exc).__name__}: "
+        print(f"error: {kind}{message} (rerun with --debug for a traceback)", file=sys.stderr)
+        return 1
