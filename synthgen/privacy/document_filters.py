@@ -3,7 +3,9 @@
 A collection in individual mode (`synthgen.privacy.individual`) records, once, each
 document's (epsilon, delta) target, the rho cap it implies, the public per-answer charge
 and its number of documents (table ``document_filters``); each document that has paid for
-an answer has a row with its running zCDP loss (table ``document_losses``). A charge names
+an answer has a row with its running zCDP loss (table ``document_losses``), and each charge
+of each document a row of its own (table ``document_charges``, with the answer's public
+ref), from which `DocumentFilters.recompute` rebuilds every running loss. A charge names
 the documents it touched and adds the same rho to each, in one transaction under the
 collection's lock, so two concurrent answers touching a document never push it past its cap
 (SQLite: the file's write lock; PostgreSQL: the dataset's advisory lock). A charge of m
@@ -206,12 +208,18 @@ class DocumentFilters:
         return spent + charge_rho <= record.budget.rho_cap
 
     def charge_in(
-        self, conn: Connection, dataset: str, doc_ids: Sequence[str], charge_rho: float
+        self,
+        conn: Connection,
+        dataset: str,
+        doc_ids: Sequence[str],
+        charge_rho: float,
+        ref: str | None = None,
     ) -> None:
         """Adds `charge_rho` to each named document, inside the caller's transaction.
 
         The caller holds the collection's lock (`LedgerStore.scope_lock(dataset)`), e.g. the
-        transaction that records the answer's charge, so both land or neither does.
+        transaction that records the answer's charge, so both land or neither does. `ref`
+        (the answer's public ref) is written with each document's charge row.
 
         Raises:
           DocumentBudgetError: a named document cannot pay; nothing is written (the caller's
@@ -231,6 +239,7 @@ class DocumentFilters:
         )
         if refused:
             raise DocumentBudgetError(dataset, refused)
+        now = time.time()
         for doc_id in ids:
             conn.execute(
                 "INSERT INTO document_losses (dataset, doc_id, rho, charges) VALUES (?, ?, ?, 1) "
@@ -239,11 +248,44 @@ class DocumentFilters:
                 "charges = document_losses.charges + 1",
                 (dataset, doc_id, float(charge_rho)),
             )
+            conn.execute(
+                "INSERT INTO document_charges (dataset, doc_id, rho, ref, created_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (dataset, doc_id, float(charge_rho), ref, now),
+            )
 
-    def charge(self, dataset: str, doc_ids: Sequence[str], charge_rho: float) -> None:
+    def charge(
+        self, dataset: str, doc_ids: Sequence[str], charge_rho: float, ref: str | None = None
+    ) -> None:
         """`charge_in` in a transaction of its own, under the collection's lock."""
         with self._store.scope_lock(dataset) as conn:
-            self.charge_in(conn, dataset, doc_ids, charge_rho)
+            self.charge_in(conn, dataset, doc_ids, charge_rho, ref)
+
+    def recompute(self, dataset: str) -> dict[str, float]:
+        """Every charged document's loss summed again from its charge rows (operator only).
+
+        The running losses (`losses`) must equal these; `verify` compares them.
+        """
+        with self._store.read() as conn:
+            rows = conn.execute(
+                "SELECT doc_id, SUM(rho) FROM document_charges WHERE dataset = ? GROUP BY doc_id",
+                (dataset,),
+            ).fetchall()
+        return {str(d): float(r) for d, r in rows}
+
+    def verify(self, dataset: str, rel_tol: float = 1e-9) -> int:
+        """How many documents' running losses differ from their charge rows (0: sound)."""
+        recomputed = self.recompute(dataset)
+        with self._store.read() as conn:
+            rows = conn.execute(
+                "SELECT doc_id, rho FROM document_losses WHERE dataset = ?", (dataset,)
+            ).fetchall()
+        running = {str(d): float(r) for d, r in rows}
+        return sum(
+            1
+            for d in set(running) | set(recomputed)
+            if not math.isclose(running.get(d, 0.0), recomputed.get(d, 0.0), rel_tol=rel_tol)
+        )
 
     def summary(self, dataset: str) -> dict[str, float | int]:
         """documents, active, exhausted, max / median / mean epsilon spent at the document

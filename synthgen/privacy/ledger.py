@@ -405,7 +405,7 @@ class PrivacyLedger(LedgerComposition):
             standalone = checked[0][2]
             if documents is not None:
                 doc_ids, rho = documents
-                DocumentFilters(self._store).charge_in(conn, dataset, doc_ids, rho)
+                DocumentFilters(self._store).charge_in(conn, dataset, doc_ids, rho, ref)
             recorded = []
             now = time.time()
             for (stage, _, description), (event_json, _), (own_eps, own_delta), row_ref in zip(

@@ -86,6 +86,15 @@ def _document_filters(real: str) -> tuple[str, ...]:
     )
 
 
+def _document_charges(real: str) -> tuple[str, ...]:
+    return (
+        # one row per document per charge: the record the running losses are recomputed from
+        "CREATE TABLE IF NOT EXISTS document_charges (dataset TEXT NOT NULL, "
+        f"doc_id TEXT NOT NULL, rho {real} NOT NULL, ref TEXT, created_at {real} NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS document_charges_doc ON document_charges (dataset, doc_id)",
+    )
+
+
 # (version, statements) per dialect; append, never edit an applied one.
 MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
     "sqlite": (
@@ -104,6 +113,7 @@ MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
         (5, _tenants_and_collections("REAL")),
         (6, _scope_records()),
         (7, _document_filters("REAL")),
+        (8, _document_charges("REAL")),
     ),
     "postgresql": (
         (
@@ -125,6 +135,7 @@ MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
         (5, _tenants_and_collections("DOUBLE PRECISION")),
         (6, _scope_records()),
         (7, _document_filters("DOUBLE PRECISION")),
+        (8, _document_charges("DOUBLE PRECISION")),
     ),
 }
 SCHEMA_VERSION = MIGRATIONS["sqlite"][-1][0]

@@ -103,9 +103,13 @@ def test_concurrent_answers_never_push_a_document_past_its_cap(location):
     with ThreadPoolExecutor(6) as pool:
         paid = [doc for stream in pool.map(answer_stream, plans) for doc in stream]
     ids = [f"doc-{d}" for d in range(8)]
-    losses = DocumentFilters(PrivacyLedger(location).store).losses("records", ids)
+    filters = DocumentFilters(PrivacyLedger(location).store)
+    losses = filters.losses("records", ids)
     counts = np.array([paid.count(d) for d in ids])
     assert np.all(losses <= BUDGET.rho_cap)
+    recomputed = filters.recompute("records")  # from the per-charge rows
+    np.testing.assert_allclose([recomputed.get(d, 0.0) for d in ids], losses)
+    assert filters.verify("records") == 0
     np.testing.assert_allclose(losses, counts * ANSWER_RHO)  # every accepted charge recorded
     assert counts.max() == 5  # the race did reach the cap (72 answers over 8 documents)
 
