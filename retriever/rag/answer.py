@@ -41,23 +41,28 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import functools
 import secrets
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from retriever.rag.aggregation import AggregationConfig, dp_icl_token
-from retriever.rag.plan import AnswerPlan, make_plan
+from retriever.rag.aggregation import dp_icl_token
+from retriever.rag.config import RagConfig, plan_answer
+from retriever.rag.plan import AnswerPlan
 from retriever.rag.prompts import PromptFormat
 from retriever.rag.retrieval import (
-    ScoreRange,
     best_selected,
     dp_top_k_threshold,
     dp_top_p_threshold,
+)
+from retriever.rag.sessions import (
+    Deadline,
+    PromptRows,
+    Sessions,
+    tokenize_documents,
+    usable_rows,
 )
 from retriever.rag.text import clean_answer_text
 from retriever.rag.voting import (
@@ -86,73 +91,6 @@ class AnswerFailedError(RuntimeError):
     Its message is fixed: the failure's own text may quote private data and never reaches
     the caller.
     """
-
-
-@dataclasses.dataclass(frozen=True)
-class RagConfig:
-    """Public parameters of the answer stage.
-
-    Attributes:
-      k: documents the DP threshold aims to select (top-k); ignored when `top_p` is set.
-      top_p: select a share of the score weight instead (Grislain's top-p variant).
-      score_range: public clipping range of similarity scores.
-      max_tokens: most answer tokens.
-      delta: per-answer delta.
-      retrieval_share: share of the per-answer epsilon for the threshold.
-      score_share: share for the Laplace score release (0: none).
-      composition: "pure" or "bounded-range" analysis of icl tokens.
-      aggregation: alpha, clip and the public power beta of the icl aggregation.
-      max_voters: the public cap on private prompts of every mechanism, one selected
-        document each (the best scored; fewer selected: padding rows): icl's rows, the
-        voters of vote / sparse-vote / answer-vote and LimitedDomain's k_bar. None: k.
-      gate_share: sparse-vote: the gate fires when at least this share of `voters` disagree.
-      max_releases: sparse-vote: most paid tokens per answer.
-      max_document_tokens: a document's text is cut to this many tokens in a prompt.
-    """
-
-    k: int = 16
-    top_p: float | None = None
-    score_range: ScoreRange = ScoreRange(0.0, 1.0)
-    max_tokens: int = 12
-    delta: float = 1e-6
-    retrieval_share: float = 0.1
-    score_share: float = 0.0
-    composition: str = "pure"
-    aggregation: AggregationConfig = AggregationConfig()
-    max_voters: int | None = None
-    gate_share: float = 0.5
-    max_releases: int = 6
-    max_document_tokens: int = 160
-
-    def __post_init__(self) -> None:
-        if self.k < 1 or self.max_tokens < 1 or (self.max_voters or 1) < 1:
-            raise ValueError(f"k, max_tokens and max_voters must be >= 1: {self=}")
-        if self.top_p is not None and not 0 < self.top_p < 1:
-            raise ValueError(f"top_p must be in (0, 1), got {self.top_p=}")
-        if not 0 < self.gate_share <= 1:
-            raise ValueError(f"gate_share must be in (0, 1], got {self.gate_share=}")
-        if self.max_document_tokens < 1:
-            raise ValueError(f"max_document_tokens must be >= 1: {self=}")
-
-    @property
-    def voters(self) -> int:
-        """Private prompts of every answer (public): `max_voters`, or k."""
-        return self.max_voters or self.k
-
-
-@functools.lru_cache(maxsize=256)
-def plan_answer(config: RagConfig, mechanism: str, epsilon: float) -> AnswerPlan:
-    """The plan of one answer at per-answer `epsilon` under `config` (cached: pure)."""
-    return make_plan(
-        mechanism,
-        epsilon,
-        delta=config.delta,
-        max_tokens=config.max_tokens,
-        retrieval_share=config.retrieval_share,
-        score_share=config.score_share,
-        composition=config.composition,
-        max_releases=config.max_releases,
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +194,7 @@ class DPRag:
             raise ValueError("doc_ids must be unique")
         _check_delta(config, len(doc_ids))
         self.doc_ids, self.texts = [str(d) for d in doc_ids], list(texts)
-        self._tokens = _tokenize(lm, self.texts)
+        self._tokens = tokenize_documents(lm, self.texts)
         self.embeddings = embeddings
         self.encode_question = encode_question
         self.lm, self.public_lm = lm, lm.fork()
@@ -406,7 +344,7 @@ class DPRag:
             scores, tau, self.config.voters, self.config.score_range
         )
         rows = self._rows(question, indices, weights)
-        clock = _Deadline(deadline)
+        clock = Deadline(deadline)
         if mechanism == "icl":
             tokens, paid, stages, abstained = self._icl(rows, plan, rng, clock)
         elif mechanism == "answer-vote":
@@ -464,7 +402,7 @@ class DPRag:
             StageCharge(stage, c.epsilon, c.delta) for (stage, _), c in zip(stages, recorded)
         )
 
-    def _rows(self, question: str, indices: np.ndarray, weights: np.ndarray) -> _Rows:
+    def _rows(self, question: str, indices: np.ndarray, weights: np.ndarray) -> PromptRows:
         """The answer's private prompts at the public shape: `config.voters` rows, the
         selected documents' (weight 1) and padding rows (weight 0: the public filler
         document), built from token ids computed at `__init__` and prompt parts encoded once, so
@@ -478,18 +416,18 @@ class DPRag:
         ]
         prompts = [prefix + doc + suffix for doc in documents]
         public = self.prompt.encode(self.lm, question, [])
-        return _Rows(prompts, weights, public, length=len(prefix) + len(filler) + len(suffix))
+        return PromptRows(prompts, weights, public, length=len(prefix) + len(filler) + len(suffix))
 
-    def _icl(self, rows: _Rows, plan: AnswerPlan, rng, clock: _Deadline):
+    def _icl(self, rows: PromptRows, plan: AnswerPlan, rng, clock: Deadline):
         """(tokens, paid, stages, abstained); abstains when every released token is the
         public prompt's greedy token (the documents never moved the draw)."""
         tokens: list[int] = []
         moved = False
-        session = _Sessions(self.lm, self.public_lm, rows, plan.max_tokens)
+        session = Sessions(self.lm, self.public_lm, rows, plan.max_tokens)
         for _ in range(plan.max_tokens):
             if clock.check():
                 break
-            private, weights = _usable_rows(session.private, rows.weights)
+            private, weights = usable_rows(session.private, rows.weights)
             token = dp_icl_token(
                 private,
                 session.public[0],
@@ -507,7 +445,7 @@ class DPRag:
         stages = [("tokens", plan.token_block_event(plan.max_tokens))]
         return tokens, plan.max_tokens, stages, not moved
 
-    def _vote(self, rows: _Rows, plan: AnswerPlan, rng, clock: _Deadline):
+    def _vote(self, rows: PromptRows, plan: AnswerPlan, rng, clock: Deadline):
         """(tokens, paid, stages, abstained). The best `config.voters` selected documents
         vote, one each. A bottom release abstains when it is the answer's first paid
         release and otherwise lets the public token continue, as a closed or spent gate
@@ -523,7 +461,7 @@ class DPRag:
             max_releases=plan.max_releases,
             rng=rng,
         )
-        session = _Sessions(self.lm, self.public_lm, rows, plan.max_tokens)
+        session = Sessions(self.lm, self.public_lm, rows, plan.max_tokens)
         tokens: list[int] = []
         paid_releases = 0
         abstained = False
@@ -567,7 +505,7 @@ class DPRag:
         ]
         return tokens, gate.releases, stages, abstained or gate.releases == 0
 
-    def _answer_vote(self, rows: _Rows, plan: AnswerPlan, rng, clock: _Deadline):
+    def _answer_vote(self, rows: PromptRows, plan: AnswerPlan, rng, clock: Deadline):
         """(answer text, paid, stages, abstained). The best `config.voters` selected
         documents each decode their own greedy answer (all `max_tokens` steps, whatever
         they say: the loop's length is public; padding rows decode too and do not vote);
@@ -622,30 +560,6 @@ def _standalone(event, delta: float) -> tuple[float, float]:
     return accounting.epsilon(event, delta), delta
 
 
-def _tokenize(lm, texts: Sequence[str]) -> list[list[int]]:
-    """Every document's token ids, once, before any answer: an answer then only slices
-    them (the same work for any selection), and a text the tokenizer refuses is refused
-    here, with its position, instead of failing an answer that selected it."""
-    tokens = []
-    for position, text in enumerate(texts):
-        try:
-            tokens.append([int(t) for t in lm.encode(text)])
-        except Exception:  # noqa: BLE001 - the message may quote the text
-            raise ValueError(f"document at position {position} cannot be tokenized") from None
-    return tokens
-
-
-def _usable_rows(logprobs: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows that are not distributions (NaN, +inf, all -inf) count as padding: zero
-    weight and zero values, so a numerical fault on one document's prompt changes that
-    row's contribution only (within the sensitivity) and never fails the answer."""
-    rows = np.asarray(logprobs, dtype=np.float64)
-    bad = np.any(np.isnan(rows) | (rows == np.inf), axis=1) | np.all(rows == -np.inf, axis=1)
-    if not bad.any():
-        return rows, weights
-    return np.where(bad[:, None], 0.0, rows), np.where(bad, 0.0, weights)
-
-
 def _check_delta(config: RagConfig, num_documents: int) -> None:
     """Refuses a per-answer delta of at least 1/n for n documents: a delta that large
     allows releasing one document outright (the rule DP-SGD's configs follow too)."""
@@ -654,48 +568,3 @@ def _check_delta(config: RagConfig, num_documents: int) -> None:
             f"the per-answer delta must be below 1/n for n = {num_documents} documents: "
             f"{config.delta=}"
         )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Rows:
-    """The private prompts of one answer at its public shape (`DPRag._rows`).
-
-    Attributes:
-      prompts: `config.voters` prompts: documents first, then padding rows.
-      weights: 1 for a document's row, 0 for a padding row (private: used in sums only).
-      public: the public prompt (the question, no document).
-      length: the public length every private prompt is padded to.
-    """
-
-    prompts: list[list[int]]
-    weights: np.ndarray
-    public: list[int]
-    length: int
-
-
-class _Deadline:
-    """A wall-time bound on the decode loops (None: none); `passed` once it struck."""
-
-    def __init__(self, deadline: float | None) -> None:
-        self.deadline, self.passed = deadline, False
-
-    def check(self) -> bool:
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            self.passed = True
-        return self.passed
-
-
-class _Sessions:
-    """The private rows' batched session (always the public shape) and the public
-    prompt's own session."""
-
-    def __init__(self, lm, public_lm, rows: _Rows, max_tokens: int) -> None:
-        self.lm, self.public_lm = lm, public_lm
-        self.private = lm.start(rows.prompts, max_tokens, length=rows.length)
-        self.public = public_lm.start([rows.public], max_tokens)
-
-    def append(self, token: int, *, last: bool) -> None:
-        if last:  # no next token will be drawn: skip the step
-            return
-        self.private = self.lm.append(token)
-        self.public = self.public_lm.append(token)

@@ -1,0 +1,77 @@
+"""Public parameters of the DP-RAG answer stage (`RagConfig`) and the plan they imply."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from retriever.rag.aggregation import AggregationConfig
+from retriever.rag.plan import AnswerPlan, make_plan
+from retriever.rag.retrieval import ScoreRange
+
+
+@dataclasses.dataclass(frozen=True)
+class RagConfig:
+    """Public parameters of the answer stage.
+
+    Attributes:
+      k: documents the DP threshold aims to select (top-k); ignored when `top_p` is set.
+      top_p: select a share of the score weight instead (Grislain's top-p variant).
+      score_range: public clipping range of similarity scores.
+      max_tokens: most answer tokens.
+      delta: per-answer delta.
+      retrieval_share: share of the per-answer epsilon for the threshold.
+      score_share: share for the Laplace score release (0: none).
+      composition: "pure" or "bounded-range" analysis of icl tokens.
+      aggregation: alpha, clip and the public power beta of the icl aggregation.
+      max_voters: the public cap on private prompts of every mechanism, one selected
+        document each (the best scored; fewer selected: padding rows): icl's rows, the
+        voters of vote / sparse-vote / answer-vote and LimitedDomain's k_bar. None: k.
+      gate_share: sparse-vote: the gate fires when at least this share of `voters` disagree.
+      max_releases: sparse-vote: most paid tokens per answer.
+      max_document_tokens: a document's text is cut to this many tokens in a prompt.
+    """
+
+    k: int = 16
+    top_p: float | None = None
+    score_range: ScoreRange = ScoreRange(0.0, 1.0)
+    max_tokens: int = 12
+    delta: float = 1e-6
+    retrieval_share: float = 0.1
+    score_share: float = 0.0
+    composition: str = "pure"
+    aggregation: AggregationConfig = AggregationConfig()
+    max_voters: int | None = None
+    gate_share: float = 0.5
+    max_releases: int = 6
+    max_document_tokens: int = 160
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.max_tokens < 1 or (self.max_voters or 1) < 1:
+            raise ValueError(f"k, max_tokens and max_voters must be >= 1: {self=}")
+        if self.top_p is not None and not 0 < self.top_p < 1:
+            raise ValueError(f"top_p must be in (0, 1), got {self.top_p=}")
+        if not 0 < self.gate_share <= 1:
+            raise ValueError(f"gate_share must be in (0, 1], got {self.gate_share=}")
+        if self.max_document_tokens < 1:
+            raise ValueError(f"max_document_tokens must be >= 1: {self=}")
+
+    @property
+    def voters(self) -> int:
+        """Private prompts of every answer (public): `max_voters`, or k."""
+        return self.max_voters or self.k
+
+
+@functools.lru_cache(maxsize=256)
+def plan_answer(config: RagConfig, mechanism: str, epsilon: float) -> AnswerPlan:
+    """The plan of one answer at per-answer `epsilon` under `config` (cached: pure)."""
+    return make_plan(
+        mechanism,
+        epsilon,
+        delta=config.delta,
+        max_tokens=config.max_tokens,
+        retrieval_share=config.retrieval_share,
+        score_share=config.score_share,
+        composition=config.composition,
+        max_releases=config.max_releases,
+    )
