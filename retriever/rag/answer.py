@@ -50,6 +50,7 @@ import numpy as np
 
 from retriever.rag.aggregation import dp_icl_token
 from retriever.rag.config import RagConfig, plan_answer
+from retriever.rag.individual import individual_rows
 from retriever.rag.plan import AnswerPlan
 from retriever.rag.prompts import PromptFormat
 from retriever.rag.retrieval import (
@@ -78,8 +79,10 @@ from synthgen.privacy import (
     laplace_mechanism,
     secure_rng,
 )
+from synthgen.privacy.document_filters import DocumentBudgetError, DocumentFilters
 
 RELATION = "ADD_OR_REMOVE_ONE"
+_SELECTION_TRIES = 3  # re-selections when another process exhausts a payer meanwhile
 ABSTENTION_TEXT = "No answer: the private documents did not settle one at this privacy level."
 # The public filler of padding rows (repeated to `max_document_tokens` tokens).
 PADDING_TEXT = " ."
@@ -193,7 +196,9 @@ class DPRag:
         if len(set(doc_ids)) != len(doc_ids):
             raise ValueError("doc_ids must be unique")
         _check_delta(config, len(doc_ids))
+        _check_individual(config, ledger, dataset)
         self.doc_ids, self.texts = [str(d) for d in doc_ids], list(texts)
+        self._position = {d: i for i, d in enumerate(self.doc_ids)}
         self._tokens = tokenize_documents(lm, self.texts)
         self.embeddings = embeddings
         self.encode_question = encode_question
@@ -206,6 +211,7 @@ class DPRag:
     def with_config(self, config: RagConfig) -> DPRag:
         """The same collection, encoder, LM sessions, ledger and lock under `config`."""
         _check_delta(config, len(self.doc_ids))
+        _check_individual(config, self.ledger, self.dataset)
         other = copy.copy(self)
         other.config = config
         return other
@@ -222,6 +228,8 @@ class DPRag:
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question must be non-empty text")
         plan = self.plan(mechanism, float(epsilon))
+        if self.config.individual:
+            self._document_rho(plan)
         self._check_context(question)
         return plan
 
@@ -267,6 +275,8 @@ class DPRag:
         """
         plan = self.validate(question, mechanism, epsilon)
         with self._lock:
+            if self.config.individual:
+                return self._answer_individually(question, tenant, plan, deadline)
             return self._answer(question, tenant, plan, deadline)
 
     def _answer(
@@ -300,7 +310,7 @@ class DPRag:
                 "the answer failed after its budget check; it was charged its worst case "
                 "and released nothing"
             )
-        tokens, paid, stages, abstained, truncated, count, confidence = released
+        stages = released[2]
         if not realized:
             stages = plan.stage_events()
         if charges is None:
@@ -310,6 +320,12 @@ class DPRag:
                 raise BudgetExceededError(
                     f"the budget of {tenant} changed during the answer; nothing was released"
                 ) from None
+        return self._assemble(tenant, plan, released, stages, charges, ref)
+
+    def _assemble(self, tenant, plan, released, stages, charges, ref) -> Answer:
+        """The `Answer` from the releases (post-processing) and the recorded charges."""
+        tokens, paid, _, abstained, truncated, count, confidence = released
+        mechanism = plan.mechanism
         total = accounting.epsilon(accounting.compose([e for _, e in stages]), plan.delta)
         if abstained:
             text = ABSTENTION_TEXT
@@ -333,16 +349,28 @@ class DPRag:
             truncated=truncated,
         )
 
+    def _scores(self, question: str) -> np.ndarray:
+        """[N] similarity of the question to every document (private)."""
+        return self.embeddings @ np.asarray(self.encode_question([question]))[0]
+
     def _release(self, question: str, plan: AnswerPlan, deadline: float | None):
         """The mechanisms' releases: (tokens, paid, realized stages, abstained, truncated,
         noisy count, confidence)."""
-        mechanism = plan.mechanism
         rng = self._rng if self._rng is not None else secure_rng()
-        scores = self.embeddings @ np.asarray(self.encode_question([question]))[0]
+        scores = self._scores(question)
         tau = self._threshold(scores, plan.retrieval_epsilon, rng)
-        indices, weights, selected = best_selected(  # private: used only below
+        selection = best_selected(  # private: used only below
             scores, tau, self.config.voters, self.config.score_range
         )
+        released = self._decode(question, plan, scores, selection, rng, deadline)
+        released[2].insert(0, ("retrieval", accounting.pure_epsilon_event(plan.retrieval_epsilon)))
+        return released
+
+    def _decode(self, question, plan: AnswerPlan, scores, selection, rng, deadline):
+        """The token (and score) releases from a selection (indices, weights, selected):
+        (tokens, paid, stages, abstained, truncated, noisy count, confidence)."""
+        mechanism = plan.mechanism
+        indices, weights, selected = selection
         rows = self._rows(question, indices, weights)
         clock = Deadline(deadline)
         if mechanism == "icl":
@@ -355,8 +383,98 @@ class DPRag:
         if plan.score_epsilon > 0:
             count, confidence = self._score(scores, selected, plan.score_epsilon, rng)
             stages.append(("score", accounting.laplace_event(plan.score_epsilon)))
-        stages.insert(0, ("retrieval", accounting.pure_epsilon_event(plan.retrieval_epsilon)))
         return tokens, paid, stages, abstained, clock.passed, count, confidence
+
+    # ---- individual (per-document) accounting ----------------------------------------
+
+    def _document_rho(self, plan: AnswerPlan) -> float:
+        """The plan's per-document rho, or ValueError when no document could ever pay it
+        or the mechanism has no zCDP curve (public parameters only)."""
+        rho = plan.document_rho()
+        cap = self._filters().get(self.dataset).budget.rho_cap
+        if rho > cap:
+            raise ValueError(
+                f"an answer at epsilon={plan.epsilon:g} costs each document rho={rho:.4g}, "
+                f"more than a document's whole filter (rho cap {cap:.4g}): ask at a smaller "
+                "epsilon"
+            )
+        return rho
+
+    def _filters(self) -> DocumentFilters:
+        return DocumentFilters(self.ledger.store)
+
+    def _active(self, charge_rho: float) -> np.ndarray:
+        """[N] whether each document's filter admits `charge_rho` (private)."""
+        active = np.ones(len(self.doc_ids), dtype=bool)
+        exhausted = self._filters().exhausted(self.dataset, charge_rho)
+        if exhausted:
+            position = self._position
+            active[[position[d] for d in exhausted if d in position]] = False
+        return active
+
+    def _answer_individually(
+        self, question: str, tenant: str, plan: AnswerPlan, deadline: float | None
+    ) -> Answer:
+        """An answer under per-document filters: the payers are chosen, and charged with
+        the tenant's quota in one transaction, before any noise is drawn.
+
+        Privacy:
+          Individual Rényi filter (Feldman & Zrnic 2021): a document pays
+          `plan.document_rho()` when it is active and scores at least the public relevance
+          threshold (`retriever.rag.individual.individual_rows`), nothing otherwise; an
+          exhausted document is excluded before the answer. The tenant's scope composes
+          the answer's (epsilon, delta) as a quota, not as the privacy statement, which is
+          per document over all tenants. Known channel: the charge transaction writes one
+          row per payer, so its duration grows with their number (about 0.1 ms each on
+          SQLite, below the decode's own variation but not hidden by the fixed shape).
+        """
+        rho = self._document_rho(plan)
+        ref = secrets.token_hex(16)
+        stages = plan.stage_events()
+        self.ledger.check(  # the tenant's quota
+            tenant,
+            self.dataset,
+            stage="rag-answer",
+            event=plan.worst_case_event(),
+            relation=RELATION,
+            delta=plan.delta,
+        )
+        rng = self._rng if self._rng is not None else secure_rng()
+        c = self.config
+        scores = self._scores(question)
+        for _ in range(_SELECTION_TRIES):
+            active = self._active(rho)
+            selection = individual_rows(
+                scores, c.relevance_threshold, c.voters, active, c.score_range
+            )
+            payers = [self.doc_ids[i] for i in np.flatnonzero(selection[2])]
+            try:
+                charges = self._charge(
+                    tenant, plan.mechanism, stages, plan.delta, ref, documents=(payers, rho)
+                )
+                break
+            except DocumentBudgetError:  # another process exhausted a payer: select again
+                continue
+            except BudgetExceededError:  # a concurrent answer spent the quota
+                raise BudgetExceededError(
+                    f"the budget of {tenant} changed during the answer; nothing was released"
+                ) from None
+        else:
+            raise AnswerFailedError(
+                "the collection's per-document filters kept changing during the answer; "
+                "nothing was charged or released: ask again"
+            )
+        failed = False
+        try:
+            released = self._decode(question, plan, scores, selection, rng, deadline)
+        except Exception:  # noqa: BLE001 - re-raised below without its private text
+            failed = True
+        if failed:
+            raise AnswerFailedError(
+                "the answer failed after its budget check; it was charged its worst case "
+                "and released nothing"
+            )
+        return self._assemble(tenant, plan, released, stages, charges, ref)
 
     def _pays_as_it_goes(self, tenant: str) -> bool:
         """Sparse-vote pays its realized releases only where that is sound: a ``basic``
@@ -387,7 +505,9 @@ class DPRag:
             return dp_top_p_threshold(scores, c.top_p, epsilon, rng, score_range=c.score_range)
         return dp_top_k_threshold(scores, c.k, epsilon, rng, score_range=c.score_range)
 
-    def _charge(self, tenant, mechanism, stages, delta, ref) -> tuple[StageCharge, ...]:
+    def _charge(
+        self, tenant, mechanism, stages, delta, ref, documents=None
+    ) -> tuple[StageCharge, ...]:
         if self.ledger is None:
             return tuple(StageCharge(stage, *_standalone(event, delta)) for stage, event in stages)
         recorded = self.ledger.charge_all(
@@ -397,6 +517,7 @@ class DPRag:
             relation=RELATION,
             delta=delta,
             ref=ref,
+            documents=documents,
         )
         return tuple(
             StageCharge(stage, c.epsilon, c.delta) for (stage, _), c in zip(stages, recorded)
@@ -558,6 +679,26 @@ def _standalone(event, delta: float) -> tuple[float, float]:
     if isinstance(event, accounting.EpsilonDeltaDpEvent):
         return event.epsilon, event.delta
     return accounting.epsilon(event, delta), delta
+
+
+def _check_individual(config: RagConfig, ledger: PrivacyLedger | None, dataset: str) -> None:
+    """Individual accounting needs a ledger whose collection is in individual mode and has
+    no collection cap (a cap would compose every answer again and void the point)."""
+    if not config.individual:
+        return
+    if ledger is None:
+        raise ValueError("individual accounting needs a ledger (the per-document filters)")
+    if DocumentFilters(ledger.store).get(dataset) is None:
+        raise ValueError(
+            f"collection {dataset!r} has no per-document filters: open them first "
+            "(--document-epsilon, --document-delta)"
+        )
+    if ledger.collection_scope(dataset) is not None:
+        raise ValueError(
+            f"collection {dataset!r} has a collection cap, which composes every answer; "
+            "individual accounting replaces it with per-document filters: use another "
+            "collection name"
+        )
 
 
 def _check_delta(config: RagConfig, num_documents: int) -> None:

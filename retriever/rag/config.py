@@ -9,6 +9,8 @@ from retriever.rag.aggregation import AggregationConfig
 from retriever.rag.plan import AnswerPlan, make_plan
 from retriever.rag.retrieval import ScoreRange
 
+ACCOUNTING_MODES = ("collection", "individual")
+
 
 @dataclasses.dataclass(frozen=True)
 class RagConfig:
@@ -30,6 +32,13 @@ class RagConfig:
       gate_share: sparse-vote: the gate fires when at least this share of `voters` disagree.
       max_releases: sparse-vote: most paid tokens per answer.
       max_document_tokens: a document's text is cut to this many tokens in a prompt.
+      accounting: "collection" (every answer is charged to the collection's cap) or
+        "individual" (each document pays for the answers it takes part in, through its
+        own filter in the ledger: `synthgen.privacy.document_filters`; icl only).
+      relevance_threshold: individual accounting: the public threshold tau on the
+        normalised score scale [0, 1] (MuRAG); documents at or above it that their filter
+        admits are used and pay, the others neither. Replaces the DP threshold, so the
+        retrieval costs nothing (`retrieval_share` is then ignored).
     """
 
     k: int = 16
@@ -45,6 +54,8 @@ class RagConfig:
     gate_share: float = 0.5
     max_releases: int = 6
     max_document_tokens: int = 160
+    accounting: str = "collection"
+    relevance_threshold: float = 0.5
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.max_tokens < 1 or (self.max_voters or 1) < 1:
@@ -55,6 +66,15 @@ class RagConfig:
             raise ValueError(f"gate_share must be in (0, 1], got {self.gate_share=}")
         if self.max_document_tokens < 1:
             raise ValueError(f"max_document_tokens must be >= 1: {self=}")
+        if self.accounting not in ACCOUNTING_MODES:
+            raise ValueError(f"accounting must be one of {ACCOUNTING_MODES}: {self.accounting=}")
+        if not 0.0 <= self.relevance_threshold <= 1.0:
+            raise ValueError(f"relevance_threshold must be in [0, 1]: {self.relevance_threshold=}")
+
+    @property
+    def individual(self) -> bool:
+        """Whether documents pay individually (per-document filters)."""
+        return self.accounting == "individual"
 
     @property
     def voters(self) -> int:
@@ -70,7 +90,7 @@ def plan_answer(config: RagConfig, mechanism: str, epsilon: float) -> AnswerPlan
         epsilon,
         delta=config.delta,
         max_tokens=config.max_tokens,
-        retrieval_share=config.retrieval_share,
+        retrieval_share=0.0 if config.individual else config.retrieval_share,
         score_share=config.score_share,
         composition=config.composition,
         max_releases=config.max_releases,

@@ -8,6 +8,10 @@ worst case is what the ledger checks before any noise is drawn; `stage_events` l
 per stage, which is also what ICL and vote answers are charged (every planned token is
 paid). Sparse-vote answers are charged their realized gate releases instead
 (`retriever.rag.voting.SparseVoteGate`).
+
+Under individual (per-document) accounting the retrieval is a public relevance threshold
+(retrieval share 0: no retrieval stage) and each document that pays is charged the plan's
+zCDP rho (`AnswerPlan.document_rho`): only mechanisms with a zCDP curve qualify.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dp_accounting import dp_event
 from retriever.rag.accounting import bounded_range_epsilon, calibrate_token_epsilon
 from retriever.rag.voting import vote_threshold
 from synthgen.privacy import accounting
+from synthgen.privacy.individual import bounded_range_rho, pure_rho
 
 MECHANISMS = ("icl", "vote", "sparse-vote", "answer-vote")
 COMPOSITIONS = ("pure", "bounded-range")
@@ -85,8 +90,11 @@ class AnswerPlan:
         )
 
     def stage_events(self) -> list[tuple[str, dp_event.DpEvent]]:
-        """(stage, event) of the worst case, in release order."""
-        events = [("retrieval", accounting.pure_epsilon_event(self.retrieval_epsilon))]
+        """(stage, event) of the worst case, in release order (no retrieval stage when the
+        retrieval is public: individual accounting)."""
+        events = []
+        if self.retrieval_epsilon > 0:
+            events.append(("retrieval", accounting.pure_epsilon_event(self.retrieval_epsilon)))
         if self.mechanism == "sparse-vote":
             gate = accounting.pure_epsilon_event(self.gate_epsilon)
             events.append(("gate", accounting.self_composed(gate, self.max_releases)))
@@ -94,6 +102,38 @@ class AnswerPlan:
         if self.score_epsilon > 0:
             events.append(("score", accounting.laplace_event(self.score_epsilon)))
         return events
+
+    def document_rho(self) -> float:
+        """The zCDP rho one answer charges each document that pays for it (individual mode).
+
+        Raises:
+          ValueError: the plan has a stage without a zCDP curve: a DP retrieval threshold
+            (individual mode retrieves by a public relevance threshold instead), or vote /
+            sparse-vote / answer-vote tokens (LimitedDomain is (epsilon, delta)-DP with no
+            zCDP or RDP curve, and a per-document filter admits only such curves).
+
+        Privacy:
+          A paying document's loss in one answer: every icl token is the exponential
+          mechanism at `token_epsilon`, which is `token_epsilon`-bounded-range and so
+          `token_epsilon**2 / 8`-zCDP (Cesar & Rogers 2021); the Laplace score is pure
+          `score_epsilon`-DP, `score_epsilon**2 / 2`-zCDP (Bun & Steinke 2016). zCDP adds
+          up over the answer's releases, all paid (`max_releases` tokens).
+        """
+        if self.mechanism != "icl":
+            raise ValueError(
+                f"per-document accounting answers with icl only: {self.mechanism} releases "
+                "LimitedDomain tokens, (epsilon, delta)-DP with no zCDP curve, which a "
+                "per-document filter cannot take"
+            )
+        if self.retrieval_epsilon > 0:
+            raise ValueError(
+                "per-document accounting retrieves by a public relevance threshold: the "
+                "plan's retrieval share must be 0"
+            )
+        rho = self.max_releases * bounded_range_rho(self.token_epsilon)
+        if self.score_epsilon > 0:
+            rho += pure_rho(self.score_epsilon)
+        return rho
 
     def worst_case_event(self) -> dp_event.DpEvent:
         return accounting.compose([event for _, event in self.stage_events()])
@@ -151,7 +191,8 @@ def make_plan(
       epsilon: per-answer target epsilon.
       delta: per-answer delta.
       max_tokens: most answer tokens.
-      retrieval_share: share of epsilon for the DP threshold.
+      retrieval_share: share of epsilon for the DP threshold (0: a public threshold, no
+        retrieval stage; individual accounting).
       score_share: share of epsilon for the Laplace score (0: no score).
       composition: icl tokens: "pure" (PLD of pure events; Grislain 2024) or
         "bounded-range" (Dong, Durfee & Rogers 2020), which allows a larger token epsilon.
@@ -179,7 +220,7 @@ def make_plan(
         raise ValueError(f"delta must be in (0, 1), got {delta=}")
     if max_tokens < 1 or max_releases < 1:
         raise ValueError(f"max_tokens and max_releases must be >= 1, got {max_tokens=}")
-    if not (0 < retrieval_share < 1 and 0 <= score_share < 1 - retrieval_share):
+    if not (0 <= retrieval_share < 1 and 0 <= score_share < 1 - retrieval_share):
         raise ValueError(f"shares must leave room for tokens, got {retrieval_share=}")
     retrieval = retrieval_share * epsilon
     score = score_share * epsilon

@@ -207,6 +207,25 @@ class DocumentFilters:
         spent = self.losses(dataset, doc_ids)
         return spent + charge_rho <= record.budget.rho_cap
 
+    def exhausted(self, dataset: str, charge_rho: float) -> list[str]:
+        """The documents whose filter refuses a further `charge_rho` (operator and answer
+        loop only: which documents are exhausted is private). Reads only documents near
+        their cap, not the whole collection.
+
+        Raises:
+          KeyError: the collection is not in individual mode.
+        """
+        record = self.get(dataset)
+        if record is None:
+            raise KeyError(f"collection {dataset!r} has no per-document filters")
+        floor = (record.budget.rho_cap - charge_rho) * (1 - 1e-9)  # fits() decides below
+        with self._store.read() as conn:
+            rows = conn.execute(
+                "SELECT doc_id, rho FROM document_losses WHERE dataset = ? AND rho > ?",
+                (dataset, floor),
+            ).fetchall()
+        return [str(d) for d, r in rows if not record.budget.fits(float(r), charge_rho)]
+
     def charge_in(
         self,
         conn: Connection,

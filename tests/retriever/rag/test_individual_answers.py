@@ -1,0 +1,152 @@
+"""DPRag under individual (per-document) accounting, end to end on the byte-level test LM:
+who pays, exclusion at the cap, the quota, refusals, and losses recomputed from the rows."""
+
+import numpy as np
+import pytest
+
+from retriever.rag import DPRag, PromptFormat, RagConfig, ScoreRange
+from retriever.rag.answer import AnswerFailedError
+from synthgen.lm_backends import TinyLM
+from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope
+from synthgen.privacy.document_filters import DocumentFilter, DocumentFilters
+from synthgen.privacy.individual import DocumentBudget
+
+N = 24
+TAU = 0.9  # on the normalised scale of ScoreRange(-1, 1): cosine >= 0.8
+
+
+class CountingLM(TinyLM):
+    """TinyLM that records each private session's prompts."""
+
+    def __init__(self, seen=None):
+        super().__init__()
+        self.seen = [] if seen is None else seen
+
+    def fork(self):
+        return CountingLM(self.seen)
+
+    def start(self, prompts, max_new_tokens, **kwargs):
+        if len(prompts) > 1:  # the private rows (the public prompt is alone)
+            self.seen.append([self.decode(p) for p in prompts])
+        return super().start(prompts, max_new_tokens)
+
+
+def _world():
+    """Documents 0-5 close to question 'near', the rest far from it."""
+    rng = np.random.default_rng(0)
+    question = np.zeros(8, np.float32)
+    question[0] = 1.0
+    emb = rng.normal(size=(N, 8)).astype(np.float32)
+    emb[:, 0] = -2.0  # far: cosine with the question < 0
+    emb[:6] = question + 0.05 * rng.normal(size=(6, 8)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    ids = [f"d{i}" for i in range(N)]
+    texts = [f"secret-{i} the answer is blue" for i in range(N)]
+    return ids, texts, emb, question
+
+
+def _rag(tmp_path, *, quota=1000.0, document_epsilon=4.0, epsilon=1.0, **config):
+    ids, texts, emb, question = _world()
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    ledger.ensure_scope(Scope("alice", "records", quota, 1e-5))
+    ledger.ensure_scope(Scope("bob", "records", quota, 1e-5))
+    rag_config = RagConfig(
+        k=4,
+        max_tokens=3,
+        score_range=ScoreRange(-1.0, 1.0),
+        accounting="individual",
+        relevance_threshold=TAU,
+        composition="bounded-range",
+        **config,
+    )
+    rho = DPRag.__new__(DPRag)  # the plan's rho, before the collection exists
+    rho.config = rag_config
+    answer_rho = rho.plan("icl", epsilon).document_rho()
+    filters = DocumentFilters(ledger.store)
+    filters.open(DocumentFilter("records", DocumentBudget(document_epsilon, 1e-6), answer_rho, N))
+    lm = CountingLM()
+    rag = DPRag(
+        ids,
+        texts,
+        emb,
+        lambda qs: np.stack([question if q == "near" else -question for q in qs]),
+        lm,
+        ledger=ledger,
+        dataset="records",
+        config=rag_config,
+        prompt=PromptFormat(chat=False),
+        rng=np.random.default_rng(0),
+    )
+    return rag, ledger, filters, lm, answer_rho
+
+
+def test_only_relevant_active_documents_pay_and_exhausted_ones_leave_the_prompts(tmp_path):
+    rag, ledger, filters, lm, rho = _rag(tmp_path)
+    per_document = filters.get("records").answers_per_document
+    assert per_document >= 2
+    for _ in range(per_document):
+        answer = rag.answer("near", tenant="alice", epsilon=1.0)
+        assert answer.ref is not None and answer.epsilon <= 1.0 + 1e-9
+        assert sum("secret-" in p for p in lm.seen[-1]) == 4  # 6 relevant, 4 rows
+    losses = filters.losses("records", [f"d{i}" for i in range(N)])
+    np.testing.assert_allclose(losses[:6], per_document * rho)  # all six payers, rows or not
+    assert np.all(losses[6:] == 0.0)  # far documents never pay
+    # every relevant document is exhausted now: it is in no prompt, and nobody pays
+    answer = rag.answer("near", tenant="bob", epsilon=1.0)
+    assert not any("secret-" in p for p in lm.seen[-1])
+    np.testing.assert_allclose(filters.losses("records", ["d0"]), [per_document * rho])
+    assert answer.charges and ledger.spent("bob", "records").epsilon > 0  # the quota pays
+    assert filters.verify("records") == 0
+    summary = filters.summary("records")
+    assert summary["exhausted"] == 6 and summary["active"] == N - 6
+    assert summary["max_epsilon"] <= 4.0
+
+
+def test_a_far_question_charges_no_document(tmp_path):
+    rag, _, filters, lm, _ = _rag(tmp_path)
+    rag.answer("far", tenant="alice", epsilon=1.0)
+    assert not any("secret-" in p for p in lm.seen[-1])
+    assert filters.recompute("records") == {}
+
+
+def test_the_tenant_quota_refuses_before_any_document_pays(tmp_path):
+    rag, _, filters, lm, _ = _rag(tmp_path, quota=1.5)
+    rag.answer("near", tenant="alice", epsilon=1.0)
+    sessions = len(lm.seen)
+    with pytest.raises(BudgetExceededError):
+        rag.answer("near", tenant="alice", epsilon=1.0)
+    assert len(lm.seen) == sessions  # no prompt built
+    assert max(filters.recompute("records").values()) == pytest.approx(
+        filters.get("records").answer_rho
+    )
+
+
+def test_individual_mode_refuses_what_has_no_zcdp_curve_or_no_filters(tmp_path):
+    rag, ledger, _, _, _ = _rag(tmp_path)
+    for mechanism in ("vote", "sparse-vote", "answer-vote"):
+        with pytest.raises(ValueError, match="icl only"):
+            rag.answer("near", tenant="alice", epsilon=1.0, mechanism=mechanism)
+    with pytest.raises(ValueError, match="whole filter"):
+        rag.answer("near", tenant="alice", epsilon=40.0)
+    ids, texts, emb, _ = _world()
+    config = RagConfig(k=4, max_tokens=3, accounting="individual")
+    with pytest.raises(ValueError, match="no per-document filters"):
+        DPRag(ids, texts, emb, None, TinyLM(), ledger=ledger, dataset="other", config=config)
+    with pytest.raises(ValueError, match="needs a ledger"):
+        DPRag(ids, texts, emb, None, TinyLM(), config=config)
+    ledger.ensure_scope(Scope("*", "records", 10.0, 1e-5))  # a collection cap
+    with pytest.raises(ValueError, match="collection cap"):
+        rag.with_config(rag.config)
+
+
+def test_a_failure_after_the_charge_releases_nothing(tmp_path, monkeypatch):
+    rag, _, filters, _, rho = _rag(tmp_path)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret-3 leaked into a message")
+
+    monkeypatch.setattr(rag, "_decode", broken)
+    with pytest.raises(AnswerFailedError) as failed:
+        rag.answer("near", tenant="alice", epsilon=1.0)
+    assert "secret" not in str(failed.value) and failed.value.__context__ is None
+    np.testing.assert_allclose(filters.losses("records", ["d0"]), [rho])  # charged as planned
