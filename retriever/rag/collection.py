@@ -35,6 +35,8 @@ from retriever.provenance import collection_independence, encoder_provenance, re
 from retriever.rag.answer import RELATION
 from retriever.rag.plan import AnswerPlan
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope, accounting
+from synthgen.privacy.document_filters import DocumentFilter, DocumentFilters
+from synthgen.privacy.individual import DocumentBudget
 from synthgen.privacy.ledger_types import EventShapeError
 
 ENCODER_FLAG = "--encoder-independent-of-collection"
@@ -139,16 +141,58 @@ def check_scope_deltas(
         check_delta(scope.delta_cap, documents, f"the delta cap of {_scope_name(scope)}")
 
 
+def open_document_filters(
+    ledger: PrivacyLedger,
+    dataset: str,
+    *,
+    documents: int,
+    epsilon: float,
+    delta: float,
+    plan: AnswerPlan,
+) -> DocumentFilter:
+    """Puts `dataset` in individual accounting: each document gets an (epsilon, delta)
+    filter (`synthgen.privacy.document_filters`); the same settings again are a no-op.
+
+    Args:
+      ledger: the privacy ledger.
+      dataset: the collection.
+      documents: n, its number of documents (delta must be below 1/n).
+      epsilon, delta: each document's target over every answer of every tenant.
+      plan: the default answer's plan; its `document_rho` is the collection's public
+        per-answer charge (what "exhausted" means in the summary).
+
+    Raises:
+      ValueError: the collection has a collection cap, a delta of 1/n or more, a plan
+        without a zCDP curve or costing more than a whole filter, or filters with other
+        settings.
+
+    Privacy:
+      Individual Rényi filter (Feldman & Zrnic 2021): every document of the collection is
+      (epsilon, delta)-DP over everything any tenant asked, however adaptively; tenant
+      scopes become quotas.
+    """
+    if ledger.collection_scope(dataset) is not None:
+        raise ValueError(
+            f"{dataset} has a collection cap, which composes every answer; per-document "
+            "accounting replaces it: use another collection name"
+        )
+    check_delta(delta, documents, "the per-document delta")
+    record = DocumentFilter(dataset, DocumentBudget(epsilon, delta), plan.document_rho(), documents)
+    return DocumentFilters(ledger.store).open(record)
+
+
 def open_answer_scopes(
     ledger: PrivacyLedger, tenant: Scope, *, documents: int, collection: Scope | None = None
 ) -> None:
-    """Opens the tenant's scope on a collection that has a collection cap, δ caps checked.
+    """Opens the tenant's scope on a collection that has a collection cap or per-document
+    filters, δ caps checked.
 
-    A tenant scope opened on a collection without a collection cap would be a fresh budget
-    per tenant name, with nothing bounding them together: the collection cap (stored, or
-    `collection` to open it) is required, as the service requires it. An existing scope
-    keeps its caps. Every scope of the dataset, and the new ones, must have a δ cap below
-    1/n; every check runs before anything is written.
+    A tenant scope opened on a collection with neither would be a fresh budget per tenant
+    name, with nothing bounding them together: the collection cap (stored, or `collection`
+    to open it) is required, as the service requires it, unless the collection is in
+    individual accounting (`open_document_filters`), where the tenant's scope is a quota.
+    An existing scope keeps its caps. Every scope of the dataset, and the new ones, must
+    have a δ cap below 1/n; every check runs before anything is written.
 
     Args:
       ledger: the privacy ledger.
@@ -161,7 +205,13 @@ def open_answer_scopes(
     """
     dataset = tenant.dataset
     stored = ledger.collection_scope(dataset)
-    if stored is None and collection is None:
+    individual = DocumentFilters(ledger.store).get(dataset) is not None
+    if individual and collection is not None:
+        raise ValueError(
+            f"{dataset} has per-document filters: it takes no collection cap "
+            "(drop --collection-epsilon / --collection-delta)"
+        )
+    if stored is None and collection is None and not individual:
         raise ValueError(
             f"{dataset} has no collection cap (all tenants together): pass "
             "--collection-epsilon and --collection-delta to open one"
@@ -170,7 +220,7 @@ def open_answer_scopes(
     new = [s for s in (collection, tenant) if s is not None and s.dataset == dataset]
     new = [s for s in new if all(s.tenant != e.tenant for e in existing)]
     check_scope_deltas(ledger, dataset, documents, existing + new)
-    if stored is None:
+    if stored is None and collection is not None:
         ledger.ensure_scope(collection)
     ledger.ensure_scope(tenant)
 
