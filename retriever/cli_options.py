@@ -57,3 +57,30 @@ MaxQuestionTokensOption = Annotated[
 AnswerTimeoutOption = Annotated[
     float, typer.Option(help="seconds an answer may run; then it returns truncated")
 ]
+
+# individual (per-document) accounting (retriever.rag.RagConfig.accounting)
+AccountingOption = Annotated[
+    str,
+    typer.Option(
+        help="collection: every answer composes on the collection cap | individual: each "
+        "document pays only for the answers it takes part in (per-document filters; icl)"
+    ),
+]
+DocumentEpsilonOption = Annotated[
+    float | None,
+    typer.Option(
+        help="individual: each document's epsilon over all tenants' answers", callback=positive
+    ),
+]
+DocumentDeltaOption = Annotated[
+    float | None,
+    typer.Option(help="individual: each document's delta (below 1/n)", callback=probability),
+]
+RelevanceThresholdOption = Annotated[
+    float,
+    typer.Option(
+        help="individual: public relevance threshold on the [0, 1] score scale; documents "
+        "below it are not used and pay nothing",
+        callback=probability,
+    ),
+]

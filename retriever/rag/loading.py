@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from retriever.rag.answer import DPRag, RagConfig
+from retriever.rag.answer import DPRag, RagConfig, plan_answer
 from retriever.rag.collection import (
+    ENCODER_FLAG,
     check_delta,
     check_encoder,
     check_scope_deltas,
+    open_document_filters,
     record_encoder_assertion,
 )
 from retriever.rag.prompts import PromptFormat
@@ -26,6 +28,8 @@ def load_dprag(
     config: RagConfig | None = None,
     prompt: PromptFormat | None = None,
     encoder_independent_of_collection: bool = False,
+    document_target: tuple[float, float] | None = None,
+    answer_epsilon: float | None = None,
 ) -> DPRag:
     """The answer stage over `private_corpus`, scored with the embeddings of `index`.
 
@@ -46,7 +50,13 @@ def load_dprag(
       encoder_independent_of_collection: the operator asserts that the index's encoder
         was not trained on this collection, where its provenance does not establish it.
         With a ledger, the assertion is recorded on the dataset's collection cap (which
-        must exist): every answer's charge composes there.
+        must exist): every answer's charge composes there. Not available in individual
+        accounting (no collection cap to record it on).
+      document_target: individual accounting (`config.accounting == "individual"`): each
+        document's (epsilon, delta) over all answers of all tenants; the collection's
+        per-document filters are opened with it (`open_document_filters`), or checked.
+      answer_epsilon: individual accounting: the default answer's epsilon, whose plan's
+        per-document rho the filters record as one answer's charge.
 
     Raises:
       FileNotFoundError: no index in the folder, or its encoder folder is not there.
@@ -73,6 +83,17 @@ def load_dprag(
     config = config or RagConfig()
     encoder, _ = index_encoder(index, meta=meta, option=None)  # checked against index.json
     assertion = check_encoder(encoder, asserted=encoder_independent_of_collection)
+    if config.individual:
+        if ledger is None or document_target is None or answer_epsilon is None:
+            raise ValueError(
+                "individual accounting needs a ledger, the per-document target "
+                "(--document-epsilon, --document-delta) and the answer's epsilon"
+            )
+        if assertion is not None:
+            raise ValueError(
+                f"{ENCODER_FLAG} is recorded on a collection cap, which individual accounting "
+                "does not have: build the index with a public pretrained or DP-trained encoder"
+            )
     if assertion is not None and ledger is not None and ledger.collection_scope(dataset) is None:
         record_encoder_assertion(ledger, dataset, assertion)  # refuses: no collection cap
     searcher = load_index_searcher(index)
@@ -85,6 +106,15 @@ def load_dprag(
     if list(map(str, meta["doc_ids"])) != doc_ids:
         raise ValueError(f"{index} was not built from {private_corpus} (doc_ids differ)")
     check_delta(config.delta, len(doc_ids), "the per-answer delta")
+    if config.individual:
+        open_document_filters(
+            ledger,
+            dataset,
+            documents=len(doc_ids),
+            epsilon=document_target[0],
+            delta=document_target[1],
+            plan=plan_answer(config, "icl", float(answer_epsilon)),
+        )
     if ledger is not None:
         check_scope_deltas(ledger, dataset, len(doc_ids))
         if assertion is not None:
