@@ -420,9 +420,13 @@ class DPRag:
 
         Privacy:
           Individual Rényi filter (Feldman & Zrnic 2021): a document pays
-          `plan.document_rho()` when it is active and scores at least the public relevance
-          threshold (`retriever.rag.individual.individual_rows`), nothing otherwise; an
-          exhausted document is excluded before the answer. The tenant's scope composes
+          `plan.document_rho()` when it is active, its participation coin came up, and it
+          scores at least the public relevance threshold
+          (`retriever.rag.individual.individual_rows`), nothing otherwise; an exhausted
+          document is excluded before the answer. The coins do not depend on the data:
+          given any coins the filter's theorem holds, and a mixture over coins of
+          (epsilon, delta)-DP interactions is (epsilon, delta)-DP (no amplification by
+          the sampling is claimed). The tenant's scope composes
           the answer's (epsilon, delta) as a quota, not as the privacy statement, which is
           per document over all tenants. Known channel: the charge transaction writes one
           row per payer, so its duration grows with their number (about 0.1 ms each on
@@ -442,8 +446,10 @@ class DPRag:
         rng = self._rng if self._rng is not None else secure_rng()
         c = self.config
         scores = self._scores(question)
+        # public coins, drawn for each document alone and independent of the data
+        coins = rng.random(len(self.doc_ids)) < c.participation
         for _ in range(_SELECTION_TRIES):
-            active = self._active(rho)
+            active = self._active(rho) & coins
             selection = individual_rows(
                 scores, c.relevance_threshold, c.voters, active, c.score_range
             )

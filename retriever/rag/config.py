@@ -39,6 +39,10 @@ class RagConfig:
         normalised score scale [0, 1] (MuRAG); documents at or above it that their filter
         admits are used and pay, the others neither. Replaces the DP threshold, so the
         retrieval costs nothing (`retrieval_share` is then ignored).
+      participation: individual accounting: each active document takes part in an answer
+        (and pays, if relevant) with this public probability, by a coin drawn for it alone
+        at every answer (1: every active document). Below 1 it spreads a popular topic's
+        answers over its many documents, so each pays for fewer of them.
     """
 
     k: int = 16
@@ -56,6 +60,7 @@ class RagConfig:
     max_document_tokens: int = 160
     accounting: str = "collection"
     relevance_threshold: float = 0.5
+    participation: float = 1.0
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.max_tokens < 1 or (self.max_voters or 1) < 1:
@@ -70,6 +75,8 @@ class RagConfig:
             raise ValueError(f"accounting must be one of {ACCOUNTING_MODES}: {self.accounting=}")
         if not 0.0 <= self.relevance_threshold <= 1.0:
             raise ValueError(f"relevance_threshold must be in [0, 1]: {self.relevance_threshold=}")
+        if not 0.0 < self.participation <= 1.0:
+            raise ValueError(f"participation must be in (0, 1]: {self.participation=}")
 
     @property
     def individual(self) -> bool:

@@ -18,6 +18,11 @@ Why this charge is sound, document by document (add/remove one document i):
   public question only (its own score and its own past charges), never on the other
   documents, or the filter's theorem (Feldman & Zrnic 2021) does not apply.
 
+A document left out of an answer by its participation coin (`RagConfig.participation`, a
+public probability; the coin is drawn for it alone, independently of the data) counts as
+inactive for that answer: conditional on the coins the argument above holds, and the
+mixture over coins keeps it.
+
 `tests/retriever/rag/test_individual.py` checks each case by brute force on small worlds.
 """
 

@@ -150,3 +150,18 @@ def test_a_failure_after_the_charge_releases_nothing(tmp_path, monkeypatch):
         rag.answer("near", tenant="alice", epsilon=1.0)
     assert "secret" not in str(failed.value) and failed.value.__context__ is None
     np.testing.assert_allclose(filters.losses("records", ["d0"]), [rho])  # charged as planned
+
+
+def test_participation_coins_spread_the_payments(tmp_path):
+    rag, _, filters, lm, rho = _rag(tmp_path, participation=0.5)
+    paid = 0
+    for _ in range(4):
+        rag.answer("near", tenant="alice", epsilon=1.0)
+        # the rows are exactly the documents whose coins came up (6 relevant, 4 rows)
+        paid_now = round(sum(filters.recompute("records").values()) / rho)
+        assert sum("secret-" in p for p in lm.seen[-1]) == min(paid_now - paid, 4)
+        paid = paid_now
+    assert 0 < paid < 4 * 6  # some relevant documents sat answers out (p = 1 - 2**-24)
+    assert filters.verify("records") == 0
+    with pytest.raises(ValueError, match="participation"):
+        RagConfig(participation=0.0)

@@ -1,0 +1,162 @@
+"""Many questions against one private collection: individual versus collection accounting.
+
+A stream of questions drawn with repetition (Zipf over the diseases of a
+`retriever.rag.medical` world, the most recorded disease the most asked, each question in
+one of its paraphrased templates) is answered one after the other by a `DPRag` charged to a
+real ledger. Under collection accounting every answer composes on the collection's cap,
+and once the cap is spent every later question is refused. Under individual accounting
+(`synthgen.privacy.document_filters`) a record pays only for the answers it takes part
+in; a record at its cap drops out of retrieval, and questions keep being answered from the
+records still active (or abstain when none is left). Each answer is appended to
+``<name>.jsonl`` as soon as it exists, so an interrupted stream resumes where it stopped.
+
+Refusals and abstentions count as wrong in every accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from retriever.rag.answer import DPRag
+from retriever.rag.medical import MedicalWorld, Question, answer_is_correct
+from synthgen.privacy import BudgetExceededError
+
+TENANT = "stream"
+
+
+def zipf_stream(
+    world: MedicalWorld, questions: int, *, exponent: float = 1.0, seed: int = 0
+) -> list[Question]:
+    """`questions` questions drawn with repetition: disease of rank r (by support, most
+    records first) with probability proportional to r**-exponent, then one of its
+    paraphrases (`MedicalWorld.questions(per_disease=6)`) uniformly."""
+    if questions < 1 or exponent < 0:
+        raise ValueError(f"need questions >= 1 and exponent >= 0: {questions=}, {exponent=}")
+    support = world.support
+    phrasings: dict[str, list[Question]] = {}
+    for q in world.questions(per_disease=6, seed=seed):
+        phrasings.setdefault(q.disease, []).append(q)
+    ranked = sorted(phrasings, key=lambda d: (-support[d], d))
+    weights = np.arange(1, len(ranked) + 1, dtype=np.float64) ** -exponent
+    rng = np.random.default_rng(seed)
+    diseases = rng.choice(len(ranked), size=questions, p=weights / weights.sum())
+    return [phrasings[ranked[d]][rng.integers(len(phrasings[ranked[d]]))] for d in diseases]
+
+
+def _done(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by an interruption: answered again
+            break
+    return rows
+
+
+def run_stream(
+    name: str,
+    rag: DPRag,
+    stream: Sequence[Question],
+    *,
+    epsilon: float,
+    out_dir: str | Path,
+    others: Sequence[str],
+    progress: bool = True,
+) -> list[dict]:
+    """Answers the stream in order (resuming after the answers in ``<name>.jsonl``).
+
+    Returns:
+      One row per question: index, disease, support, answer, correct, abstained, refused,
+      seconds and, under individual accounting, the collection's exhausted records after
+      the answer (an aggregate).
+    """
+    path = Path(out_dir) / f"{name}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = _done(path)[: len(stream)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))  # drops a cut last line
+    todo = range(len(rows), len(stream))
+    if progress:
+        from tqdm import tqdm
+
+        todo = tqdm(todo, desc=name, initial=len(rows), total=len(stream))
+    filters = None
+    if rag.config.individual:
+        from synthgen.privacy.document_filters import DocumentFilters
+
+        filters = DocumentFilters(rag.ledger.store)
+    with path.open("a") as sink:
+        for i in todo:
+            q = stream[i]
+            start = time.perf_counter()
+            try:
+                answer = rag.answer(q.question, tenant=TENANT, epsilon=epsilon)
+                text, abstained, refused = answer.text, answer.abstained, False
+            except BudgetExceededError:
+                text, abstained, refused = "", False, True
+            row = {
+                "index": i,
+                "disease": q.disease,
+                "support": q.support,
+                "answer": text,
+                "correct": (not refused and not abstained)
+                and answer_is_correct(text, q.answer, others=others),
+                "abstained": abstained,
+                "refused": refused,
+                "seconds": round(time.perf_counter() - start, 3),
+            }
+            if filters is not None:
+                row["exhausted"] = filters.summary(rag.dataset)["exhausted"]
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+            rows.append(row)
+    return rows
+
+
+def stream_summary(rows: Sequence[dict], window: int = 100) -> dict[str, float | int]:
+    """answered (questions before the first refusal), accuracy over the stream and over
+    its first and last `window` questions, abstentions, refusals, exhausted records."""
+    correct = np.array([bool(r["correct"]) for r in rows])
+    refused = np.array([bool(r["refused"]) for r in rows])
+    first_refusal = int(np.argmax(refused)) if refused.any() else len(rows)
+    return {
+        "questions": len(rows),
+        "answered": first_refusal,
+        "accuracy": float(correct.mean()) if rows else 0.0,
+        "accuracy_first": float(correct[:window].mean()) if rows else 0.0,
+        "accuracy_last": float(correct[-window:].mean()) if rows else 0.0,
+        "accuracy_answered": float(correct[:first_refusal].mean()) if first_refusal else 0.0,
+        "abstained": int(sum(bool(r["abstained"]) for r in rows)),
+        "refused": int(refused.sum()),
+        "exhausted": int(rows[-1].get("exhausted", 0)) if rows else 0,
+    }
+
+
+def plot_streams(streams: dict[str, Sequence[dict]], path: str | Path, title: str) -> None:
+    """Cumulative accuracy over the stream, one line per accounting mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, rows in streams.items():
+        correct = np.array([bool(r["correct"]) for r in rows], dtype=np.float64)
+        if correct.size:
+            cumulative = np.cumsum(correct) / np.arange(1, correct.size + 1)
+            ax.plot(np.arange(1, correct.size + 1), cumulative, label=label)
+    ax.set_xlabel("question in the stream")
+    ax.set_ylabel("cumulative accuracy (refusals, abstentions wrong)")
+    ax.set_title(title, fontsize=9)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
