@@ -8,14 +8,18 @@ from typing import Annotated
 import typer
 
 from retriever.cli_options import (
+    AccountingOption,
     CollectionDeltaOption,
     CompositionOption,
+    DocumentDeltaOption,
+    DocumentEpsilonOption,
     EncoderIndependentOption,
     IndexOption,
     MaxScoreOption,
     MaxTokensOption,
     MinScoreOption,
     PrivateCorpusOption,
+    RelevanceThresholdOption,
 )
 from synthgen.command_line import LedgerOption, positive, probability
 
@@ -74,6 +78,61 @@ def privacy_rag(
         )
 
 
+def _check_accounting(
+    accounting: str,
+    mechanism: str,
+    document_epsilon: float | None,
+    document_delta: float | None,
+    collection_epsilon: float | None,
+    collection_delta: float | None,
+) -> bool:
+    """Whether the answer is in individual accounting; usage errors (exit 2) for options
+    that do not go with the mode, from public options only (nothing is read or loaded)."""
+    import click
+
+    from retriever.rag.config import ACCOUNTING_MODES
+
+    if accounting not in ACCOUNTING_MODES:
+        raise typer.BadParameter(
+            f"must be one of {', '.join(ACCOUNTING_MODES)}, got {accounting!r}",
+            param_hint="--accounting",
+        )
+    documents = document_epsilon is not None or document_delta is not None
+    if accounting == "collection":
+        if documents:
+            raise click.UsageError(
+                "--document-epsilon and --document-delta go with --accounting individual"
+            )
+        return False
+    if mechanism != "icl":
+        raise click.UsageError(
+            f"--accounting individual answers with icl only, got --mechanism {mechanism}: "
+            "vote mechanisms have no per-document zCDP charge"
+        )
+    if document_epsilon is None or document_delta is None:
+        raise click.UsageError(
+            "--accounting individual needs --document-epsilon and --document-delta (each "
+            "document's target over all answers of all tenants)"
+        )
+    if collection_epsilon is not None or collection_delta is not None:
+        raise click.UsageError(
+            "--accounting individual takes no collection cap (per-document filters replace "
+            "it): drop --collection-epsilon / --collection-delta"
+        )
+    return True
+
+
+def _load_lm(lm: str):
+    """(lm, prompt format): ``"tiny"`` is the byte-level test model with a plain prompt;
+    any other name is loaded by `load_dprag` (an asset or path, chat prompt)."""
+    if lm != "tiny":
+        return lm, None
+    from retriever.rag.prompts import PromptFormat
+    from synthgen.lm_backends import TinyLM
+
+    return TinyLM(), PromptFormat(chat=False)
+
+
 def answer(
     index: IndexOption,
     private_corpus: PrivateCorpusOption,
@@ -90,7 +149,9 @@ def answer(
     tenant_epsilon: Annotated[
         float,
         typer.Option(
-            help="cap of a new tenant scope (existing scopes keep theirs)", callback=positive
+            help="cap of a new tenant scope (existing scopes keep theirs); individual "
+            "accounting: the tenant's quota",
+            callback=positive,
         ),
     ] = 10.0,
     tenant_delta: Annotated[
@@ -99,11 +160,16 @@ def answer(
     collection_epsilon: Annotated[
         float | None,
         typer.Option(
-            help="cap over all tenants, if the collection has none (required then)",
+            help="cap over all tenants, if the collection has none (required then; not in "
+            "individual accounting)",
             callback=positive,
         ),
     ] = None,
     collection_delta: CollectionDeltaOption = None,
+    accounting: AccountingOption = "collection",
+    document_epsilon: DocumentEpsilonOption = None,
+    document_delta: DocumentDeltaOption = None,
+    relevance_threshold: RelevanceThresholdOption = 0.5,
     k: Annotated[
         int | None, typer.Option(help="documents the DP threshold aims at (default: evaluated)")
     ] = None,
@@ -113,35 +179,58 @@ def answer(
     score: Annotated[bool, typer.Option(help="also release a noisy count and score")] = False,
     min_score: MinScoreOption = 0.0,
     max_score: MaxScoreOption = 1.0,
-    lm: Annotated[str, typer.Option(help="LM asset or path")] = "smollm2-135m-instruct",
+    lm: Annotated[
+        str, typer.Option(help="LM asset or path; 'tiny': byte-level test model")
+    ] = "smollm2-135m-instruct",
     encoder_independent_of_collection: EncoderIndependentOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
     """Answer a question from a private collection with DP, charged to a tenant's budget.
 
-    The collection needs a collection cap over all tenants (--collection-epsilon and
-    --collection-delta open it), or each new --tenant would be a fresh budget. Every answer
-    charged to a collection is the same event: the first answer (or server) pins its
-    --epsilon, --mechanism, --delta and --max-tokens, and other settings are refused.
+    Collection accounting (default): the collection needs a collection cap over all
+    tenants (--collection-epsilon and --collection-delta open it), or each new --tenant
+    would be a fresh budget. Every answer charged to a collection is the same event: the
+    first answer (or server) pins its --epsilon, --mechanism, --delta and --max-tokens, and
+    other settings are refused.
+
+    Individual accounting (--accounting individual, icl only): each document of the
+    collection has its own (--document-epsilon, --document-delta) filter over all answers
+    of all tenants, and pays only for the answers it takes part in (score at least
+    --relevance-threshold while its filter admits it); the tenant's scope is a quota and
+    the collection takes no collection cap. The first answer fixes the filters (the
+    per-document target and the charge of an answer at --epsilon); other settings are
+    refused.
+
     Refused before anything is charged: a δ (--delta or a scope's cap) of 1/n or more for
     n documents, and an encoder not known to be independent of the collection.
     """
+    from retriever.rag.defaults import resolve
+
+    mechanism, k = resolve(mechanism, k, epsilon)
+    individual = _check_accounting(
+        accounting, mechanism, document_epsilon, document_delta, collection_epsilon,
+        collection_delta,
+    )  # fmt: skip
+    if (collection_epsilon is None) != (collection_delta is None):
+        raise ValueError("pass both --collection-epsilon and --collection-delta, or neither")
+
     from retriever.index_folder import index_encoder, read_index_meta
     from retriever.rag import RagConfig, ScoreRange
     from retriever.rag.answer import plan_answer
     from retriever.rag.collection import (
+        ENCODER_FLAG,
         check_answer_event,
         check_delta,
         check_encoder,
+        check_scope_deltas,
         open_answer_scopes,
+        open_document_filters,
         pin_answer_event,
     )
-    from retriever.rag.defaults import resolve
     from retriever.rag.loading import load_dprag
     from synthgen.paths import default_ledger_path
     from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
-
-    mechanism, k = resolve(mechanism, k, epsilon)
+    from synthgen.privacy.document_filters import DocumentFilters
 
     config = RagConfig(
         k=k,
@@ -150,27 +239,49 @@ def answer(
         composition=composition,
         score_share=0.05 if score else 0.0,
         score_range=ScoreRange(min_score, max_score),
+        accounting=accounting,
+        relevance_threshold=relevance_threshold,
     )
     plan = plan_answer(config, mechanism, epsilon)
-    if (collection_epsilon is None) != (collection_delta is None):
-        raise ValueError("pass both --collection-epsilon and --collection-delta, or neither")
     collection = None
     if collection_epsilon is not None:
         collection = Scope(COLLECTION, dataset, collection_epsilon, collection_delta)
+    tenant_scope = Scope(tenant, dataset, tenant_epsilon, tenant_delta)
     # refuse before writing or loading anything
     meta = read_index_meta(index)
     documents = len(meta["doc_ids"])
     check_delta(delta, documents, "--delta (per answer)")
     encoder, _ = index_encoder(index, meta=meta, option=None)
-    check_encoder(encoder, asserted=encoder_independent_of_collection)
+    assertion = check_encoder(encoder, asserted=encoder_independent_of_collection)
     book = PrivacyLedger(ledger or default_ledger_path())
-    check_answer_event(book, dataset, plan)
-    open_answer_scopes(
-        book,
-        Scope(tenant, dataset, tenant_epsilon, tenant_delta),
-        documents=documents,
-        collection=collection,
-    )
+    filters = DocumentFilters(book.store)
+    if individual:
+        if assertion is not None:
+            raise ValueError(
+                f"{ENCODER_FLAG} is recorded on a collection cap, which individual accounting "
+                "does not have: build the index with a public pretrained or DP-trained encoder"
+            )
+        existing = [s for s in book.scopes() if s.dataset == dataset]
+        new = [] if any(s.tenant == tenant for s in existing) else [tenant_scope]
+        check_scope_deltas(book, dataset, documents, existing + new)
+        # refuses a collection cap, a document delta of 1/n or more, an answer costing more
+        # than a whole filter and filters with other settings, before writing anything
+        open_document_filters(
+            book,
+            dataset,
+            documents=documents,
+            epsilon=document_epsilon,
+            delta=document_delta,
+            plan=plan,
+        )
+    else:
+        if filters.get(dataset) is not None:
+            raise ValueError(
+                f"{dataset} is in individual accounting (per-document filters): answer with "
+                "--accounting individual and its --document-epsilon / --document-delta"
+            )
+        check_answer_event(book, dataset, plan)
+    open_answer_scopes(book, tenant_scope, documents=documents, collection=collection)
     book.check(
         tenant,
         dataset,
@@ -179,24 +290,55 @@ def answer(
         relation="ADD_OR_REMOVE_ONE",
         delta=delta,
     )
+    model, prompt = _load_lm(lm)
     rag = load_dprag(
         index,
         private_corpus,
-        lm=lm,
+        lm=model,
         ledger=book,
         dataset=dataset,
         config=config,
+        prompt=prompt,
         encoder_independent_of_collection=encoder_independent_of_collection,
+        document_target=(document_epsilon, document_delta) if individual else None,
+        answer_epsilon=epsilon if individual else None,
     )
-    pin_answer_event(book, dataset, plan)
+    if not individual:
+        pin_answer_event(book, dataset, plan)
     result = rag.answer(question, tenant=tenant, epsilon=epsilon, mechanism=mechanism)
+    guarantee = summary = None
+    if individual:
+        budget = filters.get(dataset).budget
+        guarantee = {
+            "epsilon": budget.epsilon,
+            "delta": budget.delta,
+            "relevance_threshold": relevance_threshold,
+        }
+        summary = filters.summary(dataset)  # aggregates only, never a document's figure
     if as_json:
-        print(json.dumps(result.to_json()))
+        out = result.to_json()
+        if individual:
+            out.update(accounting="individual", document_guarantee=guarantee)
+            out["document_summary"] = summary
+        print(json.dumps(out))
         return
     print(result.text)
     parts = ", ".join(f"{c.stage} {c.epsilon:.3g}" for c in result.charges)
     abstained = " abstained;" if result.abstained else ""
+    remaining = "remaining quota epsilon" if individual else "remaining epsilon"
     print(
         f"[{mechanism}]{abstained} epsilon={result.epsilon:.4g} delta={result.delta:g} ({parts}); "
-        f"remaining epsilon={result.remaining_epsilon:.4g} for tenant {tenant}"
+        f"{remaining}={result.remaining_epsilon:.4g} for tenant {tenant}"
     )
+    if individual:
+        print(
+            f"per document: each record of {dataset} is (epsilon={guarantee['epsilon']:g}, "
+            f"delta={guarantee['delta']:g})-DP over all answers of all tenants; a record pays "
+            f"only for the answers it takes part in (relevance >= {relevance_threshold:g})"
+        )
+        print(
+            f"documents: {summary['documents']}, {summary['active']} active, "
+            f"{summary['exhausted']} exhausted; epsilon spent per document max "
+            f"{summary['max_epsilon']:.4g}, median {summary['median_epsilon']:.4g}, mean "
+            f"{summary['mean_epsilon']:.4g}"
+        )

@@ -183,7 +183,15 @@ class RagStageConfig:
       mechanism: "icl", "vote", "sparse-vote", "answer-vote", or "auto": the DP-RAG
         evaluation's best at `epsilon` (`retriever.rag.defaults`).
       k, max_tokens, delta: the answer stage's public parameters (`RagConfig`).
-      epsilon_cap, delta_cap: caps of the collection's ledger scope.
+      epsilon_cap, delta_cap: caps of the collection's ledger scope (the run tenant's);
+        in individual accounting, the tenant's quota.
+      accounting: "collection" (every answer composes on the scope above, the privacy
+        statement) or "individual" (each record has its own filter over all answers and
+        pays only for those it takes part in; icl only).
+      document_epsilon, document_delta: individual accounting: each record's target over
+        all answers of all tenants (document_delta below 1/num_records).
+      relevance_threshold: individual accounting: the public relevance threshold tau on
+        the [0, 1] score scale; records below it are not used and pay nothing.
     """
 
     enabled: bool = True
@@ -199,6 +207,10 @@ class RagStageConfig:
     delta: float = 1e-6
     epsilon_cap: float = 20.0
     delta_cap: float = 1e-4
+    accounting: str = "collection"
+    document_epsilon: float | None = None
+    document_delta: float | None = None
+    relevance_threshold: float = 0.5
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.epsilon_cap) and self.epsilon_cap > 0):
@@ -215,6 +227,42 @@ class RagStageConfig:
             raise ValueError(f"bad sizes: {self.questions=}, {self.num_records=}")
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise ValueError(f"epsilon must be positive and finite, got {self.epsilon=}")
+        self._check_accounting()
+
+    def _check_accounting(self) -> None:
+        if self.accounting not in ("collection", "individual"):
+            raise ValueError(f"accounting must be collection or individual, {self.accounting=}")
+        if not 0.0 <= self.relevance_threshold <= 1.0:
+            raise ValueError(f"relevance_threshold must be in [0, 1], {self.relevance_threshold=}")
+        documents = (self.document_epsilon, self.document_delta)
+        if self.accounting == "collection":
+            if documents != (None, None):
+                raise ValueError(
+                    f"document_epsilon and document_delta go with accounting='individual': "
+                    f"{self.document_epsilon=}, {self.document_delta=}"
+                )
+            return
+        if self.mechanism != "icl":
+            raise ValueError(
+                "individual accounting answers with icl only: set mechanism='icl', "
+                f"{self.mechanism=}"
+            )
+        if self.document_epsilon is None or self.document_delta is None:
+            raise ValueError(
+                "individual accounting needs document_epsilon and document_delta: "
+                f"{self.document_epsilon=}, {self.document_delta=}"
+            )
+        if not (math.isfinite(self.document_epsilon) and self.document_epsilon > 0):
+            raise ValueError(
+                f"document_epsilon must be positive and finite, {self.document_epsilon=}"
+            )
+        if not 0 < self.document_delta < 1:
+            raise ValueError(f"document_delta must be in (0, 1), {self.document_delta=}")
+
+    @property
+    def individual(self) -> bool:
+        """Whether each record pays individually (per-document filters)."""
+        return self.accounting == "individual"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,13 @@ Privacy:
   assumes an encoder that does not depend on the collection: the run's encoder is trained
   on the generate stage's DP synthetic release (checked from its provenance.json, as
   `retriever answer` does), and δ and the scope's δ cap are below 1/n for n records.
+
+  Individual accounting (``rag.accounting = "individual"``, icl only): each record has its
+  own (document_epsilon, document_delta) filter in the ledger over all answers of all
+  tenants (individual Rényi filter, Feldman & Zrnic 2021); an answer charges only the
+  records that score at least the public ``rag.relevance_threshold`` and that their filter
+  still admits, and the tenant's scope becomes a quota. A run folder keeps the accounting
+  it started with: switching would leave answers out of the statement.
 """
 
 from __future__ import annotations
@@ -20,15 +27,47 @@ from synthgen.pipeline.runner import StageContext
 RAG_DATASET = "medical-records"
 
 
+def _check_accounting_unchanged(ledger, individual: bool) -> None:
+    """Refuses to switch the accounting of the run's collection: per-document filters
+    opened after collection-accounting answers would not count them, and collection
+    answers on a collection with filters would charge no record."""
+    from synthgen.privacy.document_filters import DocumentFilters
+
+    has_filters = DocumentFilters(ledger.store).get(RAG_DATASET) is not None
+    charged = any(
+        ledger.charges(scope.tenant, scope.dataset)
+        for scope in ledger.scopes()
+        if scope.dataset == RAG_DATASET
+    )
+    if individual and not has_filters and charged:
+        raise ValueError(
+            f"the run's ledger already charged {RAG_DATASET} under collection accounting; "
+            "per-document filters would not count those answers: restore "
+            "rag.accounting='collection' or start a new run folder (--out)"
+        )
+    if not individual and has_filters:
+        raise ValueError(
+            f"the run's ledger holds per-document filters for {RAG_DATASET} (individual "
+            "accounting): restore rag.accounting='individual' or start a new run folder (--out)"
+        )
+
+
 def answer_questions(ctx: StageContext) -> dict:
-    """Answers `rag.questions` questions at `rag.epsilon` each; writes `rag/answers.json`."""
+    """Answers `rag.questions` questions at `rag.epsilon` each; writes `rag/answers.json`.
+
+    In individual accounting the collection's per-document filters are opened (or checked,
+    on a resumed run) before the tenant's scope, and the summary records the per-document
+    target and the filters' aggregate summary (never a record's own figure).
+    """
     from retriever.evaluate import load_towers
     from retriever.rag import DPRag, RagConfig
-    from retriever.rag.collection import check_delta, check_encoder
+    from retriever.rag.answer import plan_answer
+    from retriever.rag.collection import check_delta, check_encoder, open_document_filters
     from retriever.rag.defaults import resolve
     from retriever.rag.medical import MedicalWorldConfig, answer_is_correct, make_world
     from synthgen.lm_backends import FlaxLM
     from synthgen.pipeline.stages import open_run_scope
+    from synthgen.privacy.document_filters import DocumentFilters
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.ledger_types import Scope
 
@@ -51,8 +90,28 @@ def answer_questions(ctx: StageContext) -> dict:
     check_encoder(encoder)  # trained on the DP synthetic release: its provenance says so
     check_delta(cfg.delta, len(world.records), "rag.delta")
     check_delta(cfg.delta_cap, len(world.records), "rag.delta_cap")
+    rag_config = RagConfig(
+        k=cfg.k,
+        max_tokens=cfg.max_tokens,
+        delta=cfg.delta,
+        accounting=cfg.accounting,
+        relevance_threshold=cfg.relevance_threshold,
+    )
     tenant = ctx.config.privacy.tenant
     ledger = PrivacyLedger(ctx.run.ledger)
+    _check_accounting_unchanged(ledger, cfg.individual)
+    filters = DocumentFilters(ledger.store)
+    if cfg.individual:
+        check_delta(cfg.document_delta, len(world.records), "rag.document_delta")
+        # the same settings again (a resumed run) are a no-op; others are refused
+        open_document_filters(
+            ledger,
+            RAG_DATASET,
+            documents=len(world.records),
+            epsilon=cfg.document_epsilon,
+            delta=cfg.document_delta,
+            plan=plan_answer(rag_config, mechanism, cfg.epsilon),
+        )
     open_run_scope(ledger, Scope(tenant, RAG_DATASET, cfg.epsilon_cap, cfg.delta_cap))
     question_encoder, doc_encoder = load_towers(encoder)
     texts = [r.text for r in world.records]
@@ -66,7 +125,7 @@ def answer_questions(ctx: StageContext) -> dict:
         FlaxLM.load(cfg.lm),
         ledger=ledger,
         dataset=RAG_DATASET,
-        config=RagConfig(k=cfg.k, max_tokens=cfg.max_tokens, delta=cfg.delta),
+        config=rag_config,
     )
     out = ctx.run.root / "rag"
     out.mkdir(parents=True, exist_ok=True)
@@ -98,10 +157,11 @@ def answer_questions(ctx: StageContext) -> dict:
         tmp.write_text(json.dumps(answers, indent=1, ensure_ascii=False))
         tmp.replace(done_path)
     spend = ledger.spent(tenant, RAG_DATASET)
-    return {
+    summary = {
         "enabled": True,
         "lm": cfg.lm,
         "mechanism": mechanism,
+        "accounting": cfg.accounting,
         "records": len(texts),
         "questions": len(answers),
         "epsilon_per_answer": cfg.epsilon,
@@ -110,3 +170,23 @@ def answer_questions(ctx: StageContext) -> dict:
         "collection_epsilon_spent": spend.epsilon,
         "answers": answers,
     }
+    if cfg.individual:
+        record = filters.get(RAG_DATASET)
+        documents = filters.summary(RAG_DATASET)  # aggregates only
+        ctx.log(
+            "rag",
+            f"per record: target epsilon={record.budget.epsilon:g} delta={record.budget.delta:g}"
+            f"; {documents['exhausted']} of {documents['documents']} records exhausted",
+        )
+        del summary["collection_epsilon_spent"]  # no collection cap: the tenant's quota
+        summary.update(
+            quota_epsilon_spent=spend.epsilon,
+            document_target={
+                "epsilon": record.budget.epsilon,
+                "delta": record.budget.delta,
+                "relevance_threshold": cfg.relevance_threshold,
+                "answers_per_document": record.answers_per_document,
+            },
+            document_summary=documents,
+        )
+    return summary

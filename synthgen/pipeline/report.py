@@ -91,6 +91,45 @@ def _privacy(ledger_path: Path) -> list[dict]:
     return scopes
 
 
+def _document_filters(ledger_path: Path) -> list[dict]:
+    """The run ledger's collections in individual accounting: each record's target, the
+    answers charged to the collection (by every tenant) and the filters' summary.
+
+    Privacy:
+      Aggregates only (`DocumentFilters.summary`): which records are exhausted, and each
+      record's own figure, depend on the private data and stay in the ledger.
+    """
+    from synthgen.privacy.document_filters import DocumentFilters
+    from synthgen.privacy.ledger import PrivacyLedger
+
+    if not ledger_path.is_file():
+        return []
+    ledger = PrivacyLedger(ledger_path)
+    filters = DocumentFilters(ledger.store)
+    collections = []
+    for dataset in filters.datasets():
+        record = filters.get(dataset)
+        answers = {  # one ref per answer, over every tenant's scope
+            charge.ref or charge.id
+            for scope in ledger.scopes()
+            if scope.dataset == dataset
+            for charge in ledger.charges(scope.tenant, scope.dataset)
+        }
+        collections.append(
+            {
+                "dataset": dataset,
+                "privacy_unit": PRIVACY_UNITS.get(dataset, "one document of the collection"),
+                "epsilon": record.budget.epsilon,
+                "delta": record.budget.delta,
+                "answers": len(answers),
+                "answers_per_document": record.answers_per_document,
+                "summary": filters.summary(dataset),
+            }
+        )
+    ledger.close()
+    return collections
+
+
 def _png(fig) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
@@ -161,6 +200,7 @@ def collect_metrics(ctx: StageContext) -> dict:
         "name": ctx.config.name,
         "created": datetime.datetime.now().isoformat(timespec="seconds"),
         "privacy": _privacy(run.ledger),
+        "documents": _document_filters(run.ledger),
         "data": done.get("data"),
         "generate": done.get("generate"),
         "train": done.get("train"),
@@ -220,8 +260,18 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
     # ---- privacy statement -------------------------------------------------------------
     parts.append("<h2 id='privacy'>Privacy statement</h2>")
     gen = metrics.get("generate") or {}
+    individual = {c["dataset"]: c for c in metrics.get("documents") or []}
     statements = []
     for scope in metrics["privacy"]:
+        if scope["dataset"] in individual:
+            statements.append(
+                f"<li><b>{_e(scope['dataset'])}</b> (tenant {_e(scope['tenant'])}): the "
+                f"tenant's quota, (ε = {_num(scope['epsilon'])}, δ = {_num(scope['delta'])}) "
+                f"composed over {len(scope['charges'])} charge(s) (cap ε = "
+                f"{_num(scope['epsilon_cap'])}); the collection is in individual accounting, "
+                "whose statement is per record (below).</li>"
+            )
+            continue
         statements.append(
             f"<li><b>{_e(scope['dataset'])}</b> (tenant {_e(scope['tenant'])}): "
             f"(ε = {_num(scope['epsilon'])}, δ = {_num(scope['delta'])})-DP for "
@@ -233,14 +283,24 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
         "<div class='statement'><p>Composed guarantee per scope and privacy unit:</p>"
         f"<ul>{''.join(statements) or '<li>no charges</li>'}</ul>"
     )
+    if individual:
+        parts.append(
+            "<p>Per-record guarantee of the collections in individual accounting:</p>"
+            f"<ul>{''.join(_individual_statement(c) for c in individual.values())}</ul>"
+        )
     if gen:
         parts.append(
             "<p>The generator (<code>generator/</code>), the synthetic queries "
             "(<code>synthetic/</code>), the encoder (<code>encoder/</code>) and the index "
             "(<code>index/</code>) are post-processing of the generate stage's release: "
             f"(ε = {_num(gen.get('epsilon'))}, δ = {_num(gen.get('delta'))})-DP for one pair."
-            " Each DP-RAG answer (<code>rag/answers.json</code>) is charged to the "
-            "medical-records scope above.</p>"
+            + (
+                " Each DP-RAG answer (<code>rag/answers.json</code>) is charged to the "
+                "records that took part in it and to the tenant's quota above.</p>"
+                if "medical-records" in individual
+                else " Each DP-RAG answer (<code>rag/answers.json</code>) is charged to the "
+                "medical-records scope above.</p>"
+            )
         )
     parts.append("</div>")
     parts.append(
@@ -324,6 +384,15 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
             "An answer abstains when the private records did not move it (nothing the "
             "records support at this ε); it is charged all the same.</p>"
         )
+        target = rag.get("document_target")
+        if rag.get("accounting") == "individual" and target:
+            parts.append(
+                "<p>Individual accounting: an answer uses, and charges, only the records "
+                f"scoring at least the public relevance threshold τ = "
+                f"{_num(target['relevance_threshold'])} whose filter still admits it; each "
+                f"record can take part in {target['answers_per_document']} answer(s) within "
+                f"(ε = {_num(target['epsilon'])}, δ = {_num(target['delta'])}).</p>"
+            )
         parts.append(
             _table(
                 ["question", "DP answer", "expected", "correct", "ε"],
@@ -361,6 +430,20 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>dpsynth report: {_e(metrics['name'])}</title><style>{_STYLE}</style></head>"
         f"<body>{body}</body></html>\n"
+    )
+
+
+def _individual_statement(collection: dict) -> str:
+    """The plain-words per-record statement of a collection in individual accounting."""
+    summary = collection["summary"]
+    return (
+        f"<li><b>{_e(collection['dataset'])}</b> ({_e(collection['privacy_unit'])}): "
+        f"Each private record is (ε = {_num(collection['epsilon'])}, δ = "
+        f"{_num(collection['delta'])})-DP over all {collection['answers']} answers, whichever "
+        "tenant asked; records pay only for answers they took part in. Of its "
+        f"{summary['documents']} records, {summary['exhausted']} are exhausted (they take part "
+        f"in no further answer); ε spent per record: max {_num(summary['max_epsilon'])}, "
+        f"median {_num(summary['median_epsilon'])}.</li>"
     )
 
 

@@ -4,6 +4,7 @@ import json
 import math
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -198,3 +199,155 @@ def test_answer_refuses_another_event_than_the_collections(collection, tmp_path)
     assert result.returncode == 1
     assert "already answers with another event (epsilon 2.0 recorded, 1.0 here)" in result.stderr
     assert [s.tenant for s in book.scopes()] == ["*"] and book.charges("*", "records") == []
+
+
+# ---- individual (per-document) accounting ---------------------------------------------
+
+NEAR = 6  # documents 0-5 are close to every question below; the others far from it
+
+
+class _Towers:
+    """The question tower of `load_towers`, replaced: every question lies along axis 0."""
+
+    def encode(self, texts, **_):
+        import numpy as np
+
+        out = np.zeros((len(texts), 8), np.float32)
+        out[:, 0] = 1.0
+        return out
+
+
+@pytest.fixture
+def individual(tmp_path, monkeypatch):
+    """An exact index over N documents (NEAR of them relevant to any question, the others
+    below every threshold), its corpus, a ledger, and the in-process command line with
+    `load_towers` replaced (no real encoder loads; its calls are counted)."""
+    import numpy as np
+
+    import retriever.evaluate
+    from retriever.cli import app
+    from retriever.index import ExactSearcher
+    from retriever.index_folder import save_index_folder
+    from synthgen.command_line import run
+
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(N, 8)).astype(np.float32)
+    emb[:, 0] = -2.0  # far: negative cosine with every question, clipped to 0
+    emb[:NEAR] = 0.05 * rng.normal(size=(NEAR, 8))
+    emb[:NEAR, 0] = 1.0  # near: cosine about 0.99
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    ids = [f"d{i}" for i in range(N)]
+    corpus = tmp_path / "records.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"doc_id": d, "text": f"{d} the answer is blue"}) + "\n" for d in ids)
+    )
+    index = tmp_path / "index"
+    save_index_folder(index, ExactSearcher(emb), encoder="all-minilm-l6-v2", doc_ids=ids)
+    loads = []
+    monkeypatch.setattr(
+        retriever.evaluate, "load_towers", lambda e: loads.append(e) or (_Towers(), _Towers())
+    )
+    ledger = tmp_path / "ledger.sqlite"
+
+    def cli(*extra, tenant="alice", epsilon="1", document=("2", "1e-6")):
+        docs = (
+            ["--document-epsilon", document[0], "--document-delta", document[1]] if document else []
+        )
+        argv = [
+            "answer", "--index", index, "--private-corpus", corpus, "--question",
+            "which record says blue?", "--epsilon", epsilon, "--ledger", ledger,
+            "--tenant", tenant, "--dataset", "records", "--lm", "tiny", "--k", "4",
+            "--max-tokens", "3", "--accounting", "individual",
+            *docs, *extra,
+        ]  # fmt: skip
+        return run(app, list(map(str, argv)))
+
+    return types.SimpleNamespace(cli=cli, ledger=ledger, loads=loads, ids=ids)
+
+
+def _filters(ledger):
+    from synthgen.privacy.document_filters import DocumentFilters
+
+    book = PrivacyLedger(ledger)
+    return book, DocumentFilters(book.store)
+
+
+def test_answer_in_individual_accounting_charges_the_relevant_documents(individual, capsys):
+    from synthgen.privacy.document_filters import SUMMARY_KEYS
+
+    assert individual.cli("--json") == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["accounting"] == "individual"
+    assert out["document_guarantee"] == {"epsilon": 2.0, "delta": 1e-6, "relevance_threshold": 0.5}
+    assert set(out["document_summary"]) == set(SUMMARY_KEYS)  # aggregates only
+    assert out["document_summary"]["documents"] == N and out["document_summary"]["exhausted"] == 0
+    assert [c["stage"] for c in out["charges"]] == ["tokens"]  # tau is public: no threshold
+    book, filters = _filters(individual.ledger)
+    record = filters.get("records")
+    assert record.budget.epsilon == 2.0 and record.answers_per_document == 2
+    losses = filters.losses("records", individual.ids)
+    assert list(losses[:NEAR]) == [record.answer_rho] * NEAR and not losses[NEAR:].any()
+    assert book.collection_scope("records") is None  # no collection cap, no pinned event
+    assert book.event_shape("alice", "records") is None
+    assert book.spent("alice", "records").epsilon > 0  # the tenant's quota pays too
+
+    # another tenant's answer exhausts the relevant documents: every tenant counts
+    assert individual.cli(tenant="bob") == 0
+    text = capsys.readouterr().out
+    assert "per document: each record of records is (epsilon=2, delta=1e-06)-DP" in text
+    assert f"documents: {N}, {N - NEAR} active, {NEAR} exhausted" in text
+    assert "remaining quota epsilon=" in text and "for tenant bob" in text
+    assert filters.verify("records") == 0
+    # exhausted documents leave the prompts: a third answer charges no document
+    assert individual.cli(tenant="bob") == 0
+    capsys.readouterr()
+    np_losses = filters.losses("records", individual.ids)
+    assert list(np_losses[:NEAR]) == [2 * record.answer_rho] * NEAR
+
+    # the filters never change: an answer at another epsilon is refused before any load
+    loads = len(individual.loads)
+    assert individual.cli(epsilon="0.5") == 1
+    assert "already has per-document filters" in capsys.readouterr().err
+    # a collection-accounting answer on an individual collection is refused
+    assert individual.cli("--accounting", "collection", document=None) == 1
+    assert "is in individual accounting" in capsys.readouterr().err
+    assert len(individual.loads) == loads
+
+
+@pytest.mark.parametrize(
+    ("extra", "document", "code", "message"),
+    [
+        (("--mechanism", "vote"), ("2", "1e-6"), 2, "icl only, got --mechanism vote"),
+        ((), None, 2, "needs --document-epsilon and --document-delta"),
+        (("--document-delta", "1e-6"), None, 2, "needs --document-epsilon and"),
+        (
+            ("--collection-epsilon", "10", "--collection-delta", "1e-5"),
+            ("2", "1e-6"),
+            2,
+            "takes no collection cap",
+        ),
+        ((), ("2", "0.05"), 1, "the per-document delta: delta must be in (0, 1/n)"),
+        (("--tenant-delta", "0.1"), ("2", "1e-6"), 1, "the scope (alice, records)"),
+        ((), ("0.5", "1e-6"), 1, "not one answer would fit"),
+    ],
+)
+def test_answer_in_individual_accounting_refuses_before_writing_anything(
+    individual, capsys, extra, document, code, message
+):
+    assert individual.cli(*extra, document=document) == code
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and len(err.strip().splitlines()) == 1
+    assert message in err
+    book, filters = _filters(individual.ledger)
+    assert book.scopes() == [] and filters.datasets() == [] and individual.loads == []
+
+
+def test_answer_in_individual_accounting_refuses_a_collection_with_a_cap(individual, capsys):
+    from synthgen.privacy import Scope
+
+    book, filters = _filters(individual.ledger)
+    book.open_scope(Scope("*", "records", 10.0, 1e-5))
+    assert individual.cli() == 1
+    assert "records has a collection cap" in capsys.readouterr().err
+    assert [s.tenant for s in book.scopes()] == ["*"] and filters.datasets() == []
+    assert individual.loads == []

@@ -1,6 +1,8 @@
 """The main job's rag stage checks what its answers assume before it opens a scope: an
 encoder whose provenance shows it independent of the collection, and δ below 1/n."""
 
+import dataclasses
+import json
 import types
 
 import pytest
@@ -55,3 +57,139 @@ def test_the_pipelines_encoder_provenance_passes(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="loading"):
         answer_questions(ctx)
     assert [s.dataset for s in PrivacyLedger(ctx.run.ledger).scopes()] == [RAG_DATASET]
+
+
+# ---- individual (per-record) accounting ------------------------------------------------
+
+INDIVIDUAL = {
+    "accounting": "individual",
+    "mechanism": "icl",
+    "document_epsilon": 2.0,
+    "document_delta": 1e-6,
+    "epsilon": 1.0,
+    "max_tokens": 3,
+    "k": 4,
+}
+
+
+class _Towers:
+    """`load_towers` replaced: every question lies along axis 0, the first half of the
+    records along it too (relevant), the second half opposite (score clipped to 0)."""
+
+    def encode(self, texts, **_):
+        import numpy as np
+
+        out = np.zeros((len(texts), 4), np.float32)
+        out[:, 0] = 1.0
+        if len(texts) > 1:  # the records
+            out[len(texts) // 2 :, 0] = -1.0
+        return out
+
+
+@pytest.fixture
+def individual_stage(tmp_path, monkeypatch):
+    """The rag stage in individual accounting, on the byte-level test LM (no real
+    encoder or LM loads), in a real run folder."""
+    import retriever.evaluate
+    from synthgen import lm_backends
+    from synthgen.pipeline.runner import RunFolder
+
+    monkeypatch.setattr(retriever.evaluate, "load_towers", lambda e: (_Towers(), _Towers()))
+    monkeypatch.setattr(lm_backends.FlaxLM, "load", staticmethod(lambda name: lm_backends.TinyLM()))
+
+    base = _ctx(tmp_path, RECORD)  # the encoder folder, with its provenance
+
+    def ctx(questions=3, **rag):
+        config = types.SimpleNamespace(
+            rag=dataclasses.replace(base.config.rag, questions=questions, **{**INDIVIDUAL, **rag}),
+            privacy=base.config.privacy,
+            name="individual",
+            report=types.SimpleNamespace(samples=0),
+        )
+        return types.SimpleNamespace(
+            config=config, run=RunFolder(tmp_path), progress=False, log=lambda *a: None
+        )
+
+    return ctx
+
+
+RECORD = provenance.synthetic(RELEASE, num_pairs=4)
+
+
+def test_the_rag_stage_answers_under_per_record_filters(individual_stage):
+    from synthgen.privacy.document_filters import SUMMARY_KEYS, DocumentFilters
+
+    ctx = individual_stage()
+    summary = answer_questions(ctx)
+    assert summary["accounting"] == "individual" and summary["questions"] == 3
+    assert summary["document_target"] == {
+        "epsilon": 2.0,
+        "delta": 1e-6,
+        "relevance_threshold": 0.5,
+        "answers_per_document": 2,
+    }
+    documents = summary["document_summary"]
+    assert set(documents) == set(SUMMARY_KEYS)
+    # the relevant half paid for two answers and left the third; the other half never paid
+    assert documents["documents"] == 40 and documents["exhausted"] == 20
+    assert documents["max_epsilon"] <= 2.0
+    assert documents["mean_epsilon"] == pytest.approx(documents["max_epsilon"] / 2)
+    assert "collection_epsilon_spent" not in summary and summary["quota_epsilon_spent"] > 0
+    book = PrivacyLedger(ctx.run.ledger)
+    assert book.collection_scope(RAG_DATASET) is None
+    filters = DocumentFilters(book.store)
+    assert filters.verify(RAG_DATASET) == 0
+
+    # resumed with every answer written: nothing is asked or charged again
+    charges = book.charges("pipeline", RAG_DATASET)
+    losses = filters.recompute(RAG_DATASET)
+    again = answer_questions(individual_stage())
+    assert again["document_summary"] == documents
+    assert book.charges("pipeline", RAG_DATASET) == charges
+    assert filters.recompute(RAG_DATASET) == losses
+
+    # the run folder keeps its accounting: a collection-accounting rerun is refused
+    with pytest.raises(ValueError, match="holds per-document filters"):
+        answer_questions(individual_stage(accounting="collection", document_epsilon=None,
+                                          document_delta=None))  # fmt: skip
+    # and so are other per-record settings
+    with pytest.raises(ValueError, match="already has per-document filters"):
+        answer_questions(individual_stage(document_epsilon=3.0))
+
+
+def test_the_report_states_the_per_record_guarantee(individual_stage):
+    from synthgen.pipeline.report import write_report
+    from synthgen.privacy.document_filters import SUMMARY_KEYS
+
+    ctx = individual_stage()
+    summary = answer_questions(ctx)
+    ctx.run.write_record("rag", {"status": "done", "summary": summary})
+    written = write_report(ctx)
+    page = open(written["report"], encoding="utf-8").read()
+    assert (
+        "Each private record is (ε = 2, δ = 1e-06)-DP over all 3 answers, whichever tenant "
+        "asked; records pay only for answers they took part in." in page
+    )
+    assert "Of its 40 records, 20 are exhausted" in page
+    assert "the tenant's quota" in page and "relevance threshold τ = 0.5" in page
+    metrics = json.loads((ctx.run.root / "report" / "metrics.json").read_text())
+    [collection] = metrics["documents"]
+    assert collection["dataset"] == RAG_DATASET and collection["answers"] == 3
+    assert set(collection["summary"]) == set(SUMMARY_KEYS)  # aggregates only
+
+
+@pytest.mark.parametrize(
+    ("rag", "message"),
+    [
+        ({"accounting": "per-tenant"}, "accounting must be collection or individual"),
+        ({"accounting": "individual", "mechanism": "icl"}, "needs document_epsilon"),
+        ({**INDIVIDUAL, "mechanism": "vote"}, "icl only"),
+        ({**INDIVIDUAL, "mechanism": "auto"}, "icl only"),
+        ({**INDIVIDUAL, "document_delta": 1.0}, "document_delta must be in"),
+        ({**INDIVIDUAL, "relevance_threshold": 1.5}, "relevance_threshold must be in"),
+        ({"document_epsilon": 2.0}, "go with accounting='individual'"),
+    ],
+)
+def test_the_rag_stage_config_validates_individual_accounting(rag, message):
+    with pytest.raises(ValueError, match=message):
+        RagStageConfig(**rag)
