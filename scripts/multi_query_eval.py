@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=2000)
     parser.add_argument("--questions", type=int, default=1000)
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent over diseases")
-    parser.add_argument("--epsilon", type=float, default=2.0, help="per-answer epsilon")
+    parser.add_argument("--epsilon", type=float, default=5.0, help="per-answer epsilon")
     parser.add_argument("--document-epsilon", type=float, default=10.0)
     parser.add_argument("--document-delta", type=float, default=1e-6)
     parser.add_argument(
@@ -70,6 +70,12 @@ def main() -> None:
         default=0.5,
         help="public tau on the [min-score, 1] scale (0.5: cosine 0.6, chosen on the seed-1 "
         "world: 47%% of same-disease and 1.3%% of other records pass)",
+    )
+    parser.add_argument(
+        "--participation",
+        type=float,
+        default=0.25,
+        help="individual: each record's chance to take part in an answer (and pay)",
     )
     parser.add_argument("--voters", type=int, default=16, help="icl's private prompts")
     parser.add_argument("--k", type=int, default=32, help="collection: DP top-k's target")
@@ -114,6 +120,7 @@ def main() -> None:
             max_document_tokens=args.max_document_tokens,
             accounting=mode,
             relevance_threshold=args.relevance_threshold,
+            participation=args.participation if mode == "individual" else 1.0,
         )
         ledger = PrivacyLedger(args.out / f"{mode}.sqlite")
         ledger.ensure_scope(Scope(TENANT, "records", 1e9, 0.5, accountant="pld"))  # no quota

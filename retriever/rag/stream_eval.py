@@ -34,7 +34,8 @@ def zipf_stream(
 ) -> list[Question]:
     """`questions` questions drawn with repetition: disease of rank r (by support, most
     records first) with probability proportional to r**-exponent, then one of its
-    paraphrases (`MedicalWorld.questions(per_disease=6)`) uniformly."""
+    paraphrases (`MedicalWorld.questions(per_disease=6)`) uniformly. The first m questions
+    of a stream are the stream of m questions (a run can be extended)."""
     if questions < 1 or exponent < 0:
         raise ValueError(f"need questions >= 1 and exponent >= 0: {questions=}, {exponent=}")
     support = world.support
@@ -43,9 +44,21 @@ def zipf_stream(
         phrasings.setdefault(q.disease, []).append(q)
     ranked = sorted(phrasings, key=lambda d: (-support[d], d))
     weights = np.arange(1, len(ranked) + 1, dtype=np.float64) ** -exponent
-    rng = np.random.default_rng(seed)
-    diseases = rng.choice(len(ranked), size=questions, p=weights / weights.sum())
-    return [phrasings[ranked[d]][rng.integers(len(phrasings[ranked[d]]))] for d in diseases]
+    # one uniform per question for the disease and one for the phrasing, from two streams:
+    # the first m questions of a longer stream are the stream of m questions
+    disease_rng, phrasing_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)
+    )
+    cdf = np.cumsum(weights / weights.sum())
+    diseases = np.minimum(
+        np.searchsorted(cdf, disease_rng.random(questions), side="right"), len(ranked) - 1
+    )
+    picks = phrasing_rng.random(questions)
+    out = []
+    for d, u in zip(diseases, picks, strict=True):
+        options = phrasings[ranked[d]]
+        out.append(options[int(u * len(options))])
+    return out
 
 
 def _done(path: Path) -> list[dict]:
