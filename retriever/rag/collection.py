@@ -162,7 +162,8 @@ def open_document_filters(
         per-answer charge (what "exhausted" means in the summary).
 
     Raises:
-      ValueError: the collection has a collection cap, a delta of 1/n or more, a plan
+      ValueError: the collection has a collection cap or charges recorded before its
+        filters, a delta of 1/n or more, a plan
         without a zCDP curve or costing more than a whole filter, or filters with other
         settings.
 
@@ -177,8 +178,19 @@ def open_document_filters(
             "accounting replaces it: use another collection name"
         )
     check_delta(delta, documents, "the per-document delta")
+    filters = DocumentFilters(ledger.store)
+    if filters.get(dataset) is None:
+        charged = [
+            s for s in ledger.scopes() if s.dataset == dataset and ledger.charges(s.tenant, dataset)
+        ]
+        if charged:  # earlier answers are in no document's loss: the statement would omit them
+            raise ValueError(
+                f"{dataset} already has charges in {len(charged)} scope(s) under collection "
+                "accounting; per-document filters opened now would leave those answers out: "
+                "use another collection name"
+            )
     record = DocumentFilter(dataset, DocumentBudget(epsilon, delta), plan.document_rho(), documents)
-    return DocumentFilters(ledger.store).open(record)
+    return filters.open(record)
 
 
 def open_answer_scopes(

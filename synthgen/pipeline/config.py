@@ -20,6 +20,10 @@ from typing import Literal
 from synthgen.fewshot.config import FewShotConfig
 from synthgen.querygen import GeneratorConfig
 
+# Field metadata: a field added after run folders existed is hashed into its stage's
+# fingerprint only when it differs from its default, so old runs stay up to date.
+FINGERPRINT_AT_DEFAULT = {"fingerprint": "omit-at-default"}
+
 GeneratorKind = Literal["querygen", "fewshot"]
 
 
@@ -207,10 +211,13 @@ class RagStageConfig:
     delta: float = 1e-6
     epsilon_cap: float = 20.0
     delta_cap: float = 1e-4
-    accounting: str = "collection"
-    document_epsilon: float | None = None
-    document_delta: float | None = None
-    relevance_threshold: float = 0.5
+    # added after run folders existed: left out of the stage's fingerprint at their default
+    accounting: str = dataclasses.field(default="collection", metadata=FINGERPRINT_AT_DEFAULT)
+    document_epsilon: float | None = dataclasses.field(
+        default=None, metadata=FINGERPRINT_AT_DEFAULT
+    )
+    document_delta: float | None = dataclasses.field(default=None, metadata=FINGERPRINT_AT_DEFAULT)
+    relevance_threshold: float = dataclasses.field(default=0.5, metadata=FINGERPRINT_AT_DEFAULT)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.epsilon_cap) and self.epsilon_cap > 0):

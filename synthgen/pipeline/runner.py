@@ -128,7 +128,11 @@ class StageContext:
 
 def _jsonable(value):
     if dataclasses.is_dataclass(value):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {
+            f.name: _jsonable(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if not _omitted(f, getattr(value, f.name))
+        }
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     if isinstance(value, dict):
@@ -136,6 +140,11 @@ def _jsonable(value):
     if isinstance(value, float) and value != value:
         return "nan"
     return value if isinstance(value, str | int | float | bool | type(None)) else repr(value)
+
+
+def _omitted(field: dataclasses.Field, value) -> bool:
+    """A field marked FINGERPRINT_AT_DEFAULT left at its default (see pipeline.config)."""
+    return field.metadata.get("fingerprint") == "omit-at-default" and value == field.default
 
 
 def fingerprints(config: PipelineConfig) -> dict[str, str]:

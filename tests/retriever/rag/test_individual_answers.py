@@ -165,3 +165,24 @@ def test_participation_coins_spread_the_payments(tmp_path):
     assert filters.verify("records") == 0
     with pytest.raises(ValueError, match="participation"):
         RagConfig(participation=0.0)
+
+
+def test_filters_are_not_opened_over_earlier_collection_answers(tmp_path):
+    from retriever.rag.collection import open_document_filters
+    from retriever.rag.config import plan_answer
+    from synthgen.privacy import accounting
+
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.ensure_scope(Scope("alice", "records", 5.0, 1e-5))
+    ledger.charge(
+        "alice",
+        "records",
+        stage="rag-tokens",
+        event=accounting.pure_epsilon_event(1.0),
+        relation="ADD_OR_REMOVE_ONE",
+    )
+    plan = plan_answer(RagConfig(max_tokens=3, accounting="individual"), "icl", 1.0)
+    with pytest.raises(ValueError, match="already has charges"):
+        open_document_filters(ledger, "records", documents=N, epsilon=4.0, delta=1e-6, plan=plan)
+    assert DocumentFilters(ledger.store).get("records") is None
+    open_document_filters(ledger, "fresh", documents=N, epsilon=4.0, delta=1e-6, plan=plan)

@@ -81,6 +81,20 @@ def test_fingerprints_chain():
     assert [s for s in STAGES if a[s] == c[s]] == []  # the seed reaches data, so everything
 
 
+def test_fields_added_later_enter_the_fingerprint_only_off_their_default():
+    from synthgen.pipeline.runner import _jsonable
+
+    base = _config()
+    assert "accounting" not in _jsonable(base.rag)  # old run folders keep their fingerprints
+    same = _config(rag=dataclasses.replace(base.rag, relevance_threshold=0.5))
+    assert fingerprints(same) == fingerprints(base)
+    moved = _config(rag=dataclasses.replace(base.rag, relevance_threshold=0.6))
+    assert [s for s in STAGES if fingerprints(moved)[s] != fingerprints(base)[s]] == [
+        "rag",
+        "report",
+    ]
+
+
 def test_from_recomputes_that_stage_and_later(tmp_path, calls):
     run_pipeline(_config(), tmp_path)
     calls.clear()
