@@ -10,10 +10,13 @@ from typing import Annotated
 import typer
 
 from retriever.cli_options import (
+    AccountingOption,
     AnswerTimeoutOption,
     CollectionDeltaOption,
     CollectionEpsilonOption,
     CompositionOption,
+    DocumentDeltaOption,
+    DocumentEpsilonOption,
     EncoderIndependentOption,
     HostOption,
     IndexOption,
@@ -25,10 +28,13 @@ from retriever.cli_options import (
     PrivateCorpusOption,
     QueueOption,
     QueueTimeoutOption,
+    RelevanceThresholdOption,
     ReplicasOption,
     ServedLmOption,
 )
 from synthgen.command_line import positive, probability
+
+ACCOUNTING = ("collection", "individual")
 
 tenant_app = typer.Typer(help="Tenants of the DP-RAG service.", no_args_is_help=True)
 
@@ -73,16 +79,29 @@ def serve(
     min_score: MinScoreOption = 0.0,
     max_score: MaxScoreOption = 1.0,
     encoder_independent_of_collection: EncoderIndependentOption = False,
+    accounting: AccountingOption = "collection",
+    document_epsilon: DocumentEpsilonOption = None,
+    document_delta: DocumentDeltaOption = None,
+    relevance_threshold: RelevanceThresholdOption = 0.5,
 ) -> None:
     """Serve DP answers over HTTP, charged to tenants' budgets (Ctrl-C stops).
 
-    Every answer is the same DP event (--answer-epsilon, --mechanism, --delta,
-    --max-tokens): the first server or `retriever answer` of a collection pins it in the
-    ledger and any other is refused, so the ledger's composition stays valid however
-    tenants time their questions. Refused before loading: a collection without a
+    Collection accounting (the default): every answer is the same DP event
+    (--answer-epsilon, --mechanism, --delta, --max-tokens): the first server or `retriever
+    answer` of a collection pins it in the ledger and any other is refused, so the
+    ledger's composition stays valid however tenants time their questions; the collection
+    cap bounds all tenants together. Refused before loading: a collection without a
     collection cap, a δ (per answer or any cap of the collection) of 1/n or more for n
     documents, an encoder not known to be independent of the collection, and a public
     corpus or index that is the private one.
+
+    Individual accounting (--accounting individual, icl only): the privacy statement is
+    per document, over all tenants' answers together: each document is
+    (--document-epsilon, --document-delta)-DP, charged only for the answers where it
+    scores at least --relevance-threshold while its filter admits them, then left out.
+    Tenant caps are quotas on how much each tenant may ask, not the guarantee. Refused
+    before loading: another mechanism, a missing per-document target, and a collection
+    with a collection cap.
     """
     from retriever.rag import RagConfig, ScoreRange
     from retriever.rag.defaults import resolve
@@ -90,6 +109,7 @@ def serve(
     from retriever.service.server import load_service, serve
 
     mechanism, k = resolve(mechanism, k, answer_epsilon)
+    document_target = check_accounting(accounting, mechanism, document_epsilon, document_delta)
 
     service = load_service(
         index,
@@ -104,6 +124,8 @@ def serve(
             delta=delta,
             composition=composition,
             score_range=ScoreRange(min_score, max_score),
+            accounting=accounting,
+            relevance_threshold=relevance_threshold,
         ),
         config=ServiceConfig(
             answer_epsilon=answer_epsilon,
@@ -116,8 +138,45 @@ def serve(
         public_index=public_index,
         public_corpus=public_corpus,
         encoder_independent_of_collection=encoder_independent_of_collection,
+        document_target=document_target,
     )
     serve(service, host=host, port=port)
+
+
+def check_accounting(
+    accounting: str,
+    mechanism: str,
+    document_epsilon: float | None,
+    document_delta: float | None,
+) -> tuple[float, float] | None:
+    """The per-document target of `serve`'s accounting mode, or a usage error (exit 2)
+    before anything loads: an unknown mode, a mechanism other than icl or a missing target
+    in individual accounting, a target in collection accounting."""
+    if accounting not in ACCOUNTING:
+        raise typer.BadParameter(
+            f"must be one of {', '.join(ACCOUNTING)}, got {accounting!r}",
+            param_hint="'--accounting'",
+        )
+    given = document_epsilon is not None or document_delta is not None
+    if accounting == "collection":
+        if given:
+            raise typer.BadParameter(
+                "applies to --accounting individual only",
+                param_hint="'--document-epsilon' / '--document-delta'",
+            )
+        return None
+    if mechanism != "icl":
+        raise typer.BadParameter(
+            f"individual accounting answers with icl only, got {mechanism}: vote, "
+            "sparse-vote and answer-vote tokens have no zCDP curve for a per-document filter",
+            param_hint="'--mechanism'",
+        )
+    if document_epsilon is None or document_delta is None:
+        raise typer.BadParameter(
+            "individual accounting needs each document's target: pass both",
+            param_hint="'--document-epsilon' / '--document-delta'",
+        )
+    return document_epsilon, document_delta
 
 
 @tenant_app.command("add")
@@ -129,16 +188,33 @@ def tenant_add(
     dataset: Annotated[str, typer.Option(help="collection name in the ledger (serve's --dataset)")],
     collection_epsilon: CollectionEpsilonOption = None,
     collection_delta: CollectionDeltaOption = None,
+    accounting: AccountingOption = "collection",
+    accountant: Annotated[
+        str | None,
+        typer.Option(
+            help="the tenant's scope: pld | rdp | basic (default: pld; rdp for a quota in "
+            "individual accounting)"
+        ),
+    ] = None,
 ) -> None:
     """Register a tenant with its budget and print its API key (shown once, stored hashed).
 
-    The tenant's delta cap may not exceed the collection's (which `retriever serve` checks
-    against 1/n for the collection's n documents). Caps are checked before the ledger is
-    opened; a ledger file this command created is removed again if it refuses the tenant.
+    Collection accounting: the tenant's delta cap may not exceed the collection's (which
+    `retriever serve` checks against 1/n for the collection's n documents). Individual
+    accounting (--accounting individual, or a collection whose per-document filters are
+    already in the ledger): the collection takes no collection cap and the tenant's caps
+    are a quota; `retriever serve --accounting individual` opens the filters. Caps are
+    checked before the ledger is opened; a ledger file this command created is removed
+    again if it refuses the tenant.
     """
     from retriever.service.tenants import TenantRegistry
     from synthgen.privacy.ledger_store import removed_if_refused
 
+    if accounting not in ACCOUNTING:
+        raise typer.BadParameter(
+            f"must be one of {', '.join(ACCOUNTING)}, got {accounting!r}",
+            param_hint="'--accounting'",
+        )
     with removed_if_refused(ledger):
         key = TenantRegistry.open(ledger).add(
             name,
@@ -147,6 +223,8 @@ def tenant_add(
             delta=delta,
             collection_epsilon=collection_epsilon,
             collection_delta=collection_delta,
+            individual=accounting == "individual",
+            accountant=accountant,
         )
     print(key)
 
@@ -156,11 +234,19 @@ def tenant_list(
     ledger: LedgerOption,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
 ) -> None:
-    """Tenants, their budgets per collection, and the collections' caps."""
+    """Tenants, their budgets per collection, and the collections' caps.
+
+    A collection in individual accounting shows its per-document filters instead of a
+    collection cap: each document's target and the summary over all documents (counts,
+    largest / median / mean epsilon spent); its tenants' caps are quotas.
+    """
     from retriever.service.tenants import TenantRegistry
     from synthgen.privacy import COLLECTION, format_epsilon
+    from synthgen.privacy.document_filters import DocumentFilters
 
     registry = TenantRegistry.open(ledger)
+    filters = DocumentFilters(registry.ledger.store)
+    individual = filters.datasets()
     scopes = registry.ledger.scopes()
     rows = []
     for tenant in registry.tenants():
@@ -172,6 +258,7 @@ def tenant_list(
                     "status": "active" if tenant.active else "revoked",
                     "key": f"dpk_{tenant.key_id}_…",
                     "dataset": scope.dataset,
+                    "accounting": "individual" if scope.dataset in individual else "collection",
                     "epsilon_cap": scope.epsilon_cap,
                     "delta_cap": scope.delta_cap,
                     "spent_epsilon": spend.epsilon,
@@ -187,6 +274,7 @@ def tenant_list(
                 "status": "cap",
                 "key": "",
                 "dataset": scope.dataset,
+                "accounting": "collection",
                 "epsilon_cap": scope.epsilon_cap,
                 "delta_cap": scope.delta_cap,
                 "spent_epsilon": spend.epsilon,
@@ -196,6 +284,24 @@ def tenant_list(
                 "answer_event": registry.ledger.event_shape(COLLECTION, scope.dataset),
             }
         )
+    for dataset in individual:
+        record, summary = filters.get(dataset), filters.summary(dataset)
+        rows.append(
+            {
+                "tenant": "(each document: all tenants)",
+                "status": "filters",
+                "key": "",
+                "dataset": dataset,
+                "accounting": "individual",
+                "epsilon_cap": record.budget.epsilon,  # each document's target
+                "delta_cap": record.budget.delta,
+                "spent_epsilon": summary["max_epsilon"],  # the largest over documents
+                "spent_epsilon_text": format_epsilon(summary["max_epsilon"]),
+                "charges": None,
+                "answers_per_document": record.answers_per_document,
+                "documents": summary,
+            }
+        )
     if as_json:
         for row in rows:
             print(json.dumps(row))
@@ -203,10 +309,17 @@ def tenant_list(
     print(f"{'tenant':28} {'status':8} {'dataset':16} {'spent/cap eps':>16} {'charges':>8}  key")
     for r in rows:
         spent = f"{r['spent_epsilon_text']}/{r['epsilon_cap']:g}"
-        print(
-            f"{r['tenant']:28} {r['status']:8} {r['dataset']:16} {spent:>16} "
-            f"{r['charges']:>8}  {r['key']}"
-        )
+        if r["status"] == "filters":
+            d = r["documents"]
+            last = (
+                f"{'-':>8}  largest over documents; {d['exhausted']}/{d['documents']} "
+                f"exhausted, median eps {format_epsilon(d['median_epsilon'])}, "
+                f"delta {d['delta']:g}"
+            )
+        else:
+            quota = " (quota)" if r["accounting"] == "individual" else ""
+            last = f"{r['charges']:>8}  {r['key']}{quota}"
+        print(f"{r['tenant']:28} {r['status']:8} {r['dataset']:16} {spent:>16} {last}")
 
 
 @tenant_app.command("revoke")

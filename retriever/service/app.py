@@ -5,9 +5,10 @@ Endpoints (JSON; every one but ``/``, ``/card`` and ``/health`` needs
 
   * ``GET /health``: liveness, ``{"status": "ok"}``. With a valid tenant key it also states
     the service's public terms: replicas, queue capacity, per-answer epsilon and mechanism,
-    and the question limits. It never states how many requests are running or waiting: the
-    queue depth would time other tenants' answers, whose duration depends on the private
-    collection.
+    the question limits, the accounting mode and, in individual accounting, the public
+    relevance threshold and each document's (epsilon, delta) target. It never states how
+    many requests are running or waiting: the queue depth would time other tenants'
+    answers, whose duration depends on the private collection.
   * ``POST /retrieve`` ``{"question", "k"}``: top-k of the public/synthetic index. Free: it
     reads no private document.
   * ``POST /answer`` ``{"question", "epsilon", "mechanism"}`` (the last two optional and,
@@ -20,7 +21,10 @@ Endpoints (JSON; every one but ``/``, ``/card`` and ``/health`` needs
     fit (the ledger's own check) and charge log. The spend is the ledger's stated figure
     (`PrivacyLedger.spent`, a function of the recorded events, as ``synthgen ledger show``
     states it), also written by `format_epsilon` (``spent_epsilon_text``, 4 decimals
-    rounded up; ``remaining_epsilon_text`` is the cap less it, rounded down).
+    rounded up; ``remaining_epsilon_text`` is the cap less it, rounded down). Also
+    ``accounting`` ("collection" or "individual") and, in individual accounting,
+    ``documents``: the collection's per-document summary (`DocumentFilters.summary`:
+    counts and aggregate epsilons only, never a document's own figure).
   * ``GET /card`` (no key): the public card of what the service releases and under which
     guarantee, when it has one (a network contributor's, `retriever.network.contributor`).
   * ``GET /``: a one-file page to ask questions and watch the budget.
@@ -58,6 +62,14 @@ answers, the parameters would be adaptive and that statement (PLD, RDP over many
 would not be backed by a composition theorem. Every answer of a service is the same event,
 so only the number of answers is the tenants' choice, and stopping early is
 post-processing of the longest sequence the caps allow.
+
+Individual accounting (`RagConfig.accounting == "individual"`, icl answers only): the
+collection has no collection cap; each document has its own zCDP filter in the ledger
+(`synthgen.privacy.document_filters`) and pays only for the answers it scores at least the
+public relevance threshold for while its filter admits them; an exhausted document leaves
+every later answer. The privacy statement is then per document, over all tenants' answers
+together, and holds for adaptively chosen answers (Feldman & Zrnic 2021); a tenant's
+scope is a quota on how much it may ask, charged in the same transaction as the payers.
 """
 
 from __future__ import annotations
@@ -96,6 +108,7 @@ from synthgen.privacy import (
     format_epsilon,
     format_remaining,
 )
+from synthgen.privacy.document_filters import DocumentFilter, DocumentFilters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +174,34 @@ def require_collection_cap(ledger: PrivacyLedger, dataset: str) -> None:
         )
 
 
+def refuse_collection_cap(ledger: PrivacyLedger, dataset: str) -> None:
+    """Raises ValueError if `dataset` has a collection cap (individual accounting replaces
+    it with per-document filters)."""
+    if ledger.collection_scope(dataset) is not None:
+        raise ValueError(
+            f"{dataset} has a collection cap, which composes every answer: individual "
+            "accounting replaces it with per-document filters; serve another collection name"
+        )
+
+
+def require_document_filters(ledger: PrivacyLedger, dataset: str) -> DocumentFilter:
+    """`dataset`'s per-document filters; ValueError if it has none or has a collection cap."""
+    refuse_collection_cap(ledger, dataset)
+    record = DocumentFilters(ledger.store).get(dataset)
+    if record is None:
+        raise ValueError(
+            f"{dataset} has no per-document filters: serve it with --accounting individual "
+            "--document-epsilon E --document-delta D"
+        )
+    return record
+
+
+def accounting_of(ledger: PrivacyLedger, dataset: str) -> str:
+    """The accounting mode of `dataset`: individual when it has per-document filters in
+    the ledger, else collection (a collection cannot have both: each refuses the other)."""
+    return "individual" if DocumentFilters(ledger.store).get(dataset) is not None else "collection"
+
+
 @dataclasses.dataclass
 class Service:
     """What one server process serves.
@@ -170,7 +211,9 @@ class Service:
       registry: the tenants of that ledger.
       dataset: the private collection's name in the ledger.
       replicas: answer stages over the collection, one LM session each (empty: ``/answer``
-        is not served, and the collection needs no cap to start).
+        is not served, and the collection needs no cap to start). All in collection
+        accounting (the collection needs a collection cap) or all in individual accounting
+        (per-document filters, no collection cap, icl answers).
       public: the public/synthetic index of ``/retrieve`` (None: not served).
       config: limits.
       card: the public card served at ``/card`` (None: not served).
@@ -187,12 +230,28 @@ class Service:
     def __post_init__(self) -> None:
         self.admission: Admission | None = None
         if self.replicas:
-            require_collection_cap(self.ledger, self.dataset)
+            modes = {rag.config.accounting for rag in self.replicas}
+            if len(modes) != 1:
+                raise ValueError(f"replicas must share one accounting mode, got {sorted(modes)}")
+            if self.individual:
+                if self.config.mechanism != "icl":
+                    raise ValueError(
+                        "individual accounting answers with icl only (per-document filters "
+                        f"take zCDP curves), got mechanism={self.config.mechanism!r}"
+                    )
+                require_document_filters(self.ledger, self.dataset)
+            else:
+                require_collection_cap(self.ledger, self.dataset)
             self.admission = Admission(
                 self.replicas,
                 capacity=self.config.queue_capacity,
                 timeout=self.config.queue_timeout,
             )
+
+    @property
+    def individual(self) -> bool:
+        """Whether answers are charged to per-document filters (individual accounting)."""
+        return bool(self.replicas) and self.replicas[0].config.individual
 
     # ---- blocking helpers (run in worker threads) -----------------------------------
 
@@ -275,6 +334,22 @@ class Service:
         )
 
     def budget(self, tenant: str) -> dict[str, Any]:
+        """What ``/budget`` returns to `tenant` (its scope on the collection).
+
+        In individual accounting the tenant's figures are its quota, and ``documents`` is
+        the collection's summary over its per-document filters (`DocumentFilters.summary`:
+        the keys of `SUMMARY_KEYS`).
+
+        Raises:
+          KeyError: the tenant has no scope on the collection.
+
+        Privacy:
+          The tenant's own spend and charge log are functions of its own requests and the
+          public per-answer events. Per-document figures (which documents paid, which are
+          exhausted, any one document's loss) depend on the private collection and are
+          never returned: only the summary's counts and aggregates over all documents,
+          which every tenant sees alike.
+        """
         scope = self.ledger.get_scope(tenant, self.dataset)
         spend = self.ledger.spent(tenant, self.dataset)
         charges = self.ledger.charges(tenant, self.dataset)
@@ -285,9 +360,15 @@ class Service:
             by_stage[c.stage]["charges"] += 1
             by_stage[c.stage]["standalone_epsilon_sum"] += c.epsilon
         recent = charges[-self.config.charge_log_limit :]
+        accounting = accounting_of(self.ledger, self.dataset)
+        documents = {}
+        if accounting == "individual":
+            documents["documents"] = DocumentFilters(self.ledger.store).summary(self.dataset)
         return {
             "tenant": tenant,
             "dataset": self.dataset,
+            "accounting": accounting,
+            **documents,
             "epsilon_cap": scope.epsilon_cap,
             "delta_cap": scope.delta_cap,
             "accountant": scope.accountant,
@@ -397,6 +478,16 @@ def create_app(service: Service) -> FastAPI:
         except Refusal:  # a liveness probe: a bad key is not an error here
             return {"status": "ok"}
         answers = service.admission is not None
+        terms = {"accounting": "individual" if service.individual else "collection"}
+        if answers and service.individual:  # public parameters of the per-document filters
+            record = await run_in_threadpool(
+                DocumentFilters(service.ledger.store).get, service.dataset
+            )
+            terms.update(
+                relevance_threshold=service.replicas[0].config.relevance_threshold,
+                document_epsilon=record.budget.epsilon,
+                document_delta=record.budget.delta,
+            )
         # no busy/waiting counts: the queue's depth would time other tenants' answers
         return {
             "status": "ok",
@@ -411,6 +502,7 @@ def create_app(service: Service) -> FastAPI:
             "max_question_chars": config.max_question_chars,
             "max_question_tokens": config.max_question_tokens if answers else None,
             "card": service.card is not None,
+            **terms,
         }
 
     @app.get("/card")

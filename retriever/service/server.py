@@ -10,10 +10,17 @@ from pathlib import Path
 
 from retriever.rag.answer import DPRag, RagConfig
 from retriever.rag.prompts import PromptFormat
-from retriever.service.app import Service, ServiceConfig, create_app, require_collection_cap
+from retriever.service.app import (
+    Service,
+    ServiceConfig,
+    create_app,
+    refuse_collection_cap,
+    require_collection_cap,
+)
 from retriever.service.public_index import PublicIndex
 from retriever.service.tenants import TenantRegistry
 from synthgen.privacy import PrivacyLedger
+from synthgen.privacy.document_filters import DocumentFilters
 
 TINY_LM = "tiny"  # the byte-level test model (`synthgen.lm_backends.TinyLM`)
 
@@ -31,14 +38,22 @@ def load_service(
     public_index: str | Path | None = None,
     public_corpus: str | Path | None = None,
     encoder_independent_of_collection: bool = False,
+    document_target: tuple[float, float] | None = None,
 ) -> Service:
     """The service over `private_corpus` (indexed exactly in `index`) and `ledger`.
 
-    Before loading anything heavy it refuses a collection without a collection cap, a
-    public corpus or index that is the private one, and an answer event other than the one
-    the collection pinned; `load_dprag` refuses an encoder not known to be independent of
-    the collection and δ caps of 1/n or more. Once loaded, the service pins its answer
-    event on the collection cap (`retriever.rag.collection`).
+    Collection accounting (`rag_config.accounting == "collection"`): before loading
+    anything heavy it refuses a collection without a collection cap, a public corpus or
+    index that is the private one, and an answer event other than the one the collection
+    pinned; `load_dprag` refuses an encoder not known to be independent of the collection
+    and δ caps of 1/n or more. Once loaded, the service pins its answer event on the
+    collection cap (`retriever.rag.collection`).
+
+    Individual accounting (`rag_config.accounting == "individual"`): before loading
+    anything heavy it refuses a mechanism other than icl, a missing `document_target`, a
+    collection with a collection cap, and filters already opened with another target;
+    `load_dprag` opens the collection's per-document filters (or checks them). No answer
+    event is pinned: the filters' guarantee holds for adaptively chosen answers.
 
     Args:
       index: exact index over the private corpus (`retriever index build --kind exact`).
@@ -53,16 +68,22 @@ def load_service(
       public_corpus: that corpus.
       encoder_independent_of_collection: the operator asserts the index's encoder was not
         trained on the collection (recorded on the collection cap; see `load_dprag`).
+      document_target: individual accounting: each document's (epsilon, delta) over every
+        answer of every tenant (required there, refused otherwise).
 
     Raises:
-      ValueError: bad arguments, the collection has no collection cap in the ledger, the
-        public corpus or index is the private one, another answer event is pinned, or a
-        check of `load_dprag` fails.
+      ValueError: bad arguments, the collection has no collection cap in the ledger
+        (collection accounting) or has one (individual accounting), the public corpus or
+        index is the private one, another answer event is pinned, or a check of
+        `load_dprag` fails.
 
     Privacy:
-      Every answer is `DPRag.answer` (one document, add/remove-one), the same event for
-      every answer of the collection, whichever server charges it. ``/retrieve`` reads the
-      public index only, so that index must not be the private collection's.
+      Every answer is `DPRag.answer` (one document, add/remove-one). Collection
+      accounting: the same event for every answer of the collection, whichever server
+      charges it, composed on the collection cap. Individual accounting: each document's
+      own filter bounds its loss over all tenants' answers (Feldman & Zrnic 2021); tenant
+      scopes are quotas. ``/retrieve`` reads the public index only, so that index must not
+      be the private collection's.
     """
     from retriever.rag.answer import plan_answer
     from retriever.rag.collection import check_answer_event, pin_answer_event
@@ -76,11 +97,20 @@ def load_service(
         raise ValueError("pass both --public-index and --public-corpus, or neither")
     if public_index is not None:
         refuse_private_as_public(index, private_corpus, public_index, public_corpus)
+    individual = rag_config.individual
+    if individual:
+        check_individual(config, document_target)
+    elif document_target is not None:
+        raise ValueError("a per-document target applies to individual accounting only")
     book = PrivacyLedger(ledger)
     dataset = dataset or Path(private_corpus).stem
-    require_collection_cap(book, dataset)  # before loading anything heavy
     plan = plan_answer(rag_config, config.mechanism, config.answer_epsilon)
-    check_answer_event(book, dataset, plan)
+    if individual:  # before loading anything heavy
+        check_document_target(book, dataset, document_target)
+        plan.document_rho()  # icl with a zCDP curve, or ValueError with the reason
+    else:
+        require_collection_cap(book, dataset)  # before loading anything heavy
+        check_answer_event(book, dataset, plan)
     if lm == TINY_LM:
         from synthgen.lm_backends import TinyLM
 
@@ -90,8 +120,11 @@ def load_service(
     first = load_dprag(
         index, private_corpus, lm=model, ledger=book, dataset=dataset, config=rag_config,
         prompt=prompt, encoder_independent_of_collection=encoder_independent_of_collection,
+        document_target=document_target,
+        answer_epsilon=config.answer_epsilon if individual else None,
     )  # fmt: skip
-    pin_answer_event(book, dataset, plan)  # atomic: a concurrent other shape is refused
+    if not individual:  # the filters' theorem needs no fixed event
+        pin_answer_event(book, dataset, plan)  # atomic: a concurrent other shape is refused
     pool = [first] + [
         DPRag(
             first.doc_ids,
@@ -108,6 +141,46 @@ def load_service(
     ]
     public = None if public_index is None else PublicIndex(public_index, public_corpus)
     return Service(book, TenantRegistry(book), dataset, pool, public, config)
+
+
+def check_individual(config: ServiceConfig, document_target: tuple[float, float] | None) -> None:
+    """Refuses what individual accounting cannot serve, from public parameters only.
+
+    Raises:
+      ValueError: a mechanism other than icl (vote mechanisms release LimitedDomain tokens,
+        with no zCDP curve for a per-document filter) or no per-document target.
+    """
+    if config.mechanism != "icl":
+        raise ValueError(
+            f"individual accounting answers with icl only, got mechanism {config.mechanism}: "
+            "vote, sparse-vote and answer-vote tokens have no zCDP curve for a per-document "
+            "filter"
+        )
+    if document_target is None:
+        raise ValueError(
+            "individual accounting needs each document's target: pass --document-epsilon "
+            "and --document-delta"
+        )
+
+
+def check_document_target(
+    ledger: PrivacyLedger, dataset: str, document_target: tuple[float, float]
+) -> None:
+    """Refuses, before anything heavy loads, a collection in collection accounting or one
+    whose filters were opened with another per-document target.
+
+    Raises:
+      ValueError: `dataset` has a collection cap, or filters with another target.
+    """
+    refuse_collection_cap(ledger, dataset)
+    record = DocumentFilters(ledger.store).get(dataset)
+    epsilon, delta = map(float, document_target)
+    if record is not None and (record.budget.epsilon, record.budget.delta) != (epsilon, delta):
+        raise ValueError(
+            f"{dataset}'s per-document filters target (epsilon={record.budget.epsilon:g}, "
+            f"delta={record.budget.delta:g}), not (epsilon={epsilon:g}, delta={delta:g}): "
+            "a collection's filters never change"
+        )
 
 
 def refuse_private_as_public(

@@ -1,0 +1,138 @@
+"""Tenants and `/budget` of a collection in individual (per-document) accounting, in process:
+quotas without a collection cap, what the registry and the service refuse, and a budget that
+states the document summary and no document's own figure."""
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from retriever.rag.config import RagConfig, plan_answer
+from retriever.rag.retrieval import ScoreRange
+from retriever.service.app import Service, ServiceConfig, create_app
+from retriever.service.tenants import TenantRegistry
+from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
+from synthgen.privacy.document_filters import SUMMARY_KEYS, DocumentFilter, DocumentFilters
+from synthgen.privacy.individual import DocumentBudget
+from tests.retriever.service.harness import N_RECORDS, bearer, serve_in_thread, tiny_rag
+
+INDIVIDUAL = {"accounting": "individual", "relevance_threshold": 0.5, "max_tokens": 2}
+
+
+def _filters(ledger, dataset="records", documents=N_RECORDS):
+    config = RagConfig(k=4, score_range=ScoreRange(-1.0, 1.0), **INDIVIDUAL)
+    rho = plan_answer(config, "icl", 1.0).document_rho()
+    record = DocumentFilter(dataset, DocumentBudget(3.0, 1e-5), rho, documents)
+    return DocumentFilters(ledger.store).open(record)
+
+
+@pytest.fixture
+def registry(tmp_path):
+    return TenantRegistry(PrivacyLedger(tmp_path / "ledger.sqlite"))
+
+
+def test_a_quota_needs_no_collection_cap_when_the_operator_says_so(registry):
+    ledger = registry.ledger
+    with pytest.raises(ValueError, match="no collection cap"):  # as before: no cap, no flag
+        registry.add("alice", "records", epsilon=5.0, delta=1e-5)
+    key = registry.add("alice", "records", epsilon=5.0, delta=1e-5, individual=True)
+    assert registry.authenticate(key).name == "alice"
+    assert ledger.collection_scope("records") is None  # no cap was opened
+    assert ledger.get_scope("alice", "records").accountant == "rdp"  # a quota
+    with pytest.raises(ValueError, match="takes no collection cap"):
+        registry.add("bob", "records", epsilon=1.0, delta=1e-5, individual=True,
+                     collection_epsilon=4.0, collection_delta=1e-5)  # fmt: skip
+    assert [t.name for t in registry.tenants()] == ["alice"]
+
+
+def test_filters_in_the_ledger_make_every_tenant_a_quota(registry):
+    ledger = registry.ledger
+    _filters(ledger)
+    registry.add("alice", "records", epsilon=5.0, delta=1e-5)  # no flag needed
+    assert ledger.get_scope("alice", "records").accountant == "rdp"
+    registry.add("bob", "records", epsilon=5.0, delta=1e-5, accountant="pld")
+    assert ledger.get_scope("bob", "records").accountant == "pld"
+    with pytest.raises(ValueError, match="takes no collection cap"):
+        registry.add("carol", "records", epsilon=1.0, delta=1e-5, collection_epsilon=4.0,
+                     collection_delta=1e-5)  # fmt: skip
+    with pytest.raises(ValueError, match=rf"n={N_RECORDS} documents"):
+        registry.add("dave", "records", epsilon=1.0, delta=0.1)
+    assert ledger.collection_scope("records") is None
+    assert [t.name for t in registry.tenants()] == ["alice", "bob"]
+
+
+def test_a_collection_with_a_cap_refuses_a_quota(registry):
+    registry.add("alice", "records", epsilon=1.0, delta=1e-5, collection_epsilon=4.0,
+                 collection_delta=1e-5)  # fmt: skip
+    with pytest.raises(ValueError, match="has a collection cap"):
+        registry.add("bob", "records", epsilon=1.0, delta=1e-5, individual=True)
+
+
+def test_budget_states_the_summary_and_no_document(registry):
+    ledger = registry.ledger
+    record = _filters(ledger)
+    key = registry.add("alice", "records", epsilon=50.0, delta=1e-5)
+    rag = tiny_rag(ledger, "records", score_range=ScoreRange(-1.0, 1.0), **INDIVIDUAL)
+    service = Service(ledger, registry, "records", [rag], config=ServiceConfig(mechanism="icl"))
+    with TestClient(create_app(service)) as client:
+        for _ in range(2 * record.answers_per_document):  # the best documents run out
+            assert client.post("/answer", headers=bearer(key), json={"question": "q"}).is_success
+        response = client.get("/budget", headers=bearer(key))
+        health = client.get("/health", headers=bearer(key)).json()
+    budget = response.json()
+    assert budget["accounting"] == "individual" and health["accounting"] == "individual"
+    assert tuple(budget["documents"]) == SUMMARY_KEYS
+    summary = DocumentFilters(ledger.store).summary("records")
+    assert budget["documents"] == pytest.approx(summary) and summary["exhausted"] >= 1
+    assert not any(f'"d{i}"' in response.text for i in range(N_RECORDS))  # no document id
+    assert budget["num_charges"] == len(ledger.charges("alice", "records"))
+    losses = DocumentFilters(ledger.store).losses("records", rag.doc_ids)
+    assert np.all(losses <= record.budget.rho_cap * (1 + 1e-12))
+
+
+def test_a_collection_mode_budget_says_so(registry):
+    key = registry.add("alice", "records", epsilon=1.0, delta=1e-5, collection_epsilon=4.0,
+                       collection_delta=1e-5)  # fmt: skip
+    service = Service(registry.ledger, registry, "records", [])
+    with TestClient(create_app(service)) as client:
+        budget = client.get("/budget", headers=bearer(key)).json()
+    assert budget["accounting"] == "collection" and "documents" not in budget
+
+
+def test_the_service_refuses_what_individual_accounting_cannot_serve(registry):
+    ledger = registry.ledger
+    _filters(ledger)
+    registry.add("alice", "records", epsilon=5.0, delta=1e-5)
+    rag = tiny_rag(ledger, "records", score_range=ScoreRange(-1.0, 1.0), **INDIVIDUAL)
+    with pytest.raises(ValueError, match="icl only"):
+        Service(ledger, registry, "records", [rag], config=ServiceConfig(mechanism="vote"))
+    ledger.ensure_scope(Scope(COLLECTION, "records", 10.0, 1e-5))  # a cap appears
+    with pytest.raises(ValueError, match="has a collection cap"):
+        Service(ledger, registry, "records", [rag], config=ServiceConfig(mechanism="icl"))
+
+
+def test_the_page_shows_the_document_summary(chromium, registry):
+    ledger = registry.ledger
+    record = _filters(ledger)
+    key = registry.add("alice", "records", epsilon=50.0, delta=1e-5)
+    rag = tiny_rag(ledger, "records", score_range=ScoreRange(-1.0, 1.0), **INDIVIDUAL)
+    service = Service(ledger, registry, "records", [rag], config=ServiceConfig(mechanism="icl"))
+    with serve_in_thread(service) as url:
+        page = chromium.new_page()
+        page.set_default_timeout(60_000)
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(url + "/")
+        page.fill("#key", key)
+        page.dispatch_event("#key", "change")
+        page.wait_for_function("!document.getElementById('documents').hidden")
+        assert "0 of 16 documents exhausted" in page.locator("#documents").inner_text()
+        for _ in range(2 * record.answers_per_document):
+            page.fill("#question", "q")
+            page.click("#ask")
+            page.wait_for_function("!document.body.dataset.busy")
+        shown = page.locator("#documents").inner_text()
+        summary = DocumentFilters(ledger.store).summary("records")
+        assert f"{summary['exhausted']} of 16 documents exhausted" in shown
+        assert summary["exhausted"] >= 1 and "quota" in shown
+        assert page.locator("#error").inner_text() == "" and not errors
+        page.close()
