@@ -77,7 +77,10 @@ def main() -> None:
         default=0.25,
         help="individual: each record's chance to take part in an answer (and pay)",
     )
-    parser.add_argument("--voters", type=int, default=16, help="icl's private prompts")
+    parser.add_argument(
+        "--voters", type=int, default=32, help="icl's private prompts (the DP-RAG evaluation's)"
+    )
+    parser.add_argument("--composition", default="bounded-range", help="pure | bounded-range")
     parser.add_argument("--k", type=int, default=32, help="collection: DP top-k's target")
     parser.add_argument("--min-score", type=float, default=0.2)
     parser.add_argument("--max-tokens", type=int, default=5)
@@ -115,7 +118,7 @@ def main() -> None:
             max_voters=args.voters,
             max_tokens=args.max_tokens,
             score_range=ScoreRange(args.min_score, 1.0),
-            composition="pure",
+            composition=args.composition,
             aggregation=AggregationConfig(),
             max_document_tokens=args.max_document_tokens,
             accounting=mode,

@@ -85,7 +85,7 @@ class RagConfig:
 
     @property
     def voters(self) -> int:
-        """Private prompts of every answer (public): `max_voters`, or k."""
+        """How many private prompts every answer holds, a public number: `max_voters` or k."""
         return self.max_voters or self.k
 
 
