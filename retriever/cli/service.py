@@ -83,6 +83,13 @@ def serve(
     document_epsilon: DocumentEpsilonOption = None,
     document_delta: DocumentDeltaOption = None,
     relevance_threshold: RelevanceThresholdOption = 0.5,
+    share_document_summary: Annotated[
+        bool,
+        typer.Option(
+            help="individual: show tenants the documents' summary on /budget (not DP: "
+            "exhaustion tells how many documents a question touched)"
+        ),
+    ] = False,
 ) -> None:
     """Serve DP answers over HTTP, charged to tenants' budgets (Ctrl-C stops).
 
@@ -134,6 +141,7 @@ def serve(
             queue_timeout=queue_timeout,
             max_question_tokens=max_question_tokens,
             answer_timeout=answer_timeout,
+            share_document_summary=share_document_summary,
         ),
         public_index=public_index,
         public_corpus=public_corpus,

@@ -133,6 +133,11 @@ class ServiceConfig:
       max_retrieve_k: most results of ``/retrieve``.
       charge_log_limit: most recent charges listed by ``/budget``.
       max_answers_shown: ``/budget``'s ``answers_left`` counts up to this many.
+      share_document_summary: individual accounting: ``/budget`` gives tenants the
+        collection's per-document summary (exhausted documents, the epsilons spent). Off by
+        default: the summary is not DP (how many documents a question exhausts tells how
+        many are relevant to it), so tenants get the public target only, and the operator
+        reads the summary with ``synthgen ledger documents``.
     """
 
     answer_epsilon: float = 1.0
@@ -147,6 +152,7 @@ class ServiceConfig:
     max_retrieve_k: int = 20
     charge_log_limit: int = 100
     max_answers_shown: int = 100
+    share_document_summary: bool = False
 
     def __post_init__(self) -> None:
         limits = (self.max_question_chars, self.max_question_tokens, self.max_retrieve_k)
@@ -333,12 +339,27 @@ class Service:
             limit=self.config.max_answers_shown,
         )
 
+    def _document_terms(self) -> dict[str, Any]:
+        """``/budget``'s ``documents``: the summary when the operator shares it, else the
+        public target only (``{"documents", "epsilon", "delta"}`` and ``shared: False``)."""
+        filters = DocumentFilters(self.ledger.store)
+        if self.config.share_document_summary:
+            return filters.summary(self.dataset)
+        record = filters.get(self.dataset)
+        return {
+            "documents": record.documents,
+            "epsilon": record.budget.epsilon,
+            "delta": record.budget.delta,
+            "shared": False,
+        }
+
     def budget(self, tenant: str) -> dict[str, Any]:
         """What ``/budget`` returns to `tenant` (its scope on the collection).
 
         In individual accounting the tenant's figures are its quota, and ``documents`` is
-        the collection's summary over its per-document filters (`DocumentFilters.summary`:
-        the keys of `SUMMARY_KEYS`).
+        the collection's public target or, when the operator shares it
+        (`ServiceConfig.share_document_summary`), its summary over the per-document filters
+        (`DocumentFilters.summary`: the keys of `SUMMARY_KEYS`).
 
         Raises:
           KeyError: the tenant has no scope on the collection.
@@ -347,8 +368,9 @@ class Service:
           The tenant's own spend and charge log are functions of its own requests and the
           public per-answer events. Per-document figures (which documents paid, which are
           exhausted, any one document's loss) depend on the private collection and are
-          never returned: only the summary's counts and aggregates over all documents,
-          which every tenant sees alike.
+          never returned. The summary's counts and aggregates depend on it too and are not
+          DP (a question that exhausts documents tells how many were relevant to it): they
+          are returned only when the operator opts in.
         """
         scope = self.ledger.get_scope(tenant, self.dataset)
         spend = self.ledger.spent(tenant, self.dataset)
@@ -363,7 +385,7 @@ class Service:
         accounting = accounting_of(self.ledger, self.dataset)
         documents = {}
         if accounting == "individual":
-            documents["documents"] = DocumentFilters(self.ledger.store).summary(self.dataset)
+            documents["documents"] = self._document_terms()
         return {
             "tenant": tenant,
             "dataset": self.dataset,

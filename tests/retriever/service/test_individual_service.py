@@ -25,6 +25,7 @@ SERVE = (
     "--accounting", "individual", "--mechanism", "icl", "--answer-epsilon", "1",
     "--max-tokens", "2", "--document-epsilon", DOCUMENT_EPSILON,
     "--document-delta", DOCUMENT_DELTA, "--relevance-threshold", "0.4",
+    "--share-document-summary",
 )  # fmt: skip
 QUOTAS = {"t0": 1000.0, "t1": 1000.0, "t2": 25.0}  # t2's quota binds before 200 answers
 QUESTIONS_EACH = 200

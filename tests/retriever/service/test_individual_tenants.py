@@ -72,7 +72,8 @@ def test_budget_states_the_summary_and_no_document(registry):
     record = _filters(ledger)
     key = registry.add("alice", "records", epsilon=50.0, delta=1e-5)
     rag = tiny_rag(ledger, "records", score_range=ScoreRange(-1.0, 1.0), **INDIVIDUAL)
-    service = Service(ledger, registry, "records", [rag], config=ServiceConfig(mechanism="icl"))
+    shared = ServiceConfig(mechanism="icl", share_document_summary=True)
+    service = Service(ledger, registry, "records", [rag], config=shared)
     with TestClient(create_app(service)) as client:
         for _ in range(2 * record.answers_per_document):  # the best documents run out
             assert client.post("/answer", headers=bearer(key), json={"question": "q"}).is_success
@@ -87,6 +88,25 @@ def test_budget_states_the_summary_and_no_document(registry):
     assert budget["num_charges"] == len(ledger.charges("alice", "records"))
     losses = DocumentFilters(ledger.store).losses("records", rag.doc_ids)
     assert np.all(losses <= record.budget.rho_cap * (1 + 1e-12))
+
+
+def test_by_default_tenants_see_the_public_target_only(registry):
+    ledger = registry.ledger
+    record = _filters(ledger)
+    key = registry.add("alice", "records", epsilon=50.0, delta=1e-5)
+    rag = tiny_rag(ledger, "records", score_range=ScoreRange(-1.0, 1.0), **INDIVIDUAL)
+    service = Service(ledger, registry, "records", [rag], config=ServiceConfig(mechanism="icl"))
+    with TestClient(create_app(service)) as client:
+        for _ in range(2 * record.answers_per_document):  # some documents are exhausted
+            assert client.post("/answer", headers=bearer(key), json={"question": "q"}).is_success
+        budget = client.get("/budget", headers=bearer(key)).json()
+    assert DocumentFilters(ledger.store).summary("records")["exhausted"] >= 1
+    assert budget["documents"] == {
+        "documents": N_RECORDS,
+        "epsilon": record.budget.epsilon,
+        "delta": record.budget.delta,
+        "shared": False,
+    }
 
 
 def test_a_collection_mode_budget_says_so(registry):
@@ -115,7 +135,8 @@ def test_the_page_shows_the_document_summary(chromium, registry):
     record = _filters(ledger)
     key = registry.add("alice", "records", epsilon=50.0, delta=1e-5)
     rag = tiny_rag(ledger, "records", score_range=ScoreRange(-1.0, 1.0), **INDIVIDUAL)
-    service = Service(ledger, registry, "records", [rag], config=ServiceConfig(mechanism="icl"))
+    shared = ServiceConfig(mechanism="icl", share_document_summary=True)
+    service = Service(ledger, registry, "records", [rag], config=shared)
     with serve_in_thread(service) as url:
         page = chromium.new_page()
         page.set_default_timeout(60_000)
