@@ -226,11 +226,18 @@ def best_selected(
             raise ValueError(f"eligible needs one entry per score: {eligible.shape=}")
         selected &= eligible
     keyed = np.where(selected, normalised, -np.inf)
+    # A total order, (score desc, position asc), so whether a document makes the rows
+    # depends on the documents ranked above it only: with ties (scores clipped at the
+    # range's ends, duplicate texts) a partition's arbitrary pick would let a document
+    # outside the rows decide which tied documents are in them.
     if keyed.size > rows:
-        candidates = np.argpartition(-keyed, rows - 1)[:rows]
+        kth = np.partition(-keyed, rows - 1)[rows - 1]  # minus the rows-th largest value
+        above = np.flatnonzero(-keyed < kth)
+        tied = np.flatnonzero(-keyed == kth)[: rows - above.size]
+        candidates = np.concatenate([above, tied])
     else:
         candidates = np.arange(keyed.size)
-    order = candidates[np.argsort(-keyed[candidates], kind="stable")]
+    order = candidates[np.lexsort((candidates, -keyed[candidates]))]
     weights = np.isfinite(keyed[order]).astype(np.float64)
     missing = rows - order.size  # a collection smaller than the rows: padding entries
     order = np.concatenate([order, np.zeros(missing, order.dtype)])

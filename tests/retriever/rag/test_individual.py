@@ -24,7 +24,8 @@ def _token_distribution(scores, logprobs, public, active, tau):
 
 
 def _world(rng, n):
-    scores = rng.uniform(0, 1, n)
+    # half the worlds have ties (scores clipped at the range's ends, duplicate texts)
+    scores = rng.uniform(0, 1, n) if rng.random() < 0.5 else rng.choice([0.0, 0.6, 1.0], n)
     logprobs = rng.normal(0, 2, (n, VOCAB))
     logprobs -= logsumexp(logprobs, axis=1, keepdims=True)
     public = rng.normal(0, 1, VOCAB)
@@ -37,7 +38,7 @@ def test_non_payers_change_nothing_and_payers_stay_within_the_token_mechanism():
     rng = np.random.default_rng(7)
     seen = {"below": 0, "exhausted": 0, "in_rows": 0, "past_cap": 0}
     worst = 0.0
-    for _ in range(400):
+    for _ in range(800):
         n = int(rng.integers(1, 8))
         scores, logprobs, public, active = _world(rng, n)
         tau = float(rng.choice([0.0, 0.3, 0.6]))
@@ -83,3 +84,23 @@ def test_exhausted_documents_are_in_no_row_even_at_tau_zero():
         individual_rows(scores, 0.5, 2, active[:3])
     with pytest.raises(ValueError, match="tau"):
         individual_rows(scores, 1.5, 2, active)
+
+
+def test_rows_follow_a_total_order_so_ties_never_let_an_outsider_choose():
+    from retriever.rag.retrieval import best_selected
+
+    rng = np.random.default_rng(11)
+    for _ in range(2000):
+        n, rows = int(rng.integers(1, 12)), int(rng.integers(1, 5))
+        scores = rng.choice([0.0, 0.3, 1.0], n)
+        order, weights, _ = best_selected(scores, 0.0, rows)
+        used = set(order[weights == 1].tolist())
+        for i in range(n):
+            keep = np.flatnonzero(np.arange(n) != i)
+            order_i, weights_i, _ = best_selected(scores[keep], 0.0, rows)
+            used_i = {int(keep[j]) for j in order_i[weights_i == 1]}
+            if i not in used:  # a document outside the rows changes nothing
+                assert used_i == used
+            else:  # one in them: its row goes, at most one other comes in
+                assert used_i <= used | set(keep.tolist()) and len(used_i - used) <= 1
+                assert used - used_i == {i}
