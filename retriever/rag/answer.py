@@ -79,10 +79,9 @@ from synthgen.privacy import (
     laplace_mechanism,
     secure_rng,
 )
-from synthgen.privacy.document_filters import DocumentBudgetError, DocumentFilters
+from synthgen.privacy.document_filters import DocumentFilters
 
 RELATION = "ADD_OR_REMOVE_ONE"
-_SELECTION_TRIES = 3  # re-selections when another process exhausts a payer meanwhile
 ABSTENTION_TEXT = "No answer: the private documents did not settle one at this privacy level."
 # The public filler of padding rows (repeated to `max_document_tokens` tokens).
 PADDING_TEXT = " ."
@@ -403,10 +402,9 @@ class DPRag:
     def _filters(self) -> DocumentFilters:
         return DocumentFilters(self.ledger.store)
 
-    def _active(self, charge_rho: float) -> np.ndarray:
-        """[N] whether each document's filter admits `charge_rho` (private)."""
+    def _active(self, exhausted: list[str]) -> np.ndarray:
+        """[N] whether each document is active (not in `exhausted`; private)."""
         active = np.ones(len(self.doc_ids), dtype=bool)
-        exhausted = self._filters().exhausted(self.dataset, charge_rho)
         if exhausted:
             position = self._position
             active[[position[d] for d in exhausted if d in position]] = False
@@ -428,9 +426,12 @@ class DPRag:
           (epsilon, delta)-DP interactions is (epsilon, delta)-DP (no amplification by
           the sampling is claimed). The tenant's scope composes
           the answer's (epsilon, delta) as a quota, not as the privacy statement, which is
-          per document over all tenants. Known channel: the charge transaction writes one
-          row per payer, so its duration grows with their number (about 0.1 ms each on
-          SQLite, below the decode's own variation but not hidden by the fixed shape).
+          per document over all tenants. Known channels, not hidden by the fixed shape:
+          the charge transaction reads the documents near their cap and writes two rows
+          per payer, so its duration grows with those counts (about 0.1 ms per payer on
+          SQLite); and a failure after the charge (charged, nothing released) is
+          observable, though the fixed shape and padding of faulty rows make a
+          data-dependent one unlikely.
         """
         rho = self._document_rho(plan)
         ref = secrets.token_hex(16)
@@ -448,28 +449,26 @@ class DPRag:
         scores = self._scores(question)
         # public coins, drawn for each document alone and independent of the data
         coins = rng.random(len(self.doc_ids)) < c.participation
-        for _ in range(_SELECTION_TRIES):
-            active = self._active(rho) & coins
-            selection = individual_rows(
-                scores, c.relevance_threshold, c.voters, active, c.score_range
+        chosen = []
+
+        def payers(conn) -> tuple[list[str], float]:
+            """Selected inside the charge's transaction: no other answer can exhaust a
+            payer between this read and the charge."""
+            active = self._active(self._filters().exhausted_in(conn, self.dataset, rho)) & coins
+            chosen.append(
+                individual_rows(scores, c.relevance_threshold, c.voters, active, c.score_range)
             )
-            payers = [self.doc_ids[i] for i in np.flatnonzero(selection[2])]
-            try:
-                charges = self._charge(
-                    tenant, plan.mechanism, stages, plan.delta, ref, documents=(payers, rho)
-                )
-                break
-            except DocumentBudgetError:  # another process exhausted a payer: select again
-                continue
-            except BudgetExceededError:  # a concurrent answer spent the quota
-                raise BudgetExceededError(
-                    f"the budget of {tenant} changed during the answer; nothing was released"
-                ) from None
-        else:
-            raise AnswerFailedError(
-                "the collection's per-document filters kept changing during the answer; "
-                "nothing was charged or released: ask again"
+            return [self.doc_ids[i] for i in np.flatnonzero(chosen[-1][2])], rho
+
+        try:
+            charges = self._charge(
+                tenant, plan.mechanism, stages, plan.delta, ref, documents=payers
             )
+        except BudgetExceededError:  # a concurrent answer spent the quota
+            raise BudgetExceededError(
+                f"the budget of {tenant} changed during the answer; nothing was released"
+            ) from None
+        selection = chosen[-1]
         failed = False
         try:
             released = self._decode(question, plan, scores, selection, rng, deadline)
@@ -691,6 +690,11 @@ def _check_individual(config: RagConfig, ledger: PrivacyLedger | None, dataset: 
     """Individual accounting needs a ledger whose collection is in individual mode and has
     no collection cap (a cap would compose every answer again and void the point)."""
     if not config.individual:
+        if ledger is not None and DocumentFilters(ledger.store).get(dataset) is not None:
+            raise ValueError(
+                f"collection {dataset!r} has per-document filters: answer it with "
+                "individual accounting (its documents must pay for every answer)"
+            )
         return
     if ledger is None:
         raise ValueError("individual accounting needs a ledger (the per-document filters)")

@@ -157,6 +157,10 @@ class DocumentFilters:
         with self._store.read() as conn:
             return self._record(conn, dataset)
 
+    def record_in(self, conn: Connection, dataset: str) -> DocumentFilter | None:
+        """`get` inside the caller's transaction."""
+        return self._record(conn, dataset)
+
     @staticmethod
     def _record(conn: Connection, dataset: str) -> DocumentFilter | None:
         row = conn.execute(
@@ -215,15 +219,20 @@ class DocumentFilters:
         Raises:
           KeyError: the collection is not in individual mode.
         """
-        record = self.get(dataset)
+        with self._store.read() as conn:
+            return self.exhausted_in(conn, dataset, charge_rho)
+
+    def exhausted_in(self, conn: Connection, dataset: str, charge_rho: float) -> list[str]:
+        """`exhausted` inside the caller's transaction (e.g. the one that then charges the
+        answer's payers, so no other answer can exhaust one in between)."""
+        record = self._record(conn, dataset)
         if record is None:
             raise KeyError(f"collection {dataset!r} has no per-document filters")
         floor = (record.budget.rho_cap - charge_rho) * (1 - 1e-9)  # fits() decides below
-        with self._store.read() as conn:
-            rows = conn.execute(
-                "SELECT doc_id, rho FROM document_losses WHERE dataset = ? AND rho > ?",
-                (dataset, floor),
-            ).fetchall()
+        rows = conn.execute(
+            "SELECT doc_id, rho FROM document_losses WHERE dataset = ? AND rho > ?",
+            (dataset, floor),
+        ).fetchall()
         return [str(d) for d, r in rows if not record.budget.fits(float(r), charge_rho)]
 
     def charge_in(
@@ -293,17 +302,20 @@ class DocumentFilters:
         return {str(d): float(r) for d, r in rows}
 
     def verify(self, dataset: str, rel_tol: float = 1e-9) -> int:
-        """How many documents' running losses differ from their charge rows (0: sound)."""
+        """How many documents' running losses differ from their charge rows or pass the
+        collection's cap (0: sound)."""
         recomputed = self.recompute(dataset)
         with self._store.read() as conn:
             rows = conn.execute(
                 "SELECT doc_id, rho FROM document_losses WHERE dataset = ?", (dataset,)
             ).fetchall()
         running = {str(d): float(r) for d, r in rows}
+        cap = self.get(dataset).budget.rho_cap
         return sum(
             1
             for d in set(running) | set(recomputed)
             if not math.isclose(running.get(d, 0.0), recomputed.get(d, 0.0), rel_tol=rel_tol)
+            or running.get(d, 0.0) > cap
         )
 
     def summary(self, dataset: str) -> dict[str, float | int]:

@@ -64,7 +64,7 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dp_accounting import dp_event
@@ -353,7 +353,9 @@ class PrivacyLedger(LedgerComposition):
         relation: events.NeighboringRelation | str,
         delta: float | None = None,
         ref: str | None = None,
-        documents: tuple[Sequence[str], float] | None = None,
+        documents: tuple[Sequence[str], float]
+        | Callable[[Connection], tuple[Sequence[str], float]]
+        | None = None,
         _single: bool = False,
     ) -> list[Charge]:
         """Records one release's charges, one row per stage, atomically: all or none.
@@ -368,7 +370,10 @@ class PrivacyLedger(LedgerComposition):
           documents: (document ids, rho) of a collection in individual accounting: each
             named document pays rho in the same transaction
             (`synthgen.privacy.document_filters`), so the scope's charge and the
-            documents' losses land together or not at all.
+            documents' losses land together or not at all. Or a callable that gets the
+            transaction's connection and returns them: the payers are then chosen from
+            the filters' state inside the lock (no other answer can exhaust one in
+            between). Required for a collection that has filters.
 
         Returns:
           The recorded charges (or the earlier ones with the same `ref`).
@@ -403,9 +408,15 @@ class PrivacyLedger(LedgerComposition):
             stage_events = [(stage, event) for stage, event, _ in items]
             checked = self._check_scopes(conn, tenant, dataset, stage_events, relation, delta)
             standalone = checked[0][2]
+            filters = DocumentFilters(self._store)
             if documents is not None:
-                doc_ids, rho = documents
-                DocumentFilters(self._store).charge_in(conn, dataset, doc_ids, rho, ref)
+                doc_ids, rho = documents(conn) if callable(documents) else documents
+                filters.charge_in(conn, dataset, doc_ids, rho, ref)
+            elif filters.record_in(conn, dataset) is not None:
+                raise ValueError(
+                    f"{dataset} has per-document filters: its charges must name the "
+                    "documents that pay (individual accounting)"
+                )
             recorded = []
             now = time.time()
             for (stage, _, description), (event_json, _), (own_eps, own_delta), row_ref in zip(

@@ -186,3 +186,20 @@ def test_filters_are_not_opened_over_earlier_collection_answers(tmp_path):
         open_document_filters(ledger, "records", documents=N, epsilon=4.0, delta=1e-6, plan=plan)
     assert DocumentFilters(ledger.store).get("records") is None
     open_document_filters(ledger, "fresh", documents=N, epsilon=4.0, delta=1e-6, plan=plan)
+
+
+def test_a_collection_with_filters_refuses_collection_answers_and_bare_charges(tmp_path):
+    from synthgen.privacy import accounting
+
+    rag, ledger, _, _, _ = _rag(tmp_path)
+    with pytest.raises(ValueError, match="individual accounting"):
+        rag.with_config(RagConfig(k=4, max_tokens=3))  # collection accounting
+    with pytest.raises(ValueError, match="must name the documents"):
+        ledger.charge(
+            "alice",
+            "records",
+            stage="rag-tokens",
+            event=accounting.pure_epsilon_event(1.0),
+            relation="ADD_OR_REMOVE_ONE",
+        )
+    assert ledger.charges("alice", "records") == []
