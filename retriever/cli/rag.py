@@ -306,7 +306,7 @@ def answer(
     if not individual:
         pin_answer_event(book, dataset, plan)
     result = rag.answer(question, tenant=tenant, epsilon=epsilon, mechanism=mechanism)
-    guarantee = summary = None
+    guarantee = None
     if individual:
         budget = filters.get(dataset).budget
         guarantee = {
@@ -314,12 +314,10 @@ def answer(
             "delta": budget.delta,
             "relevance_threshold": relevance_threshold,
         }
-        summary = filters.summary(dataset)  # aggregates only, never a document's figure
     if as_json:
         out = result.to_json()
         if individual:
             out.update(accounting="individual", document_guarantee=guarantee)
-            out["document_summary"] = summary
         print(json.dumps(out))
         return
     print(result.text)
@@ -336,9 +334,5 @@ def answer(
             f"delta={guarantee['delta']:g})-DP over all answers of all tenants; a record pays "
             f"only for the answers it takes part in (relevance >= {relevance_threshold:g})"
         )
-        print(
-            f"documents: {summary['documents']}, {summary['active']} active, "
-            f"{summary['exhausted']} exhausted; epsilon spent per document max "
-            f"{summary['max_epsilon']:.4g}, median {summary['median_epsilon']:.4g}, mean "
-            f"{summary['mean_epsilon']:.4g}"
-        )
+        # the filters' summary is not DP (exhaustion tells how many documents a question
+        # touched): the operator reads it with `synthgen ledger documents`, not the output

@@ -172,11 +172,11 @@ def answer_questions(ctx: StageContext) -> dict:
     }
     if cfg.individual:
         record = filters.get(RAG_DATASET)
-        documents = filters.summary(RAG_DATASET)  # aggregates only
+        # the filters' summary (exhausted records, epsilons spent) is not DP: it stays in
+        # the run's ledger for the operator (`synthgen ledger documents`), not in metrics
         ctx.log(
             "rag",
-            f"per record: target epsilon={record.budget.epsilon:g} delta={record.budget.delta:g}"
-            f"; {documents['exhausted']} of {documents['documents']} records exhausted",
+            f"per record: target epsilon={record.budget.epsilon:g} delta={record.budget.delta:g}",
         )
         del summary["collection_epsilon_spent"]  # no collection cap: the tenant's quota
         summary.update(
@@ -187,6 +187,5 @@ def answer_questions(ctx: StageContext) -> dict:
                 "relevance_threshold": cfg.relevance_threshold,
                 "answers_per_document": record.answers_per_document,
             },
-            document_summary=documents,
         )
     return summary

@@ -92,12 +92,13 @@ def _privacy(ledger_path: Path) -> list[dict]:
 
 
 def _document_filters(ledger_path: Path) -> list[dict]:
-    """The run ledger's collections in individual accounting: each record's target, the
-    answers charged to the collection (by every tenant) and the filters' summary.
+    """The run ledger's collections in individual accounting: each record's target and
+    the answers charged to the collection (by every tenant).
 
     Privacy:
-      Aggregates only (`DocumentFilters.summary`): which records are exhausted, and each
-      record's own figure, depend on the private data and stay in the ledger.
+      Public parameters and the number of answers only. The filters' summary (exhausted
+      records, epsilons spent) depends on the private data and is not DP, so it stays in
+      the ledger for the operator (`synthgen ledger documents`).
     """
     from synthgen.privacy.document_filters import DocumentFilters
     from synthgen.privacy.ledger import PrivacyLedger
@@ -123,7 +124,6 @@ def _document_filters(ledger_path: Path) -> list[dict]:
                 "delta": record.budget.delta,
                 "answers": len(answers),
                 "answers_per_document": record.answers_per_document,
-                "summary": filters.summary(dataset),
             }
         )
     ledger.close()
@@ -435,15 +435,14 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
 
 def _individual_statement(collection: dict) -> str:
     """The plain-words per-record statement of a collection in individual accounting."""
-    summary = collection["summary"]
     return (
         f"<li><b>{_e(collection['dataset'])}</b> ({_e(collection['privacy_unit'])}): "
         f"Each private record is (ε = {_num(collection['epsilon'])}, δ = "
         f"{_num(collection['delta'])})-DP over all {collection['answers']} answers, whichever "
-        "tenant asked; records pay only for answers they took part in. Of its "
-        f"{summary['documents']} records, {summary['exhausted']} are exhausted (they take part "
-        f"in no further answer); ε spent per record: max {_num(summary['max_epsilon'])}, "
-        f"median {_num(summary['median_epsilon'])}.</li>"
+        "tenant asked; records pay only for answers they took part in. How many records "
+        "are exhausted, and what they spent, is not DP: the operator reads it with "
+        f"<code>synthgen ledger documents --dataset {_e(collection['dataset'])}</code> on the "
+        "run's ledger.</li>"
     )
 
 
