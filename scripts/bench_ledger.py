@@ -12,9 +12,10 @@ event (`PrivacyLedger.verify`; identical events, so one self-composition).
 
 Individual accounting (issue 35): a collection of `--documents` (100,000) documents in
 individual mode, every document already charged once, then `--answers` (1,000) answers of 32
-random documents each; an answer's store work is timed end to end: which of its documents
-are active (`DocumentFilters.active`), then the charge of all 32 in one transaction under
-the collection's lock (`DocumentFilters.charge`). Line:
+random documents each; an answer's store work is timed end to end, as an answer does it:
+one transaction under the collection's lock that reads the exhausted documents
+(`DocumentFilters.exhausted_in`) and charges the payers (`DocumentFilters.charge_in`: the
+running loss and a charge row per document). Line:
 ``individual_charge_ms=<median per answer>`` (target <= 50 ms on SQLite).
 
 Last line: ``charge_ms_first=<mean of the first 50> charge_ms_last=<mean of the last 50>
@@ -45,7 +46,8 @@ DOCUMENT_BUDGET = DocumentBudget(epsilon=10.0, delta=1e-6)
 def individual_charge_ms(location, documents: int, answers: int, touched: int = 32) -> float:
     """Median milliseconds of one answer's per-document check and charge (see the module
     docstring), on a collection whose every document already has a loss row."""
-    filters = DocumentFilters(PrivacyLedger(location).store)
+    store = PrivacyLedger(location).store
+    filters = DocumentFilters(store)
     answer_rho = DOCUMENT_BUDGET.rho_cap / (2 * answers)  # no document runs out here
     filters.open(DocumentFilter("bench-records", DOCUMENT_BUDGET, answer_rho, documents))
     ids = [f"record-{i:06d}" for i in range(documents)]
@@ -56,8 +58,12 @@ def individual_charge_ms(location, documents: int, answers: int, touched: int = 
     for _ in range(answers):
         chosen = [ids[i] for i in rng.choice(documents, touched, replace=False)]
         start = time.perf_counter()
-        active = filters.active("bench-records", chosen, answer_rho)
-        filters.charge("bench-records", [d for d, a in zip(chosen, active) if a], answer_rho)
+        # as an answer does it: read the exhausted documents and charge the payers in one
+        # transaction under the collection's lock (PrivacyLedger.charge_all(documents=...))
+        with store.scope_lock("bench-records") as conn:
+            exhausted = set(filters.exhausted_in(conn, "bench-records", answer_rho))
+            payers = [d for d in chosen if d not in exhausted]
+            filters.charge_in(conn, "bench-records", payers, answer_rho)
         times.append(1000 * (time.perf_counter() - start))
     return statistics.median(times)
 
