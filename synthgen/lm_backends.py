@@ -182,8 +182,14 @@ class FlaxLM:
             logits, cache = llama.step(params, cache, tokens)
             return jax.nn.log_softmax(logits, axis=-1), cache
 
+        def extend(params, cache, ids, mask):
+            logits, cache = llama.extend(params, cache, ids, mask)
+            return jax.nn.log_softmax(logits, axis=-1), cache
+
         self._prefill = jax.jit(prefill)
         self._step = jax.jit(step, donate_argnums=1)
+        self._extend = jax.jit(extend, donate_argnums=1)
+        self._raw_extend = jax.jit(llama.extend, donate_argnums=1)
 
     @classmethod
     def load(cls, name_or_path: str = "smollm2-135m-instruct", dtype: str = "float32") -> FlaxLM:
@@ -264,6 +270,60 @@ class FlaxLM:
         )
         logprobs, self._cache = self._prefilled(prompts, self._max_new, length)
         self._rows, self._new_tokens = len(prompts), 0
+        return np.asarray(logprobs[: self._rows], np.float32)
+
+    def document_kv(
+        self,
+        head: Sequence[int],
+        documents: Sequence[Sequence[int]],
+        width: int,
+        *,
+        progress: bool = False,
+    ):
+        """Every document's keys and values after `head`, computed once
+        (`synthgen.models.document_kv`), for `start_documents`."""
+        from synthgen.models.document_kv import build_document_kv
+
+        return build_document_kv(
+            self.params,
+            self.config,
+            head,
+            documents,
+            width,
+            extend=self._raw_extend,
+            progress=progress,
+        )
+
+    def start_documents(
+        self, kv, rows: Sequence[int], suffix: Sequence[int], max_new_tokens: int
+    ) -> np.ndarray:
+        """A session whose row r is ``kv.head + document rows[r] + suffix``: the same
+        next-token log-probabilities [len(rows), V] as `start` on those prompts (up to
+        float rounding), with only the suffix run. `append` continues it."""
+        from synthgen.models.decoding import MIN_PROMPT_BUCKET
+        from synthgen.models.document_kv import session_cache
+
+        if not rows or not suffix:
+            raise ValueError("need at least one row and a non-empty suffix")
+        longest = len(kv.head) + kv.width + len(suffix)
+        if longest + max_new_tokens > self.config.max_seq_len:
+            raise ValueError(
+                f"prompt + new tokens exceed the context: {longest=} + {max_new_tokens=} > "
+                f"{self.config.max_seq_len=}"
+            )
+        t = _bucket(len(suffix), MIN_PROMPT_BUCKET)
+        self._max_new = max(
+            max_new_tokens, min(_bucket(max_new_tokens, 16), self.config.max_seq_len - longest)
+        )
+        batch = _bucket(len(rows))
+        cache = session_cache(
+            kv, self.config, list(rows), batch, len(kv.head) + kv.width + t + self._max_new
+        )
+        ids = np.full((batch, t), self.tokenizer.pad_id, np.int32)
+        mask = np.zeros((batch, t), np.int32)
+        ids[:, t - len(suffix) :], mask[:, t - len(suffix) :] = list(suffix), 1
+        logprobs, self._cache = self._extend(self.params, cache, ids, mask)
+        self._rows, self._new_tokens = len(rows), 0
         return np.asarray(logprobs[: self._rows], np.float32)
 
     def append(self, token: int) -> np.ndarray:

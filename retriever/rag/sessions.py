@@ -48,12 +48,23 @@ class PromptRows:
       weights: 1 for a document's row, 0 for a padding row (private: used in sums only).
       public: the public prompt (the question, no document).
       length: the public length every private prompt is padded to.
+      documents: with the collection's precomputed keys (`DPRag(document_cache=True)`):
+        (kv, the row's document in kv, the suffix after it); the LM then runs only the
+        suffix (`FlaxLM.start_documents`) and `prompts` are not run.
     """
 
     prompts: list[list[int]]
     weights: np.ndarray
     public: list[int]
     length: int
+    documents: tuple | None = None
+
+    def start(self, lm, max_tokens: int) -> np.ndarray:
+        """The private rows' next-token log-probabilities: a session of `lm` on them."""
+        if self.documents is not None:
+            kv, rows, suffix = self.documents
+            return lm.start_documents(kv, rows, suffix, max_tokens)
+        return lm.start(self.prompts, max_tokens, length=self.length)
 
 
 class Deadline:
@@ -74,7 +85,7 @@ class Sessions:
 
     def __init__(self, lm, public_lm, rows: PromptRows, max_tokens: int) -> None:
         self.lm, self.public_lm = lm, public_lm
-        self.private = lm.start(rows.prompts, max_tokens, length=rows.length)
+        self.private = rows.start(lm, max_tokens)
         self.public = public_lm.start([rows.public], max_tokens)
 
     def append(self, token: int, *, last: bool) -> None:

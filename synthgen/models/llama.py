@@ -23,7 +23,8 @@ Two ways to run it:
   logits [B, T, V] for every position (causal, padding keys masked). It has no batch
   statistics, so it runs under ``jax.vmap`` over a per-example axis with B = 1.
 * Incremental decoding: `init_cache`, then `prefill` once with the (padded) prompts, then
-  `step` one token per row at a time. The cache has static shapes and carries the config as
+  `step` one token per row at a time; `extend` feeds a block of tokens after a cached
+  prefix (a chunked prefill: a document's keys computed once, a question after it). The cache has static shapes and carries the config as
   static pytree metadata, so ``jax.jit(step, donate_argnums=1)`` works as is.
 
 Cache layout: ``k``/``v`` [L, B, S, K, D] are slot buffers shared by the batch. `prefill`
@@ -455,6 +456,43 @@ class Llama(nn.Module):
         )
         return logits, cache
 
+    def extend(
+        self, cache: KVCache, input_ids: jax.Array, attention_mask: jax.Array
+    ) -> tuple[jax.Array, KVCache]:
+        """Feeds a block of T tokens per row after what the cache holds (a chunked prefill).
+
+        The block goes into slots ``cache.index`` .. ``cache.index + T - 1``; each row's real
+        tokens (``attention_mask``) continue that row's RoPE positions and see the row's
+        cached slots and its earlier real tokens of the block, so a prompt fed as a prefix
+        (`prefill`, or slots filled by the caller) and then extended decodes as it would
+        from one `prefill` of the whole prompt. Slots of masked tokens are never attended.
+
+        Args:
+          cache: a cache with at least ``index + T`` slots.
+          input_ids: int [B, T], padded on either side.
+          attention_mask: [B, T], 1 for real tokens; every row needs at least one.
+
+        Returns:
+          Logits [B, V] (float32) after each row's last real token of the block, and the cache.
+        """
+        b, t = input_ids.shape
+        mask = attention_mask.astype(bool)
+        positions = cache.positions[:, None] + jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1
+        self_mask = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]
+        h, (k, v) = self._blocks(input_ids, positions, self_mask, cache)
+        last = t - 1 - jnp.argmax(mask[:, ::-1], axis=1)
+        logits = self._logits(h[jnp.arange(b), last])
+        zero, idx = jnp.zeros((), jnp.int32), cache.index
+        start = (zero, zero, idx, zero, zero)
+        cache = cache.replace(
+            k=jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), start),
+            v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), start),
+            mask=jax.lax.dynamic_update_slice(cache.mask, mask, (zero, idx)),
+            positions=cache.positions + jnp.sum(mask, axis=1, dtype=jnp.int32),
+            index=idx + t,
+        )
+        return logits, cache
+
     def step(self, cache: KVCache, token_ids: jax.Array) -> tuple[jax.Array, KVCache]:
         """Feeds one token per row and returns the next-token logits [B, V] and the cache.
 
@@ -485,6 +523,15 @@ def prefill(
     """`Llama.prefill` of the model described by ``cache.config`` with `params`."""
     return Llama(cache.config).apply(
         {"params": params}, cache, input_ids, attention_mask, method=Llama.prefill
+    )
+
+
+def extend(
+    params: PyTree, cache: KVCache, input_ids: jax.Array, attention_mask: jax.Array
+) -> tuple[jax.Array, KVCache]:
+    """`Llama.extend` of the model described by ``cache.config`` with `params`."""
+    return Llama(cache.config).apply(
+        {"params": params}, cache, input_ids, attention_mask, method=Llama.extend
     )
 
 

@@ -42,3 +42,25 @@ def test_per_row_append_matches_one_session_per_row(make):
             np.testing.assert_allclose(got[row], want[0], rtol=1e-4, atol=1e-4)
     # and different tokens do give different rows (the check is not vacuous)
     assert not np.allclose(together[-1][0], together[-1][1], atol=1e-3)
+
+
+def test_start_documents_matches_start_on_the_whole_prompts():
+    """A session from the documents' precomputed keys (head + document, the suffix run
+    after them) gives the same log-probabilities as `start` on the whole prompts, before
+    and after appended tokens; rows may repeat a document and documents are cut to W."""
+    lm = _tiny_flax()
+    head, suffix, width = [3, 4, 5], [20, 21, 22, 23, 24], 6
+    documents = [[30, 31], [32, 33, 34, 35, 36, 37, 38, 39], [40], [41, 42, 43]]
+    kv = lm.document_kv(head, documents, width)
+    assert kv.documents == 4 and kv.width == width and kv.lengths.tolist() == [2, 6, 1, 3]
+    rows = [1, 3, 0, 1, 2]
+    prompts = [head + documents[r][:width] + suffix for r in rows]
+    reference = lm.fork()
+    expected = [reference.start(prompts, 3)] + [reference.append(t) for t in (7, 8)]
+    got = [lm.start_documents(kv, rows, suffix, 3)] + [lm.append(t) for t in (7, 8)]
+    for g, e in zip(got, expected, strict=True):
+        assert g.shape == e.shape == (len(rows), lm.vocab_size)
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
+    assert not np.allclose(got[0][0], got[0][1], atol=1e-3)  # documents matter
+    with pytest.raises(ValueError, match="exceed the context"):
+        lm.start_documents(kv, rows, suffix * 1000, 3)

@@ -121,6 +121,33 @@ def test_cached_prefill_and_steps_match_full_forward(hf_model, side):
     assert cache.positions.tolist() == [n + steps - 1 for n in lengths]
 
 
+def test_extend_after_a_cached_prefix_matches_full_forward(hf_model):
+    """prefill(prefix) -> extend(ragged documents, right-padded: holes in the cache) ->
+    extend(question, left-padded) -> step equals one forward pass of the whole row."""
+    config, params, _ = hf_model
+    rng = np.random.default_rng(2)
+    prefix = rng.integers(3, config.vocab_size, size=4).tolist()
+    docs, doc_ids, doc_mask = _prompts_batch([2, 6, 1], 6, "right", config.vocab_size, seed=3)
+    tails, tail_ids, tail_mask = _prompts_batch([3, 1, 5], 5, "left", config.vocab_size, seed=4)
+    nxt = rng.integers(3, config.vocab_size, size=3)
+    cache = llama.init_cache(config, 3, 4 + 6 + 5 + 1)
+    ones = np.ones((3, 4), np.int32)
+    _, cache = jax.jit(llama.prefill)(params, cache, np.array([prefix] * 3), ones)
+    extend = jax.jit(llama.extend)
+    _, cache = extend(params, cache, doc_ids, doc_mask)
+    after_tail, cache = extend(params, cache, tail_ids, tail_mask)
+    after_step, cache = jax.jit(llama.step)(params, cache, nxt)
+    for r in range(3):
+        row = prefix + docs[r] + tails[r] + [int(nxt[r])]
+        full = _forward(config, params, np.array([row]))[0]
+        np.testing.assert_allclose(after_tail[r], full[-2], atol=ATOL, rtol=0)
+        np.testing.assert_allclose(after_step[r], full[-1], atol=ATOL, rtol=0)
+    assert cache.positions.tolist() == [
+        len(prefix) + len(d) + len(t) + 1 for d, t in zip(docs, tails, strict=True)
+    ]
+    assert int(cache.index) == 4 + 6 + 5 + 1
+
+
 def test_prefill_checks_cache_size(hf_model):
     config, params, _ = hf_model
     cache = llama.init_cache(config, 1, 4)

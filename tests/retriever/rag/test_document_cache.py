@@ -1,0 +1,96 @@
+"""`DPRag(document_cache=True)`: the documents' keys and values computed once give the
+same answers as running every whole prompt, for every mechanism, at the same public shape."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from retriever.rag import DPRag, PromptFormat, RagConfig
+from synthgen.lm_backends import FlaxLM, TinyLM
+from synthgen.models.llama import Llama, LlamaConfig
+
+N = 12
+MECHANISMS = ["icl", "vote", "sparse-vote", "answer-vote"]
+
+
+class ByteTokenizer:  # ids 3.. are bytes
+    vocab_size, eos_id, pad_id, bos_id, add_bos = 260, 1, 0, 2, True
+
+    def encode(self, text):
+        return [3 + b for b in text.encode()]
+
+    def decode(self, ids):
+        return bytes(i - 3 for i in ids if i >= 3).decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def lm():
+    config = dataclasses.replace(LlamaConfig.tiny(), vocab_size=260, max_seq_len=512)
+    params = Llama(config).init(jax.random.key(0), np.zeros((1, 4), np.int32))["params"]
+    return FlaxLM(config, params, ByteTokenizer())
+
+
+def _rag(lm, config, **kwargs):
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(N, 8)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    texts = [f"rec {i}: {'fever ' * (i % 4)}rash" for i in range(N)]
+    return DPRag(
+        [f"d{i}" for i in range(N)],
+        texts,
+        emb,
+        lambda qs: emb[:1],
+        lm,
+        config=config,
+        prompt=PromptFormat(chat=False),
+        rng=np.random.default_rng(7),
+        **kwargs,
+    )
+
+
+CONFIG = RagConfig(k=4, max_voters=6, max_tokens=3, max_document_tokens=16)
+
+
+def test_cached_rows_give_the_whole_prompts_log_probabilities(lm):
+    cached = _rag(lm, CONFIG, document_cache=True)
+    indices, weights = np.array([3, 0, 7, 11, 5, 2]), np.array([1, 1, 1, 0, 1, 0.0])
+    rows = cached._rows("which disease?", indices, weights)
+    assert rows.documents is not None
+    uncached = dataclasses.replace(rows, documents=None)
+    got, want = rows.start(lm, 3), uncached.start(lm.fork(), 3)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert not np.allclose(got[0], got[1], atol=1e-4)  # the documents matter
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_cached_answers_equal_uncached_answers(lm, mechanism):
+    cached, plain = _rag(lm, CONFIG, document_cache=True), _rag(lm, CONFIG)
+    texts = []
+    for question in ("which disease?", "what does rec 3 have"):
+        a = cached.answer(question, tenant="t", mechanism=mechanism, epsilon=50.0)
+        b = plain.answer(question, tenant="t", mechanism=mechanism, epsilon=50.0)
+        assert (a.text, a.abstained, a.paid_tokens) == (b.text, b.abstained, b.paid_tokens)
+        texts.append(a.text)
+    assert any(texts), "every answer empty: the comparison would be vacuous"
+
+
+def test_another_width_runs_the_whole_prompts_and_an_lm_without_keys_is_refused(lm):
+    cached = _rag(lm, CONFIG, document_cache=True)
+    wider = cached.with_config(dataclasses.replace(CONFIG, max_document_tokens=20))
+    rows = wider._rows("q", np.arange(6), np.ones(6))
+    assert rows.documents is None
+    assert cached._rows("q", np.arange(6), np.ones(6)).documents is not None
+    with pytest.raises(ValueError, match="document_kv"):
+        _rag(TinyLM(), CONFIG, document_cache=True)
+
+
+def test_keys_are_shared_between_rags_of_one_collection_and_checked(lm):
+    first = _rag(lm, CONFIG, document_cache=True)
+    second = _rag(lm, CONFIG, document_cache=first.document_kv)
+    assert second.document_kv is first.document_kv
+    narrower = dataclasses.replace(CONFIG, max_document_tokens=8)
+    with pytest.raises(ValueError, match="keys of other documents"):
+        _rag(lm, narrower, document_cache=first.document_kv)
+    assert _rag(lm, CONFIG).document_kv is None
