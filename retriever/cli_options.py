@@ -84,3 +84,54 @@ RelevanceThresholdOption = Annotated[
         callback=probability,
     ),
 ]
+
+
+def check_accounting_mode(accounting: str) -> None:
+    """A usage error (exit 2) for an unknown --accounting."""
+    import click
+
+    from retriever.rag.config import ACCOUNTING_MODES
+
+    if accounting not in ACCOUNTING_MODES:
+        raise click.UsageError(
+            f"--accounting must be one of {', '.join(ACCOUNTING_MODES)}, got {accounting!r}"
+        )
+
+
+def check_accounting(
+    accounting: str,
+    mechanism: str,
+    document_epsilon: float | None,
+    document_delta: float | None,
+    collection_epsilon: float | None = None,
+    collection_delta: float | None = None,
+) -> tuple[float, float] | None:
+    """The per-document target (epsilon, delta) in individual accounting, None in
+    collection accounting, or a usage error (exit 2) for options that do not go with the
+    mode, from public options only, before anything is read or loaded."""
+    import click
+
+    check_accounting_mode(accounting)
+    if accounting == "collection":
+        if document_epsilon is not None or document_delta is not None:
+            raise click.UsageError(
+                "--document-epsilon and --document-delta go with --accounting individual"
+            )
+        return None
+    if mechanism != "icl":
+        raise click.UsageError(
+            f"--accounting individual answers with icl only, got --mechanism {mechanism}: "
+            "vote, sparse-vote and answer-vote tokens have no zCDP curve for a "
+            "per-document filter"
+        )
+    if document_epsilon is None or document_delta is None:
+        raise click.UsageError(
+            "--accounting individual needs --document-epsilon and --document-delta (each "
+            "document's target over all answers of all tenants)"
+        )
+    if collection_epsilon is not None or collection_delta is not None:
+        raise click.UsageError(
+            "--accounting individual takes no collection cap (per-document filters replace "
+            "it): drop --collection-epsilon / --collection-delta"
+        )
+    return document_epsilon, document_delta

@@ -20,6 +20,7 @@ from retriever.cli_options import (
     MinScoreOption,
     PrivateCorpusOption,
     RelevanceThresholdOption,
+    check_accounting,
 )
 from synthgen.command_line import LedgerOption, positive, probability
 
@@ -76,50 +77,6 @@ def privacy_rag(
             f"token_epsilon={plan['token_epsilon']:.6g} epsilon={plan['epsilon']:.6g} "
             f"delta={plan['delta']:g} tokens={plan['tokens']} mechanism={mechanism} {line}"
         )
-
-
-def _check_accounting(
-    accounting: str,
-    mechanism: str,
-    document_epsilon: float | None,
-    document_delta: float | None,
-    collection_epsilon: float | None,
-    collection_delta: float | None,
-) -> bool:
-    """Whether the answer is in individual accounting; usage errors (exit 2) for options
-    that do not go with the mode, from public options only (nothing is read or loaded)."""
-    import click
-
-    from retriever.rag.config import ACCOUNTING_MODES
-
-    if accounting not in ACCOUNTING_MODES:
-        raise typer.BadParameter(
-            f"must be one of {', '.join(ACCOUNTING_MODES)}, got {accounting!r}",
-            param_hint="--accounting",
-        )
-    documents = document_epsilon is not None or document_delta is not None
-    if accounting == "collection":
-        if documents:
-            raise click.UsageError(
-                "--document-epsilon and --document-delta go with --accounting individual"
-            )
-        return False
-    if mechanism != "icl":
-        raise click.UsageError(
-            f"--accounting individual answers with icl only, got --mechanism {mechanism}: "
-            "vote mechanisms have no per-document zCDP charge"
-        )
-    if document_epsilon is None or document_delta is None:
-        raise click.UsageError(
-            "--accounting individual needs --document-epsilon and --document-delta (each "
-            "document's target over all answers of all tenants)"
-        )
-    if collection_epsilon is not None or collection_delta is not None:
-        raise click.UsageError(
-            "--accounting individual takes no collection cap (per-document filters replace "
-            "it): drop --collection-epsilon / --collection-delta"
-        )
-    return True
 
 
 def _load_lm(lm: str):
@@ -207,10 +164,17 @@ def answer(
     from retriever.rag.defaults import resolve
 
     mechanism, k = resolve(mechanism, k, epsilon)
-    individual = _check_accounting(
-        accounting, mechanism, document_epsilon, document_delta, collection_epsilon,
-        collection_delta,
-    )  # fmt: skip
+    individual = (
+        check_accounting(
+            accounting,
+            mechanism,
+            document_epsilon,
+            document_delta,
+            collection_epsilon,
+            collection_delta,
+        )  # fmt: skip
+        is not None
+    )
     if (collection_epsilon is None) != (collection_delta is None):
         raise ValueError("pass both --collection-epsilon and --collection-delta, or neither")
 

@@ -31,10 +31,10 @@ from retriever.cli_options import (
     RelevanceThresholdOption,
     ReplicasOption,
     ServedLmOption,
+    check_accounting,
+    check_accounting_mode,
 )
 from synthgen.command_line import positive, probability
-
-ACCOUNTING = ("collection", "individual")
 
 tenant_app = typer.Typer(help="Tenants of the DP-RAG service.", no_args_is_help=True)
 
@@ -151,42 +151,6 @@ def serve(
     serve(service, host=host, port=port)
 
 
-def check_accounting(
-    accounting: str,
-    mechanism: str,
-    document_epsilon: float | None,
-    document_delta: float | None,
-) -> tuple[float, float] | None:
-    """The per-document target of `serve`'s accounting mode, or a usage error (exit 2)
-    before anything loads: an unknown mode, a mechanism other than icl or a missing target
-    in individual accounting, a target in collection accounting."""
-    if accounting not in ACCOUNTING:
-        raise typer.BadParameter(
-            f"must be one of {', '.join(ACCOUNTING)}, got {accounting!r}",
-            param_hint="'--accounting'",
-        )
-    given = document_epsilon is not None or document_delta is not None
-    if accounting == "collection":
-        if given:
-            raise typer.BadParameter(
-                "applies to --accounting individual only",
-                param_hint="'--document-epsilon' / '--document-delta'",
-            )
-        return None
-    if mechanism != "icl":
-        raise typer.BadParameter(
-            f"individual accounting answers with icl only, got {mechanism}: vote, "
-            "sparse-vote and answer-vote tokens have no zCDP curve for a per-document filter",
-            param_hint="'--mechanism'",
-        )
-    if document_epsilon is None or document_delta is None:
-        raise typer.BadParameter(
-            "individual accounting needs each document's target: pass both",
-            param_hint="'--document-epsilon' / '--document-delta'",
-        )
-    return document_epsilon, document_delta
-
-
 @tenant_app.command("add")
 def tenant_add(
     name: Annotated[str, typer.Argument(help="tenant name")],
@@ -218,11 +182,7 @@ def tenant_add(
     from retriever.service.tenants import TenantRegistry
     from synthgen.privacy.ledger_store import removed_if_refused
 
-    if accounting not in ACCOUNTING:
-        raise typer.BadParameter(
-            f"must be one of {', '.join(ACCOUNTING)}, got {accounting!r}",
-            param_hint="'--accounting'",
-        )
+    check_accounting_mode(accounting)
     with removed_if_refused(ledger):
         key = TenantRegistry.open(ledger).add(
             name,

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from importlib.metadata import version
 
+import pytest
 from typer.testing import CliRunner
 
 from retriever.cli import app
@@ -87,3 +88,30 @@ def test_cli_modules_import_no_other_command_lines_helpers():
                     names = [node.module or ""]
                 bad = [n for n in names if n == other or n.startswith(other + ".")]
                 assert not bad, f"{path.relative_to(root)} imports {bad}"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("collection", "icl", 2.0, None), "go with --accounting individual"),
+        (("individual", "vote", 2.0, 1e-6), "icl only, got --mechanism vote"),
+        (("individual", "icl", None, 1e-6), "needs --document-epsilon and --document-delta"),
+        (("individual", "icl", 2.0, 1e-6, 10.0, 1e-5), "takes no collection cap"),
+        (("both", "icl", None, None), "must be one of collection, individual"),
+    ],
+)
+def test_check_accounting_refuses_options_that_do_not_go_with_the_mode(args, message):
+    """serve, answer and tenant add share one check (retriever.cli_options)."""
+    import click
+
+    from retriever.cli_options import check_accounting
+
+    with pytest.raises(click.UsageError, match=message):
+        check_accounting(*args)
+
+
+def test_check_accounting_returns_the_per_document_target():
+    from retriever.cli_options import check_accounting
+
+    assert check_accounting("collection", "vote", None, None, 10.0, 1e-5) is None
+    assert check_accounting("individual", "icl", 2.0, 1e-6) == (2.0, 1e-6)
