@@ -91,7 +91,7 @@ def main() -> None:
         dest="document_cache",
         action="store_false",
         help="run every whole prompt (default: the records' keys are computed once, "
-        "DPRag(document_cache=True), about 3x faster answers)",
+        "DPRag(document_cache=True): the prefill runs the question only)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

@@ -303,8 +303,10 @@ class FlaxLM:
         from synthgen.models.decoding import MIN_PROMPT_BUCKET
         from synthgen.models.document_kv import session_cache
 
-        if not rows or not suffix:
+        if not len(rows) or not len(suffix):
             raise ValueError("need at least one row and a non-empty suffix")
+        if kv.params is not self.params:
+            raise ValueError("these keys were computed with other model parameters")
         longest = len(kv.head) + kv.width + len(suffix)
         if longest + max_new_tokens > self.config.max_seq_len:
             raise ValueError(

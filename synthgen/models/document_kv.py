@@ -16,13 +16,20 @@ fixed number of rows of width W, so its work and memory do not depend on which d
 it reads (Privacy rule 9); a cache filled on first use would time which documents were
 read before.
 
+Not hidden: the host gathers each real row's block of memory while padding rows share the
+filler's, so on a host that swaps, or through CPU caches, reading fewer or rarely read
+documents can be marginally faster or slower; keep the keys resident (enough memory, no
+swap). The uncached path reads only token ids.
+
 Memory: ``2 x L x N x W x K x D`` floats (SmolLM2-135M, W = 64: about 3 MB per document in
-float32), held on the host.
+float32), held on the host; each answer also assembles its batch's cache (about 200 MB for
+32 rows) and copies it to the device.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,23 +37,31 @@ import numpy as np
 from synthgen.models import llama
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class DocumentKV:
     """A head's and every document's keys and values (host arrays, config dtype).
+
+    Privacy: derived from the private documents: kept in memory only, never saved, logged
+    or shipped (no field is in its repr).
 
     Attributes:
       head: the head's token ids (H).
       head_k: the head's rotated keys [L, H, K, D]; head_v its values.
       k: every document's rotated keys after the head [L, N, W, K, D]; v their values.
       lengths: int [N], each document's number of tokens (<= W).
+      digest: sha256 of the head, W and every document's (cut) token ids: which documents
+        these are, to check a cache handed to another user of the same collection.
+      params: the model parameters the keys were computed with (a reference, not a copy).
     """
 
-    head: tuple[int, ...]
-    head_k: np.ndarray
-    head_v: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    lengths: np.ndarray
+    head: tuple[int, ...] = dataclasses.field(repr=False)
+    head_k: np.ndarray = dataclasses.field(repr=False)
+    head_v: np.ndarray = dataclasses.field(repr=False)
+    k: np.ndarray = dataclasses.field(repr=False)
+    v: np.ndarray = dataclasses.field(repr=False)
+    lengths: np.ndarray = dataclasses.field(repr=False)
+    digest: str = dataclasses.field(repr=False)
+    params: object = dataclasses.field(repr=False)
 
     @property
     def width(self) -> int:
@@ -113,7 +128,26 @@ def build_document_kv(
         rows = len(chunk)
         k[:, start : start + rows] = np.asarray(filled.k[:, :rows, h:])
         v[:, start : start + rows] = np.asarray(filled.v[:, :rows, h:])
-    return DocumentKV(tuple(int(t) for t in head), head_k, head_v, k, v, lengths)
+    return DocumentKV(
+        tuple(int(t) for t in head),
+        head_k,
+        head_v,
+        k,
+        v,
+        lengths,
+        documents_digest(head, documents, width),
+        params,
+    )
+
+
+def documents_digest(head: Sequence[int], documents: Sequence[Sequence[int]], width: int) -> str:
+    """sha256 over the head, the width and every document's first `width` token ids."""
+    h = hashlib.sha256(f"W={width};head=".encode())
+    h.update(np.asarray(head, np.int64).tobytes())
+    for doc in documents:
+        ids = np.asarray(list(doc)[:width], np.int64)
+        h.update(len(ids).to_bytes(4, "little") + ids.tobytes())
+    return h.hexdigest()
 
 
 def _headed_cache(config, head_k, head_v, rows: int, slots: int) -> llama.KVCache:
@@ -147,6 +181,8 @@ def session_cache(
     import jax.numpy as jnp
 
     h, w = len(kv.head), kv.width
+    if not len(rows) or min(rows) < 0 or max(rows) >= kv.documents:
+        raise ValueError(f"rows must name documents 0..{kv.documents - 1}")
     if slots < h + w + 1:
         raise ValueError(f"need more than H + W = {h + w} slots, got {slots}")
     index = np.zeros(batch, np.int64)

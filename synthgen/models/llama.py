@@ -24,8 +24,9 @@ Two ways to run it:
   statistics, so it runs under ``jax.vmap`` over a per-example axis with B = 1.
 * Incremental decoding: `init_cache`, then `prefill` once with the (padded) prompts, then
   `step` one token per row at a time; `extend` feeds a block of tokens after a cached
-  prefix (a chunked prefill: a document's keys computed once, a question after it). The cache has static shapes and carries the config as
-  static pytree metadata, so ``jax.jit(step, donate_argnums=1)`` works as is.
+  prefix (a chunked prefill: a document's keys computed once, a question after it). The
+  cache has static shapes and carries the config as static pytree metadata, so
+  ``jax.jit(step, donate_argnums=1)`` works as is.
 
 Cache layout: ``k``/``v`` [L, B, S, K, D] are slot buffers shared by the batch. `prefill`
 writes the T prompt tokens into slots 0..T-1 and records which slots hold real tokens
@@ -468,14 +469,19 @@ class Llama(nn.Module):
         from one `prefill` of the whole prompt. Slots of masked tokens are never attended.
 
         Args:
-          cache: a cache with at least ``index + T`` slots.
+          cache: a cache with at least ``index + T`` slots: ``index`` is traced, so only
+            ``T <= S`` is checked here; past the last slot the write would be clamped
+            onto earlier slots.
           input_ids: int [B, T], padded on either side.
-          attention_mask: [B, T], 1 for real tokens; every row needs at least one.
+          attention_mask: [B, T], 1 for real tokens; a row needs at least one real token
+            here or one cached slot (otherwise its logits are meaningless).
 
         Returns:
           Logits [B, V] (float32) after each row's last real token of the block, and the cache.
         """
         b, t = input_ids.shape
+        if t > cache.max_len:
+            raise ValueError(f"block longer than the cache: {t=} > {cache.max_len=}")
         mask = attention_mask.astype(bool)
         positions = cache.positions[:, None] + jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1
         self_mask = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]

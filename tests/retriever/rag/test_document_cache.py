@@ -32,11 +32,13 @@ def lm():
     return FlaxLM(config, params, ByteTokenizer())
 
 
-def _rag(lm, config, **kwargs):
+TEXTS = [f"rec {i}: {'fever ' * (i % 4)}rash" for i in range(N)]
+
+
+def _rag(lm, config, texts=TEXTS, **kwargs):
     rng = np.random.default_rng(0)
     emb = rng.normal(size=(N, 8)).astype(np.float32)
     emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-    texts = [f"rec {i}: {'fever ' * (i % 4)}rash" for i in range(N)]
     return DPRag(
         [f"d{i}" for i in range(N)],
         texts,
@@ -64,13 +66,42 @@ def test_cached_rows_give_the_whole_prompts_log_probabilities(lm):
     assert not np.allclose(got[0], got[1], atol=1e-4)  # the documents matter
 
 
+class Recorder:
+    """Records what the private rows' session returns (start or start_documents, then
+    every append) on one LM handle."""
+
+    def __init__(self, lm, monkeypatch):
+        self.calls, self.steps = [], []
+        for name in ("start", "start_documents", "append"):
+            monkeypatch.setattr(lm, name, self._wrap(name, getattr(lm, name)))
+
+    def _wrap(self, name, method):
+        def recorded(*args, **kwargs):
+            out = method(*args, **kwargs)
+            self.calls.append(name)
+            self.steps.append(np.array(out))
+            return out
+
+        return recorded
+
+
 @pytest.mark.parametrize("mechanism", MECHANISMS)
-def test_cached_answers_equal_uncached_answers(lm, mechanism):
-    cached, plain = _rag(lm, CONFIG, document_cache=True), _rag(lm, CONFIG)
+def test_cached_answers_equal_uncached_answers_step_by_step(lm, mechanism, monkeypatch):
+    """The cached path is taken, and every private log-probability it produces equals the
+    whole prompts' (so the released text is equal too); documents moved them."""
+    cached = _rag(lm, CONFIG, document_cache=True)
+    plain = _rag(lm.fork(), CONFIG)  # the same weights, a handle of its own to record
     texts = []
     for question in ("which disease?", "what does rec 3 have"):
+        got, want = Recorder(cached.lm, monkeypatch), Recorder(plain.lm, monkeypatch)
         a = cached.answer(question, tenant="t", mechanism=mechanism, epsilon=50.0)
         b = plain.answer(question, tenant="t", mechanism=mechanism, epsilon=50.0)
+        assert got.calls[0] == "start_documents" and want.calls[0] == "start"
+        assert len(got.steps) == len(want.steps)
+        for g, w in zip(got.steps, want.steps, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+        first = got.steps[0]
+        assert not np.allclose(first[0], first[1], atol=1e-4)  # rows differ: documents
         assert (a.text, a.abstained, a.paid_tokens) == (b.text, b.abstained, b.paid_tokens)
         texts.append(a.text)
     assert any(texts), "every answer empty: the comparison would be vacuous"
@@ -93,4 +124,9 @@ def test_keys_are_shared_between_rags_of_one_collection_and_checked(lm):
     narrower = dataclasses.replace(CONFIG, max_document_tokens=8)
     with pytest.raises(ValueError, match="keys of other documents"):
         _rag(lm, narrower, document_cache=first.document_kv)
+    # same lengths, other texts: the digest of the token ids tells them apart
+    other = _rag(lm, CONFIG, texts=[t.replace("rash", "rasp") for t in TEXTS])
+    with pytest.raises(ValueError, match="keys of other documents"):
+        other._document_kv(first.document_kv)
+    assert "params" not in repr(first.document_kv)  # nothing private in its repr
     assert _rag(lm, CONFIG).document_kv is None
