@@ -133,9 +133,10 @@ def main() -> None:
             participation=args.participation if mode == "individual" else 1.0,
         )
         ledger = PrivacyLedger(args.out / f"{mode}.sqlite")
-        # no quota; the accountants `retriever tenant add` gives each mode (an individual
-        # quota's rdp composes a charge in O(1), where pld recomposes its history)
-        accountant = "rdp" if mode == "individual" else "pld"
+        # no quota. Individual: a basic quota composes a charge in O(1) (bounded-range
+        # tokens are an (epsilon, delta) event, which rdp cannot compose, and a pld scope
+        # recomposes its whole history on every charge)
+        accountant = "basic" if mode == "individual" else "pld"
         ledger.ensure_scope(Scope(TENANT, "records", 1e9, 0.5, accountant=accountant))
         if mode == "individual":
             open_document_filters(

@@ -165,7 +165,8 @@ def tenant_add(
         str | None,
         typer.Option(
             help="the tenant's scope: pld | rdp | basic (default: pld; rdp for a quota in "
-            "individual accounting)"
+            "individual accounting, which cannot compose bounded-range icl: pld or basic "
+            "there)"
         ),
     ] = None,
 ) -> None:

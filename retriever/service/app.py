@@ -109,6 +109,7 @@ from synthgen.privacy import (
     format_remaining,
 )
 from synthgen.privacy.document_filters import DocumentFilter, DocumentFilters
+from synthgen.privacy.errors import UnsupportedEventError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,11 +249,37 @@ class Service:
                 require_document_filters(self.ledger, self.dataset)
             else:
                 require_collection_cap(self.ledger, self.dataset)
+            self._check_tenant_accountants()
             self.admission = Admission(
                 self.replicas,
                 capacity=self.config.queue_capacity,
                 timeout=self.config.queue_timeout,
             )
+
+    def _check_tenant_accountants(self) -> None:
+        """Refuses to start when an active tenant's scope cannot compose this server's
+        answer event (an rdp scope and bounded-range icl tokens, an (epsilon, delta)
+        event): every answer would be refused. A read-only check, nothing is charged."""
+        plan = self.replicas[0].plan(self.config.mechanism, self.config.answer_epsilon)
+        for tenant in self.registry.tenants():
+            if not tenant.active:
+                continue
+            try:
+                self._check_tenant(tenant.name, plan)
+            except (KeyError, BudgetExceededError):  # no scope here, or spent: not this
+                continue
+            except UnsupportedEventError as exc:
+                raise ValueError(_accountant_refusal(tenant.name, exc)) from None
+
+    def _check_tenant(self, tenant: str, plan) -> None:
+        self.ledger.check(
+            tenant,
+            self.dataset,
+            stage="rag-answer",
+            event=plan.worst_case_event(),
+            relation=RELATION,
+            delta=plan.delta,
+        )
 
     @property
     def individual(self) -> bool:
@@ -302,14 +329,10 @@ class Service:
         except ValueError as exc:
             raise Refusal(400, "bad_request", str(exc)) from None
         try:
-            self.ledger.check(
-                tenant,
-                self.dataset,
-                stage="rag-answer",
-                event=plan.worst_case_event(),
-                relation=RELATION,
-                delta=plan.delta,
-            )
+            self._check_tenant(tenant, plan)
+        except UnsupportedEventError as exc:  # a tenant added after the server started
+            refusal = _accountant_refusal(tenant, exc)
+            raise Refusal(409, "accountant_cannot_compose", refusal) from None
         except KeyError:
             raise Refusal(
                 403, "no_budget", f"tenant {tenant} has no budget on this collection"
@@ -626,3 +649,10 @@ def create_app(service: Service) -> FastAPI:
             ) from None
 
     return app
+
+
+def _accountant_refusal(tenant: str, exc: UnsupportedEventError) -> str:
+    return (
+        f"the budget of {tenant} cannot account for this server's answers ({exc}): the "
+        "operator re-adds the tenant with --accountant pld or basic"
+    )

@@ -157,3 +157,26 @@ def test_the_page_shows_the_document_summary(chromium, registry):
         assert summary["exhausted"] >= 1 and "quota" in shown
         assert page.locator("#error").inner_text() == "" and not errors
         page.close()
+
+
+def test_a_quota_that_cannot_compose_the_answers_is_refused_with_its_remedy(registry):
+    """Bounded-range icl tokens are an (epsilon, delta) event, which an rdp quota cannot
+    compose: the server refuses to start, and a tenant added after the start gets a 409
+    (not a 500) saying what the operator does."""
+    ledger = registry.ledger
+    _filters(ledger)
+    rag = tiny_rag(ledger, "records", composition="bounded-range", **INDIVIDUAL)
+    config = ServiceConfig(mechanism="icl")
+    registry.add("alice", "records", epsilon=50.0, delta=1e-5)  # rdp: the quota default
+    with pytest.raises(ValueError, match="cannot account for .* --accountant pld or basic"):
+        Service(ledger, registry, "records", [rag], config=config)
+    registry.revoke("alice")
+    ok = registry.add("bob", "records", epsilon=50.0, delta=1e-5, accountant="basic")
+    service = Service(ledger, registry, "records", [rag], config=config)
+    late = registry.add("carol", "records", epsilon=50.0, delta=1e-5)  # rdp, after start
+    with TestClient(create_app(service)) as client:
+        assert client.post("/answer", headers=bearer(ok), json={"question": "q"}).is_success
+        refused = client.post("/answer", headers=bearer(late), json={"question": "q"})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"] == "accountant_cannot_compose"
+    assert "--accountant pld or basic" in refused.json()["detail"]
