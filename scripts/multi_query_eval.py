@@ -35,20 +35,29 @@ from retriever.rag import AggregationConfig, DPRag, RagConfig, ScoreRange
 from retriever.rag.collection import open_document_filters
 from retriever.rag.evaluation import MEDICAL_PROMPT
 from retriever.rag.medical import MedicalWorldConfig, make_world
-from retriever.rag.stream_eval import TENANT, plot_streams, run_stream, stream_summary, zipf_stream
+from retriever.rag.stream_eval import (
+    TENANT,
+    answered,
+    plot_streams,
+    run_stream,
+    single_answer_accuracy,
+    stream_summary,
+    zipf_stream,
+)
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
 
 
 def _table(summaries: dict[str, dict]) -> str:
     head = (
         "| accounting | answered before refusals | accuracy (stream) | first 100 | last 100 "
-        "| abstained | refused | records exhausted |"
+        "| abstained | refused | records exhausted | answer time |"
     )
-    lines = [head, "|" + "---|" * 8]
+    lines = [head, "|" + "---|" * 9]
     for mode, s in summaries.items():
         lines.append(
             f"| {mode} | {s['answered']} | {s['accuracy']:.3f} | {s['accuracy_first']:.2f} "
-            f"| {s['accuracy_last']:.2f} | {s['abstained']} | {s['refused']} | {s['exhausted']} |"
+            f"| {s['accuracy_last']:.2f} | {s['abstained']} | {s['refused']} | {s['exhausted']} "
+            f"| {s['seconds'] / 60:.0f} min |"
         )
     return "\n".join(lines)
 
@@ -87,6 +96,13 @@ def main() -> None:
     parser.add_argument("--max-document-tokens", type=int, default=64)
     parser.add_argument("--modes", nargs="+", default=["collection", "individual"])
     parser.add_argument(
+        "--single-answer",
+        type=Path,
+        default=None,
+        help="a cell of scripts/dp_rag_eval.py for the same mechanism and epsilon "
+        "(cells/icl-eps5.jsonl): its accuracy, uniform and weighted by the stream, is printed",
+    )
+    parser.add_argument(
         "--no-document-cache",
         dest="document_cache",
         action="store_false",
@@ -109,17 +125,24 @@ def main() -> None:
         )
     )
     stream = zipf_stream(world, args.questions, exponent=args.zipf, seed=args.seed)
-    encoder = load_encoder("all-minilm-l6-v2")
-    cache = args.out / "record_embeddings.npy"
     texts = [r.text for r in world.records]
-    if not cache.is_file():
-        np.save(cache, encoder.encode(texts, progress=True))
-    embeddings = np.load(cache)
     ids = [r.doc_id for r in world.records]
-    lm = FlaxLM.load(args.model)
     others = [d.name for d in world.diseases]
     summaries, streams, document_kv = {}, {}, None
+    encoder = lm = None  # loaded only when a stream has questions left
     for mode in args.modes:
+        rows = answered(args.out / "streams", mode)
+        if len(rows) >= len(stream):  # finished: only the report is left
+            rows = rows[: len(stream)]
+            summaries[mode], streams[mode] = stream_summary(rows), rows
+            continue
+        if lm is None:
+            encoder = load_encoder("all-minilm-l6-v2")
+            lm = FlaxLM.load(args.model)
+        cache = args.out / "record_embeddings.npy"
+        if not cache.is_file():
+            np.save(cache, encoder.encode(texts, progress=True))
+        embeddings = np.load(cache)
         config = RagConfig(
             k=args.k,
             max_voters=args.voters,
@@ -168,19 +191,29 @@ def main() -> None:
             mode, rag, stream, epsilon=args.epsilon, out_dir=args.out / "streams", others=others
         )
         summaries[mode], streams[mode] = stream_summary(rows), rows
+    single = None
+    if args.single_answer is not None:
+        cells = [json.loads(line) for line in args.single_answer.read_text().splitlines()]
+        single = single_answer_accuracy(cells, stream)
+    config = {**vars(args), "out": str(args.out), "single_answer": str(args.single_answer)}
     (args.out / "results.json").write_text(
-        json.dumps(
-            {"summaries": summaries, "config": {**vars(args), "out": str(args.out)}}, indent=1
-        )
+        json.dumps({"summaries": summaries, "single_answer": single, "config": config}, indent=1)
     )
-    (args.out / "table.md").write_text(_table(summaries) + "\n")
+    table = _table(summaries)
+    if single is not None:
+        table += (
+            f"\n\nsingle-answer accuracy of the same mechanism ({args.single_answer}): "
+            f"{single['uniform']:.3f} over its {single['diseases']} diseases, "
+            f"{single['stream_mix']:.3f} weighted by the stream's questions"
+        )
+    (args.out / "table.md").write_text(table + "\n")
     plot_streams(
         streams,
         args.out / "cumulative_accuracy.png",
         f"icl at eps={args.epsilon:g} per answer; every record "
         f"({args.document_epsilon:g}, {args.document_delta:g})-DP; {args.records} records",
     )
-    print(_table(summaries))
+    print(table)
     ind, col = summaries.get("individual", {}), summaries.get("collection", {})
     print(
         f"answered_individual={ind.get('answered', 0)} answered_collection="

@@ -61,6 +61,21 @@ def zipf_stream(
     return out
 
 
+def answered(out_dir: str | Path, name: str) -> list[dict]:
+    """The rows of stream `name` answered so far in `out_dir` (as `run_stream` left them)."""
+    return _done(Path(out_dir) / f"{name}.jsonl")
+
+
+def single_answer_accuracy(cells: Sequence[dict], stream: Sequence[Question]) -> dict:
+    """A single-answer evaluation's accuracy (one answer per disease, no prior answers:
+    `scripts/dp_rag_eval.py`'s cell rows), over its diseases uniformly, and weighted by how
+    often the stream asks about each disease (diseases it did not ask count as wrong)."""
+    correct = {r["disease"]: bool(r["correct"]) for r in cells}
+    mix = sum(correct.get(q.disease, False) for q in stream) / len(stream)
+    uniform = sum(correct.values()) / len(correct) if correct else 0.0
+    return {"uniform": uniform, "stream_mix": mix, "diseases": len(correct)}
+
+
 def _done(path: Path) -> list[dict]:
     if not path.is_file():
         return []
@@ -134,7 +149,8 @@ def run_stream(
 
 def stream_summary(rows: Sequence[dict], window: int = 100) -> dict[str, float | int]:
     """answered (questions before the first refusal), accuracy over the stream and over
-    its first and last `window` questions, abstentions, refusals, exhausted records."""
+    its first and last `window` questions, abstentions, refusals, exhausted records and
+    the answers' total wall seconds."""
     correct = np.array([bool(r["correct"]) for r in rows])
     refused = np.array([bool(r["refused"]) for r in rows])
     first_refusal = int(np.argmax(refused)) if refused.any() else len(rows)
@@ -148,6 +164,7 @@ def stream_summary(rows: Sequence[dict], window: int = 100) -> dict[str, float |
         "abstained": int(sum(bool(r["abstained"]) for r in rows)),
         "refused": int(refused.sum()),
         "exhausted": int(rows[-1].get("exhausted", 0)) if rows else 0,
+        "seconds": float(sum(r.get("seconds", 0.0) for r in rows)),
     }
 
 

@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 
 from retriever.rag.medical import MedicalWorldConfig, make_world
-from retriever.rag.stream_eval import run_stream, stream_summary, zipf_stream
+from retriever.rag.stream_eval import (
+    run_stream,
+    single_answer_accuracy,
+    stream_summary,
+    zipf_stream,
+)
 from synthgen.privacy import BudgetExceededError
 
 WORLD = make_world(MedicalWorldConfig(num_diseases=8, num_records=120, seed=1))
@@ -81,3 +86,12 @@ def test_a_resumed_stream_answers_only_the_missing_questions(tmp_path):
     assert len(second.asked) == 5 and len(rows) == 12
     assert stream_summary(rows)["answered"] == 5
     assert np.all([r["index"] for r in rows] == np.arange(12))
+
+
+def test_single_answer_accuracy_is_weighted_by_the_stream():
+    top = STREAM[0].disease  # the stream asks some diseases more than others
+    cells = [{"disease": top, "correct": True}, {"disease": "Nothing asked", "correct": False}]
+    single = single_answer_accuracy(cells, STREAM)
+    share = sum(q.disease == top for q in STREAM) / len(STREAM)
+    assert single == {"uniform": 0.5, "stream_mix": share, "diseases": 2}
+    assert 0.5 != share  # the weighting matters here
