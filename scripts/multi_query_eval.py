@@ -9,7 +9,10 @@ twice, each against its own SQLite ledger:
 * individual: every record has an (epsilon, delta) = (--document-epsilon, --document-delta)
   filter; records scoring at least the public relevance threshold pay, the others nothing;
 * collection: one collection cap at the same (epsilon, delta) over all answers; the DP
-  top-k threshold retrieves (10% of each answer's epsilon).
+  top-k threshold retrieves (10% of each answer's epsilon);
+* individual+reuse (with ``--modes``): individual, and a question asked again (same text
+  up to case, spacing and final punctuation) gets the answer released the first time,
+  for free (`retriever.rag.reuse`: post-processing).
 
 Both state the same guarantee for every record. Reports for each: questions answered
 before refusals begin, accuracy over the stream (refusals and abstentions count as wrong),
@@ -35,6 +38,7 @@ from retriever.rag import AggregationConfig, DPRag, RagConfig, ScoreRange
 from retriever.rag.collection import open_document_filters
 from retriever.rag.evaluation import MEDICAL_PROMPT
 from retriever.rag.medical import MedicalWorldConfig, make_world
+from retriever.rag.reuse import ReleasedAnswers
 from retriever.rag.stream_eval import (
     TENANT,
     answered,
@@ -50,14 +54,14 @@ from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
 def _table(summaries: dict[str, dict]) -> str:
     head = (
         "| accounting | answered before refusals | accuracy (stream) | first 100 | last 100 "
-        "| abstained | refused | records exhausted | answer time |"
+        "| abstained | refused | records exhausted | answers reused | answer time |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 10]
     for mode, s in summaries.items():
         lines.append(
             f"| {mode} | {s['answered']} | {s['accuracy']:.3f} | {s['accuracy_first']:.2f} "
             f"| {s['accuracy_last']:.2f} | {s['abstained']} | {s['refused']} | {s['exhausted']} "
-            f"| {s['seconds'] / 60:.0f} min |"
+            f"| {s['reused']} | {s['seconds'] / 60:.0f} min |"
         )
     return "\n".join(lines)
 
@@ -94,7 +98,14 @@ def main() -> None:
     parser.add_argument("--min-score", type=float, default=0.2)
     parser.add_argument("--max-tokens", type=int, default=5)
     parser.add_argument("--max-document-tokens", type=int, default=64)
-    parser.add_argument("--modes", nargs="+", default=["collection", "individual"])
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["collection", "individual"],
+        choices=["collection", "individual", "individual+reuse"],
+        help="individual+reuse: individual, and a question asked again gets its first "
+        "answer (retriever.rag.reuse; kept in memory: after a resume, repeats pay again)",
+    )
     parser.add_argument(
         "--single-answer",
         type=Path,
@@ -151,17 +162,18 @@ def main() -> None:
             composition=args.composition,
             aggregation=AggregationConfig(),
             max_document_tokens=args.max_document_tokens,
-            accounting=mode,
+            accounting=mode.split("+")[0],
             relevance_threshold=args.relevance_threshold,
-            participation=args.participation if mode == "individual" else 1.0,
+            participation=args.participation if mode != "collection" else 1.0,
         )
         ledger = PrivacyLedger(args.out / f"{mode}.sqlite")
         # no quota. Individual: a basic quota composes a charge in O(1) (bounded-range
         # tokens are an (epsilon, delta) event, which rdp cannot compose, and a pld scope
         # recomposes its whole history on every charge)
-        accountant = "basic" if mode == "individual" else "pld"
+        individual = config.individual
+        accountant = "basic" if individual else "pld"
         ledger.ensure_scope(Scope(TENANT, "records", 1e9, 0.5, accountant=accountant))
-        if mode == "individual":
+        if individual:
             open_document_filters(
                 ledger,
                 "records",
@@ -185,8 +197,9 @@ def main() -> None:
             config=config,
             prompt=MEDICAL_PROMPT,
             document_cache=args.document_cache and (document_kv or True),
+            answers=ReleasedAnswers("tenant") if mode.endswith("+reuse") else None,
         )
-        document_kv = rag.document_kv  # computed once, shared by both modes
+        document_kv = rag.document_kv  # computed once, shared by the modes
         rows = run_stream(
             mode, rag, stream, epsilon=args.epsilon, out_dir=args.out / "streams", others=others
         )

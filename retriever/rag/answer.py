@@ -58,6 +58,7 @@ from retriever.rag.retrieval import (
     dp_top_k_threshold,
     dp_top_p_threshold,
 )
+from retriever.rag.reuse import ReleasedAnswers, reused
 from retriever.rag.sessions import (
     Deadline,
     PromptRows,
@@ -127,6 +128,8 @@ class Answer:
         public prompt only (post-processing); the answer is charged all the same.
       truncated: the answer's deadline passed before its last token (fewer tokens; the
         charge is the same).
+      reused: handed out again from `answers` (`retriever.rag.reuse`): the text, ref and
+        epsilon are the first release's; nothing was charged (``charges`` is empty).
     """
 
     text: str
@@ -142,6 +145,7 @@ class Answer:
     ref: str | None = None
     abstained: bool = False
     truncated: bool = False
+    reused: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -162,6 +166,9 @@ class DPRag:
       config: public parameters.
       prompt: prompt format.
       rng: tests only; production draws a fresh OS-entropy generator per answer.
+      answers: released answers to hand out again when the same question is asked at
+        the same event (`retriever.rag.reuse.ReleasedAnswers`; None: every question is
+        answered and charged).
       document_cache: True to compute every document's keys and values once, here (an
         LM with `document_kv`, e.g. `FlaxLM`; about 3 MB per document for SmolLM2-135M
         at 64 tokens), so an answer runs only the question after them (SmolLM2-135M, 32
@@ -193,6 +200,7 @@ class DPRag:
         prompt: PromptFormat | None = None,
         rng: np.random.Generator | None = None,
         document_cache=False,
+        answers: ReleasedAnswers | None = None,
     ) -> None:
         embeddings = np.asarray(embeddings, dtype=np.float32)
         if embeddings.ndim != 2 or not embeddings.shape[0] == len(texts) == len(doc_ids):
@@ -217,6 +225,7 @@ class DPRag:
         self._rng = rng
         self._lock = threading.Lock()  # one answer at a time: the LM sessions are shared
         self._kv = self._document_kv(document_cache) if document_cache else None
+        self.answers = answers
 
     def with_config(self, config: RagConfig) -> DPRag:
         """The same collection, encoder, LM sessions, ledger and lock under `config`."""
@@ -261,6 +270,9 @@ class DPRag:
     ) -> Answer:
         """Answers `question` for `tenant` at per-answer `epsilon` with `mechanism`.
 
+        With `answers` (`retriever.rag.reuse`), a question asked again at the same event
+        gets the answer released before (`Answer.reused`), charged nothing.
+
         `deadline` (a `time.monotonic()` instant) bounds the answer's wall time: once it
         passes, no further token is decoded and the answer returns `truncated` (charged
         as planned). Every step has the same public shape, so when the deadline strikes
@@ -284,10 +296,18 @@ class DPRag:
           stated in advance.
         """
         plan = self.validate(question, mechanism, epsilon)
+        if self.answers is not None:
+            earlier = self.answers.get(tenant, question, plan)
+            if earlier is not None:  # post-processing of a release: nothing is charged
+                return reused(earlier, self.remaining(tenant))
         with self._lock:
             if self.config.individual:
-                return self._answer_individually(question, tenant, plan, deadline)
-            return self._answer(question, tenant, plan, deadline)
+                answer = self._answer_individually(question, tenant, plan, deadline)
+            else:
+                answer = self._answer(question, tenant, plan, deadline)
+        if self.answers is not None:
+            self.answers.put(tenant, question, plan, answer)
+        return answer
 
     def _answer(
         self, question: str, tenant: str, plan: AnswerPlan, deadline: float | None

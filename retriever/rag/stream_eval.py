@@ -7,8 +7,10 @@ real ledger. Under collection accounting every answer composes on the collection
 and once the cap is spent every later question is refused. Under individual accounting
 (`synthgen.privacy.document_filters`) a record pays only for the answers it takes part
 in; a record at its cap drops out of retrieval, and questions keep being answered from the
-records still active (or abstain when none is left). Each answer is appended to
-``<name>.jsonl`` as soon as it exists, so an interrupted stream resumes where it stopped.
+records still active (or abstain when none is left). With released answers kept
+(`retriever.rag.reuse`), a question asked again gets its first answer, paid once. Each
+answer is appended to ``<name>.jsonl`` as soon as it exists, so an interrupted stream
+resumes where it stopped.
 
 Refusals and abstentions count as wrong in every accuracy.
 """
@@ -123,9 +125,11 @@ def run_stream(
         for i in todo:
             q = stream[i]
             start = time.perf_counter()
+            reused = False
             try:
                 answer = rag.answer(q.question, tenant=TENANT, epsilon=epsilon)
                 text, abstained, refused = answer.text, answer.abstained, False
+                reused = answer.reused
             except BudgetExceededError:
                 text, abstained, refused = "", False, True
             row = {
@@ -137,6 +141,7 @@ def run_stream(
                 and answer_is_correct(text, q.answer, others=others),
                 "abstained": abstained,
                 "refused": refused,
+                "reused": reused,
                 "seconds": round(time.perf_counter() - start, 3),
             }
             if filters is not None:
@@ -149,8 +154,8 @@ def run_stream(
 
 def stream_summary(rows: Sequence[dict], window: int = 100) -> dict[str, float | int]:
     """answered (questions before the first refusal), accuracy over the stream and over
-    its first and last `window` questions, abstentions, refusals, exhausted records and
-    the answers' total wall seconds."""
+    its first and last `window` questions, abstentions, refusals, exhausted records,
+    answers handed out again (`retriever.rag.reuse`) and the answers' total wall seconds."""
     correct = np.array([bool(r["correct"]) for r in rows])
     refused = np.array([bool(r["refused"]) for r in rows])
     first_refusal = int(np.argmax(refused)) if refused.any() else len(rows)
@@ -164,6 +169,7 @@ def stream_summary(rows: Sequence[dict], window: int = 100) -> dict[str, float |
         "abstained": int(sum(bool(r["abstained"]) for r in rows)),
         "refused": int(refused.sum()),
         "exhausted": int(rows[-1].get("exhausted", 0)) if rows else 0,
+        "reused": int(sum(bool(r.get("reused", False)) for r in rows)),
         "seconds": float(sum(r.get("seconds", 0.0) for r in rows)),
     }
 

@@ -46,7 +46,7 @@ def test_summary_counts_refusals_and_abstentions_as_wrong():
 
 class _Answer:
     def __init__(self, text):
-        self.text, self.abstained = text, False
+        self.text, self.abstained, self.reused = text, False, False
 
 
 class _ScriptedRag:
