@@ -225,6 +225,15 @@ def main() -> None:
         args.out / "cumulative_accuracy.png",
         f"icl at eps={args.epsilon:g} per answer; every record "
         f"({args.document_epsilon:g}, {args.document_delta:g})-DP; {args.records} records",
+        ymax=0.5,  # the first questions' noise is cut, the stream's level is readable
+        references=None
+        if single is None
+        else {
+            f"single answers, uniform over diseases ({single['uniform']:.2f})": single["uniform"],
+            f"single answers, weighted by the stream ({single['stream_mix']:.2f})": single[
+                "stream_mix"
+            ],
+        },
     )
     print(table)
     ind, col = summaries.get("individual", {}), summaries.get("collection", {})

@@ -174,8 +174,15 @@ def stream_summary(rows: Sequence[dict], window: int = 100) -> dict[str, float |
     }
 
 
-def plot_streams(streams: dict[str, Sequence[dict]], path: str | Path, title: str) -> None:
-    """Cumulative accuracy over the stream, one line per accounting mode."""
+def plot_streams(
+    streams: dict[str, Sequence[dict]],
+    path: str | Path,
+    title: str,
+    references: dict[str, float] | None = None,
+    ymax: float = 1.0,
+) -> None:
+    """Cumulative accuracy over the stream, one line per accounting mode, and a dashed
+    line per reference accuracy (e.g. the mechanism's single-answer accuracy)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,10 +194,12 @@ def plot_streams(streams: dict[str, Sequence[dict]], path: str | Path, title: st
         if correct.size:
             cumulative = np.cumsum(correct) / np.arange(1, correct.size + 1)
             ax.plot(np.arange(1, correct.size + 1), cumulative, label=label)
+    for (label, value), style in zip((references or {}).items(), ("--", ":", "-."), strict=False):
+        ax.axhline(value, color="grey", linestyle=style, linewidth=1, label=label)
     ax.set_xlabel("question in the stream")
     ax.set_ylabel("cumulative accuracy (refusals, abstentions wrong)")
     ax.set_title(title, fontsize=9)
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, ymax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
