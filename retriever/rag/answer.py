@@ -58,7 +58,7 @@ from retriever.rag.retrieval import (
     dp_top_k_threshold,
     dp_top_p_threshold,
 )
-from retriever.rag.reuse import ReleasedAnswers, reused
+from retriever.rag.reuse import ReleasedAnswers
 from retriever.rag.sessions import (
     Deadline,
     PromptRows,
@@ -128,8 +128,10 @@ class Answer:
         public prompt only (post-processing); the answer is charged all the same.
       truncated: the answer's deadline passed before its last token (fewer tokens; the
         charge is the same).
-      reused: handed out again from `answers` (`retriever.rag.reuse`): the text, ref and
-        epsilon are the first release's; nothing was charged (``charges`` is empty).
+      reused: handed out again from `answers` (`retriever.rag.reuse`): the text and
+        epsilon are the first release's (the ref too, for the tenant it was released
+        to); nothing was charged (``charges`` is empty: sum charges, not epsilon, to
+        total what answers cost).
     """
 
     text: str
@@ -271,7 +273,8 @@ class DPRag:
         """Answers `question` for `tenant` at per-answer `epsilon` with `mechanism`.
 
         With `answers` (`retriever.rag.reuse`), a question asked again at the same event
-        gets the answer released before (`Answer.reused`), charged nothing.
+        gets the answer released before (`Answer.reused`), charged nothing and without a
+        budget check (post-processing of a release).
 
         `deadline` (a `time.monotonic()` instant) bounds the answer's wall time: once it
         passes, no further token is decoded and the answer returns `truncated` (charged
@@ -296,17 +299,24 @@ class DPRag:
           stated in advance.
         """
         plan = self.validate(question, mechanism, epsilon)
+        event = None
         if self.answers is not None:
-            earlier = self.answers.get(tenant, question, plan)
+            if self.answers.scope == "shared" and not self.config.individual:
+                raise ValueError(
+                    "shared released answers need individual accounting: under collection "
+                    "accounting a tenant's cap bounds what it learns (use scope 'tenant')"
+                )
+            event = (self.dataset, self.config, self.prompt, plan)  # public values
+            earlier = self.answers.get(tenant, question, event)
             if earlier is not None:  # post-processing of a release: nothing is charged
-                return reused(earlier, self.remaining(tenant))
+                return dataclasses.replace(earlier, remaining_epsilon=self.remaining(tenant))
         with self._lock:
             if self.config.individual:
                 answer = self._answer_individually(question, tenant, plan, deadline)
             else:
                 answer = self._answer(question, tenant, plan, deadline)
         if self.answers is not None:
-            self.answers.put(tenant, question, plan, answer)
+            self.answers.put(tenant, question, event, answer)
         return answer
 
     def _answer(

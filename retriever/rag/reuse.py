@@ -7,18 +7,25 @@ collection cap is charged, and no LM runs. Under a stream of questions with repe
 that a popular question draws on from spending their budget on answers already given.
 
 What is a repeat is decided from public values only: the question's text, normalised
-(`question_key`: case, spacing and final punctuation), and the answer's event (mechanism,
-epsilon, delta). Paraphrases are not matched. An abstention or a truncated answer is not
-kept, so asking again may still get an answer (and pays again).
+(`question_key`: case, spacing and final punctuation), and everything that fixes the
+answer's event and meaning: the collection's name, the `RagConfig`, the prompt format and
+the answer's plan (mechanism, epsilon, delta, tokens, shares). Paraphrases are not
+matched. An abstention or a truncated answer is not kept, so asking again may still get an
+answer (and pays again). A repeat is handed out without a budget check: a tenant whose
+budget is spent still gets back what it was given before.
 
 Scopes:
-  * ``tenant``: a tenant gets back only answers released to itself;
-  * ``shared``: any tenant gets any released answer. The documents' guarantee is the same
-    (it already covers every answer given to any tenant), but an immediate answer tells a
-    tenant that someone asked the same question before: tenants learn of each other's
-    questions.
+  * ``tenant``: a tenant gets back only answers released to itself. Every tenant's cap
+    keeps bounding what that tenant learns.
+  * ``shared`` (individual accounting only): any tenant gets any released answer (without
+    the first tenant's ledger ref). The per-document guarantee covers every answer given
+    to any tenant, so it is unchanged; tenant scopes there are quotas. Under collection
+    accounting a tenant's cap is a privacy bound for that tenant, which a shared answer
+    would bypass, so ``shared`` is refused there. An immediate answer tells a tenant that
+    someone asked the same question before: tenants learn of each other's questions.
 
-The answers are kept in memory, for the life of the `DPRag` (and its `with_config` copies).
+The answers are kept in memory, without a size limit, for the life of the
+`ReleasedAnswers` object (shared by the `DPRag.with_config` copies made after it was set).
 """
 
 from __future__ import annotations
@@ -26,48 +33,59 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
-from typing import Any
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from retriever.rag.answer import Answer
 
 REUSE_SCOPES = ("tenant", "shared")
 _SPACES = re.compile(r"\s+")
 
 
 def question_key(question: str) -> str:
-    """The question's text with case, runs of spaces and final punctuation normalised."""
+    """The question's text with case, runs of spaces and final punctuation normalised
+    (questions differing only in case, e.g. of an id, are one question)."""
     return _SPACES.sub(" ", question.casefold()).strip().rstrip("?!. ").strip()
 
 
 class ReleasedAnswers:
-    """The answers a `DPRag` released, by (tenant or everyone, question, event)."""
+    """The answers a `DPRag` released, by (tenant or everyone, question, event).
+
+    Privacy: holds released answers only (`put` is called with what `DPRag.answer`
+    returned); handing one out again is post-processing.
+    """
 
     def __init__(self, scope: str = "tenant") -> None:
         if scope not in REUSE_SCOPES:
             raise ValueError(f"scope must be one of {', '.join(REUSE_SCOPES)}, got {scope!r}")
         self.scope = scope
-        self._answers: dict[tuple, Any] = {}
+        self._answers: dict[tuple, tuple[str, Answer]] = {}
         self._lock = threading.Lock()
 
-    def _key(self, tenant: str, question: str, plan) -> tuple:
+    def _key(self, tenant: str, question: str, event: Hashable) -> tuple:
         owner = tenant if self.scope == "tenant" else None
-        return (owner, question_key(question), plan.mechanism, plan.epsilon, plan.delta)
+        return (owner, question_key(question), event)
 
-    def get(self, tenant: str, question: str, plan):
-        """The answer released before for this question and event, or None."""
+    def get(self, tenant: str, question: str, event: Hashable) -> Answer | None:
+        """The answer released before for this question and `event` (the public values
+        that fix the answer: `DPRag` passes its dataset, config, prompt and plan), marked
+        `reused`, with nothing charged; None when there is none."""
         with self._lock:
-            return self._answers.get(self._key(tenant, question, plan))
+            found = self._answers.get(self._key(tenant, question, event))
+        if found is None:
+            return None
+        owner, answer = found
+        ref = answer.ref if owner == tenant else None  # another tenant's charges: not its
+        return dataclasses.replace(answer, charges=(), reused=True, ref=ref)
 
-    def put(self, tenant: str, question: str, plan, answer) -> None:
-        """Keeps `answer` unless it abstained or was truncated (asking again may do better)."""
+    def put(self, tenant: str, question: str, event: Hashable, answer: Answer) -> None:
+        """Keeps a released `answer` unless it abstained or was truncated."""
         if answer.abstained or answer.truncated:
             return
         with self._lock:
-            self._answers.setdefault(self._key(tenant, question, plan), answer)
+            self._answers.setdefault(self._key(tenant, question, event), (tenant, answer))
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._answers)
-
-
-def reused(answer, remaining_epsilon: float | None):
-    """`answer` handed out again: nothing charged, the tenant's remaining budget now."""
-    return dataclasses.replace(answer, charges=(), reused=True, remaining_epsilon=remaining_epsilon)

@@ -95,3 +95,24 @@ def test_single_answer_accuracy_is_weighted_by_the_stream():
     share = sum(q.disease == top for q in STREAM) / len(STREAM)
     assert single == {"uniform": 0.5, "stream_mix": share, "diseases": 2}
     assert 0.5 != share  # the weighting matters here
+
+
+class _ReusingRag(_ScriptedRag):
+    """Answers like `_ScriptedRag`, marking a question asked before as reused."""
+
+    def answer(self, question, *, tenant, epsilon):
+        again = question in self.asked
+        answer = super().answer(question, tenant=tenant, epsilon=epsilon)
+        answer.reused = again
+        return answer
+
+
+def test_reused_answers_are_recorded_and_counted(tmp_path):
+    others = [d.name for d in WORLD.diseases]
+    rows = run_stream(
+        "r", _ReusingRag(budget=100), STREAM, epsilon=1.0, out_dir=tmp_path, others=others,
+        progress=False,
+    )  # fmt: skip
+    repeats = len(STREAM) - len({q.question for q in STREAM})
+    assert repeats > 0 and sum(r["reused"] for r in rows) == repeats
+    assert stream_summary(rows)["reused"] == repeats
