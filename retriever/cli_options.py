@@ -135,3 +135,19 @@ def check_accounting(
             "it): drop --collection-epsilon / --collection-delta"
         )
     return document_epsilon, document_delta
+
+
+def check_reuse(reuse_answers: str, accounting: str) -> None:
+    """A usage error (exit 2) for an unknown --reuse-answers, or ``shared`` outside
+    individual accounting (a shared answer would bypass a tenant's cap)."""
+    import click
+
+    if reuse_answers not in ("off", "tenant", "shared"):
+        raise click.UsageError(
+            f"--reuse-answers must be one of off, tenant, shared, got {reuse_answers!r}"
+        )
+    if reuse_answers == "shared" and accounting != "individual":
+        raise click.UsageError(
+            "--reuse-answers shared needs --accounting individual: under collection "
+            "accounting a tenant's cap bounds what it learns (use tenant)"
+        )

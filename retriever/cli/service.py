@@ -33,6 +33,7 @@ from retriever.cli_options import (
     ServedLmOption,
     check_accounting,
     check_accounting_mode,
+    check_reuse,
 )
 from synthgen.command_line import positive, probability
 
@@ -90,6 +91,20 @@ def serve(
             "exhaustion tells how many documents a question touched)"
         ),
     ] = False,
+    reuse_answers: Annotated[
+        str,
+        typer.Option(
+            help="off | tenant | shared: a repeated question gets the answer released "
+            "before, charged nothing (shared: any tenant's; individual accounting only)"
+        ),
+    ] = "off",
+    document_cache: Annotated[
+        bool,
+        typer.Option(
+            help="compute every document's keys once at start (about 3 MB per 64-token "
+            "document for SmolLM2-135M): an answer runs only the question"
+        ),
+    ] = False,
 ) -> None:
     """Serve DP answers over HTTP, charged to tenants' budgets (Ctrl-C stops).
 
@@ -117,6 +132,9 @@ def serve(
 
     mechanism, k = resolve(mechanism, k, answer_epsilon)
     document_target = check_accounting(accounting, mechanism, document_epsilon, document_delta)
+    check_reuse(reuse_answers, accounting)
+    if document_cache and lm == "tiny":
+        raise typer.BadParameter("the tiny test LM has no keys to cache", param_hint="'--lm'")
 
     service = load_service(
         index,
@@ -147,6 +165,8 @@ def serve(
         public_corpus=public_corpus,
         encoder_independent_of_collection=encoder_independent_of_collection,
         document_target=document_target,
+        reuse_answers=None if reuse_answers == "off" else reuse_answers,
+        document_cache=document_cache,
     )
     serve(service, host=host, port=port)
 

@@ -4,6 +4,7 @@ after checking what its guarantee assumes (`retriever.rag.collection`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from retriever.rag.answer import DPRag, RagConfig, plan_answer
 from retriever.rag.collection import (
@@ -16,6 +17,9 @@ from retriever.rag.collection import (
 )
 from retriever.rag.prompts import PromptFormat
 from synthgen.privacy import PrivacyLedger
+
+if TYPE_CHECKING:
+    from retriever.rag.reuse import ReleasedAnswers
 
 
 def load_dprag(
@@ -30,6 +34,8 @@ def load_dprag(
     encoder_independent_of_collection: bool = False,
     document_target: tuple[float, float] | None = None,
     answer_epsilon: float | None = None,
+    document_cache: bool = False,
+    answers: ReleasedAnswers | None = None,
 ) -> DPRag:
     """The answer stage over `private_corpus`, scored with the embeddings of `index`.
 
@@ -57,6 +63,8 @@ def load_dprag(
         per-document filters are opened with it (`open_document_filters`), or checked.
       answer_epsilon: individual accounting: the default answer's epsilon, whose plan's
         per-document rho the filters record as one answer's charge.
+      document_cache: compute every document's keys once (`DPRag`'s `document_cache`).
+      answers: released answers to hand out again (`retriever.rag.reuse`).
 
     Raises:
       FileNotFoundError: no index in the folder, or its encoder folder is not there.
@@ -134,4 +142,6 @@ def load_dprag(
         dataset=dataset,
         config=config,
         prompt=prompt,
+        document_cache=document_cache,
+        answers=answers,
     )

@@ -634,7 +634,8 @@ def create_app(service: Service) -> FastAPI:
             raise Refusal(
                 500, "internal", "internal error; /budget shows whether this answer was charged"
             ) from None
-        request.state.log.update(tokens=result.tokens, charged=f"{result.epsilon:.4g}")
+        charged = 0.0 if result.reused else result.epsilon
+        request.state.log.update(tokens=result.tokens, charged=f"{charged:.4g}")
         return {"tenant": tenant, "answer": result.to_json()}
 
     @app.get("/budget")

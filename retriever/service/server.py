@@ -39,6 +39,8 @@ def load_service(
     public_corpus: str | Path | None = None,
     encoder_independent_of_collection: bool = False,
     document_target: tuple[float, float] | None = None,
+    reuse_answers: str | None = None,
+    document_cache: bool = False,
 ) -> Service:
     """The service over `private_corpus` (indexed exactly in `index`) and `ledger`.
 
@@ -70,6 +72,11 @@ def load_service(
         trained on the collection (recorded on the collection cap; see `load_dprag`).
       document_target: individual accounting: each document's (epsilon, delta) over every
         answer of every tenant (required there, refused otherwise).
+      reuse_answers: "tenant" or "shared" (individual accounting only): a repeated
+        question gets the answer released before, for free (`retriever.rag.reuse`; one
+        store for all replicas, in memory); None: every question is answered.
+      document_cache: every document's keys computed once at start, shared by the
+        replicas (`DPRag`'s `document_cache`; an LM with `document_kv`, not "tiny").
 
     Raises:
       ValueError: bad arguments, the collection has no collection cap in the ledger
@@ -117,11 +124,22 @@ def load_service(
         model, prompt = TinyLM(), PromptFormat(chat=False)
     else:
         model, prompt = lm, None
+    answers = None
+    if reuse_answers is not None:
+        from retriever.rag.reuse import ReleasedAnswers
+
+        if reuse_answers == "shared" and not individual:
+            raise ValueError(
+                "--reuse-answers shared needs --accounting individual: under collection "
+                "accounting a tenant's cap bounds what it learns (use tenant)"
+            )
+        answers = ReleasedAnswers(reuse_answers)
     first = load_dprag(
         index, private_corpus, lm=model, ledger=book, dataset=dataset, config=rag_config,
         prompt=prompt, encoder_independent_of_collection=encoder_independent_of_collection,
         document_target=document_target,
         answer_epsilon=config.answer_epsilon if individual else None,
+        document_cache=document_cache, answers=answers,
     )  # fmt: skip
     if not individual:  # the filters' theorem needs no fixed event
         pin_answer_event(book, dataset, plan)  # atomic: a concurrent other shape is refused
@@ -136,6 +154,8 @@ def load_service(
             dataset=dataset,
             config=rag_config,
             prompt=first.prompt,
+            document_cache=first.document_kv or False,  # computed once, shared
+            answers=answers,
         )
         for _ in range(replicas - 1)
     ]

@@ -115,3 +115,29 @@ def test_check_accounting_returns_the_per_document_target():
 
     assert check_accounting("collection", "vote", None, None, 10.0, 1e-5) is None
     assert check_accounting("individual", "icl", 2.0, 1e-6) == (2.0, 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--reuse-answers", "shared"), "shared needs --accounting individual"),
+        (("--reuse-answers", "everyone"), "must be one of off, tenant, shared"),
+        (("--document-cache",), "the tiny test LM has no keys to cache"),
+    ],
+)
+def test_serve_refuses_reuse_and_cache_options_that_cannot_work(tmp_path, capsys, extra, message):
+    """Refused from public options (exit 2, the console script's handling), before any
+    file is read or any ledger is created."""
+    from synthgen.command_line import run
+
+    ledger = tmp_path / "ledger.sqlite"
+    code = run(
+        app,
+        ["serve", "--index", str(tmp_path / "index"), "--private-corpus",
+         str(tmp_path / "c.jsonl"), "--ledger", str(ledger), "--lm", "tiny",
+         "--mechanism", "icl", *extra],
+    )  # fmt: skip
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2, err
+    assert message in err
+    assert not ledger.exists()

@@ -180,3 +180,30 @@ def test_a_quota_that_cannot_compose_the_answers_is_refused_with_its_remedy(regi
     assert refused.status_code == 409, refused.text
     assert refused.json()["error"] == "accountant_cannot_compose"
     assert "--accountant pld or basic" in refused.json()["detail"]
+
+
+def test_a_repeated_question_is_answered_again_for_free(registry):
+    """--reuse-answers tenant through the HTTP API: the second ask returns the first
+    release, marked reused, with nothing charged to the tenant or any document."""
+    import numpy as np
+
+    from retriever.rag.reuse import ReleasedAnswers
+
+    ledger = registry.ledger
+    _filters(ledger)
+    key = registry.add("alice", "records", epsilon=50.0, delta=1e-5)
+    rag = tiny_rag(ledger, "records", score_range=ScoreRange(-1.0, 1.0), **INDIVIDUAL)
+    # seed 2: a first answer that does not abstain (an abstention is not kept)
+    rag._rng, rag.answers = np.random.default_rng(2), ReleasedAnswers("tenant")
+    service = Service(ledger, registry, "records", [rag], config=ServiceConfig(mechanism="icl"))
+    filters = DocumentFilters(ledger.store)
+    with TestClient(create_app(service)) as client:
+        first = client.post("/answer", headers=bearer(key), json={"question": "Blue?"}).json()
+        charges = len(ledger.charges("alice", "records"))
+        losses = filters.losses("records", rag.doc_ids).copy()
+        again = client.post("/answer", headers=bearer(key), json={"question": "blue"}).json()
+    assert not first["answer"]["abstained"] and not first["answer"]["reused"]
+    assert again["answer"]["reused"] and again["answer"]["text"] == first["answer"]["text"]
+    assert again["answer"]["charges"] == []
+    assert len(ledger.charges("alice", "records")) == charges
+    assert (filters.losses("records", rag.doc_ids) == losses).all()

@@ -120,3 +120,21 @@ def test_a_per_answer_delta_at_or_above_one_over_n_is_refused(world, towers):
     with pytest.raises(ValueError, match=rf"per-answer delta.*n={N}"):
         _load(world, delta=0.1)
     assert world["book"].event_shape(COLLECTION, "corpus") is None
+
+
+def test_replicas_share_one_store_of_released_answers(world, towers):
+    """--reuse-answers tenant: every replica hands out what any replica released; shared
+    is refused under collection accounting before anything loads."""
+    with pytest.raises(ValueError, match="shared needs --accounting individual"):
+        load_service(
+            world["index"], world["corpus"], ledger=world["ledger"], lm="tiny",
+            rag_config=RagConfig(k=4, max_tokens=3), reuse_answers="shared",
+            config=ServiceConfig(answer_epsilon=1.0, mechanism="icl"),
+        )  # fmt: skip
+    service = load_service(
+        world["index"], world["corpus"], ledger=world["ledger"], lm="tiny", replicas=2,
+        rag_config=RagConfig(k=4, max_tokens=3), reuse_answers="tenant",
+        config=ServiceConfig(answer_epsilon=1.0, mechanism="icl"),
+    )  # fmt: skip
+    first, second = service.replicas
+    assert first.answers is second.answers and first.answers.scope == "tenant"
