@@ -254,6 +254,19 @@ class DPRag:
         self._check_context(question)
         return plan
 
+    def check_budget(self, tenant: str, plan: AnswerPlan) -> None:
+        """Read-only: whether the tenant's scopes admit `plan`'s worst case (raises
+        BudgetExceededError, KeyError without a scope, UnsupportedEventError when its
+        accountant cannot compose the event)."""
+        self.ledger.check(
+            tenant,
+            self.dataset,
+            stage="rag-answer",
+            event=plan.worst_case_event(),
+            relation=RELATION,
+            delta=plan.delta,
+        )
+
     def remaining(self, tenant: str) -> float | None:
         if self.ledger is None:
             return None
@@ -327,14 +340,7 @@ class DPRag:
         charges = None
         ref = secrets.token_hex(16) if self.ledger is not None else None
         if self.ledger is not None:
-            self.ledger.check(
-                tenant,
-                self.dataset,
-                stage="rag-answer",
-                event=plan.worst_case_event(),
-                relation=RELATION,
-                delta=plan.delta,
-            )
+            self.check_budget(tenant, plan)
             if not realized:  # fixed events: charged before any noise is drawn
                 charges = self._charge(tenant, mechanism, plan.stage_events(), plan.delta, ref)
         failed = False
@@ -477,14 +483,7 @@ class DPRag:
         rho = self._document_rho(plan)
         ref = secrets.token_hex(16)
         stages = plan.stage_events()
-        self.ledger.check(  # the tenant's quota
-            tenant,
-            self.dataset,
-            stage="rag-answer",
-            event=plan.worst_case_event(),
-            relation=RELATION,
-            delta=plan.delta,
-        )
+        self.check_budget(tenant, plan)  # the tenant's quota
         rng = self._rng if self._rng is not None else secure_rng()
         c = self.config
         scores = self._scores(question)

@@ -265,21 +265,11 @@ class Service:
             if not tenant.active:
                 continue
             try:
-                self._check_tenant(tenant.name, plan)
+                self.replicas[0].check_budget(tenant.name, plan)
             except (KeyError, BudgetExceededError):  # no scope here, or spent: not this
                 continue
             except UnsupportedEventError as exc:
                 raise ValueError(_accountant_refusal(tenant.name, exc)) from None
-
-    def _check_tenant(self, tenant: str, plan) -> None:
-        self.ledger.check(
-            tenant,
-            self.dataset,
-            stage="rag-answer",
-            event=plan.worst_case_event(),
-            relation=RELATION,
-            delta=plan.delta,
-        )
 
     @property
     def individual(self) -> bool:
@@ -329,7 +319,7 @@ class Service:
         except ValueError as exc:
             raise Refusal(400, "bad_request", str(exc)) from None
         try:
-            self._check_tenant(tenant, plan)
+            self.replicas[0].check_budget(tenant, plan)
         except UnsupportedEventError as exc:  # a tenant added after the server started
             refusal = _accountant_refusal(tenant, exc)
             raise Refusal(409, "accountant_cannot_compose", refusal) from None
