@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-test
 SERVER_STAMP := $(VENV)/.installed-server-test
+# pytest-xdist workers of `make test`: one per core of the 2-core CI machine. Files, not
+# tests, are spread (--dist loadfile) so a module's expensive fixture is built once.
+TEST_WORKERS ?= 2
 export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
@@ -35,7 +38,7 @@ test: install $(SERVER_STAMP)
 	$(VENV)/bin/synthgen assets fetch wiki-summaries-en chatterbot-corpus-en smollm2-135m-instruct all-minilm-l6-v2
 	$(VENV)/bin/ruff check synthgen retriever tests scripts
 	$(MAKE) docs
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The documentation site, warnings as errors (a broken link or a renamed function fails).
 docs: install

@@ -238,8 +238,11 @@ def _calibrate(
                 lambda s: search_eps(s) - target_epsilon, lower, upper, xtol=tolerance
             )
         )
-    # Brent's root lies within tol of the search grid's answer; step up to the safe side
-    # of the stated grid (usually no step: the two grids agree to about 1e-4 in epsilon).
+    # Brent's root lies within tol of the search grid's answer: step up to its safe side
+    # (cheap), then to the safe side of the stated grid (usually no step: the two grids
+    # agree to about 1e-4 in epsilon, and each stated evaluation costs seconds).
+    while search_eps(sigma) > target_epsilon:
+        sigma += tolerance
     step = tolerance
     while stated_eps(sigma) > target_epsilon:
         sigma, step = sigma + step, step * 2

@@ -422,3 +422,18 @@ def test_calculator_refuses_delta_of_one_over_n_or_more():
     for delta in ("0.01", "0.5"):
         with pytest.raises(ValueError, match=r"delta must be in \(0, 1/n\)"):
             cli_run(app, [*args, "--delta", delta, "--noise-multiplier", "1", "--debug"])
+
+
+def test_the_memoised_step_pld_is_shared_and_never_mutated():
+    """One subsampled-Gaussian step's PLD is built once per process and reused by every
+    accountant; composing it (self-composition, composition with other events) leaves it
+    unchanged, so a second accountant states the same epsilon as dp-accounting's own."""
+    step = dp_event.PoissonSampledDpEvent(0.05, dp_event.GaussianDpEvent(1.1))
+    first = accounting.make_accountant("pld")
+    first.compose(dp_event.SelfComposedDpEvent(step, 20))
+    first.compose(dp_event.GaussianDpEvent(3.0))
+    again = accounting.make_accountant("pld").compose(dp_event.SelfComposedDpEvent(step, 20))
+    reference = dp_accounting.pld.PLDAccountant(REL.ADD_OR_REMOVE_ONE)
+    reference.compose(dp_event.SelfComposedDpEvent(step, 20))
+    assert again.get_epsilon(1e-6) == reference.get_epsilon(1e-6)
+    assert first.get_epsilon(1e-6) > again.get_epsilon(1e-6)
