@@ -196,6 +196,21 @@ class BpeTokenizer:
             chat_template=template,
         )
 
+    def save_pretrained_dir(self, directory: str | Path) -> None:
+        """Writes tokenizer.json and tokenizer_config.json that `from_pretrained_dir` reads
+        back to an equal tokenizer (same ids, special tokens, BOS rule and chat template)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "tokenizer.json").write_text(self._tok.to_str())
+        meta: dict[str, Any] = {
+            "add_bos_token": self.add_bos,
+            "chat_template": self.chat_template,
+        }
+        for name, token_id in (("eos", self._eos), ("pad", self._pad), ("bos", self._bos)):
+            if token_id is not None:
+                meta[f"{name}_token"] = self._tok.id_to_token(token_id)
+        (directory / "tokenizer_config.json").write_text(json.dumps(meta))
+
     @property
     def backend(self) -> tokenizers.Tokenizer:
         """The underlying `tokenizers.Tokenizer` (e.g. to save it as tokenizer.json)."""

@@ -4,8 +4,9 @@ Sources:
 
 * an asset name (``"smollm2-135m-instruct"``, resolved offline by `synthgen.assets`);
 * a llama.cpp ``.gguf`` file: hyper-parameters from the ``llama.*`` metadata, tensors
-  dequantised once with `gguf.quants.dequantize` (Q4_1, Q8_0, F16, ...) and kept as float32
-  (or the config dtype), the tokenizer and chat template from ``tokenizer.*``;
+  dequantised with `gguf.quants.dequantize` (Q4_1, Q8_0, F16, ...) and kept as float32
+  (or the config dtype), the tokenizer and chat template from ``tokenizer.*``; a fetched
+  asset's file is read once per machine (`converted_weights`);
 * a Hugging Face folder: config.json + model.safetensors (or sharded ``*.safetensors``),
   and tokenizer.json when present.
 
@@ -29,6 +30,7 @@ import numpy as np
 from flax import traverse_util
 
 from synthgen import assets
+from synthgen.models import converted_weights
 from synthgen.models.bpe_tokenizer import BpeTokenizer
 from synthgen.models.llama import Llama, LlamaConfig
 from synthgen.models.lora import LORA_NAMES
@@ -99,7 +101,7 @@ def load_llama(
     if str(name_or_path) in assets.REGISTRY:
         source = Path(assets.resolve(str(name_or_path)))
     if source.is_file() and source.suffix == ".gguf":
-        config, tensors, tokenizer = _read_gguf(source)
+        config, tensors, tokenizer = _read_gguf_once(source)
     elif source.is_dir() and (source / "config.json").is_file():
         config, tensors, tokenizer = _read_hf_dir(source)
     else:
@@ -182,6 +184,34 @@ def _check_shapes(config: LlamaConfig, params: PyTree) -> None:
 
 
 # ---- GGUF -------------------------------------------------------------------------------
+
+
+def _hf_names(config: dict) -> list[str]:
+    """Hugging Face names of every tensor of a model with these hyper-parameters."""
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not config["tie_word_embeddings"]:
+        names.append("lm_head.weight")
+    for i in range(config["num_layers"]):
+        names += [f"model.layers.{i}.{hf}" for _, hf, _ in _LAYER_WEIGHTS]
+    return names
+
+
+def _read_gguf_once(path: Path) -> tuple[dict, Callable[[str], np.ndarray], BpeTokenizer | None]:
+    """`_read_gguf` through the machine-wide cache of `converted_weights` (parsed once).
+
+    Only files inside the toolkit's cache (fetched assets) are converted: a user's own file
+    is read each time, so no copy of it is left behind.
+    """
+    if not converted_weights.applies_to(path):
+        return _read_gguf(path)
+    folder = converted_weights.converted_folder(path)
+    cached = converted_weights.load(folder)
+    if cached is not None:
+        return cached
+    config, get, tokenizer = _read_gguf(path)
+    if converted_weights.save(folder, config, get, _hf_names(config), tokenizer):
+        cached = converted_weights.load(folder)
+    return cached if cached is not None else (config, get, tokenizer)
 
 
 def _read_gguf(path: Path) -> tuple[dict, Callable[[str], np.ndarray], BpeTokenizer | None]:

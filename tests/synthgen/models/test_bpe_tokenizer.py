@@ -110,3 +110,21 @@ def test_smollm2_vocabulary(smollm2):
     assert prompt.endswith(
         "<|im_start|>user\nWhat is the capital?<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_saved_folder_reloads_the_same_tokenizer(tiny_gguf, tmp_path):
+    """`save_pretrained_dir` -> `from_pretrained_dir` keeps ids, specials, BOS and template
+    (the converted-weights cache stores a GGUF's tokenizer this way)."""
+    tok = BpeTokenizer.from_gguf(tiny_gguf)
+    tok.save_pretrained_dir(tmp_path / "tok")
+    back = BpeTokenizer.from_pretrained_dir(tmp_path / "tok")
+    text = "<|im_start|>the cap<|im_end|> théâtre 42"
+    assert back.encode(text) == tok.encode(text)
+    assert back.decode(tok.encode(text)) == tok.decode(tok.encode(text))
+    assert (back.eos_id, back.pad_id, back.bos_id, back.add_bos) == (
+        tok.eos_id,
+        tok.pad_id,
+        tok.bos_id,
+        tok.add_bos,
+    )
+    assert back.chat_template == tok.chat_template == TEMPLATE
