@@ -10,18 +10,20 @@ first load writes what it read to ``<cache>/converted/<file stem>-<key>/``:
 * ``tensors/<name>.npy``: every tensor as float32, under its Hugging Face name and layout,
   rotary rows already un-permuted: exactly what the GGUF reader hands to the assembler.
 
-Later loads memory-map the arrays (well under a second). The key hashes the file's resolved
-path, size and modification time and `FORMAT`, so a replaced file, or a change to what is
-stored, converts again. A folder is written under a temporary name and renamed into place,
-so concurrent first loads (test workers, replicas) never read half a cache. Only files inside
-the cache (fetched assets) are converted, so a user's own file leaves no copy behind. Weights
-are public; nothing private is stored. Set ``DPSYNTH_NO_CONVERTED_CACHE=1`` to read the file
-every time.
+Later loads read the arrays (memory-mapped, then copied: well under a second). The key
+hashes the file's resolved path, size and modification time, `FORMAT` and the gguf
+package's version, so a replaced file, or a change to what is stored, converts again. A
+folder is written under a temporary name and renamed into place, so concurrent first loads
+(test workers, replicas) never read half a cache; a damaged folder is removed and converted
+again. Only files inside the cache (fetched assets) are converted, so a user's own file
+leaves no copy behind. Weights are public; nothing private is stored. Set
+``DPSYNTH_NO_CONVERTED_CACHE=1`` to read the file every time.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -41,10 +43,14 @@ Reader = Callable[[str], np.ndarray]
 
 
 def converted_folder(source: Path) -> Path:
-    """Where the converted copy of the GGUF file `source` lives (it may not exist yet)."""
+    """Where the converted copy of the GGUF file `source` lives (it may not exist yet).
+
+    The key covers the file (path, size, modification time), `FORMAT` and the gguf
+    package's version (its dequantiser wrote the arrays): a change to any converts again.
+    """
     source = Path(source).resolve()
     stat = source.stat()
-    identity = f"{source}|{stat.st_size}|{stat.st_mtime_ns}|{FORMAT}"
+    identity = f"{source}|{stat.st_size}|{stat.st_mtime_ns}|{FORMAT}|{_gguf_version()}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return cache_dir() / "converted" / f"{source.stem}-{key}"
 
@@ -57,22 +63,43 @@ def applies_to(source: Path) -> bool:
     return Path(source).resolve().is_relative_to(cache_dir().resolve())
 
 
-def load(folder: Path) -> tuple[dict, Reader, BpeTokenizer | None] | None:
-    """(config, reader, tokenizer) of a converted folder, or None when there is none."""
+def _gguf_version() -> str:
+    try:
+        return importlib.metadata.version("gguf")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def load(
+    folder: Path, names: Callable[[dict], Iterable[str]]
+) -> tuple[dict, Reader, BpeTokenizer | None] | None:
+    """(config, reader, tokenizer) of a converted folder; None when there is none.
+
+    Every array `names(config)` lists is opened (memory-mapped) before anything is
+    returned; a damaged folder (a crash mid-write on a disk that reordered it, a file
+    removed by hand) is removed and None returned, so the caller converts again. The
+    reader hands out copies: no parameter aliases the cache file.
+    """
     if not (folder / "config.json").is_file():
         return None
-    config = json.loads((folder / "config.json").read_text())
-    tensors = folder / "tensors"
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        arrays = {
+            name: np.load(folder / "tensors" / f"{name}.npy", mmap_mode="r")
+            for name in names(config)
+        }
+        tokenizer = None
+        if (folder / "tokenizer" / "tokenizer.json").is_file():
+            tokenizer = BpeTokenizer.from_pretrained_dir(folder / "tokenizer")
+    except (OSError, ValueError, KeyError, EOFError):
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
 
     def get(name: str) -> np.ndarray:
-        path = tensors / f"{name}.npy"
-        if not path.is_file():
+        if name not in arrays:
             raise ValueError(f"converted weights lack a tensor: {name=} ({folder})")
-        return np.load(path, mmap_mode="r")
+        return np.array(arrays[name], np.float32)
 
-    tokenizer = None
-    if (folder / "tokenizer" / "tokenizer.json").is_file():
-        tokenizer = BpeTokenizer.from_pretrained_dir(folder / "tokenizer")
     return config, get, tokenizer
 
 

@@ -205,16 +205,18 @@ def _read_gguf_once(path: Path) -> tuple[dict, Callable[[str], np.ndarray], BpeT
     if not converted_weights.applies_to(path):
         return _read_gguf(path)
     folder = converted_weights.converted_folder(path)
-    cached = converted_weights.load(folder)
+    cached = converted_weights.load(folder, _hf_names)
     if cached is not None:
         return cached
     config, get, tokenizer = _read_gguf(path)
     if converted_weights.save(folder, config, get, _hf_names(config), tokenizer):
-        cached = converted_weights.load(folder)
+        cached = converted_weights.load(folder, _hf_names)
     return cached if cached is not None else (config, get, tokenizer)
 
 
 def _read_gguf(path: Path) -> tuple[dict, Callable[[str], np.ndarray], BpeTokenizer | None]:
+    # What this returns is what `converted_weights` stores for a fetched asset: a change to
+    # it must bump `converted_weights.FORMAT`, or cached assets keep the old conversion.
     import gguf
 
     reader = gguf.GGUFReader(str(path))

@@ -136,7 +136,7 @@ def calibrate_noise_multiplier(
     accountant: AccountantKind = "pld",
     tolerance: float = 1e-3,
 ) -> float:
-    """Smallest sigma (within `tolerance`) making the DP-SGD run (target_epsilon, delta)-DP.
+    """Smallest sigma (within a few `tolerance`s) making the run (target_epsilon, delta)-DP.
 
     The search runs on a PLD grid of `SEARCH_INTERVAL` (pessimistic like the default grid,
     about 10x faster); the answer is then checked, and stepped up if needed, on the default
@@ -151,6 +151,8 @@ def calibrate_noise_multiplier(
         raise ValueError(f"target_epsilon must be positive, got {target_epsilon=}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta=}")
+    if not tolerance > 0:
+        raise ValueError(f"tolerance must be positive, got {tolerance=}")
     neighboring_relation(sampling)  # validates the sampling
     dpsgd_event(  # validates the shape and the accountant before any search
         noise_multiplier=1.0,

@@ -83,3 +83,14 @@ def test_an_unwritable_cache_still_loads(cached_gguf, monkeypatch):
     config, params, _ = load_llama(cached_gguf)
     assert config.num_layers == 2 and "lm_head" in params
     assert not converted_weights.converted_folder(cached_gguf).exists()
+
+
+def test_a_damaged_folder_is_removed_and_converted_again(cached_gguf):
+    _, want, _ = load_llama(cached_gguf)
+    folder = converted_weights.converted_folder(cached_gguf)
+    victim = sorted((folder / "tensors").glob("*.npy"))[0]
+    victim.write_bytes(victim.read_bytes()[:100])  # a file cut short by a crash
+    _, params, _ = load_llama(cached_gguf)
+    assert (folder / "config.json").is_file() and victim.stat().st_size > 100
+    for key, value in _flat(want).items():
+        np.testing.assert_array_equal(_flat(params)[key], value, err_msg=str(key))

@@ -114,6 +114,13 @@ def test_pld_calibration_searches_coarse_and_meets_the_stated_grid(sampling):
     assert accounting.dpsgd_epsilon(noise_multiplier=sigma - 3e-3, **kw) > 3.0
 
 
+def test_calibration_refuses_a_non_positive_tolerance():
+    shape = dict(num_examples=100, batch_size=10, steps=5, delta=1e-5, target_epsilon=2.0)
+    for tolerance in (0.0, -1e-3):
+        with pytest.raises(ValueError, match="tolerance"):
+            accounting.calibrate_noise_multiplier(tolerance=tolerance, **shape)
+
+
 def test_calibration_pld_via_cli():
     got = _calculator(
         "--num-examples",
