@@ -64,7 +64,7 @@ def bounded_range_pld(
     )
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)  # one entry is a few MB at small sigma on the 1e-4 grid
 def subsampled_gaussian_pld(
     noise_multiplier: float,
     sampling_prob: float,
