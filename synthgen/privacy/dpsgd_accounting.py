@@ -136,7 +136,7 @@ def calibrate_noise_multiplier(
     accountant: AccountantKind = "pld",
     tolerance: float = 1e-3,
 ) -> float:
-    """Smallest sigma (within a few `tolerance`s) making the run (target_epsilon, delta)-DP.
+    """Smallest sigma (within a few times `tolerance`) making the run (target_epsilon, delta)-DP.
 
     The search runs on a PLD grid of `SEARCH_INTERVAL` (pessimistic like the default grid,
     about 10x faster); the answer is then checked, and stepped up if needed, on the default
