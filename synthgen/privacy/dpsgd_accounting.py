@@ -153,8 +153,7 @@ def calibrate_noise_multiplier(
         raise ValueError(f"delta must be in (0, 1), got {delta=}")
     if not tolerance > 0:
         raise ValueError(f"tolerance must be positive, got {tolerance=}")
-    neighboring_relation(sampling)  # validates the sampling
-    dpsgd_event(  # validates the shape and the accountant before any search
+    dpsgd_event(  # validates the shape, sampling and accountant before any search
         noise_multiplier=1.0,
         num_examples=num_examples,
         batch_size=batch_size,
