@@ -254,11 +254,15 @@ def epsilon(
     *,
     accountant: AccountantKind = "pld",
     relation: NeighboringRelation = NeighboringRelation.ADD_OR_REMOVE_ONE,
+    value_discretization_interval: float = 1e-4,
 ) -> float:
-    """Smallest epsilon such that `event` is (epsilon, delta)-DP under `accountant`."""
+    """Smallest epsilon such that `event` is (epsilon, delta)-DP under `accountant`
+    (`value_discretization_interval`: the PLD grid, see `make_accountant`)."""
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta=}")
-    acc = make_accountant(accountant, relation)
+    acc = make_accountant(
+        accountant, relation, value_discretization_interval=value_discretization_interval
+    )
     if not acc.supports(event):
         raise UnsupportedEventError(f"the {accountant} accountant cannot compose this event")
     with _quiet_absl():

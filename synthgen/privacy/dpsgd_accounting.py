@@ -39,8 +39,7 @@ from synthgen.privacy.accountants import (
     ACCOUNTANTS,
     MIN_NOISE_MULTIPLIER,
     AccountantKind,
-    _quiet_absl,
-    make_accountant,
+    epsilon,
 )
 from synthgen.privacy.events import (
     FixedSizeSampledGaussianDpEvent,
@@ -197,11 +196,14 @@ def _run_epsilon(
         sampling=sampling,
         accountant=accountant,
     )
-    acc = make_accountant(
-        accountant, neighboring_relation(sampling), value_discretization_interval=interval
+    relation = neighboring_relation(sampling)
+    return epsilon(
+        event,
+        delta,
+        accountant=accountant,
+        relation=relation,
+        value_discretization_interval=interval,
     )
-    with _quiet_absl():
-        return float(acc.compose(event).get_epsilon(delta))
 
 
 @functools.lru_cache(maxsize=64)
