@@ -48,7 +48,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from synthgen import run_seed
+from synthgen import ghost_clipping, run_seed
 from synthgen.batching import BatchSampler
 from synthgen.privacy import accounting
 from synthgen.privacy.errors import PrivacyError
@@ -58,6 +58,7 @@ from synthgen.work_folder import WorkFolder
 
 PyTree = Any
 LossFn = Callable[[PyTree, PyTree, dict[str, jax.Array]], jax.Array]
+PER_EXAMPLE_NORMS = ("ghost", "vmap")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +70,9 @@ class DPConfig:
     refused by the ledger). `delta=None` means
     1/(2n) (Carranza et al.). `seed=None` (production) draws the 128-bit run seed of the
     sampler and the noise from OS entropy; fixed seeds (integers in [0, 2**128)) are for
-    tests.
+    tests. `per_example_norms="ghost"` takes the norms by ghost clipping
+    (`synthgen.ghost_clipping`) where the caller gives a tapped loss, "vmap" always
+    materialises per-example gradients; both release the same clipped sum.
     """
 
     batch_size: int = 1024
@@ -85,6 +88,7 @@ class DPConfig:
     microbatch: int = 4
     checkpoint_every: int = 50
     seed: int | None = None
+    per_example_norms: str = "ghost"
 
     def __post_init__(self) -> None:
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
@@ -109,6 +113,8 @@ class DPConfig:
             raise ValueError(f"accountant must be one of {accounting.ACCOUNTANTS}")
         if self.seed is not None:
             run_seed.check_seed(self.seed)
+        if self.per_example_norms not in PER_EXAMPLE_NORMS:
+            raise ValueError(f"per_example_norms must be one of {PER_EXAMPLE_NORMS}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,41 +236,70 @@ class ClipCounts(NamedTuple):
     nonfinite: jax.Array  # real examples whose gradient had an inf or NaN (zeroed)
 
 
-def make_clipped_grad_sum(loss_fn: LossFn, clip_norm: float):
-    """Returns f(trainable, frozen, batch, mask) -> (sum of clipped grads, loss sum, ClipCounts).
-
-    `batch` leaves have shape [num_micro, micro, ...] and `mask` [num_micro, micro]; the scan
-    runs over microbatches, the vmap over examples of a microbatch.
-
-    Privacy:
-      Each real example (mask 1) contributes min(1, C / ||g||) g, of L2 norm at most C; a
-      gradient with any non-finite entry contributes exactly 0 (and is counted), and a
-      padding row (mask 0) contributes 0 whatever its gradient, so one example can never
-      turn the sum into NaN or inf: the sum's sensitivity is C (add/remove-one).
-    """
+def _vmap_clipped_sum(loss_fn: LossFn, clip_norm: float):
+    """The per-example path: vmap(grad) materialises every example's gradient, then clips."""
     per_example = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(None, None, 0))
 
-    def micro_step(carry, inputs):
-        trainable, frozen, acc, loss_sum, clipped, nonfinite = carry
-        batch, mask = inputs
+    def clipped_sum(trainable, frozen, batch, real):
         losses, grads = per_example(trainable, frozen, batch)
         rows = [g.astype(jnp.float32).reshape(g.shape[0], -1) for g in jax.tree.leaves(grads)]
         finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(r), axis=1) for r in rows]), axis=0)
-        real = mask > 0
         keep = real & finite
         # Zero the rows that are not kept *before* any product: 0 * inf would be NaN.
         rows = [jnp.where(keep[:, None], r, 0.0) for r in rows]
         norms = jnp.sqrt(sum(jnp.sum(jnp.square(r), axis=1) for r in rows))
         factors = jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12)), 0.0)
-        acc = jax.tree.map(
-            lambda a, r: a + jnp.tensordot(factors, r, axes=1).reshape(a.shape),
-            acc,
+        total = jax.tree.map(
+            lambda g, r: jnp.tensordot(factors, r, axes=1).reshape(g.shape[1:]),
+            grads,
             jax.tree.unflatten(jax.tree.structure(grads), rows),
         )
+        return total, losses, norms, keep
+
+    return clipped_sum
+
+
+def make_clipped_grad_sum(
+    loss_fn: LossFn,
+    clip_norm: float,
+    *,
+    tapped_loss_fn: ghost_clipping.TappedLossFn | None = None,
+    norm_rule: ghost_clipping.NormRule = "auto",
+):
+    """Returns f(trainable, frozen, batch, mask) -> (sum of clipped grads, loss sum, ClipCounts).
+
+    `batch` leaves have shape [num_micro, micro, ...] and `mask` [num_micro, micro]; the scan
+    runs over microbatches. Within a microbatch, with `tapped_loss_fn` (the same loss with
+    `LoraDense` taps) the per-example norms come from `synthgen.ghost_clipping` (ghost norms
+    and one batched product per layer, chosen by `norm_rule`); without it, from `vmap(grad)`
+    over the examples, clipping after the vmap.
+
+    Privacy:
+      Each real example (mask 1) contributes min(1, C / ||g||) g, of L2 norm at most C; a
+      gradient with any non-finite entry contributes exactly 0 (and is counted), and a
+      padding row (mask 0) contributes 0 whatever its gradient, so one example can never
+      turn the sum into NaN or inf: the sum's sensitivity is C (add/remove-one). Both paths
+      compute the same sum (to float rounding; tested).
+    """
+    if tapped_loss_fn is None:
+        clipped_sum = _vmap_clipped_sum(loss_fn, clip_norm)
+    else:
+
+        def clipped_sum(trainable, frozen, batch, real):
+            return ghost_clipping.clipped_sum(
+                tapped_loss_fn, trainable, frozen, batch, real, clip_norm, norm_rule
+            )
+
+    def micro_step(carry, inputs):
+        trainable, frozen, acc, loss_sum, clipped, nonfinite = carry
+        batch, mask = inputs
+        real = mask > 0
+        total, losses, norms, keep = clipped_sum(trainable, frozen, batch, real)
+        acc = jax.tree.map(jnp.add, acc, total)
         loss_ok = keep & jnp.isfinite(losses)
         loss_sum = loss_sum + jnp.sum(jnp.where(loss_ok, losses, 0.0))
         clipped = clipped + jnp.sum(keep & (norms > clip_norm))
-        nonfinite = nonfinite + jnp.sum(real & ~finite)
+        nonfinite = nonfinite + jnp.sum(real & ~keep)
         return (trainable, frozen, acc, loss_sum, clipped, nonfinite), None
 
     def clipped_grad_sum(trainable, frozen, batch, mask):
@@ -378,6 +413,7 @@ def train(
     stop_after: int | None = None,
     plan: PrivacyPlan | None = None,
     fixed_rate: bool = False,
+    tapped_loss_fn: ghost_clipping.TappedLossFn | None = None,
 ) -> TrainResult:
     """Runs DP-Adafactor on `data` (arrays with a leading example axis).
 
@@ -404,6 +440,10 @@ def train(
       progress: show a progress bar (loss, examples/s, epsilon so far).
       stop_after: stop after this many steps in total (to test resumption).
       plan: the run's privacy plan if already computed by `plan_privacy(config, n)`.
+      fixed_rate: draw each example at the plan's Poisson rate (see above).
+      tapped_loss_fn: `loss_fn` with `LoraDense` taps (the model families'
+        `tapped_loss_fn()`); with `config.per_example_norms == "ghost"` the per-example norms
+        come from ghost clipping, which gives the same clipped sum faster.
 
     Returns:
       TrainResult with the final trainable parameters and the privacy plan.
@@ -500,7 +540,8 @@ def train(
     # Copy: the update donates its inputs, and the caller's arrays must stay valid.
     trainable = jax.device_put(jax.tree.map(jnp.copy, trainable), replicated)
     frozen = jax.device_put(frozen, replicated)
-    grad_sum_fn = jax.jit(make_clipped_grad_sum(loss_fn, config.clip_norm))
+    ghost = tapped_loss_fn if config.per_example_norms == "ghost" else None
+    grad_sum_fn = jax.jit(make_clipped_grad_sum(loss_fn, config.clip_norm, tapped_loss_fn=ghost))
     update_fn = jax.jit(
         make_noisy_update(
             optimizer,

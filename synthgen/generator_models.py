@@ -22,6 +22,7 @@ from flax import traverse_util
 
 from synthgen.models.lora import is_lora_path
 from synthgen.models.sampling import SamplingConfig
+from synthgen.models.taps import TAP_INPUTS, TAP_OUTPUTS
 
 TASK_PREFIX = "generate_query: "
 CHAT_INSTRUCTION = "Write a short search query that this document answers.\n\n"
@@ -68,6 +69,27 @@ def _loss_from_logits(logits_fn):
     return loss
 
 
+def _logits_from_apply(apply):
+    def logits(params, ex):
+        return apply({"params": params}, ex, mutable=False)[0]
+
+    return logits
+
+
+def _tapped_loss(apply):
+    """The per-example loss with ghost-clipping taps (`synthgen.ghost_clipping.TappedLossFn`).
+
+    fn(trainable, frozen, perturbations, example) -> (loss, the sown layer inputs).
+    """
+
+    def loss(trainable, frozen, perturbations, ex):
+        variables = {"params": merge_params(trainable, frozen), TAP_OUTPUTS: perturbations}
+        logits, state = apply(variables, ex, mutable=[TAP_INPUTS])
+        return token_nll(logits, ex["targets"], ex["target_mask"]), state.get(TAP_INPUTS, {})
+
+    return loss
+
+
 def _pad(ids: Sequence[int], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
     out = np.full(length, pad, np.int32)
     mask = np.zeros(length, np.float32)
@@ -105,27 +127,37 @@ class T5Family:
                 rows[key].append(value)
         return {k: np.stack(v) for k, v in rows.items()}
 
-    def logits_fn(self):
-        """fn(params, example) -> [target_len, vocab] logits predicting `example["targets"]`."""
+    def apply_fn(self):
+        """fn(variables, example, mutable) -> ([target_len, vocab] logits, mutated state)."""
         from synthgen.models.t5 import shift_right
 
         module, cfg = self.module, self.config
 
-        def logits(params, ex):
+        def apply(variables, ex, mutable):
             targets = ex["targets"][None]
             decoder_in = shift_right(targets, cfg.decoder_start_token_id, cfg.pad_token_id)
-            return module.apply(
-                {"params": params},
+            out = module.apply(
+                variables,
                 ex["input_ids"][None],
                 ex["input_mask"][None],
                 decoder_in,
                 ex["target_mask"][None],
-            )[0]
+                mutable=mutable,
+            )
+            logits, state = out if mutable else (out, {})
+            return logits[0], state
 
-        return logits
+        return apply
+
+    def logits_fn(self):
+        """fn(params, example) -> [target_len, vocab] logits predicting `example["targets"]`."""
+        return _logits_from_apply(self.apply_fn())
 
     def loss_fn(self):
         return _loss_from_logits(self.logits_fn())
+
+    def tapped_loss_fn(self):
+        return _tapped_loss(self.apply_fn())
 
     def generate(
         self,
@@ -239,23 +271,33 @@ class LlamaFamily:
             rows["target_mask"].append(target_mask)
         return {k: np.stack(v) for k, v in rows.items()}
 
-    def logits_fn(self):
-        """fn(params, example) -> [target_len, vocab] logits predicting `example["targets"]`."""
+    def apply_fn(self):
+        """fn(variables, example, mutable) -> ([target_len, vocab] logits, mutated state)."""
         module = self.module
 
-        def logits(params, ex):
-            return module.apply(
-                {"params": params},
+        def apply(variables, ex, mutable):
+            out = module.apply(
+                variables,
                 ex["tokens"][None],
                 ex["attention_mask"][None],
                 window_start=ex["target_start"][None],
                 window_len=ex["targets"].shape[0],
-            )[0]
+                mutable=mutable,
+            )
+            logits, state = out if mutable else (out, {})
+            return logits[0], state
 
-        return logits
+        return apply
+
+    def logits_fn(self):
+        """fn(params, example) -> [target_len, vocab] logits predicting `example["targets"]`."""
+        return _logits_from_apply(self.apply_fn())
 
     def loss_fn(self):
         return _loss_from_logits(self.logits_fn())
+
+    def tapped_loss_fn(self):
+        return _tapped_loss(self.apply_fn())
 
     def generate(
         self,

@@ -254,6 +254,7 @@ def train_generator(
         stop_after=stop_after,
         plan=plan,
         fixed_rate=fixed_rate,
+        tapped_loss_fn=family.tapped_loss_fn(),
     )
     if result.steps_run < plan.steps:
         return result  # interrupted on purpose; the work folder stays: call again to resume

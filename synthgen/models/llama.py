@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from synthgen.models.lora import LoraDense
+from synthgen.models.taps import TAP_INPUTS, TAP_OUTPUTS, TappedEmbed
 
 PyTree = Any
 
@@ -348,7 +349,7 @@ class Llama(nn.Module):
 
     def setup(self) -> None:
         c = self.config
-        self.embed = nn.Embed(
+        self.embed = TappedEmbed(
             c.vocab_size,
             c.hidden_size,
             embedding_init=nn.initializers.normal(stddev=0.02),
@@ -357,7 +358,7 @@ class Llama(nn.Module):
         block = nn.remat(DecoderLayer) if c.remat else DecoderLayer
         self.layers = nn.scan(
             block,
-            variable_axes={"params": 0},
+            variable_axes={"params": 0, TAP_INPUTS: 0, TAP_OUTPUTS: 0},
             split_rngs={"params": True},
             in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, 0),
             length=c.num_layers,

@@ -7,6 +7,8 @@ so a fresh adapter leaves the model unchanged. Adapter parameters are named ``lo
 Mind Adafactor: its default `multiply_by_parameter_scale=True` scales each update by the
 parameter's RMS, which is 0 for B at init, so B would never move; DP training turns that
 option off for LoRA.
+
+Every product x @ W of the layer is tapped for ghost clipping (`synthgen.models.taps`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from synthgen.models.taps import tap
 
 LORA_NAMES = ("lora_a", "lora_b")
 
@@ -38,7 +42,8 @@ class LoraDense(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         in_features = x.shape[-1]
         kernel = self.param("kernel", self.kernel_init, (in_features, self.features))
-        y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+        x = x.astype(self.dtype)
+        y = self._product("kernel", x, kernel)
         if self.use_bias:
             y = y + self.param("bias", nn.initializers.zeros, (self.features,)).astype(self.dtype)
         if self.rank > 0:
@@ -46,10 +51,14 @@ class LoraDense(nn.Module):
                 "lora_a", nn.initializers.normal(stddev=in_features**-0.5), (in_features, self.rank)
             )
             b = self.param("lora_b", nn.initializers.zeros, (self.rank, self.features))
-            y = y + (self.alpha / self.rank) * jnp.dot(
-                jnp.dot(x.astype(self.dtype), a.astype(self.dtype)), b.astype(self.dtype)
+            y = y + (self.alpha / self.rank) * self._product(
+                "lora_b", self._product("lora_a", x, a), b
             )
         return y
+
+    def _product(self, name: str, x: jax.Array, weight: jax.Array) -> jax.Array:
+        """x @ weight, tapped for ghost clipping under the weight's name."""
+        return tap(self, name, x, jnp.dot(x, weight.astype(self.dtype)))
 
 
 def is_lora_path(path: Sequence[str]) -> bool:

@@ -37,6 +37,7 @@ import numpy as np
 
 from synthgen.models.lora import LoraDense
 from synthgen.models.t5_config import LORA_TARGET_NAMES, T5Config
+from synthgen.models.taps import TappedEmbed
 
 __all__ = [
     "LORA_TARGET_NAMES",
@@ -338,7 +339,7 @@ class T5(nn.Module):
 
     def setup(self) -> None:
         cfg = self.config
-        self.shared = nn.Embed(
+        self.shared = TappedEmbed(
             cfg.vocab_size, cfg.d_model, embedding_init=nn.initializers.normal(1.0)
         )
         self.encoder = T5Stack(cfg, is_decoder=False)
@@ -355,16 +356,15 @@ class T5(nn.Module):
             )
 
     def _embed(self, ids: jax.Array) -> jax.Array:
-        return jnp.take(self.shared.embedding, jnp.asarray(ids, jnp.int32), axis=0)
+        return self.shared(ids)
 
     def _logits(self, h: jax.Array) -> jax.Array:
         cfg = self.config
         dt = cfg.compute_dtype
         if not cfg.tie_word_embeddings:
             return self.lm_head(h.astype(dt))
-        h = h * cfg.d_model**-0.5
-        kernel = self.shared.embedding.T.astype(dt)
-        return jnp.dot(h.astype(dt), kernel, preferred_element_type=jnp.float32)
+        h = (h * cfg.d_model**-0.5).astype(dt)
+        return self.shared.attend(h, preferred_element_type=jnp.float32)
 
     def encode(self, input_ids, attention_mask, deterministic: bool = True) -> jax.Array:
         """Encoder states [B, S, d_model] (float32) of input_ids [B, S]."""

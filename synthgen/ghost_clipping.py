@@ -1,0 +1,249 @@
+"""Clipped per-example gradient sums without per-example weight gradients (ghost clipping).
+
+Inside one example, a dense product y = x @ W with input x [n, d_in] and output gradient
+g = dL/dy [n, d_out] gives W the gradient x^T g. Its squared norm is
+
+    ||x^T g||_F^2 = sum_{t,s} (x_t . x_s) (g_t . g_s)        (the "ghost norm")
+
+which costs n^2 (d_in + d_out) instead of the n d_in d_out of materialising x^T g (Li et al.
+2022). Each layer takes the cheaper of the two, by that cost rule (Bu et al. 2023). With every
+example's norm, hence its clip factor c_i, known, W's clipped sum is one batched product
+sum_i c_i x_i^T g_i over the x_i and g_i of the same backward pass (Book-Keeping, Bu et al.
+2023): no second backward pass and no [batch, d_in, d_out] array for ghost layers.
+
+The x and g come from the taps of `synthgen.models.lora.LoraDense`: its products sow their
+inputs and add a zero "perturbation" to their outputs, whose gradient is g. A tapped loss
+function has the signature of `TappedLossFn`; the model families provide one
+(`tapped_loss_fn()`). Trainable parameters that are not the weight of a product tapped exactly
+once per example (norm scales, embeddings, position biases, biases, a weight used twice) get
+per-example gradients the usual way (`vmap` of `grad`), and their squares join the norm.
+
+Privacy:
+  The same mechanism as `synthgen.dp_train`'s per-example path: every real example whose
+  gradient (tapped inputs and output gradients included) is finite contributes
+  min(1, C / ||g_i||) g_i, of L2 norm at most C; any other row contributes exactly 0. The
+  norm is the exact norm of the full per-example gradient (the ghost identity is exact), so
+  the clipped sum equals the per-example path's to float rounding (tested) and its
+  sensitivity stays C. Shapes and the per-layer choice depend on public shapes only.
+
+References: Li et al. 2022 (Large language models can be strong differentially private
+learners: ghost clipping); Bu et al. 2023 (Differentially private optimization on large
+model at small cost: Book-Keeping and the hybrid cost rule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+from flax import traverse_util
+
+from synthgen.models.taps import ATTEND, LOOKUP, perturbation_name
+
+PyTree = Any
+Path = tuple[str, ...]
+TappedLossFn = Callable[[PyTree, PyTree, PyTree, dict[str, jax.Array]], tuple[jax.Array, PyTree]]
+"""fn(trainable, frozen, perturbations, example) -> (loss, sown tap inputs)."""
+NormRule = Literal["auto", "ghost", "materialise"]
+NORM_RULES = ("auto", "ghost", "materialise")
+
+
+def uses_ghost_norm(tokens: int, d_in: int, d_out: int) -> bool:
+    """Bu et al.'s rule: the ghost norm (n^2 (d_in + d_out)) where cheaper than n d_in d_out."""
+    return tokens * (d_in + d_out) < d_in * d_out
+
+
+@dataclasses.dataclass(frozen=True)
+class Use:
+    """One tapped use of a trainable weight in an example's forward pass."""
+
+    tap: Path  # the sown entry: module path + (tap name,)
+    call: int  # which call of that tap (index in the sown tuple)
+    kind: str  # "product" (x @ W), LOOKUP (W[ids]) or ATTEND (q @ W^T)
+    out_shape: tuple[int, ...]  # the output's shape in one example (its perturbation's)
+
+    @property
+    def perturbation(self) -> Path:
+        return (*self.tap[:-1], perturbation_name(self.tap[-1], self.call))
+
+
+def tapped_uses(tapped_loss_fn: TappedLossFn, trainable, frozen, example) -> dict[Path, list[Use]]:
+    """Trainable weights whose every use is tapped -> those uses (from one abstract trace)."""
+    sown = jax.eval_shape(lambda ex: tapped_loss_fn(trainable, frozen, {}, ex)[1], example)
+    sown = traverse_util.flatten_dict(sown) if sown else {}
+    weights = traverse_util.flatten_dict(trainable)
+    out: dict[Path, list[Use]] = {}
+    for tap, recorded in sown.items():
+        name = tap[-1]
+        embedding = name in (LOOKUP, ATTEND)
+        path = (*tap[:-1], "embedding") if embedding else tap
+        weight = weights.get(path)
+        if weight is None or weight.ndim < 2 or (embedding and weight.ndim != 2):
+            continue  # frozen or not a matrix: not ours
+        for call, r in enumerate(recorded):
+            if name == LOOKUP:
+                shape, kind = (*r.shape, weight.shape[1]), LOOKUP
+            elif name == ATTEND:
+                shape, kind = (*r.shape[:-1], weight.shape[0]), ATTEND
+            else:
+                shape, kind = (*r.shape[:-1], weight.shape[-1]), "product"
+            out.setdefault(path, []).append(Use(tap, call, kind, shape))
+    return out
+
+
+def _factors(use: Use, recorded, out_grad, micro: int, stack: int, f32=jnp.float32):
+    """(A, B) with the example's gradient of the weight = sum over rows of A^T B.
+
+    A is [micro, stack, n, rows of W] (ids [micro, stack, n] for a lookup), B is
+    [micro, stack, n, columns of W].
+    """
+    if use.kind == LOOKUP:
+        return recorded.reshape(micro, 1, -1), out_grad.astype(f32).reshape(
+            micro, 1, -1, out_grad.shape[-1]
+        )
+    if use.kind == ATTEND:
+        a = out_grad.astype(f32).reshape(micro, 1, -1, out_grad.shape[-1])
+        return a, recorded.astype(f32).reshape(micro, 1, -1, recorded.shape[-1])
+    a = recorded.astype(f32).reshape(micro, stack, -1, recorded.shape[-1])
+    return a, out_grad.astype(f32).reshape(micro, stack, -1, out_grad.shape[-1])
+
+
+def _row_gram(a_u, a_v):
+    """[micro, stack, n_u, n_v] inner products of rows of A_u and A_v (ids: one-hot rows)."""
+    lookup_u, lookup_v = a_u.ndim == 3, a_v.ndim == 3
+    if lookup_u and lookup_v:
+        return (a_u[..., :, None] == a_v[..., None, :]).astype(jnp.float32)
+    if lookup_u or lookup_v:
+        ids, dense = (a_u, a_v) if lookup_u else (a_v, a_u)
+        index = jnp.broadcast_to(ids[:, :, None, :], (*dense.shape[:3], ids.shape[-1]))
+        picked = jnp.take_along_axis(dense, index, axis=3)  # [micro, stack, n_dense, n_ids]
+        return jnp.swapaxes(picked, -1, -2) if lookup_u else picked
+    return jnp.einsum("bsnd,bsmd->bsnm", a_u, a_v)
+
+
+def clipped_sum(
+    tapped_loss_fn: TappedLossFn,
+    trainable: PyTree,
+    frozen: PyTree,
+    batch: dict[str, jax.Array],
+    real: jax.Array,
+    clip_norm: float,
+    rule: NormRule = "auto",
+):
+    """Clipped per-example gradient sum of one microbatch (leading axis of `batch`).
+
+    Args:
+      tapped_loss_fn: the per-example loss with taps (`TappedLossFn`).
+      trainable: parameters to differentiate.
+      frozen: parameters held fixed.
+      batch: examples, leaves [micro, ...].
+      real: bool [micro], False for padding rows (they contribute 0).
+      clip_norm: C.
+      rule: "auto" (the cost rule per layer), or force "ghost" / "materialise" (tests) for
+        weights used once by a product; an embedding, or any weight used more than once,
+        always takes the ghost norm with its cross terms.
+
+    Returns:
+      (sum of clipped gradients shaped like `trainable` in float32, per-example losses,
+      per-example gradient norms, kept: real rows whose gradient is finite).
+    """
+    if rule not in NORM_RULES:
+        raise ValueError(f"rule must be one of {NORM_RULES}, got {rule=}")
+    example = jax.tree.map(lambda x: x[0], batch)
+    uses = tapped_uses(tapped_loss_fn, trainable, frozen, example)
+    flat = traverse_util.flatten_dict(trainable)
+    weights = {p: flat[p] for p in uses}
+    rest = {p: v for p, v in flat.items() if p not in uses}
+    micro = real.shape[0]
+
+    def per_example(rest, perturbations, ex):
+        params = traverse_util.unflatten_dict({**weights, **rest})
+        loss, sown = tapped_loss_fn(params, frozen, traverse_util.unflatten_dict(perturbations), ex)
+        sown = traverse_util.flatten_dict(sown)
+        return loss, {u.perturbation: sown[u.tap][u.call] for us in uses.values() for u in us}
+
+    zeros = {
+        u.perturbation: jnp.zeros((micro, *u.out_shape), weights[p].dtype)
+        for p, us in uses.items()
+        for u in us
+    }
+    grad_fn = jax.value_and_grad(per_example, argnums=(0, 1), has_aux=True)
+    (losses, recorded), (rest_grads, out_grads) = jax.vmap(grad_fn, in_axes=(None, 0, 0))(
+        rest, zeros, batch
+    )
+
+    f32 = jnp.float32
+    rows = {p: g.astype(f32).reshape(micro, -1) for p, g in rest_grads.items()}
+    factors = {
+        p: [
+            _factors(
+                u,
+                recorded[u.perturbation],
+                out_grads[u.perturbation],
+                micro,
+                math.prod(w.shape[:-2]),
+            )
+            for u in uses[p]
+        ]
+        for p, w in weights.items()
+    }
+    finite = jnp.ones((micro,), bool)
+    for r in rows.values():
+        finite &= jnp.all(jnp.isfinite(r), axis=1)
+    for pairs in factors.values():
+        for a, b in pairs:
+            if a.ndim == 4:
+                finite &= jnp.all(jnp.isfinite(a), axis=(1, 2, 3))
+            finite &= jnp.all(jnp.isfinite(b), axis=(1, 2, 3))
+    keep = real & finite
+    # Zero what is not kept *before* any product: 0 * inf would be NaN.
+    rows = {p: jnp.where(keep[:, None], r, 0.0) for p, r in rows.items()}
+    kept4 = keep[:, None, None, None]
+    factors = {
+        p: [
+            (a if a.ndim == 3 else jnp.where(kept4, a, 0.0), jnp.where(kept4, b, 0.0))
+            for a, b in pairs
+        ]
+        for p, pairs in factors.items()
+    }
+
+    squares = sum((jnp.sum(jnp.square(r), axis=1) for r in rows.values()), jnp.zeros((micro,), f32))
+    materialised = {}
+    for p, pairs in factors.items():
+        if len(pairs) == 1 and pairs[0][0].ndim == 4:
+            ((a, b),) = pairs
+            tokens, d_in, d_out = a.shape[2], a.shape[3], b.shape[3]
+            if rule == "materialise" or (
+                rule == "auto" and not uses_ghost_norm(tokens, d_in, d_out)
+            ):
+                per_example_grad = jnp.einsum("bsnd,bsne->bsde", a, b)
+                squares += jnp.sum(jnp.square(per_example_grad), axis=(1, 2, 3))
+                materialised[p] = per_example_grad
+                continue
+        for i, (a_u, b_u) in enumerate(pairs):
+            for j in range(i, len(pairs)):
+                a_v, b_v = pairs[j]
+                gram = _row_gram(a_u, a_v) * jnp.einsum("bsne,bsme->bsnm", b_u, b_v)
+                squares += (1.0 if i == j else 2.0) * jnp.sum(gram, axis=(1, 2, 3))
+    norms = jnp.sqrt(squares)
+    scale = jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12)), 0.0)
+
+    total = {p: jnp.tensordot(scale, r, axes=1).reshape(flat[p].shape) for p, r in rows.items()}
+    for p, pairs in factors.items():
+        shape = flat[p].shape
+        if p in materialised:
+            total[p] = jnp.tensordot(scale, materialised[p], axes=1).reshape(shape)
+            continue
+        summed = jnp.zeros(shape, f32).reshape(-1, *shape[-2:])
+        for a, b in pairs:
+            b = b * scale[:, None, None, None]
+            if a.ndim == 3:  # a lookup: scatter the output gradients into the looked-up rows
+                summed = summed.at[0, a.reshape(-1)].add(b.reshape(-1, b.shape[-1]))
+            else:
+                summed = summed + jnp.einsum("bsnd,bsne->sde", a, b)
+        total[p] = summed.reshape(shape)
+    return traverse_util.unflatten_dict(total), losses, norms, keep

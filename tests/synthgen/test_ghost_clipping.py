@@ -1,0 +1,185 @@
+"""Ghost clipping: the same clipped sum as per-example gradients, on T5 and Llama, full and LoRA."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from synthgen import dp_train, ghost_clipping
+from synthgen.generator_models import LlamaFamily, T5Family, split_trainable
+from synthgen.models.llama import Llama, LlamaConfig
+from synthgen.models.lora import LoraDense
+from synthgen.models.t5 import T5, T5Config
+from synthgen.models.taps import TAP_INPUTS, TAP_OUTPUTS
+
+
+def _t5(lora_rank: int):
+    cfg = T5Config.preset("tiny", lora_rank=lora_rank)
+    family = T5Family(cfg, tokenizer=None)
+    rng = np.random.default_rng(0)
+    n, input_len, target_len = 6, 12, 5
+    ids = rng.integers(2, cfg.vocab_size, size=(n, input_len), dtype=np.int32)
+    input_mask = np.ones((n, input_len), np.float32)
+    input_mask[0, 7:] = 0  # one padded input
+    targets = rng.integers(2, cfg.vocab_size, size=(n, target_len), dtype=np.int32)
+    target_mask = np.ones((n, target_len), np.float32)
+    target_mask[1, 3:] = 0
+    data = dict(input_ids=ids, input_mask=input_mask, targets=targets, target_mask=target_mask)
+    params = T5(cfg).init(jax.random.key(0), ids[:1], input_mask[:1], targets[:1])["params"]
+    return family, params, data
+
+
+def _llama(lora_rank: int, tied: bool = False):
+    cfg = LlamaConfig.tiny(vocab_size=96, lora_rank=lora_rank, tie_word_embeddings=tied)
+    family = LlamaFamily(cfg, tokenizer=None)
+    rng = np.random.default_rng(1)
+    n, total, target_len = 6, 16, 5
+    tokens = rng.integers(3, cfg.vocab_size, size=(n, total), dtype=np.int32)
+    attention_mask = np.ones((n, total), np.float32)
+    attention_mask[2, 12:] = 0
+    starts = rng.integers(4, total - target_len, size=n).astype(np.int32)
+    targets = np.stack([tokens[i, s + 1 : s + 1 + target_len] for i, s in enumerate(starts)])
+    target_mask = np.ones((n, target_len), np.float32)
+    target_mask[3, 2:] = 0
+    data = dict(
+        tokens=tokens,
+        attention_mask=attention_mask,
+        target_start=starts,
+        targets=targets,
+        target_mask=target_mask,
+    )
+    params = Llama(cfg).init(jax.random.key(0), tokens[:1])["params"]
+    if lora_rank:  # B starts at 0, which would make the A gradients 0: move it
+        params = jax.tree_util.tree_map_with_path(
+            lambda p, x: x + 0.05 if p[-1].key == "lora_b" else x, params
+        )
+    return family, params, data
+
+
+def _sums(family, params, data, *, lora, clip, rule):
+    trainable, frozen = split_trainable(params, lora=lora)
+    shaped = {k: jnp.asarray(v).reshape(2, 3, *v.shape[1:]) for k, v in data.items()}
+    mask = jnp.array([[1, 1, 1], [1, 1, 0]], jnp.float32)  # one padding row
+    reference = jax.jit(dp_train.make_clipped_grad_sum(family.loss_fn(), clip))
+    ghost = jax.jit(
+        dp_train.make_clipped_grad_sum(
+            family.loss_fn(), clip, tapped_loss_fn=family.tapped_loss_fn(), norm_rule=rule
+        )
+    )
+    return reference(trainable, frozen, shaped, mask), ghost(trainable, frozen, shaped, mask)
+
+
+def _assert_same(want, got):
+    (w_sum, w_loss, w_counts), (g_sum, g_loss, g_counts) = want, got
+    assert jax.tree.structure(w_sum) == jax.tree.structure(g_sum)
+    scale = max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(w_sum))
+    for a, b in zip(jax.tree.leaves(w_sum), jax.tree.leaves(g_sum), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * scale)
+    np.testing.assert_allclose(g_loss, w_loss, rtol=1e-5)
+    assert int(g_counts.clipped) == int(w_counts.clipped)
+    assert int(g_counts.nonfinite) == int(w_counts.nonfinite) == 0
+
+
+@pytest.mark.parametrize(
+    "model, lora_rank, rule",
+    [
+        ("t5", 0, "auto"),
+        ("t5", 2, "auto"),
+        ("llama", 0, "auto"),
+        ("llama", 2, "auto"),
+        ("llama-tied", 0, "auto"),  # one table for the lookup and the output layer
+        ("t5", 0, "ghost"),  # every layer by its ghost norm
+        ("llama", 0, "materialise"),  # every layer by its materialised gradient
+    ],
+)
+def test_ghost_sum_equals_per_example_sum(model, lora_rank, rule):
+    if model == "t5":
+        family, params, data = _t5(lora_rank)
+    else:
+        family, params, data = _llama(lora_rank, tied=model == "llama-tied")
+    lora = lora_rank > 0
+    # A clip norm below most gradient norms, so the factors differ per example.
+    want, got = _sums(family, params, data, lora=lora, clip=0.05, rule=rule)
+    assert int(want[2].clipped) >= 3
+    _assert_same(want, got)
+
+
+def test_every_weight_matrix_is_tapped():
+    """Full fine-tuning: every projection and the embedding go the tapped path."""
+    family, params, data = _llama(0, tied=True)
+    example = {k: jnp.asarray(v[0]) for k, v in data.items()}
+    uses = ghost_clipping.tapped_uses(family.tapped_loss_fn(), params, {}, example)
+    names = {p[-2] for p in uses}
+    assert names == {"q", "k", "v", "o", "gate", "up", "down", "embed"}
+    cfg, tokens = family.config, data["tokens"].shape[1]
+    (q,) = uses[("layers", "attn", "q", "kernel")]
+    assert q.out_shape == (cfg.num_layers, 1, tokens, cfg.num_heads * cfg.head_dim)
+    attend, lookup = sorted(uses[("embed", "embedding")], key=lambda u: u.kind)
+    assert (lookup.kind, lookup.out_shape) == ("lookup", (1, tokens, cfg.hidden_size))
+    assert (attend.kind, attend.out_shape) == ("attend", (1, data["targets"].shape[1], 96))
+    # T5: encoder and decoder lookups (two calls of one tap) and the tied output layer.
+    family, params, data = _t5(0)
+    example = {k: jnp.asarray(v[0]) for k, v in data.items()}
+    uses = ghost_clipping.tapped_uses(family.tapped_loss_fn(), params, {}, example)
+    kinds = [(u.kind, u.call) for u in uses[("shared", "embedding")]]
+    assert sorted(kinds) == [("attend", 0), ("lookup", 0), ("lookup", 1)]
+
+
+def test_taps_are_inert_without_their_collections():
+    layer = LoraDense(3, rank=2)
+    x = jnp.ones((2, 4))
+    variables = layer.init(jax.random.key(0), x)
+    assert set(variables) == {"params"}  # init creates no tap collections
+    y, state = layer.apply(variables, x, mutable=[TAP_INPUTS])
+    assert set(state[TAP_INPUTS]) == {"kernel", "lora_a", "lora_b"}
+    zeros = {name: jnp.zeros(s) for name, s in [("kernel", (2, 3)), ("lora_a", (2, 2))]}
+    zeros["lora_b"] = jnp.zeros((2, 3))
+    np.testing.assert_array_equal(layer.apply({**variables, TAP_OUTPUTS: zeros}, x), y)
+
+
+class _Mlp(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        h = nn.relu(LoraDense(16, use_bias=True, name="inner")(x))
+        return nn.LayerNorm(name="norm")(LoraDense(4, name="outer")(h)).sum()
+
+
+def _mlp_losses():
+    model = _Mlp()
+
+    def loss(trainable, frozen, ex):
+        return model.apply({"params": trainable}, ex["x"])
+
+    def tapped(trainable, frozen, perturbations, ex):
+        out, state = model.apply(
+            {"params": trainable, TAP_OUTPUTS: perturbations}, ex["x"], mutable=[TAP_INPUTS]
+        )
+        return out, state[TAP_INPUTS]
+
+    params = model.init(jax.random.key(0), jnp.ones((5, 8)))["params"]
+    return loss, tapped, params
+
+
+def test_nonfinite_example_contributes_nothing():
+    loss, tapped, params = _mlp_losses()
+    x = np.random.default_rng(0).normal(size=(1, 4, 5, 8)).astype(np.float32)
+    bad = x.copy()
+    bad[0, 2, 1, 3] = np.inf
+    mask = jnp.ones((1, 4))
+    fn = jax.jit(dp_train.make_clipped_grad_sum(loss, 1.0, tapped_loss_fn=tapped))
+    ref = jax.jit(dp_train.make_clipped_grad_sum(loss, 1.0))
+    without = fn(params, {}, {"x": jnp.asarray(x)}, mask.at[0, 2].set(0))
+    got = fn(params, {}, {"x": jnp.asarray(bad)}, mask)
+    assert int(got[2].nonfinite) == 1
+    for a, b in zip(jax.tree.leaves(without[0]), jax.tree.leaves(got[0]), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6)
+    # The bias, the norm's scale and offset take the vmap path; the kernels the tapped one.
+    _assert_same(ref(params, {}, {"x": jnp.asarray(x)}, mask), fn(params, {}, {"x": x}, mask))
+
+
+def test_cost_rule():
+    assert ghost_clipping.uses_ghost_norm(128, 512, 2048)  # long sequence, wide layer
+    assert not ghost_clipping.uses_ghost_norm(128, 576, 8)  # a LoRA adapter
+    with pytest.raises(ValueError, match="rule"):
+        ghost_clipping.clipped_sum(None, {}, {}, {"x": jnp.ones((1, 1))}, jnp.ones(1, bool), 1, "x")
