@@ -4,15 +4,21 @@ All three steps do the same work around the gradient: T5 forward/backward on a b
 `--batch` (document, query) pairs, then an Adafactor update. They differ in the gradient:
 
 * non-private: `value_and_grad` of the batch-mean loss (one batched backward pass);
-* ours: `synthgen.dp_train` (per-example gradients by `vmap` over microbatches inside
-  `lax.scan`, clipping after the vmap) plus Gaussian noise;
+* ours, vmap: `synthgen.dp_train`'s per-example path (per-example gradients by `vmap` over
+  microbatches inside `lax.scan`, clipping after the vmap) plus Gaussian noise;
+* ours, ghost (the default): per-example norms by ghost clipping / Book-Keeping
+  (`synthgen.ghost_clipping`), same microbatches, plus the same noise;
 * jax_privacy: `jax_privacy.clipped_grad` (its clip-inside-vmap) plus the same noise.
+
+It also times drawing the noise alone (one N(0, 1) per parameter, a cost every DP step pays
+whatever its clipping) and prints the ghost step's ratio without it.
 
 Random init, random tokens (speed only). Every step is jitted and timed after a compile
 and warm-up step; ratios are taken within this one run (the machine is noisy). The last line
-is exactly ``dp_vs_nonprivate=<ratio> dp_vs_jax_privacy=<ratio>``.
+is exactly ``dp_vs_nonprivate=<ratio> dp_vs_jax_privacy=<ratio>`` (ours = the ghost step).
 
     python scripts/bench_dp_step.py            # t5-small dims, batch 16 (minutes on 2 cores)
+    python scripts/bench_dp_step.py --batch 64 --microbatch 16 --skip-jax-privacy
     python scripts/bench_dp_step.py --preset tiny --steps 2   # smoke run
 """
 
@@ -124,12 +130,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="small", help="T5 preset (t5-small dims)")
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--microbatch", type=int, default=4, help="ours: examples per vmap")
+    parser.add_argument(
+        "--microbatch", type=int, default=None, help="ours: examples per vmap (min(16, batch))"
+    )
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--target-len", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per method")
     parser.add_argument("--skip-jax-privacy", action="store_true")
     args = parser.parse_args()
+    args.microbatch = args.microbatch or min(16, args.batch)
     if args.batch % args.microbatch:
         parser.error("--batch must be a multiple of --microbatch")
 
@@ -158,6 +167,18 @@ def main() -> None:
         return rate
 
     nonprivate = run("non-private (batched grad)", nonprivate_step(cfg, optimizer))
+    leaves = [x.shape for x in jax.tree.leaves(params)]
+    draw = jax.jit(
+        lambda key: [
+            jax.random.normal(k, s) for k, s in zip(jax.random.split(key, len(leaves)), leaves)
+        ]
+    )
+    jax.block_until_ready(draw(jax.random.key(2)))
+    start = time.perf_counter()
+    for i in range(args.steps):
+        jax.block_until_ready(draw(jax.random.key(3 + i)))
+    noise_s = (time.perf_counter() - start) / args.steps
+    print(f"{'Gaussian noise alone':34s} {noise_s:8.2f} s/step", flush=True)
     vmap = run(
         f"dpsynth DP vmap (microbatch {args.microbatch})",
         dp_step(family, optimizer, args.batch, args.microbatch, ghost=False),
@@ -172,7 +193,12 @@ def main() -> None:
         reference = run(
             "jax_privacy.clipped_grad DP", jax_privacy_step(family, optimizer, args.batch)
         )
-    print(f"vmap_vs_nonprivate={vmap / nonprivate:.3f} ghost_vs_vmap={ours / vmap:.3f}")
+    ghost_s = args.batch / ours
+    without_noise = (args.batch / nonprivate) / (ghost_s - noise_s)
+    print(
+        f"vmap_vs_nonprivate={vmap / nonprivate:.3f} ghost_vs_vmap={ours / vmap:.3f} "
+        f"ghost_without_noise_vs_nonprivate={without_noise:.3f}"
+    )
     print(f"dp_vs_nonprivate={ours / nonprivate:.3f} dp_vs_jax_privacy={ours / reference:.3f}")
 
 
