@@ -39,7 +39,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -88,7 +88,7 @@ class DPConfig:
     microbatch: int = 4
     checkpoint_every: int = 50
     seed: int | None = None
-    per_example_norms: str = "ghost"
+    per_example_norms: Literal["ghost", "vmap"] = "ghost"
 
     def __post_init__(self) -> None:
         if (self.noise_multiplier is None) == (self.target_epsilon is None):

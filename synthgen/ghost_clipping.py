@@ -16,7 +16,10 @@ inputs and add a zero "perturbation" to their outputs, whose gradient is g. A ta
 function has the signature of `TappedLossFn`; the model families provide one
 (`tapped_loss_fn()`). Trainable parameters that are not the weight of a product tapped exactly
 once per example (norm scales, embeddings, position biases, biases, a weight used twice) get
-per-example gradients the usual way (`vmap` of `grad`), and their squares join the norm.
+per-example gradients the usual way (`vmap` of `grad`), and their squares join the norm. A
+tapped weight is not differentiated by `grad`: a use of it that is not tapped would be missing
+from both its norm and its sum (a biased gradient, not a larger sensitivity); every use in
+the project's models is tapped (the tests compare with the per-example path).
 
 Privacy:
   The same mechanism as `synthgen.dp_train`'s per-example path: every real example whose
@@ -43,6 +46,10 @@ import jax.numpy as jnp
 from flax import traverse_util
 
 from synthgen.models.taps import ATTEND, LOOKUP, perturbation_name
+
+# Full float32 products: at default precision an accelerator may round them to TF32 or bf16,
+# and a ghost norm that cancels (sum_ts of cross terms) would then understate the norm.
+HIGHEST = jax.lax.Precision.HIGHEST
 
 PyTree = Any
 Path = tuple[str, ...]
@@ -122,7 +129,7 @@ def _row_gram(a_u, a_v):
         index = jnp.broadcast_to(ids[:, :, None, :], (*dense.shape[:3], ids.shape[-1]))
         picked = jnp.take_along_axis(dense, index, axis=3)  # [micro, stack, n_dense, n_ids]
         return jnp.swapaxes(picked, -1, -2) if lookup_u else picked
-    return jnp.einsum("bsnd,bsmd->bsnm", a_u, a_v)
+    return jnp.einsum("bsnd,bsmd->bsnm", a_u, a_v, precision=HIGHEST)
 
 
 def clipped_sum(
@@ -220,17 +227,26 @@ def clipped_sum(
             if rule == "materialise" or (
                 rule == "auto" and not uses_ghost_norm(tokens, d_in, d_out)
             ):
-                per_example_grad = jnp.einsum("bsnd,bsne->bsde", a, b)
+                per_example_grad = jnp.einsum("bsnd,bsne->bsde", a, b, precision=HIGHEST)
                 squares += jnp.sum(jnp.square(per_example_grad), axis=(1, 2, 3))
                 materialised[p] = per_example_grad
                 continue
         for i, (a_u, b_u) in enumerate(pairs):
             for j in range(i, len(pairs)):
                 a_v, b_v = pairs[j]
-                gram = _row_gram(a_u, a_v) * jnp.einsum("bsne,bsme->bsnm", b_u, b_v)
+                gram = _row_gram(a_u, a_v) * jnp.einsum(
+                    "bsne,bsme->bsnm", b_u, b_v, precision=HIGHEST
+                )
                 squares += (1.0 if i == j else 2.0) * jnp.sum(gram, axis=(1, 2, 3))
-    norms = jnp.sqrt(squares)
+    # Rounding can leave a sum of cross terms a hair below 0; an overflow leaves inf or NaN:
+    # such a row is dropped like a non-finite gradient, before any product with its values.
+    norms = jnp.sqrt(jnp.maximum(squares, 0.0))
+    keep &= jnp.isfinite(norms)
     scale = jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12)), 0.0)
+    rows = {p: jnp.where(keep[:, None], r, 0.0) for p, r in rows.items()}
+    materialised = {
+        p: jnp.where(keep[:, None, None, None], g, 0.0) for p, g in materialised.items()
+    }
 
     total = {p: jnp.tensordot(scale, r, axes=1).reshape(flat[p].shape) for p, r in rows.items()}
     for p, pairs in factors.items():
@@ -244,6 +260,6 @@ def clipped_sum(
             if a.ndim == 3:  # a lookup: scatter the output gradients into the looked-up rows
                 summed = summed.at[0, a.reshape(-1)].add(b.reshape(-1, b.shape[-1]))
             else:
-                summed = summed + jnp.einsum("bsnd,bsne->sde", a, b)
+                summed = summed + jnp.einsum("bsnd,bsne->sde", a, b, precision=HIGHEST)
         total[p] = summed.reshape(shape)
     return traverse_util.unflatten_dict(total), losses, norms, keep
