@@ -171,7 +171,14 @@ class T5Family:
         num_samples: int,
         batch_size: int,
         progress: bool = False,
+        first_document: int = 0,
     ) -> list[list[str]]:
+        """Samples `num_samples` queries per document, batch by batch.
+
+        Each batch's key is `key` folded with the batch's first document's position in the
+        whole job (`first_document` + offset): a shard (`synthgen.shards`) that starts at
+        document `first_document` draws exactly what the unsharded job draws.
+        """
         from synthgen.models.t5_decoding import t5_generate
 
         tok = self.tokenizer
@@ -190,7 +197,7 @@ class T5Family:
                 jnp.asarray(mask),
                 max_new_tokens=max_new_tokens,
                 sampling=sampling,
-                key=jax.random.fold_in(key, start),
+                key=jax.random.fold_in(key, first_document + start),
                 num_samples=num_samples,
             )
             gen = np.asarray(gen).reshape(batch_size, num_samples, -1)
@@ -311,7 +318,13 @@ class LlamaFamily:
         num_samples: int,
         batch_size: int,
         progress: bool = False,
+        first_document: int = 0,
     ) -> list[list[str]]:
+        """Samples `num_samples` queries per document; batches run over the prompts.
+
+        Each batch's key is `key` folded with its first prompt's position in the whole job
+        (`first_document` * `num_samples` + offset), as for T5.
+        """
         from synthgen.models.decoding import generate
 
         tok = self.tokenizer
@@ -324,7 +337,7 @@ class LlamaFamily:
                 prompts[start : start + batch_size],
                 max_new_tokens=max_new_tokens,
                 sampling=sampling,
-                key=jax.random.fold_in(key, start),
+                key=jax.random.fold_in(key, first_document * num_samples + start),
                 eos_id=tok.eos_id,
                 pad_id=tok.pad_id,
             )

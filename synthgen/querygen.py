@@ -23,6 +23,7 @@ Language Models".
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ from synthgen.generator_models import LlamaFamily, T5Family, merge_params, split
 from synthgen.models.sampling import SamplingConfig
 from synthgen.paths import default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.shards import Shard
 from synthgen.work_folder import WorkFolder
 
 Family = Literal["t5", "llama"]
@@ -371,8 +373,13 @@ def generate_queries(
     doc_id_field: str = "doc_id",
     document_field: str = "document",
     progress: bool = True,
+    shard: Shard | None = None,
 ) -> datasets.Dataset:
     """Writes synthetic (doc_id, document, query) rows (JSONL + Parquet) and metadata.json.
+
+    With `shard` (I/N, N > 1), only that shard's documents (`synthgen.shards`); the shards'
+    folders joined by `merge_query_shards` equal the unsharded output. Shards need a `seed`
+    (one sampling stream for all of them).
 
     Privacy:
       Post-processing of the DP generator on public documents: no further budget. The
@@ -390,7 +397,13 @@ def generate_queries(
         top_p=cfg["top_p"] if top_p is None else top_p,
     )
     max_new = max_new_tokens or cfg["max_new_tokens"]
-    key = run_seed.sampling_key(seed)  # 128 bits of OS entropy unless a test seed
+    total, first = len(documents), 0
+    if shard is not None and shard.count > 1:
+        if seed is None:
+            raise ValueError("a shard needs a seed: every shard must draw from one sampling stream")
+        first, end = shard.document_range(total, cfg["generation_batch"])
+        documents = documents.select(range(first, end))
+    key = run_seed.sampling_key(seed)  # 128 bits of OS entropy unless a seed is given
     start = time.time()
     texts = family.generate(
         params,
@@ -402,6 +415,7 @@ def generate_queries(
         num_samples=k,
         batch_size=cfg["generation_batch"],
         progress=progress,
+        first_document=first,
     )
     rows = {"doc_id": [], "document": [], "query": []}
     for doc_id, document, queries in zip(
@@ -411,11 +425,6 @@ def generate_queries(
             rows["doc_id"].append(doc_id)
             rows["document"].append(document)
             rows["query"].append(first_line(query))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    dataset = datasets.Dataset.from_dict(rows)
-    dataset.to_json(out / "queries.jsonl", lines=True, force_ascii=False)
-    dataset.to_parquet(out / "queries.parquet")
     metadata = {
         "privacy": record["privacy"],
         # the generator's: a seeded training run marks every query set drawn from it
@@ -437,9 +446,90 @@ def generate_queries(
             "seconds": time.time() - start,
         },
         "generator_config": cfg,
-        "num_documents": len(documents),
+    }
+    if shard is not None and shard.count > 1:
+        metadata["shard"] = {
+            "index": shard.index,
+            "count": shard.count,
+            "documents": [first, first + len(documents)],
+            "total_documents": total,
+            "seed_sha256": hashlib.sha256(str(seed).encode()).hexdigest(),
+        }
+    return _write_queries(Path(out_dir), rows, metadata, len(documents))
+
+
+def _write_queries(out: Path, rows: dict, metadata: dict, num_documents: int) -> datasets.Dataset:
+    out.mkdir(parents=True, exist_ok=True)
+    dataset = datasets.Dataset.from_dict(rows)
+    dataset.to_json(out / "queries.jsonl", lines=True, force_ascii=False)
+    dataset.to_parquet(out / "queries.parquet")
+    metadata = {
+        **metadata,
+        "num_documents": num_documents,
         "num_queries": len(dataset),
         "files": {f: file_sha256(out / f) for f in ("queries.jsonl", "queries.parquet")},
     }
     (out / "metadata.json").write_text(json.dumps(metadata, indent=1))
     return dataset
+
+
+def merge_query_shards(shard_dirs: Sequence[str | Path], out_dir: str | Path) -> datasets.Dataset:
+    """Joins the folders of `generate_queries(..., shard=I/N)` for I = 0..N-1 into one.
+
+    The joined queries.jsonl and queries.parquet are byte-identical to the unsharded run's
+    (same generator, documents, settings and seed); metadata.json matches it but for the
+    summed generation time and `merged_shards`.
+
+    Raises:
+      ValueError: a folder that is not a shard, shards of different jobs, a missing or
+        repeated shard.
+    """
+    metas = []
+    for folder in map(Path, shard_dirs):
+        meta = json.loads((folder / "metadata.json").read_text())
+        if "shard" not in meta:
+            raise ValueError(f"{folder} is not a shard of generate-queries (no shard record)")
+        metas.append((meta["shard"]["index"], folder, meta))
+    metas.sort(key=lambda m: m[0])
+    count = metas[0][2]["shard"]["count"] if metas else 0
+    if [m[0] for m in metas] != list(range(count)):
+        raise ValueError(f"need shards 0..{count - 1} once each, got {[m[0] for m in metas]}")
+    first = metas[0][2]
+
+    def job(meta: dict) -> tuple:
+        generation = {k: v for k, v in meta["generation"].items() if k != "seconds"}
+        return (
+            json.dumps([meta["privacy"], meta["model"], meta["generator_config"], generation]),
+            meta["shard"]["count"],
+            meta["shard"]["total_documents"],
+            meta["shard"]["seed_sha256"],
+        )
+
+    position = 0
+    for _, folder, meta in metas:
+        if job(meta) != job(first):
+            raise ValueError(f"{folder} is a shard of another job (generator, settings or seed)")
+        lo, hi = meta["shard"]["documents"]
+        if lo != position:
+            raise ValueError(f"{folder} starts at document {lo}, expected {position}")
+        position = hi
+    if position != first["shard"]["total_documents"]:
+        raise ValueError(f"the shards cover {position} of {first['shard']['total_documents']}")
+    rows = {"doc_id": [], "document": [], "query": []}
+    for _, folder, _ in metas:
+        with open(folder / "queries.jsonl", encoding="utf-8") as lines:
+            for line in lines:
+                row = json.loads(line)
+                for name in rows:
+                    rows[name].append(row[name])
+    metadata = {
+        k: v
+        for k, v in first.items()
+        if k not in ("shard", "num_documents", "num_queries", "files")
+    }
+    metadata["generation"] = {
+        **first["generation"],
+        "seconds": sum(m[2]["generation"]["seconds"] for m in metas),
+    }
+    metadata["merged_shards"] = count
+    return _write_queries(Path(out_dir), rows, metadata, position)

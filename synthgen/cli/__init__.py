@@ -1,9 +1,9 @@
 """`synthgen` command line: thin wrappers that parse arguments and call one library function.
 
 One module per command group (`assets`, `privacy`, `ledger`, `lm`, `audit`) or per family of
-top-level commands (`querygen`: train-generator, generate-queries; `fewshot`: generate-docs,
-generate-queries-fewshot; `evolution`: generate-docs-pe); `common` holds the option types
-these commands share. The error wrapper `run` and what `retriever`'s command line shares with
+top-level commands (`querygen`: train-generator, generate-queries, merge-queries; `fewshot`:
+generate-docs, generate-queries-fewshot; `evolution`: generate-docs-pe); `common` holds the option
+types these commands share. The error wrapper `run` and what `retriever`'s command line shares with
 this one live in the library module `synthgen.command_line`. Every error is one line on stderr
 and a non-zero exit code; `--debug` shows the traceback. jax, flax and datasets are imported
 inside the commands so that `synthgen --help` and the calculators start fast.
@@ -44,6 +44,7 @@ app.add_typer(audit_app, name="audit")
 app.add_typer(pipeline_app, name="pipeline")
 app.command("train-generator")(querygen.train_generator)
 app.command("generate-queries")(querygen.generate_queries)
+app.command("merge-queries")(querygen.merge_queries)
 app.command("generate-docs")(fewshot.generate_docs)
 app.command("generate-queries-fewshot")(fewshot.generate_queries_fewshot)
 app.command("generate-docs-pe")(evolution.generate_docs_pe)

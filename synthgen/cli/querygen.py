@@ -144,14 +144,31 @@ def generate_queries(
     temperature: Annotated[float | None, typer.Option()] = None,
     limit: Annotated[int | None, typer.Option(help="first N documents only")] = None,
     split: SplitOption = "all",
-    seed: Annotated[int | None, typer.Option()] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="sampling seed (needed with --shard: one stream for all)")
+    ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            help="I/N: only shard I of N (whole batches, in order); join with merge-queries"
+        ),
+    ] = None,
 ) -> None:
     """Generate synthetic queries for public documents (post-processing: no budget)."""
     from synthgen import corpora, querygen
+    from synthgen.shards import Shard
 
+    part = None if shard is None else Shard.parse(shard)
     docs = corpora.load_rows(documents, ("doc_id", "document"), limit, split)
     ds = querygen.generate_queries(
-        generator, docs, out, queries_per_doc=k, top_p=top_p, temperature=temperature, seed=seed
+        generator,
+        docs,
+        out,
+        queries_per_doc=k,
+        top_p=top_p,
+        temperature=temperature,
+        seed=seed,
+        shard=part,
     )
     meta = json.loads((out / "metadata.json").read_text())
     print(
@@ -164,3 +181,14 @@ def generate_queries(
             }
         )
     )
+
+
+def merge_queries(
+    shards: Annotated[list[Path], typer.Argument(help="the shard folders of one job")],
+    out: Annotated[Path, typer.Option(help="output folder")],
+) -> None:
+    """Join `generate-queries --shard I/N` folders into the unsharded output (same bytes)."""
+    from synthgen import querygen
+
+    ds = querygen.merge_query_shards(shards, out)
+    print(json.dumps({"out": str(out), "num_queries": len(ds), "shards": len(shards)}))

@@ -14,6 +14,7 @@ from synthgen import corpora, querygen
 from synthgen.config_files import querygen_preset
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
+from synthgen.shards import Shard
 
 N_TRAIN = 300
 
@@ -38,7 +39,7 @@ def _dp_accounting_epsilon(privacy):
 @pytest.mark.parametrize("preset", ["tiny_t5", "tiny_llama"])
 def test_train_then_generate(preset, wiki, tmp_path):
     train, held_out = wiki
-    config = querygen_preset(preset).replace(dp_seed=0, queries_per_doc=2)
+    config = querygen_preset(preset).replace(dp_seed=0, queries_per_doc=2, generation_batch=4)
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
     ledger.open_scope(Scope("t", "wiki", 8.0, 1 / (2 * N_TRAIN)))
     result = querygen.train_generator(
@@ -50,6 +51,15 @@ def test_train_then_generate(preset, wiki, tmp_path):
 
     out = tmp_path / "synthetic"
     ds = querygen.generate_queries(tmp_path / "gen", held_out, out, seed=1)
+    # Three shards (one generation batch of 4 documents each), merged: the same bytes.
+    shards = [tmp_path / f"shard{i}" for i in range(3)]
+    for i, folder in enumerate(shards):
+        querygen.generate_queries(
+            tmp_path / "gen", held_out, folder, seed=1, shard=Shard(i, 3), progress=False
+        )
+    querygen.merge_query_shards(shards[::-1], tmp_path / "merged")
+    for name in ("queries.jsonl", "queries.parquet"):
+        assert (tmp_path / "merged" / name).read_bytes() == (out / name).read_bytes()
     assert ds.column_names == ["doc_id", "document", "query"]
     assert len(ds) == 2 * len(held_out)
     assert set(ds["doc_id"]) == set(held_out["doc_id"])

@@ -1,0 +1,45 @@
+"""Splitting a long post-processing job into shards that separate processes or machines run.
+
+A shard is ``I/N`` (0 <= I < N). The documents are cut, in their given order, into N
+contiguous runs of whole generation batches, so every shard runs exactly the batches the
+unsharded job would run, with the same shapes and the same per-batch random keys; joining
+the shards' outputs in shard order gives the unsharded output, byte for byte (tested). Any
+scheduler (Slurm array jobs, Kubernetes indexed jobs, Ray) can fan them out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Shard `index` of `count` (0-based)."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if not (self.count >= 1 and 0 <= self.index < self.count):
+            raise ValueError(f"a shard is I/N with 0 <= I < N, got {self.index}/{self.count}")
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """'2/8' -> Shard(2, 8)."""
+        match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+        if not match:
+            raise ValueError(f"a shard is written I/N (e.g. 0/4), got {text!r}")
+        return cls(int(match.group(1)), int(match.group(2)))
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def document_range(self, total: int, batch: int) -> tuple[int, int]:
+        """[first, end) of this shard's documents: whole batches of `batch`, in order."""
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch=}")
+        batches = -(-total // batch)
+        first = self.index * batches // self.count
+        end = (self.index + 1) * batches // self.count
+        return min(first * batch, total), min(end * batch, total)
