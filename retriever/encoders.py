@@ -44,6 +44,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tqdm.auto import tqdm
 
 from retriever.bert import Bert, BertConfig, bert_params_from_hf, params_by_name, read_hf_tensors
+from synthgen.shards import Shard
 
 PyTree = Any
 FAMILIES = ("bert", "t5")
@@ -303,30 +304,55 @@ class TextEncoder:
         Raises:
           ValueError: bad batch_size or max_len, or no tokenizer (see `tokenize`).
         """
+        rows, embedded = self.encode_shard(
+            texts, params=params, batch_size=batch_size, max_len=max_len, progress=progress
+        )
+        out = np.zeros((len(rows), self.dim), np.float32)
+        out[rows] = embedded
+        return out
+
+    def encode_shard(
+        self,
+        texts: Sequence[str],
+        shard: Shard | None = None,
+        *,
+        params: PyTree | None = None,
+        batch_size: int = 64,
+        max_len: int = 128,
+        progress: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`encode`'s batches of one shard (`synthgen.shards`): (row indices, embeddings).
+
+        The batches are `encode`'s (all texts tokenized and sorted by length), cut into
+        `shard.count` contiguous runs; this shard embeds its run only. Its embeddings are
+        bit for bit the unsharded `encode`'s rows, as each batch has the same texts and shape.
+        Without `shard`, every row, in length order.
+        """
         if isinstance(texts, str):
             raise ValueError("texts must be a sequence of strings, got a single str")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size=}")
         texts = list(texts)
         params = self.params if params is None else params
-        out = np.zeros((len(texts), self.dim), np.float32)
         if not texts:
-            return out
+            return np.zeros(0, np.int64), np.zeros((0, self.dim), np.float32)
         tokens = self._tokenize_ragged(texts, max_len)
         buckets = np.asarray(_bucket_lengths(max_len))
         order = np.argsort(tokens.lengths, kind="stable")
         size = min(batch_size, len(texts))
-        with tqdm(total=len(texts), disable=not progress, desc="encode", unit="text") as bar:
-            for start in range(0, len(texts), size):
+        first, end = (0, len(texts)) if shard is None else shard.document_range(len(texts), size)
+        out = np.zeros((end - first, self.dim), np.float32)
+        with tqdm(total=end - first, disable=not progress, desc="encode", unit="text") as bar:
+            for start in range(first, end, size):
                 rows = order[start : start + size]
                 longest = int(tokens.lengths[rows].max())
                 width = int(buckets[np.searchsorted(buckets, longest)])
                 step = _rows_per_step(width, size)
                 batch = tokens.batch(rows, width, -(-size // step) * step)
                 embedded = self._jit_apply_in_steps(params, batch, step)
-                out[rows] = np.asarray(embedded)[: len(rows)]
+                out[start - first : start - first + len(rows)] = np.asarray(embedded)[: len(rows)]
                 bar.update(len(rows))
-        return out
+        return order[first:end], out
 
     def _apply_in_steps(self, params: PyTree, batch: dict[str, jax.Array], rows: int) -> jax.Array:
         """`apply` on `rows` rows at a time, in sequence inside one call (rows divides n)."""

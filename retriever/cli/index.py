@@ -1,4 +1,4 @@
-"""`retriever index build|query|export`: thin wrappers over `retriever.index_folder` and
+"""`retriever index build|merge|query|export`: thin wrappers over `retriever.index_folder` and
 `retriever.export`."""
 
 from __future__ import annotations
@@ -20,11 +20,17 @@ def index_build(
     out: Annotated[Path, typer.Option(help="index folder")],
     encoder: Annotated[str, typer.Option(help="asset or trained folder")] = "all-minilm-l6-v2",
     kind: Annotated[str, typer.Option(help="auto | exact | scann | scann-bf")] = "auto",
+    shard: Annotated[
+        str | None,
+        typer.Option(help="I/N: embed shard I of N into --out (join with `index merge`)"),
+    ] = None,
 ) -> None:
     """Embed a corpus (batched, jitted) and build a searchable, serialised index.
 
     index.json records the encoder's absolute folder (or asset name) and a copy of its
     provenance. Every option is checked before the corpus is embedded (usage errors: exit 2).
+    With --shard I/N, only that shard's embeddings are written; `index merge` builds the
+    index from the N shard folders (the same files as one unsharded build).
     """
     from retriever.encoders import RANDOM_PREFIX
     from retriever.index_folder import build_index_folder, check_kind
@@ -41,7 +47,31 @@ def index_build(
         )
     if out.exists() and not out.is_dir():
         raise typer.BadParameter(f"{out} is a file, not a folder", param_hint="--out")
+    if shard is not None:
+        from retriever.index_shards import encode_index_shard
+        from synthgen.shards import Shard
+
+        try:
+            part = Shard.parse(shard)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--shard") from None
+        count = encode_index_shard(corpus, out, shard=part, encoder=encoder, progress=True)
+        print(json.dumps({"out": str(out), "shard": str(part), "documents": count}))
+        return
     searcher = build_index_folder(corpus, out, encoder=encoder, kind=kind, progress=True)
+    print(json.dumps({"out": str(out), "documents": searcher.size, "kind": searcher.kind}))
+
+
+@index_app.command("merge")
+def index_merge(
+    shards: Annotated[list[Path], typer.Argument(help="the shard folders of one build")],
+    out: Annotated[Path, typer.Option(help="index folder")],
+    kind: Annotated[str, typer.Option(help="auto | exact | scann | scann-bf")] = "auto",
+) -> None:
+    """Build the index from the folders of `index build --shard I/N` (all N of them)."""
+    from retriever.index_shards import merge_index_shards
+
+    searcher = merge_index_shards(shards, out, kind=kind)
     print(json.dumps({"out": str(out), "documents": searcher.size, "kind": searcher.kind}))
 
 
