@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-test
 SERVER_STAMP := $(VENV)/.installed-server-test
 # pytest-xdist workers of `make test`: one per core of the 2-core CI machine. Files, not
-# tests, are spread (--dist loadfile) so a module's expensive fixture is built once.
+# tests, are spread (--dist loadfile) so a module's expensive fixture is built once, in collection
+# order (--no-loadscope-reorder), which tests/conftest.py sets longest files first.
 TEST_WORKERS ?= 2
 export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
@@ -38,7 +39,7 @@ test: install $(SERVER_STAMP)
 	$(VENV)/bin/synthgen assets fetch wiki-summaries-en chatterbot-corpus-en smollm2-135m-instruct all-minilm-l6-v2
 	$(VENV)/bin/ruff check synthgen retriever tests scripts
 	$(MAKE) docs
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The documentation site, warnings as errors (a broken link or a renamed function fails).
 docs: install

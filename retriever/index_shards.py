@@ -4,7 +4,9 @@
 ``embeddings.npy``) instead of an index; `retriever index merge` checks that its folders are
 the N shards of one build (same corpus, encoder and count) and writes the index folder. The
 shards' batches are the unsharded `TextEncoder.encode`'s (`TextEncoder.encode_shard`), so the
-merged index equals the unsharded build's, file for file (tested).
+merged index equals the unsharded build's, file for file (tested), when the shards ran on the
+same JAX version and device kind (checked). The encoder is matched by its reference and
+provenance, not by hashing its weights.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from retriever.index_folder import check_kind, encoder_reference, save_index_folder
+from synthgen import shards
 from synthgen.corpora import file_sha256
 from synthgen.shards import Shard
 
@@ -55,6 +58,8 @@ def encode_index_shard(
         "encoder": reference,
         "encoder_provenance": prov.encoder_provenance(reference),
         "doc_ids": [doc_ids[r] for r in rows],
+        "platform": shards.platform(),
+        "files": {f: file_sha256(out / f) for f in ("rows.npy", "embeddings.npy")},
     }
     (out / SHARD_FILE).write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
     return len(rows)
@@ -70,26 +75,33 @@ def merge_index_shards(shard_dirs: Sequence[str | Path], out: str | Path, *, kin
     from retriever.index import build_searcher
 
     check_kind(kind)
-    shards = []
+    found = []
     for folder in map(Path, shard_dirs):
         path = folder / SHARD_FILE
         if not path.is_file():
             raise ValueError(f"{folder} is not an index shard (no {SHARD_FILE})")
-        shards.append((json.loads(path.read_text(encoding="utf-8")), folder))
-    shards.sort(key=lambda s: s[0]["index"])
-    count = shards[0][0]["count"] if shards else 0
-    if [s[0]["index"] for s in shards] != list(range(count)):
+        found.append((json.loads(path.read_text(encoding="utf-8")), folder))
+    if not found:
+        raise ValueError("no shard folders given")
+    found.sort(key=lambda s: s[0]["index"])
+    count = found[0][0]["count"]
+    if [s[0]["index"] for s in found] != list(range(count)):
         raise ValueError(
-            f"need shards 0..{count - 1} once each, got {[s[0]['index'] for s in shards]}"
+            f"need shards 0..{count - 1} once each, got {[s[0]['index'] for s in found]}"
         )
-    keys = ("count", "corpus_sha256", "num_documents", "encoder", "encoder_provenance")
-    first = shards[0][0]
+    keys = ("count", "corpus_sha256", "num_documents", "encoder", "encoder_provenance", "platform")
+    first = found[0][0]
     n = first["num_documents"]
     embeddings = None
     doc_ids: list[str | None] = [None] * n
-    for record, folder in shards:
+    for record, folder in found:
         if any(record[k] != first[k] for k in keys):
-            raise ValueError(f"{folder} is a shard of another build (corpus, encoder or count)")
+            raise ValueError(
+                f"{folder} is a shard of another build (corpus, encoder, count or platform)"
+            )
+        for name, digest in record["files"].items():
+            if file_sha256(folder / name) != digest:
+                raise ValueError(f"{folder}/{name} is not the file its shard wrote")
         rows = np.load(folder / "rows.npy")
         part = np.load(folder / "embeddings.npy")
         if embeddings is None:

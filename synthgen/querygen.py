@@ -35,7 +35,7 @@ import jax
 import numpy as np
 from flax import serialization
 
-from synthgen import dp_train, run_seed
+from synthgen import dp_train, run_seed, shards
 from synthgen.corpora import file_sha256
 from synthgen.generator_models import LlamaFamily, T5Family, merge_params, split_trainable
 from synthgen.models.sampling import SamplingConfig
@@ -398,9 +398,12 @@ def generate_queries(
     )
     max_new = max_new_tokens or cfg["max_new_tokens"]
     total, first = len(documents), 0
-    if shard is not None and shard.count > 1:
+    if shard is not None:
         if seed is None:
             raise ValueError("a shard needs a seed: every shard must draw from one sampling stream")
+        job_documents = hashlib.sha256(
+            json.dumps([documents[doc_id_field], documents[document_field]]).encode()
+        ).hexdigest()
         first, end = shard.document_range(total, cfg["generation_batch"])
         documents = documents.select(range(first, end))
     key = run_seed.sampling_key(seed)  # 128 bits of OS entropy unless a seed is given
@@ -447,13 +450,18 @@ def generate_queries(
         },
         "generator_config": cfg,
     }
-    if shard is not None and shard.count > 1:
+    if shard is not None:
+        # What every shard of one job shares (checked by `merge_query_shards`). The seed's hash
+        # only matches shards; it hides nothing (a typed seed is easy to guess), nor needs to.
         metadata["shard"] = {
             "index": shard.index,
             "count": shard.count,
             "documents": [first, first + len(documents)],
             "total_documents": total,
+            "documents_sha256": job_documents,
+            "generator_sha256": file_sha256(Path(model_dir) / PARAMS_FILE),
             "seed_sha256": hashlib.sha256(str(seed).encode()).hexdigest(),
+            "platform": shards.platform(),
         }
     return _write_queries(Path(out_dir), rows, metadata, len(documents))
 
@@ -477,8 +485,8 @@ def merge_query_shards(shard_dirs: Sequence[str | Path], out_dir: str | Path) ->
     """Joins the folders of `generate_queries(..., shard=I/N)` for I = 0..N-1 into one.
 
     The joined queries.jsonl and queries.parquet are byte-identical to the unsharded run's
-    (same generator, documents, settings and seed); metadata.json matches it but for the
-    summed generation time and `merged_shards`.
+    (same generator, documents, settings and seed, on the same platform); metadata.json
+    matches it but for the summed generation time and `merged_shards`.
 
     Raises:
       ValueError: a folder that is not a shard, shards of different jobs, a missing or
@@ -490,8 +498,10 @@ def merge_query_shards(shard_dirs: Sequence[str | Path], out_dir: str | Path) ->
         if "shard" not in meta:
             raise ValueError(f"{folder} is not a shard of generate-queries (no shard record)")
         metas.append((meta["shard"]["index"], folder, meta))
+    if not metas:
+        raise ValueError("no shard folders given")
     metas.sort(key=lambda m: m[0])
-    count = metas[0][2]["shard"]["count"] if metas else 0
+    count = metas[0][2]["shard"]["count"]
     if [m[0] for m in metas] != list(range(count)):
         raise ValueError(f"need shards 0..{count - 1} once each, got {[m[0] for m in metas]}")
     first = metas[0][2]
@@ -500,15 +510,28 @@ def merge_query_shards(shard_dirs: Sequence[str | Path], out_dir: str | Path) ->
         generation = {k: v for k, v in meta["generation"].items() if k != "seconds"}
         return (
             json.dumps([meta["privacy"], meta["model"], meta["generator_config"], generation]),
-            meta["shard"]["count"],
-            meta["shard"]["total_documents"],
-            meta["shard"]["seed_sha256"],
+            *(
+                json.dumps(meta["shard"][k])
+                for k in (
+                    "count",
+                    "total_documents",
+                    "documents_sha256",
+                    "generator_sha256",
+                    "seed_sha256",
+                    "platform",
+                )
+            ),
         )
 
     position = 0
     for _, folder, meta in metas:
         if job(meta) != job(first):
-            raise ValueError(f"{folder} is a shard of another job (generator, settings or seed)")
+            raise ValueError(
+                f"{folder} is a shard of another job (documents, generator, settings, seed or "
+                "platform)"
+            )
+        if file_sha256(folder / "queries.jsonl") != meta["files"]["queries.jsonl"]:
+            raise ValueError(f"{folder}/queries.jsonl is not the file its shard wrote")
         lo, hi = meta["shard"]["documents"]
         if lo != position:
             raise ValueError(f"{folder} starts at document {lo}, expected {position}")

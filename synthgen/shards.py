@@ -3,8 +3,10 @@
 A shard is ``I/N`` (0 <= I < N). The documents are cut, in their given order, into N
 contiguous runs of whole generation batches, so every shard runs exactly the batches the
 unsharded job would run, with the same shapes and the same per-batch random keys; joining
-the shards' outputs in shard order gives the unsharded output, byte for byte (tested). Any
-scheduler (Slurm array jobs, Kubernetes indexed jobs, Ray) can fan them out.
+the shards' outputs in shard order gives the unsharded output, byte for byte (tested), when
+every shard ran on the same JAX version and device kind (recorded by `platform` and checked
+by the merges: other hardware rounds floats differently). Any scheduler (Slurm array jobs,
+Kubernetes indexed jobs, Ray) can fan them out.
 """
 
 from __future__ import annotations
@@ -43,3 +45,14 @@ class Shard:
         first = self.index * batches // self.count
         end = (self.index + 1) * batches // self.count
         return min(first * batch, total), min(end * batch, total)
+
+
+def platform() -> dict:
+    """What the floats of a shard depend on beyond its inputs: merges require the same."""
+    import jax
+
+    return {
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "device": jax.devices()[0].device_kind,
+    }

@@ -75,9 +75,10 @@ def chromium():
 
 
 # The longest test files on the CI machine (2 cores; `make test` on a fresh clone of 3d12ebc,
-# summed from its slowest tests), longest first. They are scheduled first: pytest-xdist's
-# `--dist loadfile` hands files out in collection order, and a long file started last keeps
-# one worker busy while the other idles. Unlisted files keep their order, after these.
+# summed from its slowest tests), longest first. They are scheduled first: with
+# `--no-loadscope-reorder` (the Makefile's), pytest-xdist's `--dist loadfile` hands files out
+# in collection order, and a long file started last keeps one worker busy while the other
+# idles. Unlisted files keep their order, after these.
 SLOW_FILES = (
     "tests/integration/test_pipeline.py",
     "tests/integration/test_retriever_cli.py",

@@ -22,7 +22,9 @@ def index_build(
     kind: Annotated[str, typer.Option(help="auto | exact | scann | scann-bf")] = "auto",
     shard: Annotated[
         str | None,
-        typer.Option(help="I/N: embed shard I of N into --out (join with `index merge`)"),
+        typer.Option(
+            help="I/N: embed shard I of N into --out (join with `index merge`, which takes --kind)"
+        ),
     ] = None,
 ) -> None:
     """Embed a corpus (batched, jitted) and build a searchable, serialised index.

@@ -158,7 +158,17 @@ def generate_queries(
     from synthgen import corpora, querygen
     from synthgen.shards import Shard
 
-    part = None if shard is None else Shard.parse(shard)
+    part = None
+    if shard is not None:
+        try:
+            part = Shard.parse(shard)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--shard") from None
+        if seed is None:
+            raise typer.BadParameter(
+                "a shard needs --seed: every shard must draw from one sampling stream",
+                param_hint="--seed",
+            )
     docs = corpora.load_rows(documents, ("doc_id", "document"), limit, split)
     ds = querygen.generate_queries(
         generator,

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from synthgen import querygen
+from synthgen.corpora import file_sha256
 from synthgen.shards import Shard
 
 
@@ -30,6 +31,7 @@ def _shard_folder(path, index, count, documents, total, seed="a", rows=()):
     lines = [json.dumps({"doc_id": d, "document": f"doc {d}", "query": q}) for d, q in rows]
     (path / "queries.jsonl").write_text("".join(line + "\n" for line in lines))
     meta = {
+        "files": {"queries.jsonl": file_sha256(path / "queries.jsonl")},
         "privacy": {"epsilon": 1.0},
         "model": {},
         "generator_config": {},
@@ -40,6 +42,9 @@ def _shard_folder(path, index, count, documents, total, seed="a", rows=()):
             "documents": documents,
             "total_documents": total,
             "seed_sha256": seed,
+            "documents_sha256": "docs",
+            "generator_sha256": "weights",
+            "platform": {"jax": "x", "backend": "cpu", "device": "cpu"},
         },
     }
     (path / "metadata.json").write_text(json.dumps(meta))
@@ -61,6 +66,12 @@ def test_merge_refuses_mismatched_shards(tmp_path):
     (tmp_path / "plain" / "metadata.json").write_text("{}")
     with pytest.raises(ValueError, match="not a shard"):
         querygen.merge_query_shards([tmp_path / "plain"], tmp_path / "out4")
+    with pytest.raises(ValueError, match="no shard folders"):
+        querygen.merge_query_shards([], tmp_path / "out5")
+    (b / "queries.jsonl").write_text("")  # truncated after the shard was written
+    with pytest.raises(ValueError, match="not the file its shard wrote"):
+        querygen.merge_query_shards([a, b], tmp_path / "out6")
+    b = _shard_folder(tmp_path / "b2", 1, 2, [2, 4], 4, rows=[(2, "q2"), (3, "q3")])
     merged = querygen.merge_query_shards([b, a], tmp_path / "out")
     assert merged["query"] == ["q0", "q1", "q2", "q3"]
     meta = json.loads((tmp_path / "out" / "metadata.json").read_text())
