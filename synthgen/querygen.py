@@ -402,7 +402,7 @@ def generate_queries(
         if seed is None:
             raise ValueError("a shard needs a seed: every shard must draw from one sampling stream")
         job_documents = hashlib.sha256(
-            json.dumps([documents[doc_id_field], documents[document_field]]).encode()
+            json.dumps([list(documents[doc_id_field]), list(documents[document_field])]).encode()
         ).hexdigest()
         first, end = shard.document_range(total, cfg["generation_batch"])
         documents = documents.select(range(first, end))
