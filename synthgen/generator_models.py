@@ -98,8 +98,30 @@ def _pad(ids: Sequence[int], length: int, pad: int) -> tuple[np.ndarray, np.ndar
     return out, mask
 
 
+class _Losses:
+    """The per-example functions a family derives from its `apply_fn`."""
+
+    def logits_fn(self):
+        """fn(params, example) -> [target_len, vocab] logits predicting `example["targets"]`."""
+        return _logits_from_apply(self.apply_fn())
+
+    def loss_fn(self):
+        """fn(trainable, frozen, example) -> the example's mean token NLL."""
+        return _loss_from_logits(self.logits_fn())
+
+    def tapped_loss_fn(self):
+        """`loss_fn` with ghost-clipping taps (`synthgen.ghost_clipping.TappedLossFn`)."""
+        return _tapped_loss(self.apply_fn())
+
+
+def _first_row(out, mutable):
+    """(logits of the one row, mutated state) from `module.apply`'s output."""
+    logits, state = out if mutable else (out, {})
+    return logits[0], state
+
+
 @dataclasses.dataclass
-class T5Family:
+class T5Family(_Losses):
     """T5 encoder-decoder (synthgen.models.t5)."""
 
     config: Any
@@ -144,20 +166,9 @@ class T5Family:
                 ex["target_mask"][None],
                 mutable=mutable,
             )
-            logits, state = out if mutable else (out, {})
-            return logits[0], state
+            return _first_row(out, mutable)
 
         return apply
-
-    def logits_fn(self):
-        """fn(params, example) -> [target_len, vocab] logits predicting `example["targets"]`."""
-        return _logits_from_apply(self.apply_fn())
-
-    def loss_fn(self):
-        return _loss_from_logits(self.logits_fn())
-
-    def tapped_loss_fn(self):
-        return _tapped_loss(self.apply_fn())
 
     def generate(
         self,
@@ -222,7 +233,7 @@ def _until_eos(ids: Sequence[int], eos: int) -> list[int]:
 
 
 @dataclasses.dataclass
-class LlamaFamily:
+class LlamaFamily(_Losses):
     """Llama-architecture decoder (synthgen.models.llama)."""
 
     config: Any
@@ -291,20 +302,9 @@ class LlamaFamily:
                 window_len=ex["targets"].shape[0],
                 mutable=mutable,
             )
-            logits, state = out if mutable else (out, {})
-            return logits[0], state
+            return _first_row(out, mutable)
 
         return apply
-
-    def logits_fn(self):
-        """fn(params, example) -> [target_len, vocab] logits predicting `example["targets"]`."""
-        return _logits_from_apply(self.apply_fn())
-
-    def loss_fn(self):
-        return _loss_from_logits(self.logits_fn())
-
-    def tapped_loss_fn(self):
-        return _tapped_loss(self.apply_fn())
 
     def generate(
         self,
