@@ -76,7 +76,7 @@ def flax_step_seconds(lm: FlaxLM, rows: int, steps: int) -> tuple[float, float]:
     times = {}
     for mode in ("step", "device"):
         lm.start(prompts, steps + 2)
-        tokens = jnp.zeros((lm._cache.k.shape[1],), jnp.int32)  # noqa: SLF001
+        tokens = jnp.zeros((lm._cache.batch,), jnp.int32)  # noqa: SLF001
         logprobs, lm._cache = lm._step(lm.params, lm._cache, tokens)  # noqa: SLF001 - warm-up
         np.asarray(logprobs)
         start = time.perf_counter()
@@ -122,7 +122,7 @@ def main() -> None:
         )
         step_s, device_s = flax_step_seconds(lm, rows, args.steps)
         achieved = flops * rows / step_s / 1e9
-        padded = lm._cache.k.shape[1]  # noqa: SLF001
+        padded = lm._cache.batch  # noqa: SLF001
         results[rows] = (sustained, achieved, rows / step_s)
         print(
             f"| {rows} | {padded} | {sustained:.1f} | {step_s:.4f} | {achieved:.1f} "

@@ -175,30 +175,32 @@ class FlaxLM:
     def __init__(self, config: Any, params: Any, tokenizer: Any) -> None:
         import jax
 
-        from synthgen.models import llama
+        from synthgen.models import kv_cache
 
-        self.config, self.params, self.tokenizer = config, params, tokenizer
+        # Per-layer weights (split once here) so a jitted step copies none of them.
+        self.config, self.tokenizer = config, tokenizer
+        self.params = kv_cache.decode_params(params)
         self._cache = None
         self._rows = 0
         self._new_tokens = 0
         self._max_new = 0
 
         def prefill(params, cache, ids, mask):
-            logits, cache = llama.prefill(params, cache, ids, mask)
+            logits, cache = kv_cache.prefill(params, cache, ids, mask)
             return jax.nn.log_softmax(logits, axis=-1), cache
 
         def step(params, cache, tokens):
-            logits, cache = llama.step(params, cache, tokens)
+            logits, cache = kv_cache.step(params, cache, tokens)
             return jax.nn.log_softmax(logits, axis=-1), cache
 
         def extend(params, cache, ids, mask):
-            logits, cache = llama.extend(params, cache, ids, mask)
+            logits, cache = kv_cache.extend(params, cache, ids, mask)
             return jax.nn.log_softmax(logits, axis=-1), cache
 
         self._prefill = jax.jit(prefill)
         self._step = jax.jit(step, donate_argnums=1)
         self._extend = jax.jit(extend, donate_argnums=1)
-        self._raw_extend = jax.jit(llama.extend, donate_argnums=1)
+        self._raw_extend = jax.jit(kv_cache.extend, donate_argnums=1)
 
     @classmethod
     def load(cls, name_or_path: str = "smollm2-135m-instruct", dtype: str = "float32") -> FlaxLM:
@@ -244,7 +246,7 @@ class FlaxLM:
     def _prefilled(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, length: int | None = None
     ):
-        from synthgen.models import llama
+        from synthgen.models import kv_cache
         from synthgen.models.decoding import MIN_PROMPT_BUCKET, pad_prompts
 
         if not prompts or min(len(p) for p in prompts) == 0:
@@ -263,7 +265,7 @@ class FlaxLM:
         rows = _row_bucket(len(prompts))
         ids, mask = pad_prompts(prompts, length, self.tokenizer.pad_id, rows)
         mask[len(prompts) :, -1] = 1  # padding rows get one token so no row is empty
-        cache = llama.init_cache(self.config, rows, length + max_new_tokens)
+        cache = kv_cache.init_cache(self.config, rows, length + max_new_tokens)
         return self._prefill(self.params, cache, ids, mask)
 
     def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from synthgen.models import llama
+from synthgen.models import kv_cache
 from synthgen.models.llama import LlamaConfig
 from synthgen.models.sampling import SamplingConfig, sample_next
 from synthgen.models.tokenizer import Tokenizer
@@ -61,8 +61,9 @@ def _generate_padded(
 ) -> tuple[jax.Array, jax.Array]:
     """Generated ids [B, max_new_bucket] (pad after EOS) and the number of steps run."""
     b, t = input_ids.shape
-    cache = llama.init_cache(config, b, t + max_new_bucket)
-    logits, cache = llama.prefill(params, cache, input_ids, attention_mask)
+    params = kv_cache.decode_params(params)  # once, not inside the loop
+    cache = kv_cache.init_cache(config, b, t + max_new_bucket)
+    logits, cache = kv_cache.prefill(params, cache, input_ids, attention_mask)
 
     def pick(logits, i, done):
         token = sample_next(logits, jax.random.fold_in(key, i), sampling)
@@ -78,7 +79,7 @@ def _generate_padded(
 
     def body(state):
         i, cache, token, done, out = state
-        logits, cache = llama.step(params, cache, token)
+        logits, cache = kv_cache.step(params, cache, token)
         token, done = pick(logits, i, done)
         out = jax.lax.dynamic_update_slice(out, token[:, None], (jnp.zeros((), i.dtype), i))
         return i + 1, cache, token, done, out

@@ -3,13 +3,13 @@
 A DP-RAG answer runs one private prompt per document: ``head + document + question``,
 where the head (system instruction) and the documents do not depend on the question. Their
 keys and values are therefore computed once per collection (`build_document_kv`) and an
-answer only feeds the question after them (`session_cache` then `llama.extend`): the
+answer only feeds the question after them (`session_cache` then `kv_cache.extend`): the
 prefill of ``B x (head + document + question)`` tokens becomes one of ``B x question``.
 
 Layout of a session's cache: slots ``[0, H)`` hold the shared head, ``[H, H + W)`` each
 row's document (right-padded to the public width W: the padding slots are masked and never
 attended), then the question and the generated tokens. RoPE positions are per row, so a
-row decodes as its unpadded prompt would from one `llama.prefill` (up to float rounding).
+row decodes as its unpadded prompt would from one `kv_cache.prefill` (up to float rounding).
 
 Privacy: every document's keys are computed before any answer and an answer gathers a
 fixed number of rows of width W, so its work and memory do not depend on which documents
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from synthgen.models import llama
+from synthgen.models import kv_cache, llama
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -46,8 +46,8 @@ class DocumentKV:
 
     Attributes:
       head: the head's token ids (H).
-      head_k: the head's rotated keys [L, H, K, D]; head_v its values.
-      k: every document's rotated keys after the head [L, N, W, K, D]; v their values.
+      head_k: the head's rotated keys [L, K, H, D]; head_v its values.
+      k: every document's rotated keys after the head [L, N, K, W, D]; v their values.
       lengths: int [N], each document's number of tokens (<= W).
       digest: sha256 of the head, W and every document's (cut) token ids: which documents
         these are, to check a cache handed to another user of the same collection.
@@ -66,7 +66,7 @@ class DocumentKV:
     @property
     def width(self) -> int:
         """W, the public number of slots of every document."""
-        return self.k.shape[2]
+        return self.k.shape[3]
 
     @property
     def documents(self) -> int:
@@ -91,7 +91,7 @@ def build_document_kv(
       head: token ids before each document (at least one).
       documents: token ids of each document; each is cut to its first `width` ids.
       width: W, the public number of slots per document.
-      extend: a jitted `llama.extend` to reuse (compiled once per shape).
+      extend: a jitted `kv_cache.extend` to reuse (compiled once per shape).
       batch: documents per call (a public shape).
       progress: a progress bar over the documents.
     """
@@ -101,14 +101,15 @@ def build_document_kv(
         raise ValueError("the head needs at least one token")
     if width < 1 or not documents:
         raise ValueError(f"need width >= 1 and at least one document: {width=}")
-    extend = extend or jax.jit(llama.extend)
+    extend = extend or jax.jit(kv_cache.extend)
     h, n = len(head), len(documents)
-    cache = llama.init_cache(config, 1, h)
-    _, cache = jax.jit(llama.prefill)(
+    cache = kv_cache.init_cache(config, 1, h)
+    _, cache = jax.jit(kv_cache.prefill)(
         params, cache, np.array([head], np.int32), np.ones((1, h), np.int32)
     )
-    head_k, head_v = np.asarray(cache.k[:, 0]), np.asarray(cache.v[:, 0])
-    shape = (config.num_layers, n, width, config.num_kv_heads, config.head_dim)
+    head_k = np.stack([np.asarray(a[0]) for a in cache.k])
+    head_v = np.stack([np.asarray(a[0]) for a in cache.v])
+    shape = (config.num_layers, n, config.num_kv_heads, width, config.head_dim)
     k, v = np.zeros(shape, head_k.dtype), np.zeros(shape, head_v.dtype)
     lengths = np.array([min(len(d), width) for d in documents], np.int32)
     starts = range(0, n, batch)
@@ -126,8 +127,8 @@ def build_document_kv(
         filled = _headed_cache(config, head_k, head_v, batch, h + width)
         _, filled = extend(params, filled, ids, mask)
         rows = len(chunk)
-        k[:, start : start + rows] = np.asarray(filled.k[:, :rows, h:])
-        v[:, start : start + rows] = np.asarray(filled.v[:, :rows, h:])
+        k[:, start : start + rows] = np.stack([np.asarray(a[:rows, :, h:]) for a in filled.k])
+        v[:, start : start + rows] = np.stack([np.asarray(a[:rows, :, h:]) for a in filled.v])
     return DocumentKV(
         tuple(int(t) for t in head),
         head_k,
@@ -150,19 +151,19 @@ def documents_digest(head: Sequence[int], documents: Sequence[Sequence[int]], wi
     return h.hexdigest()
 
 
-def _headed_cache(config, head_k, head_v, rows: int, slots: int) -> llama.KVCache:
+def _headed_cache(config, head_k, head_v, rows: int, slots: int) -> kv_cache.KVCache:
     """A cache of `rows` rows and `slots` slots whose first slots hold the head."""
     import jax.numpy as jnp
 
-    h = head_k.shape[1]
-    shape = (config.num_layers, rows, slots, config.num_kv_heads, config.head_dim)
+    h = head_k.shape[2]
+    shape = (config.num_layers, rows, config.num_kv_heads, slots, config.head_dim)
     k, v = np.zeros(shape, head_k.dtype), np.zeros(shape, head_v.dtype)
-    k[:, :, :h], v[:, :, :h] = head_k[:, None], head_v[:, None]
+    k[:, :, :, :h], v[:, :, :, :h] = head_k[:, None], head_v[:, None]
     mask = np.zeros((rows, slots), bool)
     mask[:, :h] = True
-    return llama.KVCache(
-        k=jnp.asarray(k),
-        v=jnp.asarray(v),
+    return kv_cache.KVCache(
+        k=tuple(jnp.asarray(a) for a in k),
+        v=tuple(jnp.asarray(a) for a in v),
         mask=jnp.asarray(mask),
         positions=jnp.full((rows,), h, jnp.int32),
         index=jnp.asarray(h, jnp.int32),
@@ -172,7 +173,7 @@ def _headed_cache(config, head_k, head_v, rows: int, slots: int) -> llama.KVCach
 
 def session_cache(
     kv: DocumentKV, config: llama.LlamaConfig, rows: Sequence[int], batch: int, slots: int
-) -> llama.KVCache:
+) -> kv_cache.KVCache:
     """A decoding cache of `batch` rows whose row r holds the head and document rows[r]
     (rows past ``len(rows)`` repeat document rows[0]; their outputs are for no one), with
     `slots` slots in all; the next block goes into slot H + W.
@@ -188,17 +189,17 @@ def session_cache(
     index = np.zeros(batch, np.int64)
     index[: len(rows)] = rows
     index[len(rows) :] = rows[0]
-    shape = (config.num_layers, batch, slots, config.num_kv_heads, config.head_dim)
+    shape = (config.num_layers, batch, config.num_kv_heads, slots, config.head_dim)
     k, v = np.zeros(shape, kv.k.dtype), np.zeros(shape, kv.v.dtype)
-    k[:, :, :h], v[:, :, :h] = kv.head_k[:, None], kv.head_v[:, None]
-    k[:, :, h : h + w], v[:, :, h : h + w] = kv.k[:, index], kv.v[:, index]
+    k[:, :, :, :h], v[:, :, :, :h] = kv.head_k[:, None], kv.head_v[:, None]
+    k[:, :, :, h : h + w], v[:, :, :, h : h + w] = kv.k[:, index], kv.v[:, index]
     lengths = kv.lengths[index]
     mask = np.zeros((batch, slots), bool)
     mask[:, :h] = True
     mask[:, h : h + w] = np.arange(w)[None] < lengths[:, None]
-    return llama.KVCache(
-        k=jnp.asarray(k),
-        v=jnp.asarray(v),
+    return kv_cache.KVCache(
+        k=tuple(jnp.asarray(a) for a in k),
+        v=tuple(jnp.asarray(a) for a in v),
         mask=jnp.asarray(mask),
         positions=jnp.asarray(h + lengths, jnp.int32),
         index=jnp.asarray(h + w, jnp.int32),

@@ -22,17 +22,8 @@ Two ways to run it:
 * Training / scoring: ``Llama(cfg).apply({"params": p}, input_ids, attention_mask)`` returns
   logits [B, T, V] for every position (causal, padding keys masked). It has no batch
   statistics, so it runs under ``jax.vmap`` over a per-example axis with B = 1.
-* Incremental decoding: `init_cache`, then `prefill` once with the (padded) prompts, then
-  `step` one token per row at a time; `extend` feeds a block of tokens after a cached
-  prefix (a chunked prefill: a document's keys computed once, a question after it). The
-  cache has static shapes and carries the config as static pytree metadata, so
-  ``jax.jit(step, donate_argnums=1)`` works as is.
-
-Cache layout: ``k``/``v`` [L, B, S, K, D] are slot buffers shared by the batch. `prefill`
-writes the T prompt tokens into slots 0..T-1 and records which slots hold real tokens
-(``mask``); each `step` writes slot ``index`` for every row. RoPE positions are per row
-(``positions``: the number of real tokens so far), so left-, right- or mixed-padded prompts
-of different lengths decode exactly as they would alone.
+* Incremental decoding with a KV cache: `synthgen.models.kv_cache` (the layers one by one,
+  over per-layer parameters and cache buffers, which XLA:CPU runs without copying them).
 """
 
 from __future__ import annotations
@@ -41,7 +32,6 @@ import dataclasses
 from typing import Any
 
 import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -53,6 +43,9 @@ PyTree = Any
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 DTYPES = ("float32", "bfloat16", "float16")
 _MASKED = float(jnp.finfo(jnp.float32).min)  # finite: a fully masked row gives no NaN
+
+# One layer's decoding cache: keys [B, K, S, D], values [B, K, S, D], the next slot (int32).
+LayerCache = tuple[jax.Array, jax.Array, jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,23 +203,23 @@ class Attention(nn.Module):
         x: jax.Array,
         cos: jax.Array,
         sin: jax.Array,
-        self_mask: jax.Array,
-        cache_kv: tuple[jax.Array, jax.Array] | None,
-        cache_mask: jax.Array | None,
-    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        """Attends x [B, T, d] to itself (under `self_mask` [B, T, T]) and to the cache.
+        mask: jax.Array,
+        cache: LayerCache | None = None,
+    ) -> tuple[jax.Array, LayerCache | None]:
+        """Attends x [B, T, d] to itself, or, with a cache, to the cache after writing x's keys.
 
         Args:
           x: block input [B, T, d].
           cos: RoPE cosines [B, T, D].
           sin: RoPE sines [B, T, D].
-          self_mask: bool [B, T, T], query t may see key s of this block.
-          cache_kv: cached keys and values [B, S, K, D] of earlier tokens, or None.
-          cache_mask: bool [B, S], slots of the cache holding real tokens (with `cache_kv`).
+          mask: bool, query t may see key s: [B, T, T] over this block without a cache,
+            [B, T, S] over the cache's slots with one.
+          cache: this layer's (keys [B, K, S, D], values [B, K, S, D], slot index): the
+            block's rotated keys and values are written into slots index .. index + T - 1
+            first, then the block attends to all S slots under `mask`.
 
         Returns:
-          The attention output [B, T, d] and this block's (rotated) keys and values
-          [B, T, K, D], to be written into a cache.
+          The attention output [B, T, d] and the updated cache (None without one).
         """
         c = self.config
         b, t, _ = x.shape
@@ -240,23 +233,31 @@ class Attention(nn.Module):
         q = (q * d**-0.5).reshape(b, t, kv, h // kv, d)  # [B, T, K, G, D]
 
         f32 = jnp.float32
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=f32)
-        scores = jnp.where(self_mask[:, None, None], scores, _MASKED)
-        if cache_kv is None:
+        if cache is None:
+            scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=f32)
+            scores = jnp.where(mask[:, None, None], scores, _MASKED)
             probs = jax.nn.softmax(scores, axis=-1).astype(dt)
             out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=f32)
         else:
-            ck, cv = (a.astype(dt) for a in cache_kv)
-            cached = jnp.einsum("btkgd,bskd->bkgts", q, ck, preferred_element_type=f32)
-            cached = jnp.where(cache_mask[:, None, None, None, :], cached, _MASKED)
-            s = cached.shape[-1]
-            probs = jax.nn.softmax(jnp.concatenate([cached, scores], axis=-1), axis=-1).astype(dt)
-            out = jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], cv, preferred_element_type=f32)
-            out = out + jnp.einsum(
-                "bkgts,bskd->btkgd", probs[..., s:], v, preferred_element_type=f32
-            )
+            ck, cv, index = cache
+            zero = jnp.zeros((), jnp.int32)
+            at = (zero, zero, index, zero)
+            ck = jax.lax.dynamic_update_slice(ck, jnp.swapaxes(k, 1, 2).astype(ck.dtype), at)
+            cv = jax.lax.dynamic_update_slice(cv, jnp.swapaxes(v, 1, 2).astype(cv.dtype), at)
+            # Keys as the left operand, [S, D] x [D, T*G] per (row, kv head): XLA:CPU runs
+            # it as one fast batched product, the other way round several times slower.
+            scores = jnp.einsum("bksd,btkgd->bkstg", ck.astype(dt), q, preferred_element_type=f32)
+            visible = jnp.swapaxes(mask, 1, 2)[:, None, :, :, None]  # [B, 1, S, T, 1]
+            probs = jax.nn.softmax(jnp.where(visible, scores, _MASKED), axis=2).astype(dt)
+            # Slots last and the output's heads before the block's tokens: this product
+            # then runs as the fast kind too ([T*G, S] x [S, D]); written as one einsum to
+            # "btkgd", XLA:CPU swaps the operands into a generic loop 3x slower.
+            probs = jnp.transpose(probs, (0, 1, 3, 4, 2))
+            out = jnp.einsum("bktgs,bksd->bktgd", probs, cv.astype(dt), preferred_element_type=f32)
+            out = jnp.swapaxes(out, 1, 2)
+            cache = (ck, cv, index)
         out = out.astype(dt).reshape(b, t, h * d)
-        return _dense(c, c.hidden_size, "o")(out), (k, v)
+        return _dense(c, c.hidden_size, "o")(out), cache
 
 
 class Mlp(nn.Module):
@@ -273,7 +274,11 @@ class Mlp(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm block; the call signature is `nn.scan`'s (carry, *inputs)."""
+    """One pre-norm block; the call signature is `nn.scan`'s (carry, *inputs).
+
+    `mask` and `cache` are `Attention`'s: without a cache (training, scoring) the block
+    attends to itself; with one (`synthgen.models.kv_cache`) it returns the updated cache.
+    """
 
     config: LlamaConfig
 
@@ -283,60 +288,15 @@ class DecoderLayer(nn.Module):
         x: jax.Array,
         cos: jax.Array,
         sin: jax.Array,
-        self_mask: jax.Array,
-        cache_mask: jax.Array | None,
-        cache_kv: tuple[jax.Array, jax.Array] | None,
-    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        mask: jax.Array,
+        cache: LayerCache | None = None,
+    ) -> tuple[jax.Array, LayerCache | None]:
         c = self.config
         h = _rms_norm(c, "attn_norm")(x)
-        attn, new_kv = Attention(c, name="attn")(h, cos, sin, self_mask, cache_kv, cache_mask)
+        attn, cache = Attention(c, name="attn")(h, cos, sin, mask, cache)
         x = x + attn
         x = x + Mlp(c, name="mlp")(_rms_norm(c, "mlp_norm")(x))
-        return x, new_kv
-
-
-# ---- KV cache ---------------------------------------------------------------------------
-
-
-@flax.struct.dataclass
-class KVCache:
-    """Decoding state of a batch of B rows (a pytree; `config` is static metadata).
-
-    Attributes:
-      k: cached rotated keys [L, B, S, K, D] (config dtype).
-      v: cached values [L, B, S, K, D].
-      mask: bool [B, S], True where a slot holds a real token of that row.
-      positions: int32 [B], RoPE position of each row's next token.
-      index: int32 scalar, the next slot to write (shared by all rows).
-      config: the model config the cache belongs to.
-    """
-
-    k: jax.Array
-    v: jax.Array
-    mask: jax.Array
-    positions: jax.Array
-    index: jax.Array
-    config: LlamaConfig = flax.struct.field(pytree_node=False)
-
-    @property
-    def max_len(self) -> int:
-        """Number of slots S."""
-        return self.k.shape[2]
-
-
-def init_cache(config: LlamaConfig, batch: int, max_len: int) -> KVCache:
-    """An empty cache for `batch` rows of up to `max_len` tokens (prompt + generated)."""
-    if batch <= 0 or max_len <= 0:
-        raise ValueError(f"batch and max_len must be positive, got {batch=} {max_len=}")
-    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
-    return KVCache(
-        k=jnp.zeros(shape, config.jnp_dtype),
-        v=jnp.zeros(shape, config.jnp_dtype),
-        mask=jnp.zeros((batch, max_len), bool),
-        positions=jnp.zeros((batch,), jnp.int32),
-        index=jnp.zeros((), jnp.int32),
-        config=config,
-    )
+        return x, cache
 
 
 # ---- model ------------------------------------------------------------------------------
@@ -360,29 +320,19 @@ class Llama(nn.Module):
             block,
             variable_axes={"params": 0, TAP_INPUTS: 0, TAP_OUTPUTS: 0},
             split_rngs={"params": True},
-            in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, 0),
+            in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
             length=c.num_layers,
         )(c)
         self.final_norm = _rms_norm(c, "final_norm")
         if not c.tie_word_embeddings:
             self.lm_head = LoraDense(c.vocab_size, dtype=c.jnp_dtype)
 
-    def _blocks(
-        self,
-        input_ids: jax.Array,
-        positions: jax.Array,
-        self_mask: jax.Array,
-        cache: KVCache | None = None,
-    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        """Hidden states [B, T, d] after the last block, and new keys/values [L, B, T, K, D]."""
-        c = self.config
-        x = self.embed(input_ids.astype(jnp.int32)).astype(c.jnp_dtype)
-        cos, sin = rope_tables(positions, c.head_dim, c.rope_theta)
-        cache_kv = None if cache is None else (cache.k, cache.v)
-        cache_mask = None if cache is None else cache.mask
-        return self.layers(x, cos, sin, self_mask, cache_mask, cache_kv)
+    def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
+        """Token embeddings [B, T, d] in the config dtype."""
+        return self.embed(input_ids.astype(jnp.int32)).astype(self.config.jnp_dtype)
 
-    def _logits(self, h: jax.Array) -> jax.Array:
+    def logits(self, h: jax.Array) -> jax.Array:
+        """Final norm and output projection: float32 logits [..., V] of hidden states h."""
         h = self.final_norm(h)
         if self.config.tie_word_embeddings:
             return self.embed.attend(h).astype(jnp.float32)
@@ -418,133 +368,16 @@ class Llama(nn.Module):
         if positions is None:
             positions = default_positions(mask)
         self_mask = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]
-        h, _ = self._blocks(input_ids, positions, self_mask)
+        c = self.config
+        cos, sin = rope_tables(positions, c.head_dim, c.rope_theta)
+        h, _ = self.layers(self.embed_tokens(input_ids), cos, sin, self_mask)
         if (window_start is None) != (window_len is None):
             raise ValueError("give both window_start and window_len, or neither")
         if window_len is not None:
             h = jax.vmap(lambda row, start: jax.lax.dynamic_slice_in_dim(row, start, window_len))(
                 h, window_start.astype(jnp.int32)
             )
-        return self._logits(h)
-
-    def prefill(
-        self, cache: KVCache, input_ids: jax.Array, attention_mask: jax.Array
-    ) -> tuple[jax.Array, KVCache]:
-        """Starts decoding: runs the prompts and fills the cache (its old content is dropped).
-
-        Args:
-          cache: a cache from `init_cache` with batch B and at least T slots.
-          input_ids: int [B, T] prompts, padded on either side (or both).
-          attention_mask: [B, T], 1 for real prompt tokens; every row needs at least one.
-
-        Returns:
-          Logits [B, V] (float32) after each row's last real token, and the filled cache.
-        """
-        b, t = input_ids.shape
-        if t > cache.max_len:
-            raise ValueError(f"prompt longer than the cache: {t=} > {cache.max_len=}")
-        mask = attention_mask.astype(bool)
-        self_mask = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]
-        h, (k, v) = self._blocks(input_ids, default_positions(mask), self_mask)
-        last = t - 1 - jnp.argmax(mask[:, ::-1], axis=1)
-        logits = self._logits(h[jnp.arange(b), last])
-        zero = jnp.zeros((), jnp.int32)
-        cache = cache.replace(
-            k=jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), (zero,) * 5),
-            v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), (zero,) * 5),
-            mask=jax.lax.dynamic_update_slice(jnp.zeros_like(cache.mask), mask, (zero, zero)),
-            positions=jnp.sum(mask, axis=1, dtype=jnp.int32),
-            index=jnp.asarray(t, jnp.int32),
-        )
-        return logits, cache
-
-    def extend(
-        self, cache: KVCache, input_ids: jax.Array, attention_mask: jax.Array
-    ) -> tuple[jax.Array, KVCache]:
-        """Feeds a block of T tokens per row after what the cache holds (a chunked prefill).
-
-        The block goes into slots ``cache.index`` .. ``cache.index + T - 1``; each row's real
-        tokens (``attention_mask``) continue that row's RoPE positions and see the row's
-        cached slots and its earlier real tokens of the block, so a prompt fed as a prefix
-        (`prefill`, or slots filled by the caller) and then extended decodes as it would
-        from one `prefill` of the whole prompt. Slots of masked tokens are never attended.
-
-        Args:
-          cache: a cache with at least ``index + T`` slots: ``index`` is traced, so only
-            ``T <= S`` is checked here; past the last slot the write would be clamped
-            onto earlier slots.
-          input_ids: int [B, T], padded on either side.
-          attention_mask: [B, T], 1 for real tokens; a row needs at least one real token
-            here or one cached slot (otherwise its logits are meaningless).
-
-        Returns:
-          Logits [B, V] (float32) after each row's last real token of the block, and the cache.
-        """
-        b, t = input_ids.shape
-        if t > cache.max_len:
-            raise ValueError(f"block longer than the cache: {t=} > {cache.max_len=}")
-        mask = attention_mask.astype(bool)
-        positions = cache.positions[:, None] + jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1
-        self_mask = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]
-        h, (k, v) = self._blocks(input_ids, positions, self_mask, cache)
-        last = t - 1 - jnp.argmax(mask[:, ::-1], axis=1)
-        logits = self._logits(h[jnp.arange(b), last])
-        zero, idx = jnp.zeros((), jnp.int32), cache.index
-        start = (zero, zero, idx, zero, zero)
-        cache = cache.replace(
-            k=jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), start),
-            v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), start),
-            mask=jax.lax.dynamic_update_slice(cache.mask, mask, (zero, idx)),
-            positions=cache.positions + jnp.sum(mask, axis=1, dtype=jnp.int32),
-            index=idx + t,
-        )
-        return logits, cache
-
-    def step(self, cache: KVCache, token_ids: jax.Array) -> tuple[jax.Array, KVCache]:
-        """Feeds one token per row and returns the next-token logits [B, V] and the cache.
-
-        The token goes into slot ``cache.index`` (the same for all rows) at each row's own
-        RoPE position. Writing past the last slot is not checked inside jit (the write
-        would be clamped onto the last slot); size the cache for prompt + new tokens.
-        """
-        ids = token_ids.astype(jnp.int32)[:, None]
-        b = ids.shape[0]
-        self_mask = jnp.ones((b, 1, 1), bool)
-        h, (k, v) = self._blocks(ids, cache.positions[:, None], self_mask, cache)
-        logits = self._logits(h[:, 0])
-        zero, idx = jnp.zeros((), jnp.int32), cache.index
-        start = (zero, zero, idx, zero, zero)
-        cache = cache.replace(
-            k=jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), start),
-            v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), start),
-            mask=jax.lax.dynamic_update_slice(cache.mask, jnp.ones((b, 1), bool), (zero, idx)),
-            positions=cache.positions + 1,
-            index=idx + 1,
-        )
-        return logits, cache
-
-
-def prefill(
-    params: PyTree, cache: KVCache, input_ids: jax.Array, attention_mask: jax.Array
-) -> tuple[jax.Array, KVCache]:
-    """`Llama.prefill` of the model described by ``cache.config`` with `params`."""
-    return Llama(cache.config).apply(
-        {"params": params}, cache, input_ids, attention_mask, method=Llama.prefill
-    )
-
-
-def extend(
-    params: PyTree, cache: KVCache, input_ids: jax.Array, attention_mask: jax.Array
-) -> tuple[jax.Array, KVCache]:
-    """`Llama.extend` of the model described by ``cache.config`` with `params`."""
-    return Llama(cache.config).apply(
-        {"params": params}, cache, input_ids, attention_mask, method=Llama.extend
-    )
-
-
-def step(params: PyTree, cache: KVCache, token_ids: jax.Array) -> tuple[jax.Array, KVCache]:
-    """`Llama.step` of the model described by ``cache.config`` with `params`."""
-    return Llama(cache.config).apply({"params": params}, cache, token_ids, method=Llama.step)
+        return self.logits(h)
 
 
 def init_params(config: LlamaConfig, key: jax.Array) -> PyTree:

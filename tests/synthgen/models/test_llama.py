@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from synthgen.models import llama
+from synthgen.models import kv_cache, llama
 from synthgen.models.llama import Llama, LlamaConfig
 from synthgen.models.llama_loading import load_llama, unpermute_rotary
 
@@ -101,23 +101,28 @@ def _prompts_batch(lengths, total, side, vocab, seed=0):
     return rows, ids, mask
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["stacked", "split"])
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_cached_prefill_and_steps_match_full_forward(hf_model, side):
+def test_cached_prefill_and_steps_match_full_forward(hf_model, side, split):
     config, params, _ = hf_model
+    if split:  # the per-layer form FlaxLM holds: the same numbers
+        params = kv_cache.decode_params(params)
+        assert len(params["layers"]) == config.num_layers
     lengths, steps = [3, 7, 5], 4
     rows, ids, mask = _prompts_batch(lengths, 8, side, config.vocab_size)
     continuation = np.random.default_rng(1).integers(3, config.vocab_size, size=(3, steps))
-    cache = llama.init_cache(config, 3, 8 + steps)
-    logits, cache = jax.jit(llama.prefill)(params, cache, ids, mask)
+    cache = kv_cache.init_cache(config, 3, 8 + steps)
+    logits, cache = jax.jit(kv_cache.prefill)(params, cache, ids, mask)
     got = [np.asarray(logits)]
-    step = jax.jit(llama.step, donate_argnums=1)
+    step = jax.jit(kv_cache.step, donate_argnums=1)
     for s in range(steps - 1):
         logits, cache = step(params, cache, continuation[:, s])
         got.append(np.asarray(logits))
     got = np.stack(got, axis=1)  # [B, steps, V]
     for r, row in enumerate(rows):
-        full = _forward(config, params, np.array([row + continuation[r, : steps - 1].tolist()]))
-        np.testing.assert_allclose(got[r], full[0, len(row) - 1 :], atol=ATOL, rtol=0)
+        row = row + continuation[r, : steps - 1].tolist()
+        full = _forward(config, hf_model[1], np.array([row]))
+        np.testing.assert_allclose(got[r], full[0, lengths[r] - 1 :], atol=ATOL, rtol=0)
     assert cache.positions.tolist() == [n + steps - 1 for n in lengths]
 
 
@@ -130,13 +135,13 @@ def test_extend_after_a_cached_prefix_matches_full_forward(hf_model):
     docs, doc_ids, doc_mask = _prompts_batch([2, 6, 1], 6, "right", config.vocab_size, seed=3)
     tails, tail_ids, tail_mask = _prompts_batch([3, 1, 5], 5, "left", config.vocab_size, seed=4)
     nxt = rng.integers(3, config.vocab_size, size=3)
-    cache = llama.init_cache(config, 3, 4 + 6 + 5 + 1)
+    cache = kv_cache.init_cache(config, 3, 4 + 6 + 5 + 1)
     ones = np.ones((3, 4), np.int32)
-    _, cache = jax.jit(llama.prefill)(params, cache, np.array([prefix] * 3), ones)
-    extend = jax.jit(llama.extend)
+    _, cache = jax.jit(kv_cache.prefill)(params, cache, np.array([prefix] * 3), ones)
+    extend = jax.jit(kv_cache.extend)
     _, cache = extend(params, cache, doc_ids, doc_mask)
     after_tail, cache = extend(params, cache, tail_ids, tail_mask)
-    after_step, cache = jax.jit(llama.step)(params, cache, nxt)
+    after_step, cache = jax.jit(kv_cache.step)(params, cache, nxt)
     for r in range(3):
         row = prefix + docs[r] + tails[r] + [int(nxt[r])]
         full = _forward(config, params, np.array([row]))[0]
@@ -150,9 +155,9 @@ def test_extend_after_a_cached_prefix_matches_full_forward(hf_model):
 
 def test_prefill_checks_cache_size(hf_model):
     config, params, _ = hf_model
-    cache = llama.init_cache(config, 1, 4)
+    cache = kv_cache.init_cache(config, 1, 4)
     with pytest.raises(ValueError, match="longer than the cache"):
-        llama.prefill(params, cache, np.ones((1, 5), np.int32), np.ones((1, 5), np.int32))
+        kv_cache.prefill(params, cache, np.ones((1, 5), np.int32), np.ones((1, 5), np.int32))
 
 
 def test_padding_does_not_change_real_positions_under_vmap():
