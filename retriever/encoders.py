@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import hashlib
 import json
 import string
 from collections.abc import Callable, Iterable, Sequence
@@ -162,6 +163,16 @@ def build_vocab(texts: Iterable[str] | None = None, *, size: int = 1024) -> list
 
 
 # ---- the encoder ---------------------------------------------------------------------------
+
+
+def params_sha256(params: PyTree) -> str:
+    """SHA-256 of a parameter tree's paths, dtypes, shapes and values: which weights these are."""
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        array = np.ascontiguousarray(np.asarray(leaf))
+        digest.update(f"{jax.tree_util.keystr(path)}:{array.dtype}:{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 def mean_pool(states: jax.Array, attention_mask: jax.Array) -> jax.Array:

@@ -5,8 +5,9 @@
 the N shards of one build (same corpus, encoder and count) and writes the index folder. The
 shards' batches are the unsharded `TextEncoder.encode`'s (`TextEncoder.encode_shard`), so the
 merged index equals the unsharded build's, file for file (tested), when the shards ran on the
-same JAX version and device kind (checked). The encoder is matched by its reference and
-provenance, not by hashing its weights.
+same JAX version and device kind (checked). The encoder is matched by its reference, its
+provenance and a hash of its document tower's weights (a folder retrained between two
+shards is refused).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def encode_index_shard(
     """
     from retriever import provenance as prov
     from retriever.data import read_corpus
+    from retriever.encoders import params_sha256
     from retriever.evaluate import load_towers
 
     _, doc_encoder = load_towers(encoder)
@@ -57,6 +59,7 @@ def encode_index_shard(
         "num_documents": len(doc_ids),
         "encoder": reference,
         "encoder_provenance": prov.encoder_provenance(reference),
+        "encoder_weights_sha256": params_sha256(doc_encoder.params),
         "doc_ids": [doc_ids[r] for r in rows],
         "platform": shards.platform(),
         "files": {f: file_sha256(out / f) for f in ("rows.npy", "embeddings.npy")},
@@ -89,7 +92,15 @@ def merge_index_shards(shard_dirs: Sequence[str | Path], out: str | Path, *, kin
         raise ValueError(
             f"need shards 0..{count - 1} once each, got {[s[0]['index'] for s in found]}"
         )
-    keys = ("count", "corpus_sha256", "num_documents", "encoder", "encoder_provenance", "platform")
+    keys = (
+        "count",
+        "corpus_sha256",
+        "num_documents",
+        "encoder",
+        "encoder_provenance",
+        "encoder_weights_sha256",
+        "platform",
+    )
     first = found[0][0]
     n = first["num_documents"]
     embeddings = None
@@ -97,7 +108,8 @@ def merge_index_shards(shard_dirs: Sequence[str | Path], out: str | Path, *, kin
     for record, folder in found:
         if any(record[k] != first[k] for k in keys):
             raise ValueError(
-                f"{folder} is a shard of another build (corpus, encoder, count or platform)"
+                f"{folder} is a shard of another build (corpus, encoder or its weights, count or "
+                "platform)"
             )
         for name, digest in record["files"].items():
             if file_sha256(folder / name) != digest:

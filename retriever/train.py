@@ -53,7 +53,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from retriever import provenance as prov
-from retriever.encoders import TextEncoder, save_encoder
+from retriever.encoders import TextEncoder, params_sha256, save_encoder
 from synthgen import dp_train
 from synthgen.checkpoints import TrainCheckpoints
 from synthgen.paths import default_work_dir
@@ -242,7 +242,7 @@ def train_retriever(
     run_meta = {
         "config": dataclasses.asdict(config),
         "data": _pairs_digest(data),
-        "start": _params_digest(encoder.params),  # the weights training started from
+        "start": params_sha256(encoder.params),  # the weights training started from
     }
     if out_dir is not None:
         work = Path(work_dir) if work_dir is not None else default_work_dir(out_dir)
@@ -336,16 +336,6 @@ def _pairs_digest(data: dict[str, np.ndarray]) -> str:
     for key in sorted(data):
         array = np.ascontiguousarray(data[key])
         digest.update(f"{key}:{array.dtype}:{array.shape}".encode())
-        digest.update(array.tobytes())
-    return digest.hexdigest()
-
-
-def _params_digest(params: PyTree) -> str:
-    """SHA-256 of a parameter tree's paths and values (kept in the work folder only)."""
-    digest = hashlib.sha256()
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        array = np.ascontiguousarray(np.asarray(leaf))
-        digest.update(f"{jax.tree_util.keystr(path)}:{array.dtype}:{array.shape}".encode())
         digest.update(array.tobytes())
     return digest.hexdigest()
 

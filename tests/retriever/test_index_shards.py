@@ -7,7 +7,7 @@ import pytest
 
 from retriever import index_shards
 from retriever.cli import app
-from retriever.encoders import random_encoder
+from retriever.encoders import random_encoder, save_encoder
 from synthgen.command_line import run
 from synthgen.shards import Shard
 
@@ -71,3 +71,19 @@ def test_merge_refuses_an_incomplete_or_foreign_set(corpus, tmp_path):
         index_shards.merge_index_shards([tmp_path / "s0", tmp_path / "t1"], tmp_path / "out")
     with pytest.raises(ValueError, match="not an index shard"):
         index_shards.merge_index_shards([tmp_path], tmp_path / "out")
+
+
+def test_merge_refuses_shards_whose_encoder_folder_was_retrained_between_them(corpus, tmp_path):
+    """Same reference (the folder), same provenance, other weights: not one build."""
+    folder = tmp_path / "encoder"
+    first = random_encoder("bert", seed=0)
+    save_encoder(first, first.params, folder)
+    index_shards.encode_index_shard(corpus, tmp_path / "s0", shard=Shard(0, 2), encoder=str(folder))
+    second = random_encoder("bert", seed=1)
+    save_encoder(second, second.params, folder)
+    index_shards.encode_index_shard(corpus, tmp_path / "s1", shard=Shard(1, 2), encoder=str(folder))
+    records = [json.loads((tmp_path / s / "shard.json").read_text()) for s in ("s0", "s1")]
+    assert records[0]["encoder"] == records[1]["encoder"]
+    assert records[0]["encoder_weights_sha256"] != records[1]["encoder_weights_sha256"]
+    with pytest.raises(ValueError, match="another build"):
+        index_shards.merge_index_shards([tmp_path / "s0", tmp_path / "s1"], tmp_path / "out")
