@@ -13,6 +13,7 @@ shards is refused).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,9 +33,13 @@ def encode_index_shard(
     *,
     shard: Shard,
     encoder: str = "all-minilm-l6-v2",
+    max_len: int = 128,
     progress: bool = False,
 ) -> int:
     """Embeds shard `shard` of `corpus` with `encoder`'s document tower into the folder `out`.
+
+    `max_len` is the documents' token limit (`TextEncoder.encode`'s): the shards of one build
+    must share it (checked by the merge).
 
     Returns:
       The number of documents this shard embedded.
@@ -46,7 +51,9 @@ def encode_index_shard(
 
     _, doc_encoder = load_towers(encoder)
     doc_ids, texts = read_corpus(corpus)
-    rows, embeddings = doc_encoder.encode_shard(texts, shard, progress=progress)
+    started = time.time()
+    rows, embeddings = doc_encoder.encode_shard(texts, shard, max_len=max_len, progress=progress)
+    seconds = time.time() - started
     reference = encoder_reference(encoder)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -60,6 +67,8 @@ def encode_index_shard(
         "encoder": reference,
         "encoder_provenance": prov.encoder_provenance(reference),
         "encoder_weights_sha256": params_sha256(doc_encoder.params),
+        "max_len": max_len,
+        "seconds": seconds,
         "doc_ids": [doc_ids[r] for r in rows],
         "platform": shards.platform(),
         "files": {f: file_sha256(out / f) for f in ("rows.npy", "embeddings.npy")},
@@ -68,16 +77,14 @@ def encode_index_shard(
     return len(rows)
 
 
-def merge_index_shards(shard_dirs: Sequence[str | Path], out: str | Path, *, kind: str = "auto"):
-    """Joins the N shard folders of one build into an index folder; returns its searcher.
+def read_index_shards(shard_dirs: Sequence[str | Path]) -> tuple[np.ndarray, list[str], dict]:
+    """The N shard folders of one build, checked and joined: (embeddings in corpus order,
+    doc_ids, the first shard's record).
 
     Raises:
       ValueError: a folder that is not a shard, shards of different builds, a missing or
-        repeated shard, rows not covering the corpus exactly once; an unknown `kind`.
+        repeated shard, rows not covering the corpus exactly once.
     """
-    from retriever.index import build_searcher
-
-    check_kind(kind)
     found = []
     for folder in map(Path, shard_dirs):
         path = folder / SHARD_FILE
@@ -99,6 +106,7 @@ def merge_index_shards(shard_dirs: Sequence[str | Path], out: str | Path, *, kin
         "encoder",
         "encoder_provenance",
         "encoder_weights_sha256",
+        "max_len",
         "platform",
     )
     first = found[0][0]
@@ -106,10 +114,10 @@ def merge_index_shards(shard_dirs: Sequence[str | Path], out: str | Path, *, kin
     embeddings = None
     doc_ids: list[str | None] = [None] * n
     for record, folder in found:
-        if any(record[k] != first[k] for k in keys):
+        if any(record.get(k) != first.get(k) for k in keys):
             raise ValueError(
-                f"{folder} is a shard of another build (corpus, encoder or its weights, count or "
-                "platform)"
+                f"{folder} is a shard of another build (corpus, encoder or its weights, token "
+                "limit, count or platform)"
             )
         for name, digest in record["files"].items():
             if file_sha256(folder / name) != digest:
@@ -125,6 +133,19 @@ def merge_index_shards(shard_dirs: Sequence[str | Path], out: str | Path, *, kin
             doc_ids[row] = doc_id
     if any(d is None for d in doc_ids):
         raise ValueError(f"the shards cover {sum(d is not None for d in doc_ids)} of {n} documents")
+    return embeddings, doc_ids, first
+
+
+def merge_index_shards(shard_dirs: Sequence[str | Path], out: str | Path, *, kind: str = "auto"):
+    """Joins the N shard folders of one build into an index folder; returns its searcher.
+
+    Raises:
+      ValueError: as `read_index_shards`; an unknown `kind`.
+    """
+    from retriever.index import build_searcher
+
+    check_kind(kind)
+    embeddings, doc_ids, first = read_index_shards(shard_dirs)
     searcher = build_searcher(embeddings, kind=kind)
     save_index_folder(
         out,

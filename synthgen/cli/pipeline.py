@@ -4,6 +4,7 @@ synthgen pipeline --config demo                      # every stage not yet done 
 synthgen pipeline --config demo --from train         # recompute train and after
 synthgen pipeline status --config demo
 synthgen pipeline generate --config demo             # one stage (and --force)
+synthgen pipeline generate --config demo --train-only   # then --shard I/N per job, then join
 synthgen pipeline init demo                          # copy the example to ./demo.py to edit
 synthgen pipeline --config demo.py                   # run the edited copy (any path works)
 """
@@ -94,13 +95,16 @@ def status(config: ConfigOption = None, out: OutOption = None) -> None:
     """Each stage: done, stale (config changed), interrupted or missing; and the config's
     assets that are not cached yet (a run fetches them first, from PyPI)."""
     from synthgen import assets
-    from synthgen.pipeline import RunFolder, stage_status
+    from synthgen.pipeline import RunFolder, fingerprints, stage_status
     from synthgen.pipeline.config import config_assets
+    from synthgen.pipeline.stage_shards import SHARDABLE, shard_progress
 
     cfg = _load(config)
     run = RunFolder(Path(out or cfg.out))
+    fps = fingerprints(cfg)
     for stage, state in stage_status(cfg, run).items():
-        print(f"{stage:9s} {state}")
+        shards = shard_progress(run.root, stage, fps[stage]) if stage in SHARDABLE else None
+        print(f"{stage:9s} {state}" + (f" ({shards})" if shards and state != "done" else ""))
     missing = [name for name in config_assets(cfg) if not assets.is_cached(name)]
     if missing:
         print(
@@ -129,6 +133,15 @@ def init(
     print(f"next: synthgen pipeline --config {shlex.quote(str(path))}")
 
 
+ShardOption = Annotated[
+    str | None,
+    typer.Option(
+        help="I/N: run shard I of N only (0-based) into the run's shards/ folder; a later run "
+        "without --shard joins the N shards"
+    ),
+]
+
+
 def _stage_command(name: str):
     def command(
         config: ConfigOption = None,
@@ -136,16 +149,60 @@ def _stage_command(name: str):
         force: Annotated[bool, typer.Option(help="recompute even if up to date")] = False,
         progress: ProgressOption = True,
     ) -> None:
-        from synthgen.pipeline import RunFolder, run_stage
+        _run(name, config, out, force=force, progress=progress)
 
-        cfg = _load(config)
-        run = RunFolder(Path(out or cfg.out))
-        run.root.mkdir(parents=True, exist_ok=True)
-        record = run_stage(name, cfg, run, force=force, progress=progress)
-        print(f"{name}: {record['status']} ({record.get('seconds', 0):.1f} s) in {run.root}")
+    def sharded_command(
+        config: ConfigOption = None,
+        out: OutOption = None,
+        force: Annotated[bool, typer.Option(help="recompute even if up to date")] = False,
+        progress: ProgressOption = True,
+        shard: ShardOption = None,
+    ) -> None:
+        _run(name, config, out, force=force, progress=progress, shard=shard)
 
-    command.__doc__ = STAGE_HELP[name]
-    return command
+    def generate_command(
+        config: ConfigOption = None,
+        out: OutOption = None,
+        force: Annotated[bool, typer.Option(help="recompute even if up to date")] = False,
+        progress: ProgressOption = True,
+        shard: ShardOption = None,
+        train_only: Annotated[
+            bool,
+            typer.Option(help="train (and charge) the DP generator only; the shards come next"),
+        ] = False,
+    ) -> None:
+        _run(name, config, out, force=force, progress=progress, shard=shard, train_only=train_only)
+
+    chosen = {"generate": generate_command, "index": sharded_command}.get(name, command)
+    chosen.__doc__ = STAGE_HELP[name]
+    return chosen
+
+
+def _run(name, config, out, *, force, progress, shard=None, train_only=False) -> None:
+    from synthgen.pipeline import RunFolder, run_stage
+    from synthgen.pipeline.stage_shards import run_shard
+    from synthgen.shards import Shard
+
+    part = None
+    if shard is not None:
+        try:
+            part = Shard.parse(shard)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--shard") from None
+        if force or train_only:
+            raise typer.BadParameter(
+                "--shard runs one shard; --force and --train-only belong to the stage itself",
+                param_hint="--shard",
+            )
+    cfg = _load(config)
+    run = RunFolder(Path(out or cfg.out))
+    run.root.mkdir(parents=True, exist_ok=True)
+    if part is not None:
+        done = run_shard(name, cfg, run, part, progress=progress)
+        print(f"{name} shard {done['shard']}: done ({done['seconds']:.1f} s) in {done['folder']}")
+        return
+    record = run_stage(name, cfg, run, force=force, progress=progress, train_only=train_only)
+    print(f"{name}: {record['status']} ({record.get('seconds', 0):.1f} s) in {run.root}")
 
 
 for _name in STAGE_HELP:

@@ -19,6 +19,7 @@ import numpy as np
 
 from synthgen.corpora import read_jsonl
 from synthgen.pipeline.runner import StageContext
+from synthgen.pipeline.stage_shards import finished_shards, remove_shards
 
 
 def train_stage(ctx: StageContext) -> dict:
@@ -142,9 +143,51 @@ def evaluate_stage(ctx: StageContext) -> dict:
     return {"k": cfg.k, "num_queries": len(queries), "num_documents": len(doc_ids), "rows": rows}
 
 
+def index_shard(ctx: StageContext, shard, out) -> dict:
+    """Shard `shard`'s document embeddings into `out` (`synthgen.pipeline.stage_shards`)."""
+    from retriever.index_shards import encode_index_shard
+
+    count = encode_index_shard(
+        ctx.run.root / "data" / "corpus.jsonl",
+        out,
+        shard=shard,
+        encoder=str(ctx.run.root / "encoder"),
+        max_len=ctx.config.encoder.max_doc_len,
+        progress=ctx.progress,
+    )
+    return {"documents": count}
+
+
+def _joined_embeddings(ctx: StageContext, doc_ids: list[str], doc_encoder):
+    """(embeddings, summed encode seconds, shard count) of the index's finished shards under
+    this config, checked against this run's corpus and encoder; None when there are none."""
+    from retriever.encoders import params_sha256
+    from retriever.index_shards import read_index_shards
+    from synthgen.pipeline.runner import fingerprints
+
+    shards = finished_shards(ctx.run.root, "index", fingerprints(ctx.config)["index"])
+    if not shards:
+        return None
+    ctx.log("index", f"joining {len(shards)} embedding shards")
+    embeddings, joined_ids, first = read_index_shards(shards)
+    same = (
+        joined_ids == doc_ids
+        and first["encoder_weights_sha256"] == params_sha256(doc_encoder.params)
+        and first.get("max_len") == ctx.config.encoder.max_doc_len
+    )
+    if not same:
+        raise ValueError(
+            f"{shards[0].parent} holds shards of another corpus, encoder or token limit than "
+            "this run's: remove it and run the shards again"
+        )
+    seconds = sum(json.loads((s / "shard.json").read_text())["seconds"] for s in shards)
+    return embeddings, seconds, len(shards)
+
+
 def index_stage(ctx: StageContext) -> dict:
-    """Embeds the public corpus with the trained encoder and builds the serving index, then
-    measures its recall@k against exact search and its speed on the held-out queries."""
+    """Embeds the public corpus with the trained encoder (or joins the shards that did,
+    `synthgen.pipeline.stage_shards`) and builds the serving index, then measures its
+    recall@k against exact search and its speed on the held-out queries."""
     from retriever.evaluate import load_towers
     from retriever.index import build_searcher
     from retriever.index_folder import save_index_folder
@@ -154,9 +197,13 @@ def index_stage(ctx: StageContext) -> dict:
     encoder_dir = ctx.run.root / "encoder"
     query_encoder, doc_encoder = load_towers(str(encoder_dir))
     max_doc_len = ctx.config.encoder.max_doc_len
-    start = time.time()
-    embeddings = doc_encoder.encode(texts, max_len=max_doc_len, progress=ctx.progress)
-    encode_seconds = time.time() - start
+    joined = _joined_embeddings(ctx, doc_ids, doc_encoder)
+    if joined is None:
+        start = time.time()
+        embeddings = doc_encoder.encode(texts, max_len=max_doc_len, progress=ctx.progress)
+        encode_seconds, shard_count = time.time() - start, None
+    else:
+        embeddings, encode_seconds, shard_count = joined
     start = time.time()
     searcher = build_searcher(embeddings, kind=cfg.kind)
     build_seconds = time.time() - start
@@ -175,7 +222,9 @@ def index_stage(ctx: StageContext) -> dict:
     search_seconds = time.time() - start
     exact = np.argsort(-(q @ embeddings.T), axis=1)[:, :k]
     recall = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(found, exact)]))
+    remove_shards(ctx.run.root, "index")
     return {
+        **({"shards": shard_count} if shard_count else {}),
         "kind": searcher.kind,
         "documents": len(doc_ids),
         "dim": int(embeddings.shape[1]),

@@ -15,6 +15,7 @@ Run folder::
                        states), the non-private upper-bound encoder; never ship it
   data/corpus.jsonl    the public documents
   generator/, synthetic/, encoder/, index/, rag/   the stages' releases
+  shards/<stage>/      a sharded stage's shard folders until it joins them (`stage_shards`)
   stages/<name>.json   stage records (mode 0700: timings and non-DP evaluation figures)
   report/              report.html, metrics.json, the PNGs (mode 0700: operator only)
 """
@@ -56,7 +57,13 @@ UPSTREAM = {
 # What each stage writes (relative to the run folder), removed when its config changed.
 STAGE_OUTPUTS = {
     "data": ("data", "private/data"),
-    "generate": ("generator", "synthetic", "samples", "private/work/generate"),
+    "generate": (
+        "generator",
+        "synthetic",
+        "samples",
+        "private/work/generate",
+        "private/work/generate-sampling",
+    ),
     "train": ("encoder", "private/real_encoder", "private/work/train"),
     "evaluate": (),
     "index": ("index",),
@@ -116,11 +123,13 @@ class RunFolder:
 
 @dataclasses.dataclass(frozen=True)
 class StageContext:
-    """What a stage function gets: the config, the run folder, and whether to show bars."""
+    """What a stage function gets: the config, the run folder, whether to show bars, and
+    whether to stop the generate stage once its generator is trained (`--train-only`)."""
 
     config: PipelineConfig
     run: RunFolder
     progress: bool = True
+    train_only: bool = False
 
     def log(self, stage: str, message: str) -> None:
         print(f"[{stage}] {message}", file=sys.stderr, flush=True)
@@ -196,9 +205,14 @@ def _peak_memory_bytes() -> int | None:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _clean(run: RunFolder, stage: str) -> None:
+def _clean(run: RunFolder, stage: str, fingerprint: str) -> None:
+    """Removes a stage's outputs before it is recomputed, and its shards of other configs
+    (all of the generate stage's: a recomputed generate stage trains a new generator)."""
+    from synthgen.pipeline.stage_shards import remove_shards
+
     for rel in STAGE_OUTPUTS[stage]:
         shutil.rmtree(run.root / rel, ignore_errors=True)
+    remove_shards(run.root, stage, keep=None if stage == "generate" else fingerprint)
 
 
 def run_stage(
@@ -208,17 +222,24 @@ def run_stage(
     *,
     force: bool = False,
     progress: bool = True,
+    train_only: bool = False,
 ) -> dict:
     """Runs one stage if it is not done under this config (or `force`); returns its record.
 
+    With `train_only` (generate stage only), the stage stops once the DP generator is trained
+    and charged; its record stays "running" until `synthgen pipeline generate` samples the
+    queries or joins the shards (`synthgen.pipeline.stage_shards`).
+
     Raises:
       StageNotReadyError: a stage it reads is not done under this config.
-      ValueError: unknown stage.
+      ValueError: unknown stage; `train_only` on another stage.
     """
     from synthgen.pipeline.stages import PRECHECKS, STAGE_FUNCTIONS
 
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+    if train_only and stage != "generate":
+        raise ValueError(f"--train-only is an option of the generate stage, not of {stage!r}")
     status, fps = stage_status(config, run), fingerprints(config)
     for upstream in UPSTREAM[stage]:
         if status[upstream] != "done":
@@ -232,14 +253,14 @@ def run_stage(
     if status[stage] == "done" and not force:
         print(f"[{stage}] up to date (fingerprint {fps[stage]}), skipped", file=sys.stderr)
         return record
-    context = StageContext(config, run, progress)
+    context = StageContext(config, run, progress, train_only)
     if status[stage] == "interrupted" and not force:
         print(f"[{stage}] resuming an interrupted run", file=sys.stderr)
     else:
         if stage in PRECHECKS:
             PRECHECKS[stage](context)  # refuses before the previous outputs are removed
         if record is not None:
-            _clean(run, stage)
+            _clean(run, stage, fps[stage])
     # A stage recomputed invalidates its downstream records (their fingerprints still match).
     for later in STAGES[STAGES.index(stage) + 1 :]:
         if later_reads(later, stage):
@@ -249,12 +270,13 @@ def run_stage(
                 stale["status"] = "stale-upstream"
                 run.write_record(later, stale)
     started = time.time()
-    run.write_record(
-        stage, {"stage": stage, "fingerprint": fps[stage], "status": "running", "started": started}
-    )
+    running = {"stage": stage, "fingerprint": fps[stage], "status": "running", "started": started}
+    run.write_record(stage, running)
     _reset_peak_memory()
     function: Callable[[StageContext], dict] = STAGE_FUNCTIONS[stage]
     summary = function(context)
+    if train_only:  # the stage stays open: its queries (or shards) come next
+        return {**running, "seconds": round(time.time() - started, 2), "summary": summary}
     record = {
         "stage": stage,
         "fingerprint": fps[stage],

@@ -22,6 +22,7 @@ from pathlib import Path
 from synthgen.corpora import read_jsonl
 from synthgen.pipeline.retrieval_stages import evaluate_stage, index_stage, train_stage
 from synthgen.pipeline.runner import StageContext
+from synthgen.pipeline.stage_shards import finished_shards, remove_shards
 
 PAIRS_DATASET = "train-pairs"
 
@@ -140,19 +141,91 @@ def _fewshot_plan(ctx: StageContext, pairs: list[dict]):
     return private, targets, plan, max(ctx.config.privacy.delta or 0.0, plan.delta)
 
 
-def generate_stage(ctx: StageContext) -> dict:
-    """DP synthetic queries for the train documents (fine-tuned or few-shot generator)."""
+def _target_documents(ctx: StageContext, pairs: list[dict]):
+    """The public documents the generate stage writes queries for, as a Dataset."""
     import datasets
 
     cfg = ctx.config.generate
-    pairs = read_jsonl(ctx.run.private / "data" / "train_pairs.jsonl")
     targets = pairs if cfg.synthetic_documents is None else pairs[: cfg.synthetic_documents]
-    documents = datasets.Dataset.from_list(
+    return datasets.Dataset.from_list(
         [{"doc_id": r["doc_id"], "document": r["document"]} for r in targets]
     )
+
+
+def _check_shardable(ctx: StageContext, what: str) -> None:
+    if ctx.config.generate.kind != "querygen":
+        raise ValueError(
+            f"{what} applies to the fine-tuned generator (generate.kind='querygen'); the "
+            "few-shot generator releases every token by a DP vote and runs as one job"
+        )
+
+
+def _sampling_seed(ctx: StageContext) -> int:
+    """The queries' sampling seed: 128 bits of OS entropy drawn once per generate run and kept
+    in the private work folder until the stage ends, so that a resumed run and every shard
+    (`stage_shards`) draw from one stream. Sampling from the released generator is
+    post-processing; the seed is kept private all the same, as all randomness is."""
+    import secrets
+
+    from synthgen.run_seed import SEED_BITS
+    from synthgen.work_folder import private_folder
+
+    path = ctx.run.private / "work" / "generate-sampling" / "seed.json"
+    if path.is_file():
+        return int(json.loads(path.read_text())["seed"])
+    seed = secrets.randbits(SEED_BITS)
+    private_folder(path.parent)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"seed": str(seed)}))
+    tmp.replace(path)
+    return seed
+
+
+def generate_shard(ctx: StageContext, shard, out: Path) -> dict:
+    """Shard `shard`'s synthetic queries into `out`, from the generator that
+    `synthgen pipeline generate --train-only` trained under this config (`stage_shards`)."""
+    from synthgen import querygen
+    from synthgen.pipeline.runner import StageNotReadyError, fingerprints
+
+    _check_shardable(ctx, "--shard")
+    record = ctx.run.record("generate")
+    trained = (
+        record is not None
+        and record["fingerprint"] == fingerprints(ctx.config)["generate"]
+        and record["status"] == "running"
+        and (ctx.run.root / "generator" / querygen.GENERATOR_FILE).is_file()
+        and (ctx.run.private / "work" / "generate-sampling" / "seed.json").is_file()
+    )
+    if not trained:
+        raise StageNotReadyError(
+            "the generator is not trained under this config: run `synthgen pipeline generate "
+            "--train-only` first (one job, charged once), then the shards"
+        )
+    pairs = read_jsonl(ctx.run.private / "data" / "train_pairs.jsonl")
+    documents = _target_documents(ctx, pairs)
+    rows = querygen.generate_queries(
+        ctx.run.root / "generator",
+        documents,
+        out,
+        seed=_sampling_seed(ctx),
+        shard=shard,
+        progress=ctx.progress,
+    )
+    return {"documents": len(set(rows["doc_id"])), "queries": len(rows)}
+
+
+def generate_stage(ctx: StageContext) -> dict:
+    """DP synthetic queries for the train documents (fine-tuned or few-shot generator)."""
+    cfg = ctx.config.generate
+    pairs = read_jsonl(ctx.run.private / "data" / "train_pairs.jsonl")
+    documents = _target_documents(ctx, pairs)
     if cfg.kind == "querygen":
         summary = _querygen(ctx, pairs, documents)
+        if ctx.train_only:
+            return summary
     else:
+        if ctx.train_only:
+            _check_shardable(ctx, "--train-only")
         summary = _fewshot(ctx, pairs)
     rows = read_jsonl(ctx.run.root / "synthetic" / "queries.jsonl")
     summary.update(
@@ -183,35 +256,87 @@ def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
     )
     train = datasets.Dataset.from_list(pairs)
     work = ctx.run.private / "work" / "generate"
-    # keep_work: the work folder holds the charge's record until the whole stage is done, so
-    # a crash while sampling queries resumes under the same charge instead of paying again.
-    result = querygen.train_generator(
-        config,
-        train,
-        ctx.run.root / "generator",
-        ledger=ledger,
-        ledger_scope=scope,
-        work_dir=work,
-        keep_work=True,
-        progress=ctx.progress,
-        plan=plan,
-    )
-    querygen.generate_queries(
-        ctx.run.root / "generator", documents, ctx.run.root / "synthetic", progress=ctx.progress
-    )
-    shutil.rmtree(work)  # the secret resume state is not needed any more
-    return {
+    seed = _sampling_seed(ctx)  # drawn before training: the shards read it
+    if (ctx.run.root / "generator" / querygen.GENERATOR_FILE).is_file():
+        # Trained and charged earlier in this stage run (the runner removes the generator
+        # whenever the stage starts afresh): a crash while sampling, or `--train-only` before
+        # the shards. The generator is not touched again, so the shards read one generator
+        # and a run folder moved after training (to a shared file system) still finishes.
+        ctx.log("generate", "the generator is trained; sampling its queries")
+        steps_run = resumed_from = plan.steps
+    else:
+        # keep_work: the work folder holds the charge's record until the whole stage is done.
+        result = querygen.train_generator(
+            config,
+            train,
+            ctx.run.root / "generator",
+            ledger=ledger,
+            ledger_scope=scope,
+            work_dir=work,
+            keep_work=True,
+            progress=ctx.progress,
+            plan=plan,
+        )
+        steps_run, resumed_from = result.steps_run, result.resumed_from
+    summary = {
         "generator": f"DP fine-tuned {config.base} ({config.family})",
         "epsilon": plan.epsilon,
         "delta": plan.delta,
         "noise_multiplier": plan.noise_multiplier,
         "sampling_rate": plan.sampling_rate,
         "steps": plan.steps,
-        "steps_run": result.steps_run,
-        "resumed_from_step": result.resumed_from,
+        "steps_run": steps_run,
+        "resumed_from_step": resumed_from,
         "accountant": plan.accountant,
         "relation": plan.relation,
     }
+    if ctx.train_only:
+        ctx.log(
+            "generate",
+            "generator trained; next: `synthgen pipeline generate --shard I/N` for each shard, "
+            "then `synthgen pipeline generate` to join them",
+        )
+        return summary
+    shards = _finished_query_shards(ctx, seed)
+    if shards:
+        ctx.log("generate", f"joining {len(shards)} query shards")
+        querygen.merge_query_shards(shards, ctx.run.root / "synthetic")
+        summary["shards"] = len(shards)
+    else:
+        querygen.generate_queries(
+            ctx.run.root / "generator",
+            documents,
+            ctx.run.root / "synthetic",
+            seed=seed,
+            progress=ctx.progress,
+        )
+    # the secret resume state and the sampling seed are not needed any more, nor the shards
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(ctx.run.private / "work" / "generate-sampling", ignore_errors=True)
+    remove_shards(ctx.run.root, "generate")
+    return summary
+
+
+def _finished_query_shards(ctx: StageContext, seed: int) -> list[Path]:
+    """This run's finished query shards ([] if none), checked against its generator and seed
+    (`querygen.merge_query_shards` checks that they agree with each other)."""
+    import hashlib
+
+    from synthgen import querygen
+    from synthgen.corpora import file_sha256
+    from synthgen.pipeline.runner import fingerprints
+
+    shards = finished_shards(ctx.run.root, "generate", fingerprints(ctx.config)["generate"])
+    generator = file_sha256(ctx.run.root / "generator" / querygen.PARAMS_FILE)
+    seed_hash = hashlib.sha256(str(seed).encode()).hexdigest()
+    for folder in shards:
+        record = json.loads((folder / "metadata.json").read_text()).get("shard", {})
+        if (record.get("generator_sha256"), record.get("seed_sha256")) != (generator, seed_hash):
+            raise ValueError(
+                f"{folder} was sampled from another generator or seed than this run's: remove "
+                f"{folder.parent} and run the shards again"
+            )
+    return shards
 
 
 def _fewshot(ctx: StageContext, pairs: list[dict]) -> dict:

@@ -1,9 +1,11 @@
 """The main job end to end at tiny size: interrupted mid-generation, resumed by the CLI,
-re-run as a no-op, a changed section recomputing only its downstream stages, and the report
+re-run as a no-op, a changed section recomputing only its downstream stages, the generate
+and index stages run in 3 shards and joined (the unsharded run's bytes), and the report
 checked in headless Chromium."""
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +14,18 @@ import pytest
 
 from synthgen import querygen
 from synthgen.config_files import default_configs_dir
-from synthgen.pipeline import STAGES, RunFolder, load_pipeline_config, run_pipeline, stage_status
+from synthgen.pipeline import (
+    STAGES,
+    RunFolder,
+    StageNotReadyError,
+    load_pipeline_config,
+    run_pipeline,
+    run_stage,
+    stage_status,
+)
+from synthgen.pipeline.stage_shards import run_shard
 from synthgen.privacy import PrivacyLedger
+from synthgen.shards import Shard
 from tests.synthgen.release_audit import assert_clean_release, record_randomness
 
 pytestmark = pytest.mark.slow
@@ -61,12 +73,16 @@ def tiny_run(tmp_path_factory):
         with pytest.raises(KeyboardInterrupt):
             run_pipeline(config, run, progress=False)
     assert (run / "private" / "work" / "generate").is_dir()  # the charge's record is kept
+    # The generator is trained and its queries not yet sampled: the state the shards start
+    # from (`synthgen pipeline generate --train-only`), kept for the sharded run's test.
+    trained = run.parent / "trained"
+    shutil.copytree(run, trained, symlinks=True)
     resumed = _cli("--config", CONFIG, "--out", run, "--no-progress")
-    return run, config, state, charges, resumed, seen
+    return run, config, state, charges, resumed, seen, trained
 
 
 def test_interrupted_generation_resumes_without_a_second_charge(tiny_run):
-    run, config, state, charges, resumed, _ = tiny_run
+    run, config, state, charges, resumed, _, _ = tiny_run
     assert state["data"] == "done" and state["generate"] == "interrupted"
     assert [c.stage for c in charges] == ["dp-train"]  # charged before the first step
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -186,3 +202,82 @@ def test_report_in_headless_chromium(tiny_run, chromium, tmp_path):
     assert shot.stat().st_size > 10_000
     assert errors == []
     page.close()
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_generate_in_three_shards_joins_to_the_unsharded_queries(tiny_run, tmp_path):
+    run, config, trained = tiny_run[0], tiny_run[1], tiny_run[6]
+    sharded = tmp_path / "run"
+    shutil.copytree(trained, sharded, symlinks=True)
+    folder = RunFolder(sharded)
+    ledger = PrivacyLedger(sharded / "ledger.sqlite")
+    charges = ledger.charges("pipeline", "train-pairs")
+    # --train-only on a trained generator resumes to the end and leaves the stage open.
+    record = run_stage("generate", config, folder, progress=False, train_only=True)
+    assert record["status"] == "running" and stage_status(config, folder)["generate"] != "done"
+    done = _cli("generate", "--config", CONFIG, "--out", sharded, "--shard", "2/3", "--no-progress")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "generate shard 2/3: done" in done.stdout
+    run_shard("generate", config, folder, Shard(0, 3), progress=False)
+    status = _cli("status", "--config", CONFIG, "--out", sharded)
+    assert "generate  interrupted (2 of 3 shards finished)" in status.stdout
+    with pytest.raises(ValueError, match=r"shard\(s\) 1/3 are missing"):
+        run_stage("generate", config, folder, progress=False)
+    run_shard("generate", config, folder, Shard(1, 3), progress=False)
+    record = run_stage("generate", config, folder, progress=False)
+    assert record["status"] == "done" and record["summary"]["shards"] == 3
+    joined, whole = _files(sharded / "synthetic"), _files(run / "synthetic")
+    assert joined["queries.jsonl"] == whole["queries.jsonl"]
+    assert joined["queries.parquet"] == whole["queries.parquet"]
+    assert ledger.charges("pipeline", "train-pairs") == charges  # shards spend nothing
+    assert not (sharded / "shards" / "generate").exists()
+    assert not (sharded / "private" / "work" / "generate-sampling").exists()
+    with pytest.raises(ValueError, match="done under this config"):
+        run_shard("generate", config, folder, Shard(0, 3), progress=False)
+
+
+def test_index_in_three_shards_joins_to_the_unsharded_index(tiny_run, tmp_path):
+    run, config = tiny_run[0], tiny_run[1]
+    folders = {}
+    for name in ("whole", "sharded"):  # the index stage not run yet in either copy
+        shutil.copytree(run, tmp_path / name, symlinks=True)
+        for path in (tmp_path / name / "stages" / "index.json", tmp_path / name / "index"):
+            path.unlink() if path.is_file() else shutil.rmtree(path)
+        folders[name] = RunFolder(tmp_path / name)
+    run_stage("index", config, folders["whole"], progress=False)
+    for i in (2, 0, 1):
+        run_shard("index", config, folders["sharded"], Shard(i, 3), progress=False)
+    record = run_stage("index", config, folders["sharded"], progress=False)
+    assert record["summary"]["shards"] == 3
+    joined, whole = _files(tmp_path / "sharded" / "index"), _files(tmp_path / "whole" / "index")
+    assert sorted(joined) == sorted(whole)
+    for name in whole:
+        if name == "index.json":  # names the run's own encoder folder
+            a, b = json.loads(joined[name]), json.loads(whole[name])
+            assert a.pop("encoder").startswith(str(tmp_path / "sharded"))
+            assert b.pop("encoder").startswith(str(tmp_path / "whole"))
+            assert a == b
+        else:
+            assert joined[name] == whole[name], name
+    summary = {k: v for k, v in record["summary"].items() if "second" not in k}
+    expected = RunFolder(tmp_path / "whole").summary("index")
+    assert summary == {"shards": 3, **{k: v for k, v in expected.items() if "second" not in k}}
+    assert not (tmp_path / "sharded" / "shards" / "index").exists()
+
+
+def test_shards_refuse_an_untrained_generator_and_other_stages(tiny_run, tmp_path):
+    run, config = tiny_run[0], tiny_run[1]
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, symlinks=True)
+    (copy / "stages" / "generate.json").unlink()
+    with pytest.raises(StageNotReadyError, match="--train-only"):
+        run_shard("generate", config, RunFolder(copy), Shard(0, 2), progress=False)
+    with pytest.raises(ValueError, match="only the generate and index stages"):
+        run_shard("train", config, RunFolder(copy), Shard(0, 2), progress=False)
+    bad = _cli("index", "--config", CONFIG, "--out", copy, "--shard", "3/3")
+    assert bad.returncode == 2 and "--shard" in bad.stderr
+    with pytest.raises(ValueError, match="--train-only is an option of the generate stage"):
+        run_stage("index", config, RunFolder(copy), train_only=True)

@@ -1,0 +1,158 @@
+"""The generate and index stages in shards: N jobs write shard folders, the stage joins them.
+
+Any scheduler (Slurm array jobs, Kubernetes indexed jobs, Ray) can fan the shards out, as
+long as every job sees the same run folder (a shared file system)::
+
+  synthgen pipeline generate --config C --train-only    # one job: the DP training, charged once
+  synthgen pipeline generate --config C --shard I/N     # N jobs: shard I's synthetic queries
+  synthgen pipeline generate --config C                 # joins them, finishes the stage
+  synthgen pipeline train --config C
+  synthgen pipeline index --config C --shard I/N        # N jobs: shard I's document embeddings
+  synthgen pipeline --config C                          # joins them and runs the rest
+
+A stage run without `--shard` joins the finished shards of its fingerprint when there are
+any (and refuses an incomplete set), otherwise it does all the work itself. The joined
+output equals the unsharded stage's, byte for byte, when the shards ran on the same JAX
+version and device kind (`synthgen.shards`; tested on 3 shards). A shard writes
+``shards/<stage>/<fingerprint>/<I>-of-<N>.partial/`` and renames it to ``<I>-of-<N>/`` when
+done, so a crashed shard is never taken for a finished one; the stage removes its shards
+once it has joined them.
+
+Privacy:
+  Shards spend nothing: the generate stage's DP training runs once (``--train-only``) and is
+  charged once; its shards are post-processing of the released generator (sampling on
+  public documents, from one seed drawn by that training job and kept in the private work
+  folder), and the index's shards embed public documents.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+
+from synthgen.shards import Shard
+
+SHARDABLE = ("generate", "index")
+_FINISHED = re.compile(r"(\d+)-of-(\d+)")
+
+
+def shards_root(run_root: Path, stage: str, fingerprint: str) -> Path:
+    """The folder of one stage's shards under one config."""
+    return run_root / "shards" / stage / fingerprint
+
+
+def shard_folder(run_root: Path, stage: str, fingerprint: str, shard: Shard) -> Path:
+    return shards_root(run_root, stage, fingerprint) / f"{shard.index}-of-{shard.count}"
+
+
+def finished_shards(run_root: Path, stage: str, fingerprint: str) -> list[Path]:
+    """The stage's finished shard folders in shard order; [] when no shard was run.
+
+    Raises:
+      ValueError: a shard is unfinished or missing, or shards of two different counts.
+    """
+    root = shards_root(run_root, stage, fingerprint)
+    if not root.is_dir():
+        return []
+    finished, unfinished = {}, []
+    for path in sorted(root.iterdir()):
+        match = _FINISHED.fullmatch(path.name)
+        if match:
+            finished[int(match.group(1)), int(match.group(2))] = path
+        else:
+            unfinished.append(path.name)
+    if not finished and not unfinished:
+        return []
+    counts = sorted({count for _, count in finished})
+    hint = (
+        f"run `synthgen pipeline {stage} --shard I/N` for each missing shard, or remove {root} "
+        "to run the stage unsharded"
+    )
+    if len(counts) > 1:
+        raise ValueError(f"{root} holds shards of {counts} jobs (I/N with different N): {hint}")
+    if unfinished or not counts:
+        raise ValueError(f"{root}: shard(s) {', '.join(unfinished)} are not finished: {hint}")
+    count = counts[0]
+    missing = [f"{i}/{count}" for i in range(count) if (i, count) not in finished]
+    if missing:
+        raise ValueError(f"{root}: shard(s) {', '.join(missing)} are missing: {hint}")
+    return [finished[i, count] for i in range(count)]
+
+
+def shard_progress(run_root: Path, stage: str, fingerprint: str) -> str | None:
+    """'2 of 3 shards finished' (for `synthgen pipeline status`), or None without shards."""
+    root = shards_root(run_root, stage, fingerprint)
+    names = [p.name for p in root.iterdir()] if root.is_dir() else []
+    done = [_FINISHED.fullmatch(n) for n in names]
+    counts = {int(m.group(2)) for m in done if m}
+    if not names:
+        return None
+    total = "/".join(map(str, sorted(counts))) if counts else "?"
+    return f"{sum(1 for m in done if m)} of {total} shards finished"
+
+
+def remove_shards(run_root: Path, stage: str, keep: str | None = None) -> None:
+    """Removes the stage's shards, but for those of fingerprint `keep`."""
+    root = run_root / "shards" / stage
+    if root.is_dir():
+        for path in root.iterdir():
+            if path.name != keep:
+                shutil.rmtree(path, ignore_errors=True)
+    if root.is_dir() and not any(root.iterdir()):
+        root.rmdir()
+
+
+def run_shard(stage: str, config, run, shard: Shard, *, progress: bool = True) -> dict:
+    """Runs shard `shard` of `stage` into its shard folder; the stage's record is not touched.
+
+    Returns:
+      {"stage", "shard", "status": "shard done", "seconds", "folder", "summary"}.
+
+    Raises:
+      StageNotReadyError: a stage it reads is not done (for generate: the generator is not
+        trained, see `--train-only`).
+      ValueError: a stage that takes no shards, or one already done under this config.
+    """
+    from synthgen.pipeline.retrieval_stages import index_shard
+    from synthgen.pipeline.runner import (
+        UPSTREAM,
+        StageContext,
+        StageNotReadyError,
+        fingerprints,
+        stage_status,
+    )
+    from synthgen.pipeline.stages import generate_shard
+
+    functions = {"generate": generate_shard, "index": index_shard}
+    if stage not in functions:
+        raise ValueError(f"only the {' and '.join(SHARDABLE)} stages take --shard, not {stage!r}")
+    run.check_is_run()
+    status, fps = stage_status(config, run), fingerprints(config)
+    for upstream in UPSTREAM[stage]:
+        if status[upstream] != "done":
+            raise StageNotReadyError(
+                f"stage {stage!r} reads {upstream!r}, which is {status[upstream]} under this "
+                f"config: run `synthgen pipeline {upstream}` first"
+            )
+    if status[stage] == "done":
+        raise ValueError(
+            f"stage {stage!r} is done under this config: there is nothing left to shard"
+        )
+    folder = shard_folder(run.root, stage, fps[stage], shard)
+    partial = folder.with_name(folder.name + ".partial")
+    for path in (partial, folder):
+        shutil.rmtree(path, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    summary = functions[stage](StageContext(config, run, progress), shard, partial)
+    partial.rename(folder)
+    return {
+        "stage": stage,
+        "shard": str(shard),
+        "status": "shard done",
+        "seconds": round(time.time() - started, 2),
+        "folder": str(folder),
+        "summary": summary,
+    }
