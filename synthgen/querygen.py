@@ -386,6 +386,8 @@ def generate_queries(
       metadata repeats the generator's guarantee (with its ledger scope), which an encoder
       trained on the queries inherits (`retriever.provenance.synthetic`).
     """
+    # the weights a shard samples from, hashed before they are read (checked by the merge)
+    weights_sha256 = None if shard is None else file_sha256(Path(model_dir) / PARAMS_FILE)
     family, params, record = load_generator(model_dir)
     cfg = record["generator_config"]
     missing = [f for f in (doc_id_field, document_field) if f not in documents.column_names]
@@ -459,7 +461,7 @@ def generate_queries(
             "documents": [first, first + len(documents)],
             "total_documents": total,
             "documents_sha256": job_documents,
-            "generator_sha256": file_sha256(Path(model_dir) / PARAMS_FILE),
+            "generator_sha256": weights_sha256,
             "seed_sha256": hashlib.sha256(str(seed).encode()).hexdigest(),
             "platform": shards.platform(),
         }

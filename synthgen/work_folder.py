@@ -146,6 +146,18 @@ class WorkFolder:
             self._write({**record, "charge_id": charge.id})
         return charge
 
+    def charged_in(self, ledger: PrivacyLedger, scope: tuple[str, str], plan: PrivacyPlan) -> bool:
+        """Whether this run, for `plan`, was charged to `ledger` under `scope`: its recorded
+        charge is found there by its random reference (so a ledger moved with its run folder
+        still counts, unlike `check_budget`'s resume, which refuses another ledger path)."""
+        record = self.charge_record()
+        return (
+            record is not None
+            and (record["tenant"], record["dataset"]) == tuple(scope)
+            and record["plan"] == _plan_record(plan)
+            and ledger.find_charge(*scope, record["ref"]) is not None
+        )
+
     def discard(self) -> None:
         """Deletes the folder and everything in it (the run's secret state)."""
         shutil.rmtree(self.path, ignore_errors=True)

@@ -102,9 +102,15 @@ def status(config: ConfigOption = None, out: OutOption = None) -> None:
     cfg = _load(config)
     run = RunFolder(Path(out or cfg.out))
     fps = fingerprints(cfg)
+    trained = (run.root / "generator" / "generator.json").is_file()
     for stage, state in stage_status(cfg, run).items():
-        shards = shard_progress(run.root, stage, fps[stage]) if stage in SHARDABLE else None
-        print(f"{stage:9s} {state}" + (f" ({shards})" if shards and state != "done" else ""))
+        notes = []
+        if stage == "generate" and state == "interrupted" and trained:
+            notes.append("generator trained")
+        if stage in SHARDABLE and state != "done":
+            notes.append(shard_progress(run.root, stage, fps[stage]))
+        notes = [n for n in notes if n]
+        print(f"{stage:9s} {state}" + (f" ({'; '.join(notes)})" if notes else ""))
     missing = [name for name in config_assets(cfg) if not assets.is_cached(name)]
     if missing:
         print(

@@ -22,6 +22,7 @@ Run folder::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -54,6 +55,8 @@ UPSTREAM = {
     "rag": ("train",),
     "report": ("evaluate", "index", "rag"),
 }
+# Private work folders a stage keeps until its done record is written, then removes.
+STAGE_SECRETS = {"generate": ("private/work/generate", "private/work/generate-sampling")}
 # What each stage writes (relative to the run folder), removed when its config changed.
 STAGE_OUTPUTS = {
     "data": ("data", "private/data"),
@@ -228,18 +231,22 @@ def run_stage(
 
     With `train_only` (generate stage only), the stage stops once the DP generator is trained
     and charged; its record stays "running" until `synthgen pipeline generate` samples the
-    queries or joins the shards (`synthgen.pipeline.stage_shards`).
+    queries or joins the shards (`synthgen.pipeline.stage_shards`). One process at a time
+    runs a stage of a run folder (`stage_lock`).
 
     Raises:
       StageNotReadyError: a stage it reads is not done under this config.
-      ValueError: unknown stage; `train_only` on another stage.
+      StageBusyError: another process is running this stage (or one of its shards).
+      ValueError: unknown stage; `train_only` on another stage or a few-shot generator.
     """
-    from synthgen.pipeline.stages import PRECHECKS, STAGE_FUNCTIONS
+    from synthgen.pipeline.stages import PRECHECKS, STAGE_FUNCTIONS, check_shardable
 
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
-    if train_only and stage != "generate":
-        raise ValueError(f"--train-only is an option of the generate stage, not of {stage!r}")
+    if train_only:
+        if stage != "generate":
+            raise ValueError(f"--train-only is an option of the generate stage, not of {stage!r}")
+        check_shardable(config, "--train-only")
     status, fps = stage_status(config, run), fingerprints(config)
     for upstream in UPSTREAM[stage]:
         if status[upstream] != "done":
@@ -248,46 +255,86 @@ def run_stage(
                 f"config: run `synthgen pipeline {upstream}` (or the whole pipeline) first"
             )
     run.check_is_run()
-    record = run.record(stage)
-    run.private  # noqa: B018 - created owner-only before any stage writes into it
-    if status[stage] == "done" and not force:
-        print(f"[{stage}] up to date (fingerprint {fps[stage]}), skipped", file=sys.stderr)
+    with stage_lock(run, stage, exclusive=True):
+        status = stage_status(config, run)  # as it is now that this process holds the stage
+        record = run.record(stage)
+        run.private  # noqa: B018 - created owner-only before any stage writes into it
+        if status[stage] == "done" and not force:
+            print(f"[{stage}] up to date (fingerprint {fps[stage]}), skipped", file=sys.stderr)
+            return record
+        context = StageContext(config, run, progress, train_only)
+        if status[stage] == "interrupted" and not force:
+            print(f"[{stage}] resuming an interrupted run", file=sys.stderr)
+        else:
+            if stage in PRECHECKS:
+                PRECHECKS[stage](context)  # refuses before the previous outputs are removed
+            _clean(run, stage, fps[stage])  # with or without a record: never reuse outputs
+        # A stage recomputed invalidates its downstream records (their fingerprints match).
+        for later in STAGES[STAGES.index(stage) + 1 :]:
+            if later_reads(later, stage):
+                path = run.record_path(later)
+                if path.is_file():
+                    stale = json.loads(path.read_text())
+                    stale["status"] = "stale-upstream"
+                    run.write_record(later, stale)
+        started = time.time()
+        running = {
+            "stage": stage,
+            "fingerprint": fps[stage],
+            "status": "running",
+            "started": started,
+        }
+        run.write_record(stage, running)
+        _reset_peak_memory()
+        function: Callable[[StageContext], dict] = STAGE_FUNCTIONS[stage]
+        summary = function(context)
+        if train_only:  # the stage stays open: its queries (or shards) come next
+            return {**running, "seconds": round(time.time() - started, 2), "summary": summary}
+        record = {
+            "stage": stage,
+            "fingerprint": fps[stage],
+            "status": "done",
+            "started": started,
+            "seconds": round(time.time() - started, 2),
+            "peak_memory_bytes": _peak_memory_bytes(),
+            "summary": _jsonable(summary),
+        }
+        run.write_record(stage, record)
+        for rel in STAGE_SECRETS.get(stage, ()):  # only now: a resume before this needs them
+            shutil.rmtree(run.root / rel, ignore_errors=True)
         return record
-    context = StageContext(config, run, progress, train_only)
-    if status[stage] == "interrupted" and not force:
-        print(f"[{stage}] resuming an interrupted run", file=sys.stderr)
-    else:
-        if stage in PRECHECKS:
-            PRECHECKS[stage](context)  # refuses before the previous outputs are removed
-        if record is not None:
-            _clean(run, stage, fps[stage])
-    # A stage recomputed invalidates its downstream records (their fingerprints still match).
-    for later in STAGES[STAGES.index(stage) + 1 :]:
-        if later_reads(later, stage):
-            path = run.record_path(later)
-            if path.is_file():
-                stale = json.loads(path.read_text())
-                stale["status"] = "stale-upstream"
-                run.write_record(later, stale)
-    started = time.time()
-    running = {"stage": stage, "fingerprint": fps[stage], "status": "running", "started": started}
-    run.write_record(stage, running)
-    _reset_peak_memory()
-    function: Callable[[StageContext], dict] = STAGE_FUNCTIONS[stage]
-    summary = function(context)
-    if train_only:  # the stage stays open: its queries (or shards) come next
-        return {**running, "seconds": round(time.time() - started, 2), "summary": summary}
-    record = {
-        "stage": stage,
-        "fingerprint": fps[stage],
-        "status": "done",
-        "started": started,
-        "seconds": round(time.time() - started, 2),
-        "peak_memory_bytes": _peak_memory_bytes(),
-        "summary": _jsonable(summary),
-    }
-    run.write_record(stage, record)
-    return record
+
+
+class StageBusyError(ValueError):
+    """Another process holds the stage (running it, or one of its shards)."""
+
+
+@contextlib.contextmanager
+def stage_lock(run: RunFolder, stage: str, *, exclusive: bool):
+    """Holds `stage`'s lock in `run` while the block runs: exclusive for the stage itself,
+    shared for its shards (so shards run side by side, but never beside the stage's own run,
+    which joins and then removes them). An advisory `flock` on ``stages/.<stage>.lock``, let
+    go when the process ends, however it ends.
+
+    Raises:
+      StageBusyError: the lock is held in a conflicting mode.
+    """
+    import fcntl
+
+    path = run.record_path(stage).with_name(f".{stage}.lock")
+    private_folder(path.parent)
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StageBusyError(
+                f"another process is running stage {stage!r} "
+                f"{'or one of its shards ' if exclusive else ''}in {run.root}: wait for it"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def later_reads(later: str, stage: str) -> bool:

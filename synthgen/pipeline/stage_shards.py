@@ -15,8 +15,10 @@ any (and refuses an incomplete set), otherwise it does all the work itself. The 
 output equals the unsharded stage's, byte for byte, when the shards ran on the same JAX
 version and device kind (`synthgen.shards`; tested on 3 shards). A shard writes
 ``shards/<stage>/<fingerprint>/<I>-of-<N>.partial/`` and renames it to ``<I>-of-<N>/`` when
-done, so a crashed shard is never taken for a finished one; the stage removes its shards
-once it has joined them.
+done, so a crashed or running shard is never taken for a finished one; the stage removes
+its shards once it has joined them. Shards hold their stage's lock shared and the stage's
+own run holds it exclusively (`runner.stage_lock`), so a join never runs beside a shard.
+Every job must see the run folder at the same path (the shards record it).
 
 Privacy:
   Shards spend nothing: the generate stage's DP training runs once (``--train-only``) and is
@@ -113,6 +115,7 @@ def run_shard(stage: str, config, run, shard: Shard, *, progress: bool = True) -
     Raises:
       StageNotReadyError: a stage it reads is not done (for generate: the generator is not
         trained, see `--train-only`).
+      StageBusyError: the stage itself is running in another process.
       ValueError: a stage that takes no shards, or one already done under this config.
     """
     from synthgen.pipeline.retrieval_stages import index_shard
@@ -121,33 +124,37 @@ def run_shard(stage: str, config, run, shard: Shard, *, progress: bool = True) -
         StageContext,
         StageNotReadyError,
         fingerprints,
+        stage_lock,
         stage_status,
     )
-    from synthgen.pipeline.stages import generate_shard
+    from synthgen.pipeline.stages import check_shardable, generate_shard
 
     functions = {"generate": generate_shard, "index": index_shard}
     if stage not in functions:
         raise ValueError(f"only the {' and '.join(SHARDABLE)} stages take --shard, not {stage!r}")
+    if stage == "generate":
+        check_shardable(config, "--shard")
     run.check_is_run()
-    status, fps = stage_status(config, run), fingerprints(config)
-    for upstream in UPSTREAM[stage]:
-        if status[upstream] != "done":
-            raise StageNotReadyError(
-                f"stage {stage!r} reads {upstream!r}, which is {status[upstream]} under this "
-                f"config: run `synthgen pipeline {upstream}` first"
+    with stage_lock(run, stage, exclusive=False):  # beside other shards, never the stage's run
+        status, fps = stage_status(config, run), fingerprints(config)
+        for upstream in UPSTREAM[stage]:
+            if status[upstream] != "done":
+                raise StageNotReadyError(
+                    f"stage {stage!r} reads {upstream!r}, which is {status[upstream]} under "
+                    f"this config: run `synthgen pipeline {upstream}` first"
+                )
+        if status[stage] == "done":
+            raise ValueError(
+                f"stage {stage!r} is done under this config: there is nothing left to shard"
             )
-    if status[stage] == "done":
-        raise ValueError(
-            f"stage {stage!r} is done under this config: there is nothing left to shard"
-        )
-    folder = shard_folder(run.root, stage, fps[stage], shard)
-    partial = folder.with_name(folder.name + ".partial")
-    for path in (partial, folder):
-        shutil.rmtree(path, ignore_errors=True)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    summary = functions[stage](StageContext(config, run, progress), shard, partial)
-    partial.rename(folder)
+        folder = shard_folder(run.root, stage, fps[stage], shard)
+        partial = folder.with_name(folder.name + ".partial")
+        for path in (partial, folder):
+            shutil.rmtree(path, ignore_errors=True)
+        partial.mkdir(parents=True)  # seen by the stage's join as unfinished from now on
+        started = time.time()
+        summary = functions[stage](StageContext(config, run, progress), shard, partial)
+        partial.rename(folder)
     return {
         "stage": stage,
         "shard": str(shard),

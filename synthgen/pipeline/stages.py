@@ -152,8 +152,9 @@ def _target_documents(ctx: StageContext, pairs: list[dict]):
     )
 
 
-def _check_shardable(ctx: StageContext, what: str) -> None:
-    if ctx.config.generate.kind != "querygen":
+def check_shardable(config, what: str) -> None:
+    """Refuses `what` (--shard, --train-only) for a few-shot generate stage."""
+    if config.generate.kind != "querygen":
         raise ValueError(
             f"{what} applies to the fine-tuned generator (generate.kind='querygen'); the "
             "few-shot generator releases every token by a DP vote and runs as one job"
@@ -187,7 +188,7 @@ def generate_shard(ctx: StageContext, shard, out: Path) -> dict:
     from synthgen import querygen
     from synthgen.pipeline.runner import StageNotReadyError, fingerprints
 
-    _check_shardable(ctx, "--shard")
+    check_shardable(ctx.config, "--shard")
     record = ctx.run.record("generate")
     trained = (
         record is not None
@@ -224,8 +225,6 @@ def generate_stage(ctx: StageContext) -> dict:
         if ctx.train_only:
             return summary
     else:
-        if ctx.train_only:
-            _check_shardable(ctx, "--train-only")
         summary = _fewshot(ctx, pairs)
     rows = read_jsonl(ctx.run.root / "synthetic" / "queries.jsonl")
     summary.update(
@@ -239,11 +238,10 @@ def generate_stage(ctx: StageContext) -> dict:
 
 
 def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
-    import shutil
-
     import datasets
 
     from synthgen import querygen
+    from synthgen.work_folder import WorkFolder
 
     n = len(pairs)
     config, plan, delta = _querygen_plan(ctx, n)
@@ -258,10 +256,16 @@ def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
     work = ctx.run.private / "work" / "generate"
     seed = _sampling_seed(ctx)  # drawn before training: the shards read it
     if (ctx.run.root / "generator" / querygen.GENERATOR_FILE).is_file():
-        # Trained and charged earlier in this stage run (the runner removes the generator
-        # whenever the stage starts afresh): a crash while sampling, or `--train-only` before
-        # the shards. The generator is not touched again, so the shards read one generator
-        # and a run folder moved after training (to a shared file system) still finishes.
+        # Trained earlier in this stage run (the runner removes the generator whenever the
+        # stage starts afresh), and charged to this run's ledger: a crash while sampling, or
+        # `--train-only` before the shards. The generator is not touched again, so the shards
+        # read one generator and a run folder moved after training still finishes.
+        if not WorkFolder(work).charged_in(ledger, scope, plan):
+            raise ValueError(
+                f"{ctx.run.root / 'generator'} holds a generator whose charge for this config "
+                "is not in the run's ledger: recompute the stage (`synthgen pipeline generate "
+                "--force`)"
+            )
         ctx.log("generate", "the generator is trained; sampling its queries")
         steps_run = resumed_from = plan.steps
     else:
@@ -310,9 +314,8 @@ def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
             seed=seed,
             progress=ctx.progress,
         )
-    # the secret resume state and the sampling seed are not needed any more, nor the shards
-    shutil.rmtree(work, ignore_errors=True)
-    shutil.rmtree(ctx.run.private / "work" / "generate-sampling", ignore_errors=True)
+    # The shards are joined; the secret resume state and the sampling seed go once the
+    # runner has recorded the stage as done (`runner.STAGE_SECRETS`).
     remove_shards(ctx.run.root, "generate")
     return summary
 

@@ -132,6 +132,7 @@ def test_released_folders_hold_no_secret_randomness(tiny_run):
     for folder in ("generator", "synthetic", "encoder", "index", "rag", "data", "report"):
         assert_clean_release(run / folder, seen)
     assert not (run / "private" / "work" / "generate").exists()  # deleted after the stage
+    assert not (run / "private" / "work" / "generate-sampling").exists()
     assert not (run / "encoder" / "checkpoints").exists()
 
 
@@ -223,10 +224,16 @@ def test_generate_in_three_shards_joins_to_the_unsharded_queries(tiny_run, tmp_p
     assert "generate shard 2/3: done" in done.stdout
     run_shard("generate", config, folder, Shard(0, 3), progress=False)
     status = _cli("status", "--config", CONFIG, "--out", sharded)
-    assert "generate  interrupted (2 of 3 shards finished)" in status.stdout
+    assert "generate  interrupted (generator trained; 2 of 3 shards finished)" in status.stdout
     with pytest.raises(ValueError, match=r"shard\(s\) 1/3 are missing"):
         run_stage("generate", config, folder, progress=False)
     run_shard("generate", config, folder, Shard(1, 3), progress=False)
+    seed_file = sharded / "private" / "work" / "generate-sampling" / "seed.json"
+    seed = seed_file.read_text()
+    seed_file.write_text(json.dumps({"seed": "12345"}))  # not the seed the shards drew from
+    with pytest.raises(ValueError, match="another generator or seed"):
+        run_stage("generate", config, folder, progress=False)
+    seed_file.write_text(seed)
     record = run_stage("generate", config, folder, progress=False)
     assert record["status"] == "done" and record["summary"]["shards"] == 3
     joined, whole = _files(sharded / "synthetic"), _files(run / "synthetic")
@@ -235,6 +242,12 @@ def test_generate_in_three_shards_joins_to_the_unsharded_queries(tiny_run, tmp_p
     assert ledger.charges("pipeline", "train-pairs") == charges  # shards spend nothing
     assert not (sharded / "shards" / "generate").exists()
     assert not (sharded / "private" / "work" / "generate-sampling").exists()
+    assert not (sharded / "private" / "work" / "generate").exists()
+    assert_clean_release(sharded / "synthetic", tiny_run[5])
+    drawn = json.loads(seed)["seed"].encode()  # the sampling seed is in no released file
+    assert not [
+        f for f in ("synthetic", "generator") for b in _files(sharded / f).values() if drawn in b
+    ]
     with pytest.raises(ValueError, match="done under this config"):
         run_shard("generate", config, folder, Shard(0, 3), progress=False)
 
@@ -250,6 +263,20 @@ def test_index_in_three_shards_joins_to_the_unsharded_index(tiny_run, tmp_path):
     run_stage("index", config, folders["whole"], progress=False)
     for i in (2, 0, 1):
         run_shard("index", config, folders["sharded"], Shard(i, 3), progress=False)
+    first = next((tmp_path / "sharded" / "shards" / "index").glob("*/0-of-3")) / "shard.json"
+    record = json.loads(first.read_text())
+    first.write_text(json.dumps({**record, "encoder_weights_sha256": "0" * 64}))
+    with pytest.raises(ValueError, match="another build"):  # the shards disagree
+        run_stage("index", config, folders["sharded"], progress=False)
+    for shard in first.parent.parent.iterdir():  # all three from another encoder's weights
+        meta = json.loads((shard / "shard.json").read_text())
+        (shard / "shard.json").write_text(json.dumps({**meta, "encoder_weights_sha256": "0" * 64}))
+    with pytest.raises(ValueError, match="another corpus, encoder or token limit"):
+        run_stage("index", config, folders["sharded"], progress=False)
+    for shard in first.parent.parent.iterdir():
+        meta = json.loads((shard / "shard.json").read_text())
+        real = record["encoder_weights_sha256"]
+        (shard / "shard.json").write_text(json.dumps({**meta, "encoder_weights_sha256": real}))
     record = run_stage("index", config, folders["sharded"], progress=False)
     assert record["summary"]["shards"] == 3
     joined, whole = _files(tmp_path / "sharded" / "index"), _files(tmp_path / "whole" / "index")
