@@ -25,8 +25,14 @@ install: $(STAMP)
 # built from source, 10-15 min on 2 cores the first time, then pip's wheel cache. Only
 # `make test` needs it (not `make demo`). A failed build is not fatal: those tests then
 # skip with the reason, and the next `make test` tries again.
+# Built for a portable AVX2 x86-64, not -march=native: on a CPU with AMX (Sapphire Rapids and
+# later) ggml's native build takes its AMX matmul path, which crashes (SIGSEGV in
+# ggml_backend_amx_mul_mat, llama-cpp-python 0.3.36, seen on the CI-sized machine), and a
+# native wheel in pip's cache would not run on an older CPU either.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 $(SERVER_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[test,docs,server-test]' && touch $(SERVER_STAMP) || \
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q -e '.[test,docs,server-test]' && \
+	  touch $(SERVER_STAMP) || \
 	  echo "warning: could not build llama-cpp-python[server]; the LM server tests will skip" >&2
 
 assets: install
