@@ -465,10 +465,14 @@ def generate_queries(
             "seed_sha256": hashlib.sha256(str(seed).encode()).hexdigest(),
             "platform": shards.platform(),
         }
-    return _write_queries(Path(out_dir), rows, metadata, len(documents))
+    return write_query_folder(Path(out_dir), rows, metadata, len(documents))
 
 
-def _write_queries(out: Path, rows: dict, metadata: dict, num_documents: int) -> datasets.Dataset:
+def write_query_folder(
+    out: Path, rows: dict, metadata: dict, num_documents: int
+) -> datasets.Dataset:
+    """Writes a query folder: `rows` (columns doc_id, document, query) as queries.jsonl and
+    queries.parquet, and `metadata` with the counts and the files' SHA-256 added."""
     out.mkdir(parents=True, exist_ok=True)
     dataset = datasets.Dataset.from_dict(rows)
     dataset.to_json(out / "queries.jsonl", lines=True, force_ascii=False)
@@ -557,4 +561,4 @@ def merge_query_shards(shard_dirs: Sequence[str | Path], out_dir: str | Path) ->
         "seconds": sum(m[2]["generation"]["seconds"] for m in metas),
     }
     metadata["merged_shards"] = count
-    return _write_queries(Path(out_dir), rows, metadata, position)
+    return write_query_folder(Path(out_dir), rows, metadata, position)

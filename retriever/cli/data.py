@@ -28,3 +28,43 @@ def data_wiki(
         out, source=source, test_fraction=test_fraction, seed=seed, limit=limit
     )
     print(json.dumps(counts))
+
+
+@data_app.command("filter")
+def data_filter(
+    queries: Annotated[
+        Path, typer.Option(help="a generator's output folder (queries.jsonl, metadata.json)")
+    ],
+    corpus: Annotated[
+        Path, typer.Option(help="corpus.jsonl: the public documents searched (doc_id, text)")
+    ],
+    out: Annotated[Path, typer.Option(help="folder of the kept queries (same layout)")],
+    k: Annotated[int, typer.Option(help="keep a query if its document ranks in the top k")] = 10,
+    encoder: Annotated[
+        str, typer.Option(help="a public pretrained encoder (asset, random:..., folder)")
+    ] = "all-minilm-l6-v2",
+    max_query_len: Annotated[int, typer.Option(help="query tokens")] = 32,
+    max_doc_len: Annotated[int, typer.Option(help="document tokens")] = 128,
+    dedupe: Annotated[
+        bool, typer.Option("--dedupe/--no-dedupe", help="drop empty and repeated pairs")
+    ] = True,
+) -> None:
+    """Round-trip consistency filter of DP synthetic queries (Dai et al. 2022): keep those
+    whose document a public encoder ranks in the top k. Post-processing: no budget spent."""
+    from retriever.consistency import ConsistencyFilter, filter_query_folder
+
+    for path, name in ((queries / "metadata.json", "--queries"), (corpus, "--corpus")):
+        if not path.is_file():
+            raise typer.BadParameter(f"{path} is not a file", param_hint=name)
+    try:
+        config = ConsistencyFilter(
+            k=k,
+            encoder=encoder,
+            max_query_len=max_query_len,
+            max_doc_len=max_doc_len,
+            dedupe=dedupe,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    record = filter_query_folder(queries, corpus, out, config, progress=True)
+    print(json.dumps({"out": str(out), "queries_in": record["queries_in"], "kept": record["kept"]}))
