@@ -122,19 +122,32 @@ class RetrieverResult:
 
 
 def in_batch_softmax_loss(
-    q: jax.Array, d: jax.Array, doc_keys: jax.Array, scale: jax.Array
+    q: jax.Array,
+    d: jax.Array,
+    doc_keys: jax.Array,
+    scale: jax.Array,
+    negatives: jax.Array | None = None,
+    negative_keys: jax.Array | None = None,
 ) -> jax.Array:
-    """Mean cross-entropy of each query against its own document among the batch's documents.
+    """Mean cross-entropy of each query against its own document among the batch's documents
+    (and the batch's hard negatives, if given).
 
     Args:
       q, d: L2-normalised query and document embeddings [B, dim]; row i is a pair.
-      doc_keys: int [B] document identities; another row with the same document is not a
-        negative (it is masked out).
+      doc_keys: int [B] document identities; another document with the same identity as a
+        query's own is not a negative for it (it is masked out).
       scale: logit scale (1 / temperature).
+      negatives: [B, dim] embeddings of the pairs' hard negatives, shared by the batch.
+      negative_keys: int [B] their document identities.
     """
-    logits = scale * (q @ d.T)
-    same = doc_keys[:, None] == doc_keys[None, :]
-    logits = jnp.where(same & ~jnp.eye(len(q), dtype=bool), -jnp.inf, logits)
+    docs, keys = d, doc_keys
+    if negatives is not None:
+        docs = jnp.concatenate([d, negatives])
+        keys = jnp.concatenate([doc_keys, negative_keys])
+    logits = scale * (q @ docs.T)
+    same = doc_keys[:, None] == keys[None, :]
+    own = jnp.eye(len(q), len(keys), dtype=bool)
+    logits = jnp.where(same & ~own, -jnp.inf, logits)
     return -jnp.mean(jnp.diagonal(jax.nn.log_softmax(logits, axis=-1)))
 
 
@@ -164,6 +177,22 @@ def _tokenize_pairs(encoder: TextEncoder, queries, documents, config: RetrieverC
     }
 
 
+def _negatives(documents, keys, hard_negatives, hard_negative_ids, n):
+    """(texts, keys) of the pairs' hard negatives: a missing one is the pair's own document
+    under its own key (masked out of its loss); ([], []) without hard negatives."""
+    if hard_negatives is None:
+        return [], []
+    ids = hard_negative_ids if hard_negative_ids is not None else hard_negatives
+    if len(hard_negatives) != n or len(ids) != n:
+        raise ValueError(f"need one hard negative (or None) per pair: {n} pairs")
+    texts, out_keys = [], []
+    for text, key, document, own in zip(hard_negatives, ids, documents, keys, strict=True):
+        missing = text is None or key is None
+        texts.append(document if missing else text)
+        out_keys.append(own if missing else str(key))
+    return texts, out_keys
+
+
 def _check_pairs(queries: Sequence[str], documents: Sequence[str], batch_size: int) -> None:
     if len(queries) != len(documents):
         raise ValueError(f"{len(queries)=} queries for {len(documents)=} documents")
@@ -180,6 +209,8 @@ def train_retriever(
     config: RetrieverConfig,
     *,
     doc_ids: Sequence[str] | None = None,
+    hard_negatives: Sequence[str | None] | None = None,
+    hard_negative_ids: Sequence[str | None] | None = None,
     out_dir: str | Path | None = None,
     provenance: dict | None = None,
     work_dir: str | Path | None = None,
@@ -195,6 +226,10 @@ def train_retriever(
       config: hyper-parameters.
       doc_ids: document identities (pairs sharing a document are not each other's
         negatives); default: the document text.
+      hard_negatives: one document text per pair (`retriever.negatives`), added to the
+        batch's negatives (embedded by the document tower); None for a pair without one.
+        A hard negative that is a query's own document is masked out for it.
+      hard_negative_ids: their identities (default: the texts).
       out_dir: the release folder: the trained encoder once the run is complete (see
         `save_trained`), never resume state.
       provenance: what the pairs are (`retriever.provenance`: `synthetic` for a DP
@@ -217,11 +252,18 @@ def train_retriever(
       on real pairs it is the non-private reference.
     """
     _check_pairs(queries, documents, config.batch_size)
-    keys = doc_ids if doc_ids is not None else documents
-    _, key_index = np.unique(np.asarray(list(keys), dtype=object).astype(str), return_inverse=True)
-    data = _tokenize_pairs(encoder, queries, documents, config)
-    data["doc_key"] = key_index.astype(np.int32)
     n = len(queries)
+    keys = [str(k) for k in (doc_ids if doc_ids is not None else documents)]
+    negative_texts, negative_keys = _negatives(
+        documents, keys, hard_negatives, hard_negative_ids, n
+    )
+    _, key_index = np.unique(np.asarray(keys + negative_keys, dtype=object), return_inverse=True)
+    data = _tokenize_pairs(encoder, queries, documents, config)
+    data["doc_key"] = key_index[:n].astype(np.int32)
+    if hard_negatives is not None:
+        neg = encoder.tokenize(negative_texts, config.max_doc_len)
+        data["n_ids"], data["n_mask"] = neg["input_ids"], neg["attention_mask"]
+        data["n_key"] = key_index[n:].astype(np.int32)
     steps_per_epoch = n // config.batch_size
     total = max(1, int(round(config.epochs * steps_per_epoch)))
 
@@ -272,7 +314,13 @@ def train_retriever(
         d = encoder.apply(
             doc_tower, {"input_ids": batch["d_ids"], "attention_mask": batch["d_mask"]}
         )
-        return in_batch_softmax_loss(q, d, batch["doc_key"], jnp.exp(params["log_scale"]))
+        scale = jnp.exp(params["log_scale"])
+        if "n_ids" not in batch:
+            return in_batch_softmax_loss(q, d, batch["doc_key"], scale)
+        negatives = encoder.apply(
+            doc_tower, {"input_ids": batch["n_ids"], "attention_mask": batch["n_mask"]}
+        )
+        return in_batch_softmax_loss(q, d, batch["doc_key"], scale, negatives, batch["n_key"])
 
     @jax.jit
     def train_step(params, opt_state, batch):
