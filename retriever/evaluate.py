@@ -51,13 +51,15 @@ def evaluate(
     max_doc_len: int = 128,
     batch_size: int = 64,
     progress: bool = True,
+    per_query: bool = False,
 ) -> dict:
     """Encodes corpus and queries, searches the top k, and scores the rankings.
 
     Returns:
-      The metrics (`retriever.metrics.ranking_metrics`), counts, the index kind, timings,
-      ``encoder`` (`encoder_label`: the folder evaluated), ``base`` (its base model) and
-      ``statement`` (its privacy statement; None for a `TextEncoder` object).
+      The metrics (`retriever.metrics.ranking_metrics`; with `per_query`, each query's too),
+      counts, the index kind, timings, ``encoder`` (`encoder_label`: the folder evaluated),
+      ``base`` (its base model) and ``statement`` (its privacy statement; None for a
+      `TextEncoder` object).
 
     Raises:
       ValueError: a query's relevant doc_id is not in the corpus.
@@ -77,7 +79,7 @@ def evaluate(
     searcher = build_searcher(doc_emb, kind=index)
     _, found = searcher.search(np.asarray(query_emb, np.float32), k)
     rankings = [[doc_ids[i] for i in row if i >= 0] for row in found]
-    report = metrics.ranking_metrics(rankings, relevant, k=k)
+    report = metrics.ranking_metrics(rankings, relevant, k=k, per_query=per_query)
     report.update(
         num_documents=len(doc_ids),
         num_query_lines=len(query_rows),

@@ -49,9 +49,14 @@ def query_metrics(ranking: Sequence[str], relevant: set[str], k: int = 10) -> di
 
 
 def ranking_metrics(
-    rankings: Sequence[Sequence[str]], relevant: Sequence[set[str]], k: int = 10
-) -> dict[str, float]:
-    """Mean NDCG@k, Recall@k, MRR@k over queries, plus `num_queries`.
+    rankings: Sequence[Sequence[str]],
+    relevant: Sequence[set[str]],
+    k: int = 10,
+    *,
+    per_query: bool = False,
+) -> dict:
+    """Mean NDCG@k, Recall@k, MRR@k over queries, plus `num_queries` (and, with
+    `per_query`, ``"per_query"``: each metric's value for every query, in query order).
 
     Raises:
       ValueError: no queries, or rankings and relevance sets of different lengths.
@@ -60,7 +65,30 @@ def ranking_metrics(
         raise ValueError(f"{len(rankings)=} rankings for {len(relevant)=} relevance sets")
     if not rankings:
         raise ValueError("no queries to evaluate")
-    per_query = [query_metrics(r, rel, k) for r, rel in zip(rankings, relevant, strict=True)]
-    out = {name: sum(m[name] for m in per_query) / len(per_query) for name in per_query[0]}
-    out["num_queries"] = len(per_query)
+    values = [query_metrics(r, rel, k) for r, rel in zip(rankings, relevant, strict=True)]
+    out: dict = {name: sum(m[name] for m in values) / len(values) for name in values[0]}
+    out["num_queries"] = len(values)
+    if per_query:
+        out["per_query"] = {name: [m[name] for m in values] for name in values[0]}
     return out
+
+
+def bootstrap_interval(
+    statistic, *samples: Sequence[float], reps: int = 1000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of `statistic(*means)` over queries (Efron 1979).
+
+    Every sample is one value per query, in the same query order; each replicate resamples
+    the queries with replacement, the same draw for every sample (a paired bootstrap), and
+    applies `statistic` to the samples' means. Seeded: the same inputs give the same interval.
+    """
+    import numpy as np
+
+    arrays = [np.asarray(s, np.float64) for s in samples]
+    n = len(arrays[0])
+    if n == 0 or any(len(a) != n for a in arrays):
+        raise ValueError("the samples must be non-empty and have one value per query each")
+    draws = np.random.default_rng(seed).integers(0, n, size=(reps, n))
+    stats = np.array([statistic(*(a[d].mean() for a in arrays)) for d in draws])
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(stats, tail)), float(np.percentile(stats, 100 - tail))

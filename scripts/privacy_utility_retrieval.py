@@ -8,18 +8,33 @@ Query = short description, document = lead paragraph; a fixed split by document
 * direct DP at each epsilon: `retriever.train.train_retriever_dp` on the real train pairs;
 * synthetic at each epsilon (and inf): a query generator (SmolLM2-135M + LoRA, DP-Adafactor;
   inf = the same run with noise_multiplier 0) fine-tuned on the real train pairs, one
-  synthetic query per train document, then in-batch softmax on the synthetic pairs.
+  synthetic query per train document, then in-batch softmax on the synthetic pairs;
+* synthetic at each epsilon with the levers that cost no privacy (issue 37), each alone
+  (``+filter``, ``+multi``, ``+negatives``) and all together (``+all``), on the same DP
+  generator as the plain synthetic cell (post-processing of one release):
+  ``multi`` samples `--queries-per-doc` queries per document (and drops repeats),
+  ``filter`` keeps a query when the zero-shot encoder ranks its document in the top
+  `--filter-k` of the corpus (`retriever.consistency`), ``negatives`` adds one hard negative
+  per pair mined with the zero-shot encoder (`retriever.negatives`). The lever settings are
+  fixed in advance, not tuned on the test queries (which are private too).
 
 All trained retrievers use the same encoder, token budgets and evaluation (NDCG@10,
-Recall@10 on the test queries, exact search). Each cell is a separate, alternative release of
-the same private data, charged to its own ledger scope in `<out>/ledger.sqlite` (the cells
-are not composed: a user would deploy one of them). Each finished cell is cached in
-`<out>/cells/<name>.json`; rerunning resumes. The DP runs keep their secret resume state
-(noise key, sampler state) in `<out>/work/<cell>`, deleted when the cell's release is
-written; the released models and generators hold no secret randomness. Writes
-`<out>/results.json` and `<out>/privacy_utility.png`.
+Recall@10 and MRR@10 on the test queries, exact search, with percentile-bootstrap 95%
+intervals over queries). Each DP generator is a separate, alternative release of the same
+private data, charged to its own ledger scope in `<out>/ledger.sqlite` (the cells are not
+composed: a user would deploy one of them). Each finished cell is cached in
+`<out>/cells/<name>.json` (with per-query values: operator-only), each generator and query
+set on disk; rerunning resumes. The DP runs keep their secret resume state (noise key,
+sampler state) in `<out>/work/<cell>`, deleted when the cell's release is written; the
+released models and generators hold no secret randomness. Writes `<out>/results.json`
+(intervals, no per-query values) and `<out>/privacy_utility.png`. The last line is exactly
+``share_of_real_gain_eps1=<v> full_corpus_share_eps1=<v> holdout_ndcg=<v>``: the best
+epsilon-1 cell's share of the real queries' gain over zero-shot, (NDCG - zero-shot) /
+(real - zero-shot), here and in the `--full-corpus-out` run (nan without one), and
+`--holdout-ndcg` as measured separately (nan without).
 
-    python scripts/privacy_utility_retrieval.py --out runs/privacy_utility   # ~1 h on 2 cores
+    python scripts/privacy_utility_retrieval.py --out runs/privacy_utility   # hours on 2 cores
+    python scripts/privacy_utility_retrieval.py --docs 9862 --out runs/pu_full --epsilons 1
 """
 
 from __future__ import annotations
@@ -30,13 +45,19 @@ import math
 import time
 from pathlib import Path
 
+from retriever.consistency import ConsistencyFilter, filter_pairs
 from retriever.encoders import load_encoder
 from retriever.evaluate import evaluate
+from retriever.metrics import bootstrap_interval
+from retriever.negatives import NegativeMining, mine_hard_negatives
 from retriever.train import RetrieverConfig, train_retriever, train_retriever_dp
 from synthgen import corpora, dp_train, querygen
 from synthgen.config_files import querygen_preset
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
+
+METRICS = ("ndcg@10", "recall@10", "mrr@10")
+LEVERS = ("filter", "multi", "negatives")
 
 
 def _cell(out: Path, name: str, run) -> dict:
@@ -48,15 +69,20 @@ def _cell(out: Path, name: str, run) -> dict:
     result.update(cell=name, seconds=round(time.time() - start, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
-    print(f"[{name}] " + json.dumps(result), flush=True)
+    shown = {k: v for k, v in result.items() if k != "per_query"}
+    print(f"[{name}] " + json.dumps(shown), flush=True)
     return result
+
+
+def _load_cells(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/privacy_utility"))
     parser.add_argument("--docs", type=int, default=2000, help="first N wiki documents")
-    parser.add_argument("--epsilons", type=float, nargs="+", default=[3.0, 8.0, 16.0])
+    parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 3.0, 8.0])
     parser.add_argument("--encoder", default="all-minilm-l6-v2")
     parser.add_argument(
         "--generator",
@@ -67,6 +93,23 @@ def main() -> None:
     parser.add_argument("--retriever-epochs", type=float, default=1.0)
     parser.add_argument("--dp-epochs", type=float, default=3.0)
     parser.add_argument("--max-doc-len", type=int, default=64)
+    parser.add_argument("--skip-direct-dp", action="store_true", help="no direct-DP cells")
+    parser.add_argument("--skip-nonprivate-generator", action="store_true")
+    parser.add_argument(
+        "--levers",
+        nargs="*",
+        default=list(LEVERS),
+        choices=LEVERS,
+        help="levers run one at a time at each epsilon (and all together if several)",
+    )
+    parser.add_argument("--queries-per-doc", type=int, default=3, help="the multi lever")
+    parser.add_argument("--filter-k", type=int, default=3, help="the filter lever's top k")
+    parser.add_argument(
+        "--full-corpus-out", type=Path, help="the whole-corpus run's --out, for the last line"
+    )
+    parser.add_argument(
+        "--holdout-ndcg", type=float, help="the best cell's NDCG@10 on the unseen domain"
+    )
     parser.add_argument(
         "--report-only", action="store_true", help="table and plot from the finished cells"
     )
@@ -74,16 +117,7 @@ def main() -> None:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
-        order = ["zero-shot", "real", "synthetic-inf"]
-        cells = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
-        cells.sort(
-            key=lambda c: (
-                order.index(c["cell"]) if c["cell"] in order else 9,
-                c["cell"].split("-")[0],
-                c["epsilon"] or 0,
-            )
-        )
-        report(cells, out)
+        report(_load_cells(out), out, args)
         return
 
     wiki = corpora.load_wiki_summaries(limit=args.docs)
@@ -102,8 +136,14 @@ def main() -> None:
     base = load_encoder(args.encoder)
 
     def score(encoder) -> dict:
-        report = evaluate(encoder, doc_ids, texts, test_rows, max_doc_len=args.max_doc_len)
-        return {k: report[k] for k in ("ndcg@10", "recall@10", "mrr@10", "num_queries")}
+        report = evaluate(
+            encoder, doc_ids, texts, test_rows, max_doc_len=args.max_doc_len, per_query=True
+        )
+        out = {k: report[k] for k in (*METRICS, "num_queries")}
+        out["per_query"] = report["per_query"]
+        for k in METRICS:
+            out[f"{k}_ci95"] = bootstrap_interval(lambda m: m, report["per_query"][k])
+        return out
 
     def scope(name: str, plan: dp_train.PrivacyPlan) -> tuple[str, str]:
         key = ("privacy-utility", name)
@@ -131,7 +171,7 @@ def main() -> None:
     cells.append(_cell(out, "real", real))
 
     row_of = {d: i for i, d in enumerate(doc_ids)}
-    for eps in args.epsilons:
+    for eps in [] if args.skip_direct_dp else args.epsilons:
 
         def direct_dp(eps=eps):
             dp_config = dp_train.DPConfig(
@@ -169,62 +209,146 @@ def main() -> None:
 
     preset = querygen_preset(args.generator)
     gen_epochs = args.generator_steps * preset.dp.batch_size / n
-    for eps in [*args.epsilons, math.inf]:
+    combos = [(lever,) for lever in args.levers]
+    if len(args.levers) > 1:
+        combos.append(tuple(args.levers))
+    epsilons = [*args.epsilons] + ([] if args.skip_nonprivate_generator else [math.inf])
+    for eps in epsilons:
         name = "synthetic-inf" if math.isinf(eps) else f"synthetic-{eps:g}"
+        noise = (
+            dict(dp_target_epsilon=None, dp_noise_multiplier=0.0)
+            if math.isinf(eps)
+            else dict(dp_target_epsilon=eps)
+        )
+        config = preset.replace(dp_epochs=gen_epochs, generation_batch=32, **noise)
+        plan = dp_train.plan_privacy(config.dp, n)
+        gen_dir = out / "generators" / name
 
-        def synthetic(eps=eps, name=name):
-            noise = (
-                dict(dp_target_epsilon=None, dp_noise_multiplier=0.0)
-                if math.isinf(eps)
-                else dict(dp_target_epsilon=eps)
-            )
-            config = preset.replace(dp_epochs=gen_epochs, generation_batch=32, **noise)
-            gen_dir = out / "generators" / name
-            plan = dp_train.plan_privacy(config.dp, n)
-            querygen.train_generator(
-                config,
-                train,
-                gen_dir,
-                ledger=ledger if plan.private else None,
-                ledger_scope=scope(name, plan) if plan.private else None,
-                work_dir=out / "work" / name,
-                plan=plan,
-            )
-            synth = querygen.generate_queries(gen_dir, train, out / "synthetic" / name)
-            keep = [i for i, q in enumerate(synth["query"]) if q.strip()]
-            model = out / "models" / name
+        def generator(config=config, plan=plan, gen_dir=gen_dir, name=name) -> Path:
+            """The cell's DP generator, trained (and charged) once for all its levers."""
+            if not (gen_dir / querygen.GENERATOR_FILE).is_file():
+                querygen.train_generator(
+                    config,
+                    train,
+                    gen_dir,
+                    ledger=ledger if plan.private else None,
+                    ledger_scope=scope(name, plan) if plan.private else None,
+                    work_dir=out / "work" / name,
+                    plan=plan,
+                )
+            return gen_dir
+
+        def queries(per_doc: int, name=name, generator=generator) -> list[dict]:
+            folder = out / "synthetic" / f"{name}-q{per_doc}"
+            if not (folder / "metadata.json").is_file():
+                querygen.generate_queries(generator(), train, folder, queries_per_doc=per_doc)
+            return corpora.read_jsonl(folder / "queries.jsonl")
+
+        def synthetic(levers=(), plan=plan, queries=queries, name=name) -> dict:
+            per_doc = args.queries_per_doc if "multi" in levers else 1
+            rows = [r for r in queries(per_doc) if r["query"].strip()]
+            record: dict = {"levers": list(levers), "generated_pairs": len(rows)}
+            if "multi" in levers or "filter" in levers:
+                k = args.filter_k if "filter" in levers else len(doc_ids)  # k = all: dedupe
+                flt = ConsistencyFilter(k=k, encoder=args.encoder, max_doc_len=args.max_doc_len)
+                rows, record["filter"] = filter_pairs(rows, doc_ids, texts, flt)
+            negatives = ids = None
+            if "negatives" in levers:
+                mining = NegativeMining(encoder=args.encoder, max_doc_len=args.max_doc_len)
+                ids, record["negatives"] = mine_hard_negatives(
+                    [r["query"] for r in rows], [r["doc_id"] for r in rows], doc_ids, texts, mining
+                )
+                negatives = [None if i is None else texts[row_of[i]] for i in ids]
+            model = out / "models" / cell_name(name, levers)
             train_retriever(
                 base,
-                [synth["query"][i] for i in keep],
-                [synth["document"][i] for i in keep],
+                [r["query"] for r in rows],
+                [r["document"] for r in rows],
                 rconfig,
-                doc_ids=[synth["doc_id"][i] for i in keep],
+                doc_ids=[r["doc_id"] for r in rows],
+                hard_negatives=negatives,
+                hard_negative_ids=ids,
                 out_dir=model,
             )
             return {
                 "epsilon": plan.epsilon,
                 "delta": plan.delta,
                 "noise_multiplier": plan.noise_multiplier,
-                "synthetic_pairs": len(keep),
+                "synthetic_pairs": len(rows),
+                **record,
                 **score(str(model)),
             }
 
         cells.append(_cell(out, name, synthetic))
+        for levers in [] if math.isinf(eps) else combos:
+            cells.append(
+                _cell(out, cell_name(name, levers), lambda levers=levers, f=synthetic: f(levers))
+            )
 
-    report(cells, out)
+    report(cells, out, args)
 
 
-def report(cells: list[dict], out: Path) -> None:
-    """Writes results.json and the plot; prints a markdown table."""
-    (out / "results.json").write_text(json.dumps(cells, indent=1))
+def cell_name(name: str, levers: tuple[str, ...]) -> str:
+    if not levers:
+        return name
+    return f"{name}+{'all' if len(levers) > 1 else levers[0]}"
+
+
+def share_of_gain(cells: list[dict], epsilon: float = 1.0) -> tuple[str, float, tuple] | None:
+    """The best epsilon cell by NDCG@10: (name, share of the real gain, its 95% interval)."""
+    by = {c["cell"]: c for c in cells}
+    if "zero-shot" not in by or "real" not in by:
+        return None
+    prefix = f"synthetic-{epsilon:g}"
+    candidates = [c for c in cells if c["cell"] == prefix or c["cell"].startswith(prefix + "+")]
+    if not candidates:
+        return None
+    best = max(candidates, key=lambda c: c["ndcg@10"])
+    zero, real = by["zero-shot"], by["real"]
+
+    def share(z, r, b):
+        return (b - z) / (r - z) if r != z else math.nan
+
+    value = share(zero["ndcg@10"], real["ndcg@10"], best["ndcg@10"])
+    samples = [c.get("per_query", {}).get("ndcg@10") for c in (zero, real, best)]
+    interval = bootstrap_interval(share, *samples) if all(samples) else (math.nan, math.nan)
+    return best["cell"], value, interval
+
+
+def report(cells: list[dict], out: Path, args) -> None:
+    """Writes results.json (no per-query values) and the plot; prints a markdown table with
+    95% intervals, then the last line."""
+    public = [{k: v for k, v in c.items() if k != "per_query"} for c in cells]
+    (out / "results.json").write_text(json.dumps(public, indent=1))
     plot(cells, out / "privacy_utility.png")
-    print("| cell | epsilon | NDCG@10 | Recall@10 | MRR@10 |\n|---|---|---|---|---|")
+    print("| cell | epsilon | pairs | NDCG@10 | Recall@10 | MRR@10 |\n|---|---|---|---|---|---|")
     for c in cells:
         eps = "-" if c["epsilon"] is None else f"{c['epsilon']:.3g}"
+        figures = []
+        for k in METRICS:
+            lo, hi = c.get(f"{k}_ci95", (math.nan, math.nan))
+            figures.append(f"{c[k]:.4f} [{lo:.4f}, {hi:.4f}]")
+        pairs = c.get("synthetic_pairs", "-")
+        print(f"| {c['cell']} | {eps} | {pairs} | " + " | ".join(figures) + " |")
+    here = share_of_gain(cells)
+    if here is not None:
+        name, value, (lo, hi) = here
         print(
-            f"| {c['cell']} | {eps} | {c['ndcg@10']:.4f} | {c['recall@10']:.4f} | "
-            f"{c['mrr@10']:.4f} |"
+            f"best epsilon-1 cell: {name}, share of the real gain {value:.3f} [{lo:.3f}, {hi:.3f}]"
         )
+    full = None
+    if args.full_corpus_out is not None and (args.full_corpus_out / "cells").is_dir():
+        full = share_of_gain(_load_cells(args.full_corpus_out))
+        if full is not None:
+            print(
+                f"whole corpus: {full[0]}, share {full[1]:.3f} [{full[2][0]:.3f}, {full[2][1]:.3f}]"
+            )
+    holdout = math.nan if args.holdout_ndcg is None else args.holdout_ndcg
+    print(
+        f"share_of_real_gain_eps1={math.nan if here is None else here[1]:.4f} "
+        f"full_corpus_share_eps1={math.nan if full is None else full[1]:.4f} "
+        f"holdout_ndcg={holdout:.4f}"
+    )
 
 
 def plot(cells: list[dict], path: Path) -> None:

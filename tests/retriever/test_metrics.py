@@ -2,9 +2,11 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from retriever import metrics
+from retriever.metrics import bootstrap_interval, ranking_metrics
 
 
 def test_single_relevant_document_at_rank_three():
@@ -60,3 +62,25 @@ def test_bad_input():
         metrics.ranking_metrics([], [])
     with pytest.raises(ValueError, match="relevance sets"):
         metrics.ranking_metrics([["a"]], [])
+
+
+def test_per_query_values_average_to_the_means():
+    out = ranking_metrics(
+        [["a", "b"], ["c"], ["x", "y"]], [{"a"}, {"b"}, {"y"}], k=10, per_query=True
+    )
+    for name, values in out["per_query"].items():
+        assert sum(values) / 3 == pytest.approx(out[name])
+    assert out["per_query"]["mrr@10"] == [1.0, 0.0, 0.5]
+
+
+def test_bootstrap_interval_brackets_the_mean_and_pairs_the_samples():
+    rng = np.random.default_rng(1)
+    a = rng.random(200)
+    lo, hi = bootstrap_interval(lambda m: m, a)
+    assert lo < a.mean() < hi and hi - lo < 0.2
+    assert bootstrap_interval(lambda m: m, np.full(50, 0.3)) == pytest.approx((0.3, 0.3))
+    # paired: the difference of a sample with itself is 0 in every replicate
+    assert bootstrap_interval(lambda x, y: x - y, a, a) == (0.0, 0.0)
+    assert bootstrap_interval(lambda m: m, a, seed=3) == bootstrap_interval(lambda m: m, a, seed=3)
+    with pytest.raises(ValueError, match="one value per query"):
+        bootstrap_interval(lambda x, y: x - y, a, a[:10])
