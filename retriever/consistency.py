@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 FILTER_KIND = "round-trip consistency (Dai et al. 2022)"
+SCORE_BLOCK = 1 << 24  # query-document scores computed at a time (64 MB of float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +92,24 @@ def source_ranks(query_emb: np.ndarray, doc_emb: np.ndarray, sources: np.ndarray
     doc_emb = np.asarray(doc_emb, np.float32)
     sources = np.asarray(sources, np.int64)
     ranks = np.empty(len(sources), np.int64)
-    chunk = max(1, (1 << 24) // max(len(doc_emb), 1))  # about 64 MB of scores at a time
+    chunk = max(1, SCORE_BLOCK // max(len(doc_emb), 1))
     for start in range(0, len(sources), chunk):
         scores = query_emb[start : start + chunk] @ doc_emb.T
         own = scores[np.arange(len(scores)), sources[start : start + chunk]]
         ranks[start : start + chunk] = 1 + np.sum(scores > own[:, None], axis=1)
     return ranks
+
+
+def dedupe_pairs(rows: Sequence[dict]) -> list[dict]:
+    """`rows` without empty queries and without repeats of a (doc_id, stripped query) pair
+    (the first kept), in their given order."""
+    kept, seen = [], set()
+    for row in rows:
+        key = (str(row["doc_id"]), str(row["query"]).strip())
+        if key[1] and key not in seen:
+            seen.add(key)
+            kept.append(row)
+    return kept
 
 
 def filter_pairs(
@@ -128,13 +141,7 @@ def filter_pairs(
     missing = sorted({str(r["doc_id"]) for r in rows} - set(position))
     if missing:
         raise ValueError(f"{len(missing)} synthetic rows name documents not in the corpus")
-    candidates, seen = [], set()
-    for row in rows:
-        key = (str(row["doc_id"]), str(row["query"]).strip())
-        if config.dedupe and (not key[1] or key in seen):
-            continue
-        seen.add(key)
-        candidates.append(row)
+    candidates = dedupe_pairs(rows) if config.dedupe else list(rows)
     ranks = np.zeros(0, np.int64)
     if candidates:
         query_encoder, doc_encoder = load_towers(config.encoder)
@@ -186,6 +193,16 @@ def filter_query_folder(
     metadata = json.loads((source / "metadata.json").read_text())
     if "filter" in metadata:
         raise ValueError(f"{source} is already filtered: filter the generator's own output")
+    if Path(out_dir).resolve() == source.resolve():
+        raise ValueError("--out must be a new folder: the release is not overwritten")
+    recorded = (metadata.get("files") or {}).get("queries.jsonl")
+    if recorded != file_sha256(source / "queries.jsonl"):
+        # An edited file is not the DP release: its rows may hold anything, so the filtered
+        # folder must not carry the release's guarantee (as `provenance.for_pairs_file`).
+        raise ValueError(
+            f"{source}/queries.jsonl is not the file its generator wrote (SHA-256 differs from "
+            "metadata.json): only an unedited release keeps its guarantee"
+        )
     rows = read_jsonl(source / "queries.jsonl")
     doc_ids, texts = read_corpus(corpus)
     kept, record = filter_pairs(rows, doc_ids, texts, config, progress=progress)

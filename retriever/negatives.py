@@ -35,10 +35,11 @@ class NegativeMining:
       encoder: a public pretrained encoder (asset, ``random:...`` or a folder recorded as
         pretrained).
       max_relative_score: a candidate must score below this share of the positive's score
-        (false-negative filter; 1.0 keeps any document scoring below the positive).
+        (false-negative filter; 1.0 keeps any document scoring below the positive); when
+        the positive's score is not positive, a candidate must score below it.
       depth: candidates looked at per query (the top `depth` documents but the positive);
-        a query with none left gets no hard negative (its own document stands in and is
-        masked out of the loss).
+        a query with none left gets no hard negative (its column is masked out of the loss
+        for every query).
       max_query_len, max_doc_len: token limits of the encoder's inputs.
     """
 
@@ -74,7 +75,9 @@ def pick_negatives(
         return np.full(m, -1, np.int64)
     candidates = np.argpartition(-masked, top - 1, axis=1)[:, :top]
     cand_scores = np.take_along_axis(masked, candidates, axis=1)
-    allowed = cand_scores < max_relative_score * own[:, None]
+    # r * own is below own only for a positive own score; otherwise "below the positive"
+    cut = np.where(own > 0, max_relative_score * own, own)
+    allowed = cand_scores < cut[:, None]
     cand_scores = np.where(allowed, cand_scores, -np.inf)
     best = np.argmax(cand_scores, axis=1)
     picked = candidates[np.arange(m), best]

@@ -138,7 +138,8 @@ def in_batch_softmax_loss(
         query's own is not a negative for it (it is masked out).
       scale: logit scale (1 / temperature).
       negatives: [B, dim] embeddings of the pairs' hard negatives, shared by the batch.
-      negative_keys: int [B] their document identities.
+      negative_keys: int [B] their document identities; -1 for a pair without one (that
+        column is masked out for every query).
     """
     docs, keys = d, doc_keys
     if negatives is not None:
@@ -147,7 +148,7 @@ def in_batch_softmax_loss(
     logits = scale * (q @ docs.T)
     same = doc_keys[:, None] == keys[None, :]
     own = jnp.eye(len(q), len(keys), dtype=bool)
-    logits = jnp.where(same & ~own, -jnp.inf, logits)
+    logits = jnp.where((same & ~own) | (keys < 0)[None, :], -jnp.inf, logits)
     return -jnp.mean(jnp.diagonal(jax.nn.log_softmax(logits, axis=-1)))
 
 
@@ -177,19 +178,20 @@ def _tokenize_pairs(encoder: TextEncoder, queries, documents, config: RetrieverC
     }
 
 
-def _negatives(documents, keys, hard_negatives, hard_negative_ids, n):
-    """(texts, keys) of the pairs' hard negatives: a missing one is the pair's own document
-    under its own key (masked out of its loss); ([], []) without hard negatives."""
+def _negatives(documents, hard_negatives, hard_negative_ids, n):
+    """(texts, keys) of the pairs' hard negatives, key None for a pair without one (its text
+    is a stand-in, the pair's document, whose column the loss masks for every query);
+    ([], []) without hard negatives."""
     if hard_negatives is None:
         return [], []
     ids = hard_negative_ids if hard_negative_ids is not None else hard_negatives
     if len(hard_negatives) != n or len(ids) != n:
         raise ValueError(f"need one hard negative (or None) per pair: {n} pairs")
     texts, out_keys = [], []
-    for text, key, document, own in zip(hard_negatives, ids, documents, keys, strict=True):
+    for text, key, document in zip(hard_negatives, ids, documents, strict=True):
         missing = text is None or key is None
         texts.append(document if missing else text)
-        out_keys.append(own if missing else str(key))
+        out_keys.append(None if missing else str(key))
     return texts, out_keys
 
 
@@ -227,9 +229,11 @@ def train_retriever(
       doc_ids: document identities (pairs sharing a document are not each other's
         negatives); default: the document text.
       hard_negatives: one document text per pair (`retriever.negatives`), added to the
-        batch's negatives (embedded by the document tower); None for a pair without one.
-        A hard negative that is a query's own document is masked out for it.
-      hard_negative_ids: their identities (default: the texts).
+        batch's negatives (embedded by the document tower); None for a pair without one
+        (masked out for every query). A hard negative that is a query's own document is
+        masked out for it.
+      hard_negative_ids: their identities, of the same kind as `doc_ids` (required with
+        `doc_ids`; default: the texts).
       out_dir: the release folder: the trained encoder once the run is complete (see
         `save_trained`), never resume state.
       provenance: what the pairs are (`retriever.provenance`: `synthetic` for a DP
@@ -254,16 +258,19 @@ def train_retriever(
     _check_pairs(queries, documents, config.batch_size)
     n = len(queries)
     keys = [str(k) for k in (doc_ids if doc_ids is not None else documents)]
-    negative_texts, negative_keys = _negatives(
-        documents, keys, hard_negatives, hard_negative_ids, n
-    )
-    _, key_index = np.unique(np.asarray(keys + negative_keys, dtype=object), return_inverse=True)
+    if hard_negatives is not None and doc_ids is not None and hard_negative_ids is None:
+        raise ValueError("with doc_ids, give hard_negative_ids too (the same kind of identity)")
+    negative_texts, negative_keys = _negatives(documents, hard_negatives, hard_negative_ids, n)
+    present = [i for i, key in enumerate(negative_keys) if key is not None]
+    named = keys + [negative_keys[i] for i in present]
+    _, key_index = np.unique(np.asarray(named, dtype=object), return_inverse=True)
     data = _tokenize_pairs(encoder, queries, documents, config)
     data["doc_key"] = key_index[:n].astype(np.int32)
     if hard_negatives is not None:
         neg = encoder.tokenize(negative_texts, config.max_doc_len)
         data["n_ids"], data["n_mask"] = neg["input_ids"], neg["attention_mask"]
-        data["n_key"] = key_index[n:].astype(np.int32)
+        data["n_key"] = np.full(n, -1, np.int32)  # -1: no negative, masked for every query
+        data["n_key"][present] = key_index[n:]
     steps_per_epoch = n // config.batch_size
     total = max(1, int(round(config.epochs * steps_per_epoch)))
 

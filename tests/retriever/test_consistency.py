@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from retriever import provenance
+from retriever import consistency, provenance
 from retriever.cli import app
 from retriever.consistency import (
     FILTER_KIND,
@@ -30,12 +30,14 @@ DOCS = {
 TINY = ConsistencyFilter(k=1, encoder=ENCODER, max_query_len=32, max_doc_len=32)
 
 
-def test_source_ranks_match_a_full_sort_and_ties_favour_the_source():
+def test_source_ranks_match_a_full_sort_and_ties_favour_the_source(monkeypatch):
     rng = np.random.default_rng(0)
     q, d = rng.standard_normal((50, 8)), rng.standard_normal((30, 8))
     sources = rng.integers(0, 30, 50)
     scores = q @ d.T
     expected = [1 + np.sum(s > s[j]) for s, j in zip(scores, sources)]
+    np.testing.assert_array_equal(source_ranks(q, d, sources), expected)
+    monkeypatch.setattr(consistency, "SCORE_BLOCK", 7 * 30)  # blocks of 7 queries
     np.testing.assert_array_equal(source_ranks(q, d, sources), expected)
     same = np.ones((3, 4), np.float32)  # every document ties: each source ranks first
     assert source_ranks(same[:1], same, np.array([2])).tolist() == [1]
@@ -84,6 +86,13 @@ def test_a_trained_or_unrecorded_encoder_is_refused(tmp_path):
     unrecorded.mkdir()
     with pytest.raises(ValueError, match="public pretrained"):
         check_public_encoder(str(unrecorded))
+    hugging_face = tmp_path / "hf"  # a model folder of unrecorded origin: maybe fine-tuned
+    hugging_face.mkdir()
+    (hugging_face / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="public pretrained"):
+        check_public_encoder(str(hugging_face))
+    with pytest.raises(ValueError, match="public pretrained"):
+        check_public_encoder(str(tmp_path / "no-such-folder"))
     provenance.write_provenance(unrecorded, provenance.real_data(num_pairs=10))
     with pytest.raises(ValueError, match="public pretrained"):
         filter_pairs(
@@ -125,6 +134,13 @@ def test_the_filtered_folder_keeps_the_guarantee_and_states_the_filter(tmp_path)
     assert [json.loads(x)["doc_id"] for x in lines] == ["a", "c"]
     with pytest.raises(ValueError, match="already filtered"):
         filter_query_folder(tmp_path / "kept", corpus, tmp_path / "again", TINY)
+    with pytest.raises(ValueError, match="new folder"):
+        filter_query_folder(tmp_path / "synthetic", corpus, tmp_path / "synthetic", TINY)
+    edited = tmp_path / "synthetic" / "queries.jsonl"  # a real query slipped into the release
+    row = {"doc_id": "a", "document": DOCS["a"], "query": "a private query"}
+    edited.write_text(edited.read_text() + json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match="not the file its generator wrote"):
+        filter_query_folder(tmp_path / "synthetic", corpus, tmp_path / "edited", TINY)
     # the training side reads it as a release with a guarantee
     record = provenance.synthetic(meta, num_pairs=2, description="filtered")
     assert record["guarantee"]["epsilon"] == 1.0

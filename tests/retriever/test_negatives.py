@@ -35,6 +35,13 @@ def test_pick_negatives_skips_near_positives_and_takes_the_best_of_the_rest():
     ]
 
 
+def test_a_positive_with_a_negative_score_never_lets_a_higher_document_through():
+    scores = np.array([[-0.20, -0.195, -0.5, -0.3]])  # own 0; doc 1 outranks it
+    for share in (0.95, 1.0):
+        got = pick_negatives(scores, np.array([0]), max_relative_score=share, depth=3)
+        assert got.tolist() == [3]
+
+
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="max_relative_score"):
         NegativeMining(max_relative_score=0.0)
@@ -54,6 +61,11 @@ def test_the_loss_with_hard_negatives_by_hand_and_an_own_document_masked():
     # Row 1's "negative" is row 0's own document (key 0): masked for row 0 only.
     got = in_batch_softmax_loss(q, d, jnp.array([0, 1]), jnp.float32(s), n, jnp.array([2, 0]))
     keep = [[0, 1, 2], [0, 1, 2, 3]]
+    want = -np.mean([logits[i, i] - np.log(np.exp(logits[i, keep[i]]).sum()) for i in range(2)])
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    # Row 0 has no hard negative (key -1): its column is out of every query's softmax.
+    got = in_batch_softmax_loss(q, d, jnp.array([0, 1]), jnp.float32(s), n, jnp.array([-1, 3]))
+    keep = [[0, 1, 3], [0, 1, 3]]
     want = -np.mean([logits[i, i] - np.log(np.exp(logits[i, keep[i]]).sum()) for i in range(2)])
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
@@ -91,6 +103,10 @@ def test_mined_negatives_are_never_the_own_document_and_training_uses_them(wiki,
     assert np.mean(result.losses[-4:]) < np.mean(result.losses[:4])
     with pytest.raises(ValueError, match="one hard negative"):
         train_retriever(encoder, queries, docs, rconfig, hard_negatives=docs[:3], progress=False)
+    with pytest.raises(ValueError, match="hard_negative_ids too"):
+        train_retriever(
+            encoder, queries, docs, rconfig, doc_ids=ids, hard_negatives=docs, progress=False
+        )
 
 
 def test_a_trained_encoder_may_not_mine(tmp_path):
