@@ -89,6 +89,19 @@ LedgerOption = Annotated[
 ]
 
 
+def parse_shard(text: str | None):
+    """`--shard I/N` as a `synthgen.shards.Shard` (None when not given); a malformed one is a
+    usage error naming the option."""
+    from synthgen.shards import Shard
+
+    if text is None:
+        return None
+    try:
+        return Shard.parse(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--shard") from None
+
+
 def _print_version(value: bool) -> None:
     if value:
         try:

@@ -51,12 +51,9 @@ def index_build(
         raise typer.BadParameter(f"{out} is a file, not a folder", param_hint="--out")
     if shard is not None:
         from retriever.index_shards import encode_index_shard
-        from synthgen.shards import Shard
+        from synthgen.command_line import parse_shard
 
-        try:
-            part = Shard.parse(shard)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--shard") from None
+        part = parse_shard(shard)
         count = encode_index_shard(corpus, out, shard=part, encoder=encoder, progress=True)
         print(json.dumps({"out": str(out), "shard": str(part), "documents": count}))
         return

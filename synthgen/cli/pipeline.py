@@ -185,16 +185,12 @@ def _stage_command(name: str):
 
 
 def _run(name, config, out, *, force, progress, shard=None, train_only=False) -> None:
+    from synthgen.command_line import parse_shard
     from synthgen.pipeline import RunFolder, run_stage
     from synthgen.pipeline.stage_shards import run_shard
-    from synthgen.shards import Shard
 
-    part = None
-    if shard is not None:
-        try:
-            part = Shard.parse(shard)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--shard") from None
+    part = parse_shard(shard)
+    if part is not None:
         if force or train_only:
             raise typer.BadParameter(
                 "--shard runs one shard; --force and --train-only belong to the stage itself",

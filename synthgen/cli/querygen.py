@@ -156,14 +156,10 @@ def generate_queries(
 ) -> None:
     """Generate synthetic queries for public documents (post-processing: no budget)."""
     from synthgen import corpora, querygen
-    from synthgen.shards import Shard
+    from synthgen.command_line import parse_shard
 
-    part = None
-    if shard is not None:
-        try:
-            part = Shard.parse(shard)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--shard") from None
+    part = parse_shard(shard)
+    if part is not None:
         if seed is None:
             raise typer.BadParameter(
                 "a shard needs --seed: every shard must draw from one sampling stream",
