@@ -248,12 +248,7 @@ def run_stage(
             raise ValueError(f"--train-only is an option of the generate stage, not of {stage!r}")
         check_shardable(config, "--train-only")
     status, fps = stage_status(config, run), fingerprints(config)
-    for upstream in UPSTREAM[stage]:
-        if status[upstream] != "done":
-            raise StageNotReadyError(
-                f"stage {stage!r} reads {upstream!r}, which is {status[upstream]} under this "
-                f"config: run `synthgen pipeline {upstream}` (or the whole pipeline) first"
-            )
+    check_upstream(stage, status)
     run.check_is_run()
     with stage_lock(run, stage, exclusive=True):
         status = stage_status(config, run)  # as it is now that this process holds the stage
@@ -303,6 +298,20 @@ def run_stage(
         for rel in STAGE_SECRETS.get(stage, ()):  # only now: a resume before this needs them
             shutil.rmtree(run.root / rel, ignore_errors=True)
         return record
+
+
+def check_upstream(stage: str, status: dict[str, str]) -> None:
+    """Refuses `stage` (or a shard of it) while a stage it reads is not done.
+
+    Raises:
+      StageNotReadyError: naming the stage to run first.
+    """
+    for upstream in UPSTREAM[stage]:
+        if status[upstream] != "done":
+            raise StageNotReadyError(
+                f"stage {stage!r} reads {upstream!r}, which is {status[upstream]} under this "
+                f"config: run `synthgen pipeline {upstream}` (or the whole pipeline) first"
+            )
 
 
 class StageBusyError(ValueError):

@@ -120,9 +120,8 @@ def run_shard(stage: str, config, run, shard: Shard, *, progress: bool = True) -
     """
     from synthgen.pipeline.retrieval_stages import index_shard
     from synthgen.pipeline.runner import (
-        UPSTREAM,
         StageContext,
-        StageNotReadyError,
+        check_upstream,
         fingerprints,
         stage_lock,
         stage_status,
@@ -137,12 +136,7 @@ def run_shard(stage: str, config, run, shard: Shard, *, progress: bool = True) -
     run.check_is_run()
     with stage_lock(run, stage, exclusive=False):  # beside other shards, never the stage's run
         status, fps = stage_status(config, run), fingerprints(config)
-        for upstream in UPSTREAM[stage]:
-            if status[upstream] != "done":
-                raise StageNotReadyError(
-                    f"stage {stage!r} reads {upstream!r}, which is {status[upstream]} under "
-                    f"this config: run `synthgen pipeline {upstream}` first"
-                )
+        check_upstream(stage, status)
         if status[stage] == "done":
             raise ValueError(
                 f"stage {stage!r} is done under this config: there is nothing left to shard"
