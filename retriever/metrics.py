@@ -92,3 +92,23 @@ def bootstrap_interval(
     stats = np.array([statistic(*(a[d].mean() for a in arrays)) for d in draws])
     tail = (1 - level) / 2 * 100
     return float(np.percentile(stats, tail)), float(np.percentile(stats, 100 - tail))
+
+
+def validation_split(num_queries: int, *, seed: int = 1) -> tuple[list[int], list[int]]:
+    """Halves of the held-out queries: (validation, test) query positions, each sorted.
+
+    Settings (which lever, which schedule) are chosen by their NDCG on the validation half and
+    reported on the test half, so the reported figure is not the maximum over noisy test
+    figures. The split is a fixed, public permutation (`seed`) of the query positions
+    (`group_queries` order); the validation half has the floor of half.
+
+    Raises:
+      ValueError: fewer than two queries.
+    """
+    import numpy as np
+
+    if num_queries < 2:
+        raise ValueError(f"a validation split needs >= 2 queries, got {num_queries=}")
+    order = np.random.default_rng(seed).permutation(num_queries)
+    half = num_queries // 2
+    return sorted(order[:half].tolist()), sorted(order[half:].tolist())

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from retriever import metrics
-from retriever.metrics import bootstrap_interval, ranking_metrics
+from retriever.metrics import bootstrap_interval, ranking_metrics, validation_split
 
 
 def test_single_relevant_document_at_rank_three():
@@ -84,3 +84,14 @@ def test_bootstrap_interval_brackets_the_mean_and_pairs_the_samples():
     assert bootstrap_interval(lambda m: m, a, seed=3) == bootstrap_interval(lambda m: m, a, seed=3)
     with pytest.raises(ValueError, match="one value per query"):
         bootstrap_interval(lambda x, y: x - y, a, a[:10])
+
+
+def test_validation_split_halves_the_queries_disjointly_and_is_fixed():
+    val, test = validation_split(371)
+    assert len(val) == 185 and len(test) == 186
+    assert sorted(val + test) == list(range(371))
+    assert val == sorted(val) and test == sorted(test)
+    assert validation_split(371) == (val, test)
+    assert validation_split(371, seed=2) != (val, test)
+    with pytest.raises(ValueError, match=">= 2 queries"):
+        validation_split(1)
