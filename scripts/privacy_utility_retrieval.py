@@ -44,6 +44,7 @@ is the epsilon-1 synthetic cell (plain or with levers) with the best validation 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -114,6 +115,12 @@ def main() -> None:
         choices=LEVERS,
         help="levers run one at a time at each epsilon (and all together if several)",
     )
+    parser.add_argument(
+        "--schedule-epochs",
+        type=float,
+        help="a schedule check: the real and each plain synthetic cell trained for this many "
+        "epochs as well (cells real-e<E>, synthetic-<epsilon>-e<E>)",
+    )
     parser.add_argument("--queries-per-doc", type=int, default=3, help="the multi lever")
     parser.add_argument("--filter-k", type=int, default=3, help="the filter lever's top k")
     parser.add_argument(
@@ -168,8 +175,8 @@ def main() -> None:
         )
     }
 
-    def cell(name: str, run) -> dict:
-        return _cell(out, name, run, settings)
+    def cell(name: str, run, **more_settings) -> dict:
+        return _cell(out, name, run, {**settings, **more_settings})
 
     def score(encoder) -> dict:
         report = evaluate(
@@ -189,22 +196,33 @@ def main() -> None:
 
     cells = [cell("zero-shot", lambda: {"epsilon": None, **score(base)})]
 
-    def real():
+    def real(config=rconfig, name="real"):
         result = train_retriever(
             base,
             train["query"],
             train["document"],
-            rconfig,
+            config,
             doc_ids=train["doc_id"],
-            out_dir=out / "models" / "real",
+            out_dir=out / "models" / name,
         )
         return {
             "epsilon": math.inf,
             "pairs_per_second": result.pairs_per_second,
-            **score(str(out / "models" / "real")),
+            **score(str(out / "models" / name)),
         }
 
     cells.append(cell("real", real))
+    schedule = None
+    if args.schedule_epochs is not None:
+        schedule = dataclasses.replace(rconfig, epochs=args.schedule_epochs)
+        suffix = f"-e{args.schedule_epochs:g}"
+        cells.append(
+            cell(
+                "real" + suffix,
+                lambda: real(schedule, "real" + suffix),
+                schedule_epochs=args.schedule_epochs,
+            )
+        )
 
     row_of = {d: i for i, d in enumerate(doc_ids)}
     for eps in [] if args.skip_direct_dp else args.epsilons:
@@ -245,9 +263,8 @@ def main() -> None:
 
     preset = querygen_preset(args.generator)
     gen_epochs = args.generator_steps * preset.dp.batch_size / n
-    combos = [(lever,) for lever in args.levers]
-    if len(args.levers) > 1:
-        combos.append(tuple(args.levers))
+    chosen = tuple(lever for lever in LEVERS if lever in args.levers)
+    combos = [(lever,) for lever in chosen] + ([chosen] if len(chosen) > 1 else [])
     epsilons = [*args.epsilons] + ([] if args.skip_nonprivate_generator else [math.inf])
     for eps in epsilons:
         name = "synthetic-inf" if math.isinf(eps) else f"synthetic-{eps:g}"
@@ -280,7 +297,8 @@ def main() -> None:
                 querygen.generate_queries(generator(), train, folder, queries_per_doc=per_doc)
             return corpora.read_jsonl(folder / "queries.jsonl")
 
-        def synthetic(levers=(), plan=plan, queries=queries, name=name) -> dict:
+        def synthetic(levers=(), config=rconfig, model_name=None, plan=plan, queries=queries,
+                      name=name) -> dict:  # fmt: skip
             per_doc = args.queries_per_doc if "multi" in levers else 1
             rows = [r for r in queries(per_doc) if r["query"].strip()]
             record: dict = {"levers": list(levers), "generated_pairs": len(rows)}
@@ -298,12 +316,12 @@ def main() -> None:
                     [r["query"] for r in rows], [r["doc_id"] for r in rows], doc_ids, texts, mining
                 )
                 negatives = [None if i is None else texts[row_of[i]] for i in ids]
-            model = out / "models" / cell_name(name, levers)
+            model = out / "models" / (model_name or cell_name(name, levers))
             train_retriever(
                 base,
                 [r["query"] for r in rows],
                 [r["document"] for r in rows],
-                rconfig,
+                config,
                 doc_ids=[r["doc_id"] for r in rows],
                 hard_negatives=negatives,
                 hard_negative_ids=ids,
@@ -319,6 +337,15 @@ def main() -> None:
             }
 
         cells.append(cell(name, synthetic))
+        if schedule is not None:
+            trial = f"{name}-e{args.schedule_epochs:g}"
+            cells.append(
+                cell(
+                    trial,
+                    lambda trial=trial, f=synthetic: f(config=schedule, model_name=trial),
+                    schedule_epochs=args.schedule_epochs,
+                )
+            )
         for levers in [] if math.isinf(eps) else combos:
             cells.append(
                 cell(cell_name(name, levers), lambda levers=levers, f=synthetic: f(levers))
@@ -328,9 +355,11 @@ def main() -> None:
 
 
 def cell_name(name: str, levers: tuple[str, ...]) -> str:
-    if not levers:
-        return name
-    return f"{name}+{'all' if len(levers) > 1 else levers[0]}"
+    """``synthetic-1``, ``synthetic-1+filter``, ``synthetic-1+filter+negatives``, and
+    ``synthetic-1+all`` for every lever."""
+    if set(levers) == set(LEVERS):
+        return f"{name}+all"
+    return "+".join((name, *levers))
 
 
 def split_figures(cell: dict) -> dict:
@@ -374,11 +403,17 @@ def share_of_gain(
     """The headline cell (`headline_cell`), its share of the real gain over zero-shot on the
     test queries, (NDCG - zero-shot) / (real - zero-shot), and the share's paired-bootstrap
     95% interval; None when a cell is missing."""
-    by = {c["cell"]: c for c in cells}
     name = headline_cell(cells, headline, epsilon)
-    if name is None or not {"zero-shot", "real", name} <= set(by):
+    return None if name is None else test_share(cells, name)
+
+
+def test_share(cells: list[dict], name: str, real: str = "real") -> tuple[str, float, tuple] | None:
+    """(name, the cell's share of the `real` cell's gain over zero-shot on the test queries,
+    its paired-bootstrap 95% interval), or None when a cell is missing."""
+    by = {c["cell"]: c for c in cells}
+    if not {"zero-shot", real, name} <= set(by):
         return None
-    zero, real, best = (by[n]["per_query"]["ndcg@10"] for n in ("zero-shot", "real", name))
+    zero, real, best = (by[n]["per_query"]["ndcg@10"] for n in ("zero-shot", real, name))
     _, test = validation_split(len(best))
     zero, real, best = ([values[i] for i in test] for values in (zero, real, best))
 
@@ -423,6 +458,15 @@ def report(cells: list[dict], out: Path, args) -> None:
             f"headline epsilon-1 cell ({args.headline}): {name}, share of the real gain on the "
             f"test queries {value:.3f} [{lo:.3f}, {hi:.3f}]"
         )
+    for c in cells:
+        if c["cell"].startswith("real-e"):
+            trial = test_share(cells, f"synthetic-1{c['cell'][4:]}", real=c["cell"])
+            if trial is not None:
+                name, value, (lo, hi) = trial
+                print(
+                    f"schedule check: {name}, share of {c['cell']}'s gain {value:.3f} "
+                    f"[{lo:.3f}, {hi:.3f}]"
+                )
     full = None
     if args.full_corpus_out is not None and (args.full_corpus_out / "cells").is_dir():
         full = share_of_gain(_load_cells(args.full_corpus_out), args.headline)

@@ -104,3 +104,19 @@ def test_man_page_parser_takes_name_summary_and_description():
     assert re.fullmatch(r"\S+( \S+)*", description)
     assert holdout.parse_page(RENDERED.replace(" - ", " ")) is None
     assert holdout.parse_page(RENDERED.split("DESCRIPTION")[0]) is None
+
+
+def test_cell_names_say_which_levers():
+    assert pu.cell_name("synthetic-1", ()) == "synthetic-1"
+    assert pu.cell_name("synthetic-1", ("filter",)) == "synthetic-1+filter"
+    assert pu.cell_name("synthetic-1", ("filter", "negatives")) == "synthetic-1+filter+negatives"
+    assert pu.cell_name("synthetic-1", pu.LEVERS) == "synthetic-1+all"
+
+
+def test_schedule_check_compares_with_the_real_cell_of_the_same_schedule(tmp_path, capsys):
+    cells = [*_cells(), _cell("real-e2", 1.0, 1.0, math.inf), _cell("synthetic-1-e2", 0.7, 0.8)]
+    assert pu.headline_cell(cells, "auto") == "synthetic-1+filter"  # not a schedule trial
+    assert pu.test_share(cells, "synthetic-1-e2", real="real-e2")[1] == pytest.approx(0.6)
+    pu.report(cells, tmp_path, Namespace(headline="auto", full_corpus_out=None, holdout_ndcg=None))
+    out = capsys.readouterr().out
+    assert "schedule check: synthetic-1-e2, share of real-e2's gain 0.600" in out
