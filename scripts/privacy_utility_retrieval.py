@@ -88,7 +88,16 @@ def _cell(out: Path, name: str, run, settings: dict) -> dict:
 
 
 def _load_cells(out: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
+    """The finished cells in table order: zero-shot, real, direct DP, synthetic by epsilon."""
+    cells = [json.loads(p.read_text()) for p in (out / "cells").glob("*.json")]
+    kinds = ("zero-shot", "real", "direct-dp", "synthetic")
+
+    def order(c: dict) -> tuple:
+        kind = next(i for i, k in enumerate(kinds) if c["cell"].startswith(k))
+        eps = math.inf if c["epsilon"] is None else c["epsilon"]
+        return kind, eps, len(c["cell"]), c["cell"]
+
+    return sorted(cells, key=order)
 
 
 def main() -> None:
@@ -482,6 +491,13 @@ def report(cells: list[dict], out: Path, args) -> None:
     )
 
 
+def _levers_of(rest: str) -> str | None:
+    """``"+filter"`` of ``"1+filter"``, ``""`` of ``"1"``; None for a schedule check
+    (``"1-e2"``)."""
+    epsilon, _, levers = rest.partition("+")
+    return None if "-e" in epsilon else (f"+{levers}" if levers else "")
+
+
 def plot(cells: list[dict], path: Path) -> None:
     """NDCG@10 against epsilon: synthetic and direct-DP curves, zero-shot and real lines."""
     import matplotlib
@@ -491,16 +507,20 @@ def plot(cells: list[dict], path: Path) -> None:
 
     by = {c["cell"]: c for c in cells}
     fig, ax = plt.subplots(figsize=(6, 4))
-    for prefix, suffix, label, marker in (
-        ("synthetic-", "", "DP synthetic queries", "o"),
-        ("synthetic-", "+all", "DP synthetic, all levers", "^"),
+    curves = [("synthetic-", "", "DP synthetic queries", "o")]
+    markers = dict(zip(LEVERS, "^<>"))
+    curves += [("synthetic-", f"+{x}", f"DP synthetic, +{x}", markers[x]) for x in LEVERS]
+    curves += [
+        ("synthetic-", "+filter+negatives", "DP synthetic, +filter+negatives", "v"),
+        ("synthetic-", "+all", "DP synthetic, all levers", "D"),
         ("direct-dp-", "", "direct DP training", "s"),
-    ):
+    ]
+    for prefix, suffix, label, marker in curves:
         pts = sorted(
             (c["epsilon"], c["test_ndcg@10"])
             for n, c in by.items()
             if n.startswith(prefix)
-            and (n.endswith(suffix) if suffix else "+" not in n)
+            and _levers_of(n[len(prefix) :]) == suffix
             and not math.isinf(c["epsilon"])
         )
         if pts:

@@ -120,3 +120,10 @@ def test_schedule_check_compares_with_the_real_cell_of_the_same_schedule(tmp_pat
     pu.report(cells, tmp_path, Namespace(headline="auto", full_corpus_out=None, holdout_ndcg=None))
     out = capsys.readouterr().out
     assert "schedule check: synthetic-1-e2, share of real-e2's gain 0.600" in out
+
+
+def test_plot_curves_tell_levers_and_schedule_checks_apart():
+    assert pu._levers_of("1") == ""
+    assert pu._levers_of("1+negatives") == "+negatives"
+    assert pu._levers_of("3+filter+negatives") == "+filter+negatives"
+    assert pu._levers_of("1-e2") is None
