@@ -100,7 +100,14 @@ def validation_split(num_queries: int, *, seed: int = 1) -> tuple[list[int], lis
     Settings (which lever, which schedule) are chosen by their NDCG on the validation half and
     reported on the test half, so the reported figure is not the maximum over noisy test
     figures. The split is a fixed, public permutation (`seed`) of the query positions
-    (`group_queries` order); the validation half has the floor of half.
+    (`group_queries` order).
+
+    Args:
+      num_queries: held-out queries (distinct, as `group_queries` counts them).
+      seed: the permutation's public seed.
+
+    Returns:
+      (validation positions, test positions): the validation half has num_queries // 2.
 
     Raises:
       ValueError: fewer than two queries.

@@ -5,13 +5,16 @@ document = the page's name and the start of its DESCRIPTION section, as wiki-sum
 pairs a short description with a lead paragraph. Nothing here was seen in training: the
 retrievers under test were trained on wiki pairs (real or synthetic), so the holdout says
 whether their gain over the zero-shot encoder carries to another domain. The pages are
-`--docs` of the English sections 1 and 8 under /usr/share/man, evenly spaced in name order,
-rendered with `man`; the files are built once into `<out>/corpus.jsonl` and
-`<out>/queries.jsonl` (the format `retriever evaluate` reads) and reused.
+`--docs` of the English sections 1 and 8 under /usr/share/man (files, not the symlinked
+aliases), evenly spaced in path order, rendered with `man`; the files are built once into
+`<out>/corpus.jsonl` and `<out>/queries.jsonl` (the format `retriever evaluate` reads) and
+reused while `<out>/holdout.json` records the same settings.
 
 Each `--encoder NAME=PATH` is evaluated with exact search (NDCG@10, Recall@10, MRR@10 and
-percentile-bootstrap 95% intervals over queries). The last line is exactly
-``holdout_ndcg=<v>``: the NDCG@10 of the encoder named by `--headline`.
+percentile-bootstrap 95% intervals over queries); every encoder after the first also gets
+its NDCG@10 gain over the first (the zero-shot baseline, say) with a paired-bootstrap
+interval. The last line is exactly ``holdout_ndcg=<v>``: the NDCG@10 of the encoder named by
+`--headline`.
 
     python scripts/man_pages_holdout.py --out runs/man_holdout \\
         --encoder zero-shot=all-minilm-l6-v2 --encoder real=runs/pu/models/real \\
@@ -36,9 +39,13 @@ _HEADING = re.compile(r"^[A-Z][A-Z0-9 ]*$")
 
 
 def parse_page(rendered: str) -> tuple[str, str, str] | None:
-    """(name, summary, description) of a page rendered by ``man -P cat``, or None when it
-    has no "name - summary" line or no DESCRIPTION text. The description is the section's
-    first `DOC_WORDS` words, whitespace collapsed."""
+    """The (name, summary, description) of a page rendered by ``man -P cat``.
+
+    Returns:
+      The page's first name, its NAME summary and the first `DOC_WORDS` words of its
+      DESCRIPTION section (whitespace collapsed); None when it has no "name - summary" line
+      or no DESCRIPTION text.
+    """
     sections: dict[str, list[str]] = {}
     current = None
     for line in rendered.splitlines():
@@ -72,11 +79,15 @@ def _render(page: Path) -> str:
 
 def build(out: Path, docs: int) -> tuple[Path, Path]:
     """Writes (or reuses) `out`/corpus.jsonl and `out`/queries.jsonl from `docs` pages."""
-    corpus, queries = out / "corpus.jsonl", out / "queries.jsonl"
-    if corpus.is_file() and queries.is_file():
+    corpus, queries, record = out / "corpus.jsonl", out / "queries.jsonl", out / "holdout.json"
+    settings = {"root": str(MAN_ROOT), "sections": list(SECTIONS), "docs": docs}
+    settings["doc_words"] = DOC_WORDS
+    if corpus.is_file() and queries.is_file() and record.is_file():
+        if json.loads(record.read_text()) != settings:
+            raise SystemExit(f"{out} holds a holdout built with other settings: use another --out")
         return corpus, queries
     pages = sorted(p for s in SECTIONS if (MAN_ROOT / s).is_dir() for p in (MAN_ROOT / s).iterdir())
-    pages = [p for p in pages if p.is_file()]
+    pages = [p for p in pages if p.is_file() and not p.is_symlink()]
     if len(pages) < docs:
         raise SystemExit(
             f"only {len(pages)} man pages under {MAN_ROOT}/{{{','.join(SECTIONS)}}}, need "
@@ -93,6 +104,7 @@ def build(out: Path, docs: int) -> tuple[Path, Path]:
             doc_id = f"man-{i}"
             c.write(json.dumps({"doc_id": doc_id, "text": f"{name}: {description}"}) + "\n")
             q.write(json.dumps({"query": summary, "doc_id": doc_id}) + "\n")
+    record.write_text(json.dumps(settings))
     print(f"[holdout] {len(rows)} of {docs} pages have a summary and a description")
     return corpus, queries
 
@@ -111,6 +123,8 @@ def main() -> None:
     )
     parser.add_argument("--headline", help="the NAME whose NDCG@10 the last line reports")
     args = parser.parse_args()
+    if not args.encoder or any("=" not in e for e in args.encoder):
+        parser.error("give at least one --encoder NAME=PATH")
     encoders = dict(e.split("=", 1) for e in args.encoder)
     if args.headline is not None and args.headline not in encoders:
         parser.error(f"--headline {args.headline!r} is not one of the --encoder names")
@@ -124,8 +138,12 @@ def main() -> None:
     doc_ids, texts = read_corpus(corpus)
     rows = read_jsonl(queries)
     print(f"[holdout] {len(doc_ids)} documents, {len(rows)} query lines")
-    print("| encoder | NDCG@10 | Recall@10 | MRR@10 |\n|---|---|---|---|")
-    results = {}
+    first = next(iter(encoders))
+    print(
+        f"| encoder | NDCG@10 | Recall@10 | MRR@10 | NDCG@10 gain over {first} |\n"
+        "|---|---|---|---|---|"
+    )
+    results, baseline = {}, None
     for name, encoder in encoders.items():
         report = evaluate(
             encoder, doc_ids, texts, rows, max_doc_len=args.max_doc_len, per_query=True
@@ -134,8 +152,17 @@ def main() -> None:
         for k in METRICS:
             lo, hi = bootstrap_interval(lambda m: m, report["per_query"][k])
             figures.append(f"{report[k]:.4f} [{lo:.4f}, {hi:.4f}]")
+        ndcg = report["per_query"]["ndcg@10"]
         results[name] = {k: report[k] for k in (*METRICS, "num_queries")}
-        print(f"| {name} | " + " | ".join(figures) + " |", flush=True)
+        if baseline is None:
+            baseline, gain = ndcg, "-"
+        else:
+            diff = report["ndcg@10"] - results[first]["ndcg@10"]
+            lo, hi = bootstrap_interval(lambda z, b: b - z, baseline, ndcg)
+            results[name]["ndcg@10_gain"] = [diff, lo, hi]
+            gain = f"{diff:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+        print(f"| {name} | " + " | ".join(figures) + f" | {gain} |", flush=True)
+    print(f"({results[first]['num_queries']} distinct queries)")
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     value = results[args.headline]["ndcg@10"] if args.headline else float("nan")
     print(f"holdout_ndcg={value:.4f}")

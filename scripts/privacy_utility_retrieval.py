@@ -143,7 +143,7 @@ def main() -> None:
         "--full-corpus-out", type=Path, help="the whole-corpus run's --out, for the last line"
     )
     parser.add_argument(
-        "--holdout-ndcg", type=float, help="the best cell's NDCG@10 on the unseen domain"
+        "--holdout-ndcg", type=float, help="the headline cell's NDCG@10 on the unseen domain"
     )
     parser.add_argument(
         "--report-only", action="store_true", help="table and plot from the finished cells"
@@ -356,9 +356,13 @@ def main() -> None:
                 )
             )
         for levers in [] if math.isinf(eps) else combos:
-            cells.append(
-                cell(cell_name(name, levers), lambda levers=levers, f=synthetic: f(levers))
-            )
+            done = cell(cell_name(name, levers), lambda levers=levers, f=synthetic: f(levers))
+            if done["levers"] != list(levers):  # a "+all" of an older run named fewer levers
+                raise SystemExit(
+                    f"{out}/cells/{done['cell']}.json was made with levers {done['levers']}, "
+                    f"not {list(levers)}: remove it to recompute it"
+                )
+            cells.append(done)
 
     report(cells, out, args)
 
@@ -423,6 +427,8 @@ def test_share(cells: list[dict], name: str, real: str = "real") -> tuple[str, f
     if not {"zero-shot", real, name} <= set(by):
         return None
     zero, real, best = (by[n]["per_query"]["ndcg@10"] for n in ("zero-shot", real, name))
+    if not len(zero) == len(real) == len(best):
+        raise ValueError("the cells were scored on different query sets")
     _, test = validation_split(len(best))
     zero, real, best = ([values[i] for i in test] for values in (zero, real, best))
 
@@ -507,14 +513,13 @@ def plot(cells: list[dict], path: Path) -> None:
 
     by = {c["cell"]: c for c in cells}
     fig, ax = plt.subplots(figsize=(6, 4))
+    combos = sorted(
+        {_levers_of(n[len("synthetic-") :]) for n in by if n.startswith("synthetic-")} - {None, ""},
+        key=len,
+    )
     curves = [("synthetic-", "", "DP synthetic queries", "o")]
-    markers = dict(zip(LEVERS, "^<>"))
-    curves += [("synthetic-", f"+{x}", f"DP synthetic, +{x}", markers[x]) for x in LEVERS]
-    curves += [
-        ("synthetic-", "+filter+negatives", "DP synthetic, +filter+negatives", "v"),
-        ("synthetic-", "+all", "DP synthetic, all levers", "D"),
-        ("direct-dp-", "", "direct DP training", "s"),
-    ]
+    curves += [("synthetic-", c, f"DP synthetic, {c}", m) for c, m in zip(combos, "^<>v*Dph")]
+    curves.append(("direct-dp-", "", "direct DP training", "s"))
     for prefix, suffix, label, marker in curves:
         pts = sorted(
             (c["epsilon"], c["test_ndcg@10"])
