@@ -2,8 +2,8 @@
 
 The first 1,000 `wiki-summaries-en` documents (800 private train pairs, 200 held out);
 SmolLM2-135M-Instruct + LoRA fine-tuned with DP-Adafactor at epsilon = 8 (10 Poisson steps of
-expected batch 32, delta = 1/(2n)); one synthetic query for every train document (the
-setting that kept the most of the real queries' gain on validation queries, issue 37);
+expected batch 32, delta = 1/(2n)); one synthetic query for every train document (issue
+37's plain setting: no lever beat it on validation queries);
 all-MiniLM-L6-v2 trained on them, next to the zero-shot encoder and the real-data upper
 bound on the same documents; a ScaNN index; three DP-RAG answers (epsilon 5 each) over
 a fictional private medical collection.
