@@ -20,11 +20,12 @@ Query = short description, document = lead paragraph; a fixed split by document
 
 All trained retrievers use the same encoder, token budgets and evaluation (NDCG@10,
 Recall@10 and MRR@10, exact search). The held-out real queries are halved once, by a fixed
-public permutation (`retriever.metrics.validation_split`): settings are chosen on the
-validation half and every reported figure is the test half's, with a percentile-bootstrap
-95% interval over its queries. Each DP generator is a separate, alternative release of the
-same private data, charged to its own ledger scope in `<out>/ledger.sqlite` (the cells are
-not composed: a user would deploy one of them). Each finished cell is cached in
+public permutation (`retriever.metrics.validation_split`; the figures in
+`retriever.utility_cells`): settings are chosen on the validation half and every reported
+figure is the test half's, with a percentile-bootstrap 95% interval over its queries. Each
+DP generator is a separate, alternative release of the same private data, charged to its own
+ledger scope in `<out>/ledger.sqlite` (the cells are not composed: a user would deploy one
+of them). Each finished cell is cached in
 `<out>/cells/<name>.json` (with per-query values: operator-only), each generator and query
 set on disk; rerunning resumes. The DP runs keep their secret resume state (noise key,
 sampler state) in `<out>/work/<cell>`, deleted when the cell's release is written; the
@@ -53,16 +54,22 @@ from pathlib import Path
 from retriever.consistency import ConsistencyFilter, dedupe_pairs, filter_pairs
 from retriever.encoders import load_encoder
 from retriever.evaluate import evaluate
-from retriever.metrics import bootstrap_interval, validation_split
+from retriever.metrics import bootstrap_interval
 from retriever.negatives import NegativeMining, mine_hard_negatives
 from retriever.train import RetrieverConfig, train_retriever, train_retriever_dp
+from retriever.utility_cells import (
+    LEVERS,
+    METRICS,
+    cell_name,
+    gain_share,
+    headline_share,
+    levers_of,
+    split_figures,
+)
 from synthgen import corpora, dp_train, querygen
 from synthgen.config_files import querygen_preset
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
-
-METRICS = ("ndcg@10", "recall@10", "mrr@10")
-LEVERS = ("filter", "multi", "negatives")
 
 
 def _cell(out: Path, name: str, run, settings: dict) -> dict:
@@ -367,78 +374,6 @@ def main() -> None:
     report(cells, out, args)
 
 
-def cell_name(name: str, levers: tuple[str, ...]) -> str:
-    """``synthetic-1``, ``synthetic-1+filter``, ``synthetic-1+filter+negatives``, and
-    ``synthetic-1+all`` for every lever."""
-    if set(levers) == set(LEVERS):
-        return f"{name}+all"
-    return "+".join((name, *levers))
-
-
-def split_figures(cell: dict) -> dict:
-    """The cell's validation NDCG@10 and its test-half metrics with 95% intervals
-    (`retriever.metrics.validation_split` of its per-query values)."""
-    per_query = cell["per_query"]
-    val, test = validation_split(len(per_query["ndcg@10"]))
-    out: dict = {
-        "validation_ndcg@10": _mean(per_query["ndcg@10"], val),
-        "validation_queries": len(val),
-        "test_queries": len(test),
-    }
-    for k in METRICS:
-        values = [per_query[k][i] for i in test]
-        out[f"test_{k}"] = _mean(values)
-        out[f"test_{k}_ci95"] = bootstrap_interval(lambda m: m, values)
-    return out
-
-
-def _mean(values, positions=None) -> float:
-    picked = values if positions is None else [values[i] for i in positions]
-    return sum(picked) / len(picked)
-
-
-def headline_cell(cells: list[dict], headline: str = "auto", epsilon: float = 1.0) -> str | None:
-    """The epsilon cell the last line reports: named in advance, or (``auto``) the synthetic
-    cell at `epsilon`, plain or with levers, with the best NDCG@10 on the validation queries.
-    Choosing on the test queries would report the maximum of noisy figures."""
-    prefix = f"synthetic-{epsilon:g}"
-    if headline != "auto":
-        return prefix + ("" if headline == "none" else f"+{headline}")
-    candidates = [c for c in cells if c["cell"] == prefix or c["cell"].startswith(prefix + "+")]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda c: split_figures(c)["validation_ndcg@10"])["cell"]
-
-
-def share_of_gain(
-    cells: list[dict], headline: str = "auto", epsilon: float = 1.0
-) -> tuple[str, float, tuple] | None:
-    """The headline cell (`headline_cell`), its share of the real gain over zero-shot on the
-    test queries, (NDCG - zero-shot) / (real - zero-shot), and the share's paired-bootstrap
-    95% interval; None when a cell is missing."""
-    name = headline_cell(cells, headline, epsilon)
-    return None if name is None else test_share(cells, name)
-
-
-def test_share(cells: list[dict], name: str, real: str = "real") -> tuple[str, float, tuple] | None:
-    """(name, the cell's share of the `real` cell's gain over zero-shot on the test queries,
-    its paired-bootstrap 95% interval), or None when a cell is missing."""
-    by = {c["cell"]: c for c in cells}
-    if not {"zero-shot", real, name} <= set(by):
-        return None
-    zero, real, best = (by[n]["per_query"]["ndcg@10"] for n in ("zero-shot", real, name))
-    if not len(zero) == len(real) == len(best):
-        raise ValueError("the cells were scored on different query sets")
-    _, test = validation_split(len(best))
-    zero, real, best = ([values[i] for i in test] for values in (zero, real, best))
-
-    def share(z, r, b):
-        return (b - z) / (r - z) if r != z else math.nan
-
-    value = share(_mean(zero), _mean(real), _mean(best))
-    return name, value, bootstrap_interval(share, zero, real, best)
-
-
 def report(cells: list[dict], out: Path, args) -> None:
     """Writes results.json (no per-query values) and the plot; prints a markdown table (the
     validation NDCG@10 that chooses, the test half's metrics with 95% intervals), then the
@@ -466,7 +401,7 @@ def report(cells: list[dict], out: Path, args) -> None:
         )
     queries = cells[0]["validation_queries"], cells[0]["test_queries"]
     print(f"({queries[0]} validation and {queries[1]} test queries, a fixed public split)")
-    here = share_of_gain(cells, args.headline)
+    here = headline_share(cells, args.headline)
     if here is not None:
         name, value, (lo, hi) = here
         print(
@@ -475,7 +410,7 @@ def report(cells: list[dict], out: Path, args) -> None:
         )
     for c in cells:
         if c["cell"].startswith("real-e"):
-            trial = test_share(cells, f"synthetic-1{c['cell'][4:]}", real=c["cell"])
+            trial = gain_share(cells, f"synthetic-1{c['cell'][4:]}", real=c["cell"])
             if trial is not None:
                 name, value, (lo, hi) = trial
                 print(
@@ -484,7 +419,7 @@ def report(cells: list[dict], out: Path, args) -> None:
                 )
     full = None
     if args.full_corpus_out is not None and (args.full_corpus_out / "cells").is_dir():
-        full = share_of_gain(_load_cells(args.full_corpus_out), args.headline)
+        full = headline_share(_load_cells(args.full_corpus_out), args.headline)
         if full is not None:
             print(
                 f"whole corpus: {full[0]}, share {full[1]:.3f} [{full[2][0]:.3f}, {full[2][1]:.3f}]"
@@ -497,13 +432,6 @@ def report(cells: list[dict], out: Path, args) -> None:
     )
 
 
-def _levers_of(rest: str) -> str | None:
-    """``"+filter"`` of ``"1+filter"``, ``""`` of ``"1"``; None for a schedule check
-    (``"1-e2"``)."""
-    epsilon, _, levers = rest.partition("+")
-    return None if "-e" in epsilon else (f"+{levers}" if levers else "")
-
-
 def plot(cells: list[dict], path: Path) -> None:
     """NDCG@10 against epsilon: synthetic and direct-DP curves, zero-shot and real lines."""
     import matplotlib
@@ -514,7 +442,7 @@ def plot(cells: list[dict], path: Path) -> None:
     by = {c["cell"]: c for c in cells}
     fig, ax = plt.subplots(figsize=(6, 4))
     combos = sorted(
-        {_levers_of(n[len("synthetic-") :]) for n in by if n.startswith("synthetic-")} - {None, ""},
+        {levers_of(n[len("synthetic-") :]) for n in by if n.startswith("synthetic-")} - {None, ""},
         key=len,
     )
     curves = [("synthetic-", "", "DP synthetic queries", "o")]
@@ -525,7 +453,7 @@ def plot(cells: list[dict], path: Path) -> None:
             (c["epsilon"], c["test_ndcg@10"])
             for n, c in by.items()
             if n.startswith(prefix)
-            and _levers_of(n[len(prefix) :]) == suffix
+            and levers_of(n[len(prefix) :]) == suffix
             and not math.isinf(c["epsilon"])
         )
         if pts:

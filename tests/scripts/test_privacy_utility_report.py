@@ -1,5 +1,6 @@
-"""The privacy-utility script's report: the headline is chosen on the validation queries and
-the share is measured on the test queries; the man-pages holdout parser."""
+"""The privacy-utility study (`retriever.utility_cells`) and its script's report: the headline
+is chosen on the validation queries and the share is measured on the test queries; the
+man-pages holdout parser."""
 
 import importlib.util
 import math
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from retriever import utility_cells as uc
 from retriever.metrics import validation_split
 
 SCRIPTS = Path(__file__).parents[2] / "scripts"
@@ -49,18 +51,18 @@ def _cells() -> list[dict]:
 
 
 def test_auto_headline_is_the_best_validation_cell_at_that_epsilon():
-    assert pu.headline_cell(_cells(), "auto") == "synthetic-1+filter"
-    assert pu.headline_cell(_cells(), "none") == "synthetic-1"
-    assert pu.headline_cell(_cells(), "all") == "synthetic-1+all"
-    assert pu.headline_cell(_cells()[:2], "auto") is None
+    assert uc.headline_cell(_cells(), "auto") == "synthetic-1+filter"
+    assert uc.headline_cell(_cells(), "none") == "synthetic-1"
+    assert uc.headline_cell(_cells(), "all") == "synthetic-1+all"
+    assert uc.headline_cell(_cells()[:2], "auto") is None
 
 
 def test_share_is_measured_on_the_test_queries_only():
-    name, share, (lo, hi) = pu.share_of_gain(_cells(), "auto")
+    name, share, (lo, hi) = uc.headline_share(_cells(), "auto")
     assert name == "synthetic-1+filter"
     assert share == pytest.approx((0.7 - 0.5) / (0.9 - 0.5))
     assert lo == pytest.approx(share) and hi == pytest.approx(share)  # constant per query
-    assert pu.share_of_gain(_cells(), "all") is None  # the named cell is missing
+    assert uc.headline_share(_cells(), "all") is None  # the named cell is missing
 
 
 def test_report_prints_the_test_half_and_the_last_line(tmp_path, capsys):
@@ -107,23 +109,23 @@ def test_man_page_parser_takes_name_summary_and_description():
 
 
 def test_cell_names_say_which_levers():
-    assert pu.cell_name("synthetic-1", ()) == "synthetic-1"
-    assert pu.cell_name("synthetic-1", ("filter",)) == "synthetic-1+filter"
-    assert pu.cell_name("synthetic-1", ("filter", "negatives")) == "synthetic-1+filter+negatives"
-    assert pu.cell_name("synthetic-1", pu.LEVERS) == "synthetic-1+all"
+    assert uc.cell_name("synthetic-1", ()) == "synthetic-1"
+    assert uc.cell_name("synthetic-1", ("filter",)) == "synthetic-1+filter"
+    assert uc.cell_name("synthetic-1", ("filter", "negatives")) == "synthetic-1+filter+negatives"
+    assert uc.cell_name("synthetic-1", uc.LEVERS) == "synthetic-1+all"
 
 
 def test_schedule_check_compares_with_the_real_cell_of_the_same_schedule(tmp_path, capsys):
     cells = [*_cells(), _cell("real-e2", 1.0, 1.0, math.inf), _cell("synthetic-1-e2", 0.7, 0.8)]
-    assert pu.headline_cell(cells, "auto") == "synthetic-1+filter"  # not a schedule trial
-    assert pu.test_share(cells, "synthetic-1-e2", real="real-e2")[1] == pytest.approx(0.6)
+    assert uc.headline_cell(cells, "auto") == "synthetic-1+filter"  # not a schedule trial
+    assert uc.gain_share(cells, "synthetic-1-e2", real="real-e2")[1] == pytest.approx(0.6)
     pu.report(cells, tmp_path, Namespace(headline="auto", full_corpus_out=None, holdout_ndcg=None))
     out = capsys.readouterr().out
     assert "schedule check: synthetic-1-e2, share of real-e2's gain 0.600" in out
 
 
 def test_plot_curves_tell_levers_and_schedule_checks_apart():
-    assert pu._levers_of("1") == ""
-    assert pu._levers_of("1+negatives") == "+negatives"
-    assert pu._levers_of("3+filter+negatives") == "+filter+negatives"
-    assert pu._levers_of("1-e2") is None
+    assert uc.levers_of("1") == ""
+    assert uc.levers_of("1+negatives") == "+negatives"
+    assert uc.levers_of("3+filter+negatives") == "+filter+negatives"
+    assert uc.levers_of("1-e2") is None
