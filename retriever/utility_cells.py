@@ -41,6 +41,14 @@ def levers_of(rest: str) -> str | None:
     return None if "-e" in epsilon else (f"+{levers}" if levers else "")
 
 
+def lever_rank(name: str) -> tuple[int, list[int]]:
+    """A sort key for lever combinations, from a cell name or a lever suffix: none, one lever
+    (in `LEVERS` order), two, ..., ``+all`` last."""
+    levers = name.split("+")[1:]
+    levers = list(LEVERS) if levers == ["all"] else levers
+    return len(levers), [LEVERS.index(lever) for lever in levers if lever in LEVERS]
+
+
 def split_figures(cell: dict) -> dict:
     """The cell's validation NDCG@10 and its test-half metrics with percentile-bootstrap 95%
     intervals over the test queries."""

@@ -63,6 +63,7 @@ from retriever.utility_cells import (
     cell_name,
     gain_share,
     headline_share,
+    lever_rank,
     levers_of,
     split_figures,
 )
@@ -95,14 +96,15 @@ def _cell(out: Path, name: str, run, settings: dict) -> dict:
 
 
 def _load_cells(out: Path) -> list[dict]:
-    """The finished cells in table order: zero-shot, real, direct DP, synthetic by epsilon."""
+    """The finished cells in table order: zero-shot, real, direct DP, synthetic by epsilon, each
+    epsilon's plain cell first, then one lever, two, and ``+all``."""
     cells = [json.loads(p.read_text()) for p in (out / "cells").glob("*.json")]
     kinds = ("zero-shot", "real", "direct-dp", "synthetic")
 
     def order(c: dict) -> tuple:
         kind = next(i for i, k in enumerate(kinds) if c["cell"].startswith(k))
         eps = math.inf if c["epsilon"] is None else c["epsilon"]
-        return kind, eps, len(c["cell"]), c["cell"]
+        return kind, eps, lever_rank(c["cell"]), c["cell"]
 
     return sorted(cells, key=order)
 
@@ -443,7 +445,7 @@ def plot(cells: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     combos = sorted(
         {levers_of(n[len("synthetic-") :]) for n in by if n.startswith("synthetic-")} - {None, ""},
-        key=len,
+        key=lever_rank,
     )
     curves = [("synthetic-", "", "DP synthetic queries", "o")]
     curves += [("synthetic-", c, f"DP synthetic, {c}", m) for c, m in zip(combos, "^<>v*Dph")]

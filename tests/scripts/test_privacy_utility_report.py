@@ -129,3 +129,17 @@ def test_plot_curves_tell_levers_and_schedule_checks_apart():
     assert uc.levers_of("1+negatives") == "+negatives"
     assert uc.levers_of("3+filter+negatives") == "+filter+negatives"
     assert uc.levers_of("1-e2") is None
+
+
+def test_lever_combinations_sort_plain_first_then_by_count_and_all_last():
+    names = ["synthetic-1+all", "synthetic-1+negatives", "synthetic-1", "synthetic-1+filter"]
+    names += ["synthetic-1+filter+negatives", "synthetic-1+multi"]
+    assert sorted(names, key=uc.lever_rank) == [
+        "synthetic-1",
+        "synthetic-1+filter",
+        "synthetic-1+multi",
+        "synthetic-1+negatives",
+        "synthetic-1+filter+negatives",
+        "synthetic-1+all",
+    ]
+    assert uc.lever_rank("+filter") == uc.lever_rank("synthetic-3+filter")
