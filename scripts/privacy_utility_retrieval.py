@@ -65,6 +65,7 @@ from retriever.utility_cells import (
     headline_share,
     lever_rank,
     levers_of,
+    paired_difference,
     split_figures,
 )
 from synthgen import corpora, dp_train, querygen
@@ -378,8 +379,8 @@ def main() -> None:
 
 def report(cells: list[dict], out: Path, args) -> None:
     """Writes results.json (no per-query values) and the plot; prints a markdown table (the
-    validation NDCG@10 that chooses, the test half's metrics with 95% intervals), then the
-    last line."""
+    validation NDCG@10 that chooses, the test half's metrics with 95% intervals), each lever
+    cell's paired difference from the plain cell of its epsilon, then the last line."""
     for c in cells:
         c.update(split_figures(c))
     public = [{k: v for k, v in c.items() if k != "per_query"} for c in cells]
@@ -403,6 +404,21 @@ def report(cells: list[dict], out: Path, args) -> None:
         )
     queries = cells[0]["validation_queries"], cells[0]["test_queries"]
     print(f"({queries[0]} validation and {queries[1]} test queries, a fixed public split)")
+    rows = []
+    for c in cells:
+        epsilon, _, levers = c["cell"].removeprefix("synthetic-").partition("+")
+        if c["cell"].startswith("synthetic-") and levers:
+            diff = paired_difference(cells, c["cell"], f"synthetic-{epsilon}")
+            if diff is not None:
+                figures = [f"{d:+.4f} [{lo:+.4f}, {hi:+.4f}]" for d, (lo, hi) in diff.values()]
+                rows.append(f"| {c['cell']} | synthetic-{epsilon} | {' | '.join(figures)} |")
+    if rows:
+        print(
+            "\n| cell | against | validation NDCG@10 difference | test NDCG@10 difference |\n"
+            "|---|---|---|---|"
+        )
+        print("\n".join(rows))
+        print("(paired: each bootstrap replicate resamples the queries once for both cells)")
     here = headline_share(cells, args.headline)
     if here is not None:
         name, value, (lo, hi) = here
