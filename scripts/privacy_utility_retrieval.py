@@ -406,12 +406,12 @@ def report(cells: list[dict], out: Path, args) -> None:
     print(f"({queries[0]} validation and {queries[1]} test queries, a fixed public split)")
     rows = []
     for c in cells:
-        epsilon, _, levers = c["cell"].removeprefix("synthetic-").partition("+")
+        plain, _, levers = c["cell"].partition("+")
         if c["cell"].startswith("synthetic-") and levers:
-            diff = paired_difference(cells, c["cell"], f"synthetic-{epsilon}")
+            diff = paired_difference(cells, c["cell"], plain)
             if diff is not None:
                 figures = [f"{d:+.4f} [{lo:+.4f}, {hi:+.4f}]" for d, (lo, hi) in diff.values()]
-                rows.append(f"| {c['cell']} | synthetic-{epsilon} | {' | '.join(figures)} |")
+                rows.append(f"| {c['cell']} | {plain} | {' | '.join(figures)} |")
     if rows:
         print(
             "\n| cell | against | validation NDCG@10 difference | test NDCG@10 difference |\n"
