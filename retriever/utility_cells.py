@@ -120,7 +120,12 @@ def headline_cell(cells: list[dict], headline: str = "auto", epsilon: float = 1.
     candidates = [c for c in cells if c["cell"] == prefix or c["cell"].startswith(prefix + "+")]
     if not candidates:
         return None
-    return max(candidates, key=lambda c: split_figures(c)["validation_ndcg@10"])["cell"]
+
+    def validation_ndcg(cell: dict) -> float:
+        values = cell["per_query"]["ndcg@10"]
+        return _mean(values, validation_split(len(values))[0])
+
+    return max(candidates, key=validation_ndcg)["cell"]
 
 
 def headline_share(
