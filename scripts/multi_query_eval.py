@@ -14,15 +14,29 @@ twice, each against its own SQLite ledger:
   up to case, spacing and final punctuation) gets the answer released the first time,
   for free (`retriever.rag.reuse`: post-processing).
 
-Both state the same guarantee for every record. Reports for each: questions answered
-before refusals begin, accuracy over the stream (refusals and abstentions count as wrong),
-on the first and last 100 questions, records exhausted; writes ``results.json``,
-``table.md`` and ``cumulative_accuracy.png`` to --out. Resumable: rerun the same command
-(an answer interrupted after its charge is charged again when it is re-asked).
+Both state the same guarantee for every record. Cells that pay nothing per answer:
 
-    python scripts/multi_query_eval.py --out runs/multi_query_eval
+* release (``--release-epsilons``): the collection released once as DP synthetic
+  knowledge (`synthgen.knowledge`, DP-SynRAG) at each per-record epsilon, then ordinary
+  RAG over the release for every question;
+* rag: non-private RAG over the private records (the reference);
+* no-rag: the LM alone.
 
-Last line: ``answered_individual=<n> answered_collection=<n> accuracy_individual=<acc>
+Reports for each: questions answered before refusals begin, accuracy over the stream
+(refusals and abstentions count as wrong), on the first and last 100 questions, by
+support bin, records exhausted; for releases their minutes, the process's peak memory and
+the number of synthetic records. Writes ``results.json``, ``table.md`` and
+``cumulative_accuracy.png`` to --out. Resumable: rerun the same command (an answer
+interrupted after its charge is charged again when it is re-asked; a release resumes by
+cluster from its private work folder).
+
+    python scripts/multi_query_eval.py --out runs/knowledge_stream \
+        --modes rag no-rag release --release-epsilons 10 3 1 --individual-accuracy 0.006
+    python scripts/multi_query_eval.py --out runs/multi_query_eval --modes collection individual
+
+Last line with a release: ``release_eps10=<acc> release_eps3=<acc> release_eps1=<acc>
+rag=<acc> individual_eps10=<acc> release_minutes_<records>=<minutes>``; else
+``answered_individual=<n> answered_collection=<n> accuracy_individual=<acc>
 accuracy_collection=<acc>``.
 """
 
@@ -30,6 +44,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
+import time
 from pathlib import Path
 
 import numpy as np
@@ -101,8 +117,8 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         nargs="+",
-        default=["collection", "individual"],
-        choices=["collection", "individual", "individual+reuse"],
+        default=["rag", "no-rag", "release"],
+        choices=["collection", "individual", "individual+reuse", "rag", "no-rag", "release"],
         help="individual+reuse: individual, and a question asked again gets its first "
         "answer (retriever.rag.reuse; kept in memory: after a resume, repeats pay again)",
     )
@@ -121,6 +137,20 @@ def main() -> None:
         "DPRag(document_cache=True): the prefill runs the question only)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--release-epsilons", type=float, nargs="+", default=[10.0, 3.0, 1.0],
+        help="release: per-record epsilon of each one-time release (delta: --document-delta)",
+    )  # fmt: skip
+    parser.add_argument("--max-clusters", type=int, default=64, help="release: clusters")
+    parser.add_argument("--clusters-per-record", type=int, default=2, help="release: L")
+    parser.add_argument("--release-voters", type=int, default=64, help="release: M")
+    parser.add_argument("--release-tokens", type=int, default=32, help="release: T")
+    parser.add_argument("--rag-k", type=int, default=8, help="records read per answer")
+    parser.add_argument(
+        "--individual-accuracy", type=float, default=None,
+        help="the individual cell's stream accuracy measured earlier (the results page), "
+        "for the last line and the plot when this run has no individual cell",
+    )  # fmt: skip
     args = parser.parse_args()
 
     from retriever.encoders import load_encoder
@@ -142,12 +172,18 @@ def main() -> None:
     summaries, streams, document_kv = {}, {}, None
     encoder = lm = None  # loaded only when a stream has questions left
     for mode in args.modes:
+        if mode in ("rag", "no-rag", "release"):
+            if encoder is None:
+                encoder = load_encoder("all-minilm-l6-v2")
+                lm = FlaxLM.load(args.model)
+            _free_cells(mode, args, world, stream, encoder, lm, summaries, streams, others)
+            continue
         rows = answered(args.out / "streams", mode)
         if len(rows) >= len(stream):  # finished: only the report is left
             rows = rows[: len(stream)]
             summaries[mode], streams[mode] = stream_summary(rows), rows
             continue
-        if lm is None:
+        if encoder is None:
             encoder = load_encoder("all-minilm-l6-v2")
             lm = FlaxLM.load(args.model)
         cache = args.out / "record_embeddings.npy"
@@ -220,28 +256,136 @@ def main() -> None:
             f"{single['stream_mix']:.3f} weighted by the stream's questions"
         )
     (args.out / "table.md").write_text(table + "\n")
+    references = {}
+    if single is not None:
+        references[f"single answers, uniform over diseases ({single['uniform']:.2f})"] = single[
+            "uniform"
+        ]
+        references[f"single answers, weighted by the stream ({single['stream_mix']:.2f})"] = single[
+            "stream_mix"
+        ]
+    if args.individual_accuracy is not None and "individual" not in streams:
+        label = (
+            "query-time icl, individual filters, eps=10 per record "
+            f"({args.individual_accuracy:.3f})"
+        )
+        references[label] = args.individual_accuracy
+    free = any(m in args.modes for m in ("rag", "no-rag", "release"))
     plot_streams(
         streams,
         args.out / "cumulative_accuracy.png",
-        f"icl at eps={args.epsilon:g} per answer; every record "
+        f"{args.questions} questions over {args.records} records; every record "
+        f"({args.document_epsilon:g}, {args.document_delta:g})-DP unless named otherwise"
+        if free
+        else f"icl at eps={args.epsilon:g} per answer; every record "
         f"({args.document_epsilon:g}, {args.document_delta:g})-DP; {args.records} records",
-        ymax=0.5,  # the first questions' noise is cut, the stream's level is readable
-        references=None
-        if single is None
-        else {
-            f"single answers, uniform over diseases ({single['uniform']:.2f})": single["uniform"],
-            f"single answers, weighted by the stream ({single['stream_mix']:.2f})": single[
-                "stream_mix"
-            ],
-        },
+        ymax=1.0 if free else 0.5,
+        references=references or None,
     )
     print(table)
+    if free:
+        individual = summaries.get("individual", {}).get("accuracy", args.individual_accuracy)
+        parts = [
+            f"release_eps{e:g}={summaries.get(f'release-eps{e:g}', {}).get('accuracy', 0.0):.3f}"
+            for e in args.release_epsilons
+        ]
+        parts.append(f"rag={summaries.get('rag', {}).get('accuracy', 0.0):.3f}")
+        parts.append("individual_eps10=" + ("n/a" if individual is None else f"{individual:.3f}"))
+        top = summaries.get(f"release-eps{max(args.release_epsilons):g}", {})
+        parts.append(f"release_minutes_{args.records}={top.get('release_minutes', 0.0):.1f}")
+        print(" ".join(parts))
+        return
     ind, col = summaries.get("individual", {}), summaries.get("collection", {})
     print(
         f"answered_individual={ind.get('answered', 0)} answered_collection="
         f"{col.get('answered', 0)} accuracy_individual={ind.get('accuracy', 0.0):.3f} "
         f"accuracy_collection={col.get('accuracy', 0.0):.3f}"
     )
+
+
+def _release(args, name: str, epsilon: float, texts: list[str], encoder, lm) -> dict:
+    """The one-time release at `epsilon` (cached in <out>/<name>/): its records and figures."""
+    from synthgen.knowledge import KnowledgeConfig, release_knowledge
+
+    folder = args.out / name
+    summary_path = folder / "release.json"
+    if summary_path.is_file():
+        return json.loads(summary_path.read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    config = KnowledgeConfig(
+        epsilon=epsilon,
+        delta=args.document_delta,
+        max_clusters=args.max_clusters,
+        clusters_per_record=args.clusters_per_record,
+        voters=args.release_voters,
+        public_pool_size=2 * args.release_voters,
+        max_new_tokens=args.release_tokens,
+    )
+    from tqdm import tqdm
+
+    bar = tqdm(desc=name, unit="cluster")
+
+    def on_cluster(done: int, total: int) -> None:
+        bar.total, bar.n = total, done
+        bar.refresh()
+
+    start = time.perf_counter()
+    # no encoder ranking: all-MiniLM cannot relate invented words, while ranking a record's
+    # clusters by noisy count keeps a disease's records in its most frequent keyword's pool
+    release = release_knowledge(
+        lm, texts, config, work=args.out / "work" / name, on_cluster=on_cluster
+    )
+    bar.close()
+    minutes = (time.perf_counter() - start) / 60
+    summary = {
+        "epsilon": release.plan.epsilon,
+        "delta": release.plan.delta,
+        "stages": release.plan.stages(),
+        "release_minutes": minutes,  # of this invocation (a resumed release: the rest only)
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "clusters": len(release.clusters),
+        "keywords_released": len(release.keyword_counts),
+        "synthetic_records": len(release.records),
+        "generated_texts_kept": sum(r["generated"] for r in release.records),
+        "records": release.records,
+    }
+    summary_path.write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _free_cells(mode, args, world, stream, encoder, lm, summaries, streams, others) -> None:
+    """The cells that pay nothing per answer: rag, no-rag, and a release per epsilon."""
+    from retriever.rag.release_eval import accuracy_by_support, answer_stream, retrieval_answerer
+
+    texts = [r.text for r in world.records]
+    cells = {}
+    if mode in ("rag", "no-rag"):
+        cache = args.out / "record_embeddings.npy"
+        if not cache.is_file():
+            np.save(cache, encoder.encode(texts, progress=True))
+        k = args.rag_k if mode == "rag" else 0
+        cells[mode] = (texts, np.load(cache), k, None)
+    else:
+        for epsilon in args.release_epsilons:
+            name = f"release-eps{epsilon:g}"
+            release = _release(args, name, epsilon, texts, encoder, lm)
+            synthetic = [r["text"] for r in release["records"]]
+            vectors = encoder.encode(synthetic) if synthetic else np.zeros((0, 384))
+            cells[name] = (synthetic, np.asarray(vectors), args.rag_k, release)
+    for name, (docs, vectors, k, release) in cells.items():
+        answer = retrieval_answerer(
+            lm, MEDICAL_PROMPT, docs, vectors, encoder.encode, k=k,
+            max_tokens=args.max_tokens, max_document_tokens=args.max_document_tokens,
+        )  # fmt: skip
+        rows = answer_stream(name, answer, stream, out_dir=args.out / "streams", others=others)
+        summaries[name] = stream_summary(rows) | {"by_support": accuracy_by_support(rows)}
+        if release is not None:
+            summaries[name] |= {
+                key: release[key]
+                for key in ("release_minutes", "peak_rss_gib", "synthetic_records",
+                            "generated_texts_kept", "clusters", "keywords_released", "epsilon")
+            }  # fmt: skip
+        streams[name] = rows
 
 
 def _plan(config: RagConfig, epsilon: float):

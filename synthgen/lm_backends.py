@@ -345,6 +345,33 @@ class FlaxLM:
         self._rows, self._new_tokens = len(rows), 0
         return np.asarray(logprobs[: self._rows], np.float32)
 
+    def continuations(
+        self,
+        prompts: Sequence[Sequence[int]],
+        continuations: Sequence[Sequence[int]],
+        *,
+        length: int | None = None,
+    ) -> np.ndarray:
+        """[prompts, continuations]: each continuation's total log-probability after each
+        prompt, from one prefill (a copy of the session's cache per continuation)."""
+        import jax
+        import jax.numpy as jnp
+
+        if not continuations or min(len(c) for c in continuations) == 0:
+            raise ValueError("every continuation needs at least one token")
+        first = self.start(prompts, max(len(c) for c in continuations), length=length)
+        saved = jax.tree.map(jnp.copy, self._cache)  # a step donates the cache it reads
+        out = np.zeros((len(prompts), len(continuations)))
+        for j, ids in enumerate(continuations):
+            self._cache, self._new_tokens = jax.tree.map(jnp.copy, saved), 0
+            logprobs = first
+            for k, token in enumerate(ids):
+                out[:, j] += logprobs[:, token]
+                if k + 1 < len(ids):
+                    logprobs = self.append(token)
+        self._cache, self._new_tokens = saved, 0
+        return out
+
     def append(self, token: int) -> np.ndarray:
         import jax.numpy as jnp
 
@@ -393,3 +420,33 @@ def load_backend(
         )
         return remote, remote.prepare()  # a public probe, before any charge
     return (TinyLM() if model == "tiny" else FlaxLM.load(model)), None
+
+
+def continuation_logprobs(
+    lm: NextTokenLM,
+    prompts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    *,
+    length: int | None = None,
+) -> np.ndarray:
+    """[prompts, continuations]: each continuation's total log-probability after each prompt.
+
+    One prefill where the backend offers it (`FlaxLM.continuations`); else one `score` row
+    per continuation prefix. `length` (public) pads the prompts to a fixed shape.
+    """
+    own = getattr(lm, "continuations", None)
+    if callable(own):
+        return own(prompts, continuations, length=length)
+    rows, spans = [], []
+    for prompt in prompts:
+        for ids in continuations:
+            spans.append(len(rows))
+            rows.extend(list(prompt) + list(ids[:j]) for j in range(len(ids)))
+    scores = np.asarray(lm.score(rows), np.float64)
+    out = np.zeros((len(prompts), len(continuations)))
+    k = 0
+    for p in range(len(prompts)):
+        for c, ids in enumerate(continuations):
+            out[p, c] = sum(scores[spans[k] + j][t] for j, t in enumerate(ids))
+            k += 1
+    return out

@@ -1,15 +1,17 @@
-"""`build_knowledge`: a contributor's one-time DP synthetic release, charged to its ledger.
+"""`build_knowledge`: a collection's one-time DP knowledge release, charged to its ledger.
 
-From the contributor's private corpus.jsonl to a release folder (`retriever.network.folder`):
-DP keyword topics and keyword-conditioned DP few-shot documents
-(`synthgen.fewshot.topics`), an index over those documents, and the card stating the
-guarantee. The private work folder (mode 0700, never inside the release) receives the
+From a private corpus.jsonl to a release folder (`retriever.network.folder`): the DP
+synthetic records of `synthgen.knowledge` (DP keywords, soft clusters, DP few-shot records
+per cluster, self-filtered; DP-SynRAG), an index over them, and the card stating the
+guarantee. One implementation for a single collection (`retriever knowledge release`) and
+for every contributor of the network (`retriever contributor build`). The private work
+folder (mode 0700, never inside the release) receives the
 contributor's ledger (the release's charges; later its tenants' keys and /answer charges),
 the exact index over the private corpus that /answer reads, and ``private.json``.
 
 Privacy:
   Unit: one document of the private collection; add/remove-one. The release is
-  (card epsilon, card delta)-DP (`synthgen.fewshot.topics`), charged to the scope
+  (card epsilon, card delta)-DP (`synthgen.knowledge`), charged to the scope
   (``release``, dataset) of the contributor's ledger before any noise is drawn; the scope's
   cap is the release's budget, so building again on the same ledger is refused instead of
   silently spending twice. Nothing private is printed or logged: counts, epsilon and delta.
@@ -30,10 +32,11 @@ from retriever.network.folder import (
     write_private_record,
 )
 
+KNOWLEDGE_WORK = "knowledge"  # the release's private state, inside the work folder
 RELEASE_TENANT = "release"  # the ledger tenant of the public release (everyone receives it)
 GENERATOR = (
-    "keyword-conditioned DP few-shot generation: DP keyword topics (Gaussian sparse "
-    "histogram), then DP few-shot documents per topic (Tang et al. 2024; DP-SynRAG-style)"
+    "DP-SynRAG (Mori et al. 2025): DP keywords (PipelineDP partition selection), soft "
+    "clusters, DP few-shot records per cluster (Tang et al. 2024), self-filtered"
 )
 
 
@@ -41,11 +44,12 @@ GENERATOR = (
 class KnowledgeResult:
     """What a build released (public figures only)."""
 
-    folder: KnowledgeFolder
+    folder: KnowledgeFolder | None  # None: this shard is done, others are not
     work: Path
     card: dict[str, Any]
     num_documents: int
     num_topics: int
+    release: Any = None  # the `synthgen.knowledge.KnowledgeRelease`
 
 
 def default_contributor_work(release: str | Path) -> Path:
@@ -70,23 +74,26 @@ def build_knowledge(
     seed: int | None = None,
     progress: bool = True,
     lm_name: str | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> KnowledgeResult:
-    """Builds a contributor's release folder and private work folder.
+    """Builds a collection's release folder and private work folder (or one shard's part).
 
     Args:
       private_corpus: corpus.jsonl (doc_id, text) of the private collection.
-      out: the release folder (created; safe to ship).
-      config: `synthgen.fewshot.topics.TopicConfig` (epsilon, delta and generation).
-      contributor: the contributor's public name (on the card).
+      out: the release folder (created once every cluster is done; safe to ship).
+      config: `synthgen.knowledge.KnowledgeConfig` (epsilon, delta and every stage).
+      contributor: the collection's (or contributor's) public name, on the card.
       work: the private work folder (default `default_contributor_work(out)`).
-      ledger: the contributor's ledger (default: ``<work>/ledger.sqlite``).
+      ledger: the ledger (default: ``<work>/ledger.sqlite``).
       dataset: the collection's name in the ledger (default: the corpus file's stem).
       lm: LM asset or path, ``"tiny"`` (test LM) or a loaded backend.
-      encoder: encoder of the synthetic index (and of the private index).
-      answer_index: also index the private corpus exactly, for /answer.
+      encoder: public encoder ranking each record's clusters, and of the indexes.
+      answer_index: also index the private corpus exactly, for a contributor's /answer.
       seed: tests only: a fixed seed for the mechanisms (stated on the card).
-      progress: show a progress bar on stderr.
+      progress: show a progress bar on stderr (clusters done, epsilon of the release).
       lm_name: how the card names a loaded `lm` (default: its type).
+      shard: (i, n): generate this shard's clusters; the release folder is written by
+        whichever run finds every cluster done (the same bytes whatever the split).
 
     Raises:
       ValueError: a bad config, a work folder inside the release, or an empty corpus.
@@ -94,8 +101,9 @@ def build_knowledge(
         (e.g. this collection was already released from this ledger).
     """
     from retriever.data import read_corpus
-    from synthgen.fewshot.topics import release_topic_documents
-    from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope, secure_rng
+    from synthgen.knowledge import release_knowledge
+    from synthgen.knowledge.release import CHARGE_FILE
+    from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope
     from synthgen.work_folder import private_folder
 
     out = Path(out).absolute()
@@ -110,7 +118,8 @@ def build_knowledge(
     ledger_location = ledger or str(work / "ledger.sqlite")
     book = PrivacyLedger(ledger_location)
     book.ensure_scope(Scope(RELEASE_TENANT, dataset, config.epsilon, config.delta))
-    if book.charges(RELEASE_TENANT, dataset):  # one release per collection and ledger
+    resuming = (work / KNOWLEDGE_WORK / CHARGE_FILE).is_file()  # charged with a kept ref
+    if book.charges(RELEASE_TENANT, dataset) and not resuming:  # one release per collection
         raise BudgetExceededError(
             f"{dataset} was already released from this ledger ({ledger_location}): a second "
             "release would compose with the first; use a new collection name or ledger"
@@ -121,38 +130,43 @@ def build_knowledge(
         model, _ = load_answer_lm(lm)  # "tiny" or an LM asset or path
     else:
         model = lm
+    encode = None
+    if encoder:
+        from retriever.encoders import load_encoder
+
+        encode = load_encoder(encoder).encode
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(unit="tok", desc=f"{contributor} release", file=sys.stderr)
+        bar = tqdm(unit="cluster", desc=f"{contributor} release", file=sys.stderr)
 
-    def on_token(released: int, _plan) -> None:
+    def on_cluster(done: int, total: int) -> None:
         if bar is not None:
-            bar.update(1)
+            bar.total = total
+            bar.n = done
+            bar.set_postfix_str(f"eps={config.epsilon:g} charged once")
+            bar.refresh()
+
+    import numpy as np
 
     try:
-        release = release_topic_documents(
+        release = release_knowledge(
             model,
             texts,
             config,
-            rng=secure_rng(seed),
+            work=work / KNOWLEDGE_WORK,
+            encode=encode,
+            rng=None if seed is None else np.random.default_rng(seed),
             ledger=book,
             ledger_scope=(RELEASE_TENANT, dataset),
-            on_token=on_token,
+            shard=shard,
+            on_cluster=on_cluster,
         )
     finally:
         if bar is not None:
             bar.close()
     plan = release.plan
-    stages = [
-        {"stage": "topics", "epsilon": plan.topics.epsilon, "delta": plan.topics.delta},
-        {
-            "stage": "documents",
-            "epsilon": plan.documents.epsilon,
-            "delta": plan.documents.delta,
-        },
-    ]
     model_name = lm if isinstance(lm, str) else (lm_name or type(lm).__name__)
     card = make_card(
         contributor=contributor,
@@ -161,10 +175,12 @@ def build_knowledge(
         generator=GENERATOR,
         model=str(model_name),
         encoder=encoder,
-        num_documents=len(release.texts),
-        stages=stages,
+        num_documents=len(release.records),
+        stages=plan.stages(),
         seeded=seed is not None,
     )
+    if not release.complete:
+        return KnowledgeResult(None, work, card, 0, len(release.clusters), release)
     metadata = {
         "privacy": {
             **plan.to_dict(),
@@ -172,17 +188,24 @@ def build_knowledge(
             "rows_covered": "all rows of the private corpus",
         },
         "randomness": {"seeded": seed is not None},
-        "post_processing": "texts are decoded from DP-released tokens and stripped; topics "
-        "are DP-released keywords",
+        "post_processing": "records are DP-released keywords and the DP-generated texts the "
+        "public LM's self-filter kept",
         "model": {"backend": str(model_name)},
         "generation": {
             "method": GENERATOR,
-            "tokens_released": release.tokens_released,
-            "topics": {k: round(v, 3) for k, v in release.keyword_counts.items()},
+            "clusters": len(release.clusters),
+            "generated_texts_kept": sum(r["generated"] for r in release.records),
+            "keywords": {k: round(v, 3) for k, v in release.keyword_counts.items()},
         },
-        "num_examples": len(release.texts),
+        "num_examples": len(release.records),
     }
-    folder = write_knowledge_folder(out, release.texts, release.topics, card, metadata=metadata)
+    folder = write_knowledge_folder(
+        out,
+        [r["text"] for r in release.records],
+        [r["topic"] for r in release.records],
+        card,
+        metadata=metadata,
+    )
     private_index = None
     if answer_index:
         from retriever.index_folder import build_index_folder
@@ -200,7 +223,7 @@ def build_knowledge(
             "release": str(out),
         },
     )
-    return KnowledgeResult(folder, work, card, len(release.texts), len(set(release.topics)))
+    return KnowledgeResult(folder, work, card, len(release.records), len(release.clusters), release)
 
 
 def summary(result: KnowledgeResult) -> str:
@@ -208,10 +231,11 @@ def summary(result: KnowledgeResult) -> str:
     guarantee = result.card["guarantee"]
     return json.dumps(
         {
-            "out": str(result.folder.path),
+            "out": None if result.folder is None else str(result.folder.path),
+            "complete": result.folder is not None,
             "work": str(result.work),
             "documents": result.num_documents,
-            "topics": result.num_topics,
+            "clusters": result.num_topics,
             "epsilon": guarantee["epsilon"],
             "delta": guarantee["delta"],
         }

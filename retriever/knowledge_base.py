@@ -1,0 +1,127 @@
+"""Answer questions from a released knowledge folder: ordinary RAG, nothing charged.
+
+A knowledge folder (`retriever knowledge release`, `retriever.network.knowledge`) holds DP
+synthetic records, their index and the card with the release's guarantee. `KnowledgeBase`
+retrieves the top records for a question with the index's encoder and lets a public LM
+answer from them greedily. However many questions are asked, the guarantee stays the
+card's: the collection was released once, and reading the release is post-processing.
+
+Privacy:
+  Reads only the release folder (DP outputs and public parameters); charges nothing,
+  spends no budget, and needs no ledger. Each answer carries ``"charged": false`` and the
+  release's statement so a caller can show both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from retriever.rag.prompts import PromptFormat
+
+DEFAULT_INSTRUCTION = (
+    "Use the records to answer the question. Reply with the answer only, in a few words."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class KnowledgeAnswer:
+    """One answer from a release: its text, the records read and the release's guarantee."""
+
+    question: str
+    answer: str
+    sources: list[str]
+    guarantee: dict[str, Any]
+    statement: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "question": self.question,
+            "answer": self.answer,
+            "charged": False,
+            "epsilon_spent": 0.0,
+            "sources": self.sources,
+            "guarantee": self.guarantee,
+            "statement": self.statement,
+        }
+
+
+class KnowledgeBase:
+    """A release folder opened for answering (index, records, card, a public LM)."""
+
+    def __init__(
+        self,
+        folder: str | Path,
+        lm: Any,
+        *,
+        prompt: PromptFormat | None = None,
+        k: int = 8,
+        max_tokens: int = 12,
+        max_document_tokens: int = 96,
+    ) -> None:
+        from retriever.network.folder import KnowledgeFolder, read_card
+
+        if k < 1 or max_tokens < 1 or max_document_tokens < 1:
+            raise ValueError(f"k, max_tokens, max_document_tokens must be >= 1: {k=}")
+        self.folder = KnowledgeFolder(Path(folder))
+        self.card = read_card(folder)
+        self.lm, self.k = lm, k
+        self.prompt = prompt or PromptFormat(instruction=DEFAULT_INSTRUCTION)
+        self.max_tokens, self.max_document_tokens = max_tokens, max_document_tokens
+        self.records: dict[str, str] = {}
+        if self.folder.synthetic.is_file():
+            for line in self.folder.synthetic.read_text().splitlines():
+                if line.strip():
+                    row = json.loads(line)
+                    self.records[row["doc_id"]] = row["text"]
+
+    @classmethod
+    def open(cls, folder: str | Path, lm: str = "smollm2-135m-instruct", **kwargs) -> KnowledgeBase:
+        """Opens `folder` with an LM asset or path (``"tiny"``: the test LM)."""
+        from retriever.network.engine import load_answer_lm
+
+        model, fmt = load_answer_lm(lm)
+        kwargs.setdefault("prompt", dataclasses.replace(fmt, instruction=DEFAULT_INSTRUCTION))
+        return cls(folder, model, **kwargs)
+
+    @property
+    def statement(self) -> str:
+        return str(self.card["statement"])
+
+    def search(self, question: str, k: int | None = None) -> list[dict[str, Any]]:
+        """The top records for `question`: ``{"doc_id", "score", "text"}``, best first."""
+        from retriever.index_folder import search_index_folder
+
+        if not self.records or not self.folder.index.is_dir():
+            return []
+        hits = search_index_folder(self.folder.index, [question], k or self.k)[0]
+        return [{**hit, "text": self.records[hit["doc_id"]]} for hit in hits]
+
+    def answer(self, question: str) -> KnowledgeAnswer:
+        """Greedy RAG answer over the release (post-processing: nothing is charged).
+
+        Raises:
+          ValueError: an empty question.
+        """
+        from retriever.network.engine import local_answer
+
+        if not question.strip():
+            raise ValueError("the question is empty")
+        hits = self.search(question)
+        text = local_answer(
+            self.lm,
+            self.prompt,
+            question,
+            [h["text"] for h in hits],
+            max_tokens=self.max_tokens,
+            max_document_tokens=self.max_document_tokens,
+        )
+        return KnowledgeAnswer(
+            question,
+            text,
+            [h["doc_id"] for h in hits],
+            dict(self.card["guarantee"]),
+            self.statement,
+        )

@@ -1,0 +1,119 @@
+"""A question stream answered without per-question privacy cost: release, RAG, no RAG.
+
+`scripts/multi_query_eval.py`'s cells that spend nothing per answer: the one-time knowledge
+release (`synthgen.knowledge`, read as ordinary RAG), non-private RAG over the private
+records (the reference), and the LM alone (no RAG). Each answers the stream of
+`retriever.rag.stream_eval.zipf_stream` in order; a question text asked again gets the
+same greedy answer (computed once: the cells are deterministic), and each cell's rows go to
+``<out>/streams/<name>.jsonl`` (resumable).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from retriever.rag.medical import Question, answer_is_correct
+
+SUPPORT_BINS = ((1, 4), (5, 14), (15, 29), (30, 99), (100, 10**9))
+
+
+def support_bin(support: int) -> str:
+    """The support bin of a question ("1-4", ..., "100+")."""
+    for low, high in SUPPORT_BINS:
+        if low <= support <= high:
+            return f"{low}+" if high >= 10**9 else f"{low}-{high}"
+    raise ValueError(f"support must be >= 1, {support=}")
+
+
+def retrieval_answerer(
+    lm,
+    prompt,
+    texts: Sequence[str],
+    embeddings: np.ndarray,
+    encode: Callable[[list[str]], np.ndarray],
+    *,
+    k: int = 8,
+    max_tokens: int = 5,
+    max_document_tokens: int = 64,
+) -> Callable[[str], str]:
+    """Greedy RAG over `texts` (exact cosine top-k); k = 0 answers with no document."""
+    from retriever.rag.evaluation import greedy_answer
+
+    unit = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+    tokens = [lm.encode(t)[:max_document_tokens] for t in texts]
+
+    def answer(question: str) -> str:
+        docs = []
+        if k > 0 and len(texts):
+            q = np.asarray(encode([question]), np.float64)[0]
+            top = np.argsort(-(unit @ (q / max(np.linalg.norm(q), 1e-12))), kind="stable")[:k]
+            docs = [tokens[int(i)] for i in top]
+        return greedy_answer(lm, prompt.encode(lm, question, docs), max_tokens)
+
+    return answer
+
+
+def answer_stream(
+    name: str,
+    answer: Callable[[str], str],
+    stream: Sequence[Question],
+    *,
+    out_dir: str | Path,
+    others: Sequence[str],
+    progress: bool = True,
+) -> list[dict]:
+    """Answers the stream in order (resuming), one row per question:
+    index, disease, support, answer, correct, abstained (False), refused (False), seconds."""
+    path = Path(out_dir) / f"{name}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    rows = rows[: len(stream)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache = {stream[r["index"]].question: r["answer"] for r in rows}
+    todo = range(len(rows), len(stream))
+    if progress:
+        from tqdm import tqdm
+
+        todo = tqdm(todo, desc=name, initial=len(rows), total=len(stream))
+    with path.open("a") as sink:
+        for i in todo:
+            q = stream[i]
+            start = time.perf_counter()
+            if q.question not in cache:
+                cache[q.question] = answer(q.question)
+            text = cache[q.question]
+            row = {
+                "index": i,
+                "disease": q.disease,
+                "support": q.support,
+                "answer": text,
+                "correct": answer_is_correct(text, q.answer, others=others),
+                "abstained": False,
+                "refused": False,
+                "seconds": round(time.perf_counter() - start, 3),
+            }
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+            rows.append(row)
+    return rows
+
+
+def accuracy_by_support(rows: Sequence[dict]) -> dict[str, float | None]:
+    """Accuracy of the stream's questions in each support bin (None: no question there)."""
+    out: dict[str, float | None] = {}
+    for low, high in SUPPORT_BINS:
+        label = support_bin(low)
+        hits = [bool(r["correct"]) for r in rows if low <= r["support"] <= high]
+        out[label] = float(np.mean(hits)) if hits else None
+    return out
