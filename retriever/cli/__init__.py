@@ -1,8 +1,8 @@
 """`retriever` command line: thin wrappers over the retriever library.
 
 One module per command group (`data`, `index`, `rag`: privacy rag and answer, `service`:
-serve and tenant, `network`: contributor and network) or per family of top-level commands
-(`train`: train, train-dp; `evaluate`; `export`).
+serve and tenant, `network`: contributor and network, `knowledge`: release and answer) or
+per family of top-level commands (`train`: train, train-dp; `evaluate`; `export`).
 Errors go through `synthgen.command_line.run`: one line on stderr, a non-zero exit code,
 `--debug` for the traceback. jax, flax, scann and datasets are imported inside the commands
 so `--help` starts fast.
@@ -17,6 +17,7 @@ import typer
 from retriever.cli import evaluate, export, network, rag, service, train
 from retriever.cli.data import data_app
 from retriever.cli.index import index_app
+from retriever.cli.knowledge import knowledge_app
 from synthgen.command_line import global_options, run
 
 __all__ = ["app", "main", "run"]
@@ -39,6 +40,7 @@ app.command("serve")(service.serve)
 app.add_typer(service.tenant_app, name="tenant")
 app.add_typer(network.contributor_app, name="contributor")
 app.add_typer(network.network_app, name="network")
+app.add_typer(knowledge_app, name="knowledge")
 app.command("train")(train.train)
 app.command("train-dp")(train.train_dp)
 app.command("evaluate")(evaluate.evaluate)

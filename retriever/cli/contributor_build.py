@@ -35,21 +35,14 @@ def build(
         "smollm2-135m-instruct"
     ),
     encoder: Annotated[str, typer.Option(help="encoder of the indexes")] = "all-minilm-l6-v2",
-    topic_share: Annotated[float, typer.Option(help="share of epsilon for the topics")] = 0.3,
-    max_keywords: Annotated[int, typer.Option(help="most keywords (pools) per document")] = 4,
-    pools_per_document: Annotated[
-        int, typer.Option(help="most topic pools a document joins (charged that many times)")
-    ] = 1,
-    max_topics: Annotated[int, typer.Option(help="most topics generated for")] = 64,
-    per_topic: Annotated[int, typer.Option(help="synthetic documents per topic")] = 1,
+    keyword_share: Annotated[float, typer.Option(help="share of epsilon for keywords")] = 0.2,
+    max_keywords: Annotated[int, typer.Option(help="K: most keywords per record")] = 6,
+    clusters_per_record: Annotated[int, typer.Option(help="L: most clusters per record")] = 2,
+    max_clusters: Annotated[int, typer.Option(help="most clusters generated for")] = 64,
+    voters: Annotated[int, typer.Option(help="M: voter prompts per release")] = 64,
     public_pool_size: Annotated[
-        int, typer.Option(help="declared pool size N: sampling rate q = subsets*shots/N")
-    ] = 32,
-    subsets: Annotated[int, typer.Option(help="M prompts per token")] = 16,
-    shots: Annotated[int, typer.Option(help="expected private documents per prompt")] = 1,
-    max_new_tokens: Annotated[int, typer.Option(help="token limit of a document")] = 20,
-    public_vocab: Annotated[int, typer.Option(help="RVP: top-K public candidates")] = 10,
-    public_prior: Annotated[float, typer.Option(help="weight of the public prior")] = 1.0,
+        int, typer.Option(help="declared pool size N: sampling rate q = voters/N")
+    ] = 128,
     answer_index: Annotated[
         bool, typer.Option(help="also index the private corpus for /answer (work folder)")
     ] = True,
@@ -57,10 +50,9 @@ def build(
         int | None, typer.Option(help="tests only: fixed seed (stated on the card)")
     ] = None,
 ) -> None:
-    """Release a contributor's DP synthetic knowledge once: topics, documents, index, card."""
+    """Release a contributor's DP synthetic knowledge once: keywords, records, index, card."""
     from retriever.network.knowledge import build_knowledge, summary
-    from synthgen.fewshot import FewShotConfig
-    from synthgen.fewshot.topics import TopicConfig
+    from synthgen.knowledge import KnowledgeConfig
 
     if seed is not None:
         print(
@@ -68,24 +60,15 @@ def build(
             "publication (stated on the card)",
             file=sys.stderr,
         )
-    config = TopicConfig(
+    config = KnowledgeConfig(
         epsilon=epsilon,
         delta=delta,
-        topic_share=topic_share,
+        keyword_share=keyword_share,
         max_keywords=max_keywords,
-        pools_per_document=pools_per_document,
-        max_topics=max_topics,
-        per_topic=per_topic,
-        fewshot=FewShotConfig(
-            public_pool_size=public_pool_size,
-            subsets=subsets,
-            shots=shots,
-            max_new_tokens=max_new_tokens,
-            public_vocab=public_vocab,
-            public_prior=public_prior,
-            resample="example",
-            target_epsilon=epsilon,  # replaced by the plan's share
-        ),
+        clusters_per_record=clusters_per_record,
+        max_clusters=max_clusters,
+        voters=voters,
+        public_pool_size=public_pool_size,
     )
     result = build_knowledge(
         private,

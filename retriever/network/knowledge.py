@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from retriever.network.folder import (
+    PRIVATE_FILE,
     KnowledgeFolder,
     make_card,
     write_knowledge_folder,
@@ -118,7 +119,10 @@ def build_knowledge(
     ledger_location = ledger or str(work / "ledger.sqlite")
     book = PrivacyLedger(ledger_location)
     book.ensure_scope(Scope(RELEASE_TENANT, dataset, config.epsilon, config.delta))
-    resuming = (work / KNOWLEDGE_WORK / CHARGE_FILE).is_file()  # charged with a kept ref
+    # charged with a kept ref and not finished: a resume (or another shard), not a second release
+    resuming = (work / KNOWLEDGE_WORK / CHARGE_FILE).is_file() and not (
+        work / PRIVATE_FILE
+    ).is_file()
     if book.charges(RELEASE_TENANT, dataset) and not resuming:  # one release per collection
         raise BudgetExceededError(
             f"{dataset} was already released from this ledger ({ledger_location}): a second "

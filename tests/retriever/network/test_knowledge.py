@@ -16,17 +16,15 @@ import pytest
 
 from retriever.network.folder import read_card, read_private_record
 from retriever.network.knowledge import RELEASE_TENANT, build_knowledge, summary
-from synthgen.fewshot import FewShotConfig, topics
-from synthgen.fewshot.topics import TopicConfig
+from synthgen.knowledge import KnowledgeConfig, release
 from synthgen.privacy import BudgetExceededError, PrivacyLedger
 from tests.retriever.service.harness import cli
 
-FEWSHOT = FewShotConfig(
-    public_pool_size=8, subsets=4, shots=1, max_new_tokens=8, public_vocab=10,
-    resample="example", target_epsilon=1.0,
+EPSILON, DELTA = 8.0, 1e-5  # keywords of 30 records pass PipelineDP's threshold
+CONFIG = KnowledgeConfig(
+    epsilon=EPSILON, delta=DELTA, voters=4, public_pool_size=8, max_clusters=8,
+    keyword_share=0.4,
 )  # fmt: skip
-EPSILON, DELTA = 8.0, 1e-5  # topics: sigma ~3.6, tau ~19; keywords of 30 records pass
-CONFIG = TopicConfig(epsilon=EPSILON, delta=DELTA, fewshot=FEWSHOT)
 SEED = 1
 SLOW_BUILD = pytest.mark.slow  # the shared build takes ~20 s: planning, two indexes
 
@@ -85,10 +83,10 @@ def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _plan_once():
-    # plan_topics is a deterministic function of its frozen, public config and takes
+    # plan_release is a deterministic function of its frozen, public config and takes
     # seconds; builds of one config in this process share its plan.
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(topics, "plan_topics", functools.cache(topics.plan_topics))
+        patch.setattr(release, "plan_release", functools.cache(release.plan_release))
         yield
 
 
@@ -124,7 +122,7 @@ def test_release_folder_holds_no_private_text(built):
     ]
     assert len(synthetic) == result.num_documents
     assert {row["topic"] for row in synthetic} <= set(
-        json.loads((release / "metadata.json").read_text())["generation"]["topics"]
+        json.loads((release / "metadata.json").read_text())["generation"]["keywords"]
     )
 
 
@@ -151,15 +149,17 @@ def test_card_states_the_ledger_spend(built):
     guarantee = card["guarantee"]
     assert guarantee["epsilon"] <= EPSILON and guarantee["delta"] == DELTA
     assert guarantee["seeded"] is True
-    assert [s["stage"] for s in guarantee["stages"]] == ["topics", "documents"]
+    assert [s["stage"] for s in guarantee["stages"]] == [
+        "keywords", "cluster-keywords", "generation"
+    ]  # fmt: skip
     ledger = PrivacyLedger(result.work / "ledger.sqlite")
     charges = ledger.charges(RELEASE_TENANT, "corpus")
-    assert [c.stage for c in charges] == ["topics", "fewshot-generate"]
+    assert [c.stage for c in charges] == ["knowledge-release"]  # one charge, all stages
     spent = ledger.spent(RELEASE_TENANT, "corpus")
     assert guarantee["epsilon"] == pytest.approx(spent.epsilon, rel=1e-4)
     assert card["releases"]["synthetic_documents"] == result.num_documents
     line = json.loads(summary(result))
-    assert (line["documents"], line["topics"]) == (result.num_documents, result.num_topics)
+    assert (line["documents"], line["clusters"]) == (result.num_documents, result.num_topics)
     assert line["epsilon"] == guarantee["epsilon"]
 
 
@@ -201,7 +201,7 @@ def test_an_empty_corpus_is_refused(tmp_path):
 
 def test_an_empty_release_has_no_documents_and_no_index(tmp_path):
     corpus = _write_corpus(tmp_path / "corpus.jsonl", _private_rows())
-    config = TopicConfig(epsilon=0.05, delta=DELTA, fewshot=FEWSHOT)  # tau ~ 1900
+    config = KnowledgeConfig(epsilon=0.05, delta=DELTA, voters=4, public_pool_size=8)
     result = build_knowledge(corpus, tmp_path / "release", config, contributor="c",
                              work=tmp_path / "work", lm="tiny", seed=0, progress=False,
                              answer_index=False)  # fmt: skip
@@ -213,7 +213,7 @@ def test_an_empty_release_has_no_documents_and_no_index(tmp_path):
     assert (result.num_documents, result.num_topics) == (0, 0)
     assert card["guarantee"]["epsilon"] <= 0.05
     charges = PrivacyLedger(result.work / "ledger.sqlite").charges(RELEASE_TENANT, "corpus")
-    assert [c.stage for c in charges] == ["topics"]  # no pool ran: only the topics paid
+    assert [c.stage for c in charges] == ["knowledge-release"]  # paid before any noise
     assert read_private_record(result.work)["private_index"] is None
 
 
@@ -221,16 +221,15 @@ def test_an_empty_release_has_no_documents_and_no_index(tmp_path):
 def test_cli_build_prints_one_json_line(tmp_path):
     corpus = _write_corpus(tmp_path / "corpus.jsonl", _private_rows())
     out, work = tmp_path / "release", tmp_path / "work"
-    # --epsilon 8 and not more: planning the sparse histogram for a large topic epsilon
-    # (sigma < 1) takes minutes (see plan_sparse_histogram's bisection).
     result = cli("contributor", "build", "--private", corpus, "--epsilon", EPSILON,
                  "--out", out, "--work", work, "--lm", "tiny", "--seed", 1,
-                 "--max-new-tokens", 8, "--subsets", 4, "--public-pool-size", 8)  # fmt: skip
+                 "--voters", 4, "--public-pool-size", 8, "--max-clusters", 8,
+                 "--keyword-share", 0.4)  # fmt: skip
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 1
     line = json.loads(lines[0])
-    assert {"documents", "topics", "epsilon", "delta"} <= set(line)
-    assert line["documents"] > 0 and line["topics"] > 0
+    assert {"documents", "clusters", "epsilon", "delta"} <= set(line)
+    assert line["documents"] > 0 and line["clusters"] > 0
     assert line["epsilon"] <= EPSILON and line["delta"] == 1e-5
     assert line["documents"] == len((out / "synthetic.jsonl").read_text().splitlines())
     assert read_card(out)["guarantee"]["epsilon"] == line["epsilon"]
