@@ -19,13 +19,11 @@ from retriever.cli_options import (
     DocumentEpsilonOption,
     EncoderIndependentOption,
     HostOption,
-    IndexOption,
     MaxQuestionTokensOption,
     MaxScoreOption,
     MaxTokensOption,
     MinScoreOption,
     PortOption,
-    PrivateCorpusOption,
     QueueOption,
     QueueTimeoutOption,
     RelevanceThresholdOption,
@@ -40,12 +38,19 @@ from synthgen.command_line import positive, probability
 tenant_app = typer.Typer(help="Tenants of the DP-RAG service.", no_args_is_help=True)
 
 LedgerOption = Annotated[str, typer.Option(help="ledger file or PostgreSQL URL")]
+KnowledgeOption = Annotated[
+    Path | None,
+    typer.Option(help="serve a knowledge release instead (answers cost nothing; no ledger)"),
+]
 
 
 def serve(
-    index: IndexOption,
-    private_corpus: PrivateCorpusOption,
-    ledger: LedgerOption,
+    index: Annotated[Path | None, typer.Option(help="exact index of the private corpus")] = None,
+    private_corpus: Annotated[
+        Path | None, typer.Option(help="the private corpus.jsonl (doc_id, text)")
+    ] = None,
+    ledger: Annotated[str | None, typer.Option(help="ledger file or PostgreSQL URL")] = None,
+    knowledge: KnowledgeOption = None,
     host: HostOption = "127.0.0.1",
     port: PortOption = 0,
     dataset: Annotated[
@@ -117,6 +122,9 @@ def serve(
     documents, an encoder not known to be independent of the collection, and a public
     corpus or index that is the private one.
 
+    With --knowledge DIR (a `retriever knowledge release` folder) it serves that release
+    instead: /answer is ordinary RAG over it and charges nothing (no ledger, no key).
+
     Individual accounting (--accounting individual, icl only): the privacy statement is
     per document, over all tenants' answers together: each document is
     (--document-epsilon, --document-delta)-DP, charged only for the answers where it
@@ -130,6 +138,17 @@ def serve(
     from retriever.service.app import ServiceConfig
     from retriever.service.server import load_service, serve
 
+    if knowledge is not None:
+        from retriever.knowledge_base import KnowledgeBase
+        from retriever.service.knowledge_app import serve_knowledge
+
+        serve_knowledge(KnowledgeBase.open(knowledge, lm=lm), host=host, port=port)
+        return
+    if index is None or private_corpus is None or ledger is None:
+        raise typer.BadParameter(
+            "give --index, --private-corpus and --ledger (or --knowledge DIR)",
+            param_hint="'--index'",
+        )
     mechanism, k = resolve(mechanism, k, answer_epsilon)
     document_target = check_accounting(accounting, mechanism, document_epsilon, document_delta)
     check_reuse(reuse_answers, accounting)

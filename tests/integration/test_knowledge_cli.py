@@ -1,0 +1,96 @@
+"""`retriever knowledge release|answer` and `retriever serve --knowledge`, as a user runs them.
+
+A medical world written by `python -m retriever.rag.medical`, released once (tiny LM, fixed
+seed), then answered from the CLI and from a real server on a loopback port: every answer
+says it charged nothing, and the ledger holds the one release charge whatever is asked.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from synthgen.privacy import PrivacyLedger
+from tests.retriever.service.harness import Server, cli
+
+pytestmark = pytest.mark.slow
+EPSILON = 10.0
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    root = tmp_path_factory.mktemp("knowledge")
+    subprocess.run(
+        [sys.executable, "-m", "retriever.rag.medical", "--out", root / "world",
+         "--num-records", "200", "--num-diseases", "5"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    corpus, ledger = root / "world" / "corpus.jsonl", root / "ledger.sqlite"
+    result = cli("knowledge", "release", "--private-corpus", corpus, "--out", root / "release",
+                 "--epsilon", EPSILON, "--ledger", ledger, "--work", root / "work",
+                 "--lm", "tiny", "--voters", 4, "--public-pool-size", 8, "--max-clusters", 6,
+                 "--seed", 0, "--json")  # fmt: skip
+    return {"root": root, "corpus": corpus, "ledger": ledger, "line": result.stdout}
+
+
+def test_release_prints_its_guarantee_as_one_json_line(released):
+    lines = released["line"].strip().splitlines()
+    assert len(lines) == 1
+    line = json.loads(lines[0])
+    assert line["complete"] and line["documents"] > 0
+    assert 0 < line["epsilon"] <= EPSILON and line["delta"] == 1e-6
+    charges = PrivacyLedger(released["ledger"]).charges("release", "corpus")
+    assert [c.stage for c in charges] == ["knowledge-release"]
+
+
+def test_releasing_twice_is_refused_with_one_line(released):
+    root = released["root"]
+    result = cli("knowledge", "release", "--private-corpus", released["corpus"],
+                 "--out", root / "again", "--epsilon", EPSILON, "--ledger", released["ledger"],
+                 "--work", root / "work2", "--lm", "tiny", check=False)  # fmt: skip
+    assert result.returncode != 0
+    assert "already released" in result.stderr and "Traceback" not in result.stderr
+    assert not (root / "again").exists()
+
+
+def test_answer_charges_nothing(released):
+    result = cli("knowledge", "answer", "--knowledge", released["root"] / "release",
+                 "--question", "Which disease causes a rash?", "--lm", "tiny",
+                 "--json")  # fmt: skip
+    answer = json.loads(result.stdout)
+    assert answer["charged"] is False and answer["epsilon_spent"] == 0.0
+    assert answer["guarantee"]["epsilon"] <= EPSILON and answer["sources"]
+    assert "post-processing" in answer["statement"]
+    assert len(PrivacyLedger(released["ledger"]).charges("release", "corpus")) == 1
+
+
+class KnowledgeServer(Server):
+    """`retriever serve --knowledge DIR` in a child process (the harness's start/stop)."""
+
+    def __init__(self, release, log):  # no private index, corpus or ledger to pass
+        self.args = [sys.executable, "-m", "retriever.cli", "serve", "--knowledge", release,
+                     "--lm", "tiny"]  # fmt: skip
+        self.log, self.proc, self.url = log, None, ""
+
+
+def test_serve_knowledge_answers_for_free(released):
+    server = KnowledgeServer(released["root"] / "release", released["root"] / "serve.log")
+    server.start()
+    try:
+        budget = httpx.get(server.url + "/budget", timeout=30).json()
+        assert budget["charged_per_answer"] == {"epsilon": 0.0, "delta": 0.0}
+        assert "Answers cost nothing" in budget["statement"]
+        for question in ("Which disease causes a rash?", "What treats tremor?"):
+            reply = httpx.post(server.url + "/answer", json={"question": question}, timeout=60)
+            assert reply.status_code == 200 and reply.json()["charged"] is False
+        for bad in ({}, {"question": ""}, {"question": "x" * 3000}, {"question": 3}):
+            assert httpx.post(server.url + "/answer", json=bad, timeout=30).status_code == 422
+        page = httpx.get(server.url + "/", timeout=30).text
+        assert "Answers cost nothing" in page
+    finally:
+        server.stop()
+    assert len(PrivacyLedger(released["ledger"]).charges("release", "corpus")) == 1
