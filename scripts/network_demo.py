@@ -49,22 +49,11 @@ def split_world(world, root: Path, parts: int) -> list[Path]:
 def build_all(args, corpora: list[Path], epsilon: float, lm) -> list[tuple[Path, Path]]:
     """Each contributor's release at `epsilon` (kept when already built)."""
     from retriever.network.knowledge import build_knowledge
-    from synthgen.fewshot import FewShotConfig
-    from synthgen.fewshot.topics import TopicConfig
+    from synthgen.knowledge import KnowledgeConfig
 
-    config = TopicConfig(
-        epsilon=epsilon,
-        delta=1e-5,
-        fewshot=FewShotConfig(
-            public_pool_size=32,
-            subsets=16,
-            shots=1,
-            max_new_tokens=20,
-            public_vocab=10,
-            public_prior=1.0,
-            resample="example",
-            target_epsilon=epsilon,
-        ),
+    # each contributor holds about 130 records: clusters of a few records, so q = 1/2
+    config = KnowledgeConfig(
+        epsilon=epsilon, delta=1e-5, voters=args.voters, public_pool_size=2 * args.voters
     )
     folders = []
     for c, corpus in enumerate(corpora):
@@ -215,6 +204,7 @@ def plot(table: dict, refs: dict, epsilons, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/network_demo"))
+    parser.add_argument("--voters", type=int, default=32, help="release: M voters")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 3.0, 10.0])
     parser.add_argument("--questions-per-disease", type=int, default=1)
