@@ -57,7 +57,7 @@ class KnowledgeBase:
         lm: Any,
         *,
         prompt: PromptFormat | None = None,
-        k: int = 8,
+        k: int = 1,
         max_tokens: int = 12,
         max_document_tokens: int = 96,
     ) -> None:

@@ -126,7 +126,9 @@ def answer(
     lm: Annotated[str, typer.Option(help="public LM asset or path; 'tiny': the test LM")] = (
         "smollm2-135m-instruct"
     ),
-    k: Annotated[int, typer.Option(help="synthetic records read per answer")] = 8,
+    k: Annotated[
+        int, typer.Option(help="synthetic records read per answer (SmolLM2-135M: 1 is best)")
+    ] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
 ) -> None:
     """Answer a question from a release: ordinary RAG, nothing charged."""

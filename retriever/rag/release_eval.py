@@ -44,7 +44,8 @@ def retrieval_answerer(
     """Greedy RAG over `texts` (exact cosine top-k); k = 0 answers with no document."""
     from retriever.rag.evaluation import greedy_answer
 
-    unit = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+    if k > 0 and len(texts):
+        unit = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
     tokens = [lm.encode(t)[:max_document_tokens] for t in texts]
 
     def answer(question: str) -> str:

@@ -196,6 +196,11 @@ class RagStageConfig:
         all answers of all tenants (document_delta below 1/num_records).
       relevance_threshold: individual accounting: the public relevance threshold tau on
         the [0, 1] score scale; records below it are not used and pay nothing.
+      mode: "answers" (each question a DP answer, charged) or "release" (the collection
+        released once at `release_epsilon` per record, `synthgen.knowledge`, then every
+        question is ordinary RAG over the release, charged nothing).
+      release_epsilon: release mode: the per-record epsilon of the one release (delta:
+        `delta_cap`).
     """
 
     enabled: bool = True
@@ -218,8 +223,14 @@ class RagStageConfig:
     )
     document_delta: float | None = dataclasses.field(default=None, metadata=FINGERPRINT_AT_DEFAULT)
     relevance_threshold: float = dataclasses.field(default=0.5, metadata=FINGERPRINT_AT_DEFAULT)
+    mode: str = dataclasses.field(default="answers", metadata=FINGERPRINT_AT_DEFAULT)
+    release_epsilon: float = dataclasses.field(default=10.0, metadata=FINGERPRINT_AT_DEFAULT)
 
     def __post_init__(self) -> None:
+        if self.mode not in ("answers", "release"):
+            raise ValueError(f"mode must be answers or release, {self.mode=}")
+        if not (math.isfinite(self.release_epsilon) and self.release_epsilon > 0):
+            raise ValueError(f"release_epsilon must be positive, {self.release_epsilon=}")
         if not (math.isfinite(self.epsilon_cap) and self.epsilon_cap > 0):
             raise ValueError(f"epsilon_cap must be positive and finite, {self.epsilon_cap=}")
         if not 0 < self.delta_cap < 1 or not 0 < self.delta <= self.delta_cap:

@@ -52,6 +52,85 @@ def _check_accounting_unchanged(ledger, individual: bool) -> None:
         )
 
 
+def release_and_answer(ctx: StageContext, world, questions) -> dict:
+    """Release mode: the collection's knowledge released once, then every question is
+    ordinary RAG over the release (greedy, one synthetic record read: `retriever.rag.
+    release_eval`), charged nothing. Writes ``rag/release.jsonl`` (the synthetic records)
+    and ``rag/answers.json``; the private state stays in the run's private folder.
+
+    Privacy:
+      The release is (plan.epsilon, delta_cap)-DP per record (`synthgen.knowledge`),
+      charged once to the scope ("release", the collection) before any noise; the answers
+      are post-processing.
+    """
+    from retriever.encoders import load_encoder
+    from retriever.rag.evaluation import MEDICAL_PROMPT
+    from retriever.rag.medical import answer_is_correct
+    from retriever.rag.release_eval import retrieval_answerer
+    from synthgen.knowledge import KnowledgeConfig, release_knowledge
+    from synthgen.lm_backends import FlaxLM
+    from synthgen.pipeline.stages import open_run_scope
+    from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.ledger_types import Scope
+
+    cfg = ctx.config.rag
+    ledger = PrivacyLedger(ctx.run.ledger)
+    open_run_scope(ledger, Scope("release", RAG_DATASET, cfg.release_epsilon, cfg.delta_cap))
+    config = KnowledgeConfig(epsilon=cfg.release_epsilon, delta=cfg.delta_cap)
+    texts = [r.text for r in world.records]
+    ctx.log("rag", f"loading {cfg.lm}; releasing {len(texts)} private records once")
+    lm = FlaxLM.load(cfg.lm)
+    release = release_knowledge(
+        lm, texts, config, work=ctx.run.private / "knowledge", ledger=ledger,
+        ledger_scope=("release", RAG_DATASET),
+    )  # fmt: skip
+    out = ctx.run.root / "rag"
+    out.mkdir(parents=True, exist_ok=True)
+    synthetic = [r["text"] for r in release.records]
+    (out / "release.jsonl").write_text("".join(json.dumps(r) + "\n" for r in release.records))
+    ctx.log("rag", f"released {len(synthetic)} synthetic records at eps={release.plan.epsilon:.3g}")
+    encoder = load_encoder("all-minilm-l6-v2")  # public, not trained on the collection
+    vectors = encoder.encode(synthetic) if synthetic else None
+    answer = (
+        retrieval_answerer(lm, MEDICAL_PROMPT, synthetic, vectors, encoder.encode, k=1)
+        if synthetic
+        else retrieval_answerer(lm, MEDICAL_PROMPT, [], None, encoder.encode, k=0)
+    )
+    answers = []
+    for q in questions:
+        text = answer(q.question)
+        answers.append(
+            {
+                "question": q.question,
+                "expected": q.answer,
+                "answer": text,
+                "abstained": False,
+                "correct": answer_is_correct(text, q.answer),
+                "epsilon": 0.0,
+                "delta": 0.0,
+                "mechanism": "release",
+            }
+        )
+    (out / "answers.json").write_text(json.dumps(answers, indent=1, ensure_ascii=False))
+    return {
+        "enabled": True,
+        "mode": "release",
+        "lm": cfg.lm,
+        "mechanism": "release (DP-SynRAG)",
+        "accounting": "release",
+        "records": len(texts),
+        "synthetic_records": len(synthetic),
+        "questions": len(answers),
+        "epsilon_per_answer": 0.0,
+        "release_epsilon": release.plan.epsilon,
+        "release_delta": release.plan.delta,
+        "correct": sum(a["correct"] for a in answers),
+        "abstained": 0,
+        "collection_epsilon_spent": ledger.spent("release", RAG_DATASET).epsilon,
+        "answers": answers,
+    }
+
+
 def answer_questions(ctx: StageContext) -> dict:
     """Answers `rag.questions` questions at `rag.epsilon` each; writes `rag/answers.json`.
 
@@ -86,6 +165,8 @@ def answer_questions(ctx: StageContext) -> dict:
     # The first questions in the world's (public) disease order: choosing by how many records
     # a disease has would branch on the private collection.
     questions = world.questions()[: cfg.questions]
+    if cfg.mode == "release":
+        return release_and_answer(ctx, world, questions)
     encoder = str(ctx.run.root / "encoder")
     check_encoder(encoder)  # trained on the DP synthetic release: its provenance says so
     check_delta(cfg.delta, len(world.records), "rag.delta")

@@ -377,13 +377,22 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
     rag = metrics.get("rag")
     if rag and rag.get("enabled"):
         parts.append("<h2 id='rag'>DP-RAG answers</h2>")
-        parts.append(
-            f"<p>{rag['questions']} questions over {rag['records']} private records with "
-            f"{_e(rag['lm'])} ({_e(rag['mechanism'])}, ε = {_num(rag['epsilon_per_answer'])} "
-            f"per answer): {rag['correct']} correct, {rag.get('abstained', 0)} abstained. "
-            "An answer abstains when the private records did not move it (nothing the "
-            "records support at this ε); it is charged all the same.</p>"
-        )
+        if rag.get("mode") == "release":
+            parts.append(
+                f"<p>The {rag['records']} private records were released once as "
+                f"{rag['synthetic_records']} DP synthetic records (ε = "
+                f"{_num(rag['release_epsilon'])}, δ = {_num(rag['release_delta'])} per record); "
+                f"{rag['questions']} questions answered from the release with "
+                f"{_e(rag['lm'])}, charged nothing: {rag['correct']} correct.</p>"
+            )
+        else:
+            parts.append(
+                f"<p>{rag['questions']} questions over {rag['records']} private records with "
+                f"{_e(rag['lm'])} ({_e(rag['mechanism'])}, ε = {_num(rag['epsilon_per_answer'])} "
+                f"per answer): {rag['correct']} correct, {rag.get('abstained', 0)} abstained. "
+                "An answer abstains when the private records did not move it (nothing the "
+                "records support at this ε); it is charged all the same.</p>"
+            )
         target = rag.get("document_target")
         if rag.get("accounting") == "individual" and target:
             parts.append(

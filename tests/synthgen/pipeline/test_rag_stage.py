@@ -5,6 +5,7 @@ import dataclasses
 import json
 import types
 
+import numpy as np
 import pytest
 
 from retriever import provenance
@@ -194,3 +195,26 @@ def test_the_report_states_the_per_record_guarantee(individual_stage):
 def test_the_rag_stage_config_validates_individual_accounting(rag, message):
     with pytest.raises(ValueError, match=message):
         RagStageConfig(**rag)
+
+
+class _HashEncoder:
+    def encode(self, texts, **_):
+        return np.stack([np.random.default_rng(len(t)).normal(size=8) for t in texts])
+
+
+def test_release_mode_charges_once_and_answers_for_free(individual_stage, monkeypatch):
+    import retriever.encoders
+
+    monkeypatch.setattr(retriever.encoders, "load_encoder", lambda name: _HashEncoder())
+    ctx = individual_stage(questions=4, accounting="collection", document_epsilon=None,
+                           document_delta=None, mode="release", release_epsilon=10.0,
+                           num_records=120)  # fmt: skip
+    summary = answer_questions(ctx)
+    assert summary["mode"] == "release" and summary["questions"] == 4
+    assert all(a["epsilon"] == 0.0 and a["mechanism"] == "release" for a in summary["answers"])
+    book = PrivacyLedger(ctx.run.ledger)
+    assert [c.stage for c in book.charges("release", RAG_DATASET)] == ["knowledge-release"]
+    assert 0 < summary["release_epsilon"] <= 10.0
+    assert summary["collection_epsilon_spent"] == pytest.approx(summary["release_epsilon"], 1e-3)
+    assert (ctx.run.root / "rag" / "release.jsonl").is_file()
+    assert not (ctx.run.root / "rag" / "knowledge_state.json").exists()  # private stays private
