@@ -3,10 +3,11 @@
 Every released keyword (public after stage 1) names a candidate cluster. A record may join
 the clusters whose keyword it holds; when it holds more than L of them it keeps the L its
 public-encoder embedding is closest to (cosine with the keyword's embedding; ties: the
-higher-ranked cluster) when an encoder is given, else the L of highest noisy count. A
-record that holds no cluster's keyword joins none. Overlapping (soft) clusters keep a
-record's facts in every topic it belongs to; DP-SynRAG measures hard clusters 16-32 points
-worse.
+higher-ranked cluster) when an encoder is given, else the L of highest noisy count, or of
+lowest (``specific_first``: a record's rarest keywords name its topic; a first name every
+topic's records share does not). A record that holds no cluster's keyword joins none.
+Overlapping (soft) clusters keep a record's facts in every topic it belongs to; DP-SynRAG
+measures hard clusters 16-32 points worse.
 
 Privacy:
   A record's clusters are a function of that record and public inputs (the released
@@ -29,6 +30,7 @@ def assign_clusters(
     *,
     record_vectors: np.ndarray | None = None,
     centre_vectors: np.ndarray | None = None,
+    specific_first: bool = False,
 ) -> list[list[int]]:
     """Each record's clusters (indices into `centres`), at most `max_clusters_per_record`.
 
@@ -38,6 +40,8 @@ def assign_clusters(
       max_clusters_per_record: L.
       record_vectors: [records, d] public-encoder embeddings of the records (optional).
       centre_vectors: [clusters, d] embeddings of the centres' keywords (with the above).
+      specific_first: without vectors, keep the L clusters of lowest rank (the rarest
+        keywords a record holds: its topic's own words, not a name every topic shares).
 
     Returns:
       One list of cluster indices per record, best first.
@@ -54,7 +58,7 @@ def assign_clusters(
             raise ValueError("one vector per record and per centre is needed")
     out = []
     for i, words in enumerate(keywords):
-        held = sorted({rank[w] for w in words if w in rank})
+        held = sorted({rank[w] for w in words if w in rank}, reverse=specific_first)
         if record_vectors is not None and len(held) > max_clusters_per_record:
             sims = c[held] @ r[i]
             held = [held[j] for j in np.lexsort((held, -sims))]

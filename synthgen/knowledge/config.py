@@ -55,6 +55,11 @@ class KnowledgeConfig:
         the cluster's keywords each, `synthgen.knowledge.fields`); () for free text,
         generated token by token.
       field_values: how many keywords each field names.
+      specific_first: a record joins the clusters of its rarest released keywords
+        (`synthgen.knowledge.clusters`) rather than its most frequent.
+      min_cohesion: a cluster is generated for only if its most frequent co-keyword's
+        noisy count is at least this share of its own (public: released counts); a
+        keyword shared by every topic (a first name) names no topic.
       min_text_logprob: free text's self-filter: a generated text whose mean
         log-probability per token under the public LM (after the record's keywords) is
         below this is dropped (its keywords stay).
@@ -78,6 +83,8 @@ class KnowledgeConfig:
     public_example: str = DEFAULT_PUBLIC_EXAMPLE
     fields: tuple[str, ...] = DEFAULT_FIELDS
     field_values: tuple[int, ...] = DEFAULT_FIELD_VALUES
+    specific_first: bool = True
+    min_cohesion: float = 0.5
     min_text_logprob: float = -3.0
 
     def __post_init__(self) -> None:

@@ -100,7 +100,8 @@ def release_cluster_keywords(
 
     Returns:
       For each cluster, its own keyword then at most ``config.cluster_keywords`` others by
-      descending noisy count, each above ``plan.cluster_threshold``.
+      descending noisy count, each above ``plan.cluster_threshold``; and each cluster's
+      strongest co-keyword's noisy count (0 when none clears the threshold).
 
     Privacy:
       The Gaussian mechanism, L2 sensitivity sqrt(L (K - 1)) (module docstring), multiplier
@@ -116,12 +117,12 @@ def release_cluster_keywords(
         noise_multiplier=plan.cluster_noise_multiplier,
         rng=rng,
     )
-    named = []
+    named, strongest = [], []
     for c in range(num_clusters):
         row = noisy[c].copy()
         row[c] = -np.inf  # the cluster's own keyword leads anyway
         order = [j for j in np.argsort(-row, kind="stable") if row[j] >= plan.cluster_threshold]
-        named.append(
-            [vocabulary[c], *(vocabulary[j] for j in order[: plan.config.cluster_keywords])]
-        )
-    return named
+        top = order[: plan.config.cluster_keywords]
+        named.append([vocabulary[c], *(vocabulary[j] for j in top)])
+        strongest.append(float(row[order[0]]) if order else 0.0)
+    return named, strongest

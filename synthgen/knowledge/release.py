@@ -124,13 +124,19 @@ def _prepare(lm, texts, config, plan, *, encode, rng, ledger, ledger_scope, stat
             "centre_vectors": np.asarray(encode(vocabulary)),
         }
     # Every released keyword is a candidate cluster; a record joins at most L of them.
-    memberships = assign_clusters(keywords, vocabulary, config.clusters_per_record, **vectors)
-    named = (
+    memberships = assign_clusters(
+        keywords, vocabulary, config.clusters_per_record, **vectors,
+        specific_first=config.specific_first,
+    )  # fmt: skip
+    named, strongest = (
         release_cluster_keywords(keywords, memberships, vocabulary, len(vocabulary), plan, rng)
         if vocabulary
-        else []
+        else ([], [])
     )
-    chosen = distinct_clusters(named, config.max_clusters)  # post-processing of stage 2
+    # post-processing of stages 1 and 2: cohesive clusters, one per topic
+    own = [float(stage1.counts[w]) for w in vocabulary]
+    cohesive = [s >= config.min_cohesion * max(o, 1e-9) for s, o in zip(strongest, own)]
+    chosen = distinct_clusters(named, config.max_clusters, cohesive)
     position = {c: j for j, c in enumerate(chosen)}
     members = [[] for _ in chosen]
     for i, clusters in enumerate(memberships):
@@ -150,18 +156,21 @@ def _prepare(lm, texts, config, plan, *, encode, rng, ledger, ledger_scope, stat
     return state
 
 
-def distinct_clusters(named: Sequence[Sequence[str]], limit: int) -> list[int]:
+def distinct_clusters(
+    named: Sequence[Sequence[str]], limit: int, cohesive: Sequence[bool] | None = None
+) -> list[int]:
     """Clusters in rank order, skipping one whose keyword a kept cluster already names.
 
     A disease's name, symptoms and treatment are separate keywords that name each other:
     the first (most frequent) stands for the topic, so `limit` clusters cover `limit`
-    topics rather than a few topics many times. Reads only the released keywords.
+    topics rather than a few topics many times; a cluster marked not `cohesive` is skipped.
+    Reads only the released keywords and counts.
     """
     kept, covered = [], set()
     for c, words in enumerate(named):
         if len(kept) == limit:
             break
-        if words[0] in covered:
+        if words[0] in covered or (cohesive is not None and not cohesive[c]):
             continue
         kept.append(c)
         covered.update(words)

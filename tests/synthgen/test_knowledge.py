@@ -132,6 +132,7 @@ def test_distinct_clusters_skip_keywords_a_kept_cluster_names():
     named = [["tostex", "stibrenish", "plostuxoline"], ["stibrenish", "tostex"], ["madox", "a"]]
     assert distinct_clusters(named, 5) == [0, 2]
     assert distinct_clusters(named, 1) == [0]
+    assert distinct_clusters(named, 5, [False, True, True]) == [1, 2]  # not cohesive: skipped
 
 
 def test_a_field_reads_only_its_candidates_at_a_fixed_shape():
