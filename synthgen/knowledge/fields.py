@@ -42,9 +42,9 @@ def candidate_logprobs(
 ) -> np.ndarray:
     """[len(records), len(candidates)]: log p("<field>: <Candidate>" | record) under `lm`.
 
-    Each record is cut to `shot_tokens` tokens (a public bound) and written as
-    "Record: <text>\n"; an empty string is a voter with no record. Prompts are padded to
-    the public bound, so the shapes never depend on the records.
+    Each record is cut to `shot_tokens` tokens (a public bound) and written after
+    ``Record:``; an empty string is a voter with no record. Prompts are padded to the public
+    bound, so the shapes never depend on the records.
     """
     from synthgen.lm_backends import continuation_logprobs
 
