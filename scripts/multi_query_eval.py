@@ -360,7 +360,12 @@ def _release(args, name: str, epsilon: float, texts: list[str], encoder, lm) -> 
 
 def _free_cells(mode, args, world, stream, encoder, lm, summaries, streams, others) -> None:
     """The cells that pay nothing per answer: rag, no-rag, and a release per epsilon."""
-    from retriever.rag.release_eval import accuracy_by_support, answer_stream, retrieval_answerer
+    from retriever.rag.release_eval import (
+        accuracy_by_support,
+        answer_stream,
+        fact_share,
+        retrieval_answerer,
+    )
 
     texts = [r.text for r in world.records]
     cells = {}
@@ -390,6 +395,7 @@ def _free_cells(mode, args, world, stream, encoder, lm, summaries, streams, othe
                 for key in ("release_minutes", "peak_rss_gib", "synthetic_records",
                             "generated_texts_kept", "clusters", "keywords_released", "epsilon")
             }  # fmt: skip
+            summaries[name]["facts"] = fact_share(release["records"], world)
         streams[name] = rows
 
 
