@@ -166,7 +166,7 @@ def evaluate_world(
     def non_private_rag(q: Question) -> tuple[str, dict]:
         scores = rag.embeddings @ question_vectors[questions.index(q)]
         top = np.argsort(-scores)[: config.rag_k]
-        docs = [rag._document_ids(int(i)) for i in top]
+        docs = [rag._tokens[int(i)][: rag.config.max_document_tokens] for i in top]
         return greedy_answer(lm, prompt.encode(lm, q.question, docs), max_tokens), {}
 
     results = {

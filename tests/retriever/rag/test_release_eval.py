@@ -92,3 +92,20 @@ def test_retrieval_answerer_reads_the_top_k_records():
     assert answer("q") == "" and seen == [2]
     nothing = retrieval_answerer(Lm(), Prompt(), [], None, lambda qs: None, k=0)
     assert nothing("q") == "" and seen == [2, 0]
+
+
+def test_the_dp_rag_evaluations_references_run(tmp_path):
+    """evaluate_world's no-rag and non-private rag cells (the references every DP cell and
+    the network demo are read against) answer on the tiny LM."""
+    from retriever.rag import DPRag, RagConfig, ScoreRange
+    from retriever.rag.evaluation import EvalConfig, evaluate_world
+    from synthgen.lm_backends import TinyLM
+
+    texts = [r.text for r in WORLD.records]
+    vectors = np.random.default_rng(0).normal(size=(len(texts), 8))
+    config = RagConfig(k=4, max_tokens=3, score_range=ScoreRange(-10.0, 10.0))
+    rag = DPRag([r.doc_id for r in WORLD.records], texts, vectors,
+                lambda qs: np.ones((len(qs), 8)), TinyLM(), config=config)  # fmt: skip
+    out = evaluate_world(WORLD, WORLD.questions(), rag,
+                         EvalConfig(epsilons=(), mechanisms=()), tmp_path)  # fmt: skip
+    assert set(out) == {"no-rag", "rag"} and all(len(v) == 4 for v in out.values())
