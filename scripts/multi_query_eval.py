@@ -279,8 +279,8 @@ def main() -> None:
     plot_streams(
         streams,
         args.out / "cumulative_accuracy.png",
-        f"{args.questions} questions over {args.records} records; every record "
-        f"({args.document_epsilon:g}, {args.document_delta:g})-DP unless named otherwise"
+        f"{args.questions} questions over {args.records} records: release-epsE is one "
+        f"release at (E, {args.document_delta:g})-DP per record; rag is not private"
         if free
         else f"icl at eps={args.epsilon:g} per answer; every record "
         f"({args.document_epsilon:g}, {args.document_delta:g})-DP; {args.records} records",
