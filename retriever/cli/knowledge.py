@@ -39,8 +39,10 @@ def release(
     ] = None,
     shard: Annotated[
         str | None,
-        typer.Option(help="I/N: generate this shard's clusters; any run that finds all done "
-                     "writes the release"),
+        typer.Option(
+            help="I/N: generate this shard's clusters; any run that finds all done "
+            "writes the release"
+        ),
     ] = None,  # fmt: skip
     lm: Annotated[str, typer.Option(help="public LM asset or path; 'tiny': the test LM")] = (
         "smollm2-135m-instruct"
@@ -59,9 +61,7 @@ def release(
         str,
         typer.Option(help="comma-separated fields a synthetic record states; '' for free text"),
     ] = "Diagnosis,Symptoms,Treatment",
-    field_values: Annotated[
-        str, typer.Option(help="comma-separated keywords per field")
-    ] = "1,2,1",
+    field_values: Annotated[str, typer.Option(help="comma-separated keywords per field")] = "1,2,1",
     as_json: Annotated[bool, typer.Option("--json", help="print the guarantee as JSON")] = False,
     seed: Annotated[
         int | None, typer.Option(help="tests only: fixed seed (stated on the card)")
