@@ -84,7 +84,8 @@ def build_knowledge(
       out: the release folder (created once every cluster is done; safe to ship).
       config: `synthgen.knowledge.KnowledgeConfig` (epsilon, delta and every stage).
       contributor: the collection's (or contributor's) public name, on the card.
-      work: the private work folder (default `default_contributor_work(out)`).
+      work: the private work folder (default: beside `ledger` when given, else
+        `default_contributor_work(out)`).
       ledger: the ledger (default: ``<work>/ledger.sqlite``).
       dataset: the collection's name in the ledger (default: the corpus file's stem).
       lm: LM asset or path, ``"tiny"`` (test LM) or a loaded backend.
@@ -108,7 +109,11 @@ def build_knowledge(
     from synthgen.work_folder import private_folder
 
     out = Path(out).absolute()
-    work = Path(work).absolute() if work is not None else default_contributor_work(out)
+    if work is None:  # beside the ledger when one is given (synthgen.paths.default_work_dir)
+        from synthgen.paths import default_work_dir
+
+        work = default_work_dir(out, ledger) if ledger else default_contributor_work(out)
+    work = Path(work).absolute()
     if work == out or out in work.parents:
         raise ValueError(f"the private work folder must not be inside the release: {work=}")
     doc_ids, texts = read_corpus(private_corpus)
