@@ -131,7 +131,9 @@ def generate(
         generated: list[int] = []
         if config.resample == "example":
             subsets = draw_subsets(pool, config, plan.sampling_rate, sample_rng)
-            private = lm.start([prompts.prompt(frame, s) for s in subsets], config.max_new_tokens)
+            private = lm.start(
+                [prompts.prompt(frame, s) for s in subsets], config.max_new_tokens, length=worst
+            )  # padded to the public worst case: the shape never depends on the shots
         for _ in range(config.max_new_tokens):
             if config.resample == "token":
                 subsets = draw_subsets(pool, config, plan.sampling_rate, sample_rng)

@@ -83,7 +83,8 @@ def release_field(
       One Poisson-subsampled Gaussian mechanism (module docstring).
     """
     config = plan.fewshot
-    subsets = draw_subsets(pool, config, plan.generation.sampling_rate, rng)
+    sample_rng, noise_rng = rng.spawn(2)  # separate streams: sampling, noise
+    subsets = draw_subsets(pool, config, plan.generation.sampling_rate, sample_rng)
     voters = [texts[s[0]] if s else "" for s in subsets]
     logits = candidate_logprobs(lm, ["", *voters], field, candidates, config.shot_tokens)
     # rows 1..M as log-probs over the candidates: `private_mean` normalises each row
@@ -93,7 +94,7 @@ def release_field(
         mean,
         sensitivity=math.sqrt(2) / config.subsets,
         noise_multiplier=plan.generation.noise_multiplier,
-        rng=rng,
+        rng=noise_rng,
     )
     order = np.argsort(-noisy, kind="stable")[:values]
     return [candidates[int(i)] for i in order]

@@ -36,6 +36,7 @@ Privacy:
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import secrets
 from collections.abc import Callable, Sequence
@@ -64,6 +65,7 @@ TEMPLATE = PromptTemplate(
 STATE_FILE = "knowledge_state.json"  # private: members, release key (never shipped)
 CHARGE_FILE = "knowledge_charge.json"  # the charge's idempotency key, written before it
 CLUSTER_DIR = "clusters"
+LOCK_FILE = "knowledge.lock"  # held while stages 1 and 2 are prepared
 
 
 @dataclasses.dataclass
@@ -98,20 +100,8 @@ def _prepare(lm, texts, config, plan, *, encode, rng, ledger, ledger_scope, stat
 
     key = secrets.randbits(128) if rng is None else int(rng.integers(2**63))
     rng = secure_rng() if rng is None else rng
-    if ledger is not None:  # the ref is written first: a restart re-charges idempotently
-        ref_path = state_path.with_name(CHARGE_FILE)
-        if not ref_path.is_file():
-            ref_path.write_text(json.dumps({"ref": f"knowledge-{secrets.token_hex(16)}"}))
-        ref = json.loads(ref_path.read_text())["ref"]
-        ledger.charge(
-            *ledger_scope,
-            stage="knowledge-release",
-            event=plan.event,
-            relation=RELATION,
-            description=f"DP knowledge release (keywords, clusters, generation), "
-            f"eps={plan.epsilon:.4g}",
-            ref=ref,
-        )
+    if ledger is not None:
+        _charge(ledger, ledger_scope, plan, state_path.parent)
     keywords = record_keywords(
         texts, max_keywords=config.max_keywords, token_count=_token_count(lm)
     )
@@ -119,8 +109,8 @@ def _prepare(lm, texts, config, plan, *, encode, rng, ledger, ledger_scope, stat
     vocabulary = [str(w) for w in stage1.counts]
     vectors = {}
     if encode is not None and vocabulary:
-        vectors = {
-            "record_vectors": np.asarray(encode(list(texts))),
+        vectors = {  # each record alone: a batch of others must not move its ranking
+            "record_vectors": np.stack([np.asarray(encode([t]))[0] for t in texts]),
             "centre_vectors": np.asarray(encode(vocabulary)),
         }
     # Every released keyword is a candidate cluster; a record joins at most L of them.
@@ -151,9 +141,43 @@ def _prepare(lm, texts, config, plan, *, encode, rng, ledger, ledger_scope, stat
         "members": members,  # private
         "key": key,  # private
         "num_records": len(texts),
+        "collection": _fingerprint(texts),  # private: which collection this state is for
+        "ledger_scope": list(ledger_scope) if ledger_scope else None,
     }
-    state_path.write_text(json.dumps(state))
+    tmp = state_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(state_path)  # atomic: a crash leaves no half-written state
     return state
+
+
+def _fingerprint(texts: Sequence[str]) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(hashlib.sha256(text.encode()).digest())
+    return digest.hexdigest()
+
+
+def _charge(ledger, ledger_scope, plan: KnowledgePlan, work: Path) -> None:
+    """Charges the release once: the idempotency key is written before the first charge,
+    and every later run (a resume, another shard) charges again with it, which the ledger
+    answers with the first charge."""
+    ref_path = work / CHARGE_FILE
+    if not ref_path.is_file():
+        tmp = ref_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"ref": f"knowledge-{secrets.token_hex(16)}"}))
+        tmp.replace(ref_path)
+    ref = json.loads(ref_path.read_text())["ref"]
+    ledger.charge(
+        *ledger_scope,
+        stage="knowledge-release",
+        event=plan.event,
+        relation=RELATION,
+        description=f"DP knowledge release (keywords, clusters, generation), "
+        f"eps={plan.epsilon:.4g}",
+        ref=ref,
+    )
 
 
 def distinct_clusters(
@@ -312,27 +336,38 @@ def release_knowledge(
     plan = plan_release(config)
     work = private_folder(work)
     state_path = work / STATE_FILE
-    if state_path.is_file():
-        state = json.loads(state_path.read_text())
-        if state["plan"] != json.loads(json.dumps(plan.to_dict())):
-            raise ValueError(f"{work} holds a release with another plan; use a new work folder")
-        if state["num_records"] != len(texts):
-            raise ValueError(f"{work} holds a release of another collection")
-    else:
-        if ledger is not None:
-            ledger.check(*ledger_scope, stage="knowledge-release", event=plan.event,
-                         relation=RELATION)  # fmt: skip
-        state = _prepare(
-            lm,
-            texts,
-            config,
-            plan,
-            encode=encode,
-            rng=rng,
-            ledger=ledger,
-            ledger_scope=ledger_scope,
-            state_path=state_path,
-        )
+    # One preparer at a time: a shard that starts while another prepares waits for it, then
+    # reads its state (stages 1 and 2 are drawn once, whatever the number of shards).
+    with open(work / LOCK_FILE, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if state_path.is_file():
+            state = json.loads(state_path.read_text())
+            if state["plan"] != json.loads(json.dumps(plan.to_dict())):
+                raise ValueError(f"{work} holds a release with another plan; use a new one")
+            if state.get("collection") != _fingerprint(texts):
+                raise ValueError(f"{work} holds a release of another collection")
+            scope = list(ledger_scope) if ledger_scope else None
+            if state.get("ledger_scope") != scope:
+                raise ValueError(f"{work} holds a release charged to another ledger scope")
+            if ledger is not None:  # idempotent: the first run's charge, or refused
+                _charge(ledger, ledger_scope, plan, work)
+        else:
+            if ledger is not None and not (work / CHARGE_FILE).is_file():
+                # a dry run before anything is drawn; after a crash past the charge the
+                # scope is full, and the idempotent charge below answers instead
+                ledger.check(*ledger_scope, stage="knowledge-release", event=plan.event,
+                             relation=RELATION)  # fmt: skip
+            state = _prepare(
+                lm,
+                texts,
+                config,
+                plan,
+                encode=encode,
+                rng=rng,
+                ledger=ledger,
+                ledger_scope=ledger_scope,
+                state_path=state_path,
+            )
     clusters = state["clusters"]
     out_dir = private_folder(work / CLUSTER_DIR)
 

@@ -105,6 +105,8 @@ def release_key_counts(
         for unit, keys in enumerate(unit_keys)
         for key in list(dict.fromkeys(keys))[:max_keys]
     ]
+    if not rows:  # what the mechanism outputs on such data (PipelineDP refuses empty input)
+        return KeyCountRelease({}, epsilon, delta, max_keys)
     accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=epsilon, total_delta=delta)
     engine = pipeline_dp.DPEngine(accountant, backend or pipeline_dp.LocalBackend())
     params = pipeline_dp.AggregateParams(

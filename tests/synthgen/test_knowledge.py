@@ -224,3 +224,17 @@ def test_bad_configs_are_refused():
     ):
         with pytest.raises(ValueError):
             KnowledgeConfig(**({"epsilon": 1.0, "delta": 1e-6} | bad))
+
+
+def test_no_keyword_at_all_is_an_empty_release():
+    out = release_key_counts([[], []], epsilon=1.0, delta=1e-6, max_keys=2)
+    assert out.counts == {}
+
+
+@pytest.mark.slow
+def test_a_work_folder_refuses_another_collection(tmp_path):
+    texts = _texts(150)
+    _release(texts, tmp_path / "w", 0, shard=(0, 3))
+    other = [t.replace("Patient", "Client") for t in texts]  # same size, other records
+    with pytest.raises(ValueError, match="another collection"):
+        _release(other, tmp_path / "w", 0, shard=(1, 3))
