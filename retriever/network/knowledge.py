@@ -89,7 +89,7 @@ def build_knowledge(
       ledger: the ledger (default: ``<work>/ledger.sqlite``).
       dataset: the collection's name in the ledger (default: the corpus file's stem).
       lm: LM asset or path, ``"tiny"`` (test LM) or a loaded backend.
-      encoder: public encoder ranking each record's clusters, and of the indexes.
+      encoder: public encoder of the indexes.
       answer_index: also index the private corpus exactly, for a contributor's /answer.
       seed: tests only: a fixed seed for the mechanisms (stated on the card).
       progress: show a progress bar on stderr (clusters done, epsilon of the release).
@@ -139,11 +139,9 @@ def build_knowledge(
         model, _ = load_answer_lm(lm)  # "tiny" or an LM asset or path
     else:
         model = lm
+    # clusters are ranked by the released counts (a record's rarest keywords first), as
+    # measured (docs/results/tables.md); `synthgen.knowledge` can rank by an encoder instead
     encode = None
-    if encoder:
-        from retriever.encoders import load_encoder
-
-        encode = load_encoder(encoder).encode
     bar = None
     if progress:
         from tqdm import tqdm
