@@ -144,6 +144,10 @@ def main() -> None:
     parser.add_argument("--max-clusters", type=int, default=64, help="release: clusters")
     parser.add_argument("--clusters-per-record", type=int, default=2, help="release: L")
     parser.add_argument("--release-voters", type=int, default=64, help="release: M")
+    parser.add_argument(
+        "--min-keyword-tokens", type=int, default=1,
+        help="release: words the LM writes in fewer tokens are not keywords",
+    )  # fmt: skip
     parser.add_argument("--release-tokens", type=int, default=32, help="release: T")
     parser.add_argument("--rag-k", type=int, default=8, help="rag: records read per answer")
     parser.add_argument(
@@ -325,6 +329,7 @@ def _release(args, name: str, epsilon: float, texts: list[str], encoder, lm) -> 
         voters=args.release_voters,
         public_pool_size=2 * args.release_voters,
         max_new_tokens=args.release_tokens,
+        min_keyword_tokens=args.min_keyword_tokens,
     )
     from tqdm import tqdm
 

@@ -55,6 +55,8 @@ class KnowledgeConfig:
         the cluster's keywords each, `synthgen.knowledge.fields`); () for free text,
         generated token by token.
       field_values: how many keywords each field names.
+      min_keyword_tokens: a word the LM writes in fewer tokens is not a keyword (1: any
+        word; 2: common one-token words such as "swelling" are left out).
       specific_first: a record joins the clusters of its rarest released keywords
         (`synthgen.knowledge.clusters`) rather than its most frequent.
       min_cohesion: a cluster is generated for only if its most frequent co-keyword's
@@ -83,6 +85,7 @@ class KnowledgeConfig:
     public_example: str = DEFAULT_PUBLIC_EXAMPLE
     fields: tuple[str, ...] = DEFAULT_FIELDS
     field_values: tuple[int, ...] = DEFAULT_FIELD_VALUES
+    min_keyword_tokens: int = 1
     specific_first: bool = True
     min_cohesion: float = 0.5
     min_text_logprob: float = -3.0

@@ -31,13 +31,27 @@ from synthgen.privacy.partition_selection import KeyCountRelease, release_key_co
 
 
 def record_keywords(
-    texts: Sequence[str], *, max_keywords: int, token_count: Callable[[str], int]
+    texts: Sequence[str],
+    *,
+    max_keywords: int,
+    token_count: Callable[[str], int],
+    min_tokens: int = 1,
 ) -> list[list[str]]:
-    """Each record's at most `max_keywords` keywords (a function of that record only)."""
-    return [
-        document_keywords(text, max_keywords=max_keywords, token_count=token_count)
-        for text in texts
-    ]
+    """Each record's at most `max_keywords` keywords (a function of that record only).
+
+    With `min_tokens` > 1, a word the LM's tokenizer writes in fewer tokens is left out:
+    one token means a common word ("swelling", "cough"), which names no private topic.
+    """
+
+    def rare(word: str) -> int:
+        n = token_count(word)
+        return n if n >= min_tokens else 0
+
+    out = []
+    for text in texts:
+        words = document_keywords(text, max_keywords=10**6, token_count=token_count)
+        out.append([w for w in words if rare(w)][:max_keywords])
+    return out
 
 
 def release_keywords(keywords: Sequence[Sequence[str]], plan: KnowledgePlan) -> KeyCountRelease:

@@ -103,7 +103,10 @@ def _prepare(lm, texts, config, plan, *, encode, rng, ledger, ledger_scope, stat
     if ledger is not None:
         _charge(ledger, ledger_scope, plan, state_path.parent)
     keywords = record_keywords(
-        texts, max_keywords=config.max_keywords, token_count=_token_count(lm)
+        texts,
+        max_keywords=config.max_keywords,
+        token_count=_token_count(lm),
+        min_tokens=config.min_keyword_tokens,
     )
     stage1 = release_keywords(keywords, plan)  # PipelineDP's own secure noise
     vocabulary = [str(w) for w in stage1.counts]

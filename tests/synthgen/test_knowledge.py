@@ -238,3 +238,12 @@ def test_a_work_folder_refuses_another_collection(tmp_path):
     other = [t.replace("Patient", "Client") for t in texts]  # same size, other records
     with pytest.raises(ValueError, match="another collection"):
         _release(other, tmp_path / "w", 0, shard=(1, 3))
+
+
+def test_min_tokens_leaves_common_words_out():
+    counts = {"swelling": 1, "tostex": 3, "statirish": 4, "jonah": 2}
+    text = "Jonah came in with statirish swelling; diagnosed with Tostex."
+    kept = record_keywords([text], max_keywords=6, token_count=counts.get, min_tokens=2)
+    assert kept == [["statirish", "tostex", "jonah"]]
+    everything = record_keywords([text], max_keywords=6, token_count=counts.get)
+    assert everything == [["statirish", "tostex", "jonah", "swelling"]]
