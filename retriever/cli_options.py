@@ -151,3 +151,13 @@ def check_reuse(reuse_answers: str, accounting: str) -> None:
             "--reuse-answers shared needs --accounting individual: under collection "
             "accounting a tenant's cap bounds what it learns (use tenant)"
         )
+
+
+# a knowledge release (`retriever knowledge release`, `retriever contributor build`)
+MaxKeywordsOption = Annotated[int, typer.Option(help="K: most keywords per record")]
+ClustersPerRecordOption = Annotated[int, typer.Option(help="L: most clusters per record")]
+MaxClustersOption = Annotated[int, typer.Option(help="most clusters generated for")]
+VotersOption = Annotated[int, typer.Option(help="M: voter prompts per release")]
+PublicPoolSizeOption = Annotated[
+    int, typer.Option(help="declared pool size N: sampling rate q = voters/N")
+]

@@ -8,6 +8,13 @@ from typing import Annotated
 
 import typer
 
+from retriever.cli_options import (
+    ClustersPerRecordOption,
+    MaxClustersOption,
+    MaxKeywordsOption,
+    PublicPoolSizeOption,
+    VotersOption,
+)
 from synthgen.command_line import positive, probability
 
 
@@ -36,13 +43,11 @@ def build(
     ),
     encoder: Annotated[str, typer.Option(help="encoder of the indexes")] = "all-minilm-l6-v2",
     keyword_share: Annotated[float, typer.Option(help="share of epsilon for keywords")] = 0.2,
-    max_keywords: Annotated[int, typer.Option(help="K: most keywords per record")] = 6,
-    clusters_per_record: Annotated[int, typer.Option(help="L: most clusters per record")] = 2,
-    max_clusters: Annotated[int, typer.Option(help="most clusters generated for")] = 64,
-    voters: Annotated[int, typer.Option(help="M: voter prompts per release")] = 64,
-    public_pool_size: Annotated[
-        int, typer.Option(help="declared pool size N: sampling rate q = voters/N")
-    ] = 128,
+    max_keywords: MaxKeywordsOption = 6,
+    clusters_per_record: ClustersPerRecordOption = 2,
+    max_clusters: MaxClustersOption = 64,
+    voters: VotersOption = 64,
+    public_pool_size: PublicPoolSizeOption = 128,
     answer_index: Annotated[
         bool, typer.Option(help="also index the private corpus for /answer (work folder)")
     ] = True,

@@ -14,6 +14,13 @@ from typing import Annotated
 
 import typer
 
+from retriever.cli_options import (
+    ClustersPerRecordOption,
+    MaxClustersOption,
+    MaxKeywordsOption,
+    PublicPoolSizeOption,
+    VotersOption,
+)
 from synthgen.command_line import LedgerOption, parse_shard, positive, probability
 
 knowledge_app = typer.Typer(
@@ -50,13 +57,11 @@ def release(
     encoder: Annotated[str, typer.Option(help="public encoder of the index")] = (
         "all-minilm-l6-v2"
     ),
-    max_keywords: Annotated[int, typer.Option(help="K: most keywords per record")] = 6,
-    clusters_per_record: Annotated[int, typer.Option(help="L: most clusters per record")] = 2,
-    max_clusters: Annotated[int, typer.Option(help="most clusters generated for")] = 64,
-    voters: Annotated[int, typer.Option(help="M: voter prompts per release")] = 64,
-    public_pool_size: Annotated[
-        int, typer.Option(help="declared pool size N: sampling rate q = voters/N")
-    ] = 128,
+    max_keywords: MaxKeywordsOption = 6,
+    clusters_per_record: ClustersPerRecordOption = 2,
+    max_clusters: MaxClustersOption = 64,
+    voters: VotersOption = 64,
+    public_pool_size: PublicPoolSizeOption = 128,
     fields: Annotated[
         str,
         typer.Option(help="comma-separated fields a synthetic record states; '' for free text"),

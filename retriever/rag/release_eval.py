@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from retriever.rag.medical import Question, answer_is_correct
+from retriever.rag.stream_eval import answered
 
 SUPPORT_BINS = ((1, 4), (5, 14), (15, 29), (30, 99), (100, 10**9))
 
@@ -72,14 +73,7 @@ def answer_stream(
     index, disease, support, answer, correct, abstained (False), refused (False), seconds."""
     path = Path(out_dir) / f"{name}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    rows = rows[: len(stream)]
+    rows = answered(out_dir, name)[: len(stream)]  # a line cut by an interruption: dropped
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cache = {stream[r["index"]].question: r["answer"] for r in rows}
     todo = range(len(rows), len(stream))
