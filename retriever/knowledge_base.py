@@ -2,8 +2,10 @@
 
 A knowledge folder (`retriever knowledge release`, `retriever.network.knowledge`) holds DP
 synthetic records, their index and the card with the release's guarantee. `KnowledgeBase`
-retrieves the top records for a question with the index's encoder and lets a public LM
-answer from them greedily. However many questions are asked, the guarantee stays the
+retrieves the top records for a question, by BM25 over the records' words (default: a
+record lists its facts as keywords, often invented names a dense encoder cannot relate;
+`retriever.lexical`) or with the index's encoder, and lets a public LM answer from them
+greedily. However many questions are asked, the guarantee stays the
 card's: the collection was released once, and reading the release is post-processing.
 
 Privacy:
@@ -21,6 +23,7 @@ from typing import Any
 
 from retriever.rag.prompts import PromptFormat
 
+RETRIEVALS = ("bm25", "dense")
 DEFAULT_INSTRUCTION = (
     "Use the records to answer the question. Reply with the answer only, in a few words."
 )
@@ -60,11 +63,15 @@ class KnowledgeBase:
         k: int = 1,
         max_tokens: int = 12,
         max_document_tokens: int = 96,
+        retrieval: str = "bm25",
     ) -> None:
         from retriever.network.folder import KnowledgeFolder, read_card
 
         if k < 1 or max_tokens < 1 or max_document_tokens < 1:
             raise ValueError(f"k, max_tokens, max_document_tokens must be >= 1: {k=}")
+        if retrieval not in RETRIEVALS:
+            raise ValueError(f"retrieval must be one of {RETRIEVALS}, got {retrieval!r}")
+        self.retrieval = retrieval
         self.folder = KnowledgeFolder(Path(folder))
         self.card = read_card(folder)
         self.lm, self.k = lm, k
@@ -76,6 +83,7 @@ class KnowledgeBase:
                 if line.strip():
                     row = json.loads(line)
                     self.records[row["doc_id"]] = row["text"]
+        self._lexical = None
 
     @classmethod
     def open(cls, folder: str | Path, lm: str = "smollm2-135m-instruct", **kwargs) -> KnowledgeBase:
@@ -94,7 +102,20 @@ class KnowledgeBase:
         """The top records for `question`: ``{"doc_id", "score", "text"}``, best first."""
         from retriever.index_folder import search_index_folder
 
-        if not self.records or not self.folder.index.is_dir():
+        if not self.records:
+            return []
+        if self.retrieval == "bm25":
+            from retriever.lexical import BM25
+
+            ids = list(self.records)
+            if self._lexical is None:
+                self._lexical = BM25([self.records[i] for i in ids])
+            scores, top = self._lexical.search([question], k or self.k)
+            return [
+                {"doc_id": ids[int(i)], "score": float(s), "text": self.records[ids[int(i)]]}
+                for s, i in zip(scores[0], top[0])
+            ]
+        if not self.folder.index.is_dir():
             return []
         hits = search_index_folder(self.folder.index, [question], k or self.k)[0]
         return [{**hit, "text": self.records[hit["doc_id"]]} for hit in hits]

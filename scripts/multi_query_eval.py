@@ -149,7 +149,16 @@ def main() -> None:
         help="release: words the LM writes in fewer tokens are not keywords",
     )  # fmt: skip
     parser.add_argument("--release-tokens", type=int, default=32, help="release: T")
+    parser.add_argument(
+        "--shot-tokens", type=int, default=64,
+        help="release: a record's tokens in a voter's prompt (public bound: the world's "
+        "templates write 54 at most)",
+    )  # fmt: skip
     parser.add_argument("--rag-k", type=int, default=8, help="rag: records read per answer")
+    parser.add_argument(
+        "--retrieval", choices=["dense", "bm25"], default="dense",
+        help="rag and release cells: all-MiniLM-L6-v2 cosine, or BM25 (retriever.lexical)",
+    )  # fmt: skip
     parser.add_argument(
         "--release-k", type=int, default=1,
         help="release: synthetic records read per answer (SmolLM2-135M reads one record "
@@ -329,6 +338,7 @@ def _release(args, name: str, epsilon: float, texts: list[str], encoder, lm) -> 
         voters=args.release_voters,
         public_pool_size=2 * args.release_voters,
         max_new_tokens=args.release_tokens,
+        shot_tokens=args.shot_tokens,
         min_keyword_tokens=args.min_keyword_tokens,
     )
     from tqdm import tqdm
@@ -391,6 +401,7 @@ def _free_cells(mode, args, world, stream, encoder, lm, summaries, streams, othe
         answer = retrieval_answerer(
             lm, MEDICAL_PROMPT, docs, vectors, encoder.encode, k=k,
             max_tokens=args.max_tokens, max_document_tokens=args.max_document_tokens,
+            retrieval=args.retrieval,
         )  # fmt: skip
         rows = answer_stream(name, answer, stream, out_dir=args.out / "streams", others=others)
         summaries[name] = stream_summary(rows) | {"by_support": accuracy_by_support(rows)}

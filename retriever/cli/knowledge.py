@@ -67,6 +67,14 @@ def release(
         typer.Option(help="comma-separated fields a synthetic record states; '' for free text"),
     ] = "Diagnosis,Symptoms,Treatment",
     field_values: Annotated[str, typer.Option(help="comma-separated keywords per field")] = "1,2,1",
+    field_examples: Annotated[
+        Path | None,
+        typer.Option(
+            help="public worked examples for the field votes, a JSON list of "
+            '{"record": TEXT, "values": [one per field]} (default: two medical records for '
+            "the default fields, none for others)"
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the guarantee as JSON")] = False,
     seed: Annotated[
         int | None, typer.Option(help="tests only: fixed seed (stated on the card)")
@@ -80,11 +88,21 @@ def release(
     """
     from retriever.network.knowledge import build_knowledge, summary
     from synthgen.knowledge import KnowledgeConfig
+    from synthgen.knowledge.config import DEFAULT_FIELD_EXAMPLES, DEFAULT_FIELDS
 
     if seed is not None:
         print("warning: --seed is for tests only (stated on the card)", file=sys.stderr)
     names = tuple(f.strip() for f in fields.split(",") if f.strip())
     counts = tuple(int(v) for v in field_values.split(",") if v.strip())[: len(names)]
+    examples = DEFAULT_FIELD_EXAMPLES if names == DEFAULT_FIELDS else ()
+    if field_examples is not None:
+        try:
+            rows = json.loads(field_examples.read_text())
+            examples = tuple((str(r["record"]), tuple(map(str, r["values"]))) for r in rows)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise typer.BadParameter(
+                f"--field-examples: need a JSON list of {{record, values}} ({error})"
+            ) from None
     config = KnowledgeConfig(
         epsilon=epsilon,
         delta=delta,
@@ -95,6 +113,7 @@ def release(
         public_pool_size=public_pool_size,
         fields=names,
         field_values=counts,
+        field_examples=examples,
     )
     part = parse_shard(shard)
     result = build_knowledge(
@@ -134,12 +153,18 @@ def answer(
     k: Annotated[
         int, typer.Option(help="synthetic records read per answer (SmolLM2-135M: 1 is best)")
     ] = 1,
+    retrieval: Annotated[
+        str,
+        typer.Option(help="bm25 (the records' words) or dense (the release's index encoder)"),
+    ] = "bm25",
     as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
 ) -> None:
     """Answer a question from a release: ordinary RAG, nothing charged."""
-    from retriever.knowledge_base import KnowledgeBase
+    from retriever.knowledge_base import RETRIEVALS, KnowledgeBase
 
-    base = KnowledgeBase.open(knowledge, lm=lm, k=k)
+    if retrieval not in RETRIEVALS:
+        raise typer.BadParameter(f"--retrieval must be one of {', '.join(RETRIEVALS)}")
+    base = KnowledgeBase.open(knowledge, lm=lm, k=k, retrieval=retrieval)
     result = base.answer(question).to_dict()
     if as_json:
         print(json.dumps(result))

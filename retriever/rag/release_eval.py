@@ -41,19 +41,29 @@ def retrieval_answerer(
     k: int = 8,
     max_tokens: int = 5,
     max_document_tokens: int = 64,
+    retrieval: str = "dense",
 ) -> Callable[[str], str]:
-    """Greedy RAG over `texts` (exact cosine top-k); k = 0 answers with no document."""
+    """Greedy RAG over `texts`: exact cosine top-k (``retrieval="dense"``) or BM25 top-k
+    (``"bm25"``, `retriever.lexical`); k = 0 answers with no document."""
+    from retriever.lexical import BM25
     from retriever.rag.evaluation import greedy_answer
 
+    if retrieval not in ("dense", "bm25"):
+        raise ValueError(f"retrieval must be 'dense' or 'bm25', got {retrieval!r}")
     if k > 0 and len(texts):
         unit = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+        lexical = BM25(texts) if retrieval == "bm25" else None
     tokens = [lm.encode(t)[:max_document_tokens] for t in texts]
 
     def answer(question: str) -> str:
         docs = []
         if k > 0 and len(texts):
-            q = np.asarray(encode([question]), np.float64)[0]
-            top = np.argsort(-(unit @ (q / max(np.linalg.norm(q), 1e-12))), kind="stable")[:k]
+            if lexical is not None:
+                top = lexical.search([question], k)[1][0]
+            else:
+                q = np.asarray(encode([question]), np.float64)[0]
+                scores = unit @ (q / max(np.linalg.norm(q), 1e-12))
+                top = np.argsort(-scores, kind="stable")[:k]
             docs = [tokens[int(i)] for i in top]
         return greedy_answer(lm, prompt.encode(lm, question, docs), max_tokens)
 

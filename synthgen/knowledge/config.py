@@ -23,6 +23,23 @@ DEFAULT_PUBLIC_EXAMPLE = (
 # SmolLM2-135M.
 DEFAULT_FIELDS = ("Diagnosis", "Symptoms", "Treatment")
 DEFAULT_FIELD_VALUES = (1, 2, 1)
+# Public worked examples before each voter's record: (record, each field's value). With
+# SmolLM2-135M, a voter's top candidate is right for 65% / 8% / 55% of single records
+# (Diagnosis / Symptoms / Treatment) after a bare "Record: ...\n<Field>:", and 98% / 55% /
+# 98% after these two (40 records of the DP-RAG world; the other candidates: the record's
+# other keywords and another disease's). Set your own with your own fields.
+DEFAULT_FIELD_EXAMPLES = (
+    (
+        "Jane Doe, 52, came in with a dry cough and a high fever. Diagnosis: influenza. "
+        "Treated with oseltamivir.",
+        ("Influenza", "Dry cough, High fever", "Oseltamivir"),
+    ),
+    (
+        "Mark Lee (31) reported itchy eyes, runny nose and sneezing and was diagnosed with "
+        "hay fever; cetirizine was prescribed.",
+        ("Hay fever", "Itchy eyes, Runny nose", "Cetirizine"),
+    ),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +72,8 @@ class KnowledgeConfig:
         the cluster's keywords each, `synthgen.knowledge.fields`); () for free text,
         generated token by token.
       field_values: how many keywords each field names.
+      field_examples: public worked examples in every field vote's prompt: (record, one
+        value per field); () for none.
       min_keyword_tokens: a word the LM writes in fewer tokens is not a keyword (1: any
         word; 2: common one-token words such as "swelling" are left out).
       specific_first: a record joins the clusters of its rarest released keywords
@@ -85,6 +104,7 @@ class KnowledgeConfig:
     public_example: str = DEFAULT_PUBLIC_EXAMPLE
     fields: tuple[str, ...] = DEFAULT_FIELDS
     field_values: tuple[int, ...] = DEFAULT_FIELD_VALUES
+    field_examples: tuple[tuple[str, tuple[str, ...]], ...] = DEFAULT_FIELD_EXAMPLES
     min_keyword_tokens: int = 1
     specific_first: bool = True
     min_cohesion: float = 0.5
@@ -121,6 +141,11 @@ class KnowledgeConfig:
             f.strip() and "\n" not in f for f in self.fields
         ):
             raise ValueError(f"one count per field, fields one line each: {self.fields=}")
+        if any(len(values) != len(self.fields) for _, values in self.field_examples):
+            raise ValueError(
+                "each field example needs one value per field (or set field_examples=()): "
+                f"{self.fields=}"
+            )
         if any(v < 1 for v in self.field_values):
             raise ValueError(f"field_values must be >= 1, {self.field_values=}")
         if self.public_prior < 0 or not math.isfinite(self.min_text_logprob):

@@ -6,7 +6,8 @@ and a cluster's varied records they agree on about a fifth of the probability ma
 noise of a 32-token record at epsilon 7 drowns: token salad. Here each public field
 ("Diagnosis", "Symptoms", "Treatment") is one release instead: every voter reads one record of
 the cluster (Poisson-sampled) and scores each candidate, the cluster's DP-released keywords,
-by the public LM's likelihood of "<field>: <Candidate>" after its record; the softmax over
+by the public LM's likelihood of "<field>: <Candidate>" after its record, behind public
+worked examples (`KnowledgeConfig.field_examples`); the softmax over
 candidates is the voter's distribution. The Gaussian mechanism releases the mean of the M
 distributions once per field, and the field states the candidates of highest noisy score
 (the top n of one release: post-processing). A voter with no record scores after an empty
@@ -38,17 +39,24 @@ from synthgen.privacy import mechanisms
 
 
 def candidate_logprobs(
-    lm, records: Sequence[str], field: str, candidates: Sequence[str], shot_tokens: int
+    lm,
+    records: Sequence[str],
+    field: str,
+    candidates: Sequence[str],
+    shot_tokens: int,
+    examples: Sequence[tuple[str, str]] = (),
 ) -> np.ndarray:
     """[len(records), len(candidates)]: log p("<field>: <Candidate>" | record) under `lm`.
 
     Each record is cut to `shot_tokens` tokens (a public bound) and written after
-    ``Record:``; an empty string is a voter with no record. Prompts are padded to the public
-    bound, so the shapes never depend on the records.
+    ``Record:``, behind the public worked `examples` (record, this field's value); an
+    empty string is a voter with no record. Prompts are padded to the public bound, so the
+    shapes never depend on the records.
     """
     from synthgen.lm_backends import continuation_logprobs
 
-    head, tail = lm.encode("Record:", bos=True), lm.encode(f"\n{field}:")
+    shown = "".join(f"Record: {text}\n{field}: {value}\n\n" for text, value in examples)
+    head, tail = lm.encode(shown + "Record:", bos=True), lm.encode(f"\n{field}:")
     prompts = [
         head + (lm.encode(" " + text)[:shot_tokens] if text else []) + tail for text in records
     ]
@@ -86,7 +94,11 @@ def release_field(
     sample_rng, noise_rng = rng.spawn(2)  # separate streams: sampling, noise
     subsets = draw_subsets(pool, config, plan.generation.sampling_rate, sample_rng)
     voters = [texts[s[0]] if s else "" for s in subsets]
-    logits = candidate_logprobs(lm, ["", *voters], field, candidates, config.shot_tokens)
+    slot = plan.config.fields.index(field)
+    examples = [(text, values[slot]) for text, values in plan.config.field_examples]
+    logits = candidate_logprobs(
+        lm, ["", *voters], field, candidates, config.shot_tokens, examples
+    )
     # rows 1..M as log-probs over the candidates: `private_mean` normalises each row
     logprobs = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
     mean = private_mean(logprobs)

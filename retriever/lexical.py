@@ -1,0 +1,90 @@
+"""BM25: lexical retrieval for collections of rare exact words.
+
+A dense encoder such as all-MiniLM-L6-v2 has never seen an invented disease or drug name:
+its WordPiece fragments ("tad ##run ##ic") carry little of the word, and a synthetic
+knowledge record that lists such words as keywords (`synthgen.knowledge`) is found by the
+question's words, not by their meaning. BM25 scores exactly that: each query word that a
+document holds, weighted by how rare the word is in the collection (Okapi BM25, Robertson
+and Zaragoza 2009, the Lucene variant of idf). Scores are exact (a sparse matrix product),
+ties are broken by document order, and the index is built from the texts alone, so a
+release folder needs no extra file for it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+WORD = re.compile(r"[^\W_]+")
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased word tokens (letters and digits, any script)."""
+    return WORD.findall(text.lower())
+
+
+class BM25:
+    """Okapi BM25 over `texts`, searched with `search(queries, k)` like `retriever.index`.
+
+    Args:
+      texts: the documents.
+      k1: term-frequency saturation.
+      b: length normalisation (0: none).
+    """
+
+    def __init__(self, texts: Sequence[str], *, k1: float = 1.2, b: float = 0.75) -> None:
+        from scipy import sparse
+
+        if k1 < 0 or not 0.0 <= b <= 1.0:
+            raise ValueError(f"need k1 >= 0 and 0 <= b <= 1: {k1=}, {b=}")
+        tokens = [words(t) for t in texts]
+        self.vocabulary: dict[str, int] = {}
+        rows, cols, counts = [], [], []
+        for i, doc in enumerate(tokens):
+            for word in doc:
+                self.vocabulary.setdefault(word, len(self.vocabulary))
+            unique, tf = np.unique([self.vocabulary[w] for w in doc], return_counts=True)
+            rows.extend([i] * len(unique))
+            cols.extend(unique.tolist())
+            counts.extend(tf.tolist())
+        n = len(tokens)
+        self.size = n
+        lengths = np.array([len(doc) for doc in tokens], np.float64)
+        tf = sparse.csr_matrix(
+            (np.asarray(counts, np.float64), (rows, cols)), shape=(n, len(self.vocabulary))
+        )
+        df = np.bincount(np.asarray(cols, np.int64), minlength=len(self.vocabulary))
+        self.idf = np.log1p((n - df + 0.5) / (df + 0.5))
+        norm = k1 * (1.0 - b + b * lengths / max(lengths.mean(), 1e-12)) if n else lengths
+        weighted = tf.tocoo()
+        values = weighted.data * (k1 + 1.0) / (weighted.data + norm[weighted.row])
+        values = values * self.idf[weighted.col]
+        # [vocabulary, documents]: a query's score row is a sum of its words' rows
+        self._weights = sparse.csr_matrix(
+            (values, (weighted.col, weighted.row)), shape=(len(self.vocabulary), n)
+        )
+
+    def scores(self, query: str) -> np.ndarray:
+        """[documents]: the BM25 score of every document for `query` (each word once)."""
+        ids = sorted({self.vocabulary[w] for w in words(query) if w in self.vocabulary})
+        if not ids:
+            return np.zeros(self.size)
+        return np.asarray(self._weights[ids].sum(axis=0)).ravel()
+
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k per query: (scores [Q, k], indices [Q, k]), best first, ties by index.
+
+        k is clipped to the number of documents.
+        """
+        if k < 1:
+            raise ValueError(f"k must be >= 1, {k=}")
+        k = min(k, self.size)
+        out_scores = np.zeros((len(queries), k))
+        out_ids = np.zeros((len(queries), k), np.int64)
+        for q, query in enumerate(queries):
+            s = self.scores(query)
+            top = np.argsort(-s, kind="stable")[:k]
+            out_scores[q], out_ids[q] = s[top], top
+        return out_scores, out_ids
