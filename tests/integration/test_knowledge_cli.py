@@ -68,6 +68,26 @@ def test_answer_charges_nothing(released):
     assert len(PrivacyLedger(released["ledger"]).charges("release", "corpus")) == 1
 
 
+def test_bm25_finds_the_record_that_holds_the_questions_word_and_dense_still_answers(released):
+    from retriever.knowledge_base import KnowledgeBase
+    from retriever.lexical import words
+
+    folder = released["root"] / "release"
+    base = KnowledgeBase.open(folder, lm="tiny", k=1)
+    assert base.retrieval == "bm25"
+    texts = list(base.records.values())
+    counts = {w: sum(w in words(t) for t in texts) for t in texts for w in words(t)}
+    rare = min(counts, key=lambda w: (counts[w], w))  # a word few records hold
+    hit = base.search(f"Which disease causes {rare}?")[0]
+    assert rare in words(hit["text"]) and hit["score"] > 0
+    result = cli("knowledge", "answer", "--knowledge", folder, "--question", "a rash?",
+                 "--lm", "tiny", "--retrieval", "dense", "--json")  # fmt: skip
+    assert json.loads(result.stdout)["sources"]
+    bad = cli("knowledge", "answer", "--knowledge", folder, "--question", "a rash?",
+              "--lm", "tiny", "--retrieval", "fuzzy", check=False)  # fmt: skip
+    assert bad.returncode != 0 and "--retrieval" in bad.stderr
+
+
 class KnowledgeServer(Server):
     """`retriever serve --knowledge DIR` in a child process (the harness's start/stop)."""
 

@@ -19,7 +19,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from retriever.rag.medical import MedicalWorldConfig, make_world
 from synthgen.knowledge import KnowledgeConfig, plan_release, release, release_knowledge
 from synthgen.knowledge.clusters import assign_clusters
-from synthgen.knowledge.fields import release_field
+from synthgen.knowledge.fields import candidate_logprobs, release_field
 from synthgen.knowledge.keywords import cooccurrence_counts, record_keywords
 from synthgen.knowledge.release import distinct_clusters
 from synthgen.lm_backends import TinyLM
@@ -156,6 +156,26 @@ def test_a_field_reads_only_its_candidates_at_a_fixed_shape():
         )
 
 
+def test_field_votes_read_the_public_examples_then_one_record():
+    rows = []
+
+    class Recording(TinyLM):
+        def score(self, prompts):
+            rows.extend(prompts)
+            return super().score(prompts)
+
+    lm = Recording()
+    examples = [("Jane had a cough. Diagnosis: flu.", "Flu"), ("Mark had hay fever.", "Hay")]
+    out = candidate_logprobs(lm, ["", "my rec"], "Diagnosis", ["alpha"], 12, examples)
+    assert out.shape == (2, 1)
+    shown = "Record: Jane had a cough. Diagnosis: flu.\nDiagnosis: Flu\n\n"
+    shown += "Record: Mark had hay fever.\nDiagnosis: Hay\n\nRecord:"
+    head = lm.encode(shown, bos=True)
+    assert rows and all(list(r[: len(head)]) == head for r in rows)
+    own = lm.encode(" my rec")
+    assert sum(list(r[len(head) : len(head) + len(own)]) == own for r in rows) == len(rows) // 2
+
+
 def _release(texts, work, seed, **kwargs):
     return release_knowledge(TinyLM(), texts, CONFIG, work=work,
                              rng=np.random.default_rng(seed), **kwargs)  # fmt: skip
@@ -221,6 +241,8 @@ def test_bad_configs_are_refused():
         {"voters": 64, "public_pool_size": 32},
         {"fields": ("A",), "field_values": (1, 2)},
         {"field_values": (0, 1, 1)},
+        {"field_examples": (("a record", ("only one value",)),)},
+        {"fields": ("A",), "field_values": (1,)},  # the default examples have three values
     ):
         with pytest.raises(ValueError):
             KnowledgeConfig(**({"epsilon": 1.0, "delta": 1e-6} | bad))
