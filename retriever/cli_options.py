@@ -121,7 +121,7 @@ def check_accounting(
     if mechanism != "icl":
         raise click.UsageError(
             f"--accounting individual answers with icl only, got --mechanism {mechanism}: "
-            "vote, sparse-vote and answer-vote tokens have no zCDP curve for a "
+            "vote, sparse-vote, answer-vote and keywords releases have no zCDP curve for a "
             "per-document filter"
         )
     if document_epsilon is None or document_delta is None:

@@ -38,7 +38,9 @@ def main() -> None:
     parser.add_argument("--canaries", type=int, default=6)
     parser.add_argument("--answers", type=int, default=2, help="DP answers per canary")
     parser.add_argument(
-        "--mechanism", default="icl", choices=["icl", "vote", "sparse-vote", "answer-vote"]
+        "--mechanism",
+        default="icl",
+        choices=["icl", "vote", "sparse-vote", "answer-vote", "keywords"],
     )
     parser.add_argument("--k", type=int, default=1, help="documents the DP threshold aims at")
     parser.add_argument("--baseline-k", type=int, default=1, help="documents in the baseline")

@@ -21,6 +21,8 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
+
 from retriever.rag import AggregationConfig, RagConfig, ScoreRange
 from retriever.rag.evaluation import (
     EvalConfig,
@@ -46,12 +48,17 @@ def main() -> None:
         "--mechanisms",
         nargs="+",
         default=["icl", "vote", "sparse-vote"],
-        help="any of icl vote sparse-vote answer-vote",
+        help="any of icl vote sparse-vote answer-vote keywords",
     )
     parser.add_argument("--k-icl", type=int, default=32, help="icl: documents aimed at")
     parser.add_argument("--k-vote", type=int, default=64, help="vote: documents (= voters)")
     parser.add_argument("--k-sparse", type=int, default=32, help="sparse-vote: voters")
     parser.add_argument("--k-answer", type=int, default=64, help="answer-vote: voters")
+    parser.add_argument("--k-keywords", type=int, default=64, help="keywords: voters")
+    parser.add_argument(
+        "--answer-keywords", type=int, default=RagConfig().answer_keywords,
+        help="keywords: K, most keywords per voter's answer",
+    )  # fmt: skip
     parser.add_argument("--rag-k", type=int, default=16, help="non-private RAG's top-k")
     parser.add_argument("--min-score", type=float, default=0.2, help="public lower clip")
     parser.add_argument("--max-tokens", type=int, default=5)
@@ -85,6 +92,7 @@ def main() -> None:
         composition=args.composition,
         aggregation=AggregationConfig(beta=args.beta, beta_fade_epsilon=args.beta_fade),
         max_document_tokens=args.max_document_tokens,
+        answer_keywords=args.answer_keywords,
     )
     rag = make_rag(world, args.out, lm=FlaxLM.load(args.model), config=rag_config, seed=args.seed)
     eval_config = EvalConfig(
@@ -96,6 +104,7 @@ def main() -> None:
             ("vote", args.k_vote),
             ("sparse-vote", args.k_sparse),
             ("answer-vote", args.k_answer),
+            ("keywords", args.k_keywords),
         ),
     )
     results = evaluate_world(world, questions, rag, eval_config, args.out, readability=True)
@@ -115,9 +124,23 @@ def main() -> None:
     print(markdown_table(table))
     by_cell = {e["cell"]: e["accuracy"] for e in table}
     best = max(v for k, v in by_cell.items() if k not in ("rag", "no-rag"))
+    if "keywords" not in args.mechanisms:
+        print(
+            f"cells={len(table)} best_dp_accuracy={best:.3f} rag_accuracy={by_cell['rag']:.3f} "
+            f"no_rag_accuracy={by_cell['no-rag']:.3f}"
+        )
+        return
+
+    def supported(cell: str) -> float:  # accuracy on facts stated by >= 30 records
+        rows = [r for r in results.get(cell, []) if r["support"] >= 30]
+        return float(np.mean([r["correct"] for r in rows])) if rows else 0.0
+
     print(
-        f"cells={len(table)} best_dp_accuracy={best:.3f} rag_accuracy={by_cell['rag']:.3f} "
-        f"no_rag_accuracy={by_cell['no-rag']:.3f}"
+        f"keywords_eps5={by_cell.get('keywords-eps5', 0.0):.3f} "
+        f"keywords_eps10={by_cell.get('keywords-eps10', 0.0):.3f} "
+        f"keywords_support30_eps5={supported('keywords-eps5'):.3f} "
+        f"rag={by_cell['rag']:.3f} rag_support30={supported('rag'):.3f} "
+        f"icl_eps10={by_cell.get('icl-eps10', 0.0):.3f}"
     )
 
 

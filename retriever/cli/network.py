@@ -64,7 +64,7 @@ def serve(
     lm: ServedLmOption = "smollm2-135m-instruct",
     answer_epsilon: Annotated[float, typer.Option(help="every answer's epsilon")] = 1.0,
     mechanism: Annotated[
-        str, typer.Option(help="every answer's: icl | vote | sparse-vote | answer-vote")
+        str, typer.Option(help="every answer's: icl | vote | sparse-vote | answer-vote | keywords")
     ] = ("icl"),
     replicas: ReplicasOption = 1,
     queue: QueueOption = 16,

@@ -32,17 +32,23 @@ def privacy_rag(
     tokens: Annotated[int, typer.Option(help="most answer tokens T")],
     delta: Annotated[float, typer.Option(help="per-answer delta")],
     target_epsilon: Annotated[float, typer.Option(help="per-answer epsilon")],
-    mechanism: Annotated[str, typer.Option(help="icl | vote | sparse-vote | answer-vote")] = "icl",
+    mechanism: Annotated[
+        str, typer.Option(help="icl | vote | sparse-vote | answer-vote | keywords")
+    ] = "icl",
     retrieval_epsilon: Annotated[float, typer.Option(help="the threshold's epsilon")] = 0.0,
     composition: Annotated[str, typer.Option(help="icl: pure | bounded-range")] = "pure",
     voters: Annotated[int, typer.Option(help="vote / sparse-vote: most voters")] = 64,
     max_releases: Annotated[int, typer.Option(help="sparse-vote: most paid tokens")] = 6,
+    max_keywords: Annotated[
+        int, typer.Option(help="keywords: K, most keywords per voter's answer")
+    ] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
     """Per-token parameters of a DP-RAG answer of T tokens within a per-answer target.
 
-    For vote and sparse-vote it also prints LimitedDomain's release threshold in votes: a
-    plan whose threshold exceeds the voters can only abstain.
+    For vote and sparse-vote it also prints LimitedDomain's release threshold in votes, for
+    keywords the votes a keyword needs to clear the DP partition selection: a plan whose
+    threshold exceeds the voters can only abstain.
     """
     from retriever.rag.accounting import rag_privacy_plan
     from retriever.rag.plan import make_plan
@@ -65,9 +71,10 @@ def privacy_rag(
             max_tokens=tokens,
             retrieval_share=share,
             max_releases=max_releases,
-        ).vote_summary(voters)
+        ).vote_summary(voters, max_keywords=max_keywords)
+        name = "keyword_threshold" if mechanism == "keywords" else "limited_domain_threshold"
         line = (
-            f"voters={voters} limited_domain_threshold={plan['limited_domain_threshold']:.1f} "
+            f"voters={voters} {name}={plan['limited_domain_threshold']:.1f} "
             f"release_possible={plan['release_possible']}"
         )
     if as_json:
@@ -99,7 +106,10 @@ def answer(
         str, typer.Option(help="the collection's name in the ledger (its caps hold for it)")
     ],
     mechanism: Annotated[
-        str, typer.Option(help="auto (best evaluated) | icl | vote | sparse-vote | answer-vote")
+        str,
+        typer.Option(
+            help="auto (best evaluated) | icl | vote | sparse-vote | answer-vote | keywords"
+        ),
     ] = "auto",
     ledger: LedgerOption = None,
     tenant: Annotated[str, typer.Option(help="who pays")] = "default",

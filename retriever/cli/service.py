@@ -63,7 +63,8 @@ def serve(
     mechanism: Annotated[
         str,
         typer.Option(
-            help="every answer's: auto (best evaluated) | icl | vote | sparse-vote | answer-vote"
+            help="every answer's: auto (best evaluated) | icl | vote | sparse-vote | "
+            "answer-vote | keywords"
         ),
     ] = "auto",
     replicas: ReplicasOption = 1,

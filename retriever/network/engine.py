@@ -225,7 +225,7 @@ def local_answer(
 ) -> str:
     """Greedy answer of `lm` to `question` over `texts` in one prompt (not DP: it reads
     only released synthetic documents, so it is post-processing)."""
-    from retriever.rag.evaluation import greedy_answer
+    from retriever.rag.greedy import greedy_answer
 
     documents = [lm.encode(text)[:max_document_tokens] for text in texts]
     return greedy_answer(lm, prompt.encode(lm, question, documents), max_tokens)

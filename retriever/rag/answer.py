@@ -50,7 +50,9 @@ import numpy as np
 
 from retriever.rag.aggregation import dp_icl_token
 from retriever.rag.config import RagConfig, plan_answer
+from retriever.rag.greedy import greedy_answer
 from retriever.rag.individual import individual_rows
+from retriever.rag.keyword_vote import keyword_document, release_answer_keywords
 from retriever.rag.plan import AnswerPlan
 from retriever.rag.prompts import PromptFormat
 from retriever.rag.retrieval import (
@@ -375,7 +377,7 @@ class DPRag:
         total = accounting.epsilon(accounting.compose([e for _, e in stages]), plan.delta)
         if abstained:
             text = ABSTENTION_TEXT
-        elif isinstance(tokens, str):  # answer-vote releases the winning answer's text
+        elif isinstance(tokens, str):  # answer-vote and keywords release whole answer text
             text, tokens = tokens, self.lm.encode(tokens)
         else:
             text = clean_answer_text(self.lm.decode(tokens))
@@ -423,6 +425,8 @@ class DPRag:
             tokens, paid, stages, abstained = self._icl(rows, plan, rng, clock)
         elif mechanism == "answer-vote":
             tokens, paid, stages, abstained = self._answer_vote(rows, plan, rng, clock)
+        elif mechanism == "keywords":
+            tokens, paid, stages, abstained = self._keywords(question, rows, plan, clock)
         else:
             tokens, paid, stages, abstained = self._vote(rows, plan, rng, clock)
         count = confidence = None
@@ -713,13 +717,10 @@ class DPRag:
         ]
         return tokens, gate.releases, stages, abstained or gate.releases == 0
 
-    def _answer_vote(self, rows: PromptRows, plan: AnswerPlan, rng, clock: Deadline):
-        """(answer text, paid, stages, abstained). The best `config.voters` selected
-        documents each decode their own greedy answer (all `max_tokens` steps, whatever
-        they say: the loop's length is public; padding rows decode too and do not vote);
-        `dp_answer_vote` releases the most common one, or the bottom symbol, and the
-        answer abstains."""
-        c = self.config
+    def _voter_answers(self, rows: PromptRows, plan: AnswerPlan, clock: Deadline) -> list[str]:
+        """Each voter's own greedy answer (private): the best `config.voters` selected
+        documents decode all `max_tokens` steps whatever they say (the loop's length is
+        public); padding rows decode too and are left out of the result."""
         answers: list[list[int]] = [[] for _ in rows.prompts]
         logprobs = rows.start(self.lm, plan.max_tokens)
         ended = np.zeros(len(rows.prompts), bool)
@@ -734,15 +735,39 @@ class DPRag:
             if step + 1 < plan.max_tokens:
                 logprobs = self.lm.append([int(t) for t in greedy])
         texts = [self.lm.decode(a) for a in answers]
+        return [text for text, w in zip(texts, rows.weights, strict=True) if w]
+
+    def _answer_vote(self, rows: PromptRows, plan: AnswerPlan, rng, clock: Deadline):
+        """(answer text, paid, stages, abstained): `dp_answer_vote` releases the voters'
+        most common answer, or the bottom symbol, and the answer abstains."""
         winner = dp_answer_vote(
-            [text for text, w in zip(texts, rows.weights, strict=True) if w],
+            self._voter_answers(rows, plan, clock),
             epsilon=plan.token_epsilon,
             delta=plan.token_delta,
-            max_candidates=c.voters,
+            max_candidates=self.config.voters,
             rng=rng,
         )
         stages = [("tokens", plan.token_block_event(1))]
         return winner or "", 1, stages, winner is None
+
+    def _keywords(self, question: str, rows: PromptRows, plan: AnswerPlan, clock: Deadline):
+        """(answer text, paid, stages, abstained): the keywords many voters' answers share
+        (`keyword_vote.release_answer_keywords`, one partition selection), then the public
+        LM's greedy answer from the question and those keywords only (post-processing);
+        nothing released: the answer abstains."""
+        keywords = release_answer_keywords(
+            self._voter_answers(rows, plan, clock),
+            epsilon=plan.token_epsilon,
+            delta=plan.token_delta,
+            max_keywords=self.config.answer_keywords,
+        )
+        stages = [("tokens", plan.token_block_event(1))]
+        if not keywords:
+            return "", 1, stages, True
+        document = self.lm.encode(keyword_document(keywords))
+        text = greedy_answer(self.lm, self.prompt.encode(self.lm, question, [document]),
+                             plan.max_tokens)  # fmt: skip
+        return text or keywords[0], 1, stages, False
 
     def _score(self, scores, selected, epsilon: float, rng) -> tuple[float, float]:
         """Noisy (count, mean similarity) of the selected documents.

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from retriever.rag.answer import DPRag, RagConfig
-from retriever.rag.evaluation import greedy_answer
+from retriever.rag.greedy import greedy_answer
 from retriever.rag.plan import MECHANISMS
 from retriever.rag.prompts import PromptFormat
 from synthgen.audit.canaries import DIGITS, digit_secret, public_words

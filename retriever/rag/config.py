@@ -31,6 +31,7 @@ class RagConfig:
         voters of vote / sparse-vote / answer-vote and LimitedDomain's k_bar. None: k.
       gate_share: sparse-vote: the gate fires when at least this share of `voters` disagree.
       max_releases: sparse-vote: most paid tokens per answer.
+      answer_keywords: keywords: K, most keywords one voter's answer contributes.
       max_document_tokens: a document's text is cut to this many tokens in a prompt.
       accounting: "collection" (every answer is charged to the collection's cap) or
         "individual" (each document pays for the answers it takes part in, through its
@@ -57,6 +58,7 @@ class RagConfig:
     max_voters: int | None = None
     gate_share: float = 0.5
     max_releases: int = 6
+    answer_keywords: int = 2
     max_document_tokens: int = 160
     accounting: str = "collection"
     relevance_threshold: float = 0.5
@@ -69,8 +71,8 @@ class RagConfig:
             raise ValueError(f"top_p must be in (0, 1), got {self.top_p=}")
         if not 0 < self.gate_share <= 1:
             raise ValueError(f"gate_share must be in (0, 1], got {self.gate_share=}")
-        if self.max_document_tokens < 1:
-            raise ValueError(f"max_document_tokens must be >= 1: {self=}")
+        if self.max_document_tokens < 1 or self.answer_keywords < 1:
+            raise ValueError(f"max_document_tokens and answer_keywords must be >= 1: {self=}")
         if self.accounting not in ACCOUNTING_MODES:
             raise ValueError(f"accounting must be one of {ACCOUNTING_MODES}: {self.accounting=}")
         if not 0.0 <= self.relevance_threshold <= 1.0:

@@ -13,7 +13,9 @@ from retriever.rag.plan import MECHANISMS
 
 # k (documents the threshold aims at; also the voters' cap) each mechanism was evaluated at
 # (answer-vote: probed on 10 questions only, not in the evaluation's table)
-EVALUATED_K: dict[str, int] = {"icl": 32, "vote": 64, "sparse-vote": 32, "answer-vote": 64}
+EVALUATED_K: dict[str, int] = {
+    "icl": 32, "vote": 64, "sparse-vote": 32, "answer-vote": 64, "keywords": 64,
+}  # fmt: skip
 # per-answer epsilon -> the mechanism with the best accuracy there (ties: more abstentions)
 EVALUATED: dict[float, str] = {1.0: "icl", 3.0: "icl", 5.0: "icl", 10.0: "icl"}
 

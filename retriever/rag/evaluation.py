@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from retriever.rag.answer import DPRag, RagConfig
+from retriever.rag.greedy import greedy_answer
 from retriever.rag.medical import MedicalWorld, Question, answer_is_correct
 from retriever.rag.prompts import PromptFormat
 from retriever.rag.text import unreadable_count
@@ -54,20 +55,6 @@ class EvalConfig:
 
     def k_of(self, mechanism: str, default: int) -> int:
         return dict(self.mechanism_k).get(mechanism, default)
-
-
-def greedy_answer(lm, prompt_ids: list[int], max_tokens: int) -> str:
-    """Non-private greedy decoding of one prompt (the references)."""
-    tokens: list[int] = []
-    logprobs = lm.start([prompt_ids], max_tokens)
-    for _ in range(max_tokens):
-        token = int(np.argmax(logprobs[0]))
-        if token in lm.eos_ids:
-            break
-        tokens.append(token)
-        if len(tokens) < max_tokens:
-            logprobs = lm.append(token)
-    return lm.decode(tokens).strip()
 
 
 def _done(path: Path) -> dict[int, dict]:

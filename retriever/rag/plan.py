@@ -23,11 +23,12 @@ from collections.abc import Callable
 from dp_accounting import dp_event
 
 from retriever.rag.accounting import bounded_range_epsilon, calibrate_token_epsilon
+from retriever.rag.keyword_vote import keyword_threshold
 from retriever.rag.voting import vote_threshold
 from synthgen.privacy import accounting
 from synthgen.privacy.individual import bounded_range_rho, pure_rho
 
-MECHANISMS = ("icl", "vote", "sparse-vote", "answer-vote")
+MECHANISMS = ("icl", "vote", "sparse-vote", "answer-vote", "keywords")
 COMPOSITIONS = ("pure", "bounded-range")
 
 
@@ -141,11 +142,15 @@ class AnswerPlan:
     def worst_case_epsilon(self) -> float:
         return accounting.epsilon(self.worst_case_event(), self.delta)
 
-    def vote_summary(self, voters: int, gate_share: float = 0.5) -> dict[str, float | int | bool]:
+    def vote_summary(
+        self, voters: int, gate_share: float = 0.5, max_keywords: int = 2
+    ) -> dict[str, float | int | bool]:
         """What a vote / sparse-vote plan implies for `voters` voters (public arithmetic).
 
         `limited_domain_threshold` is how many agreeing votes a token release needs
-        (`retriever.rag.voting.vote_threshold`); when it exceeds `voters` a release is
+        (`retriever.rag.voting.vote_threshold`; keywords: the votes a keyword needs to clear
+        the partition selection, `keyword_vote.keyword_threshold`, with
+        `max_keywords` per voter); when it exceeds `voters` a release is
         practically impossible and every answer abstains. `gate_threshold` is how many
         voters must disagree with the public LM before sparse-vote pays for a release.
         """
@@ -153,7 +158,10 @@ class AnswerPlan:
             raise ValueError("vote_summary is for vote and sparse-vote plans")
         if voters < 1:
             raise ValueError(f"voters must be >= 1, got {voters=}")
-        threshold = vote_threshold(self.token_epsilon, self.token_delta)
+        if self.mechanism == "keywords":  # PipelineDP's partition selection threshold
+            threshold = keyword_threshold(self.token_epsilon, self.token_delta, max_keywords)
+        else:
+            threshold = vote_threshold(self.token_epsilon, self.token_delta)
         out = dict(
             mechanism=self.mechanism,
             epsilon=self.worst_case_epsilon(),
@@ -168,6 +176,8 @@ class AnswerPlan:
             limited_domain_threshold=threshold,
             release_possible=threshold <= voters,
         )
+        if self.mechanism == "keywords":
+            out.update(max_keywords=int(max_keywords), keyword_threshold=threshold)
         if self.mechanism == "sparse-vote":
             out.update(gate_epsilon=self.gate_epsilon, gate_threshold=gate_share * voters)
         return out
@@ -187,7 +197,7 @@ def make_plan(
     """Splits a per-answer `epsilon` into the answer's mechanisms' parameters.
 
     Args:
-      mechanism: "icl", "vote", "sparse-vote" or "answer-vote".
+      mechanism: "icl", "vote", "sparse-vote", "answer-vote" or "keywords".
       epsilon: per-answer target epsilon.
       delta: per-answer delta.
       max_tokens: most answer tokens.
@@ -249,7 +259,9 @@ def make_plan(
             return AnswerPlan(**base, token_epsilon=x, max_releases=max_tokens)
 
         return icl_plan(_largest(lambda x: icl_plan(x).worst_case_epsilon() <= epsilon, token))
-    releases = {"vote": max_tokens, "answer-vote": 1}.get(mechanism, min(max_releases, max_tokens))
+    # answer-vote and keywords: one release per answer (whole answers; their keywords)
+    one = {"vote": max_tokens, "answer-vote": 1, "keywords": 1}
+    releases = one.get(mechanism, min(max_releases, max_tokens))
     token_delta = delta / (2 * releases)
 
     def plan_of(x: float) -> AnswerPlan:

@@ -46,7 +46,7 @@ def retrieval_answerer(
     """Greedy RAG over `texts`: exact cosine top-k (``retrieval="dense"``) or BM25 top-k
     (``"bm25"``, `retriever.lexical`); k = 0 answers with no document."""
     from retriever.lexical import BM25
-    from retriever.rag.evaluation import greedy_answer
+    from retriever.rag.greedy import greedy_answer
 
     if retrieval not in ("dense", "bm25"):
         raise ValueError(f"retrieval must be 'dense' or 'bm25', got {retrieval!r}")

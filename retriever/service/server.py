@@ -173,8 +173,8 @@ def check_individual(config: ServiceConfig, document_target: tuple[float, float]
     if config.mechanism != "icl":
         raise ValueError(
             f"individual accounting answers with icl only, got mechanism {config.mechanism}: "
-            "vote, sparse-vote and answer-vote tokens have no zCDP curve for a per-document "
-            "filter"
+            "vote, sparse-vote, answer-vote and keywords releases have no zCDP curve for a "
+            "per-document filter"
         )
     if document_target is None:
         raise ValueError(

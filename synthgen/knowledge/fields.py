@@ -96,9 +96,7 @@ def release_field(
     voters = [texts[s[0]] if s else "" for s in subsets]
     slot = plan.config.fields.index(field)
     examples = [(text, values[slot]) for text, values in plan.config.field_examples]
-    logits = candidate_logprobs(
-        lm, ["", *voters], field, candidates, config.shot_tokens, examples
-    )
+    logits = candidate_logprobs(lm, ["", *voters], field, candidates, config.shot_tokens, examples)
     # rows 1..M as log-probs over the candidates: `private_mean` normalises each row
     logprobs = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
     mean = private_mean(logprobs)

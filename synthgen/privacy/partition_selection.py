@@ -65,6 +65,27 @@ class KeyCountRelease:
         }
 
 
+def _strategy(epsilon: float, delta: float, max_keys: int):
+    """python-dp's Gaussian thresholding strategy for one aggregation holding the whole
+    (epsilon, delta): the one PipelineDP's post-aggregation thresholding runs."""
+    import pipeline_dp
+    from pipeline_dp import partition_selection
+
+    return partition_selection.create_partition_selection_strategy(
+        pipeline_dp.PartitionSelectionStrategy.GAUSSIAN_THRESHOLDING, epsilon, delta, max_keys
+    )
+
+
+def selection_threshold(epsilon: float, delta: float, max_keys: int) -> float:
+    """The noisy count a key needs to be released by `release_key_counts` (public)."""
+    return float(_strategy(epsilon, delta, max_keys).threshold)
+
+
+def keep_probability(count: int, epsilon: float, delta: float, max_keys: int) -> float:
+    """The probability that a key held by `count` units is released (public arithmetic)."""
+    return float(_strategy(epsilon, delta, max_keys).probability_of_keep(int(count)))
+
+
 def release_key_counts(
     unit_keys: Sequence[Sequence[Hashable]],
     *,

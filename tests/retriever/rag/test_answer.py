@@ -65,7 +65,7 @@ def _rag(tmp_path, *, cap=10.0, score_share=0.0, seed=0, accountant="pld"):
     return rag, ledger, lm
 
 
-@pytest.mark.parametrize("mechanism", ["icl", "vote", "sparse-vote", "answer-vote"])
+@pytest.mark.parametrize("mechanism", ["icl", "vote", "sparse-vote", "answer-vote", "keywords"])
 @pytest.mark.parametrize("composition", ["pure", "bounded-range"])
 def test_plan_worst_case_within_target(mechanism, composition):
     plan = make_plan(mechanism, 3.0, delta=1e-6, max_tokens=8, composition=composition)
@@ -75,7 +75,7 @@ def test_plan_worst_case_within_target(mechanism, composition):
     assert plan.retrieval_epsilon == pytest.approx(0.3)
 
 
-@pytest.mark.parametrize("mechanism", ["icl", "vote", "sparse-vote", "answer-vote"])
+@pytest.mark.parametrize("mechanism", ["icl", "vote", "sparse-vote", "answer-vote", "keywords"])
 def test_answer_charges_each_stage_once(tmp_path, mechanism):
     rag, ledger, lm = _rag(tmp_path, score_share=0.05)
     answer = rag.answer("what is the answer?", tenant="alice", epsilon=2.0, mechanism=mechanism)
@@ -332,6 +332,44 @@ def test_answer_vote_releases_the_voters_common_answer_once(tmp_path):
     assert answer.text == "Q"
     assert [c.stage for c in answer.charges] == ["retrieval", "tokens"]
     assert answer.paid_tokens == 1
+
+
+def test_keywords_release_the_voters_shared_keyword_and_the_lm_answers_from_it(tmp_path):
+    """Every document answers 'Qx' after ':': 24 voters share the keyword 'qx', one
+    partition selection at epsilon 20 releases it, and the public LM's answer is written
+    from a prompt that holds the keywords and no document."""
+    seen = []
+
+    class Recording(TinyLM):
+        def start(self, prompts, max_new_tokens, **kwargs):
+            seen.append([self.decode(p) for p in prompts])
+            return super().start(prompts, max_new_tokens, **kwargs)
+
+    rag = _plain_rag(
+        tmp_path,
+        [":Qx\n :Qx\n :Qx\n" for _ in range(N)],
+        config=RagConfig(k=N, max_tokens=3, score_range=ScoreRange(-1.0, 1.0)),
+        instruction="a:b",
+        lm=Recording(eos_after_newline=50.0),
+    )
+    answer = rag.answer("a:", tenant="alice", epsilon=20.0, mechanism="keywords")
+    assert not answer.abstained and answer.text
+    assert [c.stage for c in answer.charges] == ["retrieval", "tokens"]
+    assert answer.paid_tokens == 1
+    final = seen[-1]
+    assert len(final) == 1 and "qx" in final[0] and ":Qx" not in final[0]
+
+
+def test_keywords_abstain_when_the_voters_disagree(tmp_path):
+    rag = _plain_rag(
+        tmp_path,
+        [f":w{i}x\n" for i in range(N)],
+        config=RagConfig(k=N, max_tokens=4, score_range=ScoreRange(-1.0, 1.0)),
+        instruction="a",
+        lm=TinyLM(eos_after_newline=50.0),
+    )
+    answer = rag.answer("a:", tenant="alice", epsilon=5.0, mechanism="keywords")
+    assert answer.abstained and answer.text == ABSTENTION_TEXT
 
 
 def test_answer_vote_abstains_when_the_voters_disagree(tmp_path):

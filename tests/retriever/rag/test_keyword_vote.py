@@ -1,0 +1,107 @@
+"""`retriever.rag.keyword_vote`: answer keywords, their DP partition selection, its threshold.
+
+The selection is PipelineDP's (python-dp's secure noise, no seed), so its distribution is
+checked by Monte-Carlo: the release rate of a keyword held by n voters against python-dp's
+closed form, a canary keyword held by one voter never released, and the release rate
+moving by at most the charged (epsilon, delta) between neighbouring voter sets (add/remove
+and swap).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from retriever.rag.keyword_vote import (
+    answer_keywords,
+    group_parameters,
+    keyword_document,
+    keyword_threshold,
+    normalise,
+    release_answer_keywords,
+)
+from retriever.rag.plan import make_plan
+from synthgen.privacy.partition_selection import keep_probability
+
+CANARY = "zqxcanaryvorpal"
+
+
+def test_keywords_are_normalised_words_at_most_k_once_each():
+    assert normalise("Blisters") == "blister" and normalise("allergies") == "allergy"
+    assert normalise("Trudrosis") == "trudrosis" and normalise("virus") == "virus"
+    assert answer_keywords("The disease is Besox fever.", 2) == ["besox", "fever"]
+    assert answer_keywords("Besox, besox fever; FEVERS", 4) == ["besox", "fever"]
+    assert answer_keywords("", 3) == [] and answer_keywords("It is the 42", 3) == []
+    assert "besox" in keyword_document(["besox", "fever"])
+
+
+def _rate(answers, epsilon, runs, delta=1e-6, keyword="besox"):
+    hits = sum(
+        keyword in release_answer_keywords(answers, epsilon=epsilon, delta=delta, max_keywords=2)
+        for _ in range(runs)
+    )
+    return hits / runs
+
+
+@pytest.mark.slow
+def test_the_release_rate_matches_the_closed_form():
+    epsilon, delta = 4.0, 1e-6
+    eps, dlt = group_parameters(epsilon, delta)
+    threshold = keyword_threshold(epsilon, delta, 2)
+    n = int(round(threshold))  # near the threshold: a rate well inside (0, 1)
+    expected = keep_probability(n, eps, dlt, 2)
+    assert 0.1 < expected < 0.9
+    runs = 600
+    rate = _rate(["Besox fever"] * n, epsilon, runs, delta)
+    assert abs(rate - expected) < 4 * math.sqrt(expected * (1 - expected) / runs)
+
+
+@pytest.mark.slow
+def test_a_keyword_of_one_voter_is_never_released():
+    answers = ["Besox fever"] * 40 + [f"{CANARY} pox"]
+    for _ in range(200):
+        out = release_answer_keywords(answers, epsilon=10.0, delta=1e-6, max_keywords=2)
+        assert "besox" in out and CANARY not in out
+
+
+@pytest.mark.slow
+def test_neighbouring_voter_sets_move_the_release_by_at_most_the_charge():
+    """P[besox released | D] <= e^eps P[... | D'] + delta, both ways, for D' = D minus one
+    voter (add/remove) and D' = D with one voter changed (swap), estimated by Monte-Carlo
+    with a 4-sigma allowance."""
+    epsilon, delta, runs = 1.0, 1e-6, 1500
+    eps, dlt = group_parameters(epsilon, delta)
+    n = int(round(keyword_threshold(epsilon, delta, 2)))
+    base = ["Besox fever"] * n
+    neighbours = {
+        "remove": base[:-1],
+        "swap": base[:-1] + ["Madox syndrome"],
+    }
+    p = _rate(base, epsilon, runs, delta)
+    for name, other in neighbours.items():
+        q = _rate(other, epsilon, runs, delta)
+        slack = 4 * math.sqrt(max(p, q, 1 / runs) / runs)
+        assert p <= math.exp(epsilon) * q + delta + slack, name
+        assert q <= math.exp(epsilon) * p + delta + slack, name
+    assert keep_probability(n, eps, dlt, 2) > 0.05  # the test has power
+
+
+def test_the_plan_charges_one_release_within_the_target():
+    plan = make_plan("keywords", 5.0, delta=1e-6, max_tokens=5)
+    assert plan.max_releases == 1 and plan.worst_case_epsilon() <= 5.0 * (1 + 1e-6)
+    summary = plan.vote_summary(64, max_keywords=2)
+    assert summary["keyword_threshold"] == pytest.approx(
+        keyword_threshold(plan.token_epsilon, plan.token_delta, 2)
+    )
+    assert summary["release_possible"] is True
+    tight = make_plan("keywords", 1.0, delta=1e-6, max_tokens=5).vote_summary(64)
+    assert tight["release_possible"] is False  # 64 voters cannot clear it at epsilon 1
+
+
+def test_nothing_to_release_is_an_empty_list():
+    assert release_answer_keywords(["", "the"], epsilon=5.0, delta=1e-6, max_keywords=2) == []
+    with pytest.raises(ValueError):
+        release_answer_keywords(["a b"], epsilon=0.0, delta=1e-6, max_keywords=2)
+    assert np.isfinite(keyword_threshold(5.0, 1e-6, 1))
