@@ -41,7 +41,7 @@ def privacy_rag(
     max_releases: Annotated[int, typer.Option(help="sparse-vote: most paid tokens")] = 6,
     max_keywords: Annotated[
         int, typer.Option(help="keywords: K, most keywords per voter's answer")
-    ] = 2,
+    ] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
     """Per-token parameters of a DP-RAG answer of T tokens within a per-answer target.

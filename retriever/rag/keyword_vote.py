@@ -33,7 +33,8 @@ from synthgen.privacy.partition_selection import release_key_counts, selection_t
 STOPWORDS = frozenset(
     "a an the and or of in on at to for with by from as is are was were be been it its this "
     "that these those which what who whom whose when where why how patient patients disease "
-    "diseases diagnosis answer record records question i you he she they we not no yes".split()
+    "diseases diagnosis answer record records question i you he she they we not no yes "
+    "treated treatment prescribed diagnosed reported presented came had has have".split()
 )
 _WORD = re.compile(r"[^\W\d_][^\W_]*")
 

@@ -143,7 +143,7 @@ class AnswerPlan:
         return accounting.epsilon(self.worst_case_event(), self.delta)
 
     def vote_summary(
-        self, voters: int, gate_share: float = 0.5, max_keywords: int = 2
+        self, voters: int, gate_share: float = 0.5, max_keywords: int = 1
     ) -> dict[str, float | int | bool]:
         """What a vote / sparse-vote plan implies for `voters` voters (public arithmetic).
 

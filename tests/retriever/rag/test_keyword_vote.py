@@ -96,8 +96,8 @@ def test_the_plan_charges_one_release_within_the_target():
         keyword_threshold(plan.token_epsilon, plan.token_delta, 2)
     )
     assert summary["release_possible"] is True
-    tight = make_plan("keywords", 1.0, delta=1e-6, max_tokens=5).vote_summary(64)
-    assert tight["release_possible"] is False  # 64 voters cannot clear it at epsilon 1
+    tight = make_plan("keywords", 1.0, delta=1e-6, max_tokens=5).vote_summary(32)
+    assert tight["release_possible"] is False  # 32 voters cannot clear it at epsilon 1
 
 
 def test_nothing_to_release_is_an_empty_list():
