@@ -88,3 +88,57 @@ class BM25:
             top = np.argsort(-s, kind="stable")[:k]
             out_scores[q], out_ids[q] = s[top], top
         return out_scores, out_ids
+
+
+# Words a question is phrased with, not what it asks about.
+QUESTION_WORDS = frozenset(
+    "a an the and or of in on at to for with by from as is are was were be it its this that "
+    "which what who whom whose when where why how does do did can could should would will "
+    "patient patients presents present presenting disease diseases diagnosis cause causes "
+    "caused symptom symptoms".split()
+)
+
+
+class OverlapEncoder:
+    """Term-overlap scores as inner products, for DP retrieval over rare exact words.
+
+    A document's vector marks the words it holds; a question's vector gives each of its
+    content words (outside `QUESTION_WORDS`) a public weight, normalised to sum to 1. The
+    inner product is the weighted share of the question's content words the document
+    holds, in [0, 1]: it depends on that document and the question alone (no idf, which
+    would make one document's score depend on the others), so a DP threshold over it has
+    sensitivity 1 as over any per-document score, and a public relevance threshold selects
+    the documents that hold the question's words.
+
+    Args:
+      texts: the documents (their words index the vectors' coordinates only).
+      weight: public weight of a content word (default 1; e.g. its token count under a
+        public tokenizer, so an invented name outweighs "spots").
+    """
+
+    def __init__(self, texts: Sequence[str], weight=None) -> None:
+        self.weight = weight or (lambda word: 1.0)
+        self.vocabulary: dict[str, int] = {}
+        self._documents = [set(words(t)) for t in texts]
+        for doc in self._documents:
+            for word in sorted(doc):
+                self.vocabulary.setdefault(word, len(self.vocabulary))
+
+    def documents(self) -> np.ndarray:
+        """[documents, vocabulary] 0/1 matrix (float32)."""
+        out = np.zeros((len(self._documents), max(len(self.vocabulary), 1)), np.float32)
+        for i, doc in enumerate(self._documents):
+            out[i, [self.vocabulary[w] for w in doc]] = 1.0
+        return out
+
+    def encode(self, questions: Sequence[str], **_) -> np.ndarray:
+        """[questions, vocabulary]: each content word's weight over the total (zeros: none)."""
+        out = np.zeros((len(questions), max(len(self.vocabulary), 1)), np.float32)
+        for q, question in enumerate(questions):
+            content = {w for w in words(question) if w not in QUESTION_WORDS}
+            weights = {w: float(self.weight(w)) for w in content}
+            total = sum(weights.values())
+            for word, value in weights.items():
+                if word in self.vocabulary and total > 0:
+                    out[q, self.vocabulary[word]] = value / total
+        return out

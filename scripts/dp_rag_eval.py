@@ -71,6 +71,11 @@ def main() -> None:
     parser.add_argument(
         "--max-document-tokens", type=int, default=64, help="public cut of a record (<= 54 here)"
     )
+    parser.add_argument(
+        "--retrieval", choices=["dense", "overlap"], default="dense",
+        help="every cell's scores: all-MiniLM-L6-v2 cosine, or term overlap "
+        "(retriever.lexical.OverlapEncoder; use --min-score 0)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -94,7 +99,11 @@ def main() -> None:
         max_document_tokens=args.max_document_tokens,
         answer_keywords=args.answer_keywords,
     )
-    rag = make_rag(world, args.out, lm=FlaxLM.load(args.model), config=rag_config, seed=args.seed)
+    encoder = "overlap" if args.retrieval == "overlap" else "all-minilm-l6-v2"
+    rag = make_rag(
+        world, args.out, lm=FlaxLM.load(args.model), encoder=encoder, config=rag_config,
+        seed=args.seed,
+    )  # fmt: skip
     eval_config = EvalConfig(
         epsilons=tuple(args.epsilons),
         mechanisms=tuple(args.mechanisms),

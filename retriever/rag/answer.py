@@ -52,7 +52,7 @@ from retriever.rag.aggregation import dp_icl_token
 from retriever.rag.config import RagConfig, plan_answer
 from retriever.rag.greedy import greedy_answer
 from retriever.rag.individual import individual_rows
-from retriever.rag.keyword_vote import keyword_document, release_answer_keywords
+from retriever.rag.keyword_vote import final_answer, keyword_document, release_answer_keywords
 from retriever.rag.plan import AnswerPlan
 from retriever.rag.prompts import PromptFormat
 from retriever.rag.retrieval import (
@@ -760,6 +760,7 @@ class DPRag:
             epsilon=plan.token_epsilon,
             delta=plan.token_delta,
             max_keywords=self.config.answer_keywords,
+            question=question,
         )
         stages = [("tokens", plan.token_block_event(1))]
         if not keywords:
@@ -767,7 +768,7 @@ class DPRag:
         document = self.lm.encode(keyword_document(keywords))
         text = greedy_answer(self.lm, self.prompt.encode(self.lm, question, [document]),
                              plan.max_tokens)  # fmt: skip
-        return text or keywords[0], 1, stages, False
+        return final_answer(text, keywords), 1, stages, False
 
     def _score(self, scores, selected, epsilon: float, rng) -> tuple[float, float]:
         """Noisy (count, mean similarity) of the selected documents.

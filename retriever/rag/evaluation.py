@@ -284,14 +284,32 @@ def make_rag(
     config: RagConfig,
     seed: int = 0,
 ) -> DPRag:
-    """The answer stage over the world's records (embeddings cached in `out_dir`)."""
+    """The answer stage over the world's records (embeddings cached in `out_dir`).
+
+    ``encoder="overlap"`` scores by term overlap (`retriever.lexical.OverlapEncoder`, each
+    content word weighted by its token count under `lm`: a public rarity proxy)."""
     from retriever.encoders import load_encoder
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    texts = [r.text for r in world.records]
+    if encoder == "overlap":
+        from retriever.lexical import OverlapEncoder
+
+        question_encoder = OverlapEncoder(texts, weight=lambda w: len(lm.encode(" " + w)))
+        embeddings = question_encoder.documents()
+        return DPRag(
+            [r.doc_id for r in world.records],
+            texts,
+            embeddings,
+            question_encoder.encode,
+            lm,
+            config=config,
+            prompt=MEDICAL_PROMPT,
+            rng=np.random.default_rng(seed),
+        )
     question_encoder = load_encoder(encoder)
     cache = out_dir / "record_embeddings.npy"
-    texts = [r.text for r in world.records]
     if cache.is_file():
         embeddings = np.load(cache)
     else:

@@ -49,13 +49,15 @@ def normalise(word: str) -> str:
     return word
 
 
-def answer_keywords(answer: str, max_keywords: int) -> list[str]:
+def answer_keywords(answer: str, max_keywords: int, question: str = "") -> list[str]:
     """A voter's keywords: the first `max_keywords` distinct normalised words of its answer
-    that are not stopwords (empty answer: none)."""
+    that are neither stopwords nor words of the (public) question: a voter that echoes the
+    question's words ("tadrunic numbness") says nothing the question did not (empty: none)."""
+    asked = {normalise(w) for w in _WORD.findall(question)}
     out: list[str] = []
     for word in _WORD.findall(answer):
         key = normalise(word)
-        if len(key) > 1 and key not in STOPWORDS and key not in out:
+        if len(key) > 1 and key not in STOPWORDS and key not in asked and key not in out:
             out.append(key)
             if len(out) == max_keywords:
                 break
@@ -73,7 +75,12 @@ def keyword_threshold(epsilon: float, delta: float, max_keywords: int) -> float:
 
 
 def release_answer_keywords(
-    answers: Sequence[str], *, epsilon: float, delta: float, max_keywords: int
+    answers: Sequence[str],
+    *,
+    epsilon: float,
+    delta: float,
+    max_keywords: int,
+    question: str = "",
 ) -> list[str]:
     """The keywords that many voters' answers share, by descending noisy count ([]: none).
 
@@ -82,12 +89,13 @@ def release_answer_keywords(
       epsilon: the release's epsilon for one document.
       delta: its delta.
       max_keywords: K, most keywords one voter contributes (public).
+      question: the public question; its words are not keywords.
 
     Privacy:
       (epsilon, delta)-DP for one document (module docstring).
     """
     eps, dlt = group_parameters(epsilon, delta)
-    keys = [answer_keywords(a, max_keywords) for a in answers]
+    keys = [answer_keywords(a, max_keywords, question) for a in answers]
     release = release_key_counts(keys, epsilon=eps, delta=dlt, max_keys=max_keywords)
     return [str(k) for k in release.counts]
 
@@ -95,3 +103,12 @@ def release_answer_keywords(
 def keyword_document(keywords: Sequence[str]) -> str:
     """The one document the public LM answers from: the released keywords, most shared first."""
     return "Keywords from the records, most shared first: " + ", ".join(keywords) + "."
+
+
+def final_answer(text: str, keywords: Sequence[str]) -> str:
+    """The public LM's answer `text` when it names a released keyword; otherwise the most
+    shared keyword itself (post-processing of released keywords and public text)."""
+    said = {normalise(w) for w in _WORD.findall(text)}
+    if keywords and not said & set(keywords):
+        return keywords[0].capitalize()
+    return text
