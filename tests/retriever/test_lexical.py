@@ -52,3 +52,28 @@ def test_bad_parameters_are_refused():
         BM25(["a"], b=2.0)
     with pytest.raises(ValueError):
         BM25(["a"]).search(["a"], 0)
+
+
+def test_overlap_scores_are_the_weighted_share_of_the_questions_words():
+    from retriever.lexical import OverlapEncoder
+
+    texts = ["Diagnosis: Madox. Tadrunic numbness", "numbness spots", "nothing shared"]
+    encoder = OverlapEncoder(texts, weight=len)  # a word's weight: its length
+    q = "Which disease causes tadrunic numbness and gugolal spots?"
+    scores = encoder.documents() @ encoder.encode([q])[0]
+    total = len("tadrunic") + len("numbness") + len("gugolal") + len("spots")
+    expected = [(len("tadrunic") + len("numbness")) / total, (8 + 5) / total, 0.0]
+    np.testing.assert_allclose(scores, expected, rtol=1e-6)
+    assert not encoder.encode(["Which disease causes it?"]).any()  # no content word
+
+
+def test_an_overlap_score_depends_on_its_own_document_only():
+    from retriever.lexical import OverlapEncoder
+
+    texts = ["tadrunic numbness", "gugolal spots", "numbness"]
+    q = "tadrunic numbness or gugolal spots"
+    alone = OverlapEncoder(texts)
+    more = OverlapEncoder(texts + ["tadrunic gugolal spots numbness zeta"])
+    a = alone.documents() @ alone.encode([q])[0]
+    b = (more.documents() @ more.encode([q])[0])[:3]
+    np.testing.assert_allclose(a, b, rtol=1e-6)

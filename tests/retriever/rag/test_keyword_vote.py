@@ -16,6 +16,7 @@ import pytest
 
 from retriever.rag.keyword_vote import (
     answer_keywords,
+    final_answer,
     group_parameters,
     keyword_document,
     keyword_threshold,
@@ -35,6 +36,14 @@ def test_keywords_are_normalised_words_at_most_k_once_each():
     assert answer_keywords("Besox, besox fever; FEVERS", 4) == ["besox", "fever"]
     assert answer_keywords("", 3) == [] and answer_keywords("It is the 42", 3) == []
     assert "besox" in keyword_document(["besox", "fever"])
+    # the question's own words are not an answer's keywords
+    asked = "Which disease causes tadrunic numbness?"
+    assert answer_keywords("Tadrunic numbness, then Besox", 2, asked) == ["then", "besox"]
+
+
+def test_the_final_answer_names_a_released_keyword():
+    assert final_answer("Besox fever", ["besox"]) == "Besox fever"
+    assert final_answer("- 20", ["besox", "madox"]) == "Besox"
 
 
 def _rate(answers, epsilon, runs, delta=1e-6, keyword="besox"):
