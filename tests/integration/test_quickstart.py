@@ -60,6 +60,17 @@ def test_quickstart_commands_are_found():
     assert any(c.startswith("retriever index query") for c in commands), commands
 
 
+def test_the_fetch_step_names_every_asset_the_tiny_run_needs():
+    """After the quick start's `synthgen assets fetch` line, the tiny run is offline."""
+    from synthgen.configs import tiny
+    from synthgen.pipeline.config import config_assets
+
+    fetch = [c for c in quickstart_commands(GUIDE.read_text()) if "assets fetch" in c]
+    assert fetch, "the quick start fetches nothing"
+    fetched = {w for c in fetch for w in c.split()[3:] if not w.startswith("-")}
+    assert set(config_assets(tiny.get_config())) <= fetched
+
+
 def test_quickstart_runs_from_an_empty_folder(tmp_path):
     """Each command exits 0 from a folder outside the checkout, with the console scripts of
     the environment running the tests first on PATH; the run it makes is a complete one."""
