@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import math
 import time
 from collections import defaultdict
@@ -420,12 +421,17 @@ class Service:
                     "stage": c.stage,
                     "epsilon": c.epsilon,
                     "delta": c.delta,
-                    "created_at": c.created_at,
+                    "created_at": iso_time(c.created_at),
                     "ref": c.ref,
                 }
                 for c in recent
             ],
         }
+
+
+def iso_time(seconds: float) -> str:
+    """A Unix time as ISO 8601 in UTC ("2026-11-27T09:51:02.123456+00:00")."""
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat()
 
 
 def create_app(service: Service) -> FastAPI:

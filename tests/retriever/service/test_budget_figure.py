@@ -56,3 +56,7 @@ def test_budget_and_ledger_show_print_the_same_figure(tmp_path):
     # the shown spend is never below the stated one, and the two shown figures fit the cap
     assert float(shown) >= budget["spent_epsilon"]
     assert float(shown) + float(budget["remaining_epsilon_text"]) <= 10.0
+    import datetime
+
+    stamp = datetime.datetime.fromisoformat(budget["charges"][0]["created_at"])
+    assert stamp.tzinfo is not None  # ISO 8601 with its offset, like every other time
