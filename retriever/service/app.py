@@ -77,6 +77,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import json
 import math
 import time
 from collections import defaultdict
@@ -473,10 +474,25 @@ def create_app(service: Service) -> FastAPI:
             raise Refusal(
                 413, "body_too_large", f"bodies are limited to {config.max_body_bytes} bytes"
             )
+        raw = await request.body()
         try:
-            body = await request.json()
-        except (ValueError, RecursionError):
-            raise Refusal(400, "bad_request", "the body must be a JSON object") from None
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise Refusal(
+                400, "invalid_utf8", f"the body is not UTF-8 (byte {error.start})"
+            ) from None
+        try:
+            body = json.loads(text)
+        except RecursionError:
+            raise Refusal(400, "bad_request", "the body nests too deeply") from None
+        except ValueError as error:
+            where = getattr(error, "pos", None)
+            raise Refusal(
+                400,
+                "invalid_json",
+                "the body is not valid JSON"
+                + ("" if where is None else f" (at character {where}: {error.msg})"),
+            ) from None
         if not isinstance(body, dict):
             raise Refusal(400, "bad_request", "the body must be a JSON object")
         if invalid_text(body):
@@ -499,7 +515,10 @@ def create_app(service: Service) -> FastAPI:
 
     def question_of(body: dict[str, Any]) -> str:
         question = body.get("question")
-        if not isinstance(question, str) or not question.strip():
+        if not isinstance(question, str):
+            kind = "missing" if question is None else f"a JSON {type(question).__name__}"
+            raise Refusal(400, "invalid_question", f"the question must be text, got {kind}")
+        if not question.strip():
             raise Refusal(400, "empty_question", "the question must be non-empty text")
         if len(question) > config.max_question_chars:
             raise Refusal(

@@ -84,7 +84,8 @@ REFUSALS = [
     ("wrong-secret", {"question": "q"}, 403, "forbidden"),
     ("dave", {"question": "q"}, 403, "forbidden"),  # revoked
     ("alice", {"question": "   "}, 400, "empty_question"),
-    ("alice", {"epsilon": 1.0}, 400, "empty_question"),
+    ("alice", {"epsilon": 1.0}, 400, "invalid_question"),  # missing
+    ("alice", {"question": 42}, 400, "invalid_question"),  # the wrong type
     ("alice", {"question": "x" * 1001}, 413, "question_too_long"),
     ("alice", {"question": "q", "epsilon": "1"}, 400, "bad_epsilon"),
     ("alice", {"question": "q", "epsilon": 10**400}, 400, "bad_epsilon"),
@@ -112,10 +113,12 @@ def test_refusals_charge_nothing(served, who, body, status, error):
 
 def test_non_json_body(served):
     server, keys, *_ = served
-    response = httpx.post(
-        server.url + "/answer", headers=bearer(keys["alice"]), content=b"question=q", timeout=30
-    )
-    assert response.status_code == 400 and response.json()["error"] == "bad_request"
+    for raw in (b"question=q", b'{"question": "which dis'):  # not JSON; truncated JSON
+        response = httpx.post(
+            server.url + "/answer", headers=bearer(keys["alice"]), content=raw, timeout=30
+        )
+        assert response.status_code == 400 and response.json()["error"] == "invalid_json"
+        assert "character" in response.json()["detail"]
 
 
 def _answer(server, key, question):
@@ -233,7 +236,7 @@ def test_a_question_long_in_tokens_is_refused_before_any_charge(served):
         b'{"question": "x \\ud800 y"}',  # a lone surrogate escape
         b'{"question": "x \\udfff\\ud800 y"}',  # a reversed pair: two lone surrogates
         b'{"question": "x y", "k": 3, "\\ud800": 1}',  # in a key
-        b'{"question": "x \xed\xa0\x80 y"}',  # the surrogate's UTF-8 form, sent raw
+        b'{"question": "x \xed\xa0\x80 y"}',  # the surrogate's UTF-8 form: not UTF-8
     ],
 )
 def test_text_that_is_not_unicode_is_400(served, path, raw):
@@ -245,7 +248,7 @@ def test_text_that_is_not_unicode_is_400(served, path, raw):
         content=raw,
         timeout=60,
     )
-    _is_error(response, 400, "bad_request")
+    _is_error(response, 400, "invalid_utf8" if b"\xed" in raw else "bad_request")
     assert _all_charges(book) == before
 
 
