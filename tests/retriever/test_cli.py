@@ -32,6 +32,13 @@ def test_help_shows_every_option_name_in_full_at_80_columns():
     assert "--encoder-independent-of-collection" in result.output  # cut before issue 34
 
 
+def test_a_port_out_of_range_is_a_one_line_usage_error():
+    for port in ("-5", "70000"):
+        result = CliRunner().invoke(app, ["serve", "--port", port])
+        assert result.exit_code == 2 and "--port" in result.output
+        assert "Traceback" not in result.output and "OverflowError" not in result.output
+
+
 def _tenant_add(ledger, *caps):
     return _retriever("tenant", "add", "alice", "--ledger", str(ledger), "--dataset", "d", *caps)
 
