@@ -23,12 +23,16 @@ DEFAULT_PUBLIC_EXAMPLE = (
 # SmolLM2-135M.
 DEFAULT_FIELDS = ("Diagnosis", "Symptoms", "Treatment")
 DEFAULT_FIELD_VALUES = (1, 2, 1)
-# Public worked examples before each voter's record: (record, each field's value). With
-# SmolLM2-135M, a voter's top candidate is right for 65% / 8% / 55% of single records
-# (Diagnosis / Symptoms / Treatment) after a bare "Record: ...\n<Field>:", and 98% / 55% /
-# 98% after these two (40 records of the DP-RAG world; the other candidates: the record's
-# other keywords and another disease's). Set your own with your own fields.
-DEFAULT_FIELD_EXAMPLES = (
+# Public worked examples that can precede each voter's record: (record, each field's value).
+# Off by default, as measured: with SmolLM2-135M a single voter's top candidate is right for
+# 65% / 8% / 55% of records (Diagnosis / Symptoms / Treatment) after a bare "Record:
+# ...\n<Field>:" and 98% / 55% / 98% after these two, when the candidates are the record's
+# disease, symptoms and treatment (40 records of the DP-RAG world); but in a real release,
+# whose clusters also offer first names and symptom nouns, the examples made the votes name
+# a first name or a noun ("Diagnosis: Amina"): 14 of 40 records named a disease against 18
+# of 37 without, and the top BM25 record named the asked disease for 0.18 of the stream's
+# questions against 0.43 (one release each at epsilon 10).
+MEDICAL_FIELD_EXAMPLES = (
     (
         "Jane Doe, 52, came in with a dry cough and a high fever. Diagnosis: influenza. "
         "Treated with oseltamivir.",
@@ -104,7 +108,7 @@ class KnowledgeConfig:
     public_example: str = DEFAULT_PUBLIC_EXAMPLE
     fields: tuple[str, ...] = DEFAULT_FIELDS
     field_values: tuple[int, ...] = DEFAULT_FIELD_VALUES
-    field_examples: tuple[tuple[str, tuple[str, ...]], ...] = DEFAULT_FIELD_EXAMPLES
+    field_examples: tuple[tuple[str, tuple[str, ...]], ...] = ()
     min_keyword_tokens: int = 1
     specific_first: bool = True
     min_cohesion: float = 0.5

@@ -156,6 +156,13 @@ def test_a_field_reads_only_its_candidates_at_a_fixed_shape():
         )
 
 
+def test_the_medical_examples_fit_the_default_fields():
+    from synthgen.knowledge.config import MEDICAL_FIELD_EXAMPLES
+
+    config = KnowledgeConfig(epsilon=1.0, delta=1e-6, field_examples=MEDICAL_FIELD_EXAMPLES)
+    assert len(config.field_examples) == 2 and KnowledgeConfig(1.0, 1e-6).field_examples == ()
+
+
 def test_field_votes_read_the_public_examples_then_one_record():
     rows = []
 
@@ -242,7 +249,6 @@ def test_bad_configs_are_refused():
         {"fields": ("A",), "field_values": (1, 2)},
         {"field_values": (0, 1, 1)},
         {"field_examples": (("a record", ("only one value",)),)},
-        {"fields": ("A",), "field_values": (1,)},  # the default examples have three values
     ):
         with pytest.raises(ValueError):
             KnowledgeConfig(**({"epsilon": 1.0, "delta": 1e-6} | bad))
