@@ -132,7 +132,9 @@ def fact_share(records: Sequence[dict], world) -> dict[str, int]:
     named = correct = 0
     for record in records:
         fields = dict(
-            line.split(": ", 1) for line in record["text"].splitlines()[1:] if ": " in line
+            line.split(": ", 1)
+            for line in record["text"].splitlines()
+            if ": " in line and not line.startswith("Keywords:")
         )
         disease = first.get(fields.get("Diagnosis", "").strip().lower())
         if disease is None:

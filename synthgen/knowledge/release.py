@@ -264,15 +264,23 @@ def mean_logprob(lm, text: str, prefix: str = "Record:") -> float:
     return float(np.mean([rows[j][t] for j, t in enumerate(ids)]))
 
 
+def render_record(keywords_line: str, text: str) -> str:
+    """A synthetic record's text: the generated text (fields), then its keywords line."""
+    return f"{text.strip()}\n{keywords_line}" if text.strip() else keywords_line
+
+
 def synthetic_records(
     clusters: Sequence[Sequence[str]],
     texts: Sequence[Sequence[str]],
     keep: Callable[[str, str], bool],
 ) -> list[dict]:
-    """Post-processing: one record per generated text, "Keywords: ...\\n<text if kept>".
+    """Post-processing: one record per generated text, "<text if kept>\\nKeywords: ...".
 
-    A cluster that names no co-keyword and whose texts were all dropped says nothing
-    beyond its own keyword: it yields no record.
+    The text comes first: read by SmolLM2-135M with the question, a record that opens with
+    its fields is answered from (0.29 of the stream's first 300 questions on the epsilon-10
+    release, BM25 top record) far more often than one that opens with its keywords (0.16),
+    which the small reader echoes. A cluster that names no co-keyword and whose texts were
+    all dropped says nothing beyond its own keyword: it yields no record.
     """
     out = []
     for words, generated in zip(clusters, texts, strict=True):
@@ -281,7 +289,7 @@ def synthetic_records(
             kept = bool(text.strip()) and keep(head, text)
             if not kept and len(words) < 2:
                 continue
-            body = head + (f"\n{text.strip()}" if kept else "")
+            body = render_record(head, text if kept else "")
             out.append(
                 {"text": body, "topic": words[0], "keywords": list(words), "generated": kept}
             )

@@ -56,9 +56,9 @@ def test_fact_share_reads_the_fields_against_the_world():
     name, own = d.name.split()[0], [s.split()[0] for s in d.symptoms[:2]]
     other = WORLD.diseases[1].symptoms[0].split()[0]
     records = [
-        {"text": f"Keywords: x.\nDiagnosis: {name}\nSymptoms: {own[0]}, {own[1]}"},
-        {"text": f"Keywords: x.\nDiagnosis: {name}\nSymptoms: {own[0]}, {other}"},
-        {"text": "Keywords: x.\nDiagnosis: Jonah"},
+        {"text": f"Diagnosis: {name}\nSymptoms: {own[0]}, {own[1]}\nKeywords: x."},
+        {"text": f"Diagnosis: {name}\nSymptoms: {own[0]}, {other}\nKeywords: x."},
+        {"text": "Diagnosis: Jonah\nKeywords: x."},
         {"text": "Keywords: x."},
     ]
     assert fact_share(records, WORLD) == {"records": 4, "name_a_disease": 2, "state_its_facts": 1}
