@@ -292,8 +292,9 @@ def main() -> None:
     plot_streams(
         streams,
         args.out / "cumulative_accuracy.png",
-        f"{args.questions} questions over {args.records} records: release-epsE is one "
-        f"release at (E, {args.document_delta:g})-DP per record; rag is not private"
+        f"{args.questions} questions over {args.records} records ({args.retrieval} retrieval)\n"
+        f"release-epsE: one release at (E, {args.document_delta:g})-DP per record; "
+        "rag: not private"
         if free
         else f"icl at eps={args.epsilon:g} per answer; every record "
         f"({args.document_epsilon:g}, {args.document_delta:g})-DP; {args.records} records",
