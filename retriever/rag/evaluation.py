@@ -296,30 +296,22 @@ def make_rag(
     if encoder == "overlap":
         from retriever.lexical import OverlapEncoder
 
-        question_encoder = OverlapEncoder(texts, weight=lambda w: len(lm.encode(" " + w)))
-        embeddings = question_encoder.documents()
-        return DPRag(
-            [r.doc_id for r in world.records],
-            texts,
-            embeddings,
-            question_encoder.encode,
-            lm,
-            config=config,
-            prompt=MEDICAL_PROMPT,
-            rng=np.random.default_rng(seed),
-        )
-    question_encoder = load_encoder(encoder)
-    cache = out_dir / "record_embeddings.npy"
-    if cache.is_file():
-        embeddings = np.load(cache)
+        overlap = OverlapEncoder(texts, weight=lambda w: len(lm.encode(" " + w)))
+        embeddings, encode = overlap.documents(), overlap.encode
     else:
-        embeddings = question_encoder.encode(texts, progress=True)
-        np.save(cache, embeddings)
+        question_encoder = load_encoder(encoder)
+        encode = question_encoder.encode
+        cache = out_dir / "record_embeddings.npy"
+        if cache.is_file():
+            embeddings = np.load(cache)
+        else:
+            embeddings = question_encoder.encode(texts, progress=True)
+            np.save(cache, embeddings)
     return DPRag(
         [r.doc_id for r in world.records],
         texts,
         embeddings,
-        question_encoder.encode,
+        encode,
         lm,
         config=config,
         prompt=MEDICAL_PROMPT,
