@@ -11,8 +11,10 @@ the LM and the ledger. `answer(question, tenant=, epsilon=, mechanism=)`:
    prompts;
 3. releases the answer token by token through the chosen mechanism, with one batched
    KV-cache step per token for all private prompts and a separate session for the public
-   prompt (`retriever.rag.aggregation`, `retriever.rag.voting`); an answer the private
-   documents did not move abstains with `ABSTENTION_TEXT` (post-processing);
+   prompt (`retriever.rag.aggregation`, `retriever.rag.voting`), or once per answer over
+   the voters' whole answers (answer-vote) or their keywords (keywords,
+   `retriever.rag.keyword_vote`); an answer the private documents did not move abstains
+   with `ABSTENTION_TEXT` (post-processing);
 4. optionally releases a confidence score through the Laplace mechanism;
 5. charges every stage in one ledger transaction and only then returns.
 
