@@ -166,6 +166,9 @@ def run(application: typer.Typer, argv: list[str] | None = None) -> int:
         if debug:
             raise
         format_message = getattr(exc, "format_message", None)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare command: its help, no error
+            print(format_message())
+            return 0
         if callable(format_message) and hasattr(exc, "exit_code"):  # click/typer usage errors
             print(f"error: {format_message()}", file=sys.stderr)
             return exc.exit_code

@@ -18,6 +18,13 @@ def test_help():
         assert word in result.stdout
 
 
+def test_a_bare_command_prints_its_help_without_an_error():
+    for args in ((), ("ledger",)):
+        result = _synthgen(*args)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("Usage:") and "error" not in result.stderr
+
+
 def test_usage_error_is_one_line_exit_2():
     result = _synthgen(
         "privacy",
