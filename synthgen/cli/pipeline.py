@@ -122,15 +122,22 @@ def status(config: ConfigOption = None, out: OutOption = None) -> None:
 
 @pipeline_app.command("init")
 def init(
-    name: Annotated[str, typer.Argument(help="packaged example to copy (e.g. demo, tiny)")],
+    name: Annotated[
+        str | None,
+        typer.Argument(help="packaged example to copy (none: list them)", show_default=False),
+    ] = None,
     to: Annotated[
         Path | None, typer.Option(help="destination file or folder (default: ./NAME.py)")
     ] = None,
     force: Annotated[bool, typer.Option(help="overwrite an existing file")] = False,
 ) -> None:
     """Copies a packaged example config to a file you can edit, and says how to run it."""
-    from synthgen.config_files import UnknownConfigError, copy_pipeline_example
+    from synthgen.config_files import UnknownConfigError, copy_pipeline_example, pipeline_examples
 
+    if name is None:
+        print("packaged configs: " + ", ".join(pipeline_examples()))
+        print("next: synthgen pipeline init NAME")
+        return
     try:
         path = copy_pipeline_example(name, to, force=force)
     except UnknownConfigError as exc:

@@ -25,6 +25,12 @@ def test_a_bare_command_prints_its_help_without_an_error():
         assert result.stdout.startswith("Usage:") and "error" not in result.stderr
 
 
+def test_pipeline_init_without_a_name_lists_the_names():
+    result = _synthgen("pipeline", "init")
+    assert result.returncode == 0, result.stderr
+    assert all(name in result.stdout for name in ("demo", "gpu", "tiny"))
+
+
 def test_usage_error_is_one_line_exit_2():
     result = _synthgen(
         "privacy",
