@@ -36,7 +36,21 @@ ConfigOption = Annotated[
     ),
 ]
 OutOption = Annotated[Path | None, typer.Option(help="run folder (default: the config's out)")]
-ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress")]
+ProgressOption = Annotated[
+    bool,
+    typer.Option(
+        "--progress/--no-progress",
+        help="progress bars on stderr (--no-progress: none, the datasets library's included)",
+    ),
+]
+
+
+def _bars(progress: bool) -> None:
+    """--no-progress silences the datasets library's bars too (they are not ours)."""
+    if not progress:
+        import datasets
+
+        datasets.disable_progress_bars()
 
 pipeline_app = typer.Typer(
     help="The main job: private pairs -> DP synthetic queries -> encoder -> index -> report.",
@@ -86,6 +100,7 @@ def pipeline(
     from synthgen.pipeline import run_pipeline
 
     cfg = _load(config)
+    _bars(progress)
     run = run_pipeline(cfg, out, start=from_, progress=progress)
     print(f"report: {(run.root / 'report' / 'report.html').resolve()}")
 
@@ -197,6 +212,7 @@ def _run(name, config, out, *, force, progress, shard=None, train_only=False) ->
     from synthgen.pipeline.stage_shards import run_shard
 
     part = parse_shard(shard)
+    _bars(progress)
     if part is not None:
         if force or train_only:
             raise typer.BadParameter(

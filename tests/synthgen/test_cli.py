@@ -248,3 +248,18 @@ def test_ledger_documents_and_show_state_the_per_document_summary(tmp_path):
     assert "secret-id" not in shown.stdout + result.stdout
     missing = _synthgen("ledger", "documents", "--db", db, "--dataset", "other")
     assert missing.returncode == 2 and "not in individual accounting" in missing.stderr
+
+
+def test_no_progress_silences_the_datasets_bars_too():
+    import datasets
+    from typer.testing import CliRunner
+
+    from synthgen.cli import app
+    from synthgen.cli.pipeline import _bars
+
+    assert "progress bars on stderr" in CliRunner().invoke(app, ["pipeline", "--help"]).output
+    try:
+        _bars(False)
+        assert not datasets.is_progress_bar_enabled()
+    finally:
+        datasets.enable_progress_bars()
