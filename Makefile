@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+DEMO_STAMP := $(VENV)/.installed
 STAMP := $(VENV)/.installed-test
 SERVER_STAMP := $(VENV)/.installed-server-test
 # pytest-xdist workers of `make test`: one per core of the 2-core CI machine. Files, not
@@ -13,9 +14,14 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test install assets lint bench docs clean
 
-$(STAMP): pyproject.toml
+# `make demo` installs the package alone; `make test` adds the test and docs extras.
+$(DEMO_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP)
 	$(PY) -m pip install -q -e '.[test,docs]'
 	touch $(STAMP)
 
@@ -35,7 +41,7 @@ $(SERVER_STAMP): $(STAMP)
 	  touch $(SERVER_STAMP) || \
 	  echo "warning: could not build llama-cpp-python[server]; the LM server tests will skip" >&2
 
-assets: install
+assets: $(DEMO_STAMP)
 	$(VENV)/bin/synthgen assets fetch --all
 
 demo: assets
