@@ -5,11 +5,15 @@ Build: `make docs` (warnings are errors; `make test` builds it too).
 
 from __future__ import annotations
 
+import logging
 import sys
 from importlib.metadata import version as _version
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# autodoc imports the project, which imports datasets; its import-time INFO line ("JAX
+# version ... available") is not the docs build's business
+logging.getLogger("datasets").setLevel(logging.WARNING)
 
 project = "dpsynth"
 author = "the dpsynth authors"
