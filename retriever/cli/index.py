@@ -84,18 +84,35 @@ def index_query(
         str | None,
         typer.Option(help="the index's encoder where its folder moved (provenance checked)"),
     ] = None,
+    corpus: Annotated[
+        Path | None,
+        typer.Option(help="the indexed corpus.jsonl: print each hit's text (a snippet)"),
+    ] = None,
 ) -> None:
     """Top-k documents of each query from a built index."""
     from retriever.index_folder import search_index_folder
 
+    texts = None
+    if corpus is not None:
+        from retriever.data import read_corpus
+
+        texts = dict(zip(*read_corpus(corpus), strict=True))
     results = search_index_folder(index, query, k, encoder=encoder)
+    if texts is not None:
+        for hits in results:
+            for hit in hits:
+                hit["text"] = texts.get(hit["doc_id"], "")
     if as_json:
         print(json.dumps([{"query": q, "results": r} for q, r in zip(query, results)]))
         return
     for q, r in zip(query, results):
         print(q)
         for rank, hit in enumerate(r, start=1):
-            print(f"  {rank:2d}. {hit['doc_id']}  {hit['score']:.4f}")
+            line = f"  {rank:2d}. {hit['doc_id']}  {hit['score']:.4f}"
+            if "text" in hit:
+                text = " ".join(hit["text"].split())
+                line += "  " + (text if len(text) <= 80 else text[:77] + "...")
+            print(line)
 
 
 @index_app.command("export")

@@ -78,6 +78,13 @@ def test_train_evaluate_index_query(tmp_path):
     [hits] = json.loads(found.stdout)
     assert len(hits["results"]) == 3
     assert hits["results"][0]["doc_id"] == first["doc_id"]  # a document retrieves itself
+    shown = _retriever(
+        "index", "query", "--index", index, "--query", first["text"][:200], "--k", "1",
+        "--corpus", corpus,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    snippet = " ".join(first["text"].split())[:40]
+    assert first["doc_id"] in shown.stdout and snippet in shown.stdout  # the text beside the id
 
 
 def test_errors_are_one_line(tmp_path):
