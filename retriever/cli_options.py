@@ -47,9 +47,7 @@ ServedLmOption = Annotated[
     str, typer.Option(help="LM asset or path; 'tiny': byte-level test model")
 ]
 HostOption = Annotated[str, typer.Option(help="interface to listen on")]
-PortOption = Annotated[
-    int, typer.Option(help="port (0: a free one, printed)", min=0, max=65535)
-]
+PortOption = Annotated[int, typer.Option(help="port (0: a free one, printed)", min=0, max=65535)]
 ReplicasOption = Annotated[int, typer.Option(help="model replicas (one answer each)")]
 QueueOption = Annotated[int, typer.Option(help="most requests waiting for a replica")]
 QueueTimeoutOption = Annotated[float, typer.Option(help="seconds a request may wait")]

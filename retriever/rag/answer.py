@@ -767,9 +767,11 @@ class DPRag:
         stages = [("tokens", plan.token_block_event(1))]
         if not keywords:
             return "", 1, stages, True
-        document = self.lm.encode(keyword_document(keywords))
-        text = greedy_answer(self.lm, self.prompt.encode(self.lm, question, [document]),
-                             plan.max_tokens)  # fmt: skip
+        # public inputs only: the public session, the document cut to the public bound
+        # `_check_context` sized every prompt for
+        lm = self.public_lm
+        document = lm.encode(keyword_document(keywords))[: self.config.max_document_tokens]
+        text = greedy_answer(lm, self.prompt.encode(lm, question, [document]), plan.max_tokens)
         return final_answer(text, keywords), 1, stages, False
 
     def _score(self, scores, selected, epsilon: float, rng) -> tuple[float, float]:

@@ -18,7 +18,10 @@ Privacy:
   PipelineDP's add/remove analysis. So the selection runs at (epsilon / 2,
   delta / (1 + e^(epsilon / 2))), which group privacy turns into (epsilon, delta) for
   one document (as `retriever.rag.voting.dp_vote_token` does for LimitedDomain). The
-  answer is charged that one (epsilon, delta) event.
+  answer is charged that one (epsilon, delta) event. The noise is python-dp's own (OS
+  entropy): a seeded `DPRag` does not replay it. Not covered: PipelineDP's running time
+  grows with the number of voters' keywords, which a timing observer could read (the
+  token mechanisms run at a fixed shape instead).
 """
 
 from __future__ import annotations

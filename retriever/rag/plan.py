@@ -50,7 +50,7 @@ class AnswerPlan:
     """Public parameters of one answer's mechanisms and its worst-case charge.
 
     Attributes:
-      mechanism: "icl", "vote", "sparse-vote" or "answer-vote".
+      mechanism: "icl", "vote", "sparse-vote", "answer-vote" or "keywords".
       epsilon: the per-answer target.
       delta: the per-answer delta.
       max_tokens: most answer tokens.
@@ -60,8 +60,8 @@ class AnswerPlan:
         LimitedDomain).
       token_delta: per released token (vote/sparse; 0 for icl).
       gate_epsilon: per AboveThreshold instance (sparse only).
-      max_releases: paid tokens at most (sparse: the gate's cap; answer-vote: 1, the whole
-        answer; otherwise max_tokens).
+      max_releases: paid tokens at most (sparse: the gate's cap; answer-vote and keywords:
+        1, the whole answer; otherwise max_tokens).
       composition: "pure" or "bounded-range" (icl tokens).
     """
 

@@ -345,6 +345,9 @@ def test_keywords_release_the_voters_shared_keyword_and_the_lm_answers_from_it(t
             seen.append([self.decode(p) for p in prompts])
             return super().start(prompts, max_new_tokens, **kwargs)
 
+        def fork(self):  # the public session records too
+            return Recording(self.floor, self.eos_after_newline)
+
     rag = _plain_rag(
         tmp_path,
         [":Qx\n :Qx\n :Qx\n" for _ in range(N)],
