@@ -30,14 +30,19 @@ import math
 import re
 from collections.abc import Sequence
 
+from retriever.lexical import QUESTION_WORDS
 from synthgen.privacy.partition_selection import release_key_counts, selection_threshold
 
-# Words that carry no fact: articles, auxiliaries, question words and the answer's framing.
-STOPWORDS = frozenset(
+# Words that carry no fact: articles, auxiliaries, question words, the answer's framing
+# ("the most likely cause is ..."), and every word `retriever.lexical` treats as a
+# question's phrasing. Checked before and after normalising ("does" is not "doe").
+STOPWORDS = QUESTION_WORDS | frozenset(
     "a an the and or of in on at to for with by from as is are was were be been it its this "
     "that these those which what who whom whose when where why how patient patients disease "
     "diseases diagnosis answer record records question i you he she they we not no yes "
-    "treated treatment prescribed diagnosed reported presented came had has have".split()
+    "treated treatment prescribed diagnosed reported presented came had has have then so "
+    "also most likely probably possibly based suffering condition conditions illness case "
+    "called named known".split()
 )
 _WORD = re.compile(r"[^\W\d_][^\W_]*")
 
@@ -60,7 +65,9 @@ def answer_keywords(answer: str, max_keywords: int, question: str = "") -> list[
     out: list[str] = []
     for word in _WORD.findall(answer):
         key = normalise(word)
-        if len(key) > 1 and key not in STOPWORDS and key not in asked and key not in out:
+        if word.lower() in STOPWORDS or key in STOPWORDS:
+            continue
+        if len(key) > 1 and key not in asked and key not in out:
             out.append(key)
             if len(out) == max_keywords:
                 break

@@ -38,7 +38,10 @@ def test_keywords_are_normalised_words_at_most_k_once_each():
     assert "besox" in keyword_document(["besox", "fever"])
     # the question's own words are not an answer's keywords
     asked = "Which disease causes tadrunic numbness?"
-    assert answer_keywords("Tadrunic numbness, then Besox", 2, asked) == ["then", "besox"]
+    assert answer_keywords("Tadrunic numbness, then Besox", 2, asked) == ["besox"]
+    # the answer's framing is not a keyword either
+    assert answer_keywords("The most likely cause is Besox", 1) == ["besox"]
+    assert answer_keywords("It does: Besox", 1) == ["besox"]
 
 
 def test_the_final_answer_names_a_released_keyword():
