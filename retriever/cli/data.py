@@ -1,4 +1,5 @@
-"""`retriever data wiki`: prepare retrieval datasets in the plain JSONL formats."""
+"""`retriever data wiki | medical | filter`: prepare retrieval datasets in the plain JSONL
+formats."""
 
 from __future__ import annotations
 
@@ -28,6 +29,26 @@ def data_wiki(
         out, source=source, test_fraction=test_fraction, seed=seed, limit=limit
     )
     print(json.dumps(counts))
+
+
+@data_app.command("medical")
+def data_medical(
+    out: Annotated[Path, typer.Option(help="output folder")],
+    num_records: Annotated[int, typer.Option(help="records (each names one disease)")] = 2000,
+    num_diseases: Annotated[int, typer.Option(help="invented diseases")] = 60,
+    per_disease: Annotated[int, typer.Option(help="questions per disease, 1 to 6")] = 1,
+    seed: Annotated[int, typer.Option(help="same seed and sizes: same world")] = 0,
+) -> None:
+    """Write a sample private collection: invented-disease records (corpus.jsonl) and
+    questions with their answers (questions.jsonl). No LM knows these diseases, so a right
+    answer comes from the records; the DP-RAG evaluation's world is the default."""
+    from retriever.rag import medical
+
+    try:
+        summary = medical.write_world(out, num_records, num_diseases, per_disease, seed)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    print(json.dumps({"out": str(out)} | summary))
 
 
 @data_app.command("filter")

@@ -75,15 +75,21 @@ class MedicalWorldConfig:
 
     def __post_init__(self) -> None:
         if self.num_diseases < 1:
-            raise ValueError(f"need at least one disease, {self.num_diseases=}")
+            raise ValueError(f"need at least one disease, num_diseases={self.num_diseases}")
         if self.symptoms_per_disease < 2:
-            raise ValueError(f"need two distinctive symptoms, {self.symptoms_per_disease=}")
+            raise ValueError(
+                f"need two distinctive symptoms, symptoms_per_disease={self.symptoms_per_disease}"
+            )
         if self.symptom_pool < 2 * self.num_diseases + self.symptoms_per_disease - 2:
-            raise ValueError(f"symptom_pool too small for the diseases, {self.symptom_pool=}")
+            raise ValueError(
+                f"symptom_pool too small for the diseases, symptom_pool={self.symptom_pool}"
+            )
         if self.num_records < self.num_diseases:
-            raise ValueError(f"need a record per disease, {self.num_records=}")
+            raise ValueError(f"need a record per disease, num_records={self.num_records}")
         if not (math.isfinite(self.dirichlet_alpha) and self.dirichlet_alpha > 0):
-            raise ValueError(f"dirichlet_alpha must be positive, {self.dirichlet_alpha=}")
+            raise ValueError(
+                f"dirichlet_alpha must be positive, dirichlet_alpha={self.dirichlet_alpha}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,8 +275,35 @@ def support_histogram(world: MedicalWorld) -> dict[str, int]:
     return {(f"{1 << b}" if b == 0 else f"{1 << b}-{(2 << b) - 1}"): bins[b] for b in sorted(bins)}
 
 
+def write_world(
+    out: str | Path,
+    num_records: int = MedicalWorldConfig.num_records,
+    num_diseases: int = MedicalWorldConfig.num_diseases,
+    per_disease: int = 1,
+    seed: int = MedicalWorldConfig.seed,
+) -> dict:
+    """Writes ``out/corpus.jsonl`` (the private collection) and ``out/questions.jsonl``.
+
+    Returns:
+      The world's public summary: counts and the support histogram (no record text).
+
+    Raises:
+      ValueError: sizes that cannot make a world (see `MedicalWorldConfig`).
+    """
+    pool = max(MedicalWorldConfig.symptom_pool, 3 * num_diseases)
+    world = make_world(MedicalWorldConfig(num_diseases, 4, pool, num_records, seed=seed))
+    questions = world.questions(per_disease=per_disease, seed=seed)
+    write_corpus(world, Path(out) / "corpus.jsonl")
+    write_questions(questions, Path(out) / "questions.jsonl")
+    summary = {"num_diseases": len(world.diseases), "num_records": len(world.records)}
+    return summary | {
+        "num_questions": len(questions),
+        "support_histogram": support_histogram(world),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m retriever.rag.medical --out DIR``: writes corpus.jsonl and questions.jsonl."""
+    """``python -m retriever.rag.medical --out DIR`` (also ``retriever data medical``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument("--num-records", type=int, default=MedicalWorldConfig.num_records)
@@ -279,17 +312,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=MedicalWorldConfig.seed)
     args = parser.parse_args(argv)
     try:
-        pool = max(MedicalWorldConfig.symptom_pool, 3 * args.num_diseases)
-        config = MedicalWorldConfig(args.num_diseases, 4, pool, args.num_records, seed=args.seed)
-        world = make_world(config)
-        questions = world.questions(per_disease=args.per_disease, seed=args.seed)
-        write_corpus(world, args.out / "corpus.jsonl")
-        write_questions(questions, args.out / "questions.jsonl")
+        summary = write_world(
+            args.out, args.num_records, args.num_diseases, args.per_disease, args.seed
+        )
     except (ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    summary = {"num_diseases": len(world.diseases), "num_records": len(world.records)}
-    summary |= {"num_questions": len(questions), "support_histogram": support_histogram(world)}
     print(json.dumps(summary))
     return 0
 
