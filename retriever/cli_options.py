@@ -161,3 +161,33 @@ VotersOption = Annotated[int, typer.Option(help="M: voter prompts per release")]
 PublicPoolSizeOption = Annotated[
     int, typer.Option(help="declared pool size N: sampling rate q = voters/N")
 ]
+
+
+def check_collection_paths(index: Path | None, private_corpus: Path | None) -> None:
+    """A missing index folder or corpus file is a usage error naming it (exit 2), checked
+    before any ledger is opened or model loaded."""
+    if index is not None and not (index / "index.json").is_file():
+        raise typer.BadParameter(
+            f"no index at {index} (build one with `retriever index build --corpus "
+            "CORPUS.jsonl --out DIR`)",
+            param_hint="'--index'",
+        )
+    if private_corpus is not None and not private_corpus.is_file():
+        raise typer.BadParameter(
+            f"no corpus file at {private_corpus}", param_hint="'--private-corpus'"
+        )
+
+
+def check_existing_ledger(ledger: str) -> None:
+    """A SQLite ledger that does not exist is a usage error (exit 2): a mistyped path would
+    otherwise start an empty ledger, with none of the tenants and caps of the real one.
+    Ledgers are created by `retriever tenant add` (a PostgreSQL URL is not checked)."""
+    from synthgen.privacy.ledger_store import sqlite_path
+
+    path = sqlite_path(ledger)
+    if path is not None and not path.is_file():
+        raise typer.BadParameter(
+            f"no ledger at {path}: create it with `retriever tenant add NAME --ledger {path} "
+            "...` (a mistyped path would start an empty one)",
+            param_hint="'--ledger'",
+        )

@@ -21,6 +21,7 @@ from retriever.cli_options import (
     PrivateCorpusOption,
     RelevanceThresholdOption,
     check_accounting,
+    check_collection_paths,
 )
 from synthgen.command_line import LedgerOption, positive, probability
 
@@ -97,6 +98,19 @@ def _load_lm(lm: str):
     return TinyLM(), PromptFormat(chat=False)
 
 
+def _stored_scope(ledger: str, tenant: str, dataset: str):
+    """The tenant's scope on `dataset` in the ledger, or None (a SQLite file that does not
+    exist holds none and is not created here)."""
+    from synthgen.privacy import PrivacyLedger
+    from synthgen.privacy.ledger_store import sqlite_path
+
+    path = sqlite_path(ledger)
+    if path is not None and not path.is_file():
+        return None
+    scopes = PrivacyLedger(ledger).scopes()
+    return next((s for s in scopes if s.tenant == tenant and s.dataset == dataset), None)
+
+
 def answer(
     index: IndexOption,
     private_corpus: PrivateCorpusOption,
@@ -114,13 +128,14 @@ def answer(
     ledger: LedgerOption = None,
     tenant: Annotated[str, typer.Option(help="who pays")] = "default",
     tenant_epsilon: Annotated[
-        float,
+        float | None,
         typer.Option(
-            help="cap of a new tenant scope (existing scopes keep theirs); individual "
-            "accounting: the tenant's quota",
+            help="open a new tenant scope with this cap (a tenant unknown to the ledger is "
+            "refused without it; existing scopes keep theirs); individual accounting: the "
+            "tenant's quota",
             callback=positive,
         ),
-    ] = 10.0,
+    ] = None,
     tenant_delta: Annotated[
         float, typer.Option(help="delta cap of a new tenant scope", callback=probability)
     ] = 1e-5,
@@ -220,8 +235,16 @@ def answer(
     collection = None
     if collection_epsilon is not None:
         collection = Scope(COLLECTION, dataset, collection_epsilon, collection_delta)
-    tenant_scope = Scope(tenant, dataset, tenant_epsilon, tenant_delta)
     # refuse before writing or loading anything
+    check_collection_paths(index, private_corpus)
+    stored = _stored_scope(ledger or default_ledger_path(), tenant, dataset)
+    if stored is None and tenant_epsilon is None:
+        raise typer.BadParameter(
+            f"tenant {tenant} has no budget on {dataset}: register it with `retriever tenant "
+            f"add {tenant} --dataset {dataset} ...`, or open one here with --tenant-epsilon E",
+            param_hint="'--tenant'",
+        )
+    tenant_scope = stored or Scope(tenant, dataset, tenant_epsilon, tenant_delta)
     meta = read_index_meta(index)
     documents = len(meta["doc_ids"])
     check_delta(delta, documents, "--delta (per answer)")

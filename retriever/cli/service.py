@@ -31,6 +31,8 @@ from retriever.cli_options import (
     ServedLmOption,
     check_accounting,
     check_accounting_mode,
+    check_collection_paths,
+    check_existing_ledger,
     check_reuse,
 )
 from synthgen.command_line import positive, probability
@@ -155,6 +157,8 @@ def serve(
     check_reuse(reuse_answers, accounting)
     if document_cache and lm == "tiny":
         raise typer.BadParameter("the tiny test LM has no keys to cache", param_hint="'--lm'")
+    check_collection_paths(index, private_corpus)
+    check_existing_ledger(ledger)
 
     service = load_service(
         index,
@@ -253,6 +257,7 @@ def tenant_list(
     from synthgen.privacy import COLLECTION, format_epsilon
     from synthgen.privacy.document_filters import DocumentFilters
 
+    check_existing_ledger(ledger)
     registry = TenantRegistry.open(ledger)
     filters = DocumentFilters(registry.ledger.store)
     individual = filters.datasets()
@@ -275,6 +280,25 @@ def tenant_list(
                     "charges": spend.num_charges,
                 }
             )
+    # scopes opened by `retriever answer --tenant-epsilon` hold no key but spend on the
+    # collection too: listed, so that the tenants' rows add up to the collection's
+    registered = {t.name for t in registry.tenants()} | {COLLECTION}
+    for scope in (s for s in scopes if s.tenant not in registered):
+        spend = registry.ledger.spent(scope.tenant, scope.dataset)
+        rows.append(
+            {
+                "tenant": scope.tenant,
+                "status": "no key",
+                "key": "(retriever answer)",
+                "dataset": scope.dataset,
+                "accounting": "individual" if scope.dataset in individual else "collection",
+                "epsilon_cap": scope.epsilon_cap,
+                "delta_cap": scope.delta_cap,
+                "spent_epsilon": spend.epsilon,
+                "spent_epsilon_text": format_epsilon(spend.epsilon),
+                "charges": spend.num_charges,
+            }
+        )
     for scope in (s for s in scopes if s.tenant == COLLECTION):
         spend = registry.ledger.spent(COLLECTION, scope.dataset)
         rows.append(
@@ -339,5 +363,6 @@ def tenant_revoke(
     """Revoke a tenant's key for good (its budget and charges stay in the ledger)."""
     from retriever.service.tenants import TenantRegistry
 
+    check_existing_ledger(ledger)
     tenant = TenantRegistry.open(ledger).revoke(name)
     print(f"revoked {tenant.name}")

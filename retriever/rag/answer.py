@@ -763,6 +763,7 @@ class DPRag:
             delta=plan.token_delta,
             max_keywords=self.config.answer_keywords,
             question=question,
+            word_tokens=lambda word: len(self.public_lm.encode(" " + word)),
         )
         stages = [("tokens", plan.token_block_event(1))]
         if not keywords:

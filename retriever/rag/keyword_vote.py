@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from retriever.lexical import QUESTION_WORDS
 from synthgen.privacy.partition_selection import release_key_counts, selection_threshold
@@ -57,21 +57,36 @@ def normalise(word: str) -> str:
     return word
 
 
-def answer_keywords(answer: str, max_keywords: int, question: str = "") -> list[str]:
-    """A voter's keywords: the first `max_keywords` distinct normalised words of its answer
+def answer_keywords(
+    answer: str,
+    max_keywords: int,
+    question: str = "",
+    word_tokens: Callable[[str], int] | None = None,
+) -> list[str]:
+    """A voter's keywords: at most `max_keywords` distinct normalised words of its answer
     that are neither stopwords nor words of the (public) question: a voter that echoes the
-    question's words ("tadrunic numbness") says nothing the question did not (empty: none)."""
+    question's words ("tadrunic numbness") says nothing the question did not (empty: none).
+
+    Args:
+      answer: the voter's answer.
+      max_keywords: K.
+      question: the public question.
+      word_tokens: a public tokenizer's token count of a word: the rarest words (most
+        tokens) are kept first, so that a name beats the answer's framing ("the disease
+        causing ... is Zotrilosis" gives "zotrilosis", not "causing"); ties and None keep
+        the answer's order.
+    """
     asked = {normalise(w) for w in _WORD.findall(question)}
-    out: list[str] = []
+    candidates: list[tuple[str, str]] = []
     for word in _WORD.findall(answer):
         key = normalise(word)
         if word.lower() in STOPWORDS or key in STOPWORDS:
             continue
-        if len(key) > 1 and key not in asked and key not in out:
-            out.append(key)
-            if len(out) == max_keywords:
-                break
-    return out
+        if len(key) > 1 and key not in asked and key not in (k for k, _ in candidates):
+            candidates.append((key, word))
+    if word_tokens is not None:
+        candidates.sort(key=lambda c: -word_tokens(c[1]))  # stable: ties keep their order
+    return [key for key, _ in candidates[:max_keywords]]
 
 
 def group_parameters(epsilon: float, delta: float) -> tuple[float, float]:
@@ -91,6 +106,7 @@ def release_answer_keywords(
     delta: float,
     max_keywords: int,
     question: str = "",
+    word_tokens: Callable[[str], int] | None = None,
 ) -> list[str]:
     """The keywords that many voters' answers share, by descending noisy count ([]: none).
 
@@ -100,12 +116,13 @@ def release_answer_keywords(
       delta: its delta.
       max_keywords: K, most keywords one voter contributes (public).
       question: the public question; its words are not keywords.
+      word_tokens: a public tokenizer's token count of a word (`answer_keywords`).
 
     Privacy:
       (epsilon, delta)-DP for one document (module docstring).
     """
     eps, dlt = group_parameters(epsilon, delta)
-    keys = [answer_keywords(a, max_keywords, question) for a in answers]
+    keys = [answer_keywords(a, max_keywords, question, word_tokens) for a in answers]
     release = release_key_counts(keys, epsilon=eps, delta=dlt, max_keys=max_keywords)
     return [str(k) for k in release.counts]
 

@@ -128,7 +128,7 @@ def _answer(index, corpus, ledger, *extra):
     return _run(
         "retriever.cli", "answer", "--index", index, "--private-corpus", corpus,
         "--question", "which record says blue?", "--epsilon", "1", "--ledger", ledger,
-        "--tenant", "alice", "--lm", "no-such-lm", *extra,
+        "--tenant", "alice", "--tenant-epsilon", "10", "--lm", "no-such-lm", *extra,
     )  # fmt: skip
 
 
@@ -256,7 +256,8 @@ def individual(tmp_path, monkeypatch):
         argv = [
             "answer", "--index", index, "--private-corpus", corpus, "--question",
             "which record says blue?", "--epsilon", epsilon, "--ledger", ledger,
-            "--tenant", tenant, "--dataset", "records", "--lm", "tiny", "--k", "4",
+            "--tenant", tenant, "--tenant-epsilon", "10", "--dataset", "records", "--lm",
+            "tiny", "--k", "4",
             "--max-tokens", "3", "--accounting", "individual",
             *docs, *extra,
         ]  # fmt: skip
@@ -350,3 +351,44 @@ def test_answer_in_individual_accounting_refuses_a_collection_with_a_cap(individ
     assert "records has a collection cap" in capsys.readouterr().err
     assert [s.tenant for s in book.scopes()] == ["*"] and filters.datasets() == []
     assert individual.loads == []
+
+
+def test_an_unregistered_tenant_is_refused_unless_opened_explicitly(collection, tmp_path):
+    """A mistyped --tenant must not open a hidden budget (issue 51): refused (exit 2, no
+    ledger created) unless --tenant-epsilon asks for a new scope."""
+    index, corpus = collection
+    ledger = tmp_path / "ledger.sqlite"
+    result = _run(
+        "retriever.cli", "answer", "--index", index(), "--private-corpus", corpus,
+        "--question", "which record says blue?", "--epsilon", "1", "--ledger", ledger,
+        "--tenant", "mallory", "--dataset", "records", "--lm", "no-such-lm",
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "tenant mallory has no budget on records" in result.stderr
+    assert "retriever tenant add mallory" in result.stderr and "--tenant-epsilon" in result.stderr
+    assert not ledger.exists()
+
+
+def test_tenant_list_shows_every_scope_that_spends_on_the_collection(tmp_path):
+    """A scope opened by `retriever answer --tenant-epsilon` holds no key but is listed, so
+    the tenants' rows and the collection's row can be added up."""
+    from synthgen.privacy import Scope, accounting
+
+    ledger = tmp_path / "ledger.sqlite"
+    added = _run(
+        "retriever.cli", "tenant", "add", "alice", "--epsilon", "5", "--delta", "1e-6",
+        "--ledger", ledger, "--dataset", "records", "--collection-epsilon", "20",
+        "--collection-delta", "1e-6",
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    book = PrivacyLedger(ledger)
+    book.ensure_scope(Scope("mallory", "records", 10.0, 1e-6))
+    book.charge(
+        "mallory", "records", stage="rag-tokens", event=accounting.pure_epsilon_event(0.5),
+        relation="ADD_OR_REMOVE_ONE",
+    )  # fmt: skip
+    listed = _run("retriever.cli", "tenant", "list", "--ledger", ledger, "--json")
+    rows = {r["tenant"]: r for r in map(json.loads, listed.stdout.splitlines())}
+    assert rows["mallory"]["status"] == "no key"
+    assert rows["mallory"]["spent_epsilon"] == pytest.approx(0.5, abs=1e-3)
+    assert rows["alice"]["status"] == "active"

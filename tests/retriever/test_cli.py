@@ -148,3 +148,38 @@ def test_serve_refuses_reuse_and_cache_options_that_cannot_work(tmp_path, capsys
     assert code == 2, err
     assert message in err
     assert not ledger.exists()
+
+
+def test_serve_names_a_missing_index_corpus_or_ledger_and_creates_nothing(tmp_path, capsys):
+    """Each missing input is named (exit 2) before a ledger is opened: a mistyped --ledger
+    path is refused, not started as an empty ledger (issue 51)."""
+    import numpy as np
+
+    from retriever.index import ExactSearcher
+    from retriever.index_folder import save_index_folder
+    from synthgen.command_line import run
+
+    index, corpus = tmp_path / "index", tmp_path / "c.jsonl"
+    save_index_folder(
+        index, ExactSearcher(np.eye(2, 4, dtype=np.float32)), encoder="all-minilm-l6-v2",
+        doc_ids=["a", "b"],
+    )
+    corpus.write_text('{"doc_id": "a", "text": "x"}\n{"doc_id": "b", "text": "y"}\n')
+    ledger = tmp_path / "ledger.sqlite"
+
+    def serve(index=index, corpus=corpus, ledger=ledger):
+        argv = ["serve", "--index", index, "--private-corpus", corpus, "--ledger", ledger]
+        code = run(app, [*map(str, argv), "--lm", "tiny", "--mechanism", "icl"])
+        return code, " ".join(capsys.readouterr().err.split())
+
+    code, err = serve(index=tmp_path / "nope")
+    assert code == 2 and "--index" in err and f"no index at {tmp_path / 'nope'}" in err
+    code, err = serve(corpus=tmp_path / "nope.jsonl")
+    assert code == 2 and "--private-corpus" in err and "no corpus file" in err
+    assert "collection cap" not in err
+    code, err = serve(ledger=tmp_path / "typo.sqlite")
+    assert code == 2 and "--ledger" in err and "no ledger at" in err
+    assert not (tmp_path / "typo.sqlite").exists()
+    for command in (["tenant", "list"], ["tenant", "revoke", "alice"]):
+        assert run(app, [*command, "--ledger", str(tmp_path / "typo.sqlite")]) == 2
+    assert not (tmp_path / "typo.sqlite").exists()

@@ -44,6 +44,21 @@ def test_keywords_are_normalised_words_at_most_k_once_each():
     assert answer_keywords("It does: Besox", 1) == ["besox"]
 
 
+def test_a_rare_word_beats_the_answers_framing_under_a_public_tokenizer():
+    """With a token count (SmolLM2's: "causing" 1 token, "Zotrilosis" 4), the rarest words
+    come first; without one, or on ties, the answer's order holds."""
+    counts = {"causing": 1, "flushing": 1, "Zotrilosis": 4, "Madox": 2, "syndrome": 1}
+    answer = "The disease causing flushing is Zotrilosis"
+    assert answer_keywords(answer, 1) == ["causing"]
+    assert answer_keywords(answer, 1, word_tokens=counts.get) == ["zotrilosis"]
+    assert answer_keywords("Madox syndrome", 2, word_tokens=counts.get) == ["madox", "syndrome"]
+    assert answer_keywords("syndrome Madox", 1, word_tokens=lambda w: 1) == ["syndrome"]
+    released = release_answer_keywords(
+        [answer] * 400, epsilon=5.0, delta=1e-6, max_keywords=1, word_tokens=counts.get
+    )
+    assert released == ["zotrilosis"]
+
+
 def test_the_final_answer_names_a_released_keyword():
     assert final_answer("Besox fever", ["besox"]) == "Besox fever"
     assert final_answer("- 20", ["besox", "madox"]) == "Besox"
