@@ -45,6 +45,7 @@ import copy
 import dataclasses
 import secrets
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -481,10 +482,10 @@ class DPRag:
           the answer's (epsilon, delta) as a quota, not as the privacy statement, which is
           per document over all tenants. Known channels, not hidden by the fixed shape:
           the charge transaction reads the documents near their cap and writes two rows
-          per payer, so its duration grows with those counts (about 0.1 ms per payer on
-          SQLite); and a failure after the charge (charged, nothing released) is
-          observable, though the fixed shape and padding of faulty rows make a
-          data-dependent one unlikely.
+          per payer, so its duration (not the decode's deadline, which starts after it)
+          grows with those counts (about 0.1 ms per payer on SQLite); and a failure
+          after the charge (charged, nothing released) is observable, though the fixed
+          shape and padding of faulty rows make a data-dependent one unlikely.
         """
         rho = self._document_rho(plan)
         ref = secrets.token_hex(16)
@@ -506,6 +507,7 @@ class DPRag:
             )
             return [self.doc_ids[i] for i in np.flatnonzero(chosen[-1][2])], rho
 
+        charge_started = time.monotonic()
         try:
             charges = self._charge(
                 tenant, plan.mechanism, stages, plan.delta, ref, documents=payers
@@ -515,6 +517,11 @@ class DPRag:
                 f"the budget of {tenant} changed during the answer; nothing was released"
             ) from None
         selection = chosen[-1]
+        if deadline is not None:
+            # the charge's time grows with the number of payers: the decode's wall-time
+            # bound starts after it commits, so `truncated` and the token count do not
+            # depend on how many documents were relevant
+            deadline += time.monotonic() - charge_started
         failed = False
         try:
             released = self._decode(question, plan, scores, selection, rng, deadline)

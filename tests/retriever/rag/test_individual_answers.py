@@ -203,3 +203,38 @@ def test_a_collection_with_filters_refuses_collection_answers_and_bare_charges(t
             relation="ADD_OR_REMOVE_ONE",
         )
     assert ledger.charges("alice", "records") == []
+
+
+def test_the_decode_deadline_starts_after_the_charge_whatever_the_payers(tmp_path, monkeypatch):
+    """The charge's time grows with its payers; the decode's deadline must not see it
+    (issue 51): a fake clock that the charge advances by 1 s per payer gives the same
+    `truncated` and token count for six payers ("near") and none ("far")."""
+    import time
+
+    rag, *_ = _rag(tmp_path)
+    now = [1000.0]
+
+    def clock():
+        now[0] += 0.01  # every reading costs a little: decoding takes time
+        return now[0]
+
+    monkeypatch.setattr(time, "monotonic", clock)
+    charge = rag._charge
+
+    def slow_charge(*args, documents, **kwargs):
+        def counted(conn):
+            payers, rho = documents(conn)
+            now[0] += 1.0 * len(payers)
+            return payers, rho
+
+        return charge(*args, documents=counted, **kwargs)
+
+    monkeypatch.setattr(rag, "_charge", slow_charge)
+    answers = {}
+    for question in ("near", "far"):
+        paid = now[0]
+        answers[question] = rag.answer(question, tenant="alice", epsilon=1.0, deadline=now[0] + 3.0)
+        answers[question + " charge"] = now[0] - paid
+    assert answers["near charge"] > 6.0 > answers["far charge"]  # six payers were charged
+    assert answers["near"].truncated == answers["far"].truncated == False  # noqa: E712
+    assert answers["near"].tokens == answers["far"].tokens
