@@ -61,6 +61,17 @@ def test_page_answers_and_shows_the_budget(chromium, served, world):
     try:
         page.goto(server.url + "/", timeout=WAIT_MS)
         assert page.title() == "dpsynth · private answers"
+        # before a key is checked: Ask disabled, no placeholder costs (issue 51)
+        assert page.locator("#ask").is_disabled()
+        assert page.locator("#terms").inner_text().startswith("enter your tenant key")
+        assert "…" not in page.locator("body").inner_text()
+        page.fill("#key", "dpk_wrong")
+        page.dispatch_event("#key", "change")
+        page.wait_for_function(
+            "document.getElementById('remaining').textContent !== '–'", timeout=WAIT_MS
+        )
+        assert page.locator("#ask").is_disabled()  # a refused key enables nothing
+        errors.clear()  # the browser logs the refused key's 401s as console errors
 
         page.fill("#key", key)
         page.dispatch_event("#key", "change")
