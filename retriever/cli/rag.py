@@ -318,12 +318,13 @@ def answer(
         print(json.dumps(out))
         return
     print(result.text)
-    parts = ", ".join(f"{c.stage} {c.epsilon:.3g}" for c in result.charges)
+    shown = result.to_json()  # one rounding: the JSON's, the service's and the log's
+    parts = ", ".join(f"{c['stage']} {c['epsilon_text']}" for c in shown["charges"])
     abstained = " abstained;" if result.abstained else ""
     remaining = "remaining quota epsilon" if individual else "remaining epsilon"
     print(
-        f"[{mechanism}]{abstained} epsilon={result.epsilon:.4g} delta={result.delta:g} ({parts}); "
-        f"{remaining}={result.remaining_epsilon:.4g} for tenant {tenant}"
+        f"[{mechanism}]{abstained} epsilon={shown['epsilon_text']} delta={result.delta:g} "
+        f"({parts}); {remaining}={shown['remaining_epsilon_text']} for tenant {tenant}"
     )
     if individual:
         print(

@@ -82,6 +82,8 @@ from synthgen.privacy import (
     BudgetExceededError,
     PrivacyLedger,
     accounting,
+    format_epsilon,
+    format_left,
     laplace_mechanism,
     secure_rng,
 )
@@ -155,7 +157,15 @@ class Answer:
     reused: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields, and each spend as people read it (`synthgen.privacy.figures`: the
+        total and every stage rounded up, the remainder rounded down, 4 decimals): the
+        same strings as the CLI, the service's log and its page."""
+        out = dataclasses.asdict(self)
+        out["epsilon_text"] = format_epsilon(self.epsilon)
+        out["remaining_epsilon_text"] = format_left(self.remaining_epsilon)
+        for charge in out["charges"]:
+            charge["epsilon_text"] = format_epsilon(charge["epsilon"])
+        return out
 
 
 class DPRag:

@@ -650,7 +650,7 @@ def create_app(service: Service) -> FastAPI:
                 500, "internal", "internal error; /budget shows whether this answer was charged"
             ) from None
         charged = 0.0 if result.reused else result.epsilon
-        request.state.log.update(tokens=result.tokens, charged=f"{charged:.4g}")
+        request.state.log.update(tokens=result.tokens, charged=format_epsilon(charged))
         return {"tenant": tenant, "answer": result.to_json()}
 
     @app.get("/budget")

@@ -25,7 +25,7 @@ from synthgen.privacy.events import (
     pure_epsilon_event,
     self_composed,
 )
-from synthgen.privacy.figures import format_epsilon, format_remaining
+from synthgen.privacy.figures import format_epsilon, format_left, format_remaining
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import COLLECTION, Charge, Scope, Spend
 from synthgen.privacy.mechanisms import (
@@ -60,6 +60,7 @@ __all__ = [
     "event_to_json",
     "exponential_mechanism",
     "format_epsilon",
+    "format_left",
     "format_remaining",
     "gaussian_event",
     "gaussian_mechanism",

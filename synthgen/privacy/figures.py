@@ -45,3 +45,15 @@ def format_remaining(epsilon_cap: float, epsilon: float) -> str:
         return str(Decimal(0).quantize(_QUANTUM))
     remaining = Decimal(repr(float(epsilon_cap))) - Decimal(shown)
     return str(max(Decimal(0), remaining).quantize(_QUANTUM, rounding=ROUND_FLOOR))
+
+
+def format_left(epsilon: float) -> str:
+    """A remaining epsilon known only as a float (no cap at hand), rounded *down* with
+    `DECIMALS` decimals and at least 0: never more than there is."""
+    epsilon = float(epsilon)
+    if math.isnan(epsilon):
+        raise ValueError(f"a remainder cannot be nan, got {epsilon=}")
+    if math.isinf(epsilon):
+        return "inf" if epsilon > 0 else str(Decimal(0).quantize(_QUANTUM))
+    left = Decimal(repr(epsilon)).quantize(_QUANTUM, rounding=ROUND_FLOOR)
+    return str(max(Decimal(0).quantize(_QUANTUM), left))

@@ -238,3 +238,22 @@ def test_the_decode_deadline_starts_after_the_charge_whatever_the_payers(tmp_pat
     assert answers["near charge"] > 6.0 > answers["far charge"]  # six payers were charged
     assert answers["near"].truncated == answers["far"].truncated == False  # noqa: E712
     assert answers["near"].tokens == answers["far"].tokens
+
+
+def test_an_answer_states_one_rounded_up_figure(tmp_path):
+    """The JSON's `*_text` figures are the ledger's rounding (`synthgen.privacy.figures`):
+    the total and each stage rounded up, the remainder down (issue 51: 2.0003 / 1.9988 /
+    1.999 for one answer before)."""
+    from decimal import Decimal
+
+    from synthgen.privacy import format_epsilon, format_left
+
+    rag, *_ = _rag(tmp_path, epsilon=2.0)
+    shown = rag.answer("near", tenant="alice", epsilon=2.0).to_json()
+    assert shown["epsilon_text"] == format_epsilon(shown["epsilon"])
+    assert Decimal(shown["epsilon_text"]) >= Decimal(repr(shown["epsilon"]))
+    assert Decimal(shown["remaining_epsilon_text"]) <= Decimal(repr(shown["remaining_epsilon"]))
+    assert shown["remaining_epsilon_text"] == format_left(shown["remaining_epsilon"])
+    for charge in shown["charges"]:
+        assert charge["epsilon_text"] == format_epsilon(charge["epsilon"])
+    assert format_left(-0.1) == "0.0000" and format_left(1.23456) == "1.2345"
