@@ -276,11 +276,42 @@ def _differences(recorded: str, requested: str) -> str:
     )
 
 
+# the options that set each field of an answer's event shape (`retriever serve` first)
+_SHAPE_OPTIONS = {
+    "epsilon": "--answer-epsilon (serve) / --epsilon (answer)",
+    "mechanism": "--mechanism",
+    "delta": "--delta",
+    "max_tokens": "--max-tokens",
+    "max_releases": "--max-releases",
+    "composition": "--composition",
+    "retrieval_share": "the mechanism's retrieval share (--mechanism)",
+    "score_share": "--score (answer)",
+}
+
+
+def _way_forward(dataset: str, recorded: str, requested: str) -> str:
+    try:
+        old, new = json.loads(recorded), json.loads(requested)
+    except json.JSONDecodeError:
+        return "answer with the recorded settings (`retriever tenant list` shows them)"
+    settings = ", ".join(
+        f"{_SHAPE_OPTIONS.get(key, key)} {old.get(key)}"
+        for key in sorted(set(old) | set(new))
+        if old.get(key) != new.get(key)
+    )
+    return (
+        f"to go on, use the recorded settings ({settings}); to answer at other settings, "
+        f"open a new collection name with its own caps (`retriever tenant add NAME --dataset "
+        f"NEW --collection-epsilon E --collection-delta D`, then --dataset NEW), knowing that "
+        f"both names then guard the same records and their guarantees add up"
+    )
+
+
 def _shape_refusal(dataset: str, recorded: str, requested: str) -> ValueError:
     return ValueError(
         f"{dataset} already answers with another event ({_differences(recorded, requested)}): "
         "every answer charged to a collection must be the same event (adaptively chosen "
-        "events void the ledger's composition); answer with the recorded settings"
+        f"events void the ledger's composition); {_way_forward(dataset, recorded, requested)}"
     )
 
 

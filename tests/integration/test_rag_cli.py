@@ -198,6 +198,11 @@ def test_answer_refuses_another_event_than_the_collections(collection, tmp_path)
     result = _answer(index(), corpus, ledger, "--dataset", "records", "--mechanism", "icl")
     assert result.returncode == 1
     assert "already answers with another event (epsilon 2.0 recorded, 1.0 here)" in result.stderr
+    # the way forward: the settings to use, or a new collection name (issue 51)
+    assert "use the recorded settings (--answer-epsilon (serve) / --epsilon (answer) 2.0)" in (
+        result.stderr
+    )
+    assert "open a new collection name" in result.stderr and "add up" in result.stderr
     assert [s.tenant for s in book.scopes()] == ["*"] and book.charges("*", "records") == []
 
 
