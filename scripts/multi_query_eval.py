@@ -33,6 +33,7 @@ cluster from its private work folder).
     python scripts/multi_query_eval.py --out runs/knowledge_stream \
         --modes rag no-rag release --release-epsilons 10 3 1 --individual-accuracy 0.006
     python scripts/multi_query_eval.py --out runs/multi_query_eval --modes collection individual
+    python scripts/multi_query_eval.py --out runs/multi_query_eval --replot   # the plot only
 
 Last line with a release: ``release_eps10=<acc> release_eps3=<acc> release_eps1=<acc>
 rag=<acc> individual_eps10=<acc> release_minutes_<records>=<minutes>``; else
@@ -169,7 +170,15 @@ def main() -> None:
         help="the individual cell's stream accuracy measured earlier (the results page), "
         "for the last line and the plot when this run has no individual cell",
     )  # fmt: skip
+    parser.add_argument(
+        "--replot", action="store_true",
+        help="only redraw cumulative_accuracy.png from --out's results.json and its "
+        "streams/*.jsonl (the per-question rows, operator-only); nothing is answered",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.replot:
+        replot(args.out)
+        return
 
     from retriever.encoders import load_encoder
     from synthgen.lm_backends import FlaxLM
@@ -274,33 +283,8 @@ def main() -> None:
             f"{single['stream_mix']:.3f} weighted by the stream's questions"
         )
     (args.out / "table.md").write_text(table + "\n")
-    references = {}
-    if single is not None:
-        references[f"single answers, uniform over diseases ({single['uniform']:.2f})"] = single[
-            "uniform"
-        ]
-        references[f"single answers, weighted by the stream ({single['stream_mix']:.2f})"] = single[
-            "stream_mix"
-        ]
-    if args.individual_accuracy is not None and "individual" not in streams:
-        label = (
-            "query-time icl, individual filters, eps=10 per record "
-            f"({args.individual_accuracy:.3f})"
-        )
-        references[label] = args.individual_accuracy
+    plot(config, streams, single, args.out / "cumulative_accuracy.png")
     free = any(m in args.modes for m in ("rag", "no-rag", "release"))
-    plot_streams(
-        streams,
-        args.out / "cumulative_accuracy.png",
-        f"{args.questions} questions over {args.records} records ({args.retrieval} retrieval)\n"
-        f"release-epsE: one release at (E, {args.document_delta:g})-DP per record; "
-        "rag: not private"
-        if free
-        else f"icl at eps={args.epsilon:g} per answer; every record "
-        f"({args.document_epsilon:g}, {args.document_delta:g})-DP; {args.records} records",
-        ymax=1.0 if free else 0.5,
-        references=references or None,
-    )
     print(table)
     if free:
         individual = summaries.get("individual", {}).get("accuracy", args.individual_accuracy)
@@ -320,6 +304,61 @@ def main() -> None:
         f"{col.get('answered', 0)} accuracy_individual={ind.get('accuracy', 0.0):.3f} "
         f"accuracy_collection={col.get('accuracy', 0.0):.3f}"
     )
+
+
+def plot(config: dict, streams: dict[str, list[dict]], single: dict | None, path: Path) -> None:
+    """The cumulative accuracy plot of a run: its streams, and the single-answer and
+    earlier individual-accounting accuracies as reference lines.
+
+    `config` is the run's settings as results.json stores them (``vars(args)``). The y-range
+    holds every curve and line: a stream whose first answer is right starts at 1.
+    """
+    references = {}
+    if single is not None:
+        references[f"single answers, uniform over diseases ({single['uniform']:.2f})"] = single[
+            "uniform"
+        ]
+        references[f"single answers, weighted by the stream ({single['stream_mix']:.2f})"] = single[
+            "stream_mix"
+        ]
+    individual = config.get("individual_accuracy")
+    if individual is not None and "individual" not in streams:
+        label = f"query-time icl, individual filters, eps=10 per record ({individual:.3f})"
+        references[label] = individual
+    free = any(m in config["modes"] for m in ("rag", "no-rag", "release"))
+    peak = max(
+        [
+            float(np.max(np.cumsum(correct) / np.arange(1, len(correct) + 1)))
+            for correct in ([bool(r["correct"]) for r in rows] for rows in streams.values())
+            if correct
+        ]
+        + list(references.values()),
+        default=1.0,
+    )
+    records, delta = config["records"], config["document_delta"]
+    plot_streams(
+        streams,
+        path,
+        f"{config['questions']} questions over {records} records "
+        f"({config.get('retrieval', 'dense')} retrieval)\n"
+        f"release-epsE: one release at (E, {delta:g})-DP per record; rag: not private"
+        if free
+        else f"icl at eps={config['epsilon']:g} per answer; every record "
+        f"({config['document_epsilon']:g}, {delta:g})-DP; {records} records",
+        ymax=min(1.0, peak) * 1.05,
+        references=references or None,
+    )
+
+
+def replot(out: Path) -> None:
+    """Redraws `out`/cumulative_accuracy.png from `out`/results.json and its stream rows."""
+    results = json.loads((out / "results.json").read_text())
+    streams = {name: answered(out / "streams", name) for name in results["summaries"]}
+    missing = [name for name, rows in streams.items() if not rows]
+    if missing:
+        raise SystemExit(f"no stream rows for {missing} in {out / 'streams'}: run the evaluation")
+    plot(results["config"], streams, results["single_answer"], out / "cumulative_accuracy.png")
+    print(out / "cumulative_accuracy.png")
 
 
 def _release(args, name: str, epsilon: float, texts: list[str], encoder, lm) -> dict:

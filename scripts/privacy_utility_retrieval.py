@@ -40,6 +40,7 @@ is the epsilon-1 synthetic cell (plain or with levers) with the best validation 
 
     python scripts/privacy_utility_retrieval.py --out runs/privacy_utility   # hours on 2 cores
     python scripts/privacy_utility_retrieval.py --docs 9862 --out runs/pu_full --epsilons 1
+    python scripts/privacy_utility_retrieval.py --replot docs/privacy_utility.json  # the PNG
 """
 
 from __future__ import annotations
@@ -158,7 +159,17 @@ def main() -> None:
     parser.add_argument(
         "--report-only", action="store_true", help="table and plot from the finished cells"
     )
+    parser.add_argument(
+        "--replot",
+        type=Path,
+        metavar="JSON",
+        help="only redraw the plot of a cells JSON (results.json, docs/privacy_utility.json) "
+        "into the same path with .png; nothing is trained or evaluated",
+    )
     args = parser.parse_args()
+    if args.replot is not None:
+        plot(json.loads(args.replot.read_text()), args.replot.with_suffix(".png"))
+        return
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
@@ -451,13 +462,27 @@ def report(cells: list[dict], out: Path, args) -> None:
 
 
 def plot(cells: list[dict], path: Path) -> None:
-    """NDCG@10 against epsilon: synthetic and direct-DP curves, zero-shot and real lines."""
+    """NDCG@10 against epsilon: synthetic and direct-DP curves, zero-shot and real lines.
+
+    The cells are this script's (`results.json`: the test half's ``test_ndcg@10``) or those
+    of a run from before the validation split (`docs/privacy_utility.json`: ``ndcg@10`` on
+    all the held-out queries). The y-limits hold every curve and line, so none sits on the
+    frame.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     by = {c["cell"]: c for c in cells}
+    if all("test_ndcg@10" in c for c in cells):
+        metric, ylabel = "test_ndcg@10", "NDCG@10 on the held-out test queries"
+    else:
+        metric = "ndcg@10"
+        queries = {c.get("num_queries") for c in cells} - {None}
+        held_out = f"{queries.pop()} held-out" if len(queries) == 1 else "the held-out"
+        ylabel = f"NDCG@10 on {held_out} real queries"
+    plotted: list[float] = []
     fig, ax = plt.subplots(figsize=(6, 4))
     combos = sorted(
         {levers_of(n[len("synthetic-") :]) for n in by if n.startswith("synthetic-")} - {None, ""},
@@ -468,7 +493,7 @@ def plot(cells: list[dict], path: Path) -> None:
     curves.append(("direct-dp-", "", "direct DP training", "s"))
     for prefix, suffix, label, marker in curves:
         pts = sorted(
-            (c["epsilon"], c["test_ndcg@10"])
+            (c["epsilon"], c[metric])
             for n, c in by.items()
             if n.startswith(prefix)
             and levers_of(n[len(prefix) :]) == suffix
@@ -476,19 +501,25 @@ def plot(cells: list[dict], path: Path) -> None:
         )
         if pts:
             ax.plot(*zip(*pts), marker=marker, label=label)
+            plotted += [y for _, y in pts]
     for name, style, label in (
         ("real", "--", "real queries, no DP"),
         ("synthetic-inf", ":", "synthetic, non-private generator"),
         ("zero-shot", "-.", "zero-shot encoder"),
     ):
         if name in by:
-            ax.axhline(by[name]["test_ndcg@10"], linestyle=style, color="gray", label=label)
+            ax.axhline(by[name][metric], linestyle=style, color="gray", label=label)
+            plotted.append(by[name][metric])
+    if plotted:
+        margin = max(0.08 * (max(plotted) - min(plotted)), 0.002)
+        ax.set_ylim(min(plotted) - margin, max(plotted) + margin)
     ax.set_xlabel("epsilon (delta = 1/(2n))")
-    ax.set_ylabel("NDCG@10 on the held-out test queries")
+    ax.set_ylabel(ylabel)
     ax.set_title("wiki-summaries-en: retrieval utility vs privacy")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

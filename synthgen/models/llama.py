@@ -274,7 +274,7 @@ class Mlp(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm block; the call signature is `nn.scan`'s (carry, *inputs).
+    """One pre-norm block; the call signature is `nn.scan`'s ``(carry, *inputs)``.
 
     `mask` and `cache` are `Attention`'s: without a cache (training, scoring) the block
     attends to itself; with one (`synthgen.models.kv_cache`) it returns the updated cache.

@@ -62,7 +62,7 @@ class SentencePieceTokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> SentencePieceTokenizer:
-        """From a .model file or a directory holding spiece.model (or one *.model file)."""
+        """From a .model file or a directory holding spiece.model (or one ``*.model`` file)."""
         path = Path(path)
         if path.is_dir():
             extra = _extra_ids(path)

@@ -7,20 +7,22 @@ tensor in the checkpoint must be used, except the aliases HF itself ignores
 checkpoints). PyTorch `nn.Linear` weights are [out, in]; Flax kernels are [in, out], so every
 projection is transposed. Weights are loaded as float32 whatever their stored dtype.
 
-HF name                                              Flax path (under params)
-shared.weight                                        shared/embedding
-{s}.block.0.layer.0.SelfAttention.relative_attention_bias.weight
-                                                     {s}/relative_attention_bias/embedding
-{s}.block.{i}.layer.0.layer_norm.weight              {s}/block_{i}/self_attn_norm/scale
-{s}.block.{i}.layer.0.SelfAttention.{q,k,v,o}.weight {s}/block_{i}/self_attn/{q,k,v,o}/kernel
-decoder.block.{i}.layer.1.layer_norm.weight          decoder/block_{i}/cross_attn_norm/scale
-decoder.block.{i}.layer.1.EncDecAttention.{q,k,v,o}.weight
-                                                     decoder/block_{i}/cross_attn/{..}/kernel
-{s}.block.{i}.layer.{f}.layer_norm.weight            {s}/block_{i}/ff_norm/scale
-{s}.block.{i}.layer.{f}.DenseReluDense.{wi,wi_0,wi_1,wo}.weight
-                                                     {s}/block_{i}/ff/{..}/kernel
-{s}.final_layer_norm.weight                          {s}/final_norm/scale
-lm_head.weight (untied only)                         lm_head/kernel
+The name map::
+
+    HF name                                              Flax path (under params)
+    shared.weight                                        shared/embedding
+    {s}.block.0.layer.0.SelfAttention.relative_attention_bias.weight
+                                                         {s}/relative_attention_bias/embedding
+    {s}.block.{i}.layer.0.layer_norm.weight              {s}/block_{i}/self_attn_norm/scale
+    {s}.block.{i}.layer.0.SelfAttention.{q,k,v,o}.weight {s}/block_{i}/self_attn/{q,k,v,o}/kernel
+    decoder.block.{i}.layer.1.layer_norm.weight          decoder/block_{i}/cross_attn_norm/scale
+    decoder.block.{i}.layer.1.EncDecAttention.{q,k,v,o}.weight
+                                                         decoder/block_{i}/cross_attn/{..}/kernel
+    {s}.block.{i}.layer.{f}.layer_norm.weight            {s}/block_{i}/ff_norm/scale
+    {s}.block.{i}.layer.{f}.DenseReluDense.{wi,wi_0,wi_1,wo}.weight
+                                                         {s}/block_{i}/ff/{..}/kernel
+    {s}.final_layer_norm.weight                          {s}/final_norm/scale
+    lm_head.weight (untied only)                         lm_head/kernel
 
 with s in {encoder, decoder} and f = 1 (encoder) or 2 (decoder).
 
