@@ -52,6 +52,7 @@ def _bars(progress: bool) -> None:
 
         datasets.disable_progress_bars()
 
+
 pipeline_app = typer.Typer(
     help="The main job: private pairs -> DP synthetic queries -> encoder -> index -> report.",
     invoke_without_command=True,
@@ -103,6 +104,11 @@ def pipeline(
     _bars(progress)
     run = run_pipeline(cfg, out, start=from_, progress=progress)
     print(f"report: {(run.root / 'report' / 'report.html').resolve()}")
+    from synthgen.pipeline.memory import high_water_mark_bytes
+
+    peak = high_water_mark_bytes()
+    if peak is not None:  # this process's peak over every stage it ran (as `time -v` sees)
+        print(f"peak memory of this run: {peak / 2**30:.2f} GiB")
 
 
 @pipeline_app.command("status")

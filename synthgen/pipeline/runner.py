@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from synthgen.pipeline.config import PipelineConfig
+from synthgen.pipeline.memory import StagePeak
 from synthgen.work_folder import private_folder
 
 STAGES = ("data", "generate", "train", "evaluate", "index", "rag", "report")
@@ -187,27 +188,6 @@ def stage_status(config: PipelineConfig, run: RunFolder) -> dict[str, str]:
     return out
 
 
-def _reset_peak_memory() -> None:
-    """Resets the kernel's peak-RSS mark of this process (Linux >= 4.0); no-op elsewhere."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
-
-
-def _peak_memory_bytes() -> int | None:
-    """Peak resident memory of this process since the last reset (VmHWM), if readable."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def _clean(run: RunFolder, stage: str, fingerprint: str) -> None:
     """Removes a stage's outputs before it is recomputed, and its shards of other configs
     (all of the generate stage's: a recomputed generate stage trains a new generator)."""
@@ -280,9 +260,9 @@ def run_stage(
             "started": started,
         }
         run.write_record(stage, running)
-        _reset_peak_memory()
         function: Callable[[StageContext], dict] = STAGE_FUNCTIONS[stage]
-        summary = function(context)
+        with StagePeak() as peak:  # the process's own peak mark is never reset
+            summary = function(context)
         if train_only:  # the stage stays open: its queries (or shards) come next
             return {**running, "seconds": round(time.time() - started, 2), "summary": summary}
         record = {
@@ -291,7 +271,8 @@ def run_stage(
             "status": "done",
             "started": started,
             "seconds": round(time.time() - started, 2),
-            "peak_memory_bytes": _peak_memory_bytes(),
+            "peak_memory_bytes": peak.bytes,
+            "peak_memory_exact": peak.exact,  # False: the highest sample, a lower bound
             "summary": _jsonable(summary),
         }
         run.write_record(stage, record)
