@@ -15,7 +15,12 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import positive, probability
+from synthgen.command_line import one_of, positive, probability
+
+# `retriever.rag.plan.MECHANISMS`, spelled out so that the CLI imports no JAX or accounting
+# code to print its help (a test checks they agree)
+MECHANISMS = ("icl", "vote", "sparse-vote", "answer-vote", "keywords")
+MECHANISMS_METAVAR = "auto|" + "|".join(MECHANISMS)
 
 # the private collection
 IndexOption = Annotated[Path, typer.Option(help="exact index over the private corpus")]
@@ -38,7 +43,14 @@ CollectionDeltaOption = Annotated[
 
 # the answer (retriever.rag.RagConfig)
 MaxTokensOption = Annotated[int, typer.Option(help="most answer tokens")]
-CompositionOption = Annotated[str, typer.Option(help="icl tokens: pure | bounded-range")]
+CompositionOption = Annotated[
+    str,
+    typer.Option(
+        help="icl tokens' composition",
+        metavar="pure|bounded-range",
+        callback=one_of("pure", "bounded-range"),
+    ),
+]
 MinScoreOption = Annotated[float, typer.Option(help="public lower clip of similarities")]
 MaxScoreOption = Annotated[float, typer.Option(help="public upper clip of similarities")]
 
@@ -62,8 +74,10 @@ AnswerTimeoutOption = Annotated[
 AccountingOption = Annotated[
     str,
     typer.Option(
-        help="collection: every answer composes on the collection cap | individual: each "
-        "document pays only for the answers it takes part in (per-document filters; icl)"
+        help="collection: every answer composes on the collection cap; individual: each "
+        "document pays only for the answers it takes part in (per-document filters; icl)",
+        metavar="collection|individual",
+        callback=one_of("collection", "individual"),
     ),
 ]
 DocumentEpsilonOption = Annotated[

@@ -19,6 +19,7 @@ from typing import Annotated
 
 import click
 import typer
+from typer.core import TyperGroup
 
 from synthgen.assets import AssetError
 from synthgen.paths import default_ledger_help
@@ -110,6 +111,54 @@ def _print_version(value: bool) -> None:
             version = "unknown (not installed)"
         print(f"dpsynth {version}")
         raise typer.Exit(0)
+
+
+def one_of(*values: str):
+    """Option callback: the value is one of `values`, or a usage error naming the option
+    (exit 2). Declared with ``metavar="a|b"`` so that help prints the values, not <str>."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is not None and value not in values:
+            message = f"{_option_name(param)} must be one of {', '.join(values)}, got {value!r}"
+            raise click.UsageError(message, ctx)
+        return value
+
+    return check
+
+
+class HelpGroup(TyperGroup):
+    """A command list readable at 80 columns: the main job (``pipeline``) first, and each
+    summary whole, wrapped rather than cut with "..." (click's default)."""
+
+    first = ("pipeline",)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(super().list_commands(ctx), key=lambda name: name not in self.first)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command_summary(command)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+_ABBREVIATIONS = ("al.", "e.g.", "i.e.", "etc.", "vs.", "cf.")
+
+
+def command_summary(command: click.Command) -> str:
+    """A command's one-line summary: its ``short_help``, or its help's first sentence whole
+    (an abbreviation such as "et al." does not end it)."""
+    if command.short_help:
+        return command.short_help
+    words = " ".join((command.help or "").split("\n\n")[0].split()).split(" ")
+    for i, word in enumerate(words):
+        if word.endswith(".") and not word.endswith(_ABBREVIATIONS):
+            return " ".join(words[: i + 1])
+    return " ".join(words)
 
 
 def global_options(

@@ -18,11 +18,12 @@ from retriever.cli import evaluate, export, network, rag, service, train
 from retriever.cli.data import data_app
 from retriever.cli.index import index_app
 from retriever.cli.knowledge import knowledge_app
-from synthgen.command_line import global_options, run
+from synthgen.command_line import HelpGroup, global_options, run
 
 __all__ = ["app", "main", "run"]
 
 app = typer.Typer(
+    cls=HelpGroup,
     help="Retrieval on DP synthetic data.",
     no_args_is_help=True,
     add_completion=False,

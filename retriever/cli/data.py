@@ -9,8 +9,12 @@ from typing import Annotated
 
 import typer
 
+from synthgen.command_line import HelpGroup
+
 data_app = typer.Typer(
-    help="Prepare retrieval datasets in the plain JSONL formats.", no_args_is_help=True
+    cls=HelpGroup,
+    help="Prepare retrieval datasets in the plain JSONL formats.",
+    no_args_is_help=True,
 )
 
 

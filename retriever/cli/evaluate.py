@@ -8,12 +8,21 @@ from typing import Annotated
 
 import typer
 
+from synthgen.command_line import one_of
+
 
 def evaluate(
     encoder: Annotated[str, typer.Option(help="asset, encoder folder or trained checkpoint")],
     corpus: Annotated[Path, typer.Option(help="corpus.jsonl: doc_id, text")],
     queries: Annotated[Path, typer.Option(help="queries.jsonl: query, doc_id")],
-    index: Annotated[str, typer.Option(help="exact | scann | scann-bf")] = "exact",
+    index: Annotated[
+        str,
+        typer.Option(
+            help="the search: exact, ScaNN, or ScaNN brute force",
+            metavar="exact|scann|scann-bf",
+            callback=one_of("exact", "scann", "scann-bf"),
+        ),
+    ] = "exact",
     k: Annotated[int, typer.Option(help="cut-off of the metrics")] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
     out: Annotated[Path | None, typer.Option(help="also write the report here")] = None,

@@ -9,7 +9,11 @@ from typing import Annotated
 
 import typer
 
-index_app = typer.Typer(help="Build and query a nearest-neighbour index.", no_args_is_help=True)
+from synthgen.command_line import HelpGroup, one_of
+
+index_app = typer.Typer(
+    cls=HelpGroup, help="Build and query a nearest-neighbour index.", no_args_is_help=True
+)
 
 
 @index_app.command("build")
@@ -19,7 +23,14 @@ def index_build(
     ],
     out: Annotated[Path, typer.Option(help="index folder")],
     encoder: Annotated[str, typer.Option(help="asset or trained folder")] = "all-minilm-l6-v2",
-    kind: Annotated[str, typer.Option(help="auto | exact | scann | scann-bf")] = "auto",
+    kind: Annotated[
+        str,
+        typer.Option(
+            help="the search: exact, ScaNN or ScaNN brute force (auto: by size)",
+            metavar="auto|exact|scann|scann-bf",
+            callback=one_of("auto", "exact", "scann", "scann-bf"),
+        ),
+    ] = "auto",
     shard: Annotated[
         str | None,
         typer.Option(
@@ -65,7 +76,14 @@ def index_build(
 def index_merge(
     shards: Annotated[list[Path], typer.Argument(help="the shard folders of one build")],
     out: Annotated[Path, typer.Option(help="index folder")],
-    kind: Annotated[str, typer.Option(help="auto | exact | scann | scann-bf")] = "auto",
+    kind: Annotated[
+        str,
+        typer.Option(
+            help="the search: exact, ScaNN or ScaNN brute force (auto: by size)",
+            metavar="auto|exact|scann|scann-bf",
+            callback=one_of("auto", "exact", "scann", "scann-bf"),
+        ),
+    ] = "auto",
 ) -> None:
     """Build the index from the folders of `index build --shard I/N` (all N of them)."""
     from retriever.index_shards import merge_index_shards

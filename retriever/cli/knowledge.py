@@ -21,9 +21,17 @@ from retriever.cli_options import (
     PublicPoolSizeOption,
     VotersOption,
 )
-from synthgen.command_line import LedgerOption, parse_shard, positive, probability
+from synthgen.command_line import (
+    HelpGroup,
+    LedgerOption,
+    one_of,
+    parse_shard,
+    positive,
+    probability,
+)
 
 knowledge_app = typer.Typer(
+    cls=HelpGroup,
     help="Release a private collection's knowledge once (DP-SynRAG); answer from it for free.",
     no_args_is_help=True,
 )
@@ -154,7 +162,11 @@ def answer(
     ] = 1,
     retrieval: Annotated[
         str,
-        typer.Option(help="bm25 (the records' words) or dense (the release's index encoder)"),
+        typer.Option(
+            help="the records' words (BM25) or the release's index encoder (dense)",
+            metavar="bm25|dense",
+            callback=one_of("bm25", "dense"),
+        ),
     ] = "bm25",
     as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
 ) -> None:

@@ -31,15 +31,18 @@ from retriever.cli_options import (
     ReplicasOption,
     ServedLmOption,
 )
-from synthgen.command_line import positive, probability
+from synthgen.command_line import HelpGroup, positive, probability
 
 contributor_app = typer.Typer(
+    cls=HelpGroup,
     help="A contributor of the retrieval network: its release, its keys, its server.",
     no_args_is_help=True,
 )
-key_app = typer.Typer(help="API keys of a contributor (tenants of its own ledger).")
+key_app = typer.Typer(cls=HelpGroup, help="API keys of a contributor (tenants of its own ledger).")
 contributor_app.add_typer(key_app, name="key")
-network_app = typer.Typer(help="Ask every contributor of a network at once.", no_args_is_help=True)
+network_app = typer.Typer(
+    cls=HelpGroup, help="Ask every contributor of a network at once.", no_args_is_help=True
+)
 
 if importlib.util.find_spec("retriever.cli.contributor_build") is not None:
     from retriever.cli.contributor_build import build

@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 
 from retriever.cli_options import (
+    MECHANISMS,
+    MECHANISMS_METAVAR,
     AccountingOption,
     CollectionDeltaOption,
     CompositionOption,
@@ -23,9 +25,9 @@ from retriever.cli_options import (
     check_accounting,
     check_collection_paths,
 )
-from synthgen.command_line import LedgerOption, positive, probability
+from synthgen.command_line import HelpGroup, LedgerOption, one_of, positive, probability
 
-privacy_app = typer.Typer(help="Privacy calculators.", no_args_is_help=True)
+privacy_app = typer.Typer(cls=HelpGroup, help="Privacy calculators.", no_args_is_help=True)
 
 
 @privacy_app.command("rag")
@@ -34,10 +36,22 @@ def privacy_rag(
     delta: Annotated[float, typer.Option(help="per-answer delta")],
     target_epsilon: Annotated[float, typer.Option(help="per-answer epsilon")],
     mechanism: Annotated[
-        str, typer.Option(help="icl | vote | sparse-vote | answer-vote | keywords")
+        str,
+        typer.Option(
+            help="the answer mechanism",
+            metavar="icl|vote|sparse-vote|answer-vote|keywords",
+            callback=one_of("icl", "vote", "sparse-vote", "answer-vote", "keywords"),
+        ),
     ] = "icl",
     retrieval_epsilon: Annotated[float, typer.Option(help="the threshold's epsilon")] = 0.0,
-    composition: Annotated[str, typer.Option(help="icl: pure | bounded-range")] = "pure",
+    composition: Annotated[
+        str,
+        typer.Option(
+            help="icl tokens' composition",
+            metavar="pure|bounded-range",
+            callback=one_of("pure", "bounded-range"),
+        ),
+    ] = "pure",
     voters: Annotated[int, typer.Option(help="vote / sparse-vote: most voters")] = 64,
     max_releases: Annotated[int, typer.Option(help="sparse-vote: most paid tokens")] = 6,
     max_keywords: Annotated[
@@ -122,7 +136,9 @@ def answer(
     mechanism: Annotated[
         str,
         typer.Option(
-            help="auto (best evaluated) | icl | vote | sparse-vote | answer-vote | keywords"
+            help="the answer mechanism (auto: the evaluation's best at this epsilon)",
+            metavar=MECHANISMS_METAVAR,
+            callback=one_of("auto", *MECHANISMS),
         ),
     ] = "auto",
     ledger: LedgerOption = None,

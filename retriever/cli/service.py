@@ -10,6 +10,8 @@ from typing import Annotated
 import typer
 
 from retriever.cli_options import (
+    MECHANISMS,
+    MECHANISMS_METAVAR,
     AccountingOption,
     AnswerTimeoutOption,
     CollectionDeltaOption,
@@ -35,9 +37,9 @@ from retriever.cli_options import (
     check_existing_ledger,
     check_reuse,
 )
-from synthgen.command_line import positive, probability
+from synthgen.command_line import HelpGroup, one_of, positive, probability
 
-tenant_app = typer.Typer(help="Tenants of the DP-RAG service.", no_args_is_help=True)
+tenant_app = typer.Typer(cls=HelpGroup, help="Tenants of the DP-RAG service.", no_args_is_help=True)
 
 LedgerOption = Annotated[str, typer.Option(help="ledger file or PostgreSQL URL")]
 KnowledgeOption = Annotated[
@@ -65,8 +67,9 @@ def serve(
     mechanism: Annotated[
         str,
         typer.Option(
-            help="every answer's: auto (best evaluated) | icl | vote | sparse-vote | "
-            "answer-vote | keywords"
+            help="every answer's mechanism (auto: the evaluation's best at --answer-epsilon)",
+            metavar=MECHANISMS_METAVAR,
+            callback=one_of("auto", *MECHANISMS),
         ),
     ] = "auto",
     replicas: ReplicasOption = 1,
@@ -102,8 +105,10 @@ def serve(
     reuse_answers: Annotated[
         str,
         typer.Option(
-            help="off | tenant | shared: a repeated question gets the answer released "
-            "before, charged nothing (shared: any tenant's; individual accounting only)"
+            help="a repeated question gets the answer released before, charged nothing "
+            "(tenant: its own; shared: any tenant's, individual accounting only)",
+            metavar="off|tenant|shared",
+            callback=one_of("off", "tenant", "shared"),
         ),
     ] = "off",
     document_cache: Annotated[

@@ -22,11 +22,12 @@ from synthgen.cli.ledger import ledger_app
 from synthgen.cli.lm import lm_app
 from synthgen.cli.pipeline import pipeline_app
 from synthgen.cli.privacy import privacy_app
-from synthgen.command_line import USER_ERRORS, global_options, run
+from synthgen.command_line import USER_ERRORS, HelpGroup, global_options, run
 
 __all__ = ["USER_ERRORS", "app", "main", "run"]
 
 app = typer.Typer(
+    cls=HelpGroup,
     help="DP synthetic data: assets, privacy accounting, budget ledger.",
     no_args_is_help=True,
     add_completion=False,

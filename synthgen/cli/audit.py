@@ -10,8 +10,10 @@ from typing import Annotated
 import typer
 
 from synthgen.cli.common import PresetOption
+from synthgen.command_line import HelpGroup, one_of
 
 audit_app = typer.Typer(
+    cls=HelpGroup,
     help="Empirical privacy audits: canaries, exposure, membership, epsilon lower bounds.",
     no_args_is_help=True,
 )
@@ -52,7 +54,14 @@ def audit_run(
     ] = "secret,real_document,random_document,rare_token",
     references: Annotated[int, typer.Option(help="reference secrets per canary")] = 100,
     limit: Annotated[int | None, typer.Option(help="first N private pairs only")] = None,
-    split: Annotated[str, typer.Option(help="wiki corpus only: all | train | test")] = "train",
+    split: Annotated[
+        str,
+        typer.Option(
+            help="wiki corpus only: the split of documents to use",
+            metavar="all|train|test",
+            callback=one_of("all", "train", "test"),
+        ),
+    ] = "train",
     epochs: Annotated[float | None, typer.Option(help="override the preset's epochs")] = None,
     batch_size: Annotated[int | None, typer.Option(help="expected batch size")] = None,
     learning_rate: Annotated[float | None, typer.Option()] = None,

@@ -11,10 +11,15 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import positive
+from synthgen.command_line import one_of, positive
 
 SplitOption = Annotated[
-    str, typer.Option(help="wiki corpus only: all | train | test (split by document)")
+    str,
+    typer.Option(
+        help="wiki corpus only: the split of documents to use",
+        metavar="all|train|test",
+        callback=one_of("all", "train", "test"),
+    ),
 ]
 PresetOption = Annotated[
     str,
@@ -58,8 +63,10 @@ ServerContextOption = Annotated[
 ServerPromptOption = Annotated[
     str,
     typer.Option(
-        help="auto | tokens | text: how prompts reach --server; auto probes it once with a "
-        "public prompt and sends token ids where accepted, text otherwise"
+        help="how prompts reach --server; auto probes it once with a "
+        "public prompt and sends token ids where accepted, text otherwise",
+        metavar="auto|tokens|text",
+        callback=one_of("auto", "tokens", "text"),
     ),
 ]
 TopLogprobsOption = Annotated[

@@ -8,13 +8,16 @@ from typing import Annotated
 
 import typer
 
+from synthgen.command_line import HelpGroup
 from synthgen.paths import default_ledger_help, default_ledger_path
 from synthgen.privacy.document_filters import DocumentFilters
 from synthgen.privacy.figures import format_epsilon, format_remaining
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_copy import copy_ledger
 
-ledger_app = typer.Typer(help="Inspect the privacy budget ledger.", no_args_is_help=True)
+ledger_app = typer.Typer(
+    cls=HelpGroup, help="Inspect the privacy budget ledger.", no_args_is_help=True
+)
 
 
 def _open_ledger(db: str | None) -> PrivacyLedger:

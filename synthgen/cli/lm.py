@@ -9,7 +9,10 @@ from typing import Annotated
 
 import typer
 
+from synthgen.command_line import HelpGroup
+
 lm_app = typer.Typer(
+    cls=HelpGroup,
     help="Local Llama-architecture language models (GGUF or Hugging Face folders).",
     no_args_is_help=True,
 )

@@ -18,6 +18,8 @@ from typing import Annotated
 
 import typer
 
+from synthgen.command_line import HelpGroup
+
 STAGE_HELP = {
     "data": "Load the private pairs and split them by document (public seed).",
     "generate": "DP synthetic queries (fine-tuned or few-shot generator), charged first.",
@@ -54,6 +56,7 @@ def _bars(progress: bool) -> None:
 
 
 pipeline_app = typer.Typer(
+    cls=HelpGroup,
     help="The main job: private pairs -> DP synthetic queries -> encoder -> index -> report.",
     invoke_without_command=True,
 )

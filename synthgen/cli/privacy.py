@@ -7,9 +7,12 @@ from typing import Annotated
 
 import typer
 
+from synthgen.command_line import HelpGroup, one_of
 from synthgen.privacy import accounting
 
-privacy_app = typer.Typer(help="Privacy calculators (no data is touched).", no_args_is_help=True)
+privacy_app = typer.Typer(
+    cls=HelpGroup, help="Privacy calculators (no data is touched).", no_args_is_help=True
+)
 
 
 @privacy_app.command("dpsgd")
@@ -20,8 +23,17 @@ def privacy_dpsgd(
     delta: Annotated[float, typer.Option(help="target delta")],
     noise_multiplier: Annotated[float | None, typer.Option(help="sigma; prints epsilon")] = None,
     target_epsilon: Annotated[float | None, typer.Option(help="prints calibrated sigma")] = None,
-    sampling: Annotated[str, typer.Option(help="poisson | shuffle")] = "poisson",
-    accountant: Annotated[str, typer.Option(help="pld | rdp")] = "pld",
+    sampling: Annotated[
+        str,
+        typer.Option(
+            help="how batches are drawn",
+            metavar="poisson|shuffle",
+            callback=one_of("poisson", "shuffle"),
+        ),
+    ] = "poisson",
+    accountant: Annotated[
+        str, typer.Option(help="the accountant", metavar="pld|rdp", callback=one_of("pld", "rdp"))
+    ] = "pld",
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
     """Epsilon of DP-SGD for a noise multiplier, or the noise multiplier for a target epsilon."""
@@ -82,7 +94,14 @@ def privacy_fewshot(
     ] = None,
     target_epsilon: Annotated[float | None, typer.Option(help="prints calibrated noise")] = None,
     delta: Annotated[float | None, typer.Option(help="below 1/N; default 1/(10N)")] = None,
-    mechanism: Annotated[str, typer.Option(help="gaussian | rnm")] = "gaussian",
+    mechanism: Annotated[
+        str,
+        typer.Option(
+            help="the token release: Gaussian votes or report-noisy-max",
+            metavar="gaussian|rnm",
+            callback=one_of("gaussian", "rnm"),
+        ),
+    ] = "gaussian",
     tokens_per_draw: Annotated[
         int, typer.Option(help="tokens sharing one draw (1 = fresh draw per token)")
     ] = 1,

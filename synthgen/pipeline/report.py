@@ -487,5 +487,5 @@ def write_report(ctx: StageContext) -> dict:
     page.write_text(
         _html(metrics, plots, _samples(ctx, ctx.config.report.samples)), encoding="utf-8"
     )
-    ctx.log("report", f"report: {page.resolve()}")
+    ctx.log("report", "report.html, metrics.json and the plots written")
     return {"report": str(page.resolve()), "plots": sorted(plots)}

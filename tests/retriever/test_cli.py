@@ -183,3 +183,18 @@ def test_serve_names_a_missing_index_corpus_or_ledger_and_creates_nothing(tmp_pa
     for command in (["tenant", "list"], ["tenant", "revoke", "alice"]):
         assert run(app, [*command, "--ledger", str(tmp_path / "typo.sqlite")]) == 2
     assert not (tmp_path / "typo.sqlite").exists()
+
+
+def test_choices_print_their_values_and_a_wrong_one_is_a_usage_error():
+    """Issue 51: `--mechanism auto|icl|...`, not `<str>`; a value outside is exit 2 naming
+    the option; the CLI's list of mechanisms is the library's."""
+    from retriever.cli_options import MECHANISMS
+    from retriever.rag.plan import MECHANISMS as LIBRARY
+
+    assert MECHANISMS == LIBRARY
+    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "80"})
+    assert "--mechanism auto|icl|vote|sparse-vote|answer-vote|keywords" in result.output
+    assert "--accounting collection|individual" in result.output
+    result = _retriever("serve", "--mechanism", "magic")
+    assert result.returncode == 2
+    assert "--mechanism must be one of auto, icl" in result.stderr and "'magic'" in result.stderr

@@ -263,3 +263,19 @@ def test_no_progress_silences_the_datasets_bars_too():
         assert not datasets.is_progress_bar_enabled()
     finally:
         datasets.enable_progress_bars()
+
+
+def test_the_main_job_is_listed_first_with_every_summary_whole_at_80_columns():
+    """Issue 51: `pipeline` first; no command summary cut with "..."; choices as values."""
+    from typer.testing import CliRunner
+
+    from synthgen.cli import app
+
+    out = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "80"}).output
+    commands = out.split("Commands:")[1].split()
+    assert commands[0] == "pipeline"
+    assert "..." not in out.split("Commands:")[1]
+    out = CliRunner().invoke(app, ["privacy", "--help"], env={"COLUMNS": "80"}).output
+    assert "(Tang et al. 2024)" in " ".join(out.split())  # "et al." does not end it
+    out = CliRunner().invoke(app, ["privacy", "dpsgd", "--help"], env={"COLUMNS": "80"}).output
+    assert "--sampling poisson|shuffle" in out and "<str>" not in out
