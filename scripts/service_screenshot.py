@@ -57,17 +57,19 @@ def add_tenant(ledger: Path, *, epsilon: float, collection_epsilon: float) -> st
     """Registers the tenant (and the collection's caps); returns its API key."""
     out = run("-m", "retriever.cli", "tenant", "add", TENANT, "--epsilon", epsilon,
               "--delta", 1e-5, "--ledger", ledger, "--dataset", "corpus",
-              "--collection-epsilon", collection_epsilon, "--collection-delta", 1e-4)  # fmt: skip
+              "--collection-epsilon", collection_epsilon, "--collection-delta", 1e-5)  # fmt: skip
     return out.strip()
 
 
-def start_server(world: dict[str, Path], ledger: Path, lm: str, epsilon: float, log: Path) -> tuple:
-    """`retriever serve` on a free loopback port; returns (process, url)."""
+def start_server(
+    world: dict[str, Path], ledger: Path, lm: str, epsilon: float, mechanism: str, log: Path
+) -> tuple:
+    """`retriever serve` on a free loopback port, at the service's defaults otherwise (as the
+    service guide's first run); returns (process, url)."""
     args = [
         sys.executable, "-m", "retriever.cli", "serve",
         "--index", world["index"], "--private-corpus", world["corpus"], "--ledger", ledger,
-        "--lm", lm, "--k", "4", "--max-tokens", "12", "--min-score", "0.2",
-        "--answer-epsilon", epsilon,
+        "--lm", lm, "--answer-epsilon", epsilon, "--mechanism", mechanism,
     ]  # fmt: skip
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1"}
     with open(log, "w") as stderr:
@@ -142,20 +144,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs/service_page.png"))
     parser.add_argument("--lm", default="smollm2-135m-instruct", help="LM asset or path")
-    parser.add_argument("--epsilon", type=float, default=2.0, help="the service's answer epsilon")
-    parser.add_argument("--num-records", type=int, default=60)
-    parser.add_argument("--num-diseases", type=int, default=6)
+    # the service guide's first run: its sample collection, mechanism, epsilon and question
+    parser.add_argument("--epsilon", type=float, default=5.0, help="the service's answer epsilon")
+    parser.add_argument("--mechanism", default="keywords", help="the service's mechanism")
+    parser.add_argument("--num-records", type=int, default=2000)
+    parser.add_argument("--num-diseases", type=int, default=60)
+    parser.add_argument(
+        "--question", default="Which disease causes zazelous flushing and nagrexal tremor?"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="service-screenshot-") as tmp:
         root = Path(tmp)
         world = build_world(root, records=args.num_records, diseases=args.num_diseases)
         ledger = root / "ledger.sqlite"
-        key = add_tenant(ledger, epsilon=5.0, collection_epsilon=20.0)
-        proc, url = start_server(world, ledger, args.lm, args.epsilon, root / "server.log")
+        key = add_tenant(ledger, epsilon=20.0, collection_epsilon=40.0)
+        log = root / "server.log"
+        proc, url = start_server(world, ledger, args.lm, args.epsilon, args.mechanism, log)
         try:
             wait_healthy(url)
-            question = first_question(world["questions"])
+            question = args.question or first_question(world["questions"])
             answer = screenshot(url, key, question, args.out)
         finally:
             stop_server(proc)

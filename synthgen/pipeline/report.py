@@ -20,7 +20,7 @@ import io
 import json
 from pathlib import Path
 
-from synthgen.pipeline.runner import STAGES, StageContext
+from synthgen.pipeline.context import STAGES, StageContext
 from synthgen.work_folder import private_folder
 
 PRIVACY_UNITS = {
