@@ -123,8 +123,8 @@ class AnswerPlan:
         if self.mechanism != "icl":
             raise ValueError(
                 f"per-document accounting answers with icl only: {self.mechanism} releases "
-                "LimitedDomain tokens, (epsilon, delta)-DP with no zCDP curve, which a "
-                "per-document filter cannot take"
+                "an (epsilon, delta)-DP event (LimitedDomain tokens, or keywords' partition "
+                "selection) with no zCDP curve, which a per-document filter cannot take"
             )
         if self.retrieval_epsilon > 0:
             raise ValueError(
