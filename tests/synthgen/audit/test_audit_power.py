@@ -1,0 +1,121 @@
+"""scripts/audit_power.py: last-line contract, resumability, no coins in any output file."""
+
+import importlib.util
+import json
+import math
+import re
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from synthgen.audit import power, whitebox
+
+SCRIPT = Path(__file__).parents[3] / "scripts" / "audit_power.py"
+LAST_LINE = re.compile(
+    r"nonprivate_eps_lb=nan dp8_eps_lb=nan whitebox_nonprivate_eps_lb=([0-9.]+) "
+    r"whitebox_dp8_eps_lb=([0-9.]+) cap=([0-9.]+)"
+)
+SEED = 11
+CANARIES = 300
+
+
+def _loss(trainable, frozen, example):
+    return jnp.mean(jnp.square(example["x"] @ trainable["w"] - example["y"]))
+
+
+def _toy_model(name: str) -> power.AuditedModel:
+    rng = np.random.default_rng(0)
+    return power.AuditedModel(
+        name=name,
+        description="toy (linear 64x256)",
+        loss_fn=_loss,
+        tapped_loss_fn=None,
+        trainable={"w": (0.1 * rng.normal(size=(64, 256))).astype(np.float32)},
+        frozen={},
+        batch={
+            "x": rng.normal(size=(8, 64)).astype(np.float32),
+            "y": rng.normal(size=(8, 256)).astype(np.float32),
+        },
+        lora=False,
+        clip_norm=1.0,
+        learning_rate=1e-2,
+        microbatch=4,
+    )
+
+
+@pytest.fixture
+def script(monkeypatch):
+    """The script's main() with the toy model in place of the query generators."""
+    monkeypatch.setattr(power, "load_model", _toy_model)
+    spec = importlib.util.spec_from_file_location("audit_power_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def _run(main, out: Path, capsys) -> list[str]:
+    args = ["--out", str(out), "--quick", "--epsilons", "inf,8", "--canaries", str(CANARIES)]
+    assert main([*args, "--seed", str(SEED)]) == 0
+    return capsys.readouterr().out.strip().splitlines()
+
+
+def test_last_line_and_resume(script, tmp_path, capsys, monkeypatch):
+    lines = _run(script, tmp_path, capsys)
+    match = LAST_LINE.fullmatch(lines[-1])
+    assert match, lines[-1]
+    nonprivate, dp8, cap = map(float, match.groups())
+    assert nonprivate >= 0.9 * cap  # the planted leak: no noise reaches the cap
+    assert 0 <= dp8 <= 8.0
+    assert "not run yet" in lines[-2]
+    assert {p.name for p in tmp_path.iterdir()} == {
+        f"whitebox_tiny_t5_m{CANARIES}_eps8.json",
+        f"whitebox_tiny_t5_m{CANARIES}_epsinf.json",
+        "whitebox_table.md",
+    }
+    # Resumable: a second run reads the cells back and computes nothing.
+    monkeypatch.setattr(whitebox, "audit_dp_step", lambda *a, **k: pytest.fail("recomputed"))
+    assert _run(script, tmp_path, capsys)[-1] == lines[-1]
+
+
+def test_inclusion_coins_never_reach_an_output_file(script, tmp_path, capsys):
+    _run(script, tmp_path, capsys)
+    # The coins of cell k, recomputed here from the test seed (seed + k) exactly as
+    # whitebox.audit_dp_step draws them; they must not appear in any form in any file.
+    patterns = []
+    for k in range(2):
+        _, coin_key, _ = whitebox._streams(SEED + k)
+        coins = np.asarray(whitebox.jax.random.bernoulli(coin_key, 0.5, (CANARIES,)))
+        bits = "".join("1" if c else "0" for c in coins)
+        patterns += [
+            bits.encode(),
+            bits[:64].encode(),
+            json.dumps(coins.astype(int).tolist()).encode(),
+            json.dumps(coins.tolist()).encode(),
+            np.packbits(coins).tobytes(),
+            np.packbits(coins).tobytes().hex().encode(),
+        ]
+    for path in tmp_path.rglob("*"):
+        data = path.read_bytes()
+        for pattern in patterns:
+            assert pattern not in data, path.name
+        if path.suffix == ".json":
+            record = json.loads(data)
+            assert set(record) == {f.name for f in whitebox.dataclasses.fields(
+                whitebox.WhiteboxResult)} | {"violation"}  # fmt: skip
+            assert record["num_in"] + record["num_out"] == CANARIES
+            assert all(len(s) == 5 for s in record["stats"])  # aggregates, no score lists
+            assert record["target_epsilon"] in (8.0, math.inf)
+
+
+def test_summary_line_without_cells():
+    assert power.summary_line([]) == (
+        "nonprivate_eps_lb=nan dp8_eps_lb=nan whitebox_nonprivate_eps_lb=nan "
+        "whitebox_dp8_eps_lb=nan cap=nan"
+    )
+
+
+def test_unknown_model_is_refused():
+    with pytest.raises(ValueError, match="unknown model"):
+        power.load_model("gpt-5")
