@@ -50,6 +50,7 @@ demo: assets
 test: install $(SERVER_STAMP)
 	$(VENV)/bin/synthgen assets fetch wiki-summaries-en chatterbot-corpus-en smollm2-135m-instruct all-minilm-l6-v2
 	$(VENV)/bin/ruff check synthgen retriever tests scripts
+	$(VENV)/bin/lint-imports
 	$(MAKE) docs
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
@@ -64,6 +65,7 @@ bench: install
 lint: install
 	$(VENV)/bin/ruff check synthgen retriever tests scripts
 	$(VENV)/bin/ruff format --check synthgen retriever tests scripts
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache docs/_build

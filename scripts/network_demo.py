@@ -100,10 +100,10 @@ def network_cell(args, folders, questions, world, epsilon: float, lm) -> list[di
     import httpx
 
     from retriever.encoders import load_encoder
-    from retriever.network.contributor import add_key
     from retriever.network.engine import Contributor, EngineConfig, NetworkQueryEngine
     from retriever.rag.evaluation import MEDICAL_PROMPT
     from retriever.rag.medical import answer_is_correct
+    from retriever.service.contributor import add_key
 
     path = args.out / "cells" / f"network-eps{epsilon:g}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,17 +1,4 @@
-"""Next-token log-probabilities of a frozen LM for a batch of prompts, one protocol.
-
-DP few-shot generation (`synthgen.fewshot`) releases one token at a time for M private
-prompts that all continue with the same released tokens. A backend therefore keeps a
-*session*: `start(prompts)` returns the next-token log-probabilities [B, V] after each prompt
-and `append(token)` feeds the same token to every row and returns the next ones, so a token
-costs one cached decoding step per row. `score(prompts)` is the stateless full forward
-(what a session replaces; the naive path of `scripts/bench_fewshot.py`); it must leave an
-open session untouched, because the public prompt is scored with `score` in a call of its
-own while the private rows' session is open.
-
-Privacy: rows of one batch are padded together and share batched numerics, so a row's
-log-probabilities may depend (by float rounding) on the other rows of its call. Callers keep
-public and private prompts in separate calls (`synthgen.fewshot.generate` does).
+"""The local backends of `synthgen.next_token.NextTokenLM`, and `load_backend` that picks one.
 
 Backends:
   * `FlaxLM`: the local Flax Llama decoder (`smollm2-135m-instruct` by default, or any
@@ -28,58 +15,20 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from synthgen.next_token import NextTokenLM, row_tokens
 
-class NextTokenLM(Protocol):
-    """A frozen LM seen through its next-token distributions."""
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    @property
-    def eos_ids(self) -> tuple[int, ...]: ...
-
-    def encode(self, text: str, *, bos: bool = False) -> list[int]:
-        """Token ids of `text` (BOS first when `bos` and the model uses one)."""
-        ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-    def start(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, length: int | None = None
-    ) -> np.ndarray:
-        """Opens a session; log-probs [B, V] of the token after each prompt.
-
-        `length` (public) pads every prompt to at least this many tokens, so the session's
-        shape, compiled program and time do not depend on how long the prompts are (a
-        backend without shapes may ignore it).
-        """
-        ...
-
-    def append(self, token: int | Sequence[int]) -> np.ndarray:
-        """Feeds `token` to every row of the session (or one token per row, in row order);
-        log-probs [B, V] of the next token."""
-        ...
-
-    def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
-        """Stateless: log-probs [B, V] of the token after each prompt (full forward).
-
-        Leaves an open `start`/`append` session untouched.
-        """
-        ...
-
-
-def row_tokens(token: int | Sequence[int], rows: int) -> list[int]:
-    """`append`'s argument as one token per row: an int for every row, or one per row."""
-    if isinstance(token, int | np.integer):
-        return [int(token)] * rows
-    tokens = [int(t) for t in token]
-    if len(tokens) != rows:
-        raise ValueError(f"need one token per row: {len(tokens)=}, {rows=}")
-    return tokens
+__all__ = [
+    "FlaxLM",
+    "NextTokenLM",  # re-exported: where most callers have imported the protocol from
+    "TinyLM",
+    "continuation_logprobs",
+    "load_backend",
+    "row_tokens",
+]
 
 
 # ---- a deterministic test model ---------------------------------------------------------

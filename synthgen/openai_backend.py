@@ -70,6 +70,8 @@ from typing import Any
 
 import numpy as np
 
+from synthgen.next_token import row_tokens
+
 PROMPT_FORMATS = ("auto", "tokens", "text")
 # Public and fixed: the only prompt the probe ever sends.
 PROBE_TEXT = (
@@ -216,8 +218,6 @@ class OpenAICompletionsLM:
         return self.score(self._rows)
 
     def append(self, token: int | Sequence[int]) -> np.ndarray:
-        from synthgen.lm_backends import row_tokens
-
         for row, t in zip(self._rows, row_tokens(token, len(self._rows)), strict=True):
             row.append(t)
         return self.score(self._rows)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from synthgen.checkpoints import has_checkpoint
 
 if TYPE_CHECKING:
-    from synthgen.dp_train import PrivacyPlan
+    from synthgen.dp_plan import PrivacyPlan
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.ledger_types import Charge
 

@@ -86,9 +86,9 @@ def serve(
     /answer gives DP answers from the private collection, charged to the caller's tenant on
     this contributor's own ledger. Callers need a key from `retriever contributor key add`.
     """
-    from retriever.network.contributor import load_contributor
     from retriever.rag import RagConfig, ScoreRange
     from retriever.service.app import ServiceConfig
+    from retriever.service.contributor import load_contributor
     from retriever.service.server import serve as serve_forever
 
     service = load_contributor(
@@ -136,7 +136,7 @@ def key_add(
     The key works at this contributor only. /retrieve is free whatever the cap; the cap
     bounds the caller's /answer calls.
     """
-    from retriever.network.contributor import add_key
+    from retriever.service.contributor import add_key
 
     print(
         add_key(

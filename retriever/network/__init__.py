@@ -1,3 +1,4 @@
 """Privacy-preserving retrieval network: contributors release DP synthetic knowledge once
-(`knowledge`, `folder`), serve it (`contributor`), and a `NetworkQueryEngine` (`engine`)
-fans questions out to them and merges what comes back."""
+(`knowledge`, `folder`), serve it (`retriever.service.contributor`: the service's app over
+a knowledge folder), and a `NetworkQueryEngine` (`engine`) fans questions out to them and
+merges what comes back."""

@@ -9,7 +9,8 @@ the LM and the ledger. `answer(question, tenant=, epsilon=, mechanism=)`:
 2. scores the question against every private document (exact inner products) and draws
    the DP threshold (`retriever.rag.retrieval`); only the selected documents' text enters
    prompts;
-3. releases the answer token by token through the chosen mechanism, with one batched
+3. releases the answer token by token through the chosen mechanism (the loops are in
+   `retriever.rag.releases`), with one batched
    KV-cache step per token for all private prompts and a separate session for the public
    prompt (`retriever.rag.aggregation`, `retriever.rag.voting`), or once per answer over
    the voters' whole answers (answer-vote) or their keywords (keywords,
@@ -17,6 +18,9 @@ the LM and the ledger. `answer(question, tenant=, epsilon=, mechanism=)`:
    with `ABSTENTION_TEXT` (post-processing);
 4. optionally releases a confidence score through the Laplace mechanism;
 5. charges every stage in one ledger transaction and only then returns.
+
+Under individual (per-document) accounting the payers are chosen and charged first
+(`retriever.rag.individual.answer_individually`), then steps 3-4 run at the same shape.
 
 Nothing returned (text, noisy count and score, charges) depends on the collection except
 through these mechanisms; no document id, raw score, logit or text is returned or logged.
@@ -45,17 +49,14 @@ import copy
 import dataclasses
 import secrets
 import threading
-import time
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from retriever.rag.aggregation import dp_icl_token
+from retriever.rag import releases
+from retriever.rag.answer_types import ABSTENTION_TEXT, Answer, AnswerFailedError, StageCharge
 from retriever.rag.config import RagConfig, plan_answer
-from retriever.rag.greedy import greedy_answer
-from retriever.rag.individual import individual_rows
-from retriever.rag.keyword_vote import final_answer, keyword_document, release_answer_keywords
+from retriever.rag.individual import answer_individually, check_individual
 from retriever.rag.plan import AnswerPlan
 from retriever.rag.prompts import PromptFormat
 from retriever.rag.retrieval import (
@@ -67,105 +68,20 @@ from retriever.rag.reuse import ReleasedAnswers
 from retriever.rag.sessions import (
     Deadline,
     PromptRows,
-    Sessions,
     tokenize_documents,
-    usable_rows,
 )
 from retriever.rag.text import clean_answer_text
-from retriever.rag.voting import (
-    SparseVoteGate,
-    dp_answer_vote,
-    dp_vote_token,
-    vote_counts,
-)
 from synthgen.privacy import (
     BudgetExceededError,
     PrivacyLedger,
     accounting,
-    format_epsilon,
-    format_left,
-    laplace_mechanism,
     secure_rng,
 )
 from synthgen.privacy.document_filters import DocumentFilters
 
 RELATION = "ADD_OR_REMOVE_ONE"
-ABSTENTION_TEXT = "No answer: the private documents did not settle one at this privacy level."
 # The public filler of padding rows (repeated to `max_document_tokens` tokens).
 PADDING_TEXT = " ."
-
-
-class AnswerFailedError(RuntimeError):
-    """An answer failed after its budget check: charged its worst case, nothing released.
-
-    Its message is fixed: the failure's own text may quote private data and never reaches
-    the caller.
-    """
-
-
-@dataclasses.dataclass(frozen=True)
-class StageCharge:
-    """What one stage of an answer cost (public)."""
-
-    stage: str
-    epsilon: float
-    delta: float
-
-
-@dataclasses.dataclass(frozen=True)
-class Answer:
-    """A released answer and what it cost.
-
-    Attributes:
-      text: the answer (`ABSTENTION_TEXT` when it abstains).
-      mechanism: "icl", "vote" or "sparse-vote".
-      tokens: answer tokens released.
-      paid_tokens: tokens that cost budget (sparse-vote: gate releases; else all planned).
-      charges: per stage (retrieval, gate, tokens, score).
-      epsilon: the answer's (epsilon, delta) under PLD composition of its charges.
-      delta: see epsilon.
-      remaining_epsilon: the tenant's remaining budget after the answer (None: no ledger).
-      selected_count: number of selected documents, Laplace-noised (None: no score stage).
-      confidence: mean similarity of the selected documents, from the noised sum and count
-        (None: no score stage).
-      ref: the public random id of the answer's charges in the ledger (None: no ledger).
-      abstained: the private documents did not move the answer (icl and sparse-vote: the
-        released tokens are the public LM's own greedy text; vote and sparse-vote: the
-        first paid release was the bottom symbol). Decided from released values and the
-        public prompt only (post-processing); the answer is charged all the same.
-      truncated: the answer's deadline passed before its last token (fewer tokens; the
-        charge is the same).
-      reused: handed out again from `answers` (`retriever.rag.reuse`): the text and
-        epsilon are the first release's (the ref too, for the tenant it was released
-        to); nothing was charged (``charges`` is empty: sum charges, not epsilon, to
-        total what answers cost).
-    """
-
-    text: str
-    mechanism: str
-    tokens: int
-    paid_tokens: int
-    charges: tuple[StageCharge, ...]
-    epsilon: float
-    delta: float
-    remaining_epsilon: float | None
-    selected_count: float | None = None
-    confidence: float | None = None
-    ref: str | None = None
-    abstained: bool = False
-    truncated: bool = False
-    reused: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        """The fields, and each spend as people read it (`synthgen.privacy.figures`: the
-        total and every stage rounded up, the remainder rounded down, 4 decimals): the
-        same strings as the CLI, the service's log and its page."""
-        out = dataclasses.asdict(self)
-        out["epsilon_text"] = format_epsilon(self.epsilon)
-        out["remaining_epsilon_text"] = format_left(self.remaining_epsilon)
-        for charge in out["charges"]:
-            charge["epsilon_text"] = format_epsilon(charge["epsilon"])
-        return out
 
 
 class DPRag:
@@ -230,7 +146,7 @@ class DPRag:
         if len(set(doc_ids)) != len(doc_ids):
             raise ValueError("doc_ids must be unique")
         _check_delta(config, len(doc_ids))
-        _check_individual(config, ledger, dataset)
+        check_individual(config, ledger, dataset)
         self.doc_ids, self.texts = [str(d) for d in doc_ids], list(texts)
         self._position = {d: i for i, d in enumerate(self.doc_ids)}
         self._tokens = tokenize_documents(lm, self.texts)
@@ -247,7 +163,7 @@ class DPRag:
     def with_config(self, config: RagConfig) -> DPRag:
         """The same collection, encoder, LM sessions, ledger and lock under `config`."""
         _check_delta(config, len(self.doc_ids))
-        _check_individual(config, self.ledger, self.dataset)
+        check_individual(config, self.ledger, self.dataset)
         other = copy.copy(self)
         other.config = config
         return other
@@ -340,7 +256,7 @@ class DPRag:
                 return dataclasses.replace(earlier, remaining_epsilon=self.remaining(tenant))
         with self._lock:
             if self.config.individual:
-                answer = self._answer_individually(question, tenant, plan, deadline)
+                answer = answer_individually(self, question, tenant, plan, deadline)
             else:
                 answer = self._answer(question, tenant, plan, deadline)
         if self.answers is not None:
@@ -434,17 +350,20 @@ class DPRag:
         indices, weights, selected = selection
         rows = self._rows(question, indices, weights)
         clock = Deadline(deadline)
+        lm, public, c = self.lm, self.public_lm, self.config
         if mechanism == "icl":
-            tokens, paid, stages, abstained = self._icl(rows, plan, rng, clock)
+            tokens, paid, stages, abstained = releases.icl(lm, public, c, rows, plan, rng, clock)
         elif mechanism == "answer-vote":
-            tokens, paid, stages, abstained = self._answer_vote(rows, plan, rng, clock)
+            tokens, paid, stages, abstained = releases.answer_vote(lm, c, rows, plan, rng, clock)
         elif mechanism == "keywords":
-            tokens, paid, stages, abstained = self._keywords(question, rows, plan, clock)
+            tokens, paid, stages, abstained = releases.keywords(
+                lm, public, c, self.prompt, question, rows, plan, clock
+            )
         else:
-            tokens, paid, stages, abstained = self._vote(rows, plan, rng, clock)
+            tokens, paid, stages, abstained = releases.vote(lm, public, c, rows, plan, rng, clock)
         count = confidence = None
         if plan.score_epsilon > 0:
-            count, confidence = self._score(scores, selected, plan.score_epsilon, rng)
+            count, confidence = releases.score(c, scores, selected, plan.score_epsilon, rng)
             stages.append(("score", accounting.laplace_event(plan.score_epsilon)))
         return tokens, paid, stages, abstained, clock.passed, count, confidence
 
@@ -465,84 +384,6 @@ class DPRag:
 
     def _filters(self) -> DocumentFilters:
         return DocumentFilters(self.ledger.store)
-
-    def _active(self, exhausted: list[str]) -> np.ndarray:
-        """[N] whether each document is active (not in `exhausted`; private)."""
-        active = np.ones(len(self.doc_ids), dtype=bool)
-        if exhausted:
-            position = self._position
-            active[[position[d] for d in exhausted if d in position]] = False
-        return active
-
-    def _answer_individually(
-        self, question: str, tenant: str, plan: AnswerPlan, deadline: float | None
-    ) -> Answer:
-        """An answer under per-document filters: the payers are chosen, and charged with
-        the tenant's quota in one transaction, before any noise is drawn.
-
-        Privacy:
-          Individual Rényi filter (Feldman & Zrnic 2021): a document pays
-          `plan.document_rho()` when it is active, its participation coin came up, and it
-          scores at least the public relevance threshold
-          (`retriever.rag.individual.individual_rows`), nothing otherwise; an exhausted
-          document is excluded before the answer. The coins do not depend on the data:
-          given any coins the filter's theorem holds, and a mixture over coins of
-          (epsilon, delta)-DP interactions is (epsilon, delta)-DP (no amplification by
-          the sampling is claimed). The tenant's scope composes
-          the answer's (epsilon, delta) as a quota, not as the privacy statement, which is
-          per document over all tenants. Known channels, not hidden by the fixed shape:
-          the charge transaction reads the documents near their cap and writes two rows
-          per payer, so its duration (not the decode's deadline, which starts after it)
-          grows with those counts (about 0.1 ms per payer on SQLite); and a failure
-          after the charge (charged, nothing released) is observable, though the fixed
-          shape and padding of faulty rows make a data-dependent one unlikely.
-        """
-        rho = self._document_rho(plan)
-        ref = secrets.token_hex(16)
-        stages = plan.stage_events()
-        self.check_budget(tenant, plan)  # the tenant's quota
-        rng = self._rng if self._rng is not None else secure_rng()
-        c = self.config
-        scores = self._scores(question)
-        # public coins, drawn for each document alone and independent of the data
-        coins = rng.random(len(self.doc_ids)) < c.participation
-        chosen = []
-
-        def payers(conn) -> tuple[list[str], float]:
-            """Selected inside the charge's transaction: no other answer can exhaust a
-            payer between this read and the charge."""
-            active = self._active(self._filters().exhausted_in(conn, self.dataset, rho)) & coins
-            chosen.append(
-                individual_rows(scores, c.relevance_threshold, c.voters, active, c.score_range)
-            )
-            return [self.doc_ids[i] for i in np.flatnonzero(chosen[-1][2])], rho
-
-        charge_started = time.monotonic()
-        try:
-            charges = self._charge(
-                tenant, plan.mechanism, stages, plan.delta, ref, documents=payers
-            )
-        except BudgetExceededError:  # a concurrent answer spent the quota
-            raise BudgetExceededError(
-                f"the budget of {tenant} changed during the answer; nothing was released"
-            ) from None
-        selection = chosen[-1]
-        if deadline is not None:
-            # the charge's time grows with the number of payers: the decode's wall-time
-            # bound starts after it commits, so `truncated` and the token count do not
-            # depend on how many documents were relevant
-            deadline += time.monotonic() - charge_started
-        failed = False
-        try:
-            released = self._decode(question, plan, scores, selection, rng, deadline)
-        except Exception:  # noqa: BLE001 - re-raised below without its private text
-            failed = True
-        if failed:
-            raise AnswerFailedError(
-                "the answer failed after its budget check; it was charged its worst case "
-                "and released nothing"
-            )
-        return self._assemble(tenant, plan, released, stages, charges, ref)
 
     def _pays_as_it_goes(self, tenant: str) -> bool:
         """Sparse-vote pays its realized releases only where that is sound: a ``basic``
@@ -649,196 +490,11 @@ class DPRag:
         length = len(prefix) + len(filler) + len(suffix)
         return PromptRows(prompts, weights, public, length=length, documents=cached)
 
-    def _icl(self, rows: PromptRows, plan: AnswerPlan, rng, clock: Deadline):
-        """(tokens, paid, stages, abstained); abstains when every released token is the
-        public prompt's greedy token (the documents never moved the draw)."""
-        tokens: list[int] = []
-        moved = False
-        session = Sessions(self.lm, self.public_lm, rows, plan.max_tokens)
-        for _ in range(plan.max_tokens):
-            if clock.check():
-                break
-            private, weights = usable_rows(session.private, rows.weights)
-            token = dp_icl_token(
-                private,
-                session.public[0],
-                epsilon=plan.token_epsilon,
-                config=self.config.aggregation,
-                rng=rng,
-                weights=weights,
-                capped=True,
-            )
-            moved = moved or token != int(np.argmax(session.public[0]))
-            if token in self.lm.eos_ids:
-                break
-            tokens.append(token)
-            session.append(token, last=len(tokens) == plan.max_tokens)
-        stages = [("tokens", plan.token_block_event(plan.max_tokens))]
-        return tokens, plan.max_tokens, stages, not moved
-
-    def _vote(self, rows: PromptRows, plan: AnswerPlan, rng, clock: Deadline):
-        """(tokens, paid, stages, abstained). The best `config.voters` selected documents
-        vote, one each. A bottom release abstains when it is the answer's first paid
-        release and otherwise lets the public token continue, as a closed or spent gate
-        does; sparse-vote abstains too when no release was paid (the public text alone)."""
-        c = self.config
-        sparse = plan.mechanism == "sparse-vote"
-        gate = SparseVoteGate(
-            threshold=c.gate_share * c.voters,
-            gate_epsilon=plan.gate_epsilon,
-            token_epsilon=plan.token_epsilon,
-            token_delta=plan.token_delta,
-            max_candidates=c.voters,
-            max_releases=plan.max_releases,
-            rng=rng,
-        )
-        session = Sessions(self.lm, self.public_lm, rows, plan.max_tokens)
-        tokens: list[int] = []
-        paid_releases = 0
-        abstained = False
-        for _ in range(plan.max_tokens):
-            if clock.check():
-                break
-            public_token = int(np.argmax(session.public[0]))
-            counts = vote_counts(session.private, self.lm.vocab_size, rows.weights)
-            if sparse and gate.exhausted:
-                token, paid = public_token, False
-            elif sparse:
-                token, paid = gate.step(counts, public_token)
-            else:
-                token, paid = (
-                    dp_vote_token(
-                        counts,
-                        epsilon=plan.token_epsilon,
-                        delta=plan.token_delta,
-                        max_candidates=c.voters,
-                        rng=rng,
-                    ),
-                    True,
-                )
-            if paid:
-                paid_releases += 1
-                if token is None and paid_releases == 1:
-                    abstained = True
-                    break
-            if token is None:
-                token = public_token
-            if token in self.lm.eos_ids:
-                break
-            tokens.append(token)
-            session.append(token, last=len(tokens) == plan.max_tokens)
-        if not sparse:
-            stages = [("tokens", plan.token_block_event(plan.max_tokens))]
-            return tokens, plan.max_tokens, stages, abstained
-        stages = [
-            (stage, accounting.self_composed(accounting.epsilon_delta_event(e, d), n))
-            for stage, (e, d, n) in gate.charges().items()
-        ]
-        return tokens, gate.releases, stages, abstained or gate.releases == 0
-
-    def _voter_answers(self, rows: PromptRows, plan: AnswerPlan, clock: Deadline) -> list[str]:
-        """Each voter's own greedy answer (private): the best `config.voters` selected
-        documents decode all `max_tokens` steps whatever they say (the loop's length is
-        public); padding rows decode too and are left out of the result."""
-        answers: list[list[int]] = [[] for _ in rows.prompts]
-        logprobs = rows.start(self.lm, plan.max_tokens)
-        ended = np.zeros(len(rows.prompts), bool)
-        for step in range(plan.max_tokens):
-            if clock.check():
-                break
-            greedy = np.argmax(logprobs, axis=1)
-            for row, token in enumerate(greedy):
-                ended[row] |= int(token) in self.lm.eos_ids
-                if not ended[row]:
-                    answers[row].append(int(token))
-            if step + 1 < plan.max_tokens:
-                logprobs = self.lm.append([int(t) for t in greedy])
-        texts = [self.lm.decode(a) for a in answers]
-        return [text for text, w in zip(texts, rows.weights, strict=True) if w]
-
-    def _answer_vote(self, rows: PromptRows, plan: AnswerPlan, rng, clock: Deadline):
-        """(answer text, paid, stages, abstained): `dp_answer_vote` releases the voters'
-        most common answer, or the bottom symbol, and the answer abstains."""
-        winner = dp_answer_vote(
-            self._voter_answers(rows, plan, clock),
-            epsilon=plan.token_epsilon,
-            delta=plan.token_delta,
-            max_candidates=self.config.voters,
-            rng=rng,
-        )
-        stages = [("tokens", plan.token_block_event(1))]
-        return winner or "", 1, stages, winner is None
-
-    def _keywords(self, question: str, rows: PromptRows, plan: AnswerPlan, clock: Deadline):
-        """(answer text, paid, stages, abstained): the keywords many voters' answers share
-        (`keyword_vote.release_answer_keywords`, one partition selection), then the public
-        LM's greedy answer from the question and those keywords only (post-processing);
-        nothing released: the answer abstains."""
-        keywords = release_answer_keywords(
-            self._voter_answers(rows, plan, clock),
-            epsilon=plan.token_epsilon,
-            delta=plan.token_delta,
-            max_keywords=self.config.answer_keywords,
-            question=question,
-            word_tokens=lambda word: len(self.public_lm.encode(" " + word)),
-        )
-        stages = [("tokens", plan.token_block_event(1))]
-        if not keywords:
-            return "", 1, stages, True
-        # public inputs only: the public session, the document cut to the public bound
-        # `_check_context` sized every prompt for
-        lm = self.public_lm
-        document = lm.encode(keyword_document(keywords))[: self.config.max_document_tokens]
-        text = greedy_answer(lm, self.prompt.encode(lm, question, [document]), plan.max_tokens)
-        return final_answer(text, keywords), 1, stages, False
-
-    def _score(self, scores, selected, epsilon: float, rng) -> tuple[float, float]:
-        """Noisy (count, mean similarity) of the selected documents.
-
-        Privacy: (count, sum of normalised scores in [0, 1]) has L1 sensitivity 2 under
-        add/remove-one given the threshold; Laplace(2 / epsilon) per coordinate is
-        epsilon-DP (Dwork et al. 2006). The mean is post-processing.
-        """
-        normalised = self.config.score_range.normalise(scores)
-        count, total = laplace_mechanism(
-            np.array([selected.sum(), normalised @ selected]),
-            sensitivity=2.0,
-            epsilon=epsilon,
-            rng=rng,
-        )
-        mean = float(np.clip(total / count, 0.0, 1.0)) if count >= 1 else 0.0
-        return float(max(count, 0.0)), mean
-
 
 def _standalone(event, delta: float) -> tuple[float, float]:
     if isinstance(event, accounting.EpsilonDeltaDpEvent):
         return event.epsilon, event.delta
     return accounting.epsilon(event, delta), delta
-
-
-def _check_individual(config: RagConfig, ledger: PrivacyLedger | None, dataset: str) -> None:
-    """Individual accounting needs a ledger whose collection is in individual mode and has
-    no collection cap (a cap would compose every answer again and void the point)."""
-    if not config.individual:
-        if ledger is not None and DocumentFilters(ledger.store).get(dataset) is not None:
-            raise ValueError(
-                f"collection {dataset!r} has per-document filters: answer it with "
-                "individual accounting (its documents must pay for every answer)"
-            )
-        return
-    if ledger is None:
-        raise ValueError("individual accounting needs a ledger (the per-document filters)")
-    if DocumentFilters(ledger.store).get(dataset) is None:
-        raise ValueError(
-            f"collection {dataset!r} has no per-document filters: open them first "
-            "(--document-epsilon, --document-delta)"
-        )
-    if ledger.collection_scope(dataset) is not None:
-        raise ValueError(
-            f"collection {dataset!r} has a collection cap, which composes every answer; "
-            "individual accounting replaces it with per-document filters: use another "
-            "collection name"
-        )
 
 
 def _check_delta(config: RagConfig, num_documents: int) -> None:

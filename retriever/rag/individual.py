@@ -24,13 +24,23 @@ inactive for that answer: conditional on the coins the argument above holds, and
 mixture over coins keeps it.
 
 `tests/retriever/rag/test_individual.py` checks each case by brute force on small worlds.
+`answer_individually` is `DPRag.answer` in this mode: it picks the payers and charges them
+with the tenant's quota in one transaction, then decodes at the usual fixed shape.
 """
 
 from __future__ import annotations
 
+import secrets
+import time
+
 import numpy as np
 
+from retriever.rag.answer_types import Answer, AnswerFailedError
+from retriever.rag.config import RagConfig
+from retriever.rag.plan import AnswerPlan
 from retriever.rag.retrieval import ScoreRange, best_selected
+from synthgen.privacy import BudgetExceededError, PrivacyLedger, secure_rng
+from synthgen.privacy.document_filters import DocumentFilters
 
 UNIT_RANGE = ScoreRange()  # scores already in [0, 1]
 
@@ -74,3 +84,107 @@ def individual_rows(
         raise ValueError(f"active must have one entry per score: {active.shape=}")
     # An exhausted document is in no row and pays nothing, whatever its score.
     return best_selected(scores, tau, rows, score_range, eligible=active)
+
+
+def active_documents(rag, exhausted: list[str]) -> np.ndarray:
+    """[N] whether each of `rag`'s documents is active (not in `exhausted`; private)."""
+    active = np.ones(len(rag.doc_ids), dtype=bool)
+    if exhausted:
+        position = rag._position
+        active[[position[d] for d in exhausted if d in position]] = False
+    return active
+
+
+def answer_individually(
+    rag, question: str, tenant: str, plan: AnswerPlan, deadline: float | None
+) -> Answer:
+    """`rag`'s answer under per-document filters: the payers are chosen, and charged with
+    the tenant's quota in one transaction, before any noise is drawn (`DPRag.answer` calls
+    it for a config with individual accounting, holding the answer lock).
+
+    Privacy:
+      Individual Rényi filter (Feldman & Zrnic 2021): a document pays
+      `plan.document_rho()` when it is active, its participation coin came up, and it
+      scores at least the public relevance threshold
+      (`individual_rows`), nothing otherwise; an exhausted
+      document is excluded before the answer. The coins do not depend on the data:
+      given any coins the filter's theorem holds, and a mixture over coins of
+      (epsilon, delta)-DP interactions is (epsilon, delta)-DP (no amplification by
+      the sampling is claimed). The tenant's scope composes
+      the answer's (epsilon, delta) as a quota, not as the privacy statement, which is
+      per document over all tenants. Known channels, not hidden by the fixed shape:
+      the charge transaction reads the documents near their cap and writes two rows
+      per payer, so its duration (not the decode's deadline, which starts after it)
+      grows with those counts (about 0.1 ms per payer on SQLite); and a failure
+      after the charge (charged, nothing released) is observable, though the fixed
+      shape and padding of faulty rows make a data-dependent one unlikely.
+    """
+    rho = rag._document_rho(plan)
+    ref = secrets.token_hex(16)
+    stages = plan.stage_events()
+    rag.check_budget(tenant, plan)  # the tenant's quota
+    rng = rag._rng if rag._rng is not None else secure_rng()
+    c = rag.config
+    scores = rag._scores(question)
+    # public coins, drawn for each document alone and independent of the data
+    coins = rng.random(len(rag.doc_ids)) < c.participation
+    chosen = []
+
+    def payers(conn) -> tuple[list[str], float]:
+        """Selected inside the charge's transaction: no other answer can exhaust a
+        payer between this read and the charge."""
+        active = active_documents(rag, rag._filters().exhausted_in(conn, rag.dataset, rho)) & coins
+        chosen.append(
+            individual_rows(scores, c.relevance_threshold, c.voters, active, c.score_range)
+        )
+        return [rag.doc_ids[i] for i in np.flatnonzero(chosen[-1][2])], rho
+
+    charge_started = time.monotonic()
+    try:
+        charges = rag._charge(tenant, plan.mechanism, stages, plan.delta, ref, documents=payers)
+    except BudgetExceededError:  # a concurrent answer spent the quota
+        raise BudgetExceededError(
+            f"the budget of {tenant} changed during the answer; nothing was released"
+        ) from None
+    selection = chosen[-1]
+    if deadline is not None:
+        # the charge's time grows with the number of payers: the decode's wall-time
+        # bound starts after it commits, so `truncated` and the token count do not
+        # depend on how many documents were relevant
+        deadline += time.monotonic() - charge_started
+    failed = False
+    try:
+        released = rag._decode(question, plan, scores, selection, rng, deadline)
+    except Exception:  # noqa: BLE001 - re-raised below without its private text
+        failed = True
+    if failed:
+        raise AnswerFailedError(
+            "the answer failed after its budget check; it was charged its worst case "
+            "and released nothing"
+        )
+    return rag._assemble(tenant, plan, released, stages, charges, ref)
+
+
+def check_individual(config: RagConfig, ledger: PrivacyLedger | None, dataset: str) -> None:
+    """Individual accounting needs a ledger whose collection is in individual mode and has
+    no collection cap (a cap would compose every answer again and void the point)."""
+    if not config.individual:
+        if ledger is not None and DocumentFilters(ledger.store).get(dataset) is not None:
+            raise ValueError(
+                f"collection {dataset!r} has per-document filters: answer it with "
+                "individual accounting (its documents must pay for every answer)"
+            )
+        return
+    if ledger is None:
+        raise ValueError("individual accounting needs a ledger (the per-document filters)")
+    if DocumentFilters(ledger.store).get(dataset) is None:
+        raise ValueError(
+            f"collection {dataset!r} has no per-document filters: open them first "
+            "(--document-epsilon, --document-delta)"
+        )
+    if ledger.collection_scope(dataset) is not None:
+        raise ValueError(
+            f"collection {dataset!r} has a collection cap, which composes every answer; "
+            "individual accounting replaces it with per-document filters: use another "
+            "collection name"
+        )

@@ -34,10 +34,8 @@ import dataclasses
 import re
 import threading
 from collections.abc import Hashable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from retriever.rag.answer import Answer
+from retriever.rag.answer_types import Answer
 
 REUSE_SCOPES = ("tenant", "shared")
 _SPACES = re.compile(r"\s+")

@@ -26,7 +26,7 @@ Endpoints (JSON; every one but ``/``, ``/card`` and ``/health`` needs
     ``documents``: the collection's per-document summary (`DocumentFilters.summary`:
     counts and aggregate epsilons only, never a document's own figure).
   * ``GET /card`` (no key): the public card of what the service releases and under which
-    guarantee, when it has one (a network contributor's, `retriever.network.contributor`).
+    guarantee, when it has one (a network contributor's, `retriever.service.contributor`).
   * ``GET /``: a one-file page to ask questions and watch the budget.
 
 Every error, 404 and 405 of unknown paths and methods included, is

@@ -106,12 +106,12 @@ def pipeline(
     cfg = _load(config)
     _bars(progress)
     run = run_pipeline(cfg, out, start=from_, progress=progress)
-    print(f"report: {(run.root / 'report' / 'report.html').resolve()}")
     from synthgen.pipeline.memory import high_water_mark_bytes
 
     peak = high_water_mark_bytes()
     if peak is not None:  # this process's peak over every stage it ran (as `time -v` sees)
         print(f"peak memory of this run: {peak / 2**30:.2f} GiB")
+    print(f"report: {(run.root / 'report' / 'report.html').resolve()}")  # the last line
 
 
 @pipeline_app.command("status")
@@ -218,7 +218,7 @@ def _stage_command(name: str):
 def _run(name, config, out, *, force, progress, shard=None, train_only=False) -> None:
     from synthgen.command_line import parse_shard
     from synthgen.pipeline import RunFolder, run_stage
-    from synthgen.pipeline.stage_shards import run_shard
+    from synthgen.pipeline.runner import run_shard
 
     part = parse_shard(shard)
     _bars(progress)

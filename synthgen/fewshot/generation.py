@@ -24,7 +24,7 @@ from synthgen.fewshot.mechanism import release_token
 from synthgen.fewshot.plan import RELATION, FewShotPlan, _check_plan, plan_for
 from synthgen.fewshot.prompts import PromptTemplate, _Prompts
 from synthgen.fewshot.sampling import _pools, draw_subsets
-from synthgen.lm_backends import NextTokenLM
+from synthgen.next_token import NextTokenLM
 from synthgen.privacy.ledger import PrivacyLedger
 
 

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from synthgen.lm_backends import NextTokenLM
+from synthgen.next_token import NextTokenLM
 
 
 @dataclasses.dataclass(frozen=True)

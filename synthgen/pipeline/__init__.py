@@ -16,15 +16,14 @@ from synthgen.pipeline.config import (
     ReportConfig,
     load_pipeline_config,
 )
-from synthgen.pipeline.runner import (
+from synthgen.pipeline.context import (
     STAGES,
     RunFolder,
     StageNotReadyError,
     fingerprints,
-    run_pipeline,
-    run_stage,
     stage_status,
 )
+from synthgen.pipeline.runner import run_pipeline, run_stage
 
 __all__ = [
     "STAGES",

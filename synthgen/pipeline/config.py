@@ -5,7 +5,7 @@ user's copy) defines `get_config() -> PipelineConfig`; `load_pipeline_config(spe
 by path (as the flax examples and t5x do). A bare name (`demo`) is a packaged example
 (`synthgen.config_files.resolve_pipeline_config`), so it works from any folder and install.
 
-Each stage reads only its own section (and the sections it names in `runner.STAGE_SECTIONS`):
+Each stage reads only its own section (and the sections it names in `context.STAGE_SECTIONS`):
 changing a section changes that stage's fingerprint, and through the chain of fingerprints
 exactly the stages downstream of it.
 """

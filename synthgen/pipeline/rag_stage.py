@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 
-from synthgen.pipeline.runner import StageContext
+from synthgen.pipeline.context import StageContext, open_run_scope
 
 RAG_DATASET = "medical-records"
 
@@ -69,7 +69,6 @@ def release_and_answer(ctx: StageContext, world, questions) -> dict:
     from retriever.rag.release_eval import retrieval_answerer
     from synthgen.knowledge import KnowledgeConfig, release_knowledge
     from synthgen.lm_backends import FlaxLM
-    from synthgen.pipeline.stages import open_run_scope
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.ledger_types import Scope
 
@@ -145,7 +144,6 @@ def answer_questions(ctx: StageContext) -> dict:
     from retriever.rag.defaults import resolve
     from retriever.rag.medical import MedicalWorldConfig, answer_is_correct, make_world
     from synthgen.lm_backends import FlaxLM
-    from synthgen.pipeline.stages import open_run_scope
     from synthgen.privacy.document_filters import DocumentFilters
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.ledger_types import Scope

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from synthgen.corpora import read_jsonl
-from synthgen.pipeline.runner import StageContext
+from synthgen.pipeline.context import StageContext, fingerprints
 from synthgen.pipeline.stage_shards import finished_shards, remove_shards
 
 
@@ -163,7 +163,6 @@ def _joined_embeddings(ctx: StageContext, doc_ids: list[str], doc_encoder):
     this config, checked against this run's corpus and encoder; None when there are none."""
     from retriever.encoders import params_sha256
     from retriever.index_shards import read_index_shards
-    from synthgen.pipeline.runner import fingerprints
 
     shards = finished_shards(ctx.run.root, "index", fingerprints(ctx.config)["index"])
     if not shards:

@@ -1,5 +1,9 @@
 """Runs the main job's stages in order, each one resumable and recomputed only when needed.
 
+The top of `synthgen.pipeline`: it composes the stage functions (`stages`,
+`retrieval_stages`, `rag_stage`, `report`, `stage_shards`) over what they share
+(`synthgen.pipeline.context`), and none of them imports it back.
+
 Every stage writes `<run>/stages/<name>.json`: its fingerprint, status, timing and peak
 memory, and a public summary (counts, epsilons, metrics; never private text). A stage's
 fingerprint hashes its config sections and the fingerprints of the stages it reads, so a
@@ -22,9 +26,6 @@ Run folder::
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import hashlib
 import json
 import shutil
 import sys
@@ -33,166 +34,51 @@ from collections.abc import Callable
 from pathlib import Path
 
 from synthgen.pipeline.config import PipelineConfig
+from synthgen.pipeline.context import (
+    STAGE_OUTPUTS,
+    STAGE_SECRETS,
+    STAGES,
+    RunFolder,
+    StageContext,
+    check_upstream,
+    fingerprints,
+    jsonable,
+    later_reads,
+    stage_lock,
+    stage_status,
+)
 from synthgen.pipeline.memory import StagePeak
-from synthgen.work_folder import private_folder
+from synthgen.pipeline.rag_stage import answer_questions
+from synthgen.pipeline.report import write_report
+from synthgen.pipeline.retrieval_stages import evaluate_stage, index_shard, index_stage, train_stage
+from synthgen.pipeline.stage_shards import SHARDABLE, remove_shards, shard_folder
+from synthgen.pipeline.stages import (
+    check_shardable,
+    data_stage,
+    generate_precheck,
+    generate_shard,
+    generate_stage,
+)
+from synthgen.shards import Shard
 
-STAGES = ("data", "generate", "train", "evaluate", "index", "rag", "report")
-# The config sections each stage reads, and the stages whose outputs it reads.
-STAGE_SECTIONS = {
-    "data": ("data", "seed"),
-    "generate": ("generate", "privacy", "seed"),
-    "train": ("encoder", "seed"),
-    "evaluate": ("evaluate",),
-    "index": ("index",),
-    "rag": ("rag", "privacy"),
-    "report": ("name", "report"),
+STAGE_FUNCTIONS: dict[str, Callable[[StageContext], dict]] = {
+    "data": data_stage,
+    "generate": generate_stage,
+    "train": train_stage,
+    "evaluate": evaluate_stage,
+    "index": index_stage,
+    "rag": answer_questions,
+    "report": write_report,
 }
-UPSTREAM = {
-    "data": (),
-    "generate": ("data",),
-    "train": ("generate",),
-    "evaluate": ("train",),
-    "index": ("train",),
-    "rag": ("train",),
-    "report": ("evaluate", "index", "rag"),
-}
-# Private work folders a stage keeps until its done record is written, then removes.
-STAGE_SECRETS = {"generate": ("private/work/generate", "private/work/generate-sampling")}
-# What each stage writes (relative to the run folder), removed when its config changed.
-STAGE_OUTPUTS = {
-    "data": ("data", "private/data"),
-    "generate": (
-        "generator",
-        "synthetic",
-        "samples",
-        "private/work/generate",
-        "private/work/generate-sampling",
-    ),
-    "train": ("encoder", "private/real_encoder", "private/work/train"),
-    "evaluate": (),
-    "index": ("index",),
-    "rag": ("rag", "private/rag"),
-    "report": ("report",),
-}
-
-
-class StageNotReadyError(ValueError):
-    """A stage was asked for before the stages it reads are done under this config."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RunFolder:
-    """Paths of one run."""
-
-    root: Path
-
-    @property
-    def ledger(self) -> Path:
-        return self.root / "ledger.sqlite"
-
-    @property
-    def private(self) -> Path:
-        """The private folder (created with mode 0700)."""
-        return private_folder(self.root / "private")
-
-    def check_is_run(self) -> None:
-        """Refuses a non-empty folder that is not a run folder: the runner removes stage
-        outputs by name (data/, index/, ...) and must never touch a user's own folders."""
-        if self.root.is_dir() and any(self.root.iterdir()) and not (self.root / "stages").is_dir():
-            raise ValueError(
-                f"{self.root} is not empty and holds no pipeline run (no stages/ folder): "
-                "choose a new or empty run folder"
-            )
-
-    def record_path(self, stage: str) -> Path:
-        return self.root / "stages" / f"{stage}.json"
-
-    def record(self, stage: str) -> dict | None:
-        path = self.record_path(stage)
-        return json.loads(path.read_text()) if path.is_file() else None
-
-    def write_record(self, stage: str, record: dict) -> None:
-        path = self.record_path(stage)
-        private_folder(path.parent)  # operator only: timings and non-DP evaluation figures
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=1, allow_nan=False))
-        tmp.replace(path)
-
-    def summary(self, stage: str) -> dict:
-        record = self.record(stage)
-        if record is None or record["status"] != "done":
-            raise StageNotReadyError(f"stage {stage!r} has not finished in {self.root}")
-        return record["summary"]
-
-
-@dataclasses.dataclass(frozen=True)
-class StageContext:
-    """What a stage function gets: the config, the run folder, whether to show bars, and
-    whether to stop the generate stage once its generator is trained (`--train-only`)."""
-
-    config: PipelineConfig
-    run: RunFolder
-    progress: bool = True
-    train_only: bool = False
-
-    def log(self, stage: str, message: str) -> None:
-        print(f"[{stage}] {message}", file=sys.stderr, flush=True)
-
-
-def _jsonable(value):
-    if dataclasses.is_dataclass(value):
-        return {
-            f.name: _jsonable(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if not _omitted(f, getattr(value, f.name))
-        }
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, float) and value != value:
-        return "nan"
-    return value if isinstance(value, str | int | float | bool | type(None)) else repr(value)
-
-
-def _omitted(field: dataclasses.Field, value) -> bool:
-    """A field marked FINGERPRINT_AT_DEFAULT left at its default (see pipeline.config)."""
-    return field.metadata.get("fingerprint") == "omit-at-default" and value == field.default
-
-
-def fingerprints(config: PipelineConfig) -> dict[str, str]:
-    """Each stage's fingerprint: its config sections and its upstream stages' fingerprints."""
-    out: dict[str, str] = {}
-    for stage in STAGES:
-        payload = {
-            "stage": stage,
-            "sections": {s: _jsonable(getattr(config, s)) for s in STAGE_SECTIONS[stage]},
-            "upstream": [out[u] for u in UPSTREAM[stage]],
-        }
-        text = json.dumps(payload, sort_keys=True, default=str)
-        out[stage] = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return out
-
-
-def stage_status(config: PipelineConfig, run: RunFolder) -> dict[str, str]:
-    """ "done", "stale" (done under another config), "interrupted" or "missing" per stage."""
-    fps, out = fingerprints(config), {}
-    for stage in STAGES:
-        record = run.record(stage)
-        if record is None:
-            out[stage] = "missing"
-        elif record["fingerprint"] != fps[stage] or record["status"] == "stale-upstream":
-            out[stage] = "stale"
-        else:
-            out[stage] = "done" if record["status"] == "done" else "interrupted"
-    return out
+# Checks run before a stage's previous outputs are removed (not when resuming).
+PRECHECKS: dict[str, Callable[[StageContext], None]] = {"generate": generate_precheck}
+# The stages that take --shard, and the function that runs one shard into its folder.
+SHARD_FUNCTIONS = {"generate": generate_shard, "index": index_shard}
 
 
 def _clean(run: RunFolder, stage: str, fingerprint: str) -> None:
     """Removes a stage's outputs before it is recomputed, and its shards of other configs
     (all of the generate stage's: a recomputed generate stage trains a new generator)."""
-    from synthgen.pipeline.stage_shards import remove_shards
-
     for rel in STAGE_OUTPUTS[stage]:
         shutil.rmtree(run.root / rel, ignore_errors=True)
     remove_shards(run.root, stage, keep=None if stage == "generate" else fingerprint)
@@ -219,8 +105,6 @@ def run_stage(
       StageBusyError: another process is running this stage (or one of its shards).
       ValueError: unknown stage; `train_only` on another stage or a few-shot generator.
     """
-    from synthgen.pipeline.stages import PRECHECKS, STAGE_FUNCTIONS, check_shardable
-
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
     if train_only:
@@ -273,7 +157,7 @@ def run_stage(
             "seconds": round(time.time() - started, 2),
             "peak_memory_bytes": peak.bytes,
             "peak_memory_exact": peak.exact,  # False: the highest sample, a lower bound
-            "summary": _jsonable(summary),
+            "summary": jsonable(summary),
         }
         run.write_record(stage, record)
         for rel in STAGE_SECRETS.get(stage, ()):  # only now: a resume before this needs them
@@ -281,55 +165,46 @@ def run_stage(
         return record
 
 
-def check_upstream(stage: str, status: dict[str, str]) -> None:
-    """Refuses `stage` (or a shard of it) while a stage it reads is not done.
+def run_shard(stage: str, config, run, shard: Shard, *, progress: bool = True) -> dict:
+    """Runs shard `shard` of `stage` into its shard folder; the stage's record is not touched.
+
+    Returns:
+      {"stage", "shard", "status": "shard done", "seconds", "folder", "summary"}.
 
     Raises:
-      StageNotReadyError: naming the stage to run first.
+      StageNotReadyError: a stage it reads is not done (for generate: the generator is not
+        trained, see `--train-only`).
+      StageBusyError: the stage itself is running in another process.
+      ValueError: a stage that takes no shards, or one already done under this config.
     """
-    for upstream in UPSTREAM[stage]:
-        if status[upstream] != "done":
-            raise StageNotReadyError(
-                f"stage {stage!r} reads {upstream!r}, which is {status[upstream]} under this "
-                f"config: run `synthgen pipeline {upstream}` (or the whole pipeline) first"
+    if stage not in SHARD_FUNCTIONS:
+        raise ValueError(f"only the {' and '.join(SHARDABLE)} stages take --shard, not {stage!r}")
+    if stage == "generate":
+        check_shardable(config, "--shard")
+    run.check_is_run()
+    with stage_lock(run, stage, exclusive=False):  # beside other shards, never the stage's run
+        status, fps = stage_status(config, run), fingerprints(config)
+        check_upstream(stage, status)
+        if status[stage] == "done":
+            raise ValueError(
+                f"stage {stage!r} is done under this config: there is nothing left to shard"
             )
-
-
-class StageBusyError(ValueError):
-    """Another process holds the stage (running it, or one of its shards)."""
-
-
-@contextlib.contextmanager
-def stage_lock(run: RunFolder, stage: str, *, exclusive: bool):
-    """Holds `stage`'s lock in `run` while the block runs: exclusive for the stage itself,
-    shared for its shards (so shards run side by side, but never beside the stage's own run,
-    which joins and then removes them). An advisory `flock` on ``stages/.<stage>.lock``, let
-    go when the process ends, however it ends.
-
-    Raises:
-      StageBusyError: the lock is held in a conflicting mode.
-    """
-    import fcntl
-
-    path = run.record_path(stage).with_name(f".{stage}.lock")
-    private_folder(path.parent)
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StageBusyError(
-                f"another process is running stage {stage!r} "
-                f"{'or one of its shards ' if exclusive else ''}in {run.root}: wait for it"
-            ) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def later_reads(later: str, stage: str) -> bool:
-    """Whether `later` reads `stage`'s outputs, directly or through other stages."""
-    return stage in UPSTREAM[later] or any(later_reads(u, stage) for u in UPSTREAM[later])
+        folder = shard_folder(run.root, stage, fps[stage], shard)
+        partial = folder.with_name(folder.name + ".partial")
+        for path in (partial, folder):
+            shutil.rmtree(path, ignore_errors=True)
+        partial.mkdir(parents=True)  # seen by the stage's join as unfinished from now on
+        started = time.time()
+        summary = SHARD_FUNCTIONS[stage](StageContext(config, run, progress), shard, partial)
+        partial.rename(folder)
+    return {
+        "stage": stage,
+        "shard": str(shard),
+        "status": "shard done",
+        "seconds": round(time.time() - started, 2),
+        "folder": str(folder),
+        "summary": summary,
+    }
 
 
 def run_pipeline(

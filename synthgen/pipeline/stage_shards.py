@@ -17,7 +17,7 @@ version and device kind (`synthgen.shards`; tested on 3 shards). A shard writes
 ``shards/<stage>/<fingerprint>/<I>-of-<N>.partial/`` and renames it to ``<I>-of-<N>/`` when
 done, so a crashed or running shard is never taken for a finished one; the stage removes
 its shards once it has joined them. Shards hold their stage's lock shared and the stage's
-own run holds it exclusively (`runner.stage_lock`), so a join never runs beside a shard.
+own run holds it exclusively (`context.stage_lock`), so a join never runs beside a shard.
 Every job must see the run folder at the same path (the shards record it).
 
 Privacy:
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 from pathlib import Path
 
 from synthgen.shards import Shard
@@ -104,56 +103,3 @@ def remove_shards(run_root: Path, stage: str, keep: str | None = None) -> None:
                 shutil.rmtree(path, ignore_errors=True)
     if root.is_dir() and not any(root.iterdir()):
         root.rmdir()
-
-
-def run_shard(stage: str, config, run, shard: Shard, *, progress: bool = True) -> dict:
-    """Runs shard `shard` of `stage` into its shard folder; the stage's record is not touched.
-
-    Returns:
-      {"stage", "shard", "status": "shard done", "seconds", "folder", "summary"}.
-
-    Raises:
-      StageNotReadyError: a stage it reads is not done (for generate: the generator is not
-        trained, see `--train-only`).
-      StageBusyError: the stage itself is running in another process.
-      ValueError: a stage that takes no shards, or one already done under this config.
-    """
-    from synthgen.pipeline.retrieval_stages import index_shard
-    from synthgen.pipeline.runner import (
-        StageContext,
-        check_upstream,
-        fingerprints,
-        stage_lock,
-        stage_status,
-    )
-    from synthgen.pipeline.stages import check_shardable, generate_shard
-
-    functions = {"generate": generate_shard, "index": index_shard}
-    if stage not in functions:
-        raise ValueError(f"only the {' and '.join(SHARDABLE)} stages take --shard, not {stage!r}")
-    if stage == "generate":
-        check_shardable(config, "--shard")
-    run.check_is_run()
-    with stage_lock(run, stage, exclusive=False):  # beside other shards, never the stage's run
-        status, fps = stage_status(config, run), fingerprints(config)
-        check_upstream(stage, status)
-        if status[stage] == "done":
-            raise ValueError(
-                f"stage {stage!r} is done under this config: there is nothing left to shard"
-            )
-        folder = shard_folder(run.root, stage, fps[stage], shard)
-        partial = folder.with_name(folder.name + ".partial")
-        for path in (partial, folder):
-            shutil.rmtree(path, ignore_errors=True)
-        partial.mkdir(parents=True)  # seen by the stage's join as unfinished from now on
-        started = time.time()
-        summary = functions[stage](StageContext(config, run, progress), shard, partial)
-        partial.rename(folder)
-    return {
-        "stage": stage,
-        "shard": str(shard),
-        "status": "shard done",
-        "seconds": round(time.time() - started, 2),
-        "folder": str(folder),
-        "summary": summary,
-    }

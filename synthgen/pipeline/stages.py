@@ -1,4 +1,6 @@
-"""The main job's stages: each reads the previous stages' folders and returns a public summary.
+"""The main job's data and generate stages: each reads the previous stages' folders and returns
+a public summary (the retrieval, rag and report stages have their own modules; `runner`
+lists them all).
 
 Summaries hold counts, epsilons, metrics and timings only: never a private query or
 document, never a training loss (computed on private data and not DP). The stage records and
@@ -20,8 +22,12 @@ import json
 from pathlib import Path
 
 from synthgen.corpora import read_jsonl
-from synthgen.pipeline.retrieval_stages import evaluate_stage, index_stage, train_stage
-from synthgen.pipeline.runner import StageContext
+from synthgen.pipeline.context import (
+    StageContext,
+    StageNotReadyError,
+    fingerprints,
+    open_run_scope,
+)
 from synthgen.pipeline.stage_shards import finished_shards, remove_shards
 
 PAIRS_DATASET = "train-pairs"
@@ -61,32 +67,6 @@ def data_stage(ctx: StageContext) -> dict:
     )
     ctx.log("data", f"{len(wiki)} documents: {len(train)} train pairs, {len(test)} held out")
     return {"documents": len(wiki), "train_pairs": len(train), "test_queries": len(test)}
-
-
-def open_run_scope(ledger, scope) -> None:
-    """Opens `scope` in the run's ledger, or refuses one stored with other caps: a run's
-    scopes never change under it (a lower cap would not be enforced, a higher one would
-    hide what was already spent), nor does their tenant (the same private data charged under a
-    second tenant would start from zero, and each scope's statement would miss the other's)."""
-    from synthgen.privacy.ledger_types import COLLECTION
-
-    for stored in ledger.scopes():
-        if stored.dataset == scope.dataset and stored.tenant not in (scope.tenant, COLLECTION):
-            raise ValueError(
-                f"the run's ledger charges {scope.dataset} to tenant {stored.tenant!r}, but the "
-                f"config names tenant {scope.tenant!r}: one run's private data has one tenant; "
-                "restore privacy.tenant or start a new run folder (--out)"
-            )
-    try:
-        ledger.open_scope(scope)
-    except ValueError:
-        stored = ledger.get_scope(scope.tenant, scope.dataset)
-        raise ValueError(
-            f"the run's ledger holds scope ({scope.tenant}, {scope.dataset}) with epsilon cap "
-            f"{stored.epsilon_cap:g} and delta {stored.delta_cap:.3g}, but the config asks for "
-            f"{scope.epsilon_cap:g} and {scope.delta_cap:.3g}: restore the config's privacy "
-            "settings or start a new run folder (--out)"
-        ) from None
 
 
 def _pairs_scope(ctx: StageContext, n: int, relation: str, delta: float):
@@ -186,7 +166,6 @@ def generate_shard(ctx: StageContext, shard, out: Path) -> dict:
     """Shard `shard`'s synthetic queries into `out`, from the generator that
     `synthgen pipeline generate --train-only` trained under this config (`stage_shards`)."""
     from synthgen import querygen
-    from synthgen.pipeline.runner import StageNotReadyError, fingerprints
 
     check_shardable(ctx.config, "--shard")
     record = ctx.run.record("generate")
@@ -315,7 +294,7 @@ def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
             progress=ctx.progress,
         )
     # The shards are joined; the secret resume state and the sampling seed go once the
-    # runner has recorded the stage as done (`runner.STAGE_SECRETS`).
+    # runner has recorded the stage as done (`context.STAGE_SECRETS`).
     remove_shards(ctx.run.root, "generate")
     return summary
 
@@ -327,7 +306,6 @@ def _finished_query_shards(ctx: StageContext, seed: int) -> list[Path]:
 
     from synthgen import querygen
     from synthgen.corpora import file_sha256
-    from synthgen.pipeline.runner import fingerprints
 
     shards = finished_shards(ctx.run.root, "generate", fingerprints(ctx.config)["generate"])
     generator = file_sha256(ctx.run.root / "generator" / querygen.PARAMS_FILE)
@@ -388,29 +366,3 @@ def _fewshot(ctx: StageContext, pairs: list[dict]) -> dict:
         "accountant": "pld",
         "relation": fewshot.RELATION,
     }
-
-
-def rag_stage(ctx: StageContext) -> dict:
-    from synthgen.pipeline.rag_stage import answer_questions
-
-    return answer_questions(ctx)
-
-
-def report_stage(ctx: StageContext) -> dict:
-    from synthgen.pipeline.report import write_report
-
-    return write_report(ctx)
-
-
-# Checks run before a stage's previous outputs are removed (not when resuming).
-PRECHECKS = {"generate": generate_precheck}
-
-STAGE_FUNCTIONS = {
-    "data": data_stage,
-    "generate": generate_stage,
-    "train": train_stage,
-    "evaluate": evaluate_stage,
-    "index": index_stage,
-    "rag": rag_stage,
-    "report": report_stage,
-}

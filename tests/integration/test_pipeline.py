@@ -23,7 +23,7 @@ from synthgen.pipeline import (
     run_stage,
     stage_status,
 )
-from synthgen.pipeline.stage_shards import run_shard
+from synthgen.pipeline.runner import run_shard
 from synthgen.privacy import PrivacyLedger
 from synthgen.shards import Shard
 from tests.synthgen.release_audit import assert_clean_release, record_randomness

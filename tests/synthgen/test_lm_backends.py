@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from synthgen.lm_backends import FlaxLM, TinyLM, row_tokens
+from synthgen.lm_backends import FlaxLM, TinyLM
+from synthgen.next_token import row_tokens
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "llama_tiny" / "model.gguf"
 

@@ -9,8 +9,8 @@ import httpx
 import numpy as np
 import pytest
 
-from retriever.network.contributor import add_key, load_contributor
 from retriever.network.folder import read_card
+from retriever.service.contributor import add_key, load_contributor
 from synthgen.privacy import COLLECTION, PrivacyLedger
 from tests.retriever.network.harness import (
     ANSWER_EPSILON,

@@ -11,8 +11,8 @@ from retriever.rag import (
     ScoreRange,
     make_plan,
 )
-from retriever.rag import answer as answer_module
-from retriever.rag.answer import ABSTENTION_TEXT
+from retriever.rag import releases as releases_module
+from retriever.rag.answer_types import ABSTENTION_TEXT
 from retriever.rag.text import unreadable_count
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope, accounting
@@ -245,7 +245,7 @@ class AppendSpyLM(TinyLM):
 
 def test_vote_goes_on_with_the_public_token_after_a_later_bottom(tmp_path, monkeypatch):
     released = iter([ord("Z"), None, None, ord("Y"), None])
-    monkeypatch.setattr(answer_module, "dp_vote_token", lambda counts, **kw: next(released))
+    monkeypatch.setattr(releases_module, "dp_vote_token", lambda counts, **kw: next(released))
     lm = AppendSpyLM()
     rag = _plain_rag(
         tmp_path,
@@ -303,7 +303,7 @@ def test_icl_answers_when_the_documents_move_the_draw(tmp_path):
 def test_answer_text_never_holds_a_split_multibyte_character(tmp_path, monkeypatch):
     """A released byte sequence that ends inside 'é' (0xC3 0xA9) decodes without U+FFFD."""
     released = iter([ord("c"), ord("a"), ord("f"), 0xC3])
-    monkeypatch.setattr(answer_module, "dp_icl_token", lambda *a, **kw: next(released))
+    monkeypatch.setattr(releases_module, "dp_icl_token", lambda *a, **kw: next(released))
     rag = _plain_rag(
         tmp_path,
         ["" for _ in range(N)],

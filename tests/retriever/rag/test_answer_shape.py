@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from retriever.rag import DPRag, PromptFormat, RagConfig, ScoreRange
-from retriever.rag import answer as answer_module
+from retriever.rag import releases as releases_module
 from retriever.rag.aggregation import AggregationConfig, token_probabilities, token_utilities
-from retriever.rag.answer import AnswerFailedError
+from retriever.rag.answer_types import AnswerFailedError
 from retriever.rag.voting import vote_counts
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import PrivacyLedger, Scope
@@ -146,7 +146,7 @@ def test_a_failure_after_the_check_charges_the_worst_case_and_withholds_its_text
     def leaky(*args, **kwargs):
         raise ValueError("record 3: the patient has besox fever")
 
-    monkeypatch.setattr(answer_module, "vote_counts", leaky)
+    monkeypatch.setattr(releases_module, "vote_counts", leaky)
     with pytest.raises(AnswerFailedError) as caught:
         rag.answer("q?", tenant="alice", epsilon=3.0, mechanism="sparse-vote")
     assert "besox" not in str(caught.value) and caught.value.__context__ is None
@@ -233,7 +233,7 @@ def test_a_document_the_tokenizer_refuses_is_refused_at_construction(tmp_path):
 
 def test_a_failure_whose_charge_fails_too_still_raises_the_fixed_error(tmp_path, monkeypatch):
     rag, ledger = _rag(tmp_path, ShapeLM(), accountant="basic")
-    monkeypatch.setattr(answer_module, "vote_counts", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr(releases_module, "vote_counts", lambda *a, **k: 1 / 0)
     monkeypatch.setattr(ledger, "charge_all", lambda *a, **k: 1 / 0)
     with pytest.raises(AnswerFailedError):
         rag.answer("q?", tenant="alice", epsilon=3.0, mechanism="sparse-vote")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from retriever.rag import DPRag, PromptFormat, RagConfig, ScoreRange
-from retriever.rag.answer import AnswerFailedError
+from retriever.rag.answer_types import AnswerFailedError
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope
 from synthgen.privacy.document_filters import DocumentFilter, DocumentFilters

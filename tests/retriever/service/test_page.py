@@ -6,7 +6,7 @@ import re
 import httpx
 import pytest
 
-from retriever.rag.answer import ABSTENTION_TEXT
+from retriever.rag.answer_types import ABSTENTION_TEXT
 from synthgen.privacy import PrivacyLedger, format_remaining
 from tests.retriever.service.harness import Server, add_tenants, bearer, questions
 

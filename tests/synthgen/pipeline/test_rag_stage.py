@@ -93,7 +93,7 @@ def individual_stage(tmp_path, monkeypatch):
     encoder or LM loads), in a real run folder."""
     import retriever.evaluate
     from synthgen import lm_backends
-    from synthgen.pipeline.runner import RunFolder
+    from synthgen.pipeline.context import RunFolder
 
     monkeypatch.setattr(retriever.evaluate, "load_towers", lambda e: (_Towers(), _Towers()))
     monkeypatch.setattr(lm_backends.FlaxLM, "load", staticmethod(lambda name: lm_backends.TinyLM()))

@@ -20,6 +20,7 @@ from synthgen.pipeline import (
     run_stage,
     stage_status,
 )
+from synthgen.pipeline import runner as runner_module
 from synthgen.pipeline import stages as stages_module
 from synthgen.querygen import GeneratorConfig
 
@@ -44,7 +45,7 @@ def calls(monkeypatch):
 
         return stage
 
-    monkeypatch.setattr(stages_module, "STAGE_FUNCTIONS", {s: fake(s) for s in STAGES})
+    monkeypatch.setattr(runner_module, "STAGE_FUNCTIONS", {s: fake(s) for s in STAGES})
     return seen
 
 
@@ -82,10 +83,10 @@ def test_fingerprints_chain():
 
 
 def test_fields_added_later_enter_the_fingerprint_only_off_their_default():
-    from synthgen.pipeline.runner import _jsonable
+    from synthgen.pipeline.context import jsonable
 
     base = _config()
-    assert "accounting" not in _jsonable(base.rag)  # old run folders keep their fingerprints
+    assert "accounting" not in jsonable(base.rag)  # old run folders keep their fingerprints
     same = _config(rag=dataclasses.replace(base.rag, relevance_threshold=0.5))
     assert fingerprints(same) == fingerprints(base)
     moved = _config(rag=dataclasses.replace(base.rag, relevance_threshold=0.6))
@@ -176,7 +177,7 @@ def test_refuses_a_folder_that_is_not_a_run(tmp_path, calls):
 
 
 def test_run_scope_refuses_other_caps(tmp_path):
-    from synthgen.pipeline.stages import open_run_scope
+    from synthgen.pipeline.context import open_run_scope
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.ledger_types import Scope
 
@@ -201,7 +202,7 @@ def test_cli_rejects_group_options_before_a_stage(tmp_path):
 def test_fewshot_generate_precheck_refuses_a_run_over_the_cap(tmp_path):
     from synthgen.fewshot import FewShotConfig
     from synthgen.pipeline import PrivacyConfig
-    from synthgen.pipeline.runner import StageContext
+    from synthgen.pipeline.context import StageContext
     from synthgen.privacy import BudgetExceededError, PrivacyLedger
 
     def context(cap):

@@ -9,11 +9,11 @@ import pytest
 from synthgen.config_files import default_configs_dir
 from synthgen.fewshot.config import FewShotConfig
 from synthgen.pipeline import RunFolder, load_pipeline_config, run_stage
-from synthgen.pipeline.runner import StageBusyError, stage_lock
+from synthgen.pipeline.context import StageBusyError, stage_lock
+from synthgen.pipeline.runner import run_shard
 from synthgen.pipeline.stage_shards import (
     finished_shards,
     remove_shards,
-    run_shard,
     shard_folder,
     shard_progress,
     shards_root,

@@ -1,0 +1,75 @@
+"""Next-token log-probabilities of a frozen LM for a batch of prompts: the `NextTokenLM`
+protocol and its one shared helper.
+
+DP few-shot generation (`synthgen.fewshot`) releases one token at a time for M private
+prompts that all continue with the same released tokens. A backend therefore keeps a
+*session*: `start(prompts)` returns the next-token log-probabilities [B, V] after each prompt
+and `append(token)` feeds the same token to every row and returns the next ones, so a token
+costs one cached decoding step per row. `score(prompts)` is the stateless full forward
+(what a session replaces; the naive path of `scripts/bench_fewshot.py`); it must leave an
+open session untouched, because the public prompt is scored with `score` in a call of its
+own while the private rows' session is open.
+
+The backends (`synthgen.lm_backends`: Flax and a test model; `synthgen.openai_backend`: a
+server over HTTP) import this module and never each other.
+
+Privacy: rows of one batch are padded together and share batched numerics, so a row's
+log-probabilities may depend (by float rounding) on the other rows of its call. Callers keep
+public and private prompts in separate calls (`synthgen.fewshot.generate` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+
+class NextTokenLM(Protocol):
+    """A frozen LM seen through its next-token distributions."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]: ...
+
+    def encode(self, text: str, *, bos: bool = False) -> list[int]:
+        """Token ids of `text` (BOS first when `bos` and the model uses one)."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def start(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, length: int | None = None
+    ) -> np.ndarray:
+        """Opens a session; log-probs [B, V] of the token after each prompt.
+
+        `length` (public) pads every prompt to at least this many tokens, so the session's
+        shape, compiled program and time do not depend on how long the prompts are (a
+        backend without shapes may ignore it).
+        """
+        ...
+
+    def append(self, token: int | Sequence[int]) -> np.ndarray:
+        """Feeds `token` to every row of the session (or one token per row, in row order);
+        log-probs [B, V] of the next token."""
+        ...
+
+    def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        """Stateless: log-probs [B, V] of the token after each prompt (full forward).
+
+        Leaves an open `start`/`append` session untouched.
+        """
+        ...
+
+
+def row_tokens(token: int | Sequence[int], rows: int) -> list[int]:
+    """`append`'s argument as one token per row: an int for every row, or one per row."""
+    if isinstance(token, int | np.integer):
+        return [int(token)] * rows
+    tokens = [int(t) for t in token]
+    if len(tokens) != rows:
+        raise ValueError(f"need one token per row: {len(tokens)=}, {rows=}")
+    return tokens
