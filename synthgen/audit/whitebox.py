@@ -48,9 +48,9 @@ bound of a perfect attack on the same in/out counts (scores 1 for in, 0 for out)
 reason to import it at run time (2 cores, CPU, jax-privacy 2.0.0): once jax, scipy, optax
 and dp-accounting are imported (every training path imports them), `import
 jax_privacy.auditing` adds 0.03-0.05 s; of its requirements only chex is not already a
-runtime dependency of this project. It is in the `test` extra only (pyproject.toml), so it is
-imported lazily and a missing install is one clear error; `synthgen.audit.auditor` keeps the
-re-implementation the black-box audits use.
+runtime dependency of this project, so it is a runtime dependency (pyproject.toml), imported
+lazily by the audits that use it; `synthgen.audit.auditor` keeps the re-implementation the
+earlier black-box audits use.
 
 Privacy:
   The audited step runs on a real batch of private examples. What leaves this module is
