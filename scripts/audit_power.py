@@ -1,14 +1,16 @@
-"""The audit-power table of issue 52: can each audit see a leak? (white-box cells for now).
+"""The audit-power table of issue 52: can each audit see a leak? White-box and black-box cells.
 
 Runs `synthgen.audit.power`: per claimed epsilon (inf = no noise, 8, 3, 1), one DP step of a
-project query generator with m canary gradients (`synthgen.audit.whitebox`), and prints a
-Markdown table and, last, exactly one line of space-separated `key=value` pairs:
-`nonprivate_eps_lb`, `dp8_eps_lb` (the black-box keys: `nan`, those audits are not run by
-this script yet), `whitebox_nonprivate_eps_lb`, `whitebox_dp8_eps_lb`, `cap`. Resumable: a
-cell whose result file exists in --out is read back, not run.
+project query generator with m canary gradients (`synthgen.audit.whitebox`); and per
+black-box epsilon (inf, 8), the generator trained by `dp_train.train` on private pairs plus
+m canaries whose secrets are new tokens (or the rarest tokens), scored on the final model
+(`synthgen.audit.blackbox`). It prints Markdown tables and, last, exactly one line of
+space-separated `key=value` pairs: `nonprivate_eps_lb`, `dp8_eps_lb` (black-box),
+`whitebox_nonprivate_eps_lb`, `whitebox_dp8_eps_lb`, `cap`. A cell not run prints `nan`.
+Resumable: a cell whose result file exists in --out is read back, not run.
 
     python scripts/audit_power.py --out runs/audit_power            # demo LoRA generator
-    python scripts/audit_power.py --quick --out /tmp/audit_power    # tiny T5, ~1 minute
+    python scripts/audit_power.py --quick --out /tmp/audit_power    # tiny T5, a few minutes
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from synthgen.audit import power
+from synthgen.audit import blackbox, power
 from synthgen.audit.claims import parse_epsilons
 
 
@@ -27,33 +29,58 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the tiny T5 generator (tests)")
     parser.add_argument("--model", choices=power.MODELS, help="default: demo_lora, tiny_t5 quick")
     parser.add_argument("--canaries", type=int, default=1000, help="m per cell (default 1000)")
-    parser.add_argument("--epsilons", default="inf,8,3,1", help="claimed epsilons (inf: no noise)")
+    parser.add_argument("--epsilons", default="inf,8,3,1", help="white-box claimed epsilons")
+    parser.add_argument("--blackbox-epsilons", default="inf,8", help="black-box claimed epsilons")
+    parser.add_argument("--blackbox-kind", choices=blackbox.KINDS, default="new")
+    parser.add_argument("--blackbox-canaries", type=int, default=None, help="default --canaries")
+    parser.add_argument("--skip-whitebox", action="store_true")
+    parser.add_argument("--skip-blackbox", action="store_true")
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=None, help="fixed audit seed: tests only")
     args = parser.parse_args(argv)
     model = args.model or ("tiny_t5" if args.quick else "demo_lora")
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        epsilons = parse_epsilons(args.epsilons)
-        results = power.run_whitebox_cells(
-            args.out,
-            model,
-            epsilons,
-            num_canaries=args.canaries,
-            delta=args.delta,
-            seed=args.seed,
-            log=lambda line: print(line, file=sys.stderr, flush=True),
-        )
+        results, bb_results = [], []
+        if not args.skip_whitebox:
+            results = power.run_whitebox_cells(
+                args.out,
+                model,
+                parse_epsilons(args.epsilons),
+                num_canaries=args.canaries,
+                delta=args.delta,
+                seed=args.seed,
+                log=log,
+            )
+        if not args.skip_blackbox:
+            bb_results = power.run_blackbox_cells(
+                args.out,
+                model,
+                parse_epsilons(args.blackbox_epsilons),
+                kind=args.blackbox_kind,
+                num_canaries=args.blackbox_canaries or args.canaries,
+                delta=args.delta,
+                seed=None if args.seed is None else args.seed + 1000,
+                log=log,
+            )
     except (ValueError, ImportError) as exc:
         print(f"audit_power: {exc}", file=sys.stderr)
         return 2
-    table = power.format_table(results)
-    (args.out / "whitebox_table.md").write_text(table + "\n")
-    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if results:
+        table = power.format_table(results)
+        (args.out / "whitebox_table.md").write_text(table + "\n")
+        print(table)
+    if bb_results:
+        table = power.format_blackbox_table(bb_results)
+        (args.out / "blackbox_table.md").write_text(table + "\n")
+        print(table)
     print(
-        "black-box cells (nonprivate_eps_lb, dp8_eps_lb) are not run yet: nan; white-box keys "
-        f"are the one-run epsilon-count bound of the noisy gradient, delta={args.delta:g}, 95%"
+        ("black-box cells not run yet: nan; " if not bb_results else "")
+        + "every key is the one-run epsilon-count bound (black-box: the secret's log-ratio; "
+        f"white-box: the noisy gradient), delta={args.delta:g}, 95%"
     )
-    print(power.summary_line(results))
+    print(power.summary_line(results, bb_results))
     return 0
 
 

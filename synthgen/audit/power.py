@@ -1,9 +1,12 @@
 """The audit-power table (issue 52): which audits can see a leak, cell by cell, resumable.
 
-`scripts/audit_power.py` is its entry point. Today it runs the white-box cells
-(`synthgen.audit.whitebox`): one DP step of a real query generator of the project with m
-canary gradients, per claimed epsilon (inf = no noise, 8, 3, 1). The black-box cells (canary
-pairs scored on the trained generator) are not run yet: their keys print as `nan`.
+`scripts/audit_power.py` is its entry point. It runs two kinds of cells:
+
+  * white-box (`synthgen.audit.whitebox`): one DP step of a real query generator of the
+    project with m canary gradients, per claimed epsilon (inf = no noise, 8, 3, 1);
+  * black-box (`synthgen.audit.blackbox`): the generator trained by `dp_train.train` on
+    private pairs plus m canaries with new-token (or rarest-token) secrets, scored on the
+    final model only, per claimed epsilon (inf and 8 by default).
 
 Models (the trainable parameters of a project generator, on a real batch of the wiki
 summaries corpus, the demo's data):
@@ -12,12 +15,21 @@ summaries corpus, the demo's data):
     512-piece SentencePiece vocabulary trained on the corpus's documents; full fine-tuning.
   * `demo_lora`: the `smollm2_lora_cpu` preset (the CPU demo), LoRA rank 8 on SmolLM2-135M.
 
-Every cell writes `whitebox_<model>_m<m>_eps<tag>.json` (aggregates only) into the output
-folder; a cell whose file exists is read back instead of run, so an interrupted run resumes.
+Every cell writes `whitebox_<model>_m<m>_eps<tag>.json` or
+`blackbox_<model>_<kind>_m<m>_eps<tag>.json` (aggregates only) into the output folder; a
+cell whose file exists is read back instead of run, so an interrupted run resumes (a
+black-box cell is re-run whole, with fresh coins: its coins never touch the disk).
+
+Black-box sizes (`BLACKBOX`): the demo cell trains on the first 800 wiki-summaries pairs
+(the private pairs) plus the inserted canaries for one epoch of the planned 800 + m pairs
+at the preset's batch (32) and learning rate; the canaries' (document, query) prefixes are
+the m rows after them. The tiny cell (200 private pairs) is the planted-leak size: 3 epochs
+at learning rate 3e-2, so that a non-private run memorises by construction.
 
 Privacy:
-  The audited steps run on a batch of the (public) wiki summaries corpus standing in for
-  private pairs; the files hold `WhiteboxResult` aggregates only: no coins, keys or scores.
+  The audited runs use the (public) wiki summaries corpus standing in for private pairs;
+  the files hold `WhiteboxResult` / `BlackboxResult` aggregates only: no coins, keys or
+  scores.
 """
 
 from __future__ import annotations
@@ -32,11 +44,16 @@ from typing import Any
 
 import numpy as np
 
-from synthgen.audit import whitebox
+from synthgen.audit import blackbox, whitebox
 from synthgen.audit.claims import epsilon_tag
 
 MODELS = ("tiny_t5", "demo_lora")
 PRESETS = {"tiny_t5": "tiny_t5", "demo_lora": "smollm2_lora_cpu"}
+# Black-box cell sizes per model: private pairs, epochs, learning rate (None: the preset's).
+BLACKBOX = {
+    "tiny_t5": dict(num_private=200, epochs=3.0, learning_rate=3e-2),
+    "demo_lora": dict(num_private=800, epochs=1.0, learning_rate=None),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,20 +212,165 @@ def format_table(results: Sequence[whitebox.WhiteboxResult]) -> str:
     return "\n".join(lines)
 
 
-def summary_line(results: Sequence[whitebox.WhiteboxResult]) -> str:
-    """The issue's last line; white-box keys from the primary observable's count bound.
+def summary_line(
+    results: Sequence[whitebox.WhiteboxResult],
+    blackbox_results: Sequence[blackbox.BlackboxResult] = (),
+) -> str:
+    """The issue's last line: each key the primary observable's epsilon-count bound.
 
-    The black-box keys are `nan` (not run yet); `cap` is the epsilon-count cap of the
-    non-private cell's canaries (the analysis of the `*_eps_lb` keys).
+    A key whose cell was not run is `nan`; `cap` is the epsilon-count cap of the
+    non-private white-box cell's canaries (else of the non-private black-box cell), the
+    analysis of the `*_eps_lb` keys.
     """
 
-    def find(target: float) -> whitebox.WhiteboxResult | None:
-        return next((r for r in results if r.target_epsilon == target), None)
+    def find(cells, target: float):
+        return next((r for r in cells if r.target_epsilon == target), None)
 
-    nonprivate, dp8 = find(math.inf), find(8.0)
+    nonprivate, dp8 = find(results, math.inf), find(results, 8.0)
+    bb_nonprivate, bb_dp8 = find(blackbox_results, math.inf), find(blackbox_results, 8.0)
     value = lambda r: "nan" if r is None else f"{r.primary.epsilon_one_run:.4f}"  # noqa: E731
-    cap = next((r for r in (nonprivate, dp8) if r is not None), None)
+    cap = next((r for r in (nonprivate, dp8, bb_nonprivate, bb_dp8) if r is not None), None)
     return (
-        f"nonprivate_eps_lb=nan dp8_eps_lb=nan whitebox_nonprivate_eps_lb={value(nonprivate)} "
-        f"whitebox_dp8_eps_lb={value(dp8)} cap={'nan' if cap is None else f'{cap.cap_one_run:.4f}'}"
+        f"nonprivate_eps_lb={value(bb_nonprivate)} dp8_eps_lb={value(bb_dp8)} "
+        f"whitebox_nonprivate_eps_lb={value(nonprivate)} whitebox_dp8_eps_lb={value(dp8)} "
+        f"cap={'nan' if cap is None else f'{cap.cap_one_run:.4f}'}"
     )
+
+
+# ---- black-box cells -------------------------------------------------------------------------
+
+
+def load_generator(name: str):
+    """(preset config, family, base params, wiki-summaries pairs) of the named generator.
+
+    Raises:
+      ValueError: an unknown name.
+    """
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; models: {', '.join(MODELS)}")
+    from synthgen import querygen
+    from synthgen.configs import querygen as presets
+    from synthgen.corpora import load_wiki_summaries
+
+    config = presets.get(PRESETS[name])
+    pairs = load_wiki_summaries()
+    with tempfile.TemporaryDirectory() as tokenizer_dir:  # a public vocabulary, discarded
+        family, params = querygen.load_base(
+            config, pairs["document"], tokenizer_dir=Path(tokenizer_dir), seed=0
+        )
+    return config, family, params, pairs
+
+
+def blackbox_cell_path(
+    out_dir: str | Path, model: str, kind: str, num_canaries: int, epsilon: float
+) -> Path:
+    return Path(out_dir) / f"blackbox_{model}_{kind}_m{num_canaries}_eps{epsilon_tag(epsilon)}.json"
+
+
+def run_blackbox_cells(
+    out_dir: str | Path,
+    model: str,
+    epsilons: Sequence[float],
+    *,
+    kind: str = "new",
+    num_canaries: int = 1000,
+    num_private: int | None = None,
+    epochs: float | None = None,
+    learning_rate: float | None = None,
+    delta: float = 1e-5,
+    seed: int | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] = print,
+) -> list[blackbox.BlackboxResult]:
+    """Runs (or reads back) one black-box cell per epsilon for `model`; resumable by cell.
+
+    Args:
+      out_dir: the results folder (aggregates only); created if needed.
+      model: one of `MODELS`.
+      epsilons: target epsilons; `math.inf` is the non-private run (clipping, no noise).
+      kind: "new" or "rare" (`synthgen.audit.blackbox.KINDS`).
+      num_canaries: m per cell.
+      num_private, epochs, learning_rate: default `BLACKBOX[model]`.
+      delta: delta of every claim and bound.
+      seed: None (OS entropy) except in tests; cell k uses seed + k.
+      progress: dp_train's progress bar (steps and epsilon only).
+      log: progress lines (counts, epsilons and seconds only).
+
+    Returns:
+      One `BlackboxResult` per epsilon, in order.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = {**BLACKBOX[model]} if model in BLACKBOX else {}
+    for key, value in (("num_private", num_private), ("epochs", epochs)):
+        if value is not None:
+            sizes[key] = value
+    if learning_rate is not None:
+        sizes["learning_rate"] = learning_rate
+    results: list[blackbox.BlackboxResult] = []
+    loaded = None
+    for k, epsilon in enumerate(epsilons):
+        path = blackbox_cell_path(out, model, kind, num_canaries, epsilon)
+        if path.exists():
+            results.append(blackbox.BlackboxResult.from_dict(json.loads(path.read_text())))
+            log(f"{path.name}: exists, skipped")
+            continue
+        if loaded is None:
+            loaded = load_generator(model)
+        config, family, params, pairs = loaded
+        n = sizes["num_private"]
+        if n + num_canaries > len(pairs):
+            raise ValueError(f"{n} pairs + {num_canaries} canaries exceed the {len(pairs)} rows")
+        private, sources = pairs.select(range(n)), pairs.select(range(n, n + num_canaries))
+        cell = blackbox.BlackboxConfig(
+            num_canaries=num_canaries,
+            kind=kind,
+            epsilon=epsilon,
+            delta=delta,
+            epochs=sizes["epochs"],
+            learning_rate=sizes.get("learning_rate"),
+            seed=None if seed is None else seed + k,
+        )
+        result = blackbox.audit_querygen(
+            family,
+            params,
+            private["document"],
+            private["query"],
+            sources["document"],
+            sources["query"],
+            config.dp,
+            cell,
+            input_len=config.input_len,
+            target_len=config.target_len,
+            lora=config.lora_rank > 0,
+            model=f"{PRESETS[model]} ({config.family} {config.base}, LoRA {config.lora_rank})",
+            progress=progress,
+        )
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result.to_dict(), indent=1))
+        tmp.replace(path)
+        log(
+            f"{path.name}: {result.seconds:.1f} s ({result.steps} steps, train "
+            f"{result.train_seconds:.1f} s, score {result.score_seconds:.1f} s)"
+        )
+        results.append(result)
+    return results
+
+
+def format_blackbox_table(results: Sequence[blackbox.BlackboxResult]) -> str:
+    """A Markdown table: one row per black-box cell."""
+    head = (
+        "| model | kind | claimed eps | sigma | steps | canaries in/out | AUROC | TPR@1%FPR | "
+        "eps one-run (count) | eps one-run (f-DP) | cap (count / f-DP) | minutes | ok |"
+    )
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in results:
+        s = r.primary
+        lines.append(
+            f"| {r.model.split(' ')[0]} | {r.kind} | {_fmt(r.claimed_epsilon)} | "
+            f"{r.noise_multiplier:.3f} | {r.steps} | {r.num_in}/{r.num_out} | {s.auroc:.3f} | "
+            f"{s.tpr_at_1pct_fpr:.3f} | {s.epsilon_one_run:.2f} | {s.epsilon_one_run_fdp:.2f} | "
+            f"{r.cap_one_run:.2f} / {r.cap_fdp:.2f} | {r.seconds / 60:.1f} | "
+            f"{'VIOLATION' if r.violation else 'yes'} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,629 @@
+"""Black-box one-run audit of the query generator: canaries with power (Panda et al. 2025).
+
+What is audited: the released generator (the final weights only), trained by the project's
+DP-Adafactor (`synthgen.dp_train.train`, its sampler and accountant) on private pairs plus
+canaries. One run, m canaries (default 1,000), each inserted exactly once with probability
+1/2 (Steinke, Nasr & Jagielski 2023):
+
+  * A canary is one (document, query) pair with a typical prefix: a public document of the
+    corpus (a row held out of the private pairs) and, as its query, that row's real query
+    followed by a secret of 1-3 tokens (the length uniform in `secret_len`).
+  * Kind `new` (the issue's first kind): every secret token is a NEW token, appended to the
+    vocabulary for this audit only, one per secret position, so no two canaries share one.
+    Its embedding row is drawn from the existing rows' per-coordinate mean and variance (a
+    public value) and is TRAINABLE in the audited run (`Extension`: the model's parameters
+    are wrapped so that the new rows sit beside the LoRA adapters in the trainable tree,
+    clipped and noised as every other trainable parameter). Only an inserted canary ever
+    gives its rows a gradient that pulls them up, which is what makes one insertion visible.
+  * Kind `rare` (no model surgery): the secret tokens are the `rare_pool` existing tokens
+    least likely under the base model as the first query token after public prompts (drawn
+    without replacement while the pool lasts). With LoRA the embeddings stay frozen, so it
+    is the weaker kind there.
+
+Score of canary i: log p_trained(secret | prefix) - log p_base(secret | prefix), the loss on
+the secret tokens only (nats; the prefix tokens and the end of the query are not scored),
+calibrated by the base model (for `new`, the base model with the initial rows).
+
+Statistics: `jax_privacy.auditing.CanaryScoreAuditor` at run time, through
+`synthgen.audit.whitebox.score_stats` (no re-implementation): the one-run epsilon of
+Steinke et al. 2023 (epsilon-count analysis) and of Mahloujifar et al. 2024 (f-DP), both
+one-sided at 95% with Bonferroni over thresholds, at the run's delta; the TPR at 1% FPR;
+the AUROC; and the cap (what a perfect attack on the same in/out counts certifies).
+
+The claim: a canary is one pair, so the claim is the run's own (epsilon, delta) w.r.t. one
+(document, query) pair (add/remove-one, Poisson sampling). The plan is made for all m
+canaries plus the private pairs (a public size fixed before the coins are drawn) at a fixed
+Poisson rate (`dp_train.train(fixed_rate=True)`), so the mechanism does not depend on which
+canaries went in. A bound above the claim is a defect (`violation`), never tuned away.
+
+Randomness: one 128-bit audit seed (OS entropy unless a test fixes it) spawns three
+independent streams: the public canary material (which rows, which secret tokens), the
+inclusion coins, and the training run's seed (sampler and noise). The coins, the secrets'
+in/out labels and the per-canary scores live in memory only and are dropped before the
+function returns; nothing of them is written anywhere. A cell is therefore resumed as a
+whole (`synthgen.audit.power`): an interrupted cell is re-run with fresh coins.
+
+Privacy:
+  Unit: one (document, query) pair (a canary is one pair); queries are private, documents
+  public. The audited runs train on the private pairs and are not charged to a ledger: they
+  are never released, and only `BlackboxResult` aggregates leave this module (counts, rates,
+  areas, epsilons, sigma, step count, seconds); publishing the aggregates of a run at
+  epsilon costs that epsilon, and the epsilon = inf run is NOT private. The sizes, steps
+  and compiled shapes are fixed by public parameters (the planned size n + m), not by the
+  coins.
+
+References: Panda, Tang, Mahloujifar, Sehwag, Mittal 2025 (arXiv 2503.06808, "Privacy
+auditing of large language models": new-token and rare-token canaries, loss on the secret);
+Steinke, Nasr & Jagielski 2023 (arXiv 2305.08846, one-run auditing); Mahloujifar, Melis &
+Chaudhuri 2024 (arXiv 2410.22235, f-DP one-run analysis).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from synthgen import dp_train, run_seed
+from synthgen.audit.whitebox import ScoreStats, score_stats, statistical_cap
+from synthgen.generator_models import merge_params, split_trainable, token_nll
+
+KINDS = ("new", "rare")
+OBSERVABLE = "secret_log_ratio"
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class BlackboxConfig:
+    """One black-box cell: the canaries and the audited run's training.
+
+    Attributes:
+      num_canaries: m, each inserted once with probability 1/2.
+      kind: "new" (new vocabulary tokens, trainable rows) or "rare" (rarest existing tokens).
+      secret_len: (shortest, longest) secret in tokens, each canary's length uniform in it.
+      epsilon: the run's target epsilon; `math.inf` is the non-private run (no noise).
+      delta: delta of the run's claim and of every bound.
+      epochs: epochs of the audited run over the planned size (pairs + m).
+      learning_rate, clip_norm: None: the generator preset's.
+      no_clipping: the non-private run without clipping (clip norm 1e6); refused with noise.
+      rare_pool: size of the rare-token pool (kind "rare").
+      significance: level of each bound (0.05: 95%).
+      score_batch: canaries per scoring pass.
+      seed: None (production): a 128-bit audit seed from OS entropy; fixed seeds: tests only.
+    """
+
+    num_canaries: int = 1000
+    kind: str = "new"
+    secret_len: tuple[int, int] = (1, 3)
+    epsilon: float = math.inf
+    delta: float = 1e-5
+    epochs: float = 1.0
+    learning_rate: float | None = None
+    clip_norm: float | None = None
+    no_clipping: bool = False
+    rare_pool: int = 4096
+    significance: float = 0.05
+    score_batch: int = 16
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_canaries < 2:
+            raise ValueError(f"num_canaries must be >= 2, got {self.num_canaries=}")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind=}")
+        lo, hi = self.secret_len
+        if not 1 <= lo <= hi:
+            raise ValueError(
+                f"secret_len must be (lo, hi) with 1 <= lo <= hi, got {self.secret_len=}"
+            )
+        if math.isnan(self.epsilon) or not self.epsilon > 0:
+            raise ValueError(f"epsilon must be > 0 or inf, got {self.epsilon=}")
+        if self.no_clipping and math.isfinite(self.epsilon):
+            raise ValueError("no_clipping is for the non-private run only (epsilon = inf)")
+        if not 0 < self.delta < 1 or 2 * self.num_canaries * self.delta > 1:
+            raise ValueError(f"delta must be in (0, 1/(2 m)], got {self.delta=}")
+        if not self.epochs > 0 or self.rare_pool < 2 or self.score_batch < 1:
+            raise ValueError(f"bad sizes: {self.epochs=}, {self.rare_pool=}, {self.score_batch=}")
+        if not 0 < self.significance < 0.5:
+            raise ValueError(f"significance must be in (0, 0.5), got {self.significance=}")
+        if self.seed is not None:
+            run_seed.check_seed(self.seed)
+
+
+# ---- randomness ------------------------------------------------------------------------------
+
+
+def streams(seed: int | None) -> tuple[np.random.Generator, np.random.Generator, int]:
+    """(canary-material rng, coin rng, training seed): independent streams of the audit seed.
+
+    The audit seed is `seed` (tests) or 128 bits of OS entropy; the training seed is a
+    128-bit integer for `DPConfig.seed` (the run's sampler and noise).
+    """
+    material, coins, training = np.random.SeedSequence(run_seed.shared_seed(seed)).spawn(3)
+    words = training.generate_state(4, np.uint32).astype(object)
+    train_seed = int(sum(int(w) << (32 * i) for i, w in enumerate(words)))
+    return np.random.default_rng(material), np.random.default_rng(coins), train_seed
+
+
+def draw_coins(rng: np.random.Generator, m: int) -> np.ndarray:
+    """m independent fair coins (True: inserted). Secret: memory only."""
+    coins = rng.random(m) < 0.5
+    if coins.all() or not coins.any():
+        raise RuntimeError("every canary fell on one side; draw again (probability 2^(1-m))")
+    return coins
+
+
+# ---- model surgery: new vocabulary rows ------------------------------------------------------
+
+
+def _embedding_paths(params: PyTree) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """(input embedding path, untied output kernel path or None) of a T5 or Llama tree."""
+    flat = traverse_util.flatten_dict(params)
+    embed = next((p for p in (("embed", "embedding"), ("shared", "embedding")) if p in flat), None)
+    if embed is None:
+        raise ValueError("no token embedding (embed/embedding or shared/embedding) in the model")
+    head = ("lm_head", "kernel")
+    return embed, head if head in flat else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Extension:
+    """A generator with `num_new` new tokens: ids V .. V + num_new - 1, trainable rows.
+
+    `trainable` is {"model": the base trainable tree (LoRA adapters or all), "new": the new
+    rows} and `frozen` the base frozen tree; `full_params` rebuilds the model's parameters
+    (embedding [V + num_new, d], and the output kernel [d, V + num_new] when untied) and
+    `loss_fn` is the per-example loss `dp_train.train` takes. With `num_new = 0` it is the
+    unchanged generator (the `rare` kind).
+
+    A change inside `synthgen.generator_models` (a `split_trainable` that can name extra
+    trainable embedding rows) would make this wrapper unnecessary; it lives here so that
+    the audit touches no training code.
+    """
+
+    family: Any
+    trainable: PyTree
+    frozen: PyTree
+    base_vocab: int
+    num_new: int
+    embed_path: tuple[str, ...]
+    head_path: tuple[str, ...] | None
+
+    def full_params(self, trainable: PyTree, frozen: PyTree | None = None) -> PyTree:
+        """The model's parameters; `frozen` defaults to the extension's own frozen tree."""
+        params = merge_params(trainable["model"], self.frozen if frozen is None else frozen)
+        if not self.num_new:
+            return params
+        flat = dict(traverse_util.flatten_dict(params))
+        table = flat[self.embed_path]
+        flat[self.embed_path] = jnp.concatenate(
+            [table, trainable["new"]["embedding"].astype(table.dtype)], axis=0
+        )
+        if self.head_path is not None:
+            head = flat[self.head_path]
+            flat[self.head_path] = jnp.concatenate(
+                [head, trainable["new"]["lm_head"].astype(head.dtype)], axis=1
+            )
+        return traverse_util.unflatten_dict(flat)
+
+    def loss_fn(self) -> dp_train.LossFn:
+        logits_fn = self.family.logits_fn()
+
+        def loss(trainable, frozen, ex):
+            # `frozen` is an argument (not closed over): jit keeps it out of the program.
+            logits = logits_fn(self.full_params(trainable, frozen), ex)
+            return token_nll(logits, ex["targets"], ex["target_mask"])
+
+        return loss
+
+
+def _like(rng: np.random.Generator, table: np.ndarray, shape, *, axis: int) -> np.ndarray:
+    mean = table.mean(axis=axis, keepdims=True)
+    std = table.std(axis=axis, keepdims=True)
+    return (mean + std * rng.standard_normal(shape)).astype(table.dtype)
+
+
+def extend_vocabulary(
+    family, params: PyTree, num_new: int, *, lora: bool, rng: np.random.Generator
+) -> Extension:
+    """Adds `num_new` tokens with trainable rows drawn like the existing rows.
+
+    Each new row (and output column, when untied) is drawn from N(mean, diag(var)) of the
+    existing rows, coordinate by coordinate: public values at the scale of the other rows,
+    so Adafactor's parameter-scaled update (full fine-tuning) is not shrunk to nothing, as
+    it would be for rows all set to the mean. The base score calibrates their differences.
+
+    Args:
+      family: a `synthgen.generator_models` family (T5Family or LlamaFamily).
+      params: the base model's full parameters.
+      num_new: new tokens (0: no change).
+      lora: the base trainable tree is the LoRA adapters (else every parameter).
+      rng: the public canary-material stream.
+    """
+    if num_new < 0:
+        raise ValueError(f"num_new must be >= 0, got {num_new=}")
+    embed_path, head_path = _embedding_paths(params)
+    flat = traverse_util.flatten_dict(params)
+    base_vocab = int(flat[embed_path].shape[0])
+    model_trainable, frozen = split_trainable(params, lora=lora)
+    new: dict[str, jax.Array] = {}
+    if num_new:
+        table = np.asarray(flat[embed_path], np.float32)
+        new["embedding"] = _like(rng, table, (num_new, table.shape[1]), axis=0)
+        if head_path is not None:
+            head = np.asarray(flat[head_path], np.float32)
+            new["lm_head"] = _like(rng, head, (head.shape[0], num_new), axis=1)
+        config = dataclasses.replace(family.config, vocab_size=base_vocab + num_new)
+        family = dataclasses.replace(family, config=config)
+    trainable = {"model": model_trainable, **({"new": new} if new else {})}
+    return Extension(family, trainable, frozen, base_vocab, num_new, embed_path, head_path)
+
+
+# ---- canaries ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Canaries:
+    """The m canaries: public material only (no coins). Token ids, not text."""
+
+    documents: tuple[str, ...]
+    prefixes: tuple[tuple[int, ...], ...]
+    secrets: tuple[tuple[int, ...], ...]
+    num_new: int
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+
+def rare_pool(
+    family,
+    params: PyTree,
+    documents: Sequence[str],
+    size: int,
+    *,
+    input_len: int,
+    target_len: int,
+) -> np.ndarray:
+    """The `size` ordinary tokens least likely as the first query token after public prompts.
+
+    The base model's log-probabilities are averaged over up to 8 public documents' prompts;
+    special ids and ids outside the tokenizer's vocabulary (padding rows) are left out.
+    """
+    tok = family.tokenizer
+    docs = list(documents[:8]) or [""]
+    data = family.encode_pairs(docs, ["x"] * len(docs), input_len, target_len)
+    logits_fn = jax.jit(jax.vmap(family.logits_fn(), in_axes=(None, 0)))
+    logp = jax.nn.log_softmax(logits_fn(params, data)[:, 0].astype(jnp.float32), axis=-1)
+    mean = np.asarray(logp.mean(axis=0))
+    special = {tok.eos_id, tok.pad_id, tok.bos_id}
+    usable = [int(t) for t in np.argsort(mean) if int(t) < tok.vocab_size and int(t) not in special]
+    if len(usable) < 2:
+        raise ValueError("fewer than 2 usable tokens for a rare-token pool")
+    return np.asarray(usable[:size], np.int64)
+
+
+def make_canaries(
+    family,
+    sources_documents: Sequence[str],
+    sources_queries: Sequence[str],
+    config: BlackboxConfig,
+    rng: np.random.Generator,
+    *,
+    base_vocab: int,
+    target_len: int,
+    pool: np.ndarray | None = None,
+) -> Canaries:
+    """m canaries from public (document, query) rows: the query's tokens, then the secret.
+
+    The query prefix is cut so that prefix + secret + end of query fit in `target_len`.
+
+    Args:
+      family: the generator's family (its tokenizer encodes the prefixes).
+      sources_documents, sources_queries: m public rows (held out of the private pairs).
+      config: the cell (m, kind, secret lengths).
+      rng: the public canary-material stream.
+      base_vocab: V; `new` secrets use ids V, V + 1, ... (one per secret position).
+      target_len: the generator's target budget.
+      pool: `rare` only: the rare-token pool (`rare_pool`).
+    """
+    m = config.num_canaries
+    if len(sources_documents) != m or len(sources_queries) != m:
+        raise ValueError(f"need {m} canary source rows, got {len(sources_documents)}")
+    lo, hi = config.secret_len
+    if hi + 2 > target_len:
+        raise ValueError(f"secrets of {hi} tokens need target_len >= {hi + 2}, got {target_len=}")
+    lengths = rng.integers(lo, hi + 1, m)
+    total = int(lengths.sum())
+    if config.kind == "new":
+        flat = base_vocab + np.arange(total)
+        num_new = total
+    else:
+        if pool is None or len(pool) < 2:
+            raise ValueError("rare canaries need a rare-token pool of >= 2 tokens")
+        flat = rng.choice(pool, total, replace=total > len(pool))
+        num_new = 0
+    secrets, at = [], 0
+    for n in lengths:
+        secrets.append(tuple(int(t) for t in flat[at : at + n]))
+        at += int(n)
+    prefixes = []
+    for query, secret in zip(sources_queries, secrets, strict=True):
+        ids = family.tokenizer.encode(str(query))[: target_len - 1 - len(secret)]
+        prefixes.append(tuple(int(t) for t in ids))
+    return Canaries(tuple(map(str, sources_documents)), tuple(prefixes), tuple(secrets), num_new)
+
+
+def encode_canaries(family, canaries: Canaries, *, input_len: int, target_len: int) -> dict:
+    """The canaries as training rows of the family (same keys and shapes as `encode_pairs`),
+    plus `secret_mask` [m, target_len]: 1 at the target positions that are secret tokens."""
+    documents = list(canaries.documents)
+    placeholder = family.encode_pairs(documents, ["x"] * len(documents), input_len, target_len)
+    tok = family.tokenizer
+    eos, pad = tok.eos_id, tok.pad_id
+    targets = np.full((len(canaries), target_len), pad, np.int32)
+    target_mask = np.zeros((len(canaries), target_len), np.float32)
+    secret_mask = np.zeros((len(canaries), target_len), np.float32)
+    for i, (prefix, secret) in enumerate(zip(canaries.prefixes, canaries.secrets, strict=True)):
+        ids = [*prefix, *secret, eos]
+        targets[i, : len(ids)] = ids
+        target_mask[i, : len(ids)] = 1.0
+        secret_mask[i, len(prefix) : len(prefix) + len(secret)] = 1.0
+    data = dict(placeholder)
+    data["targets"], data["target_mask"] = targets, target_mask
+    if "tokens" in data:  # decoder-only: the targets follow the prompt in the token row
+        tokens = np.array(data["tokens"])
+        attention = np.array(data["attention_mask"])
+        for i in range(len(canaries)):
+            start = int(data["target_start"][i]) + 1  # the first target token's slot
+            tokens[i, start:] = pad
+            attention[i, start:] = 0.0
+            n = int(target_mask[i].sum())
+            tokens[i, start : start + n] = targets[i, :n]
+            attention[i, start : start + n] = 1.0
+        data["tokens"], data["attention_mask"] = tokens, attention
+    data["secret_mask"] = secret_mask
+    return data
+
+
+def score_secrets(family, params: PyTree, data: dict, *, batch: int) -> np.ndarray:
+    """log p(secret | prefix) in nats per canary: the sum over its secret tokens only."""
+    logits_fn = family.logits_fn()
+
+    def one(p, ex):
+        logp = jax.nn.log_softmax(logits_fn(p, ex).astype(jnp.float32), axis=-1)
+        token = jnp.take_along_axis(logp, ex["targets"][:, None], axis=-1)[:, 0]
+        return jnp.sum(token * ex["secret_mask"])
+
+    step = jax.jit(jax.vmap(one, in_axes=(None, 0)))
+    n = len(data["targets"])
+    out = np.zeros(n, np.float64)
+    for begin in range(0, n, batch):
+        idx = np.arange(begin, min(begin + batch, n))
+        padded = np.concatenate([idx, np.full(batch - len(idx), idx[-1])])
+        rows = {k: jnp.asarray(v[padded]) for k, v in data.items()}
+        out[idx] = np.asarray(step(params, rows))[: len(idx)]
+    return out
+
+
+# ---- the audited run --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BlackboxResult:
+    """The aggregate figures of one black-box cell (what a report may show)."""
+
+    model: str
+    kind: str
+    num_canaries: int
+    num_in: int
+    num_out: int
+    num_private: int
+    num_new_tokens: int
+    steps: int
+    epochs: float
+    batch_size: int
+    learning_rate: float
+    clip_norm: float
+    noise_multiplier: float
+    target_epsilon: float
+    claimed_epsilon: float
+    delta: float
+    significance: float
+    cap_one_run: float
+    cap_fdp: float
+    stats: tuple[ScoreStats, ...]
+    train_seconds: float
+    score_seconds: float
+    seconds: float
+
+    @property
+    def primary(self) -> ScoreStats:
+        return self.stats[0]
+
+    @property
+    def violation(self) -> bool:
+        """Whether a bound exceeds the claim (never for the non-private run)."""
+        if not math.isfinite(self.claimed_epsilon):
+            return False
+        return any(
+            max(s.epsilon_one_run, s.epsilon_one_run_fdp) > self.claimed_epsilon for s in self.stats
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["stats"] = [dataclasses.asdict(s) for s in self.stats]
+        out["violation"] = self.violation
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BlackboxResult:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in fields}
+        values["stats"] = tuple(ScoreStats(**s) for s in data["stats"])
+        return cls(**values)
+
+
+def run_config(dp: dp_train.DPConfig, config: BlackboxConfig, seed: int) -> dp_train.DPConfig:
+    """The audited run's DP config: the preset's, with the cell's epsilon, epochs and seed."""
+    private = math.isfinite(config.epsilon)
+    clip = 1e6 if config.no_clipping else (config.clip_norm or dp.clip_norm)
+    return dataclasses.replace(
+        dp,
+        epochs=config.epochs,
+        learning_rate=config.learning_rate or dp.learning_rate,
+        clip_norm=clip,
+        noise_multiplier=None if private else 0.0,
+        target_epsilon=config.epsilon if private else None,
+        delta=config.delta,
+        sampling="poisson",
+        per_example_norms="vmap",
+        seed=seed,
+    )
+
+
+def audit_querygen(
+    family,
+    params: PyTree,
+    private_documents: Sequence[str],
+    private_queries: Sequence[str],
+    canary_documents: Sequence[str],
+    canary_queries: Sequence[str],
+    dp: dp_train.DPConfig,
+    config: BlackboxConfig,
+    *,
+    input_len: int,
+    target_len: int,
+    lora: bool,
+    model: str = "",
+    progress: bool = False,
+) -> BlackboxResult:
+    """Trains the generator on the private pairs plus the inserted canaries; audits the claim.
+
+    Args:
+      family, params: the base generator (`querygen.load_base`).
+      private_documents, private_queries: the private pairs.
+      canary_documents, canary_queries: m public rows held out of the private pairs.
+      dp: the generator preset's DP config (batch, microbatches; see `run_config`).
+      config: the cell.
+      input_len, target_len: the generator's token budgets.
+      lora: the base trainable tree is the LoRA adapters.
+      model: a public label for the report.
+      progress: dp_train's progress bar (steps and epsilon only).
+
+    Returns:
+      The `BlackboxResult` (aggregates only).
+
+    Privacy:
+      See the module docstring: the run is (epsilon, delta)-DP w.r.t. one pair by
+      `dp_train.train`'s plan for n + m pairs; the coins and scores never leave this call.
+    """
+    start = time.perf_counter()
+    material, coin_rng, train_seed = streams(config.seed)
+    m = config.num_canaries
+    pool = None
+    if config.kind == "rare":
+        pool = rare_pool(
+            family,
+            params,
+            canary_documents,
+            config.rare_pool,
+            input_len=input_len,
+            target_len=target_len,
+        )
+    embed_path = _embedding_paths(params)[0]
+    base_vocab = int(traverse_util.flatten_dict(params)[embed_path].shape[0])
+    canaries = make_canaries(
+        family,
+        canary_documents,
+        canary_queries,
+        config,
+        material,
+        base_vocab=base_vocab,
+        target_len=target_len,
+        pool=pool,
+    )
+    ext = extend_vocabulary(family, params, canaries.num_new, lora=lora, rng=material)
+    canary_rows = encode_canaries(ext.family, canaries, input_len=input_len, target_len=target_len)
+    secret_mask = canary_rows.pop("secret_mask")
+    private = ext.family.encode_pairs(
+        list(private_documents), list(private_queries), input_len, target_len
+    )
+    run = run_config(dp, config, train_seed)
+    plan = dp_train.plan_privacy(run, len(private_documents) + m)  # public: before the coins
+    base = score_secrets(
+        ext.family,
+        ext.full_params(ext.trainable),
+        {**canary_rows, "secret_mask": secret_mask},
+        batch=config.score_batch,
+    )
+    coins = draw_coins(coin_rng, m)
+    num_in = int(coins.sum())
+    data = {k: np.concatenate([private[k], canary_rows[k][coins]]) for k in private}
+    trained_start = time.perf_counter()
+    result = dp_train.train(
+        ext.loss_fn(),
+        ext.trainable,
+        ext.frozen,
+        data,
+        run,
+        lora=lora,
+        progress=progress,
+        plan=plan,
+        fixed_rate=True,
+    )
+    del data
+    train_seconds = time.perf_counter() - trained_start
+    score_start = time.perf_counter()
+    trained = score_secrets(
+        ext.family,
+        ext.full_params(result.trainable),
+        {**canary_rows, "secret_mask": secret_mask},
+        batch=config.score_batch,
+    )
+    score_seconds = time.perf_counter() - score_start
+    scores = trained - base
+    stats = (
+        score_stats(
+            OBSERVABLE,
+            scores[coins],
+            scores[~coins],
+            delta=config.delta,
+            significance=config.significance,
+        ),
+    )
+    del scores, coins, trained, base, result
+    cap_one_run, cap_fdp = statistical_cap(
+        num_in, m - num_in, delta=config.delta, significance=config.significance
+    )
+    return BlackboxResult(
+        model=model,
+        kind=config.kind,
+        num_canaries=m,
+        num_in=num_in,
+        num_out=m - num_in,
+        num_private=len(private_documents),
+        num_new_tokens=canaries.num_new,
+        steps=plan.steps,
+        epochs=config.epochs,
+        batch_size=run.batch_size,
+        learning_rate=run.learning_rate,
+        clip_norm=run.clip_norm,
+        noise_multiplier=plan.noise_multiplier,
+        target_epsilon=config.epsilon,
+        claimed_epsilon=plan.epsilon,
+        delta=plan.delta,
+        significance=config.significance,
+        cap_one_run=cap_one_run,
+        cap_fdp=cap_fdp,
+        stats=stats,
+        train_seconds=train_seconds,
+        score_seconds=score_seconds,
+        seconds=time.perf_counter() - start,
+    )
