@@ -15,12 +15,11 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import one_of, positive, probability
+from synthgen.command_line import choice, positive, probability
 
 # `retriever.rag.plan.MECHANISMS`, spelled out so that the CLI imports no JAX or accounting
 # code to print its help (a test checks they agree)
 MECHANISMS = ("icl", "vote", "sparse-vote", "answer-vote", "keywords")
-MECHANISMS_METAVAR = "auto|" + "|".join(MECHANISMS)
 
 # the private collection
 IndexOption = Annotated[Path, typer.Option(help="exact index over the private corpus")]
@@ -45,11 +44,7 @@ CollectionDeltaOption = Annotated[
 MaxTokensOption = Annotated[int, typer.Option(help="most answer tokens")]
 CompositionOption = Annotated[
     str,
-    typer.Option(
-        help="icl tokens' composition",
-        metavar="pure|bounded-range",
-        callback=one_of("pure", "bounded-range"),
-    ),
+    choice("pure", "bounded-range", help="icl tokens' composition"),
 ]
 MinScoreOption = Annotated[float, typer.Option(help="public lower clip of similarities")]
 MaxScoreOption = Annotated[float, typer.Option(help="public upper clip of similarities")]
@@ -73,11 +68,11 @@ AnswerTimeoutOption = Annotated[
 # individual (per-document) accounting (retriever.rag.RagConfig.accounting)
 AccountingOption = Annotated[
     str,
-    typer.Option(
+    choice(
+        "collection",
+        "individual",
         help="collection: every answer composes on the collection cap; individual: each "
         "document pays only for the answers it takes part in (per-document filters; icl)",
-        metavar="collection|individual",
-        callback=one_of("collection", "individual"),
     ),
 ]
 DocumentEpsilonOption = Annotated[

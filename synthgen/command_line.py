@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.metadata
 import math
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import click
 import typer
@@ -124,6 +124,12 @@ def one_of(*values: str):
         return value
 
     return check
+
+
+def choice(*values: str, help: str) -> Any:  # noqa: A002 - typer's own name
+    """A `typer.Option` whose value is one of `values`: help prints them (``a|b``, not
+    <str>) and any other value is a usage error naming the option (`one_of`)."""
+    return typer.Option(help=help, metavar="|".join(values), callback=one_of(*values))
 
 
 class HelpGroup(TyperGroup):

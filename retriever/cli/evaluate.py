@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import one_of
+from synthgen.command_line import choice
 
 
 def evaluate(
@@ -17,11 +17,7 @@ def evaluate(
     queries: Annotated[Path, typer.Option(help="queries.jsonl: query, doc_id")],
     index: Annotated[
         str,
-        typer.Option(
-            help="the search: exact, ScaNN, or ScaNN brute force",
-            metavar="exact|scann|scann-bf",
-            callback=one_of("exact", "scann", "scann-bf"),
-        ),
+        choice("exact", "scann", "scann-bf", help="the search: exact, ScaNN, or ScaNN brute force"),
     ] = "exact",
     k: Annotated[int, typer.Option(help="cut-off of the metrics")] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import HelpGroup, one_of
+from synthgen.command_line import HelpGroup, choice
 
 index_app = typer.Typer(
     cls=HelpGroup, help="Build and query a nearest-neighbour index.", no_args_is_help=True
@@ -25,10 +25,12 @@ def index_build(
     encoder: Annotated[str, typer.Option(help="asset or trained folder")] = "all-minilm-l6-v2",
     kind: Annotated[
         str,
-        typer.Option(
+        choice(
+            "auto",
+            "exact",
+            "scann",
+            "scann-bf",
             help="the search: exact, ScaNN or ScaNN brute force (auto: by size)",
-            metavar="auto|exact|scann|scann-bf",
-            callback=one_of("auto", "exact", "scann", "scann-bf"),
         ),
     ] = "auto",
     shard: Annotated[
@@ -78,10 +80,12 @@ def index_merge(
     out: Annotated[Path, typer.Option(help="index folder")],
     kind: Annotated[
         str,
-        typer.Option(
+        choice(
+            "auto",
+            "exact",
+            "scann",
+            "scann-bf",
             help="the search: exact, ScaNN or ScaNN brute force (auto: by size)",
-            metavar="auto|exact|scann|scann-bf",
-            callback=one_of("auto", "exact", "scann", "scann-bf"),
         ),
     ] = "auto",
 ) -> None:

@@ -24,7 +24,7 @@ from retriever.cli_options import (
 from synthgen.command_line import (
     HelpGroup,
     LedgerOption,
-    one_of,
+    choice,
     parse_shard,
     positive,
     probability,
@@ -162,10 +162,8 @@ def answer(
     ] = 1,
     retrieval: Annotated[
         str,
-        typer.Option(
-            help="the records' words (BM25) or the release's index encoder (dense)",
-            metavar="bm25|dense",
-            callback=one_of("bm25", "dense"),
+        choice(
+            "bm25", "dense", help="the records' words (BM25) or the release's index encoder (dense)"
         ),
     ] = "bm25",
     as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,

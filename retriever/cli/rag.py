@@ -9,7 +9,6 @@ import typer
 
 from retriever.cli_options import (
     MECHANISMS,
-    MECHANISMS_METAVAR,
     AccountingOption,
     CollectionDeltaOption,
     CompositionOption,
@@ -25,7 +24,7 @@ from retriever.cli_options import (
     check_accounting,
     check_collection_paths,
 )
-from synthgen.command_line import HelpGroup, LedgerOption, one_of, positive, probability
+from synthgen.command_line import HelpGroup, LedgerOption, choice, positive, probability
 
 privacy_app = typer.Typer(cls=HelpGroup, help="Privacy calculators.", no_args_is_help=True)
 
@@ -37,20 +36,14 @@ def privacy_rag(
     target_epsilon: Annotated[float, typer.Option(help="per-answer epsilon")],
     mechanism: Annotated[
         str,
-        typer.Option(
-            help="the answer mechanism",
-            metavar="icl|vote|sparse-vote|answer-vote|keywords",
-            callback=one_of("icl", "vote", "sparse-vote", "answer-vote", "keywords"),
+        choice(
+            "icl", "vote", "sparse-vote", "answer-vote", "keywords", help="the answer mechanism"
         ),
     ] = "icl",
     retrieval_epsilon: Annotated[float, typer.Option(help="the threshold's epsilon")] = 0.0,
     composition: Annotated[
         str,
-        typer.Option(
-            help="icl tokens' composition",
-            metavar="pure|bounded-range",
-            callback=one_of("pure", "bounded-range"),
-        ),
+        choice("pure", "bounded-range", help="icl tokens' composition"),
     ] = "pure",
     voters: Annotated[int, typer.Option(help="vote / sparse-vote: most voters")] = 64,
     max_releases: Annotated[int, typer.Option(help="sparse-vote: most paid tokens")] = 6,
@@ -135,10 +128,10 @@ def answer(
     ],
     mechanism: Annotated[
         str,
-        typer.Option(
+        choice(
+            "auto",
+            *MECHANISMS,
             help="the answer mechanism (auto: the evaluation's best at this epsilon)",
-            metavar=MECHANISMS_METAVAR,
-            callback=one_of("auto", *MECHANISMS),
         ),
     ] = "auto",
     ledger: LedgerOption = None,

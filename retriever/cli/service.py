@@ -11,7 +11,6 @@ import typer
 
 from retriever.cli_options import (
     MECHANISMS,
-    MECHANISMS_METAVAR,
     AccountingOption,
     AnswerTimeoutOption,
     CollectionDeltaOption,
@@ -37,7 +36,7 @@ from retriever.cli_options import (
     check_existing_ledger,
     check_reuse,
 )
-from synthgen.command_line import HelpGroup, one_of, positive, probability
+from synthgen.command_line import HelpGroup, choice, positive, probability
 
 tenant_app = typer.Typer(cls=HelpGroup, help="Tenants of the DP-RAG service.", no_args_is_help=True)
 
@@ -66,10 +65,10 @@ def serve(
     ] = 1.0,
     mechanism: Annotated[
         str,
-        typer.Option(
+        choice(
+            "auto",
+            *MECHANISMS,
             help="every answer's mechanism (auto: the evaluation's best at --answer-epsilon)",
-            metavar=MECHANISMS_METAVAR,
-            callback=one_of("auto", *MECHANISMS),
         ),
     ] = "auto",
     replicas: ReplicasOption = 1,
@@ -104,11 +103,12 @@ def serve(
     ] = False,
     reuse_answers: Annotated[
         str,
-        typer.Option(
+        choice(
+            "off",
+            "tenant",
+            "shared",
             help="a repeated question gets the answer released before, charged nothing "
             "(tenant: its own; shared: any tenant's, individual accounting only)",
-            metavar="off|tenant|shared",
-            callback=one_of("off", "tenant", "shared"),
         ),
     ] = "off",
     document_cache: Annotated[

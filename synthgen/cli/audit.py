@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from synthgen.cli.common import PresetOption
-from synthgen.command_line import HelpGroup, one_of
+from synthgen.command_line import HelpGroup, choice
 
 audit_app = typer.Typer(
     cls=HelpGroup,
@@ -56,11 +56,7 @@ def audit_run(
     limit: Annotated[int | None, typer.Option(help="first N private pairs only")] = None,
     split: Annotated[
         str,
-        typer.Option(
-            help="wiki corpus only: the split of documents to use",
-            metavar="all|train|test",
-            callback=one_of("all", "train", "test"),
-        ),
+        choice("all", "train", "test", help="wiki corpus only: the split of documents to use"),
     ] = "train",
     epochs: Annotated[float | None, typer.Option(help="override the preset's epochs")] = None,
     batch_size: Annotated[int | None, typer.Option(help="expected batch size")] = None,

@@ -11,15 +11,11 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import one_of, positive
+from synthgen.command_line import choice, positive
 
 SplitOption = Annotated[
     str,
-    typer.Option(
-        help="wiki corpus only: the split of documents to use",
-        metavar="all|train|test",
-        callback=one_of("all", "train", "test"),
-    ),
+    choice("all", "train", "test", help="wiki corpus only: the split of documents to use"),
 ]
 PresetOption = Annotated[
     str,
@@ -62,11 +58,12 @@ ServerContextOption = Annotated[
 ]
 ServerPromptOption = Annotated[
     str,
-    typer.Option(
+    choice(
+        "auto",
+        "tokens",
+        "text",
         help="how prompts reach --server; auto probes it once with a "
         "public prompt and sends token ids where accepted, text otherwise",
-        metavar="auto|tokens|text",
-        callback=one_of("auto", "tokens", "text"),
     ),
 ]
 TopLogprobsOption = Annotated[
@@ -74,4 +71,13 @@ TopLogprobsOption = Annotated[
 ]
 ServerConcurrencyOption = Annotated[
     int, typer.Option(help="--server requests in flight at once (the M prompts of a token)")
+]
+FewShotMechanismOption = Annotated[
+    str, choice("gaussian", "rnm", help="the token release: Gaussian votes or report-noisy-max")
+]
+ResampleOption = Annotated[
+    str,
+    choice(
+        "token", "example", help="resample the private subsets per token or per example (KV cache)"
+    ),
 ]

@@ -20,7 +20,9 @@ from synthgen.cli.common import (
     SEED_WARNING,
     BudgetOption,
     DatasetOption,
+    FewShotMechanismOption,
     ModelOption,
+    ResampleOption,
     SeedOption,
     ServerConcurrencyOption,
     ServerContextOption,
@@ -30,7 +32,7 @@ from synthgen.cli.common import (
     TenantOption,
     TopLogprobsOption,
 )
-from synthgen.command_line import LedgerOption, one_of
+from synthgen.command_line import LedgerOption
 from synthgen.paths import default_ledger_path
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
@@ -194,14 +196,7 @@ def generate_docs(
         typer.Option(help="label field: one label per synthetic example (needs --labels)"),
     ] = None,
     delta: DeltaOption = None,
-    mechanism: Annotated[
-        str,
-        typer.Option(
-            help="the token release: Gaussian votes or report-noisy-max",
-            metavar="gaussian|rnm",
-            callback=one_of("gaussian", "rnm"),
-        ),
-    ] = "gaussian",
+    mechanism: FewShotMechanismOption = "gaussian",
     noise: Annotated[
         float | None, typer.Option(help="sigma (gaussian) or per-token eps (rnm) instead")
     ] = None,
@@ -211,14 +206,7 @@ def generate_docs(
     public_prior: Annotated[float, typer.Option(help="weight of the public prior")] = 0.0,
     max_new_tokens: Annotated[int, typer.Option()] = 64,
     shot_tokens: Annotated[int, typer.Option(help="tokens kept per private example")] = 96,
-    resample: Annotated[
-        str,
-        typer.Option(
-            help="resample the private subsets per token or per example (KV cache)",
-            metavar="token|example",
-            callback=one_of("token", "example"),
-        ),
-    ] = "token",
+    resample: ResampleOption = "token",
     model: ModelOption = "smollm2-135m-instruct",
     server: ServerOption = None,
     server_model: Annotated[str | None, typer.Option(help="served model name")] = None,
@@ -324,14 +312,7 @@ def generate_queries_fewshot(
     public_pool_size: PoolSizeOption,
     epsilon: Annotated[float | None, typer.Option(help="target epsilon")] = None,
     delta: DeltaOption = None,
-    mechanism: Annotated[
-        str,
-        typer.Option(
-            help="the token release: Gaussian votes or report-noisy-max",
-            metavar="gaussian|rnm",
-            callback=one_of("gaussian", "rnm"),
-        ),
-    ] = "gaussian",
+    mechanism: FewShotMechanismOption = "gaussian",
     noise: Annotated[float | None, typer.Option(help="sigma or per-token eps instead")] = None,
     shots: Annotated[int, typer.Option()] = 2,
     subsets: Annotated[int, typer.Option()] = 10,
@@ -339,14 +320,7 @@ def generate_queries_fewshot(
     public_prior: Annotated[float, typer.Option()] = 0.0,
     max_new_tokens: Annotated[int, typer.Option()] = 16,
     shot_tokens: Annotated[int, typer.Option()] = 64,
-    resample: Annotated[
-        str,
-        typer.Option(
-            help="resample the private subsets per token or per example (KV cache)",
-            metavar="token|example",
-            callback=one_of("token", "example"),
-        ),
-    ] = "token",
+    resample: ResampleOption = "token",
     model: ModelOption = "smollm2-135m-instruct",
     server: ServerOption = None,
     server_model: Annotated[str | None, typer.Option(help="served model name")] = None,

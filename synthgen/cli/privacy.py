@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import HelpGroup, one_of
+from synthgen.cli.common import FewShotMechanismOption
+from synthgen.command_line import HelpGroup, choice
 from synthgen.privacy import accounting
 
 privacy_app = typer.Typer(
@@ -25,15 +26,9 @@ def privacy_dpsgd(
     target_epsilon: Annotated[float | None, typer.Option(help="prints calibrated sigma")] = None,
     sampling: Annotated[
         str,
-        typer.Option(
-            help="how batches are drawn",
-            metavar="poisson|shuffle",
-            callback=one_of("poisson", "shuffle"),
-        ),
+        choice("poisson", "shuffle", help="how batches are drawn"),
     ] = "poisson",
-    accountant: Annotated[
-        str, typer.Option(help="the accountant", metavar="pld|rdp", callback=one_of("pld", "rdp"))
-    ] = "pld",
+    accountant: Annotated[str, choice("pld", "rdp", help="the accountant")] = "pld",
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
     """Epsilon of DP-SGD for a noise multiplier, or the noise multiplier for a target epsilon."""
@@ -94,14 +89,7 @@ def privacy_fewshot(
     ] = None,
     target_epsilon: Annotated[float | None, typer.Option(help="prints calibrated noise")] = None,
     delta: Annotated[float | None, typer.Option(help="below 1/N; default 1/(10N)")] = None,
-    mechanism: Annotated[
-        str,
-        typer.Option(
-            help="the token release: Gaussian votes or report-noisy-max",
-            metavar="gaussian|rnm",
-            callback=one_of("gaussian", "rnm"),
-        ),
-    ] = "gaussian",
+    mechanism: FewShotMechanismOption = "gaussian",
     tokens_per_draw: Annotated[
         int, typer.Option(help="tokens sharing one draw (1 = fresh draw per token)")
     ] = 1,
