@@ -72,7 +72,7 @@ import numpy as np
 from flax import traverse_util
 
 from synthgen import dp_train, run_seed
-from synthgen.audit.whitebox import ScoreStats, score_stats, statistical_cap
+from synthgen.audit.whitebox import CellResult, ScoreStats, score_stats, statistical_cap
 from synthgen.generator_models import merge_params, split_trainable, token_nll
 
 KINDS = ("new", "rare")
@@ -416,7 +416,7 @@ def score_secrets(family, params: PyTree, data: dict, *, batch: int) -> np.ndarr
 
 
 @dataclasses.dataclass(frozen=True)
-class BlackboxResult:
+class BlackboxResult(CellResult):
     """The aggregate figures of one black-box cell (what a report may show)."""
 
     model: str
@@ -442,32 +442,6 @@ class BlackboxResult:
     train_seconds: float
     score_seconds: float
     seconds: float
-
-    @property
-    def primary(self) -> ScoreStats:
-        return self.stats[0]
-
-    @property
-    def violation(self) -> bool:
-        """Whether a bound exceeds the claim (never for the non-private run)."""
-        if not math.isfinite(self.claimed_epsilon):
-            return False
-        return any(
-            max(s.epsilon_one_run, s.epsilon_one_run_fdp) > self.claimed_epsilon for s in self.stats
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["stats"] = [dataclasses.asdict(s) for s in self.stats]
-        out["violation"] = self.violation
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BlackboxResult:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in fields}
-        values["stats"] = tuple(ScoreStats(**s) for s in data["stats"])
-        return cls(**values)
 
 
 def run_config(dp: dp_train.DPConfig, config: BlackboxConfig, seed: int) -> dp_train.DPConfig:

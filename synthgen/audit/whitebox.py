@@ -254,8 +254,42 @@ def statistical_cap(
 # ---- the audited step ----------------------------------------------------------------------
 
 
+class CellResult:
+    """What the audit cells' result dataclasses share (they hold `claimed_epsilon` and
+    `stats`): the primary observable, the verdict, and the JSON round trip."""
+
+    claimed_epsilon: float
+    stats: tuple[ScoreStats, ...]
+
+    @property
+    def primary(self) -> ScoreStats:
+        return self.stats[0]
+
+    @property
+    def violation(self) -> bool:
+        """Whether any bound of any observable exceeds the claim (never without noise)."""
+        if not math.isfinite(self.claimed_epsilon):
+            return False
+        return any(
+            max(s.epsilon_one_run, s.epsilon_one_run_fdp) > self.claimed_epsilon for s in self.stats
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["stats"] = [dataclasses.asdict(s) for s in self.stats]
+        out["violation"] = self.violation
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in fields}
+        values["stats"] = tuple(ScoreStats(**s) for s in data["stats"])
+        return cls(**values)
+
+
 @dataclasses.dataclass(frozen=True)
-class WhiteboxResult:
+class WhiteboxResult(CellResult):
     """The aggregate figures of one white-box cell (what a report may show).
 
     `claimed_epsilon` is the plan's epsilon (math.inf without noise); `stats` holds one
@@ -278,32 +312,6 @@ class WhiteboxResult:
     cap_fdp: float
     stats: tuple[ScoreStats, ...]
     seconds: float
-
-    @property
-    def primary(self) -> ScoreStats:
-        return self.stats[0]
-
-    @property
-    def violation(self) -> bool:
-        """Whether any bound of any observable exceeds the claim (never without noise)."""
-        if not math.isfinite(self.claimed_epsilon):
-            return False
-        return any(
-            max(s.epsilon_one_run, s.epsilon_one_run_fdp) > self.claimed_epsilon for s in self.stats
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["stats"] = [dataclasses.asdict(s) for s in self.stats]
-        out["violation"] = self.violation
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> WhiteboxResult:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in fields}
-        values["stats"] = tuple(ScoreStats(**s) for s in data["stats"])
-        return cls(**values)
 
 
 def _streams(seed: int | None) -> tuple[jax.Array, jax.Array, jax.Array]:
