@@ -16,6 +16,15 @@ index_app = typer.Typer(
 )
 
 
+IndexKindOption = Annotated[
+    str,
+    choice(
+        "auto", "exact", "scann", "scann-bf",
+        help="the search: exact, ScaNN or ScaNN brute force (auto: by size)",
+    ),
+]  # fmt: skip
+
+
 @index_app.command("build")
 def index_build(
     corpus: Annotated[
@@ -23,16 +32,7 @@ def index_build(
     ],
     out: Annotated[Path, typer.Option(help="index folder")],
     encoder: Annotated[str, typer.Option(help="asset or trained folder")] = "all-minilm-l6-v2",
-    kind: Annotated[
-        str,
-        choice(
-            "auto",
-            "exact",
-            "scann",
-            "scann-bf",
-            help="the search: exact, ScaNN or ScaNN brute force (auto: by size)",
-        ),
-    ] = "auto",
+    kind: IndexKindOption = "auto",
     shard: Annotated[
         str | None,
         typer.Option(
@@ -78,16 +78,7 @@ def index_build(
 def index_merge(
     shards: Annotated[list[Path], typer.Argument(help="the shard folders of one build")],
     out: Annotated[Path, typer.Option(help="index folder")],
-    kind: Annotated[
-        str,
-        choice(
-            "auto",
-            "exact",
-            "scann",
-            "scann-bf",
-            help="the search: exact, ScaNN or ScaNN brute force (auto: by size)",
-        ),
-    ] = "auto",
+    kind: IndexKindOption = "auto",
 ) -> None:
     """Build the index from the folders of `index build --shard I/N` (all N of them)."""
     from retriever.index_shards import merge_index_shards

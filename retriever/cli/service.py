@@ -268,56 +268,35 @@ def tenant_list(
     individual = filters.datasets()
     scopes = registry.ledger.scopes()
     rows = []
+
+    def scope_row(scope, tenant: str, status: str, key: str) -> dict:
+        spend = registry.ledger.spent(scope.tenant, scope.dataset)
+        return {
+            "tenant": tenant,
+            "status": status,
+            "key": key,
+            "dataset": scope.dataset,
+            "accounting": "individual" if scope.dataset in individual else "collection",
+            "epsilon_cap": scope.epsilon_cap,
+            "delta_cap": scope.delta_cap,
+            "spent_epsilon": spend.epsilon,
+            "spent_epsilon_text": format_epsilon(spend.epsilon),
+            "charges": spend.num_charges,
+        }
+
     for tenant in registry.tenants():
+        status = "active" if tenant.active else "revoked"
         for scope in (s for s in scopes if s.tenant == tenant.name):
-            spend = registry.ledger.spent(scope.tenant, scope.dataset)
-            rows.append(
-                {
-                    "tenant": tenant.name,
-                    "status": "active" if tenant.active else "revoked",
-                    "key": f"dpk_{tenant.key_id}_…",
-                    "dataset": scope.dataset,
-                    "accounting": "individual" if scope.dataset in individual else "collection",
-                    "epsilon_cap": scope.epsilon_cap,
-                    "delta_cap": scope.delta_cap,
-                    "spent_epsilon": spend.epsilon,
-                    "spent_epsilon_text": format_epsilon(spend.epsilon),
-                    "charges": spend.num_charges,
-                }
-            )
+            rows.append(scope_row(scope, tenant.name, status, f"dpk_{tenant.key_id}_…"))
     # scopes opened by `retriever answer --tenant-epsilon` hold no key but spend on the
     # collection too: listed, so that the tenants' rows add up to the collection's
     registered = {t.name for t in registry.tenants()} | {COLLECTION}
     for scope in (s for s in scopes if s.tenant not in registered):
-        spend = registry.ledger.spent(scope.tenant, scope.dataset)
+        rows.append(scope_row(scope, scope.tenant, "no key", "(retriever answer)"))
+    for scope in (s for s in scopes if s.tenant == COLLECTION):  # never in individual mode
         rows.append(
-            {
-                "tenant": scope.tenant,
-                "status": "no key",
-                "key": "(retriever answer)",
-                "dataset": scope.dataset,
-                "accounting": "individual" if scope.dataset in individual else "collection",
-                "epsilon_cap": scope.epsilon_cap,
-                "delta_cap": scope.delta_cap,
-                "spent_epsilon": spend.epsilon,
-                "spent_epsilon_text": format_epsilon(spend.epsilon),
-                "charges": spend.num_charges,
-            }
-        )
-    for scope in (s for s in scopes if s.tenant == COLLECTION):
-        spend = registry.ledger.spent(COLLECTION, scope.dataset)
-        rows.append(
-            {
-                "tenant": "(collection: all tenants)",
-                "status": "cap",
-                "key": "",
-                "dataset": scope.dataset,
-                "accounting": "collection",
-                "epsilon_cap": scope.epsilon_cap,
-                "delta_cap": scope.delta_cap,
-                "spent_epsilon": spend.epsilon,
-                "spent_epsilon_text": format_epsilon(spend.epsilon),
-                "charges": spend.num_charges,
+            scope_row(scope, "(collection: all tenants)", "cap", "")
+            | {
                 "notes": registry.ledger.scope_notes(COLLECTION, scope.dataset),
                 "answer_event": registry.ledger.event_shape(COLLECTION, scope.dataset),
             }
