@@ -59,6 +59,9 @@ def main() -> None:
         "--answer-keywords", type=int, default=RagConfig().answer_keywords,
         help="keywords: K, most keywords per voter's answer",
     )  # fmt: skip
+    parser.add_argument(
+        "--documents-per-voter", type=int, default=1, help="keywords: documents each voter reads"
+    )
     parser.add_argument("--rag-k", type=int, default=16, help="non-private RAG's top-k")
     parser.add_argument("--min-score", type=float, default=0.2, help="public lower clip")
     parser.add_argument("--max-tokens", type=int, default=5)
@@ -98,6 +101,7 @@ def main() -> None:
         aggregation=AggregationConfig(beta=args.beta, beta_fade_epsilon=args.beta_fade),
         max_document_tokens=args.max_document_tokens,
         answer_keywords=args.answer_keywords,
+        documents_per_voter=args.documents_per_voter,
     )
     encoder = "overlap" if args.retrieval == "overlap" else "all-minilm-l6-v2"
     rag = make_rag(

@@ -49,6 +49,7 @@ import copy
 import dataclasses
 import secrets
 import threading
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -63,11 +64,14 @@ from retriever.rag.retrieval import (
     best_selected,
     dp_top_k_threshold,
     dp_top_p_threshold,
+    grouped_selected,
 )
 from retriever.rag.reuse import ReleasedAnswers
 from retriever.rag.sessions import (
     Deadline,
     PromptRows,
+    build_rows,
+    document_keys,
     tokenize_documents,
 )
 from retriever.rag.text import clean_answer_text
@@ -81,7 +85,6 @@ from synthgen.privacy.document_filters import DocumentFilters
 
 RELATION = "ADD_OR_REMOVE_ONE"
 # The public filler of padding rows (repeated to `max_document_tokens` tokens).
-PADDING_TEXT = " ."
 
 
 class DPRag:
@@ -150,6 +153,8 @@ class DPRag:
         self.doc_ids, self.texts = [str(d) for d in doc_ids], list(texts)
         self._position = {d: i for i, d in enumerate(self.doc_ids)}
         self._tokens = tokenize_documents(lm, self.texts)
+        # public, a function of each document's id alone: its group for grouped voters
+        self._id_hashes = np.array([zlib.crc32(d.encode()) for d in self.doc_ids], np.int64)
         self.embeddings = embeddings
         self.encode_question = encode_question
         self.lm, self.public_lm = lm, lm.fork()
@@ -180,6 +185,10 @@ class DPRag:
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question must be non-empty text")
         plan = self.plan(mechanism, float(epsilon))
+        if self.config.documents_per_voter > 1 and plan.mechanism != "keywords":
+            raise ValueError(
+                f"documents_per_voter > 1 is measured for keywords only, not {plan.mechanism}"
+            )
         if self.config.individual:
             self._document_rho(plan)
         self._check_context(question)
@@ -336,9 +345,14 @@ class DPRag:
         rng = self._rng if self._rng is not None else secure_rng()
         scores = self._scores(question)
         tau = self._threshold(scores, plan.retrieval_epsilon, rng)
-        selection = best_selected(  # private: used only below
-            scores, tau, self.config.voters, self.config.score_range
-        )
+        c = self.config
+        if c.documents_per_voter > 1:  # private: used only below
+            buckets = self._id_hashes % c.voters
+            selection = grouped_selected(
+                scores, tau, buckets, c.voters, c.documents_per_voter, c.score_range
+            )
+        else:
+            selection = best_selected(scores, tau, c.voters, c.score_range)
         released = self._decode(question, plan, scores, selection, rng, deadline)
         released[2].insert(0, ("retrieval", accounting.pure_epsilon_event(plan.retrieval_epsilon)))
         return released
@@ -400,8 +414,11 @@ class DPRag:
         limit = getattr(self.lm, "max_context", None)
         if limit is None:
             return
-        c = self.config  # every private prompt holds one document
-        longest = len(self.prompt.encode(self.lm, question, [[0]])) - 1 + c.max_document_tokens
+        c = self.config  # every private prompt holds up to documents_per_voter documents
+        g = c.documents_per_voter
+        longest = len(self.prompt.encode(self.lm, question, [[0]] * g)) + g * (
+            c.max_document_tokens - 1
+        )
         if longest + c.max_tokens > limit:
             raise ValueError(
                 f"question too long for the LM context: up to {longest} prompt tokens + "
@@ -439,56 +456,12 @@ class DPRag:
         return self._kv
 
     def _document_kv(self, given):
-        """Every document's keys and values after the prompt's head, and the filler's
-        (last), computed before any answer (`synthgen.models.document_kv`), or `given`
-        when it is such keys of this collection."""
-        if not hasattr(self.lm, "document_kv"):
-            raise ValueError(f"document_cache needs an LM with document_kv: {type(self.lm)}")
-        width = self.config.max_document_tokens
-        head, _ = self.prompt.document_parts(self.lm, "")
-        documents = [t[:width] for t in self._tokens] + [self._filler()]  # filler: last
-        if given is True:
-            return self.lm.document_kv(head, documents, width, progress=True)
-        from synthgen.models.document_kv import documents_digest
-
-        if (
-            getattr(given, "width", None) != width
-            or given.digest != documents_digest(head, documents, width)
-            or given.params is not getattr(self.lm, "params", None)
-        ):
-            raise ValueError(
-                "document_cache: keys of other documents, width, prompt or model; pass "
-                "True to compute them"
-            )
-        return given
-
-    def _filler(self) -> list[int]:
-        c = self.config
-        return (self.lm.encode(PADDING_TEXT) * c.max_document_tokens)[: c.max_document_tokens]
+        return document_keys(self.lm, self.prompt, self._tokens, self.config, given)
 
     def _rows(self, question: str, indices: np.ndarray, weights: np.ndarray) -> PromptRows:
-        """The answer's private prompts at the public shape: `config.voters` rows, the
-        selected documents' (weight 1) and padding rows (weight 0: the public filler
-        document), built from token ids computed at `__init__` and prompt parts encoded once, so
-        building them costs the same whichever rows are real."""
-        c = self.config
-        prefix, suffix = self.prompt.document_parts(self.lm, question)
-        filler = self._filler()
-        documents = [
-            self._tokens[i][: c.max_document_tokens] if w else filler
-            for i, w in zip(indices, weights, strict=True)
-        ]
-        prompts = [prefix + doc + suffix for doc in documents]
-        public = self.prompt.encode(self.lm, question, [])
-        cached = None
-        kv = self._kv
-        if kv is not None and kv.width == c.max_document_tokens and list(kv.head) == prefix:
-            # the same work for any rows: a gather of config.voters rows of width W
-            filler_row = kv.documents - 1  # `_document_kv` puts the filler last
-            rows = [int(i) if w else filler_row for i, w in zip(indices, weights, strict=True)]
-            cached = (kv, rows, suffix)
-        length = len(prefix) + len(filler) + len(suffix)
-        return PromptRows(prompts, weights, public, length=length, documents=cached)
+        return build_rows(
+            self.lm, self.prompt, question, self._tokens, indices, weights, self.config, self._kv
+        )
 
 
 def _standalone(event, delta: float) -> tuple[float, float]:

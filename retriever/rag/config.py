@@ -42,6 +42,9 @@ class RagConfig:
         normalised score scale [0, 1] (MuRAG); documents at or above it that their filter
         admits are used and pay, the others neither. Replaces the DP threshold, so the
         retrieval costs nothing (`retrieval_share` is then ignored).
+      documents_per_voter: keywords: each voter (row) reads up to this many selected
+        documents, a disjoint group: a document's group is a public hash of its id, so
+        one document changes one voter (1: one document per voter).
       participation: individual accounting: each active document takes part in an answer
         (and pays, if relevant) with this public probability, by a coin drawn for it alone
         at every answer (1: every active document). Below 1 it spreads a popular topic's
@@ -65,6 +68,7 @@ class RagConfig:
     accounting: str = "collection"
     relevance_threshold: float = 0.5
     participation: float = 1.0
+    documents_per_voter: int = 1
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.max_tokens < 1 or (self.max_voters or 1) < 1:
@@ -79,6 +83,8 @@ class RagConfig:
             raise ValueError(f"accounting must be one of {ACCOUNTING_MODES}: {self.accounting=}")
         if not 0.0 <= self.relevance_threshold <= 1.0:
             raise ValueError(f"relevance_threshold must be in [0, 1]: {self.relevance_threshold=}")
+        if self.documents_per_voter < 1:
+            raise ValueError(f"documents_per_voter must be >= 1: {self.documents_per_voter=}")
         if not 0.0 < self.participation <= 1.0:
             raise ValueError(f"participation must be in (0, 1]: {self.participation=}")
 
@@ -89,8 +95,9 @@ class RagConfig:
 
     @property
     def voters(self) -> int:
-        """How many private prompts every answer holds, a public number: `max_voters` or k."""
-        return self.max_voters or self.k
+        """How many private prompts every answer holds, a public number: `max_voters`, or
+        k over `documents_per_voter` (rounded up)."""
+        return self.max_voters or -(-self.k // self.documents_per_voter)
 
 
 @functools.lru_cache(maxsize=256)

@@ -252,3 +252,50 @@ def select(
     normalised = score_range.normalise(scores)
     chosen = np.flatnonzero(normalised >= tau)
     return chosen[np.argsort(-normalised[chosen], kind="stable")]
+
+
+def grouped_selected(
+    scores: np.typing.ArrayLike,
+    tau: float,
+    buckets: np.typing.ArrayLike,
+    groups: int,
+    per_group: int,
+    score_range: ScoreRange = ScoreRange(),
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The selected documents in `groups` disjoint groups of at most `per_group` (private;
+    for voters that each read several documents).
+
+    A document's group is its public bucket (`buckets[i]` in [0, groups), a function of
+    the document alone, e.g. a hash of its id); each group holds its bucket's best
+    `per_group` selected documents (score desc, position asc).
+
+    Returns:
+      (indices [groups, per_group] with -1 for an empty place, weights [groups]: 1 for a
+      group holding a document, selected [N]). The work is a sort of all N documents,
+      whatever the number selected.
+
+    Privacy: given the released tau, adding or removing one document changes the group
+    of its bucket only (it enters or leaves it, possibly displacing or restoring one
+    document of the same bucket): one group changes, every other is unchanged. This is
+    the one-row swap the voters' mechanisms are calibrated for.
+    """
+    if groups < 1 or per_group < 1:
+        raise ValueError(f"groups and per_group must be >= 1, got {groups=}, {per_group=}")
+    normalised = score_range.normalise(scores)
+    buckets = np.asarray(buckets, dtype=np.int64)
+    if buckets.shape != normalised.shape or (
+        buckets.size and not 0 <= buckets.min() <= buckets.max() < groups
+    ):
+        raise ValueError(f"need one bucket in [0, {groups}) per score: {buckets.shape=}")
+    selected = normalised >= tau
+    keyed = np.where(selected, normalised, -np.inf)
+    positions = np.arange(keyed.size)
+    order = np.lexsort((positions, -keyed, buckets))  # bucket, then score desc, position
+    sorted_buckets = buckets[order]
+    first = np.searchsorted(sorted_buckets, sorted_buckets, side="left")
+    rank = positions - first  # place within the bucket
+    keep = (rank < per_group) & selected[order]
+    indices = np.full((groups, per_group), -1, dtype=np.int64)
+    indices[sorted_buckets[keep], rank[keep]] = order[keep]
+    weights = (indices[:, 0] >= 0).astype(np.float64)
+    return indices, weights, selected

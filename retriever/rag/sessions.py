@@ -93,3 +93,83 @@ class Sessions:
             return
         self.private = self.lm.append(token)
         self.public = self.public_lm.append(token)
+
+
+PADDING_TEXT = " ."  # the public filler document of a padding row
+
+
+def filler_tokens(lm, width: int) -> list[int]:
+    """The public filler document, `width` tokens."""
+    return (lm.encode(PADDING_TEXT) * width)[:width]
+
+
+def document_keys(lm, prompt, tokens: Sequence[Sequence[int]], config, given):
+    """Every document's keys and values after the prompt's head, and the filler's (last),
+    computed before any answer (`synthgen.models.document_kv`), or `given` when it is such
+    keys of this collection (`DPRag(document_cache=...)`)."""
+    if not hasattr(lm, "document_kv"):
+        raise ValueError(f"document_cache needs an LM with document_kv: {type(lm)}")
+    width = config.max_document_tokens
+    head, _ = prompt.document_parts(lm, "")
+    documents = [list(t[:width]) for t in tokens] + [filler_tokens(lm, width)]  # filler: last
+    if given is True:
+        return lm.document_kv(head, documents, width, progress=True)
+    from synthgen.models.document_kv import documents_digest
+
+    if (
+        getattr(given, "width", None) != width
+        or given.digest != documents_digest(head, documents, width)
+        or given.params is not getattr(lm, "params", None)
+    ):
+        raise ValueError(
+            "document_cache: keys of other documents, width, prompt or model; pass "
+            "True to compute them"
+        )
+    return given
+
+
+def build_rows(
+    lm,
+    prompt,
+    question: str,
+    tokens: Sequence[Sequence[int]],
+    indices: np.ndarray,
+    weights: np.ndarray,
+    config,
+    kv=None,
+) -> PromptRows:
+    """An answer's private prompts at the public shape: `config.voters` rows, the selected
+    documents' (weight 1) and padding rows (weight 0: the public filler document), built
+    from token ids computed once and prompt parts encoded once, so building them costs the
+    same whichever rows are real. Grouped voters (`indices` of shape [voters,
+    documents_per_voter], -1 for an empty place): a row reads its group's documents, at
+    the public length of a full group. `kv`: the collection's precomputed keys
+    (`document_keys`), used for one-document rows whose prompt head they match."""
+    width = config.max_document_tokens
+    prefix, suffix = prompt.document_parts(lm, question)
+    filler = filler_tokens(lm, width)
+    public = prompt.encode(lm, question, [])
+    if indices.ndim == 2:
+        between = lm.encode("\n") + lm.encode("- ")  # as `PromptFormat.encode` joins them
+        prompts = []
+        for group, w in zip(indices, weights, strict=True):
+            docs = [list(tokens[i][:width]) for i in group if i >= 0] if w else [filler]
+            row = list(prefix)
+            for j, doc in enumerate(docs):
+                row += (between if j else []) + doc
+            prompts.append(row + suffix)
+        g = indices.shape[1]
+        length = len(prefix) + g * width + (g - 1) * len(between) + len(suffix)
+        return PromptRows(prompts, weights, public, length=length)
+    documents = [
+        list(tokens[i][:width]) if w else filler for i, w in zip(indices, weights, strict=True)
+    ]
+    prompts = [prefix + doc + suffix for doc in documents]
+    cached = None
+    if kv is not None and kv.width == width and list(kv.head) == prefix:
+        # the same work for any rows: a gather of config.voters rows of width W
+        filler_row = kv.documents - 1  # `document_keys` puts the filler last
+        rows = [int(i) if w else filler_row for i, w in zip(indices, weights, strict=True)]
+        cached = (kv, rows, suffix)
+    length = len(prefix) + len(filler) + len(suffix)
+    return PromptRows(prompts, weights, public, length=length, documents=cached)

@@ -386,3 +386,41 @@ def test_answer_vote_abstains_when_the_voters_disagree(tmp_path):
     )
     answer = rag.answer("a:", tenant="alice", epsilon=5.0, mechanism="answer-vote")
     assert answer.abstained and answer.text == ABSTENTION_TEXT
+
+
+def test_grouped_keywords_voters_each_read_a_group_of_documents(tmp_path):
+    """documents_per_voter = 2: k = 24 documents make 12 voters, each prompt holds its
+    group's documents (the answer's shape: 12 rows), and the shared keyword is released
+    (kept with probability 1 - 1e-6 or more at 12 agreeing voters)."""
+    seen = []
+
+    class Recording(TinyLM):
+        def start(self, prompts, max_new_tokens, **kwargs):
+            seen.append([self.decode(p) for p in prompts])
+            return super().start(prompts, max_new_tokens, **kwargs)
+
+        def fork(self):
+            return Recording(self.floor, self.eos_after_newline)
+
+    config = RagConfig(
+        k=N, max_tokens=3, score_range=ScoreRange(-1.0, 1.0), documents_per_voter=2
+    )
+    assert config.voters == 12
+    rag = _plain_rag(
+        tmp_path,
+        [f"r{i} :Qx\n :Qx\n :Qx\n" for i in range(N)],
+        config=config,
+        instruction="a",
+        lm=Recording(eos_after_newline=50.0),
+    )
+    answer = rag.answer("a:", tenant="alice", epsilon=20.0, mechanism="keywords")
+    assert not answer.abstained
+    voters = seen[0]
+    assert len(voters) == 12
+    # every document read once, by one voter; a voter reads at most two
+    read = [[i for i in range(N) if f"r{i} " in row] for row in voters]
+    flat = sorted(i for row in read for i in row)
+    assert all(len(row) <= 2 for row in read) and len(flat) == len(set(flat))
+    assert any(len(row) > 1 for row in read)
+    with pytest.raises(ValueError, match="keywords only"):
+        rag.answer("a:", tenant="alice", epsilon=20.0, mechanism="icl")

@@ -237,3 +237,47 @@ def test_a_failure_whose_charge_fails_too_still_raises_the_fixed_error(tmp_path,
     monkeypatch.setattr(ledger, "charge_all", lambda *a, **k: 1 / 0)
     with pytest.raises(AnswerFailedError):
         rag.answer("q?", tenant="alice", epsilon=3.0, mechanism="sparse-vote")
+
+
+def _naive_groups(scores, tau, buckets, groups, per_group):
+    out = []
+    for b in range(groups):
+        members = [i for i in range(len(scores)) if buckets[i] == b and scores[i] >= tau]
+        members.sort(key=lambda i: (-scores[i], i))
+        out.append(members[:per_group])
+    return out
+
+
+def test_grouped_selection_is_each_buckets_best_and_one_document_moves_one_group():
+    """Against a naive loop; and the brute-force neighbour check of the privacy claim:
+    removing any one document changes at most one group (adding is the reverse)."""
+    from retriever.rag.retrieval import grouped_selected
+
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        n, groups, per_group = int(rng.integers(1, 40)), int(rng.integers(1, 6)), 1 + trial % 3
+        scores = rng.choice([0.1, 0.5, 0.7, 0.9], size=n) if trial % 2 else rng.random(n)
+        buckets = rng.integers(0, groups, size=n)
+        tau = 0.4
+        indices, weights, selected = grouped_selected(scores, tau, buckets, groups, per_group)
+        assert indices.shape == (groups, per_group)
+        got = [[int(i) for i in row if i >= 0] for row in indices]
+        assert got == _naive_groups(scores, tau, buckets, groups, per_group)
+        assert list(weights) == [1.0 if g else 0.0 for g in got]
+        assert list(selected) == list(scores >= tau)
+        ids = np.arange(n)
+        for gone in range(n):
+            keep = ids != gone
+            smaller, _, _ = grouped_selected(
+                scores[keep], tau, buckets[keep], groups, per_group
+            )
+            smaller_ids = [[int(ids[keep][i]) for i in row if i >= 0] for row in smaller]
+            changed = sum(a != b for a, b in zip(got, smaller_ids, strict=True))
+            assert changed <= 1
+
+
+def test_grouped_selection_refuses_buckets_outside_the_groups():
+    from retriever.rag.retrieval import grouped_selected
+
+    with pytest.raises(ValueError, match="bucket"):
+        grouped_selected(np.ones(3), 0.5, np.array([0, 1, 2]), 2, 2)
