@@ -46,6 +46,16 @@ CompositionOption = Annotated[
     str,
     choice("pure", "bounded-range", help="icl tokens' composition"),
 ]
+RetrievalOption = Annotated[
+    str,
+    choice(
+        "dense",
+        "overlap",
+        help="how documents are scored: the index's encoder (dense), or the share of the "
+        "question's rare words a document holds (overlap: better for invented or rare "
+        "names; the index then only lists the documents)",
+    ),
+]
 MinScoreOption = Annotated[float, typer.Option(help="public lower clip of similarities")]
 MaxScoreOption = Annotated[float, typer.Option(help="public upper clip of similarities")]
 

@@ -21,6 +21,7 @@ from retriever.cli_options import (
     MinScoreOption,
     PrivateCorpusOption,
     RelevanceThresholdOption,
+    RetrievalOption,
     check_accounting,
     check_collection_paths,
 )
@@ -168,6 +169,7 @@ def answer(
     delta: Annotated[float, typer.Option(help="per-answer delta (below 1/n)")] = 1e-6,
     composition: CompositionOption = "pure",
     score: Annotated[bool, typer.Option(help="also release a noisy count and score")] = False,
+    retrieval: RetrievalOption = "dense",
     min_score: MinScoreOption = 0.0,
     max_score: MaxScoreOption = 1.0,
     lm: Annotated[
@@ -197,7 +199,7 @@ def answer(
     """
     from retriever.rag.defaults import resolve
 
-    mechanism, k = resolve(mechanism, k, epsilon)
+    mechanism, k = resolve(mechanism, k, epsilon, retrieval=retrieval, accounting=accounting)
     individual = (
         check_accounting(
             accounting,
@@ -308,6 +310,7 @@ def answer(
         encoder_independent_of_collection=encoder_independent_of_collection,
         document_target=(document_epsilon, document_delta) if individual else None,
         answer_epsilon=epsilon if individual else None,
+        retrieval=retrieval,
     )
     if not individual:
         pin_answer_event(book, dataset, plan)

@@ -29,6 +29,7 @@ from retriever.cli_options import (
     QueueTimeoutOption,
     RelevanceThresholdOption,
     ReplicasOption,
+    RetrievalOption,
     ServedLmOption,
     check_accounting,
     check_accounting_mode,
@@ -87,6 +88,7 @@ def serve(
     max_tokens: MaxTokensOption = 12,
     delta: Annotated[float, typer.Option(help="per-answer delta", callback=probability)] = 1e-6,
     composition: CompositionOption = "pure",
+    retrieval: RetrievalOption = "dense",
     min_score: MinScoreOption = 0.0,
     max_score: MaxScoreOption = 1.0,
     encoder_independent_of_collection: EncoderIndependentOption = False,
@@ -157,7 +159,7 @@ def serve(
             "give --index, --private-corpus and --ledger (or --knowledge DIR)",
             param_hint="'--index'",
         )
-    mechanism, k = resolve(mechanism, k, answer_epsilon)
+    mechanism, k = resolve(mechanism, k, answer_epsilon, retrieval=retrieval, accounting=accounting)
     document_target = check_accounting(accounting, mechanism, document_epsilon, document_delta)
     check_reuse(reuse_answers, accounting)
     if document_cache and lm == "tiny":
@@ -196,6 +198,7 @@ def serve(
         document_target=document_target,
         reuse_answers=None if reuse_answers == "off" else reuse_answers,
         document_cache=document_cache,
+        retrieval=retrieval,
     )
     serve(service, host=host, port=port)
 

@@ -10,6 +10,8 @@ from retriever.rag.plan import AnswerPlan, make_plan
 from retriever.rag.retrieval import ScoreRange
 
 ACCOUNTING_MODES = ("collection", "individual")
+# how documents are scored for a question: the index's dense encoder, or term overlap
+RETRIEVALS = ("dense", "overlap")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,14 +1,17 @@
 """The answer settings the DP-RAG evaluation found best, by per-answer epsilon.
 
 `retriever serve`, `retriever answer` and the pipeline's rag stage default to
-``mechanism="auto"``: the mechanism that won `scripts/dp_rag_eval.py`
-(`docs/dp_rag_eval.json`, the DP-RAG table of docs/results/tables.md) at the largest
-evaluated per-answer epsilon not above the requested one (the smallest evaluated one below
-it), with the k it was evaluated at. The choice depends on public parameters only.
+``mechanism="auto"``: the mechanism that won `scripts/dp_rag_eval.py` with the same
+retrieval (dense: `docs/dp_rag_eval.json`; term overlap: `docs/dp_rag_overlap.json`; the
+DP-RAG tables of docs/results/tables.md) at the largest evaluated per-answer epsilon not
+above the requested one (the smallest evaluated one below it), with the k it was evaluated
+at. Individual (per-document) accounting takes icl, the one mechanism with a zCDP curve.
+The choice depends on public parameters only.
 """
 
 from __future__ import annotations
 
+from retriever.rag.config import ACCOUNTING_MODES, RETRIEVALS
 from retriever.rag.plan import MECHANISMS
 
 # k (documents the threshold aims at; also the voters' cap) each mechanism was evaluated at
@@ -16,27 +19,44 @@ from retriever.rag.plan import MECHANISMS
 EVALUATED_K: dict[str, int] = {
     "icl": 32, "vote": 64, "sparse-vote": 32, "answer-vote": 64, "keywords": 64,
 }  # fmt: skip
-# per-answer epsilon -> the mechanism with the best accuracy there (ties: more abstentions)
-EVALUATED: dict[float, str] = {1.0: "icl", 3.0: "icl", 5.0: "icl", 10.0: "icl"}
+# retrieval -> per-answer epsilon -> the mechanism with the best accuracy there (ties: more
+# abstentions)
+EVALUATED: dict[str, dict[float, str]] = {
+    "dense": {1.0: "icl", 3.0: "icl", 5.0: "icl", 10.0: "icl"},
+    "overlap": {1.0: "keywords", 3.0: "keywords", 5.0: "keywords", 10.0: "keywords"},
+}
 
 
-def best_mechanism(epsilon: float) -> str:
+def best_mechanism(epsilon: float, retrieval: str = "dense") -> str:
     """The evaluated best mechanism at per-answer `epsilon` (see the module docstring)."""
     if not epsilon > 0:
         raise ValueError(f"epsilon must be > 0, got {epsilon=}")
-    below = [e for e in EVALUATED if e <= epsilon]
-    return EVALUATED[max(below) if below else min(EVALUATED)]
+    if retrieval not in RETRIEVALS:
+        raise ValueError(f"retrieval must be one of {RETRIEVALS}, got {retrieval=}")
+    table = EVALUATED[retrieval]
+    below = [e for e in table if e <= epsilon]
+    return table[max(below) if below else min(table)]
 
 
-def resolve(mechanism: str, k: int | None, epsilon: float) -> tuple[str, int]:
-    """(mechanism, k): "auto" becomes `best_mechanism(epsilon)`, a missing k the k that
-    mechanism was evaluated at.
+def resolve(
+    mechanism: str,
+    k: int | None,
+    epsilon: float,
+    *,
+    retrieval: str = "dense",
+    accounting: str = "collection",
+) -> tuple[str, int]:
+    """(mechanism, k): "auto" becomes `best_mechanism(epsilon, retrieval)` (icl under
+    individual accounting), a missing k the k that mechanism was evaluated at.
 
     Raises:
-      ValueError: an unknown mechanism or a k below 1.
+      ValueError: an unknown mechanism, retrieval or accounting, or a k below 1.
     """
+    if accounting not in ACCOUNTING_MODES:
+        raise ValueError(f"accounting must be one of {ACCOUNTING_MODES}, got {accounting=}")
     if mechanism == "auto":
-        mechanism = best_mechanism(epsilon)
+        individual = accounting == "individual"
+        mechanism = "icl" if individual else best_mechanism(epsilon, retrieval)
     if mechanism not in MECHANISMS:
         raise ValueError(f"mechanism must be auto or one of {MECHANISMS}, got {mechanism=}")
     if k is not None and k < 1:

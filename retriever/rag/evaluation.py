@@ -294,9 +294,9 @@ def make_rag(
     out_dir.mkdir(parents=True, exist_ok=True)
     texts = [r.text for r in world.records]
     if encoder == "overlap":
-        from retriever.lexical import OverlapEncoder
+        from retriever.rag.loading import overlap_encoder
 
-        overlap = OverlapEncoder(texts, weight=lambda w: len(lm.encode(" " + w)))
+        overlap = overlap_encoder(texts, lm)
         embeddings, encode = overlap.documents(), overlap.encode
     else:
         question_encoder = load_encoder(encoder)

@@ -12,9 +12,11 @@ abstains.
 
 Privacy:
   Unit: one document, add/remove-one, given the released retrieval threshold. A voter's
-  answer depends on its own document only, and it contributes each keyword at most once
-  and at most K keywords. Adding or removing a document adds or removes one voter, or swaps
-  one when the public voters' cap binds (one voter out, another in): two units of
+  answer depends on its own document only (or its own group of documents with
+  `RagConfig.documents_per_voter` > 1: a document's group is a public hash of its id,
+  `retrieval.grouped_selected`), and it contributes each keyword at most once and at most
+  K keywords. Adding or removing a document adds or removes one voter, or changes one
+  (the voters' cap binds, or its group changes): two units of
   PipelineDP's add/remove analysis. So the selection runs at (epsilon / 2,
   delta / (1 + e^(epsilon / 2))), which group privacy turns into (epsilon, delta) for
   one document (as `retriever.rag.voting.dp_vote_token` does for LimitedDomain). The

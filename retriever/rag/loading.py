@@ -15,6 +15,7 @@ from retriever.rag.collection import (
     open_document_filters,
     record_encoder_assertion,
 )
+from retriever.rag.config import RETRIEVALS
 from retriever.rag.prompts import PromptFormat
 from synthgen.privacy import PrivacyLedger
 
@@ -36,8 +37,10 @@ def load_dprag(
     answer_epsilon: float | None = None,
     document_cache: bool = False,
     answers: ReleasedAnswers | None = None,
+    retrieval: str = "dense",
 ) -> DPRag:
-    """The answer stage over `private_corpus`, scored with the embeddings of `index`.
+    """The answer stage over `private_corpus`, scored with the embeddings of `index`
+    (``retrieval="dense"``) or by term overlap (``"overlap"``).
 
     Before loading the encoder or the LM it refuses an index whose encoder is not known to
     be independent of the collection (`check_encoder`: from its ``provenance.json``, or
@@ -65,6 +68,11 @@ def load_dprag(
         per-document rho the filters record as one answer's charge.
       document_cache: compute every document's keys once (`DPRag`'s `document_cache`).
       answers: released answers to hand out again (`retriever.rag.reuse`).
+      retrieval: "dense" (the index's embeddings and encoder) or "overlap"
+        (`retriever.lexical.OverlapEncoder` over the corpus: the share of the question's
+        content words a document holds, each word weighted by its token count under the
+        LM; the index then only lists the documents). Overlap finds invented or rare
+        names that a dense encoder splits into meaningless pieces.
 
     Raises:
       FileNotFoundError: no index in the folder, or its encoder folder is not there.
@@ -79,12 +87,15 @@ def load_dprag(
       collection: from a public pretrained model that holds; from a DP-trained encoder
       (synthetic data of a DP release, or DP-SGD) the answers' guarantee composes with the
       encoder's when that release was made from this collection; otherwise it rests on the
-      operator's assertion. δ < 1/n, as for DP-SGD (`accounting.check_delta`).
+      operator's assertion. δ < 1/n, as for DP-SGD (`accounting.check_delta`). An overlap
+      score depends on its document and the question alone, as a dense score does.
     """
     from retriever.data import read_corpus
     from retriever.evaluate import load_towers
     from retriever.index_folder import index_encoder, load_index_searcher, read_index_meta
 
+    if retrieval not in RETRIEVALS:
+        raise ValueError(f"retrieval must be one of {RETRIEVALS}, got {retrieval=}")
     index, private_corpus = Path(index), Path(private_corpus)
     meta = read_index_meta(index)
     dataset = dataset or private_corpus.stem
@@ -127,16 +138,20 @@ def load_dprag(
         check_scope_deltas(ledger, dataset, len(doc_ids))
         if assertion is not None:
             record_encoder_assertion(ledger, dataset, assertion)
-    question_encoder, _ = load_towers(encoder)
     if isinstance(lm, str | Path):
         from synthgen.lm_backends import FlaxLM
 
         lm = FlaxLM.load(str(lm))
+    if retrieval == "overlap":
+        overlap = overlap_encoder(texts, lm)
+        embeddings, encode = overlap.documents(), overlap.encode
+    else:
+        embeddings, encode = searcher.embeddings, load_towers(encoder)[0].encode
     return DPRag(
         doc_ids,
         texts,
-        searcher.embeddings,
-        question_encoder.encode,
+        embeddings,
+        encode,
         lm,
         ledger=ledger,
         dataset=dataset,
@@ -145,3 +160,11 @@ def load_dprag(
         document_cache=document_cache,
         answers=answers,
     )
+
+
+def overlap_encoder(texts, lm):
+    """Term-overlap scoring of `texts` (`retriever.lexical.OverlapEncoder`), each content
+    word weighted by its token count under `lm` (a public rarity proxy)."""
+    from retriever.lexical import OverlapEncoder
+
+    return OverlapEncoder(texts, weight=lambda word: len(lm.encode(" " + word)))

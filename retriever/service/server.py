@@ -41,6 +41,7 @@ def load_service(
     document_target: tuple[float, float] | None = None,
     reuse_answers: str | None = None,
     document_cache: bool = False,
+    retrieval: str = "dense",
 ) -> Service:
     """The service over `private_corpus` (indexed exactly in `index`) and `ledger`.
 
@@ -77,6 +78,7 @@ def load_service(
         store for all replicas, in memory); None: every question is answered.
       document_cache: every document's keys computed once at start, shared by the
         replicas (`DPRag`'s `document_cache`; an LM with `document_kv`, not "tiny").
+      retrieval: "dense" or "overlap" (`load_dprag`).
 
     Raises:
       ValueError: bad arguments, the collection has no collection cap in the ledger
@@ -139,7 +141,7 @@ def load_service(
         prompt=prompt, encoder_independent_of_collection=encoder_independent_of_collection,
         document_target=document_target,
         answer_epsilon=config.answer_epsilon if individual else None,
-        document_cache=document_cache, answers=answers,
+        document_cache=document_cache, answers=answers, retrieval=retrieval,
     )  # fmt: skip
     if not individual:  # the filters' theorem needs no fixed event
         pin_answer_event(book, dataset, plan)  # atomic: a concurrent other shape is refused

@@ -151,7 +151,8 @@ def answer_questions(ctx: StageContext) -> dict:
     cfg = ctx.config.rag
     if not cfg.enabled:
         return {"enabled": False}
-    mechanism, _ = resolve(cfg.mechanism, cfg.k, cfg.epsilon)  # k: the config's (small worlds)
+    # k: the config's (small worlds); the trained encoder scores: dense retrieval
+    mechanism, _ = resolve(cfg.mechanism, cfg.k, cfg.epsilon, accounting=cfg.accounting)
     world = make_world(
         MedicalWorldConfig(
             num_diseases=cfg.num_diseases,

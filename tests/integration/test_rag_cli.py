@@ -6,6 +6,7 @@ import subprocess
 import sys
 import types
 
+import numpy as np
 import pytest
 
 from synthgen.privacy import PrivacyLedger
@@ -397,3 +398,29 @@ def test_tenant_list_shows_every_scope_that_spends_on_the_collection(tmp_path):
     assert rows["mallory"]["status"] == "no key"
     assert rows["mallory"]["spent_epsilon"] == pytest.approx(0.5, abs=1e-3)
     assert rows["alice"]["status"] == "active"
+
+
+def test_answer_by_term_overlap_scores_rare_words_and_auto_takes_keywords(collection, tmp_path):
+    """--retrieval overlap: the index only lists the documents, scores are the share of the
+    question's words a document holds, and auto resolves to the overlap evaluation's best."""
+    from retriever.rag.loading import load_dprag
+    from synthgen.lm_backends import TinyLM
+
+    index, corpus = collection
+    folder = index()
+    rag = load_dprag(folder, corpus, lm=TinyLM(), retrieval="overlap")
+    scores = rag._scores("which record says d7?")
+    assert int(np.argmax(scores)) == 7 and scores[7] > scores[3]
+    with pytest.raises(ValueError, match="retrieval"):
+        load_dprag(folder, corpus, lm=TinyLM(), retrieval="bm25")
+    result = _run(
+        "retriever.cli", "answer", "--index", folder, "--private-corpus", corpus,
+        "--question", "which record says blue?", "--epsilon", "5", "--ledger",
+        tmp_path / "ledger.sqlite", "--tenant", "alice", "--tenant-epsilon", "10",
+        "--lm", "tiny", "--retrieval", "overlap", "--json", *CAPS,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout.strip().splitlines()[-1])
+    assert answer["mechanism"] == "keywords"
+    bad = _answer(folder, corpus, tmp_path / "other.sqlite", *CAPS, "--retrieval", "bm25")
+    assert bad.returncode == 2 and "--retrieval" in bad.stderr

@@ -161,7 +161,9 @@ def test_serve_names_a_missing_index_corpus_or_ledger_and_creates_nothing(tmp_pa
 
     index, corpus = tmp_path / "index", tmp_path / "c.jsonl"
     save_index_folder(
-        index, ExactSearcher(np.eye(2, 4, dtype=np.float32)), encoder="all-minilm-l6-v2",
+        index,
+        ExactSearcher(np.eye(2, 4, dtype=np.float32)),
+        encoder="all-minilm-l6-v2",
         doc_ids=["a", "b"],
     )
     corpus.write_text('{"doc_id": "a", "text": "x"}\n{"doc_id": "b", "text": "y"}\n')

@@ -402,9 +402,7 @@ def test_grouped_keywords_voters_each_read_a_group_of_documents(tmp_path):
         def fork(self):
             return Recording(self.floor, self.eos_after_newline)
 
-    config = RagConfig(
-        k=N, max_tokens=3, score_range=ScoreRange(-1.0, 1.0), documents_per_voter=2
-    )
+    config = RagConfig(k=N, max_tokens=3, score_range=ScoreRange(-1.0, 1.0), documents_per_voter=2)
     assert config.voters == 12
     rag = _plain_rag(
         tmp_path,

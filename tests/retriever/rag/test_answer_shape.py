@@ -268,9 +268,7 @@ def test_grouped_selection_is_each_buckets_best_and_one_document_moves_one_group
         ids = np.arange(n)
         for gone in range(n):
             keep = ids != gone
-            smaller, _, _ = grouped_selected(
-                scores[keep], tau, buckets[keep], groups, per_group
-            )
+            smaller, _, _ = grouped_selected(scores[keep], tau, buckets[keep], groups, per_group)
             smaller_ids = [[int(ids[keep][i]) for i in row if i >= 0] for row in smaller]
             changed = sum(a != b for a, b in zip(got, smaller_ids, strict=True))
             assert changed <= 1

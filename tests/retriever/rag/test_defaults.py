@@ -1,4 +1,4 @@
-"""The default answer settings are the DP-RAG evaluation's winners, by epsilon."""
+"""The default answer settings are the DP-RAG evaluation's winners, by retrieval and epsilon."""
 
 import json
 from pathlib import Path
@@ -7,37 +7,51 @@ import pytest
 
 from retriever.rag.defaults import EVALUATED, EVALUATED_K, best_mechanism, resolve
 
-EVAL = Path(__file__).parents[3] / "docs" / "dp_rag_eval.json"
+DOCS = Path(__file__).parents[3] / "docs"
+EVALUATIONS = {"dense": DOCS / "dp_rag_eval.json", "overlap": DOCS / "dp_rag_overlap.json"}
 
 
-def test_best_mechanism_uses_the_largest_evaluated_epsilon_not_above():
-    assert best_mechanism(10.0) == EVALUATED[10.0]
-    assert best_mechanism(50.0) == EVALUATED[10.0]
-    assert best_mechanism(4.0) == EVALUATED[3.0]
-    assert best_mechanism(0.1) == EVALUATED[1.0]
+@pytest.mark.parametrize("retrieval", sorted(EVALUATED))
+def test_best_mechanism_uses_the_largest_evaluated_epsilon_not_above(retrieval):
+    table = EVALUATED[retrieval]
+    assert best_mechanism(10.0, retrieval) == table[10.0]
+    assert best_mechanism(50.0, retrieval) == table[10.0]
+    assert best_mechanism(4.0, retrieval) == table[3.0]
+    assert best_mechanism(0.1, retrieval) == table[1.0]
     with pytest.raises(ValueError):
-        best_mechanism(0.0)
+        best_mechanism(0.0, retrieval)
+    with pytest.raises(ValueError, match="retrieval"):
+        best_mechanism(1.0, "bm25")
 
 
 def test_resolve_fills_auto_and_k_and_refuses_the_rest():
-    assert resolve("auto", None, 5.0) == (EVALUATED[5.0], EVALUATED_K[EVALUATED[5.0]])
+    dense = EVALUATED["dense"][5.0]
+    assert resolve("auto", None, 5.0) == (dense, EVALUATED_K[dense])
+    assert resolve("auto", None, 5.0, retrieval="overlap") == ("keywords", EVALUATED_K["keywords"])
+    # per-document filters take a zCDP curve: icl whatever the retrieval
+    assert resolve("auto", None, 5.0, retrieval="overlap", accounting="individual")[0] == "icl"
     assert resolve("vote", None, 5.0) == ("vote", EVALUATED_K["vote"])
     assert resolve("icl", 7, 5.0) == ("icl", 7)
     with pytest.raises(ValueError, match="mechanism"):
         resolve("best", None, 5.0)
     with pytest.raises(ValueError, match="k must be"):
         resolve("icl", 0, 5.0)
+    with pytest.raises(ValueError, match="accounting"):
+        resolve("auto", None, 5.0, accounting="per-tenant")
 
 
-def test_the_defaults_are_the_recorded_evaluation_winners():
+@pytest.mark.parametrize("retrieval", sorted(EVALUATED))
+def test_the_defaults_are_the_recorded_evaluation_winners(retrieval):
     """Each evaluated epsilon's default is the cell with the best accuracy in the committed
-    evaluation (ties: more abstentions, i.e. fewer wrong answers shown), at its k."""
-    table = {row["cell"]: row for row in json.loads(EVAL.read_text())["table"]}
+    evaluation of that retrieval (ties: more abstentions, i.e. fewer wrong answers shown),
+    at its k."""
+    rows = json.loads(EVALUATIONS[retrieval].read_text())["table"]
+    table = {row["cell"]: row for row in rows}
     evaluated = [m for m in EVALUATED_K if f"{m}-eps10" in table]
-    assert {"icl", "vote", "sparse-vote"} <= set(evaluated)
+    assert "icl" in evaluated and len(evaluated) >= 2
     for mechanism in evaluated:
         assert table[f"{mechanism}-eps10"]["k"] == EVALUATED_K[mechanism]
-    for epsilon, chosen in EVALUATED.items():
+    for epsilon, chosen in EVALUATED[retrieval].items():
         cells = [
             (table[f"{mechanism}-eps{epsilon:g}"]["accuracy"],
              table[f"{mechanism}-eps{epsilon:g}"]["abstained"], mechanism)
