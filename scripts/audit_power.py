@@ -11,6 +11,10 @@ Resumable: a cell whose result file exists in --out is read back, not run.
 
     python scripts/audit_power.py --out runs/audit_power            # demo LoRA generator
     python scripts/audit_power.py --quick --out /tmp/audit_power    # tiny T5, a few minutes
+    python scripts/audit_power.py --config audit.yaml --out runs/audit  # = synthgen audit power
+
+Besides the tables it writes the ROC plot, the score histograms and power_audit.json
+(`synthgen.audit.power_audit`).
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from synthgen.audit import blackbox, power
+from synthgen.audit import blackbox, power, power_audit
 from synthgen.audit.claims import parse_epsilons
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="results folder (resumable)")
+    parser.add_argument("--config", type=Path, help="a power audit config (YAML or JSON)")
     parser.add_argument("--quick", action="store_true", help="the tiny T5 generator (tests)")
     parser.add_argument("--model", choices=power.MODELS, help="default: demo_lora, tiny_t5 quick")
     parser.add_argument("--canaries", type=int, default=1000, help="m per cell (default 1000)")
@@ -38,47 +43,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=None, help="fixed audit seed: tests only")
     args = parser.parse_args(argv)
-    model = args.model or ("tiny_t5" if args.quick else "demo_lora")
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        results, bb_results = [], []
-        if not args.skip_whitebox:
-            results = power.run_whitebox_cells(
-                args.out,
-                model,
-                parse_epsilons(args.epsilons),
-                num_canaries=args.canaries,
+        if args.config is not None:
+            config = power_audit.load_config(args.config)
+        else:
+            config = power_audit.PowerAuditConfig(
+                model=args.model or ("tiny_t5" if args.quick else "demo_lora"),
+                canaries=args.canaries,
+                whitebox_epsilons=() if args.skip_whitebox else parse_epsilons(args.epsilons),
+                blackbox_epsilons=(
+                    () if args.skip_blackbox else parse_epsilons(args.blackbox_epsilons)
+                ),
+                blackbox_kind=args.blackbox_kind,
+                blackbox_canaries=args.blackbox_canaries,
                 delta=args.delta,
-                seed=args.seed,
-                log=log,
             )
-        if not args.skip_blackbox:
-            bb_results = power.run_blackbox_cells(
-                args.out,
-                model,
-                parse_epsilons(args.blackbox_epsilons),
-                kind=args.blackbox_kind,
-                num_canaries=args.blackbox_canaries or args.canaries,
-                delta=args.delta,
-                seed=None if args.seed is None else args.seed + 1000,
-                log=log,
-            )
+        results, bb_results = power_audit.run(config, args.out, seed=args.seed, log=log)
     except (ValueError, ImportError) as exc:
         print(f"audit_power: {exc}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
+    power_audit.write_report(config, results, bb_results, args.out)
     if results:
-        table = power.format_table(results)
-        (args.out / "whitebox_table.md").write_text(table + "\n")
-        print(table)
+        print(power.format_table(results))
     if bb_results:
-        table = power.format_blackbox_table(bb_results)
-        (args.out / "blackbox_table.md").write_text(table + "\n")
-        print(table)
+        print(power.format_blackbox_table(bb_results))
     print(
         ("black-box cells not run yet: nan; " if not bb_results else "")
         + "every key is the one-run epsilon-count bound (black-box: the secret's log-ratio; "
-        f"white-box: the noisy gradient), delta={args.delta:g}, 95%"
+        f"white-box: the noisy gradient), delta={config.delta:g}, 95%"
     )
     print(power.summary_line(results, bb_results))
     return 0

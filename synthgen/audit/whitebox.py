@@ -187,13 +187,50 @@ def step_plan(config: WhiteboxConfig, batch_size: int) -> dp_train.PrivacyPlan:
 
 @dataclasses.dataclass(frozen=True)
 class ScoreStats:
-    """The figures of one observable's scores (aggregates only)."""
+    """The figures of one observable's scores (aggregates only).
+
+    `roc_tpr` is the TPR at each FPR of `ROC_FPR` (the attack "in" above the out-scores'
+    quantile); `histogram_edges` / `histogram_in` / `histogram_out` bin the in and out
+    scores. Empty for results written before they were recorded.
+    """
 
     observable: str
     auroc: float
     tpr_at_1pct_fpr: float
     epsilon_one_run: float
     epsilon_one_run_fdp: float
+    roc_tpr: tuple[float, ...] = ()
+    histogram_edges: tuple[float, ...] = ()
+    histogram_in: tuple[int, ...] = ()
+    histogram_out: tuple[int, ...] = ()
+
+
+ROC_FPR = tuple(float(f) for f in np.linspace(0.0, 1.0, 101))
+HISTOGRAM_BINS = 40
+
+
+def roc_curve(in_scores: np.ndarray, out_scores: np.ndarray) -> tuple[float, ...]:
+    """TPR at each FPR of `ROC_FPR`: the share of in-scores strictly above the score that
+    a share FPR of the out-scores exceeds (a step curve, conservative at ties)."""
+    in_scores, out_sorted = np.asarray(in_scores), np.sort(np.asarray(out_scores))[::-1]
+    tpr = []
+    for fpr in ROC_FPR:
+        k = int(np.floor(fpr * out_sorted.size + 1e-9))  # out-scores allowed above
+        threshold = out_sorted[k] if k < out_sorted.size else -np.inf
+        tpr.append(float(np.mean(in_scores > threshold)) if in_scores.size else 0.0)
+    return tuple(tpr)
+
+
+def score_histogram(
+    in_scores, out_scores
+) -> tuple[tuple[float, ...], tuple[int, ...], tuple[int, ...]]:
+    """(edges, in counts, out counts) over `HISTOGRAM_BINS` bins of the scores' range."""
+    both = np.concatenate([np.asarray(in_scores, np.float64), np.asarray(out_scores)])
+    low, high = (float(both.min()), float(both.max())) if both.size else (0.0, 1.0)
+    edges = np.linspace(low, high if high > low else low + 1.0, HISTOGRAM_BINS + 1)
+    counts_in = np.histogram(in_scores, edges)[0]
+    counts_out = np.histogram(out_scores, edges)[0]
+    return tuple(map(float, edges)), tuple(map(int, counts_in)), tuple(map(int, counts_out))
 
 
 def _canary_auditor():
@@ -228,12 +265,17 @@ def score_stats(
       2024) one-run bounds, one-sided, Bonferroni over thresholds.
     """
     auditor = _canary_auditor()(np.asarray(in_scores, np.float64), np.asarray(out_scores))
+    edges, counts_in, counts_out = score_histogram(in_scores, out_scores)
     return ScoreStats(
         observable=observable,
         auroc=float(auditor.attack_auroc()),
         tpr_at_1pct_fpr=float(auditor.tpr_at_given_fpr(TPR_FPR)),
         epsilon_one_run=float(auditor.epsilon_one_run(significance, delta)),
         epsilon_one_run_fdp=float(auditor.epsilon_one_run_fdp(significance, delta)),
+        roc_tpr=roc_curve(in_scores, out_scores),
+        histogram_edges=edges,
+        histogram_in=counts_in,
+        histogram_out=counts_out,
     )
 
 
@@ -284,7 +326,10 @@ class CellResult:
     def from_dict(cls, data: dict[str, Any]):
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in fields}
-        values["stats"] = tuple(ScoreStats(**s) for s in data["stats"])
+        values["stats"] = tuple(
+            ScoreStats(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()})
+            for s in data["stats"]
+        )
         return cls(**values)
 
 

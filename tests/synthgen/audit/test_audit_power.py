@@ -75,7 +75,20 @@ def test_last_line_and_resume(script, tmp_path, capsys, monkeypatch):
         f"whitebox_tiny_t5_m{CANARIES}_eps8.json",
         f"whitebox_tiny_t5_m{CANARIES}_epsinf.json",
         "whitebox_table.md",
+        "roc.png",
+        "histograms.png",
+        "power_audit.json",
     }
+    report = json.loads((tmp_path / "power_audit.json").read_text())
+    assert report["summary"] == lines[-1]
+    for cell in report["whitebox"]:
+        stats = cell["stats"][0]
+        assert len(stats["roc_tpr"]) == len(whitebox.ROC_FPR)
+        assert sum(stats["histogram_in"]) == cell["num_in"]
+        assert sum(stats["histogram_out"]) == cell["num_out"]
+    # no noise: every included canary scores above every excluded one
+    assert float(report["whitebox"][0]["claimed_epsilon"]) == math.inf  # "inf" in JSON
+    assert report["whitebox"][0]["stats"][0]["roc_tpr"][0] == 1.0
     # Resumable: a second run reads the cells back and computes nothing.
     monkeypatch.setattr(whitebox, "audit_dp_step", lambda *a, **k: pytest.fail("recomputed"))
     assert _run(script, tmp_path, capsys)[-1] == lines[-1]
@@ -102,12 +115,16 @@ def test_inclusion_coins_never_reach_an_output_file(script, tmp_path, capsys):
         data = path.read_bytes()
         for pattern in patterns:
             assert pattern not in data, path.name
-        if path.suffix == ".json":
+        if path.suffix == ".json" and path.name.startswith("whitebox_"):
             record = json.loads(data)
             assert set(record) == {f.name for f in whitebox.dataclasses.fields(
                 whitebox.WhiteboxResult)} | {"violation"}  # fmt: skip
             assert record["num_in"] + record["num_out"] == CANARIES
-            assert all(len(s) == 5 for s in record["stats"])  # aggregates, no score lists
+            # aggregates: a ROC at fixed FPRs and binned histograms, no list per canary
+            for stats in record["stats"]:
+                lengths = {len(v) for v in stats.values() if isinstance(v, list)}
+                assert lengths <= {len(whitebox.ROC_FPR), whitebox.HISTOGRAM_BINS,
+                                   whitebox.HISTOGRAM_BINS + 1}  # fmt: skip
             assert record["target_epsilon"] in (8.0, math.inf)
 
 
@@ -121,3 +138,27 @@ def test_summary_line_without_cells():
 def test_unknown_model_is_refused():
     with pytest.raises(ValueError, match="unknown model"):
         power.load_model("gpt-5")
+
+
+def test_synthgen_audit_power_runs_one_config(monkeypatch, tmp_path, capsys):
+    """`synthgen audit power --config FILE`: the cells the config names, the tables, the
+    plots and the summary line, as the script writes them."""
+    from synthgen.cli import app
+    from synthgen.command_line import run
+
+    monkeypatch.setattr(power, "load_model", _toy_model)
+    monkeypatch.setattr(power, "run_blackbox_cells", lambda *a, **k: [])
+    config = tmp_path / "audit.yaml"
+    config.write_text(
+        f"model: tiny_t5\ncanaries: {CANARIES}\nwhitebox_epsilons: [inf]\nblackbox_epsilons: []\n"
+    )
+    out = tmp_path / "out"
+    assert run(app, ["audit", "power", "--config", str(config), "--out", str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("nonprivate_eps_lb=nan dp8_eps_lb=nan whitebox_nonprivate_eps_lb=")
+    assert {"roc.png", "histograms.png", "whitebox_table.md", "power_audit.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    config.write_text("model: tiny_t5\nepsilons: [1]\n")
+    assert run(app, ["audit", "power", "--config", str(config), "--out", str(out)]) == 1
+    assert "unknown fields ['epsilons']" in capsys.readouterr().err

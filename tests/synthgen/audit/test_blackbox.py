@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from synthgen.audit import blackbox, power
+from synthgen.audit.whitebox import HISTOGRAM_BINS, ROC_FPR
 from synthgen.generator_models import LlamaFamily
 from synthgen.models.llama import Llama, LlamaConfig
 
@@ -195,16 +196,24 @@ def test_coins_never_reach_an_output_file(script_run, monkeypatch):
         f"blackbox_tiny_t5_new_m{CANARIES}_epsinf.json",
         f"blackbox_tiny_t5_new_m{CANARIES}_eps8.json",
         "blackbox_table.md",
+        "roc.png",
+        "histograms.png",
+        "power_audit.json",
     }
     fields = {f.name for f in dataclasses.fields(blackbox.BlackboxResult)} | {"violation"}
+    aggregate_lengths = {len(ROC_FPR), HISTOGRAM_BINS, HISTOGRAM_BINS + 1}
     for path in files:
         data = path.read_bytes()
         for pattern in patterns:
             assert pattern not in data, path.name
-        if path.suffix == ".json":
+        if path.suffix == ".json" and path.name.startswith("blackbox_"):
             record = json.loads(data)
             assert set(record) == fields
-            assert all(len(s) == 5 for s in record["stats"])  # aggregates, no score lists
+            # aggregates: a ROC at fixed FPRs and binned histograms, no list per canary
+            for stats in record["stats"]:
+                assert {len(v) for v in stats.values() if isinstance(v, list)} <= (
+                    aggregate_lengths
+                )
     # Resumable by cell: a second run reads both cells back and trains nothing.
     monkeypatch.setattr(blackbox, "audit_querygen", lambda *a, **k: pytest.fail("recomputed"))
     buffer = io.StringIO()

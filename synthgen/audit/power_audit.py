@@ -1,0 +1,235 @@
+"""One config, one folder: the audits with power (`synthgen audit power`, `scripts/audit_power.py`).
+
+A `PowerAuditConfig` names the audited generator and the cells: white-box DP-SGD steps per
+claimed epsilon (`synthgen.audit.whitebox`) and black-box fine-tunes per claimed epsilon
+(`synthgen.audit.blackbox`), run or read back by `synthgen.audit.power`. `write_report`
+then writes into the results folder:
+
+  * ``whitebox_table.md`` / ``blackbox_table.md``: one row per cell;
+  * ``roc.png``: every cell's ROC curve (linear, and log-log for the low-FPR region);
+  * ``histograms.png``: every cell's in and out canary scores, binned;
+  * ``power_audit.json``: the config and each cell's aggregates;
+
+and the last line of `summary_line`. A config file is YAML or JSON with the fields of
+`PowerAuditConfig` (epsilons as lists or "inf,8" strings); unknown fields are refused.
+
+Privacy:
+  Everything written is aggregate: counts, rates, epsilons, TPR at 101 fixed FPRs and
+  40-bin histograms of each cell's in and out scores. No canary, coin or per-canary score
+  is written (the cells keep them in memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from synthgen.audit import blackbox, power, whitebox
+from synthgen.audit.claims import parse_epsilons
+from synthgen.audit.report import strict_json
+
+REPORT_FILE = "power_audit.json"
+ROC_PLOT = "roc.png"
+HISTOGRAM_PLOT = "histograms.png"
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerAuditConfig:
+    """What one power audit runs (public).
+
+    Attributes:
+      model: the audited generator, one of `power.MODELS` (tiny_t5: minutes; demo_lora:
+        the CPU demo's SmolLM2-135M LoRA generator).
+      canaries: m per cell (1,000 certifies up to about 4.7 at delta 1e-5).
+      whitebox_epsilons: claimed epsilons of the white-box cells (inf: no noise).
+      blackbox_epsilons: claimed epsilons of the black-box cells.
+      blackbox_kind: "new" (secrets of new vocabulary tokens) or "rare" (rarest tokens).
+      blackbox_canaries: m of the black-box cells (None: `canaries`).
+      delta: delta of every claim and bound.
+    """
+
+    model: str = "demo_lora"
+    canaries: int = 1000
+    whitebox_epsilons: tuple[float, ...] = (math.inf, 8.0, 3.0, 1.0)
+    blackbox_epsilons: tuple[float, ...] = (math.inf, 8.0)
+    blackbox_kind: str = "new"
+    blackbox_canaries: int | None = None
+    delta: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if self.model not in power.MODELS:
+            raise ValueError(f"model must be one of {power.MODELS}, got {self.model!r}")
+        if self.blackbox_kind not in blackbox.KINDS:
+            raise ValueError(f"blackbox_kind must be one of {blackbox.KINDS}")
+        if self.canaries < 2 or (self.blackbox_canaries or 2) < 2:
+            raise ValueError("an audit needs at least 2 canaries per cell")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+
+
+def _epsilons(value) -> tuple[float, ...]:
+    if value in (None, "", []):
+        return ()
+    if isinstance(value, str):
+        return parse_epsilons(value)
+    return parse_epsilons(",".join(str(v) for v in value))
+
+
+def load_config(path: str | Path) -> PowerAuditConfig:
+    """A `PowerAuditConfig` from a YAML or JSON file.
+
+    Raises:
+      ValueError: not a mapping, an unknown field, or a bad value.
+    """
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text())  # JSON is YAML
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a power audit config is a mapping of fields")
+    fields = {f.name for f in dataclasses.fields(PowerAuditConfig)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise ValueError(f"{path}: unknown fields {unknown}; known: {sorted(fields)}")
+    for name in ("whitebox_epsilons", "blackbox_epsilons"):
+        if name in data:
+            data[name] = _epsilons(data[name])
+    return PowerAuditConfig(**data)
+
+
+def run(
+    config: PowerAuditConfig,
+    out_dir: str | Path,
+    *,
+    seed: int | None = None,
+    log: Callable[[str], None] = print,
+) -> tuple[list[whitebox.WhiteboxResult], list[blackbox.BlackboxResult]]:
+    """Runs (or reads back: resumable per cell) every cell of `config` into `out_dir`."""
+    results, bb_results = [], []
+    if config.whitebox_epsilons:
+        results = power.run_whitebox_cells(
+            out_dir,
+            config.model,
+            config.whitebox_epsilons,
+            num_canaries=config.canaries,
+            delta=config.delta,
+            seed=seed,
+            log=log,
+        )
+    if config.blackbox_epsilons:
+        bb_results = power.run_blackbox_cells(
+            out_dir,
+            config.model,
+            config.blackbox_epsilons,
+            kind=config.blackbox_kind,
+            num_canaries=config.blackbox_canaries or config.canaries,
+            delta=config.delta,
+            seed=None if seed is None else seed + 1000,
+            log=log,
+        )
+    return results, bb_results
+
+
+def _label(result) -> str:
+    eps = "∞" if math.isinf(result.claimed_epsilon) else f"{result.claimed_epsilon:.2g}"
+    kind = (
+        f"black-box ({result.kind})"
+        if isinstance(result, blackbox.BlackboxResult)
+        else ("white-box")
+    )
+    return f"{kind}, ε = {eps}"
+
+
+def plot_roc(results: Sequence, path: Path) -> bool:
+    """Every cell's ROC curve, linear and log-log; False when no cell recorded one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = [r for r in results if r.primary.roc_tpr]
+    if not cells:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for r in cells:
+        label = f"{_label(r)} (AUROC {r.primary.auroc:.2f})"
+        for ax in axes:
+            ax.plot(whitebox.ROC_FPR, r.primary.roc_tpr, label=label, drawstyle="steps-post")
+    for ax in axes:
+        ax.plot([1e-3, 1], [1e-3, 1], color="grey", lw=0.8, ls="--", label="chance")
+        ax.set_xlabel("false positive rate")
+        ax.set_ylabel("true positive rate")
+    axes[0].set(xlim=(0, 1), ylim=(0, 1.01), title="ROC of the canary scores")
+    axes[1].set(xscale="log", yscale="log", xlim=(0.01, 1), ylim=(1e-3, 1.05))
+    axes[1].set_title("the same, low FPR (log-log)")
+    axes[0].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_histograms(results: Sequence, path: Path) -> bool:
+    """Each cell's in and out canary scores, binned; False when no cell recorded them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    cells = [r for r in results if r.primary.histogram_edges]
+    if not cells:
+        return False
+    cols = min(4, len(cells))
+    rows = -(-len(cells) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False)
+    for ax, r in zip(axes.flat, cells, strict=False):
+        s = r.primary
+        edges = np.asarray(s.histogram_edges)
+        ax.stairs(s.histogram_out, edges, label=f"out ({r.num_out})", color="tab:blue")
+        ax.stairs(s.histogram_in, edges, label=f"in ({r.num_in})", color="tab:red")
+        ax.set_title(f"{_label(r)}\nε lower bound {s.epsilon_one_run:.2f}", fontsize=8)
+        ax.set_xlabel(f"score ({s.observable})", fontsize=7)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(cells) :]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("canaries")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_report(
+    config: PowerAuditConfig,
+    results: Sequence[whitebox.WhiteboxResult],
+    bb_results: Sequence[blackbox.BlackboxResult],
+    out_dir: str | Path,
+) -> list[Path]:
+    """Writes the tables, the plots and `REPORT_FILE` into `out_dir`; returns the paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    if results:
+        written.append(out / "whitebox_table.md")
+        written[-1].write_text(power.format_table(results) + "\n")
+    if bb_results:
+        written.append(out / "blackbox_table.md")
+        written[-1].write_text(power.format_blackbox_table(bb_results) + "\n")
+    cells = [*results, *bb_results]
+    if plot_roc(cells, out / ROC_PLOT):
+        written.append(out / ROC_PLOT)
+    if plot_histograms(cells, out / HISTOGRAM_PLOT):
+        written.append(out / HISTOGRAM_PLOT)
+    report = {
+        "config": dataclasses.asdict(config),
+        "whitebox": [r.to_dict() for r in results],
+        "blackbox": [r.to_dict() for r in bb_results],
+        "summary": power.summary_line(results, bb_results),
+    }
+    written.append(out / REPORT_FILE)
+    written[-1].write_text(json.dumps(strict_json(report), indent=1, allow_nan=False))
+    return written
