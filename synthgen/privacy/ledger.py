@@ -51,8 +51,9 @@ running summary is for the constant-cost charge checks only. People read it thro
 helper, `figures.format_epsilon` (4 decimals, rounded up, so a shown spend is never below
 the stated one).
 
-Layout: `PrivacyLedger` (this module) holds the scopes, their notes and event shapes, and
-the charges; its base class `ledger_composition.LedgerComposition` the composition of a
+Layout: `PrivacyLedger` (this module) holds the scopes and the charges; its base classes
+`ledger_records.ScopeRecords` the scopes' notes and event shapes, and
+`ledger_composition.LedgerComposition` the composition of a
 scope's record (admission checks, running and stated summaries, recomposition);
 `ledger_types` the value types (`Scope`, `Charge`, `Spend`, `Recomposition`,
 `EventShapeError`); `ledger_store` the database; `summary` the running summaries.
@@ -61,7 +62,6 @@ scope's record (admission checks, running and stated summaries, recomposition);
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -71,7 +71,6 @@ from dp_accounting import dp_event
 
 from synthgen.privacy import events
 from synthgen.privacy.document_filters import DocumentFilters
-from synthgen.privacy.errors import UnsupportedEventError
 from synthgen.privacy.ledger_composition import (
     _CHARGE_COLUMNS,
     _CHARGE_FROM,
@@ -79,19 +78,18 @@ from synthgen.privacy.ledger_composition import (
     _rows_of,
     _within,
 )
+from synthgen.privacy.ledger_records import ScopeRecords
 from synthgen.privacy.ledger_store import Connection, LedgerStore
 from synthgen.privacy.ledger_types import (
     COLLECTION,
     Charge,
-    EventShapeError,
-    Recomposition,
     Scope,
     Spend,
 )
 from synthgen.privacy.summary import EventTally, ScopeSummary
 
 
-class PrivacyLedger(LedgerComposition):
+class PrivacyLedger(ScopeRecords, LedgerComposition):
     """Budget ledger shared by every DP stage of the project, on SQLite or PostgreSQL.
 
     Args:
@@ -214,86 +212,6 @@ class PrivacyLedger(LedgerComposition):
             (tenant, dataset),
         ).fetchone()
         return None if row is None else Scope(*row)
-
-    # ---- what a scope's guarantee rests on --------------------------------------------
-
-    def note_scope(self, tenant: str, dataset: str, note: str) -> list[str]:
-        """Adds `note` to the scope's public notes (once); returns every note, oldest first.
-
-        The notes are the scope's description of what its guarantee also rests on and the
-        ledger cannot check, e.g. an operator's assertion that the encoder scoring a
-        collection was not trained on it. Public text only (names, parameters; never
-        private data).
-
-        Raises:
-          KeyError: no such scope.
-          ValueError: an empty note or one holding a line break.
-        """
-        if not note.strip() or "\n" in note or "\r" in note:
-            raise ValueError(f"a scope note is one non-empty line, got {note=}")
-        with self._store.scope_lock(dataset) as conn:
-            stored = self._record_row(conn, tenant, dataset, "notes")
-            notes = stored.split("\n") if stored else []
-            if note not in notes:
-                notes.append(note)
-                conn.execute(
-                    "UPDATE scopes SET notes = ? WHERE tenant = ? AND dataset = ?",
-                    ("\n".join(notes), tenant, dataset),
-                )
-        return notes
-
-    def scope_notes(self, tenant: str, dataset: str) -> list[str]:
-        """The scope's notes, oldest first; KeyError if it does not exist."""
-        with self._store.read() as conn:
-            stored = self._record_row(conn, tenant, dataset, "notes")
-        return stored.split("\n") if stored else []
-
-    def pin_event_shape(self, tenant: str, dataset: str, shape: str) -> bool:
-        """Records `shape` as the scope's one repeated event, or checks the recorded one.
-
-        The composition a scope states (PLD, RDP over many orders) assumes its events'
-        parameters were fixed in advance. A release repeated on request (every answer of a
-        collection) keeps that true only if every caller charges the same event: parameters
-        chosen after seeing earlier releases are adaptive, and the statement would not be
-        backed by a composition theorem. The first caller records its event's shape; later
-        callers must present the same. `shape` is an opaque public string (the caller's
-        canonical description of the event's parameters), compared for equality only.
-
-        Returns:
-          True if this call recorded the shape, False if it matched the recorded one.
-
-        Raises:
-          KeyError: no such scope.
-          EventShapeError: the scope records another shape; nothing changes.
-          ValueError: an empty shape.
-        """
-        if not shape:
-            raise ValueError("an event shape is a non-empty string")
-        with self._store.scope_lock(dataset) as conn:
-            recorded = self._record_row(conn, tenant, dataset, "event_shape")
-            if recorded is None:
-                conn.execute(
-                    "UPDATE scopes SET event_shape = ? WHERE tenant = ? AND dataset = ?",
-                    (shape, tenant, dataset),
-                )
-                return True
-        if recorded != shape:
-            raise EventShapeError(tenant, dataset, recorded, shape)
-        return False
-
-    def event_shape(self, tenant: str, dataset: str) -> str | None:
-        """The scope's recorded event shape (None: none yet); KeyError if no such scope."""
-        with self._store.read() as conn:
-            return self._record_row(conn, tenant, dataset, "event_shape")
-
-    @staticmethod
-    def _record_row(conn: Connection, tenant: str, dataset: str, column: str) -> str | None:
-        row = conn.execute(
-            f"SELECT {column} FROM scopes WHERE tenant = ? AND dataset = ?", (tenant, dataset)
-        ).fetchone()
-        if row is None:
-            raise KeyError(f"no ledger scope for {tenant=}, {dataset=}")
-        return row[0]
 
     # ---- charges ----------------------------------------------------------------------
 
@@ -567,27 +485,3 @@ class PrivacyLedger(LedgerComposition):
             ),
             num_charges=summary.num_events,
         )
-
-    def verify(self, tenant: str, dataset: str) -> Recomposition:
-        """Recomposes the scope's recorded events from scratch and states both figures.
-
-        Slow (linear in the history): for audits and tests, never on the charge path.
-        The running summary (what this object's charge checks use; in a fresh process the
-        stated spend of `spent`) is sound if ``stated >= best`` (up to float rounding) and
-        tight if ``stated <= 1.05 * best``.
-        """
-        scope = self.get_scope(tenant, dataset)
-        charges = self.charges(tenant, dataset)
-        records = [(c.event, c.epsilon, c.delta, c.relation) for c in charges]
-        with self._store.read() as conn:
-            stated = self._summary(conn, scope).spend(scope.delta_cap)[0]
-        if scope.accountant == "basic":
-            total = sum(c.epsilon for c in charges)
-            return Recomposition(stated, total, total, len(charges))
-        figures = {}
-        for kind in ("pld", "rdp"):
-            try:
-                figures[kind] = self._recompose(scope, records, kind)
-            except UnsupportedEventError:
-                figures[kind] = math.inf
-        return Recomposition(stated, figures["pld"], figures["rdp"], len(charges))

@@ -11,6 +11,7 @@ are described in `ledger.py`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from dp_accounting import dp_event
@@ -28,7 +29,7 @@ from synthgen.privacy.events import (
     validate_event,
 )
 from synthgen.privacy.ledger_store import Connection
-from synthgen.privacy.ledger_types import COLLECTION, Scope
+from synthgen.privacy.ledger_types import COLLECTION, Recomposition, Scope
 from synthgen.privacy.summary import EventTally, ScopeSummary, event_pld, pld_epsilon
 
 _CHARGE_COLUMNS = (
@@ -255,3 +256,27 @@ class LedgerComposition:
             )
         acc.compose(composed)
         return float(acc.get_epsilon(scope.delta_cap))
+
+    def verify(self, tenant: str, dataset: str) -> Recomposition:
+        """Recomposes the scope's recorded events from scratch and states both figures.
+
+        Slow (linear in the history): for audits and tests, never on the charge path.
+        The running summary (what this object's charge checks use; in a fresh process the
+        stated spend of `spent`) is sound if ``stated >= best`` (up to float rounding) and
+        tight if ``stated <= 1.05 * best``.
+        """
+        scope = self.get_scope(tenant, dataset)
+        charges = self.charges(tenant, dataset)
+        records = [(c.event, c.epsilon, c.delta, c.relation) for c in charges]
+        with self._store.read() as conn:
+            stated = self._summary(conn, scope).spend(scope.delta_cap)[0]
+        if scope.accountant == "basic":
+            total = sum(c.epsilon for c in charges)
+            return Recomposition(stated, total, total, len(charges))
+        figures = {}
+        for kind in ("pld", "rdp"):
+            try:
+                figures[kind] = self._recompose(scope, records, kind)
+            except UnsupportedEventError:
+                figures[kind] = math.inf
+        return Recomposition(stated, figures["pld"], figures["rdp"], len(charges))

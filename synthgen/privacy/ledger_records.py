@@ -1,0 +1,95 @@
+"""A ledger scope's public records beyond its charges: notes and the pinned event shape.
+
+`ScopeRecords` is a base class of `ledger.PrivacyLedger` (which describes both records in
+its module docstring): `note_scope` / `scope_notes` keep what a scope's guarantee also
+rests on and the ledger cannot check; `pin_event_shape` / `event_shape` keep the one event
+a release repeated on request charges. The ledger never reads either; callers build them.
+Public text only, never private data.
+"""
+
+from __future__ import annotations
+
+from synthgen.privacy.ledger_store import Connection
+from synthgen.privacy.ledger_types import EventShapeError
+
+
+class ScopeRecords:
+    """Notes and event shapes of a ledger's scopes (needs ``self._store``, a `LedgerStore`)."""
+
+    def note_scope(self, tenant: str, dataset: str, note: str) -> list[str]:
+        """Adds `note` to the scope's public notes (once); returns every note, oldest first.
+
+        The notes are the scope's description of what its guarantee also rests on and the
+        ledger cannot check, e.g. an operator's assertion that the encoder scoring a
+        collection was not trained on it. Public text only (names, parameters; never
+        private data).
+
+        Raises:
+          KeyError: no such scope.
+          ValueError: an empty note or one holding a line break.
+        """
+        if not note.strip() or "\n" in note or "\r" in note:
+            raise ValueError(f"a scope note is one non-empty line, got {note=}")
+        with self._store.scope_lock(dataset) as conn:
+            stored = self._record_row(conn, tenant, dataset, "notes")
+            notes = stored.split("\n") if stored else []
+            if note not in notes:
+                notes.append(note)
+                conn.execute(
+                    "UPDATE scopes SET notes = ? WHERE tenant = ? AND dataset = ?",
+                    ("\n".join(notes), tenant, dataset),
+                )
+        return notes
+
+    def scope_notes(self, tenant: str, dataset: str) -> list[str]:
+        """The scope's notes, oldest first; KeyError if it does not exist."""
+        with self._store.read() as conn:
+            stored = self._record_row(conn, tenant, dataset, "notes")
+        return stored.split("\n") if stored else []
+
+    def pin_event_shape(self, tenant: str, dataset: str, shape: str) -> bool:
+        """Records `shape` as the scope's one repeated event, or checks the recorded one.
+
+        The composition a scope states (PLD, RDP over many orders) assumes its events'
+        parameters were fixed in advance. A release repeated on request (every answer of a
+        collection) keeps that true only if every caller charges the same event: parameters
+        chosen after seeing earlier releases are adaptive, and the statement would not be
+        backed by a composition theorem. The first caller records its event's shape; later
+        callers must present the same. `shape` is an opaque public string (the caller's
+        canonical description of the event's parameters), compared for equality only.
+
+        Returns:
+          True if this call recorded the shape, False if it matched the recorded one.
+
+        Raises:
+          KeyError: no such scope.
+          EventShapeError: the scope records another shape; nothing changes.
+          ValueError: an empty shape.
+        """
+        if not shape:
+            raise ValueError("an event shape is a non-empty string")
+        with self._store.scope_lock(dataset) as conn:
+            recorded = self._record_row(conn, tenant, dataset, "event_shape")
+            if recorded is None:
+                conn.execute(
+                    "UPDATE scopes SET event_shape = ? WHERE tenant = ? AND dataset = ?",
+                    (shape, tenant, dataset),
+                )
+                return True
+        if recorded != shape:
+            raise EventShapeError(tenant, dataset, recorded, shape)
+        return False
+
+    def event_shape(self, tenant: str, dataset: str) -> str | None:
+        """The scope's recorded event shape (None: none yet); KeyError if no such scope."""
+        with self._store.read() as conn:
+            return self._record_row(conn, tenant, dataset, "event_shape")
+
+    @staticmethod
+    def _record_row(conn: Connection, tenant: str, dataset: str, column: str) -> str | None:
+        row = conn.execute(
+            f"SELECT {column} FROM scopes WHERE tenant = ? AND dataset = ?", (tenant, dataset)
+        ).fetchone()
+        if row is None:
+            raise KeyError(f"no ledger scope for {tenant=}, {dataset=}")
+        return row[0]
