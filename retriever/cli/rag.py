@@ -161,7 +161,7 @@ def answer(
     accounting: AccountingOption = "collection",
     document_epsilon: DocumentEpsilonOption = None,
     document_delta: DocumentDeltaOption = None,
-    relevance_threshold: RelevanceThresholdOption = 0.5,
+    relevance_threshold: RelevanceThresholdOption = None,
     k: Annotated[
         int | None, typer.Option(help="documents the DP threshold aims at (default: evaluated)")
     ] = None,
@@ -197,9 +197,11 @@ def answer(
     Refused before anything is charged: a δ (--delta or a scope's cap) of 1/n or more for
     n documents, and an encoder not known to be independent of the collection.
     """
+    from retriever.rag.defaults import relevance_threshold as calibrated
     from retriever.rag.defaults import resolve
 
     mechanism, k = resolve(mechanism, k, epsilon, retrieval=retrieval, accounting=accounting)
+    relevance_threshold = calibrated(relevance_threshold, retrieval)
     individual = (
         check_accounting(
             accounting,

@@ -95,7 +95,7 @@ def serve(
     accounting: AccountingOption = "collection",
     document_epsilon: DocumentEpsilonOption = None,
     document_delta: DocumentDeltaOption = None,
-    relevance_threshold: RelevanceThresholdOption = 0.5,
+    relevance_threshold: RelevanceThresholdOption = None,
     share_document_summary: Annotated[
         bool,
         typer.Option(
@@ -144,6 +144,7 @@ def serve(
     with a collection cap.
     """
     from retriever.rag import RagConfig, ScoreRange
+    from retriever.rag.defaults import relevance_threshold as calibrated
     from retriever.rag.defaults import resolve
     from retriever.service.app import ServiceConfig
     from retriever.service.server import load_service, serve
@@ -160,6 +161,7 @@ def serve(
             param_hint="'--index'",
         )
     mechanism, k = resolve(mechanism, k, answer_epsilon, retrieval=retrieval, accounting=accounting)
+    relevance_threshold = calibrated(relevance_threshold, retrieval)
     document_target = check_accounting(accounting, mechanism, document_epsilon, document_delta)
     check_reuse(reuse_answers, accounting)
     if document_cache and lm == "tiny":

@@ -284,7 +284,8 @@ def test_answer_in_individual_accounting_charges_the_relevant_documents(individu
     assert individual.cli("--json") == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["accounting"] == "individual"
-    assert out["document_guarantee"] == {"epsilon": 2.0, "delta": 1e-6, "relevance_threshold": 0.5}
+    # no --relevance-threshold: the dense retrieval's calibrated tau
+    assert out["document_guarantee"] == {"epsilon": 2.0, "delta": 1e-6, "relevance_threshold": 0.6}
     assert "document_summary" not in out  # not DP: the operator reads it from the ledger
     assert [c["stage"] for c in out["charges"]] == ["tokens"]  # tau is public: no threshold
     book, filters = _filters(individual.ledger)

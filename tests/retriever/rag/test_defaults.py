@@ -58,3 +58,13 @@ def test_the_defaults_are_the_recorded_evaluation_winners(retrieval):
             for mechanism in evaluated
         ]  # fmt: skip
         assert max(cells)[2] == chosen, epsilon
+
+
+def test_the_relevance_threshold_defaults_to_the_calibrated_tau_of_the_retrieval():
+    from retriever.rag.defaults import CALIBRATED_RELEVANCE, relevance_threshold
+
+    assert relevance_threshold(None) == CALIBRATED_RELEVANCE["dense"] == 0.6
+    assert relevance_threshold(None, "overlap") == CALIBRATED_RELEVANCE["overlap"] == 0.75
+    assert relevance_threshold(0.4, "overlap") == 0.4
+    with pytest.raises(ValueError, match="retrieval"):
+        relevance_threshold(None, "bm25")
