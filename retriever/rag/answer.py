@@ -162,6 +162,8 @@ class DPRag:
         self.config, self.prompt = config, prompt or PromptFormat()
         self._rng = rng
         self._lock = threading.Lock()  # one answer at a time: the LM sessions are shared
+        if document_cache and config.documents_per_voter > 1:
+            raise ValueError("document_cache keys one document per row: documents_per_voter 1")
         self._kv = self._document_kv(document_cache) if document_cache else None
         self.answers = answers
 

@@ -100,8 +100,10 @@ def load_dprag(
     meta = read_index_meta(index)
     dataset = dataset or private_corpus.stem
     config = config or RagConfig()
-    encoder, _ = index_encoder(index, meta=meta, option=None)  # checked against index.json
-    assertion = check_encoder(encoder, asserted=encoder_independent_of_collection)
+    encoder = assertion = None  # overlap: scores from the corpus's words, no encoder
+    if retrieval == "dense":
+        encoder, _ = index_encoder(index, meta=meta, option=None)  # checked against index.json
+        assertion = check_encoder(encoder, asserted=encoder_independent_of_collection)
     if config.individual:
         if ledger is None or document_target is None or answer_epsilon is None:
             raise ValueError(
@@ -115,8 +117,8 @@ def load_dprag(
             )
     if assertion is not None and ledger is not None and ledger.collection_scope(dataset) is None:
         record_encoder_assertion(ledger, dataset, assertion)  # refuses: no collection cap
-    searcher = load_index_searcher(index)
-    if getattr(searcher, "embeddings", None) is None:
+    searcher = load_index_searcher(index) if retrieval == "dense" else None
+    if retrieval == "dense" and getattr(searcher, "embeddings", None) is None:
         raise ValueError(
             f"{index} is a {searcher.kind} index; DP retrieval scores every document: build "
             "the private index with `retriever index build --kind exact`"

@@ -142,9 +142,11 @@ def build_rows(
     documents' (weight 1) and padding rows (weight 0: the public filler document), built
     from token ids computed once and prompt parts encoded once, so building them costs the
     same whichever rows are real. Grouped voters (`indices` of shape [voters,
-    documents_per_voter], -1 for an empty place): a row reads its group's documents, at
-    the public length of a full group. `kv`: the collection's precomputed keys
-    (`document_keys`), used for one-document rows whose prompt head they match."""
+    documents_per_voter], -1 for an empty place): a row reads its group's documents, padded
+    to the public length of a full group (joining a group's documents is Python list work
+    that grows with the selected count: microseconds against the decoding). `kv`: the
+    collection's precomputed keys (`document_keys`), used for one-document rows whose
+    prompt head they match."""
     width = config.max_document_tokens
     prefix, suffix = prompt.document_parts(lm, question)
     filler = filler_tokens(lm, width)

@@ -15,8 +15,10 @@ and the last line of `summary_line`. A config file is YAML or JSON with the fiel
 
 Privacy:
   Everything written is aggregate: counts, rates, epsilons, TPR at 101 fixed FPRs and
-  40-bin histograms of each cell's in and out scores. No canary, coin or per-canary score
-  is written (the cells keep them in memory).
+  40-bin histograms (edges rounded outward) of each cell's in and out scores. No canary,
+  coin or list of per-canary scores is written (the cells keep them in memory); with
+  fewer than about 100 canaries a cell's ROC steps show the order of in and out labels by
+  score, tied to no canary.
 """
 
 from __future__ import annotations

@@ -224,10 +224,16 @@ def roc_curve(in_scores: np.ndarray, out_scores: np.ndarray) -> tuple[float, ...
 def score_histogram(
     in_scores, out_scores
 ) -> tuple[tuple[float, ...], tuple[int, ...], tuple[int, ...]]:
-    """(edges, in counts, out counts) over `HISTOGRAM_BINS` bins of the scores' range."""
-    both = np.concatenate([np.asarray(in_scores, np.float64), np.asarray(out_scores)])
+    """(edges, in counts, out counts): `HISTOGRAM_BINS` bins over the finite scores' range,
+    widened outward to a round step (a tenth of the range's power of ten), so the edges
+    do not state the extreme scores exactly; non-finite scores are not binned."""
+    in_scores, out_scores = np.asarray(in_scores, np.float64), np.asarray(out_scores, np.float64)
+    in_scores, out_scores = in_scores[np.isfinite(in_scores)], out_scores[np.isfinite(out_scores)]
+    both = np.concatenate([in_scores, out_scores])
     low, high = (float(both.min()), float(both.max())) if both.size else (0.0, 1.0)
-    edges = np.linspace(low, high if high > low else low + 1.0, HISTOGRAM_BINS + 1)
+    step = 10.0 ** np.floor(np.log10(high - low if high > low else 1.0)) / 10.0
+    low, high = np.floor(low / step) * step, np.ceil(high / step) * step
+    edges = np.linspace(low, high if high > low else low + step, HISTOGRAM_BINS + 1)
     counts_in = np.histogram(in_scores, edges)[0]
     counts_out = np.histogram(out_scores, edges)[0]
     return tuple(map(float, edges)), tuple(map(int, counts_in)), tuple(map(int, counts_out))

@@ -414,6 +414,11 @@ def test_answer_by_term_overlap_scores_rare_words_and_auto_takes_keywords(collec
     assert int(np.argmax(scores)) == 7 and scores[7] > scores[3]
     with pytest.raises(ValueError, match="retrieval"):
         load_dprag(folder, corpus, lm=TinyLM(), retrieval="bm25")
+    # no encoder scores: an index whose encoder is unknown (refused for dense) is fine
+    custom = index(encoder=str(tmp_path / "no-such-encoder"))
+    assert load_dprag(custom, corpus, lm=TinyLM(), retrieval="overlap")._scores("d7")[7] > 0
+    with pytest.raises((ValueError, FileNotFoundError)):
+        load_dprag(custom, corpus, lm=TinyLM())
     result = _run(
         "retriever.cli", "answer", "--index", folder, "--private-corpus", corpus,
         "--question", "which record says blue?", "--epsilon", "5", "--ledger",
