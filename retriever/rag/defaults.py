@@ -2,7 +2,8 @@
 
 `retriever serve`, `retriever answer` and the pipeline's rag stage default to
 ``mechanism="auto"``: the mechanism that won `scripts/dp_rag_eval.py` with the same
-retrieval (dense: `docs/dp_rag_eval.json`; term overlap: `docs/dp_rag_overlap.json`; the
+retrieval (dense: `docs/dp_rag_eval.json` and, for keywords, `docs/dp_rag_dense_keywords.json`;
+term overlap: `docs/dp_rag_overlap.json`; the
 DP-RAG tables of docs/results/tables.md) at the largest evaluated per-answer epsilon not
 above the requested one (the smallest evaluated one below it), with the k it was evaluated
 at. Individual (per-document) accounting takes icl, the one mechanism with a zCDP curve.
@@ -29,7 +30,8 @@ CALIBRATED_RELEVANCE: dict[str, float] = {"dense": 0.6, "overlap": 0.75}
 # retrieval -> per-answer epsilon -> the mechanism with the best accuracy there (ties: more
 # abstentions)
 EVALUATED: dict[str, dict[float, str]] = {
-    "dense": {1.0: "icl", 3.0: "icl", 5.0: "icl", 10.0: "icl"},
+    # keywords with dense scores: docs/dp_rag_dense_keywords.json (epsilon 5 and 10 only)
+    "dense": {1.0: "icl", 3.0: "icl", 5.0: "keywords", 10.0: "icl"},
     "overlap": {1.0: "keywords", 3.0: "keywords", 5.0: "keywords", 10.0: "keywords"},
 }
 
@@ -54,7 +56,8 @@ def resolve(
     accounting: str = "collection",
 ) -> tuple[str, int]:
     """(mechanism, k): "auto" becomes `best_mechanism(epsilon, retrieval)` (icl under
-    individual accounting), a missing k the k that mechanism was evaluated at.
+    individual accounting, or with a k below the one the winner was evaluated at), a
+    missing k the k that mechanism was evaluated at.
 
     Raises:
       ValueError: an unknown mechanism, retrieval or accounting, or a k below 1.
@@ -64,6 +67,10 @@ def resolve(
     if mechanism == "auto":
         individual = accounting == "individual"
         mechanism = "icl" if individual else best_mechanism(epsilon, retrieval)
+        if k is not None and k < EVALUATED_K[mechanism]:
+            # the winner is known at its evaluated k only (keywords with 4 voters can
+            # never clear its threshold); icl releases at any k
+            mechanism = "icl"
     if mechanism not in MECHANISMS:
         raise ValueError(f"mechanism must be auto or one of {MECHANISMS}, got {mechanism=}")
     if k is not None and k < 1:

@@ -8,7 +8,10 @@ import pytest
 from retriever.rag.defaults import EVALUATED, EVALUATED_K, best_mechanism, resolve
 
 DOCS = Path(__file__).parents[3] / "docs"
-EVALUATIONS = {"dense": DOCS / "dp_rag_eval.json", "overlap": DOCS / "dp_rag_overlap.json"}
+EVALUATIONS = {
+    "dense": [DOCS / "dp_rag_eval.json", DOCS / "dp_rag_dense_keywords.json"],
+    "overlap": [DOCS / "dp_rag_overlap.json"],
+}
 
 
 @pytest.mark.parametrize("retrieval", sorted(EVALUATED))
@@ -31,6 +34,10 @@ def test_resolve_fills_auto_and_k_and_refuses_the_rest():
     # per-document filters take a zCDP curve: icl whatever the retrieval
     assert resolve("auto", None, 5.0, retrieval="overlap", accounting="individual")[0] == "icl"
     assert resolve("vote", None, 5.0) == ("vote", EVALUATED_K["vote"])
+    # keywords was measured with 64 voters: with 4 it could never release; auto takes icl
+    assert resolve("auto", None, 5.0, retrieval="overlap")[0] == "keywords"
+    assert resolve("auto", 4, 5.0, retrieval="overlap") == ("icl", 4)
+    assert resolve("auto", 64, 5.0, retrieval="overlap") == ("keywords", 64)
     assert resolve("icl", 7, 5.0) == ("icl", 7)
     with pytest.raises(ValueError, match="mechanism"):
         resolve("best", None, 5.0)
@@ -45,18 +52,21 @@ def test_the_defaults_are_the_recorded_evaluation_winners(retrieval):
     """Each evaluated epsilon's default is the cell with the best accuracy in the committed
     evaluation of that retrieval (ties: more abstentions, i.e. fewer wrong answers shown),
     at its k."""
-    rows = json.loads(EVALUATIONS[retrieval].read_text())["table"]
-    table = {row["cell"]: row for row in rows}
+    table = {
+        row["cell"]: row
+        for path in EVALUATIONS[retrieval]
+        for row in json.loads(path.read_text())["table"]
+    }
     evaluated = [m for m in EVALUATED_K if f"{m}-eps10" in table]
     assert "icl" in evaluated and len(evaluated) >= 2
     for mechanism in evaluated:
         assert table[f"{mechanism}-eps10"]["k"] == EVALUATED_K[mechanism]
     for epsilon, chosen in EVALUATED[retrieval].items():
         cells = [
-            (table[f"{mechanism}-eps{epsilon:g}"]["accuracy"],
-             table[f"{mechanism}-eps{epsilon:g}"]["abstained"], mechanism)
+            (table[cell]["accuracy"], table[cell]["abstained"], mechanism)
             for mechanism in evaluated
-        ]  # fmt: skip
+            if (cell := f"{mechanism}-eps{epsilon:g}") in table  # evaluated there
+        ]
         assert max(cells)[2] == chosen, epsilon
 
 
