@@ -84,7 +84,6 @@ from synthgen.privacy import (
 from synthgen.privacy.document_filters import DocumentFilters
 
 RELATION = "ADD_OR_REMOVE_ONE"
-# The public filler of padding rows (repeated to `max_document_tokens` tokens).
 
 
 class DPRag:

@@ -2,12 +2,12 @@
 
 `retriever serve`, `retriever answer` and the pipeline's rag stage default to
 ``mechanism="auto"``: the mechanism that won `scripts/dp_rag_eval.py` with the same
-retrieval (dense: `docs/dp_rag_eval.json` and, for keywords, `docs/dp_rag_dense_keywords.json`;
-term overlap: `docs/dp_rag_overlap.json`; the
-DP-RAG tables of docs/results/tables.md) at the largest evaluated per-answer epsilon not
-above the requested one (the smallest evaluated one below it), with the k it was evaluated
-at. Individual (per-document) accounting takes icl, the one mechanism with a zCDP curve.
-The choice depends on public parameters only.
+retrieval (dense: `docs/dp_rag_eval.json`, and `docs/dp_rag_dense_keywords.json` for
+keywords; term overlap: `docs/dp_rag_overlap.json`; the DP-RAG tables of
+docs/results/tables.md) at the largest evaluated per-answer epsilon not above the requested
+one (the smallest evaluated one below it), with the k it was evaluated at. Individual
+(per-document) accounting takes icl, the one mechanism with a zCDP curve. The choice
+depends on public parameters only.
 """
 
 from __future__ import annotations
