@@ -13,7 +13,9 @@ Resumable: a cell whose result file exists in --out is read back, not run.
     python scripts/audit_power.py --quick --out /tmp/audit_power    # tiny T5, a few minutes
     python scripts/audit_power.py --config audit.yaml --out runs/audit  # = synthgen audit power
 
-Besides the tables it writes the ROC plot, the score histograms and power_audit.json
+With --config, the config's few-shot, Private Evolution and DP-RAG cells run too
+(`power_audit.run_generators`; their table is printed before the last line). Besides the
+tables it writes the ROC plot, the score histograms and power_audit.json
 (`synthgen.audit.power_audit`).
 """
 
@@ -23,6 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from retriever.rag.power_audit import generator_runners
 from synthgen.audit import blackbox, power, power_audit
 from synthgen.audit.claims import parse_epsilons
 
@@ -60,14 +63,19 @@ def main(argv: list[str] | None = None) -> int:
                 delta=args.delta,
             )
         results, bb_results = power_audit.run(config, args.out, seed=args.seed, log=log)
+        generators = power_audit.run_generators(
+            config, args.out, seed=args.seed, log=log, **generator_runners(config)
+        )
     except (ValueError, ImportError) as exc:
         print(f"audit_power: {exc}", file=sys.stderr)
         return 2
-    power_audit.write_report(config, results, bb_results, args.out)
+    power_audit.write_report(config, results, bb_results, args.out, generators)
     if results:
         print(power.format_table(results))
     if bb_results:
         print(power.format_blackbox_table(bb_results))
+    if generators:
+        print(power_audit.format_generators_table(generators))
     print(
         ("black-box cells not run yet: nan; " if not bb_results else "")
         + "every key is the one-run epsilon-count bound (black-box: the secret's log-ratio; "

@@ -2,10 +2,14 @@
 
 A `PowerAuditConfig` names the audited generator and the cells: white-box DP-SGD steps per
 claimed epsilon (`synthgen.audit.whitebox`) and black-box fine-tunes per claimed epsilon
-(`synthgen.audit.blackbox`), run or read back by `synthgen.audit.power`. `write_report`
-then writes into the results folder:
+(`synthgen.audit.blackbox`), run or read back by `synthgen.audit.power`; and the same
+one-run design for the other generators (`run_generators`): DP few-shot generation
+(`synthgen.audit.fewshot_power`), Private Evolution (`synthgen.audit.evolution_power`)
+and DP-RAG answers (`retriever.rag.power_audit`, supplied by the entry point, since
+synthgen never imports retriever). `write_report` then writes into the results folder:
 
-  * ``whitebox_table.md`` / ``blackbox_table.md``: one row per cell;
+  * ``whitebox_table.md`` / ``blackbox_table.md`` / ``generators_table.md``: one row per
+    cell;
   * ``roc.png``: every cell's ROC curve (linear, and log-log for the low-FPR region);
   * ``histograms.png``: every cell's in and out canary scores, binned;
   * ``power_audit.json``: the config and each cell's aggregates;
@@ -29,11 +33,35 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from synthgen.audit import blackbox, power, whitebox
 from synthgen.audit.claims import parse_epsilons
 from synthgen.audit.report import strict_json
 
 REPORT_FILE = "power_audit.json"
+EPSILON_FIELDS = (
+    "whitebox_epsilons",
+    "blackbox_epsilons",
+    "fewshot_epsilons",
+    "evolution_epsilons",
+    "rag_epsilons",
+)
+FEWSHOT_LM = "smollm2-135m-instruct"
+# The measured few-shot cell: M = 1 prompt of 4 shots, one draw per text (the most copies a
+# release can hold, `fewshot_power`'s "Power"), 448 texts of 10 tokens, 100 ordinary rows.
+FEWSHOT_SETTINGS = dict(
+    num_private=100,
+    num_texts=448,
+    subsets=1,
+    shots=4,
+    shot_tokens=48,
+    max_new_tokens=10,
+    resample="example",
+)
+# The measured Private Evolution cell: one DP histogram (T = 1: the vote is the only
+# private step; no LM variation), 2,200 released samples, 100 ordinary rows.
+EVOLUTION_SETTINGS = dict(num_private=100, num_samples=2200, iterations=1)
 ROC_PLOT = "roc.png"
 HISTOGRAM_PLOT = "histograms.png"
 
@@ -50,7 +78,16 @@ class PowerAuditConfig:
       blackbox_epsilons: claimed epsilons of the black-box cells.
       blackbox_kind: "new" (secrets of new vocabulary tokens) or "rare" (rarest tokens).
       blackbox_canaries: m of the black-box cells (None: `canaries`).
-      delta: delta of every claim and bound.
+      delta: delta of every claim and bound (the DP-RAG cells use the answer stage's
+        per-document delta, `retriever.rag.power_audit.DELTA`, stated in their rows).
+      fewshot_epsilons: claimed epsilons of the few-shot cells (SmolLM2-135M-Instruct,
+        `FEWSHOT_SETTINGS`).
+      evolution_epsilons: claimed epsilons of the Private Evolution cells
+        (`EVOLUTION_SETTINGS`; the entry point supplies the encoder).
+      rag_epsilons: claimed per-record epsilons of the DP-RAG cells (the entry point
+        supplies them).
+      generator_canaries: m of the few-shot, Private Evolution and DP-RAG cells (None:
+        `canaries`).
     """
 
     model: str = "demo_lora"
@@ -60,13 +97,17 @@ class PowerAuditConfig:
     blackbox_kind: str = "new"
     blackbox_canaries: int | None = None
     delta: float = 1e-5
+    fewshot_epsilons: tuple[float, ...] = ()
+    evolution_epsilons: tuple[float, ...] = ()
+    rag_epsilons: tuple[float, ...] = ()
+    generator_canaries: int | None = None
 
     def __post_init__(self) -> None:
         if self.model not in power.MODELS:
             raise ValueError(f"model must be one of {power.MODELS}, got {self.model!r}")
         if self.blackbox_kind not in blackbox.KINDS:
             raise ValueError(f"blackbox_kind must be one of {blackbox.KINDS}")
-        if self.canaries < 2 or (self.blackbox_canaries or 2) < 2:
+        if min(self.canaries, self.blackbox_canaries or 2, self.generator_canaries or 2) < 2:
             raise ValueError("an audit needs at least 2 canaries per cell")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
@@ -95,7 +136,7 @@ def load_config(path: str | Path) -> PowerAuditConfig:
     unknown = sorted(set(data) - fields)
     if unknown:
         raise ValueError(f"{path}: unknown fields {unknown}; known: {sorted(fields)}")
-    for name in ("whitebox_epsilons", "blackbox_epsilons"):
+    for name in EPSILON_FIELDS:
         if name in data:
             data[name] = _epsilons(data[name])
     return PowerAuditConfig(**data)
@@ -134,14 +175,112 @@ def run(
     return results, bb_results
 
 
+Embed = Callable[[Sequence[str]], np.ndarray]
+RagCells = Callable[..., list]
+
+
+def run_generators(
+    config: PowerAuditConfig,
+    out_dir: str | Path,
+    *,
+    embed: Embed | None = None,
+    rag_cells: RagCells | None = None,
+    seed: int | None = None,
+    log: Callable[[str], None] = print,
+) -> list[whitebox.CellResult]:
+    """Runs (or reads back: resumable per cell) the few-shot, Private Evolution and DP-RAG
+    cells of `config` into `out_dir`.
+
+    Args:
+      config: the audit; its `*_epsilons` fields name the cells.
+      out_dir: the results folder (aggregates only).
+      embed: the Private Evolution cells' encoder (texts -> [B, D]); required with
+        `evolution_epsilons`.
+      rag_cells: `retriever.rag.power_audit.demo_cells` (or a function of the same
+        signature); required with `rag_epsilons`.
+      seed: None (OS entropy) except in tests.
+      log: progress lines (file names and seconds only).
+
+    Raises:
+      ValueError: a cell kind is asked for without what it needs.
+    """
+    from synthgen.audit import evolution_power, fewshot_power
+
+    m = config.generator_canaries or config.canaries
+    offset = lambda k: None if seed is None else seed + 2000 + 100 * k  # noqa: E731
+    if config.evolution_epsilons and embed is None:
+        raise ValueError("the Private Evolution cells need an encoder (embed=)")
+    if config.rag_epsilons and rag_cells is None:
+        raise ValueError(
+            "the DP-RAG cells run from `synthgen audit power` or scripts/audit_power.py, "
+            "which supply retriever's runner (rag_cells=)"
+        )
+    results: list[whitebox.CellResult] = []
+    if config.fewshot_epsilons:
+        from synthgen.lm_backends import FlaxLM
+
+        results += fewshot_power.run_fewshot_power_cells(
+            out_dir,
+            FlaxLM.load(FEWSHOT_LM),
+            config.fewshot_epsilons,
+            label="smollm2",
+            canaries=m,
+            seed=offset(0),
+            log=log,
+            delta=config.delta,
+            model=FEWSHOT_LM,
+            progress=True,
+            **FEWSHOT_SETTINGS,
+        )
+    if config.evolution_epsilons:
+        results += evolution_power.run_evolution_power_cells(
+            out_dir,
+            None,
+            config.evolution_epsilons,
+            label="minilm_t1",
+            canaries=m,
+            seed=offset(1),
+            log=log,
+            embed=embed,
+            delta=config.delta,
+            model="none (T = 1, no LM call)",
+            encoder="all-minilm-l6-v2",
+            **EVOLUTION_SETTINGS,
+        )
+    if config.rag_epsilons:
+        results += rag_cells(out_dir, config.rag_epsilons, canaries=m, seed=offset(2), log=log)
+    return results
+
+
+def format_generators_table(results: Sequence[whitebox.CellResult]) -> str:
+    """A Markdown table of the few-shot, Private Evolution and DP-RAG cells."""
+    head = (
+        "| audit | claimed ε (δ) | canaries in/out | AUROC | TPR at 1% FPR "
+        "| ε lower bound (ε-count / f-DP) | cap (ε-count / f-DP) | bound ≤ claim |"
+    )
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        s = r.primary
+        claim = "∞" if math.isinf(r.claimed_epsilon) else f"{r.claimed_epsilon:.2f}"
+        lines.append(
+            f"| {_kind(r)} | {claim} ({r.delta:.0e}) | {r.num_in}/{r.num_out} "
+            f"| {s.auroc:.3f} | {s.tpr_at_1pct_fpr:.3f} "
+            f"| {s.epsilon_one_run:.2f} / {s.epsilon_one_run_fdp:.2f} "
+            f"| {r.cap_one_run:.2f} / {r.cap_fdp:.2f} | {'NO' if r.violation else 'yes'} |"
+        )
+    return "\n".join(lines)
+
+
+def _kind(result) -> str:
+    """The audit a cell belongs to, in words (result classes may name it in `AUDIT`)."""
+    if isinstance(result, blackbox.BlackboxResult):
+        return f"black-box ({result.kind})"
+    return getattr(type(result), "AUDIT", "white-box")
+
+
 def _label(result) -> str:
     eps = "∞" if math.isinf(result.claimed_epsilon) else f"{result.claimed_epsilon:.2g}"
-    kind = (
-        f"black-box ({result.kind})"
-        if isinstance(result, blackbox.BlackboxResult)
-        else ("white-box")
-    )
-    return f"{kind}, ε = {eps}"
+    return f"{_kind(result)}, ε = {eps}"
 
 
 def plot_roc(results: Sequence, path: Path) -> bool:
@@ -179,7 +318,6 @@ def plot_histograms(results: Sequence, path: Path) -> bool:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     cells = [r for r in results if r.primary.histogram_edges]
     if not cells:
@@ -210,6 +348,7 @@ def write_report(
     results: Sequence[whitebox.WhiteboxResult],
     bb_results: Sequence[blackbox.BlackboxResult],
     out_dir: str | Path,
+    generator_results: Sequence[whitebox.CellResult] = (),
 ) -> list[Path]:
     """Writes the tables, the plots and `REPORT_FILE` into `out_dir`; returns the paths."""
     out = Path(out_dir)
@@ -221,7 +360,10 @@ def write_report(
     if bb_results:
         written.append(out / "blackbox_table.md")
         written[-1].write_text(power.format_blackbox_table(bb_results) + "\n")
-    cells = [*results, *bb_results]
+    if generator_results:
+        written.append(out / "generators_table.md")
+        written[-1].write_text(format_generators_table(generator_results) + "\n")
+    cells = [*results, *bb_results, *generator_results]
     if plot_roc(cells, out / ROC_PLOT):
         written.append(out / ROC_PLOT)
     if plot_histograms(cells, out / HISTOGRAM_PLOT):
@@ -230,6 +372,7 @@ def write_report(
         "config": dataclasses.asdict(config),
         "whitebox": [r.to_dict() for r in results],
         "blackbox": [r.to_dict() for r in bb_results],
+        "generators": [{"audit": _kind(r), **r.to_dict()} for r in generator_results],
         "summary": power.summary_line(results, bb_results),
     }
     written.append(out / REPORT_FILE)

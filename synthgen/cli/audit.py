@@ -138,7 +138,8 @@ def audit_power(
         Path | None,
         typer.Option(
             help="YAML or JSON config: model, canaries, whitebox_epsilons, blackbox_epsilons, "
-            "blackbox_kind, blackbox_canaries, delta (default: every field's default)"
+            "blackbox_kind, blackbox_canaries, delta, fewshot_epsilons, evolution_epsilons, "
+            "rag_epsilons, generator_canaries (default: every field's default)"
         ),
     ] = None,
     model: Annotated[
@@ -149,12 +150,15 @@ def audit_power(
     """Audits with power: 1,000 canaries per cell, one-run epsilon lower bounds at 95%.
 
     White-box cells insert canary gradients into one DP-SGD step; black-box cells fine-tune
-    the generator with canaries whose secrets are new tokens and score the final model.
-    Resumable per cell; the folder gets aggregates only (no canary, coin or score). The
-    last line is the same key=value summary as scripts/audit_power.py.
+    the generator with canaries whose secrets are new tokens and score the final model;
+    few-shot, Private Evolution and DP-RAG cells plant canaries among the private examples
+    (or records) and score the released text. Resumable per cell; the folder gets
+    aggregates only (no canary, coin or score). The last line is the same key=value
+    summary as scripts/audit_power.py.
     """
     import dataclasses
 
+    from retriever.rag.power_audit import generator_runners
     from synthgen.audit import power, power_audit
 
     cfg = power_audit.load_config(config) if config is not None else power_audit.PowerAuditConfig()
@@ -162,6 +166,7 @@ def audit_power(
         cfg = dataclasses.replace(cfg, model=model)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     results, bb_results = power_audit.run(cfg, out, log=log)
-    for path in power_audit.write_report(cfg, results, bb_results, out):
+    generators = power_audit.run_generators(cfg, out, log=log, **generator_runners(cfg))
+    for path in power_audit.write_report(cfg, results, bb_results, out, generators):
         print(f"wrote {path}", file=sys.stderr)
     print(power.summary_line(results, bb_results))

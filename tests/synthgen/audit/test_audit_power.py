@@ -162,3 +162,52 @@ def test_synthgen_audit_power_runs_one_config(monkeypatch, tmp_path, capsys):
     config.write_text("model: tiny_t5\nepsilons: [1]\n")
     assert run(app, ["audit", "power", "--config", str(config), "--out", str(out)]) == 1
     assert "unknown fields ['epsilons']" in capsys.readouterr().err
+
+
+def test_one_config_runs_the_other_generators_cells(monkeypatch, tmp_path, capsys):
+    """`synthgen audit power` with `evolution_epsilons` and `rag_epsilons`: retriever's
+    runners are supplied by the entry point, the cells land in `generators_table.md` and
+    `power_audit.json` (aggregates only), and the summary line is unchanged."""
+    from retriever.rag import power_audit as rag_power
+    from synthgen.audit import power_audit, release_audit
+    from synthgen.cli import app
+    from synthgen.command_line import run
+
+    rag_calls = []
+
+    def rag_cells(out_dir, epsilons, *, canaries, seed, log):
+        rag_calls.append((tuple(epsilons), canaries))
+        return []
+
+    monkeypatch.setattr(
+        rag_power,
+        "generator_runners",
+        lambda cfg: {"embed": release_audit.word_embedding, "rag_cells": rag_cells},
+    )
+    monkeypatch.setattr(power_audit, "EVOLUTION_SETTINGS", dict(num_private=30, num_samples=200))
+    config = tmp_path / "audit.yaml"
+    config.write_text(
+        "canaries: 60\nwhitebox_epsilons: []\nblackbox_epsilons: []\n"
+        "evolution_epsilons: inf\nrag_epsilons: [inf, 8]\n"
+    )
+    out = tmp_path / "out"
+    assert run(app, ["audit", "power", "--config", str(config), "--out", str(out)]) == 0
+    assert rag_calls == [((math.inf, 8.0), 60)]
+    table = (out / "generators_table.md").read_text()
+    assert "Private Evolution" in table and table.count("\n") == 3
+    report = json.loads((out / "power_audit.json").read_text())
+    (cell,) = report["generators"]
+    assert cell["num_canaries"] == 60 and cell["num_in"] + cell["num_out"] == 60
+    assert math.isinf(power_audit.load_config(config).evolution_epsilons[0])
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("nonprivate_eps_lb=nan")
+
+
+def test_generator_cells_need_their_runners(tmp_path):
+    from synthgen.audit import power_audit
+
+    config = power_audit.PowerAuditConfig(whitebox_epsilons=(), rag_epsilons=(8.0,))
+    with pytest.raises(ValueError, match="rag_cells"):
+        power_audit.run_generators(config, tmp_path)
+    config = power_audit.PowerAuditConfig(whitebox_epsilons=(), evolution_epsilons=(8.0,))
+    with pytest.raises(ValueError, match="encoder"):
+        power_audit.run_generators(config, tmp_path)

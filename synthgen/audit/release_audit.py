@@ -1,0 +1,369 @@
+"""One-run canary audits of a generator's released text (issue 52): the shared design.
+
+The query generator's power audits (`synthgen.audit.blackbox`) score a trained model; the
+few-shot generator (`synthgen.fewshot`) and Private Evolution (`synthgen.evolution`) train
+nothing, and what they release is text. Their audits (`synthgen.audit.fewshot_power`,
+`synthgen.audit.evolution_power`) share one design, kept here:
+
+  1. m canaries (default 1,000) are made from public material only: a typical prefix and a
+     secret of `secret_words` random words drawn from a public word list
+     (`secret_vocabulary`: mid-frequency words of public documents, so that a secret word
+     rarely turns up by chance), and, where the generator needs outliers, an invented
+     subject (`invented_name`: random syllables, one per canary, so no real text is near
+     it). Each canary is included among the private examples with probability 1/2
+     (Steinke, Nasr & Jagielski 2023), by `blackbox.draw_coins`.
+  2. The generator runs ONCE on ordinary private examples (public stand-ins, the wiki
+     summaries as in `synthgen.audit.power`) plus the included canaries. Every public
+     figure it declares (a pool size, a data size) is fixed from public counts, ordinary
+     rows + m, as if every canary went in: never from the coins, so the claim (the plan's
+     epsilon for one private example) does not depend on them.
+  3. Each canary is scored from its own text and the released texts ONLY (higher = "in"):
+     `secret_word_scores` (few-shot: the secret's words found verbatim) or
+     `max_cosine_scores` (Private Evolution: similarity to the nearest released sample).
+  4. The scores of the included and excluded canaries give AUROC, TPR at 1% FPR and the
+     one-run epsilon lower bounds of the epsilon-count analysis (Steinke et al. 2023) and
+     of the f-DP analysis (Mahloujifar et al. 2024) at 95%, by jax-privacy's auditor
+     (`whitebox.score_stats`), next to the statistical cap of the same counts
+     (`whitebox.statistical_cap`). A bound above the claim is a defect to report
+     (`CellResult.violation`), never a setting to tune away.
+
+Cells are written one JSON per cell (`run_cells`): an existing file is read back instead
+of run, so an interrupted table resumes; a cell is re-run whole, with fresh coins.
+
+Privacy:
+  The canaries are public (public words, OS-entropy randomness); which went in (the
+  coins), the per-canary scores and the released texts are the audit's secrets: they
+  live in memory, or in the PRIVATE work folder a caller names (`save_private`, mode
+  0700), and are never logged, returned or written into a cell file. A cell file holds
+  aggregates only (counts, rates, areas, epsilons, public settings, seconds). The audited
+  runs are not charged to a ledger: nothing but the aggregates leaves, and publishing the
+  aggregates of a run at epsilon costs that epsilon; an epsilon = inf cell is NOT private.
+
+References:
+  Steinke, Nasr, Jagielski 2023, "Privacy Auditing with One (1) Training Run", arXiv
+  2305.08846; Mahloujifar, Melis, Chaudhuri 2024, "Auditing f-Differential Privacy in One
+  Run", arXiv 2410.22235; Panda et al. 2025, arXiv 2503.06808 (canaries with a typical
+  prefix and a secret); Carlini et al. 2019 (the secret sharer).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import re
+import zlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from synthgen.audit.claims import epsilon_tag
+from synthgen.audit.whitebox import ScoreStats, score_stats, statistical_cap
+
+_WORD = re.compile(r"[a-z]+")
+_CONSONANTS = "bdfgklmnprstvz"
+_VOWELS = "aeiou"
+NOISE_OFF = 1e-9  # the noise multiplier of an epsilon = inf run: argmax / exact counts
+
+
+def words_of(text: str) -> list[str]:
+    """The lower-case alphabetic words of `text`, in order."""
+    return _WORD.findall(text.lower())
+
+
+def secret_vocabulary(
+    documents: Sequence[str], *, size: int = 2000, skip_common: int = 300, min_len: int = 5
+) -> list[str]:
+    """A public word list for secrets: mid-frequency words of public documents.
+
+    Words of `min_len` to 12 letters are ranked by their count in `documents` (ties by
+    first appearance); the `skip_common` most frequent are left out, so that a secret word
+    appears in an unrelated text rarely, and the next `size` are kept.
+
+    Raises:
+      ValueError: fewer than 20 words remain.
+    """
+    counts = collections.Counter(
+        w for doc in documents for w in words_of(doc) if min_len <= len(w) <= 12
+    )
+    ranked = [w for w, _ in counts.most_common()]
+    words = ranked[skip_common : skip_common + size]
+    if len(words) < 20:
+        raise ValueError(f"only {len(words)} usable secret words; give more public documents")
+    return words
+
+
+def invented_name(rng: np.random.Generator) -> str:
+    """A made-up two-word subject ("Velkora Tumbris"): random syllables, no real entity."""
+
+    def word() -> str:
+        syllables = int(rng.integers(2, 4))
+        text = "".join(
+            rng.choice(list(_CONSONANTS)) + rng.choice(list(_VOWELS)) for _ in range(syllables)
+        )
+        return (text + rng.choice(list(_CONSONANTS))).capitalize()
+
+    return f"{word()} {word()}"
+
+
+class ReleaseCanaries:
+    """m canaries: their texts and secrets (word tuples). Public material: no coins."""
+
+    def __init__(self, texts: Sequence[str], secrets: Sequence[tuple[str, ...]]) -> None:
+        if len(texts) != len(secrets):
+            raise ValueError("one secret per canary text is needed")
+        self.texts = tuple(texts)
+        self.secrets = tuple(tuple(s) for s in secrets)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def make_release_canaries(
+    num: int,
+    words: Sequence[str],
+    rng: np.random.Generator,
+    *,
+    template: str,
+    secret_words: int = 3,
+) -> ReleaseCanaries:
+    """`num` canaries: `template` filled with a secret (and an invented subject).
+
+    Args:
+      num: m.
+      words: the public word list of the secrets (`secret_vocabulary`).
+      rng: the public canary-material stream.
+      template: the canary's text, with "{secret}" (the secret's words, space-separated)
+        and optionally "{name}" (an `invented_name`, distinct per canary).
+      secret_words: words per secret, distinct within a secret, drawn uniformly.
+
+    Raises:
+      ValueError: bad sizes or a template without "{secret}".
+    """
+    if num < 2 or secret_words < 1:
+        raise ValueError(f"need num >= 2 and secret_words >= 1, got {num=}, {secret_words=}")
+    check_canary_template(template)
+    if len(set(words)) < secret_words:
+        raise ValueError(f"need >= {secret_words} distinct secret words, got {len(set(words))}")
+    vocabulary = sorted(set(words))
+    names: set[str] = set()
+    texts, secrets = [], []
+    for _ in range(num):
+        secret = tuple(str(w) for w in rng.choice(vocabulary, secret_words, replace=False))
+        name = ""
+        if "{name}" in template:
+            while not name or name in names:
+                name = invented_name(rng)
+            names.add(name)
+        texts.append(template.format(secret=" ".join(secret), name=name))
+        secrets.append(secret)
+    return ReleaseCanaries(texts, secrets)
+
+
+# ---- scores: functions of a canary and the released texts only --------------------------------
+
+
+def secret_word_score(secret: Sequence[str], text_words: Sequence[str]) -> float:
+    """run + hits / (k + 1) for one released text's words (k = len(secret)).
+
+    `run` is the longest stretch of the secret's words that appears consecutively and in
+    order in the text; `hits` the number of distinct secret words in it (the tie-break
+    between equal runs). 0 when no secret word appears.
+    """
+    k = len(secret)
+    present = set(text_words)
+    hits = sum(1 for w in set(secret) if w in present)
+    if not hits:
+        return 0.0
+    run = 1
+    for i in range(len(text_words)):
+        length = 0
+        while (
+            length < k
+            and i + length < len(text_words)
+            and any(
+                secret[s : s + length + 1] == tuple(text_words[i : i + length + 1])
+                for s in range(k - length)
+            )
+        ):
+            length += 1
+        run = max(run, length)
+    return float(run) + hits / (k + 1)
+
+
+def secret_word_scores(secrets: Sequence[Sequence[str]], texts: Sequence[str]) -> np.ndarray:
+    """[m] scores: per canary, the best `secret_word_score` over the released texts."""
+    tokenised = [words_of(t) for t in texts]
+    index: dict[str, list[int]] = collections.defaultdict(list)
+    for j, ws in enumerate(tokenised):
+        for w in set(ws):
+            index[w].append(j)
+    out = np.zeros(len(secrets))
+    for i, secret in enumerate(secrets):
+        secret = tuple(secret)
+        candidates = {j for w in secret for j in index.get(w, ())}
+        out[i] = max((secret_word_score(secret, tokenised[j]) for j in candidates), default=0.0)
+    return out
+
+
+def word_embedding(texts: Sequence[str], dim: int = 4096) -> np.ndarray:
+    """[n, dim] hashed bag-of-words vectors (CRC32 of each word), L2-normalised.
+
+    A public, deterministic encoder that needs no model: identical word multisets map to
+    the same vector, and texts sharing no word are orthogonal (up to hash collisions).
+    """
+    out = np.zeros((len(texts), dim), np.float32)
+    for i, text in enumerate(texts):
+        for word in words_of(text):
+            out[i, zlib.crc32(word.encode()) % dim] += 1.0
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    return out / np.where(norms > 0, norms, 1.0)
+
+
+def max_cosine_scores(canaries: np.ndarray, released: np.ndarray) -> np.ndarray:
+    """[m] scores: each canary's largest cosine similarity with any released sample."""
+    a = np.asarray(canaries, np.float64)
+    b = np.asarray(released, np.float64)
+    a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+    b = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
+    if not len(b):
+        return np.zeros(len(a))
+    return (a @ b.T).max(axis=1)
+
+
+# ---- statistics, private records, cells ---------------------------------------------------
+
+
+def audit_scores(
+    observable: str,
+    scores: np.ndarray,
+    coins: np.ndarray,
+    *,
+    delta: float,
+    significance: float,
+) -> tuple[ScoreStats, float, float]:
+    """(stats, epsilon-count cap, f-DP cap) of the in (coins) and out canaries' scores."""
+    coins = np.asarray(coins, bool)
+    stats = score_stats(
+        observable, scores[coins], scores[~coins], delta=delta, significance=significance
+    )
+    cap_count, cap_fdp = statistical_cap(
+        int(coins.sum()), int((~coins).sum()), delta=delta, significance=significance
+    )
+    return stats, cap_count, cap_fdp
+
+
+def check_cell(num_canaries: int, epsilon: float, significance: float) -> None:
+    """Eager checks shared by the cells (public arguments only).
+
+    Raises:
+      ValueError: fewer than 2 canaries, epsilon not > 0 (NaN included), or a
+        significance outside (0, 0.5).
+    """
+    if num_canaries < 2:
+        raise ValueError(f"need >= 2 canaries, got {num_canaries=}")
+    if math.isnan(epsilon) or not epsilon > 0:
+        raise ValueError(f"epsilon must be > 0 or math.inf, got {epsilon=}")
+    if not 0 < significance < 0.5:
+        raise ValueError(f"significance must be in (0, 0.5), got {significance=}")
+
+
+def check_canary_template(template: str, *, name: bool = False) -> None:
+    """Refuses a canary template without "{secret}" (or without "{name}" when `name`)."""
+    if "{secret}" not in template:
+        raise ValueError(f"the canary template needs {{secret}}, got {template=}")
+    if name and "{name}" not in template:
+        raise ValueError(f"these canaries need an invented {{name}} (outliers), got {template=}")
+
+
+def check_delta(delta: float, num_canaries: int) -> None:
+    """Refuses 2 m delta > 1: the one-run p-value is monotone only below it."""
+    if 2 * num_canaries * delta > 1:
+        raise ValueError(f"delta must be <= 1/(2 m) for m canaries, got {delta=}, {num_canaries=}")
+
+
+def save_private(work_dir: str | Path | None, tag: str, **values: Any) -> None:
+    """Writes the audit's secrets (coins, scores, released texts) to the PRIVATE folder.
+
+    Nothing is written when `work_dir` is None. Arrays go to `<tag>.npz`, lists of texts
+    to `<tag>_texts.json`; the folder is created with mode 0700.
+    """
+    if work_dir is None:
+        return
+    from synthgen.work_folder import private_folder
+
+    folder = private_folder(work_dir)
+    texts = {k: v for k, v in values.items() if isinstance(v, list)}
+    arrays = {k: np.asarray(v) for k, v in values.items() if k not in texts}
+    np.savez(folder / f"{tag}.npz", **arrays)
+    if texts:
+        (folder / f"{tag}_texts.json").write_text(json.dumps(texts))
+
+
+def wiki_stand_ins(num_private: int, num_public: int) -> tuple[list[str], list[str]]:
+    """(ordinary private stand-ins, public documents): consecutive wiki-summaries documents.
+
+    The first `num_private` documents play the private examples (as `power.py`'s cells
+    do); the next `num_public` are public material (secret words, fillers).
+    """
+    from synthgen.corpora import load_wiki_summaries
+
+    documents = load_wiki_summaries()["document"]
+    if num_private + num_public > len(documents):
+        raise ValueError(
+            f"{num_private} + {num_public} documents exceed the corpus's {len(documents)}"
+        )
+    return list(documents[:num_private]), list(documents[num_private : num_private + num_public])
+
+
+def cell_path(out_dir: str | Path, kind: str, label: str, num_canaries: int, eps: float) -> Path:
+    """`<kind>_<label>_m<m>_eps<tag>.json` in `out_dir`."""
+    return Path(out_dir) / f"{kind}_{label}_m{num_canaries}_eps{epsilon_tag(eps)}.json"
+
+
+def run_cells(
+    out_dir: str | Path,
+    kind: str,
+    label: str,
+    epsilons: Sequence[float],
+    num_canaries: int,
+    run: Callable[[float, int], Any],
+    result_type: type,
+    *,
+    log: Callable[[str], None] = print,
+) -> list:
+    """Runs (or reads back) one cell per epsilon; resumable by cell.
+
+    Args:
+      out_dir: the results folder (aggregates only); created if needed.
+      kind: the file-name kind ("fewshot_power", "evolution_power").
+      label: a public label of the audited setting (file-name safe).
+      epsilons: the cells' target epsilons (math.inf: noise off).
+      num_canaries: m (in the file name).
+      run: run(epsilon, k) -> result of cell k (k: the cell's position, for test seeds).
+      result_type: the result dataclass (its `from_dict` reads a file back).
+      log: progress lines (file names and seconds only).
+
+    Returns:
+      One result per epsilon, in order.
+    """
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", label):
+        raise ValueError(f"label must be file-name safe ([A-Za-z0-9_.-]), got {label=}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for k, epsilon in enumerate(epsilons):
+        path = cell_path(out, kind, label, num_canaries, epsilon)
+        if path.exists():
+            results.append(result_type.from_dict(json.loads(path.read_text())))
+            log(f"{path.name}: exists, skipped")
+            continue
+        result = run(epsilon, k)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result.to_dict(), indent=1))
+        tmp.replace(path)
+        log(f"{path.name}: {result.seconds:.1f} s")
+        results.append(result)
+    return results
