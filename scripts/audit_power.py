@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         print(power.format_blackbox_table(bb_results))
     if generators:
         print(power_audit.format_generators_table(generators))
+    for line in power_audit.violations([*results, *bb_results, *generators]):
+        print(line, file=sys.stderr)
     print(
         ("black-box cells not run yet: nan; " if not bb_results else "")
         + "every key is the one-run epsilon-count bound (black-box: the secret's log-ratio; "

@@ -31,19 +31,23 @@ target into a zCDP cap rho_cap (`synthgen.privacy.individual.DocumentBudget`); a
 pays an answer's rho when it is active and scores at least the public relevance threshold
 tau, and is left out of every answer it can no longer pay. By the filter theorem each
 record's loss over ALL m answers, however adaptive, is at most rho_cap-zCDP, hence
-(epsilon, delta)-DP by the RDP conversion: that is `claimed_epsilon` / `delta` of the result,
-and the Steinke et al. / Mahloujifar et al. theorems need exactly this, DP w.r.t. each
-canary's inclusion. The per-answer epsilon (`answer_epsilon`) is the largest whose icl rho
+(epsilon, delta)-DP by the RDP conversion (the filter's `target_epsilon`); the
+Steinke et al. / Mahloujifar et al. theorems need exactly this, DP w.r.t. each canary's
+inclusion. The per-answer epsilon (`answer_epsilon`) is the largest whose icl rho
 (`AnswerPlan.document_rho`) fits `answers_per_record` times in rho_cap: with the default 1 a
 canary spends its whole budget on the first answer it is relevant to (its own question,
 unless another question scores it above tau first; the share of canary documents some
 other canary's question reaches is `cross_relevant`, a property of the public canary
 material, independent of the coins). Retrieval is the public threshold, so nothing else is
-charged. With `answers_per_record` = 1 a record pays at most once, so its loss is also at
-most `answer_epsilon`-pure-DP (the tokens composed as pure epsilon-DP events); the stated
-claim is the filter's, never smaller, so the audit never credits the code with more than it
-guarantees. epsilon = inf is the non-private RAG baseline: the top k documents by exact
-similarity in one prompt, greedy decoding.
+charged. With `answers_per_record` = 1 a record pays at most once, so its loss is also one
+answer's: its icl tokens composed as bounded-range at delta (`record_epsilon`; 6.06 at a
+target of 8). `claimed_epsilon` is the smaller of the two, the tightest the code
+guarantees, so a bound between them counts as the violation it would be.
+
+epsilon = inf is NOT the DP path with its noise removed: it is the non-private RAG
+baseline (the top k documents by exact similarity in one prompt, greedy decoding; no tau,
+no filters). It shows that the canaries and the score can see a leak when answers carry
+the secret; the tests switch the DP path's noise off to show the same for the DP path.
 
 What to expect. One document moves each icl token's probability by at most a factor
 e^(token epsilon) over the whole vocabulary, with a base measure (the public prompt's
@@ -83,6 +87,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retriever.rag.accounting import bounded_range_epsilon
 from retriever.rag.answer import DPRag
 from retriever.rag.canary_audit import CANARY_PROMPT, RagCanary, make_rag_canaries, prefix_digits
 from retriever.rag.collection import open_document_filters
@@ -174,6 +179,22 @@ class RagPowerResult(CellResult):
     stats: tuple[ScoreStats, ...]
     seconds: float
     seconds_per_answer: float
+
+
+def record_epsilon(epsilon: float, plan, delta: float, answers_per_record: int) -> float:
+    """The claim of a DP cell: the tightest (epsilon, `delta`) the code guarantees per record.
+
+    The filter's target `epsilon` holds for any number of answers. With one answer per
+    record (`answers_per_record` = 1) a record pays at most once, so its loss is also one
+    answer's: `plan.max_releases` icl tokens, each `plan.token_epsilon`-bounded-range,
+    composed at `delta` (Dong, Durfee & Rogers 2020; `bounded_range_epsilon`, adaptive),
+    plus the Laplace score's epsilon if any. The smaller of the two is claimed, so a bound
+    between them is reported as the violation it is.
+    """
+    if answers_per_record != 1:
+        return epsilon
+    one_answer = bounded_range_epsilon(plan.token_epsilon, plan.max_releases, delta)
+    return min(epsilon, one_answer + plan.score_epsilon)
 
 
 def answer_epsilon_for(config: RagConfig, rho: float, iterations: int = 60) -> float:
@@ -337,7 +358,7 @@ def run_rag_power_cell(
         todo = tqdm(order, desc=f"rag power eps={epsilon_tag(epsilon)}", unit="answer")
     answer_start = time.perf_counter()
     if math.isinf(epsilon):
-        answer_epsilon = answer_rho = cap = math.inf
+        answer_epsilon = answer_rho = cap = claim = math.inf
         for j in todo:
             top = np.argsort(-(embeddings @ question_vectors[j]), kind="stable")[: config.k]
             docs = [lm.encode(texts[i])[: config.max_document_tokens] for i in top]
@@ -349,6 +370,7 @@ def run_rag_power_cell(
         answer_epsilon = answer_epsilon_for(config, cap / answers_per_record)
         plan = plan_answer(config, MECHANISM, answer_epsilon)
         answer_rho = plan.document_rho()
+        claim = record_epsilon(epsilon, plan, delta, answers_per_record)
         vector_of = dict(zip(questions, question_vectors))
         with tempfile.TemporaryDirectory() as tmp:  # the ledger: who paid reveals the coins
             ledger = PrivacyLedger(Path(tmp) / "ledger.sqlite")
@@ -407,7 +429,7 @@ def run_rag_power_cell(
         answer_rho=answer_rho,
         rho_cap=cap,
         target_epsilon=epsilon,
-        claimed_epsilon=epsilon,
+        claimed_epsilon=claim,
         delta=delta,
         significance=significance,
         cap_one_run=cap_one_run,

@@ -1,4 +1,9 @@
-"""One-run canary audit with power of Private Evolution (issue 52, item 3).
+"""One-run canary audit with power of Private Evolution's DP vote (issue 52, item 3).
+
+What it measures: a lower bound on the epsilon of PE's private step, the DP
+nearest-neighbour histogram and what `evolve` draws from it, under a worst-case public
+population (one bait per canary). It is not a measure of the leakage of a realistic PE
+run, whose population the LM writes and which varies it over T > 1 iterations.
 
 The design shared with the few-shot audit is `synthgen.audit.release_audit`'s. Private
 Evolution (`synthgen.evolution`, Lin et al. 2024; Xie et al. 2024) never shows private text
@@ -225,6 +230,8 @@ def run_evolution_power_cell(
       num_private: ordinary samples when `private_texts` is None.
       fillers: public documents among the first population, beside the m baits.
       ordinary_candidates: put a copy of each ordinary sample in the first population.
+        For public stand-ins only: with real private samples, their copies would sit in a
+        population the release draws from, and the release would not be DP for them.
       num_samples: released samples; default the population (m + ordinary copies +
         fillers). A larger value pads the population with public documents up to it.
       iterations, votes, threshold, keep_share, max_new_tokens, delta, **options: the

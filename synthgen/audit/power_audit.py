@@ -278,6 +278,18 @@ def _kind(result) -> str:
     return getattr(type(result), "AUDIT", "white-box")
 
 
+def violations(cells: Sequence[whitebox.CellResult]) -> list[str]:
+    """One line per cell whose bound exceeds its claim: a privacy defect to report and fix
+    (either analysis at its own 95% level, so a sound run alarms at most ~10% of cells)."""
+    return [
+        f"PRIVACY VIOLATION: {_label(r)}: bound "
+        f"{max(r.primary.epsilon_one_run, r.primary.epsilon_one_run_fdp):.2f} "
+        f"> claim {r.claimed_epsilon:.2f}"
+        for r in cells
+        if r.violation
+    ]
+
+
 def _label(result) -> str:
     eps = "∞" if math.isinf(result.claimed_epsilon) else f"{result.claimed_epsilon:.2g}"
     return f"{_kind(result)}, ε = {eps}"

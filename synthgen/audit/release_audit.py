@@ -288,7 +288,7 @@ def save_private(work_dir: str | Path | None, tag: str, **values: Any) -> None:
     """Writes the audit's secrets (coins, scores, released texts) to the PRIVATE folder.
 
     Nothing is written when `work_dir` is None. Arrays go to `<tag>.npz`, lists of texts
-    to `<tag>_texts.json`; the folder is created with mode 0700.
+    to `<tag>_texts.json`; the folder is created with mode 0700, the files 0600.
     """
     if work_dir is None:
         return
@@ -298,8 +298,10 @@ def save_private(work_dir: str | Path | None, tag: str, **values: Any) -> None:
     texts = {k: v for k, v in values.items() if isinstance(v, list)}
     arrays = {k: np.asarray(v) for k, v in values.items() if k not in texts}
     np.savez(folder / f"{tag}.npz", **arrays)
+    (folder / f"{tag}.npz").chmod(0o600)
     if texts:
         (folder / f"{tag}_texts.json").write_text(json.dumps(texts))
+        (folder / f"{tag}_texts.json").chmod(0o600)
 
 
 def wiki_stand_ins(num_private: int, num_public: int) -> tuple[list[str], list[str]]:

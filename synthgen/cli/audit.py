@@ -169,4 +169,6 @@ def audit_power(
     generators = power_audit.run_generators(cfg, out, log=log, **generator_runners(cfg))
     for path in power_audit.write_report(cfg, results, bb_results, out, generators):
         print(f"wrote {path}", file=sys.stderr)
+    for line in power_audit.violations([*results, *bb_results, *generators]):
+        print(line, file=sys.stderr)
     print(power.summary_line(results, bb_results))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from retriever.rag import RagConfig, aggregation
+from retriever.rag.accounting import bounded_range_epsilon
 from retriever.rag.canary_audit import CANARY_PROMPT
 from retriever.rag.config import plan_answer
 from retriever.rag.power_audit import (
@@ -127,13 +128,17 @@ def test_greedy_rag_leaks_to_the_cap_and_keeps_nothing_private(tmp_path):
 
 
 def test_dp_cell_without_noise_leaks_and_with_noise_keeps_its_claim(tmp_path, monkeypatch):
-    # (c) the real mechanism: every bound under the claim, and the claim is the filter's
+    # (c) the real mechanism: every bound under the claim; the claim is one answer's
+    # bounded-range composition (a record pays once), below the filter's target
     dp = _cell(2.0, work_dir=tmp_path)
-    assert dp.mechanism == "icl" and dp.claimed_epsilon == 2.0 and dp.delta == 1e-6
+    assert dp.mechanism == "icl" and dp.target_epsilon == 2.0 and dp.delta == 1e-6
+    plan = plan_answer(_config(), "icl", dp.answer_epsilon)
+    one_answer = bounded_range_epsilon(plan.token_epsilon, plan.max_releases, 1e-6)
+    assert dp.claimed_epsilon == pytest.approx(one_answer) and dp.claimed_epsilon < 2.0
     assert dp.rho_cap == pytest.approx(DocumentBudget(2.0, 1e-6).rho_cap)
     assert dp.answer_rho <= dp.rho_cap and dp.answer_rho > 0.99 * dp.rho_cap
     assert not dp.violation
-    assert max(dp.primary.epsilon_one_run, dp.primary.epsilon_one_run_fdp) <= 2.0
+    assert max(dp.primary.epsilon_one_run, dp.primary.epsilon_one_run_fdp) <= dp.claimed_epsilon
     _assert_secret_free(dp, json.loads(record_path(tmp_path, 2.0).read_text()))
     # (b) the same DP path with the mechanisms' noise switched off leaks to the cap: the
     # retrieval (public tau, the filters) puts each included canary in its own answer

@@ -4,6 +4,7 @@ Planted leaks reach near the statistical cap without noise, small epsilons stay 
 claim, the cell files hold no canary material, the coins are fair and never fix a declared
 size, and bad input fails early."""
 
+import dataclasses
 import json
 import math
 import os
@@ -297,3 +298,19 @@ def test_evolution_refuses_bad_input(kw, match):
 def test_cell_labels_must_be_file_name_safe(tmp_path):
     with pytest.raises(ValueError, match="label"):
         release_audit.run_cells(tmp_path, "k", "a/b", [1.0], 2, None, object)
+
+
+def test_evolution_run_without_its_noise_is_flagged_as_a_violation(monkeypatch):
+    """A finite claim whose run draws no noise (a planted defect): the bound exceeds the
+    claim and the cell reports a violation, so a broken mechanism cannot pass quietly."""
+    real_evolve = evolution.evolve
+
+    def noiseless(*args, plan, **kw):
+        off = release_audit.NOISE_OFF
+        plan = dataclasses.replace(plan, noise_multiplier=off, threshold_count=2.0 * off)
+        return real_evolve(*args, plan=plan, **kw)
+
+    monkeypatch.setattr(evolution, "evolve", noiseless)
+    r = _evolution(0.5)
+    assert 0 < r.claimed_epsilon <= 0.5 + 1e-9
+    assert r.primary.epsilon_one_run > r.claimed_epsilon and r.violation
