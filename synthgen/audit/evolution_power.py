@@ -234,8 +234,9 @@ def run_evolution_power_cell(
         population the release draws from, and the release would not be DP for them.
       num_samples: released samples; default the population (m + ordinary copies +
         fillers). A larger value pads the population with public documents up to it.
-      iterations, votes, threshold, keep_share, max_new_tokens, delta, **options: the
-        generator's public settings (`evolution.EvolutionConfig`).
+      iterations: T, DP histograms; votes, threshold, keep_share, max_new_tokens, delta
+        and the keyword options are the generator's other public settings
+        (`evolution.EvolutionConfig`).
       canary_template: a canary's text, with "{secret}" and "{name}".
       secret_words: words per secret.
       significance: level of both bounds (0.05: 95%).

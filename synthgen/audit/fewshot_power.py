@@ -228,8 +228,9 @@ def run_fewshot_power_cell(
         the private stand-ins.
       num_private: ordinary rows when `private_texts` is None.
       num_texts: released texts (targets).
-      subsets, shots, max_shots, shot_tokens, max_new_tokens, resample, mechanism,
-        public_vocab, public_prior, delta: the generator's settings (`fewshot_plan`).
+      subsets: M, prompts per token; shots, max_shots, shot_tokens, max_new_tokens,
+        resample, mechanism, public_vocab, public_prior and delta are the generator's
+        other settings (`fewshot_plan`).
       template: the prompt layout; its shot field must be `text`, its header and stem
         fieldless (the targets are empty).
       canary_template: a canary's text, with "{secret}" (and optionally "{name}").
