@@ -3,6 +3,8 @@ exposes and releases a repeated canary, a small epsilon does not, and the record
 
 import json
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,30 +12,9 @@ from scipy import stats
 
 from synthgen import fewshot
 from synthgen.audit import canaries, fewshot_audit, report
-from synthgen.lm_backends import TinyLM
 
-
-class CopyLM(TinyLM):
-    """Byte-level copy model: p(b | context) ∝ floor + count of b after the longest suffix
-    (up to 8 bytes) of the context that occurs earlier in it. A key seen in a shot is
-    followed, in the prompt, by its secret, so the prompt's examples are copied verbatim."""
-
-    def _logprobs(self, row):
-        data = bytes(t for t in row if t < 256)
-        counts = np.full(self.vocab_size, self.floor)
-        counts[[self.BOS, self.PAD]] = 0.0
-        for n in (8, 4, 2, 1):
-            if len(data) <= n:
-                continue
-            suffix, start, found = data[-n:], 0, False
-            while (i := data.find(suffix, start, len(data) - 1)) >= 0:
-                counts[data[i + n]] += 1.0
-                start, found = i + 1, True
-            if found:
-                break
-        with np.errstate(divide="ignore"):
-            return np.log(counts / counts.sum()).astype(np.float32)
-
+sys.path.insert(0, str(Path(__file__).parent))
+from copy_lm import CopyLM  # noqa: E402, I001 (tests/synthgen/audit/copy_lm.py)
 
 WORDS = "the a river stone old mill runs past near under green hill quiet road".split()
 TEMPLATE = fewshot.PromptTemplate(header="", shot="{text}\n", stem="")

@@ -8,6 +8,8 @@ import dataclasses
 import json
 import math
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,28 +19,10 @@ from synthgen.audit import evolution_power, fewshot_power, release_audit
 from synthgen.audit.blackbox import streams
 from synthgen.lm_backends import TinyLM
 
+sys.path.insert(0, str(Path(__file__).parent))
+from copy_lm import CopyLM  # noqa: E402, I001 (tests/synthgen/audit/copy_lm.py)
+
 M = 200  # canaries per audited run
-
-
-class CopyLM(TinyLM):
-    """Byte-level copy model: p(b | context) ∝ floor + count of b after the longest suffix
-    (up to 8 bytes) of the context found earlier in it: a prompt's shots are copied."""
-
-    def _logprobs(self, row):
-        data = bytes(t for t in row if t < 256)
-        counts = np.full(self.vocab_size, self.floor)
-        counts[[self.BOS, self.PAD]] = 0.0
-        for n in (8, 4, 2, 1):
-            if len(data) <= n:
-                continue
-            suffix, start, found = data[-n:], 0, False
-            while (i := data.find(suffix, start, len(data) - 1)) >= 0:
-                counts[data[i + n]] += 1.0
-                start, found = i + 1, True
-            if found:
-                break
-        with np.errstate(divide="ignore"):
-            return np.log(counts / counts.sum()).astype(np.float32)
 
 
 def _consonant_words(n, seed):
