@@ -262,9 +262,18 @@ def load_generator(name: str):
 
 
 def blackbox_cell_path(
-    out_dir: str | Path, model: str, kind: str, num_canaries: int, epsilon: float
+    out_dir: str | Path,
+    model: str,
+    kind: str,
+    num_canaries: int,
+    epsilon: float,
+    epochs: float | None = None,
 ) -> Path:
-    return Path(out_dir) / f"blackbox_{model}_{kind}_m{num_canaries}_eps{epsilon_tag(epsilon)}.json"
+    """The cell's file; epochs other than the model's default are part of the name."""
+    default = BLACKBOX.get(model, {}).get("epochs")
+    tag = "" if epochs is None or epochs == default else f"_ep{epochs:g}"
+    name = f"blackbox_{model}_{kind}_m{num_canaries}{tag}_eps{epsilon_tag(epsilon)}.json"
+    return Path(out_dir) / name
 
 
 def run_blackbox_cells(
@@ -310,7 +319,7 @@ def run_blackbox_cells(
     results: list[blackbox.BlackboxResult] = []
     loaded = None
     for k, epsilon in enumerate(epsilons):
-        path = blackbox_cell_path(out, model, kind, num_canaries, epsilon)
+        path = blackbox_cell_path(out, model, kind, num_canaries, epsilon, sizes.get("epochs"))
         if path.exists():
             results.append(blackbox.BlackboxResult.from_dict(json.loads(path.read_text())))
             log(f"{path.name}: exists, skipped")
@@ -360,15 +369,16 @@ def run_blackbox_cells(
 def format_blackbox_table(results: Sequence[blackbox.BlackboxResult]) -> str:
     """A Markdown table: one row per black-box cell."""
     head = (
-        "| model | kind | claimed eps | sigma | steps | canaries in/out | AUROC | TPR@1%FPR | "
-        "eps one-run (count) | eps one-run (f-DP) | cap (count / f-DP) | minutes | ok |"
+        "| model | kind | claimed eps | sigma | epochs | steps | canaries in/out | AUROC | "
+        "TPR@1%FPR | eps one-run (count) | eps one-run (f-DP) | cap (count / f-DP) | minutes | ok |"
     )
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in results:
         s = r.primary
         lines.append(
             f"| {r.model.split(' ')[0]} | {r.kind} | {_fmt(r.claimed_epsilon)} | "
-            f"{r.noise_multiplier:.3f} | {r.steps} | {r.num_in}/{r.num_out} | {s.auroc:.3f} | "
+            f"{r.noise_multiplier:.3f} | {r.epochs:g} | {r.steps} | {r.num_in}/{r.num_out} | "
+            f"{s.auroc:.3f} | "
             f"{s.tpr_at_1pct_fpr:.3f} | {s.epsilon_one_run:.2f} | {s.epsilon_one_run_fdp:.2f} | "
             f"{r.cap_one_run:.2f} / {r.cap_fdp:.2f} | {r.seconds / 60:.1f} | "
             f"{'VIOLATION' if r.violation else 'yes'} |"

@@ -78,6 +78,8 @@ class PowerAuditConfig:
       blackbox_epsilons: claimed epsilons of the black-box cells.
       blackbox_kind: "new" (secrets of new vocabulary tokens) or "rare" (rarest tokens).
       blackbox_canaries: m of the black-box cells (None: `canaries`).
+      blackbox_epochs: epochs of the black-box runs (None: the model's default,
+        `power.BLACKBOX`); a non-default value is part of each cell's file name.
       delta: delta of every claim and bound (the DP-RAG cells use the answer stage's
         per-document delta, `retriever.rag.power_audit.DELTA`, stated in their rows).
       fewshot_epsilons: claimed epsilons of the few-shot cells (SmolLM2-135M-Instruct,
@@ -96,6 +98,7 @@ class PowerAuditConfig:
     blackbox_epsilons: tuple[float, ...] = (math.inf, 8.0)
     blackbox_kind: str = "new"
     blackbox_canaries: int | None = None
+    blackbox_epochs: float | None = None
     delta: float = 1e-5
     fewshot_epsilons: tuple[float, ...] = ()
     evolution_epsilons: tuple[float, ...] = ()
@@ -111,6 +114,8 @@ class PowerAuditConfig:
             raise ValueError("an audit needs at least 2 canaries per cell")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+        if self.blackbox_epochs is not None and not self.blackbox_epochs > 0:
+            raise ValueError(f"blackbox_epochs must be > 0, got {self.blackbox_epochs}")
 
 
 def _epsilons(value) -> tuple[float, ...]:
@@ -168,6 +173,7 @@ def run(
             config.blackbox_epsilons,
             kind=config.blackbox_kind,
             num_canaries=config.blackbox_canaries or config.canaries,
+            epochs=config.blackbox_epochs,
             delta=config.delta,
             seed=None if seed is None else seed + 1000,
             log=log,
