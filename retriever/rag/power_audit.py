@@ -96,6 +96,7 @@ from retriever.rag.greedy import greedy_answer
 from retriever.rag.prompts import PromptFormat
 from synthgen.audit.blackbox import draw_coins, streams
 from synthgen.audit.canaries import DIGITS
+from synthgen.audit.cells import read_back
 from synthgen.audit.claims import epsilon_tag
 from synthgen.audit.whitebox import CellResult, ScoreStats, score_stats, statistical_cap
 from synthgen.privacy import PrivacyLedger, Scope
@@ -503,7 +504,10 @@ def run_rag_power_cells(
     for k, epsilon in enumerate(epsilons):
         path = cell_path(out, canaries, epsilon)
         if path.exists():
-            results.append(RagPowerResult.from_dict(json.loads(path.read_text())))
+            expect = dict(
+                num_documents=len(documents), num_canaries=canaries, digits=digits, delta=delta
+            )
+            results.append(read_back(path, RagPowerResult, expect))
             log(f"{path.name}: exists, skipped")
             continue
         result = run_rag_power_cell(

@@ -422,5 +422,13 @@ def run_evolution_power_cells(
         )
 
     return release_audit.run_cells(
-        out_dir, "evolution_power", label, epsilons, canaries, run, EvolutionPowerResult, log=log
+        out_dir,
+        "evolution_power",
+        label,
+        epsilons,
+        canaries,
+        run,
+        EvolutionPowerResult,
+        expect={**settings, "num_canaries": canaries},
+        log=log,
     )

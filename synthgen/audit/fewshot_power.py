@@ -413,5 +413,13 @@ def run_fewshot_power_cells(
         )
 
     return release_audit.run_cells(
-        out_dir, "fewshot_power", label, epsilons, canaries, run, FewShotPowerResult, log=log
+        out_dir,
+        "fewshot_power",
+        label,
+        epsilons,
+        canaries,
+        run,
+        FewShotPowerResult,
+        expect={**settings, "num_canaries": canaries},
+        log=log,
     )

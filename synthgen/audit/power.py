@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from synthgen.audit import blackbox, whitebox
+from synthgen.audit.cells import read_back
 from synthgen.audit.claims import epsilon_tag
 
 MODELS = ("tiny_t5", "demo_lora")
@@ -321,7 +322,15 @@ def run_blackbox_cells(
     for k, epsilon in enumerate(epsilons):
         path = blackbox_cell_path(out, model, kind, num_canaries, epsilon, sizes.get("epochs"))
         if path.exists():
-            results.append(blackbox.BlackboxResult.from_dict(json.loads(path.read_text())))
+            expect = dict(
+                kind=kind,
+                delta=delta,
+                num_canaries=num_canaries,
+                num_private=sizes["num_private"],
+                epochs=sizes["epochs"],
+                learning_rate=sizes.get("learning_rate"),
+            )
+            results.append(read_back(path, blackbox.BlackboxResult, expect))
             log(f"{path.name}: exists, skipped")
             continue
         if loaded is None:

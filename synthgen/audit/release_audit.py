@@ -53,12 +53,13 @@ import json
 import math
 import re
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from synthgen.audit.cells import read_back
 from synthgen.audit.claims import epsilon_tag
 from synthgen.audit.whitebox import ScoreStats, score_stats, statistical_cap
 
@@ -334,6 +335,7 @@ def run_cells(
     run: Callable[[float, int], Any],
     result_type: type,
     *,
+    expect: Mapping[str, Any] | None = None,
     log: Callable[[str], None] = print,
 ) -> list:
     """Runs (or reads back) one cell per epsilon; resumable by cell.
@@ -346,10 +348,15 @@ def run_cells(
       num_canaries: m (in the file name).
       run: run(epsilon, k) -> result of cell k (k: the cell's position, for test seeds).
       result_type: the result dataclass (its `from_dict` reads a file back).
+      expect: the settings `run` uses; a file that records others is refused
+        (`cells.read_back`), not reused.
       log: progress lines (file names and seconds only).
 
     Returns:
       One result per epsilon, in order.
+
+    Raises:
+      ValueError: a bad label, or a cell file made with other settings.
     """
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", label):
         raise ValueError(f"label must be file-name safe ([A-Za-z0-9_.-]), got {label=}")
@@ -359,7 +366,7 @@ def run_cells(
     for k, epsilon in enumerate(epsilons):
         path = cell_path(out, kind, label, num_canaries, epsilon)
         if path.exists():
-            results.append(result_type.from_dict(json.loads(path.read_text())))
+            results.append(read_back(path, result_type, expect or {}))
             log(f"{path.name}: exists, skipped")
             continue
         result = run(epsilon, k)

@@ -166,6 +166,8 @@ def test_coins_are_fair_and_cells_resume(tmp_path):
         tmp_path, DOCUMENTS, [math.inf], lm=None, encode=None, canaries=20, log=logged.append
     )
     assert again == first and "exists, skipped" in logged[-1]
+    with pytest.raises(ValueError, match="num_documents"):
+        run_rag_power_cells(tmp_path, DOCUMENTS[:-1], [math.inf], lm=None, encode=None, canaries=20)
 
 
 def test_answer_epsilon_fills_the_filter():

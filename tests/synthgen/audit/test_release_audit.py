@@ -173,6 +173,12 @@ def test_fewshot_cells_resume_and_hold_no_canary_material(tmp_path, monkeypatch)
     )
     assert again == first and logs[-1].endswith("exists, skipped")
     assert json.loads(text)["violation"] is False
+    # A file made with other settings is refused, not reused.
+    with pytest.raises(ValueError, match="num_texts: file 300 != asked 301"):
+        fewshot_power.run_fewshot_power_cells(
+            tmp_path / "out", CopyLM(), [math.inf], label="copy", canaries=M,
+            **{**kw, "num_texts": 301},
+        )  # fmt: skip
 
 
 # ---- Private Evolution ------------------------------------------------------------------
