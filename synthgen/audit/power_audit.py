@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from synthgen.audit import blackbox, power, whitebox
+from synthgen.audit import blackbox, power, release_audit, whitebox
 from synthgen.audit.claims import parse_epsilons
 from synthgen.audit.report import strict_json
 
@@ -225,9 +225,14 @@ def run_generators(
     if config.fewshot_epsilons:
         from synthgen.lm_backends import FlaxLM
 
+        to_run = [
+            eps
+            for eps in config.fewshot_epsilons
+            if not release_audit.cell_path(out_dir, "fewshot_power", "smollm2", m, eps).exists()
+        ]
         results += fewshot_power.run_fewshot_power_cells(
             out_dir,
-            FlaxLM.load(FEWSHOT_LM),
+            FlaxLM.load(FEWSHOT_LM) if to_run else None,  # every cell read back: no LM
             config.fewshot_epsilons,
             label="smollm2",
             canaries=m,
