@@ -91,7 +91,9 @@ class BlackboxConfig:
       epsilon: the run's target epsilon; `math.inf` is the non-private run (no noise).
       delta: delta of the run's claim and of every bound.
       epochs: epochs of the audited run over the planned size (pairs + m).
-      learning_rate, clip_norm: None: the generator preset's.
+      learning_rate, clip_norm, batch_size: None: the generator preset's (a larger expected
+        batch at the same epochs gives the same claim with more noise per step but fewer
+        steps: the auditor's choice, stated with the result).
       no_clipping: the non-private run without clipping (clip norm 1e6); refused with noise.
       rare_pool: size of the rare-token pool (kind "rare").
       significance: level of each bound (0.05: 95%).
@@ -106,6 +108,7 @@ class BlackboxConfig:
     delta: float = 1e-5
     epochs: float = 1.0
     learning_rate: float | None = None
+    batch_size: int | None = None
     clip_norm: float | None = None
     no_clipping: bool = False
     rare_pool: int = 4096
@@ -129,6 +132,8 @@ class BlackboxConfig:
             raise ValueError("no_clipping is for the non-private run only (epsilon = inf)")
         if not 0 < self.delta < 1 or 2 * self.num_canaries * self.delta > 1:
             raise ValueError(f"delta must be in (0, 1/(2 m)], got {self.delta=}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size=}")
         if not self.epochs > 0 or self.rare_pool < 2 or self.score_batch < 1:
             raise ValueError(f"bad sizes: {self.epochs=}, {self.rare_pool=}, {self.score_batch=}")
         if not 0 < self.significance < 0.5:
@@ -445,13 +450,15 @@ class BlackboxResult(CellResult):
 
 
 def run_config(dp: dp_train.DPConfig, config: BlackboxConfig, seed: int) -> dp_train.DPConfig:
-    """The audited run's DP config: the preset's, with the cell's epsilon, epochs and seed."""
+    """The audited run's DP config: the preset's, with the cell's epsilon, epochs, batch and
+    seed."""
     private = math.isfinite(config.epsilon)
     clip = 1e6 if config.no_clipping else (config.clip_norm or dp.clip_norm)
     return dataclasses.replace(
         dp,
         epochs=config.epochs,
         learning_rate=config.learning_rate or dp.learning_rate,
+        batch_size=config.batch_size or dp.batch_size,
         clip_norm=clip,
         noise_multiplier=None if private else 0.0,
         target_epsilon=config.epsilon if private else None,

@@ -269,10 +269,13 @@ def blackbox_cell_path(
     num_canaries: int,
     epsilon: float,
     epochs: float | None = None,
+    batch_size: int | None = None,
 ) -> Path:
-    """The cell's file; epochs other than the model's default are part of the name."""
+    """The cell's file; epochs other than the model's default, and a batch size other than
+    the preset's (None), are part of the name."""
     default = BLACKBOX.get(model, {}).get("epochs")
     tag = "" if epochs is None or epochs == default else f"_ep{epochs:g}"
+    tag += "" if batch_size is None else f"_b{batch_size}"
     name = f"blackbox_{model}_{kind}_m{num_canaries}{tag}_eps{epsilon_tag(epsilon)}.json"
     return Path(out_dir) / name
 
@@ -287,6 +290,7 @@ def run_blackbox_cells(
     num_private: int | None = None,
     epochs: float | None = None,
     learning_rate: float | None = None,
+    batch_size: int | None = None,
     delta: float = 1e-5,
     seed: int | None = None,
     progress: bool = False,
@@ -301,6 +305,7 @@ def run_blackbox_cells(
       kind: "new" or "rare" (`synthgen.audit.blackbox.KINDS`).
       num_canaries: m per cell.
       num_private, epochs, learning_rate: default `BLACKBOX[model]`.
+      batch_size: the expected batch of the audited runs (None: the preset's).
       delta: delta of every claim and bound.
       seed: None (OS entropy) except in tests; cell k uses seed + k.
       progress: dp_train's progress bar (steps and epsilon only).
@@ -320,7 +325,9 @@ def run_blackbox_cells(
     results: list[blackbox.BlackboxResult] = []
     loaded = None
     for k, epsilon in enumerate(epsilons):
-        path = blackbox_cell_path(out, model, kind, num_canaries, epsilon, sizes.get("epochs"))
+        path = blackbox_cell_path(
+            out, model, kind, num_canaries, epsilon, sizes.get("epochs"), batch_size
+        )
         if path.exists():
             expect = dict(
                 kind=kind,
@@ -329,6 +336,7 @@ def run_blackbox_cells(
                 num_private=sizes["num_private"],
                 epochs=sizes["epochs"],
                 learning_rate=sizes.get("learning_rate"),
+                batch_size=batch_size,
             )
             results.append(read_back(path, blackbox.BlackboxResult, expect))
             log(f"{path.name}: exists, skipped")
@@ -347,6 +355,7 @@ def run_blackbox_cells(
             delta=delta,
             epochs=sizes["epochs"],
             learning_rate=sizes.get("learning_rate"),
+            batch_size=batch_size,
             seed=None if seed is None else seed + k,
         )
         result = blackbox.audit_querygen(
@@ -378,7 +387,7 @@ def run_blackbox_cells(
 def format_blackbox_table(results: Sequence[blackbox.BlackboxResult]) -> str:
     """A Markdown table: one row per black-box cell."""
     head = (
-        "| model | kind | claimed eps | sigma | epochs | steps | canaries in/out | AUROC | "
+        "| model | kind | claimed eps | sigma | epochs | batch | steps | canaries in/out | AUROC | "
         "TPR@1%FPR | eps one-run (count) | eps one-run (f-DP) | cap (count / f-DP) | minutes | ok |"
     )
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
@@ -386,8 +395,8 @@ def format_blackbox_table(results: Sequence[blackbox.BlackboxResult]) -> str:
         s = r.primary
         lines.append(
             f"| {r.model.split(' ')[0]} | {r.kind} | {_fmt(r.claimed_epsilon)} | "
-            f"{r.noise_multiplier:.3f} | {r.epochs:g} | {r.steps} | {r.num_in}/{r.num_out} | "
-            f"{s.auroc:.3f} | "
+            f"{r.noise_multiplier:.3f} | {r.epochs:g} | {r.batch_size} | {r.steps} | "
+            f"{r.num_in}/{r.num_out} | {s.auroc:.3f} | "
             f"{s.tpr_at_1pct_fpr:.3f} | {s.epsilon_one_run:.2f} | {s.epsilon_one_run_fdp:.2f} | "
             f"{r.cap_one_run:.2f} / {r.cap_fdp:.2f} | {r.seconds / 60:.1f} | "
             f"{'VIOLATION' if r.violation else 'yes'} |"

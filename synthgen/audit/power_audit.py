@@ -80,6 +80,8 @@ class PowerAuditConfig:
       blackbox_canaries: m of the black-box cells (None: `canaries`).
       blackbox_epochs: epochs of the black-box runs (None: the model's default,
         `power.BLACKBOX`); a non-default value is part of each cell's file name.
+      blackbox_batch_size: expected batch of the black-box runs (None: the preset's); a
+        value is part of each cell's file name.
       delta: delta of every claim and bound (the DP-RAG cells use the answer stage's
         per-document delta, `retriever.rag.power_audit.DELTA`, stated in their rows).
       fewshot_epsilons: claimed epsilons of the few-shot cells (SmolLM2-135M-Instruct,
@@ -99,6 +101,7 @@ class PowerAuditConfig:
     blackbox_kind: str = "new"
     blackbox_canaries: int | None = None
     blackbox_epochs: float | None = None
+    blackbox_batch_size: int | None = None
     delta: float = 1e-5
     fewshot_epsilons: tuple[float, ...] = ()
     evolution_epsilons: tuple[float, ...] = ()
@@ -116,6 +119,8 @@ class PowerAuditConfig:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
         if self.blackbox_epochs is not None and not self.blackbox_epochs > 0:
             raise ValueError(f"blackbox_epochs must be > 0, got {self.blackbox_epochs}")
+        if self.blackbox_batch_size is not None and self.blackbox_batch_size < 1:
+            raise ValueError(f"blackbox_batch_size must be >= 1, got {self.blackbox_batch_size}")
 
 
 def _epsilons(value) -> tuple[float, ...]:
@@ -174,6 +179,7 @@ def run(
             kind=config.blackbox_kind,
             num_canaries=config.blackbox_canaries or config.canaries,
             epochs=config.blackbox_epochs,
+            batch_size=config.blackbox_batch_size,
             delta=config.delta,
             seed=None if seed is None else seed + 1000,
             log=log,

@@ -219,18 +219,25 @@ def test_blackbox_epochs_reach_the_cells_and_their_file_names(tmp_path):
     from synthgen.audit import power_audit
 
     config_file = tmp_path / "audit.yaml"
-    config_file.write_text("whitebox_epsilons: []\nblackbox_epsilons: [8]\nblackbox_epochs: 3\n")
+    config_file.write_text(
+        "whitebox_epsilons: []\nblackbox_epsilons: [8]\nblackbox_epochs: 3\n"
+        "blackbox_batch_size: 512\n"
+    )
     config = power_audit.load_config(config_file)
     calls = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(power, "run_blackbox_cells", lambda *a, **k: calls.append(k) or [])
         power_audit.run(config, tmp_path)
-    assert calls[0]["epochs"] == 3.0
+    assert calls[0]["epochs"] == 3.0 and calls[0]["batch_size"] == 512
 
     default = power.blackbox_cell_path(tmp_path, "demo_lora", "new", 1000, 8.0, 1.0)
     assert default.name == "blackbox_demo_lora_new_m1000_eps8.json"
     assert power.blackbox_cell_path(tmp_path, "demo_lora", "new", 1000, 8.0) == default
     three = power.blackbox_cell_path(tmp_path, "demo_lora", "new", 1000, 8.0, 3.0)
     assert three.name == "blackbox_demo_lora_new_m1000_ep3_eps8.json"
+    big = power.blackbox_cell_path(tmp_path, "demo_lora", "new", 1000, 8.0, 3.0, 512)
+    assert big.name == "blackbox_demo_lora_new_m1000_ep3_b512_eps8.json"
     with pytest.raises(ValueError, match="blackbox_epochs"):
         power_audit.PowerAuditConfig(blackbox_epochs=0.0)
+    with pytest.raises(ValueError, match="blackbox_batch_size"):
+        power_audit.PowerAuditConfig(blackbox_batch_size=0)

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+from synthgen import dp_train
 from synthgen.audit import blackbox, power
 from synthgen.audit.whitebox import HISTOGRAM_BINS, ROC_FPR
 from synthgen.generator_models import LlamaFamily
@@ -121,6 +122,17 @@ def test_config_is_validated():
         blackbox.BlackboxConfig(epsilon=8.0, no_clipping=True)
     with pytest.raises(ValueError, match="delta"):
         blackbox.BlackboxConfig(num_canaries=1000, delta=1e-3)
+    with pytest.raises(ValueError, match="batch_size"):
+        blackbox.BlackboxConfig(batch_size=0)
+
+
+def test_run_config_takes_the_cells_sizes():
+    preset = dp_train.DPConfig(batch_size=32, learning_rate=2e-3, epochs=1.0)
+    run = blackbox.run_config(preset, blackbox.BlackboxConfig(epsilon=8.0, epochs=3.0), 1)
+    assert (run.batch_size, run.epochs, run.target_epsilon) == (32, 3.0, 8.0)
+    cell = blackbox.BlackboxConfig(epsilon=math.inf, batch_size=512, learning_rate=1e-2)
+    run = blackbox.run_config(preset, cell, 1)
+    assert (run.batch_size, run.learning_rate, run.noise_multiplier) == (512, 1e-2, 0.0)
 
 
 # ---- the script on the tiny T5 generator -----------------------------------------------------
