@@ -504,8 +504,16 @@ def run_rag_power_cells(
     for k, epsilon in enumerate(epsilons):
         path = cell_path(out, canaries, epsilon)
         if path.exists():
+            answers = config or power_config(digits)
             expect = dict(
-                num_documents=len(documents), num_canaries=canaries, digits=digits, delta=delta
+                num_documents=len(documents),
+                num_canaries=canaries,
+                digits=digits,
+                delta=delta,
+                max_tokens=answers.max_tokens,
+                relevance_threshold=answers.relevance_threshold,
+                key_words=KEY_WORDS,
+                answers_per_record=1,
             )
             results.append(read_back(path, RagPowerResult, expect))
             log(f"{path.name}: exists, skipped")

@@ -11,9 +11,10 @@ Privacy:
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,24 @@ def _same(asked: Any, stored: Any) -> bool:
     return asked == stored
 
 
+def settings_of(function: Callable, **given: Any) -> dict[str, Any]:
+    """The settings a call `function(..., **given)` runs with: its keyword defaults, then
+    `given`; so that a changed module default also refuses an older file."""
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+    return {**defaults, **given}
+
+
 def stale_settings(stored: Mapping[str, Any], expect: Mapping[str, Any]) -> list[str]:
     """`name: file value != asked value` for every scalar setting the file records differently.
 
-    Settings the file does not record, settings asked as None (the default, which the file
-    records resolved), non-scalar settings (encoders, callables) and `DESCRIPTIVE` fields are
-    not compared.
+    Not compared: settings the file does not record (or records under another name, e.g.
+    resolved), settings asked as None (a default the file records resolved), non-scalar
+    settings (templates, encoders, callables) and `DESCRIPTIVE` fields. So the check
+    catches the sizes, mechanisms and deltas each result records, not every argument.
     """
     differences = []
     for name, asked in expect.items():

@@ -68,6 +68,7 @@ import numpy as np
 from synthgen import evolution
 from synthgen.audit import release_audit
 from synthgen.audit.blackbox import draw_coins, streams
+from synthgen.audit.cells import settings_of
 from synthgen.audit.claims import epsilon_tag
 from synthgen.audit.whitebox import CellResult, ScoreStats
 from synthgen.fewshot.plan import resolve_delta
@@ -429,6 +430,6 @@ def run_evolution_power_cells(
         canaries,
         run,
         EvolutionPowerResult,
-        expect={**settings, "num_canaries": canaries},
+        expect=settings_of(run_evolution_power_cell, **settings, num_canaries=canaries),
         log=log,
     )

@@ -62,6 +62,7 @@ import numpy as np
 from synthgen import fewshot
 from synthgen.audit import release_audit
 from synthgen.audit.blackbox import draw_coins, streams
+from synthgen.audit.cells import settings_of
 from synthgen.audit.claims import epsilon_tag
 from synthgen.audit.whitebox import CellResult, ScoreStats
 from synthgen.next_token import NextTokenLM
@@ -420,6 +421,6 @@ def run_fewshot_power_cells(
         canaries,
         run,
         FewShotPowerResult,
-        expect={**settings, "num_canaries": canaries},
+        expect=settings_of(run_fewshot_power_cell, **settings, num_canaries=canaries),
         log=log,
     )

@@ -155,7 +155,8 @@ def run_whitebox_cells(
     for k, epsilon in enumerate(epsilons):
         path = cell_path(out, model, num_canaries, epsilon)
         if path.exists():
-            results.append(whitebox.WhiteboxResult.from_dict(json.loads(path.read_text())))
+            expect = dict(delta=delta, num_canaries=num_canaries)
+            results.append(read_back(path, whitebox.WhiteboxResult, expect))
             log(f"{path.name}: exists, skipped")
             continue
         if loaded is None:
@@ -262,6 +263,13 @@ def load_generator(name: str):
     return config, family, params, pairs
 
 
+def _preset_dp(model: str):
+    """The DP config of `model`'s generator preset (no weights loaded)."""
+    from synthgen.configs import querygen as presets
+
+    return presets.get(PRESETS[model]).dp
+
+
 def blackbox_cell_path(
     out_dir: str | Path,
     model: str,
@@ -271,11 +279,12 @@ def blackbox_cell_path(
     epochs: float | None = None,
     batch_size: int | None = None,
 ) -> Path:
-    """The cell's file; epochs other than the model's default, and a batch size other than
-    the preset's (None), are part of the name."""
-    default = BLACKBOX.get(model, {}).get("epochs")
-    tag = "" if epochs is None or epochs == default else f"_ep{epochs:g}"
-    tag += "" if batch_size is None else f"_b{batch_size}"
+    """The cell's file; epochs other than the model's default (`BLACKBOX`) and a batch size
+    other than the preset's are part of the name (None: the default, untagged)."""
+    default_epochs = BLACKBOX.get(model, {}).get("epochs")
+    tag = "" if epochs is None or epochs == default_epochs else f"_ep{epochs:g}"
+    if batch_size is not None and batch_size != _preset_dp(model).batch_size:
+        tag += f"_b{batch_size}"
     name = f"blackbox_{model}_{kind}_m{num_canaries}{tag}_eps{epsilon_tag(epsilon)}.json"
     return Path(out_dir) / name
 
@@ -304,8 +313,10 @@ def run_blackbox_cells(
       epsilons: target epsilons; `math.inf` is the non-private run (clipping, no noise).
       kind: "new" or "rare" (`synthgen.audit.blackbox.KINDS`).
       num_canaries: m per cell.
-      num_private, epochs, learning_rate: default `BLACKBOX[model]`.
-      batch_size: the expected batch of the audited runs (None: the preset's).
+      num_private, epochs, learning_rate: default `BLACKBOX[model]` (learning rate None:
+        the preset's).
+      batch_size: the expected batch of the audited runs, at most `num_private` (None: the
+        preset's).
       delta: delta of every claim and bound.
       seed: None (OS entropy) except in tests; cell k uses seed + k.
       progress: dp_train's progress bar (steps and epsilon only).
@@ -313,31 +324,41 @@ def run_blackbox_cells(
 
     Returns:
       One `BlackboxResult` per epsilon, in order.
+
+    Raises:
+      ValueError: a bad batch size, too few corpus rows, or a cell file made with other
+        settings (`cells.read_back`).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sizes = {**BLACKBOX[model]} if model in BLACKBOX else {}
-    for key, value in (("num_private", num_private), ("epochs", epochs)):
+    preset = _preset_dp(model)
+    for key, value in (
+        ("num_private", num_private),
+        ("epochs", epochs),
+        ("learning_rate", learning_rate),
+    ):
         if value is not None:
             sizes[key] = value
-    if learning_rate is not None:
-        sizes["learning_rate"] = learning_rate
+    # Resolved, so that a file records (and is checked against) the values that ran.
+    sizes["learning_rate"] = sizes.get("learning_rate") or preset.learning_rate
+    sizes["batch_size"] = batch_size or preset.batch_size
+    if not isinstance(sizes["batch_size"], int) or not (
+        1 <= sizes["batch_size"] <= sizes["num_private"]
+    ):
+        # The sampler needs B <= the rows present, which are n plus the coins' canaries.
+        raise ValueError(
+            f"batch_size must be an integer in [1, num_private = {sizes['num_private']}], "
+            f"got {sizes['batch_size']!r}"
+        )
     results: list[blackbox.BlackboxResult] = []
     loaded = None
     for k, epsilon in enumerate(epsilons):
         path = blackbox_cell_path(
-            out, model, kind, num_canaries, epsilon, sizes.get("epochs"), batch_size
+            out, model, kind, num_canaries, epsilon, sizes["epochs"], sizes["batch_size"]
         )
         if path.exists():
-            expect = dict(
-                kind=kind,
-                delta=delta,
-                num_canaries=num_canaries,
-                num_private=sizes["num_private"],
-                epochs=sizes["epochs"],
-                learning_rate=sizes.get("learning_rate"),
-                batch_size=batch_size,
-            )
+            expect = dict(kind=kind, delta=delta, num_canaries=num_canaries, **sizes)
             results.append(read_back(path, blackbox.BlackboxResult, expect))
             log(f"{path.name}: exists, skipped")
             continue
@@ -354,8 +375,8 @@ def run_blackbox_cells(
             epsilon=epsilon,
             delta=delta,
             epochs=sizes["epochs"],
-            learning_rate=sizes.get("learning_rate"),
-            batch_size=batch_size,
+            learning_rate=sizes["learning_rate"],
+            batch_size=sizes["batch_size"],
             seed=None if seed is None else seed + k,
         )
         result = blackbox.audit_querygen(

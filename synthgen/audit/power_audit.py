@@ -119,8 +119,9 @@ class PowerAuditConfig:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
         if self.blackbox_epochs is not None and not self.blackbox_epochs > 0:
             raise ValueError(f"blackbox_epochs must be > 0, got {self.blackbox_epochs}")
-        if self.blackbox_batch_size is not None and self.blackbox_batch_size < 1:
-            raise ValueError(f"blackbox_batch_size must be >= 1, got {self.blackbox_batch_size}")
+        batch = self.blackbox_batch_size
+        if batch is not None and (not isinstance(batch, int) or batch < 1):
+            raise ValueError(f"blackbox_batch_size must be an integer >= 1, got {batch!r}")
 
 
 def _epsilons(value) -> tuple[float, ...]:

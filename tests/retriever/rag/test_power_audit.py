@@ -163,11 +163,17 @@ def test_coins_are_fair_and_cells_resume(tmp_path):
     )  # fmt: skip
     assert cell_path(tmp_path, 20, math.inf).is_file()
     again = run_rag_power_cells(
-        tmp_path, DOCUMENTS, [math.inf], lm=None, encode=None, canaries=20, log=logged.append
-    )
+        tmp_path, DOCUMENTS, [math.inf], lm=None, encode=None, canaries=20,
+        config=_config(), log=logged.append,
+    )  # fmt: skip
     assert again == first and "exists, skipped" in logged[-1]
     with pytest.raises(ValueError, match="num_documents"):
-        run_rag_power_cells(tmp_path, DOCUMENTS[:-1], [math.inf], lm=None, encode=None, canaries=20)
+        run_rag_power_cells(
+            tmp_path, DOCUMENTS[:-1], [math.inf], lm=None, encode=None, canaries=20,
+            config=_config(),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="relevance_threshold: file 0.85 != asked 0.82"):
+        run_rag_power_cells(tmp_path, DOCUMENTS, [math.inf], lm=None, encode=None, canaries=20)
 
 
 def test_answer_epsilon_fills_the_filter():

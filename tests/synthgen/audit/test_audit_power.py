@@ -237,7 +237,11 @@ def test_blackbox_epochs_reach_the_cells_and_their_file_names(tmp_path):
     assert three.name == "blackbox_demo_lora_new_m1000_ep3_eps8.json"
     big = power.blackbox_cell_path(tmp_path, "demo_lora", "new", 1000, 8.0, 3.0, 512)
     assert big.name == "blackbox_demo_lora_new_m1000_ep3_b512_eps8.json"
+    preset_batch = power.blackbox_cell_path(tmp_path, "demo_lora", "new", 1000, 8.0, 1.0, 32)
+    assert preset_batch == default  # the preset's own batch is the default, untagged
     with pytest.raises(ValueError, match="blackbox_epochs"):
         power_audit.PowerAuditConfig(blackbox_epochs=0.0)
     with pytest.raises(ValueError, match="blackbox_batch_size"):
         power_audit.PowerAuditConfig(blackbox_batch_size=0)
+    with pytest.raises(ValueError, match="blackbox_batch_size"):
+        power_audit.PowerAuditConfig(blackbox_batch_size=512.0)

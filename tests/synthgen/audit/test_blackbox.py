@@ -232,3 +232,10 @@ def test_coins_never_reach_an_output_file(script_run, monkeypatch):
     with contextlib.redirect_stdout(buffer):
         assert main(args) == 0
     assert buffer.getvalue().strip().splitlines()[-1] == lines[-1]
+    # A file made with other settings is refused, not reused; a bad batch before any work.
+    with pytest.raises(ValueError, match="learning_rate: file 0.03 != asked 0.1"):
+        power.run_blackbox_cells(
+            out, "tiny_t5", [math.inf], num_canaries=CANARIES, learning_rate=0.1
+        )
+    with pytest.raises(ValueError, match="batch_size must be an integer"):
+        power.run_blackbox_cells(out, "tiny_t5", [math.inf], num_canaries=CANARIES, batch_size=101)

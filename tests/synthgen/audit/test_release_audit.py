@@ -168,6 +168,7 @@ def test_fewshot_cells_resume_and_hold_no_canary_material(tmp_path, monkeypatch)
     assert private["coins"].sum() == first[0].num_in
     # Read back, not re-run.
     monkeypatch.setattr(fewshot_power, "run_fewshot_power_cell", lambda *a, **k: 1 / 0)
+    kw["max_new_tokens"] = 32
     again = fewshot_power.run_fewshot_power_cells(
         tmp_path / "out", CopyLM(), [math.inf], label="copy", canaries=M, log=logs.append, **kw
     )
@@ -178,6 +179,11 @@ def test_fewshot_cells_resume_and_hold_no_canary_material(tmp_path, monkeypatch)
         fewshot_power.run_fewshot_power_cells(
             tmp_path / "out", CopyLM(), [math.inf], label="copy", canaries=M,
             **{**kw, "num_texts": 301},
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="max_new_tokens: file 32 != asked 10"):  # a default
+        fewshot_power.run_fewshot_power_cells(
+            tmp_path / "out", CopyLM(), [math.inf], label="copy", canaries=M,
+            **{**kw, "max_new_tokens": 10},
         )  # fmt: skip
 
 
