@@ -324,10 +324,21 @@ def plot_roc(results: Sequence, path: Path) -> bool:
     if not cells:
         return False
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    # One line style per audit, one colour per cell within it (cells run in epsilon order, so
+    # a colour means the same target epsilon in every audit).
+    kinds = list(dict.fromkeys(_kind(r) for r in cells))
+    seen: dict[str, int] = {}
     for r in cells:
+        kind = _kind(r)
+        rank = seen[kind] = seen.get(kind, -1) + 1
+        style = dict(
+            ls=("-", "--", ":", "-.")[kinds.index(kind) % 4], color=f"C{rank % 10}", lw=1.3
+        )
         label = f"{_label(r)} (AUROC {r.primary.auroc:.2f})"
         for ax in axes:
-            ax.plot(whitebox.ROC_FPR, r.primary.roc_tpr, label=label, drawstyle="steps-post")
+            ax.plot(
+                whitebox.ROC_FPR, r.primary.roc_tpr, label=label, drawstyle="steps-post", **style
+            )
     for ax in axes:
         ax.plot([1e-3, 1], [1e-3, 1], color="grey", lw=0.8, ls="--", label="chance")
         ax.set_xlabel("false positive rate")
@@ -335,9 +346,13 @@ def plot_roc(results: Sequence, path: Path) -> bool:
     axes[0].set(xlim=(0, 1), ylim=(0, 1.01), title="ROC of the canary scores")
     axes[1].set(xscale="log", yscale="log", xlim=(0.01, 1), ylim=(1e-3, 1.05))
     axes[1].set_title("the same, low FPR (log-log)")
-    axes[0].legend(fontsize=7, loc="lower right")
+    if len(cells) > 6:  # beside the plots, where it hides no curve
+        axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+        fig.set_size_inches(14, 4.2)
+    else:
+        axes[0].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
 
