@@ -45,6 +45,7 @@ import numpy as np
 
 from synthgen import fewshot
 from synthgen.paths import default_ledger_path
+from synthgen.plots import pyplot
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
 
@@ -374,10 +375,7 @@ def report(cells: list[dict], out: Path) -> None:
     for c in cells:
         eps = "-" if c["epsilon"] is None else f"{c['epsilon']:.3g}"
         print(f"| {c['cell']} | {eps} | {c.get('train_examples', 0)} | {c['accuracy']:.3f} |")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for prefix, name in (("synthetic", "DP few-shot synthetic"), ("pe-", "Private Evolution")):

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from synthgen.plots import pyplot
+
 QS = (1, 10, 100, 1000)
 
 
@@ -175,10 +177,7 @@ def network_cell(args, folders, questions, world, epsilon: float, lm) -> list[di
 
 
 def plot(table: dict, refs: dict, epsilons, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(epsilons), figsize=(4 * len(epsilons), 3.6), sharey=True)
     for ax, eps in zip(np.atleast_1d(axes), epsilons):

@@ -71,6 +71,7 @@ from retriever.utility_cells import (
 )
 from synthgen import corpora, dp_train, querygen
 from synthgen.config_files import querygen_preset
+from synthgen.plots import pyplot
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
 
@@ -469,10 +470,7 @@ def plot(cells: list[dict], path: Path) -> None:
     all the held-out queries). The y-limits hold every curve and line, so none sits on the
     frame.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     by = {c["cell"]: c for c in cells}
     if all("test_ndcg@10" in c for c in cells):

@@ -28,6 +28,7 @@ from retriever.rag.greedy import greedy_answer
 from retriever.rag.medical import MedicalWorld, Question, answer_is_correct
 from retriever.rag.prompts import PromptFormat
 from retriever.rag.text import unreadable_count
+from synthgen.plots import pyplot
 
 SUPPORT_BINS = ((1, 2), (3, 9), (10, 29), (30, 99), (100, 10**9))
 MEDICAL_PROMPT = PromptFormat(
@@ -229,10 +230,7 @@ def markdown_table(table: list[dict]) -> str:
 
 def plot(table: list[dict], config: EvalConfig, path: str | Path) -> None:
     """Accuracy and abstention against per-answer epsilon, and accuracy by support."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     by_cell = {e["cell"]: e for e in table}
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))

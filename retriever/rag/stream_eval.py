@@ -26,6 +26,7 @@ import numpy as np
 
 from retriever.rag.answer import DPRag
 from retriever.rag.medical import MedicalWorld, Question, answer_is_correct
+from synthgen.plots import pyplot
 from synthgen.privacy import BudgetExceededError
 
 TENANT = "stream"
@@ -183,10 +184,7 @@ def plot_streams(
 ) -> None:
     """Cumulative accuracy over the stream, one line per accounting mode, and a dashed
     line per reference accuracy (e.g. the mechanism's single-answer accuracy)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, rows in streams.items():

@@ -87,11 +87,11 @@ def load_model(name: str) -> AuditedModel:
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; models: {', '.join(MODELS)}")
     from synthgen import querygen
-    from synthgen.configs import querygen as presets
+    from synthgen.config_files import querygen_preset
     from synthgen.corpora import load_wiki_summaries
     from synthgen.generator_models import split_trainable
 
-    config = presets.get(PRESETS[name])
+    config = querygen_preset(PRESETS[name])
     pairs = load_wiki_summaries()
     batch_size = config.dp.batch_size
     with tempfile.TemporaryDirectory() as tokenizer_dir:  # a public vocabulary, discarded
@@ -251,10 +251,10 @@ def load_generator(name: str):
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; models: {', '.join(MODELS)}")
     from synthgen import querygen
-    from synthgen.configs import querygen as presets
+    from synthgen.config_files import querygen_preset
     from synthgen.corpora import load_wiki_summaries
 
-    config = presets.get(PRESETS[name])
+    config = querygen_preset(PRESETS[name])
     pairs = load_wiki_summaries()
     with tempfile.TemporaryDirectory() as tokenizer_dir:  # a public vocabulary, discarded
         family, params = querygen.load_base(
@@ -265,9 +265,9 @@ def load_generator(name: str):
 
 def _preset_dp(model: str):
     """The DP config of `model`'s generator preset (no weights loaded)."""
-    from synthgen.configs import querygen as presets
+    from synthgen.config_files import querygen_preset
 
-    return presets.get(PRESETS[model]).dp
+    return querygen_preset(PRESETS[model]).dp
 
 
 def blackbox_cell_path(

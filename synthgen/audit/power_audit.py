@@ -38,6 +38,7 @@ import numpy as np
 from synthgen.audit import blackbox, power, release_audit, whitebox
 from synthgen.audit.claims import parse_epsilons
 from synthgen.audit.report import strict_json
+from synthgen.plots import pyplot
 
 REPORT_FILE = "power_audit.json"
 EPSILON_FIELDS = (
@@ -315,10 +316,7 @@ def _label(result) -> str:
 
 def plot_roc(results: Sequence, path: Path) -> bool:
     """Every cell's ROC curve, linear and log-log; False when no cell recorded one."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     cells = [r for r in results if r.primary.roc_tpr]
     if not cells:
@@ -359,10 +357,7 @@ def plot_roc(results: Sequence, path: Path) -> bool:
 
 def plot_histograms(results: Sequence, path: Path) -> bool:
     """Each cell's in and out canary scores, binned; False when no cell recorded them."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     cells = [r for r in results if r.primary.histogram_edges]
     if not cells:

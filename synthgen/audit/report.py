@@ -12,6 +12,8 @@ import math
 import sys
 from pathlib import Path
 
+from synthgen.plots import pyplot
+
 AUDIT_FILE = "audit.json"
 TABLE_FILE = "audit.md"
 EXPOSURE_PLOT = "exposure.png"
@@ -124,10 +126,7 @@ def violations(audit: dict) -> list[str]:
 
 
 def plot_exposure(audit: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     kinds = sorted({c["kind"] for run in audit["runs"] for c in run["cells"]})
     fig, axes = plt.subplots(1, len(kinds), figsize=(4 * len(kinds), 3.4), squeeze=False)
@@ -157,10 +156,7 @@ def plot_exposure(audit: dict, path: Path) -> None:
 
 
 def plot_roc(audit: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     groups = sorted({int(r) for run in audit["runs"] for r in run["roc"]})
     if not groups:

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 from synthgen.pipeline.context import STAGES, StageContext
+from synthgen.plots import pyplot
 from synthgen.work_folder import private_folder
 
 PRIVACY_UNITS = {
@@ -145,10 +146,7 @@ def _zoomed_limits(values: list[float]) -> tuple[float, float]:
 
 
 def _plots(metrics: dict) -> dict[str, bytes]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     plots = {}
     evaluation = metrics["evaluation"]
