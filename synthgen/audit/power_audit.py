@@ -293,7 +293,7 @@ def format_generators_table(results: Sequence[whitebox.CellResult]) -> str:
 def _kind(result) -> str:
     """The audit a cell belongs to, in words (result classes may name it in `AUDIT`)."""
     if isinstance(result, blackbox.BlackboxResult):
-        return f"black-box ({result.kind})"
+        return f"black-box ({result.kind}, {result.epochs:g} ep, batch {result.batch_size})"
     return getattr(type(result), "AUDIT", "white-box")
 
 
