@@ -96,7 +96,7 @@ from retriever.rag.greedy import greedy_answer
 from retriever.rag.prompts import PromptFormat
 from synthgen.audit.blackbox import draw_coins, streams
 from synthgen.audit.canaries import DIGITS
-from synthgen.audit.cells import read_back
+from synthgen.audit.cells import read_back, settings_of
 from synthgen.audit.claims import epsilon_tag
 from synthgen.audit.whitebox import CellResult, ScoreStats, score_stats, statistical_cap
 from synthgen.privacy import PrivacyLedger, Scope
@@ -505,15 +505,14 @@ def run_rag_power_cells(
         path = cell_path(out, canaries, epsilon)
         if path.exists():
             answers = config or power_config(digits)
-            expect = dict(
+            expect = settings_of(
+                run_rag_power_cell,
                 num_documents=len(documents),
                 num_canaries=canaries,
                 digits=digits,
                 delta=delta,
                 max_tokens=answers.max_tokens,
                 relevance_threshold=answers.relevance_threshold,
-                key_words=KEY_WORDS,
-                answers_per_record=1,
             )
             results.append(read_back(path, RagPowerResult, expect))
             log(f"{path.name}: exists, skipped")

@@ -23,10 +23,8 @@ DESCRIPTIVE = frozenset({"model"})
 
 
 def _same(asked: Any, stored: Any) -> bool:
-    if isinstance(asked, bool) or isinstance(stored, bool):
-        return asked == stored
     if isinstance(asked, (int, float)) and isinstance(stored, (int, float)):
-        return math.isclose(asked, stored, rel_tol=1e-9) or asked == stored
+        return math.isclose(asked, stored, rel_tol=1e-9)  # a float's JSON round trip
     return asked == stored
 
 
