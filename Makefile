@@ -12,7 +12,7 @@ TEST_WORKERS ?= 2
 export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test install assets lint bench docs clean
+.PHONY: demo test test-accelerator install assets lint bench docs clean
 
 # `make demo` installs the package alone; `make test` adds the test and docs extras.
 $(DEMO_STAMP): pyproject.toml
@@ -53,6 +53,12 @@ test: install $(SERVER_STAMP)
 	$(VENV)/bin/lint-imports
 	$(MAKE) docs
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# On a GPU or TPU machine: the tests marked `accelerator` and the DP core tests, at the
+# device's own precision (docs/guides/gpu.md; scripts/device_check.sh runs them with the benches).
+test-accelerator: install
+	JAX_PLATFORMS=$${JAX_PLATFORMS:-cuda} $(PY) -m pytest -q -p no:cacheprovider \
+	  tests/synthgen/test_ghost_clipping.py tests/synthgen/test_dp_train.py
 
 # The documentation site, warnings as errors (a broken link or a renamed function fails).
 docs: install

@@ -47,7 +47,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from synthgen import ghost_clipping, run_seed
+from synthgen import clip_rounding, ghost_clipping, run_seed
 from synthgen.batching import BatchSampler
 from synthgen.dp_plan import PER_EXAMPLE_NORMS, DPConfig, PrivacyPlan, plan_privacy
 from synthgen.privacy.errors import PrivacyError
@@ -88,12 +88,28 @@ def _vmap_clipped_sum(loss_fn: LossFn, clip_norm: float):
 
     def clipped_sum(trainable, frozen, batch, real):
         losses, grads = per_example(trainable, frozen, batch)
-        rows = [g.astype(jnp.float32).reshape(g.shape[0], -1) for g in jax.tree.leaves(grads)]
+        micro = real.shape[0]
+        leaves = [g.astype(jnp.float32) for g in jax.tree.leaves(grads)]
+        rows = [g.reshape(micro, -1) for g in leaves]
         finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(r), axis=1) for r in rows]), axis=0)
         keep = real & finite
         # Zero the rows that are not kept *before* any product: 0 * inf would be NaN.
-        rows = [jnp.where(keep[:, None], r, 0.0) for r in rows]
-        norms = jnp.sqrt(sum(jnp.sum(jnp.square(r), axis=1) for r in rows))
+        leaves = [jnp.where(keep.reshape(-1, *(1,) * (g.ndim - 1)), g, 0.0) for g in leaves]
+        rows = [g.reshape(micro, -1) for g in leaves]
+        # Each leaf's squares summed one axis at a time: a bounded rounding chain.
+        staged = [clip_rounding.staged_sum(jnp.square(g)) for g in leaves]
+        squares = sum(total for total, _ in staged)
+        chain = max(length for _, length in staged) + len(staged) + 4
+        zeros = jnp.zeros_like(squares)
+        norms = clip_rounding.clip_norm_bound(
+            squares,
+            zeros,
+            squares,
+            zeros,
+            norm_eps=clip_rounding.gamma(chain),
+            sum_eps_positive=clip_rounding.gamma(micro + 2),
+            sum_eps_cross=0.0,
+        )
         factors = jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12)), 0.0)
         total = jax.tree.map(
             lambda g, r: jnp.tensordot(factors, r, axes=1).reshape(g.shape[1:]),
@@ -121,7 +137,9 @@ def make_clipped_grad_sum(
     over the examples, clipping after the vmap.
 
     Privacy:
-      Each real example (mask 1) contributes min(1, C / ||g||) g, of L2 norm at most C; a
+      Each real example (mask 1) contributes min(1, C / N) g, of L2 norm at most C: N
+      bounds ||g|| from above whatever the float32 rounding of its computation
+      (`synthgen.clip_rounding`), so the bound holds at the device's precision too; a
       gradient with any non-finite entry contributes exactly 0 (and is counted), and a
       padding row (mask 0) contributes 0 whatever its gradient, so one example can never
       turn the sum into NaN or inf: the sum's sensitivity is C (add/remove-one). Both paths

@@ -24,10 +24,12 @@ the project's models is tapped (the tests compare with the per-example path).
 Privacy:
   The same mechanism as `synthgen.dp_train`'s per-example path: every real example whose
   gradient (tapped inputs and output gradients included) is finite contributes
-  min(1, C / ||g_i||) g_i, of L2 norm at most C; any other row contributes exactly 0. The
-  norm is the exact norm of the full per-example gradient (the ghost identity is exact), so
-  the clipped sum equals the per-example path's to float rounding (tested) and its
-  sensitivity stays C. Shapes and the per-layer choice depend on public shapes only.
+  min(1, C / N_i) g_i, of L2 norm at most C; any other row contributes exactly 0. The ghost
+  identity is exact, and N_i is an upper bound of ||g_i|| that covers float32 rounding
+  (`synthgen.clip_rounding`): every product has exact inputs (`_dot`), so the bound holds at
+  any device precision (tested against a float64 recomputation). The clipped sum equals
+  the per-example path's to float rounding (tested) and its sensitivity stays C. Shapes,
+  the per-layer choice and the rounding bound depend on public shapes only.
 
 References: Li et al. 2022 (Large language models can be strong differentially private
 learners: ghost clipping); Bu et al. 2023 (Differentially private optimization on large
@@ -45,10 +47,12 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
+from synthgen import clip_rounding
 from synthgen.models.taps import ATTEND, LOOKUP, perturbation_name
 
-# Full float32 products: at default precision an accelerator may round them to TF32 or bf16,
-# and a ghost norm that cancels (sum_ts of cross terms) would then understate the norm.
+# Exact-input products: at default precision an accelerator may round float32 inputs to
+# TF32 or bf16, and a ghost norm that cancels (sum_ts of cross terms) would then understate
+# the norm by more than `synthgen.clip_rounding` accounts for.
 HIGHEST = jax.lax.Precision.HIGHEST
 
 PyTree = Any
@@ -72,6 +76,7 @@ class Use:
     call: int  # which call of that tap (index in the sown tuple)
     kind: str  # "product" (x @ W), LOOKUP (W[ids]) or ATTEND (q @ W^T)
     out_shape: tuple[int, ...]  # the output's shape in one example (its perturbation's)
+    out_dtype: Any = jnp.float32  # its perturbation's dtype: a product's is its input's
 
     @property
     def perturbation(self) -> Path:
@@ -92,44 +97,73 @@ def tapped_uses(tapped_loss_fn: TappedLossFn, trainable, frozen, example) -> dic
         if weight is None or weight.ndim < 2 or (embedding and weight.ndim != 2):
             continue  # frozen or not a matrix: not ours
         for call, r in enumerate(recorded):
+            dtype = weight.dtype
             if name == LOOKUP:
                 shape, kind = (*r.shape, weight.shape[1]), LOOKUP
             elif name == ATTEND:
                 shape, kind = (*r.shape[:-1], weight.shape[0]), ATTEND
-            else:
-                shape, kind = (*r.shape[:-1], weight.shape[-1]), "product"
-            out.setdefault(path, []).append(Use(tap, call, kind, shape))
+            else:  # LoraDense: x @ W.astype(x.dtype) has x's dtype
+                shape, kind, dtype = (*r.shape[:-1], weight.shape[-1]), "product", r.dtype
+            out.setdefault(path, []).append(Use(tap, call, kind, shape, dtype))
     return out
 
 
-def _factors(use: Use, recorded, out_grad, micro: int, stack: int, f32=jnp.float32):
+def _dot(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
+    """An einsum with exact inputs and float32 accumulation, whatever the device's default.
+
+    Float32 factors take HIGHEST precision (no TF32 or bf16 rounding of the inputs);
+    bfloat16 factors (a bfloat16 model's) are exact in their own dtype and run on its fast
+    units. Either way only the float32 accumulation rounds (`synthgen.clip_rounding`).
+    """
+    return jnp.einsum(spec, x, y, precision=HIGHEST, preferred_element_type=jnp.float32)
+
+
+def _factors(use: Use, recorded, out_grad, micro: int, stack: int):
     """(A, B) with the example's gradient of the weight = sum over rows of A^T B.
 
     A is [micro, stack, n, rows of W] (ids [micro, stack, n] for a lookup), B is
-    [micro, stack, n, columns of W].
+    [micro, stack, n, columns of W], both in the dtype the model computed them in.
     """
     if use.kind == LOOKUP:
-        return recorded.reshape(micro, 1, -1), out_grad.astype(f32).reshape(
-            micro, 1, -1, out_grad.shape[-1]
-        )
+        return recorded.reshape(micro, 1, -1), out_grad.reshape(micro, 1, -1, out_grad.shape[-1])
     if use.kind == ATTEND:
-        a = out_grad.astype(f32).reshape(micro, 1, -1, out_grad.shape[-1])
-        return a, recorded.astype(f32).reshape(micro, 1, -1, recorded.shape[-1])
-    a = recorded.astype(f32).reshape(micro, stack, -1, recorded.shape[-1])
-    return a, out_grad.astype(f32).reshape(micro, stack, -1, out_grad.shape[-1])
+        a = out_grad.reshape(micro, 1, -1, out_grad.shape[-1])
+        return a, recorded.reshape(micro, 1, -1, recorded.shape[-1])
+    a = recorded.reshape(micro, stack, -1, recorded.shape[-1])
+    return a, out_grad.reshape(micro, stack, -1, out_grad.shape[-1])
 
 
-def _row_gram(a_u, a_v):
-    """[micro, stack, n_u, n_v] inner products of rows of A_u and A_v (ids: one-hot rows)."""
+def _gram(x: jax.Array, y: jax.Array) -> tuple[jax.Array, int]:
+    """([micro, stack, n, m] inner products of the rows of x and y, their rounding chain)."""
+    xs, k = clip_rounding.split_long_axis(x)
+    if k == 1:
+        return _dot("bsnd,bsmd->bsnm", x, y), x.shape[-1]
+    ys, _ = clip_rounding.split_long_axis(y)
+    partial = _dot("bsnkd,bsmkd->bsnmk", xs, ys)
+    return jax.lax.optimization_barrier(jnp.sum(partial, axis=-1)), xs.shape[-1] + k
+
+
+def _row_gram(a_u, a_v) -> tuple[jax.Array, int]:
+    """[micro, stack, n_u, n_v] inner products of rows of A_u and A_v (ids: one-hot rows),
+    and their rounding chain (0: exact)."""
     lookup_u, lookup_v = a_u.ndim == 3, a_v.ndim == 3
     if lookup_u and lookup_v:
-        return (a_u[..., :, None] == a_v[..., None, :]).astype(jnp.float32)
+        return (a_u[..., :, None] == a_v[..., None, :]).astype(jnp.float32), 0
     if lookup_u or lookup_v:
         ids, dense = (a_u, a_v) if lookup_u else (a_v, a_u)
         index = jnp.broadcast_to(ids[:, :, None, :], (*dense.shape[:3], ids.shape[-1]))
-        picked = jnp.take_along_axis(dense, index, axis=3)  # [micro, stack, n_dense, n_ids]
-        return jnp.swapaxes(picked, -1, -2) if lookup_u else picked
-    return jnp.einsum("bsnd,bsmd->bsnm", a_u, a_v, precision=HIGHEST)
+        picked = jnp.take_along_axis(dense, index, axis=3).astype(jnp.float32)
+        return (jnp.swapaxes(picked, -1, -2) if lookup_u else picked), 0
+    return _gram(a_u, a_v)
+
+
+def _row_norms(a) -> tuple[jax.Array, int]:
+    """([micro, stack, n] L2 norms of A's rows (a lookup's one-hot rows: 1), their chain)."""
+    if a.ndim == 3:
+        return jnp.ones(a.shape, jnp.float32), 0
+    rows = jnp.square(a.astype(jnp.float32)).reshape(-1, a.shape[-1])
+    squares, chain = clip_rounding.staged_sum(rows)
+    return jnp.sqrt(squares).reshape(a.shape[:-1]), chain + 2
 
 
 def clipped_sum(
@@ -156,7 +190,16 @@ def clipped_sum(
 
     Returns:
       (sum of clipped gradients shaped like `trainable` in float32, per-example losses,
-      per-example gradient norms, kept: real rows whose gradient is finite).
+      per-example norm bounds (`synthgen.clip_rounding`), kept: real rows whose gradient is
+      finite).
+
+    Privacy:
+      Each kept example contributes c_i G_i with c_i = min(1, C / N_i) and N_i an upper
+      bound of ||G_i|| that covers the float32 rounding of the ghost norms and of this
+      step's products (`synthgen.clip_rounding.clip_norm_bound`): ||c_i G_i|| <= C at any
+      device precision, since every product has exact inputs (`_dot`). A bfloat16 model's
+      scaled output gradients are rounded to bfloat16 for the summed product; the bound
+      includes that rounding (u = 2^-8 against sum_t ||a_t|| ||b_t||).
     """
     if rule not in NORM_RULES:
         raise ValueError(f"rule must be one of {NORM_RULES}, got {rule=}")
@@ -173,9 +216,11 @@ def clipped_sum(
         sown = traverse_util.flatten_dict(sown)
         return loss, {u.perturbation: sown[u.tap][u.call] for us in uses.values() for u in us}
 
+    # A perturbation in the product's own dtype: its gradient, B, comes back in that dtype
+    # unrounded (a bfloat16 model's output gradients are bfloat16 values).
     zeros = {
-        u.perturbation: jnp.zeros((micro, *u.out_shape), weights[p].dtype)
-        for p, us in uses.items()
+        u.perturbation: jnp.zeros((micro, *u.out_shape), u.out_dtype)
+        for us in uses.values()
         for u in us
     }
     grad_fn = jax.value_and_grad(per_example, argnums=(0, 1), has_aux=True)
@@ -184,7 +229,7 @@ def clipped_sum(
     )
 
     f32 = jnp.float32
-    rows = {p: g.astype(f32).reshape(micro, -1) for p, g in rest_grads.items()}
+    rows = {p: g.astype(f32) for p, g in rest_grads.items()}  # [micro, *shape]
     factors = {
         p: [
             _factors(
@@ -198,9 +243,10 @@ def clipped_sum(
         ]
         for p, w in weights.items()
     }
+    axes = lambda x: tuple(range(1, x.ndim))  # noqa: E731
     finite = jnp.ones((micro,), bool)
     for r in rows.values():
-        finite &= jnp.all(jnp.isfinite(r), axis=1)
+        finite &= jnp.all(jnp.isfinite(r), axis=axes(r))
     for pairs in factors.values():
         for a, b in pairs:
             if a.ndim == 4:
@@ -208,17 +254,28 @@ def clipped_sum(
             finite &= jnp.all(jnp.isfinite(b), axis=(1, 2, 3))
     keep = real & finite
     # Zero what is not kept *before* any product: 0 * inf would be NaN.
-    rows = {p: jnp.where(keep[:, None], r, 0.0) for p, r in rows.items()}
-    kept4 = keep[:, None, None, None]
+    rows = {p: jnp.where(_expand(keep, r), r, 0.0) for p, r in rows.items()}
     factors = {
         p: [
-            (a if a.ndim == 3 else jnp.where(kept4, a, 0.0), jnp.where(kept4, b, 0.0))
+            (
+                a if a.ndim == 3 else jnp.where(_expand(keep, a), a, 0),
+                jnp.where(_expand(keep, b), b, 0),
+            )
             for a, b in pairs
         ]
         for p, pairs in factors.items()
     }
 
-    squares = sum((jnp.sum(jnp.square(r), axis=1) for r in rows.values()), jnp.zeros((micro,), f32))
+    # Squared norms; the bound of the ghost norms' rounding (`slack`); and what the other
+    # roundings are measured against: the squares of the materialised arrays (`positive`)
+    # and, per ghost-normed weight, P^2 (`cross_weight`).
+    zero = jnp.zeros((micro,), f32)
+    squares, slack, positive, cross_weight = zero, zero, zero, zero
+    norm_chain, sum_chain, additions = 0, 0, 0
+    for r in rows.values():
+        total, chain = clip_rounding.staged_sum(jnp.square(r))
+        squares, positive = squares + total, positive + total
+        norm_chain, additions = max(norm_chain, chain), additions + 1
     materialised = {}
     for p, pairs in factors.items():
         if len(pairs) == 1 and pairs[0][0].ndim == 4:
@@ -227,26 +284,50 @@ def clipped_sum(
             if rule == "materialise" or (
                 rule == "auto" and not uses_ghost_norm(tokens, d_in, d_out)
             ):
-                per_example_grad = jnp.einsum("bsnd,bsne->bsde", a, b, precision=HIGHEST)
-                squares += jnp.sum(jnp.square(per_example_grad), axis=(1, 2, 3))
+                per_example_grad = _dot("bsnd,bsne->bsde", a, b)
+                total, chain = clip_rounding.staged_sum(jnp.square(per_example_grad))
+                squares, positive = squares + total, positive + total
+                norm_chain, additions = max(norm_chain, chain), additions + 1
                 materialised[p] = per_example_grad
                 continue
+        # P_u = sum over the rows of use u of ||a_t|| ||b_t||: pair (u, v)'s Gram sum is off
+        # by at most gamma(its chains) P_u P_v (`synthgen.clip_rounding`), its own slack.
+        spreads = []
+        for a, b in pairs:
+            (norms_a, chain_a), (norms_b, chain_b) = _row_norms(a), _row_norms(b)
+            p_u, chain = clip_rounding.staged_sum(norms_a * norms_b)
+            spreads.append((p_u, chain_a + chain_b + chain + 1))
         for i, (a_u, b_u) in enumerate(pairs):
             for j in range(i, len(pairs)):
                 a_v, b_v = pairs[j]
-                gram = _row_gram(a_u, a_v) * jnp.einsum(
-                    "bsne,bsme->bsnm", b_u, b_v, precision=HIGHEST
-                )
-                squares += (1.0 if i == j else 2.0) * jnp.sum(gram, axis=(1, 2, 3))
-    # Rounding can leave a sum of cross terms a hair below 0; an overflow leaves inf or NaN:
-    # such a row is dropped like a non-finite gradient, before any product with its values.
-    norms = jnp.sqrt(jnp.maximum(squares, 0.0))
+                (gram_a, chain_a), (gram_b, chain_b) = _row_gram(a_u, a_v), _gram(b_u, b_v)
+                total, chain = clip_rounding.staged_sum(gram_a * gram_b)
+                weight = 1.0 if i == j else 2.0
+                squares = squares + weight * total
+                (p_u, chain_u), (p_v, chain_v) = spreads[i], spreads[j]
+                eps = clip_rounding.gamma(chain_a + chain_b + chain + 2 + chain_u + chain_v)
+                slack = slack + (weight * eps) * p_u * p_v
+                additions += 2
+            # The summed product adds each entry over the microbatch's rows and tokens.
+            sum_chain = max(sum_chain, micro * b_u.shape[2] + len(pairs) + 2)
+        cross_weight = cross_weight + jnp.square(sum(p_u for p_u, _ in spreads))
+    bf16_sum = any(b.dtype == jnp.bfloat16 for pairs in factors.values() for _, b in pairs)
+    round_b = clip_rounding.BF16_UNIT if bf16_sum else 0.0
+    norms = clip_rounding.clip_norm_bound(
+        squares,
+        slack,
+        positive,
+        cross_weight,
+        norm_eps=clip_rounding.gamma(norm_chain + additions + 4),
+        sum_eps_positive=clip_rounding.gamma(micro + 2),
+        sum_eps_cross=(1 + round_b) * (1 + clip_rounding.gamma(sum_chain)) - 1,
+    )
+    # An overflow leaves inf or NaN: such a row is dropped like a non-finite gradient,
+    # before any product with its values.
     keep &= jnp.isfinite(norms)
     scale = jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12)), 0.0)
-    rows = {p: jnp.where(keep[:, None], r, 0.0) for p, r in rows.items()}
-    materialised = {
-        p: jnp.where(keep[:, None, None, None], g, 0.0) for p, g in materialised.items()
-    }
+    rows = {p: jnp.where(_expand(keep, r), r, 0.0) for p, r in rows.items()}
+    materialised = {p: jnp.where(_expand(keep, g), g, 0.0) for p, g in materialised.items()}
 
     total = {p: jnp.tensordot(scale, r, axes=1).reshape(flat[p].shape) for p, r in rows.items()}
     for p, pairs in factors.items():
@@ -256,10 +337,15 @@ def clipped_sum(
             continue
         summed = jnp.zeros(shape, f32).reshape(-1, *shape[-2:])
         for a, b in pairs:
-            b = b * scale[:, None, None, None]
+            b = (b * scale[:, None, None, None]).astype(b.dtype)  # bf16: the u = 2^-8 above
             if a.ndim == 3:  # a lookup: scatter the output gradients into the looked-up rows
-                summed = summed.at[0, a.reshape(-1)].add(b.reshape(-1, b.shape[-1]))
+                summed = summed.at[0, a.reshape(-1)].add(b.reshape(-1, b.shape[-1]).astype(f32))
             else:
-                summed = summed + jnp.einsum("bsnd,bsne->sde", a, b, precision=HIGHEST)
+                summed = summed + _dot("bsnd,bsne->sde", a, b)
         total[p] = summed.reshape(shape)
     return traverse_util.unflatten_dict(total), losses, norms, keep
+
+
+def _expand(mask: jax.Array, like: jax.Array) -> jax.Array:
+    """[micro] -> [micro, 1, ...] broadcasting against `like`."""
+    return mask.reshape(mask.shape + (1,) * (like.ndim - 1))

@@ -45,6 +45,7 @@ from synthgen.shards import Shard
 from synthgen.work_folder import WorkFolder
 
 Family = Literal["t5", "llama"]
+COMPUTE_DTYPES = ("float32", "bfloat16")
 GENERATOR_FILE = "generator.json"
 PARAMS_FILE = "params.msgpack"
 SEEDED_NOTE = (
@@ -66,6 +67,10 @@ class GeneratorConfig:
       input_len, target_len: token budgets of document prompt and query.
       dp: DP-Adafactor hyper-parameters.
       top_p, temperature, queries_per_doc, max_new_tokens, generation_batch: sampling.
+      dtype: compute dtype of the model's matmuls ("float32" or "bfloat16": accelerators);
+        parameters, optimizer state, the clipped sum and the noise stay float32.
+      remat: recompute each block in the backward pass (less activation memory, about a
+        third more compute): what lets t5-base at the paper's batch fit one GPU.
     """
 
     family: Family
@@ -81,6 +86,8 @@ class GeneratorConfig:
     queries_per_doc: int = 1
     max_new_tokens: int = 32
     generation_batch: int = 16
+    dtype: str = "float32"
+    remat: bool = False
 
     def __post_init__(self) -> None:
         if self.family not in ("t5", "llama"):
@@ -90,6 +97,8 @@ class GeneratorConfig:
         if self.queries_per_doc < 1 or self.max_new_tokens < 1 or self.generation_batch < 1:
             raise ValueError("queries_per_doc, max_new_tokens, generation_batch must be >= 1")
         SamplingConfig(temperature=self.temperature, top_p=self.top_p)  # validates
+        if self.dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"dtype must be one of {COMPUTE_DTYPES}, got {self.dtype=}")
 
     def replace(self, **changes) -> GeneratorConfig:
         dp_changes = {k[3:]: changes.pop(k) for k in list(changes) if k.startswith("dp_")}
@@ -121,6 +130,7 @@ def load_base(
     `tokenizer_dir`, then initialises the model from `seed`.
     """
     lora = dict(lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
+    compute = dict(dtype=config.dtype, remat=config.remat)
     if config.base.startswith("random:"):
         preset = config.base.split(":", 1)[1]
         if not documents or tokenizer_dir is None:
@@ -128,24 +138,28 @@ def load_base(
         from synthgen.models.sentencepiece_tokenizer import train_sentencepiece
 
         tokenizer = train_sentencepiece(list(documents), config.vocab_size, tokenizer_dir)
-        return _random_init(config.family, preset, tokenizer, lora, seed)
+        return _random_init(config.family, preset, tokenizer, {**lora, **compute}, seed)
+    # Parameters load in float32 (what DP-Adafactor updates); only the matmuls run in
+    # `config.dtype`.
     if config.family == "t5":
         from synthgen.models.t5_loading import load_t5
 
         model_config, params, tokenizer = load_t5(config.base, **lora)
-        return T5Family(model_config, tokenizer), params
+        return T5Family(dataclasses.replace(model_config, **compute), tokenizer), params
     from synthgen.models.llama_loading import load_llama
 
     model_config, params, tokenizer = load_llama(config.base, **lora)
-    return LlamaFamily(model_config, tokenizer), params
+    return LlamaFamily(dataclasses.replace(model_config, **compute), tokenizer), params
 
 
-def _random_init(family: str, preset: str, tokenizer, lora: dict, seed: int):
+def _random_init(family: str, preset: str, tokenizer, overrides: dict, seed: int):
     key = jax.random.key(seed)
     if family == "t5":
         from synthgen.models.t5 import T5, T5Config
 
-        cfg = dataclasses.replace(T5Config.preset(preset), vocab_size=tokenizer.vocab_size, **lora)
+        cfg = dataclasses.replace(
+            T5Config.preset(preset), vocab_size=tokenizer.vocab_size, **overrides
+        )
         ids = np.zeros((1, 4), np.int32)
         params = T5(cfg).init(key, ids, np.ones_like(ids), ids)["params"]
         return T5Family(cfg, tokenizer), params
@@ -153,7 +167,7 @@ def _random_init(family: str, preset: str, tokenizer, lora: dict, seed: int):
 
     if preset != "tiny":
         raise ValueError(f"random llama presets: tiny; got {preset=}")
-    cfg = dataclasses.replace(LlamaConfig.tiny(), vocab_size=tokenizer.vocab_size, **lora)
+    cfg = dataclasses.replace(LlamaConfig.tiny(), vocab_size=tokenizer.vocab_size, **overrides)
     ids = np.zeros((1, 4), np.int32)
     params = Llama(cfg).init(key, ids)["params"]
     return LlamaFamily(cfg, tokenizer), params

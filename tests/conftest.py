@@ -103,6 +103,21 @@ SLOW_FILES = (
 
 
 def pytest_collection_modifyitems(config, items):
-    """Longest files first (`SLOW_FILES`); a stable sort keeps every other order."""
+    """Longest files first (`SLOW_FILES`); a stable sort keeps every other order.
+
+    Tests marked `accelerator` skip, with the reason, where JAX runs on the CPU (always in
+    `make test`: JAX_PLATFORMS defaults to cpu above; `make test-accelerator` sets it).
+    """
     rank = {path: i for i, path in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+    if any("accelerator" in item.keywords for item in items):
+        import jax
+
+        if jax.default_backend() == "cpu":
+            skip = pytest.mark.skip(
+                reason="needs a GPU or TPU: JAX runs on the CPU here "
+                "(on a device: make test-accelerator, or JAX_PLATFORMS=cuda pytest -m accelerator)"
+            )
+            for item in items:
+                if "accelerator" in item.keywords:
+                    item.add_marker(skip)

@@ -32,6 +32,11 @@ def get_config() -> PipelineConfig:
         target_len=128,
         max_new_tokens=32,
         generation_batch=256,
+        # bfloat16 matmuls with float32 parameters, optimizer state, clipped sum and noise;
+        # blocks rematerialised: the float32 step at physical batch 256 asked XLA for 121 GiB
+        # on an H200 (issue 61). The clip bound holds in bfloat16 (synthgen.clip_rounding).
+        dtype="bfloat16",
+        remat=True,
         dp=DPConfig(
             batch_size=1024,
             epochs=30,
