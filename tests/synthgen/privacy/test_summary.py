@@ -143,7 +143,9 @@ def test_a_cap_is_never_exceeded(tmp_path, seed):
         except BudgetExceededError:
             refused += 1
     check = ledger.verify("t", "d")
-    assert check.best <= check.stated <= cap * (1 + 1e-9)
+    # best and stated are two PLD compositions in other orders: equal up to float rounding
+    # (9e-13 apart under scipy 1.18, the Python 3.12 resolve), as `_sound_and_tight` allows.
+    assert check.best * (1 - 1e-9) <= check.stated <= cap * (1 + 1e-9)
     assert check.num_charges >= 1
 
 
