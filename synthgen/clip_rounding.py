@@ -1,23 +1,27 @@
-"""Float32 rounding bounds that keep every clipped per-example contribution within C.
+"""Rounding bounds that keep every clipped per-example contribution within C on any device.
 
 A clip factor c_i = min(1, C / N_i) bounds example i's contribution c_i G_i by C only if N_i
 is not below ||G_i||. Computed norms carry rounding: a sum of squares is off by a relative
 gamma_k, and a ghost norm (a sum of cross terms that cancel, `synthgen.ghost_clipping`) by
 gamma_k times (sum_t ||a_t|| ||b_t||)^2, which can exceed the norm itself many times over.
-On an accelerator, where float32 products default to TF32 or bf16, the gap was large enough
-to fail the project's own equality test (issue 61). This module turns each computed norm
-into an upper bound of the norm it approximates, from the lengths of the sums (static,
-public shapes), so that the bound holds at whatever precision the device runs, as long as
-every product has exact inputs and float32 accumulation (both paths ask for that: HIGHEST
-precision on float32 factors, native bfloat16 factors with `preferred_element_type`).
+This module turns each computed norm into an upper bound of the norm it approximates, from
+the lengths of its sums (static, public shapes), and names the products it relies on.
 
-The rounding model (Higham 2002, ch. 3): each float32 operation is exact up to a relative
-error u = 2^-24; a sum or dot product of k terms, in ANY order or tree, is off by at most
-gamma_k = k u / (1 - k u) times the sum of the terms' magnitudes. So a reduction's bound
-depends on its length: reductions here run one axis at a time behind an optimization
-barrier, so that XLA cannot merge them into one long reduction whose worst case would be
-the product of the lengths. Underflow is left out: it can only matter for gradients far
-below any clip norm in use.
+The model (Higham 2002, ch. 3):
+
+* Products: `exact_einsum` asks for an explicit algorithm, F32_F32_F32 or BF16_BF16_F32
+  (a bfloat16 model's factors are bfloat16 values): exact products of the inputs, float32
+  accumulation. Never the device's default: on a GPU that rounds float32 inputs to TF32, on a
+  TPU to bfloat16. A backend that cannot honour the algorithm fails to compile.
+* Accumulation: every addition is off by at most a relative u. The bound takes
+  u = 2^-23, twice float32's unit roundoff, since NVIDIA tensor cores have been measured to
+  truncate rather than round in their accumulators (Fasi et al. 2021). A sum or dot product
+  of k terms, in any order or tree, is then off by at most gamma_k = k u / (1 - k u) times
+  the sum of the terms' magnitudes. Reductions run one axis at a time behind optimization
+  barriers, long axes (a vocabulary) split in two, so the lengths are what the code says.
+* Underflow: an operation whose result falls below 2^-126 may flush it to zero, an absolute
+  error of at most `TINY`; the bound adds those terms too (they matter only for extreme
+  factor scales, say activations of 1e-30 against output gradients of 1e30).
 
 Privacy:
   With N_i from `clip_norm_bound`, every kept example's clip factor satisfies
@@ -25,12 +29,13 @@ Privacy:
   array as computed; for a ghost-normed layer, the exact product of its recorded factors),
   including the rounding of the step's own products over that example's tokens. The
   remaining rounding is that of adding different examples' contributions together, which
-  every floating-point DP-SGD has. The cost: N_i exceeds the computed norm by a relative
-  eta_i (measured: docs/guides/gpu.md), which clips slightly harder; no noise changes.
+  every floating-point DP-SGD has (Mironov 2012). The cost: N_i exceeds the norm by a
+  relative eta_i, a slightly harder clip; the noise is unchanged
+  (`scripts/bench_clip_bound.py` measures eta).
 
-References: Higham 2002 (Accuracy and Stability of Numerical Algorithms, ch. 3); Mironov
-2012 (floating-point attacks on DP); jax_privacy's note that low-precision clipping can
-exceed the bound by machine epsilon.
+References: Higham 2002 (Accuracy and Stability of Numerical Algorithms, ch. 3); Fasi,
+Higham, Mikaitis, Pranesh 2021 (Numerical behavior of NVIDIA tensor cores); Mironov 2012
+(On significance of the least significant bits for differential privacy).
 """
 
 from __future__ import annotations
@@ -40,20 +45,35 @@ import math
 import jax
 import jax.numpy as jnp
 
-F32_UNIT = 2.0**-24
-"""Unit roundoff of float32 (round to nearest)."""
+BOUND_UNIT = 2.0**-23
+"""The relative error the bounds allow each float32 operation: twice the unit roundoff."""
 BF16_UNIT = 2.0**-8
 """Unit roundoff of bfloat16: the error of rounding a float32 value to bfloat16."""
+TINY = 2.0**-126
+"""The absolute error of an operation that underflows (smallest normal float32)."""
 
 
 def gamma(k: int) -> float:
-    """Higham's gamma_k = k u / (1 - k u) for float32: the bound of a k-term sum's rounding."""
+    """Higham's gamma_k = k u / (1 - k u) (u = `BOUND_UNIT`): the bound of a k-term sum."""
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k=}")
-    ku = k * F32_UNIT
-    if ku >= 0.5:
+    ku = k * BOUND_UNIT
+    if ku >= 0.05:
         raise ValueError(f"a sum of {k=} float32 terms has no useful rounding bound")
     return ku / (1.0 - ku)
+
+
+def exact_einsum(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
+    """An einsum with exact products and float32 accumulation, whatever the device's default.
+
+    Two bfloat16 operands run the BF16_BF16_F32 algorithm (the fast units of a bfloat16
+    model); anything else is cast to float32 (exactly) and runs F32_F32_F32.
+    """
+    if x.dtype == y.dtype == jnp.bfloat16:
+        algorithm = "BF16_BF16_F32"
+    else:
+        x, y, algorithm = x.astype(jnp.float32), y.astype(jnp.float32), "F32_F32_F32"
+    return jnp.einsum(spec, x, y, precision=algorithm, preferred_element_type=jnp.float32)
 
 
 def split_long_axis(x: jax.Array) -> tuple[jax.Array, int]:
@@ -83,6 +103,21 @@ def staged_sum(x: jax.Array) -> tuple[jax.Array, int]:
     return x, length
 
 
+def sum_of_squares(arrays: list[jax.Array], micro: int) -> tuple[jax.Array, int, int]:
+    """Per-example squared norms of materialised arrays [micro, ...] (float32).
+
+    Returns:
+      (the computed sums [micro], the longest rounding chain among them including the
+      additions across arrays, the number of entries per example: each square may underflow).
+    """
+    total, chain, entries = jnp.zeros((micro,), jnp.float32), 0, 0
+    for x in arrays:
+        part, length = staged_sum(jnp.square(x.astype(jnp.float32)))
+        total = total + part
+        chain, entries = max(chain, length + 1), entries + math.prod(x.shape[1:])
+    return total, chain + len(arrays), entries
+
+
 def clip_norm_bound(
     squares: jax.Array,
     slack: jax.Array,
@@ -92,13 +127,15 @@ def clip_norm_bound(
     norm_eps: float,
     sum_eps_positive: float,
     sum_eps_cross: float,
+    sum_tiny: float = 0.0,
 ) -> jax.Array:
     """An upper bound N_i of ||G_i|| from its computed squared norm.
 
     Args:
       squares: [micro] the computed squared norms (sums of squares and ghost cross terms).
-      slack: [micro] the bound of the ghost cross terms' rounding: the sum over Gram pairs
-        (u, v) of gamma(their dot and reduction lengths) P_u P_v (computed).
+      slack: [micro] the bound of the ghost cross terms' rounding and underflow, summed over
+        their Gram pairs (computed: `synthgen.ghost_clipping`), plus the underflow of the
+        squares of materialised arrays (`TINY` per entry).
       positive: [micro] the part of `squares` that is a sum of squares of materialised
         arrays (computed), R_i.
       cross_weight: [micro] sum over ghost-normed weights of P^2, P = sum_t ||a_t|| ||b_t||
@@ -108,21 +145,22 @@ def clip_norm_bound(
         longest such chain).
       sum_eps_positive: relative rounding of the step's sum of a materialised contribution.
       sum_eps_cross: rounding of a ghost-normed layer's summed product against P.
+      sum_tiny: underflow of the summed products (absolute, Frobenius).
 
     Returns:
-      N [micro] with ||G_i|| <= N_i and ||c G_i as summed|| <= c N_i, for c >= 0.
+      N [micro] with ||G_i|| <= N_i and ||c G_i as summed|| <= c N_i, for 0 <= c <= 1.
 
     Raises:
-      ValueError: norm_eps >= 0.1 (sums too long for a useful float32 bound).
+      ValueError: norm_eps >= 0.05 (sums too long for a useful float32 bound).
     """
-    if not 0 <= norm_eps < 0.1:
-        raise ValueError(f"norm_eps must be in [0, 0.1), got {norm_eps=}")
+    if not 0 <= norm_eps < 0.05:
+        raise ValueError(f"norm_eps must be in [0, 0.05), got {norm_eps=}")
     # `slack`, `positive` and `cross_weight` are computed sums of non-negative terms whose
     # chains are within norm_eps's: each is at most (1 + norm_eps)^3 <= 1 + 4 norm_eps times
-    # low (norm_eps < 0.1), hence the factors below; (1 + 16 u) covers the handful of
-    # roundings of this formula itself (each a relative u on non-negative values).
+    # low, hence the factors below; (1 + 32 u) covers the handful of roundings of this
+    # formula itself (each a relative u on non-negative values).
     grow = 1.0 + 4 * norm_eps
     scale = positive + cross_weight
     norm = jnp.sqrt(jnp.maximum(squares, 0.0) + grow * (slack + norm_eps * scale))
     summed = sum_eps_positive * jnp.sqrt(positive) + sum_eps_cross * jnp.sqrt(cross_weight)
-    return (norm + (1.0 + 2 * norm_eps) * summed) * (1.0 + 16 * F32_UNIT)
+    return (norm + (1.0 + 2 * norm_eps) * summed + sum_tiny) * (1.0 + 32 * BOUND_UNIT)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -78,7 +79,7 @@ LossFn = Callable[[PyTree, PyTree, dict[str, jax.Array]], jax.Array]
 class ClipCounts(NamedTuple):
     """Per-chunk counts of the clipping step (from private data: NOT DP, operator only)."""
 
-    clipped: jax.Array  # real examples whose gradient norm exceeded C
+    clipped: jax.Array  # real examples whose norm bound (`synthgen.clip_rounding`) exceeded C
     nonfinite: jax.Array  # real examples whose gradient had an inf or NaN (zeroed)
 
 
@@ -90,32 +91,30 @@ def _vmap_clipped_sum(loss_fn: LossFn, clip_norm: float):
         losses, grads = per_example(trainable, frozen, batch)
         micro = real.shape[0]
         leaves = [g.astype(jnp.float32) for g in jax.tree.leaves(grads)]
-        rows = [g.reshape(micro, -1) for g in leaves]
-        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(r), axis=1) for r in rows]), axis=0)
+        finite = jnp.ones((micro,), bool)
+        for g in leaves:
+            finite &= jnp.all(jnp.isfinite(g), axis=tuple(range(1, g.ndim)))
         keep = real & finite
-        # Zero the rows that are not kept *before* any product: 0 * inf would be NaN.
+        # Zero the rows that are not kept *before* any product: 0 * inf would be NaN; the
+        # barrier makes the norms and the sum read the very same values.
         leaves = [jnp.where(keep.reshape(-1, *(1,) * (g.ndim - 1)), g, 0.0) for g in leaves]
-        rows = [g.reshape(micro, -1) for g in leaves]
-        # Each leaf's squares summed one axis at a time: a bounded rounding chain.
-        staged = [clip_rounding.staged_sum(jnp.square(g)) for g in leaves]
-        squares = sum(total for total, _ in staged)
-        chain = max(length for _, length in staged) + len(staged) + 4
-        zeros = jnp.zeros_like(squares)
-        norms = clip_rounding.clip_norm_bound(
-            squares,
-            zeros,
-            squares,
-            zeros,
-            norm_eps=clip_rounding.gamma(chain),
-            sum_eps_positive=clip_rounding.gamma(micro + 2),
-            sum_eps_cross=0.0,
-        )
-        factors = jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12)), 0.0)
-        total = jax.tree.map(
-            lambda g, r: jnp.tensordot(factors, r, axes=1).reshape(g.shape[1:]),
-            grads,
-            jax.tree.unflatten(jax.tree.structure(grads), rows),
-        )
+        leaves = jax.lax.optimization_barrier(leaves)
+        with jax.named_scope(ghost_clipping.CLIP_SCOPE):
+            squares, chain, entries = clip_rounding.sum_of_squares(leaves, micro)
+            zeros = jnp.zeros_like(squares)
+            norms = clip_rounding.clip_norm_bound(
+                squares,
+                zeros + clip_rounding.TINY * entries,
+                squares,
+                zeros,
+                norm_eps=clip_rounding.gamma(chain + 4),
+                sum_eps_positive=clip_rounding.gamma(micro + 2),
+                sum_eps_cross=0.0,
+                sum_tiny=clip_rounding.TINY * micro * sum(math.sqrt(g[0].size) for g in leaves),
+            )
+            factors = jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12)), 0.0)
+            sums = [clip_rounding.exact_einsum("b,b...->...", factors, g) for g in leaves]
+        total = jax.tree.unflatten(jax.tree.structure(grads), sums)
         return total, losses, norms, keep
 
     return clipped_sum
@@ -138,8 +137,9 @@ def make_clipped_grad_sum(
 
     Privacy:
       Each real example (mask 1) contributes min(1, C / N) g, of L2 norm at most C: N
-      bounds ||g|| from above whatever the float32 rounding of its computation
-      (`synthgen.clip_rounding`), so the bound holds at the device's precision too; a
+      bounds ||g|| from above, covering the rounding of its computation and of the sum's
+      products, which have exact inputs and float32 accumulation on every device
+      (`synthgen.clip_rounding`); a
       gradient with any non-finite entry contributes exactly 0 (and is counted), and a
       padding row (mask 0) contributes 0 whatever its gradient, so one example can never
       turn the sum into NaN or inf: the sum's sensitivity is C (add/remove-one). Both paths

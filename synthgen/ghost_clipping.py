@@ -25,11 +25,13 @@ Privacy:
   The same mechanism as `synthgen.dp_train`'s per-example path: every real example whose
   gradient (tapped inputs and output gradients included) is finite contributes
   min(1, C / N_i) g_i, of L2 norm at most C; any other row contributes exactly 0. The ghost
-  identity is exact, and N_i is an upper bound of ||g_i|| that covers float32 rounding
-  (`synthgen.clip_rounding`): every product has exact inputs (`_dot`), so the bound holds at
-  any device precision (tested against a float64 recomputation). The clipped sum equals
-  the per-example path's to float rounding (tested) and its sensitivity stays C. Shapes,
-  the per-layer choice and the rounding bound depend on public shapes only.
+  identity is exact, and N_i is an upper bound of ||g_i|| covering the rounding and underflow
+  of the norms and of the summed products (`synthgen.clip_rounding`), whose products all
+  have exact inputs and float32 accumulation by an explicit algorithm, never the device's
+  default precision (tested: no product in `CLIP_SCOPE` without one, and every released
+  contribution recomputed in float64 is at most C). The clipped sum equals the per-example
+  path's to float rounding and the bounds' margin (tested), and its sensitivity stays C.
+  Shapes, the per-layer choice and the bounds depend on public shapes only.
 
 References: Li et al. 2022 (Large language models can be strong differentially private
 learners: ghost clipping); Bu et al. 2023 (Differentially private optimization on large
@@ -50,16 +52,13 @@ from flax import traverse_util
 from synthgen import clip_rounding
 from synthgen.models.taps import ATTEND, LOOKUP, perturbation_name
 
-# Exact-input products: at default precision an accelerator may round float32 inputs to
-# TF32 or bf16, and a ghost norm that cancels (sum_ts of cross terms) would then understate
-# the norm by more than `synthgen.clip_rounding` accounts for.
-HIGHEST = jax.lax.Precision.HIGHEST
-
 PyTree = Any
 Path = tuple[str, ...]
 TappedLossFn = Callable[[PyTree, PyTree, PyTree, dict[str, jax.Array]], tuple[jax.Array, PyTree]]
 """fn(trainable, frozen, perturbations, example) -> (loss, sown tap inputs)."""
 NormRule = Literal["auto", "ghost", "materialise"]
+CLIP_SCOPE = "clip_bound"
+"""The name scope of the norms, bounds and sums whose products must be exact (tested)."""
 NORM_RULES = ("auto", "ghost", "materialise")
 
 
@@ -108,16 +107,6 @@ def tapped_uses(tapped_loss_fn: TappedLossFn, trainable, frozen, example) -> dic
     return out
 
 
-def _dot(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
-    """An einsum with exact inputs and float32 accumulation, whatever the device's default.
-
-    Float32 factors take HIGHEST precision (no TF32 or bf16 rounding of the inputs);
-    bfloat16 factors (a bfloat16 model's) are exact in their own dtype and run on its fast
-    units. Either way only the float32 accumulation rounds (`synthgen.clip_rounding`).
-    """
-    return jnp.einsum(spec, x, y, precision=HIGHEST, preferred_element_type=jnp.float32)
-
-
 def _factors(use: Use, recorded, out_grad, micro: int, stack: int):
     """(A, B) with the example's gradient of the weight = sum over rows of A^T B.
 
@@ -137,9 +126,9 @@ def _gram(x: jax.Array, y: jax.Array) -> tuple[jax.Array, int]:
     """([micro, stack, n, m] inner products of the rows of x and y, their rounding chain)."""
     xs, k = clip_rounding.split_long_axis(x)
     if k == 1:
-        return _dot("bsnd,bsmd->bsnm", x, y), x.shape[-1]
+        return clip_rounding.exact_einsum("bsnd,bsmd->bsnm", x, y), x.shape[-1]
     ys, _ = clip_rounding.split_long_axis(y)
-    partial = _dot("bsnkd,bsmkd->bsnmk", xs, ys)
+    partial = jax.lax.optimization_barrier(clip_rounding.exact_einsum("bsnkd,bsmkd->bsnmk", xs, ys))
     return jax.lax.optimization_barrier(jnp.sum(partial, axis=-1)), xs.shape[-1] + k
 
 
@@ -195,11 +184,10 @@ def clipped_sum(
 
     Privacy:
       Each kept example contributes c_i G_i with c_i = min(1, C / N_i) and N_i an upper
-      bound of ||G_i|| that covers the float32 rounding of the ghost norms and of this
-      step's products (`synthgen.clip_rounding.clip_norm_bound`): ||c_i G_i|| <= C at any
-      device precision, since every product has exact inputs (`_dot`). A bfloat16 model's
-      scaled output gradients are rounded to bfloat16 for the summed product; the bound
-      includes that rounding (u = 2^-8 against sum_t ||a_t|| ||b_t||).
+      bound of ||G_i|| (`_norm_bounds`, `synthgen.clip_rounding.clip_norm_bound`), so
+      ||c_i G_i|| <= C whatever the device's default precision. A bfloat16 model's scaled
+      output gradients are rounded to bfloat16 for the summed product; the bound includes
+      that rounding (2^-8 against sum_t ||a_t|| ||b_t||), the largest part of its margin.
     """
     if rule not in NORM_RULES:
         raise ValueError(f"rule must be one of {NORM_RULES}, got {rule=}")
@@ -216,8 +204,9 @@ def clipped_sum(
         sown = traverse_util.flatten_dict(sown)
         return loss, {u.perturbation: sown[u.tap][u.call] for us in uses.values() for u in us}
 
-    # A perturbation in the product's own dtype: its gradient, B, comes back in that dtype
-    # unrounded (a bfloat16 model's output gradients are bfloat16 values).
+    # A perturbation in the product's own dtype, so that B is an array of that dtype: a
+    # bfloat16 model's Gram and summed products then run on bfloat16 units (its values are
+    # bfloat16 either way: `tap` adds the perturbation in the output's dtype).
     zeros = {
         u.perturbation: jnp.zeros((micro, *u.out_shape), u.out_dtype)
         for us in uses.values()
@@ -243,39 +232,41 @@ def clipped_sum(
         ]
         for p, w in weights.items()
     }
-    axes = lambda x: tuple(range(1, x.ndim))  # noqa: E731
     finite = jnp.ones((micro,), bool)
     for r in rows.values():
-        finite &= jnp.all(jnp.isfinite(r), axis=axes(r))
+        finite &= jnp.all(jnp.isfinite(r), axis=tuple(range(1, r.ndim)))
     for pairs in factors.values():
         for a, b in pairs:
             if a.ndim == 4:
                 finite &= jnp.all(jnp.isfinite(a), axis=(1, 2, 3))
             finite &= jnp.all(jnp.isfinite(b), axis=(1, 2, 3))
     keep = real & finite
-    # Zero what is not kept *before* any product: 0 * inf would be NaN.
+    # Zero what is not kept *before* any product: 0 * inf would be NaN. The barrier makes the
+    # norms and the sums below read the very same values (no producer recomputed per use).
     rows = {p: jnp.where(_expand(keep, r), r, 0.0) for p, r in rows.items()}
     factors = {
-        p: [
-            (
-                a if a.ndim == 3 else jnp.where(_expand(keep, a), a, 0),
-                jnp.where(_expand(keep, b), b, 0),
-            )
-            for a, b in pairs
-        ]
+        p: [(a if a.ndim == 3 else _zero_unkept(keep, a), _zero_unkept(keep, b)) for a, b in pairs]
         for p, pairs in factors.items()
     }
+    rows, factors = jax.lax.optimization_barrier((rows, factors))
+    with jax.named_scope(CLIP_SCOPE):
+        sizes = {p: flat[p].size for p in factors}
+        norms, materialised = _norm_bounds(rows, factors, sizes, micro, rule)
+        # An overflow leaves inf or NaN: such a row is dropped like a non-finite gradient,
+        # before any product with its values.
+        keep &= jnp.isfinite(norms)
+        scale = jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12)), 0.0)
+        return _summed(flat, rows, factors, materialised, keep, scale), losses, norms, keep
 
-    # Squared norms; the bound of the ghost norms' rounding (`slack`); and what the other
-    # roundings are measured against: the squares of the materialised arrays (`positive`)
-    # and, per ghost-normed weight, P^2 (`cross_weight`).
-    zero = jnp.zeros((micro,), f32)
-    squares, slack, positive, cross_weight = zero, zero, zero, zero
-    norm_chain, sum_chain, additions = 0, 0, 0
-    for r in rows.values():
-        total, chain = clip_rounding.staged_sum(jnp.square(r))
-        squares, positive = squares + total, positive + total
-        norm_chain, additions = max(norm_chain, chain), additions + 1
+
+def _norm_bounds(rows, factors, sizes: dict, micro: int, rule: NormRule):
+    """([micro] upper bounds N_i of the per-example norms, the materialised gradients).
+
+    Materialised arrays (`rows`, and weights the cost rule does not ghost-norm) add their
+    squares; each ghost-normed weight adds its Gram sums and, per Gram pair (u, v), the
+    bound of their rounding gamma(chains) P_u P_v with P_u = sum_t ||a_t|| ||b_t||, and of
+    their underflow (`synthgen.clip_rounding`).
+    """
     materialised = {}
     for p, pairs in factors.items():
         if len(pairs) == 1 and pairs[0][0].ndim == 4:
@@ -284,33 +275,45 @@ def clipped_sum(
             if rule == "materialise" or (
                 rule == "auto" and not uses_ghost_norm(tokens, d_in, d_out)
             ):
-                per_example_grad = _dot("bsnd,bsne->bsde", a, b)
-                total, chain = clip_rounding.staged_sum(jnp.square(per_example_grad))
-                squares, positive = squares + total, positive + total
-                norm_chain, additions = max(norm_chain, chain), additions + 1
-                materialised[p] = per_example_grad
-                continue
-        # P_u = sum over the rows of use u of ||a_t|| ||b_t||: pair (u, v)'s Gram sum is off
-        # by at most gamma(its chains) P_u P_v (`synthgen.clip_rounding`), its own slack.
-        spreads = []
-        for a, b in pairs:
-            (norms_a, chain_a), (norms_b, chain_b) = _row_norms(a), _row_norms(b)
-            p_u, chain = clip_rounding.staged_sum(norms_a * norms_b)
-            spreads.append((p_u, chain_a + chain_b + chain + 1))
+                materialised[p] = clip_rounding.exact_einsum("bsnd,bsne->bsde", a, b)
+    arrays = [*rows.values(), *materialised.values()]
+    squares, norm_chain, entries = clip_rounding.sum_of_squares(arrays, micro)
+    positive, slack = squares, jnp.full((micro,), clip_rounding.TINY * entries, jnp.float32)
+    # The summed products' rounding: their chains, and an absolute underflow (Frobenius).
+    sum_chain, sum_tiny = 0, jnp.zeros((micro,), jnp.float32)
+    sum_tiny += sum(math.sqrt(math.prod(x.shape[1:])) for x in arrays) * micro
+    cross_weight, additions = jnp.zeros((micro,), jnp.float32), len(arrays)
+    for p, pairs in factors.items():
+        if p in materialised:
+            continue
+        spreads = [_spread(a, b) for a, b in pairs]
         for i, (a_u, b_u) in enumerate(pairs):
             for j in range(i, len(pairs)):
                 a_v, b_v = pairs[j]
-                (gram_a, chain_a), (gram_b, chain_b) = _row_gram(a_u, a_v), _gram(b_u, b_v)
+                (gram_a, chain_ga), (gram_b, chain_gb) = _row_gram(a_u, a_v), _gram(b_u, b_v)
                 total, chain = clip_rounding.staged_sum(gram_a * gram_b)
-                weight = 1.0 if i == j else 2.0
-                squares = squares + weight * total
-                (p_u, chain_u), (p_v, chain_v) = spreads[i], spreads[j]
-                eps = clip_rounding.gamma(chain_a + chain_b + chain + 2 + chain_u + chain_v)
-                slack = slack + (weight * eps) * p_u * p_v
+                pair_weight = 1.0 if i == j else 2.0
+                squares = squares + pair_weight * total
+                u, v = spreads[i], spreads[j]
+                eps = clip_rounding.gamma(chain_ga + chain_gb + chain + 2 + u.chain + v.chain)
+                # Underflow: each Gram entry is off by at most 2 d TINY times the other
+                # factor's largest squared row norm; n_u n_v such products are summed.
+                d_a, d_b = (0 if a_u.ndim == 3 else a_u.shape[-1]), b_u.shape[-1]
+                tiny = 2 * clip_rounding.TINY * gram_a.shape[-1] * gram_a.shape[-2]
+                underflow = tiny * (
+                    d_a * (jnp.maximum(u.b_max, v.b_max) + 1)
+                    + d_b * (jnp.maximum(u.a_max, v.a_max) + 1)
+                    + 1
+                )
+                slack = slack + pair_weight * (eps * u.spread * v.spread + underflow)
                 additions += 2
-            # The summed product adds each entry over the microbatch's rows and tokens.
-            sum_chain = max(sum_chain, micro * b_u.shape[2] + len(pairs) + 2)
-        cross_weight = cross_weight + jnp.square(sum(p_u for p_u, _ in spreads))
+        # The summed product adds each entry over every use's rows of the microbatch
+        # (`_summed`: one buffer for all uses of the weight).
+        tokens = sum(b.shape[2] for _, b in pairs)
+        sum_chain = max(sum_chain, micro * tokens + len(pairs) + 2)
+        a_max = jnp.max(jnp.stack([s.a_max for s in spreads]), axis=0)
+        sum_tiny = sum_tiny + math.sqrt(sizes[p]) * micro * tokens * 2 * (a_max + 1)
+        cross_weight = cross_weight + jnp.square(sum(s.spread for s in spreads))
     bf16_sum = any(b.dtype == jnp.bfloat16 for pairs in factors.values() for _, b in pairs)
     round_b = clip_rounding.BF16_UNIT if bf16_sum else 0.0
     norms = clip_rounding.clip_norm_bound(
@@ -321,29 +324,59 @@ def clipped_sum(
         norm_eps=clip_rounding.gamma(norm_chain + additions + 4),
         sum_eps_positive=clip_rounding.gamma(micro + 2),
         sum_eps_cross=(1 + round_b) * (1 + clip_rounding.gamma(sum_chain)) - 1,
+        sum_tiny=clip_rounding.TINY * sum_tiny,
     )
-    # An overflow leaves inf or NaN: such a row is dropped like a non-finite gradient,
-    # before any product with its values.
-    keep &= jnp.isfinite(norms)
-    scale = jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12)), 0.0)
-    rows = {p: jnp.where(_expand(keep, r), r, 0.0) for p, r in rows.items()}
-    materialised = {p: jnp.where(_expand(keep, g), g, 0.0) for p, g in materialised.items()}
+    return norms, materialised
 
-    total = {p: jnp.tensordot(scale, r, axes=1).reshape(flat[p].shape) for p, r in rows.items()}
+
+@dataclasses.dataclass(frozen=True)
+class _Spread:
+    """One use's P = sum_t ||a_t|| ||b_t|| [micro], its rounding chain and the largest
+    squared row norms of A and B [micro] (their underflow's scale)."""
+
+    spread: jax.Array
+    chain: int
+    a_max: jax.Array
+    b_max: jax.Array
+
+
+def _spread(a, b) -> _Spread:
+    """One use's `_Spread`."""
+    (norms_a, chain_a), (norms_b, chain_b) = _row_norms(a), _row_norms(b)
+    spread, chain = clip_rounding.staged_sum(norms_a * norms_b)
+    square_max = lambda x: jnp.max(jnp.square(x), axis=(1, 2))  # noqa: E731
+    return _Spread(spread, chain_a + chain_b + chain + 1, square_max(norms_a), square_max(norms_b))
+
+
+def _summed(flat, rows, factors, materialised, keep, scale):
+    """The clipped sum of every trainable weight: sum_i c_i G_i, in float32.
+
+    Rows and materialised gradients: one exact-input product with the clip factors. Ghost-
+    normed weights: one batched product of A with the scaled B (Book-Keeping); a bfloat16
+    model's scaled B is rounded to bfloat16 (the u = 2^-8 of `_norm_bounds`).
+    """
+    f32 = jnp.float32
+    total = {}
+    for p, r in {**rows, **materialised}.items():
+        r = jnp.where(_expand(keep, r), r, 0.0)
+        total[p] = clip_rounding.exact_einsum("b,b...->...", scale, r).reshape(flat[p].shape)
     for p, pairs in factors.items():
-        shape = flat[p].shape
         if p in materialised:
-            total[p] = jnp.tensordot(scale, materialised[p], axes=1).reshape(shape)
             continue
+        shape = flat[p].shape
         summed = jnp.zeros(shape, f32).reshape(-1, *shape[-2:])
         for a, b in pairs:
-            b = (b * scale[:, None, None, None]).astype(b.dtype)  # bf16: the u = 2^-8 above
+            b = (b * scale[:, None, None, None]).astype(b.dtype)
             if a.ndim == 3:  # a lookup: scatter the output gradients into the looked-up rows
                 summed = summed.at[0, a.reshape(-1)].add(b.reshape(-1, b.shape[-1]).astype(f32))
             else:
-                summed = summed + _dot("bsnd,bsne->sde", a, b)
+                summed = summed + clip_rounding.exact_einsum("bsnd,bsne->sde", a, b)
         total[p] = summed.reshape(shape)
-    return traverse_util.unflatten_dict(total), losses, norms, keep
+    return traverse_util.unflatten_dict(total)
+
+
+def _zero_unkept(keep: jax.Array, x: jax.Array) -> jax.Array:
+    return jnp.where(_expand(keep, x), x, jnp.zeros((), x.dtype))
 
 
 def _expand(mask: jax.Array, like: jax.Array) -> jax.Array:

@@ -105,14 +105,14 @@ def _bucket(n: int, minimum: int = 1) -> int:
 
 
 def _row_bucket(n: int) -> int:
-    """Rows of a one-off `score` of `n` prompts: a power of two up to 8, then a multiple of 8.
+    """Rows of a one-off `score` of `n` prompts (`synthgen.models.decoding.row_bucket`).
 
-    Powers of two all the way up padded 33 rows to 64 and doubled the work
-    (scripts/bench_decode.py); multiples of 8 waste at most 7 rows for a few more shapes.
     A decoding session (`start`, `start_documents`) uses exactly its rows instead: its
     compile is paid once for many steps, and 33 rows step 17% faster than 40.
     """
-    return _bucket(n) if n <= 8 else -(-n // 8) * 8
+    from synthgen.models.decoding import row_bucket
+
+    return row_bucket(n)
 
 
 class FlaxLM:
