@@ -12,7 +12,7 @@ TEST_WORKERS ?= 2
 export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-accelerator install assets lint bench docs clean
+.PHONY: demo test test-accelerator device-wheels install assets lint bench docs clean
 
 # `make demo` installs the package alone; `make test` adds the test and docs extras.
 $(DEMO_STAMP): pyproject.toml
@@ -59,6 +59,15 @@ test: install $(SERVER_STAMP)
 test-accelerator: install
 	JAX_PLATFORMS=$${JAX_PLATFORMS:-cuda} $(PY) -m pytest -q -p no:cacheprovider \
 	  tests/synthgen/test_ghost_clipping.py tests/synthgen/test_dp_train.py
+
+# Pure-Python wheels that GPU images lack (dp-accounting, jax-privacy and their small
+# dependencies), for the device's Python: scripts/device_check.sh installs them --no-deps.
+DEVICE_PYTHON ?= 3.12
+device-wheels:
+	rm -rf .wheels
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: -d .wheels \
+	  --python-version $(DEVICE_PYTHON) --platform manylinux2014_x86_64 \
+	  dp-accounting==0.6.0 jax-privacy==2.0.0 mpmath dm-tree 'attrs<24' absl-py
 
 # The documentation site, warnings as errors (a broken link or a renamed function fails).
 docs: install
