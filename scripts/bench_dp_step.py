@@ -627,6 +627,38 @@ def _commit() -> str | None:
         return None
 
 
+def _row(variant: str, args: argparse.Namespace) -> dict:
+    """One row: in a subprocess with --timeout-per-variant, else in this process."""
+    if variant == "matmul-bf16" and args.aot_only:
+        return {"variant": variant, "status": "skipped (aot-only)", "wall_s": 0.0}
+    if args.timeout_per_variant:
+        row = _in_subprocess(variant, args, args.timeout_per_variant)
+    else:  # this process's backend: no JAX work happens in the parent otherwise
+        start = time.perf_counter()
+        try:
+            row = measure(variant, args)
+        except Exception as exc:  # noqa: BLE001 - reported as the row's status
+            row = {"variant": variant, "status": _error_status(exc)}
+        row["wall_s"] = time.perf_counter() - start
+    if "xla_flops" in row:  # XLA counts a while body once: times the microbatches
+        trips = args.batch // args.microbatch if variant in SCANNED else 1
+        row["gflop_step"] = row["xla_flops"] * trips / 1e9
+    return row
+
+
+def _write_json(args: argparse.Namespace, rows: list[dict], model_flops: float, extra: dict):
+    device = next((r["device"] for r in rows if "device" in r), None)
+    record = {
+        "args": {k: v for k, v in vars(args).items() if k not in ("variant", "result_file")},
+        "commit": _commit(),
+        "machine": {"device": device, "cpus": os.cpu_count(), "load": os.getloadavg()[0]},
+        "model_flops_per_example": model_flops,
+        "rows": rows,
+        **extra,
+    }
+    Path(args.json).write_text(json.dumps(record, indent=1, default=str))
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="small", help="T5 preset (t5-small dims)")
@@ -692,24 +724,17 @@ def main() -> None:
         f"model FLOPs/example={model_flops / 1e9:.2f} G (analytic, non-private step)",
         flush=True,
     )
-    if args.timeout_per_variant:  # stop the row in flight too (`_in_subprocess`)
-        signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
-    rows = []
+    # A stop from outside (a part's time limit) still prints and writes what was measured,
+    # and stops the row in flight (`_in_subprocess`).
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
+    rows: list[dict] = []
     for variant in variants:
-        if variant == "matmul-bf16" and args.aot_only:
-            row = {"variant": variant, "status": "skipped (aot-only)", "wall_s": 0.0}
-        elif args.timeout_per_variant:
-            row = _in_subprocess(variant, args, args.timeout_per_variant)
-        else:  # this process's backend: no JAX work happens in the parent otherwise
-            start = time.perf_counter()
-            try:
-                row = measure(variant, args)
-            except Exception as exc:  # noqa: BLE001 - reported as the row's status
-                row = {"variant": variant, "status": _error_status(exc)}
-            row["wall_s"] = time.perf_counter() - start
-        if "xla_flops" in row:  # XLA counts a while body once: times the microbatches
-            trips = args.batch // args.microbatch if variant in SCANNED else 1
-            row["gflop_step"] = row["xla_flops"] * trips / 1e9
+        try:
+            row = _row(variant, args)
+        except (KeyboardInterrupt, SystemExit):
+            rows.append({"variant": variant, "status": "stopped (signal)", "wall_s": 0.0})
+            print(f"{_label(variant, args):44s} stopped by a signal: the rows after it not run")
+            break
         rows.append(row)
         print(
             f"{_label(variant, args):44s} {row['status']:28s} compile "
@@ -717,6 +742,8 @@ def main() -> None:
             f"  wall {row['wall_s']:.1f} s",
             flush=True,
         )
+        if args.json:  # after every row: a run cut short keeps its rows
+            _write_json(args, rows, model_flops, {"partial": True})
 
     by = {r["variant"]: r for r in rows}
     rate = lambda v: by.get(v, {}).get("examples_s", float("nan"))  # noqa: E731
@@ -748,20 +775,7 @@ def main() -> None:
         "dp_vs_jax_privacy": rate("dp-ghost") / rate("jax-privacy"),
     }
     if args.json:
-        record = {
-            "args": {k: v for k, v in vars(args).items() if k not in ("variant", "result_file")},
-            "commit": _commit(),
-            "machine": {
-                "device": info.get("device"),
-                "cpus": os.cpu_count(),
-                "load_average": os.getloadavg()[0],
-            },
-            "model_flops_per_example": model_flops,
-            "bf16_matmul_tflops": peak,
-            "rows": rows,
-            **summary,
-        }
-        Path(args.json).write_text(json.dumps(record, indent=1, default=str))
+        _write_json(args, rows, model_flops, {"bf16_matmul_tflops": peak, **summary})
     print(" ".join(f"{k}={summary[k]:.3f}" for k in list(summary)[:4]))
     print(" ".join(f"{k}={summary[k]:.3f}" for k in ("dp_vs_nonprivate", "dp_vs_jax_privacy")))
 

@@ -11,8 +11,10 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,20 @@ def _run(args: list[str], cache: Path) -> list[str]:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.strip().splitlines()
+
+
+def _rows_running(marker: Path) -> list[Path]:
+    """Row processes (`--result-file` in their arguments) of the run whose arguments hold
+    `marker`."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:  # the process ended meanwhile
+            continue
+        if str(marker).encode() in cmdline and b"--result-file" in cmdline:
+            found.append(proc)
+    return found
 
 
 def _row(lines: list[str], label: str) -> list[str]:
@@ -120,3 +136,24 @@ def test_hlo_census_counts_ops_precision_and_sizes(monkeypatch):
     assert census["while_trips"] == {"4": 1}
     assert census["scatters"] == ["f32[32128,512] <- (?, s32[2048,1], ?)"]
     assert census["largest"][0] == "scatter f32[32128,512] 63 MiB"
+
+
+def test_a_stopped_run_prints_what_it_has_and_leaves_no_row_running(cache, tmp_path):
+    out = tmp_path / "stopped.json"
+    args = [*TINY, "--variants", "dp-ghost", "--timeout-per-variant", "300", "--json", str(out)]
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache)}
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout.readline().startswith("T5 tiny")
+    deadline = time.monotonic() + 60
+    while not _rows_running(out) and time.monotonic() < deadline:
+        time.sleep(0.05)  # poll until the row's process has started
+    assert _rows_running(out)
+    proc.send_signal(signal.SIGTERM)
+    lines = proc.stdout.read().strip().splitlines()
+    assert proc.wait(timeout=60) == 0
+    assert _row(lines, GHOST)[1] == "stopped (signal)"
+    assert LAST.fullmatch(lines[-1]), lines[-1]
+    assert json.loads(out.read_text())["rows"][0]["status"] == "stopped (signal)"
+    assert not _rows_running(out)
