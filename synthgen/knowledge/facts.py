@@ -1,0 +1,259 @@
+"""Release the facts many records state, once: DP set union over key-phrase pairs.
+
+A fact about a private entity is a pair of key phrases stated together: "Dara Quill works at
+Velmora Dynamics" gives ("Dara Quill", "Velmora Dynamics") (`synthgen.knowledge.phrases`, a
+public rule that reads one record). Each record contributes at most K pairs, nearest first,
+and PipelineDP's partition selection with counts (`synthgen.privacy.partition_selection`)
+releases the pairs that many records share, with noisy counts; a pair few records state is
+never released. The synthetic records are post-processing: one per released phrase, listing
+its released partners by noisy count ("Dara Quill: Velmora Dynamics; Poswick; 1970."), and
+every question after that is answered from them at no further cost
+(`retriever.knowledge_base`).
+
+This is DP n-gram / set-union extraction (Kim et al. 2021, DPNE; Gopi et al. 2020) applied
+to the unit that carries a fact: a private name and what is said of it. It spends the whole
+budget on one selection, so the records a fact needs are the threshold's
+(`FactPlan.records_needed`), known before any record is read from n, epsilon, delta and K.
+
+Privacy:
+  Unit: one record, add/remove-one. One (epsilon, delta)-DP release: a record contributes
+  each pair once and at most K pairs (L2 sensitivity sqrt(K)); PipelineDP calibrates the
+  Gaussian noise and threshold to (epsilon, delta) for the whole selection and its counts.
+  A pair held by one record is released with probability `FactPlan.singleton_probability`
+  (at most delta). Nothing else reads the records; the ledger is charged that one event,
+  before the selection runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import secrets
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from dp_accounting import dp_event
+
+from synthgen.knowledge.phrases import record_pairs, split_pair
+from synthgen.privacy import accounting
+from synthgen.privacy.partition_selection import (
+    MECHANISM,
+    keep_probability,
+    release_key_counts,
+    selection_threshold,
+)
+
+RELATION = "ADD_OR_REMOVE_ONE"
+PLAN_SUPPORTS = (1, 3, 5, 10, 20, 50, 100)
+CHARGE_FILE = "facts_charge.json"  # the charge's idempotency key (private work folder)
+
+
+@dataclasses.dataclass(frozen=True)
+class FactConfig:
+    """Public parameters of a fact release.
+
+    Attributes:
+      epsilon, delta: the whole release, per record (delta < 1/n is checked by the plan).
+      max_pairs: K, most fact pairs one record contributes (nearest phrases first). Chosen
+        on the validation domain (docs/guides/knowledge.md): 1.
+      max_partners: most partners a synthetic record lists (by noisy count).
+    """
+
+    epsilon: float
+    delta: float = 1e-6
+    max_pairs: int = 1
+    max_partners: int = 8
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"epsilon must be finite and > 0, {self.epsilon=}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), {self.delta=}")
+        if self.max_pairs < 1 or self.max_partners < 1:
+            raise ValueError(f"max_pairs and max_partners must be >= 1: {self}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FactPlan:
+    """What a release at (epsilon, delta, K) can carry, from public figures only."""
+
+    config: FactConfig
+    num_records: int
+
+    @property
+    def threshold(self) -> float:
+        """The noisy count a pair needs (PipelineDP's Gaussian thresholding)."""
+        c = self.config
+        return selection_threshold(c.epsilon, c.delta, c.max_pairs)
+
+    def keep_probability(self, records: int) -> float:
+        """Probability that a pair stated by `records` records is released."""
+        c = self.config
+        return keep_probability(records, c.epsilon, c.delta, c.max_pairs)
+
+    @property
+    def singleton_probability(self) -> float:
+        """Probability that a pair one record states is released (at most delta)."""
+        return self.keep_probability(1)
+
+    def records_needed(self, probability: float = 0.5) -> int:
+        """Fewest records stating a pair for it to be released with `probability`."""
+        low, high = 1, 1
+        while self.keep_probability(high) < probability:
+            high *= 2
+            if high > 10**9:
+                raise ValueError("no count reaches that probability")
+        while low < high:
+            mid = (low + high) // 2
+            low, high = (mid + 1, high) if self.keep_probability(mid) < probability else (low, mid)
+        return low
+
+    @property
+    def event(self) -> dp_event.DpEvent:
+        return accounting.epsilon_delta_event(self.config.epsilon, self.config.delta)
+
+    def problems(self) -> list[str]:
+        """Why this release should not run (empty: it may)."""
+        c, n = self.config, self.num_records
+        out = []
+        if n < 1:
+            out.append("the collection holds no record")
+        elif c.delta >= 1.0 / n:
+            out.append(
+                f"delta={c.delta:g} is not below 1/n = {1.0 / n:.3g}: a release could then "
+                "publish a whole record; use a smaller --delta"
+            )
+        elif self.records_needed(0.5) > n:
+            out.append(
+                f"a fact needs about {self.records_needed(0.5)} of the {n} records to be "
+                f"released at epsilon={c.epsilon:g} (K={c.max_pairs}): this release could "
+                "carry nothing; raise --epsilon or release a larger collection"
+            )
+        return out
+
+    def to_dict(self) -> dict:
+        c = self.config
+        return {
+            "epsilon": c.epsilon,
+            "delta": c.delta,
+            "unit": "one record of the collection",
+            "neighboring_relation": RELATION,
+            "accountant": "one (epsilon, delta) event (PipelineDP partition selection)",
+            "stages": [
+                {
+                    "stage": "fact-pairs",
+                    "mechanism": MECHANISM,
+                    "max_pairs_per_record": c.max_pairs,
+                    "l2_sensitivity": math.sqrt(c.max_pairs),
+                    "threshold": self.threshold,
+                    "epsilon": c.epsilon,
+                    "delta": c.delta,
+                }
+            ],
+            "records_needed": {
+                "for_50_percent": self.records_needed(0.5),
+                "for_90_percent": self.records_needed(0.9),
+            },
+            "singleton_release_probability": self.singleton_probability,
+        }
+
+    def table(self) -> list[dict]:
+        """Release probability of a fact by the records that state it (the dry run)."""
+        return [{"records": s, "released": self.keep_probability(s)} for s in PLAN_SUPPORTS]
+
+
+def plan_facts(config: FactConfig, num_records: int) -> FactPlan:
+    return FactPlan(config, num_records)
+
+
+@dataclasses.dataclass(frozen=True)
+class FactRelease:
+    """The released pairs with noisy counts, and the records they make."""
+
+    pairs: dict[str, float]
+    records: list[dict]
+    plan: FactPlan
+
+
+def fact_records(pairs: dict[str, float], max_partners: int) -> list[dict]:
+    """Post-processing: one record per released phrase, its partners by noisy count.
+
+    ``{"text": "Dara Quill: Velmora Dynamics; Poswick.", "topic": "Dara Quill",
+    "partners": [...]}``, phrases by their total noisy count, most stated first.
+    """
+    partners: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for key, count in pairs.items():
+        a, b = split_pair(key)
+        partners[a].append((count, b))
+        partners[b].append((count, a))
+    order = sorted(partners, key=lambda p: (-sum(c for c, _ in partners[p]), p))
+    out = []
+    for phrase in order:
+        ranked = [b for _, b in sorted(partners[phrase], key=lambda cb: (-cb[0], cb[1]))]
+        ranked = ranked[:max_partners]
+        out.append(
+            {"text": f"{phrase}: {'; '.join(ranked)}.", "topic": phrase, "partners": ranked}
+        )
+    return out
+
+
+def charge_once(ledger, scope: tuple[str, str], plan: FactPlan, work: Path) -> None:
+    """Charges the release once: an idempotency key written before the first charge, so
+    that a rerun after a crash is answered with the first charge, never a second."""
+    path = work / CHARGE_FILE
+    if not path.is_file():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"ref": f"facts-{secrets.token_hex(16)}"}))
+        tmp.replace(path)
+    ledger.charge(
+        *scope,
+        stage="knowledge-release",
+        event=plan.event,
+        relation=RELATION,
+        description=f"DP fact release (key-phrase pairs), eps={plan.config.epsilon:.4g}",
+        ref=json.loads(path.read_text())["ref"],
+    )
+
+
+def release_facts(
+    texts: Sequence[str],
+    config: FactConfig,
+    *,
+    work: str | Path | None = None,
+    ledger=None,
+    ledger_scope: tuple[str, str] | None = None,
+) -> FactRelease:
+    """Releases the fact pairs many records state, and the synthetic records they make.
+
+    Args:
+      texts: the private records.
+      config: public parameters.
+      work: the private work folder (holds the charge's idempotency key); needed with a
+        ledger.
+      ledger, ledger_scope: charged the release once, before the selection.
+
+    Raises:
+      ValueError: a release that should not run (`FactPlan.problems`), refused before any
+        charge.
+      synthgen.privacy.BudgetExceededError: the ledger cannot pay (nothing is drawn).
+
+    Privacy:
+      (config.epsilon, config.delta)-DP for one record, add/remove-one (module docstring).
+      The noise is python-dp's own secure noise.
+    """
+    plan = plan_facts(config, len(texts))
+    problems = plan.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    if ledger is not None:
+        if ledger_scope is None or work is None:
+            raise ValueError("a ledger needs ledger_scope=(tenant, dataset) and a work folder")
+        charge_once(ledger, ledger_scope, plan, Path(work))
+    keys = [record_pairs(text, config.max_pairs) for text in texts]
+    selected = release_key_counts(
+        keys, epsilon=config.epsilon, delta=config.delta, max_keys=config.max_pairs
+    )
+    pairs = {str(k): float(v) for k, v in selected.counts.items()}
+    return FactRelease(pairs, fact_records(pairs, config.max_partners), plan)
