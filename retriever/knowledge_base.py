@@ -1,12 +1,16 @@
 """Answer questions from a released knowledge folder: ordinary RAG, nothing charged.
 
 A knowledge folder (`retriever knowledge release`, `retriever.network.knowledge`) holds DP
-synthetic records, their index and the card with the release's guarantee. `KnowledgeBase`
-retrieves the top records for a question, by BM25 over the records' words (default: a
-record lists its facts as keywords, often invented names a dense encoder cannot relate;
-`retriever.lexical`) or with the index's encoder, and lets a public LM answer from them
-greedily. However many questions are asked, the guarantee stays the
-card's: the collection was released once, and reading the release is post-processing.
+synthetic records, their index and the card with the release's guarantee. A fact release
+(``facts.json`` beside them, the default) is answered by `retriever.fact_answers`: the
+released phrases the question names, and the public LM's choice among their partners, or an
+abstention when the question names none. A cluster release: `KnowledgeBase` retrieves the
+top records for a question, by BM25 over the records' words (default: a record lists its
+facts as keywords, often invented names a dense encoder cannot relate; `retriever.lexical`)
+or with the index's encoder, and lets a public LM answer from them greedily; it abstains
+when no record shares a word with the question. However many questions are asked, the
+guarantee stays the card's: the collection was released once, and reading the release is
+post-processing.
 
 Privacy:
   Reads only the release folder (DP outputs and public parameters); charges nothing,
@@ -21,6 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from retriever.fact_answers import ABSTAIN
 from retriever.rag.prompts import PromptFormat
 
 RETRIEVALS = ("bm25", "dense")
@@ -38,14 +43,18 @@ class KnowledgeAnswer:
     sources: list[str]
     guarantee: dict[str, Any]
     statement: str
+    abstained: bool = False
+    records: list[str] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "question": self.question,
             "answer": self.answer,
+            "abstained": self.abstained,
             "charged": False,
             "epsilon_spent": 0.0,
             "sources": self.sources,
+            "records": self.records,
             "guarantee": self.guarantee,
             "statement": self.statement,
         }
@@ -84,6 +93,14 @@ class KnowledgeBase:
                     row = json.loads(line)
                     self.records[row["doc_id"]] = row["text"]
         self._lexical = None
+        self.facts = None  # a fact release: answers by `retriever.fact_answers`
+        facts_path = self.folder.path / "facts.json"
+        if facts_path.is_file():
+            from retriever.fact_answers import FactAnswerer
+            from synthgen.knowledge.facts import fact_records
+
+            facts = json.loads(facts_path.read_text())
+            self.facts = FactAnswerer(fact_records(facts["pairs"], facts["max_partners"]), lm)
 
     @classmethod
     def open(cls, folder: str | Path, lm: str = "smollm2-135m-instruct", **kwargs) -> KnowledgeBase:
@@ -130,7 +147,26 @@ class KnowledgeBase:
 
         if not question.strip():
             raise ValueError("the question is empty")
+        if self.facts is not None:
+            found = self.facts.answer(question)
+            by_topic = {self.records[i].split(":")[0]: i for i in self.records}
+            return KnowledgeAnswer(
+                question,
+                found.answer,
+                [by_topic.get(t, t) for t in found.records],
+                dict(self.card["guarantee"]),
+                self.statement,
+                abstained=found.abstained,
+                records=[self.facts.records[t]["text"] for t in found.records],
+            )
         hits = self.search(question)
+        if self.retrieval == "bm25":  # no word in common: nothing relevant
+            hits = [h for h in hits if h["score"] > 0]
+        if not hits:
+            return KnowledgeAnswer(
+                question, ABSTAIN, [], dict(self.card["guarantee"]), self.statement,
+                abstained=True,
+            )  # fmt: skip
         text = local_answer(
             self.lm,
             self.prompt,
@@ -145,4 +181,5 @@ class KnowledgeBase:
             [h["doc_id"] for h in hits],
             dict(self.card["guarantee"]),
             self.statement,
+            records=[h["text"] for h in hits],
         )

@@ -363,7 +363,13 @@ def replot(out: Path) -> None:
 
 def _release(args, name: str, epsilon: float, texts: list[str], encoder, lm) -> dict:
     """The one-time release at `epsilon` (cached in <out>/<name>/): its records and figures."""
-    from synthgen.knowledge import KnowledgeConfig, release_knowledge
+    from synthgen.knowledge import (
+        MEDICAL_FIELD_VALUES,
+        MEDICAL_FIELDS,
+        MEDICAL_PUBLIC_EXAMPLE,
+        KnowledgeConfig,
+        release_knowledge,
+    )
 
     folder = args.out / name
     summary_path = folder / "release.json"
@@ -380,6 +386,9 @@ def _release(args, name: str, epsilon: float, texts: list[str], encoder, lm) -> 
         max_new_tokens=args.release_tokens,
         shot_tokens=args.shot_tokens,
         min_keyword_tokens=args.min_keyword_tokens,
+        fields=MEDICAL_FIELDS,
+        field_values=MEDICAL_FIELD_VALUES,
+        public_example=MEDICAL_PUBLIC_EXAMPLE,
     )
     from tqdm import tqdm
 

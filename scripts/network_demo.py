@@ -51,12 +51,19 @@ def split_world(world, root: Path, parts: int) -> list[Path]:
 def build_all(args, corpora: list[Path], epsilon: float, lm) -> list[tuple[Path, Path]]:
     """Each contributor's release at `epsilon` (kept when already built)."""
     from retriever.network.knowledge import build_knowledge
-    from synthgen.knowledge import KnowledgeConfig
+    from synthgen.knowledge import (
+        MEDICAL_FIELD_VALUES,
+        MEDICAL_FIELDS,
+        MEDICAL_PUBLIC_EXAMPLE,
+        KnowledgeConfig,
+    )
 
     # each contributor holds about 130 records: clusters of a few records, so q = 1/2
     config = KnowledgeConfig(
-        epsilon=epsilon, delta=1e-5, voters=args.voters, public_pool_size=2 * args.voters
-    )
+        epsilon=epsilon, delta=1e-5, voters=args.voters, public_pool_size=2 * args.voters,
+        fields=MEDICAL_FIELDS, field_values=MEDICAL_FIELD_VALUES,
+        public_example=MEDICAL_PUBLIC_EXAMPLE,
+    )  # fmt: skip
     folders = []
     for c, corpus in enumerate(corpora):
         out = corpus.parent / f"release-eps{epsilon:g}"

@@ -45,8 +45,28 @@ def release(
         float, typer.Option(help="per-record epsilon of the whole release", callback=positive)
     ],
     delta: Annotated[
-        float, typer.Option(help="delta of the whole release", callback=probability)
+        float, typer.Option(help="delta of the whole release (< 1/n)", callback=probability)
     ] = 1e-6,
+    mode: Annotated[
+        str,
+        choice(
+            "facts",
+            "clusters",
+            help="facts: the key-phrase pairs many records state (DP set union); clusters: "
+            "DP-SynRAG clusters and LM-generated records",
+        ),
+    ] = "facts",  # fmt: skip
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="print how many records a fact needs at this epsilon, delta and n; "
+            "read and charge nothing else",
+        ),
+    ] = False,
+    max_pairs: Annotated[
+        int, typer.Option(help="facts: K, fact pairs one record contributes", callback=positive)
+    ] = 1,
     ledger: LedgerOption = None,
     dataset: Annotated[str | None, typer.Option(help="collection name in the ledger")] = None,
     work: Annotated[
@@ -55,7 +75,7 @@ def release(
     shard: Annotated[
         str | None,
         typer.Option(
-            help="I/N: generate this shard's clusters; any run that finds all done "
+            help="clusters: I/N: generate this shard's clusters; any run that finds all done "
             "writes the release"
         ),
     ] = None,  # fmt: skip
@@ -72,15 +92,26 @@ def release(
     public_pool_size: PublicPoolSizeOption = 128,
     fields: Annotated[
         str,
-        typer.Option(help="comma-separated fields a synthetic record states; '' for free text"),
-    ] = "Diagnosis,Symptoms,Treatment",
-    field_values: Annotated[str, typer.Option(help="comma-separated keywords per field")] = "1,2,1",
+        typer.Option(
+            help="clusters: comma-separated fields a synthetic record states "
+            "(e.g. Diagnosis,Symptoms,Treatment); '' (default) for free text"
+        ),
+    ] = "",
+    field_values: Annotated[
+        str, typer.Option(help="clusters: comma-separated keywords per field")
+    ] = "",
     field_examples: Annotated[
         Path | None,
         typer.Option(
-            help="public worked examples for the field votes, a JSON list of "
-            '{"record": TEXT, "values": [one per field]} (default: none; measured worse on '
-            "the DP-RAG world, see synthgen.knowledge.config)"
+            help="clusters: public worked examples for the field votes, a JSON list of "
+            '{"record": TEXT, "values": [one per field]} (default: none)'
+        ),
+    ] = None,
+    example: Annotated[
+        Path | None,
+        typer.Option(
+            help="clusters, free text: a public example record (a text file) shown in every "
+            "prompt (default: a generic one, not from any collection)"
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the guarantee as JSON")] = False,
@@ -88,40 +119,39 @@ def release(
         int | None, typer.Option(help="tests only: fixed seed (stated on the card)")
     ] = None,
 ) -> None:
-    """Release the collection's knowledge once: DP keywords, clusters, records, index, card.
+    """Release the collection's knowledge once; answer from it for free after.
 
+    facts (default): each record's fact pairs (key phrases stated together, by a public
+    rule); the pairs many records state are released (PipelineDP partition selection) and
+    written as one record per phrase. clusters: DP keywords, clusters, LM-generated records.
     One charge on the ledger (tenant "release", the collection) before any noise; a second
-    release of the same collection from the same ledger is refused. Every question after it
-    is answered from the release at no further cost (`retriever knowledge answer`).
+    release of the same collection from the same ledger is refused. A release that could
+    carry nothing is refused before the charge, with the records a fact would need.
     """
+    from retriever.data import read_corpus
     from retriever.network.knowledge import build_knowledge, summary
-    from synthgen.knowledge import KnowledgeConfig
+    from synthgen.knowledge import FactConfig, plan_facts
 
     if seed is not None:
         print("warning: --seed is for tests only (stated on the card)", file=sys.stderr)
-    names = tuple(f.strip() for f in fields.split(",") if f.strip())
-    counts = tuple(int(v) for v in field_values.split(",") if v.strip())[: len(names)]
-    examples = ()
-    if field_examples is not None:
-        try:
-            rows = json.loads(field_examples.read_text())
-            examples = tuple((str(r["record"]), tuple(map(str, r["values"]))) for r in rows)
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise typer.BadParameter(
-                f"--field-examples: need a JSON list of {{record, values}} ({error})"
-            ) from None
-    config = KnowledgeConfig(
-        epsilon=epsilon,
-        delta=delta,
-        max_keywords=max_keywords,
-        clusters_per_record=clusters_per_record,
-        max_clusters=max_clusters,
-        voters=voters,
-        public_pool_size=public_pool_size,
-        fields=names,
-        field_values=counts,
-        field_examples=examples,
-    )
+    if mode == "facts":
+        config = FactConfig(epsilon=epsilon, delta=delta, max_pairs=max_pairs)
+        _, texts = read_corpus(private_corpus)
+        plan = plan_facts(config, len(texts))
+        if dry_run:
+            _print_plan(plan, as_json)
+            return
+        problems = plan.problems()
+        if problems:
+            print(f"error: refused before any charge: {'; '.join(problems)}", file=sys.stderr)
+            raise typer.Exit(2)
+    else:
+        if dry_run:
+            raise typer.BadParameter("--dry-run plans a fact release (--mode facts)")
+        config = _cluster_config(
+            epsilon, delta, max_keywords, clusters_per_record, max_clusters, voters,
+            public_pool_size, fields, field_values, field_examples, example,
+        )  # fmt: skip
     part = parse_shard(shard)
     result = build_knowledge(
         private_corpus,
@@ -141,13 +171,90 @@ def release(
     if as_json:
         print(json.dumps(line))
         return
+    if line.get("empty"):
+        print(f"warning: {line['warning']}", file=sys.stderr)
     if line["complete"]:
+        what = f"{line['pairs']} fact pairs" if "pairs" in line else f"{line['clusters']} clusters"
         print(
-            f"released {line['documents']} synthetic records from {line['clusters']} clusters "
+            f"released {line['documents']} synthetic records from {what} "
             f"to {line['out']}: ({line['epsilon']:.4g}, {line['delta']:.3g})-DP per record"
         )
     else:
         print(f"shard done; other clusters remain ({line['clusters']} clusters in all)")
+
+
+def _print_plan(plan, as_json: bool) -> None:
+    """The dry run: what a fact release at these public figures can carry."""
+    c = plan.config
+    summary = {
+        "records": plan.num_records,
+        "epsilon": c.epsilon,
+        "delta": c.delta,
+        "max_pairs": c.max_pairs,
+        "threshold": plan.threshold,
+        "records_needed_50": plan.records_needed(0.5),
+        "records_needed_90": plan.records_needed(0.9),
+        "singleton_release_probability": plan.singleton_probability,
+        "release_probability": plan.table(),
+        "problems": plan.problems(),
+    }
+    if as_json:
+        print(json.dumps(summary))
+        return
+    print(
+        f"{plan.num_records} records, epsilon={c.epsilon:g}, delta={c.delta:g}, "
+        f"K={c.max_pairs} pairs per record: threshold {plan.threshold:.1f}"
+    )
+    print("records stating a fact -> probability it is released")
+    for row in plan.table():
+        print(f"  {row['records']:>5d} -> {row['released']:.3f}")
+    print(
+        f"a fact needs {summary['records_needed_50']} records (50%), "
+        f"{summary['records_needed_90']} (90%); one record's fact: at most "
+        f"{plan.singleton_probability:.2g}"
+    )
+    for problem in summary["problems"]:
+        print(f"refused: {problem}")
+
+
+def _cluster_config(
+    epsilon, delta, max_keywords, clusters_per_record, max_clusters, voters,
+    public_pool_size, fields, field_values, field_examples, example,
+):  # fmt: skip
+    from synthgen.knowledge import DEFAULT_PUBLIC_EXAMPLE, KnowledgeConfig
+
+    names = tuple(f.strip() for f in fields.split(",") if f.strip())
+    counts = tuple(int(v) for v in field_values.split(",") if v.strip())[: len(names)]
+    if names and not counts:
+        counts = (1,) * len(names)
+    examples = ()
+    if field_examples is not None:
+        try:
+            rows = json.loads(field_examples.read_text())
+            examples = tuple((str(r["record"]), tuple(map(str, r["values"]))) for r in rows)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise typer.BadParameter(
+                f"--field-examples: need a JSON list of {{record, values}} ({error})"
+            ) from None
+    public_example = DEFAULT_PUBLIC_EXAMPLE
+    if example is not None:
+        try:
+            public_example = example.read_text().strip()
+        except OSError as error:
+            raise typer.BadParameter(f"--example: {error}") from None
+    return KnowledgeConfig(
+        epsilon=epsilon,
+        delta=delta,
+        max_keywords=max_keywords,
+        clusters_per_record=clusters_per_record,
+        max_clusters=max_clusters,
+        voters=voters,
+        public_pool_size=public_pool_size,
+        fields=names,
+        field_values=counts,
+        field_examples=examples,
+        public_example=public_example,
+    )
 
 
 @knowledge_app.command("answer")

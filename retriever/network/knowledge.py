@@ -35,6 +35,11 @@ from retriever.network.folder import (
 
 KNOWLEDGE_WORK = "knowledge"  # the release's private state, inside the work folder
 RELEASE_TENANT = "release"  # the ledger tenant of the public release (everyone receives it)
+FACTS_FILE = "facts.json"  # a fact release's released pairs and noisy counts (public)
+FACT_GENERATOR = (
+    "DP fact release: key-phrase pairs by a public wordfreq rule, DP set union "
+    "(PipelineDP partition selection), one record per released phrase"
+)
 GENERATOR = (
     "DP-SynRAG (Mori et al. 2025): DP keywords (PipelineDP partition selection), soft "
     "clusters, DP few-shot records per cluster (Tang et al. 2024), self-filtered"
@@ -82,7 +87,8 @@ def build_knowledge(
     Args:
       private_corpus: corpus.jsonl (doc_id, text) of the private collection.
       out: the release folder (created once every cluster is done; safe to ship).
-      config: `synthgen.knowledge.KnowledgeConfig` (epsilon, delta and every stage).
+      config: `synthgen.knowledge.facts.FactConfig` (the fact release, the default), or
+        `synthgen.knowledge.KnowledgeConfig` (DP-SynRAG clusters and generated records).
       contributor: the collection's (or contributor's) public name, on the card.
       work: the private work folder (default: beside `ledger` when given, else
         `default_contributor_work(out)`).
@@ -133,6 +139,14 @@ def build_knowledge(
             f"{dataset} was already released from this ledger ({ledger_location}): a second "
             "release would compose with the first; use a new collection name or ledger"
         )
+    from synthgen.knowledge.facts import FactConfig
+
+    if isinstance(config, FactConfig):
+        return _build_facts(
+            private_corpus, out, config, texts, contributor=contributor, work=work,
+            book=book, ledger_location=ledger_location, dataset=dataset, encoder=encoder,
+            answer_index=answer_index,
+        )  # fmt: skip
     if isinstance(lm, str):
         from retriever.network.engine import load_answer_lm
 
@@ -233,17 +247,100 @@ def build_knowledge(
     return KnowledgeResult(folder, work, card, len(release.records), len(release.clusters), release)
 
 
+def _build_facts(
+    private_corpus,
+    out,
+    config,
+    texts,
+    *,
+    contributor,
+    work,
+    book,
+    ledger_location,
+    dataset,
+    encoder,
+    answer_index,
+) -> KnowledgeResult:
+    """The fact release (`synthgen.knowledge.facts`): one charge, one selection, a folder."""
+    from synthgen.knowledge.facts import release_facts
+    from synthgen.work_folder import private_folder
+
+    facts_work = private_folder(work / KNOWLEDGE_WORK)
+    release = release_facts(
+        texts, config, work=facts_work, ledger=book, ledger_scope=(RELEASE_TENANT, dataset)
+    )
+    plan = release.plan
+    privacy = plan.to_dict()
+    card = make_card(
+        contributor=contributor,
+        epsilon=config.epsilon,
+        delta=config.delta,
+        generator=FACT_GENERATOR,
+        model="none (records are released key phrases and their partners)",
+        encoder=encoder,
+        num_documents=len(release.records),
+        stages=privacy["stages"],
+    )
+    card["guarantee"]["singleton_release_probability"] = plan.singleton_probability
+    card["guarantee"]["records_needed"] = privacy["records_needed"]
+    metadata = {
+        "privacy": {
+            **privacy,
+            "ledger_scope": {"tenant": RELEASE_TENANT, "dataset": dataset},
+            "rows_covered": "all rows of the private corpus",
+        },
+        "generation": {"method": FACT_GENERATOR, "released_pairs": len(release.pairs)},
+        "num_examples": len(release.records),
+    }
+    folder = write_knowledge_folder(
+        out,
+        [r["text"] for r in release.records],
+        [r["topic"] for r in release.records],
+        card,
+        metadata=metadata,
+    )
+    (folder.path / FACTS_FILE).write_text(
+        json.dumps({"pairs": release.pairs, "max_partners": config.max_partners}, indent=1)
+    )
+    private_index = None
+    if answer_index:
+        from retriever.index_folder import build_index_folder
+
+        private_index = work / "private_index"
+        build_index_folder(private_corpus, private_index, encoder=encoder, kind="exact")
+    write_private_record(
+        work,
+        {
+            "contributor": contributor,
+            "dataset": dataset,
+            "private_corpus": str(Path(private_corpus).absolute()),
+            "private_index": None if private_index is None else str(private_index),
+            "ledger": ledger_location,
+            "release": str(out),
+        },
+    )
+    return KnowledgeResult(folder, work, card, len(release.records), len(release.pairs), release)
+
+
 def summary(result: KnowledgeResult) -> str:
     """One JSON line: public figures of a build."""
     guarantee = result.card["guarantee"]
-    return json.dumps(
-        {
-            "out": None if result.folder is None else str(result.folder.path),
-            "complete": result.folder is not None,
-            "work": str(result.work),
-            "documents": result.num_documents,
-            "clusters": result.num_topics,
-            "epsilon": guarantee["epsilon"],
-            "delta": guarantee["delta"],
-        }
-    )
+    line = {
+        "out": None if result.folder is None else str(result.folder.path),
+        "complete": result.folder is not None,
+        "work": str(result.work),
+        "documents": result.num_documents,
+        "clusters": result.num_topics,
+        "epsilon": guarantee["epsilon"],
+        "delta": guarantee["delta"],
+    }
+    if "records_needed" in guarantee:  # a fact release: pairs, not clusters
+        line["pairs"] = line.pop("clusters")
+        line["records_needed"] = guarantee["records_needed"]["for_50_percent"]
+    if result.folder is not None and result.num_documents == 0:
+        line["empty"] = True
+        line["warning"] = (
+            "the release holds no record: nothing was stated by enough records to pass "
+            "the threshold; answers from it will abstain"
+        )
+    return json.dumps(line)

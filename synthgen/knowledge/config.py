@@ -12,17 +12,23 @@ import math
 
 # A public demonstration in the public prompt: without it the public LM's candidates after
 # a bare "Record:" are code and digits, and the private votes have nothing readable to
-# choose from. Written for the project's medical records; set your own for other text.
+# choose from. Generic on purpose (no domain's vocabulary); a user sets their own
+# (`retriever knowledge release --mode clusters --example FILE`).
 DEFAULT_PUBLIC_EXAMPLE = (
+    "The Eiffel Tower, built in 1889 by Gustave Eiffel's company, stands in Paris "
+    "and is 330 metres tall."
+)
+# The medical worked example, for the project's own medical world (`retriever.rag.medical`).
+MEDICAL_PUBLIC_EXAMPLE = (
     "A 40-year-old patient, Anna Berg, came in with fever and a dry cough. "
     "The diagnosis was influenza, treated with rest and fluids."
 )
-# The fields a synthetic record states, and how many keywords each names. Each field is one
-# DP release over the cluster's keywords whose voters read one record each
+# Fields a synthetic record of the medical world states, and how many keywords each names.
+# Each field is one DP release over the cluster's keywords whose voters read one record each
 # (`synthgen.knowledge.fields`): free text at the same budget is token salad with
-# SmolLM2-135M.
-DEFAULT_FIELDS = ("Diagnosis", "Symptoms", "Treatment")
-DEFAULT_FIELD_VALUES = (1, 2, 1)
+# SmolLM2-135M on that world. No default: free text unless a user names fields.
+MEDICAL_FIELDS = ("Diagnosis", "Symptoms", "Treatment")
+MEDICAL_FIELD_VALUES = (1, 2, 1)
 # Public worked examples that can precede each voter's record: (record, each field's value).
 # Off by default, as measured: with SmolLM2-135M a single voter's top candidate is right for
 # 65% / 8% / 55% of records (Diagnosis / Symptoms / Treatment) after a bare "Record:
@@ -73,8 +79,8 @@ class KnowledgeConfig:
       shot_tokens: a private record is cut to this many tokens in a prompt.
       public_example: free text: a public demonstration record in every prompt.
       fields: the facts a synthetic record states ("Diagnosis: ...", one DP release over
-        the cluster's keywords each, `synthgen.knowledge.fields`); () for free text,
-        generated token by token.
+        the cluster's keywords each, `synthgen.knowledge.fields`); () (the default) for
+        free text, generated token by token.
       field_values: how many keywords each field names.
       field_examples: public worked examples in every field vote's prompt: (record, one
         value per field); () for none.
@@ -106,8 +112,8 @@ class KnowledgeConfig:
     public_prior: float = 0.0
     shot_tokens: int = 96
     public_example: str = DEFAULT_PUBLIC_EXAMPLE
-    fields: tuple[str, ...] = DEFAULT_FIELDS
-    field_values: tuple[int, ...] = DEFAULT_FIELD_VALUES
+    fields: tuple[str, ...] = ()
+    field_values: tuple[int, ...] = ()
     field_examples: tuple[tuple[str, tuple[str, ...]], ...] = ()
     min_keyword_tokens: int = 1
     specific_first: bool = True

@@ -193,9 +193,7 @@ def fact_records(pairs: dict[str, float], max_partners: int) -> list[dict]:
     for phrase in order:
         ranked = [b for _, b in sorted(partners[phrase], key=lambda cb: (-cb[0], cb[1]))]
         ranked = ranked[:max_partners]
-        out.append(
-            {"text": f"{phrase}: {'; '.join(ranked)}.", "topic": phrase, "partners": ranked}
-        )
+        out.append({"text": f"{phrase}: {'; '.join(ranked)}.", "topic": phrase, "partners": ranked})
     return out
 
 

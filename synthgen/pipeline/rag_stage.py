@@ -67,7 +67,13 @@ def release_and_answer(ctx: StageContext, world, questions) -> dict:
     from retriever.rag.evaluation import MEDICAL_PROMPT
     from retriever.rag.medical import answer_is_correct
     from retriever.rag.release_eval import retrieval_answerer
-    from synthgen.knowledge import KnowledgeConfig, release_knowledge
+    from synthgen.knowledge import (
+        MEDICAL_FIELD_VALUES,
+        MEDICAL_FIELDS,
+        MEDICAL_PUBLIC_EXAMPLE,
+        KnowledgeConfig,
+        release_knowledge,
+    )
     from synthgen.lm_backends import FlaxLM
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.ledger_types import Scope
@@ -75,7 +81,10 @@ def release_and_answer(ctx: StageContext, world, questions) -> dict:
     cfg = ctx.config.rag
     ledger = PrivacyLedger(ctx.run.ledger)
     open_run_scope(ledger, Scope("release", RAG_DATASET, cfg.release_epsilon, cfg.delta_cap))
-    config = KnowledgeConfig(epsilon=cfg.release_epsilon, delta=cfg.delta_cap)
+    config = KnowledgeConfig(  # the medical world: its fields, as measured on it
+        epsilon=cfg.release_epsilon, delta=cfg.delta_cap, fields=MEDICAL_FIELDS,
+        field_values=MEDICAL_FIELD_VALUES, public_example=MEDICAL_PUBLIC_EXAMPLE,
+    )  # fmt: skip
     texts = [r.text for r in world.records]
     ctx.log("rag", f"loading {cfg.lm}; releasing {len(texts)} private records once")
     lm = FlaxLM.load(cfg.lm)

@@ -1,8 +1,9 @@
 """`retriever knowledge release|answer` and `retriever serve --knowledge`, as a user runs them.
 
-A medical world written by `python -m retriever.rag.medical`, released once (tiny LM, fixed
-seed), then answered from the CLI and from a real server on a loopback port: every answer
-says it charged nothing, and the ledger holds the one release charge whatever is asked.
+A medical world written by `python -m retriever.rag.medical`, released once in cluster
+mode (tiny LM, fixed seed), then answered from the CLI and from a real server on a loopback
+port: every answer says it charged nothing, and the ledger holds the one release charge
+whatever is asked.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ def released(tmp_path_factory):
     corpus, ledger = root / "world" / "corpus.jsonl", root / "ledger.sqlite"
     result = cli("knowledge", "release", "--private-corpus", corpus, "--out", root / "release",
                  "--epsilon", EPSILON, "--ledger", ledger, "--work", root / "work",
-                 "--lm", "tiny", "--voters", 4, "--public-pool-size", 8, "--max-clusters", 6,
+                 "--mode", "clusters", "--fields", "Diagnosis,Symptoms,Treatment",
+                 "--field-values", "1,2,1", "--lm", "tiny", "--voters", 4,
+                 "--public-pool-size", 8, "--max-clusters", 6,
                  "--seed", 0, "--json")  # fmt: skip
     return {"root": root, "corpus": corpus, "ledger": ledger, "line": result.stdout}
 
@@ -51,7 +54,8 @@ def test_releasing_twice_is_refused_with_one_line(released):
     root = released["root"]
     result = cli("knowledge", "release", "--private-corpus", released["corpus"],
                  "--out", root / "again", "--epsilon", EPSILON, "--ledger", released["ledger"],
-                 "--work", root / "work2", "--lm", "tiny", check=False)  # fmt: skip
+                 "--work", root / "work2", "--mode", "clusters", "--lm", "tiny",
+                 check=False)  # fmt: skip
     assert result.returncode != 0
     assert "already released" in result.stderr and "Traceback" not in result.stderr
     assert not (root / "again").exists()

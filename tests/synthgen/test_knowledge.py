@@ -17,7 +17,14 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from retriever.rag.medical import MedicalWorldConfig, make_world
-from synthgen.knowledge import KnowledgeConfig, plan_release, release, release_knowledge
+from synthgen.knowledge import (
+    MEDICAL_FIELD_VALUES,
+    MEDICAL_FIELDS,
+    KnowledgeConfig,
+    plan_release,
+    release,
+    release_knowledge,
+)
 from synthgen.knowledge.clusters import assign_clusters
 from synthgen.knowledge.fields import candidate_logprobs, release_field
 from synthgen.knowledge.keywords import cooccurrence_counts, record_keywords
@@ -27,8 +34,9 @@ from synthgen.privacy import PrivacyLedger, Scope
 from synthgen.privacy.partition_selection import release_key_counts
 
 CONFIG = KnowledgeConfig(
-    epsilon=10.0, delta=1e-6, voters=4, public_pool_size=8, max_clusters=6, keyword_share=0.4
-)
+    epsilon=10.0, delta=1e-6, voters=4, public_pool_size=8, max_clusters=6, keyword_share=0.4,
+    fields=MEDICAL_FIELDS, field_values=MEDICAL_FIELD_VALUES,
+)  # fmt: skip
 CANARY = "zqxcanaryvorpal"
 
 
@@ -169,7 +177,13 @@ def test_a_field_reads_only_its_candidates_at_a_fixed_shape():
 def test_the_medical_examples_fit_the_default_fields():
     from synthgen.knowledge.config import MEDICAL_FIELD_EXAMPLES
 
-    config = KnowledgeConfig(epsilon=1.0, delta=1e-6, field_examples=MEDICAL_FIELD_EXAMPLES)
+    config = KnowledgeConfig(
+        epsilon=1.0,
+        delta=1e-6,
+        fields=MEDICAL_FIELDS,
+        field_values=MEDICAL_FIELD_VALUES,
+        field_examples=MEDICAL_FIELD_EXAMPLES,
+    )
     assert len(config.field_examples) == 2 and KnowledgeConfig(1.0, 1e-6).field_examples == ()
 
 

@@ -1,0 +1,211 @@
+"""Facts of any collection: the fact release, single DP answers and non-private RAG, per domain.
+
+For each fact world (`retriever.rag.fact_world`: people is the validation domain, products and
+species the test domains), at every support level (documents stating the fact):
+
+* release: `synthgen.knowledge.facts` at epsilon 1, 3, 10 (delta 1e-6), answered by
+  `retriever.fact_answers` (nothing charged per answer);
+* single: one DP-RAG answer per question (`retriever.rag.single_fact_eval`, mechanism
+  `auto`) at epsilon 5 and 10, for the supports in ``--single-supports``;
+* rag: non-private RAG, BM25 top-4 documents and SmolLM2-135M's greedy answer;
+* singleton leaks: a fact stated in one document whose value appears in a release.
+
+Prints a table per domain, writes ``<out>/fact_eval.json`` and ``<out>/fact_eval.png``
+(accuracy against support), and ends with the line
+``release_eps10_support10=… release_eps10_support5=… release_eps3_support20=…
+single_eps5_support20=… rag=… singleton_leaks=…``, every figure over the test domains
+(support >= 10, = 5, >= 20, = 20; rag: support >= 10), leaks over all domains and epsilons.
+
+    python scripts/fact_world_eval.py --out runs/fact_eval
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+RELEASE_EPSILONS = (1.0, 3.0, 10.0)
+SINGLE_EPSILONS = (5.0, 10.0)
+DELTA = 1e-6
+RAG_PROMPT_INSTRUCTION = "Use the documents to answer the question. Reply with the answer only."
+
+
+def _release_cells(world, lm, epsilons) -> tuple[dict, int, dict]:
+    from retriever.fact_answers import FactAnswerer
+    from retriever.rag.fact_world import answer_is_right
+    from synthgen.knowledge.facts import FactConfig, release_facts
+
+    cells, leaks, seconds = {}, 0, {}
+    for eps in epsilons:
+        start = time.perf_counter()
+        release = release_facts(world.documents, FactConfig(epsilon=eps, delta=DELTA))
+        seconds[eps] = time.perf_counter() - start
+        released = "\n".join(release.pairs)
+        answerer = FactAnswerer(release.records, lm)
+        rows = []
+        for q in world.questions:
+            found = answerer.answer(q.question)
+            rows.append(
+                {
+                    "support": q.support,
+                    "right": answer_is_right(found.answer, q.answer),
+                    "abstained": found.abstained,
+                }
+            )
+            if q.support == 1 and answer_is_right(released, q.answer):
+                leaks += 1
+        cells[eps] = {"rows": rows, "pairs": len(release.pairs), "records": len(release.records)}
+    return cells, leaks, seconds
+
+
+def _rag_rows(world, lm) -> list[dict]:
+    from retriever.rag.fact_world import answer_is_right
+    from retriever.rag.prompts import PromptFormat
+    from retriever.rag.release_eval import retrieval_answerer
+
+    prompt = PromptFormat(instruction=RAG_PROMPT_INSTRUCTION)
+    texts = world.documents
+    answer = retrieval_answerer(
+        lm, prompt, texts, np.ones((len(texts), 1)), lambda q: np.ones((len(q), 1)),
+        k=4, max_tokens=8, retrieval="bm25",
+    )  # fmt: skip
+    return [
+        {"support": q.support, "right": answer_is_right(answer(q.question), q.answer)}
+        for q in world.questions
+    ]
+
+
+def _single_rows(world, epsilons, supports) -> dict:
+    try:
+        from retriever.rag.single_fact_eval import single_answers
+    except ImportError:
+        return {}
+    from retriever.rag.fact_world import answer_is_right
+
+    asked = [q for q in world.questions if q.support in supports]
+    out = {}
+    for eps in epsilons:
+        answers = single_answers(world.documents, [q.question for q in asked], eps, delta=DELTA)
+        out[eps] = [
+            {"support": q.support, "right": answer_is_right(a, q.answer), "answer": a}
+            for q, a in zip(asked, answers, strict=True)
+        ]
+    return out
+
+
+def accuracy(rows, low: int, high: int | None = None) -> float:
+    """Share right among rows with low <= support <= high (nan: none)."""
+    high = low if high is None else high
+    picked = [r["right"] for r in rows if low <= r["support"] <= high]
+    return float(np.mean(picked)) if picked else float("nan")
+
+
+def _by_support(rows) -> dict[int, float]:
+    levels = sorted({r["support"] for r in rows})
+    return {s: accuracy(rows, s) for s in levels}
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    domains = list(results["domains"])
+    fig, axes = plt.subplots(1, len(domains), figsize=(4.2 * len(domains), 3.6), sharey=True)
+    for ax, domain in zip(np.atleast_1d(axes), domains, strict=True):
+        cell = results["domains"][domain]
+        for eps, curve in cell["release"].items():
+            ax.plot(list(map(int, curve)), list(curve.values()), "o-", label=f"release ε={eps}")
+        for eps, curve in cell["single"].items():
+            ax.plot(list(map(int, curve)), list(curve.values()), "s--", label=f"single ε={eps}")
+        rag = cell["rag"]
+        ax.plot(list(map(int, rag)), list(rag.values()), "k:", label="non-private RAG")
+        ax.set_xscale("log")
+        ax.set_xlabel("documents stating the fact")
+        role = "validation" if domain == results["validation"] else "test"
+        ax.set_title(f"{domain} ({role})")
+        ax.set_ylim(-0.05, 1.05)
+    np.atleast_1d(axes)[0].set_ylabel("questions answered right")
+    np.atleast_1d(axes)[-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    from retriever.network.engine import load_answer_lm
+    from retriever.rag.fact_world import TEST_DOMAINS, VALIDATION_DOMAIN, make_world
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/fact_eval"))
+    parser.add_argument("--domains", default=",".join((VALIDATION_DOMAIN, *TEST_DOMAINS)))
+    parser.add_argument("--seed", type=int, default=0, help="the worlds' seed")
+    parser.add_argument("--facts-per-level", type=int, default=5)
+    parser.add_argument("--single-supports", default="20", help="supports asked one by one")
+    parser.add_argument("--no-single", action="store_true", help="skip the DP-RAG answers")
+    parser.add_argument("--lm", default="smollm2-135m-instruct")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    lm, _ = load_answer_lm(args.lm)
+    supports = {int(s) for s in args.single_supports.split(",") if s}
+    results = {"validation": VALIDATION_DOMAIN, "delta": DELTA, "domains": {}}
+    everything = defaultdict(list)
+    leaks = 0
+    for domain in args.domains.split(","):
+        world = make_world(domain, facts_per_level=args.facts_per_level, seed=args.seed)
+        cells, domain_leaks, seconds = _release_cells(world, lm, RELEASE_EPSILONS)
+        leaks += domain_leaks
+        rag = _rag_rows(world, lm)
+        single = {} if args.no_single else _single_rows(world, SINGLE_EPSILONS, supports)
+        results["domains"][domain] = {
+            "documents": len(world.documents),
+            "release": {eps: _by_support(c["rows"]) for eps, c in cells.items()},
+            "release_pairs": {eps: c["pairs"] for eps, c in cells.items()},
+            "release_seconds": seconds,
+            "single": {eps: _by_support(rows) for eps, rows in single.items()},
+            "single_answers": single,
+            "rag": _by_support(rag),
+            "singleton_leaks": domain_leaks,
+        }
+        if domain != VALIDATION_DOMAIN:
+            for eps, c in cells.items():
+                everything[f"release{eps:g}"] += c["rows"]
+            for eps, rows in single.items():
+                everything[f"single{eps:g}"] += rows
+            everything["rag"] += rag
+        role = "validation" if domain == VALIDATION_DOMAIN else "test"
+        print(f"\n{domain} ({role}, {len(world.documents)} documents)")
+        levels = sorted({q.support for q in world.questions})
+        print("| cell | " + " | ".join(f"support {s}" for s in levels) + " |")
+        print("|---|" + "---|" * len(levels))
+        rows = [(f"release ε={e:g}", c["rows"]) for e, c in cells.items()]
+        rows += [(f"single ε={e:g}", r) for e, r in single.items()]
+        rows += [("non-private RAG", rag)]
+        for name, cell_rows in rows:
+            by = _by_support(cell_rows)
+            line = " | ".join("–" if s not in by else f"{by[s]:.2f}" for s in levels)
+            print(f"| {name} | {line} |", flush=True)
+    results["singleton_leaks"] = leaks
+    figures = {
+        "release_eps10_support10": accuracy(everything["release10"], 10, 10**9),
+        "release_eps10_support5": accuracy(everything["release10"], 5),
+        "release_eps3_support20": accuracy(everything["release3"], 20, 10**9),
+        "single_eps5_support20": accuracy(everything["single5"], 20),
+        "rag": accuracy(everything["rag"], 10, 10**9),
+    }
+    results["figures"] = figures
+    (args.out / "fact_eval.json").write_text(json.dumps(results, indent=1, default=str))
+    plot(results, args.out / "fact_eval.png")
+    print(" ".join(f"{k}={v:.2f}" for k, v in figures.items()) + f" singleton_leaks={leaks}")
+
+
+if __name__ == "__main__":
+    main()

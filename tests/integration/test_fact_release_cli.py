@@ -1,0 +1,109 @@
+"""`retriever knowledge release` (fact mode, the default) as a new user runs it on a fact world.
+
+Plan first (--dry-run: public n, epsilon, delta only), a release that could carry nothing is
+refused before any charge, the release is charged once, and its answers name their records,
+abstain on what it does not hold, and never hold a fact stated in one document.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import httpx
+import pytest
+
+from retriever.rag.fact_world import make_world, write_world
+from synthgen.privacy import PrivacyLedger
+from tests.retriever.service.harness import Server, cli
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("facts")
+    fact_world = make_world("products", facts_per_level=2, seed=5)
+    write_world(fact_world, root / "world")
+    return {"root": root, "corpus": root / "world" / "corpus.jsonl", "world": fact_world}
+
+
+def _release(world, *extra, check=True):
+    root = world["root"]
+    return cli("knowledge", "release", "--private-corpus", world["corpus"],
+               "--ledger", root / "ledger.sqlite", "--work", root / "work", *extra,
+               check=check)  # fmt: skip
+
+
+def test_dry_run_prints_what_a_fact_needs_and_charges_nothing(world):
+    result = _release(world, "--out", world["root"] / "dry", "--epsilon", 3, "--dry-run")
+    assert "a fact needs" in result.stdout and "records stating a fact" in result.stdout
+    line = json.loads(
+        _release(
+            world, "--out", world["root"] / "dry", "--epsilon", 3, "--dry-run", "--json"
+        ).stdout  # fmt: skip
+    )
+    assert line["records"] == len(world["world"].documents)
+    assert line["singleton_release_probability"] <= 1e-6 and line["records_needed_50"] > 1
+    assert not (world["root"] / "dry").exists()
+    assert not (world["root"] / "ledger.sqlite").exists()
+
+
+def test_a_release_that_can_carry_nothing_is_refused_before_the_charge(world):
+    result = _release(world, "--out", world["root"] / "thin", "--epsilon", 0.05, check=False)
+    assert result.returncode == 2 and "refused before any charge" in result.stderr
+    assert "Traceback" not in result.stderr and not (world["root"] / "thin").exists()
+    bad_delta = _release(world, "--out", world["root"] / "thin", "--epsilon", 10,
+                         "--delta", 0.01, check=False)  # fmt: skip
+    assert bad_delta.returncode == 2 and "1/n" in bad_delta.stderr
+
+
+def test_release_answer_abstain_and_serve(world):
+    root, facts = world["root"], world["world"]
+    line = json.loads(_release(world, "--out", root / "release", "--epsilon", 10, "--json").stdout)
+    assert line["complete"] and line["documents"] > 0 and line["pairs"] > 0
+    charges = PrivacyLedger(str(root / "ledger.sqlite")).charges("release", "corpus")
+    assert [c.stage for c in charges] == ["knowledge-release"]
+    released = (root / "release" / "synthetic.jsonl").read_text()
+    assert not any(f.value in released for f in facts.facts if f.support == 1)
+    card = json.loads((root / "release" / "card.json").read_text())
+    assert card["guarantee"]["singleton_release_probability"] <= 1e-6
+    question = next(q for q in facts.questions if q.support == 50)
+    answer = json.loads(
+        cli(
+            "knowledge",
+            "answer",
+            "--knowledge",
+            root / "release",
+            "--question",
+            question.question,
+            "--lm",
+            "tiny",
+            "--json",
+        ).stdout  # fmt: skip
+    )
+    assert answer["charged"] is False and not answer["abstained"]
+    assert answer["sources"] and answer["records"] and answer["answer"] in released
+    unknown = json.loads(
+        cli(
+            "knowledge",
+            "answer",
+            "--knowledge",
+            root / "release",
+            "--question",
+            "Who makes the Qqzx Z9?",
+            "--lm",
+            "tiny",
+            "--json",
+        ).stdout  # fmt: skip
+    )
+    assert unknown["abstained"] and unknown["sources"] == [] and unknown["records"] == []
+    server = Server.__new__(Server)
+    server.args = [sys.executable, "-m", "retriever.cli", "serve", "--knowledge",
+                   root / "release", "--lm", "tiny"]  # fmt: skip
+    server.log, server.proc, server.url = root / "serve.log", None, ""
+    server.start()
+    try:
+        reply = httpx.post(server.url + "/answer", json={"question": question.question}, timeout=60)
+        assert reply.status_code == 200 and reply.json()["answer"] == answer["answer"]
+    finally:
+        server.stop()
+    assert len(PrivacyLedger(str(root / "ledger.sqlite")).charges("release", "corpus")) == 1

@@ -1,0 +1,115 @@
+"""The fact release: the public key-phrase rule, the plan's arithmetic, the DP selection."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from synthgen.knowledge.facts import FactConfig, fact_records, plan_facts, release_facts
+from synthgen.knowledge.phrases import (
+    pair_key,
+    question_phrases,
+    record_pairs,
+    record_phrases,
+    sentence_phrases,
+)
+from synthgen.privacy import PrivacyLedger, Scope
+from synthgen.privacy.partition_selection import keep_probability
+
+
+def test_key_phrases_are_names_numbers_and_rare_words():
+    assert sentence_phrases("Dara Quillon works at Velmora Dynamics.") == [
+        "Dara Quillon",
+        "Velmora Dynamics",
+    ]
+    assert sentence_phrases("In 1970, Norol Murzer was born.") == ["1970", "Norol Murzer"]
+    assert sentence_phrases("The Vuke B8 costs $1,299.50 in Poby's shops.") == [
+        "Vuke B8",
+        "$1,299.50",
+        "Poby",
+    ]
+    # common words, even capitalised at a sentence's start, carry no fact
+    assert sentence_phrases("The weather was mild for most of the season.") == []
+    assert sentence_phrases("Maria Lopez grew up in Tarnwick.") == ["Maria Lopez", "Tarnwick"]
+    assert sentence_phrases("An adult Trirgol trenne measures 190 cm.") == ["Trirgol trenne", "190"]
+
+
+def test_pairs_share_a_sentence_nearest_first_at_most_k():
+    text = "Ada Vorn met Bel Quist and Cai Zorn. Dov Rell is elsewhere."
+    assert record_phrases(text) == [["Ada Vorn", "Bel Quist", "Cai Zorn"], ["Dov Rell"]]
+    assert record_pairs(text, 10) == [
+        pair_key("Ada Vorn", "Bel Quist"),
+        pair_key("Bel Quist", "Cai Zorn"),
+        pair_key("Ada Vorn", "Cai Zorn"),
+    ]
+    assert record_pairs(text, 1) == [pair_key("Ada Vorn", "Bel Quist")]
+    assert pair_key("b", "a") == pair_key("a", "b")
+
+
+def test_question_phrases_are_whole_words_longest_first():
+    known = ["Dara Quill", "Quill", "Velmora Dynamics", "Poby"]
+    assert question_phrases("Which company does Dara Quill work for?", known) == ["Dara Quill"]
+    assert question_phrases("Where is Pobyton?", known) == []
+
+
+def test_the_plan_is_public_arithmetic_and_refuses_what_cannot_carry():
+    plan = plan_facts(FactConfig(epsilon=10.0, delta=1e-6), 500)
+    assert plan.problems() == []
+    assert plan.singleton_probability <= 1e-6
+    assert plan.singleton_probability == keep_probability(1, 10.0, 1e-6, 1)
+    needed = plan.records_needed(0.5)
+    assert plan.keep_probability(needed) >= 0.5 > plan.keep_probability(needed - 1)
+    assert plan_facts(FactConfig(epsilon=3.0), 500).records_needed() > needed
+    assert plan_facts(FactConfig(epsilon=10.0, max_pairs=4), 500).records_needed() > needed
+    assert "1/n" in plan_facts(FactConfig(epsilon=10.0, delta=1e-2), 500).problems()[0]
+    thin = plan_facts(FactConfig(epsilon=0.1), 40).problems()
+    assert thin and "carry nothing" in thin[0]
+    table = plan.table()
+    assert [r["released"] for r in table] == sorted(r["released"] for r in table)
+
+
+def _collection(canary: str) -> list[str]:
+    texts = [f"Dara Quillon works at Velmora Dynamics. Note {i}." for i in range(30)]
+    texts += [f"Bo Kestrin grew up in Tarnwick. Entry {i}." for i in range(30)]
+    texts += [f"The weather was mild on day {i}." for i in range(40)]
+    return texts + [canary]
+
+
+def test_release_carries_shared_facts_and_never_a_single_records(tmp_path):
+    canary = "Zorvik Plenthe was born in Qaxfordshire."
+    release = release_facts(_collection(canary), FactConfig(epsilon=10.0))
+    assert set(release.pairs) == {
+        pair_key("Dara Quillon", "Velmora Dynamics"),
+        pair_key("Bo Kestrin", "Tarnwick"),
+    }
+    assert all(abs(count - 30) < 15 for count in release.pairs.values())
+    texts = " ".join(r["text"] for r in release.records)
+    assert "Zorvik" not in texts and "Qaxfordshire" not in texts
+    assert {r["topic"] for r in release.records} == {
+        "Dara Quillon", "Velmora Dynamics", "Bo Kestrin", "Tarnwick",
+    }  # fmt: skip
+
+
+def test_fact_records_list_partners_by_noisy_count():
+    pairs = {pair_key("A", "B"): 9.0, pair_key("A", "C"): 20.0, pair_key("D", "E"): 5.0}
+    records = {r["topic"]: r for r in fact_records(pairs, max_partners=8)}
+    assert records["A"]["text"] == "A: C; B."
+    assert records["B"]["partners"] == ["A"]
+    assert fact_records(pairs, max_partners=1)[0]["partners"] == ["C"]
+
+
+def test_refused_before_any_charge_and_charged_once_on_rerun(tmp_path):
+    ledger = PrivacyLedger(str(tmp_path / "ledger.sqlite"))
+    ledger.ensure_scope(Scope("release", "c", 10.0, 1e-6))
+    with pytest.raises(ValueError, match="carry nothing"):
+        release_facts(["Ada Vorn met Bel Quist."] * 20, FactConfig(epsilon=0.2),
+                      work=tmp_path, ledger=ledger, ledger_scope=("release", "c"))  # fmt: skip
+    assert ledger.charges("release", "c") == []
+    texts = _collection("x")
+    for _ in range(2):  # a rerun after a crash: the same idempotency key, one charge
+        release_facts(texts, FactConfig(epsilon=10.0), work=tmp_path, ledger=ledger,
+                      ledger_scope=("release", "c"))  # fmt: skip
+    charges = ledger.charges("release", "c")
+    assert len(charges) == 1 and charges[0].stage == "knowledge-release"
+    assert json.loads((tmp_path / "facts_charge.json").read_text())["ref"].startswith("facts-")
