@@ -3,7 +3,8 @@
 What carries a fact about a private entity is its name and the values stated with it:
 invented or rare words, proper nouns, numbers and prices. A word is a *key word* when
 
-* it is a number (``1987``, ``$249``, ``4.5``), or
+* it is a number (``1987``, ``$249``, ``4.5``), or a unit of at most three letters right
+  after one (``190 cm``), or
 * it is rare in English: its `wordfreq` Zipf frequency is below `RARE_ZIPF` (an invented
   name scores 0), or
 * it is capitalised inside a sentence (a proper noun: "Velmora *Dynamics*"), or opens a
@@ -51,6 +52,16 @@ def _is_number(token: str) -> bool:
     return bool(re.match(r"\$?\d", token))
 
 
+_FUNCTION_WORDS = frozenset(
+    "a an and are as at be by for if in is it of on or per so the to up was".split()
+)
+
+
+def _is_unit(token: str) -> bool:
+    """A short word after a number that is no function word: a unit ("cm", "kg", "mph")."""
+    return token.isalpha() and len(token) <= 3 and token.lower() not in _FUNCTION_WORDS
+
+
 def sentence_phrases(sentence: str) -> list[str]:
     """The key phrases of one sentence, in reading order."""
     tokens = _TOKEN.findall(sentence)
@@ -73,6 +84,9 @@ def sentence_phrases(sentence: str) -> list[str]:
         return False
 
     keys = [key(i) for i in range(len(words))]
+    for i in range(1, len(words)):  # a unit after a number is part of it: "190 cm", "5 kg"
+        if keys[i - 1] and _is_number(words[i - 1]) and _is_unit(words[i]):
+            keys[i] = True
     if (  # "Maria Lopez works ...": a common first name opening the sentence
         len(words) > first + 1
         and not keys[first]

@@ -88,15 +88,41 @@ class KnowledgePlan:
         return accounting.compose([self.keyword_event, self.cluster_event, self.generation.event])
 
     def stages(self) -> list[dict]:
-        """Each stage's share of the guarantee, for the card (epsilon at its own delta)."""
+        """Each stage's share of the guarantee, for the card (epsilon at its own delta).
+
+        The stages' epsilons do not add up to the release's: each is stated at its own third
+        of delta, and the release is their PLD composition at the whole delta (the card's
+        total). ``note`` says so on every row, and the keyword stage states the probability
+        that a keyword held by one record is released."""
+        from synthgen.privacy.partition_selection import keep_probability
+
         cluster_eps = accounting.epsilon(self.cluster_event, self.cluster_delta)
+        note = (
+            f"this stage alone, at delta={self.keyword_delta:.3g}; the stages compose (PLD) "
+            f"to the release's ({self.epsilon:.4g}, {self.delta:.3g}), not to their sum"
+        )
+        singleton = keep_probability(
+            1, self.keyword_epsilon, self.keyword_delta, self.config.max_keywords
+        )
         return [
-            {"stage": "keywords", "epsilon": self.keyword_epsilon, "delta": self.keyword_delta},
-            {"stage": "cluster-keywords", "epsilon": cluster_eps, "delta": self.cluster_delta},
+            {
+                "stage": "keywords",
+                "epsilon": self.keyword_epsilon,
+                "delta": self.keyword_delta,
+                "singleton_release_probability": singleton,
+                "note": note,
+            },
+            {
+                "stage": "cluster-keywords",
+                "epsilon": cluster_eps,
+                "delta": self.cluster_delta,
+                "note": note,
+            },
             {
                 "stage": "generation",
                 "epsilon": self.generation.epsilon,
                 "delta": self.generation.delta,
+                "note": note,
             },
         ]
 

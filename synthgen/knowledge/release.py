@@ -24,7 +24,12 @@ al. 2025):
 Clusters are independent work: ``shard=(i, n)`` generates the clusters ``c % n == i``, each
 from its own stream of the release key, so any split joins to the same bytes as one job.
 The private work folder holds the release key, the clusters' members and each cluster's
-output (resume state); it is never part of the release.
+output (resume state); it is never part of the release. The key is deleted once every
+cluster is generated (`forget_key`): kept, it would replay the noise. Shards agree on who
+prepares stages 1 and 2 by an exclusive `fcntl.flock` on a file of the work folder: that
+holds between processes of one machine on a local filesystem; on NFS without lockd, or on
+object-store mounts, the lock may not exclude, and two shards could draw stages 1 and 2
+twice. Run shards on one machine, or prepare with one shard before starting the others.
 
 Privacy:
   Unit: one record of the collection; add/remove-one. The three stages are fixed by public
@@ -151,6 +156,21 @@ def _prepare(lm, texts, config, plan, *, encode, rng, ledger, ledger_scope, stat
     tmp.write_text(json.dumps(state))
     tmp.replace(state_path)  # atomic: a crash leaves no half-written state
     return state
+
+
+def forget_key(state_path: Path) -> None:
+    """Deletes the release key from the private state once every cluster is generated.
+
+    The key seeds stage 2's and stage 3's noise: kept after publication, anyone who reads the
+    work folder could replay that noise and subtract it from the release. Nothing needs it
+    once the clusters' outputs are written (a rerun finds them done)."""
+    state = json.loads(state_path.read_text())
+    if state.get("key") is None:
+        return
+    state["key"] = None
+    tmp = state_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(state_path)
 
 
 def _fingerprint(texts: Sequence[str]) -> str:
@@ -342,6 +362,11 @@ def release_knowledge(
         raise ValueError(f"shard must be (i, n) with 0 <= i < n, got {shard=}")
     if not texts:
         raise ValueError("the collection holds no record")
+    if config.delta >= 1.0 / len(texts):
+        raise ValueError(
+            f"delta={config.delta:g} is not below 1/n = {1.0 / len(texts):.3g}: a release "
+            "could then publish a whole record; use a smaller delta"
+        )
     if ledger is not None and ledger_scope is None:
         raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
     plan = plan_release(config)
@@ -408,4 +433,5 @@ def release_knowledge(
             return mean_logprob(lm, text, prefix=head) >= config.min_text_logprob
 
         records = synthetic_records(clusters, outputs, keep)
+        forget_key(state_path)
     return KnowledgeRelease(records, state["keyword_counts"], clusters, plan, complete, done)

@@ -32,7 +32,11 @@ def test_key_phrases_are_names_numbers_and_rare_words():
     # common words, even capitalised at a sentence's start, carry no fact
     assert sentence_phrases("The weather was mild for most of the season.") == []
     assert sentence_phrases("Maria Lopez grew up in Tarnwick.") == ["Maria Lopez", "Tarnwick"]
-    assert sentence_phrases("An adult Trirgol trenne measures 190 cm.") == ["Trirgol trenne", "190"]
+    assert sentence_phrases("An adult Trirgol trenne measures 190 cm.") == [
+        "Trirgol trenne",
+        "190 cm",
+    ]
+    assert sentence_phrases("It weighs 5 kg in Poby.") == ["5 kg", "Poby"]
 
 
 def test_pairs_share_a_sentence_nearest_first_at_most_k():

@@ -7,6 +7,7 @@ keyword held by one record (a canary) never released; shards join to the same by
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -299,3 +300,18 @@ def test_min_tokens_leaves_common_words_out():
     assert kept == [["statirish", "tostex", "jonah"]]
     everything = record_keywords([text], max_keywords=6, token_count=counts.get)
     assert everything == [["statirish", "tostex", "jonah", "swelling"]]
+
+
+def test_review_findings_delta_below_one_over_n_and_the_key_is_forgotten(tmp_path):
+    texts = [f"Record {i} about quinaxitis and dabaxozane." for i in range(40)]
+    with pytest.raises(ValueError, match="1/n"):
+        release_knowledge(TinyLM(), texts, dataclasses.replace(CONFIG, delta=0.05),
+                          work=tmp_path / "w0")  # fmt: skip
+    result = release_knowledge(TinyLM(), texts, CONFIG, work=tmp_path / "w1",
+                               rng=np.random.default_rng(0))  # fmt: skip
+    assert result.complete
+    state = json.loads((tmp_path / "w1" / release.STATE_FILE).read_text())
+    assert state["key"] is None  # the noise cannot be replayed from the work folder
+    stages = _plan(CONFIG).stages()
+    assert all("not to their sum" in s["note"] for s in stages)
+    assert 0 <= stages[0]["singleton_release_probability"] <= CONFIG.delta
