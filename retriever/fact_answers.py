@@ -6,7 +6,9 @@ A question is answered in three public steps:
 
 1. the released phrases the question names ("Which company does Dara Quill work for?" names
    "Dara Quill"); none: the answer abstains, naming no record;
-2. the candidates: those phrases' released partners, not named by the question;
+2. the candidates: those phrases' released partners, not named by the question; when the
+   question names several phrases, the partners that most of them share (what links
+   them: "Which disease causes stibrenish blisters and statirish swelling?");
 3. the public LM scores each candidate as the answer to the question (a plain
    "Question: ... Answer:" prompt), less its score as the answer to an empty question
    (domain-conditional PMI, Holtzman et al. 2021: a number is likely after any question),
@@ -57,12 +59,15 @@ class FactAnswerer:
         """(the records' topics the question names, their partners it does not name)."""
         named = question_phrases(question, list(self.records))
         said = {n.lower() for n in named}
-        out: list[str] = []
+        links: dict[str, int] = {}
         for topic in named:
             for partner in self.records[topic]["partners"]:
-                if partner.lower() not in said and partner not in out:
-                    out.append(partner)
-        return named, out
+                if partner.lower() not in said:
+                    links[partner] = links.get(partner, 0) + 1
+        # a question naming several phrases asks what links them: partners of the most
+        # named phrases first (on a one-name question, every partner)
+        most = max(links.values(), default=0)
+        return named, [p for p, n in links.items() if n == most]
 
     def answer(self, question: str) -> FactAnswer:
         from synthgen.lm_backends import continuation_logprobs

@@ -8,7 +8,9 @@ species the test domains), at every support level (documents stating the fact):
 * single: one DP-RAG answer per question (`retriever.rag.single_fact_eval`, mechanism
   `auto`) at epsilon 5 and 10, for the supports in ``--single-supports``;
 * rag: non-private RAG, BM25 top-4 documents and SmolLM2-135M's greedy answer;
-* singleton leaks: a fact stated in one document whose value appears in a release.
+* singleton leaks: a fact stated in one document whose value appears in a release;
+* medical: the world and stream of `scripts/multi_query_eval.py` (its first 300 questions),
+  fact releases at epsilon 10 with K = 1 and 6 against non-private RAG.
 
 Prints a table per domain, writes ``<out>/fact_eval.json`` and ``<out>/fact_eval.png``
 (accuracy against support), and ends with the line
@@ -75,7 +77,7 @@ def _rag_rows(world, lm) -> list[dict]:
     texts = world.documents
     answer = retrieval_answerer(
         lm, prompt, texts, np.ones((len(texts), 1)), lambda q: np.ones((len(q), 1)),
-        k=4, max_tokens=8, retrieval="bm25",
+        k=4, max_tokens=24, retrieval="bm25",
     )  # fmt: skip
     return [
         {"support": q.support, "right": answer_is_right(answer(q.question), q.answer)}
@@ -99,6 +101,44 @@ def _single_rows(world, epsilons, supports) -> dict:
             for q, a in zip(asked, answers, strict=True)
         ]
     return out
+
+
+def medical_cells(lm, questions: int, max_pairs: tuple[int, ...]) -> dict:
+    """The medical world of `scripts/multi_query_eval.py` (2,000 records, 60 diseases), the
+    first `questions` of its Zipf stream: fact releases at epsilon 10 (one per K) against
+    non-private RAG (BM25 top-4, the medical prompt), each question text answered once."""
+    from retriever.fact_answers import FactAnswerer
+    from retriever.rag.evaluation import MEDICAL_PROMPT
+    from retriever.rag.medical import MedicalWorldConfig, answer_is_correct, make_world
+    from retriever.rag.release_eval import retrieval_answerer
+    from retriever.rag.stream_eval import zipf_stream
+    from synthgen.knowledge.facts import FactConfig, release_facts
+
+    world = make_world(MedicalWorldConfig(num_diseases=60, num_records=2000, symptom_pool=180))
+    stream = zipf_stream(world, questions, seed=0)
+    texts = [r.text for r in world.records]
+    others = [d.name for d in world.diseases]
+    answerers = {}
+    for k in max_pairs:
+        start = time.perf_counter()
+        release = release_facts(texts, FactConfig(epsilon=10.0, delta=DELTA, max_pairs=k))
+        seconds = time.perf_counter() - start
+        answerers[f"release eps=10 K={k}"] = FactAnswerer(release.records, lm).answer
+        print(f"medical K={k}: {len(release.pairs)} pairs released in {seconds:.1f} s")
+    rag = retrieval_answerer(
+        lm, MEDICAL_PROMPT, texts, np.ones((len(texts), 1)), lambda q: np.ones((len(q), 1)),
+        k=4, max_tokens=8, retrieval="bm25",
+    )  # fmt: skip
+    cells = {}
+    for name, answer in [*answerers.items(), ("non-private RAG", rag)]:
+        cache: dict[str, bool] = {}
+        for q in stream:
+            if q.question not in cache:
+                text = answer(q.question)
+                text = text.answer if hasattr(text, "answer") else text
+                cache[q.question] = answer_is_correct(text, q.answer, others=others)
+        cells[name] = float(np.mean([cache[q.question] for q in stream]))
+    return cells
 
 
 def accuracy(rows, low: int, high: int | None = None) -> float:
@@ -152,6 +192,9 @@ def main() -> None:
     parser.add_argument("--single-supports", default="20", help="supports asked one by one")
     parser.add_argument("--no-single", action="store_true", help="skip the DP-RAG answers")
     parser.add_argument("--lm", default="smollm2-135m-instruct")
+    parser.add_argument(
+        "--medical-questions", type=int, default=300, help="medical stream (0: skip)"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     lm, _ = load_answer_lm(args.lm)
@@ -194,6 +237,13 @@ def main() -> None:
             line = " | ".join("–" if s not in by else f"{by[s]:.2f}" for s in levels)
             print(f"| {name} | {line} |", flush=True)
     results["singleton_leaks"] = leaks
+    if args.medical_questions:
+        medical = medical_cells(lm, args.medical_questions, (1, 6))
+        results["medical"] = medical
+        print(f"\nmedical world, first {args.medical_questions} questions of the stream")
+        for name, value in medical.items():
+            ratio = value / max(medical["non-private RAG"], 1e-9)
+            print(f"| {name} | {value:.3f} | {ratio:.2f}x non-private RAG |", flush=True)
     figures = {
         "release_eps10_support10": accuracy(everything["release10"], 10, 10**9),
         "release_eps10_support5": accuracy(everything["release10"], 5),

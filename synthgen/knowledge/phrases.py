@@ -12,8 +12,8 @@ invented or rare words, proper nouns, numbers and prices. A word is a *key word*
 
 A *key phrase* is a run of adjacent key words in one sentence ("Velmora Dynamics",
 "Banpo brebrin"). A record's *fact pairs* are the unordered pairs of key phrases that share a
-sentence, nearest first: "Dara Quill works at Velmora Dynamics" gives
-("Dara Quill", "Velmora Dynamics"). The word frequencies are public (the `wordfreq` package,
+sentence, nearest first, then pairs across sentences: "Dara Quill works at Velmora Dynamics"
+gives ("Dara Quill", "Velmora Dynamics"). The word frequencies are public (the `wordfreq` package,
 fixed before any record is read), so a record's phrases and pairs are a function of that
 record alone: the per-record contribution a DP set union needs (`synthgen.knowledge.facts`).
 
@@ -125,15 +125,19 @@ def split_pair(key: str) -> tuple[str, str]:
 
 
 def record_pairs(text: str, max_pairs: int) -> list[str]:
-    """A record's at most `max_pairs` fact pairs: phrases sharing a sentence, nearest first
-    (adjacent phrases, then two apart, ...), earlier sentences first."""
+    """A record's at most `max_pairs` fact pairs, nearest first: phrases of one sentence
+    (adjacent, then two apart, ...), earlier sentences first; then phrases of different
+    sentences (adjacent sentences first)."""
+    sentences = record_phrases(text)
     pairs: list[str] = []
-    for phrases in record_phrases(text):
+    for phrases in sentences:
         for gap in range(1, len(phrases)):
             for i in range(len(phrases) - gap):
-                a, b = phrases[i], phrases[i + gap]
-                if a.lower() != b.lower():
-                    pairs.append(pair_key(a, b))
+                pairs.append(pair_key(phrases[i], phrases[i + gap]))
+    for gap in range(1, len(sentences)):
+        for i in range(len(sentences) - gap):
+            pairs += [pair_key(a, b) for a in sentences[i] for b in sentences[i + gap]]
+    pairs = [p for p in pairs if len({x.lower() for x in split_pair(p)}) == 2]
     return list(dict.fromkeys(pairs))[:max_pairs]
 
 

@@ -35,3 +35,17 @@ def test_several_partners_the_answer_is_one_of_them_never_the_question_s_own():
     # a question naming both phrases of a pair: the partner it names is no answer
     named, candidates = answerer.candidates("Does Dara Quill work at Velmora Dynamics?")
     assert "Velmora Dynamics" not in candidates and "Dara Quill" not in candidates
+
+
+def test_a_question_naming_several_phrases_asks_what_links_them():
+    pairs = {
+        pair_key("stibrenish", "Besox"): 30.0,
+        pair_key("statirish", "Besox"): 25.0,
+        pair_key("stibrenish", "Zolozane"): 28.0,
+        pair_key("statirish", "Madox"): 9.0,
+    }
+    answerer = FactAnswerer(fact_records(pairs, 8), TinyLM())
+    question = "Which disease causes stibrenish blisters and statirish swelling?"
+    named, candidates = answerer.candidates(question)
+    assert set(named) == {"stibrenish", "statirish"} and candidates == ["Besox"]
+    assert answerer.answer(question).answer == "Besox"

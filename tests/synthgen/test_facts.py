@@ -39,13 +39,16 @@ def test_key_phrases_are_names_numbers_and_rare_words():
     assert sentence_phrases("It weighs 5 kg in Poby.") == ["5 kg", "Poby"]
 
 
-def test_pairs_share_a_sentence_nearest_first_at_most_k():
+def test_pairs_nearest_first_sentence_before_record_at_most_k():
     text = "Ada Vorn met Bel Quist and Cai Zorn. Dov Rell is elsewhere."
     assert record_phrases(text) == [["Ada Vorn", "Bel Quist", "Cai Zorn"], ["Dov Rell"]]
     assert record_pairs(text, 10) == [
         pair_key("Ada Vorn", "Bel Quist"),
         pair_key("Bel Quist", "Cai Zorn"),
         pair_key("Ada Vorn", "Cai Zorn"),
+        pair_key("Ada Vorn", "Dov Rell"),
+        pair_key("Bel Quist", "Dov Rell"),
+        pair_key("Cai Zorn", "Dov Rell"),
     ]
     assert record_pairs(text, 1) == [pair_key("Ada Vorn", "Bel Quist")]
     assert pair_key("b", "a") == pair_key("a", "b")
