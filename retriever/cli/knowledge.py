@@ -76,7 +76,8 @@ def release(
         str | None,
         typer.Option(
             help="clusters: I/N: generate this shard's clusters; any run that finds all done "
-            "writes the release"
+            "writes the release (shards share the work folder through flock: one machine, "
+            "or a filesystem whose locks hold between machines)"
         ),
     ] = None,  # fmt: skip
     lm: Annotated[str, typer.Option(help="public LM asset or path; 'tiny': the test LM")] = (
