@@ -28,6 +28,11 @@ Scores of different contributors come from their own indexes (maybe their own en
 so merging raw scores is a heuristic; ``reranker`` re-scores every hit with one local
 encoder so that the merged order is comparable across contributors.
 
+Fact releases (the default release): with a local LM the engine reads each card once, asks
+a fact release for ``fact_k`` records, and answers as from one fact release
+(`retriever.network.facts`: records merged by phrase, the LM picks among the partners of
+what the question names, or abstains). The merged documents are still the top k.
+
 Privacy:
   ``/retrieve`` returns post-processing of each contributor's DP release, so it costs
   nothing at any contributor; the engine checks that each reports epsilon 0 and shows each
@@ -134,6 +139,9 @@ class EngineConfig:
       answer_documents: merged documents the local LM reads.
       max_answer_tokens: most tokens of the local answer (greedy).
       max_document_tokens: a document's text is cut to this many tokens in the prompt.
+      fact_k: records asked of a fact release for the local answer (at most its
+        ``max_retrieve_k``, 20): a named phrase's record must be among them to be read
+        (measured: `retriever.network.facts`).
     """
 
     k: int = 10
@@ -147,6 +155,7 @@ class EngineConfig:
     answer_documents: int = 5
     max_answer_tokens: int = 32
     max_document_tokens: int = 160
+    fact_k: int = 20
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.answer_documents < 1 or self.max_answer_tokens < 1:
@@ -157,8 +166,8 @@ class EngineConfig:
             raise ValueError(f"need retries >= 0 and 0 <= backoff <= max_backoff: {self=}")
         if min(self.max_response_bytes, self.max_text_chars, self.max_doc_id_chars) < 1:
             raise ValueError(f"size limits must be >= 1: {self=}")
-        if self.max_document_tokens < 1:
-            raise ValueError(f"max_document_tokens must be >= 1: {self.max_document_tokens=}")
+        if self.max_document_tokens < 1 or self.fact_k < 1:
+            raise ValueError(f"max_document_tokens and fact_k must be >= 1: {self=}")
 
 
 # ---- local re-ranking and answers (post-processing of the releases) ---------------------
@@ -502,14 +511,22 @@ class NetworkQueryEngine:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k=}")
         start = time.monotonic()
-        if mode == "retrieve":
-            path, payload = "/retrieve", {"question": question, "k": k}
-            parse = self._retrieve_parser(k)
-        else:
-            path, payload, parse = "/answer", {"question": question}, self._answer_parser()
+        facts: set[str] = set()  # contributors answered as fact releases
+        if self.lm is not None and mode == "retrieve":
+            if any(c.label not in self.cards and c.label not in self.card_errors
+                   for c in self.contributors):  # fmt: skip
+                await self.fetch_cards()  # once: a card that failed is not asked again
+            facts = {label for label, card in self.cards.items() if card.get("fact_release")}
+
+        def ask(contributor: Contributor) -> tuple[str, dict[str, Any], Callable]:
+            if mode == "answer":
+                return "/answer", {"question": question}, self._answer_parser()
+            asked = max(k, self.config.fact_k) if contributor.label in facts else k
+            return "/retrieve", {"question": question, "k": asked}, self._retrieve_parser(asked)
+
         async with self._client() as client:
             outcomes = await asyncio.gather(
-                *(self._call(client, c, path, payload, parse) for c in self.contributors)
+                *(self._call(client, c, *ask(c)) for c in self.contributors)
             )
         response = NetworkResponse(mode, k, [])
         hits: list[Hit] = []
@@ -539,8 +556,19 @@ class NetworkQueryEngine:
         hits.sort(key=lambda h: -h.score)  # stable: ties keep contributor order, then rank
         response.documents = hits[:k]
         if self.lm is not None and mode == "retrieve":
-            texts = [h.text for h in response.documents[: self.config.answer_documents]]
-            response.answer = await asyncio.to_thread(self._answer_locally, question, texts)
+            others = [h.text for h in response.documents if h.contributor not in facts]
+            texts = others[: self.config.answer_documents]
+            if facts:
+                found = [[h["text"] for h in o.hits] for c, o in
+                         zip(self.contributors, outcomes) if c.label in facts]  # fmt: skip
+                answer, abstained, records = await asyncio.to_thread(
+                    self._answer_from_facts, question, found
+                )
+                response.records = records
+                if not (abstained and texts):  # a cluster release may still answer
+                    response.answer, response.abstained = answer, abstained
+            if response.answer is None and not response.abstained:
+                response.answer = await asyncio.to_thread(self._answer_locally, question, texts)
             response.answered_by = self.lm_name
         response.elapsed_s = round(time.monotonic() - start, 4)
         log.info(
@@ -549,6 +577,12 @@ class NetworkQueryEngine:
             len(response.documents), 1e3 * response.elapsed_s,
         )  # fmt: skip
         return response
+
+    def _answer_from_facts(self, question: str, found: list[list[str]]):
+        from retriever.network.facts import fact_answer
+
+        with self._lm_lock:
+            return fact_answer(self.lm, question, found)
 
     def _answer_locally(self, question: str, texts: list[str]) -> str:
         with self._lm_lock:

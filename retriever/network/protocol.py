@@ -19,6 +19,7 @@ import re
 import time
 from typing import Any
 
+from retriever.network.facts import is_fact_card
 from retriever.network.folder import CARD_FORMAT
 
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
@@ -167,6 +168,7 @@ def parse_card(body: bytes) -> dict[str, Any]:
             "seeded": bool(guarantee.get("seeded", False)),
         },
         "served_answer": served_answer,
+        "fact_release": is_fact_card(card),
     }
 
 

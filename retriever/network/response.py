@@ -93,6 +93,9 @@ class NetworkResponse:
         "text", "epsilon", "delta", "mechanism", "remaining_epsilon"}``.
       reranked_by: the local encoder that re-scored the hits (None: contributors' scores).
       answered_by: the local LM's name.
+      abstained: the local answer abstained (fact releases: the question names no released
+        phrase; `retriever.network.facts`).
+      records: the merged fact records the local answer read (fact releases only).
       elapsed_s: seconds for the whole query.
     """
 
@@ -105,6 +108,8 @@ class NetworkResponse:
     reranked_by: str | None = None
     answered_by: str | None = None
     elapsed_s: float = 0.0
+    abstained: bool = False
+    records: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def failed(self) -> list[ContributorReport]:
@@ -128,5 +133,7 @@ class NetworkResponse:
             "answers": self.answers,
             "reranked_by": self.reranked_by,
             "answered_by": self.answered_by,
+            "abstained": self.abstained,
+            "records": self.records,
             "elapsed_s": self.elapsed_s,
         }

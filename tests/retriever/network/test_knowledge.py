@@ -221,8 +221,8 @@ def test_an_empty_release_has_no_documents_and_no_index(tmp_path):
 def test_cli_build_prints_one_json_line(tmp_path):
     corpus = _write_corpus(tmp_path / "corpus.jsonl", _private_rows())
     out, work = tmp_path / "release", tmp_path / "work"
-    result = cli("contributor", "build", "--private", corpus, "--epsilon", EPSILON,
-                 "--out", out, "--work", work, "--lm", "tiny", "--seed", 1,
+    result = cli("contributor", "build", "--mode", "clusters", "--private", corpus,
+                 "--epsilon", EPSILON, "--out", out, "--work", work, "--lm", "tiny", "--seed", 1,
                  "--voters", 4, "--public-pool-size", 8, "--max-clusters", 8,
                  "--keyword-share", 0.4)  # fmt: skip
     lines = result.stdout.strip().splitlines()

@@ -1,0 +1,117 @@
+"""Answers from the network's fact releases: their records parsed, merged by phrase, answered.
+
+A contributor's fact release (`synthgen.knowledge.facts`, `retriever.network.knowledge`)
+serves one synthetic record per released key phrase, listing the phrases released with it
+by noisy count: ``"Dara Quill: Velmora Dynamics; 1970."``. The network engine
+(`retriever.network.engine`) answers from such releases with the design of a single release
+(`retriever.fact_answers`):
+
+1. each contributor's ``/retrieve`` hits are parsed back into ``{topic, partners}``
+   (`parse_fact_record`; a text that is not a fact record is left out);
+2. the records of all contributors are merged by phrase (`merge_fact_records`): a phrase's
+   partners are the union of its partners at every contributor, best ranks first, and a
+   record also lends its topic to each of its partners (a released pair is one fact, so
+   "Velmora Dynamics: Dara Quill." at one contributor tells "Dara Quill" its employer even
+   when Dara Quill's own record was not among that contributor's hits);
+3. `retriever.fact_answers.FactAnswerer` names the merged phrases the question names, and
+   the public LM picks among their partners (or abstains when the question names none).
+
+A contributor is a fact release when its card's guarantee has the ``fact-pairs`` stage
+(`is_fact_card`); the engine asks such a contributor for ``EngineConfig.fact_k`` records
+(20) rather than k, since a record must be among the hits to be read at all. Measured on the
+fact worlds split over 3 contributors at epsilon 10 (26-32 records each; 20 questions of
+support >= 10 per domain): the record of the phrase a question names was among that
+contributor's top 5 and top 10 dense ``/retrieve`` hits for 170 of 172 (question,
+contributor) pairs, and among its top 20 for all 172; the merge's lent topics cover a miss.
+A release of thousands of records may need a name match at the contributor instead.
+
+Privacy:
+  Reads only what the contributors released (their DP records, over ``/retrieve``) and the
+  public LM: post-processing, nothing is charged anywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+FACT_STAGE = "fact-pairs"  # the stage of a fact release on its card (`synthgen.knowledge.facts`)
+
+
+def is_fact_card(card: Mapping[str, Any]) -> bool:
+    """Whether a raw card (``/card``, `retriever.network.folder.make_card`) is a fact
+    release's: its guarantee lists the ``fact-pairs`` stage."""
+    guarantee = card.get("guarantee")
+    stages = guarantee.get("stages") if isinstance(guarantee, Mapping) else None
+    if not isinstance(stages, list):
+        return False
+    return any(isinstance(s, Mapping) and s.get("stage") == FACT_STAGE for s in stages)
+
+
+def parse_fact_record(text: str) -> dict[str, Any] | None:
+    """``{"topic", "partners", "text"}`` of a fact record's text, or None when `text` is not
+    one (``"TOPIC: P1; P2; ...."``, as `synthgen.knowledge.facts.fact_records` writes it).
+
+    A key phrase never holds ``:`` or ``;`` and never ends with ``.``
+    (`synthgen.knowledge.phrases`), so the split is unambiguous.
+    """
+    if not isinstance(text, str) or not text.endswith(".") or ": " not in text:
+        return None
+    topic, rest = text[:-1].split(": ", 1)
+    partners = rest.split("; ")
+    if not topic.strip() or any(not p.strip() or ":" in p for p in partners):
+        return None
+    return {"topic": topic, "partners": partners, "text": text}
+
+
+def merge_fact_records(per_contributor: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
+    """One record per phrase from every contributor's hits (texts, best first).
+
+    A phrase's partners: its own records' partners, rank by rank across contributors (the
+    first partner of each contributor, then the second, ...), then the topics of records
+    that list it as a partner (each released pair is one fact, stated from either side).
+
+    Args:
+      per_contributor: each contributor's hit texts (non-fact texts are skipped).
+
+    Returns:
+      ``{"topic", "partners", "text"}`` records in first-seen order (`FactAnswerer` input);
+      ``text`` is the merged record, written as a fact release writes one.
+    """
+    parsed = [
+        [r for r in map(parse_fact_record, texts) if r is not None] for texts in per_contributor
+    ]
+    own: dict[str, list[list[str]]] = {}
+    lent: dict[str, list[str]] = {}
+    for records in parsed:
+        for record in records:
+            own.setdefault(record["topic"], []).append(record["partners"])
+            for partner in record["partners"]:
+                lent.setdefault(partner, []).append(record["topic"])
+    merged = []
+    for topic in dict.fromkeys([*own, *lent]):
+        lists = own.get(topic, [])
+        ranked = [p for rank in range(max(map(len, lists), default=0)) for p in
+                  (ps[rank] for ps in lists if rank < len(ps))]  # fmt: skip
+        partners = [p for p in dict.fromkeys([*ranked, *lent.get(topic, [])]) if p != topic]
+        if partners:
+            merged.append(
+                {"topic": topic, "partners": partners, "text": f"{topic}: {'; '.join(partners)}."}
+            )
+    return merged
+
+
+def fact_answer(lm: Any, question: str, per_contributor: Sequence[Sequence[str]]):
+    """(answer, abstained, merged records read) for `question` over the contributors' hits.
+
+    Args:
+      lm: the public LM (`synthgen.lm_backends.NextTokenLM`) that picks among partners.
+      question: the question.
+      per_contributor: each fact-release contributor's hit texts.
+    """
+    from retriever.fact_answers import FactAnswerer
+
+    records = merge_fact_records(per_contributor)
+    found = FactAnswerer(records, lm).answer(question)
+    by_topic = {r["topic"]: r["text"] for r in records}
+    return found.answer, found.abstained, [by_topic[t] for t in found.records]
