@@ -77,7 +77,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import json
 import math
 import time
 from collections import defaultdict
@@ -100,7 +99,8 @@ from retriever.service.responses import (
     bearer_key,
     framework_error,
     guarded,
-    invalid_text,
+    read_json_body,
+    read_question,
 )
 from retriever.service.tenants import AuthError, TenantRegistry
 from synthgen.privacy import (
@@ -466,67 +466,10 @@ def create_app(service: Service) -> FastAPI:
         return tenant.name
 
     async def json_body(request: Request, fields: frozenset[str]) -> dict[str, Any]:
-        """The body as a JSON object of valid Unicode text with no field but `fields`."""
-        size = request.headers.get("content-length")
-        if size is None or not size.isdigit():
-            raise Refusal(411, "length_required", "send a Content-Length header")
-        if int(size) > config.max_body_bytes:
-            raise Refusal(
-                413, "body_too_large", f"bodies are limited to {config.max_body_bytes} bytes"
-            )
-        raw = await request.body()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise Refusal(
-                400, "invalid_utf8", f"the body is not UTF-8 (byte {error.start})"
-            ) from None
-        try:
-            body = json.loads(text)
-        except RecursionError:
-            raise Refusal(400, "bad_request", "the body nests too deeply") from None
-        except ValueError as error:
-            where = getattr(error, "pos", None)
-            raise Refusal(
-                400,
-                "invalid_json",
-                "the body is not valid JSON"
-                + ("" if where is None else f" (at character {where}: {error.msg})"),
-            ) from None
-        if not isinstance(body, dict):
-            raise Refusal(400, "bad_request", "the body must be a JSON object")
-        if invalid_text(body):
-            raise Refusal(
-                400,
-                "bad_request",
-                "the body holds text that is not valid Unicode (a lone "
-                "surrogate escape such as \\ud800)",
-            )
-        unknown = sorted(set(body) - fields)
-        if unknown:
-            raise Refusal(
-                400,
-                "unknown_fields",
-                f"unknown fields: {', '.join(unknown)} (this endpoint takes "
-                f"{', '.join(sorted(fields))})",
-                fields=unknown,
-            )
-        return body
+        return await read_json_body(request, fields, config.max_body_bytes)
 
     def question_of(body: dict[str, Any]) -> str:
-        question = body.get("question")
-        if not isinstance(question, str):
-            kind = "missing" if question is None else f"a JSON {type(question).__name__}"
-            raise Refusal(400, "invalid_question", f"the question must be text, got {kind}")
-        if not question.strip():
-            raise Refusal(400, "empty_question", "the question must be non-empty text")
-        if len(question) > config.max_question_chars:
-            raise Refusal(
-                413,
-                "question_too_long",
-                f"questions are limited to {config.max_question_chars} characters",
-            )
-        return question
+        return read_question(body, config.max_question_chars)
 
     @app.get("/health")
     @guarded

@@ -1,9 +1,11 @@
 """The HTTP service over a knowledge release (`retriever serve --knowledge DIR`).
 
 Endpoints: ``POST /answer`` {"question"} (ordinary RAG over the release; the reply says
-``"charged": false``), ``GET /budget`` (what an answer costs: nothing, and why), ``GET
-/card`` (the release's card), ``GET /health`` and ``GET /`` (a page to ask questions).
-No tenant key is needed: nothing private is read, so there is no budget to protect.
+``"charged": false``; the body is parsed and refused exactly as by `retriever serve`: JSON
+whatever the Content-Type, unknown fields named), ``GET /budget`` (what an answer costs:
+nothing, and why), ``GET /card`` (the release's card), ``GET /health`` and ``GET /`` (a
+page to ask questions). No tenant key is needed: nothing private is read, so there is no
+budget to protect.
 
 Privacy:
   Serves post-processing of a DP release only: the collection was released once at the
@@ -18,18 +20,24 @@ import logging
 import threading
 import time
 
-from fastapi import FastAPI
-from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, Field
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from retriever.knowledge_base import KnowledgeBase
+from retriever.service.app import ServiceConfig
+from retriever.service.responses import (
+    framework_error,
+    guarded,
+    read_json_body,
+    read_question,
+)
 
 log = logging.getLogger("retriever.service.knowledge")
-MAX_QUESTION_CHARS = 2000
-
-
-class Question(BaseModel):
-    question: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS)
+LIMITS = ServiceConfig()  # the same body and question limits as `retriever serve`
+MAX_QUESTION_CHARS = LIMITS.max_question_chars
 
 
 def budget_statement(base: KnowledgeBase) -> dict:
@@ -72,7 +80,11 @@ document.getElementById('ask').onsubmit = async (e) => {{
 
 def create_knowledge_app(base: KnowledgeBase) -> FastAPI:
     """The FastAPI app answering from `base` (one answer at a time: one model)."""
-    app = FastAPI(title="dpsynth knowledge release", docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="dpsynth knowledge release", docs_url=None, redoc_url=None, openapi_url=None
+    )
+    for kind in (StarletteHTTPException, RequestValidationError, Exception):
+        app.add_exception_handler(kind, framework_error)
     lock = threading.Lock()
 
     @app.get("/health")
@@ -91,15 +103,20 @@ def create_knowledge_app(base: KnowledgeBase) -> FastAPI:
     def page() -> str:
         return _PAGE.format(statement=html.escape(budget_statement(base)["statement"]))
 
-    @app.post("/answer")
-    def answer(body: Question):
-        if not body.question.strip():
-            return JSONResponse({"detail": "the question is empty"}, status_code=422)
+    def answer_locked(question: str) -> dict:
         start = time.perf_counter()
         with lock:
-            result = base.answer(body.question).to_dict()
+            result = base.answer(question).to_dict()
         log.info("answer: %d sources, %.2f s", len(result["sources"]), time.perf_counter() - start)
         return result
+
+    @app.post("/answer")
+    @guarded
+    async def answer(request: Request) -> dict:
+        # the body parsing and refusals of `retriever serve` (one parser, the same errors)
+        body = await read_json_body(request, frozenset({"question"}), LIMITS.max_body_bytes)
+        question = read_question(body, LIMITS.max_question_chars)
+        return await run_in_threadpool(answer_locked, question)
 
     return app
 

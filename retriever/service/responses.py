@@ -151,3 +151,71 @@ def bearer_key(request: Request) -> str | None:
     if scheme.lower() != "bearer":
         return None
     return key.strip() or None
+
+
+async def read_json_body(
+    request: Request, fields: frozenset[str], max_body_bytes: int
+) -> dict[str, Any]:
+    """The body as a JSON object of valid Unicode text with no field but `fields`, whatever
+    its Content-Type (``curl -d`` sends form encoding); every refusal names what is wrong.
+    One parser for every service of the toolkit (`retriever serve`, `serve --knowledge`)."""
+    import json
+
+    size = request.headers.get("content-length")
+    if size is None or not size.isdigit():
+        raise Refusal(411, "length_required", "send a Content-Length header")
+    if int(size) > max_body_bytes:
+        raise Refusal(413, "body_too_large", f"bodies are limited to {max_body_bytes} bytes")
+    raw = await request.body()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise Refusal(400, "invalid_utf8", f"the body is not UTF-8 (byte {error.start})") from None
+    try:
+        body = json.loads(text)
+    except RecursionError:
+        raise Refusal(400, "bad_request", "the body nests too deeply") from None
+    except ValueError as error:
+        where = getattr(error, "pos", None)
+        raise Refusal(
+            400,
+            "invalid_json",
+            "the body is not valid JSON"
+            + ("" if where is None else f" (at character {where}: {error.msg})"),
+        ) from None
+    if not isinstance(body, dict):
+        raise Refusal(400, "bad_request", "the body must be a JSON object")
+    if invalid_text(body):
+        raise Refusal(
+            400,
+            "bad_request",
+            "the body holds text that is not valid Unicode (a lone "
+            "surrogate escape such as \\ud800)",
+        )
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise Refusal(
+            400,
+            "unknown_fields",
+            f"unknown fields: {', '.join(unknown)} (this endpoint takes "
+            f"{', '.join(sorted(fields))})",
+            fields=unknown,
+        )
+    return body
+
+
+def read_question(body: dict[str, Any], max_question_chars: int) -> str:
+    """The body's question: non-empty text of at most `max_question_chars` characters."""
+    question = body.get("question")
+    if not isinstance(question, str):
+        kind = "missing" if question is None else f"a JSON {type(question).__name__}"
+        raise Refusal(400, "invalid_question", f"the question must be text, got {kind}")
+    if not question.strip():
+        raise Refusal(400, "empty_question", "the question must be non-empty text")
+    if len(question) > max_question_chars:
+        raise Refusal(
+            413,
+            "question_too_long",
+            f"questions are limited to {max_question_chars} characters",
+        )
+    return question

@@ -111,8 +111,25 @@ def test_serve_knowledge_answers_for_free(released):
         for question in ("Which disease causes a rash?", "What treats tremor?"):
             reply = httpx.post(server.url + "/answer", json={"question": question}, timeout=60)
             assert reply.status_code == 200 and reply.json()["charged"] is False
-        for bad in ({}, {"question": ""}, {"question": "x" * 3000}, {"question": 3}):
-            assert httpx.post(server.url + "/answer", json=bad, timeout=30).status_code == 422
+        # the same parsing and refusals as `retriever serve` (retriever.service.responses)
+        for bad, status, error in (
+            ({}, 400, "invalid_question"),
+            ({"question": ""}, 400, "empty_question"),
+            ({"question": "x" * 3000}, 413, "question_too_long"),
+            ({"question": 3}, 400, "invalid_question"),
+            ({"question": "What treats tremor?", "k": 3}, 400, "unknown_fields"),
+        ):
+            reply = httpx.post(server.url + "/answer", json=bad, timeout=30)
+            assert (reply.status_code, reply.json()["error"]) == (status, error), reply.text
+        assert reply.json()["fields"] == ["k"] and "k" in reply.json()["detail"]
+        # curl -d sends application/x-www-form-urlencoded: a JSON body is still read
+        form = httpx.post(
+            server.url + "/answer",
+            content=b'{"question": "What treats tremor?"}',
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+            timeout=60,
+        )
+        assert form.status_code == 200 and form.json()["charged"] is False
         page = httpx.get(server.url + "/", timeout=30).text
         assert "Answers cost nothing" in page
     finally:
