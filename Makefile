@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.installed
 STAMP := $(VENV)/.installed-test
 SERVER_STAMP := $(VENV)/.installed-server-test
+DOCS_STAMP := $(VENV)/.installed-docs
 # pytest-xdist workers of `make test`: one per core of the 2-core CI machine. Files, not
 # tests, are spread (--dist loadfile) so a module's expensive fixture is built once, in collection
 # order (--no-loadscope-reorder), which tests/conftest.py sets longest files first.
@@ -26,6 +27,10 @@ $(STAMP): $(DEMO_STAMP)
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(DOCS_STAMP): $(DEMO_STAMP)
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
 
 # The real LM server of the server tests (llama-cpp-python[server], the server-test extra):
 # built from source, 10-15 min on 2 cores the first time, then pip's wheel cache. Only
@@ -70,7 +75,7 @@ device-wheels:
 	  dp-accounting==0.6.0 jax-privacy==2.0.0 mpmath dm-tree 'attrs<24' absl-py
 
 # The documentation site, warnings as errors (a broken link or a renamed function fails).
-docs: install
+docs: $(DOCS_STAMP)
 	$(VENV)/bin/sphinx-build -E -W --keep-going -q -b html docs docs/_build/html
 	@echo "docs: docs/_build/html/index.html"
 

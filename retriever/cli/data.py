@@ -1,4 +1,4 @@
-"""`retriever data wiki | medical | filter`: prepare retrieval datasets in the plain JSONL
+"""`retriever data wiki | medical | facts | filter`: prepare retrieval datasets in the plain JSONL
 formats."""
 
 from __future__ import annotations
@@ -53,6 +53,29 @@ def data_medical(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     print(json.dumps({"out": str(out)} | summary))
+
+
+@data_app.command("facts")
+def data_facts(
+    out: Annotated[Path, typer.Option(help="output folder")],
+    domain: Annotated[
+        str, typer.Option(help="people (the validation domain), products or species")
+    ] = "products",
+    facts_per_level: Annotated[
+        int, typer.Option(help="facts stated 1, 3, 5, 10, 20 and 50 times, each")
+    ] = 5,
+    seed: Annotated[int, typer.Option(help="same seed: same world")] = 0,
+) -> None:
+    """Write a sample private collection of invented entities and their facts (corpus.jsonl)
+    and one question per fact with its support (questions.jsonl)."""
+    from retriever.rag import fact_world
+
+    if domain not in fact_world.DOMAINS:
+        raise typer.BadParameter(f"--domain must be one of {', '.join(fact_world.DOMAINS)}")
+    if facts_per_level < 1:
+        raise typer.BadParameter("--facts-per-level must be >= 1")
+    world = fact_world.make_world(domain, facts_per_level=facts_per_level, seed=seed)
+    print(json.dumps({"out": str(out)} | fact_world.write_world(world, out)))
 
 
 @data_app.command("filter")

@@ -200,3 +200,18 @@ def test_choices_print_their_values_and_a_wrong_one_is_a_usage_error():
     result = _retriever("serve", "--mechanism", "magic")
     assert result.returncode == 2
     assert "--mechanism must be one of auto, icl" in result.stderr and "'magic'" in result.stderr
+
+
+def test_data_facts_writes_a_sample_collection_and_refuses_an_unknown_domain(tmp_path):
+    import json
+
+    runner = CliRunner()
+    result = runner.invoke(
+        app, ["data", "facts", "--out", str(tmp_path), "--domain", "people", "--facts-per-level",
+              "1"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["facts"] == 6
+    assert (tmp_path / "corpus.jsonl").is_file() and (tmp_path / "questions.jsonl").is_file()
+    bad = runner.invoke(app, ["data", "facts", "--out", str(tmp_path), "--domain", "planets"])
+    assert bad.exit_code != 0 and "--domain" in bad.output
