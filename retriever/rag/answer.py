@@ -371,8 +371,9 @@ class DPRag:
         elif mechanism == "answer-vote":
             tokens, paid, stages, abstained = releases.answer_vote(lm, c, rows, plan, rng, clock)
         elif mechanism == "keywords":
+            read = self._read_texts(indices, weights)  # private: the voters' own texts
             tokens, paid, stages, abstained = releases.keywords(
-                lm, public, c, self.prompt, question, rows, plan, clock
+                lm, public, c, self.prompt, question, rows, plan, clock, read
             )
         else:
             tokens, paid, stages, abstained = releases.vote(lm, public, c, rows, plan, rng, clock)
@@ -420,10 +421,11 @@ class DPRag:
         longest = len(self.prompt.encode(self.lm, question, [[0]] * g)) + g * (
             c.max_document_tokens - 1
         )
-        if longest + c.max_tokens > limit:
+        decoded = max(c.max_tokens, c.voter_tokens)  # keywords' voters decode voter_tokens
+        if longest + decoded > limit:
             raise ValueError(
                 f"question too long for the LM context: up to {longest} prompt tokens + "
-                f"{c.max_tokens} answer tokens > {limit}"
+                f"{decoded} answer tokens > {limit}"
             )
 
     def _threshold(self, scores: np.ndarray, epsilon: float, rng) -> float:
@@ -458,6 +460,21 @@ class DPRag:
 
     def _document_kv(self, given):
         return document_keys(self.lm, self.prompt, self._tokens, self.config, given)
+
+    def _read_texts(self, indices: np.ndarray, weights: np.ndarray) -> list[str]:
+        """The text each document row reads (its documents cut to `max_document_tokens`
+        tokens, as its prompt holds them), padding rows left out as `voter_answers`
+        leaves them out. Python work that grows with the selected count (microseconds
+        against the decoding), as `sessions.build_rows`'s joining of groups."""
+        width = self.config.max_document_tokens
+        texts = []
+        for row, w in zip(indices, weights, strict=True):
+            if w:
+                group = np.atleast_1d(row)
+                texts.append(
+                    "\n".join(self.lm.decode(self._tokens[int(i)][:width]) for i in group if i >= 0)
+                )
+        return texts
 
     def _rows(self, question: str, indices: np.ndarray, weights: np.ndarray) -> PromptRows:
         return build_rows(

@@ -36,6 +36,10 @@ class RagConfig:
       answer_keywords: keywords: K, most keywords one voter's answer contributes (1: its
         first keyword, the name a short answer starts with; each more raises the
         release threshold, 13.6 -> 19.2 votes at epsilon 5 for K = 1 -> 2).
+      voter_tokens: keywords: how many tokens each voter's own answer decodes (public; the
+        release costs one event whatever its length). Longer than `max_tokens`: a small
+        LM restates the question before it names the answer ("Kelmos Brunkon works at
+        Ferpil Industries" is 12 tokens), and a cut answer's keyword is a fragment.
       max_document_tokens: a document's text is cut to this many tokens in a prompt.
       accounting: "collection" (every answer is charged to the collection's cap) or
         "individual" (each document pays for the answers it takes part in, through its
@@ -66,6 +70,7 @@ class RagConfig:
     gate_share: float = 0.5
     max_releases: int = 6
     answer_keywords: int = 1
+    voter_tokens: int = 24
     max_document_tokens: int = 160
     accounting: str = "collection"
     relevance_threshold: float = 0.5
@@ -79,8 +84,10 @@ class RagConfig:
             raise ValueError(f"top_p must be in (0, 1), got {self.top_p=}")
         if not 0 < self.gate_share <= 1:
             raise ValueError(f"gate_share must be in (0, 1], got {self.gate_share=}")
-        if self.max_document_tokens < 1 or self.answer_keywords < 1:
-            raise ValueError(f"max_document_tokens and answer_keywords must be >= 1: {self=}")
+        if self.max_document_tokens < 1 or self.answer_keywords < 1 or self.voter_tokens < 1:
+            raise ValueError(
+                f"max_document_tokens, answer_keywords and voter_tokens must be >= 1: {self=}"
+            )
         if self.accounting not in ACCOUNTING_MODES:
             raise ValueError(f"accounting must be one of {ACCOUNTING_MODES}: {self.accounting=}")
         if not 0.0 <= self.relevance_threshold <= 1.0:

@@ -10,12 +10,21 @@ release's keywords). The public LM then writes the final answer from the questio
 released keywords only (`keyword_document`: post-processing). Nothing released: the answer
 abstains.
 
+A key is a word of a voter's answer, a number ("1988", "639" of "$639"), or a name of
+several capitalised words ("ferpil industries"): one key, so a two-word name needs the
+votes of one key, not of two. A voter contributes only when the text it read holds one of
+the question's rarest words (`question_focus`: it read about what was asked), and only
+keys that text spells (what its LM made up is not its document's).
+
 Privacy:
   Unit: one document, add/remove-one, given the released retrieval threshold. A voter's
   answer depends on its own document only (or its own group of documents with
   `RagConfig.documents_per_voter` > 1: a document's group is a public hash of its id,
-  `retrieval.grouped_selected`), and it contributes each keyword at most once and at most
-  K keywords. Adding or removing a document adds or removes one voter, or changes one
+  `retrieval.grouped_selected`), and so do its keys: a function of its answer, the text it
+  read (the relevance and spelling checks) and the public question and tokenizer. It
+  contributes each key at most once and at most K keys, whatever a key is (a word, a
+  number or a name of several words: the partition selection's keys are any strings).
+  Adding or removing a document adds or removes one voter, or changes one
   (the voters' cap binds, or its group changes): two units of
   PipelineDP's add/remove analysis. So the selection runs at (epsilon / 2,
   delta / (1 + e^(epsilon / 2))), which group privacy turns into (epsilon, delta) for
@@ -46,12 +55,16 @@ STOPWORDS = QUESTION_WORDS | frozenset(
     "also most likely probably possibly based suffering condition conditions illness case "
     "called named known".split()
 )
-_WORD = re.compile(r"[^\W\d_][^\W_]*")
+# A word: letters or digits ("Ferpil", "1988"; "$639" gives "639"). A number is an answer
+# too (a year, a price, a length), so digits are words; one character is never a keyword.
+_WORD = re.compile(r"[^\W_]+")
 
 
 def normalise(word: str) -> str:
     """Lower case, and a regular plural made singular ("blisters" -> "blister")."""
     word = word.lower()
+    if word.isdigit():
+        return word
     if len(word) > 4 and word.endswith("ies"):
         return word[:-3] + "y"
     if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "is", "us", "os")):
@@ -59,33 +72,102 @@ def normalise(word: str) -> str:
     return word
 
 
+def _is_name_part(word: str) -> bool:
+    """Whether `word` may continue a name: capitalised ("Industries", "Marshes")."""
+    return word[:1].isupper()
+
+
+def _spelled(text: str) -> set[str]:
+    """Every word of `text`, lower case and normalised."""
+    words = _WORD.findall(text)
+    return {w.lower() for w in words} | {normalise(w) for w in words}
+
+
+def question_focus(question: str, word_tokens: Callable[[str], int] | None = None) -> set[str]:
+    """The question's rarest content words (normalised): those with the most tokens under
+    a public tokenizer ("Kelmos", "Brunkon" of "Which company does Kelmos Brunkon work
+    for?"), every content word without one; empty when it has none (public)."""
+    words = [
+        (w, normalise(w))
+        for w in _WORD.findall(question)
+        if w.lower() not in STOPWORDS and normalise(w) not in STOPWORDS and len(w) > 1
+    ]
+    if not words or word_tokens is None:
+        return {key for _, key in words}
+    most = max(word_tokens(w) for w, _ in words)
+    return {key for w, key in words if word_tokens(w) == most}
+
+
 def answer_keywords(
     answer: str,
     max_keywords: int,
     question: str = "",
     word_tokens: Callable[[str], int] | None = None,
+    document: str | None = None,
 ) -> list[str]:
-    """A voter's keywords: at most `max_keywords` distinct normalised words of its answer
-    that are neither stopwords nor words of the (public) question: a voter that echoes the
-    question's words ("tadrunic numbness") says nothing the question did not (empty: none).
+    """A voter's keywords: at most `max_keywords` distinct normalised keys of its answer.
+
+    A key is a content word of the answer (neither a stopword nor a word of the public
+    question: a voter that echoes the question's words, "tadrunic numbness", says
+    nothing the question did not), or, when that word is capitalised, the whole name it
+    belongs to: the run of capitalised content words around it that only spaces separate
+    ("works at Ferpil Industries." gives "ferpil industries", lower case and otherwise as
+    spelled, so a two-word name is one key, not two keys that would each need their own
+    votes). A number is a word ("born in 1988" gives "1988"; "$639" gives "639").
 
     Args:
       answer: the voter's answer.
       max_keywords: K.
       question: the public question.
-      word_tokens: a public tokenizer's token count of a word: the rarest words (most
-        tokens) are kept first, so that a name beats the answer's framing ("the disease
-        causing ... is Zotrilosis" gives "zotrilosis", not "causing"); ties and None keep
-        the answer's order.
+      word_tokens: a public tokenizer's token count of a word: the keys of the rarest words
+        (most tokens) are kept first, so that a name beats the answer's framing ("the
+        disease causing ... is Zotrilosis" gives "zotrilosis", not "causing"); ties and
+        None keep the answer's order.
+      document: the text the voter read (None: no check). A voter whose document holds
+        none of the question's rarest words (`question_focus`) read about something else
+        and contributes nothing: among 64 voters and 20 documents about the asked entity,
+        44 voters would otherwise answer with their own documents' names. Its keys must
+        also be spelled in its document: a key the document does not hold ("2018" for a
+        birth year the document never states, "document" of "The document does not
+        say") is the LM's, not the document's.
     """
+    if document is not None:
+        read = _spelled(document)
+        focus = question_focus(question, word_tokens)
+        if focus and not focus & read:
+            return []
     asked = {normalise(w) for w in _WORD.findall(question)}
-    candidates: list[tuple[str, str]] = []
-    for word in _WORD.findall(answer):
+    matches = list(_WORD.finditer(answer))
+    content = []  # (word, key) of every word, key None where it is no content word
+    for m in matches:
+        word = m.group()
         key = normalise(word)
-        if word.lower() in STOPWORDS or key in STOPWORDS:
+        stop = word.lower() in STOPWORDS or key in STOPWORDS or key in asked or len(key) < 2
+        content.append((word, None if stop else key))
+
+    def joined(i: int, j: int) -> bool:  # words i and j = i + 1 are one name's parts
+        gap = answer[matches[i].end() : matches[j].start()]
+        return gap.strip(" ") == "" and all(
+            content[n][1] is not None and _is_name_part(content[n][0]) for n in (i, j)
+        )
+
+    candidates: list[tuple[str, str]] = []  # (key, the word that ranks it)
+    for i, (word, key) in enumerate(content):
+        if key is None:
             continue
-        if len(key) > 1 and key not in asked and key not in (k for k, _ in candidates):
-            candidates.append((key, word))
+        start = end = i
+        while start > 0 and joined(start - 1, start):
+            start -= 1
+        while end + 1 < len(content) and joined(end, end + 1):
+            end += 1
+        # a name of several words keeps their spelling (lower case): "Ferpil Industries"
+        # is not "ferpil industry"; one word is normalised as before
+        name = (
+            key if start == end else " ".join(content[n][0].lower() for n in range(start, end + 1))
+        )
+        grounded = document is None or set(name.split()) <= read
+        if grounded and name not in (k for k, _ in candidates):
+            candidates.append((name, word))
     if word_tokens is not None:
         candidates.sort(key=lambda c: -word_tokens(c[1]))  # stable: ties keep their order
     return [key for key, _ in candidates[:max_keywords]]
@@ -109,6 +191,7 @@ def release_answer_keywords(
     max_keywords: int,
     question: str = "",
     word_tokens: Callable[[str], int] | None = None,
+    documents: Sequence[str] | None = None,
 ) -> list[str]:
     """The keywords that many voters' answers share, by descending noisy count ([]: none).
 
@@ -119,12 +202,20 @@ def release_answer_keywords(
       max_keywords: K, most keywords one voter contributes (public).
       question: the public question; its words are not keywords.
       word_tokens: a public tokenizer's token count of a word (`answer_keywords`).
+      documents: the text each voter read, in the order of `answers` (None: keys are
+        not checked against them; `answer_keywords`).
 
     Privacy:
       (epsilon, delta)-DP for one document (module docstring).
     """
     eps, dlt = group_parameters(epsilon, delta)
-    keys = [answer_keywords(a, max_keywords, question, word_tokens) for a in answers]
+    if documents is not None and len(documents) != len(answers):
+        raise ValueError(f"one document per answer: {len(documents)=}, {len(answers)=}")
+    read = [None] * len(answers) if documents is None else list(documents)
+    keys = [
+        answer_keywords(a, max_keywords, question, word_tokens, d)
+        for a, d in zip(answers, read, strict=True)
+    ]
     release = release_key_counts(keys, epsilon=eps, delta=dlt, max_keys=max_keywords)
     return [str(k) for k in release.counts]
 
@@ -135,9 +226,11 @@ def keyword_document(keywords: Sequence[str]) -> str:
 
 
 def final_answer(text: str, keywords: Sequence[str]) -> str:
-    """The public LM's answer `text` when it names a released keyword; otherwise the most
-    shared keyword itself (post-processing of released keywords and public text)."""
-    said = {normalise(w) for w in _WORD.findall(text)}
-    if keywords and not said & set(keywords):
-        return keywords[0].capitalize()
+    """The public LM's answer `text` when it names a released keyword (every word of it);
+    otherwise the most shared keyword itself, each word capitalised (post-processing of
+    released keywords and public text)."""
+    words = _WORD.findall(text)
+    said = {normalise(w) for w in words} | {w.lower() for w in words}
+    if keywords and not any(set(k.split()) <= said for k in keywords):
+        return " ".join(w.capitalize() for w in keywords[0].split())
     return text

@@ -138,14 +138,17 @@ def vote(
     return tokens, gate.releases, stages, abstained or gate.releases == 0
 
 
-def voter_answers(lm, rows: PromptRows, plan: AnswerPlan, clock: Deadline) -> list[str]:
+def voter_answers(
+    lm, rows: PromptRows, plan: AnswerPlan, clock: Deadline, steps: int | None = None
+) -> list[str]:
     """Each voter's own greedy answer (private): the best `config.voters` selected
-    documents decode all `max_tokens` steps whatever they say (the loop's length is
-    public); padding rows decode too and are left out of the result."""
+    documents decode all `steps` (default `max_tokens`) steps whatever they say (the
+    loop's length is public); padding rows decode too and are left out of the result."""
+    steps = plan.max_tokens if steps is None else steps
     answers: list[list[int]] = [[] for _ in rows.prompts]
-    logprobs = rows.start(lm, plan.max_tokens)
+    logprobs = rows.start(lm, steps)
     ended = np.zeros(len(rows.prompts), bool)
-    for step in range(plan.max_tokens):
+    for step in range(steps):
         if clock.check():
             break
         greedy = np.argmax(logprobs, axis=1)
@@ -153,7 +156,7 @@ def voter_answers(lm, rows: PromptRows, plan: AnswerPlan, clock: Deadline) -> li
             ended[row] |= int(token) in lm.eos_ids
             if not ended[row]:
                 answers[row].append(int(token))
-        if step + 1 < plan.max_tokens:
+        if step + 1 < steps:
             logprobs = lm.append([int(t) for t in greedy])
     texts = [lm.decode(a) for a in answers]
     return [text for text, w in zip(texts, rows.weights, strict=True) if w]
@@ -182,18 +185,21 @@ def keywords(
     rows: PromptRows,
     plan: AnswerPlan,
     clock: Deadline,
+    documents: list[str] | None = None,
 ):
     """(answer text, paid, stages, abstained): the keywords many voters' answers share
-    (`keyword_vote.release_answer_keywords`, one partition selection), then the public
+    (`keyword_vote.release_answer_keywords`, one partition selection; `documents`: the
+    text each document row read, for its relevance and spelling checks), then the public
     LM's greedy answer from the question and those keywords only (post-processing);
     nothing released: the answer abstains."""
     keywords = release_answer_keywords(
-        voter_answers(lm, rows, plan, clock),
+        voter_answers(lm, rows, plan, clock, config.voter_tokens),
         epsilon=plan.token_epsilon,
         delta=plan.token_delta,
         max_keywords=config.answer_keywords,
         question=question,
         word_tokens=lambda word: len(public_lm.encode(" " + word)),
+        documents=documents,
     )
     stages = [("tokens", plan.token_block_event(1))]
     if not keywords:

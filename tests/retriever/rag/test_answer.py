@@ -337,12 +337,14 @@ def test_answer_vote_releases_the_voters_common_answer_once(tmp_path):
 def test_keywords_release_the_voters_shared_keyword_and_the_lm_answers_from_it(tmp_path):
     """Every document answers 'Qx' after ':': 24 voters share the keyword 'qx', one
     partition selection at epsilon 20 releases it, and the public LM's answer is written
-    from a prompt that holds the keywords and no document."""
-    seen = []
+    from a prompt that holds the keywords and no document. The voters decode
+    `voter_tokens` steps (public), the final answer `max_tokens`."""
+    seen, lengths = [], []
 
     class Recording(TinyLM):
         def start(self, prompts, max_new_tokens, **kwargs):
             seen.append([self.decode(p) for p in prompts])
+            lengths.append(max_new_tokens)
             return super().start(prompts, max_new_tokens, **kwargs)
 
         def fork(self):  # the public session records too
@@ -361,6 +363,36 @@ def test_keywords_release_the_voters_shared_keyword_and_the_lm_answers_from_it(t
     assert answer.paid_tokens == 1
     final = seen[-1]
     assert len(final) == 1 and "qx" in final[0] and ":Qx" not in final[0]
+    assert lengths[0] == RagConfig().voter_tokens and len(seen[0]) == N
+    with pytest.raises(ValueError, match="voter_tokens"):
+        RagConfig(voter_tokens=0)
+
+
+def test_keywords_count_only_what_the_voters_documents_spell(tmp_path):
+    """The public instruction says 'Zz' after ':' four times, each document 'Qx' three
+    times: every voter (a bigram copier) answers 'Zz', a word no document holds, so no
+    voter has a key and the answer abstains; with the documents saying it more often
+    than the instruction, the documents' word is released."""
+    config = RagConfig(k=N, max_tokens=3, score_range=ScoreRange(-1.0, 1.0))
+    lm = TinyLM(eos_after_newline=50.0)
+    made_up = _plain_rag(
+        tmp_path,
+        [":Qx\n :Qx\n :Qx\n" for _ in range(N)],
+        config=config,
+        instruction=":Zz\n :Zz\n :Zz\n :Zz\n",
+        lm=lm,
+    )
+    answer = made_up.answer("a:", tenant="alice", epsilon=20.0, mechanism="keywords")
+    assert answer.abstained
+    said = _plain_rag(
+        tmp_path,
+        [":Qx\n :Qx\n :Qx\n :Qx\n :Qx\n" for _ in range(N)],
+        config=config,
+        instruction=":Zz\n :Zz\n :Zz\n :Zz\n",
+        lm=lm,
+    )
+    answer = said.answer("a:", tenant="alice", epsilon=20.0, mechanism="keywords")
+    assert not answer.abstained and "qx" in answer.text.lower()
 
 
 def test_keywords_abstain_when_the_voters_disagree(tmp_path):

@@ -21,6 +21,7 @@ from retriever.rag.keyword_vote import (
     keyword_document,
     keyword_threshold,
     normalise,
+    question_focus,
     release_answer_keywords,
 )
 from retriever.rag.plan import make_plan
@@ -34,7 +35,7 @@ def test_keywords_are_normalised_words_at_most_k_once_each():
     assert normalise("Trudrosis") == "trudrosis" and normalise("virus") == "virus"
     assert answer_keywords("The disease is Besox fever.", 2) == ["besox", "fever"]
     assert answer_keywords("Besox, besox fever; FEVERS", 4) == ["besox", "fever"]
-    assert answer_keywords("", 3) == [] and answer_keywords("It is the 42", 3) == []
+    assert answer_keywords("", 3) == [] and answer_keywords("It is the a", 3) == []
     assert "besox" in keyword_document(["besox", "fever"])
     # the question's own words are not an answer's keywords
     asked = "Which disease causes tadrunic numbness?"
@@ -42,6 +43,81 @@ def test_keywords_are_normalised_words_at_most_k_once_each():
     # the answer's framing is not a keyword either
     assert answer_keywords("The most likely cause is Besox", 1) == ["besox"]
     assert answer_keywords("It does: Besox", 1) == ["besox"]
+
+
+def test_numbers_and_names_of_several_words_are_keys():
+    """A year, a price or a length is a key (digits only); a name of several capitalised
+    words is one key, lower case as spelled (no plural folding); punctuation ends a name."""
+    asked = "In which year was Sobrer Lofos born?"
+    assert answer_keywords("Sobrer Lofos was born in 1988.", 1, asked) == ["1988"]
+    assert answer_keywords("It costs $639.", 2) == ["cost", "639"]
+    assert answer_keywords("150 cm.", 1) == ["150"]
+    asked = "Which company does Kelmos Brunkon work for?"
+    answer = "Kelmos Brunkon works at Ferpil Industries."
+    assert answer_keywords(answer, 1, asked) == ["ferpil industries"]
+    assert answer_keywords("Ferpil Industries. Tredar Labs", 2) == [
+        "ferpil industries",
+        "tredar labs",
+    ]
+    # lower-case words stay apart, as before: "Besox fever" is two keys
+    assert answer_keywords("The disease is Besox fever.", 2) == ["besox", "fever"]
+    # the rarest word ranks its whole name
+    counts = {"Ferpil": 3, "Industries": 1}
+    ranked = answer_keywords(answer, 1, asked, word_tokens=lambda w: counts.get(w, 1))
+    assert ranked == ["ferpil industries"]
+
+
+def test_a_voter_counts_only_for_what_its_own_document_says_about_the_asked_thing():
+    """The question's rarest words (most tokens) must be in the voter's document, and a
+    key must be spelled there; without a document nothing is checked."""
+    counts = {"Kelmos": 2, "Brunkon": 2}
+
+    def tokens(word):
+        return counts.get(word, 1)
+
+    asked = "Which company does Kelmos Brunkon work for?"
+    assert question_focus(asked, tokens) == {"kelmos", "brunkon"}
+    assert question_focus(asked) == {"company", "kelmos", "brunkon", "work"}
+    assert question_focus("What is it?") == set()
+    relevant = "Ferpil Industries employs Kelmos Brunkon as an engineer."
+    other = "Sobrer Lofos works at Brarki Partners."
+    said = "Sobrer Lofos is a company that works for Kelmos Brunkon."
+    assert answer_keywords(said, 1, asked, tokens) == ["sobrer lofos"]
+    assert answer_keywords(said, 1, asked, tokens, document=other) == []  # off the question
+    right = "Kelmos Brunkon works at Ferpil Industries."
+    assert answer_keywords(right, 1, asked, tokens, document=relevant) == ["ferpil industries"]
+    # made up: "1970" and "document" are not in the document, "ferpil" is
+    made_up = "The document says Ferpil, since 1970."
+    assert answer_keywords(made_up, 3, asked, tokens, document=relevant) == ["ferpil"]
+    assert (
+        answer_keywords("Kelmos Brunkon works at Vuvu Systems.", 1, asked, tokens, relevant) == []
+    )
+    # no content word in the question: every document reads it
+    assert answer_keywords("Besox", 1, "what is it?", None, document="Besox fever") == ["besox"]
+
+
+def test_the_release_counts_the_voters_that_read_the_asked_thing():
+    """20 voters read the asked entity's documents and name its employer; 30 read another
+    entity's and name that entity. Without the documents the wrong name is released;
+    with them only the right one can be (30 and 20 votes against a threshold of 13.6)."""
+    counts = {"Kelmos": 2, "Brunkon": 2, "Sobrer": 2, "Lofos": 3, "Ferpil": 3}
+
+    def tokens(word):
+        return counts.get(word, 1)
+
+    asked = "Which company does Kelmos Brunkon work for?"
+    answers = ["Kelmos Brunkon works at Ferpil Industries."] * 20 + [
+        "Sobrer Lofos is a company that works for Kelmos Brunkon."
+    ] * 30
+    documents = ["Kelmos Brunkon works at Ferpil Industries."] * 20 + [
+        "Sobrer Lofos works at Brarki Partners."
+    ] * 30
+    kwargs = dict(epsilon=5.0, delta=1e-6, max_keywords=1, question=asked, word_tokens=tokens)
+    assert release_answer_keywords(answers, **kwargs)[0] == "sobrer lofos"
+    released = release_answer_keywords(answers, documents=documents, **kwargs)
+    assert released == ["ferpil industries"]
+    with pytest.raises(ValueError, match="one document per answer"):
+        release_answer_keywords(answers, documents=documents[:3], **kwargs)
 
 
 def test_a_rare_word_beats_the_answers_framing_under_a_public_tokenizer():
@@ -62,6 +138,10 @@ def test_a_rare_word_beats_the_answers_framing_under_a_public_tokenizer():
 def test_the_final_answer_names_a_released_keyword():
     assert final_answer("Besox fever", ["besox"]) == "Besox fever"
     assert final_answer("- 20", ["besox", "madox"]) == "Besox"
+    # a name of several words: every word said, or the name itself
+    assert final_answer("At Ferpil Industries.", ["ferpil industries"]) == "At Ferpil Industries."
+    assert final_answer("At Ferpil.", ["ferpil industries"]) == "Ferpil Industries"
+    assert final_answer("In 1988.", ["1988"]) == "In 1988."
 
 
 def _rate(answers, epsilon, runs, delta=1e-6, keyword="besox"):
