@@ -10,7 +10,7 @@ species the test domains), at every support level (documents stating the fact):
 * rag: non-private RAG, BM25 top-4 documents and SmolLM2-135M's greedy answer;
 * singleton leaks: a fact stated in one document whose value appears in a release;
 * medical: the world and stream of `scripts/multi_query_eval.py` (its first 300 questions),
-  fact releases at epsilon 10 with K = 1 and 6 against non-private RAG.
+  fact releases at epsilon 10 with K = 1, 6 and 16 against non-private RAG.
 
 Prints a table per domain, writes ``<out>/fact_eval.json`` and ``<out>/fact_eval.png``
 (accuracy against support), and ends with the line
@@ -238,7 +238,7 @@ def main() -> None:
             print(f"| {name} | {line} |", flush=True)
     results["singleton_leaks"] = leaks
     if args.medical_questions:
-        medical = medical_cells(lm, args.medical_questions, (1, 6))
+        medical = medical_cells(lm, args.medical_questions, (1, 6, 16))
         results["medical"] = medical
         print(f"\nmedical world, first {args.medical_questions} questions of the stream")
         for name, value in medical.items():

@@ -177,7 +177,7 @@ def release(
     if line["complete"]:
         what = f"{line['pairs']} fact pairs" if "pairs" in line else f"{line['clusters']} clusters"
         print(
-            f"released {line['documents']} synthetic records from {what} "
+            f"released {line['synthetic_records']} synthetic records from {what} "
             f"to {line['out']}: ({line['epsilon']:.4g}, {line['delta']:.3g})-DP per record"
         )
     else:

@@ -95,8 +95,8 @@ def make_card(
         raise ValueError(f"need a finite epsilon >= 0 and 0 <= delta < 1, got {epsilon=} {delta=}")
     created = created or datetime.datetime.now(datetime.UTC).date().isoformat()
     statement = (
-        f"({epsilon:.4g}, {delta:.3g})-DP for one document of {contributor}'s private "
-        "collection (add/remove one document): the synthetic documents, their topics and "
+        f"({epsilon:.4g}, {delta:.3g})-DP for one document of the private collection "
+        f"'{contributor}' (add/remove one document): the synthetic documents, their topics and "
         "this index are the only things released; retrieving from them is post-processing "
         "and spends no budget, however many questions are asked"
     )
@@ -115,7 +115,7 @@ def make_card(
         "guarantee": {
             "epsilon": float(epsilon),
             "delta": float(delta),
-            "privacy_unit": "one document of the contributor's private collection",
+            "privacy_unit": f"one document of the private collection '{contributor}'",
             "neighboring_relation": RELATION,
             "stages": [dict(s) for s in stages],
             "seeded": bool(seeded),

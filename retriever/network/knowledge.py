@@ -58,6 +58,18 @@ class KnowledgeResult:
     release: Any = None  # the `synthgen.knowledge.KnowledgeRelease`
 
 
+def cluster_generator(config) -> str:
+    """What a cluster release's records are, in words: field votes or free text."""
+    if config.fields:
+        return (
+            "DP-SynRAG-style (Mori et al. 2025): DP keywords (PipelineDP partition "
+            "selection), soft clusters, one record per cluster whose fields ("
+            + ", ".join(config.fields)
+            + ") are each one DP vote over the cluster's released keywords"
+        )
+    return GENERATOR
+
+
 def default_contributor_work(release: str | Path) -> Path:
     """The contributor's private work folder by default (`synthgen.paths.default_work_dir`)."""
     from synthgen.paths import default_work_dir
@@ -193,7 +205,7 @@ def build_knowledge(
         contributor=contributor,
         epsilon=plan.epsilon,
         delta=plan.delta,
-        generator=GENERATOR,
+        generator=cluster_generator(config),
         model=str(model_name),
         encoder=encoder,
         num_documents=len(release.records),
@@ -209,11 +221,15 @@ def build_knowledge(
             "rows_covered": "all rows of the private corpus",
         },
         "randomness": {"seeded": seed is not None},
-        "post_processing": "records are DP-released keywords and the DP-generated texts the "
-        "public LM's self-filter kept",
+        "post_processing": (
+            "records are DP-released keywords and each field's DP-voted keywords"
+            if config.fields
+            else "records are DP-released keywords and the DP-generated texts the public "
+            "LM's self-filter kept"
+        ),
         "model": {"backend": str(model_name)},
         "generation": {
-            "method": GENERATOR,
+            "method": cluster_generator(config),
             "clusters": len(release.clusters),
             "generated_texts_kept": sum(r["generated"] for r in release.records),
             "keywords": {k: round(v, 3) for k, v in release.keyword_counts.items()},
@@ -329,11 +345,19 @@ def summary(result: KnowledgeResult) -> str:
         "out": None if result.folder is None else str(result.folder.path),
         "complete": result.folder is not None,
         "work": str(result.work),
-        "documents": result.num_documents,
+        "synthetic_records": result.num_documents,
         "clusters": result.num_topics,
         "epsilon": guarantee["epsilon"],
         "delta": guarantee["delta"],
     }
+    release = result.release
+    requested = getattr(getattr(release, "plan", None), "config", None)
+    if requested is not None and requested.epsilon > guarantee["epsilon"] * (1 + 1e-9):
+        line["epsilon_requested"] = requested.epsilon
+        line["epsilon_note"] = (
+            "the stages' noise is set so that their composition stays within the requested "
+            "epsilon; it composes to the (smaller) epsilon stated, which is the one charged"
+        )
     if "records_needed" in guarantee:  # a fact release: pairs, not clusters
         line["pairs"] = line.pop("clusters")
         line["records_needed"] = guarantee["records_needed"]["for_50_percent"]

@@ -59,7 +59,7 @@ def test_a_release_that_can_carry_nothing_is_refused_before_the_charge(world):
 def test_release_answer_abstain_and_serve(world):
     root, facts = world["root"], world["world"]
     line = json.loads(_release(world, "--out", root / "release", "--epsilon", 10, "--json").stdout)
-    assert line["complete"] and line["documents"] > 0 and line["pairs"] > 0
+    assert line["complete"] and line["synthetic_records"] > 0 and line["pairs"] > 0
     charges = PrivacyLedger(str(root / "ledger.sqlite")).charges("release", "corpus")
     assert [c.stage for c in charges] == ["knowledge-release"]
     released = (root / "release" / "synthetic.jsonl").read_text()

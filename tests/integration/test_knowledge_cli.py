@@ -44,10 +44,21 @@ def test_release_prints_its_guarantee_as_one_json_line(released):
     lines = released["line"].strip().splitlines()
     assert len(lines) == 1
     line = json.loads(lines[0])
-    assert line["complete"] and line["documents"] > 0
+    assert line["complete"] and line["synthetic_records"] > 0
     assert 0 < line["epsilon"] <= EPSILON and line["delta"] == 1e-6
     charges = PrivacyLedger(released["ledger"]).charges("release", "corpus")
     assert [c.stage for c in charges] == ["knowledge-release"]
+
+
+def test_labels_say_what_they_count(released):
+    line = json.loads(released["line"])
+    assert "documents" not in line and line["synthetic_records"] > 0
+    if line["epsilon"] < EPSILON:  # the composition lands under the request: said why
+        assert line["epsilon_requested"] == EPSILON and "composition" in line["epsilon_note"]
+    card = json.loads((released["root"] / "release" / "card.json").read_text())
+    assert "the private collection 'corpus'" in card["statement"]
+    assert "Diagnosis, Symptoms, Treatment" in card["releases"]["generator"]
+    assert "few-shot" not in card["releases"]["generator"]
 
 
 def test_releasing_twice_is_refused_with_one_line(released):
@@ -61,13 +72,34 @@ def test_releasing_twice_is_refused_with_one_line(released):
     assert not (root / "again").exists()
 
 
-def test_answer_charges_nothing(released):
+def test_answer_charges_nothing_and_abstains_on_what_the_release_does_not_hold(released):
+    from retriever.knowledge_base import KnowledgeBase
+    from retriever.lexical import QUESTION_WORDS, words
+
+    base = KnowledgeBase.open(released["root"] / "release", lm="tiny", k=1)
+    held = words(next(iter(base.records.values())))
+    word = min(w for w in held if len(w) >= 5 and w not in QUESTION_WORDS)  # the release's
     result = cli("knowledge", "answer", "--knowledge", released["root"] / "release",
-                 "--question", "Which disease causes a rash?", "--lm", "tiny",
+                 "--question", f"Which disease causes {word}?", "--lm", "tiny",
                  "--json")  # fmt: skip
     answer = json.loads(result.stdout)
     assert answer["charged"] is False and answer["epsilon_spent"] == 0.0
     assert answer["guarantee"]["epsilon"] <= EPSILON and answer["sources"]
+    assert not answer["abstained"] and answer["records"]
+    unrelated = json.loads(
+        cli(
+            "knowledge",
+            "answer",
+            "--knowledge",
+            released["root"] / "release",
+            "--question",
+            "Qzxv wrplk?",
+            "--lm",
+            "tiny",
+            "--json",
+        ).stdout  # fmt: skip
+    )
+    assert unrelated["abstained"] and unrelated["sources"] == []
     assert "post-processing" in answer["statement"]
     assert len(PrivacyLedger(released["ledger"]).charges("release", "corpus")) == 1
 

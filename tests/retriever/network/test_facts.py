@@ -93,7 +93,7 @@ def _engine(servers, keys, lm, prompt, extra=()) -> NetworkQueryEngine:
 def test_contributor_build_releases_facts_by_default(fact_network):
     _, folders, _, _, lines = fact_network
     for folder, line in zip(folders, lines):
-        assert line["pairs"] > 0 and line["documents"] > 0 and line["epsilon"] == 10
+        assert line["pairs"] > 0 and line["synthetic_records"] > 0 and line["epsilon"] == 10
         card = read_card(folder.release)
         assert is_fact_card(card) and card["guarantee"]["delta"] == 1e-6
         assert (folder.release / "facts.json").is_file()

@@ -159,7 +159,8 @@ def test_card_states_the_ledger_spend(built):
     assert guarantee["epsilon"] == pytest.approx(spent.epsilon, rel=1e-4)
     assert card["releases"]["synthetic_documents"] == result.num_documents
     line = json.loads(summary(result))
-    assert (line["documents"], line["clusters"]) == (result.num_documents, result.num_topics)
+    assert line["synthetic_records"] == result.num_documents
+    assert line["clusters"] == result.num_topics
     assert line["epsilon"] == guarantee["epsilon"]
 
 
@@ -228,10 +229,10 @@ def test_cli_build_prints_one_json_line(tmp_path):
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 1
     line = json.loads(lines[0])
-    assert {"documents", "clusters", "epsilon", "delta"} <= set(line)
-    assert line["documents"] > 0 and line["clusters"] > 0
+    assert {"synthetic_records", "clusters", "epsilon", "delta"} <= set(line)
+    assert line["synthetic_records"] > 0 and line["clusters"] > 0
     assert line["epsilon"] <= EPSILON and line["delta"] == 1e-5
-    assert line["documents"] == len((out / "synthetic.jsonl").read_text().splitlines())
+    assert line["synthetic_records"] == len((out / "synthetic.jsonl").read_text().splitlines())
     assert read_card(out)["guarantee"]["epsilon"] == line["epsilon"]
     assert stat.S_IMODE(work.stat().st_mode) == 0o700
     assert "for tests only" in result.stderr  # the seed warning
