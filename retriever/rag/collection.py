@@ -263,26 +263,42 @@ def answer_event_shape(plan: AnswerPlan) -> str:
     return json.dumps(shape, sort_keys=True, separators=(",", ":"))
 
 
-def _differences(recorded: str, requested: str) -> str:
+# set by the mechanism: when the mechanism differs, naming them too only confuses
+_DERIVED = ("composition", "max_releases", "retrieval_share")
+
+
+def _differing(recorded: str, requested: str) -> list[tuple[str, object, object]] | None:
+    """(field, recorded, requested) of the fields that differ, the mechanism's own fields
+    left out when the mechanism differs; None: not a shape this program wrote."""
     try:
         old, new = json.loads(recorded), json.loads(requested)
     except json.JSONDecodeError:
-        return "recorded by another program"
+        return None
     keys = sorted(set(old) | set(new))
-    return "; ".join(
-        f"{key} {old.get(key)} recorded, {new.get(key)} here"
-        for key in keys
-        if old.get(key) != new.get(key)
-    )
+    if old.get("mechanism") != new.get("mechanism"):
+        keys = [k for k in keys if k not in _DERIVED]
+    return [(k, old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
 
 
-# the options that set each field of an answer's event shape (`retriever serve` first)
+def _shown(value: object) -> str:
+    return "unset" if value is None else str(value)
+
+
+def _differences(recorded: str, requested: str) -> str:
+    differing = _differing(recorded, requested)
+    if differing is None:
+        return "recorded by another program"
+    return "; ".join(f"{k} {_shown(old)} recorded, {_shown(new)} here" for k, old, new in differing)
+
+
+# the options that set each field of an answer's event shape; every option named here is
+# one that `retriever answer` or `retriever serve` accepts (tested)
 _SHAPE_OPTIONS = {
     "epsilon": "--answer-epsilon (serve) / --epsilon (answer)",
     "mechanism": "--mechanism",
     "delta": "--delta",
     "max_tokens": "--max-tokens",
-    "max_releases": "--max-releases",
+    "max_releases": "RagConfig.max_releases (library only)",
     "composition": "--composition",
     "retrieval_share": "the mechanism's retrieval share (--mechanism)",
     "score_share": "--score (answer)",
@@ -290,15 +306,10 @@ _SHAPE_OPTIONS = {
 
 
 def _way_forward(dataset: str, recorded: str, requested: str) -> str:
-    try:
-        old, new = json.loads(recorded), json.loads(requested)
-    except json.JSONDecodeError:
+    differing = _differing(recorded, requested)
+    if differing is None:
         return "answer with the recorded settings (`retriever tenant list` shows them)"
-    settings = ", ".join(
-        f"{_SHAPE_OPTIONS.get(key, key)} {old.get(key)}"
-        for key in sorted(set(old) | set(new))
-        if old.get(key) != new.get(key)
-    )
+    settings = ", ".join(f"{_SHAPE_OPTIONS.get(k, k)} {_shown(old)}" for k, old, _ in differing)
     return (
         f"to go on, use the recorded settings ({settings}); to answer at other settings, "
         f"open a new collection name with its own caps (`retriever tenant add NAME --dataset "

@@ -258,3 +258,43 @@ def test_one_answer_event_per_collection(tmp_path):
     with pytest.raises(ValueError, match="epsilon 1.0 recorded, 2.0 here"):
         pin_answer_event(ledger, "records", _plan(2.0))
     assert ledger.event_shape(COLLECTION, "records") == answer_event_shape(_plan())
+
+
+def _options_of(command) -> set[str]:
+    return {opt for param in command.params for opt in getattr(param, "opts", [])}
+
+
+@pytest.mark.parametrize(
+    "requested",
+    [
+        {"epsilon": 2.0},
+        {"mechanism": "sparse-vote", "composition": None, "max_releases": 6},
+        {"delta": 1e-7, "max_tokens": 4, "score_share": 0.2},
+        {"max_releases": 12},
+        {"composition": "pure"},
+    ],
+)
+def test_every_option_a_refusal_suggests_is_one_a_command_accepts(requested):
+    import re
+
+    import typer.main
+
+    from retriever.cli import app
+    from retriever.rag.collection import _shape_refusal
+
+    root = typer.main.get_command(app)
+    accepted = _options_of(root.commands["answer"]) | _options_of(root.commands["serve"])
+    tenant_add = root.commands["tenant"].commands["add"]
+    recorded = {
+        "mechanism": "icl", "epsilon": 1.0, "delta": 1e-6, "max_tokens": 8,
+        "max_releases": 6, "retrieval_share": 0.1, "score_share": 0.1, "composition": "pld",
+    }  # fmt: skip
+    message = str(_shape_refusal("d", json.dumps(recorded), json.dumps({**recorded, **requested})))
+    assert "None" not in message
+    quoted = re.findall(r"`(retriever [^`]+)`", message)
+    suggested = set(re.findall(r"--[a-z][a-z-]+", re.sub(r"`[^`]+`", "", message)))
+    assert suggested <= accepted | {"--dataset"}, suggested - accepted
+    for command in quoted:  # a quoted command parses as written
+        words = command.split()[3:]
+        if words[:1] == ["NAME"]:
+            tenant_add.make_context("add", words, resilient_parsing=True)
