@@ -1,0 +1,34 @@
+"""The command-line reference is generated from the commands: every option of every command."""
+
+from __future__ import annotations
+
+import typer.main
+
+from retriever.cli_reference import cli_reference
+
+
+def _options(group, path=()):
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):
+            yield from _options(command, (*path, name))
+        else:
+            for param in command.params:
+                for opt in getattr(param, "opts", []):
+                    if opt.startswith("--") and not getattr(param, "hidden", False):
+                        yield (*path, name), opt
+
+
+def test_every_option_of_every_command_is_in_the_reference():
+    from retriever.cli import app as retriever_app
+    from synthgen.cli import app as synthgen_app
+
+    text = cli_reference()
+    for program, app in (("synthgen", synthgen_app), ("retriever", retriever_app)):
+        for path, opt in _options(typer.main.get_command(app)):
+            heading = f"### `{' '.join((program, *path))}`"
+            assert heading in text, heading
+            section = text.split(heading, 1)[1].split("\n### ", 1)[0]
+            assert f"`{opt}" in section, (heading, opt)
+    release = text.split("### `retriever knowledge release`", 1)[1].split("\n### ", 1)[0]
+    for opt in ("--fields", "--field-values", "--max-keywords", "--voters", "--dry-run"):
+        assert f"`{opt} " in release or f"`{opt}`" in release, opt
