@@ -166,9 +166,11 @@ CLI_PAGE = Path(__file__).resolve().parent / "reference" / "cli_options.md"
 
 def _write_cli_reference(app) -> None:
     """Writes reference/cli_options.md from the command lines (`retriever.cli_reference`)."""
+    from retriever.cli import app as retriever_app
     from retriever.cli_reference import cli_reference
+    from synthgen.cli import app as synthgen_app
 
-    text = cli_reference()
+    text = cli_reference({"synthgen": synthgen_app, "retriever": retriever_app})
     if not CLI_PAGE.is_file() or CLI_PAGE.read_text(encoding="utf-8") != text:
         CLI_PAGE.write_text(text, encoding="utf-8")
 

@@ -1,9 +1,10 @@
 """The command-line reference, generated from the commands themselves (it cannot drift).
 
-`cli_reference` walks the `synthgen` and `retriever` command trees (Typer's click commands)
-and writes one Markdown section per command: its help text and a table of every option
-with its type and default. `docs/conf.py` writes it to ``docs/reference/cli_options.md`` at
-the start of every docs build, so a new option is documented by the next build.
+`cli_reference` walks the command trees of the apps it is given (`synthgen`, `retriever`)
+and writes one Markdown section per command: its help text and a table of every option as
+`--help` shows it (names, type, meaning, default). `docs/conf.py` writes it to
+``docs/reference/cli_options.md`` at the start of every docs build, so a new option is
+documented by the next build.
 """
 
 from __future__ import annotations
@@ -41,19 +42,22 @@ def _rows(command, name: str) -> list[str]:
     return rows
 
 
-def cli_reference() -> str:
-    """Markdown: every command of `synthgen` and `retriever` with every option."""
-    import typer.main
+def cli_reference(apps: dict) -> str:
+    """Markdown: every command of each program with every option.
 
-    from retriever.cli import app as retriever_app
-    from synthgen.cli import app as synthgen_app
+    Args:
+      apps: program name -> its Typer app, e.g. ``{"synthgen": synthgen.cli.app,
+        "retriever": retriever.cli.app}`` (given by the caller: `retriever` may not import
+        `synthgen.cli`, the layers say).
+    """
+    import typer.main
 
     lines = [HEADER, "", "# Every command and option", ""]
     lines.append(
         "Generated from the command lines at each docs build. The [overview](cli.md) shows "
         "the commands by task."
     )
-    for program, app in (("synthgen", synthgen_app), ("retriever", retriever_app)):
+    for program, app in apps.items():
         root = typer.main.get_command(app)
         lines += ["", f"## {program}"]
         for path, command in _commands(root, (program,)):

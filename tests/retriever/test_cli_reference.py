@@ -22,8 +22,9 @@ def test_every_option_of_every_command_is_in_the_reference():
     from retriever.cli import app as retriever_app
     from synthgen.cli import app as synthgen_app
 
-    text = cli_reference()
-    for program, app in (("synthgen", synthgen_app), ("retriever", retriever_app)):
+    apps = {"synthgen": synthgen_app, "retriever": retriever_app}
+    text = cli_reference(apps)
+    for program, app in apps.items():
         for path, opt in _options(typer.main.get_command(app)):
             heading = f"### `{' '.join((program, *path))}`"
             assert heading in text, heading
