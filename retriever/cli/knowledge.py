@@ -213,8 +213,8 @@ def audit(
     import dataclasses
 
     from retriever.data import read_corpus
+    from synthgen.audit.fact_release import audit_fact_release
     from synthgen.knowledge import FactConfig
-    from synthgen.knowledge.audit import audit_fact_release
 
     _, texts = read_corpus(private_corpus)
     config = FactConfig(epsilon=epsilon, delta=delta, max_pairs=max_pairs)

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from retriever.rag.fact_world import make_world, write_world
-from synthgen.knowledge.audit import audit_fact_release, canary_scores, make_canaries
+from synthgen.audit.fact_release import audit_fact_release, canary_scores, make_canaries
 from synthgen.knowledge.facts import FactConfig
 from synthgen.knowledge.phrases import pair_key, record_pairs
 from tests.retriever.service.harness import cli
