@@ -243,6 +243,18 @@ def build_knowledge(
         card,
         metadata=metadata,
     )
+    _write_private_side(
+        private_corpus, out, work, contributor=contributor, dataset=dataset,
+        ledger_location=ledger_location, encoder=encoder, answer_index=answer_index,
+    )  # fmt: skip
+    return KnowledgeResult(folder, work, card, len(release.records), len(release.clusters), release)
+
+
+def _write_private_side(
+    private_corpus, out, work, *, contributor, dataset, ledger_location, encoder, answer_index
+) -> None:
+    """The work folder's side of a finished release: the exact private index that /answer
+    reads (with `answer_index`) and ``private.json`` naming the corpus, ledger and release."""
     private_index = None
     if answer_index:
         from retriever.index_folder import build_index_folder
@@ -260,7 +272,6 @@ def build_knowledge(
             "release": str(out),
         },
     )
-    return KnowledgeResult(folder, work, card, len(release.records), len(release.clusters), release)
 
 
 def _build_facts(
@@ -318,23 +329,10 @@ def _build_facts(
     (folder.path / FACTS_FILE).write_text(
         json.dumps({"pairs": release.pairs, "max_partners": config.max_partners}, indent=1)
     )
-    private_index = None
-    if answer_index:
-        from retriever.index_folder import build_index_folder
-
-        private_index = work / "private_index"
-        build_index_folder(private_corpus, private_index, encoder=encoder, kind="exact")
-    write_private_record(
-        work,
-        {
-            "contributor": contributor,
-            "dataset": dataset,
-            "private_corpus": str(Path(private_corpus).absolute()),
-            "private_index": None if private_index is None else str(private_index),
-            "ledger": ledger_location,
-            "release": str(out),
-        },
-    )
+    _write_private_side(
+        private_corpus, out, work, contributor=contributor, dataset=dataset,
+        ledger_location=ledger_location, encoder=encoder, answer_index=answer_index,
+    )  # fmt: skip
     return KnowledgeResult(folder, work, card, len(release.records), len(release.pairs), release)
 
 
