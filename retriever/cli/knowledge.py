@@ -134,7 +134,13 @@ def release(
     from synthgen.knowledge import FactConfig, plan_facts
 
     if seed is not None:
-        print("warning: --seed is for tests only (stated on the card)", file=sys.stderr)
+        print(
+            "warning: --seed is for tests only (stated on the card); a fact release's noise "
+            "is python-dp's own and ignores it"
+            if mode == "facts"
+            else "warning: --seed is for tests only (stated on the card)",
+            file=sys.stderr,
+        )
     if mode == "facts":
         config = FactConfig(epsilon=epsilon, delta=delta, max_pairs=max_pairs)
         _, texts = read_corpus(private_corpus)
@@ -207,8 +213,10 @@ def audit(
     Each canary is a record stating a fact about invented names, included with probability
     1/2; the release runs once with your settings, each canary is scored on what was
     released, and jax-privacy's one-run auditor gives a lower bound on epsilon at 95%. A
-    bound above --epsilon is a leak (exit code 1). The audit is itself a release of the
-    collection at the same (epsilon, delta); nothing of it is written but this summary.
+    bound above --epsilon, or included canaries released more often than the card's
+    single-record probability allows, is a leak (exit code 1); "inconclusive" when no run
+    with this many canaries could bound above the claim. The audit is itself a release of
+    the collection at the same (epsilon, delta); nothing of it is written but this summary.
     """
     import dataclasses
 
@@ -223,7 +231,7 @@ def audit(
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         raise typer.Exit(2) from None
-    line = {**dataclasses.asdict(result), "leak": result.leak}
+    line = {**dataclasses.asdict(result), "leak": result.leak, "verdict": result.verdict}
     if as_json:
         print(json.dumps(line))
     else:
@@ -232,9 +240,16 @@ def audit(
             f"{result.included_released} included, {result.excluded_released} excluded; "
             f"epsilon lower bound {result.epsilon_lower_bound:.3g} (f-DP "
             f"{result.epsilon_lower_bound_fdp:.3g}) at 95% against the claim "
-            f"{result.claimed_epsilon:g}: {'LEAK' if result.leak else 'no leak found'} "
-            f"({result.seconds:.1f} s)"
+            f"{result.claimed_epsilon:g}, at most {result.epsilon_cap:.3g} with this many "
+            f"canaries; the card's single-record check p = {result.card_check_p:.3g}: "
+            f"{result.verdict.upper()}"
         )
+        if result.verdict == "inconclusive":
+            print(
+                "  the bounds cannot exceed the claim with this many canaries (--canaries "
+                "raises the cap); the card check found nothing",
+                file=sys.stderr,
+            )
     if result.leak:
         raise typer.Exit(1)
 

@@ -96,8 +96,9 @@ def make_card(
     created = created or datetime.datetime.now(datetime.UTC).date().isoformat()
     statement = (
         f"({epsilon:.4g}, {delta:.3g})-DP for one document of the private collection "
-        f"'{contributor}' (add/remove one document): the synthetic documents, their topics and "
-        "this index are the only things released; retrieving from them is post-processing "
+        f"'{contributor}' (add/remove one document): the synthetic documents, their topics, "
+        "the released pairs of a fact release (facts.json) and this index are the only "
+        "things released; retrieving from them is post-processing "
         "and spends no budget, however many questions are asked"
     )
     if seeded:

@@ -143,9 +143,10 @@ def build_knowledge(
     book = PrivacyLedger(ledger_location)
     book.ensure_scope(Scope(RELEASE_TENANT, dataset, config.epsilon, config.delta))
     # charged with a kept ref and not finished: a resume (or another shard), not a second release
-    resuming = (work / KNOWLEDGE_WORK / CHARGE_FILE).is_file() and not (
-        work / PRIVATE_FILE
-    ).is_file()
+    from synthgen.knowledge.facts import CHARGE_FILE as FACTS_CHARGE_FILE
+
+    charged = any((work / KNOWLEDGE_WORK / f).is_file() for f in (CHARGE_FILE, FACTS_CHARGE_FILE))
+    resuming = charged and not (work / PRIVATE_FILE).is_file()
     if book.charges(RELEASE_TENANT, dataset) and not resuming:  # one release per collection
         raise BudgetExceededError(
             f"{dataset} was already released from this ledger ({ledger_location}): a second "

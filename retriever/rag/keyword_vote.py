@@ -210,7 +210,7 @@ def release_answer_keywords(
     """
     eps, dlt = group_parameters(epsilon, delta)
     if documents is not None and len(documents) != len(answers):
-        raise ValueError(f"one document per answer: {len(documents)=}, {len(answers)=}")
+        raise ValueError("one document per answer")  # no count: voters are private
     read = [None] * len(answers) if documents is None else list(documents)
     keys = [
         answer_keywords(a, max_keywords, question, word_tokens, d)

@@ -9,23 +9,28 @@ the release carries scores high; an excluded one cannot (its names are invented 
 unique). `synthgen.audit.whitebox.score_stats` (jax-privacy's `CanaryScoreAuditor`: the
 one-run bounds of Steinke et al. 2023 and Mahloujifar et al. 2024) turns the scores into a
 lower bound on epsilon at 95%, to be read against the release's claimed epsilon: a bound
-above the claim is a leak.
+above the claim is a leak. No run with m canaries can certify more than the bound of a
+perfect attack (`statistical_cap`): when that cap is not above the claim, the bound can
+never exceed it, and the verdict is "inconclusive", not "no leak". A second test has power
+at any epsilon: the card says a pair one record states is released with probability at most
+delta / 2K, so an included canary released at all is a leak when that is unlikely for the
+included canaries together (`card_check_p`).
 
 Privacy:
   The audit is itself a release of the collection (plus canaries) at the same (epsilon,
-  delta): its scores, and the bound, are post-processing of that release. It is never
-  published by the toolkit; charge it (``ledger``) if its result leaves the owner's hands.
+  delta): its scores and bounds are post-processing of that release. The toolkit prints its
+  summary only and charges nothing: count it against the collection if it leaves the
+  owner's hands.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from synthgen.knowledge.facts import FactConfig, release_facts
+from synthgen.knowledge.facts import FactConfig, plan_facts, release_facts
 from synthgen.knowledge.phrases import record_phrases, split_pair
 
 _ONSETS = "b br d dr f g k kl m n p pr qu s st t tr v z zh".split()
@@ -52,12 +57,24 @@ class AuditResult:
     auroc: float
     included_released: int
     excluded_released: int
-    seconds: float
+    epsilon_cap: float
+    card_check_p: float
 
     @property
     def leak(self) -> bool:
-        """The bound exceeds the claim: the release is not what its card says."""
-        return max(self.epsilon_lower_bound, self.epsilon_lower_bound_fdp) > self.claimed_epsilon
+        """The release is not what its card says: a bound exceeds the claim (each at 95%,
+        so up to about 10% false alarms together), or included canaries were released
+        more often than the card's single-record probability allows (p < 0.05)."""
+        bound = max(self.epsilon_lower_bound, self.epsilon_lower_bound_fdp)
+        return bound > self.claimed_epsilon or self.card_check_p < 0.05
+
+    @property
+    def verdict(self) -> str:
+        """ "leak", "no leak found", or "inconclusive" (the bounds could not exceed the
+        claim with this many canaries, and the card check saw nothing)."""
+        if self.leak:
+            return "leak"
+        return "inconclusive" if self.epsilon_cap <= self.claimed_epsilon else "no leak found"
 
 
 def make_canaries(count: int, rng: np.random.Generator, avoid: set[str]) -> list[str]:
@@ -118,15 +135,16 @@ def audit_fact_release(
     Raises:
       ValueError: fewer than 10 canaries.
     """
-    from synthgen.audit.whitebox import score_stats
+    from scipy.stats import binom
+
+    from synthgen.audit.whitebox import score_stats, statistical_cap
 
     if canaries < 10:
         raise ValueError(f"an audit needs at least 10 canaries, {canaries=}")
-    start = time.perf_counter()
-    rng = np.random.default_rng(seed)
+    names_rng, coins_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     avoid = {w.lower() for t in texts for s in record_phrases(t) for p in s for w in p.split()}
-    planted = make_canaries(canaries, rng, avoid)
-    included = rng.random(canaries) < 0.5
+    planted = make_canaries(canaries, names_rng, avoid)
+    included = coins_rng.random(canaries) < 0.5
     audited = [*texts, *(c for c, keep in zip(planted, included, strict=True) if keep)]
     if release is None:
         pairs = release_facts(audited, config).pairs
@@ -137,6 +155,9 @@ def audit_fact_release(
         "released count", scores[included], scores[~included], delta=config.delta,
         significance=significance,
     )  # fmt: skip
+    released_in = int((scores[included] > 0).sum())
+    single = plan_facts(config, len(audited)).singleton_probability  # the card's figure
+    cap = max(statistical_cap(int(included.sum()), int((~included).sum()), delta=config.delta))
     return AuditResult(
         claimed_epsilon=config.epsilon,
         delta=config.delta,
@@ -145,7 +166,8 @@ def audit_fact_release(
         epsilon_lower_bound=stats.epsilon_one_run,
         epsilon_lower_bound_fdp=stats.epsilon_one_run_fdp,
         auroc=stats.auroc,
-        included_released=int((scores[included] > 0).sum()),
+        included_released=released_in,
         excluded_released=int((scores[~included] > 0).sum()),
-        seconds=time.perf_counter() - start,
+        epsilon_cap=float(cap),
+        card_check_p=float(binom.sf(released_in - 1, int(included.sum()), min(1.0, single))),
     )

@@ -20,8 +20,10 @@ Privacy:
   each pair once and at most K pairs (L2 sensitivity sqrt(K)); PipelineDP calibrates the
   Gaussian noise and threshold to (epsilon, delta) for the whole selection and its counts.
   A pair held by one record is released with probability `FactPlan.singleton_probability`
-  (at most delta). Nothing else reads the records; the ledger is charged that one event,
-  before the selection runs.
+  (delta / 2K: at most delta). Nothing else reads the records; the ledger is charged that
+  one event, before the selection runs, and the pairs drawn are kept in the private work
+  folder so that a rerun returns them instead of drawing again. The running time of the
+  key-phrase rule and of PipelineDP grows with n and the number of distinct pairs.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pathlib import Path
 
 from dp_accounting import dp_event
 
-from synthgen.knowledge.phrases import record_pairs, split_pair
+from synthgen.knowledge.phrases import record_pairs, split_pair, zipf
 from synthgen.privacy import accounting
 from synthgen.privacy.partition_selection import (
     MECHANISM,
@@ -48,6 +50,7 @@ from synthgen.privacy.partition_selection import (
 RELATION = "ADD_OR_REMOVE_ONE"
 PLAN_SUPPORTS = (1, 3, 5, 10, 20, 50, 100)
 CHARGE_FILE = "facts_charge.json"  # the charge's idempotency key (private work folder)
+RESULT_FILE = "facts_result.json"  # the released pairs, kept so a rerun draws nothing new
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +202,8 @@ def fact_records(pairs: dict[str, float], max_partners: int) -> list[dict]:
 
 def charge_once(ledger, scope: tuple[str, str], plan: FactPlan, work: Path) -> None:
     """Charges the release once: an idempotency key written before the first charge, so
-    that a rerun after a crash is answered with the first charge, never a second."""
+    that a rerun after a crash is answered with the first charge, never a second. A rerun
+    also returns the first draw (`RESULT_FILE`), never a fresh one: one charge, one draw."""
     path = work / CHARGE_FILE
     if not path.is_file():
         tmp = path.with_suffix(".tmp")
@@ -228,8 +232,8 @@ def release_facts(
     Args:
       texts: the private records.
       config: public parameters.
-      work: the private work folder (holds the charge's idempotency key); needed with a
-        ledger.
+      work: the private work folder (the charge's idempotency key and the released pairs:
+        a rerun returns them and draws nothing); needed with a ledger.
       ledger, ledger_scope: charged the release once, before the selection.
 
     Raises:
@@ -249,9 +253,21 @@ def release_facts(
         if ledger_scope is None or work is None:
             raise ValueError("a ledger needs ledger_scope=(tenant, dataset) and a work folder")
         charge_once(ledger, ledger_scope, plan, Path(work))
+    stored = None if work is None else Path(work) / RESULT_FILE
+    if stored is not None and stored.is_file():  # a rerun: the first draw, never a second
+        kept = json.loads(stored.read_text())
+        if kept["plan"] != json.loads(json.dumps(plan.to_dict())) or kept["n"] != len(texts):
+            raise ValueError(f"{work} holds a fact release with another plan; use a new one")
+        pairs = {str(k): float(v) for k, v in kept["pairs"].items()}
+        return FactRelease(pairs, fact_records(pairs, config.max_partners), plan)
     keys = [record_pairs(text, config.max_pairs) for text in texts]
+    zipf.cache_clear()  # the rule's cache holds the records' words: not kept after reading
     selected = release_key_counts(
         keys, epsilon=config.epsilon, delta=config.delta, max_keys=config.max_pairs
     )
     pairs = {str(k): float(v) for k, v in selected.counts.items()}
+    if stored is not None:  # written before anything is returned: a crash after it replays
+        tmp = stored.with_suffix(f".{secrets.token_hex(4)}.tmp")
+        tmp.write_text(json.dumps({"plan": plan.to_dict(), "n": len(texts), "pairs": pairs}))
+        tmp.replace(stored)
     return FactRelease(pairs, fact_records(pairs, config.max_partners), plan)

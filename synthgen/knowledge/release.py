@@ -25,7 +25,8 @@ Clusters are independent work: ``shard=(i, n)`` generates the clusters ``c % n =
 from its own stream of the release key, so any split joins to the same bytes as one job.
 The private work folder holds the release key, the clusters' members and each cluster's
 output (resume state); it is never part of the release. The key is deleted once every
-cluster is generated (`forget_key`): kept, it would replay the noise. Shards agree on who
+cluster is generated (`forget_key`): kept, it would replay stage 3's noise; a cluster
+missing after that is refused, never drawn again with fresh noise. Shards agree on who
 prepares stages 1 and 2 by an exclusive `fcntl.flock` on a file of the work folder: that
 holds between processes of one machine on a local filesystem; on NFS without lockd, or on
 object-store mounts, the lock may not exclude, and two shards could draw stages 1 and 2
@@ -161,14 +162,15 @@ def _prepare(lm, texts, config, plan, *, encode, rng, ledger, ledger_scope, stat
 def forget_key(state_path: Path) -> None:
     """Deletes the release key from the private state once every cluster is generated.
 
-    The key seeds stage 2's and stage 3's noise: kept after publication, anyone who reads the
-    work folder could replay that noise and subtract it from the release. Nothing needs it
+    The key seeds stage 3's draws and noise (stage 2 draws from the OS): kept after
+    publication, anyone who reads the work folder could replay that noise and subtract it
+    from the release. Nothing needs it
     once the clusters' outputs are written (a rerun finds them done)."""
     state = json.loads(state_path.read_text())
     if state.get("key") is None:
         return
     state["key"] = None
-    tmp = state_path.with_suffix(".tmp")
+    tmp = state_path.with_suffix(f".{secrets.token_hex(4)}.tmp")
     tmp.write_text(json.dumps(state))
     tmp.replace(state_path)
 
@@ -224,7 +226,9 @@ def distinct_clusters(
     return kept
 
 
-def _cluster_rng(key: int, cluster: int) -> np.random.Generator:
+def _cluster_rng(key: int | None, cluster: int) -> np.random.Generator:
+    if key is None:  # forgotten once every cluster was done: never fresh entropy
+        raise ValueError("the release key was deleted: this release is finished")
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(key, spawn_key=(cluster,))))
 
 
@@ -433,5 +437,7 @@ def release_knowledge(
             return mean_logprob(lm, text, prefix=head) >= config.min_text_logprob
 
         records = synthetic_records(clusters, outputs, keep)
-        forget_key(state_path)
+        with open(work / LOCK_FILE, "w") as lock:  # shards finishing together
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            forget_key(state_path)
     return KnowledgeRelease(records, state["keyword_counts"], clusters, plan, complete, done)

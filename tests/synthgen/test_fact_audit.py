@@ -30,13 +30,24 @@ def test_a_planted_leak_is_detected_above_its_claim(world):
         world.documents, FactConfig(epsilon=1.0), canaries=300, seed=0, release=_leaky
     )
     assert result.included_released == result.included and result.excluded_released == 0
-    assert result.epsilon_lower_bound > 1.0 and result.leak
+    assert result.epsilon_lower_bound > 1.0 and result.leak and result.verdict == "leak"
+
+
+def test_a_leak_under_a_claim_no_bound_can_reach_is_caught_by_the_card_check(world):
+    result = audit_fact_release(
+        world.documents, FactConfig(epsilon=10.0), canaries=300, seed=0, release=_leaky
+    )
+    assert result.epsilon_cap <= 10.0 and result.epsilon_lower_bound <= 10.0
+    assert result.card_check_p < 1e-6 and result.verdict == "leak"
 
 
 def test_the_dp_release_stays_under_its_claim(world):
     result = audit_fact_release(world.documents, FactConfig(epsilon=3.0), canaries=300, seed=0)
     assert result.epsilon_lower_bound <= 3.0 and not result.leak
     assert result.canaries == 300 and 0 < result.included < 300
+    assert result.verdict == ("no leak found" if result.epsilon_cap > 3.0 else "inconclusive")
+    high = audit_fact_release(world.documents, FactConfig(epsilon=10.0), canaries=300, seed=0)
+    assert high.epsilon_cap <= 10.0 and high.verdict == "inconclusive"
 
 
 def test_canaries_are_unique_and_scored_by_what_was_released():
@@ -56,5 +67,6 @@ def test_the_command_prints_the_bound_against_the_claim(world, tmp_path):
     result = cli("knowledge", "audit", "--private-corpus", tmp_path / "corpus.jsonl",
                  "--epsilon", 10, "--canaries", 100, "--seed", 1, "--json")  # fmt: skip
     line = json.loads(result.stdout)
-    assert line["claimed_epsilon"] == 10 and not line["leak"]
+    assert line["claimed_epsilon"] == 10 and not line["leak"] and "seconds" not in line
+    assert line["verdict"] == "inconclusive"  # 100 canaries cannot bound near 10
     assert line["epsilon_lower_bound"] <= 10 and line["canaries"] == 100

@@ -114,9 +114,19 @@ def test_refused_before_any_charge_and_charged_once_on_rerun(tmp_path):
                       work=tmp_path, ledger=ledger, ledger_scope=("release", "c"))  # fmt: skip
     assert ledger.charges("release", "c") == []
     texts = _collection("x")
-    for _ in range(2):  # a rerun after a crash: the same idempotency key, one charge
-        release_facts(texts, FactConfig(epsilon=10.0), work=tmp_path, ledger=ledger,
-                      ledger_scope=("release", "c"))  # fmt: skip
+    draws = [  # a rerun after a crash: the same idempotency key, one charge, the same draw
+        release_facts(
+            texts,
+            FactConfig(epsilon=10.0),
+            work=tmp_path,
+            ledger=ledger,
+            ledger_scope=("release", "c"),
+        ).pairs  # fmt: skip
+        for _ in range(3)
+    ]
+    assert draws[0] == draws[1] == draws[2]  # no fresh noise to average for free
+    with pytest.raises(ValueError, match="another plan"):
+        release_facts(texts, FactConfig(epsilon=5.0), work=tmp_path)
     charges = ledger.charges("release", "c")
     assert len(charges) == 1 and charges[0].stage == "knowledge-release"
     assert json.loads((tmp_path / "facts_charge.json").read_text())["ref"].startswith("facts-")
