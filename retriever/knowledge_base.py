@@ -101,6 +101,8 @@ class KnowledgeBase:
 
             facts = json.loads(facts_path.read_text())
             self.facts = FactAnswerer(fact_records(facts["pairs"], facts["max_partners"]), lm)
+            # a fact record's doc_id by its phrase ("Phrase: partners."), to name sources
+            self._fact_ids = {text.split(": ", 1)[0]: i for i, text in self.records.items()}
 
     @classmethod
     def open(cls, folder: str | Path, lm: str = "smollm2-135m-instruct", **kwargs) -> KnowledgeBase:
@@ -149,11 +151,10 @@ class KnowledgeBase:
             raise ValueError("the question is empty")
         if self.facts is not None:
             found = self.facts.answer(question)
-            by_topic = {self.records[i].split(":")[0]: i for i in self.records}
             return KnowledgeAnswer(
                 question,
                 found.answer,
-                [by_topic.get(t, t) for t in found.records],
+                [self._fact_ids.get(t, t) for t in found.records],
                 dict(self.card["guarantee"]),
                 self.statement,
                 abstained=found.abstained,
