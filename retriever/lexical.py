@@ -12,7 +12,9 @@ release folder needs no extra file for it.
 
 from __future__ import annotations
 
+import hashlib
 import re
+from array import array
 from collections.abc import Sequence
 
 import numpy as np
@@ -100,6 +102,27 @@ QUESTION_WORDS = frozenset(
 
 
 GRID = 2.0**20  # an overlap weight share is a multiple of 1 / GRID: exact float32 sums
+WIDTH = 2**20  # overlap vectors' width: public, whatever the collection (hashed words)
+
+
+def bucket(word: str, width: int = WIDTH) -> int:
+    """`word`'s coordinate in a `width`-wide overlap vector: its 64-bit BLAKE2b digest
+    modulo `width`, the same in every process (Python's `hash` of a str is salted per
+    process); unbiased for a power-of-two `width`."""
+    digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % width
+
+
+class _Buckets(dict):
+    """word → `bucket(word, width)`, each word hashed once."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width = width
+
+    def __missing__(self, word: str) -> int:
+        self[word] = value = bucket(word, self.width)
+        return value
 
 
 class OverlapEncoder:
@@ -113,43 +136,76 @@ class OverlapEncoder:
     sensitivity 1 as over any per-document score, and a public relevance threshold selects
     the documents that hold the question's words.
 
+    Fixed width: a word's coordinate is its hash (`bucket`: BLAKE2b, a fixed public
+    function) modulo `width`, a public constant (`WIDTH` = 2^20), so the vectors' shape
+    never depends on the collection's vocabulary (privacy rule 9) and the document matrix
+    is a sparse CSR matrix [documents, width] that holds each document's distinct words
+    only. Two words in one bucket (a collision) cost retrieval quality, never privacy: a
+    document marks a bucket once (1, however many of its words fall there), a question's
+    bucket holds the sum of its words' shares there, so a score is still the sum of the
+    question's shares over the buckets the document marks, a function of that document
+    and the question alone, at least the exact overlap and at most the sum of all shares,
+    1. A question word's bucket is marked, on average over buckets, by (stored entries) /
+    width documents that do not hold it (fewer for most buckets: common words crowd a few);
+    each gains that word's share, which passes a relevance threshold alone only where the
+    word carries that much of the question's weight (measured at 1M records:
+    `scripts/overlap_scale.py`, docs/results/benchmarks.md). 2^20 keeps a question's
+    dense float32 vector at 4 MiB (scipy's CSR-times-vector product, no posting lists)
+    and the column indices in int32.
+
     Exactly so, bit for bit: a question word's weight share is rounded down to a multiple
-    of 2^-20 (`GRID`), so every partial sum of a document's score is exact in float32 and
-    the score does not depend on the order the product adds its terms in, which the
-    corpus's vocabulary numbering (and BLAS's blocking) would otherwise decide. Not
-    covered: the vectors' width is the collection's vocabulary size, so the product's time
-    grows with it (microseconds against an answer's decoding).
+    of 2^-20 (`GRID`), so a bucket's sum of shares and every partial sum of a document's
+    score are multiples of 2^-20 no larger than 1, exact in float32 (24-bit significand),
+    and the score does not depend on the order the product adds its terms in (the hash's
+    bucket order, scipy's or BLAS's loop). Not covered: the product reads every stored
+    entry, so its time and the matrix's memory grow with documents + stored entries (each
+    document's distinct buckets, a collection-wide total), the same for every question,
+    as the dense design's grew with the vocabulary; a posting-list search
+    would be faster but take time that follows how many documents hold the question's
+    words.
 
     Args:
-      texts: the documents (their words index the vectors' coordinates only).
+      texts: the documents (their words set the stored entries only, never the shape).
       weight: public weight of a content word (default 1; e.g. its token count under a
         public tokenizer, so an invented name outweighs "spots").
+      width: the vectors' width (public; tests use a small one to force collisions).
     """
 
-    def __init__(self, texts: Sequence[str], weight=None) -> None:
-        self.weight = weight or (lambda word: 1.0)
-        self.vocabulary: dict[str, int] = {}
-        self._documents = [set(words(t)) for t in texts]
-        for doc in self._documents:
-            for word in sorted(doc):
-                self.vocabulary.setdefault(word, len(self.vocabulary))
+    def __init__(self, texts: Sequence[str], weight=None, *, width: int = WIDTH) -> None:
+        from scipy import sparse
 
-    def documents(self) -> np.ndarray:
-        """[documents, vocabulary] 0/1 matrix (float32)."""
-        out = np.zeros((len(self._documents), max(len(self.vocabulary), 1)), np.float32)
-        for i, doc in enumerate(self._documents):
-            out[i, [self.vocabulary[w] for w in doc]] = 1.0
-        return out
+        if not 1 <= width < 2**31:
+            raise ValueError(f"width must be in [1, 2^31): {width=}")
+        self.weight = weight or (lambda word: 1.0)
+        self.width = width
+        lookup = _Buckets(width).__getitem__  # each distinct word hashed once
+        indices, indptr = array("i"), array("q", [0])  # C ints: 4 and 8 bytes an entry
+        for text in texts:
+            indices.extend(map(lookup, words(text)))
+            indptr.append(len(indices))
+        indices_np = np.frombuffer(indices, np.int32) if indices else np.zeros(0, np.int32)
+        matrix = sparse.csr_matrix(
+            (np.ones(len(indices_np), np.float32), indices_np, np.frombuffer(indptr, np.int64)),
+            shape=(len(indptr) - 1, width),
+        )
+        matrix.sum_duplicates()  # sorted buckets per row; a repeated word or collision sums
+        matrix.data[:] = 1.0  # ... and is marked once
+        self._documents = matrix
+
+    def documents(self):
+        """[documents, `width`] 0/1 scipy.sparse CSR matrix (float32), each document's
+        distinct buckets stored."""
+        return self._documents
 
     def encode(self, questions: Sequence[str], **_) -> np.ndarray:
-        """[questions, vocabulary]: each content word's weight over the total, rounded down
-        to a multiple of 1 / `GRID` (zeros: none)."""
-        out = np.zeros((len(questions), max(len(self.vocabulary), 1)), np.float32)
+        """[questions, `width`]: each content word's weight over the total, rounded down
+        to a multiple of 1 / `GRID`, added into its bucket (zeros: none)."""
+        out = np.zeros((len(questions), self.width), np.float32)
         for q, question in enumerate(questions):
             content = {w for w in words(question) if w not in QUESTION_WORDS}
             weights = {w: float(self.weight(w)) for w in content}
             total = sum(weights.values())
             for word, value in weights.items():
-                if word in self.vocabulary and total > 0:
-                    out[q, self.vocabulary[word]] = np.floor(value / total * GRID) / GRID
+                if total > 0:
+                    out[q, bucket(word, self.width)] += np.floor(value / total * GRID) / GRID
         return out

@@ -116,7 +116,8 @@ def main() -> None:
     encoder = load_encoder("all-minilm-l6-v2")
     dense = encoder.encode(questions) @ encoder.encode(texts).T
     lexical = OverlapEncoder(texts)
-    overlap = lexical.encode(questions) @ lexical.documents().T
+    documents = lexical.documents()  # sparse; a question's vector is 2^20 wide: one at a time
+    overlap = np.stack([documents @ lexical.encode([q])[0] for q in questions])
     cells = [("dense", tau, dense, ScoreRange(0.2, 1.0)) for tau in args.dense_taus]
     cells += [("overlap", tau, overlap, ScoreRange(0.0, 1.0)) for tau in args.overlap_taus]
     results, lines = {}, []

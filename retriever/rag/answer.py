@@ -53,6 +53,7 @@ import zlib
 from collections.abc import Sequence
 
 import numpy as np
+from scipy import sparse
 
 from retriever.rag import releases
 from retriever.rag.answer_types import ABSTENTION_TEXT, Answer, AnswerFailedError, StageCharge
@@ -92,8 +93,9 @@ class DPRag:
     Args:
       doc_ids: ids of the private documents (never released).
       texts: their texts.
-      embeddings: [N, D] document embeddings; inner products with the question embedding
-        are the similarity scores.
+      embeddings: [N, D] document embeddings, a numpy array or a scipy.sparse matrix
+        (kept sparse: `retriever.lexical.OverlapEncoder`'s hashed term vectors); inner
+        products with the question embedding are the similarity scores.
       encode_question: maps a list of questions to [B, D] embeddings.
       lm: a `synthgen.lm_backends.NextTokenLM` with `fork()`.
       ledger: the privacy ledger (None: nothing charged, for experiments only).
@@ -137,13 +139,17 @@ class DPRag:
         document_cache=False,
         answers: ReleasedAnswers | None = None,
     ) -> None:
-        embeddings = np.asarray(embeddings, dtype=np.float32)
+        if sparse.issparse(embeddings):  # e.g. term overlap: kept sparse, never densified
+            embeddings = sparse.csr_matrix(embeddings, dtype=np.float32)
+            stored = embeddings.data
+        else:
+            embeddings = stored = np.asarray(embeddings, dtype=np.float32)
         if embeddings.ndim != 2 or not embeddings.shape[0] == len(texts) == len(doc_ids):
             raise ValueError(
                 f"need one embedding row per document: {embeddings.shape=}, {len(texts)=}, "
                 f"{len(doc_ids)=}"
             )
-        if not np.all(np.isfinite(embeddings)):
+        if not np.all(np.isfinite(stored)):
             raise ValueError("document embeddings must be finite")
         if len(set(doc_ids)) != len(doc_ids):
             raise ValueError("doc_ids must be unique")
@@ -337,8 +343,9 @@ class DPRag:
         )
 
     def _scores(self, question: str) -> np.ndarray:
-        """[N] similarity of the question to every document (private)."""
-        return self.embeddings @ np.asarray(self.encode_question([question]))[0]
+        """[N] similarity of the question to every document (private; a numpy array,
+        sparse embeddings included)."""
+        return np.asarray(self.embeddings @ np.asarray(self.encode_question([question]))[0])
 
     def _release(self, question: str, plan: AnswerPlan, deadline: float | None):
         """The mechanisms' releases: (tokens, paid, realized stages, abstained, truncated,

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+from scipy import sparse
 
 from retriever.rag.answer import DPRag, RagConfig
 from retriever.rag.greedy import greedy_answer
@@ -146,13 +147,19 @@ def evaluate_world(
     others = [d.name for d in world.diseases]
     lm, prompt = rag.lm, rag.prompt
     max_tokens = rag.config.max_tokens
-    question_vectors = np.asarray(rag.encode_question([q.question for q in questions]))
+    if sparse.issparse(rag.embeddings):  # term overlap: a question's vector is WIDTH wide
+        question_vectors = None  # made when its question is asked
+    else:
+        question_vectors = np.asarray(rag.encode_question([q.question for q in questions]))
 
     def no_rag(q: Question) -> tuple[str, dict]:
         return greedy_answer(lm, prompt.encode(lm, q.question, []), max_tokens), {}
 
     def non_private_rag(q: Question) -> tuple[str, dict]:
-        scores = rag.embeddings @ question_vectors[questions.index(q)]
+        if question_vectors is None:
+            scores = rag._scores(q.question)
+        else:
+            scores = rag.embeddings @ question_vectors[questions.index(q)]
         top = np.argsort(-scores)[: config.rag_k]
         docs = [rag._tokens[int(i)][: rag.config.max_document_tokens] for i in top]
         return greedy_answer(lm, prompt.encode(lm, q.question, docs), max_tokens), {}

@@ -98,3 +98,123 @@ def test_an_overlap_score_is_bit_identical_whatever_the_other_documents():
         scores = encoder.documents() @ encoder.encode([q])[0]
         seen.add(float(scores[-1]))
     assert len(seen) == 1 and abs(seen.pop() - 0.75) < 1e-5
+
+
+# ---- hashed fixed-width overlap vectors ---------------------------------------------------
+
+
+def _overlap_oracle(texts, question, weight):
+    """Plain Python: the share of the question's content words (each weight over the
+    total, rounded down to a multiple of 2^-20) that each document holds."""
+    from retriever.lexical import GRID, QUESTION_WORDS
+
+    content = {w for w in words(question) if w not in QUESTION_WORDS}
+    total = sum(weight(w) for w in content)
+    share = {w: math.floor(weight(w) / total * GRID) / GRID for w in content}
+    return np.array([sum(share[w] for w in content if w in set(words(t))) for t in texts])
+
+
+def _fixture(seed, documents=30):
+    rng = np.random.default_rng(seed)
+    vocabulary = [f"w{i}x" for i in range(40)]
+    texts = [" ".join(rng.choice(vocabulary, rng.integers(1, 10))) for _ in range(documents)]
+    questions = [" ".join(rng.choice(vocabulary, rng.integers(1, 6))) for _ in range(8)]
+    return vocabulary, texts, questions
+
+
+def test_overlap_vectors_have_the_public_width_whatever_the_collection():
+    """The width is a public constant, not the collection's vocabulary size (a private
+    quantity that the old dense vectors' shape released)."""
+    from scipy import sparse
+
+    from retriever.lexical import WIDTH, OverlapEncoder
+
+    small = OverlapEncoder(["tadrunic numbness"])
+    large = OverlapEncoder([f"word{i} other{i} numbness" for i in range(50)])
+    assert small.documents().shape == (1, WIDTH) and large.documents().shape == (50, WIDTH)
+    for encoder in (small, large):
+        assert encoder.encode(["tadrunic numbness?", "gugolal"]).shape == (2, WIDTH)
+        assert sparse.issparse(encoder.documents())  # 1M records: never a dense matrix
+
+
+def test_a_word_hashes_to_the_same_bucket_in_every_process():
+    """BLAKE2b, not Python's per-process salted `hash` (golden values)."""
+    from retriever.lexical import bucket
+
+    assert (bucket("tadrunic"), bucket("gugolal"), bucket("tadrunic", 8)) == (642847, 363640, 7)
+
+
+def test_hashed_overlap_scores_equal_the_exact_overlap_without_collisions():
+    from retriever.lexical import OverlapEncoder, bucket
+
+    weight = {f"w{i}x": 1 + i % 7 for i in range(40)}.__getitem__
+    for seed in range(3):
+        vocabulary, texts, questions = _fixture(seed)
+        assert len({bucket(w) for w in vocabulary}) == len(vocabulary)  # no collision here
+        encoder = OverlapEncoder(texts, weight=weight)
+        documents = encoder.documents()
+        np.testing.assert_array_equal(documents.data, 1.0)  # a repeated word marked once
+        for question in questions:
+            scores = documents @ encoder.encode([question])[0]
+            assert isinstance(scores, np.ndarray) and scores.dtype == np.float32
+            np.testing.assert_allclose(scores, _overlap_oracle(texts, question, weight))
+
+
+def test_a_hashed_overlap_score_is_bit_identical_whatever_the_other_documents():
+    from retriever.lexical import OverlapEncoder
+
+    weight = {f"w{i}x": 1 + i % 7 for i in range(40)}.__getitem__
+    _, texts, questions = _fixture(0)
+    _, others, _ = _fixture(1, documents=12)
+    alone = OverlapEncoder(texts, weight=weight)
+    for question in questions:
+        target = alone.documents() @ alone.encode([question])[0]
+        for extra in (others, others[:3], []):
+            more = OverlapEncoder([*extra, *texts[:-1], "w3x w5x"], weight=weight)
+            scores = more.documents() @ more.encode([question])[0]
+            np.testing.assert_array_equal(scores[len(extra) : -1], target[:-1])
+        fewer = OverlapEncoder(texts[1:], weight=weight)
+        np.testing.assert_array_equal(fewer.documents() @ fewer.encode([question])[0], target[1:])
+
+
+def test_collisions_only_add_and_keep_every_score_within_zero_and_one():
+    """A narrow width forces collisions: a document marks a bucket once, a question's
+    bucket sums its words' shares, so a score lies between the exact overlap and 1."""
+    from retriever.lexical import OverlapEncoder
+
+    weight = {f"w{i}x": 1 + i % 7 for i in range(40)}.__getitem__
+    _, texts, questions = _fixture(2)
+    for width in (1, 3, 16):
+        encoder = OverlapEncoder(texts, weight=weight, width=width)
+        assert encoder.documents().shape == (len(texts), width)
+        np.testing.assert_array_equal(encoder.documents().data, 1.0)
+        for question in questions:
+            scores = encoder.documents() @ encoder.encode([question])[0]
+            assert np.all(scores >= _overlap_oracle(texts, question, weight))
+            assert np.all(scores <= 1.0)
+            if width == 1:  # one bucket: every (non-empty) document gets every share
+                np.testing.assert_array_equal(scores, encoder.encode([question]).sum())
+
+
+def test_dprag_keeps_the_overlap_matrix_sparse_and_scores_with_it():
+    from scipy import sparse
+
+    from retriever.lexical import OverlapEncoder
+    from retriever.rag import DPRag
+    from synthgen.lm_backends import TinyLM
+
+    weight = {f"w{i}x": 1 + i % 7 for i in range(40)}.__getitem__
+    _, texts, questions = _fixture(0)
+    encoder = OverlapEncoder(texts, weight=weight)
+    ids = [f"d{i}" for i in range(len(texts))]
+    rag = DPRag(ids, texts, encoder.documents(), encoder.encode, TinyLM())
+    assert sparse.issparse(rag.embeddings)
+    scores = rag._scores(questions[0])
+    assert isinstance(scores, np.ndarray) and scores.shape == (len(texts),)
+    np.testing.assert_allclose(scores, _overlap_oracle(texts, questions[0], weight))
+    bad = encoder.documents().copy()
+    bad.data[0] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        DPRag(ids, texts, bad, encoder.encode, TinyLM())
+    with pytest.raises(ValueError, match="one embedding row"):
+        DPRag(ids[:-1], texts[:-1], encoder.documents(), encoder.encode, TinyLM())

@@ -109,3 +109,21 @@ def test_the_dp_rag_evaluations_references_run(tmp_path):
     out = evaluate_world(WORLD, WORLD.questions(), rag,
                          EvalConfig(epsilons=(), mechanisms=()), tmp_path)  # fmt: skip
     assert set(out) == {"no-rag", "rag"} and all(len(v) == 4 for v in out.values())
+
+
+def test_the_references_run_on_sparse_term_overlap_vectors(tmp_path):
+    """make_rag(encoder="overlap") keeps the document matrix sparse; the non-private rag
+    cell reads each question's top records from it, a question vector at a time."""
+    from scipy import sparse
+
+    from retriever.lexical import WIDTH
+    from retriever.rag import RagConfig, ScoreRange
+    from retriever.rag.evaluation import EvalConfig, evaluate_world, make_rag
+    from synthgen.lm_backends import TinyLM
+
+    config = RagConfig(k=4, max_tokens=3, score_range=ScoreRange(0.0, 1.0))
+    rag = make_rag(WORLD, tmp_path, lm=TinyLM(), encoder="overlap", config=config)
+    assert sparse.issparse(rag.embeddings) and rag.embeddings.shape == (len(WORLD.records), WIDTH)
+    out = evaluate_world(WORLD, WORLD.questions(), rag,
+                         EvalConfig(epsilons=(), mechanisms=()), tmp_path)  # fmt: skip
+    assert set(out) == {"no-rag", "rag"} and all(len(v) == 4 for v in out.values())
