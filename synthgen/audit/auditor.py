@@ -1,23 +1,42 @@
-"""Membership-inference metrics and empirical epsilon lower bounds from canary scores.
+"""Membership figures and epsilon lower bounds from canary scores, by jax-privacy's auditor.
 
 An audit inserts canaries into the training data, trains, and scores every canary under the
-trained model (higher score = the attacker guesses "in"). This module turns the scores of the
-held-in canaries (`in_scores`) and held-out canaries (`out_scores`) into:
+trained model (higher score = the attacker guesses "in"). The scores of the held-in canaries
+(`in_scores`) and held-out canaries (`out_scores`) give, for the threshold attack "score >= t
+means in":
 
-  * the ROC curve of the threshold attack "score >= t means in" and its area (AUROC);
-  * the TPR at a fixed low FPR (1% by default), the figure that matters for privacy because
-    an attack that is confident on a few canaries leaks even when its AUROC is near 1/2
+  * the ROC curve (its upper convex hull: an attacker may randomise between two thresholds)
+    and its area (AUROC);
+  * the TPR at a fixed low FPR (1% here), the figure that matters for privacy because an
+    attack that is confident on a few canaries leaks even when its AUROC is near 1/2
     (Carlini et al. 2022; Panda et al. 2025);
-  * two statistical lower bounds on the epsilon of the training run: Clopper-Pearson
-    (Jagielski, Ullman, Oprea 2020) and one-run (Steinke, Nasr, Jagielski 2023).
+  * two statistical lower bounds on the epsilon of the training run: one-run (Steinke, Nasr,
+    Jagielski 2023) and Clopper-Pearson (Jagielski, Ullman, Oprea 2020), one-sided, with the
+    significance split evenly over the hull's thresholds (Bonferroni), so choosing the best
+    threshold after seeing the scores costs nothing in validity.
 
-The ROC curve is the upper convex hull of the empirical ROC points: an attacker may
-randomise between two thresholds, so every point on a segment between two thresholds is
-achievable. All thresholds that are vertices of the hull are searched, and the
-significance is split evenly over them (Bonferroni), so choosing the best threshold after
-seeing the scores costs nothing in validity. The definitions match
-`jax_privacy.auditing.CanaryScoreAuditor` (jax-privacy 2.0.0, Bonferroni strategy, one-sided)
-to within 1e-6; jax-privacy is used only by the tests as the reference.
+What comes from the library. Every statistic above is computed by
+`jax_privacy.auditing.CanaryScoreAuditor` (jax-privacy 2.0.0, pinned in pyproject.toml; its
+default `Bonferroni()` threshold strategy, `one_sided=True`): the hull, `attack_auroc`,
+`tpr_at_given_fpr`, `epsilon_one_run` (root tolerance 1e-6) and `epsilon_clopper_pearson`.
+`synthgen.audit.whitebox.score_stats` uses the same class for the white-box and release
+audits.
+
+What is the project's own (the library lacks it):
+  * `canary_auditor`: validation before the library sees the scores. The library checks
+    shape and emptiness but not finiteness (a NaN score would silently sort somewhere); the
+    errors here never echo a score.
+  * `roc_points`: the hull ROC as arrays to plot and record; the library exposes only the
+    TPR at given FPRs. The curve is read from `tpr_at_given_fpr` at every achievable false
+    positive count, so it is the library's hull, vertices included.
+  * A pure-DP claim (delta = 0) for the one-run bound: the library requires delta > 0. It is
+    audited at the smallest positive double instead (`_PURE_DP_DELTA`). That is sound:
+    (epsilon, 0)-DP implies (epsilon, delta')-DP for every delta' > 0, so a rejection of the
+    weaker claim rejects the pure one. The delta term it adds to the p-value (2 m delta'
+    times a probability, below 1e-300) vanishes in floating point, so the figure is the
+    delta = 0 bound.
+  * `AuditResult`, `audit` and `violation_message`: the verdict against a claimed epsilon.
+  * The null hypothesis and assumptions below, which decide what the figures mean.
 
 Null hypothesis. Each bound tests the claim "training is (epsilon, delta)-DP with respect to
 adding or removing one canary" and reports the largest epsilon for which the scores reject
@@ -37,10 +56,12 @@ Assumptions:
     (`AuditResult.violation`) uses the one-run bound only, so a false alarm has probability at
     most `significance` per audited group; a report of G groups is right everywhere with
     probability at least 1 - G * significance (union bound). The Bonferroni split counts the
-    hull's vertices, which depend on the scores (as in jax_privacy).
+    hull's vertices, which depend on the scores (as in the library).
   * The one-run p-value is monotone in epsilon when 2 * m * delta <= 1 (m canaries). Beyond
     that its delta term (2 m delta times a fraction) keeps it near 1, so the bound is about 0:
     a claim with such a delta cannot be refuted by m canaries.
+  * `significance` is in (0, 1/2), the range the library's Clopper-Pearson bound accepts (a
+    confidence of 1/2 or less tests nothing).
 
 Privacy:
   The inputs are the scores of canaries, which are not private data; the outputs are
@@ -65,28 +86,11 @@ import math
 from typing import Any
 
 import numpy as np
-from scipy import optimize, special, stats
+from jax_privacy import auditing
 
-# Root-finder tolerance for the one-run bound; far below the 1e-6 agreement we promise.
-_ROOT_XTOL = 1e-10
-
-
-@dataclasses.dataclass(frozen=True)
-class _RocHull:
-    """Vertices of the upper convex hull of the empirical ROC, as integer counts.
-
-    `fp[i]` and `tp[i]` are the false and true positives of the i-th hull threshold, both
-    non-decreasing, from (0, 0) (threshold above every score) to (num_out, num_in).
-    """
-
-    fp: np.ndarray
-    tp: np.ndarray
-    num_in: int
-    num_out: int
-
-    @property
-    def size(self) -> int:
-        return int(self.fp.size)
+TPR_FPR = 0.01  # the FPR of `AuditResult.tpr_at_1pct_fpr`
+# The one-run bound of a pure-DP claim is computed at this delta (module docstring).
+_PURE_DP_DELTA = math.ulp(0.0)
 
 
 def _as_scores(values: np.typing.ArrayLike, name: str) -> np.ndarray:
@@ -100,8 +104,8 @@ def _as_scores(values: np.typing.ArrayLike, name: str) -> np.ndarray:
 
 
 def _check_significance(significance: float) -> None:
-    if not 0.0 < significance < 1.0:
-        raise ValueError(f"significance must be in (0, 1), got {significance=}")
+    if not 0.0 < significance < 0.5:
+        raise ValueError(f"significance must be in (0, 0.5), got {significance=}")
 
 
 def _check_delta(delta: float) -> None:
@@ -109,27 +113,26 @@ def _check_delta(delta: float) -> None:
         raise ValueError(f"delta must be in [0, 1), got {delta=}")
 
 
-def _roc_hull(in_scores: np.typing.ArrayLike, out_scores: np.typing.ArrayLike) -> _RocHull:
-    """Validates the scores and returns the hull of the ROC of "score >= t is in"."""
-    ins = np.sort(_as_scores(in_scores, "in_scores"))
-    outs = np.sort(_as_scores(out_scores, "out_scores"))
-    # Thresholds from high to low: +inf (nobody guessed in), then every distinct score.
-    thresholds = np.concatenate(([np.inf], np.union1d(ins, outs)[::-1]))
-    tp = ins.size - np.searchsorted(ins, thresholds, side="left")
-    fp = outs.size - np.searchsorted(outs, thresholds, side="left")
+def canary_auditor(
+    in_scores: np.typing.ArrayLike, out_scores: np.typing.ArrayLike
+) -> auditing.CanaryScoreAuditor:
+    """jax-privacy's `CanaryScoreAuditor` on validated scores.
 
-    # Andrew's monotone chain, upper half. The points are sorted by (fp, tp) and distinct;
-    # exact integer cross products; collinear points are dropped so only strict vertices stay.
-    hull: list[tuple[int, int]] = []
-    for x, y in zip(fp.tolist(), tp.tolist()):
-        while len(hull) >= 2:
-            (x0, y0), (x1, y1) = hull[-2], hull[-1]
-            if (x1 - x0) * (y - y0) - (y1 - y0) * (x - x0) < 0:
-                break  # right turn: hull[-1] stays a vertex
-            hull.pop()
-        hull.append((x, y))
-    counts = np.array(hull, dtype=np.int64)
-    return _RocHull(fp=counts[:, 0], tp=counts[:, 1], num_in=ins.size, num_out=outs.size)
+    Args:
+      in_scores: attack scores of the canaries that were included in training.
+      out_scores: attack scores of the canaries that were held out.
+
+    Returns:
+      The library's auditor of the attack "score >= t is in"; call its `attack_auroc()`,
+      `tpr_at_given_fpr(fpr)`, `epsilon_one_run(significance, delta)` (delta > 0) and
+      `epsilon_clopper_pearson(significance, delta)`.
+
+    Raises:
+      ValueError: if either score array is empty, not 1-D or not finite.
+    """
+    ins = _as_scores(in_scores, "in_scores")
+    outs = _as_scores(out_scores, "out_scores")
+    return auditing.CanaryScoreAuditor(ins, outs)
 
 
 def roc_points(
@@ -138,7 +141,10 @@ def roc_points(
     """ROC curve of the attack "score >= t is in", restricted to its upper convex hull.
 
     Points between two vertices are achieved by randomising between their thresholds, so the
-    hull is the ROC of the best threshold attack (the curve to plot).
+    hull is the ROC of the best threshold attack (the curve to plot). It is the library's
+    `tpr_at_given_fpr` at every FPR k / n (k = 0..n false positives of n held-out canaries),
+    which includes every vertex of the hull, preceded by (0, 0) when the curve starts with a
+    vertical segment.
 
     Args:
       in_scores: attack scores of the canaries that were included in training.
@@ -151,216 +157,20 @@ def roc_points(
     Raises:
       ValueError: if either score array is empty, not 1-D or not finite.
     """
-    hull = _roc_hull(in_scores, out_scores)
-    return hull.fp / hull.num_out, hull.tp / hull.num_in
+    library = canary_auditor(in_scores, out_scores)
+    num_out = np.asarray(out_scores).size
+    fpr = np.arange(num_out + 1) / num_out
+    tpr = np.asarray(library.tpr_at_given_fpr(fpr), dtype=np.float64)
+    if tpr[0] > 0.0:
+        fpr, tpr = np.concatenate(([0.0], fpr)), np.concatenate(([0.0], tpr))
+    return fpr, tpr
 
 
-def auroc(in_scores: np.typing.ArrayLike, out_scores: np.typing.ArrayLike) -> float:
-    """Area under the (convex-hull) ROC curve of the threshold attack.
-
-    Equals `CanaryScoreAuditor.attack_auroc()` of jax-privacy 2.0.0. Because of the hull it is
-    at least 1/2, and can exceed the plain Mann-Whitney AUC.
-
-    Args:
-      in_scores: attack scores of the held-in canaries.
-      out_scores: attack scores of the held-out canaries.
-
-    Returns:
-      The area, in [0.5, 1].
-
-    Raises:
-      ValueError: if either score array is empty, not 1-D or not finite.
-    """
-    fpr, tpr = roc_points(in_scores, out_scores)
-    return float(0.5 * np.dot(tpr[1:] + tpr[:-1], np.diff(fpr)))
-
-
-def tpr_at_fpr(
-    in_scores: np.typing.ArrayLike, out_scores: np.typing.ArrayLike, fpr: float = 0.01
+def _epsilon_one_run(
+    library: auditing.CanaryScoreAuditor, significance: float, delta: float
 ) -> float:
-    """Largest true positive rate of a (randomised) threshold attack with the given FPR.
-
-    Reads the hull ROC at `fpr`, interpolating linearly between the two vertices around it.
-    Equals `CanaryScoreAuditor.tpr_at_given_fpr(fpr)` of jax-privacy 2.0.0.
-
-    Args:
-      in_scores: attack scores of the held-in canaries.
-      out_scores: attack scores of the held-out canaries.
-      fpr: the false positive rate, in [0, 1]. With n held-out canaries, rates below 1/n are
-        interpolated towards the point of zero false positives.
-
-    Returns:
-      The true positive rate, in [0, 1].
-
-    Raises:
-      ValueError: if `fpr` is outside [0, 1] or a score array is empty, not 1-D or not finite.
-    """
-    if not 0.0 <= fpr <= 1.0:
-        raise ValueError(f"fpr must be in [0, 1], got {fpr=}")
-    hull = _roc_hull(in_scores, out_scores)
-    target = fpr * hull.num_out
-    # First vertex with more false positives than the target; the one before it has at most
-    # the target. side="right" skips the vertical start (several vertices with fp == 0).
-    right = min(int(np.searchsorted(hull.fp, target, side="right")), hull.size - 1)
-    left = right - 1
-    weight = (target - hull.fp[left]) / (hull.fp[right] - hull.fp[left])
-    tp = hull.tp[left] + weight * (hull.tp[right] - hull.tp[left])
-    return float(tp / hull.num_in)
-
-
-def _clopper_pearson_upper(successes: np.ndarray, trials: int, alpha: float) -> np.ndarray:
-    """One-sided Clopper-Pearson upper confidence bounds (level 1 - alpha) on a rate."""
-    successes = np.asarray(successes)
-    upper = np.ones(successes.shape, dtype=np.float64)
-    below = successes < trials
-    k = successes[below]
-    upper[below] = stats.beta.ppf(1.0 - alpha, k + 1, trials - k)
-    return upper
-
-
-def epsilon_clopper_pearson(
-    in_scores: np.typing.ArrayLike,
-    out_scores: np.typing.ArrayLike,
-    *,
-    significance: float = 0.05,
-    delta: float = 0.0,
-) -> float:
-    """Epsilon lower bound from Clopper-Pearson intervals on TPR and FPR.
-
-    An (epsilon, delta)-DP training run forces every attack to satisfy
-    TPR <= exp(epsilon) * FPR + delta. At each hull threshold, the one-sided Clopper-Pearson
-    lower bound on the TPR and upper bound on the FPR (each at level significance / (2 H),
-    H = number of hull thresholds: a union bound over the two rates and Bonferroni over the
-    thresholds) give epsilon >= log((TPR_lo - delta) / FPR_hi). The largest value, or 0, is
-    returned. Equals `CanaryScoreAuditor.epsilon_clopper_pearson(significance, delta)` of
-    jax-privacy 2.0.0 (one-sided, Bonferroni).
-
-    Args:
-      in_scores: attack scores of the held-in canaries.
-      out_scores: attack scores of the held-out canaries.
-      significance: allowed probability that the bound is wrong (1 - confidence).
-      delta: the delta of the (epsilon, delta) claim being tested.
-
-    Returns:
-      An epsilon lower bound >= 0, valid at confidence 1 - significance when the canaries are
-      independent trials (see the module docstring).
-
-    Raises:
-      ValueError: on bad `significance`, `delta` or scores.
-
-    References:
-      Jagielski, Ullman, Oprea 2020, "Auditing Differentially Private Machine Learning".
-    """
-    _check_significance(significance)
-    _check_delta(delta)
-    hull = _roc_hull(in_scores, out_scores)
-    alpha = significance / (2 * hull.size)
-    tpr_lower = 1.0 - _clopper_pearson_upper(hull.num_in - hull.tp, hull.num_in, alpha)
-    fpr_upper = _clopper_pearson_upper(hull.fp, hull.num_out, alpha)  # always > 0
-    usable = tpr_lower > delta
-    if not np.any(usable):
-        return 0.0
-    bounds = np.log(tpr_lower[usable] - delta) - np.log(fpr_upper[usable])
-    return max(0.0, float(np.max(bounds)))
-
-
-def _one_run_p_value(
-    num_canaries: int, num_guesses: int, num_correct: int, epsilon: float, delta: float
-) -> float:
-    """P-value of "num_correct of num_guesses right" under an (epsilon, delta)-DP null.
-
-    Steinke et al. 2023 (Theorem 3.1 and its delta extension): under the null, the number of
-    correct guesses is stochastically dominated by Binomial(num_guesses, e^eps / (1 + e^eps)),
-    up to an additive term 2 m delta * max_i P(v - i <= X < v) / i with v = num_correct.
-    """
-    q = special.expit(epsilon)
-    p_value = stats.binom.sf(num_correct - 1, num_guesses, q)
-    if delta == 0.0 or num_correct == 0:
-        return float(p_value)
-    # window[i - 1] = P(v - i <= X <= v - 1) for i = 1..v.
-    window = np.cumsum(stats.binom.pmf(np.arange(num_correct - 1, -1, -1), num_guesses, q))
-    delta_weight = np.max(window / np.arange(1, num_correct + 1))
-    return float(min(1.0, p_value + 2.0 * num_canaries * delta * delta_weight))
-
-
-def _one_run_bound_at(
-    num_canaries: int,
-    num_guesses: int,
-    num_correct: int,
-    alpha: float,
-    delta: float,
-    floor: float,
-) -> float:
-    """Largest epsilon >= floor that one threshold's guesses reject, or floor if none."""
-
-    def margin(epsilon: float) -> float:  # > 0 where (epsilon, delta) is rejected
-        return alpha - _one_run_p_value(num_canaries, num_guesses, num_correct, epsilon, delta)
-
-    # The delta term only raises the p-value: cheap exit before computing it.
-    if _one_run_p_value(num_canaries, num_guesses, num_correct, floor, 0.0) > alpha:
-        return floor
-    if margin(floor) <= 0:
-        return floor
-    low, high = floor, max(1.0, 2.0 * floor)
-    while margin(high) > 0:
-        low, high = high, 2.0 * high
-    # The p-value increases with epsilon (for 2 m delta <= 1), so the root is the answer.
-    return float(optimize.brentq(margin, low, high, xtol=_ROOT_XTOL))
-
-
-def epsilon_one_run(
-    in_scores: np.typing.ArrayLike,
-    out_scores: np.typing.ArrayLike,
-    *,
-    significance: float = 0.05,
-    delta: float,
-) -> float:
-    """Epsilon lower bound from a single training run (Steinke, Nasr, Jagielski 2023).
-
-    With m = len(in_scores) + len(out_scores) canaries, each included independently with
-    probability 1/2, the attacker at threshold t guesses "in" for every canary scoring >= t
-    and abstains on the rest. Under (epsilon, delta)-DP the number of correct guesses is at
-    most Binomial(guesses, e^eps / (1 + e^eps)) plus a delta term; the bound at t is the
-    largest epsilon whose p-value is <= significance / H (Bonferroni over the H hull
-    thresholds), and the largest bound over the thresholds is returned (0 if none rejects).
-    Equals `CanaryScoreAuditor.epsilon_one_run(significance, delta)` of jax-privacy 2.0.0
-    (one-sided, Bonferroni) up to that library's root tolerance of 1e-6.
-
-    Args:
-      in_scores: attack scores of the canaries drawn "in" (included in training).
-      out_scores: attack scores of the canaries drawn "out".
-      significance: allowed probability that the bound is wrong (1 - confidence).
-      delta: the delta of the (epsilon, delta) claim being tested; 0 tests pure DP. The
-        p-value is monotone in epsilon (so the bound is well defined) when 2 m delta <= 1.
-
-    Returns:
-      An epsilon lower bound >= 0, valid at confidence 1 - significance under the one-run
-      assumptions in the module docstring.
-
-    Raises:
-      ValueError: on bad `significance`, `delta` or scores.
-
-    References:
-      Steinke, Nasr, Jagielski 2023, "Privacy Auditing with One (1) Training Run",
-      arXiv:2305.08846.
-    """
-    _check_significance(significance)
-    _check_delta(delta)
-    hull = _roc_hull(in_scores, out_scores)
-    num_canaries = hull.num_in + hull.num_out
-    alpha = significance / hull.size
-    guesses = hull.tp + hull.fp
-    precision = np.divide(hull.tp, guesses, out=np.zeros(hull.size), where=guesses > 0)
-
-    best = 0.0
-    # Most precise thresholds first, so later ones are usually skipped without a search.
-    for i in np.argsort(-precision, kind="stable"):
-        # With precision <= e^best / (1 + e^best) the p-value at `best` is >= 1/2 > alpha
-        # (the binomial median is >= floor of its mean), so this threshold cannot do better.
-        if guesses[i] == 0 or precision[i] <= special.expit(best):
-            continue
-        best = _one_run_bound_at(num_canaries, int(guesses[i]), int(hull.tp[i]), alpha, delta, best)
-    return best
+    """The library's one-run bound; a pure-DP claim is tested at `_PURE_DP_DELTA`."""
+    return float(library.epsilon_one_run(significance, delta if delta > 0 else _PURE_DP_DELTA))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -435,13 +245,15 @@ def audit(
 ) -> AuditResult:
     """Computes every membership figure and both epsilon lower bounds for one claim.
 
+    One `CanaryScoreAuditor` computes the AUROC, the TPR at 1% FPR and both bounds.
+
     Args:
       in_scores: attack scores of the held-in canaries (higher = more likely "in").
       out_scores: attack scores of the held-out canaries.
       claimed_epsilon: the epsilon the training run claims, >= 0; `math.inf` if it is not
         private (the figures are still computed, `violation` is never raised).
       delta: the delta of the claim, in [0, 1).
-      significance: the level of each bound.
+      significance: the level of each bound, in (0, 0.5).
 
     Returns:
       The `AuditResult`.
@@ -457,17 +269,14 @@ def audit(
         raise ValueError(f"claimed_epsilon must be >= 0 or inf, got {claimed_epsilon=}")
     _check_significance(significance)
     _check_delta(delta)
-    ins = _as_scores(in_scores, "in_scores")
-    outs = _as_scores(out_scores, "out_scores")
+    library = canary_auditor(in_scores, out_scores)
     return AuditResult(
-        num_in=int(ins.size),
-        num_out=int(outs.size),
-        auroc=auroc(ins, outs),
-        tpr_at_1pct_fpr=tpr_at_fpr(ins, outs, 0.01),
-        epsilon_one_run=epsilon_one_run(ins, outs, significance=significance, delta=delta),
-        epsilon_clopper_pearson=epsilon_clopper_pearson(
-            ins, outs, significance=significance, delta=delta
-        ),
+        num_in=int(np.asarray(in_scores).size),
+        num_out=int(np.asarray(out_scores).size),
+        auroc=float(library.attack_auroc()),
+        tpr_at_1pct_fpr=float(library.tpr_at_given_fpr(TPR_FPR)),
+        epsilon_one_run=_epsilon_one_run(library, significance, delta),
+        epsilon_clopper_pearson=float(library.epsilon_clopper_pearson(significance, delta)),
         claimed_epsilon=claimed_epsilon,
         delta=float(delta),
         significance=float(significance),

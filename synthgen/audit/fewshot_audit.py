@@ -330,11 +330,12 @@ def _membership(drawn, ppl: np.ndarray, plan, significance: float) -> tuple[list
             # inserted canary keeps a fixed bias, so in and out canaries separate perfectly
             # and an epsilon "lower bound" from them would refute true claims. The one-run
             # and Clopper-Pearson bounds are therefore not computed here.
+            library = auditor.canary_auditor(inside, outside)  # jax-privacy's auditor
             row.update(
                 num_in=len(inside),
                 num_out=len(outside),
-                auroc=auditor.auroc(inside, outside),
-                tpr_at_1pct_fpr=auditor.tpr_at_fpr(inside, outside, 0.01),
+                auroc=float(library.attack_auroc()),
+                tpr_at_1pct_fpr=float(library.tpr_at_given_fpr(auditor.TPR_FPR)),
                 epsilon_one_run=None,
                 epsilon_clopper_pearson=None,
                 violation=False,
@@ -386,8 +387,9 @@ def run_fewshot_audit(
 
     See the module docstring for what is measured. Per epsilon the returned run holds the
     plan's (epsilon, delta), per-(repetitions, included) cells (median rank and exposure,
-    extraction rate, median longest secret prefix found) and membership figures per
-    repetitions group (`auditor.audit` against the group-privacy claim).
+    extraction rate, median longest secret prefix found) and descriptive membership figures
+    per repetitions group (AUROC, TPR at 1% FPR and the ROC, by jax-privacy's
+    `CanaryScoreAuditor` through `auditor`; no epsilon bound, see `_membership`).
 
     Args:
       lm: the frozen LM backend the generator uses.

@@ -49,8 +49,8 @@ reason to import it at run time (2 cores, CPU, jax-privacy 2.0.0): once jax, sci
 and dp-accounting are imported (every training path imports them), `import
 jax_privacy.auditing` adds 0.03-0.05 s; of its requirements only chex is not already a
 runtime dependency of this project, so it is a runtime dependency (pyproject.toml), imported
-lazily by the audits that use it; `synthgen.audit.auditor` keeps the re-implementation the
-earlier black-box audits use.
+lazily here; `synthgen.audit.auditor` (the query-generator and few-shot audits) is a thin
+adapter over the same class.
 
 Privacy:
   The audited step runs on a real batch of private examples. What leaves this module is
