@@ -15,7 +15,12 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import choice, positive, probability
+from synthgen.command_line import (  # noqa: F401 - GuaranteesAddUpOption: shared with synthgen
+    GuaranteesAddUpOption,
+    choice,
+    positive,
+    probability,
+)
 
 # `retriever.rag.plan.MECHANISMS`, spelled out so that the CLI imports no JAX or accounting
 # code to print its help (a test checks they agree)

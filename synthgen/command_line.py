@@ -90,6 +90,17 @@ LedgerOption = Annotated[
 ]
 
 
+GuaranteesAddUpOption = Annotated[
+    bool,
+    typer.Option(
+        "--guarantees-add-up",
+        help="charge these records under this name although other names of the ledger "
+        "have charged the same records: the guarantees add up (`synthgen ledger show` "
+        "prints the names together with their composed total)",
+    ),
+]
+
+
 def parse_shard(text: str | None):
     """`--shard I/N` as a `synthgen.shards.Shard` (None when not given); a malformed one is a
     usage error naming the option."""

@@ -10,6 +10,7 @@ import typer
 
 from retriever.cli_options import (
     ClustersPerRecordOption,
+    GuaranteesAddUpOption,
     MaxClustersOption,
     MaxKeywordsOption,
     PublicPoolSizeOption,
@@ -54,6 +55,7 @@ def build(
         str | None, typer.Option(help="ledger file or URL (default: <work>/ledger.sqlite)")
     ] = None,
     dataset: Annotated[str | None, typer.Option(help="collection name in the ledger")] = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
     lm: Annotated[str, typer.Option(help="clusters: LM asset or path; 'tiny': the test LM")] = (
         "smollm2-135m-instruct"
     ),
@@ -119,5 +121,6 @@ def build(
         encoder=encoder,
         answer_index=answer_index,
         seed=seed,
+        guarantees_add_up=guarantees_add_up,
     )
     print(summary(result))

@@ -16,6 +16,7 @@ import typer
 
 from retriever.cli_options import (
     ClustersPerRecordOption,
+    GuaranteesAddUpOption,
     MaxClustersOption,
     MaxKeywordsOption,
     PublicPoolSizeOption,
@@ -69,6 +70,7 @@ def release(
     ] = 1,
     ledger: LedgerOption = None,
     dataset: Annotated[str | None, typer.Option(help="collection name in the ledger")] = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
     work: Annotated[
         Path | None, typer.Option(help="private work folder (default: beside the ledger)")
     ] = None,
@@ -173,6 +175,7 @@ def release(
         answer_index=False,
         seed=seed,
         shard=(0, 1) if part is None else (part.index, part.count),
+        guarantees_add_up=guarantees_add_up,
     )
     line = json.loads(summary(result))
     if as_json:

@@ -15,6 +15,7 @@ from retriever.cli_options import (
     DocumentDeltaOption,
     DocumentEpsilonOption,
     EncoderIndependentOption,
+    GuaranteesAddUpOption,
     IndexOption,
     MaxScoreOption,
     MaxTokensOption,
@@ -176,6 +177,7 @@ def answer(
         str, typer.Option(help="LM asset or path; 'tiny': byte-level test model")
     ] = "smollm2-135m-instruct",
     encoder_independent_of_collection: EncoderIndependentOption = False,
+    guarantees_add_up: GuaranteesAddUpOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
     """Answer a question from a private collection with DP, charged to a tenant's budget.
@@ -195,11 +197,15 @@ def answer(
     refused.
 
     Refused before anything is charged: a δ (--delta or a scope's cap) of 1/n or more for
-    n documents, and an encoder not known to be independent of the collection.
+    n documents, an encoder not known to be independent of the collection, and a new
+    --dataset name over documents that other names have charged (without
+    --guarantees-add-up: their guarantees would add up).
     """
     from retriever.rag.defaults import relevance_threshold as calibrated
     from retriever.rag.defaults import resolve
 
+    if (collection_epsilon is None) != (collection_delta is None):
+        raise ValueError("pass both --collection-epsilon and --collection-delta, or neither")
     mechanism, k = resolve(mechanism, k, epsilon, retrieval=retrieval, accounting=accounting)
     relevance_threshold = calibrated(relevance_threshold, retrieval)
     individual = (
@@ -213,25 +219,14 @@ def answer(
         )  # fmt: skip
         is not None
     )
-    if (collection_epsilon is None) != (collection_delta is None):
-        raise ValueError("pass both --collection-epsilon and --collection-delta, or neither")
-
+    from retriever.data import read_corpus
     from retriever.index_folder import index_encoder, read_index_meta
     from retriever.rag import RagConfig, ScoreRange
     from retriever.rag.answer import plan_answer
-    from retriever.rag.collection import (
-        ENCODER_FLAG,
-        check_answer_event,
-        check_delta,
-        check_encoder,
-        check_scope_deltas,
-        open_answer_scopes,
-        open_document_filters,
-        pin_answer_event,
-    )
+    from retriever.rag.collection import PrivateCollection, check_encoder, pin_answer_event
     from retriever.rag.loading import load_dprag
     from synthgen.paths import default_ledger_path
-    from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
+    from synthgen.privacy import PrivacyLedger, Scope
     from synthgen.privacy.document_filters import DocumentFilters
 
     config = RagConfig(
@@ -245,9 +240,6 @@ def answer(
         relevance_threshold=relevance_threshold,
     )
     plan = plan_answer(config, mechanism, epsilon)
-    collection = None
-    if collection_epsilon is not None:
-        collection = Scope(COLLECTION, dataset, collection_epsilon, collection_delta)
     # refuse before writing or loading anything
     check_collection_paths(index, private_corpus)
     stored = _stored_scope(ledger or default_ledger_path(), tenant, dataset)
@@ -259,48 +251,24 @@ def answer(
         )
     tenant_scope = stored or Scope(tenant, dataset, tenant_epsilon, tenant_delta)
     meta = read_index_meta(index)
-    documents = len(meta["doc_ids"])
-    check_delta(delta, documents, "--delta (per answer)")
     assertion = None  # overlap: scores from the corpus's words, no encoder to check
     if retrieval == "dense":
         encoder, _ = index_encoder(index, meta=meta, option=None)
         assertion = check_encoder(encoder, asserted=encoder_independent_of_collection)
-    book = PrivacyLedger(ledger or default_ledger_path())
-    filters = DocumentFilters(book.store)
-    if individual:
-        if assertion is not None:
-            raise ValueError(
-                f"{ENCODER_FLAG} is recorded on a collection cap, which individual accounting "
-                "does not have: build the index with a public pretrained or DP-trained encoder"
-            )
-        existing = [s for s in book.scopes() if s.dataset == dataset]
-        new = [] if any(s.tenant == tenant for s in existing) else [tenant_scope]
-        check_scope_deltas(book, dataset, documents, existing + new)
-        # refuses a collection cap, a document delta of 1/n or more, an answer costing more
-        # than a whole filter and filters with other settings, before writing anything
-        open_document_filters(
-            book,
-            dataset,
-            documents=documents,
-            epsilon=document_epsilon,
-            delta=document_delta,
-            plan=plan,
-        )
-    else:
-        if filters.get(dataset) is not None:
-            raise ValueError(
-                f"{dataset} is in individual accounting (per-document filters): answer with "
-                "--accounting individual and its --document-epsilon / --document-delta"
-            )
-        check_answer_event(book, dataset, plan)
-    open_answer_scopes(book, tenant_scope, documents=documents, collection=collection)
-    book.check(
-        tenant,
+    collection = PrivateCollection.of(
         dataset,
-        stage="rag-answer",
-        event=plan.worst_case_event(),
-        relation="ADD_OR_REMOVE_ONE",
-        delta=delta,
+        read_corpus(private_corpus)[1],
+        cap_epsilon=collection_epsilon,
+        cap_delta=collection_delta,
+    )
+    book = PrivacyLedger(ledger or default_ledger_path())
+    collection.admit(
+        book,
+        tenant_scope,
+        plan,
+        document_target=(document_epsilon, document_delta) if individual else None,
+        encoder_assertion=assertion,
+        guarantees_add_up=guarantees_add_up,
     )
     model, prompt = _load_lm(lm)
     rag = load_dprag(
@@ -315,13 +283,14 @@ def answer(
         document_target=(document_epsilon, document_delta) if individual else None,
         answer_epsilon=epsilon if individual else None,
         retrieval=retrieval,
+        guarantees_add_up=guarantees_add_up,
     )
     if not individual:
         pin_answer_event(book, dataset, plan)
     result = rag.answer(question, tenant=tenant, epsilon=epsilon, mechanism=mechanism)
     guarantee = None
     if individual:
-        budget = filters.get(dataset).budget
+        budget = DocumentFilters(book.store).get(dataset).budget
         guarantee = {
             "epsilon": budget.epsilon,
             "delta": budget.delta,

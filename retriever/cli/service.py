@@ -19,6 +19,7 @@ from retriever.cli_options import (
     DocumentDeltaOption,
     DocumentEpsilonOption,
     EncoderIndependentOption,
+    GuaranteesAddUpOption,
     HostOption,
     MaxQuestionTokensOption,
     MaxScoreOption,
@@ -92,6 +93,7 @@ def serve(
     min_score: MinScoreOption = 0.0,
     max_score: MaxScoreOption = 1.0,
     encoder_independent_of_collection: EncoderIndependentOption = False,
+    guarantees_add_up: GuaranteesAddUpOption = False,
     accounting: AccountingOption = "collection",
     document_epsilon: DocumentEpsilonOption = None,
     document_delta: DocumentDeltaOption = None,
@@ -197,6 +199,7 @@ def serve(
         public_index=public_index,
         public_corpus=public_corpus,
         encoder_independent_of_collection=encoder_independent_of_collection,
+        guarantees_add_up=guarantees_add_up,
         document_target=document_target,
         reuse_answers=None if reuse_answers == "off" else reuse_answers,
         document_cache=document_cache,
@@ -258,6 +261,9 @@ def tenant_list(
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
 ) -> None:
     """Tenants, their budgets per collection, and the collections' caps.
+
+    Collection names over the same documents are listed together at the end, with the
+    composition of all their charges (what those documents have lost).
 
     A collection in individual accounting shows its per-document filters instead of a
     collection cap: each document's target and the summary over all documents (counts,
@@ -324,9 +330,12 @@ def tenant_list(
                 "documents": summary,
             }
         )
+    groups = registry.ledger.document_groups()
     if as_json:
         for row in rows:
             print(json.dumps(row))
+        for g in groups:
+            print(json.dumps(g.to_json()))
         return
     print(f"{'tenant':28} {'status':8} {'dataset':16} {'spent/cap eps':>16} {'charges':>8}  key")
     for r in rows:
@@ -342,6 +351,8 @@ def tenant_list(
             quota = " (quota)" if r["accounting"] == "individual" else ""
             last = f"{r['charges']:>8}  {r['key']}{quota}"
         print(f"{r['tenant']:28} {r['status']:8} {r['dataset']:16} {spent:>16} {last}")
+    for g in groups:
+        print(g.to_json()["line"])
 
 
 @tenant_app.command("revoke")

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import LedgerOption
+from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
 
 
 def train(
@@ -116,6 +116,7 @@ def train_dp(
     ledger: LedgerOption = None,
     tenant: Annotated[str, typer.Option()] = "default",
     dataset: Annotated[str | None, typer.Option(help="default: the queries file name")] = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
     seed: Annotated[int | None, typer.Option(help="tests only; default OS entropy")] = None,
     work_dir: Annotated[
         Path | None,
@@ -140,6 +141,7 @@ def train_dp(
     from synthgen import dp_train
     from synthgen.paths import default_ledger_path, default_work_dir
     from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.ledger_documents import bind_texts
     from synthgen.privacy.ledger_types import Scope
 
     if noise_multiplier is not None:
@@ -165,6 +167,8 @@ def train_dp(
     plan = dp_train.plan_privacy(dp_config, len(rows))
     book = PrivacyLedger(ledger or default_ledger_path())
     scope = (tenant, dataset or queries.stem)
+    pairs = [{"document": texts[row_of[str(r["doc_id"])]], "query": r["query"]} for r in rows]
+    bind_texts(book, scope[1], pairs, guarantees_add_up=guarantees_add_up)
     book.ensure_scope(Scope(*scope, plan.epsilon, plan.delta, relation=plan.relation))
     work = work_dir if work_dir is not None else default_work_dir(out, book.path)
     result = train_retriever_dp(

@@ -93,6 +93,7 @@ def build_knowledge(
     progress: bool = True,
     lm_name: str | None = None,
     shard: tuple[int, int] = (0, 1),
+    guarantees_add_up: bool = False,
 ) -> KnowledgeResult:
     """Builds a collection's release folder and private work folder (or one shard's part).
 
@@ -114,16 +115,21 @@ def build_knowledge(
       lm_name: how the card names a loaded `lm` (default: its type).
       shard: (i, n): generate this shard's clusters; the release folder is written by
         whichever run finds every cluster done (the same bytes whatever the split).
+      guarantees_add_up: release under `dataset` although other names of the ledger have
+        charged the same documents (`PrivacyLedger.bind_documents`; refused otherwise).
 
     Raises:
       ValueError: a bad config, a work folder inside the release, or an empty corpus.
       synthgen.privacy.BudgetExceededError: the ledger's release scope cannot pay
         (e.g. this collection was already released from this ledger).
+      synthgen.privacy.ledger_documents.SharedDocumentsError: other names of the ledger
+        have charged these documents and `guarantees_add_up` is False.
     """
     from retriever.data import read_corpus
     from synthgen.knowledge import release_knowledge
     from synthgen.knowledge.release import CHARGE_FILE
     from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope
+    from synthgen.privacy.ledger_documents import GUARANTEES_FLAG, bind_texts
     from synthgen.work_folder import private_folder
 
     out = Path(out).absolute()
@@ -141,17 +147,21 @@ def build_knowledge(
     private_folder(work)
     ledger_location = ledger or str(work / "ledger.sqlite")
     book = PrivacyLedger(ledger_location)
-    book.ensure_scope(Scope(RELEASE_TENANT, dataset, config.epsilon, config.delta))
     # charged with a kept ref and not finished: a resume (or another shard), not a second release
     from synthgen.knowledge.facts import CHARGE_FILE as FACTS_CHARGE_FILE
 
     charged = any((work / KNOWLEDGE_WORK / f).is_file() for f in (CHARGE_FILE, FACTS_CHARGE_FILE))
     resuming = charged and not (work / PRIVATE_FILE).is_file()
-    if book.charges(RELEASE_TENANT, dataset) and not resuming:  # one release per collection
-        raise BudgetExceededError(
+    released = {s.dataset for s in book.scopes() if s.tenant == RELEASE_TENANT}
+    if dataset in released and book.charges(RELEASE_TENANT, dataset) and not resuming:
+        raise BudgetExceededError(  # one release per collection
             f"{dataset} was already released from this ledger ({ledger_location}): a second "
-            "release would compose with the first; use a new collection name or ledger"
+            "release would compose with the first. Release other settings only deliberately, "
+            f"under another name with {GUARANTEES_FLAG}: the documents then lose both "
+            "guarantees, and `synthgen ledger show` totals them"
         )
+    bind_texts(book, dataset, texts, guarantees_add_up=guarantees_add_up)
+    book.ensure_scope(Scope(RELEASE_TENANT, dataset, config.epsilon, config.delta))
     from synthgen.knowledge.facts import FactConfig
 
     if isinstance(config, FactConfig):

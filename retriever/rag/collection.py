@@ -14,7 +14,12 @@ and the pipeline's rag stage check them here, before any scope is opened or char
 2. **δ below 1/n** for n documents: the per-answer δ and the δ cap of every scope of the
    collection. A δ of 1/n or more permits releasing one document outright; DP-SGD refuses
    it the same way (`synthgen.privacy.accounting.check_delta`).
-3. **One answer event per collection.** The ledger composes a collection's charges as if
+3. **One budget per set of documents.** A collection is identified by a fingerprint of its
+   documents (`synthgen.privacy.ledger_documents`), not by its name alone: a new name over
+   documents another name already guards is refused unless the operator passes
+   ``--guarantees-add-up``, and the ledger then lists the names together with their
+   composed total.
+4. **One answer event per collection.** The ledger composes a collection's charges as if
    their parameters were fixed in advance; parameters chosen after seeing earlier answers
    are adaptive and void that statement. The first service or command that answers from a
    collection pins its answer event's public parameters on the collection cap
@@ -28,6 +33,7 @@ Privacy:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -37,6 +43,7 @@ from retriever.rag.plan import AnswerPlan
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope, accounting
 from synthgen.privacy.document_filters import DocumentFilter, DocumentFilters
 from synthgen.privacy.individual import DocumentBudget
+from synthgen.privacy.ledger_documents import GUARANTEES_FLAG, documents_fingerprint
 from synthgen.privacy.ledger_types import EventShapeError
 
 ENCODER_FLAG = "--encoder-independent-of-collection"
@@ -311,10 +318,11 @@ def _way_forward(dataset: str, recorded: str, requested: str) -> str:
         return "answer with the recorded settings (`retriever tenant list` shows them)"
     settings = ", ".join(f"{_SHAPE_OPTIONS.get(k, k)} {_shown(old)}" for k, old, _ in differing)
     return (
-        f"to go on, use the recorded settings ({settings}); to answer at other settings, "
-        f"open a new collection name with its own caps (`retriever tenant add NAME --dataset "
-        f"NEW --collection-epsilon E --collection-delta D`, then --dataset NEW), knowing that "
-        f"both names then guard the same records and their guarantees add up"
+        f"to go on, use the recorded settings ({settings}). Other settings need another "
+        f"collection name over the same documents, whose guarantee then adds up with "
+        f"{dataset}'s (the ledger totals both): only deliberately, with --dataset NEW "
+        f"{GUARANTEES_FLAG} and its own caps (`retriever tenant add NAME --dataset NEW "
+        "--collection-epsilon E --collection-delta D`)"
     )
 
 
@@ -350,3 +358,113 @@ def pin_answer_event(ledger: PrivacyLedger, dataset: str, plan: AnswerPlan) -> N
         ledger.pin_event_shape(COLLECTION, dataset, shape)
     except EventShapeError as exc:
         raise _shape_refusal(dataset, exc.recorded, shape) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateCollection:
+    """A private collection as an answer's checks see it, built once per command.
+
+    Attributes:
+      name: its name in the ledger (``--dataset``).
+      documents: n, its number of documents (every δ bound needs it).
+      fingerprint: `documents_fingerprint` of its texts (private state: kept in the ledger,
+        never printed).
+      cap: the collection cap to open if the ledger has none (None: it must have one,
+        or be in individual accounting).
+    """
+
+    name: str
+    documents: int
+    fingerprint: str = dataclasses.field(repr=False)
+    cap: Scope | None = None
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        texts: list[str],
+        *,
+        cap_epsilon: float | None = None,
+        cap_delta: float | None = None,
+    ) -> PrivateCollection:
+        """The collection of `texts` named `name`, with the cap to open if it has none.
+
+        Raises:
+          ValueError: only one of `cap_epsilon`, `cap_delta`; no texts.
+        """
+        if (cap_epsilon is None) != (cap_delta is None):
+            raise ValueError("pass both --collection-epsilon and --collection-delta, or neither")
+        cap = None if cap_epsilon is None else Scope(COLLECTION, name, cap_epsilon, cap_delta)
+        return cls(name, len(texts), documents_fingerprint(texts), cap)
+
+    def admit(
+        self,
+        ledger: PrivacyLedger,
+        tenant: Scope,
+        plan: AnswerPlan,
+        *,
+        document_target: tuple[float, float] | None = None,
+        encoder_assertion: str | None = None,
+        guarantees_add_up: bool = False,
+    ) -> None:
+        """Every check an answer from this collection needs, then its scopes opened.
+
+        In order, refusing before anything is written: the per-answer δ below 1/n; in
+        individual accounting (`document_target` given) no encoder assertion, every δ cap
+        below 1/n and the per-document filters (opened, or checked against the stored
+        ones); in collection accounting no filters and the collection's pinned answer event;
+        the documents bound to the name (`PrivacyLedger.bind_documents`: a new name over
+        documents other names have charged is refused without `guarantees_add_up`); then
+        the filters (individual accounting) and scopes opened and the answer's worst case
+        checked against every cap.
+
+        Raises:
+          ValueError: any check above (one line naming the option to change).
+          SharedDocumentsError: other names guard these documents.
+          BudgetExceededError: the answer's worst case exceeds a cap.
+        """
+        check_delta(plan.delta, self.documents, "--delta (per answer)")
+        filters = DocumentFilters(ledger.store)
+        if document_target is not None:
+            if encoder_assertion is not None:
+                raise ValueError(
+                    f"{ENCODER_FLAG} is recorded on a collection cap, which individual "
+                    "accounting does not have: build the index with a public pretrained or "
+                    "DP-trained encoder"
+                )
+            existing = [s for s in ledger.scopes() if s.dataset == self.name]
+            new = [] if any(s.tenant == tenant.tenant for s in existing) else [tenant]
+            check_scope_deltas(ledger, self.name, self.documents, existing + new)
+            self._bind(ledger, guarantees_add_up)
+            # refuses a collection cap, a document delta of 1/n or more, an answer costing
+            # more than a whole filter and filters with other settings, before writing
+            open_document_filters(
+                ledger,
+                self.name,
+                documents=self.documents,
+                epsilon=document_target[0],
+                delta=document_target[1],
+                plan=plan,
+            )
+        else:
+            if filters.get(self.name) is not None:
+                raise ValueError(
+                    f"{self.name} is in individual accounting (per-document filters): answer "
+                    "with --accounting individual and its --document-epsilon / --document-delta"
+                )
+            check_answer_event(ledger, self.name, plan)
+            self._bind(ledger, guarantees_add_up)
+        open_answer_scopes(ledger, tenant, documents=self.documents, collection=self.cap)
+        ledger.check(
+            tenant.tenant,
+            self.name,
+            stage="rag-answer",
+            event=plan.worst_case_event(),
+            relation=RELATION,
+            delta=plan.delta,
+        )
+
+    def _bind(self, ledger: PrivacyLedger, guarantees_add_up: bool) -> None:
+        ledger.bind_documents(
+            self.name, self.fingerprint, self.documents, guarantees_add_up=guarantees_add_up
+        )

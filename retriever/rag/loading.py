@@ -18,6 +18,7 @@ from retriever.rag.collection import (
 from retriever.rag.config import RETRIEVALS
 from retriever.rag.prompts import PromptFormat
 from synthgen.privacy import PrivacyLedger
+from synthgen.privacy.ledger_documents import bind_texts
 
 if TYPE_CHECKING:
     from retriever.rag.reuse import ReleasedAnswers
@@ -38,6 +39,7 @@ def load_dprag(
     document_cache: bool = False,
     answers: ReleasedAnswers | None = None,
     retrieval: str = "dense",
+    guarantees_add_up: bool = False,
 ) -> DPRag:
     """The answer stage over `private_corpus`, scored with the embeddings of `index`
     (``retrieval="dense"``) or by term overlap (``"overlap"``).
@@ -73,13 +75,16 @@ def load_dprag(
         content words a document holds, each word weighted by its token count under the
         LM; the index then only lists the documents). Overlap finds invented or rare
         names that a dense encoder splits into meaningless pieces.
+      guarantees_add_up: with a ledger, bind `dataset` to the corpus's documents although
+        other names have charged them (`PrivacyLedger.bind_documents`; refused otherwise).
 
     Raises:
       FileNotFoundError: no index in the folder, or its encoder folder is not there.
       ValueError: the encoder's provenance is not the one the index recorded
         (`retriever.index_folder.index_encoder`); the index is not exact or does not match
         the corpus; an encoder not known to be independent of the collection; a δ (per
-        answer or a scope's cap) of 1/n or more.
+        answer or a scope's cap) of 1/n or more; with a ledger, other names have charged
+        the same documents and `guarantees_add_up` is False (`SharedDocumentsError`).
 
     Privacy:
       Privacy unit: one document of the collection (add/remove-one), as `DPRag`. Its
@@ -127,6 +132,8 @@ def load_dprag(
     if list(map(str, meta["doc_ids"])) != doc_ids:
         raise ValueError(f"{index} was not built from {private_corpus} (doc_ids differ)")
     check_delta(config.delta, len(doc_ids), "the per-answer delta")
+    if ledger is not None:  # before the filters or a scope is written
+        bind_texts(ledger, dataset, texts, guarantees_add_up=guarantees_add_up)
     if config.individual:
         open_document_filters(
             ledger,
@@ -165,8 +172,9 @@ def load_dprag(
 
 
 def overlap_encoder(texts, lm):
-    """Term-overlap scoring of `texts` (`retriever.lexical.OverlapEncoder`), each content
-    word weighted by its token count under `lm` (a public rarity proxy)."""
+    """Term-overlap scoring of `texts` (`retriever.lexical.OverlapEncoder`: hashed words,
+    a sparse document matrix of public width), each content word weighted by its token
+    count under `lm` (a public rarity proxy)."""
     from retriever.lexical import OverlapEncoder
 
     return OverlapEncoder(texts, weight=lambda word: len(lm.encode(" " + word)))

@@ -42,6 +42,7 @@ def load_service(
     reuse_answers: str | None = None,
     document_cache: bool = False,
     retrieval: str = "dense",
+    guarantees_add_up: bool = False,
 ) -> Service:
     """The service over `private_corpus` (indexed exactly in `index`) and `ledger`.
 
@@ -79,6 +80,8 @@ def load_service(
       document_cache: every document's keys computed once at start, shared by the
         replicas (`DPRag`'s `document_cache`; an LM with `document_kv`, not "tiny").
       retrieval: "dense" or "overlap" (`load_dprag`).
+      guarantees_add_up: bind `dataset` to the corpus's documents although other names of
+        the ledger have charged them (`load_dprag`; refused otherwise).
 
     Raises:
       ValueError: bad arguments, the collection has no collection cap in the ledger
@@ -142,6 +145,7 @@ def load_service(
         document_target=document_target,
         answer_epsilon=config.answer_epsilon if individual else None,
         document_cache=document_cache, answers=answers, retrieval=retrieval,
+        guarantees_add_up=guarantees_add_up,
     )  # fmt: skip
     if not individual:  # the filters' theorem needs no fixed event
         pin_answer_event(book, dataset, plan)  # atomic: a concurrent other shape is refused

@@ -30,7 +30,7 @@ from synthgen.cli.common import (
     TenantOption,
     TopLogprobsOption,
 )
-from synthgen.command_line import LedgerOption
+from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
 
 
 def generate_docs_pe(
@@ -89,6 +89,7 @@ def generate_docs_pe(
     ledger: LedgerOption = None,
     tenant: TenantOption = "default",
     dataset: DatasetOption = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
     budget: BudgetOption = None,
     seed: SeedOption = None,
 ) -> None:
@@ -102,6 +103,7 @@ def generate_docs_pe(
     from synthgen.paths import default_ledger_path
     from synthgen.privacy import secure_rng
     from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.ledger_documents import bind_texts
     from synthgen.privacy.ledger_types import Scope
     from synthgen.privacy.nn_histogram import RELATION
 
@@ -125,14 +127,18 @@ def generate_docs_pe(
     )  # fmt: skip
     plan = evolution.plan_evolution(config)
     name = dataset or Path(private).stem
+    required = (text_field,) + ((label_field,) if label_field else ())
+    rows = load_rows(private, required, limit, split)
     ledger_obj = PrivacyLedger(ledger or default_ledger_path())
+    records = [
+        {"text": r[text_field], "label": r[label_field] if label_field else ""} for r in rows
+    ]
+    bind_texts(ledger_obj, name, records, guarantees_add_up=guarantees_add_up)
     ledger_obj.ensure_scope(Scope(tenant, name, budget if budget is not None else plan.epsilon,
                                   plan.delta))  # fmt: skip
     ledger_obj.check(tenant, name, stage="evolution", event=plan.event, relation=RELATION)
     if seed is not None:
         print(SEED_WARNING, file=sys.stderr)
-    required = (text_field,) + ((label_field,) if label_field else ())
-    rows = load_rows(private, required, limit, split)
     texts = list(rows[text_field])
     private_labels = [str(x) for x in rows[label_field]] if label_field else None
     options = {"prompt_format": server_prompt, "top_logprobs": top_logprobs,

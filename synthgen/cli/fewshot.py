@@ -32,7 +32,7 @@ from synthgen.cli.common import (
     TenantOption,
     TopLogprobsOption,
 )
-from synthgen.command_line import LedgerOption
+from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
 from synthgen.paths import default_ledger_path
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
@@ -82,11 +82,23 @@ def _load_lm(
     return lm
 
 
-def _ledger(tenant: str, name: str, ledger: str | None, budget: float | None, plan):
-    """Opens the scope if it is new and refuses an over-budget run before any compute."""
+def _ledger(
+    tenant: str,
+    name: str,
+    ledger: str | None,
+    budget: float | None,
+    guarantees_add_up: bool,
+    plan,
+    private: list,
+):
+    """Binds the private rows to `name` (another name over them is refused without
+    --guarantees-add-up), opens the scope if it is new and refuses an over-budget run,
+    before any compute."""
     from synthgen.fewshot import RELATION
+    from synthgen.privacy.ledger_documents import bind_texts
 
     ledger_obj = PrivacyLedger(ledger or default_ledger_path())
+    bind_texts(ledger_obj, name, private, guarantees_add_up=guarantees_add_up)
     cap = budget if budget is not None else plan.epsilon
     ledger_obj.ensure_scope(Scope(tenant, name, cap, plan.delta))
     ledger_obj.check(tenant, name, stage="fewshot-generate", event=plan.event, relation=RELATION)
@@ -107,7 +119,7 @@ def _run(
     plan = fewshot.plan_for(private, targets, template, cfg, pool_field=pool_field)
     if seed is not None:
         print(SEED_WARNING, file=sys.stderr)
-    ledger_obj = _ledger(*ledger_args, plan)
+    ledger_obj = _ledger(*ledger_args, plan, private)
     lm = _load_lm(*lm_args)
     top_k = getattr(lm, "top_logprobs", None)
     if top_k is not None and (cfg.public_vocab is None or cfg.public_vocab > top_k):
@@ -230,6 +242,7 @@ def generate_docs(
     ledger: LedgerOption = None,
     tenant: TenantOption = "default",
     dataset: DatasetOption = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
     budget: BudgetOption = None,
     seed: SeedOption = None,
 ) -> None:
@@ -298,7 +311,7 @@ def generate_docs(
         cfg,
         "label" if label_field else None,
         out,
-        (tenant, name, ledger, budget),
+        (tenant, name, ledger, budget, guarantees_add_up),
         seed,
         columns,
         selection_note(limit, split),
@@ -333,6 +346,7 @@ def generate_queries_fewshot(
     ledger: LedgerOption = None,
     tenant: Annotated[str, typer.Option()] = "default",
     dataset: Annotated[str | None, typer.Option(help="ledger dataset (default: file name)")] = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
     budget: BudgetOption = None,
     seed: SeedOption = None,
 ) -> None:
@@ -387,7 +401,7 @@ def generate_queries_fewshot(
         cfg,
         None,
         out,
-        (tenant, name, ledger, budget),
+        (tenant, name, ledger, budget, guarantees_add_up),
         seed,
         columns,
         selection_note(None, split),

@@ -40,10 +40,12 @@ LedgerOption = Annotated[
 def ledger_show(
     db: LedgerOption = None, as_json: Annotated[bool, typer.Option("--json")] = False
 ) -> None:
-    """Spent and remaining budget of every scope.
+    """Spent and remaining budget of every scope, and the names that guard the same documents.
 
     The spend is the ledger's stated figure (`PrivacyLedger.spent`), written as everywhere
-    else (`format_epsilon`: 4 decimals rounded up; ``--json`` also has the float).
+    else (`format_epsilon`: 4 decimals rounded up; ``--json`` also has the float). Collection
+    names bound to the same documents (`synthgen.privacy.ledger_documents`) are printed
+    together with the composition of all their charges: what those documents have lost.
     """
     ledger = _open_ledger(db)
     rows = []
@@ -64,8 +66,9 @@ def ledger_show(
                 "charges": spend.num_charges,
             }
         )
+    groups = [g.to_json() for g in ledger.document_groups()]
     if as_json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(rows + groups, indent=1))
         return
     for r in rows:
         print(
@@ -76,6 +79,8 @@ def ledger_show(
     filters = DocumentFilters(ledger.store)
     for dataset in filters.datasets():
         print(_documents_line(filters, dataset))
+    for g in groups:
+        print(g["line"])
 
 
 def _documents_line(filters: DocumentFilters, dataset: str) -> str:

@@ -16,9 +16,10 @@ from synthgen.cli.common import (
     SeedOption,
     SplitOption,
 )
-from synthgen.command_line import LedgerOption
+from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
 from synthgen.paths import default_ledger_path, default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_documents import bind_texts
 from synthgen.privacy.ledger_types import Scope
 
 # jax, flax and datasets are imported inside the commands so that `synthgen --help` and
@@ -51,6 +52,7 @@ def train_generator(
     dataset: Annotated[
         str | None, typer.Option(help="ledger dataset (default: pairs name)")
     ] = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
     budget: BudgetOption = None,
     seed: SeedOption = None,
     work_dir: Annotated[
@@ -98,6 +100,8 @@ def train_generator(
     ledger_obj = None
     if plan.private:
         ledger_obj = PrivacyLedger(ledger_path)
+        pairs_read = [{"document": r[document_field], "query": r[query_field]} for r in rows]
+        bind_texts(ledger_obj, scope_name, pairs_read, guarantees_add_up=guarantees_add_up)
         cap = budget if budget is not None else max(plan.epsilon, 1e-6)
         ledger_obj.ensure_scope(Scope(tenant, scope_name, cap, plan.delta, relation=plan.relation))
     else:

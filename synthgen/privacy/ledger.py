@@ -52,7 +52,9 @@ helper, `figures.format_epsilon` (4 decimals, rounded up, so a shown spend is ne
 the stated one).
 
 Layout: `PrivacyLedger` (this module) holds the scopes and the charges; its base classes
-`ledger_records.ScopeRecords` the scopes' notes and event shapes, and
+`ledger_records.ScopeRecords` the scopes' notes and event shapes,
+`ledger_documents.DocumentSets` the documents each collection name guards (fingerprints,
+names grouped over the same documents, their composed total), and
 `ledger_composition.LedgerComposition` the composition of a
 scope's record (admission checks, running and stated summaries, recomposition);
 `ledger_types` the value types (`Scope`, `Charge`, `Spend`, `Recomposition`,
@@ -78,6 +80,7 @@ from synthgen.privacy.ledger_composition import (
     _rows_of,
     _within,
 )
+from synthgen.privacy.ledger_documents import DocumentSets
 from synthgen.privacy.ledger_records import ScopeRecords
 from synthgen.privacy.ledger_store import Connection, LedgerStore
 from synthgen.privacy.ledger_types import (
@@ -89,7 +92,7 @@ from synthgen.privacy.ledger_types import (
 from synthgen.privacy.summary import EventTally, ScopeSummary
 
 
-class PrivacyLedger(ScopeRecords, LedgerComposition):
+class PrivacyLedger(ScopeRecords, DocumentSets, LedgerComposition):
     """Budget ledger shared by every DP stage of the project, on SQLite or PostgreSQL.
 
     Args:

@@ -1,7 +1,8 @@
 """Moves a privacy ledger between backends (SQLite <-> PostgreSQL), checked charge by charge.
 
 The record is copied as it is: every scope with its cap, accountant, relation, creation
-time, notes and pinned event shape, every charge in id order with its stage, standalone
+time, notes and pinned event shape, the fingerprints of the documents each collection
+name guards (`ledger_documents`), every charge in id order with its stage, standalone
 figures, event JSON, description, time, relation and idempotency reference. Charges are
 not re-checked against caps (they were when first recorded). The target must not hold any
 of the copied scopes yet. After the copy, both ledgers are read back and compared row by
@@ -67,11 +68,21 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
             "SELECT tenant, dataset, stage, epsilon, delta, event, description, created_at, "
             "relation, ref FROM charges ORDER BY id"
         ).fetchall()
+        document_rows = conn.execute(  # every binding, charged or not
+            "SELECT dataset, fingerprint, documents, created_at FROM document_sets "
+            "ORDER BY created_at"
+        ).fetchall()
     with dst._store.write() as conn:  # noqa: SLF001 - one transaction: all or nothing
         for row in scope_rows:
             conn.execute(
                 "INSERT INTO scopes (tenant, dataset, epsilon_cap, delta_cap, accountant, "
                 "relation, created_at, notes, event_shape) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                tuple(row),
+            )
+        for row in document_rows:
+            conn.execute(
+                "INSERT INTO document_sets (dataset, fingerprint, documents, created_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 tuple(row),
             )
         for row in charge_rows:
@@ -99,6 +110,10 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
         if not math.isclose(a, b, rel_tol=1e-6):
             raise ValueError(f"spend of {scope.tenant}/{scope.dataset} differs after the copy")
         spends[f"{scope.tenant}/{scope.dataset}"] = (a, b)
+    grouped = [set(g.datasets) for g in dst.document_groups()]
+    for group in src.document_groups():
+        if not any(set(group.datasets) <= names for names in grouped):
+            raise ValueError(f"the names {group.datasets} are not grouped after the copy")
     src.close()
     dst.close()
     return CopyReport(len(scopes), len(charge_rows), spends)

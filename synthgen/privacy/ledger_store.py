@@ -21,7 +21,8 @@ migrate once (SQLite: the write lock; PostgreSQL: a transaction-scoped advisory 
 Migration 6 adds two public text columns to ``scopes`` (NULL on existing rows): ``notes``
 (operator assertions the scope's guarantee rests on, `PrivacyLedger.note_scope`) and
 ``event_shape`` (the one event a scope's repeated release may charge,
-`PrivacyLedger.pin_event_shape`).
+`PrivacyLedger.pin_event_shape`). Migration 9 adds ``document_sets``: the fingerprint of
+the documents each collection name guards (`ledger_documents`).
 """
 
 from __future__ import annotations
@@ -95,6 +96,17 @@ def _document_charges(real: str) -> tuple[str, ...]:
     )
 
 
+def _document_sets(real: str) -> tuple[str, ...]:
+    return (
+        # which documents a collection name guards: a digest of its documents (private
+        # state, never printed) and their number (`ledger_documents`)
+        "CREATE TABLE IF NOT EXISTS document_sets (dataset TEXT NOT NULL, "
+        f"fingerprint TEXT NOT NULL, documents INTEGER NOT NULL, created_at {real} NOT NULL, "
+        "PRIMARY KEY (dataset, fingerprint))",
+        "CREATE INDEX IF NOT EXISTS document_sets_fingerprint ON document_sets (fingerprint)",
+    )
+
+
 # (version, statements) per dialect; append, never edit an applied one.
 MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
     "sqlite": (
@@ -114,6 +126,7 @@ MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
         (6, _scope_records()),
         (7, _document_filters("REAL")),
         (8, _document_charges("REAL")),
+        (9, _document_sets("REAL")),
     ),
     "postgresql": (
         (
@@ -136,6 +149,7 @@ MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
         (6, _scope_records()),
         (7, _document_filters("DOUBLE PRECISION")),
         (8, _document_charges("DOUBLE PRECISION")),
+        (9, _document_sets("DOUBLE PRECISION")),
     ),
 }
 SCHEMA_VERSION = MIGRATIONS["sqlite"][-1][0]

@@ -124,6 +124,18 @@ def test_generate_docs_end_to_end_with_the_tiny_lm(private_file, tmp_path):
     again = _synthgen(*run, "--out", tmp_path / "again")
     assert again.returncode == 1 and "charge refused" in again.stderr
     assert not (tmp_path / "again").exists()
+    # The same rows under another name: refused (the ledger knows the records), unless the
+    # guarantees are meant to add up; then `ledger show` totals both names.
+    renamed = [*run[: run.index("--dataset") + 1], "private-2"]
+    refused = _synthgen(*renamed, "--out", tmp_path / "renamed")
+    assert refused.returncode == 1 and "--guarantees-add-up" in refused.stderr
+    assert "--dataset private" in refused.stderr and not (tmp_path / "renamed").exists()
+    added = _synthgen(*renamed, "--out", tmp_path / "renamed", "--guarantees-add-up")
+    assert added.returncode == 0, added.stderr
+    shown = json.loads(_synthgen("ledger", "show", "--db", ledger, "--json").stdout)
+    (group,) = [row for row in shown if "same_documents" in row]
+    assert group["same_documents"] == ["private", "private-2"]
+    assert group["epsilon_spent"] > summary["epsilon"]
 
 
 def test_an_unseeded_limited_run_states_which_rows_are_covered(private_file, tmp_path):

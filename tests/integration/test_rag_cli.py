@@ -98,6 +98,25 @@ def test_answer_charges_then_refuses(tmp_path):
     assert other.returncode == 1 and "already answers with another event" in other.stderr
     assert book.charges("*", "corpus") == before
     assert [s.tenant for s in book.scopes()] == ["*", "alice"]  # bob was never opened
+    assert "--guarantees-add-up" in other.stderr  # the way to other settings says the cost
+
+    # the same documents under a new name: refused, as the ledger knows the documents
+    renamed = [*common[: common.index("--dataset") + 1], "corpus-2",
+               *common[common.index("--dataset") + 2 :]]  # fmt: skip
+    refused = _run("retriever.cli", "answer", *renamed, "--epsilon", "1")
+    assert refused.returncode == 1, refused.stderr
+    assert "--dataset corpus" in refused.stderr and "add" in refused.stderr
+    assert [s.dataset for s in book.scopes()] == ["corpus", "corpus"]  # nothing opened
+    added = _run("retriever.cli", "answer", *renamed, "--epsilon", "1", "--guarantees-add-up")
+    assert added.returncode == 0, added.stderr
+    (group,) = book.document_groups()
+    assert group.datasets == ("corpus", "corpus-2") and group.documents == 40
+    assert group.epsilon > book.spent("*", "corpus").epsilon
+    shown = _run("synthgen.cli", "ledger", "show", "--db", ledger)
+    assert shown.returncode == 0, shown.stderr
+    assert "same 40 documents under 2 names (corpus, corpus-2)" in shown.stdout
+    listed = _run("retriever.cli", "tenant", "list", "--ledger", ledger)
+    assert "(corpus, corpus-2): their guarantees add up" in listed.stdout
 
 
 N = 20  # documents of the collection below: delta must be below 1/20
@@ -203,7 +222,7 @@ def test_answer_refuses_another_event_than_the_collections(collection, tmp_path)
     assert "use the recorded settings (--answer-epsilon (serve) / --epsilon (answer) 2.0)" in (
         result.stderr
     )
-    assert "open a new collection name" in result.stderr and "add up" in result.stderr
+    assert "--dataset NEW --guarantees-add-up" in result.stderr and "adds up" in result.stderr
     assert [s.tenant for s in book.scopes()] == ["*"] and book.charges("*", "records") == []
 
 

@@ -120,7 +120,10 @@ def test_train_dp_keeps_its_secret_state_out_of_the_release(tmp_path):
     assert summary["work_dir"] == str(kept) and (kept / "charge.json").is_file()
     assert not (tmp_path / "a" / "checkpoints").exists()
 
-    result = _retriever(*common, "--out", tmp_path / "b", "--dataset", "b")
+    # the same pairs under a second name: refused, then deliberately added up
+    refused = _retriever(*common, "--out", tmp_path / "b", "--dataset", "b")
+    assert refused.returncode == 1 and "--guarantees-add-up" in refused.stderr
+    result = _retriever(*common, "--out", tmp_path / "b", "--dataset", "b", "--guarantees-add-up")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert "work_dir" not in summary  # the default work folder, beside the ledger, is gone

@@ -165,3 +165,21 @@ def test_a_schema_5_postgres_ledger_is_migrated_and_pins_one_shape(postgres_url)
     with psycopg.connect(postgres_url) as conn:
         versions = [r[0] for r in conn.execute("SELECT version FROM schema_version ORDER BY 1")]
     assert versions == list(range(1, SCHEMA_VERSION + 1))
+
+
+def test_names_over_the_same_documents_are_bound_and_grouped_on_postgres(postgres_url):
+    from synthgen.privacy.ledger_documents import SharedDocumentsError, bind_texts
+
+    ledger = PrivacyLedger(postgres_url)
+    texts = ["one record", "another record"]
+    bind_texts(ledger, "pg-records", texts)
+    ledger.open_scope(Scope("acme", "pg-records", 2.0, 1e-5))
+    ledger.charge("acme", "pg-records", stage="a", relation=AR, event=STEP)
+    with pytest.raises(SharedDocumentsError):
+        bind_texts(ledger, "pg-records-2", texts)
+    bind_texts(ledger, "pg-records-2", texts, guarantees_add_up=True)
+    ledger.open_scope(Scope("acme", "pg-records-2", 2.0, 1e-5))
+    ledger.charge("acme", "pg-records-2", stage="a", relation=AR, event=STEP)
+    (group,) = [g for g in ledger.document_groups() if "pg-records" in g.datasets]
+    assert group.datasets == ("pg-records", "pg-records-2")
+    assert group.epsilon == pytest.approx(2 * STEP_EPSILON, rel=1e-3)

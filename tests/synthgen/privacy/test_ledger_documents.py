@@ -1,0 +1,136 @@
+"""A ledger knows the documents behind each collection name (`ledger_documents`): a new name
+over documents another name has charged is refused unless the guarantees are meant to add
+up, and names over the same documents are grouped with their composed total."""
+
+import pytest
+from dp_accounting import dp_event, pld
+
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_copy import copy_ledger
+from synthgen.privacy.ledger_documents import (
+    SharedDocumentsError,
+    bind_texts,
+    documents_fingerprint,
+)
+from synthgen.privacy.ledger_types import Scope
+
+AR = "ADD_OR_REMOVE_ONE"
+TEXTS = ["the first record", "the second record", "a third one"]
+
+
+def _charge(ledger, dataset, sigma=2.0, tenant="t"):
+    ledger.ensure_scope(Scope(tenant, dataset, 50.0, 1e-6))
+    ledger.charge(tenant, dataset, stage="s", relation=AR, event=dp_event.GaussianDpEvent(sigma))
+
+
+def test_the_fingerprint_is_of_the_documents_not_their_order_or_file():
+    assert documents_fingerprint(TEXTS) == documents_fingerprint(TEXTS[::-1])
+    assert documents_fingerprint(TEXTS) != documents_fingerprint(TEXTS[:2])
+    assert documents_fingerprint(TEXTS) != documents_fingerprint(TEXTS + TEXTS[:1])
+    assert documents_fingerprint(TEXTS) != documents_fingerprint(["x" + TEXTS[0], *TEXTS[1:]])
+    with pytest.raises(ValueError, match="at least one document"):
+        documents_fingerprint([])
+
+
+def test_a_new_name_over_charged_documents_needs_the_flag(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.db")
+    assert bind_texts(ledger, "records", TEXTS) == []
+    assert bind_texts(ledger, "records", TEXTS[::-1]) == []  # the same binding: a no-op
+    # a name bound but never charged has spent nothing another name would add to
+    assert bind_texts(ledger, "records-b", TEXTS) == ["records"]
+    _charge(ledger, "records")
+    with pytest.raises(SharedDocumentsError, match="records") as refused:
+        bind_texts(ledger, "records-v2", TEXTS)
+    message = str(refused.value)
+    assert "--dataset records" in message and "--guarantees-add-up" in message
+    assert documents_fingerprint(TEXTS) not in message  # the digest never leaves the ledger
+    assert ledger.document_groups()[0].datasets == ("records", "records-b")  # nothing written
+    assert bind_texts(ledger, "records-v2", TEXTS, guarantees_add_up=True) == [
+        "records",
+        "records-b",
+    ]
+    # other documents: no refusal
+    assert bind_texts(ledger, "other", ["something else"]) == []
+
+
+def test_groups_compose_every_charge_of_every_name(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.db")
+    for name in ("a", "b", "c"):
+        bind_texts(ledger, name, TEXTS, guarantees_add_up=True)
+        _charge(ledger, name, sigma=2.0)
+    bind_texts(ledger, "alone", ["x"])
+    _charge(ledger, "alone")
+    (group,) = ledger.document_groups()
+    assert group.datasets == ("a", "b", "c") and group.documents == 3
+    assert group.delta == pytest.approx(3e-6)  # the sum of the names' delta caps
+    # three Gaussians of sigma 2 (sensitivity 1) are one of sigma 2/sqrt(3)
+    exact = pld.privacy_loss_distribution.from_gaussian_mechanism(
+        2.0 / 3**0.5, value_discretization_interval=1e-4
+    ).get_epsilon_for_delta(3e-6)
+    assert exact <= group.epsilon <= exact * 1.01
+    each = ledger.spent("t", "a").epsilon
+    assert group.epsilon > each  # more than any one name states
+    row = group.to_json()
+    assert row["same_documents"] == ["a", "b", "c"] and "fingerprint" not in str(row)
+    assert ledger.group_of("a") == group and ledger.group_of("alone") is None
+
+
+def test_names_sharing_documents_through_a_third_are_one_group(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.db")
+    bind_texts(ledger, "old", TEXTS)
+    bind_texts(ledger, "both", TEXTS)  # a name whose collection changed: two fingerprints
+    bind_texts(ledger, "both", TEXTS + ["new"])
+    bind_texts(ledger, "new", TEXTS + ["new"])
+    (group,) = ledger.document_groups()
+    assert set(group.datasets) == {"old", "both", "new"} and group.documents == 4
+    assert group.epsilon == 0.0  # nothing charged yet
+
+
+def test_a_copy_keeps_which_names_share_documents(tmp_path):
+    source = PrivacyLedger(tmp_path / "a.db")
+    for name in ("a", "b"):
+        bind_texts(source, name, TEXTS, guarantees_add_up=True)
+        _charge(source, name)
+    copy_ledger(tmp_path / "a.db", tmp_path / "b.db")
+    target = PrivacyLedger(tmp_path / "b.db")
+    assert [g.datasets for g in target.document_groups()] == [("a", "b")]
+    with pytest.raises(SharedDocumentsError):
+        bind_texts(target, "c", TEXTS)
+
+
+def test_a_binding_left_by_a_refused_run_admits_no_new_name(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.db")
+    bind_texts(ledger, "stale", TEXTS)  # bound, then the run was refused: nothing charged
+    bind_texts(ledger, "records", TEXTS)
+    _charge(ledger, "records")
+    with pytest.raises(SharedDocumentsError, match="records"):
+        bind_texts(ledger, "stale", TEXTS)
+    assert bind_texts(ledger, "stale", TEXTS, guarantees_add_up=True) == ["records"]
+
+
+def test_a_group_total_never_understates_mixed_relations_and_filters(tmp_path):
+    from synthgen.privacy.document_filters import DocumentFilter, DocumentFilters
+    from synthgen.privacy.individual import DocumentBudget
+
+    ledger = PrivacyLedger(tmp_path / "l.db")
+    bind_texts(ledger, "answers", TEXTS)
+    filters = DocumentFilters(ledger.store)
+    filters.open(DocumentFilter("answers", DocumentBudget(2.0, 1e-6), 0.01, len(TEXTS)))
+    bind_texts(ledger, "replace", TEXTS, guarantees_add_up=True)
+    ledger.ensure_scope(Scope("t", "replace", 50.0, 1e-6, relation="REPLACE_ONE"))
+    ledger.charge("t", "replace", stage="s", relation="REPLACE_ONE",
+                  event=dp_event.LaplaceDpEvent(1.0))  # fmt: skip
+    (group,) = ledger.document_groups()
+    # in replace-one the filter's (2, 1e-6) counts as (4, ...), and the Laplace adds on
+    assert group.epsilon > max(4.0, ledger.spent("t", "replace").epsilon)
+    assert group.delta == pytest.approx(1e-6 + 1e-6)
+
+
+def test_a_copy_keeps_bindings_never_charged(tmp_path):
+    source = PrivacyLedger(tmp_path / "a.db")
+    bind_texts(source, "charged", TEXTS)
+    _charge(source, "charged")
+    bind_texts(source, "bound-only", TEXTS, guarantees_add_up=True)
+    copy_ledger(tmp_path / "a.db", tmp_path / "b.db")
+    target = PrivacyLedger(tmp_path / "b.db")
+    assert [g.datasets for g in target.document_groups()] == [("charged", "bound-only")]
