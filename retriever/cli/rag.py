@@ -219,7 +219,6 @@ def answer(
         )  # fmt: skip
         is not None
     )
-    from retriever.data import read_corpus
     from retriever.index_folder import index_encoder, read_index_meta
     from retriever.rag import RagConfig, ScoreRange
     from retriever.rag.answer import plan_answer
@@ -255,11 +254,8 @@ def answer(
     if retrieval == "dense":
         encoder, _ = index_encoder(index, meta=meta, option=None)
         assertion = check_encoder(encoder, asserted=encoder_independent_of_collection)
-    collection = PrivateCollection.of(
-        dataset,
-        read_corpus(private_corpus)[1],
-        cap_epsilon=collection_epsilon,
-        cap_delta=collection_delta,
+    collection = PrivateCollection.read(
+        private_corpus, dataset, cap_epsilon=collection_epsilon, cap_delta=collection_delta
     )
     book = PrivacyLedger(ledger or default_ledger_path())
     collection.admit(
@@ -283,7 +279,7 @@ def answer(
         document_target=(document_epsilon, document_delta) if individual else None,
         answer_epsilon=epsilon if individual else None,
         retrieval=retrieval,
-        guarantees_add_up=guarantees_add_up,
+        collection=collection,
     )
     if not individual:
         pin_answer_event(book, dataset, plan)

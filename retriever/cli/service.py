@@ -299,11 +299,12 @@ def tenant_list(
         status = "active" if tenant.active else "revoked"
         for scope in (s for s in scopes if s.tenant == tenant.name):
             rows.append(scope_row(scope, tenant.name, status, f"dpk_{tenant.key_id}_…"))
-    # scopes opened by `retriever answer --tenant-epsilon` hold no key but spend on the
-    # collection too: listed, so that the tenants' rows add up to the collection's
+    # scopes opened from the command line (`retriever answer --tenant-epsilon`, a release,
+    # a training run) hold no key but spend on the collection too: listed, so that the
+    # tenants' rows add up to the collection's
     registered = {t.name for t in registry.tenants()} | {COLLECTION}
     for scope in (s for s in scopes if s.tenant not in registered):
-        rows.append(scope_row(scope, scope.tenant, "no key", "(retriever answer)"))
+        rows.append(scope_row(scope, scope.tenant, "no key", "(command line)"))
     for scope in (s for s in scopes if s.tenant == COLLECTION):  # never in individual mode
         rows.append(
             scope_row(scope, "(collection: all tenants)", "cap", "")

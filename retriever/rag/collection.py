@@ -377,6 +377,8 @@ class PrivateCollection:
     documents: int
     fingerprint: str = dataclasses.field(repr=False)
     cap: Scope | None = None
+    doc_ids: tuple[str, ...] = dataclasses.field(default=(), repr=False, compare=False)
+    texts: tuple[str, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     @classmethod
     def of(
@@ -384,6 +386,7 @@ class PrivateCollection:
         name: str,
         texts: list[str],
         *,
+        doc_ids: list[str] | None = None,
         cap_epsilon: float | None = None,
         cap_delta: float | None = None,
     ) -> PrivateCollection:
@@ -395,7 +398,16 @@ class PrivateCollection:
         if (cap_epsilon is None) != (cap_delta is None):
             raise ValueError("pass both --collection-epsilon and --collection-delta, or neither")
         cap = None if cap_epsilon is None else Scope(COLLECTION, name, cap_epsilon, cap_delta)
-        return cls(name, len(texts), documents_fingerprint(texts), cap)
+        ids = tuple(doc_ids) if doc_ids is not None else ()
+        return cls(name, len(texts), documents_fingerprint(texts), cap, ids, tuple(texts))
+
+    @classmethod
+    def read(cls, corpus: str | Path, name: str, **caps) -> PrivateCollection:
+        """The collection of a corpus.jsonl (doc_id, text), read once (`of` for `caps`)."""
+        from retriever.data import read_corpus
+
+        doc_ids, texts = read_corpus(corpus)
+        return cls.of(name, texts, doc_ids=doc_ids, **caps)
 
     def admit(
         self,

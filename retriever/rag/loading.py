@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from retriever.rag.answer import DPRag, RagConfig, plan_answer
 from retriever.rag.collection import (
     ENCODER_FLAG,
+    PrivateCollection,
     check_delta,
     check_encoder,
     check_scope_deltas,
@@ -40,6 +41,7 @@ def load_dprag(
     answers: ReleasedAnswers | None = None,
     retrieval: str = "dense",
     guarantees_add_up: bool = False,
+    collection: PrivateCollection | None = None,
 ) -> DPRag:
     """The answer stage over `private_corpus`, scored with the embeddings of `index`
     (``retrieval="dense"``) or by term overlap (``"overlap"``).
@@ -77,6 +79,10 @@ def load_dprag(
         names that a dense encoder splits into meaningless pieces.
       guarantees_add_up: with a ledger, bind `dataset` to the corpus's documents although
         other names have charged them (`PrivacyLedger.bind_documents`; refused otherwise).
+      collection: the corpus as a `PrivateCollection` that `PrivateCollection.admit` has
+        admitted to `ledger` (``retriever answer``): its name is the dataset, its texts are
+        used as read, and the checks `admit` made (δ bounds, the documents' binding, the
+        per-document filters) are not repeated.
 
     Raises:
       FileNotFoundError: no index in the folder, or its encoder folder is not there.
@@ -103,7 +109,7 @@ def load_dprag(
         raise ValueError(f"retrieval must be one of {RETRIEVALS}, got {retrieval=}")
     index, private_corpus = Path(index), Path(private_corpus)
     meta = read_index_meta(index)
-    dataset = dataset or private_corpus.stem
+    dataset = collection.name if collection is not None else dataset or private_corpus.stem
     config = config or RagConfig()
     encoder = assertion = None  # overlap: scores from the corpus's words, no encoder
     if retrieval == "dense":
@@ -128,13 +134,16 @@ def load_dprag(
             f"{index} is a {searcher.kind} index; DP retrieval scores every document: build "
             "the private index with `retriever index build --kind exact`"
         )
-    doc_ids, texts = read_corpus(private_corpus)
+    if collection is not None:
+        doc_ids, texts = list(collection.doc_ids), list(collection.texts)
+    else:
+        doc_ids, texts = read_corpus(private_corpus)
     if list(map(str, meta["doc_ids"])) != doc_ids:
         raise ValueError(f"{index} was not built from {private_corpus} (doc_ids differ)")
     check_delta(config.delta, len(doc_ids), "the per-answer delta")
-    if ledger is not None:  # before the filters or a scope is written
+    if ledger is not None and collection is None:  # before the filters or a scope is written
         bind_texts(ledger, dataset, texts, guarantees_add_up=guarantees_add_up)
-    if config.individual:
+    if config.individual and collection is None:
         open_document_filters(
             ledger,
             dataset,
@@ -144,7 +153,8 @@ def load_dprag(
             plan=plan_answer(config, "icl", float(answer_epsilon)),
         )
     if ledger is not None:
-        check_scope_deltas(ledger, dataset, len(doc_ids))
+        if collection is None:
+            check_scope_deltas(ledger, dataset, len(doc_ids))
         if assertion is not None:
             record_encoder_assertion(ledger, dataset, assertion)
     if isinstance(lm, str | Path):

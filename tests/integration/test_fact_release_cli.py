@@ -91,3 +91,31 @@ def test_release_answer_abstain_and_serve(world):
     finally:
         server.stop()
     assert len(PrivacyLedger(str(root / "ledger.sqlite")).charges("release", "corpus")) == 1
+
+
+def test_a_second_release_of_the_same_documents_adds_up_only_deliberately(world):
+    """The same name is refused (it would compose); another name over the same documents
+    is refused too unless --guarantees-add-up, and then the ledger totals both names."""
+    root = world["root"]
+    ledger = root / "ledger-twice.sqlite"
+
+    def release(out, *extra):
+        return cli("knowledge", "release", "--private-corpus", world["corpus"],
+                   "--ledger", ledger, "--work", root / f"work-{out}", "--out", root / out,
+                   "--epsilon", 5, "--json", *extra, check=False)  # fmt: skip
+
+    assert release("first").returncode == 0
+    again = release("again")
+    assert again.returncode == 1 and "already released" in again.stderr
+    assert "--guarantees-add-up" in again.stderr
+    renamed = release("renamed", "--dataset", "corpus-2")
+    assert renamed.returncode == 1 and "--dataset corpus" in renamed.stderr
+    assert not (root / "renamed").exists()
+    book = PrivacyLedger(str(ledger))
+    assert {s.dataset for s in book.scopes()} == {"corpus"}  # nothing opened for the new name
+    added = release("renamed", "--dataset", "corpus-2", "--guarantees-add-up")
+    assert added.returncode == 0, added.stderr
+    (group,) = book.document_groups()
+    assert group.datasets == ("corpus", "corpus-2")
+    assert group.documents == len(world["world"].documents)
+    assert group.epsilon > book.spent("release", "corpus").epsilon

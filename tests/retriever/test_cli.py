@@ -2,6 +2,7 @@
 uncut at 80 columns, caps refused by the option's name before any ledger is created."""
 
 import os
+import re
 import subprocess
 import sys
 from importlib.metadata import version
@@ -215,3 +216,32 @@ def test_data_facts_writes_a_sample_collection_and_refuses_an_unknown_domain(tmp
     assert (tmp_path / "corpus.jsonl").is_file() and (tmp_path / "questions.jsonl").is_file()
     bad = runner.invoke(app, ["data", "facts", "--out", str(tmp_path), "--domain", "planets"])
     assert bad.exit_code != 0 and "--domain" in bad.output
+
+
+def test_every_command_that_binds_documents_accepts_what_its_refusal_suggests():
+    """A new name over charged records is refused with `--dataset OLD` or
+    `--guarantees-add-up` (`SharedDocumentsError`): every command that binds accepts both."""
+    import typer.main
+
+    from retriever.cli import app as retriever_app
+    from synthgen.cli import app as synthgen_app
+    from synthgen.privacy.ledger_documents import SharedDocumentsError
+
+    message = str(SharedDocumentsError("new", ["old"]))
+    suggested = set(re.findall(r"--[a-z][a-z-]+", message))
+    assert suggested == {"--dataset", "--guarantees-add-up"}
+    retriever_cmd = typer.main.get_command(retriever_app)
+    synthgen_cmd = typer.main.get_command(synthgen_app)
+    binding = [
+        retriever_cmd.commands["answer"],
+        retriever_cmd.commands["serve"],
+        retriever_cmd.commands["train-dp"],
+        retriever_cmd.commands["knowledge"].commands["release"],
+        retriever_cmd.commands["contributor"].commands["build"],
+        *(synthgen_cmd.commands[name] for name in (
+            "train-generator", "generate-docs", "generate-queries-fewshot", "generate-docs-pe"
+        )),
+    ]  # fmt: skip
+    for command in binding:
+        options = {opt for param in command.params for opt in getattr(param, "opts", [])}
+        assert suggested <= options, (command.name, suggested - options)
