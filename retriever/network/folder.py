@@ -133,8 +133,12 @@ def write_knowledge_folder(
     *,
     metadata: dict[str, Any] | None = None,
     index_kind: str = "exact",
+    extra: dict[str, str] | None = None,
 ) -> KnowledgeFolder:
     """Writes synthetic.jsonl, card.json, metadata.json and the index of a release.
+
+    card.json is written last: a folder with a card is complete (a crash before it leaves a
+    folder that no reader takes for a release).
 
     Args:
       out: the release folder (created).
@@ -143,6 +147,8 @@ def write_knowledge_folder(
       card: from `make_card`; its encoder builds the index.
       metadata: the generator's metadata (written as metadata.json when given).
       index_kind: the searcher kind (`retriever.index.build_searcher`).
+      extra: other public files of the release, name -> text (a fact release's
+        facts.json), written before the card.
 
     An empty release (no topic passed the threshold) has an empty synthetic.jsonl and no
     index: retrieving from it finds nothing.
@@ -170,6 +176,8 @@ def write_knowledge_folder(
     if rows:
         encoder = card["releases"]["encoder"]
         build_index_folder(folder.synthetic, folder.index, encoder=encoder, kind=index_kind)
+    for name, text in (extra or {}).items():
+        (folder.path / name).write_text(text)
     folder.card.write_text(json.dumps(card, indent=1))
     return folder
 

@@ -336,9 +336,11 @@ def _build_facts(
         [r["topic"] for r in release.records],
         card,
         metadata=metadata,
-    )
-    (folder.path / FACTS_FILE).write_text(
-        json.dumps({"pairs": release.pairs, "max_partners": config.max_partners}, indent=1)
+        extra={  # before the card: a folder with a card is a whole fact release
+            FACTS_FILE: json.dumps(
+                {"pairs": release.pairs, "max_partners": config.max_partners}, indent=1
+            )
+        },
     )
     _write_private_side(
         private_corpus, out, work, contributor=contributor, dataset=dataset,

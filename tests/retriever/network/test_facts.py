@@ -125,3 +125,26 @@ def test_engine_abstains_when_the_question_names_no_released_phrase(fact_network
     response = engine.query_sync("Which company does Quorbin Halvex work for?")
     assert response.abstained and response.answer == ABSTAIN and response.records == []
     assert [r.status for r in response.contributors] == ["ok"] * PARTS + ["error"]
+
+
+def test_a_release_folder_gets_its_card_last(tmp_path, monkeypatch):
+    """A crash before the card leaves no folder a reader takes for a release: facts.json
+    (which makes a folder a fact release) is written before card.json."""
+    from pathlib import Path
+
+    from retriever.network.folder import make_card, write_knowledge_folder
+
+    written = []
+    write_text = Path.write_text
+
+    def recording(self, *args, **kwargs):
+        written.append(self.name)
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", recording)
+    card = make_card(
+        contributor="c", epsilon=1.0, delta=1e-6, generator="test", model="none",
+        encoder="all-minilm-l6-v2", num_documents=0, seeded=True,
+    )  # fmt: skip
+    write_knowledge_folder(tmp_path / "release", [], [], card, extra={"facts.json": "{}"})
+    assert written[-2:] == ["facts.json", "card.json"]
