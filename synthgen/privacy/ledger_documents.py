@@ -208,10 +208,6 @@ class DocumentSets:
             if len(names) > 1
         ]
 
-    def group_of(self, dataset: str) -> DocumentGroup | None:
-        """The group `dataset` belongs to, or None when no other name shares its documents."""
-        return next((g for g in self.document_groups() if dataset in g.datasets), None)
-
     def group_spend(self, datasets: list[str], *, documents: int = 0) -> DocumentGroup:
         """Composes every charge of every name in `datasets` (see `DocumentGroup`).
 
