@@ -22,7 +22,9 @@ Privacy:
   A pair held by one record is released with probability `FactPlan.singleton_probability`
   (delta / 2K: at most delta). Nothing else reads the records; the ledger is charged that
   one event, before the selection runs, and the pairs drawn are kept in the private work
-  folder so that a rerun returns them instead of drawing again. The running time of the
+  folder so that a rerun returns them instead of drawing again; a release holds the work
+  folder's lock (`synthgen.knowledge.work_lock`) from its charge until its draw is written,
+  so a second run started meanwhile waits and returns that draw. The running time of the
   key-phrase rule and of PipelineDP grows with n and the number of distinct pairs.
 """
 
@@ -39,6 +41,7 @@ from pathlib import Path
 from dp_accounting import dp_event
 
 from synthgen.knowledge.phrases import record_pairs, split_pair, zipf
+from synthgen.knowledge.work_lock import work_lock
 from synthgen.privacy import accounting
 from synthgen.privacy.partition_selection import (
     MECHANISM,
@@ -51,6 +54,7 @@ RELATION = "ADD_OR_REMOVE_ONE"
 PLAN_SUPPORTS = (1, 3, 5, 10, 20, 50, 100)
 CHARGE_FILE = "facts_charge.json"  # the charge's idempotency key (private work folder)
 RESULT_FILE = "facts_result.json"  # the released pairs, kept so a rerun draws nothing new
+LOCK_FILE = "facts.lock"  # held from the charge until the draw is written
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,7 +237,8 @@ def release_facts(
       texts: the private records.
       config: public parameters.
       work: the private work folder (the charge's idempotency key and the released pairs:
-        a rerun returns them and draws nothing); needed with a ledger.
+        a rerun, or a run started while another holds the folder's lock and so waits for
+        it, returns them and draws nothing); needed with a ledger.
       ledger, ledger_scope: charged the release once, before the selection.
 
     Raises:
@@ -249,25 +254,41 @@ def release_facts(
     problems = plan.problems()
     if problems:
         raise ValueError("; ".join(problems))
-    if ledger is not None:
-        if ledger_scope is None or work is None:
-            raise ValueError("a ledger needs ledger_scope=(tenant, dataset) and a work folder")
-        charge_once(ledger, ledger_scope, plan, Path(work))
-    stored = None if work is None else Path(work) / RESULT_FILE
-    if stored is not None and stored.is_file():  # a rerun: the first draw, never a second
-        kept = json.loads(stored.read_text())
-        if kept["plan"] != json.loads(json.dumps(plan.to_dict())) or kept["n"] != len(texts):
-            raise ValueError(f"{work} holds a fact release with another plan; use a new one")
-        pairs = {str(k): float(v) for k, v in kept["pairs"].items()}
-        return FactRelease(pairs, fact_records(pairs, config.max_partners), plan)
+    if ledger is not None and (ledger_scope is None or work is None):
+        raise ValueError("a ledger needs ledger_scope=(tenant, dataset) and a work folder")
+    if work is None:  # nothing kept: an audit's or an evaluation's one-off release
+        return _select(texts, config, plan)
+    from synthgen.work_folder import private_folder
+
+    work = private_folder(work)
+    # One run at a time: a second run started meanwhile waits, then reads the first's draw
+    # (one charge, one draw, however many runs race on the folder).
+    with work_lock(work / LOCK_FILE):
+        if ledger is not None:
+            charge_once(ledger, ledger_scope, plan, work)
+        stored = work / RESULT_FILE
+        if stored.is_file():  # a rerun: the first draw, never a second
+            kept = json.loads(stored.read_text())
+            if kept["plan"] != json.loads(json.dumps(plan.to_dict())) or kept["n"] != len(texts):
+                raise ValueError(f"{work} holds a fact release with another plan; use a new one")
+            pairs = {str(k): float(v) for k, v in kept["pairs"].items()}
+            return FactRelease(pairs, fact_records(pairs, config.max_partners), plan)
+        release = _select(texts, config, plan)
+        # written before anything is returned: a crash after it replays
+        tmp = stored.with_suffix(f".{secrets.token_hex(4)}.tmp")
+        tmp.write_text(
+            json.dumps({"plan": plan.to_dict(), "n": len(texts), "pairs": release.pairs})
+        )
+        tmp.replace(stored)
+    return release
+
+
+def _select(texts: Sequence[str], config: FactConfig, plan: FactPlan) -> FactRelease:
+    """The selection itself (charged by the caller): the one place noise is drawn."""
     keys = [record_pairs(text, config.max_pairs) for text in texts]
     zipf.cache_clear()  # the rule's cache holds the records' words: not kept after reading
     selected = release_key_counts(
         keys, epsilon=config.epsilon, delta=config.delta, max_keys=config.max_pairs
     )
     pairs = {str(k): float(v) for k, v in selected.counts.items()}
-    if stored is not None:  # written before anything is returned: a crash after it replays
-        tmp = stored.with_suffix(f".{secrets.token_hex(4)}.tmp")
-        tmp.write_text(json.dumps({"plan": plan.to_dict(), "n": len(texts), "pairs": pairs}))
-        tmp.replace(stored)
     return FactRelease(pairs, fact_records(pairs, config.max_partners), plan)

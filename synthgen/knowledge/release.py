@@ -27,10 +27,11 @@ The private work folder holds the release key, the clusters' members and each cl
 output (resume state); it is never part of the release. The key is deleted once every
 cluster is generated (`forget_key`): kept, it would replay stage 3's noise; a cluster
 missing after that is refused, never drawn again with fresh noise. Shards agree on who
-prepares stages 1 and 2 by an exclusive `fcntl.flock` on a file of the work folder: that
-holds between processes of one machine on a local filesystem; on NFS without lockd, or on
-object-store mounts, the lock may not exclude, and two shards could draw stages 1 and 2
-twice. Run shards on one machine, or prepare with one shard before starting the others.
+prepares stages 1 and 2 by an exclusive lock on a file of the work folder
+(`synthgen.knowledge.work_lock`, an `fcntl.flock`): that holds between processes of one
+machine on a local filesystem; on NFS without lockd, or on object-store mounts, the lock may
+not exclude, and two shards could draw stages 1 and 2 twice. Run shards on one machine, or
+prepare with one shard before starting the others.
 
 Privacy:
   Unit: one record of the collection; add/remove-one. The three stages are fixed by public
@@ -42,7 +43,6 @@ Privacy:
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import secrets
 from collections.abc import Callable, Sequence
@@ -61,6 +61,7 @@ from synthgen.knowledge.keywords import (
     release_keywords,
 )
 from synthgen.knowledge.plan import KnowledgePlan, plan_release
+from synthgen.knowledge.work_lock import work_lock
 from synthgen.privacy.ledger import PrivacyLedger
 
 TEMPLATE = PromptTemplate(
@@ -378,8 +379,7 @@ def release_knowledge(
     state_path = work / STATE_FILE
     # One preparer at a time: a shard that starts while another prepares waits for it, then
     # reads its state (stages 1 and 2 are drawn once, whatever the number of shards).
-    with open(work / LOCK_FILE, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with work_lock(work / LOCK_FILE):
         if state_path.is_file():
             state = json.loads(state_path.read_text())
             if state["plan"] != json.loads(json.dumps(plan.to_dict())):
@@ -437,7 +437,6 @@ def release_knowledge(
             return mean_logprob(lm, text, prefix=head) >= config.min_text_logprob
 
         records = synthetic_records(clusters, outputs, keep)
-        with open(work / LOCK_FILE, "w") as lock:  # shards finishing together
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with work_lock(work / LOCK_FILE):  # shards finishing together
             forget_key(state_path)
     return KnowledgeRelease(records, state["keyword_counts"], clusters, plan, complete, done)

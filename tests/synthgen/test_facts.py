@@ -130,3 +130,55 @@ def test_refused_before_any_charge_and_charged_once_on_rerun(tmp_path):
     charges = ledger.charges("release", "c")
     assert len(charges) == 1 and charges[0].stage == "knowledge-release"
     assert json.loads((tmp_path / "facts_charge.json").read_text())["ref"].startswith("facts-")
+
+
+def test_two_concurrent_releases_on_one_work_folder_charge_once_and_draw_once(
+    tmp_path, monkeypatch, caplog
+):
+    """Run B starts while run A is inside its draw (a hook, not a timing): with the folder's
+    lock B waits, then returns A's draw; without it B would draw a second time."""
+    import logging
+    import threading
+
+    from synthgen.knowledge import facts
+
+    ledger = PrivacyLedger(str(tmp_path / "ledger.sqlite"))
+    ledger.ensure_scope(Scope("release", "c", 10.0, 1e-6))
+    texts, work = _collection("x"), tmp_path
+    real, draws, results = facts.release_key_counts, [], {}
+    b_waits_or_ends = threading.Event()
+
+    class Waiting(logging.Handler):  # the lock's one log line: B is blocked on it
+        def emit(self, record):
+            b_waits_or_ends.set()
+
+    def run(name):
+        try:
+            results[name] = facts.release_facts(
+                texts, FactConfig(epsilon=10.0), work=work, ledger=ledger,
+                ledger_scope=("release", "c"),
+            ).pairs  # fmt: skip
+        finally:
+            b_waits_or_ends.set()
+
+    second = threading.Thread(target=run, args=("b",))
+
+    def drawing(*args, **kwargs):
+        draws.append(threading.current_thread().name)
+        if len(draws) == 1:  # A is drawing: start B, go on once B waits (or has finished)
+            second.start()
+            assert b_waits_or_ends.wait(timeout=120), "run B neither waited nor finished"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(facts, "release_key_counts", drawing)
+    waiting = Waiting()
+    logging.getLogger("synthgen.knowledge.work_lock").addHandler(waiting)
+    caplog.set_level(logging.INFO, logger="synthgen.knowledge.work_lock")
+    try:
+        run("a")
+        second.join(timeout=120)
+    finally:
+        logging.getLogger("synthgen.knowledge.work_lock").removeHandler(waiting)
+    assert not second.is_alive() and set(results) == {"a", "b"}
+    assert len(draws) == 1 and results["a"] == results["b"]  # one draw, returned twice
+    assert len(ledger.charges("release", "c")) == 1
