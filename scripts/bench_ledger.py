@@ -18,6 +18,13 @@ one transaction under the collection's lock that reads the exhausted documents
 running loss and a charge row per document). Line:
 ``individual_charge_ms=<median per answer>`` (target <= 50 ms on SQLite).
 
+Record bindings (issue 68): a collection of `--documents` records bound to a name
+(`PrivacyLedger.bind_documents`: a keyed digest per record), bound again, then the same
+records plus one under a new name (refused, then admitted with the flag), and the groups
+listed. Line: ``bind_s=<first> rebind_s=<again> refuse_s=<one record added, refused>
+admit_s=<admitted> groups_s=<document_groups> ledger_mib=<file size>``; ``--bindings-only``
+prints just that line.
+
 Last line: ``charge_ms_first=<mean of the first 50> charge_ms_last=<mean of the last 50>
 spent_vs_pld=<stated / recomposed>``. Targets (issue 17): last <= 3x first and <= 100 ms,
 ratio in [1, 1.05].
@@ -68,6 +75,39 @@ def individual_charge_ms(location, documents: int, answers: int, touched: int = 
     return statistics.median(times)
 
 
+def binding_seconds(location, documents: int) -> dict[str, float]:
+    """Seconds of each binding step on `documents` records (see the module docstring)."""
+    from synthgen.privacy.ledger_documents import SharedDocumentsError, bind_texts
+
+    ledger = PrivacyLedger(location)
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(5000)]
+    texts = [f"ticket {i}: " + " ".join(rng.choice(words, 30)) for i in range(documents)]
+    out = {}
+
+    def timed(name, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            bind_texts(ledger, *args, **kwargs)
+        except SharedDocumentsError:
+            pass
+        out[name] = time.perf_counter() - start
+
+    timed("bind_s", "bench-bound", texts)
+    ledger.open_scope(Scope("bench", "bench-bound", 10.0, 1e-6, "pld"))
+    ledger.charge("bench", "bench-bound", stage="s", event=ANSWER_EVENT,
+                  relation="ADD_OR_REMOVE_ONE")  # fmt: skip
+    timed("rebind_s", "bench-bound", texts)
+    timed("refuse_s", "bench-bound-2", [*texts, "one more ticket"])
+    timed("admit_s", "bench-bound-2", [*texts, "one more ticket"], guarantees_add_up=True)
+    start = time.perf_counter()
+    assert len(ledger.document_groups()) == 1
+    out["groups_s"] = time.perf_counter() - start
+    if ledger.path is not None:
+        out["ledger_mib"] = Path(ledger.path).stat().st_size / 2**20
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--charges", type=int, default=1000)
@@ -75,9 +115,14 @@ def main() -> None:
     parser.add_argument("--ledger", default=None, help="ledger URL (default: a temporary file)")
     parser.add_argument("--documents", type=int, default=100_000)
     parser.add_argument("--answers", type=int, default=1000)
+    parser.add_argument("--bindings-only", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         location = args.ledger or Path(tmp) / "ledger.sqlite"
+        bindings = binding_seconds(args.ledger or Path(tmp) / "bind.sqlite", args.documents)
+        print(" ".join(f"{k}={v:.2f}" for k, v in bindings.items()), flush=True)
+        if args.bindings_only:
+            return
         ledger = PrivacyLedger(location)
         ledger.open_scope(Scope("bench", "answers", 1e9, 1e-5, "pld"))
         times = []

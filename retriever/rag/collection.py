@@ -14,11 +14,11 @@ and the pipeline's rag stage check them here, before any scope is opened or char
 2. **δ below 1/n** for n documents: the per-answer δ and the δ cap of every scope of the
    collection. A δ of 1/n or more permits releasing one document outright; DP-SGD refuses
    it the same way (`synthgen.privacy.accounting.check_delta`).
-3. **One budget per set of documents.** A collection is identified by a fingerprint of its
-   documents (`synthgen.privacy.ledger_documents`), not by its name alone: a new name over
-   documents another name already guards is refused unless the operator passes
-   ``--guarantees-add-up``, and the ledger then lists the names together with their
-   composed total.
+3. **One budget per set of documents.** A collection is known by its records (keyed
+   digests, `synthgen.privacy.ledger_documents`), not by its name alone: a new name whose
+   records overlap, by even one record, those of a name that has charged is refused unless
+   the operator passes ``--guarantees-add-up``, and the ledger then lists the names
+   together with their composed total.
 4. **One answer event per collection.** The ledger composes a collection's charges as if
    their parameters were fixed in advance; parameters chosen after seeing earlier answers
    are adaptive and void that statement. The first service or command that answers from a
@@ -43,7 +43,7 @@ from retriever.rag.plan import AnswerPlan
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope, accounting
 from synthgen.privacy.document_filters import DocumentFilter, DocumentFilters
 from synthgen.privacy.individual import DocumentBudget
-from synthgen.privacy.ledger_documents import GUARANTEES_FLAG, documents_fingerprint
+from synthgen.privacy.ledger_documents import GUARANTEES_FLAG
 from synthgen.privacy.ledger_types import EventShapeError
 
 ENCODER_FLAG = "--encoder-independent-of-collection"
@@ -367,15 +367,12 @@ class PrivateCollection:
     Attributes:
       name: its name in the ledger (``--dataset``).
       documents: n, its number of documents (every δ bound needs it).
-      fingerprint: `documents_fingerprint` of its texts (private state: kept in the ledger,
-        never printed).
       cap: the collection cap to open if the ledger has none (None: it must have one,
         or be in individual accounting).
     """
 
     name: str
     documents: int
-    fingerprint: str = dataclasses.field(repr=False)
     cap: Scope | None = None
     doc_ids: tuple[str, ...] = dataclasses.field(default=(), repr=False, compare=False)
     texts: tuple[str, ...] = dataclasses.field(default=(), repr=False, compare=False)
@@ -399,7 +396,9 @@ class PrivateCollection:
             raise ValueError("pass both --collection-epsilon and --collection-delta, or neither")
         cap = None if cap_epsilon is None else Scope(COLLECTION, name, cap_epsilon, cap_delta)
         ids = tuple(doc_ids) if doc_ids is not None else ()
-        return cls(name, len(texts), documents_fingerprint(texts), cap, ids, tuple(texts))
+        if not texts:
+            raise ValueError(f"collection {name} has no documents")
+        return cls(name, len(texts), cap, ids, tuple(texts))
 
     @classmethod
     def read(cls, corpus: str | Path, name: str, **caps) -> PrivateCollection:
@@ -477,6 +476,4 @@ class PrivateCollection:
         )
 
     def _bind(self, ledger: PrivacyLedger, guarantees_add_up: bool) -> None:
-        ledger.bind_documents(
-            self.name, self.fingerprint, self.documents, guarantees_add_up=guarantees_add_up
-        )
+        ledger.bind_documents(self.name, self.texts, guarantees_add_up=guarantees_add_up)

@@ -107,6 +107,7 @@ class PrivacyLedger(ScopeRecords, DocumentSets, LedgerComposition):
         self.url: str = self._store.url
         self.location: str = self._store.identity  # path or password-free URL
         self.backend: str = self._store.dialect
+        self.created: bool = self._store.created  # this object created the file (SQLite)
         self._summaries: dict[tuple[str, str], tuple[ScopeSummary, float | None]] = {}
         self._stated: dict[tuple[str, str], tuple[EventTally, float | None, ScopeSummary]] = {}
         self._cache_lock = threading.Lock()

@@ -1,11 +1,14 @@
 """Moves a privacy ledger between backends (SQLite <-> PostgreSQL), checked charge by charge.
 
 The record is copied as it is: every scope with its cap, accountant, relation, creation
-time, notes and pinned event shape, the fingerprints of the documents each collection
-name guards (`ledger_documents`), every charge in id order with its stage, standalone
+time, notes and pinned event shape, the records each collection name guards with the
+secret keys of their digests and the names found to share records (`ledger_documents`),
+every charge in id order with its stage, standalone
 figures, event JSON, description, time, relation and idempotency reference. Charges are
 not re-checked against caps (they were when first recorded). The target must not hold any
-of the copied scopes yet. After the copy, both ledgers are read back and compared row by
+of the copied scopes yet, nor, when the source binds records, records of its own (their
+digests are keyed by another secret: names over the same documents in the two ledgers
+could not be grouped). After the copy, both ledgers are read back and compared row by
 row, and each scope's stated spend is recomputed on the target.
 """
 
@@ -27,6 +30,14 @@ class CopyReport:
     spends: dict[str, tuple[float, float]]  # "tenant/dataset": (source, target) epsilon
 
 
+# what a binding keeps beside document_sets (`ledger_documents`), copied as it is
+_BINDING_TABLES = {
+    "ledger_keys": "key_id, secret, created_at",
+    "document_records": "dataset, key_id, digest",
+    "document_links": "dataset, other, created_at",
+}
+
+
 def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
     """Copies every scope and charge of ledger `source` into ledger `target`.
 
@@ -37,8 +48,9 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
       A `CopyReport`.
 
     Raises:
-      ValueError: `target` already holds one of the scopes, a copied row differs, or the
-        source has per-document filters (individual mode), which are not copied yet.
+      ValueError: `target` already holds one of the scopes (or record bindings, when the
+        source has some), a copied row differs, or the source has per-document filters
+        (individual mode), which are not copied yet.
     """
     src, dst = PrivacyLedger(source), PrivacyLedger(target)
     if src.location == dst.location:
@@ -72,6 +84,18 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
             "SELECT dataset, fingerprint, documents, created_at FROM document_sets "
             "ORDER BY created_at"
         ).fetchall()
+        binding_rows = {
+            table: conn.execute(f"SELECT {columns} FROM {table}").fetchall()
+            for table, columns in _BINDING_TABLES.items()
+        }
+    if binding_rows["document_records"]:
+        with dst._store.read() as conn:  # noqa: SLF001
+            if conn.execute("SELECT 1 FROM document_records LIMIT 1").fetchone():
+                raise ValueError(
+                    "the target ledger already binds documents to collection names under its "
+                    "own secret, so names over the same documents in the two ledgers could not "
+                    "be grouped: copy into a new ledger; nothing was copied"
+                )
     with dst._store.write() as conn:  # noqa: SLF001 - one transaction: all or nothing
         for row in scope_rows:
             conn.execute(
@@ -84,6 +108,12 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
                 "INSERT INTO document_sets (dataset, fingerprint, documents, created_at) "
                 "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 tuple(row),
+            )
+        for table, rows in binding_rows.items():
+            columns = _BINDING_TABLES[table]
+            marks = ", ".join("?" * len(columns.split(", ")))
+            conn.executemany(
+                f"INSERT INTO {table} ({columns}) VALUES ({marks}) ON CONFLICT DO NOTHING", rows
             )
         for row in charge_rows:
             conn.execute(

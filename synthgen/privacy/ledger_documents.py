@@ -1,40 +1,49 @@
-"""Which documents a ledger's collection names guard: fingerprints, groups, composed totals.
+"""Which documents a ledger's collection names guard: keyed record digests, groups, totals.
 
 A ledger composes the charges recorded under one collection name. Two names over the same
 documents are two budgets for one set of people: each states its own guarantee, and what
-the documents have lost is the composition of both. So the ledger also knows the data, not
-only its name: every entry point that charges a collection binds the name to a fingerprint
-of its documents (`documents_fingerprint`, `DocumentSets.bind_documents`) before its first
-charge, and
+a shared document has lost is the composition of both. So the ledger also knows the data,
+record by record: every entry point that charges a collection binds its name to its
+records (`DocumentSets.bind_documents`, `bind_texts`) before its first charge, and
 
-  * a name bound to documents that another name already guards is refused unless the
-    caller asks for it deliberately (``guarantees_add_up=True``, on the command line
-    ``--guarantees-add-up``): the refusal names the other names and how to keep one budget;
-  * `document_groups` gathers the names that share documents (directly or through a third
+  * a name whose records overlap, by even one record, the records of another name that
+    has charged is refused unless the caller asks for it deliberately
+    (``guarantees_add_up=True``, on the command line ``--guarantees-add-up``): the refusal
+    names the other names and how to keep one budget. One record appended, removed or
+    edited, a dedupe or a re-export under a new name: all share records, all refused;
+  * `document_groups` gathers the names that share records (directly or through a third
     name), and `group_spend` composes every charge of every name of a group: what
-    ``synthgen ledger show`` and ``retriever tenant list`` print beside the names.
+    ``synthgen ledger show`` and ``retriever tenant list`` print beside the names, a bound
+    for every record the group shares.
 
-The fingerprint is the SHA-256 of the sorted SHA-256 digests of the documents' texts: the
-same multiset of documents gives the same fingerprint whatever their order or file. A
-collection that differs by one document has another fingerprint; the names are then not
-grouped (the ledger keeps no per-document digest, which would let anyone who reads it test
-whether a given text is in the collection).
+Each record (`record_text`) is kept as its HMAC-SHA-256 under a secret key of the ledger
+(table ``ledger_keys``, made at the first binding; 128 bits of the digest kept), one row
+per distinct record and name. What the ledger detects: a record whose text is identical,
+byte for byte, in two names' collections. A record edited in any character is another
+record (the rest of its collection still overlaps); two collections that share no text
+are not grouped, whoever the records are about. Cost: measured by
+``scripts/bench_ledger.py --documents``.
 
 Privacy:
-  The fingerprint is a digest of the private documents: whoever knows every document but
-  one could test candidates for the last one against it. It stays in the ledger (the
-  operator's private state, like its per-document losses and key hashes) and is never
-  printed, logged, put in an error or written into a released artefact; what leaves the
-  ledger is the names, the number of documents and the composed figures.
+  The digests are keyed: without the ledger's secret, nobody can test whether a text is in
+  a collection, even knowing every other record. The secret and the digests are the
+  operator's private state, like the ledger's per-document losses and key hashes (the
+  ledger file is created readable by its owner only); they are never printed, logged, put
+  in an error or a lock name, or written into a released artefact. What leaves the ledger
+  is the names, their numbers of documents and the composed figures. A ledger written
+  before schema 10 kept one unkeyed digest of each whole collection (``document_sets``);
+  those are still compared for equality, and new bindings write none.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import math
+import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from synthgen.privacy.document_filters import DocumentFilters
 from synthgen.privacy.errors import PrivacyError, UnsupportedEventError
@@ -50,11 +59,17 @@ from synthgen.privacy.ledger_types import COLLECTION, Scope
 from synthgen.privacy.summary import EventTally
 
 GUARANTEES_FLAG = "--guarantees-add-up"
-_LOCK_PREFIX = "documents:"  # the advisory lock that serialises binds of one fingerprint
+# The one advisory lock that serialises bindings: a constant, so nothing derived from the
+# records is visible in PostgreSQL's pg_locks.
+_BIND_LOCK = "(document bindings)"  # a name that only serialises more if it collides
+_KEYED = "k:"  # prefix of a keyed set id in document_sets (older rows: unkeyed SHA-256)
+_CHUNK = 500  # digests per lookup statement
 
 
 def documents_fingerprint(texts: Iterable[str]) -> str:
-    """SHA-256 (hex) of the sorted SHA-256 digests of `texts` (order-free, duplicates count).
+    """SHA-256 (hex) of the sorted SHA-256 digests of `texts` (order-free, duplicates count):
+    the unkeyed whole-collection digest of ledgers before schema 10, compared for equality
+    with their bindings only (never stored by new bindings).
 
     Raises:
       ValueError: no documents.
@@ -68,43 +83,64 @@ def documents_fingerprint(texts: Iterable[str]) -> str:
     return whole.hexdigest()
 
 
+def record_digests(secret: bytes, texts: Iterable[str]) -> list[str]:
+    """The distinct keyed digests of `texts`, sorted: HMAC-SHA-256 under `secret`, 128 bits
+    kept (hex). Without `secret` a digest says nothing about its text."""
+    return sorted(
+        {hmac.new(secret, t.encode("utf-8"), hashlib.sha256).hexdigest()[:32] for t in texts}
+    )
+
+
 class SharedDocumentsError(ValueError):
-    """A new collection name over documents that other names of the ledger already guard."""
+    """A collection name whose records overlap those of names that have charged."""
 
     def __init__(self, dataset: str, others: list[str]) -> None:
         names = ", ".join(others)
         keep = others[0]
+        one = len(others) == 1
         super().__init__(
-            f"the documents of {dataset} are the documents that {names} already "
-            f"guard{'s' if len(others) == 1 else ''} in this ledger: charging them under "
-            f"another name adds its guarantee to theirs (the documents lose both). To keep "
-            f"one budget, use --dataset {keep}; to add up deliberately, pass "
-            f"{GUARANTEES_FLAG} (`synthgen ledger show` then prints the names together with "
-            "their composed total)"
+            f"the documents of {dataset} share records with {names}, which "
+            f"{'has' if one else 'have'} already charged this ledger: charging them under "
+            f"another name adds its guarantee to {'its' if one else 'theirs'} (the shared "
+            f"documents lose both). If {dataset} is the same collection (a record added, "
+            f"removed or edited, a re-export), keep one budget with --dataset {keep}; if it "
+            f"is another collection that merely shares records, give it its own name with "
+            f"--dataset and pass {GUARANTEES_FLAG} to add up deliberately (`synthgen ledger "
+            "show` then prints the names together with their composed total)"
         )
         self.dataset, self.others = dataset, others
 
 
 @dataclasses.dataclass(frozen=True)
 class DocumentGroup:
-    """Collection names that guard the same documents, and what their charges compose to.
+    """Collection names that share records, and what their charges compose to.
 
     Attributes:
       datasets: the names, in order of first binding.
       documents: the largest number of documents bound under any of them.
-      epsilon, delta: the composition of every charge of every name (`group_spend`),
-        stated at delta = the sum of the names' largest delta caps (at most 1/2); infinite
-        when neither PLD nor RDP composes the events.
+      epsilon, delta: the composition of every charge of every name (`group_spend`), a
+        bound for each shared record, stated at delta = the sum of the names' largest
+        delta caps (at most 1/2) and never below what one of the names states on its own
+        (its stated epsilon holds at its smaller delta, so at the group's too); infinite
+        when no sound composition is known, with `why`.
+      why: the reason an infinite total is infinite, in words a user reads ("" otherwise).
     """
 
     datasets: tuple[str, ...]
     documents: int
     epsilon: float
     delta: float
+    why: str = ""
 
     def to_json(self) -> dict:
-        """What ``ledger show --json`` and ``tenant list --json`` print (never the
-        fingerprint): the names, n, the composed figures and the line people read."""
+        """What ``ledger show --json`` and ``tenant list --json`` print (never a digest):
+        the names, n, the composed figures and the line people read."""
+        line = (
+            f"{len(self.datasets)} names share documents ({', '.join(self.datasets)}; up to "
+            f"{self.documents} documents each): their guarantees add up to epsilon "
+            f"{format_epsilon(self.epsilon)} at delta={self.delta:g} for every shared "
+            "document (every charge of every name composed)"
+        )
         return {
             "kind": "same_documents",
             "same_documents": list(self.datasets),
@@ -112,75 +148,84 @@ class DocumentGroup:
             "epsilon_spent": self.epsilon,
             "epsilon_spent_text": format_epsilon(self.epsilon),
             "delta": self.delta,
-            "line": (
-                f"same {self.documents} documents under {len(self.datasets)} names "
-                f"({', '.join(self.datasets)}): their guarantees add up to epsilon "
-                f"{format_epsilon(self.epsilon)} at delta={self.delta:g} (every charge of "
-                "every name composed)"
-            ),
+            "why": self.why,
+            "line": line + (f": {self.why}" if self.why else ""),
         }
 
 
 class DocumentSets:
-    """The fingerprints of a ledger's collections (a base class of `ledger.PrivacyLedger`;
-    needs ``self._store`` and the ledger's `_row_record`)."""
+    """The records of a ledger's collections (a base class of `ledger.PrivacyLedger`; needs
+    ``self._store``, the ledger's `_row_record`, `scopes` and `spent`)."""
 
     def bind_documents(
-        self, dataset: str, fingerprint: str, documents: int, *, guarantees_add_up: bool = False
+        self, dataset: str, texts: Sequence[str], *, guarantees_add_up: bool = False
     ) -> list[str]:
-        """Records that `dataset` guards the documents of `fingerprint`, before its charges.
+        """Records that `dataset` guards the records `texts`, before its charges.
 
-        Binding the same pair again is a no-op. A name may guard several fingerprints (a
-        collection that changed): its charges then bound the documents of each.
+        Binding the same records again is a no-op. A name may be bound to several
+        collections (one that changed): it then guards the records of each.
 
         Args:
           dataset: the collection's name in the ledger.
-          fingerprint: `documents_fingerprint` of its documents.
-          documents: n, their number (public, as every delta bound needs it).
-          guarantees_add_up: the caller knows other names guard these documents and wants
+          texts: its records' texts (`record_text`), read here only to digest them.
+          guarantees_add_up: the caller knows other names share these records and wants
             the guarantees to add up (``--guarantees-add-up``).
 
         Returns:
-          The other names bound to the same documents, in order of first binding.
+          The other names that share at least one of these records, in order of first
+          binding.
 
         Raises:
-          SharedDocumentsError: other names bound to these documents have charges (or
-            per-document filters), `dataset` is not yet bound to them and
-            `guarantees_add_up` is False (nothing is written). A name bound but never
-            charged refuses nothing: it has spent nothing the new name would add to. Two
-            new names bound at once, before either charges, are both admitted; the ledger
-            still groups them and composes their total.
+          ValueError: no texts.
+          SharedDocumentsError: names that share a record with `texts` have charges (or
+            per-document filters), `dataset` has not been admitted beside them before (it
+            had charged when they were found to share records) and `guarantees_add_up` is
+            False; nothing is written. A name bound but never charged refuses nothing: it
+            has spent nothing the new name would add to. Two new names bound at once, before
+            either charges, are both admitted; the ledger still groups them.
         """
-        if documents < 1:
-            raise ValueError(f"documents must be >= 1, got {documents=}")
-        with self._store.scope_lock(_LOCK_PREFIX + fingerprint) as conn:
-            rows = conn.execute(
-                "SELECT dataset FROM document_sets WHERE fingerprint = ? ORDER BY created_at",
-                (fingerprint,),
-            ).fetchall()
-            bound = [r[0] for r in rows]
-            others = [d for d in bound if d != dataset]
-            if dataset in bound and (guarantees_add_up or _has_spent(conn, dataset)):
-                return others
+        texts = list(texts)
+        if not texts:
+            raise ValueError("a collection needs at least one document to be bound")
+        with self._store.scope_lock(_BIND_LOCK) as conn:
+            keys = _ledger_keys(conn)
+            digests = {key_id: record_digests(secret, texts) for key_id, secret in keys}
+            sharing = set(_sharing(conn, digests)) | set(_legacy_sharing(conn, texts))
+            sharing.discard(dataset)
+            order = _first_bound(conn)
+            others = sorted(sharing, key=lambda d: order.get(d, math.inf))
+            admitted = _linked(conn, dataset) if _has_spent(conn, dataset) else set()
             # a binding left by a refused run spent nothing: it admits no new name
-            charged = [d for d in others if _has_spent(conn, d)]
-            if charged and not guarantees_add_up:
-                raise SharedDocumentsError(dataset, charged)
-            if dataset in bound:
-                return others
+            refused = [d for d in others if d not in admitted and _has_spent(conn, d)]
+            if refused and not guarantees_add_up:
+                raise SharedDocumentsError(dataset, refused)
+            own_key, own_digests = keys[0][0], digests[keys[0][0]]
+            conn.executemany(
+                "INSERT INTO document_records (dataset, key_id, digest) VALUES (?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                [(dataset, own_key, d) for d in own_digests],
+            )
+            set_id = _KEYED + own_key + ":" + _set_digest(keys[0][1], own_digests)
+            now = time.time()
             conn.execute(
                 "INSERT INTO document_sets (dataset, fingerprint, documents, created_at) "
-                "VALUES (?, ?, ?, ?)",
-                (dataset, fingerprint, int(documents), time.time()),
+                "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (dataset, set_id, len(texts), now),
+            )
+            conn.executemany(
+                "INSERT INTO document_links (dataset, other, created_at) VALUES (?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                [(a, b, now) for other in others for a, b in ((dataset, other), (other, dataset))],
             )
         return others
 
     def document_groups(self) -> list[DocumentGroup]:
-        """Every group of two or more names that share documents, with its composed total."""
+        """Every group of two or more names that share records, with its composed total."""
         with self._store.read() as conn:
             rows = conn.execute(
                 "SELECT dataset, fingerprint, documents FROM document_sets ORDER BY created_at"
             ).fetchall()
+            links = conn.execute("SELECT dataset, other FROM document_links").fetchall()
         parent: dict[str, str] = {}
 
         def root(name: str) -> str:
@@ -188,17 +233,18 @@ class DocumentSets:
                 name = parent[name]
             return name
 
+        def join(a: str, b: str) -> None:
+            a, b = root(a), root(b)
+            if a != b:
+                parent[b] = a
+
         first: dict[str, str] = {}
         size: dict[str, int] = {}
         for dataset, fingerprint, documents in rows:
             size[dataset] = max(size.get(dataset, 0), int(documents))
-            if fingerprint in first:
-                a, b = root(first[fingerprint]), root(dataset)
-                if a != b:
-                    parent[b] = a
-            else:
-                first[fingerprint] = dataset
-                root(dataset)
+            join(first.setdefault(fingerprint, dataset), dataset)
+        for dataset, other in links:
+            join(dataset, other)
         members: dict[str, list[str]] = {}
         for dataset in dict.fromkeys(r[0] for r in rows):
             members.setdefault(root(dataset), []).append(dataset)
@@ -249,10 +295,12 @@ class DocumentSets:
         relations = {i[2][3] if i[0] == "row" else i[2] for i in items}
         relation = "ADD_OR_REMOVE_ONE" if relations <= {"ADD_OR_REMOVE_ONE"} else "REPLACE_ONE"
         delta = min(delta, 0.5)
+        names = tuple(datasets)
         try:
             tally = EventTally().added(self._group_records(items, relation))
         except (PrivacyError, ValueError):
-            return DocumentGroup(tuple(datasets), documents, math.inf, delta)
+            why = _why_infinite(items, delta, converts=False)
+            return DocumentGroup(names, documents, math.inf, delta, why)
         epsilon = 0.0 if not tally.num_events else math.inf
         for accountant in ("pld", "rdp") if tally.num_events else ():
             try:
@@ -260,7 +308,14 @@ class DocumentSets:
                 break
             except (UnsupportedEventError, ValueError):
                 continue
-        return DocumentGroup(tuple(datasets), documents, float(epsilon), float(delta))
+        if not math.isfinite(epsilon):
+            return DocumentGroup(names, documents, math.inf, delta, _why_infinite(items, delta))
+        # A name's own statement holds at its delta cap, below the group's delta: the group
+        # never states less than one of its names does.
+        stated = [self.spent(s.tenant, s.dataset).epsilon for s in scopes if s.dataset in names]
+        stated += [r.budget.epsilon for r in map(filters.get, names) if r is not None]
+        epsilon = max([float(epsilon), *stated])
+        return DocumentGroup(names, documents, epsilon, float(delta))
 
     def _group_records(self, items: list, relation: str) -> list[tuple[str, tuple]]:
         """(event JSON in `relation`, standalone figures) of the group's events and rows."""
@@ -275,6 +330,103 @@ class DocumentSets:
         return out
 
 
+def _why_infinite(items: list, delta: float, *, converts: bool = True) -> str:
+    """Why a group's events compose to no finite epsilon at `delta`, in a user's words."""
+    by_relation: dict[str, list[str]] = {}
+    for kind, head, rest in items:
+        name = head if kind == "row" else "a statement"
+        for_relation = by_relation.setdefault(rest[3] if kind == "row" else rest, [])
+        if name not in for_relation:
+            for_relation.append(name)
+    if len(by_relation) < 2:
+        return "no accountant composes these events to a finite epsilon at this delta"
+    add_remove = ", ".join(by_relation.get("ADD_OR_REMOVE_ONE", []))
+    replace = ", ".join(by_relation.get("REPLACE_ONE", []))
+    if not converts:
+        return (
+            f"the names mix relations ({replace} under replace-one, {add_remove} under "
+            "add/remove-one) and an add/remove-one event has no sound replace-one form, so "
+            "no finite total is known"
+        )
+    return (
+        f"the names mix relations ({replace} under replace-one, {add_remove} under "
+        "add/remove-one): on replace-one, an add/remove-one (epsilon, delta) statement "
+        "doubles its epsilon and multiplies its delta by 1 + e^epsilon (group privacy), "
+        f"which is past delta={delta:g}, so no finite epsilon holds at that delta"
+    )
+
+
+def _ledger_keys(conn: Connection) -> list[tuple[str, bytes]]:
+    """The ledger's HMAC keys, oldest (the one new digests use) first; made if none."""
+    rows = conn.execute(
+        "SELECT key_id, secret FROM ledger_keys ORDER BY created_at, key_id"
+    ).fetchall()
+    if not rows:
+        rows = [(secrets.token_hex(8), secrets.token_hex(32))]
+        conn.execute(
+            "INSERT INTO ledger_keys (key_id, secret, created_at) VALUES (?, ?, ?)",
+            (*rows[0], time.time()),
+        )
+    return [(key_id, bytes.fromhex(secret)) for key_id, secret in rows]
+
+
+def _set_digest(secret: bytes, digests: list[str]) -> str:
+    """A keyed id of a whole set of records (which name was bound to which collection)."""
+    whole = hmac.new(secret, len(digests).to_bytes(8, "big"), hashlib.sha256)
+    for digest in digests:
+        whole.update(bytes.fromhex(digest))
+    return whole.hexdigest()[:32]
+
+
+def _sharing(conn: Connection, digests: dict[str, list[str]]) -> list[str]:
+    """The names bound to at least one of `digests` (key id -> digests under that key)."""
+    found: set[str] = set()
+    for key_id, values in digests.items():
+        for start in range(0, len(values), _CHUNK):
+            chunk = values[start : start + _CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            found.update(
+                r[0]
+                for r in conn.execute(
+                    "SELECT DISTINCT dataset FROM document_records WHERE key_id = ? AND "
+                    f"digest IN ({marks})",
+                    (key_id, *chunk),
+                ).fetchall()
+            )
+    return sorted(found)
+
+
+def _legacy_sharing(conn: Connection, texts: list[str]) -> list[str]:
+    """Names bound before schema 10 (an unkeyed whole-collection digest) to these texts."""
+    legacy = conn.execute(
+        "SELECT 1 FROM document_sets WHERE fingerprint NOT LIKE ? LIMIT 1", (_KEYED + "%",)
+    ).fetchone()
+    if legacy is None:
+        return []
+    rows = conn.execute(
+        "SELECT dataset FROM document_sets WHERE fingerprint = ?", (documents_fingerprint(texts),)
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _first_bound(conn: Connection) -> dict[str, float]:
+    """Each bound name's time of first binding."""
+    rows = conn.execute("SELECT dataset, MIN(created_at) FROM document_sets GROUP BY dataset")
+    return {r[0]: float(r[1]) for r in rows.fetchall()}
+
+
+def _linked(conn: Connection, dataset: str) -> set[str]:
+    """The names `dataset` was admitted beside: found sharing records with it at a binding,
+    or (ledgers before schema 10) bound to the same whole collection."""
+    links = conn.execute("SELECT other FROM document_links WHERE dataset = ?", (dataset,))
+    same = conn.execute(
+        "SELECT b.dataset FROM document_sets a JOIN document_sets b "
+        "ON a.fingerprint = b.fingerprint WHERE a.dataset = ? AND b.dataset <> ?",
+        (dataset, dataset),
+    )
+    return {r[0] for r in links.fetchall()} | {r[0] for r in same.fetchall()}
+
+
 def _has_spent(conn: Connection, dataset: str) -> bool:
     """Whether `dataset` has a charge or per-document filters in the ledger."""
     return any(
@@ -287,7 +439,7 @@ _FIELD_ORDER = ("text", "document", "query", "label")
 
 
 def record_text(record: str | Mapping) -> str:
-    """The text a record is fingerprinted by: a string itself; a row, its non-empty values
+    """The text a record is bound by: a string itself; a row, its non-empty values
     in the order text, document, query, label (then any other key, sorted) joined by
     U+001F. A row {"text": t, "label": ""} is t, so a corpus answered from and the same
     texts generated from are the same documents; callers name a row's fields so."""
@@ -300,10 +452,8 @@ def record_text(record: str | Mapping) -> str:
 def bind_texts(
     ledger, dataset: str, records: list, *, guarantees_add_up: bool = False
 ) -> list[str]:
-    """`ledger.bind_documents` of the fingerprint of `records` (texts or rows,
-    `record_text`): what an entry point calls before its first charge to `dataset` (see
-    the module docstring)."""
-    texts = [record_text(r) for r in records]
+    """`ledger.bind_documents` of `records` (texts or rows, `record_text`): what an entry
+    point calls before its first charge to `dataset` (see the module docstring)."""
     return ledger.bind_documents(
-        dataset, documents_fingerprint(texts), len(texts), guarantees_add_up=guarantees_add_up
+        dataset, [record_text(r) for r in records], guarantees_add_up=guarantees_add_up
     )

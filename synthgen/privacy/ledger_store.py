@@ -22,11 +22,13 @@ Migration 6 adds two public text columns to ``scopes`` (NULL on existing rows): 
 (operator assertions the scope's guarantee rests on, `PrivacyLedger.note_scope`) and
 ``event_shape`` (the one event a scope's repeated release may charge,
 `PrivacyLedger.pin_event_shape`). Migration 9 adds ``document_sets``: the fingerprint of
-the documents each collection name guards (`ledger_documents`).
+the documents each collection name guards (`ledger_documents`); migration 10 its records,
+each a keyed digest, the ledger's secret keys and the names found to share records.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -107,6 +109,23 @@ def _document_sets(real: str) -> tuple[str, ...]:
     )
 
 
+def _document_records(real: str) -> tuple[str, ...]:
+    return (
+        # the ledger's secrets: each record of a collection is kept as a keyed digest
+        # (HMAC-SHA-256 under one of these), so only who holds the ledger can test whether
+        # a text is in a collection; a copied ledger brings its keys along
+        "CREATE TABLE IF NOT EXISTS ledger_keys (key_id TEXT PRIMARY KEY, "
+        f"secret TEXT NOT NULL, created_at {real} NOT NULL)",
+        # which records each collection name guards (one row per distinct record)
+        "CREATE TABLE IF NOT EXISTS document_records (dataset TEXT NOT NULL, "
+        "key_id TEXT NOT NULL, digest TEXT NOT NULL, PRIMARY KEY (dataset, key_id, digest))",
+        "CREATE INDEX IF NOT EXISTS document_records_digest ON document_records (key_id, digest)",
+        # pairs of names found to share at least one record when the later was bound
+        "CREATE TABLE IF NOT EXISTS document_links (dataset TEXT NOT NULL, "
+        f"other TEXT NOT NULL, created_at {real} NOT NULL, PRIMARY KEY (dataset, other))",
+    )
+
+
 # (version, statements) per dialect; append, never edit an applied one.
 MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
     "sqlite": (
@@ -127,6 +146,7 @@ MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
         (7, _document_filters("REAL")),
         (8, _document_charges("REAL")),
         (9, _document_sets("REAL")),
+        (10, _document_records("REAL")),
     ),
     "postgresql": (
         (
@@ -150,6 +170,7 @@ MIGRATIONS: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {
         (7, _document_filters("DOUBLE PRECISION")),
         (8, _document_charges("DOUBLE PRECISION")),
         (9, _document_sets("DOUBLE PRECISION")),
+        (10, _document_records("DOUBLE PRECISION")),
     ),
 }
 SCHEMA_VERSION = MIGRATIONS["sqlite"][-1][0]
@@ -165,6 +186,14 @@ class Connection:
         if self.dialect == "postgresql":
             sql = sql.replace("?", "%s")
         return self.raw.execute(sql, tuple(params))
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """`execute` of one statement for each of `rows` (psycopg pipelines them)."""
+        if self.dialect == "postgresql":
+            with self.raw.cursor() as cursor:
+                cursor.executemany(sql.replace("?", "%s"), [tuple(r) for r in rows])
+            return
+        self.raw.executemany(sql, [tuple(r) for r in rows])
 
 
 def redact_url(url: str) -> str:
@@ -228,6 +257,7 @@ class LedgerStore:
     def __init__(self, location: str | Path, *, timeout: float = 60.0) -> None:
         text = str(location)
         self.timeout = timeout
+        self.created = False  # whether this object created the ledger file (SQLite)
         if text.startswith(("postgresql://", "postgres://")):
             self.dialect, self.url, self.path = "postgresql", text, None
             self.identity = redact_url(text)
@@ -237,7 +267,13 @@ class LedgerStore:
             self.dialect, self.path = "sqlite", path
             self.url = f"sqlite:///{path}"
             self.identity = str(path.expanduser().resolve())
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path = path.expanduser()
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            try:  # a new ledger is the operator's private state: readable by its owner only
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                self.created = True
+            except FileExistsError:
+                pass
         self._migrate()
 
     # ---- connections --------------------------------------------------------------------

@@ -114,7 +114,7 @@ def test_answer_charges_then_refuses(tmp_path):
     assert group.epsilon > book.spent("*", "corpus").epsilon
     shown = _run("synthgen.cli", "ledger", "show", "--db", ledger)
     assert shown.returncode == 0, shown.stderr
-    assert "same 40 documents under 2 names (corpus, corpus-2)" in shown.stdout
+    assert "2 names share documents (corpus, corpus-2; up to 40 documents each)" in shown.stdout
     listed = _run("retriever.cli", "tenant", "list", "--ledger", ledger)
     assert "(corpus, corpus-2): their guarantees add up" in listed.stdout
 

@@ -2,9 +2,12 @@
 over documents another name has charged is refused unless the guarantees are meant to add
 up, and names over the same documents are grouped with their composed total."""
 
+import hashlib
+
 import pytest
 from dp_accounting import dp_event, pld
 
+from synthgen.privacy.events import EpsilonDeltaDpEvent
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_copy import copy_ledger
 from synthgen.privacy.ledger_documents import (
@@ -134,3 +137,118 @@ def test_a_copy_keeps_bindings_never_charged(tmp_path):
     copy_ledger(tmp_path / "a.db", tmp_path / "b.db")
     target = PrivacyLedger(tmp_path / "b.db")
     assert [g.datasets for g in target.document_groups()] == [("charged", "bound-only")]
+
+
+def _collection(n=30):
+    return [f"ticket {i}: the printer on floor {i % 7} jams" for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda texts: [*texts, "one more ticket"],  # appended
+        lambda texts: texts[1:],  # one removed (or a dedupe)
+        lambda texts: [texts[0] + " (edited)", *texts[1:]],  # one edited
+        lambda texts: [t.upper() for t in texts[:-1]] + texts[-1:],  # all but one rewritten
+    ],
+    ids=["added", "removed", "edited", "one-shared"],
+)
+def test_a_collection_that_differs_by_records_is_refused_and_grouped(tmp_path, change):
+    ledger = PrivacyLedger(tmp_path / "l.db")
+    texts = _collection()
+    bind_texts(ledger, "tickets", texts)
+    _charge(ledger, "tickets")
+    with pytest.raises(SharedDocumentsError, match="tickets") as refused:
+        bind_texts(ledger, "tickets-v2", change(texts))
+    assert "--dataset tickets" in str(refused.value)  # the same collection: keep one budget
+    assert ledger.document_groups() == []  # nothing written
+    assert bind_texts(ledger, "tickets-v2", change(texts), guarantees_add_up=True) == ["tickets"]
+    _charge(ledger, "tickets-v2")
+    (group,) = ledger.document_groups()
+    assert group.datasets == ("tickets", "tickets-v2")
+    assert group.epsilon > ledger.spent("t", "tickets").epsilon
+    # the same name over its grown collection needs no flag, and stays one group
+    assert bind_texts(ledger, "tickets", [*texts, "a new ticket"]) == ["tickets-v2"]
+    assert bind_texts(ledger, "elsewhere", ["nothing shared"]) == []
+
+
+def test_the_ledger_keeps_keyed_record_digests_only(tmp_path):
+    import sqlite3
+
+    texts = _collection(5)
+    tables = []
+    for name in ("a.db", "b.db"):
+        ledger = PrivacyLedger(tmp_path / name)
+        bind_texts(ledger, "tickets", texts)
+        with sqlite3.connect(tmp_path / name) as conn:
+            tables.append(
+                {
+                    "records": {r[0] for r in conn.execute("SELECT digest FROM document_records")},
+                    "sets": [r[0] for r in conn.execute("SELECT fingerprint FROM document_sets")],
+                }
+            )
+    assert len(tables[0]["records"]) == 5
+    assert not tables[0]["records"] & tables[1]["records"]  # another ledger, another key
+    unkeyed = {hashlib.sha256(t.encode()).hexdigest() for t in texts}
+    for table in tables:
+        assert not {d for d in table["records"] if any(u.startswith(d) for u in unkeyed)}
+        assert documents_fingerprint(texts) not in table["sets"]
+    assert (tmp_path / "a.db").stat().st_mode & 0o777 == 0o600  # the operator's only
+
+
+def test_a_binding_takes_one_constant_lock(tmp_path, monkeypatch):
+    ledger = PrivacyLedger(tmp_path / "l.db")
+    taken = []
+    original = ledger.store.scope_lock
+    monkeypatch.setattr(
+        ledger.store, "scope_lock", lambda name, *a: taken.append(name) or original(name, *a)
+    )
+    bind_texts(ledger, "a", ["one text"])
+    bind_texts(ledger, "b", ["another text entirely"])
+    assert len(set(taken)) == 1  # nothing derived from the records names a lock
+    assert documents_fingerprint(["one text"]) not in taken[0]
+
+
+def test_a_ledger_before_schema_10_still_refuses_its_whole_collections(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.db")
+    with ledger.store.write() as conn:  # what schema 9 wrote: the unkeyed whole digest
+        conn.execute(
+            "INSERT INTO document_sets (dataset, fingerprint, documents, created_at) "
+            "VALUES (?, ?, ?, ?)",
+            ("old", documents_fingerprint(TEXTS), len(TEXTS), 0.0),
+        )
+    _charge(ledger, "old")
+    with pytest.raises(SharedDocumentsError, match="old"):
+        bind_texts(ledger, "new", TEXTS)
+    bind_texts(ledger, "new", TEXTS, guarantees_add_up=True)
+    assert [g.datasets for g in ledger.document_groups()] == [("old", "new")]
+
+
+def test_a_group_never_states_less_than_one_of_its_names(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.db")
+    bind_texts(ledger, "strict", TEXTS)
+    ledger.ensure_scope(Scope("t", "strict", 50.0, 1e-6))
+    ledger.charge("t", "strict", stage="s", relation=AR, event=dp_event.GaussianDpEvent(1.0))
+    bind_texts(ledger, "loose", TEXTS, guarantees_add_up=True)
+    ledger.ensure_scope(Scope("t", "loose", 50.0, 1e-5))  # a larger delta cap, nothing spent
+    (group,) = ledger.document_groups()
+    assert group.delta == pytest.approx(1.1e-5)
+    # at the group's larger delta the Gaussian alone states less than "strict" does at 1e-6
+    assert group.epsilon >= ledger.spent("t", "strict").epsilon
+
+
+def test_an_infinite_group_total_says_why(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.db")
+    bind_texts(ledger, "facts", TEXTS)
+    ledger.ensure_scope(Scope("t", "facts", 50.0, 1e-6))
+    ledger.charge("t", "facts", stage="knowledge-release", relation=AR,
+                  event=EpsilonDeltaDpEvent(10.0, 1e-6))  # fmt: skip
+    bind_texts(ledger, "replace", TEXTS, guarantees_add_up=True)
+    ledger.ensure_scope(Scope("t", "replace", 50.0, 1e-6, relation="REPLACE_ONE"))
+    ledger.charge("t", "replace", stage="s", relation="REPLACE_ONE",
+                  event=dp_event.LaplaceDpEvent(1.0))  # fmt: skip
+    (group,) = ledger.document_groups()
+    assert group.epsilon == float("inf")
+    line = group.to_json()["line"]
+    assert "mix relations" in line and "replace" in line and "facts" in line
+    assert "1 + e^epsilon" in line
