@@ -100,9 +100,9 @@ class SharedDocumentsError(ValueError):
         one = len(others) == 1
         super().__init__(
             f"the documents of {dataset} share records with {names}, which "
-            f"{'has' if one else 'have'} already charged this ledger: charging them under "
-            f"another name adds its guarantee to {'its' if one else 'theirs'} (the shared "
-            f"documents lose both). If {dataset} is the same collection (a record added, "
+            f"{'has' if one else 'have'} already charged this ledger: what another name "
+            f"spends on them adds up with what {names} spent (the shared documents lose "
+            f"both). If {dataset} is the same collection (a record added, "
             f"removed or edited, a re-export), keep one budget with --dataset {keep}; if it "
             f"is another collection that merely shares records, give it its own name with "
             f"--dataset and pass {GUARANTEES_FLAG} to add up deliberately (`synthgen ledger "
