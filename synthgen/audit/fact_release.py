@@ -11,10 +11,25 @@ one-run bounds of Steinke et al. 2023 and Mahloujifar et al. 2024) turns the sco
 lower bound on epsilon at 95%, to be read against the release's claimed epsilon: a bound
 above the claim is a leak. No run with m canaries can certify more than the bound of a
 perfect attack (`statistical_cap`): when that cap is not above the claim, the bound can
-never exceed it, and the verdict is "inconclusive", not "no leak". A second test has power
+never exceed it, and the verdict is "inconclusive", not "no leak". The epsilon-count bound
+tests the card's own claim, (epsilon, delta)-DP; the f-DP bound tests a Gaussian mechanism's
+trade-off curve at that (epsilon, delta), a stronger claim, and its cap is higher (500
+canaries, delta 1e-6: 4.10 and 8.20). A verdict that rests on the f-DP bound alone, a claim
+between the two caps or a bound only the f-DP one exceeds, says so. A second test has power
 at any epsilon: the card says a pair one record states is released with probability at most
 delta / 2K, so an included canary released at all is a leak when that is unlikely for the
 included canaries together (`card_check_p`).
+
+Two kinds of canary test the per-record bounds the card rests on: a record contributes each
+pair once and at most K pairs. Every other canary states its pair `repeats` times (the
+release's `records_needed(0.99)`, at most `MAX_REPEATS`): deduplicated it is one statement,
+as likely released as any single record's pair; counted once per statement it is released
+almost surely, and the card check sees it (`repeated_released`). Over-K canaries, planted in
+every run, come in `OVER_K_GROUPS` groups of `repeats` records; each record states K pairs of
+its own names first, then a pair its group shares, past its K-th pair. No record contributes
+a shared pair, so a release that keeps to K releases none, ever; one that lets a record
+contribute past K releases a group's pair almost surely: a released pair naming a shared
+name is a leak (`beyond_k_released`), with no false alarm.
 
 Privacy:
   The audit is itself a release of the collection (plus canaries) at the same (epsilon,
@@ -42,11 +57,20 @@ _TEMPLATES = (
     "{b} makes the {a}.",
     "The {a} lives in the {b}.",
 )
+MAX_REPEATS = 200  # most statements of a repeated canary's pair, and records of a group
+OVER_K_GROUPS = 3  # groups of over-K canaries: each missed with probability 0.01 at most
 
 
 @dataclasses.dataclass(frozen=True)
 class AuditResult:
-    """Scores of the included and excluded canaries, the bound, and the claim it tests."""
+    """Scores of the included and excluded canaries, the bounds, and the claim they test.
+
+    ``epsilon_cap`` is the larger of the two caps (the f-DP one), ``epsilon_cap_count`` the
+    epsilon-count bound's. ``repeats``: statements of the pair in every other canary, and
+    records in each over-K group; ``repeated_released``: included repeated canaries
+    released; ``beyond_k_released``: released pairs naming a name that over-K canaries
+    state only past their K-th pair (0 for a release that keeps to K).
+    """
 
     claimed_epsilon: float
     delta: float
@@ -59,26 +83,50 @@ class AuditResult:
     excluded_released: int
     epsilon_cap: float
     card_check_p: float
+    epsilon_cap_count: float
+    repeats: int
+    repeated_released: int
+    over_k_records: int
+    beyond_k_released: int
 
     @property
     def leak(self) -> bool:
         """The release is not what its card says: a bound exceeds the claim (each at 95%,
-        so up to about 10% false alarms together), or included canaries were released
-        more often than the card's single-record probability allows (p < 0.05)."""
+        so up to about 10% false alarms together), included canaries were released more
+        often than the card's single-record probability allows (p < 0.05), or a pair no
+        record contributes within its K was released (certain)."""
         bound = max(self.epsilon_lower_bound, self.epsilon_lower_bound_fdp)
-        return bound > self.claimed_epsilon or self.card_check_p < 0.05
+        return (
+            bound > self.claimed_epsilon or self.card_check_p < 0.05 or self.beyond_k_released > 0
+        )
 
     @property
     def verdict(self) -> str:
-        """ "leak", "no leak found", or "inconclusive" (the bounds could not exceed the
-        claim with this many canaries, and the card check saw nothing)."""
-        if self.leak:
+        """ "leak", "no leak found" or "inconclusive" (the bounds could not exceed the claim
+        with this many canaries, and the card checks saw nothing); a verdict that rests on
+        the f-DP bound alone says so, and that it tests a stronger claim than the card's."""
+        claim = self.claimed_epsilon
+        fdp_only = (
+            "by the f-DP bound alone, which tests a Gaussian mechanism's trade-off curve at "
+            "this (epsilon, delta): a stronger claim than the card's (epsilon, delta)-DP"
+        )
+        if self.card_check_p < 0.05 or self.beyond_k_released or self.epsilon_lower_bound > claim:
             return "leak"
-        return "inconclusive" if self.epsilon_cap <= self.claimed_epsilon else "no leak found"
+        if self.epsilon_lower_bound_fdp > claim:
+            return f"leak ({fdp_only}; the card's own claim is not shown broken)"
+        if self.epsilon_cap <= claim:
+            return "inconclusive"
+        if self.epsilon_cap_count <= claim:
+            return (
+                f"no leak found ({fdp_only}; the epsilon-count bound, which tests the card's "
+                f"claim, cannot exceed {claim:g} with {self.canaries} canaries: its cap is "
+                f"{self.epsilon_cap_count:.3g})"
+            )
+        return "no leak found"
 
 
-def make_canaries(count: int, rng: np.random.Generator, avoid: set[str]) -> list[str]:
-    """`count` canary records, each a fact about two invented names found nowhere else."""
+def _namer(rng: np.random.Generator, avoid: set[str]) -> Callable[[], str]:
+    """Invented two-word names, none in `avoid` (each one added to it)."""
 
     def word() -> str:
         while True:
@@ -91,11 +139,38 @@ def make_canaries(count: int, rng: np.random.Generator, avoid: set[str]) -> list
                 avoid.add(w.lower())
                 return w
 
+    return lambda: f"{word()} {word()}"
+
+
+def make_canaries(
+    count: int, rng: np.random.Generator, avoid: set[str], repeats: int = 1
+) -> list[str]:
+    """`count` canary records, each a fact about two invented names found nowhere else;
+    every other one (odd positions) states its fact `repeats` times."""
+    name = _namer(rng, avoid)
     out = []
     for i in range(count):
-        template = _TEMPLATES[i % len(_TEMPLATES)]
-        out.append(template.format(a=f"{word()} {word()}", b=f"{word()} {word()}"))
+        sentence = _TEMPLATES[i % len(_TEMPLATES)].format(a=name(), b=name())
+        out.append(" ".join([sentence] * (repeats if i % 2 else 1)))
     return out
+
+
+def make_over_k_canaries(
+    groups: int, size: int, max_pairs: int, rng: np.random.Generator, avoid: set[str]
+) -> tuple[list[str], set[str]]:
+    """`groups` x `size` records, each stating `max_pairs` pairs of its own invented names,
+    then its group's shared pair (past its K-th pair: `record_pairs` takes a sentence's
+    pairs before the next sentence's). Returns the records and the shared names."""
+    name = _namer(rng, avoid)
+    records, shared = [], set()
+    for _ in range(groups):
+        a, b = name(), name()
+        shared |= {a, b}
+        for _ in range(size):
+            own = [name() for _ in range(max_pairs + 1)]  # K + 1 names: K adjacent pairs
+            met = own[1] if len(own) == 2 else f"{', '.join(own[1:-1])} and {own[-1]}"
+            records.append(f"{own[0]} met {met}. {a} grew up in {b}.")
+    return records, shared
 
 
 def canary_scores(canaries: Sequence[str], pairs: dict[str, float]) -> np.ndarray:
@@ -123,6 +198,9 @@ def audit_fact_release(
 ) -> AuditResult:
     """Plants canaries, runs the release once, and bounds its epsilon from the canaries.
 
+    Besides the m coin-flipped canaries (every other one stating its pair `repeats` times),
+    ``OVER_K_GROUPS * repeats`` over-K canaries are always planted (module docstring).
+
     Args:
       texts: the user's private records.
       config: the release's settings (its epsilon is the claim tested).
@@ -143,9 +221,14 @@ def audit_fact_release(
         raise ValueError(f"an audit needs at least 10 canaries, {canaries=}")
     names_rng, coins_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     avoid = {w.lower() for t in texts for s in record_phrases(t) for p in s for w in p.split()}
-    planted = make_canaries(canaries, names_rng, avoid)
+    plan = plan_facts(config, len(texts))  # public: records_needed reads epsilon, delta, K
+    repeats = min(plan.records_needed(0.99), MAX_REPEATS)
+    planted = make_canaries(canaries, names_rng, avoid, repeats=repeats)
     included = coins_rng.random(canaries) < 0.5
-    audited = [*texts, *(c for c, keep in zip(planted, included, strict=True) if keep)]
+    over_k, shared = make_over_k_canaries(
+        OVER_K_GROUPS, repeats, config.max_pairs, names_rng, avoid
+    )
+    audited = [*texts, *(c for c, keep in zip(planted, included, strict=True) if keep), *over_k]
     if release is None:
         pairs = release_facts(audited, config).pairs
     else:
@@ -156,8 +239,11 @@ def audit_fact_release(
         significance=significance,
     )  # fmt: skip
     released_in = int((scores[included] > 0).sum())
+    repeated = np.arange(canaries) % 2 == 1
     single = plan_facts(config, len(audited)).singleton_probability  # the card's figure
-    cap = max(statistical_cap(int(included.sum()), int((~included).sum()), delta=config.delta))
+    cap_count, cap_fdp = statistical_cap(
+        int(included.sum()), int((~included).sum()), delta=config.delta
+    )
     return AuditResult(
         claimed_epsilon=config.epsilon,
         delta=config.delta,
@@ -168,6 +254,11 @@ def audit_fact_release(
         auroc=stats.auroc,
         included_released=released_in,
         excluded_released=int((scores[~included] > 0).sum()),
-        epsilon_cap=float(cap),
+        epsilon_cap=float(max(cap_count, cap_fdp)),
         card_check_p=float(binom.sf(released_in - 1, int(included.sum()), min(1.0, single))),
+        epsilon_cap_count=float(cap_count),
+        repeats=repeats,
+        repeated_released=int((scores[included & repeated] > 0).sum()),
+        over_k_records=len(over_k),
+        beyond_k_released=sum(any(p in shared for p in split_pair(k)) for k in pairs),
     )
