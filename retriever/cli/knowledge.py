@@ -245,7 +245,7 @@ def audit(
             f"{result.epsilon_lower_bound_fdp:.3g}) at 95% against the claim "
             f"{result.claimed_epsilon:g}, at most {result.epsilon_cap:.3g} with this many "
             f"canaries; the card's single-record check p = {result.card_check_p:.3g}: "
-            f"{result.verdict.upper()}"
+            f"{_shout_verdict(result.verdict)}"
         )
         if result.verdict == "inconclusive":
             print(
@@ -361,3 +361,11 @@ def answer(
         return
     print(result["answer"])
     print(f"(charged nothing: {result['statement']})", file=sys.stderr)
+
+
+def _shout_verdict(verdict: str) -> str:
+    """The verdict's keyword in capitals, its explanation as written."""
+    for keyword in ("no leak found", "inconclusive", "leak"):
+        if verdict.startswith(keyword):
+            return keyword.upper() + verdict[len(keyword) :]
+    return verdict

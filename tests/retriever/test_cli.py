@@ -245,3 +245,12 @@ def test_every_command_that_binds_documents_accepts_what_its_refusal_suggests():
     for command in binding:
         options = {opt for param in command.params for opt in getattr(param, "opts", [])}
         assert suggested <= options, (command.name, suggested - options)
+
+
+def test_an_audit_verdict_shouts_its_keyword_only():
+    from retriever.cli.knowledge import _shout_verdict
+
+    assert _shout_verdict("no leak found (by the f-DP bound alone)") == (
+        "NO LEAK FOUND (by the f-DP bound alone)"
+    )
+    assert _shout_verdict("leak") == "LEAK" and _shout_verdict("inconclusive") == "INCONCLUSIVE"
