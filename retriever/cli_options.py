@@ -216,3 +216,28 @@ def check_existing_ledger(ledger: str) -> None:
             "...` (a mistyped path would start an empty one)",
             param_hint="'--ledger'",
         )
+
+
+def announce_answers(
+    ledger,
+    dataset: str,
+    *,
+    epsilon: float,
+    delta: float,
+    documents: int,
+    document_target: tuple[float, float] | None = None,
+) -> None:
+    """`retriever answer` and `serve`, once admitted: the ledger that holds the answers'
+    charges (`synthgen.privacy.notices`), and a warning for each weak guarantee stated:
+    the per-answer one, and the collection's (its collection cap, or each document's
+    target in individual accounting) over n = `documents`."""
+    from synthgen.privacy.notices import announce_ledger, warn_weak_guarantee
+
+    announce_ledger(ledger, dataset)
+    warn_weak_guarantee(epsilon, delta, documents, what="per answer")
+    if document_target is not None:
+        warn_weak_guarantee(*document_target, documents, what="per document")
+        return
+    cap = ledger.collection_scope(dataset)
+    if cap is not None:
+        warn_weak_guarantee(cap.epsilon_cap, cap.delta_cap, documents, what="collection cap")

@@ -295,7 +295,7 @@ def train_retriever(
     }
     if out_dir is not None:
         work = Path(work_dir) if work_dir is not None else default_work_dir(out_dir)
-        manager = TrainCheckpoints(private_folder(work) / CHECKPOINTS)
+        manager = TrainCheckpoints(private_folder(private_folder(work) / CHECKPOINTS))
         restored = manager.restore_latest(params, opt_state)
         if restored is not None:
             if {k: restored.meta.get(k) for k in run_meta} != run_meta:

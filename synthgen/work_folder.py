@@ -45,11 +45,26 @@ CHECKPOINTS = "checkpoints"
 def private_folder(path: str | Path) -> Path:
     """Creates `path` if needed and makes it readable by its owner only (mode 0700).
 
-    Every private work folder (training resume state, audit records) goes through here: an
-    existing folder gets its mode tightened too, which `mkdir(mode=...)` alone would not do.
+    Every private work folder (training resume state, audit records) goes through here.
+    Each folder it creates, the missing parents too, is created with mode 0700 (never
+    readable by others, not even for a moment: `mkdir(parents=True, mode=...)` would give
+    the parents the umask's mode); `path` itself is made 0700 when it existed already, and
+    parents that existed are left as they were.
     """
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    missing = []
+    folder = path
+    while not folder.is_dir() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            if not folder.is_dir():
+                raise
+            continue  # made by another process meanwhile: not ours to change (but `path`)
+        os.chmod(folder, 0o700)  # mkdir's mode is masked by the umask
     os.chmod(path, 0o700)
     return path
 
@@ -81,8 +96,9 @@ class WorkFolder:
         return self.path / CHECKPOINTS
 
     def create(self) -> None:
-        """Creates the folder, readable by its owner only."""
+        """Creates the folder and its checkpoints folder, readable by their owner only."""
         private_folder(self.path)
+        private_folder(self.checkpoints)
 
     def charge_record(self) -> dict | None:
         """The recorded charge of the run, or None before it was first charged."""

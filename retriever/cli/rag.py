@@ -23,6 +23,7 @@ from retriever.cli_options import (
     PrivateCorpusOption,
     RelevanceThresholdOption,
     RetrievalOption,
+    announce_answers,
     check_accounting,
     check_collection_paths,
 )
@@ -265,6 +266,14 @@ def answer(
         document_target=(document_epsilon, document_delta) if individual else None,
         encoder_assertion=assertion,
         guarantees_add_up=guarantees_add_up,
+    )
+    announce_answers(
+        book,
+        dataset,
+        epsilon=plan.epsilon,
+        delta=plan.delta,
+        documents=collection.documents,
+        document_target=(document_epsilon, document_delta) if individual else None,
     )
     model, prompt = _load_lm(lm)
     rag = load_dprag(

@@ -32,6 +32,7 @@ from retriever.cli_options import (
     ReplicasOption,
     RetrievalOption,
     ServedLmOption,
+    announce_answers,
     check_accounting,
     check_accounting_mode,
     check_collection_paths,
@@ -204,6 +205,14 @@ def serve(
         reuse_answers=None if reuse_answers == "off" else reuse_answers,
         document_cache=document_cache,
         retrieval=retrieval,
+    )
+    announce_answers(
+        service.ledger,
+        service.dataset,
+        epsilon=answer_epsilon,
+        delta=delta,
+        documents=len(service.replicas[0].doc_ids),
+        document_target=document_target,
     )
     serve(service, host=host, port=port)
 

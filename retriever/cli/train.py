@@ -143,6 +143,7 @@ def train_dp(
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.ledger_documents import bind_texts
     from synthgen.privacy.ledger_types import Scope
+    from synthgen.privacy.notices import announce_ledger, warn_weak_guarantee
 
     if noise_multiplier is not None:
         epsilon = None
@@ -170,6 +171,8 @@ def train_dp(
     pairs = [{"document": texts[row_of[str(r["doc_id"])]], "query": r["query"]} for r in rows]
     bind_texts(book, scope[1], pairs, guarantees_add_up=guarantees_add_up)
     book.ensure_scope(Scope(*scope, plan.epsilon, plan.delta, relation=plan.relation))
+    announce_ledger(book, scope[1])
+    warn_weak_guarantee(plan.epsilon, plan.delta, len(rows))
     work = work_dir if work_dir is not None else default_work_dir(out, book.path)
     result = train_retriever_dp(
         load_encoder(encoder),

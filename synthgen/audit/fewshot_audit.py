@@ -463,8 +463,7 @@ def run_fewshot_audit(
     rows = list(private_rows) + canary_rows(drawn, text_field, canary_fields)
     runs = [run_plan(rows, targets, template, config, e, pool_field) for e in epsilons]
 
-    scores_dir = work / SCORES
-    scores_dir.mkdir(exist_ok=True)
+    scores_dir = private_folder(work / SCORES)
     ppl = score_canaries(
         lm,
         rows,
@@ -478,8 +477,7 @@ def run_fewshot_audit(
         draws=draws,
         rng=draw_rng,
     )
-    texts_dir = work / TEXTS
-    texts_dir.mkdir(exist_ok=True)
+    texts_dir = private_folder(work / TEXTS)
     results = []
     for epsilon, (run_config, plan), run_ppl, gen_rng in zip(
         epsilons, runs, ppl, generate_rng.spawn(len(runs)), strict=True

@@ -106,6 +106,7 @@ def generate_docs_pe(
     from synthgen.privacy.ledger_documents import bind_texts
     from synthgen.privacy.ledger_types import Scope
     from synthgen.privacy.nn_histogram import RELATION
+    from synthgen.privacy.notices import announce_ledger, warn_weak_guarantee
 
     if (epsilon is None) == (noise is None):
         raise typer.BadParameter("give one of --epsilon and --noise")
@@ -137,6 +138,8 @@ def generate_docs_pe(
     ledger_obj.ensure_scope(Scope(tenant, name, budget if budget is not None else plan.epsilon,
                                   plan.delta))  # fmt: skip
     ledger_obj.check(tenant, name, stage="evolution", event=plan.event, relation=RELATION)
+    announce_ledger(ledger_obj, name)
+    warn_weak_guarantee(plan.epsilon, plan.delta, plan.public_size)  # N declared, public
     if seed is not None:
         print(SEED_WARNING, file=sys.stderr)
     texts = list(rows[text_field])

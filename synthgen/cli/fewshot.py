@@ -36,6 +36,7 @@ from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
 from synthgen.paths import default_ledger_path
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
+from synthgen.privacy.notices import announce_ledger, warn_weak_guarantee
 
 PoolSizeOption = Annotated[
     int,
@@ -102,6 +103,9 @@ def _ledger(
     cap = budget if budget is not None else plan.epsilon
     ledger_obj.ensure_scope(Scope(tenant, name, cap, plan.delta))
     ledger_obj.check(tenant, name, stage="fewshot-generate", event=plan.event, relation=RELATION)
+    announce_ledger(ledger_obj, name)
+    # n: the declared public figure the plan's delta bound uses (never the private count)
+    warn_weak_guarantee(plan.epsilon, plan.delta, plan.public_pool_size * plan.pools)
     return ledger_obj
 
 

@@ -21,6 +21,7 @@ from synthgen.paths import default_ledger_path, default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_documents import bind_texts
 from synthgen.privacy.ledger_types import Scope
+from synthgen.privacy.notices import announce_ledger, warn_weak_guarantee
 
 # jax, flax and datasets are imported inside the commands so that `synthgen --help` and
 # the calculators start fast.
@@ -104,6 +105,8 @@ def train_generator(
         bind_texts(ledger_obj, scope_name, pairs_read, guarantees_add_up=guarantees_add_up)
         cap = budget if budget is not None else max(plan.epsilon, 1e-6)
         ledger_obj.ensure_scope(Scope(tenant, scope_name, cap, plan.delta, relation=plan.relation))
+        announce_ledger(ledger_obj, scope_name)
+        warn_weak_guarantee(plan.epsilon, plan.delta, len(rows))
     else:
         print(
             "warning: --noise-multiplier 0 is a NON-private run (epsilon = infinity); "

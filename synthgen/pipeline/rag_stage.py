@@ -52,6 +52,18 @@ def _check_accounting_unchanged(ledger, individual: bool) -> None:
         )
 
 
+def _tell(ctx: StageContext, ledger, stated, records: int) -> None:
+    """Logs which ledger holds the collection's charges, and a warning for each weak
+    guarantee among `stated` ((epsilon, delta, what) over `records` records)."""
+    from synthgen.privacy.notices import guarantee_lines, ledger_lines
+
+    lines = ledger_lines(ledger, RAG_DATASET, option=None)
+    for epsilon, delta, what in stated:
+        lines += guarantee_lines(epsilon, delta, records, what=what)
+    for line in lines:
+        ctx.log("rag", line)
+
+
 def release_and_answer(ctx: StageContext, world, questions) -> dict:
     """Release mode: the collection's knowledge released once, then every question is
     ordinary RAG over the release (greedy, one synthetic record read: `retriever.rag.
@@ -81,6 +93,7 @@ def release_and_answer(ctx: StageContext, world, questions) -> dict:
     cfg = ctx.config.rag
     ledger = PrivacyLedger(ctx.run.ledger)
     open_run_scope(ledger, Scope("release", RAG_DATASET, cfg.release_epsilon, cfg.delta_cap))
+    _tell(ctx, ledger, [(cfg.release_epsilon, cfg.delta_cap, None)], len(world.records))
     config = KnowledgeConfig(  # the medical world: its fields, as measured on it
         epsilon=cfg.release_epsilon, delta=cfg.delta_cap, fields=MEDICAL_FIELDS,
         field_values=MEDICAL_FIELD_VALUES, public_example=MEDICAL_PUBLIC_EXAMPLE,
@@ -202,6 +215,12 @@ def answer_questions(ctx: StageContext) -> dict:
             plan=plan_answer(rag_config, mechanism, cfg.epsilon),
         )
     open_run_scope(ledger, Scope(tenant, RAG_DATASET, cfg.epsilon_cap, cfg.delta_cap))
+    stated = [(cfg.epsilon, cfg.delta, "per answer")]
+    if cfg.individual:
+        stated.append((cfg.document_epsilon, cfg.document_delta, "per document"))
+    else:
+        stated.append((cfg.epsilon_cap, cfg.delta_cap, "scope cap"))
+    _tell(ctx, ledger, stated, len(world.records))
     question_encoder, doc_encoder = load_towers(encoder)
     texts = [r.text for r in world.records]
     embeddings = doc_encoder.encode(texts, max_len=128, progress=ctx.progress)

@@ -20,6 +20,7 @@ import numpy as np
 from synthgen.corpora import read_jsonl
 from synthgen.pipeline.context import StageContext, fingerprints
 from synthgen.pipeline.stage_shards import finished_shards, remove_shards
+from synthgen.work_folder import private_folder
 
 
 def train_stage(ctx: StageContext) -> dict:
@@ -81,7 +82,7 @@ def train_stage(ctx: StageContext) -> dict:
             [r["document"] for r in real],
             rconfig,
             doc_ids=[r["doc_id"] for r in real],
-            out_dir=ctx.run.private / "real_encoder",
+            out_dir=private_folder(ctx.run.private / "real_encoder"),  # owner only
             provenance=provenance.real_data(
                 num_pairs=len(real), description="real train pairs (the real-data upper bound)"
             ),

@@ -29,6 +29,7 @@ from synthgen.pipeline.context import (
     open_run_scope,
 )
 from synthgen.pipeline.stage_shards import finished_shards, remove_shards
+from synthgen.work_folder import private_folder
 
 PAIRS_DATASET = "train-pairs"
 
@@ -53,6 +54,7 @@ def data_stage(ctx: StageContext) -> dict:
         wiki, test_fraction=cfg.test_fraction, seed=ctx.config.seed
     )
     root, private = ctx.run.root, ctx.run.private
+    private_folder(private / "data")  # owner only, as every folder of the private tree
     _write_jsonl(
         root / "data" / "corpus.jsonl",
         ({"doc_id": r["doc_id"], "text": r["document"], "title": r["title"]} for r in wiki),
@@ -82,6 +84,16 @@ def _pairs_scope(ctx: StageContext, n: int, relation: str, delta: float):
     return ledger, (privacy.tenant, PAIRS_DATASET)
 
 
+def _tell(ctx: StageContext, ledger, epsilon: float, delta: float, n: int) -> None:
+    """Logs which ledger holds the pairs' charge, and a warning for a weak guarantee
+    (`synthgen.privacy.notices`)."""
+    from synthgen.privacy.notices import guarantee_lines, ledger_lines
+
+    lines = ledger_lines(ledger, PAIRS_DATASET, option=None)
+    for line in lines + guarantee_lines(epsilon, delta, n):
+        ctx.log("generate", line)
+
+
 def _querygen_plan(ctx: StageContext, n: int):
     from synthgen import dp_train
 
@@ -93,6 +105,8 @@ def _querygen_plan(ctx: StageContext, n: int):
 def generate_precheck(ctx: StageContext) -> None:
     """Refuses a new generate run whose charge would not fit the pairs' scope, before the
     runner removes the previous release (a refused request changes nothing)."""
+    from synthgen.privacy.notices import new_ledger_warning
+
     path = ctx.run.private / "data" / "train_pairs.jsonl"
     if not path.is_file():
         return
@@ -100,13 +114,18 @@ def generate_precheck(ctx: StageContext) -> None:
     if ctx.config.generate.kind == "querygen":
         _, plan, delta = _querygen_plan(ctx, len(pairs))
         ledger, scope = _pairs_scope(ctx, len(pairs), plan.relation, delta)
-        ledger.check(*scope, stage="dp-train", event=plan.event, relation=plan.relation)
-        return
-    from synthgen import fewshot
+        stage, relation = "dp-train", plan.relation
+    else:
+        from synthgen import fewshot
 
-    _, _, plan, delta = _fewshot_plan(ctx, pairs)
-    ledger, scope = _pairs_scope(ctx, len(pairs), fewshot.RELATION, delta)
-    ledger.check(*scope, stage="fewshot-generate", event=plan.event, relation=fewshot.RELATION)
+        _, _, plan, delta = _fewshot_plan(ctx, pairs)
+        ledger, scope = _pairs_scope(ctx, len(pairs), fewshot.RELATION, delta)
+        stage, relation = "fewshot-generate", fewshot.RELATION
+    ledger.check(*scope, stage=stage, event=plan.event, relation=relation)
+    # the first to open a fresh run's ledger: the stage itself then names its location
+    warning = new_ledger_warning(ledger, PAIRS_DATASET, option=None)
+    if warning:
+        ctx.log("generate", warning)
 
 
 def _fewshot_plan(ctx: StageContext, pairs: list[dict]):
@@ -149,7 +168,6 @@ def _sampling_seed(ctx: StageContext) -> int:
     import secrets
 
     from synthgen.run_seed import SEED_BITS
-    from synthgen.work_folder import private_folder
 
     path = ctx.run.private / "work" / "generate-sampling" / "seed.json"
     if path.is_file():
@@ -225,6 +243,7 @@ def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
     n = len(pairs)
     config, plan, delta = _querygen_plan(ctx, n)
     ledger, scope = _pairs_scope(ctx, n, plan.relation, delta)
+    _tell(ctx, ledger, plan.epsilon, delta, n)
     ctx.log(
         "generate",
         f"DP fine-tuning {config.base} ({config.family}, LoRA rank {config.lora_rank}) on {n} "
@@ -328,6 +347,7 @@ def _fewshot(ctx: StageContext, pairs: list[dict]) -> dict:
     cfg = ctx.config.generate
     private, targets, plan, delta = _fewshot_plan(ctx, pairs)
     ledger, scope = _pairs_scope(ctx, len(pairs), fewshot.RELATION, delta)
+    _tell(ctx, ledger, plan.epsilon, delta, plan.public_pool_size * plan.pools)  # declared N
     ctx.log(
         "generate",
         f"DP few-shot queries with {cfg.fewshot_model}: epsilon={plan.epsilon:.3f} "
