@@ -130,6 +130,7 @@ def build_knowledge(
     from synthgen.knowledge.release import CHARGE_FILE
     from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope
     from synthgen.privacy.ledger_documents import GUARANTEES_FLAG, bind_texts
+    from synthgen.privacy.notices import announce_ledger, warn_weak_guarantee
     from synthgen.work_folder import private_folder
 
     out = Path(out).absolute()
@@ -162,6 +163,8 @@ def build_knowledge(
         )
     bind_texts(book, dataset, texts, guarantees_add_up=guarantees_add_up)
     book.ensure_scope(Scope(RELEASE_TENANT, dataset, config.epsilon, config.delta))
+    announce_ledger(book, dataset)
+    warn_weak_guarantee(config.epsilon, config.delta, len(texts))
     from synthgen.knowledge.facts import FactConfig
 
     if isinstance(config, FactConfig):
