@@ -144,6 +144,7 @@ def build_knowledge(
     doc_ids, texts = read_corpus(private_corpus)
     if not texts:
         raise ValueError(f"{private_corpus} holds no document")
+    named = dataset is not None
     dataset = dataset or Path(private_corpus).stem
     private_folder(work)
     ledger_location = ledger or str(work / "ledger.sqlite")
@@ -155,11 +156,13 @@ def build_knowledge(
     resuming = charged and not (work / PRIVATE_FILE).is_file()
     released = {s.dataset for s in book.scopes() if s.tenant == RELEASE_TENANT}
     if dataset in released and book.charges(RELEASE_TENANT, dataset) and not resuming:
+        other = "" if named else f" (by default a collection is named by its file: {dataset})"
         raise BudgetExceededError(  # one release per collection
             f"{dataset} was already released from this ledger ({ledger_location}): a second "
-            "release would compose with the first. Release other settings only deliberately, "
-            f"under another name with {GUARANTEES_FLAG}: the documents then lose both "
-            "guarantees, and `synthgen ledger show` totals them"
+            f"release would compose with the first. If this is another collection{other}, "
+            "give it its own name with --dataset NAME. Release other settings of the same "
+            f"documents only deliberately, under another name with {GUARANTEES_FLAG}: the "
+            "documents then lose both guarantees, and `synthgen ledger show` totals them"
         )
     bind_texts(book, dataset, texts, guarantees_add_up=guarantees_add_up)
     book.ensure_scope(Scope(RELEASE_TENANT, dataset, config.epsilon, config.delta))

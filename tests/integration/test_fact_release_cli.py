@@ -108,11 +108,22 @@ def test_a_second_release_of_the_same_documents_adds_up_only_deliberately(world)
     again = release("again")
     assert again.returncode == 1 and "already released" in again.stderr
     assert "--guarantees-add-up" in again.stderr
+    # the name came from the file: another collection in a corpus.jsonl is told to rename
+    assert "named by its file: corpus" in again.stderr and "--dataset NAME" in again.stderr
     renamed = release("renamed", "--dataset", "corpus-2")
     assert renamed.returncode == 1 and "--dataset corpus" in renamed.stderr
     assert not (root / "renamed").exists()
     book = PrivacyLedger(str(ledger))
     assert {s.dataset for s in book.scopes()} == {"corpus"}  # nothing opened for the new name
+    # one record appended (an append-only collection, re-exported): it shares records
+    grown = root / "grown.jsonl"
+    extra = json.dumps({"doc_id": "appended-1", "text": "One more note, filed today."})
+    grown.write_text(world["corpus"].read_text().rstrip("\n") + "\n" + extra + "\n")
+    appended = cli("knowledge", "release", "--private-corpus", grown, "--ledger", ledger,
+                   "--work", root / "work-grown", "--out", root / "grown", "--epsilon", 5,
+                   check=False)  # fmt: skip
+    assert appended.returncode == 1 and "share records with corpus" in appended.stderr
+    assert "--dataset corpus" in appended.stderr and not (root / "grown").exists()
     added = release("renamed", "--dataset", "corpus-2", "--guarantees-add-up")
     assert added.returncode == 0, added.stderr
     (group,) = book.document_groups()
