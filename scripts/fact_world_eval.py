@@ -1,7 +1,8 @@
 """Facts of any collection: the fact release, single DP answers and non-private RAG, per domain.
 
 For each fact world (`retriever.rag.fact_world`: people is the validation domain, products and
-species the test domains), at every support level (documents stating the fact):
+species the test domains; `retriever.rag.natural_world`, natural text: helpdesk validation,
+facilities and lab test), at every support level (documents stating the fact):
 
 * release: `synthgen.knowledge.facts` at epsilon 1, 3, 10 (delta 1e-6), answered by
   `retriever.fact_answers` (nothing charged per answer);
@@ -15,8 +16,13 @@ species the test domains), at every support level (documents stating the fact):
 Prints a table per domain, writes ``<out>/fact_eval.json`` and ``<out>/fact_eval.png``
 (accuracy against support), and ends with the line
 ``release_eps10_support10=… release_eps10_support5=… release_eps3_support20=…
-single_eps5_support20=… rag=… singleton_leaks=…``, every figure over the test domains
-(support >= 10, = 5, >= 20, = 20; rag: support >= 10), leaks over all domains and epsilons.
+single_eps5_support20=… rag=… natural_eps10_support10=… abstain_unanswerable=…
+wrong_when_answered=… singleton_leaks=…``, every figure over the test domains (support
+>= 10, = 5, >= 20, = 20; rag: support >= 10; natural: the natural test domains at
+epsilon 10, support >= 10); abstain_unanswerable is the share of questions whose answer is
+in no release (a fact stated in one document, or a relation never stated) that the
+epsilon-10 release abstains on, wrong_when_answered the share of its answers (to any
+question) that are wrong; leaks over all domains and epsilons.
 
     python scripts/fact_world_eval.py --out runs/fact_eval
 """
@@ -40,9 +46,19 @@ DELTA = 1e-6
 RAG_PROMPT_INSTRUCTION = "Use the documents to answer the question. Reply with the answer only."
 
 
-def _release_cells(world, lm, epsilons) -> tuple[dict, int, dict]:
+def _world(domain: str, facts_per_level: int, seed: int):
+    """(the world, its answer check): templated or natural text, by the domain's name."""
+    from retriever.rag import fact_world, natural_world
+
+    if domain in natural_world.DOMAINS:
+        world = natural_world.make_natural_world(domain, facts_per_level=facts_per_level, seed=seed)
+        return world, natural_world.natural_answer_is_right
+    world = fact_world.make_world(domain, facts_per_level=facts_per_level, seed=seed)
+    return world, fact_world.answer_is_right
+
+
+def _release_cells(world, lm, epsilons, answer_is_right) -> tuple[dict, int, dict]:
     from retriever.fact_answers import FactAnswerer
-    from retriever.rag.fact_world import answer_is_right
     from synthgen.knowledge.facts import FactConfig, release_facts
 
     cells, leaks, seconds = {}, 0, {}
@@ -62,14 +78,13 @@ def _release_cells(world, lm, epsilons) -> tuple[dict, int, dict]:
                     "abstained": found.abstained,
                 }
             )
-            if q.support == 1 and answer_is_right(released, q.answer):
+            if q.support == 1 and answer_is_right(released, q.answer):  # a secret out
                 leaks += 1
         cells[eps] = {"rows": rows, "pairs": len(release.pairs), "records": len(release.records)}
     return cells, leaks, seconds
 
 
-def _rag_rows(world, lm) -> list[dict]:
-    from retriever.rag.fact_world import answer_is_right
+def _rag_rows(world, lm, answer_is_right) -> list[dict]:
     from retriever.rag.prompts import PromptFormat
     from retriever.rag.release_eval import retrieval_answerer
 
@@ -85,12 +100,11 @@ def _rag_rows(world, lm) -> list[dict]:
     ]
 
 
-def _single_rows(world, epsilons, supports) -> dict:
+def _single_rows(world, epsilons, supports, answer_is_right) -> dict:
     try:
         from retriever.rag.single_fact_eval import single_answers
     except ImportError:
         return {}
-    from retriever.rag.fact_world import answer_is_right
 
     asked = [q for q in world.questions if q.support in supports]
     out = {}
@@ -148,6 +162,16 @@ def accuracy(rows, low: int, high: int | None = None) -> float:
     return float(np.mean(picked)) if picked else float("nan")
 
 
+def abstention(rows) -> tuple[float, float]:
+    """(share of unanswerable questions abstained on, share of answers that are wrong):
+    unanswerable means support 0 (a relation never stated) or 1 (a fact one document
+    states, never released)."""
+    unanswerable = [r["abstained"] for r in rows if r["support"] <= 1]
+    answered = [not r["right"] for r in rows if not r["abstained"]]
+    share = float(np.mean(unanswerable)) if unanswerable else float("nan")
+    return share, float(np.mean(answered)) if answered else float("nan")
+
+
 def _by_support(rows) -> dict[int, float]:
     levels = sorted({r["support"] for r in rows})
     return {s: accuracy(rows, s) for s in levels}
@@ -171,7 +195,7 @@ def plot(results: dict, path: Path) -> None:
         ax.plot(list(map(int, rag)), list(rag.values()), "k:", label="non-private RAG")
         ax.set_xscale("log")
         ax.set_xlabel("documents stating the fact")
-        role = "validation" if domain == results["validation"] else "test"
+        role = "validation" if domain in results["validation"] else "test"
         ax.set_title(f"{domain} ({role})")
         ax.set_ylim(-0.05, 1.05)
     np.atleast_1d(axes)[0].set_ylabel("questions answered right")
@@ -182,11 +206,14 @@ def plot(results: dict, path: Path) -> None:
 
 def main() -> None:
     from retriever.network.engine import load_answer_lm
-    from retriever.rag.fact_world import TEST_DOMAINS, VALIDATION_DOMAIN, make_world
+    from retriever.rag import natural_world
+    from retriever.rag.fact_world import TEST_DOMAINS, VALIDATION_DOMAIN
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/fact_eval"))
-    parser.add_argument("--domains", default=",".join((VALIDATION_DOMAIN, *TEST_DOMAINS)))
+    natural = (natural_world.VALIDATION_DOMAIN, *natural_world.TEST_DOMAINS)
+    validation = {VALIDATION_DOMAIN, natural_world.VALIDATION_DOMAIN}
+    parser.add_argument("--domains", default=",".join((VALIDATION_DOMAIN, *TEST_DOMAINS, *natural)))
     parser.add_argument("--seed", type=int, default=0, help="the worlds' seed")
     parser.add_argument("--facts-per-level", type=int, default=5)
     parser.add_argument("--single-supports", default="20", help="supports asked one by one")
@@ -199,15 +226,15 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     lm, _ = load_answer_lm(args.lm)
     supports = {int(s) for s in args.single_supports.split(",") if s}
-    results = {"validation": VALIDATION_DOMAIN, "delta": DELTA, "domains": {}}
+    results = {"validation": sorted(validation), "delta": DELTA, "domains": {}}
     everything = defaultdict(list)
     leaks = 0
     for domain in args.domains.split(","):
-        world = make_world(domain, facts_per_level=args.facts_per_level, seed=args.seed)
-        cells, domain_leaks, seconds = _release_cells(world, lm, RELEASE_EPSILONS)
+        world, is_right = _world(domain, args.facts_per_level, args.seed)
+        cells, domain_leaks, seconds = _release_cells(world, lm, RELEASE_EPSILONS, is_right)
         leaks += domain_leaks
-        rag = _rag_rows(world, lm)
-        single = {} if args.no_single else _single_rows(world, SINGLE_EPSILONS, supports)
+        rag = _rag_rows(world, lm, is_right)
+        single = {} if args.no_single else _single_rows(world, SINGLE_EPSILONS, supports, is_right)
         results["domains"][domain] = {
             "documents": len(world.documents),
             "release": {eps: _by_support(c["rows"]) for eps, c in cells.items()},
@@ -217,16 +244,21 @@ def main() -> None:
             "single_answers": single,
             "rag": _by_support(rag),
             "singleton_leaks": domain_leaks,
+            "abstention": {eps: abstention(c["rows"]) for eps, c in cells.items()},
         }
-        if domain != VALIDATION_DOMAIN:
+        if domain in natural and domain not in validation:
+            everything["natural10"] += cells[10.0]["rows"]
+        if domain not in validation:
+            everything["abstain10"] += cells[10.0]["rows"]
+        if domain not in validation and domain not in natural:
             for eps, c in cells.items():
                 everything[f"release{eps:g}"] += c["rows"]
             for eps, rows in single.items():
                 everything[f"single{eps:g}"] += rows
             everything["rag"] += rag
-        role = "validation" if domain == VALIDATION_DOMAIN else "test"
+        role = "validation" if domain in validation else "test"
         print(f"\n{domain} ({role}, {len(world.documents)} documents)")
-        levels = sorted({q.support for q in world.questions})
+        levels = sorted({q.support for q in world.questions if q.support > 0})
         print("| cell | " + " | ".join(f"support {s}" for s in levels) + " |")
         print("|---|" + "---|" * len(levels))
         rows = [(f"release ε={e:g}", c["rows"]) for e, c in cells.items()]
@@ -236,6 +268,10 @@ def main() -> None:
             by = _by_support(cell_rows)
             line = " | ".join("–" if s not in by else f"{by[s]:.2f}" for s in levels)
             print(f"| {name} | {line} |", flush=True)
+        for eps, c in cells.items():
+            share, wrong = abstention(c["rows"])
+            print(f"release ε={eps:g}: abstains on {share:.2f} of unanswerable questions; "
+                  f"{wrong:.2f} of its answers wrong ({c['pairs']} pairs)")  # fmt: skip
     results["singleton_leaks"] = leaks
     if args.medical_questions:
         medical = medical_cells(lm, args.medical_questions, (1, 6, 16))
@@ -250,7 +286,11 @@ def main() -> None:
         "release_eps3_support20": accuracy(everything["release3"], 20, 10**9),
         "single_eps5_support20": accuracy(everything["single5"], 20),
         "rag": accuracy(everything["rag"], 10, 10**9),
+        "natural_eps10_support10": accuracy(everything["natural10"], 10, 10**9),
     }
+    figures["abstain_unanswerable"], figures["wrong_when_answered"] = abstention(
+        everything["abstain10"]
+    )
     results["figures"] = figures
     (args.out / "fact_eval.json").write_text(json.dumps(results, indent=1, default=str))
     plot(results, args.out / "fact_eval.png")

@@ -59,7 +59,11 @@ def data_medical(
 def data_facts(
     out: Annotated[Path, typer.Option(help="output folder")],
     domain: Annotated[
-        str, typer.Option(help="people (the validation domain), products or species")
+        str,
+        typer.Option(
+            help="templated: people (validation), products, species; natural text "
+            "(tickets, notes, e-mails): helpdesk (validation), facilities, lab"
+        ),
     ] = "products",
     facts_per_level: Annotated[
         int, typer.Option(help="facts stated 1, 3, 5, 10, 20 and 50 times, each")
@@ -68,13 +72,22 @@ def data_facts(
 ) -> None:
     """Write a sample private collection of invented entities and their facts (corpus.jsonl)
     and one question per fact with its support (questions.jsonl)."""
-    from retriever.rag import fact_world
+    from retriever.rag import fact_world, natural_world
 
-    if domain not in fact_world.DOMAINS:
-        raise typer.BadParameter(f"--domain must be one of {', '.join(fact_world.DOMAINS)}")
+    domains = (*fact_world.DOMAINS, *natural_world.DOMAINS)
+    if domain not in domains:
+        raise typer.BadParameter(f"--domain must be one of {', '.join(domains)}")
     if facts_per_level < 1:
         raise typer.BadParameter("--facts-per-level must be >= 1")
-    world = fact_world.make_world(domain, facts_per_level=facts_per_level, seed=seed)
+    if domain in natural_world.DOMAINS:
+        try:
+            world = natural_world.make_natural_world(
+                domain, facts_per_level=facts_per_level, seed=seed
+            )
+        except ValueError as error:  # more facts than the domain has subjects for
+            raise typer.BadParameter(str(error)) from None
+    else:
+        world = fact_world.make_world(domain, facts_per_level=facts_per_level, seed=seed)
     print(json.dumps({"out": str(out)} | fact_world.write_world(world, out)))
 
 
