@@ -19,6 +19,13 @@ The model (Higham 2002, ch. 3):
   of k terms, in any order or tree, is then off by at most gamma_k = k u / (1 - k u) times
   the sum of the terms' magnitudes. Reductions run one axis at a time behind optimization
   barriers, long axes (a vocabulary) split in two, so the lengths are what the code says.
+* Element-wise operations (a product, a quotient, a square root, the clip factor C / N_i):
+  each a relative u = 2^-23 on non-negative values (one ulp of the result at most), so a
+  correctly rounded operation (half an ulp) counts once. One exception is
+  documented: a GPU's float32 division may be the approximate one (CUDA's `x / y` without
+  `-prec-div`, `__fdividef`), within 2 ulp, a relative 2u: it counts twice. The margin
+  (1 + 32 u) of `clip_norm_bound` covers the eleven roundings of its formula and of the clip
+  factor with the division counted twice (`clip_norm_bound` lists them).
 * Underflow: an operation whose result falls below 2^-126 may flush it to zero, an absolute
   error of at most `TINY`; the bound adds those terms too (they matter only for extreme
   factor scales, say activations of 1e-30 against output gradients of 1e30).
@@ -29,13 +36,16 @@ Privacy:
   array as computed; for a ghost-normed layer, the exact product of its recorded factors),
   including the rounding of the step's own products over that example's tokens. The
   remaining rounding is that of adding different examples' contributions together, which
-  every floating-point DP-SGD has (Mironov 2012). The cost: N_i exceeds the norm by a
-  relative eta_i, a slightly harder clip; the noise is unchanged
+  every floating-point DP-SGD has (Mironov 2012): removing an example changes it by at most
+  2 gamma_k sum_j ||c_j G_j|| for k additions (`synthgen.ghost_clipping.clipped_sum`, which
+  forms each example's contribution on its own so that this is all). The cost: N_i exceeds
+  the norm by a relative eta_i, a slightly harder clip; the noise is unchanged
   (`scripts/bench_clip_bound.py` measures eta).
 
 References: Higham 2002 (Accuracy and Stability of Numerical Algorithms, ch. 3); Fasi,
 Higham, Mikaitis, Pranesh 2021 (Numerical behavior of NVIDIA tensor cores); Mironov 2012
-(On significance of the least significant bits for differential privacy).
+(On significance of the least significant bits for differential privacy); NVIDIA, CUDA C++
+Programming Guide, Mathematical Functions (single-precision x / y: 2 ulp without -prec-div).
 """
 
 from __future__ import annotations
@@ -161,8 +171,12 @@ def clip_norm_bound(
         raise ValueError(f"norm_eps must be in [0, 0.05), got {norm_eps=}")
     # `slack`, `positive` and `cross_weight` are computed sums of non-negative terms whose
     # chains are within norm_eps's: each is at most (1 + norm_eps)^3 <= 1 + 4 norm_eps times
-    # low, hence the factors below; (1 + 32 u) covers the handful of roundings of this
-    # formula itself (each a relative u on non-negative values).
+    # low, hence the factors below. (1 + 32 u) covers the roundings of this formula and of
+    # the clip factor C / N computed from it, each a relative u on non-negative values. The
+    # longest path: the summed term's square root, product and sum, its product by
+    # (1 + 2 norm_eps), the two additions of the last line and the product by (1 + 32 u):
+    # seven (under the norm's square root, four roundings halved by it, plus the root: three),
+    # then C / N, which a GPU may compute within 2 ulp, a relative 2u: nine u of the 32.
     grow = 1.0 + 4 * norm_eps
     scale = positive + cross_weight
     norm = jnp.sqrt(jnp.maximum(squares, 0.0) + grow * (slack + norm_eps * scale))

@@ -9,7 +9,11 @@ which costs n^2 (d_in + d_out) instead of the n d_in d_out of materialising x^T 
 2022). Each layer takes the cheaper of the two, by that cost rule (Bu et al. 2023). With every
 example's norm, hence its clip factor c_i, known, W's clipped sum is one batched product
 sum_i c_i x_i^T g_i over the x_i and g_i of the same backward pass (Book-Keeping, Bu et al.
-2023): no second backward pass and no [batch, d_in, d_out] array for ghost layers.
+2023): no second backward pass and no [batch, d_in, d_out] array for ghost layers. Bu et al.
+form it as one product over the microbatch's examples and tokens; here each example's
+product is formed on its own and added to one buffer (a scan over the microbatch: the same
+FLOPs), so that an example's presence changes the rounding of the others' contributions
+only where contributions are added (see Privacy).
 
 The x and g come from the taps of `synthgen.models.lora.LoraDense`: its products sow their
 inputs and add a zero "perturbation" to their outputs, whose gradient is g. A tapped loss
@@ -30,8 +34,13 @@ Privacy:
   have exact inputs and float32 accumulation by an explicit algorithm, never the device's
   default precision (tested: no product in `CLIP_SCOPE` without one, and every released
   contribution recomputed in float64 is at most C). The clipped sum equals the per-example
-  path's to float rounding and the bounds' margin (tested), and its sensitivity stays C.
-  Shapes, the per-layer choice and the bounds depend on public shapes only.
+  path's to float rounding and the bounds' margin (tested). Sensitivity: C per example, as
+  its contribution is summed; removing an example also changes the rounding of the
+  additions of the other examples' contributions, by at most 2 gamma_k sum_j ||c_j G_j||
+  over the k additions a contribution passes through (microbatch, microbatches, chunks),
+  as in every floating-point DP-SGD (the per-example path too; `clipped_sum` gives the
+  figures, and those of Bu et al.'s batched product, which are far larger). Shapes, the
+  per-layer choice and the bounds depend on public shapes only.
 
 References: Li et al. 2022 (Large language models can be strong differentially private
 learners: ghost clipping); Bu et al. 2023 (Differentially private optimization on large
@@ -60,6 +69,8 @@ NormRule = Literal["auto", "ghost", "materialise"]
 CLIP_SCOPE = "clip_bound"
 """The name scope of the norms, bounds and sums whose products must be exact (tested)."""
 NORM_RULES = ("auto", "ghost", "materialise")
+BookKeeping = Literal["per_example", "batched"]
+BOOK_KEEPING = ("per_example", "batched")
 
 
 def uses_ghost_norm(tokens: int, d_in: int, d_out: int) -> bool:
@@ -155,48 +166,23 @@ def _row_norms(a) -> tuple[jax.Array, int]:
     return jnp.sqrt(squares).reshape(a.shape[:-1]), chain + 2
 
 
-def clipped_sum(
-    tapped_loss_fn: TappedLossFn,
-    trainable: PyTree,
-    frozen: PyTree,
-    batch: dict[str, jax.Array],
-    real: jax.Array,
-    clip_norm: float,
-    rule: NormRule = "auto",
-):
-    """Clipped per-example gradient sum of one microbatch (leading axis of `batch`).
-
-    Args:
-      tapped_loss_fn: the per-example loss with taps (`TappedLossFn`).
-      trainable: parameters to differentiate.
-      frozen: parameters held fixed.
-      batch: examples, leaves [micro, ...].
-      real: bool [micro], False for padding rows (they contribute 0).
-      clip_norm: C.
-      rule: "auto" (the cost rule per layer), or force "ghost" / "materialise" (tests) for
-        weights used once by a product; an embedding, or any weight used more than once,
-        always takes the ghost norm with its cross terms.
+def per_example_factors(
+    tapped_loss_fn: TappedLossFn, trainable: PyTree, frozen: PyTree, batch: dict[str, jax.Array]
+) -> tuple[jax.Array, dict[Path, jax.Array], dict[Path, list[tuple[jax.Array, jax.Array]]]]:
+    """One backward pass over a microbatch: what the clipping reads, before any check.
 
     Returns:
-      (sum of clipped gradients shaped like `trainable` in float32, per-example losses,
-      per-example norm bounds (`synthgen.clip_rounding`), kept: real rows whose gradient is
-      finite).
-
-    Privacy:
-      Each kept example contributes c_i G_i with c_i = min(1, C / N_i) and N_i an upper
-      bound of ||G_i|| (`_norm_bounds`, `synthgen.clip_rounding.clip_norm_bound`), so
-      ||c_i G_i|| <= C whatever the device's default precision. A bfloat16 model's scaled
-      output gradients are rounded to bfloat16 for the summed product; the bound includes
-      that rounding (2^-8 against sum_t ||a_t|| ||b_t||), the largest part of its margin.
+      (per-example losses [micro]; per-example gradients of the weights that are not tapped,
+      {path: [micro, *shape] float32}; the tapped weights' factors, {path: [(A, B) per use]}
+      with example i's gradient of the weight the sum over uses of A_i^T B_i (`_factors`)).
+      Tests and `scripts/bench_clip_bound.py` recompute the exact norms from these.
     """
-    if rule not in NORM_RULES:
-        raise ValueError(f"rule must be one of {NORM_RULES}, got {rule=}")
     example = jax.tree.map(lambda x: x[0], batch)
     uses = tapped_uses(tapped_loss_fn, trainable, frozen, example)
     flat = traverse_util.flatten_dict(trainable)
     weights = {p: flat[p] for p in uses}
     rest = {p: v for p, v in flat.items() if p not in uses}
-    micro = real.shape[0]
+    micro = jax.tree.leaves(batch)[0].shape[0]
 
     def per_example(rest, perturbations, ex):
         params = traverse_util.unflatten_dict({**weights, **rest})
@@ -232,6 +218,67 @@ def clipped_sum(
         ]
         for p, w in weights.items()
     }
+    return losses, rows, factors
+
+
+def clipped_sum(
+    tapped_loss_fn: TappedLossFn,
+    trainable: PyTree,
+    frozen: PyTree,
+    batch: dict[str, jax.Array],
+    real: jax.Array,
+    clip_norm: float,
+    rule: NormRule = "auto",
+    book_keeping: BookKeeping = "per_example",
+):
+    """Clipped per-example gradient sum of one microbatch (leading axis of `batch`).
+
+    Args:
+      tapped_loss_fn: the per-example loss with taps (`TappedLossFn`).
+      trainable: parameters to differentiate.
+      frozen: parameters held fixed.
+      batch: examples, leaves [micro, ...].
+      real: bool [micro], False for padding rows (they contribute 0).
+      clip_norm: C.
+      rule: "auto" (the cost rule per layer), or force "ghost" / "materialise" (tests) for
+        weights used once by a product; an embedding, or any weight used more than once,
+        always takes the ghost norm with its cross terms.
+      book_keeping: how a ghost-normed weight's clipped sum is formed: "per_example" (one
+        example at a time into one buffer: the same products, see Privacy) or "batched" (one
+        product over the microbatch's examples and tokens, Bu et al.'s form; kept to measure
+        against, `scripts/bench_clip_bound.py --timing`).
+
+    Returns:
+      (sum of clipped gradients shaped like `trainable` in float32, per-example losses,
+      per-example norm bounds (`synthgen.clip_rounding`), kept: real rows whose gradient is
+      finite).
+
+    Privacy:
+      Each kept example contributes c_i G_i with c_i = min(1, C / N_i) and N_i an upper
+      bound of ||G_i|| (`_norm_bounds`, `synthgen.clip_rounding.clip_norm_bound`), so
+      ||c_i G_i|| <= C whatever the device's default precision. A bfloat16 model's scaled
+      output gradients are rounded to bfloat16 for the summed product; the bound includes
+      that rounding (2^-8 against sum_t ||a_t|| ||b_t||), the largest part of its margin.
+
+      What the bound covers is per example; removing an example also changes how the other
+      examples' terms round where they are added together. "per_example" computes each
+      contribution on its own and adds it to the buffer, so that change is the rounding of
+      adding contributions, at most 2 gamma_m sum_j ||c_j G_j|| <= 2 gamma_m m C over the m
+      examples of a microbatch (2.4e-4 C at m = 32), as on the per-example path. "batched"
+      adds every example's per-token terms in one product, and the change is at most
+      2 gamma_{m n} sum_j c_j P_j (P_j = sum_t ||a_t|| ||b_t||, several times ||G_j||): about
+      0.012 C at t5-small with m = 8, 0.6-1.2 C at the `gpu` preset.
+    """
+    if rule not in NORM_RULES:
+        raise ValueError(f"rule must be one of {NORM_RULES}, got {rule=}")
+    if book_keeping not in BOOK_KEEPING:
+        raise ValueError(f"book_keeping must be one of {BOOK_KEEPING}, got {book_keeping=}")
+    losses, rows, factors = per_example_factors(tapped_loss_fn, trainable, frozen, batch)
+    flat = traverse_util.flatten_dict(trainable)
+    micro = real.shape[0]
+    # Read by the finiteness check, the norms and the sums: a barrier before the first read
+    # and another after the zeroing make them all read the very same values.
+    rows, factors = jax.lax.optimization_barrier((rows, factors))
     finite = jnp.ones((micro,), bool)
     for r in rows.values():
         finite &= jnp.all(jnp.isfinite(r), axis=tuple(range(1, r.ndim)))
@@ -251,15 +298,16 @@ def clipped_sum(
     rows, factors = jax.lax.optimization_barrier((rows, factors))
     with jax.named_scope(CLIP_SCOPE):
         sizes = {p: flat[p].size for p in factors}
-        norms, materialised = _norm_bounds(rows, factors, sizes, micro, rule)
+        norms, materialised = _norm_bounds(rows, factors, sizes, micro, rule, book_keeping)
         # An overflow leaves inf or NaN: such a row is dropped like a non-finite gradient,
         # before any product with its values.
         keep &= jnp.isfinite(norms)
         scale = jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12)), 0.0)
-        return _summed(flat, rows, factors, materialised, keep, scale), losses, norms, keep
+        total = _summed(flat, rows, factors, materialised, keep, scale, book_keeping)
+        return total, losses, norms, keep
 
 
-def _norm_bounds(rows, factors, sizes: dict, micro: int, rule: NormRule):
+def _norm_bounds(rows, factors, sizes: dict, micro: int, rule: NormRule, book_keeping: BookKeeping):
     """([micro] upper bounds N_i of the per-example norms, the materialised gradients).
 
     Materialised arrays (`rows`, and weights the cost rule does not ghost-norm) add their
@@ -276,6 +324,9 @@ def _norm_bounds(rows, factors, sizes: dict, micro: int, rule: NormRule):
                 rule == "auto" and not uses_ghost_norm(tokens, d_in, d_out)
             ):
                 materialised[p] = clip_rounding.exact_einsum("bsnd,bsne->bsde", a, b)
+    # Read twice, by the squares below and by the clipped sum (`_summed`): the barrier makes
+    # both read these very values (no backend recomputes the product per use).
+    materialised = jax.lax.optimization_barrier(materialised)
     arrays = [*rows.values(), *materialised.values()]
     squares, norm_chain, entries = clip_rounding.sum_of_squares(arrays, micro)
     positive, slack = squares, jnp.full((micro,), clip_rounding.TINY * entries, jnp.float32)
@@ -307,10 +358,14 @@ def _norm_bounds(rows, factors, sizes: dict, micro: int, rule: NormRule):
                 )
                 slack = slack + pair_weight * (eps * u.spread * v.spread + underflow)
                 additions += 2
-        # The summed product adds each entry over every use's rows of the microbatch
-        # (`_summed`: one buffer for all uses of the weight).
+        # The summed product's chain: per example (`_add_example`), each use's product over
+        # its tokens, the uses added, then one addition per example into the buffer; batched,
+        # every use's rows of the whole microbatch in one buffer.
         tokens = sum(b.shape[2] for _, b in pairs)
-        sum_chain = max(sum_chain, micro * tokens + len(pairs) + 2)
+        if book_keeping == "per_example":
+            sum_chain = max(sum_chain, tokens + len(pairs) + micro + 2)
+        else:
+            sum_chain = max(sum_chain, micro * tokens + len(pairs) + 2)
         a_max = jnp.max(jnp.stack([s.a_max for s in spreads]), axis=0)
         sum_tiny = sum_tiny + math.sqrt(sizes[p]) * micro * tokens * 2 * (a_max + 1)
         cross_weight = cross_weight + jnp.square(sum(s.spread for s in spreads))
@@ -348,31 +403,71 @@ def _spread(a, b) -> _Spread:
     return _Spread(spread, chain_a + chain_b + chain + 1, square_max(norms_a), square_max(norms_b))
 
 
-def _summed(flat, rows, factors, materialised, keep, scale):
+def _summed(flat, rows, factors, materialised, keep, scale, book_keeping: BookKeeping):
     """The clipped sum of every trainable weight: sum_i c_i G_i, in float32.
 
-    Rows and materialised gradients: one exact-input product with the clip factors. Ghost-
-    normed weights: one batched product of A with the scaled B (Book-Keeping); a bfloat16
+    Rows and materialised gradients: one exact-input product with the clip factors (a chain
+    of micro additions across examples). Ghost-normed weights (Book-Keeping): per example
+    (`_add_example`, a scan over the microbatch into one buffer per weight), or with
+    "batched" one product of A with the scaled B over the whole microbatch. A bfloat16
     model's scaled B is rounded to bfloat16 (the u = 2^-8 of `_norm_bounds`).
     """
-    f32 = jnp.float32
     total = {}
     for p, r in {**rows, **materialised}.items():
         r = jnp.where(_expand(keep, r), r, 0.0)
         total[p] = clip_rounding.exact_einsum("b,b...->...", scale, r).reshape(flat[p].shape)
-    for p, pairs in factors.items():
-        if p in materialised:
-            continue
-        shape = flat[p].shape
-        summed = jnp.zeros(shape, f32).reshape(-1, *shape[-2:])
-        for a, b in pairs:
-            b = (b * scale[:, None, None, None]).astype(b.dtype)
-            if a.ndim == 3:  # a lookup: scatter the output gradients into the looked-up rows
-                summed = summed.at[0, a.reshape(-1)].add(b.reshape(-1, b.shape[-1]).astype(f32))
-            else:
-                summed = summed + clip_rounding.exact_einsum("bsnd,bsne->sde", a, b)
-        total[p] = summed.reshape(shape)
+    ghost = {p: pairs for p, pairs in factors.items() if p not in materialised}
+    buffers = {
+        p: jnp.zeros(flat[p].shape, jnp.float32).reshape(-1, *flat[p].shape[-2:]) for p in ghost
+    }
+    if book_keeping == "batched":
+        for p, pairs in ghost.items():
+            for a, b in pairs:
+                b = (b * scale[:, None, None, None]).astype(b.dtype)
+                if a.ndim == 3:  # a lookup: scatter the output gradients into looked-up rows
+                    rows_b = b.reshape(-1, b.shape[-1]).astype(jnp.float32)
+                    buffers[p] = buffers[p].at[0, a.reshape(-1)].add(rows_b)
+                else:
+                    buffers[p] = buffers[p] + clip_rounding.exact_einsum("bsnd,bsne->sde", a, b)
+    elif ghost:
+
+        def add_example(acc, inputs):
+            pairs_i, c = inputs
+            return {p: _add_example(acc[p], pairs_i[p], c) for p in acc}, None
+
+        buffers, _ = jax.lax.scan(add_example, buffers, (ghost, scale))
+    for p, summed in buffers.items():
+        total[p] = summed.reshape(flat[p].shape)
     return traverse_util.unflatten_dict(total)
+
+
+def _add_example(acc: jax.Array, pairs, c: jax.Array) -> jax.Array:
+    """acc + c A^T B for one example's factors (A [s, n, d] or ids [1, n], B [s, n, e]).
+
+    The example's contribution is computed on its own: each use's product over its tokens,
+    the uses added, a lookup's output gradients summed per distinct id first (an exact-input
+    product with the 0/1 matrix of equal ids), and only then added to `acc`, one rounding per
+    entry (behind a barrier, so that no backend accumulates the example's terms into `acc`
+    one by one). The rounding of the other examples' contributions then does not depend on
+    this example's terms, only on its sum (see `clipped_sum`).
+    """
+    products = [(a, (b * c).astype(b.dtype)) for a, b in pairs if a.ndim == 3]
+    lookups = [(a, (b * c).astype(b.dtype)) for a, b in pairs if a.ndim == 2]
+    part = None
+    for a, b in products:
+        product = clip_rounding.exact_einsum("snd,sne->sde", a, b)
+        part = product if part is None else part + product
+    if lookups:
+        ids = jnp.concatenate([a.reshape(-1) for a, _ in lookups])
+        rows = jnp.concatenate([b.reshape(-1, b.shape[-1]) for _, b in lookups])
+        same = ids[:, None] == ids[None, :]
+        grouped = clip_rounding.exact_einsum("ts,se->te", same.astype(jnp.float32), rows)
+        first = ~jnp.any(jnp.tril(same, -1), axis=1)  # one row per distinct id, the rest 0
+        grouped = jnp.where(first[:, None], grouped, 0.0)
+        if part is None:  # acc_v + S_v once per distinct id v; adding 0 is exact
+            return acc.at[0, ids].add(grouped)
+        part = part.at[0, ids].add(grouped)
+    return acc + jax.lax.optimization_barrier(part)
 
 
 def _zero_unkept(keep: jax.Array, x: jax.Array) -> jax.Array:
