@@ -93,14 +93,21 @@ class KnowledgeBase:
                     row = json.loads(line)
                     self.records[row["doc_id"]] = row["text"]
         self._lexical = None
-        self.facts = None  # a fact release: answers by `retriever.fact_answers`
+        self.facts = None  # a fact release: `retriever.typed_answers` (or `fact_answers`)
         facts_path = self.folder.path / "facts.json"
         if facts_path.is_file():
             from retriever.fact_answers import FactAnswerer
             from synthgen.knowledge.facts import fact_records
 
             facts = json.loads(facts_path.read_text())
-            self.facts = FactAnswerer(fact_records(facts["pairs"], facts["max_partners"]), lm)
+            extractor = facts.get("extractor", "phrases")  # releases before issue 69: phrases
+            records = fact_records(facts["pairs"], facts["max_partners"], extractor)
+            if extractor == "typed":
+                from retriever.typed_answers import TypedFactAnswerer
+
+                self.facts = TypedFactAnswerer(records, facts["noise_stddev"])
+            else:
+                self.facts = FactAnswerer(records, lm)
             # a fact record's doc_id by its phrase ("Phrase: partners."), to name sources
             self._fact_ids = {text.split(": ", 1)[0]: i for i, text in self.records.items()}
 

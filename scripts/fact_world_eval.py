@@ -57,24 +57,36 @@ def _world(domain: str, facts_per_level: int, seed: int):
     return world, fact_world.answer_is_right
 
 
-def _release_cells(world, lm, epsilons, answer_is_right) -> tuple[dict, int, dict]:
+def answerer(release, lm):
+    """The answerer of a fact release: typed (`retriever.typed_answers`, no LM) or phrases
+    (`retriever.fact_answers`, the public LM picks a partner)."""
+    if release.plan.config.extractor == "typed":
+        from retriever.typed_answers import TypedFactAnswerer
+
+        return TypedFactAnswerer(release.records, release.plan.noise_stddev)
     from retriever.fact_answers import FactAnswerer
+
+    return FactAnswerer(release.records, lm)
+
+
+def _release_cells(world, lm, epsilons, answer_is_right, extractor) -> tuple[dict, int, dict]:
     from synthgen.knowledge.facts import FactConfig, release_facts
 
     cells, leaks, seconds = {}, 0, {}
     for eps in epsilons:
         start = time.perf_counter()
-        release = release_facts(world.documents, FactConfig(epsilon=eps, delta=DELTA))
+        config = FactConfig(epsilon=eps, delta=DELTA, extractor=extractor)
+        release = release_facts(world.documents, config)
         seconds[eps] = time.perf_counter() - start
         released = "\n".join(release.pairs)
-        answerer = FactAnswerer(release.records, lm)
+        answer = answerer(release, lm).answer
         rows = []
         for q in world.questions:
-            found = answerer.answer(q.question)
+            found = answer(q.question)
             rows.append(
                 {
                     "support": q.support,
-                    "right": answer_is_right(found.answer, q.answer),
+                    "right": bool(q.answer) and answer_is_right(found.answer, q.answer),
                     "abstained": found.abstained,
                 }
             )
@@ -117,11 +129,10 @@ def _single_rows(world, epsilons, supports, answer_is_right) -> dict:
     return out
 
 
-def medical_cells(lm, questions: int, max_pairs: tuple[int, ...]) -> dict:
+def medical_cells(lm, questions: int, max_pairs: tuple[int, ...], extractor: str) -> dict:
     """The medical world of `scripts/multi_query_eval.py` (2,000 records, 60 diseases), the
     first `questions` of its Zipf stream: fact releases at epsilon 10 (one per K) against
     non-private RAG (BM25 top-4, the medical prompt), each question text answered once."""
-    from retriever.fact_answers import FactAnswerer
     from retriever.rag.evaluation import MEDICAL_PROMPT
     from retriever.rag.medical import MedicalWorldConfig, answer_is_correct, make_world
     from retriever.rag.release_eval import retrieval_answerer
@@ -135,9 +146,10 @@ def medical_cells(lm, questions: int, max_pairs: tuple[int, ...]) -> dict:
     answerers = {}
     for k in max_pairs:
         start = time.perf_counter()
-        release = release_facts(texts, FactConfig(epsilon=10.0, delta=DELTA, max_pairs=k))
+        config = FactConfig(epsilon=10.0, delta=DELTA, max_pairs=k, extractor=extractor)
+        release = release_facts(texts, config)
         seconds = time.perf_counter() - start
-        answerers[f"release eps=10 K={k}"] = FactAnswerer(release.records, lm).answer
+        answerers[f"release eps=10 K={k}"] = answerer(release, lm).answer
         print(f"medical K={k}: {len(release.pairs)} pairs released in {seconds:.1f} s")
     rag = retrieval_answerer(
         lm, MEDICAL_PROMPT, texts, np.ones((len(texts), 1)), lambda q: np.ones((len(q), 1)),
@@ -219,6 +231,7 @@ def main() -> None:
     parser.add_argument("--single-supports", default="20", help="supports asked one by one")
     parser.add_argument("--no-single", action="store_true", help="skip the DP-RAG answers")
     parser.add_argument("--lm", default="smollm2-135m-instruct")
+    parser.add_argument("--extractor", default="typed", help="the fact release's: typed or phrases")
     parser.add_argument(
         "--medical-questions", type=int, default=300, help="medical stream (0: skip)"
     )
@@ -231,7 +244,9 @@ def main() -> None:
     leaks = 0
     for domain in args.domains.split(","):
         world, is_right = _world(domain, args.facts_per_level, args.seed)
-        cells, domain_leaks, seconds = _release_cells(world, lm, RELEASE_EPSILONS, is_right)
+        cells, domain_leaks, seconds = _release_cells(
+            world, lm, RELEASE_EPSILONS, is_right, args.extractor
+        )
         leaks += domain_leaks
         rag = _rag_rows(world, lm, is_right)
         single = {} if args.no_single else _single_rows(world, SINGLE_EPSILONS, supports, is_right)
@@ -274,7 +289,7 @@ def main() -> None:
                   f"{wrong:.2f} of its answers wrong ({c['pairs']} pairs)")  # fmt: skip
     results["singleton_leaks"] = leaks
     if args.medical_questions:
-        medical = medical_cells(lm, args.medical_questions, (1, 6, 16))
+        medical = medical_cells(lm, args.medical_questions, (1, 6, 16), args.extractor)
         results["medical"] = medical
         print(f"\nmedical world, first {args.medical_questions} questions of the stream")
         for name, value in medical.items():

@@ -66,8 +66,15 @@ def release(
         ),
     ] = False,
     max_pairs: Annotated[
-        int, typer.Option(help="facts: K, fact pairs one record contributes", callback=positive)
+        int, typer.Option(help="facts: K, facts one record contributes", callback=positive)
     ] = 1,
+    extractor: Annotated[
+        str,
+        typer.Option(
+            help="facts: typed (subject and typed value: IP addresses, versions, time windows, "
+            "teams, names...) or phrases (pairs of key phrases, the release before issue 69)"
+        ),
+    ] = "typed",
     ledger: LedgerOption = None,
     dataset: Annotated[str | None, typer.Option(help="collection name in the ledger")] = None,
     guarantees_add_up: GuaranteesAddUpOption = False,
@@ -144,7 +151,10 @@ def release(
             file=sys.stderr,
         )
     if mode == "facts":
-        config = FactConfig(epsilon=epsilon, delta=delta, max_pairs=max_pairs)
+        try:
+            config = FactConfig(epsilon, delta, max_pairs, extractor=extractor)
+        except ValueError as error:
+            raise typer.BadParameter(str(error)) from None
         _, texts = read_corpus(private_corpus)
         plan = plan_facts(config, len(texts))
         if dry_run:
@@ -203,8 +213,11 @@ def audit(
         1e-6
     ),
     max_pairs: Annotated[
-        int, typer.Option(help="the release's K (fact pairs per record)", callback=positive)
+        int, typer.Option(help="the release's K (facts per record)", callback=positive)
     ] = 1,
+    extractor: Annotated[str, typer.Option(help="the release's extractor: typed or phrases")] = (
+        "typed"
+    ),
     canaries: Annotated[
         int, typer.Option(help="canary records planted, each with probability 1/2")
     ] = 500,
@@ -228,7 +241,10 @@ def audit(
     from synthgen.knowledge import FactConfig
 
     _, texts = read_corpus(private_corpus)
-    config = FactConfig(epsilon=epsilon, delta=delta, max_pairs=max_pairs)
+    try:
+        config = FactConfig(epsilon, delta, max_pairs, extractor=extractor)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
     try:
         result = audit_fact_release(texts, config, canaries=canaries, seed=seed)
     except ValueError as error:
@@ -265,6 +281,7 @@ def _print_plan(plan, as_json: bool) -> None:
         "epsilon": c.epsilon,
         "delta": c.delta,
         "max_pairs": c.max_pairs,
+        "extractor": c.extractor,
         "threshold": plan.threshold,
         "records_needed_50": plan.records_needed(0.5),
         "records_needed_90": plan.records_needed(0.9),
@@ -277,7 +294,7 @@ def _print_plan(plan, as_json: bool) -> None:
         return
     print(
         f"{plan.num_records} records, epsilon={c.epsilon:g}, delta={c.delta:g}, "
-        f"K={c.max_pairs} pairs per record: threshold {plan.threshold:.1f}"
+        f"K={c.max_pairs} {c.extractor} facts per record: threshold {plan.threshold:.1f}"
     )
     print("records stating a fact -> probability it is released")
     for row in plan.table():

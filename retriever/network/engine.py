@@ -581,8 +581,9 @@ class NetworkQueryEngine:
     def _answer_from_facts(self, question: str, found: list[list[str]]):
         from retriever.network.facts import fact_answer
 
+        sigmas = [c["fact_noise_stddev"] for c in self.cards.values() if c.get("fact_noise_stddev")]
         with self._lm_lock:
-            return fact_answer(self.lm, question, found)
+            return fact_answer(self.lm, question, found, max(sigmas, default=None))
 
     def _answer_locally(self, question: str, texts: list[str]) -> str:
         with self._lm_lock:

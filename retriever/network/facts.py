@@ -101,16 +101,59 @@ def merge_fact_records(per_contributor: Sequence[Sequence[str]]) -> list[dict[st
     return merged
 
 
-def fact_answer(lm: Any, question: str, per_contributor: Sequence[Sequence[str]]):
+def merge_typed_records(per_contributor: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
+    """One typed record per subject from every contributor's typed hits: a value's count is
+    the sum of its noisy counts at the contributors that released it (they hold disjoint
+    records, so the sum estimates how many records of the network state it)."""
+    from synthgen.knowledge.typed_facts import parse_typed_text
+
+    counts: dict[str, dict[str, float]] = {}
+    seen: set[tuple[int, str]] = set()
+    for i, texts in enumerate(per_contributor):
+        for record in filter(None, map(parse_typed_text, texts)):
+            if (i, record["topic"]) in seen:  # the same record twice in one contributor's hits
+                continue
+            seen.add((i, record["topic"]))
+            own = counts.setdefault(record["topic"], {})
+            for fact in record["facts"]:
+                own[fact["value"]] = own.get(fact["value"], 0.0) + fact["count"]
+    from synthgen.knowledge.facts import fact_records
+    from synthgen.knowledge.typed_facts import fact_key
+
+    pairs = {fact_key(t, v): c for t, values in counts.items() for v, c in values.items()}
+    return fact_records(pairs, max(map(len, counts.values()), default=1), "typed")
+
+
+def fact_answer(
+    lm: Any,
+    question: str,
+    per_contributor: Sequence[Sequence[str]],
+    noise_stddev: float | None = None,
+):
     """(answer, abstained, merged records read) for `question` over the contributors' hits.
+
+    Typed releases (the default since issue 69) are merged by subject and answered by
+    `retriever.typed_answers.TypedFactAnswerer`, with the noise of a sum over the
+    contributors (sqrt(m) times the largest standard deviation their cards state); phrase
+    releases as below.
 
     Args:
       lm: the public LM (`synthgen.lm_backends.NextTokenLM`) that picks among partners.
       question: the question.
       per_contributor: each fact-release contributor's hit texts.
+      noise_stddev: the largest noise standard deviation of the contributors' cards (None:
+        1.0).
     """
     from retriever.fact_answers import FactAnswerer
 
+    typed = merge_typed_records(per_contributor)
+    if typed:
+        from retriever.typed_answers import TypedFactAnswerer
+
+        sigma = (noise_stddev or 1.0) * len(per_contributor) ** 0.5
+        found = TypedFactAnswerer(typed, sigma).answer(question)
+        by_topic = {r["topic"]: r["text"] for r in typed}
+        return found.answer, found.abstained, [by_topic[t] for t in found.records]
     records = merge_fact_records(per_contributor)
     found = FactAnswerer(records, lm).answer(question)
     by_topic = {r["topic"]: r["text"] for r in records}

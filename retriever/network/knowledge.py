@@ -320,7 +320,11 @@ def _build_facts(
         epsilon=config.epsilon,
         delta=config.delta,
         generator=FACT_GENERATOR,
-        model="none (records are released key phrases and their partners)",
+        model=(
+            "none (records are released subjects and their typed values)"
+            if config.extractor == "typed"
+            else "none (records are released key phrases and their partners)"
+        ),
         encoder=encoder,
         num_documents=len(release.records),
         stages=privacy["stages"],
@@ -344,7 +348,13 @@ def _build_facts(
         metadata=metadata,
         extra={  # before the card: a folder with a card is a whole fact release
             FACTS_FILE: json.dumps(
-                {"pairs": release.pairs, "max_partners": config.max_partners}, indent=1
+                {
+                    "pairs": release.pairs,
+                    "max_partners": config.max_partners,
+                    "extractor": config.extractor,
+                    "noise_stddev": plan.noise_stddev,
+                },
+                indent=1,
             )
         },
     )

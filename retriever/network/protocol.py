@@ -169,7 +169,18 @@ def parse_card(body: bytes) -> dict[str, Any]:
         },
         "served_answer": served_answer,
         "fact_release": is_fact_card(card),
+        "fact_noise_stddev": _fact_noise(guarantee),
     }
+
+
+def _fact_noise(guarantee: Any) -> float | None:
+    """The noise standard deviation a fact release's card states (finite, > 0), or None."""
+    stages = guarantee.get("stages") if isinstance(guarantee, dict) else None
+    for stage in stages if isinstance(stages, list) else []:
+        value = stage.get("noise_stddev") if isinstance(stage, dict) else None
+        if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
+            return float(value)
+    return None
 
 
 def refusal_reason(status: int, body: bytes) -> str:

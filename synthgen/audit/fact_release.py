@@ -178,11 +178,11 @@ def canary_scores(canaries: Sequence[str], pairs: dict[str, float]) -> np.ndarra
     phrases (0: nothing of it released). Reads only the release and the public canaries."""
     best: dict[str, float] = {}
     for key, count in pairs.items():
-        for phrase in split_pair(key):
-            best[phrase] = max(best.get(phrase, 0.0), float(count))
+        for phrase in split_pair(key):  # a typed key is "subject | value": the same split
+            best[phrase.lower()] = max(best.get(phrase.lower(), 0.0), float(count))
     scores = []
     for text in canaries:
-        phrases = [p for sentence in record_phrases(text) for p in sentence]
+        phrases = [p.lower() for sentence in record_phrases(text) for p in sentence]
         scores.append(max((best.get(p, 0.0) for p in phrases), default=0.0))
     return np.asarray(scores, np.float64)
 
@@ -260,5 +260,7 @@ def audit_fact_release(
         repeats=repeats,
         repeated_released=int((scores[included & repeated] > 0).sum()),
         over_k_records=len(over_k),
-        beyond_k_released=sum(any(p in shared for p in split_pair(k)) for k in pairs),
+        beyond_k_released=sum(
+            any(p.lower() in {x.lower() for x in shared} for p in split_pair(k)) for k in pairs
+        ),
     )

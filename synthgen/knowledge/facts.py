@@ -1,14 +1,17 @@
-"""Release the facts many records state, once: DP set union over key-phrase pairs.
+"""Release the facts many records state, once: DP set union over typed facts.
 
-A fact about a private entity is a pair of key phrases stated together: "Dara Quill works at
-Velmora Dynamics" gives ("Dara Quill", "Velmora Dynamics") (`synthgen.knowledge.phrases`, a
-public rule that reads one record). Each record contributes at most K pairs, nearest first,
-and PipelineDP's partition selection with counts (`synthgen.privacy.partition_selection`)
-releases the pairs that many records share, with noisy counts; a pair few records state is
-never released. The synthetic records are post-processing: one per released phrase, listing
-its released partners by noisy count ("Dara Quill: Velmora Dynamics; Poswick; 1970."), and
-every question after that is answered from them at no further cost
-(`retriever.knowledge_base`).
+A fact is what a record says of a subject: "Team Heron owns the payments gateway" gives
+(payments gateway, Team Heron), the value typed as a team (`synthgen.knowledge.typed_facts`,
+a public rule that reads one record: headers, greetings and timestamps dropped, technical
+values kept whole, each value bound to the subject it is said of). Each record contributes
+at most K facts, and PipelineDP's partition selection with counts
+(`synthgen.privacy.partition_selection`) releases the facts that many records share, with
+noisy counts; a fact few records state is never released. The synthetic records are
+post-processing: one per released subject, listing its values with their kinds and noisy
+counts ("payments gateway: team Team Heron (31); version v2.28.5 (25)."), and every question
+after that is answered from them at no further cost (`retriever.knowledge_base`,
+`retriever.fact_answers`). ``extractor="phrases"`` keeps the release before issue 69:
+unordered pairs of key phrases (`synthgen.knowledge.phrases`).
 
 This is DP n-gram / set-union extraction (Kim et al. 2021, DPNE; Gopi et al. 2020) applied
 to the unit that carries a fact: a private name and what is said of it. It spends the whole
@@ -17,8 +20,10 @@ budget on one selection, so the records a fact needs are the threshold's
 
 Privacy:
   Unit: one record, add/remove-one. One (epsilon, delta)-DP release: a record contributes
-  each pair once and at most K pairs (L2 sensitivity sqrt(K)); PipelineDP calibrates the
-  Gaussian noise and threshold to (epsilon, delta) for the whole selection and its counts.
+  each fact (pair) once and at most K of them (L2 sensitivity sqrt(K)), however many
+  facts a sentence states; a value's kind is a function of the released value's text
+  alone. PipelineDP calibrates the Gaussian noise and threshold to (epsilon, delta) for the
+  whole selection and its counts.
   A pair held by one record is released with probability `FactPlan.singleton_probability`
   (delta / 2K: at most delta). Nothing else reads the records; the ledger is charged that
   one event, before the selection runs, and the pairs drawn are kept in the private work
@@ -41,16 +46,24 @@ from pathlib import Path
 from dp_accounting import dp_event
 
 from synthgen.knowledge.phrases import record_pairs, split_pair, zipf
+from synthgen.knowledge.typed_facts import (
+    KIND_LABELS,
+    record_fact_keys,
+    split_fact,
+    value_kind,
+)
 from synthgen.knowledge.work_lock import work_lock
 from synthgen.privacy import accounting
 from synthgen.privacy.partition_selection import (
     MECHANISM,
     keep_probability,
+    noise_stddev,
     release_key_counts,
     selection_threshold,
 )
 
 RELATION = "ADD_OR_REMOVE_ONE"
+EXTRACTORS = ("typed", "phrases")
 PLAN_SUPPORTS = (1, 3, 5, 10, 20, 50, 100)
 CHARGE_FILE = "facts_charge.json"  # the charge's idempotency key (private work folder)
 RESULT_FILE = "facts_result.json"  # the released pairs, kept so a rerun draws nothing new
@@ -63,15 +76,20 @@ class FactConfig:
 
     Attributes:
       epsilon, delta: the whole release, per record (delta < 1/n is checked by the plan).
-      max_pairs: K, most fact pairs one record contributes (nearest phrases first). Chosen
-        on the validation domain (docs/guides/knowledge.md): 1.
+      max_pairs: K, most facts one record contributes. Chosen on the validation domains
+        (docs/guides/knowledge.md): 1.
       max_partners: most partners a synthetic record lists (by noisy count).
+      extractor: what a fact is: ``typed`` (the default), a (subject, value) pair whose
+        value is typed (`synthgen.knowledge.typed_facts`: metadata dropped, technical
+        values whole, the subject each value is said of); ``phrases``, an unordered pair of
+        key phrases (`synthgen.knowledge.phrases`, the release before issue 69).
     """
 
     epsilon: float
     delta: float = 1e-6
     max_pairs: int = 1
     max_partners: int = 8
+    extractor: str = "typed"
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
@@ -80,6 +98,8 @@ class FactConfig:
             raise ValueError(f"delta must be in (0, 1), {self.delta=}")
         if self.max_pairs < 1 or self.max_partners < 1:
             raise ValueError(f"max_pairs and max_partners must be >= 1: {self}")
+        if self.extractor not in EXTRACTORS:
+            raise ValueError(f"extractor must be one of {EXTRACTORS}, got {self.extractor=}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +119,12 @@ class FactPlan:
         """Probability that a pair stated by `records` records is released."""
         c = self.config
         return keep_probability(records, c.epsilon, c.delta, c.max_pairs)
+
+    @property
+    def noise_stddev(self) -> float:
+        """The standard deviation of the noise on each released count (public)."""
+        c = self.config
+        return noise_stddev(c.epsilon, c.delta, c.max_pairs)
 
     @property
     def singleton_probability(self) -> float:
@@ -152,6 +178,8 @@ class FactPlan:
                 {
                     "stage": "fact-pairs",
                     "mechanism": MECHANISM,
+                    "extractor": c.extractor,
+                    "noise_stddev": self.noise_stddev,
                     "max_pairs_per_record": c.max_pairs,
                     "l2_sensitivity": math.sqrt(c.max_pairs),
                     "threshold": self.threshold,
@@ -184,12 +212,19 @@ class FactRelease:
     plan: FactPlan
 
 
-def fact_records(pairs: dict[str, float], max_partners: int) -> list[dict]:
+def fact_records(
+    pairs: dict[str, float], max_partners: int, extractor: str = "phrases"
+) -> list[dict]:
     """Post-processing: one record per released phrase, its partners by noisy count.
 
     ``{"text": "Dara Quill: Velmora Dynamics; Poswick.", "topic": "Dara Quill",
-    "partners": [...]}``, phrases by their total noisy count, most stated first.
+    "partners": [...]}``, phrases by their total noisy count, most stated first. A typed
+    release (`extractor` ``typed``) makes one record per subject, each value with its kind
+    and noisy count: ``{"text": "payments gateway: team Team Heron (31); version v2.28.5
+    (25).", "topic", "partners", "facts": [{"value", "kind", "count"}, ...]}``.
     """
+    if extractor == "typed":
+        return _typed_records(pairs, max_partners)
     partners: dict[str, list[tuple[float, str]]] = defaultdict(list)
     for key, count in pairs.items():
         a, b = split_pair(key)
@@ -201,6 +236,28 @@ def fact_records(pairs: dict[str, float], max_partners: int) -> list[dict]:
         ranked = [b for _, b in sorted(partners[phrase], key=lambda cb: (-cb[0], cb[1]))]
         ranked = ranked[:max_partners]
         out.append({"text": f"{phrase}: {'; '.join(ranked)}.", "topic": phrase, "partners": ranked})
+    return out
+
+
+def _typed_records(facts: dict[str, float], max_values: int) -> list[dict]:
+    by_subject: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for key, count in facts.items():
+        subject, value = split_fact(key)
+        by_subject[subject].append((float(count), value))
+    order = sorted(by_subject, key=lambda s: (-sum(c for c, _ in by_subject[s]), s))
+    out = []
+    for subject in order:
+        ranked = sorted(by_subject[subject], key=lambda cv: (-cv[0], cv[1]))[:max_values]
+        rows = [{"value": v, "kind": value_kind(v), "count": c} for c, v in ranked]
+        said = "; ".join(f"{KIND_LABELS[r['kind']]} {r['value']} ({r['count']:.0f})" for r in rows)
+        out.append(
+            {
+                "text": f"{subject}: {said}.",
+                "topic": subject,
+                "partners": [r["value"] for r in rows],
+                "facts": rows,
+            }
+        )
     return out
 
 
@@ -272,7 +329,8 @@ def release_facts(
             if kept["plan"] != json.loads(json.dumps(plan.to_dict())) or kept["n"] != len(texts):
                 raise ValueError(f"{work} holds a fact release with another plan; use a new one")
             pairs = {str(k): float(v) for k, v in kept["pairs"].items()}
-            return FactRelease(pairs, fact_records(pairs, config.max_partners), plan)
+            records = fact_records(pairs, config.max_partners, config.extractor)
+            return FactRelease(pairs, records, plan)
         release = _select(texts, config, plan)
         # written before anything is returned: a crash after it replays
         tmp = stored.with_suffix(f".{secrets.token_hex(4)}.tmp")
@@ -285,10 +343,12 @@ def release_facts(
 
 def _select(texts: Sequence[str], config: FactConfig, plan: FactPlan) -> FactRelease:
     """The selection itself (charged by the caller): the one place noise is drawn."""
-    keys = [record_pairs(text, config.max_pairs) for text in texts]
+    extract = record_fact_keys if config.extractor == "typed" else record_pairs
+    keys = [extract(text, config.max_pairs) for text in texts]
     zipf.cache_clear()  # the rule's cache holds the records' words: not kept after reading
     selected = release_key_counts(
         keys, epsilon=config.epsilon, delta=config.delta, max_keys=config.max_pairs
     )
     pairs = {str(k): float(v) for k, v in selected.counts.items()}
-    return FactRelease(pairs, fact_records(pairs, config.max_partners), plan)
+    records = fact_records(pairs, config.max_partners, config.extractor)
+    return FactRelease(pairs, records, plan)

@@ -81,6 +81,16 @@ def selection_threshold(epsilon: float, delta: float, max_keys: int) -> float:
     return float(_strategy(epsilon, delta, max_keys).threshold)
 
 
+def noise_stddev(epsilon: float, delta: float, max_keys: int) -> float:
+    """The standard deviation of the Gaussian noise on each released count (public): read
+    off the threshold and the keep probability of a key one unit holds, P(1 + N(0, s^2) >=
+    threshold), which is how python-dp's strategy draws it."""
+    from scipy.stats import norm
+
+    strategy = _strategy(epsilon, delta, max_keys)
+    return float((strategy.threshold - 1.0) / norm.isf(strategy.probability_of_keep(1)))
+
+
 def keep_probability(count: int, epsilon: float, delta: float, max_keys: int) -> float:
     """The probability that a key held by `count` units is released (public arithmetic)."""
     return float(_strategy(epsilon, delta, max_keys).probability_of_keep(int(count)))

@@ -18,6 +18,7 @@ from synthgen.audit.fact_release import (
 from synthgen.knowledge import facts
 from synthgen.knowledge.facts import FactConfig
 from synthgen.knowledge.phrases import pair_key, record_pairs, record_phrases
+from synthgen.knowledge.typed_facts import record_fact_keys, statements
 from synthgen.privacy.partition_selection import release_key_counts
 from tests.retriever.service.harness import cli
 
@@ -96,27 +97,45 @@ def _every_pair(text, max_pairs):
     return record_pairs(text, 10**6)
 
 
+def _each_statement_typed(text, max_facts):
+    """A broken dedupe of the typed extractor: each fact once per sentence stating it."""
+    sentences = [set(record_fact_keys(s, 10**6)) for s, _ in statements(text)]
+    return [
+        k
+        for k in record_fact_keys(text, max_facts)
+        for _ in range(max(1, sum(k in s for s in sentences)))
+    ]
+
+
+def _every_fact_typed(text, max_facts):
+    """A broken K cap of the typed extractor: every fact of the record."""
+    return record_fact_keys(text, 10**6)
+
+
 def _k_at_a_time(unit_keys, *, max_keys, **kwargs):
     """The selection with every key of a unit counted, K keys at a time (no cap left)."""
     units = [keys[i : i + max_keys] for keys in unit_keys for i in range(0, len(keys), max_keys)]
     return release_key_counts(units, max_keys=max_keys, **kwargs)
 
 
+@pytest.mark.parametrize("extractor", ["typed", "phrases"])
 @pytest.mark.parametrize(
     ("broken", "max_pairs"), [("dedupe", 1), ("dedupe", 2), ("cap", 1), ("cap", 3)]
 )
 def test_a_broken_dedupe_or_k_cap_is_a_leak_and_the_real_release_is_not(
-    world, monkeypatch, broken, max_pairs
+    world, monkeypatch, broken, max_pairs, extractor
 ):
-    config = FactConfig(epsilon=3.0, max_pairs=max_pairs)
+    config = FactConfig(epsilon=3.0, max_pairs=max_pairs, extractor=extractor)
     real = audit_fact_release(world.documents, config, canaries=300, seed=0)
     assert real.repeats > 1 and real.over_k_records == 3 * real.repeats
     assert real.repeated_released == 0 and real.beyond_k_released == 0 and not real.leak
     if broken == "dedupe":
         monkeypatch.setattr(facts, "record_pairs", _each_statement)
+        monkeypatch.setattr(facts, "record_fact_keys", _each_statement_typed)
         monkeypatch.setattr(facts, "release_key_counts", _each_repeat_counted)
     else:
         monkeypatch.setattr(facts, "record_pairs", _every_pair)
+        monkeypatch.setattr(facts, "record_fact_keys", _every_fact_typed)
         monkeypatch.setattr(facts, "release_key_counts", _k_at_a_time)
     result = audit_fact_release(world.documents, config, canaries=300, seed=0)
     assert result.leak and result.verdict == "leak"
@@ -133,7 +152,10 @@ def test_over_k_canaries_state_their_shared_pair_past_k():
     for k in (1, 2, 4):
         records, shared = make_over_k_canaries(2, 3, k, np.random.default_rng(0), set())
         assert len(records) == 6 and len(shared) == 4
-        for text in records:
+        for text in records:  # typed: the shared pair is a fact, after the first K
+            typed = record_fact_keys(text, 10**6)
+            assert not any(name in key for key in typed[:k] for name in shared)
+            assert any(all(n in shared for n in key.split(" | ")) for key in typed[k:])
             assert len(record_pairs(text, k)) == k
             assert not any(name in p for p in record_pairs(text, k) for name in shared)
             assert any(pair_key(*sorted(shared)[:2]) == p or name in p

@@ -14,6 +14,7 @@ from synthgen.knowledge.phrases import (
     record_phrases,
     sentence_phrases,
 )
+from synthgen.knowledge.typed_facts import fact_key
 from synthgen.privacy import PrivacyLedger, Scope
 from synthgen.privacy.partition_selection import keep_probability
 
@@ -86,16 +87,32 @@ def _collection(canary: str) -> list[str]:
 def test_release_carries_shared_facts_and_never_a_single_records(tmp_path):
     canary = "Zorvik Plenthe was born in Qaxfordshire."
     release = release_facts(_collection(canary), FactConfig(epsilon=10.0))
-    assert set(release.pairs) == {
-        pair_key("Dara Quillon", "Velmora Dynamics"),
-        pair_key("Bo Kestrin", "Tarnwick"),
+    assert set(release.pairs) == {  # typed: the subject first, the value it is said of
+        fact_key("Dara Quillon", "Velmora Dynamics"),
+        fact_key("Bo Kestrin", "Tarnwick"),
     }
     assert all(abs(count - 30) < 15 for count in release.pairs.values())
     texts = " ".join(r["text"] for r in release.records)
     assert "Zorvik" not in texts and "Qaxfordshire" not in texts
+    assert {r["topic"] for r in release.records} == {"Dara Quillon", "Bo Kestrin"}
+    by_topic = {r["topic"]: r for r in release.records}
+    assert by_topic["Dara Quillon"]["facts"][0]["kind"] == "org"
+    assert by_topic["Bo Kestrin"]["text"].startswith("Bo Kestrin: place Tarnwick (")
+
+
+def test_the_phrase_release_is_kept_as_an_extractor():
+    canary = "Zorvik Plenthe was born in Qaxfordshire."
+    config = FactConfig(epsilon=10.0, extractor="phrases")
+    release = release_facts(_collection(canary), config)
+    assert set(release.pairs) == {
+        pair_key("Dara Quillon", "Velmora Dynamics"),
+        pair_key("Bo Kestrin", "Tarnwick"),
+    }
     assert {r["topic"] for r in release.records} == {
         "Dara Quillon", "Velmora Dynamics", "Bo Kestrin", "Tarnwick",
     }  # fmt: skip
+    with pytest.raises(ValueError, match="extractor"):
+        FactConfig(epsilon=10.0, extractor="spacy")
 
 
 def test_fact_records_list_partners_by_noisy_count():

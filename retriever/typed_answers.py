@@ -1,0 +1,130 @@
+"""Answer a question from a typed fact release: its subject, the kind it asks for, the counts.
+
+A typed fact release (`synthgen.knowledge.facts`, ``extractor="typed"``) holds, per released
+subject, its values with their kinds and noisy counts ("payments gateway: team Team Heron
+(31); version v2.28.5 (25)."). A question is answered in three public steps, no LM:
+
+1. **the subject**: the released subjects the question names (whole words, case-folded; a
+   subject inside a longer named one is left out); and when the question names a released
+   value that is a name, that value's subject is a candidate too ("Velmora Dynamics
+   employs Dara Quill" answers "Which company does Dara Quill work for?"). None: abstain.
+2. **the kind it asks for**, by a public rule on the question's words (`QUESTION_KINDS`):
+   "What is the IP address of ..." asks an ``ip`` or a ``host``, "When ..." a time window,
+   "Which company ..." an organisation, "Who ..." a person, a team or a name. A question
+   no rule reads is not answered (which relation it asks is unknown).
+3. **the value the release supports**: the subject's values of those kinds, by noisy
+   count. The answer is the first when it leads the second by at least `GAP` noise standard
+   deviations (the release's own, public); otherwise, or when no value has the kind asked,
+   the answer abstains: a release that cannot tell names nothing, rather than a value of
+   another relation.
+
+What it cannot tell: two relations whose values have the same kind (a subject's keeper and
+its contact, both people) are told apart only by their counts; a question about a relation
+the collection never states is answered when the subject has a value of the kind it asks
+for ("Who approved the budget for X?" when X has a team).
+
+Privacy:
+  Reads only the release (DP outputs) and the public question; post-processing, charges
+  nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from retriever.fact_answers import ABSTAIN, FactAnswer
+from synthgen.knowledge.typed_facts import value_kind
+
+GAP = 1.0  # noise standard deviations the first value must lead by (chosen on validation)
+
+# (pattern on the lower-cased question, the kinds it asks for), first match wins.
+QUESTION_KINDS: tuple[tuple[str, frozenset[str]], ...] = tuple(
+    (pattern, frozenset(kinds.split()))
+    for pattern, kinds in (
+        (r"\bip\b|\baddress\b", "ip host"),
+        (r"\bversion\b", "version"),
+        (r"\bwhen\b|\bschedule\b|\bwindow\b|what time", "window"),
+        (r"\byear\b", "year"),
+        (r"how long is|\blength\b|how tall|how big|how heavy|\bsize\b", "measure"),
+        (r"how long|how often|\binterval\b|\bretention\b|\bkept\b|\bduration\b", "duration"),
+        (r"how many|\bcapacity\b", "count"),
+        (r"how much|\bcost\b|\bprice\b", "money"),
+        (r"\bteam\b", "team"),
+        (
+            r"\bcompany\b|\bemploy|\bwork (?:for|at)\b|\bmakes?\b|\bmanufactur|\bvendor\b"
+            r"|\bsupplier\b|\bbrand\b|\bfirm\b",
+            "org",
+        ),
+        (r"\bcode\b|\bpassword\b", "item name"),
+        (r"\bwho\b|\bwhom\b", "person team name"),
+        (r"\bshare\b|\bdata\b|\bsaves?\b|\bwrites?\b", "share host"),
+        (
+            r"\bwhere\b|\broom\b|\btown\b|\bcity\b|\bcountry\b|\blocated\b|\bgrow up\b"
+            r"|\bhometown\b|\bhabitat\b|\blive\b|\bsite\b|\blocation\b",
+            "room place name share host",
+        ),
+    )
+)
+
+
+_NAMES = frozenset("person org place name team".split())  # kinds a question may name
+
+
+def _whole(text: str) -> str:
+    return r"(?<![\w-])" + re.escape(text) + r"(?![\w-])"
+
+
+def question_kinds(question: str) -> frozenset[str]:
+    """The kinds of value `question` asks for (`QUESTION_KINDS`); empty: none known."""
+    low = question.lower()
+    for pattern, kinds in QUESTION_KINDS:
+        if re.search(pattern, low):
+            return kinds
+    return frozenset()
+
+
+class TypedFactAnswerer:
+    """Answers questions from a typed fact release's records (`fact_records`, typed)."""
+
+    def __init__(self, records: Sequence[dict], noise_stddev: float, gap: float = GAP) -> None:
+        if not noise_stddev > 0 or gap < 0:
+            raise ValueError(f"need noise_stddev > 0 and gap >= 0: {noise_stddev=}, {gap=}")
+        self.records = {r["topic"]: r for r in records}
+        self.margin = gap * noise_stddev
+
+    def subjects(self, question: str) -> list[str]:
+        """The released subjects `question` names (case-folded), longest first."""
+        low = question.lower()
+        found: list[str] = []
+        for subject in sorted(self.records, key=len, reverse=True):
+            key = subject.lower()
+            if re.search(_whole(key), low) and not any(key in f.lower() for f in found):
+                found.append(subject)
+        return found
+
+    def answer(self, question: str) -> FactAnswer:
+        named = self.subjects(question)
+        kinds = question_kinds(question)
+        candidates: dict[str, float] = {}
+        for subject in named:
+            for fact in self.records[subject]["facts"]:
+                if fact["kind"] in kinds:
+                    value = fact["value"]
+                    candidates[value] = max(candidates.get(value, 0.0), float(fact["count"]))
+        # a name the question names may be a released value: its subject is a candidate
+        # too ("Velmora Dynamics employs Dara Quill" answers "Where does Dara Quill work?")
+        low = question.lower()
+        for subject, record in self.records.items():
+            if subject in named or value_kind(subject) not in kinds:
+                continue
+            for fact in record["facts"]:
+                name = fact["value"].lower()
+                if fact["kind"] in _NAMES and re.search(_whole(name), low):
+                    count = float(fact["count"])
+                    candidates[subject] = max(candidates.get(subject, 0.0), count)
+                    named.append(subject)
+        ranked = sorted(candidates.items(), key=lambda vc: (-vc[1], vc[0]))
+        if not ranked or (len(ranked) > 1 and ranked[0][1] - ranked[1][1] < self.margin):
+            return FactAnswer(ABSTAIN, named, True, candidates)
+        return FactAnswer(ranked[0][0], named, False, candidates)
