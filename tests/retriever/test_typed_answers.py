@@ -29,9 +29,7 @@ def test_the_question_picks_the_kind(answerer):
         "10.70.240.43"
     )
     assert answerer.answer("Which version does the payments gateway run?").answer == "v2.28.5"
-    assert answerer.answer("Which company does Dara Quill work for?").answer == (
-        "Velmora Dynamics"
-    )
+    assert answerer.answer("Which company does Dara Quill work for?").answer == ("Velmora Dynamics")
     assert answerer.answer("In which town did Dara Quill grow up?").answer == "Poswick"
 
 
