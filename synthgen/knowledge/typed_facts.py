@@ -219,7 +219,9 @@ def _subjects(sentence: str, values: list) -> list[tuple[int, int, str]]:
         for w in _WORD.finditer(sentence, m.end()):
             word = w.group(0)
             inside = any(x <= w.start() < y for x, y, *_ in values)
-            if w.start() != end or inside or _is_verb(word):
+            # right after "the" comes a noun or an adjective, never a verb ("the build farm")
+            verb = word.lower() in FUNCTION_WORDS if not words else _is_verb(word)
+            if w.start() != end or inside or verb:
                 break
             if len(words) == _MAX_SUBJECT_WORDS:
                 break
