@@ -1,4 +1,5 @@
-"""`retriever knowledge release|answer`: release a collection once, then answer for free.
+"""`retriever knowledge release|preview|audit|answer`: release a collection once, then answer
+for free.
 
 Thin wrappers over `retriever.network.knowledge.build_knowledge` (the one-time DP release,
 `synthgen.knowledge`) and `retriever.knowledge_base.KnowledgeBase` (ordinary RAG over the
@@ -201,6 +202,68 @@ def release(
         )
     else:
         print(f"shard done; other clusters remain ({line['clusters']} clusters in all)")
+
+
+@knowledge_app.command("preview")
+def preview(
+    private_corpus: Annotated[Path, typer.Option(help="private corpus.jsonl (doc_id, text)")],
+    epsilon: Annotated[
+        float, typer.Option(help="the release's epsilon you plan", callback=positive)
+    ] = 10.0,
+    delta: Annotated[float, typer.Option(help="the release's delta", callback=probability)] = (
+        1e-6
+    ),
+    max_pairs: Annotated[
+        int, typer.Option(help="the release's K (facts per record)", callback=positive)
+    ] = 1,
+    extractor: Annotated[str, typer.Option(help="the release's extractor: typed or phrases")] = (
+        "typed"
+    ),
+    top: Annotated[int, typer.Option(help="facts listed, most stated first")] = 30,
+    as_json: Annotated[bool, typer.Option("--json", help="print the preview as JSON")] = False,
+) -> None:
+    """Preview what a fact release would read from your records: NOT DP, for your eyes only.
+
+    Runs the release's public rule over your private records as the release would, and
+    prints exact counts: the records that yield a fact, the kinds of value read, the facts
+    most records state, and how many facts a release at --epsilon would carry. Nothing is
+    charged, written or released; do not share the output (it is your data's own counts).
+    """
+    from retriever.data import read_corpus
+    from synthgen.knowledge import FactConfig
+    from synthgen.knowledge.preview import preview_facts
+
+    try:
+        config = FactConfig(epsilon, delta, max_pairs, extractor=extractor)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    _, texts = read_corpus(private_corpus)
+    try:
+        found = preview_facts(texts, config)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    print(
+        "warning: operator preview, NOT DP: exact counts of your private records, for your "
+        "eyes only; nothing is charged or released",
+        file=sys.stderr,
+    )
+    if as_json:
+        print(json.dumps(found.to_dict(top)))
+        return
+    print(
+        f"{found.records_with_facts} of {found.records} records yield a fact "
+        f"({extractor}, K={max_pairs}); {len(found.facts)} distinct facts"
+    )
+    if found.kinds:
+        print("kinds read: " + ", ".join(f"{k} {n}" for k, n in found.kinds.items()))
+    print(
+        f"at epsilon={epsilon:g}, delta={delta:g} a fact needs about {found.records_needed} "
+        f"records: {found.likely_released} facts would likely be released "
+        f"({found.expected_released:.1f} expected)"
+    )
+    for key, n in found.facts[:top]:
+        print(f"  {n:>6d}  {key}")
 
 
 @knowledge_app.command("audit")
