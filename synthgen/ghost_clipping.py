@@ -173,8 +173,9 @@ def per_example_factors(
 
     Returns:
       (per-example losses [micro]; per-example gradients of the weights that are not tapped,
-      {path: [micro, *shape] float32}; the tapped weights' factors, {path: [(A, B) per use]}
-      with example i's gradient of the weight the sum over uses of A_i^T B_i (`_factors`)).
+      path -> float32 [micro, the weight's shape]; the tapped weights' factors, path -> a
+      list of (A, B), one per use, example i's gradient of the weight the sum over uses of
+      A_i^T B_i (`_factors`)).
       Tests and `scripts/bench_clip_bound.py` recompute the exact norms from these.
     """
     example = jax.tree.map(lambda x: x[0], batch)
@@ -266,8 +267,10 @@ def clipped_sum(
       adding contributions, at most 2 gamma_m sum_j ||c_j G_j|| <= 2 gamma_m m C over the m
       examples of a microbatch (2.4e-4 C at m = 32), as on the per-example path. "batched"
       adds every example's per-token terms in one product, and the change is at most
-      2 gamma_{m n} sum_j c_j P_j (P_j = sum_t ||a_t|| ||b_t||, several times ||G_j||): about
-      0.012 C at t5-small with m = 8, 0.6-1.2 C at the `gpu` preset.
+      2 gamma_{m n} sum_j c_j P_j (P_j = sum_t ||a_t|| ||b_t||, several times ||G_j||): 3.9e-3 C
+      against 1.5e-5 C per example at t5-small with m = 8, about 0.2 C against 2.4e-4 C at
+      the `gpu` preset's shapes (worst cases, `scripts/bench_clip_bound.py`; the query
+      generator guide has the table).
     """
     if rule not in NORM_RULES:
         raise ValueError(f"rule must be one of {NORM_RULES}, got {rule=}")
