@@ -73,6 +73,7 @@ from dp_accounting import dp_event
 
 from synthgen.privacy import events
 from synthgen.privacy.document_filters import DocumentFilters
+from synthgen.privacy.errors import BudgetExceededError
 from synthgen.privacy.ledger_composition import (
     _CHARGE_COLUMNS,
     _CHARGE_FROM,
@@ -80,7 +81,7 @@ from synthgen.privacy.ledger_composition import (
     _rows_of,
     _within,
 )
-from synthgen.privacy.ledger_documents import DocumentSets
+from synthgen.privacy.ledger_documents import GUARANTEES_FLAG, DocumentSets, undeclared_sharing
 from synthgen.privacy.ledger_records import ScopeRecords
 from synthgen.privacy.ledger_store import Connection, LedgerStore
 from synthgen.privacy.ledger_types import (
@@ -301,7 +302,9 @@ class PrivacyLedger(ScopeRecords, DocumentSets, LedgerComposition):
           The recorded charges (or the earlier ones with the same `ref`).
 
         Raises:
-          BudgetExceededError: the charges together would exceed the cap; nothing is recorded.
+          BudgetExceededError: the charges together would exceed the cap, or the dataset
+            shares records with a name that charged after both were bound
+            (`ledger_documents.undeclared_sharing`); nothing is recorded.
           DocumentBudgetError: a named document cannot pay; nothing is recorded.
           ValueError: no items, an invalid event, or `ref` reused for other events.
         """
@@ -327,6 +330,16 @@ class PrivacyLedger(ScopeRecords, DocumentSets, LedgerComposition):
                         noun = "charge" if _single else "charges"
                         raise ValueError(f"{ref=} already names a different {noun}")
                     return earlier
+            shared = undeclared_sharing(conn, dataset)
+            if shared:  # two names bound before either charged: the second to charge waits
+                raise BudgetExceededError(
+                    f"the documents of {dataset} share records with {', '.join(shared)}, "
+                    "which charged after both were bound: a charge here would add up with "
+                    f"theirs. Use --dataset {shared[0]} to keep one budget, or bind again "
+                    f"with {GUARANTEES_FLAG} to add up deliberately; nothing was charged",
+                    tenant=tenant,
+                    dataset=dataset,
+                )
             stage_events = [(stage, event) for stage, event, _ in items]
             checked = self._check_scopes(conn, tenant, dataset, stage_events, relation, delta)
             standalone = checked[0][2]

@@ -88,15 +88,15 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
             table: conn.execute(f"SELECT {columns} FROM {table}").fetchall()
             for table, columns in _BINDING_TABLES.items()
         }
-    if binding_rows["document_records"]:
-        with dst._store.read() as conn:  # noqa: SLF001
-            if conn.execute("SELECT 1 FROM document_records LIMIT 1").fetchone():
-                raise ValueError(
-                    "the target ledger already binds documents to collection names under its "
-                    "own secret, so names over the same documents in the two ledgers could not "
-                    "be grouped: copy into a new ledger; nothing was copied"
-                )
     with dst._store.write() as conn:  # noqa: SLF001 - one transaction: all or nothing
+        bound = conn.execute("SELECT 1 FROM document_sets LIMIT 1").fetchone()
+        if bound and (document_rows or binding_rows["document_records"]):
+            raise ValueError(
+                "the target ledger already binds documents to collection names (under its "
+                "own secret, or by whole-collection digests), so names over the same documents "
+                "in the two ledgers could not be grouped: copy into a new ledger; nothing was "
+                "copied"
+            )
         for row in scope_rows:
             conn.execute(
                 "INSERT INTO scopes (tenant, dataset, epsilon_cap, delta_cap, accountant, "
@@ -140,6 +140,14 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
         if not math.isclose(a, b, rel_tol=1e-6):
             raise ValueError(f"spend of {scope.tenant}/{scope.dataset} differs after the copy")
         spends[f"{scope.tenant}/{scope.dataset}"] = (a, b)
+    if document_rows:  # the target held no binding: its tables are the source's, row by row
+        with src._store.read() as a, dst._store.read() as b:  # noqa: SLF001
+            tables = {**_BINDING_TABLES, "document_sets": "dataset, fingerprint"}
+            for table, columns in tables.items():
+                query = f"SELECT {columns} FROM {table}"
+                rows_a, rows_b = (sorted(map(tuple, c.execute(query).fetchall())) for c in (a, b))
+                if rows_a != rows_b:
+                    raise ValueError(f"{table} differs after the copy")
     grouped = [set(g.datasets) for g in dst.document_groups()]
     for group in src.document_groups():
         if not any(set(group.datasets) <= names for names in grouped):

@@ -45,6 +45,8 @@ import secrets
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
+from dp_accounting import dp_event
+
 from synthgen.privacy.document_filters import DocumentFilters
 from synthgen.privacy.errors import PrivacyError, UnsupportedEventError
 from synthgen.privacy.events import (
@@ -94,10 +96,20 @@ def record_digests(secret: bytes, texts: Iterable[str]) -> list[str]:
 class SharedDocumentsError(ValueError):
     """A collection name whose records overlap those of names that have charged."""
 
-    def __init__(self, dataset: str, others: list[str]) -> None:
+    def __init__(self, dataset: str, others: list[str], *, legacy: bool = False) -> None:
         names = ", ".join(others)
         keep = others[0]
         one = len(others) == 1
+        self.dataset, self.others = dataset, others
+        if legacy:
+            super().__init__(
+                f"this ledger holds collections bound before schema 10 that have charged "
+                f"({names}): it knows them by a digest of the whole collection, so it cannot "
+                f"tell whether {dataset} shares records with them. Run one command on each of "
+                f"them first (it binds their records), or pass {GUARANTEES_FLAG} if {dataset} "
+                "is known to share none or to add up deliberately"
+            )
+            return
         super().__init__(
             f"the documents of {dataset} share records with {names}, which "
             f"{'has' if one else 'have'} already charged this ledger: what another name "
@@ -108,7 +120,6 @@ class SharedDocumentsError(ValueError):
             f"--dataset and pass {GUARANTEES_FLAG} to add up deliberately (`synthgen ledger "
             "show` then prints the names together with their composed total)"
         )
-        self.dataset, self.others = dataset, others
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +156,7 @@ class DocumentGroup:
             "kind": "same_documents",
             "same_documents": list(self.datasets),
             "documents": self.documents,
-            "epsilon_spent": self.epsilon,
+            "epsilon_spent": self.epsilon if math.isfinite(self.epsilon) else None,
             "epsilon_spent_text": format_epsilon(self.epsilon),
             "delta": self.delta,
             "why": self.why,
@@ -169,7 +180,8 @@ class DocumentSets:
           dataset: the collection's name in the ledger.
           texts: its records' texts (`record_text`), read here only to digest them.
           guarantees_add_up: the caller knows other names share these records and wants
-            the guarantees to add up (``--guarantees-add-up``).
+            the guarantees to add up (``--guarantees-add-up``): the pair is then admitted
+            for good.
 
         Returns:
           The other names that share at least one of these records, in order of first
@@ -178,46 +190,73 @@ class DocumentSets:
         Raises:
           ValueError: no texts.
           SharedDocumentsError: names that share a record with `texts` have charges (or
-            per-document filters), `dataset` has not been admitted beside them before (it
-            had charged when they were found to share records) and `guarantees_add_up` is
-            False; nothing is written. A name bound but never charged refuses nothing: it
-            has spent nothing the new name would add to. Two new names bound at once, before
-            either charges, are both admitted; the ledger still groups them.
+            per-document filters), the sharing was not admitted deliberately before and
+            `guarantees_add_up` is False; or the ledger holds charged names bound before
+            schema 10, which cannot be compared record by record. Nothing is written. A
+            name bound but never charged refuses nothing at binding: it has spent nothing
+            the new name would add to; the first of the two to charge after the other has
+            is refused then (`undeclared_sharing`, checked by every charge).
         """
         texts = list(texts)
         if not texts:
             raise ValueError("a collection needs at least one document to be bound")
+        keys = self._bind_keys()
+        digests = {key_id: record_digests(secret, texts) for key_id, secret in keys}
+        set_id = _KEYED + keys[0][0] + ":" + _set_digest(keys[0][1], digests[keys[0][0]])
+        with self._store.read() as conn:  # the slow lookups, before the lock
+            mark = _bindings_mark(conn)
+            sharing = None if _is_bound(conn, dataset, set_id) else _sharing(conn, digests)
         with self._store.scope_lock(_BIND_LOCK) as conn:
-            keys = _ledger_keys(conn)
-            digests = {key_id: record_digests(secret, texts) for key_id, secret in keys}
-            sharing = set(_sharing(conn, digests)) | set(_legacy_sharing(conn, texts))
-            sharing.discard(dataset)
+            rebind = _is_bound(conn, dataset, set_id)
+            if rebind:  # every name that overlaps this set was linked when bound
+                sharing = sorted(_linked(conn, dataset))
+            elif sharing is None or _bindings_mark(conn) != mark:  # bound meanwhile
+                sharing = _sharing(conn, digests)
+            shared = (set(sharing) | set(_legacy_sharing(conn, texts))) - {dataset}
             order = _first_bound(conn)
-            others = sorted(sharing, key=lambda d: order.get(d, math.inf))
-            admitted = _linked(conn, dataset) if _has_spent(conn, dataset) else set()
+            others = sorted(shared, key=lambda d: order.get(d, math.inf))
+            admitted = _deliberate(conn, dataset) if _has_spent(conn, dataset) else set()
             # a binding left by a refused run spent nothing: it admits no new name
             refused = [d for d in others if d not in admitted and _has_spent(conn, d)]
             if refused and not guarantees_add_up:
                 raise SharedDocumentsError(dataset, refused)
-            own_key, own_digests = keys[0][0], digests[keys[0][0]]
-            conn.executemany(
-                "INSERT INTO document_records (dataset, key_id, digest) VALUES (?, ?, ?) "
-                "ON CONFLICT DO NOTHING",
-                [(dataset, own_key, d) for d in own_digests],
-            )
-            set_id = _KEYED + own_key + ":" + _set_digest(keys[0][1], own_digests)
+            legacy = [d for d in _legacy_charged(conn) if d != dataset and d not in shared]
+            if legacy and not guarantees_add_up:
+                raise SharedDocumentsError(dataset, legacy, legacy=True)
             now = time.time()
-            conn.execute(
-                "INSERT INTO document_sets (dataset, fingerprint, documents, created_at) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (dataset, set_id, len(texts), now),
-            )
+            if not rebind:
+                own_key = keys[0][0]
+                conn.executemany(
+                    "INSERT INTO document_records (dataset, key_id, digest) VALUES (?, ?, ?) "
+                    "ON CONFLICT DO NOTHING",
+                    [(dataset, own_key, d) for d in digests[own_key]],
+                )
+                conn.execute(
+                    "INSERT INTO document_sets (dataset, fingerprint, documents, created_at) "
+                    "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (dataset, set_id, len(set(texts)), now),
+                )
+            pairs = [(a, b) for other in others for a, b in ((dataset, other), (other, dataset))]
             conn.executemany(
-                "INSERT INTO document_links (dataset, other, created_at) VALUES (?, ?, ?) "
-                "ON CONFLICT DO NOTHING",
-                [(a, b, now) for other in others for a, b in ((dataset, other), (other, dataset))],
+                "INSERT INTO document_links (dataset, other, created_at, deliberate) "
+                "VALUES (?, ?, ?, 0) ON CONFLICT DO NOTHING",
+                [(a, b, now) for a, b in pairs],
             )
+            if guarantees_add_up:
+                conn.executemany(
+                    "UPDATE document_links SET deliberate = 1 WHERE dataset = ? AND other = ?",
+                    pairs,
+                )
         return others
+
+    def _bind_keys(self) -> list[tuple[str, bytes]]:
+        """The ledger's HMAC keys, the first made (under the bind lock) if none."""
+        with self._store.read() as conn:
+            keys = _read_keys(conn)
+        if keys:
+            return keys
+        with self._store.scope_lock(_BIND_LOCK) as conn:
+            return _ledger_keys(conn)
 
     def document_groups(self) -> list[DocumentGroup]:
         """Every group of two or more names that share records, with its composed total."""
@@ -273,8 +312,8 @@ class DocumentSets:
                 own = [s for s in scopes if s.dataset == dataset]
                 rows = conn.execute(
                     "SELECT event, epsilon, delta, COALESCE(charges.relation, scopes.relation), "
-                    "stage FROM charges JOIN scopes USING (tenant, dataset) WHERE dataset = ? "
-                    "ORDER BY charges.id",
+                    "stage, scopes.relation FROM charges JOIN scopes USING (tenant, dataset) "
+                    "WHERE dataset = ? ORDER BY charges.id",
                     (dataset,),
                 ).fetchall()
                 record = filters.get(dataset)
@@ -286,9 +325,13 @@ class DocumentSets:
                     delta += budget.delta
                 basic = [s for s in own if s.accountant == "basic"]
                 if basic and rows:
-                    eps, dlt = sum(r[1] for r in rows), sum(r[2] for r in rows)
+                    # each row's standalone figures are in its scope's relation: summed in
+                    # replace-one when any is (add/remove-one figures by group privacy)
+                    target = max(r[5] for r in rows)  # "REPLACE_ONE" > "ADD_OR_REMOVE_ONE"
+                    figures = [_in_relation(r[1], r[2], r[5], target) for r in rows]
+                    eps, dlt = sum(f[0] for f in figures), sum(f[1] for f in figures)
                     event = EpsilonDeltaDpEvent(min(eps, 1e6), min(dlt, 1 - 1e-12))
-                    items.append(("event", event_to_json(event), basic[0].relation))
+                    items.append(("event", event_to_json(event), target))
                     rows = []
                 delta += max((s.delta_cap for s in own), default=0.0)
                 items.extend(("row", dataset, tuple(r[:4])) for r in rows)
@@ -298,8 +341,8 @@ class DocumentSets:
         names = tuple(datasets)
         try:
             tally = EventTally().added(self._group_records(items, relation))
-        except (PrivacyError, ValueError):
-            why = _why_infinite(items, delta, converts=False)
+        except (PrivacyError, ValueError) as error:
+            why = f"no sound composition of these names' events is known ({error})"
             return DocumentGroup(names, documents, math.inf, delta, why)
         epsilon = 0.0 if not tally.num_events else math.inf
         for accountant in ("pld", "rdp") if tally.num_events else ():
@@ -309,7 +352,8 @@ class DocumentSets:
             except (UnsupportedEventError, ValueError):
                 continue
         if not math.isfinite(epsilon):
-            return DocumentGroup(names, documents, math.inf, delta, _why_infinite(items, delta))
+            why = _why_infinite(items, delta, relation)
+            return DocumentGroup(names, documents, math.inf, delta, why)
         # A name's own statement holds at its delta cap, below the group's delta: the group
         # never states less than one of its names does.
         stated = [self.spent(s.tenant, s.dataset).epsilon for s in scopes if s.dataset in names]
@@ -330,44 +374,68 @@ class DocumentSets:
         return out
 
 
-def _why_infinite(items: list, delta: float, *, converts: bool = True) -> str:
+def _in_relation(epsilon: float, delta: float, source: str, target: str) -> tuple[float, float]:
+    """(epsilon, delta) of `source` restated in `target` (group privacy of two for
+    add/remove-one to replace-one, Dwork & Roth 2014, Thm 2.2)."""
+    if source == target:
+        return epsilon, delta
+    return 2 * epsilon, min((1 + math.exp(min(epsilon, 700))) * delta, 1.0)
+
+
+def _leaves(event) -> list:
+    """The events a composed event is made of."""
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return [leaf for e in event.events for leaf in _leaves(e)]
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return _leaves(event.event)
+    return [event]
+
+
+def _why_infinite(items: list, delta: float, relation: str) -> str:
     """Why a group's events compose to no finite epsilon at `delta`, in a user's words."""
-    by_relation: dict[str, list[str]] = {}
+    names = {"ADD_OR_REMOVE_ONE": [], "REPLACE_ONE": []}
+    past = []
     for kind, head, rest in items:
-        name = head if kind == "row" else "a statement"
-        for_relation = by_relation.setdefault(rest[3] if kind == "row" else rest, [])
-        if name not in for_relation:
-            for_relation.append(name)
-    if len(by_relation) < 2:
-        return "no accountant composes these events to a finite epsilon at this delta"
-    add_remove = ", ".join(by_relation.get("ADD_OR_REMOVE_ONE", []))
-    replace = ", ".join(by_relation.get("REPLACE_ONE", []))
-    if not converts:
+        source = rest[3] if kind == "row" else rest
+        name = head if kind == "row" else "a stated (epsilon, delta)"
+        if name not in names.setdefault(source, []):
+            names[source].append(name)
+        if source == relation:
+            continue
+        for leaf in _leaves(event_from_json(rest[0] if kind == "row" else head)):
+            if isinstance(leaf, EpsilonDeltaDpEvent) and name not in past:
+                if _in_relation(leaf.epsilon, leaf.delta, source, relation)[1] > delta:
+                    past.append(name)
+    if past:
         return (
-            f"the names mix relations ({replace} under replace-one, {add_remove} under "
-            "add/remove-one) and an add/remove-one event has no sound replace-one form, so "
-            "no finite total is known"
+            f"the names mix relations ({', '.join(names['REPLACE_ONE'])} under replace-one, "
+            f"{', '.join(names['ADD_OR_REMOVE_ONE'])} under add/remove-one): on replace-one, "
+            "an add/remove-one (epsilon, delta) statement doubles its epsilon and multiplies "
+            f"its delta by 1 + e^epsilon (group privacy), which is past delta={delta:g}, so no "
+            "finite epsilon holds at that delta"
         )
-    return (
-        f"the names mix relations ({replace} under replace-one, {add_remove} under "
-        "add/remove-one): on replace-one, an add/remove-one (epsilon, delta) statement "
-        "doubles its epsilon and multiplies its delta by 1 + e^epsilon (group privacy), "
-        f"which is past delta={delta:g}, so no finite epsilon holds at that delta"
-    )
+    return f"no accountant composes these events to a finite epsilon at delta={delta:g}"
 
 
-def _ledger_keys(conn: Connection) -> list[tuple[str, bytes]]:
-    """The ledger's HMAC keys, oldest (the one new digests use) first; made if none."""
+def _read_keys(conn: Connection) -> list[tuple[str, bytes]]:
+    """The ledger's HMAC keys, oldest (the one new digests use) first."""
     rows = conn.execute(
         "SELECT key_id, secret FROM ledger_keys ORDER BY created_at, key_id"
     ).fetchall()
-    if not rows:
-        rows = [(secrets.token_hex(8), secrets.token_hex(32))]
+    return [(key_id, bytes.fromhex(secret)) for key_id, secret in rows]
+
+
+def _ledger_keys(conn: Connection) -> list[tuple[str, bytes]]:
+    """`_read_keys`; the first key made if there is none (256 bits from `secrets`)."""
+    keys = _read_keys(conn)
+    if not keys:
+        key_id, secret = secrets.token_hex(8), secrets.token_hex(32)
         conn.execute(
             "INSERT INTO ledger_keys (key_id, secret, created_at) VALUES (?, ?, ?)",
-            (*rows[0], time.time()),
+            (key_id, secret, time.time()),
         )
-    return [(key_id, bytes.fromhex(secret)) for key_id, secret in rows]
+        keys = [(key_id, bytes.fromhex(secret))]
+    return keys
 
 
 def _set_digest(secret: bytes, digests: list[str]) -> str:
@@ -416,15 +484,57 @@ def _first_bound(conn: Connection) -> dict[str, float]:
 
 
 def _linked(conn: Connection, dataset: str) -> set[str]:
-    """The names `dataset` was admitted beside: found sharing records with it at a binding,
-    or (ledgers before schema 10) bound to the same whole collection."""
+    """The names found sharing records with `dataset` at a binding (theirs or its)."""
     links = conn.execute("SELECT other FROM document_links WHERE dataset = ?", (dataset,))
+    return {r[0] for r in links.fetchall()}
+
+
+def _deliberate(conn: Connection, dataset: str) -> set[str]:
+    """The names `dataset` was admitted beside deliberately (``--guarantees-add-up``), or
+    (ledgers before schema 10) bound to the same whole collection."""
+    links = conn.execute(
+        "SELECT other FROM document_links WHERE dataset = ? AND deliberate = 1", (dataset,)
+    )
     same = conn.execute(
         "SELECT b.dataset FROM document_sets a JOIN document_sets b "
-        "ON a.fingerprint = b.fingerprint WHERE a.dataset = ? AND b.dataset <> ?",
-        (dataset, dataset),
+        "ON a.fingerprint = b.fingerprint WHERE a.dataset = ? AND b.dataset <> ? "
+        "AND a.fingerprint NOT LIKE ?",
+        (dataset, dataset, _KEYED + "%"),
     )
     return {r[0] for r in links.fetchall()} | {r[0] for r in same.fetchall()}
+
+
+def _is_bound(conn: Connection, dataset: str, set_id: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM document_sets WHERE dataset = ? AND fingerprint = ?", (dataset, set_id)
+    ).fetchone()
+    return row is not None
+
+
+def _bindings_mark(conn: Connection) -> tuple:
+    """What changes when any name is bound to a new collection."""
+    return tuple(conn.execute("SELECT COUNT(*), MAX(created_at) FROM document_sets").fetchone())
+
+
+def _legacy_charged(conn: Connection) -> list[str]:
+    """Names bound before schema 10 only (an unkeyed whole-collection digest, no records)
+    that have charged: their records cannot be compared with a new collection's."""
+    rows = conn.execute(
+        "SELECT DISTINCT dataset FROM document_sets WHERE fingerprint NOT LIKE ? AND dataset "
+        "NOT IN (SELECT dataset FROM document_records)",
+        (_KEYED + "%",),
+    ).fetchall()
+    return [r[0] for r in rows if _has_spent(conn, r[0])]
+
+
+def undeclared_sharing(conn: Connection, dataset: str) -> list[str]:
+    """Names that share records with `dataset`, were not admitted beside it deliberately,
+    and have charged: a charge to `dataset` would add up with theirs unannounced (two names
+    bound before either charged). Every charge checks it, inside its transaction."""
+    rows = conn.execute(
+        "SELECT other FROM document_links WHERE dataset = ? AND deliberate = 0", (dataset,)
+    ).fetchall()
+    return [r[0] for r in rows if r[0] != dataset and _has_spent(conn, r[0])]
 
 
 def _has_spent(conn: Connection, dataset: str) -> bool:

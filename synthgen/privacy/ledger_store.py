@@ -120,9 +120,11 @@ def _document_records(real: str) -> tuple[str, ...]:
         "CREATE TABLE IF NOT EXISTS document_records (dataset TEXT NOT NULL, "
         "key_id TEXT NOT NULL, digest TEXT NOT NULL, PRIMARY KEY (dataset, key_id, digest))",
         "CREATE INDEX IF NOT EXISTS document_records_digest ON document_records (key_id, digest)",
-        # pairs of names found to share at least one record when the later was bound
+        # pairs of names found to share at least one record when the later was bound, and
+        # whether the pair was admitted deliberately (--guarantees-add-up)
         "CREATE TABLE IF NOT EXISTS document_links (dataset TEXT NOT NULL, "
-        f"other TEXT NOT NULL, created_at {real} NOT NULL, PRIMARY KEY (dataset, other))",
+        f"other TEXT NOT NULL, created_at {real} NOT NULL, "
+        "deliberate INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (dataset, other))",
     )
 
 
@@ -246,6 +248,24 @@ def removed_if_refused(location: str | Path) -> Iterator[None]:
         raise
 
 
+def _owner_only(path: Path) -> None:
+    """Makes an existing ledger file readable by its owner only (it holds the secret that
+    keys the record digests), or warns when this user cannot."""
+    import warnings
+
+    mode = path.stat().st_mode
+    if not mode & 0o077:
+        return
+    try:
+        os.chmod(path, 0o600)
+    except OSError:
+        warnings.warn(
+            f"the ledger {path} is readable by other users and could not be made private "
+            "(chmod 600 it): it holds the secret that keys its record digests",
+            stacklevel=3,
+        )
+
+
 class LedgerStore:
     """Connections, transactions and migrations of one ledger database.
 
@@ -273,7 +293,7 @@ class LedgerStore:
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
                 self.created = True
             except FileExistsError:
-                pass
+                _owner_only(path)
         self._migrate()
 
     # ---- connections --------------------------------------------------------------------

@@ -116,7 +116,7 @@ def test_answer_charges_then_refuses(tmp_path):
     assert shown.returncode == 0, shown.stderr
     assert "2 names share documents (corpus, corpus-2; up to 40 documents each)" in shown.stdout
     listed = _run("retriever.cli", "tenant", "list", "--ledger", ledger)
-    assert "(corpus, corpus-2): their guarantees add up" in listed.stdout
+    assert "(corpus, corpus-2; up to 40 documents each): their guarantees add up" in listed.stdout
 
 
 N = 20  # documents of the collection below: delta must be below 1/20

@@ -7,10 +7,12 @@ import hashlib
 import pytest
 from dp_accounting import dp_event, pld
 
+from synthgen.privacy.errors import BudgetExceededError
 from synthgen.privacy.events import EpsilonDeltaDpEvent
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_copy import copy_ledger
 from synthgen.privacy.ledger_documents import (
+    DocumentGroup,
     SharedDocumentsError,
     bind_texts,
     documents_fingerprint,
@@ -46,7 +48,7 @@ def test_a_new_name_over_charged_documents_needs_the_flag(tmp_path):
         bind_texts(ledger, "records-v2", TEXTS)
     message = str(refused.value)
     assert "--dataset records" in message and "--guarantees-add-up" in message
-    assert documents_fingerprint(TEXTS) not in message  # the digest never leaves the ledger
+    assert not _private_state(ledger) & set(message.split())  # no secret, no digest in it
     assert ledger.document_groups()[0].datasets == ("records", "records-b")  # nothing written
     assert bind_texts(ledger, "records-v2", TEXTS, guarantees_add_up=True) == [
         "records",
@@ -206,7 +208,7 @@ def test_a_binding_takes_one_constant_lock(tmp_path, monkeypatch):
     bind_texts(ledger, "a", ["one text"])
     bind_texts(ledger, "b", ["another text entirely"])
     assert len(set(taken)) == 1  # nothing derived from the records names a lock
-    assert documents_fingerprint(["one text"]) not in taken[0]
+    assert not any(p in taken[0] for p in _private_state(ledger))
 
 
 def test_a_ledger_before_schema_10_still_refuses_its_whole_collections(tmp_path):
@@ -252,3 +254,84 @@ def test_an_infinite_group_total_says_why(tmp_path):
     line = group.to_json()["line"]
     assert "mix relations" in line and "replace" in line and "facts" in line
     assert "1 + e^epsilon" in line
+
+
+def _private_state(ledger) -> set[str]:
+    """The ledger's secrets and record digests (what must never leave it)."""
+    with ledger.store.read() as conn:
+        keys = {r[0] for r in conn.execute("SELECT secret FROM ledger_keys").fetchall()}
+        digests = {r[0] for r in conn.execute("SELECT digest FROM document_records").fetchall()}
+    assert keys and digests
+    return keys | digests
+
+
+def test_two_names_bound_before_either_charged_cannot_both_charge(tmp_path):
+    """A service bound to a collection that has not answered yet, and a second name over
+    the same records bound meanwhile: the second to charge is refused, then and later."""
+    ledger = PrivacyLedger(tmp_path / "l.db")
+    bind_texts(ledger, "a", TEXTS)
+    assert bind_texts(ledger, "b", [*TEXTS, "one more"]) == ["a"]  # a has spent nothing yet
+    _charge(ledger, "a")
+    with pytest.raises(BudgetExceededError, match="share records with a") as refused:
+        _charge(ledger, "b")
+    assert "--guarantees-add-up" in str(refused.value) and ledger.charges("t", "b") == []
+    with pytest.raises(SharedDocumentsError, match="a"):  # b's next run is refused at binding
+        bind_texts(ledger, "b", [*TEXTS, "one more"])
+    _charge(ledger, "a")  # a keeps its own budget
+    bind_texts(ledger, "b", [*TEXTS, "one more"], guarantees_add_up=True)  # deliberately
+    _charge(ledger, "b")
+    assert bind_texts(ledger, "b", [*TEXTS, "one more"]) == ["a"]  # admitted for good
+    (group,) = ledger.document_groups()
+    assert group.datasets == ("a", "b")
+
+
+def test_names_bound_before_schema_10_refuse_a_collection_they_cannot_compare(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.db")
+    with ledger.store.write() as conn:  # schema 9: only the whole collection's digest
+        conn.execute(
+            "INSERT INTO document_sets (dataset, fingerprint, documents, created_at) "
+            "VALUES (?, ?, ?, ?)",
+            ("old", documents_fingerprint(TEXTS), len(TEXTS), 0.0),
+        )
+    _charge(ledger, "old")
+    with pytest.raises(SharedDocumentsError, match="before schema 10") as refused:
+        bind_texts(ledger, "new", [*TEXTS, "one more"])  # a record added: not equal
+    assert "old" in str(refused.value)
+    assert bind_texts(ledger, "old", TEXTS) == []  # old's next run binds its records
+    with pytest.raises(SharedDocumentsError, match="--dataset old"):
+        bind_texts(ledger, "new", [*TEXTS, "one more"])  # now compared record by record
+
+
+def test_an_existing_ledger_file_is_made_private(tmp_path):
+    import os
+
+    path = tmp_path / "shared.db"
+    PrivacyLedger(path)
+    os.chmod(path, 0o644)  # a ledger made before ledger files were private
+    bind_texts(PrivacyLedger(path), "records", TEXTS)
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_basic_name_with_replace_one_charges_is_summed_in_replace_one(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.db")
+    bind_texts(ledger, "x", TEXTS)
+    ledger.ensure_scope(Scope("t1", "x", 50.0, 1e-6, accountant="basic"))
+    ledger.charge("t1", "x", stage="s", relation=AR, event=dp_event.LaplaceDpEvent(1.0),
+                  delta=1e-7)  # fmt: skip
+    ledger.ensure_scope(Scope("t2", "x", 50.0, 1e-6, relation="REPLACE_ONE"))
+    ledger.charge("t2", "x", stage="s", relation="REPLACE_ONE",
+                  event=dp_event.LaplaceDpEvent(1.0))  # fmt: skip
+    bind_texts(ledger, "y", TEXTS, guarantees_add_up=True)
+    _charge(ledger, "y")
+    (group,) = ledger.document_groups()
+    # on replace-one: Laplace(1) add/remove is 2, the replace-one Laplace 1, the basic
+    # scope's add/remove charge 2 more: at least 5 with y's Gaussian on top
+    assert group.epsilon >= 5.0
+
+
+def test_an_infinite_total_is_valid_json(tmp_path):
+    import json
+
+    group = DocumentGroup(("a", "b"), 3, float("inf"), 1e-6, "why")
+    row = json.loads(json.dumps(group.to_json(), allow_nan=False))
+    assert row["epsilon_spent"] is None and row["epsilon_spent_text"] == "inf"
