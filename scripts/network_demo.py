@@ -229,11 +229,15 @@ FACT_DOMAINS = ("people", "products", "species")
 FACT_QUESTIONS, FACT_MIN_SUPPORT, FACT_DELTA = 20, 10, 1e-6
 
 
+def _text(answer) -> str:
+    return answer.answer if hasattr(answer, "answer") else answer
+
+
 def fact_domain(args, domain: str, lm, prompt) -> dict:
     """One fact world through a network of 3 fact releases: questions right out of 20."""
     from retriever.fact_answers import FactAnswerer
     from retriever.network.engine import Contributor, EngineConfig, NetworkQueryEngine
-    from retriever.network.facts import merge_fact_records
+    from retriever.network.facts import fact_answer, merge_fact_records
     from retriever.network.knowledge import build_knowledge
     from retriever.rag.fact_world import answer_is_right, make_world
     from retriever.service.contributor import add_key
@@ -260,7 +264,16 @@ def fact_domain(args, domain: str, lm, prompt) -> dict:
         folders.append((out, work, key_file.read_text()))
     union = [[json.loads(x)["text"] for x in (out / "synthetic.jsonl").read_text().splitlines()]
              for out, _, _ in folders]  # fmt: skip
-    oracle = FactAnswerer(merge_fact_records(union), lm)
+    sigma = max(
+        json.loads((out / "card.json").read_text())["guarantee"]["stages"][0].get("noise_stddev", 0)
+        for out, _, _ in folders
+    )
+    if config.extractor == "typed":  # the typed answerer over every record of every release
+
+        def oracle_answer(question: str) -> str:
+            return fact_answer(lm, question, union, sigma or None)[0]
+    else:
+        oracle_answer = FactAnswerer(merge_fact_records(union), lm).answer
     servers = []
     try:
         for c, (out, work, _) in enumerate(folders):
@@ -279,7 +292,7 @@ def fact_domain(args, domain: str, lm, prompt) -> dict:
                 "question": q.question, "expected": q.answer, "support": q.support,
                 "answer": response.answer, "abstained": response.abstained,
                 "right": answer_is_right(response.answer or "", q.answer),
-                "oracle_right": answer_is_right(oracle.answer(q.question).answer, q.answer),
+                "oracle_right": answer_is_right(_text(oracle_answer(q.question)), q.answer),
                 "ok": sum(r.status == "ok" for r in response.contributors),
             })  # fmt: skip
     finally:
