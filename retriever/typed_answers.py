@@ -99,7 +99,8 @@ class TypedFactAnswerer:
         found: list[str] = []
         for subject in sorted(self.records, key=len, reverse=True):
             key = subject.lower()
-            if re.search(_whole(key), low) and not any(key in f.lower() for f in found):
+            inside = any(re.search(_whole(key), f.lower()) for f in found)
+            if re.search(_whole(key), low) and not inside:
                 found.append(subject)
         return found
 
@@ -123,7 +124,8 @@ class TypedFactAnswerer:
                 if fact["kind"] in _NAMES and re.search(_whole(name), low):
                     count = float(fact["count"])
                     candidates[subject] = max(candidates.get(subject, 0.0), count)
-                    named.append(subject)
+                    if subject not in named:
+                        named.append(subject)
         ranked = sorted(candidates.items(), key=lambda vc: (-vc[1], vc[0]))
         if not ranked or (len(ranked) > 1 and ranked[0][1] - ranked[1][1] < self.margin):
             return FactAnswer(ABSTAIN, named, True, candidates)

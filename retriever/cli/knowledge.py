@@ -32,6 +32,13 @@ from synthgen.command_line import (
     probability,
 )
 
+# The fact release's settings, as `preview` and `audit` take them (`release` has its own help).
+ReleaseDelta = Annotated[float, typer.Option(help="the release's delta", callback=probability)]
+ReleaseK = Annotated[
+    int, typer.Option(help="the release's K (facts per record)", callback=positive)
+]
+ReleaseExtractor = Annotated[str, typer.Option(help="the release's extractor: typed or phrases")]
+
 knowledge_app = typer.Typer(
     cls=HelpGroup,
     help="Release a private collection's knowledge once (DP-SynRAG); answer from it for free.",
@@ -141,7 +148,7 @@ def release(
     """
     from retriever.data import read_corpus
     from retriever.network.knowledge import build_knowledge, summary
-    from synthgen.knowledge import FactConfig, plan_facts
+    from synthgen.knowledge import plan_facts
 
     if seed is not None:
         print(
@@ -152,10 +159,7 @@ def release(
             file=sys.stderr,
         )
     if mode == "facts":
-        try:
-            config = FactConfig(epsilon, delta, max_pairs, extractor=extractor)
-        except ValueError as error:
-            raise typer.BadParameter(str(error)) from None
+        config = _fact_config(epsilon, delta, max_pairs, extractor)
         _, texts = read_corpus(private_corpus)
         plan = plan_facts(config, len(texts))
         if dry_run:
@@ -210,15 +214,9 @@ def preview(
     epsilon: Annotated[
         float, typer.Option(help="the release's epsilon you plan", callback=positive)
     ] = 10.0,
-    delta: Annotated[float, typer.Option(help="the release's delta", callback=probability)] = (
-        1e-6
-    ),
-    max_pairs: Annotated[
-        int, typer.Option(help="the release's K (facts per record)", callback=positive)
-    ] = 1,
-    extractor: Annotated[str, typer.Option(help="the release's extractor: typed or phrases")] = (
-        "typed"
-    ),
+    delta: ReleaseDelta = 1e-6,
+    max_pairs: ReleaseK = 1,
+    extractor: ReleaseExtractor = "typed",
     top: Annotated[int, typer.Option(help="facts listed, most stated first")] = 30,
     as_json: Annotated[bool, typer.Option("--json", help="print the preview as JSON")] = False,
 ) -> None:
@@ -228,15 +226,13 @@ def preview(
     prints exact counts: the records that yield a fact, the kinds of value read, the facts
     most records state, and how many facts a release at --epsilon would carry. Nothing is
     charged, written or released; do not share the output (it is your data's own counts).
+    Settings chosen by looking at it are chosen on private data, outside the card's
+    guarantee: preview a sample you will not release (a held-out part, an older export).
     """
     from retriever.data import read_corpus
-    from synthgen.knowledge import FactConfig
     from synthgen.knowledge.preview import preview_facts
 
-    try:
-        config = FactConfig(epsilon, delta, max_pairs, extractor=extractor)
-    except ValueError as error:
-        raise typer.BadParameter(str(error)) from None
+    config = _fact_config(epsilon, delta, max_pairs, extractor)
     _, texts = read_corpus(private_corpus)
     try:
         found = preview_facts(texts, config)
@@ -245,7 +241,8 @@ def preview(
         raise typer.Exit(2) from None
     print(
         "warning: operator preview, NOT DP: exact counts of your private records, for your "
-        "eyes only; nothing is charged or released",
+        "eyes only; nothing is charged or released, and settings chosen from it are outside "
+        "the release's guarantee (preview a sample you will not release)",
         file=sys.stderr,
     )
     if as_json:
@@ -272,15 +269,9 @@ def audit(
     epsilon: Annotated[
         float, typer.Option(help="the release's epsilon: the claim audited", callback=positive)
     ],
-    delta: Annotated[float, typer.Option(help="the release's delta", callback=probability)] = (
-        1e-6
-    ),
-    max_pairs: Annotated[
-        int, typer.Option(help="the release's K (facts per record)", callback=positive)
-    ] = 1,
-    extractor: Annotated[str, typer.Option(help="the release's extractor: typed or phrases")] = (
-        "typed"
-    ),
+    delta: ReleaseDelta = 1e-6,
+    max_pairs: ReleaseK = 1,
+    extractor: ReleaseExtractor = "typed",
     canaries: Annotated[
         int, typer.Option(help="canary records planted, each with probability 1/2")
     ] = 500,
@@ -301,13 +292,9 @@ def audit(
 
     from retriever.data import read_corpus
     from synthgen.audit.fact_release import audit_fact_release
-    from synthgen.knowledge import FactConfig
 
     _, texts = read_corpus(private_corpus)
-    try:
-        config = FactConfig(epsilon, delta, max_pairs, extractor=extractor)
-    except ValueError as error:
-        raise typer.BadParameter(str(error)) from None
+    config = _fact_config(epsilon, delta, max_pairs, extractor)
     try:
         result = audit_fact_release(texts, config, canaries=canaries, seed=seed)
     except ValueError as error:
@@ -449,3 +436,13 @@ def _shout_verdict(verdict: str) -> str:
         if verdict.startswith(keyword):
             return keyword.upper() + verdict[len(keyword) :]
     return verdict
+
+
+def _fact_config(epsilon: float, delta: float, max_pairs: int, extractor: str):
+    """The fact release's config, or one clear error naming the bad option."""
+    from synthgen.knowledge import FactConfig
+
+    try:
+        return FactConfig(epsilon, delta, max_pairs, extractor=extractor)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None

@@ -24,22 +24,18 @@ Helpdesk is the validation domain (defaults are chosen on it); facilities and la
 test domains, reported and never tuned on. Values are unique in a world, so a released
 singleton can be found by string search; people and code names are drawn without
 replacement. `make_natural_world` returns the `fact_world.FactWorld` of the templated
-worlds, so every evaluation reads both; ``python -m retriever.rag.natural_world --domain
-helpdesk --out DIR`` writes ``corpus.jsonl`` and ``questions.jsonl``.
+worlds, so every evaluation reads both; ``retriever data facts --domain helpdesk --out DIR``
+writes ``corpus.jsonl`` and ``questions.jsonl``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-from retriever.rag.fact_world import SUPPORT_LEVELS, Fact, FactQuestion, FactWorld, write_world
+from retriever.rag.fact_world import SUPPORT_LEVELS, Fact, FactQuestion, FactWorld
 
 VALIDATION_DOMAIN = "helpdesk"
 TEST_DOMAINS = ("facilities", "lab")
@@ -585,19 +581,3 @@ def make_natural_world(
         template = spec["never"][int(rng.integers(len(spec["never"])))]
         questions.append(FactQuestion(template.format(s=subject), "", "never", 0, domain))
     return FactWorld(domain, facts, documents, questions)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--domain", choices=DOMAINS, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--facts-per-level", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    world = make_natural_world(args.domain, facts_per_level=args.facts_per_level, seed=args.seed)
-    print(json.dumps(write_world(world, args.out)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,7 @@
 """A private collection's knowledge, released once.
 
-The default is the fact release (`release_facts`): DP set union over key-phrase pairs.
+The default is the fact release (`release_facts`): DP set union over typed facts (a subject
+and a value, `synthgen.knowledge.typed_facts`).
 The DP-SynRAG release (Mori et al. 2025) stays available:
 
 Keywords by PipelineDP's partition selection, soft clusters, DP few-shot records per

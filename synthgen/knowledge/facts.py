@@ -10,7 +10,7 @@ noisy counts; a fact few records state is never released. The synthetic records 
 post-processing: one per released subject, listing its values with their kinds and noisy
 counts ("payments gateway: team Team Heron (31); version v2.28.5 (25)."), and every question
 after that is answered from them at no further cost (`retriever.knowledge_base`,
-`retriever.fact_answers`). ``extractor="phrases"`` keeps the release before issue 69:
+`retriever.typed_answers`). ``extractor="phrases"`` keeps the release before issue 69:
 unordered pairs of key phrases (`synthgen.knowledge.phrases`).
 
 This is DP n-gram / set-union extraction (Kim et al. 2021, DPNE; Gopi et al. 2020) applied
@@ -157,6 +157,12 @@ class FactPlan:
             out.append(
                 f"delta={c.delta:g} is not below 1/n = {1.0 / n:.3g}: a release could then "
                 "publish a whole record; use a smaller --delta"
+            )
+        elif self.singleton_probability > c.delta:
+            out.append(
+                f"at epsilon={c.epsilon:g} the selection would release a fact one record "
+                f"states with probability {self.singleton_probability:.2g}, above delta: use a "
+                "smaller --epsilon"
             )
         elif self.records_needed(0.5) > n:
             out.append(

@@ -10,9 +10,13 @@ whose facts are each stated by too few records) before spending any budget.
 
 Privacy:
   The counts are exact counts of the private records: the preview is the operator's own
-  view of their data, printed to their terminal, never written into a release, never
-  charged and never a reason for a release to run or not (a release refuses only on public
-  figures: `FactPlan.problems`). Do not share it.
+  view of their data, printed to their terminal, never written into a release and never
+  charged; no release reads it (a release refuses only on public figures:
+  `FactPlan.problems`). Settings chosen by looking at it (the extractor, K, epsilon, whether
+  to release at all) are chosen on private data, which the card's (epsilon, delta) does not
+  cover (Liu & Talwar 2019; Papernot & Steinke 2022). Preview a sample that is never released
+  (a held-out part, an older export, a public collection of the same kind), or accept that
+  the choice itself is outside the guarantee. Do not share the output.
 """
 
 from __future__ import annotations

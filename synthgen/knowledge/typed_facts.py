@@ -15,8 +15,12 @@ e-mails between headers, greetings, timestamps and signatures, so the rule
    (up to four words, ending before a function word or a verb form) or the nearest other
    proper name in the same sentence; a checklist line ``- label: value`` takes the subject
    of the heading above it and its label as relation words;
-4. **keeps the relation words**: the content words of the sentence that are neither the
-   subject's nor the value's (lower-cased, a plural or verb ``-s`` and ``-ed`` stripped).
+4. **notes the relation words** (`TypedFact.words`, for the operator's preview and tests;
+   never released): the content words of the sentence that are neither the subject's nor
+   the value's (lower-cased, a plural or verb ``-s`` and ``-ed`` stripped).
+
+Public caps keep the rule's time bounded by public figures: a record is read up to
+`MAX_RECORD_CHARS` characters and a statement up to `MAX_STATEMENT_CHARS`.
 
 Everything a fact is made of comes from the record and from public lists fixed before any
 record is read (word frequencies, function words, verb endings), so a record's facts are a
@@ -97,6 +101,8 @@ _VERBS = frozenset(
     send check start stop break fail drop delay arrive leave replace install restart""".split()
 )
 _MAX_SUBJECT_WORDS = 4
+MAX_RECORD_CHARS = 20_000  # characters of a record the rule reads (public)
+MAX_STATEMENT_CHARS = 1_000  # characters of one statement it reads (public)
 SEPARATOR = " | "  # joins a fact's subject and value into one key (ordered: subject first)
 # Public word lists that type a proper name by its last word (generic English).
 ORG_SUFFIXES = frozenset(
@@ -167,7 +173,7 @@ def statements(text: str) -> list[tuple[str, str | None]]:
     """
     out: list[tuple[str, str | None]] = []
     heading: str | None = None
-    for raw in text.splitlines():
+    for raw in text[:MAX_RECORD_CHARS].splitlines():
         line = _PREFIX.sub("", raw)
         if not line.strip() or _HEADER.match(line) or _SALUTATION.match(line):
             continue
@@ -183,7 +189,7 @@ def statements(text: str) -> list[tuple[str, str | None]]:
             heading = subjects[0][2] if subjects else None
             continue
         heading = None
-        out += [(s, None) for s in _SENTENCE.split(line) if s.strip()]
+        out += [(s[:MAX_STATEMENT_CHARS], None) for s in _SENTENCE.split(line) if s.strip()]
     return out
 
 
@@ -328,12 +334,14 @@ def value_kind(value: str) -> str:
 
 def fact_key(subject: str, value: str) -> str:
     """One released key for a fact: ``subject | value``, spaces and dashes normalised, a
-    leading "the" dropped, the case kept (a name stays a name)."""
+    leading "the" dropped from both, the case kept (a name stays a name)."""
 
     def clean(text: str) -> str:
         return re.sub(r"\s+", " ", text.replace("\u2013", "-")).strip()
 
-    return re.sub(r"^[Tt]he ", "", clean(subject)) + SEPARATOR + clean(value)
+    return (
+        re.sub(r"^[Tt]he ", "", clean(subject)) + SEPARATOR + re.sub(r"^[Tt]he ", "", clean(value))
+    )
 
 
 def split_fact(key: str) -> tuple[str, str]:

@@ -88,7 +88,13 @@ def noise_stddev(epsilon: float, delta: float, max_keys: int) -> float:
     from scipy.stats import norm
 
     strategy = _strategy(epsilon, delta, max_keys)
-    return float((strategy.threshold - 1.0) / norm.isf(strategy.probability_of_keep(1)))
+    sigma = float((strategy.threshold - 1.0) / norm.isf(strategy.probability_of_keep(1)))
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise ValueError(
+            f"no usable noise at {epsilon=}, {delta=}: python-dp's threshold keeps a key one "
+            "unit holds half the time; use a smaller epsilon"
+        )
+    return sigma
 
 
 def keep_probability(count: int, epsilon: float, delta: float, max_keys: int) -> float:

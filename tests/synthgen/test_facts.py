@@ -199,3 +199,9 @@ def test_two_concurrent_releases_on_one_work_folder_charge_once_and_draw_once(
     assert not second.is_alive() and set(results) == {"a", "b"}
     assert len(draws) == 1 and results["a"] == results["b"]  # one draw, returned twice
     assert len(ledger.charges("release", "c")) == 1
+
+
+def test_an_epsilon_that_releases_single_records_is_refused():
+    plan = plan_facts(FactConfig(epsilon=1000.0), 10_000)
+    assert any("one record states" in p for p in plan.problems())
+    assert plan_facts(FactConfig(epsilon=10.0), 10_000).problems() == []

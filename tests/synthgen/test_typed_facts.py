@@ -78,7 +78,9 @@ def test_a_record_contributes_each_fact_once_and_at_most_k():
 
 @pytest.mark.parametrize("value", ["a; b", "x (y)", "k: v"])
 def test_a_value_that_would_not_read_back_is_never_a_key(value):
-    assert record_fact_keys(f"- code word: {value}", 3) == []
+    heading = "Handover notes for the incident bridge:\n"
+    assert record_fact_keys(heading + "- code word: walnut", 3) != []  # the filter's only cause
+    assert record_fact_keys(heading + f"- code word: {value}", 3) == []
 
 
 def test_a_typed_record_reads_back():
@@ -90,3 +92,13 @@ def test_a_typed_record_reads_back():
         ("Tuesdays 03:00-09:00 UTC", "window", 34.0),
     ]
     assert parse_typed_text("Dara Quill: Velmora Dynamics; Poswick.") is None
+
+
+def test_the_rule_reads_a_public_number_of_characters():
+    from synthgen.knowledge.typed_facts import MAX_RECORD_CHARS
+
+    padding = "word " * (MAX_RECORD_CHARS // 5)
+    assert record_facts(padding + "The mail relay runs v2.1.0.", 3) == []  # past the cap
+    assert (
+        fact_key("The Zorvak Quimble", "the Pelthrix Dynamo") == "Zorvak Quimble | Pelthrix Dynamo"
+    )
