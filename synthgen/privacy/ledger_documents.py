@@ -234,7 +234,7 @@ class DocumentSets:
                 conn.execute(
                     "INSERT INTO document_sets (dataset, fingerprint, documents, created_at) "
                     "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                    (dataset, set_id, len(set(texts)), now),
+                    (dataset, set_id, len(texts), now),  # records, duplicates included
                 )
             pairs = [(a, b) for other in others for a, b in ((dataset, other), (other, dataset))]
             conn.executemany(
