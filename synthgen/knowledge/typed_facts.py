@@ -15,7 +15,7 @@ e-mails between headers, greetings, timestamps and signatures, so the rule
    (up to four words, ending before a function word or a verb form) or the nearest other
    proper name in the same sentence; a checklist line ``- label: value`` takes the subject
    of the heading above it and its label as relation words;
-4. **notes the relation words** (`TypedFact.words`, for the operator's preview and tests;
+4. **notes the relation words** (`TypedFact.words`, for diagnostics and tests;
    never released): the content words of the sentence that are neither the subject's nor
    the value's (lower-cased, a plural or verb ``-s`` and ``-ed`` stripped).
 
