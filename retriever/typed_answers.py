@@ -114,7 +114,7 @@ class TypedFactAnswerer:
                     value = fact["value"]
                     candidates[value] = max(candidates.get(value, 0.0), float(fact["count"]))
         # a name the question names may be a released value: its subject is a candidate
-        # too ("Velmora Dynamics employs Dara Quill" answers "Where does Dara Quill work?")
+        # too ("Velmora Dynamics employs Dara Quill" answers "Which company employs Dara Quill?")
         low = question.lower()
         for subject, record in self.records.items():
             if subject in named or value_kind(subject) not in kinds:
