@@ -83,6 +83,15 @@ def release(
             "teams, names...) or phrases (pairs of key phrases, the release before issue 69)"
         ),
     ] = "typed",
+    backend: Annotated[
+        str,
+        choice(
+            "local",
+            "beam",
+            help="facts: where extraction and selection run: local, or Apache Beam's "
+            "DirectRunner (pip install 'dpsynth[beam]')",
+        ),
+    ] = "local",  # fmt: skip
     ledger: LedgerOption = None,
     dataset: Annotated[str | None, typer.Option(help="collection name in the ledger")] = None,
     guarantees_add_up: GuaranteesAddUpOption = False,
@@ -159,7 +168,7 @@ def release(
             file=sys.stderr,
         )
     if mode == "facts":
-        config = _fact_config(epsilon, delta, max_pairs, extractor)
+        config = _fact_config(epsilon, delta, max_pairs, extractor, backend)
         _, texts = read_corpus(private_corpus)
         plan = plan_facts(config, len(texts))
         if dry_run:
@@ -172,6 +181,8 @@ def release(
     else:
         if dry_run:
             raise typer.BadParameter("--dry-run plans a fact release (--mode facts)")
+        if backend != "local":
+            raise typer.BadParameter("--backend runs a fact release (--mode facts)")
         config = _cluster_config(
             epsilon, delta, max_keywords, clusters_per_record, max_clusters, voters,
             public_pool_size, fields, field_values, field_examples, example,
@@ -438,11 +449,13 @@ def _shout_verdict(verdict: str) -> str:
     return verdict
 
 
-def _fact_config(epsilon: float, delta: float, max_pairs: int, extractor: str):
+def _fact_config(
+    epsilon: float, delta: float, max_pairs: int, extractor: str, backend: str = "local"
+):
     """The fact release's config, or one clear error naming the bad option."""
     from synthgen.knowledge import FactConfig
 
     try:
-        return FactConfig(epsilon, delta, max_pairs, extractor=extractor)
+        return FactConfig(epsilon, delta, max_pairs, extractor=extractor, backend=backend)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None

@@ -31,11 +31,14 @@ Privacy:
   folder's lock (`synthgen.knowledge.work_lock`) from its charge until its draw is written,
   so a second run started meanwhile waits and returns that draw. The running time of the
   key-phrase rule and of PipelineDP grows with n and the number of distinct pairs.
+  ``FactConfig.backend="beam"`` runs the extraction and the selection as one Apache Beam
+  pipeline: the same mechanism and guarantee, on Beam's workers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import secrets
@@ -56,6 +59,7 @@ from synthgen.knowledge.work_lock import work_lock
 from synthgen.privacy import accounting
 from synthgen.privacy.partition_selection import (
     MECHANISM,
+    check_backend,
     keep_probability,
     noise_stddev,
     release_key_counts,
@@ -83,6 +87,12 @@ class FactConfig:
         value is typed (`synthgen.knowledge.typed_facts`: metadata dropped, technical
         values whole, the subject each value is said of); ``phrases``, an unordered pair of
         key phrases (`synthgen.knowledge.phrases`, the release before issue 69).
+      backend: where the extraction and selection run: ``local`` (PipelineDP's local
+        backend, the default) or ``beam`` (Apache Beam, ``pip install 'dpsynth[beam]'``:
+        each record's facts are read inside the pipeline). The same mechanism, so the same
+        guarantee; not a privacy parameter (the plan's dict does not hold it).
+      beam_options: Beam pipeline flags for ``beam`` (e.g. a runner; default: the
+        DirectRunner).
     """
 
     epsilon: float
@@ -90,6 +100,8 @@ class FactConfig:
     max_pairs: int = 1
     max_partners: int = 8
     extractor: str = "typed"
+    backend: str = "local"
+    beam_options: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
@@ -100,6 +112,11 @@ class FactConfig:
             raise ValueError(f"max_pairs and max_partners must be >= 1: {self}")
         if self.extractor not in EXTRACTORS:
             raise ValueError(f"extractor must be one of {EXTRACTORS}, got {self.extractor=}")
+        check_backend(self.backend)
+        if self.beam_options is not None:
+            object.__setattr__(self, "beam_options", tuple(self.beam_options))
+        if self.beam_options is not None and self.backend != "beam":
+            raise ValueError(f"beam_options need backend='beam', got {self.backend=}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,6 +324,7 @@ def release_facts(
     Raises:
       ValueError: a release that should not run (`FactPlan.problems`), refused before any
         charge.
+      ImportError: ``backend="beam"`` without apache-beam, refused before any charge.
       synthgen.privacy.BudgetExceededError: the ledger cannot pay (nothing is drawn).
 
     Privacy:
@@ -319,6 +337,7 @@ def release_facts(
         raise ValueError("; ".join(problems))
     if ledger is not None and (ledger_scope is None or work is None):
         raise ValueError("a ledger needs ledger_scope=(tenant, dataset) and a work folder")
+    check_backend(config.backend, installed=True)  # a missing engine is refused uncharged
     if work is None:  # nothing kept: an audit's or an evaluation's one-off release
         return _select(texts, config, plan)
     from synthgen.work_folder import private_folder
@@ -348,13 +367,29 @@ def release_facts(
 
 
 def _select(texts: Sequence[str], config: FactConfig, plan: FactPlan) -> FactRelease:
-    """The selection itself (charged by the caller): the one place noise is drawn."""
+    """The selection itself (charged by the caller): the one place noise is drawn. On
+    Beam each record's facts are read inside the pipeline, where the records are."""
     extract = record_fact_keys if config.extractor == "typed" else record_pairs
-    keys = [extract(text, config.max_pairs) for text in texts]
-    zipf.cache_clear()  # the rule's cache holds the records' words: not kept after reading
-    selected = release_key_counts(
-        keys, epsilon=config.epsilon, delta=config.delta, max_keys=config.max_pairs
-    )
+    kwargs = {"epsilon": config.epsilon, "delta": config.delta, "max_keys": config.max_pairs}
+    try:
+        if config.backend == "beam":
+            selected = release_key_counts(
+                texts,
+                **kwargs,
+                extract=functools.partial(_record_keys, extract=extract, k=config.max_pairs),
+                backend="beam",
+                beam_options=config.beam_options,
+            )
+        else:
+            keys = [extract(text, config.max_pairs) for text in texts]
+            selected = release_key_counts(keys, **kwargs)
+    finally:
+        zipf.cache_clear()  # the rule's cache holds the records' words: not kept after reading
     pairs = {str(k): float(v) for k, v in selected.counts.items()}
     records = fact_records(pairs, config.max_partners, config.extractor)
     return FactRelease(pairs, records, plan)
+
+
+def _record_keys(text: str, *, extract, k: int) -> list[str]:
+    """One record's at most `k` fact keys by `extract` (picklable for Beam's workers)."""
+    return extract(text, k)

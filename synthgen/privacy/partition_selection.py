@@ -2,24 +2,37 @@
 
 Each privacy unit (a record) holds a set of keys (its keywords). `release_key_counts`
 releases the keys that many units share, with noisy counts, and never a key that only a
-few units hold: the DP partition selection of PipelineDP (Google's `pipeline-dp`, on its
-local backend by default; the same `DPEngine` runs on Apache Beam or Spark when a collection
-outgrows one machine). The selection and the count share one Gaussian noise draw
-(``post_aggregation_thresholding``): the Gaussian sparse histogram (Wilkins et al. 2024).
+few units hold: the DP partition selection of PipelineDP (Google's `pipeline-dp`). The
+selection and the count share one Gaussian noise draw (``post_aggregation_thresholding``):
+the Gaussian sparse histogram (Wilkins et al. 2024).
 
-The randomness is python-dp's own secure noise (OS entropy), not a `numpy` generator: a
-release cannot be replayed from a seed, which is what a production release wants. Tests
-check it statistically.
+Two backends run the same `DPEngine` aggregation: ``"local"`` (PipelineDP's `LocalBackend`,
+in this process; the default) and ``"beam"`` (Apache Beam, ``pip install 'dpsynth[beam]'``:
+the DirectRunner by default, any runner through ``beam_options``), for a collection that
+outgrows one machine. With an ``extract`` function the per-record extraction of keys runs
+inside the pipeline too (a FlatMap from each record to its (unit, key) rows), so the
+records are read once, where the pipeline runs. Both backends release the same set from
+the same data up to the noise.
+
+The randomness is python-dp's own secure noise (OS entropy), drawn where the aggregation
+runs (in this process, or on Beam's workers), not a `numpy` generator: a release cannot be
+replayed from a seed, which is what a production release wants. Tests check it
+statistically.
 
 Privacy:
   Unit: one record, add/remove-one. A record contributes each of its keys at most once and
-  at most `max_keys` keys (PipelineDP bounds both again: ``max_partitions_contributed``,
+  at most `max_keys` keys (its first `max_keys` distinct keys, cut before the aggregation;
+  PipelineDP bounds both again: ``max_partitions_contributed``,
   ``max_contributions_per_partition = 1``), so the count vector has L2 sensitivity
   sqrt(max_keys). PipelineDP calibrates the Gaussian noise and the threshold so that the
   whole aggregation (which keys appear, and their counts) is (epsilon, delta)-DP
-  (`NaiveBudgetAccountant` with one aggregation: the whole budget). The ledger records it as
-  that (epsilon, delta) event. A key held by a single record is released with probability
-  at most delta.
+  (`NaiveBudgetAccountant` with one aggregation: the whole budget). The mechanism is the
+  same on both backends (the same parameters, the same python-dp noise and threshold); the
+  backend changes where it runs, not what it releases. The ledger records it as that
+  (epsilon, delta) event. A key held by a single record is released with probability at
+  most delta. The keys are private: the Beam backend writes the released keys into a
+  private temporary folder (0700, or a fresh folder under the runner's ``--temp_location``),
+  reads them back and deletes it; nothing of a key is logged.
 
 References:
   Google, PipelineDP (pipeline-dp.org) and python-dp; Gopi et al. 2020 (DP set union);
@@ -28,14 +41,22 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import json
 import math
-from collections.abc import Hashable, Sequence
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any
 
 from dp_accounting import dp_event
 
 from synthgen.privacy import events
 
+BACKENDS = ("local", "beam")
 MECHANISM = "PipelineDP Gaussian count with post-aggregation thresholding (DP partition selection)"
 
 
@@ -102,50 +123,99 @@ def keep_probability(count: int, epsilon: float, delta: float, max_keys: int) ->
     return float(_strategy(epsilon, delta, max_keys).probability_of_keep(int(count)))
 
 
+class _UnitRows:
+    """A record's (unit, key) rows: its first `max_keys` distinct keys (public rule).
+
+    A class rather than a closure so that Beam pickles it by value with its `extract`."""
+
+    def __init__(self, extract: Callable[[Any], Iterable[Hashable]] | None, max_keys: int):
+        self.extract = extract
+        self.max_keys = max_keys
+
+    def __call__(self, unit_record: tuple[int, Any]) -> list[tuple[int, Hashable]]:
+        unit, record = unit_record
+        keys = record if self.extract is None else self.extract(record)
+        return [(unit, key) for key in list(dict.fromkeys(keys))[: self.max_keys]]
+
+
 def release_key_counts(
-    unit_keys: Sequence[Sequence[Hashable]],
+    unit_keys: Sequence[Any],
     *,
     epsilon: float,
     delta: float,
     max_keys: int,
-    backend=None,
+    extract: Callable[[Any], Iterable[Hashable]] | None = None,
+    backend: str = "local",
+    beam_options: Sequence[str] | None = None,
 ) -> KeyCountRelease:
     """Releases the keys many units share, with Gaussian-noised counts.
 
     Args:
-      unit_keys: one sequence of keys per privacy unit (duplicates count once; keys past
-        the first `max_keys` distinct ones are dropped).
+      unit_keys: one item per privacy unit: its sequence of keys, or with `extract` its
+        record. A unit's duplicate keys count once; keys past its first `max_keys` distinct
+        ones are dropped.
       epsilon: epsilon of the whole release.
       delta: delta of the whole release (selection included).
       max_keys: most keys one unit contributes (public).
-      backend: a PipelineDP backend (default: `pipeline_dp.LocalBackend()`).
+      extract: a public rule from one record to its keys, run inside the pipeline (on
+        Beam: on the workers; it must pickle). None: the items are the keys already.
+      backend: ``"local"`` (PipelineDP's local backend, this process) or ``"beam"``
+        (Apache Beam; keys must be JSON strings or numbers).
+      beam_options: Beam pipeline flags, e.g. ``["--runner=FlinkRunner", ...]`` (default:
+        the DirectRunner). A runner whose workers cannot write this machine's temporary
+        folder needs ``--temp_location`` on a filesystem both reach.
 
     Returns:
       The released keys by descending noisy count, and the (epsilon, delta) event.
 
     Raises:
-      ValueError: epsilon not finite and positive, delta outside (0, 1), max_keys < 1.
+      ValueError: epsilon not finite and positive, delta outside (0, 1), max_keys < 1, an
+        unknown backend, or beam_options without the Beam backend.
+      ImportError: backend ``"beam"`` without apache-beam installed.
 
     Privacy:
-      (epsilon, delta)-DP for one unit under add/remove-one; see the module docstring.
+      (epsilon, delta)-DP for one unit under add/remove-one, the same mechanism on either
+      backend; see the module docstring.
     """
-    import pipeline_dp
-
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise ValueError(f"epsilon must be finite and > 0, got {epsilon=}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta=}")
     if max_keys < 1:
         raise ValueError(f"max_keys must be >= 1, got {max_keys=}")
-    rows = [
-        (unit, key)
-        for unit, keys in enumerate(unit_keys)
-        for key in list(dict.fromkeys(keys))[:max_keys]
-    ]
-    if not rows:  # what the mechanism outputs on such data (PipelineDP refuses empty input)
-        return KeyCountRelease({}, epsilon, delta, max_keys)
+    check_backend(backend)
+    if beam_options is not None and backend != "beam":
+        raise ValueError(f"beam_options need backend='beam', got {backend=}")
+    rows_of = _UnitRows(extract, max_keys)
+    if backend == "beam":
+        units = list(enumerate(unit_keys))
+        pairs = _beam_aggregate(units, rows_of, epsilon, delta, max_keys, beam_options)
+    else:
+        pairs = _local_aggregate(
+            [row for unit in enumerate(unit_keys) for row in rows_of(unit)],
+            epsilon,
+            delta,
+            max_keys,
+        )
+    pairs.sort(key=lambda kv: (-kv[1], str(kv[0])))
+    return KeyCountRelease(dict(pairs), epsilon, delta, max_keys)
+
+
+def check_backend(backend: str, *, installed: bool = False) -> None:
+    """Raises ValueError unless `backend` is one of `BACKENDS`; with `installed`, also
+    ImportError when its engine is missing (before anything is charged)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend=}")
+    if installed and backend == "beam":
+        _import_beam()
+
+
+def _engine(epsilon: float, delta: float, max_keys: int, backend):
+    """PipelineDP's engine, accountant and parameters: the one mechanism of both backends."""
+    import pipeline_dp
+
     accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=epsilon, total_delta=delta)
-    engine = pipeline_dp.DPEngine(accountant, backend or pipeline_dp.LocalBackend())
+    engine = pipeline_dp.DPEngine(accountant, backend)
     params = pipeline_dp.AggregateParams(
         metrics=[pipeline_dp.Metrics.PRIVACY_ID_COUNT],
         noise_kind=pipeline_dp.NoiseKind.GAUSSIAN,
@@ -155,12 +225,106 @@ def release_key_counts(
         post_aggregation_thresholding=True,
     )
     extractors = pipeline_dp.DataExtractors(
-        privacy_id_extractor=lambda row: row[0],
-        partition_extractor=lambda row: row[1],
-        value_extractor=lambda row: 0,
+        privacy_id_extractor=_unit_of,
+        partition_extractor=_key_of,
+        value_extractor=_no_value,
+    )
+    return engine, accountant, params, extractors
+
+
+def _unit_of(row):
+    return row[0]
+
+
+def _key_of(row):
+    return row[1]
+
+
+def _no_value(row):
+    return 0
+
+
+def _local_aggregate(rows, epsilon, delta, max_keys) -> list[tuple[Hashable, float]]:
+    import pipeline_dp
+
+    if not rows:  # what the mechanism outputs on such data (PipelineDP refuses empty input)
+        return []
+    engine, accountant, params, extractors = _engine(
+        epsilon, delta, max_keys, pipeline_dp.LocalBackend()
     )
     result = engine.aggregate(rows, params, extractors)
-    accountant.compute_budgets()
-    pairs = [(key, float(metrics.privacy_id_count)) for key, metrics in result]
-    pairs.sort(key=lambda kv: (-kv[1], str(kv[0])))
-    return KeyCountRelease(dict(pairs), epsilon, delta, max_keys)
+    accountant.compute_budgets()  # after the graph, before it runs (the result is lazy)
+    return [(key, float(metrics.privacy_id_count)) for key, metrics in result]
+
+
+def _import_beam():
+    try:
+        import apache_beam
+    except ImportError as error:
+        raise ImportError(
+            "backend 'beam' needs Apache Beam: pip install 'dpsynth[beam]'"
+        ) from error
+    return apache_beam
+
+
+def _encode(key_metrics) -> str:
+    key, metrics = key_metrics
+    return json.dumps([key, float(metrics.privacy_id_count)])
+
+
+def _beam_aggregate(
+    units, rows_of, epsilon, delta, max_keys, beam_options
+) -> list[tuple[Hashable, float]]:
+    """The aggregation as one Beam pipeline: records -> (unit, key) rows -> PipelineDP.
+
+    The released (key, count) pairs come back through text files in a private folder made
+    for this release (0700 on this machine, or a fresh folder under ``--temp_location``),
+    deleted once read."""
+    beam = _import_beam()
+    import pipeline_dp
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import (
+        GoogleCloudOptions,
+        PipelineOptions,
+        StandardOptions,
+    )
+
+    options = PipelineOptions(list(beam_options or ()))
+    if options.view_as(StandardOptions).runner is None:
+        options.view_as(StandardOptions).runner = "DirectRunner"
+    remote = options.view_as(GoogleCloudOptions).temp_location
+    if remote:
+        folder = FileSystems.join(remote, f"dpsynth-release-{secrets.token_hex(16)}")
+    else:
+        folder = tempfile.mkdtemp(prefix="dpsynth-release-")  # mode 0700
+    try:
+        engine, accountant, params, extractors = _engine(
+            epsilon, delta, max_keys, pipeline_dp.BeamBackend()
+        )
+        with beam.Pipeline(options=options) as pipeline:  # runs on leaving the block
+            rows = (
+                pipeline
+                | "Records" >> beam.Create(units)
+                | "Keys of each record" >> beam.FlatMap(rows_of)
+            )
+            result = engine.aggregate(rows, params, extractors)
+            accountant.compute_budgets()  # after the graph, before it runs
+            _ = (
+                result
+                | "Encode" >> beam.Map(_encode)
+                | "Write" >> beam.io.WriteToText(FileSystems.join(folder, "released"))
+            )
+        pairs = []
+        for match in FileSystems.match([FileSystems.join(folder, "released*")]):
+            for found in match.metadata_list:
+                with FileSystems.open(found.path) as stream:
+                    for line in io.TextIOWrapper(stream, encoding="utf-8"):
+                        key, count = json.loads(line)
+                        pairs.append((key, float(count)))
+        return pairs
+    finally:
+        if remote:
+            with contextlib.suppress(Exception):
+                FileSystems.delete([folder])
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
