@@ -24,7 +24,7 @@ from synthgen.command_line import (  # noqa: F401 - GuaranteesAddUpOption: share
 
 # `retriever.rag.plan.MECHANISMS`, spelled out so that the CLI imports no JAX or accounting
 # code to print its help (a test checks they agree)
-MECHANISMS = ("icl", "vote", "sparse-vote", "answer-vote", "keywords")
+MECHANISMS = ("icl", "vote", "sparse-vote", "answer-vote", "keywords", "facts")
 
 # the private collection
 IndexOption = Annotated[Path, typer.Option(help="exact index over the private corpus")]

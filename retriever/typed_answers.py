@@ -34,54 +34,8 @@ import re
 from collections.abc import Sequence
 
 from retriever.fact_answers import ABSTAIN, FactAnswer
+from retriever.rag.question_kinds import GAP, NAME_KINDS, decide, question_kinds, whole_words
 from synthgen.knowledge.typed_facts import value_kind
-
-GAP = 1.0  # noise standard deviations the first value must lead by (chosen on validation)
-
-# (pattern on the lower-cased question, the kinds it asks for), first match wins.
-QUESTION_KINDS: tuple[tuple[str, frozenset[str]], ...] = tuple(
-    (pattern, frozenset(kinds.split()))
-    for pattern, kinds in (
-        (r"\bip\b|\baddress\b", "ip host"),
-        (r"\bversion\b", "version"),
-        (r"\bwhen\b|\bschedule\b|\bwindow\b|what time", "window"),
-        (r"\byear\b", "year"),
-        (r"how long is|\blength\b|how tall|how big|how heavy|\bsize\b", "measure"),
-        (r"how long|how often|\binterval\b|\bretention\b|\bkept\b|\bduration\b", "duration"),
-        (r"how many|\bcapacity\b", "count"),
-        (r"how much|\bcost\b|\bprice\b", "money"),
-        (r"\bteam\b", "team"),
-        (
-            r"\bcompany\b|\bemploy|\bwork (?:for|at)\b|\bmakes?\b|\bmanufactur|\bvendor\b"
-            r"|\bsupplier\b|\bbrand\b|\bfirm\b",
-            "org",
-        ),
-        (r"\bcode\b|\bpassword\b", "item name"),
-        (r"\bwho\b|\bwhom\b", "person team name"),
-        (r"\bshare\b|\bdata\b|\bsaves?\b|\bwrites?\b", "share host"),
-        (
-            r"\bwhere\b|\broom\b|\btown\b|\bcity\b|\bcountry\b|\blocated\b|\bgrow up\b"
-            r"|\bhometown\b|\bhabitat\b|\blive\b|\bsite\b|\blocation\b",
-            "room place name share host",
-        ),
-    )
-)
-
-
-_NAMES = frozenset("person org place name team".split())  # kinds a question may name
-
-
-def _whole(text: str) -> str:
-    return r"(?<![\w-])" + re.escape(text) + r"(?![\w-])"
-
-
-def question_kinds(question: str) -> frozenset[str]:
-    """The kinds of value `question` asks for (`QUESTION_KINDS`); empty: none known."""
-    low = question.lower()
-    for pattern, kinds in QUESTION_KINDS:
-        if re.search(pattern, low):
-            return kinds
-    return frozenset()
 
 
 class TypedFactAnswerer:
@@ -99,8 +53,8 @@ class TypedFactAnswerer:
         found: list[str] = []
         for subject in sorted(self.records, key=len, reverse=True):
             key = subject.lower()
-            inside = any(re.search(_whole(key), f.lower()) for f in found)
-            if re.search(_whole(key), low) and not inside:
+            inside = any(re.search(whole_words(key), f.lower()) for f in found)
+            if re.search(whole_words(key), low) and not inside:
                 found.append(subject)
         return found
 
@@ -121,12 +75,12 @@ class TypedFactAnswerer:
                 continue
             for fact in record["facts"]:
                 name = fact["value"].lower()
-                if fact["kind"] in _NAMES and re.search(_whole(name), low):
+                if fact["kind"] in NAME_KINDS and re.search(whole_words(name), low):
                     count = float(fact["count"])
                     candidates[subject] = max(candidates.get(subject, 0.0), count)
                     if subject not in named:
                         named.append(subject)
-        ranked = sorted(candidates.items(), key=lambda vc: (-vc[1], vc[0]))
-        if not ranked or (len(ranked) > 1 and ranked[0][1] - ranked[1][1] < self.margin):
+        chosen = decide(candidates, self.margin)
+        if chosen is None:
             return FactAnswer(ABSTAIN, named, True, candidates)
-        return FactAnswer(ranked[0][0], named, False, candidates)
+        return FactAnswer(chosen, named, False, candidates)

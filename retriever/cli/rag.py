@@ -40,7 +40,13 @@ def privacy_rag(
     mechanism: Annotated[
         str,
         choice(
-            "icl", "vote", "sparse-vote", "answer-vote", "keywords", help="the answer mechanism"
+            "icl",
+            "vote",
+            "sparse-vote",
+            "answer-vote",
+            "keywords",
+            "facts",
+            help="the answer mechanism",
         ),
     ] = "icl",
     retrieval_epsilon: Annotated[float, typer.Option(help="the threshold's epsilon")] = 0.0,

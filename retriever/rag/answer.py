@@ -14,7 +14,9 @@ the LM and the ledger. `answer(question, tenant=, epsilon=, mechanism=)`:
    KV-cache step per token for all private prompts and a separate session for the public
    prompt (`retriever.rag.aggregation`, `retriever.rag.voting`), or once per answer over
    the voters' whole answers (answer-vote) or their keywords (keywords,
-   `retriever.rag.keyword_vote`); an answer the private documents did not move abstains
+   `retriever.rag.keyword_vote`), or once over the typed facts every document states
+   (facts, `retriever.rag.fact_vote`: no LM reads a document; a question no kind rule reads
+   is answered by keywords at the same event); an answer the private documents did not move abstains
    with `ABSTENTION_TEXT` (post-processing);
 4. optionally releases a confidence score through the Laplace mechanism;
 5. charges every stage in one ledger transaction and only then returns.
@@ -58,9 +60,11 @@ from scipy import sparse
 from retriever.rag import releases
 from retriever.rag.answer_types import ABSTENTION_TEXT, Answer, AnswerFailedError, StageCharge
 from retriever.rag.config import RagConfig, plan_answer
+from retriever.rag.fact_vote import document_facts
 from retriever.rag.individual import answer_individually, check_individual
 from retriever.rag.plan import AnswerPlan
 from retriever.rag.prompts import PromptFormat
+from retriever.rag.question_kinds import question_kinds
 from retriever.rag.retrieval import (
     best_selected,
     dp_top_k_threshold,
@@ -171,6 +175,7 @@ class DPRag:
             raise ValueError("document_cache keys one document per row: documents_per_voter 1")
         self._kv = self._document_kv(document_cache) if document_cache else None
         self.answers = answers
+        self._facts = None  # private: the documents' typed facts (`_document_facts`)
 
     def with_config(self, config: RagConfig) -> DPRag:
         """The same collection, encoder, LM sessions, ledger and lock under `config`."""
@@ -192,7 +197,7 @@ class DPRag:
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question must be non-empty text")
         plan = self.plan(mechanism, float(epsilon))
-        if self.config.documents_per_voter > 1 and plan.mechanism != "keywords":
+        if self.config.documents_per_voter > 1 and plan.mechanism not in ("keywords", "facts"):
             raise ValueError(
                 f"documents_per_voter > 1 is measured for keywords only, not {plan.mechanism}"
             )
@@ -377,7 +382,11 @@ class DPRag:
             tokens, paid, stages, abstained = releases.icl(lm, public, c, rows, plan, rng, clock)
         elif mechanism == "answer-vote":
             tokens, paid, stages, abstained = releases.answer_vote(lm, c, rows, plan, rng, clock)
-        elif mechanism == "keywords":
+        elif mechanism == "facts" and question_kinds(question):
+            tokens, paid, stages, abstained = releases.facts(
+                self._document_facts(), question, c, plan
+            )
+        elif mechanism in ("keywords", "facts"):  # facts: a question no kind rule reads
             read = self._read_texts(indices, weights)  # private: the voters' own texts
             tokens, paid, stages, abstained = releases.keywords(
                 lm, public, c, self.prompt, question, rows, plan, clock, read
@@ -467,6 +476,13 @@ class DPRag:
 
     def _document_kv(self, given):
         return document_keys(self.lm, self.prompt, self._tokens, self.config, given)
+
+    def _document_facts(self):
+        """Every document's typed facts (`fact_vote.document_facts`), computed at the first
+        facts answer (under the answer lock), kept in memory only."""
+        if self._facts is None:
+            self._facts = document_facts(self.texts)
+        return self._facts
 
     def _read_texts(self, indices: np.ndarray, weights: np.ndarray) -> list[str]:
         """The text each document row reads (its documents cut to `max_document_tokens`

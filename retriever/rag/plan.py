@@ -28,7 +28,7 @@ from retriever.rag.voting import vote_threshold
 from synthgen.privacy import accounting
 from synthgen.privacy.individual import bounded_range_rho, pure_rho
 
-MECHANISMS = ("icl", "vote", "sparse-vote", "answer-vote", "keywords")
+MECHANISMS = ("icl", "vote", "sparse-vote", "answer-vote", "keywords", "facts")
 COMPOSITIONS = ("pure", "bounded-range")
 
 
@@ -158,7 +158,7 @@ class AnswerPlan:
             raise ValueError("vote_summary is for vote and sparse-vote plans")
         if voters < 1:
             raise ValueError(f"voters must be >= 1, got {voters=}")
-        if self.mechanism == "keywords":  # PipelineDP's partition selection threshold
+        if self.mechanism in ("keywords", "facts"):  # PipelineDP's partition selection threshold
             threshold = keyword_threshold(self.token_epsilon, self.token_delta, max_keywords)
         else:
             threshold = vote_threshold(self.token_epsilon, self.token_delta)
@@ -176,7 +176,7 @@ class AnswerPlan:
             limited_domain_threshold=threshold,
             release_possible=threshold <= voters,
         )
-        if self.mechanism == "keywords":
+        if self.mechanism in ("keywords", "facts"):
             out.update(max_keywords=int(max_keywords), keyword_threshold=threshold)
         if self.mechanism == "sparse-vote":
             out.update(gate_epsilon=self.gate_epsilon, gate_threshold=gate_share * voters)
@@ -259,8 +259,8 @@ def make_plan(
             return AnswerPlan(**base, token_epsilon=x, max_releases=max_tokens)
 
         return icl_plan(_largest(lambda x: icl_plan(x).worst_case_epsilon() <= epsilon, token))
-    # answer-vote and keywords: one release per answer (whole answers; their keywords)
-    one = {"vote": max_tokens, "answer-vote": 1, "keywords": 1}
+    # answer-vote, keywords and facts: one release per answer (whole answers; keywords; values)
+    one = {"vote": max_tokens, "answer-vote": 1, "keywords": 1, "facts": 1}
     releases = one.get(mechanism, min(max_releases, max_tokens))
     token_delta = delta / (2 * releases)
 

@@ -24,12 +24,15 @@ Privacy:
   * ``keywords``: one DP partition selection over the words the rows' answers share
     (`keyword_vote.release_answer_keywords`); the public LM then answers from the question
     and the released keywords only (post-processing).
+  * ``facts``: not over the rows: one DP partition selection over the values every
+    document's own typed facts give for the question (`retriever.rag.fact_vote`; one
+    document is one voter, no cap shared with others, so no group step).
   * ``score``: (count, sum of normalised scores) of the selection through the Laplace
     mechanism (see `score`).
 
 Each mechanism's own argument (sensitivity, calibration, references) is in the docstring of
 the module that implements it: `retriever.rag.aggregation`, `retriever.rag.voting`,
-`retriever.rag.keyword_vote`; the score's is in `score` below.
+`retriever.rag.keyword_vote`, `retriever.rag.fact_vote`; the score's is in `score` below.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import numpy as np
 
 from retriever.rag.aggregation import dp_icl_token
 from retriever.rag.config import RagConfig
+from retriever.rag.fact_vote import fact_vote
 from retriever.rag.greedy import greedy_answer
 from retriever.rag.keyword_vote import final_answer, keyword_document, release_answer_keywords
 from retriever.rag.plan import AnswerPlan
@@ -209,6 +213,22 @@ def keywords(
     document = public_lm.encode(keyword_document(keywords))[: config.max_document_tokens]
     text = greedy_answer(public_lm, prompt.encode(public_lm, question, [document]), plan.max_tokens)
     return final_answer(text, keywords), 1, stages, False
+
+
+def facts(document_facts, question: str, config: RagConfig, plan: AnswerPlan):
+    """(answer text, paid, stages, abstained): the value the documents' typed facts give
+    for the question (`fact_vote.fact_vote`, one partition selection over every document
+    at the plan's per-release (epsilon, delta), K = `config.answer_keywords`); nothing
+    released, or no value ahead of the second by the gap: the answer abstains."""
+    value, _ = fact_vote(
+        document_facts,
+        question,
+        epsilon=plan.token_epsilon,
+        delta=plan.token_delta,
+        max_votes=config.answer_keywords,
+    )
+    stages = [("tokens", plan.token_block_event(1))]
+    return ("", 1, stages, True) if value is None else (value, 1, stages, False)
 
 
 def score(config: RagConfig, scores, selected, epsilon: float, rng) -> tuple[float, float]:

@@ -6,7 +6,8 @@ default (an exact dense index of the documents under the all-MiniLM-L6-v2 asset,
 Instruct with the chat prompt, `retriever.rag.defaults.resolve` for ``mechanism="auto"`` and
 its k) and answers each question once, each its own (epsilon, delta) event: no ledger, the
 evaluation needs no shared budget. ``python -m retriever.rag.single_fact_eval --domain people``
-prints the accuracy of a world's questions at one support level.
+prints the accuracy of a world's questions at the given support levels (a fact world's or a
+natural-text world's, `retriever.rag.natural_world`).
 """
 
 from __future__ import annotations
@@ -101,17 +102,23 @@ def single_answers(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from retriever.rag.fact_world import DOMAINS, answer_is_right, make_world
+    from retriever.rag import fact_world, natural_world
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--domain", choices=DOMAINS, required=True)
-    parser.add_argument("--support", type=int, default=20)
+    domains = fact_world.DOMAINS + natural_world.DOMAINS
+    parser.add_argument("--domain", choices=domains, required=True)
+    parser.add_argument("--support", type=int, nargs="+", default=[20])
     parser.add_argument("--epsilon", type=float, default=5.0)
     parser.add_argument("--mechanism", default="auto")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the world's seed and the noise's")
     args = parser.parse_args(argv)
-    world = make_world(args.domain)
-    asked = [q for q in world.questions if q.support == args.support]
+    if args.domain in natural_world.DOMAINS:
+        world = natural_world.make_natural_world(args.domain, seed=args.seed)
+        is_right = natural_world.natural_answer_is_right
+    else:
+        world = fact_world.make_world(args.domain, seed=args.seed)
+        is_right = fact_world.answer_is_right
+    asked = [q for q in world.questions if q.support in args.support]
     start = time.monotonic()
     answers = single_answers(
         world.documents,
@@ -120,19 +127,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         mechanism=args.mechanism,
         seed=args.seed,
     )
-    right = [answer_is_right(a, q.answer) for a, q in zip(answers, asked, strict=True)]
+    right = [is_right(a, q.answer) for a, q in zip(answers, asked, strict=True)]
     for q, a, r in zip(asked, answers, right, strict=True):
         print(json.dumps({"question": q.question, "expected": q.answer, "answer": a, "right": r}))
     print(
         json.dumps(
             {
                 "domain": args.domain,
+                "seed": args.seed,
                 "support": args.support,
                 "epsilon": args.epsilon,
                 "mechanism": args.mechanism,
                 "accuracy": sum(right) / max(len(right), 1),
                 "questions": len(right),
-                "seconds": round(time.monotonic() - start, 1),
+                "seconds_per_answer": round((time.monotonic() - start) / max(len(right), 1), 2),
             }
         )
     )

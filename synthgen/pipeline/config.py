@@ -184,8 +184,8 @@ class RagStageConfig:
       num_records, num_diseases, world_seed: the fictional medical world.
       questions: questions answered.
       epsilon: per-answer epsilon.
-      mechanism: "icl", "vote", "sparse-vote", "answer-vote", "keywords" or "auto": the DP-RAG
-        evaluation's best at `epsilon` (`retriever.rag.defaults`).
+      mechanism: "icl", "vote", "sparse-vote", "answer-vote", "keywords", "facts" or "auto"
+        (`retriever.rag.defaults`: facts, or icl with a k below 64).
       k, max_tokens, delta: the answer stage's public parameters (`RagConfig`).
       epsilon_cap, delta_cap: caps of the collection's ledger scope (the run tenant's);
         in individual accounting, the tenant's quota.
@@ -237,7 +237,8 @@ class RagStageConfig:
             raise ValueError(
                 f"need 0 < delta <= delta_cap < 1, got {self.delta=}, {self.delta_cap=}"
             )
-        if self.mechanism not in ("auto", "icl", "vote", "sparse-vote", "answer-vote", "keywords"):
+        known = ("auto", "icl", "vote", "sparse-vote", "answer-vote", "keywords", "facts")
+        if self.mechanism not in known:
             raise ValueError(f"mechanism must be auto or a DP-RAG mechanism, {self.mechanism=}")
         if self.k < 1 or self.max_tokens < 1:
             raise ValueError(f"k and max_tokens must be >= 1, got {self.k=}, {self.max_tokens=}")

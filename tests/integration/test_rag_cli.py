@@ -420,9 +420,10 @@ def test_tenant_list_shows_every_scope_that_spends_on_the_collection(tmp_path):
     assert rows["alice"]["status"] == "active"
 
 
-def test_answer_by_term_overlap_scores_rare_words_and_auto_takes_keywords(collection, tmp_path):
+def test_answer_by_term_overlap_scores_rare_words_and_auto_takes_facts(collection, tmp_path):
     """--retrieval overlap: the index only lists the documents, scores are the share of the
-    question's words a document holds, and auto resolves to the overlap evaluation's best."""
+    question's words a document holds, and auto resolves to facts (a question no kind rule
+    reads is answered by keywords at the same event)."""
     from retriever.rag.loading import load_dprag
     from synthgen.lm_backends import TinyLM
 
@@ -446,6 +447,6 @@ def test_answer_by_term_overlap_scores_rare_words_and_auto_takes_keywords(collec
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     answer = json.loads(result.stdout.strip().splitlines()[-1])
-    assert answer["mechanism"] == "keywords"
+    assert answer["mechanism"] == "facts"
     bad = _answer(folder, corpus, tmp_path / "other.sqlite", *CAPS, "--retrieval", "bm25")
     assert bad.returncode == 2 and "--retrieval" in bad.stderr

@@ -196,7 +196,7 @@ def test_choices_print_their_values_and_a_wrong_one_is_a_usage_error():
 
     assert MECHANISMS == LIBRARY
     result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "80"})
-    assert "--mechanism auto|icl|vote|sparse-vote|answer-vote|keywords" in result.output
+    assert "--mechanism auto|icl|vote|sparse-vote|answer-vote|keywords|facts" in result.output
     assert "--accounting collection|individual" in result.output
     result = _retriever("serve", "--mechanism", "magic")
     assert result.returncode == 2

@@ -65,7 +65,9 @@ def _rag(tmp_path, *, cap=10.0, score_share=0.0, seed=0, accountant="pld"):
     return rag, ledger, lm
 
 
-@pytest.mark.parametrize("mechanism", ["icl", "vote", "sparse-vote", "answer-vote", "keywords"])
+@pytest.mark.parametrize(
+    "mechanism", ["icl", "vote", "sparse-vote", "answer-vote", "keywords", "facts"]
+)
 @pytest.mark.parametrize("composition", ["pure", "bounded-range"])
 def test_plan_worst_case_within_target(mechanism, composition):
     plan = make_plan(mechanism, 3.0, delta=1e-6, max_tokens=8, composition=composition)
@@ -75,7 +77,9 @@ def test_plan_worst_case_within_target(mechanism, composition):
     assert plan.retrieval_epsilon == pytest.approx(0.3)
 
 
-@pytest.mark.parametrize("mechanism", ["icl", "vote", "sparse-vote", "answer-vote", "keywords"])
+@pytest.mark.parametrize(
+    "mechanism", ["icl", "vote", "sparse-vote", "answer-vote", "keywords", "facts"]
+)
 def test_answer_charges_each_stage_once(tmp_path, mechanism):
     rag, ledger, lm = _rag(tmp_path, score_share=0.05)
     answer = rag.answer("what is the answer?", tenant="alice", epsilon=2.0, mechanism=mechanism)
