@@ -122,7 +122,17 @@ def main() -> None:
         help="an encoder to evaluate (asset name or folder); repeat",
     )
     parser.add_argument("--headline", help="the NAME whose NDCG@10 the last line reports")
+    parser.add_argument(
+        "--files-only",
+        action="store_true",
+        help="write corpus.jsonl and queries.jsonl and stop (a pairs file for the main job: "
+        "synthgen pipeline init --pairs OUT/queries.jsonl --documents OUT/corpus.jsonl)",
+    )
     args = parser.parse_args()
+    if args.files_only:
+        corpus, queries = build(args.out, args.docs)
+        print(f"wrote {corpus} and {queries}")
+        return
     if not args.encoder or any("=" not in e for e in args.encoder):
         parser.error("give at least one --encoder NAME=PATH")
     encoders = dict(e.split("=", 1) for e in args.encoder)

@@ -154,13 +154,42 @@ def init(
         Path | None, typer.Option(help="destination file or folder (default: ./NAME.py)")
     ] = None,
     force: Annotated[bool, typer.Option(help="overwrite an existing file")] = False,
+    pairs: Annotated[
+        Path | None,
+        typer.Option(help="your private (document, query) pairs, JSONL: a config for them"),
+    ] = None,
+    documents: Annotated[
+        Path | None,
+        typer.Option(help="with --pairs: JSONL collection of public documents to index"),
+    ] = None,
+    query_field: Annotated[str, typer.Option(help="the pairs' query field")] = "query",
+    document_field: Annotated[
+        str, typer.Option(help="the pairs' document text field (without --documents)")
+    ] = "document",
+    doc_id_field: Annotated[str, typer.Option(help="the pairs' document id field")] = "doc_id",
+    text_field: Annotated[str, typer.Option(help="the collection's text field")] = "text",
+    id_field: Annotated[
+        str | None, typer.Option(help="the collection's id field (default: --doc-id-field)")
+    ] = None,
+    preset: Annotated[
+        str, typer.Option(help="the packaged config the generator and encoder come from")
+    ] = "demo",
 ) -> None:
-    """Copies a packaged example config to a file you can edit, and says how to run it."""
+    """Copies a packaged example config to a file you can edit, and says how to run it; with
+    --pairs, writes a config for your own pairs file instead (checked line by line first)."""
     from synthgen.config_files import UnknownConfigError, copy_pipeline_example, pipeline_examples
 
+    if pairs is not None:
+        _init_pairs(
+            name, to, force, pairs, documents, preset,
+            (query_field, document_field, doc_id_field, text_field, id_field),
+        )  # fmt: skip
+        return
+    if documents is not None:
+        raise typer.BadParameter("--documents goes with --pairs", param_hint="'--documents'")
     if name is None:
         print("packaged configs: " + ", ".join(pipeline_examples()))
-        print("next: synthgen pipeline init NAME")
+        print("next: synthgen pipeline init NAME, or synthgen pipeline init --pairs FILE")
         return
     try:
         path = copy_pipeline_example(name, to, force=force)
@@ -168,6 +197,40 @@ def init(
         raise typer.BadParameter(str(exc), param_hint="'NAME'") from exc
     print(f"wrote {path}")
     print(f"next: synthgen pipeline --config {shlex.quote(str(path))}")
+
+
+def _init_pairs(name, to, force, pairs, documents, preset, fields) -> None:
+    """`init --pairs`: a config for the user's pairs (`synthgen.pipeline.pairs_config`)."""
+    from synthgen.pipeline.pairs_config import PRESETS, pairs_config_text
+    from synthgen.user_pairs import PairsFileError, PairsSource
+
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"one of {', '.join(PRESETS)}", param_hint="'--preset'")
+    label = name or pairs.stem
+    destination = Path(to).expanduser() if to is not None else Path(f"{label}.py")
+    if destination.is_dir():
+        destination = destination / f"{label}.py"
+    if destination.exists() and not force:
+        raise typer.BadParameter(f"{destination} exists; pass --force to overwrite it")
+    query, document, doc_id, text, id_ = fields
+    source = PairsSource(
+        str(pairs), None if documents is None else str(documents), query_field=query,
+        document_field=document, doc_id_field=doc_id, text_field=text, id_field=id_,
+    )  # fmt: skip
+    try:
+        written, plan = pairs_config_text(
+            source, preset=preset, name=label, config_name=str(destination)
+        )
+    except (PairsFileError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    destination.write_text(written)
+    print(
+        f"wrote {destination}: {plan.pairs} pairs naming {plan.documents_named} documents "
+        f"(about {plan.train_pairs} to train on), {plan.documents_indexed} documents indexed"
+    )
+    print(f"next: synthgen pipeline --config {shlex.quote(str(destination))}")
 
 
 ShardOption = Annotated[

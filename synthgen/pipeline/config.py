@@ -29,23 +29,60 @@ GeneratorKind = Literal["querygen", "fewshot"]
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """The private pairs: (document, short description) rows of `wiki-summaries-en`.
+    """The private pairs: the built-in wiki summaries' (document, short description) rows, or
+    a user's own (document, query) pairs (`synthgen.user_pairs`).
 
     Attributes:
-      source: asset name or path of the wiki summaries.
-      num_documents: first N documents (None: all).
+      source: asset name or path of the wiki summaries (None with `pairs`).
+      num_documents: first N documents (None: all); with `pairs`, the pairs of the first N
+        documents they name.
       test_fraction: held-out share of documents (their real queries evaluate the encoders).
+      pairs: a JSONL of private pairs (None: the wiki summaries); each line a query and the
+        document's text, or the id of a document in `documents`.
+      documents: a JSONL collection of public documents to index (None: the pairs'
+        documents).
+      query_field, document_field, doc_id_field: the fields of `pairs` (query, document
+        text, document id); text_field, id_field: of `documents` (text; id, None: the
+        pairs' doc_id_field).
     """
 
-    source: str = "wiki-summaries-en"
+    source: str | None = "wiki-summaries-en"
     num_documents: int | None = 2000
     test_fraction: float = 0.2
+    # added after run folders existed: left out of the stage's fingerprint at their default
+    pairs: str | None = dataclasses.field(default=None, metadata=FINGERPRINT_AT_DEFAULT)
+    documents: str | None = dataclasses.field(default=None, metadata=FINGERPRINT_AT_DEFAULT)
+    query_field: str = dataclasses.field(default="query", metadata=FINGERPRINT_AT_DEFAULT)
+    document_field: str = dataclasses.field(default="document", metadata=FINGERPRINT_AT_DEFAULT)
+    doc_id_field: str = dataclasses.field(default="doc_id", metadata=FINGERPRINT_AT_DEFAULT)
+    text_field: str = dataclasses.field(default="text", metadata=FINGERPRINT_AT_DEFAULT)
+    id_field: str | None = dataclasses.field(default=None, metadata=FINGERPRINT_AT_DEFAULT)
 
     def __post_init__(self) -> None:
         if self.num_documents is not None and self.num_documents < 10:
             raise ValueError(f"need at least 10 documents, got {self.num_documents=}")
         if not 0 < self.test_fraction < 1:
             raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction=}")
+        if (self.source is None) == (self.pairs is None):
+            raise ValueError("give data.source (the wiki summaries) or data.pairs, not both")
+        if self.documents is not None and self.pairs is None:
+            raise ValueError("data.documents goes with data.pairs")
+
+    def pairs_source(self):
+        """The `synthgen.user_pairs.PairsSource` of `pairs` (ValueError without it)."""
+        from synthgen.user_pairs import PairsSource
+
+        if self.pairs is None:
+            raise ValueError("no data.pairs")
+        return PairsSource(
+            self.pairs,
+            self.documents,
+            query_field=self.query_field,
+            document_field=self.document_field,
+            doc_id_field=self.doc_id_field,
+            text_field=self.text_field,
+            id_field=self.id_field,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,9 +233,9 @@ class RagStageConfig:
         all answers of all tenants (document_delta below 1/num_records).
       relevance_threshold: individual accounting: the public relevance threshold tau on
         the [0, 1] score scale; records below it are not used and pay nothing.
-      mode: "answers" (each question a DP answer, charged) or "release" (the collection
-        released once at `release_epsilon` per record, `synthgen.knowledge`, then every
-        question is ordinary RAG over the release, charged nothing).
+      mode: "answers" (each question a DP answer, charged) or "release" (the collection's
+        facts released once at `release_epsilon` per record, `synthgen.knowledge.facts`,
+        then every question is answered from the release, charged nothing).
       release_epsilon: release mode: the per-record epsilon of the one release (delta:
         `delta_cap`).
     """

@@ -41,24 +41,21 @@ def _write_jsonl(path: Path, rows) -> None:
 
 
 def data_stage(ctx: StageContext) -> dict:
-    """Loads the wiki pairs and splits them by document (a public, seeded split).
+    """Loads the private pairs (the wiki summaries, or the user's `data.pairs`) and splits
+    them by document (a public, seeded split).
 
     Writes the public corpus to `data/corpus.jsonl` and the private train pairs and held-out
-    real queries to `private/data/`.
+    real queries to `private/data/`. A user's pairs file is checked line by line first
+    (`synthgen.user_pairs`): a bad file stops the run here, before any charge.
     """
-    from synthgen import corpora
-
     cfg = ctx.config.data
-    wiki = corpora.load_wiki_summaries(cfg.source, limit=cfg.num_documents)
-    train, test = corpora.split_by_document(
-        wiki, test_fraction=cfg.test_fraction, seed=ctx.config.seed
-    )
+    if cfg.pairs is not None:
+        corpus, train, test = _user_pairs(cfg, ctx.config.seed)
+    else:
+        corpus, train, test = _wiki_pairs(cfg, ctx.config.seed)
     root, private = ctx.run.root, ctx.run.private
     private_folder(private / "data")  # owner only, as every folder of the private tree
-    _write_jsonl(
-        root / "data" / "corpus.jsonl",
-        ({"doc_id": r["doc_id"], "text": r["document"], "title": r["title"]} for r in wiki),
-    )
+    _write_jsonl(root / "data" / "corpus.jsonl", corpus)
     _write_jsonl(
         private / "data" / "train_pairs.jsonl",
         ({"doc_id": r["doc_id"], "document": r["document"], "query": r["query"]} for r in train),
@@ -67,8 +64,32 @@ def data_stage(ctx: StageContext) -> dict:
         private / "data" / "test_queries.jsonl",
         ({"doc_id": r["doc_id"], "query": r["query"]} for r in test),
     )
-    ctx.log("data", f"{len(wiki)} documents: {len(train)} train pairs, {len(test)} held out")
-    return {"documents": len(wiki), "train_pairs": len(train), "test_queries": len(test)}
+    ctx.log("data", f"{len(corpus)} documents: {len(train)} train pairs, {len(test)} held out")
+    return {"documents": len(corpus), "train_pairs": len(train), "test_queries": len(test)}
+
+
+def _wiki_pairs(cfg, seed: int) -> tuple[list[dict], list[dict], list[dict]]:
+    from synthgen import corpora
+
+    wiki = corpora.load_wiki_summaries(cfg.source, limit=cfg.num_documents)
+    train, test = corpora.split_by_document(wiki, test_fraction=cfg.test_fraction, seed=seed)
+    corpus = [{"doc_id": r["doc_id"], "text": r["document"], "title": r["title"]} for r in wiki]
+    return corpus, list(train), list(test)
+
+
+def _user_pairs(cfg, seed: int) -> tuple[list[dict], list[dict], list[dict]]:
+    """(corpus, train pairs, held-out pairs) of the user's files: the collection when given
+    (indexed whole), else the documents the kept pairs name."""
+    from synthgen.user_pairs import read_pairs, split_pairs
+
+    collection, pairs = read_pairs(cfg.pairs_source())
+    if cfg.num_documents is not None:  # the pairs of the first N documents named
+        kept = set(list(dict.fromkeys(p["doc_id"] for p in pairs))[: cfg.num_documents])
+        pairs = [p for p in pairs if p["doc_id"] in kept]
+        if cfg.documents is None:
+            collection = [d for d in collection if d["doc_id"] in kept]
+    train, test = split_pairs(pairs, test_fraction=cfg.test_fraction, seed=seed)
+    return collection, train, test
 
 
 def _pairs_scope(ctx: StageContext, n: int, relation: str, delta: float):

@@ -1,0 +1,149 @@
+"""A main-job config for a user's own pairs file (`synthgen pipeline init --pairs FILE`).
+
+`pairs_config_text` checks the pairs (and the collection) line by line
+(`synthgen.user_pairs.read_pairs`: a bad file is refused here, before any config is written
+or any budget spent) and writes a config file built on a packaged preset: the data section
+reads the user's files, the DP generator keeps the preset's number of DP steps and expected
+batch whatever the number of pairs (its epochs are set from the train pairs' count), and the
+preset's DP-RAG stage, which answers over a built-in test world rather than the user's
+data, is turned off, and so are the report's samples (a real query beside its synthetic
+one: the user's real queries are private).
+
+Privacy:
+  Reads the private pairs to check them and to count them; the config holds the files'
+  paths, field names and public sizes (the pairs' count, as every DP plan of the main job
+  uses it for delta), never a query or a document.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from synthgen.user_pairs import PairsSource, read_pairs
+
+PRESETS = ("demo", "tiny", "gpu")
+
+TEMPLATE = '''"""The main job on your own pairs, written by `synthgen pipeline init --pairs`.
+
+Pairs: {pairs} ({pairs_count} pairs naming {named} documents when written).
+Documents indexed: {documents_note}.
+Generator and encoder: the `{preset}` preset's, with its {steps} DP steps of expected batch
+{batch} over your {train} train pairs (epochs {epochs:.4g}); a fifth of the documents the
+pairs name is held out whole to evaluate the encoders.
+
+    synthgen pipeline --config {config_name}
+"""
+
+import dataclasses
+
+from synthgen.configs import {preset}
+from synthgen.pipeline.config import DataConfig, RagStageConfig
+
+
+def get_config():
+    base = {preset}.get_config()
+    generator = base.generate.querygen
+    dp = dataclasses.replace(generator.dp, epochs={epochs!r})
+    return dataclasses.replace(
+        base,
+        name={name!r},
+        out={out!r},
+        data=DataConfig(
+            source=None,
+            num_documents=None,
+            test_fraction={test_fraction!r},
+            pairs={pairs!r},
+            documents={documents!r},
+            query_field={query_field!r},
+            document_field={document_field!r},
+            doc_id_field={doc_id_field!r},
+            text_field={text_field!r},
+            id_field={id_field!r},
+        ),
+        generate=dataclasses.replace(base.generate, querygen=generator.replace(dp=dp)),
+        # the preset's DP-RAG stage answers over a built-in test world, not your data
+        rag=RagStageConfig(enabled=False),
+        # your real queries are private: the report shows none beside the synthetic ones
+        report=dataclasses.replace(base.report, samples=0),
+    )
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class PairsPlan:
+    """What `pairs_config_text` found and chose (public sizes only)."""
+
+    pairs: int
+    documents_named: int
+    documents_indexed: int
+    train_pairs: int
+    epochs: float
+
+
+def pairs_config_text(
+    source: PairsSource,
+    *,
+    preset: str = "demo",
+    name: str = "my-pairs",
+    out: str | None = None,
+    test_fraction: float = 0.2,
+    config_name: str = "my-pairs.py",
+) -> tuple[str, PairsPlan]:
+    """(the config file's text, its plan) for the pairs of `source`.
+
+    Raises:
+      PairsFileError: the first problem of the files, naming its line.
+      ValueError: an unknown preset, or too few train pairs for one DP batch.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
+    from importlib import import_module
+
+    base = import_module(f"synthgen.configs.{preset}").get_config()
+    collection, pairs = read_pairs(source)
+    named = len({p["doc_id"] for p in pairs})
+    held = max(1, int(round(test_fraction * named)))
+    train = round(len(pairs) * (named - held) / named)  # expected: documents held out whole
+    dp = base.generate.querygen.dp
+    steps = max(1, round(dp.epochs * _preset_train_pairs(base) / dp.batch_size))
+    if train < dp.batch_size:
+        raise ValueError(
+            f"{source.pairs}: about {train} train pairs, fewer than one expected DP batch of "
+            f"{dp.batch_size} (the {preset} preset's): collect more pairs or use another preset"
+        )
+    epochs = steps * dp.batch_size / train
+    resolve = lambda p: None if p is None else str(Path(p).resolve())  # noqa: E731
+    text = TEMPLATE.format(
+        pairs=resolve(source.pairs),
+        documents=resolve(source.documents),
+        documents_note=(
+            f"the collection {resolve(source.documents)} ({len(collection)} documents)"
+            if source.documents
+            else f"the {len(collection)} documents the pairs hold"
+        ),
+        pairs_count=len(pairs),
+        named=named,
+        preset=preset,
+        steps=steps,
+        batch=dp.batch_size,
+        train=train,
+        epochs=epochs,
+        name=name,
+        out=out or f"runs/{name}",
+        test_fraction=test_fraction,
+        query_field=source.query_field,
+        document_field=source.document_field,
+        doc_id_field=source.doc_id_field,
+        text_field=source.text_field,
+        id_field=source.id_field,
+        config_name=config_name,
+    )
+    return text, PairsPlan(len(pairs), named, len(collection), train, epochs)
+
+
+def _preset_train_pairs(config) -> int:
+    """The train pairs the preset's epochs were set for (its wiki documents less the held-out
+    share: one pair per document)."""
+    documents = config.data.num_documents or 1000
+    return documents - max(1, int(round(config.data.test_fraction * documents)))

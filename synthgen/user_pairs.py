@@ -1,0 +1,168 @@
+"""A user's own (document, query) pairs, checked line by line before anything is charged.
+
+The main job's users hold a search or support log: (query, clicked document) pairs whose
+queries are private, and a document collection that is public to the service. `read_pairs`
+reads a JSONL of pairs, each with its query and either the document's text or the id of a
+document in a JSONL collection, and returns the collection and the pairs. Every problem is
+one line naming the file and line (never a line's content): a line that is not JSON or
+lacks a field, an empty field, a document id the collection does not hold, an id the
+collection repeats, and too few distinct documents for a split.
+
+`split_pairs` then holds out whole documents (a seeded, public permutation of the documents
+the pairs name): the held-out documents' queries evaluate the encoders and never train a
+generator.
+
+Privacy:
+  Unit: one pair (add/remove-one), as in the rest of the main job; the documents are public.
+  Nothing here is released; the checks' errors name lines and counts, never content.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+MIN_DOCUMENTS = 10  # distinct documents the pairs must name (a held-out share needs some)
+
+
+class PairsFileError(ValueError):
+    """A pairs or documents file the main job cannot use; the message names the line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PairsSource:
+    """Where a user's pairs are and which fields hold what (public settings).
+
+    Attributes:
+      pairs: JSONL of pairs, one object per line.
+      documents: JSONL collection of public documents (None: the pairs hold the text).
+      query_field: the pairs' query field.
+      document_field: the pairs' document text field (pairs without `documents`).
+      doc_id_field: the pairs' document id field (optional in pairs that hold the text:
+        without it, identical texts are one document).
+      text_field: the collection's text field.
+      id_field: the collection's id field (None: `doc_id_field`).
+      title_field: the collection's optional title field.
+    """
+
+    pairs: str
+    documents: str | None = None
+    query_field: str = "query"
+    document_field: str = "document"
+    doc_id_field: str = "doc_id"
+    text_field: str = "text"
+    title_field: str = "title"
+    id_field: str | None = None
+
+
+def _lines(path: Path):
+    """(line number, object) of each non-blank line; PairsFileError on a bad line."""
+    if not path.is_file():
+        raise PairsFileError(f"{path}: no such file")
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise PairsFileError(f"{path}:{number}: not valid JSON") from None
+            if not isinstance(row, dict):
+                raise PairsFileError(f"{path}:{number}: not a JSON object")
+            yield number, row
+
+
+def _text(path: Path, number: int, row: dict, field: str) -> str:
+    if field not in row:
+        raise PairsFileError(f"{path}:{number}: no {field!r} field")
+    value = row[field]
+    if not isinstance(value, str | int) or not str(value).strip():
+        raise PairsFileError(f"{path}:{number}: empty {field!r} field")
+    return str(value).strip()
+
+
+def read_documents(source: PairsSource) -> dict[str, dict]:
+    """The collection: doc_id -> {"doc_id", "title", "text"} (file order)."""
+    path = Path(source.documents)
+    collection: dict[str, dict] = {}
+    first: dict[str, int] = {}
+    for number, row in _lines(path):
+        doc_id = _text(path, number, row, source.id_field or source.doc_id_field)
+        if doc_id in collection:
+            raise PairsFileError(
+                f"{path}:{number}: document id repeated (first on line {first[doc_id]})"
+            )
+        title = row.get(source.title_field)
+        text = _text(path, number, row, source.text_field)
+        collection[doc_id] = {"doc_id": doc_id, "title": str(title or ""), "text": text}
+        first[doc_id] = number
+    if not collection:
+        raise PairsFileError(f"{path}: holds no documents")
+    return collection
+
+
+def read_pairs(source: PairsSource) -> tuple[list[dict], list[dict]]:
+    """(collection, pairs): the documents {"doc_id", "title", "text"} and the pairs
+    {"doc_id", "document", "query"} (file order).
+
+    Raises:
+      PairsFileError: the first problem found, naming its file and line (module docstring).
+    """
+    path = Path(source.pairs)
+    collection = read_documents(source) if source.documents else {}
+    by_text: dict[str, str] = {}
+    pairs: list[dict] = []
+    for number, row in _lines(path):
+        query = _text(path, number, row, source.query_field)
+        if source.documents:
+            doc_id = _text(path, number, row, source.doc_id_field)
+            if doc_id not in collection:
+                raise PairsFileError(
+                    f"{path}:{number}: document id not in {source.documents} "
+                    f"(field {source.doc_id_field!r})"
+                )
+            document = collection[doc_id]["text"]
+        else:
+            if source.document_field not in row and source.doc_id_field in row:
+                raise PairsFileError(
+                    f"{path}:{number}: no {source.document_field!r} field; pairs that name "
+                    "documents by id need the collection (--documents FILE)"
+                )
+            document = _text(path, number, row, source.document_field)
+            if source.doc_id_field in row:
+                doc_id = _text(path, number, row, source.doc_id_field)
+                known = collection.get(doc_id)
+                if known is not None and known["text"] != document:
+                    raise PairsFileError(f"{path}:{number}: document id used for another text")
+            else:  # identical texts are one document; the id is a digest of the text
+                doc_id = by_text.setdefault(
+                    document, "doc-" + hashlib.sha256(document.encode()).hexdigest()[:12]
+                )
+            collection.setdefault(doc_id, {"doc_id": doc_id, "title": "", "text": document})
+        pairs.append({"doc_id": doc_id, "document": document, "query": query})
+    if not pairs:
+        raise PairsFileError(f"{path}: holds no pairs")
+    named = len({p["doc_id"] for p in pairs})
+    if named < MIN_DOCUMENTS:
+        raise PairsFileError(
+            f"{path}: the pairs name {named} distinct documents, fewer than {MIN_DOCUMENTS} "
+            "(documents are held out whole for the evaluation)"
+        )
+    return list(collection.values()), pairs
+
+
+def split_pairs(
+    pairs: list[dict], *, test_fraction: float, seed: int
+) -> tuple[list[dict], list[dict]]:
+    """(train pairs, held-out pairs): whole documents held out, by a seeded permutation of
+    the documents the pairs name (in order of first appearance; public given the ids)."""
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction=}")
+    documents = list(dict.fromkeys(p["doc_id"] for p in pairs))
+    order = np.random.default_rng(seed).permutation(len(documents))
+    held = {documents[i] for i in order[: max(1, int(round(test_fraction * len(documents))))]}
+    return [p for p in pairs if p["doc_id"] not in held], [p for p in pairs if p["doc_id"] in held]

@@ -1,0 +1,92 @@
+"""The main job from a user-shaped pairs file: `synthgen pipeline init --pairs` then the run.
+
+A support log whose fields are renamed ("clicked", "q") names documents by id in a
+collection with its own id field ("id", "body"); the tiny preset keeps it CI-sized.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from synthgen.pipeline import load_pipeline_config
+
+pytestmark = pytest.mark.slow
+
+TOPICS = "printer vpn password badge laptop wifi email calendar payroll parking".split()
+
+
+def _words(rng, n):
+    """Invented words: enough distinct text for the tiny preset's own tokenizer (512 pieces)."""
+    syllables = [a + b + c for a in "bcdfgklmnprstvz" for b in "aeiou" for c in "lnrsx"]
+    return " ".join(
+        "".join(rng.choice(syllables) for _ in range(rng.randint(1, 3))) for _ in range(n)
+    )
+
+
+def _files(folder, documents=40, per=3):
+    import random
+
+    rng = random.Random(0)
+    docs = folder / "kb.jsonl"
+    docs.write_text(
+        "".join(
+            json.dumps({"id": f"kb-{i}", "body": f"How to fix the {TOPICS[i % 10]} issue {i}: "
+                        f"{_words(rng, 150)}."}) + "\n"
+            for i in range(documents + 5)  # five documents nobody clicked: indexed too
+        )
+    )  # fmt: skip
+    log = folder / "clicks.jsonl"
+    log.write_text(
+        "".join(
+            json.dumps({"clicked": f"kb-{i}", "q": f"{TOPICS[i % 10]} {_words(rng, 4)}"}) + "\n"
+            for i in range(documents)
+            for _ in range(per)
+        )
+    )
+    return log, docs
+
+
+def _cli(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "synthgen.cli", *map(str, args)],
+        capture_output=True, text=True, cwd=cwd, timeout=1800,
+    )  # fmt: skip
+
+
+def test_init_writes_a_config_for_the_pairs_and_the_main_job_runs_it(tmp_path):
+    log, docs = _files(tmp_path)
+    made = _cli(
+        "pipeline", "init", "--pairs", log, "--documents", docs, "--query-field", "q",
+        "--doc-id-field", "clicked", "--id-field", "id", "--text-field", "body",
+        "--preset", "tiny", "--to", tmp_path / "support.py", cwd=tmp_path,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert "120 pairs naming 40 documents" in made.stdout and "45 documents indexed" in made.stdout
+    config = load_pipeline_config(str(tmp_path / "support.py"))
+    assert config.data.pairs == str(log.resolve()) and config.data.source is None
+    assert not config.rag.enabled
+    run = _cli("pipeline", "--config", tmp_path / "support.py", "--out", tmp_path / "run",
+               "--no-progress", cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    root = tmp_path / "run"
+    data = json.loads((root / "stages" / "data.json").read_text())["summary"]
+    assert data == {"documents": 45, "train_pairs": 96, "test_queries": 24}
+    report = (root / "report" / "report.html").read_text()
+    assert "NDCG@10" in report and "synthetic" in report and "ε" in report
+    for line in (root / "private" / "data" / "train_pairs.jsonl").read_text().splitlines()[:3]:
+        assert json.loads(line)["query"] not in report  # no private query in the report
+
+
+def test_bad_pairs_files_are_refused_by_init_naming_the_line(tmp_path):
+    log, docs = _files(tmp_path)
+    lines = log.read_text().splitlines()
+    lines[6] = json.dumps({"clicked": "kb-999", "q": "lost"})
+    log.write_text("\n".join(lines) + "\n")
+    made = _cli("pipeline", "init", "--pairs", log, "--documents", docs, "--query-field", "q",
+                "--doc-id-field", "clicked", "--id-field", "id", "--text-field", "body",
+                "--preset", "tiny", cwd=tmp_path)  # fmt: skip
+    assert made.returncode == 2
+    assert f"{log}:7: document id not in" in made.stderr and "lost" not in made.stderr
+    assert not (tmp_path / "clicks.py").exists()
