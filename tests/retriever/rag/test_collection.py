@@ -245,6 +245,46 @@ def test_the_answer_event_shape_is_canonical_public_parameters():
     assert answer_event_shape(_plan(mechanism="vote")) != answer_event_shape(_plan())
 
 
+# The exact shapes collections pinned before vote, sparse-vote and answer-vote were retired
+# (commit 03575c5): a ledger pinned then must accept the same answers now, byte for byte.
+PINNED_SHAPES = {
+    ("icl", 5.0, 0.0, "pure"): (
+        '{"composition":"pure","delta":1e-06,"epsilon":5.0,"format":1,"kind":"rag-answer",'
+        '"max_releases":12,"max_tokens":12,"mechanism":"icl","relation":"ADD_OR_REMOVE_ONE",'
+        '"retrieval_share":0.1,"score_share":0.0}'
+    ),
+    ("icl", 3.0, 0.1, "bounded-range"): (
+        '{"composition":"bounded-range","delta":1e-06,"epsilon":3.0,"format":1,'
+        '"kind":"rag-answer","max_releases":12,"max_tokens":12,"mechanism":"icl",'
+        '"relation":"ADD_OR_REMOVE_ONE","retrieval_share":0.1,"score_share":0.1}'
+    ),
+    ("keywords", 5.0, 0.0, "pure"): (
+        '{"composition":null,"delta":1e-06,"epsilon":5.0,"format":1,"kind":"rag-answer",'
+        '"max_releases":1,"max_tokens":12,"mechanism":"keywords","relation":"ADD_OR_REMOVE_ONE",'
+        '"retrieval_share":0.1,"score_share":0.0}'
+    ),
+    ("facts", 5.0, 0.0, "pure"): (
+        '{"composition":null,"delta":1e-06,"epsilon":5.0,"format":1,"kind":"rag-answer",'
+        '"max_releases":1,"max_tokens":12,"mechanism":"facts","relation":"ADD_OR_REMOVE_ONE",'
+        '"retrieval_share":0.1,"score_share":0.0}'
+    ),
+}
+
+
+@pytest.mark.parametrize("key", sorted(PINNED_SHAPES))
+def test_the_pinned_event_shape_is_byte_identical(key):
+    mechanism, epsilon, score_share, composition = key
+    plan = make_plan(
+        mechanism,
+        epsilon,
+        delta=1e-6,
+        max_tokens=12,
+        score_share=score_share,
+        composition=composition,
+    )
+    assert answer_event_shape(plan) == PINNED_SHAPES[key]
+
+
 def test_one_answer_event_per_collection(tmp_path):
     ledger = _ledger(tmp_path)
     check_answer_event(ledger, "records", _plan())  # nothing pinned yet
