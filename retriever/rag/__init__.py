@@ -7,7 +7,6 @@ from retriever.rag.answer_types import Answer, StageCharge
 from retriever.rag.plan import AnswerPlan, make_plan
 from retriever.rag.prompts import PromptFormat
 from retriever.rag.retrieval import ScoreRange, dp_top_k_threshold, dp_top_p_threshold, select
-from retriever.rag.voting import SparseVoteGate, dp_vote_token
 
 __all__ = [
     "AggregationConfig",
@@ -17,12 +16,10 @@ __all__ = [
     "PromptFormat",
     "RagConfig",
     "ScoreRange",
-    "SparseVoteGate",
     "StageCharge",
     "dp_icl_token",
     "dp_top_k_threshold",
     "dp_top_p_threshold",
-    "dp_vote_token",
     "make_plan",
     "select",
 ]

@@ -9,17 +9,18 @@ the LM and the ledger. `answer(question, tenant=, epsilon=, mechanism=)`:
 2. scores the question against every private document (exact inner products) and draws
    the DP threshold (`retriever.rag.retrieval`); only the selected documents' text enters
    prompts;
-3. releases the answer token by token through the chosen mechanism (the loops are in
-   `retriever.rag.releases`), with one batched
-   KV-cache step per token for all private prompts and a separate session for the public
-   prompt (`retriever.rag.aggregation`, `retriever.rag.voting`), or once per answer over
-   the voters' whole answers (answer-vote) or their keywords (keywords,
-   `retriever.rag.keyword_vote`), or once over the typed facts every document states
-   (facts, `retriever.rag.fact_vote`: no LM reads a document; a question no kind rule reads
-   is answered by keywords at the same event); an answer the private documents did not move abstains
-   with `ABSTENTION_TEXT` (post-processing);
-4. optionally releases a confidence score through the Laplace mechanism;
-5. charges every stage in one ledger transaction and only then returns.
+3. releases the answer through the chosen mechanism (the loops are in
+   `retriever.rag.releases`): token by token (icl), with one batched KV-cache step per
+   token for all private prompts and a separate session for the public prompt
+   (`retriever.rag.aggregation`), or once per answer over the keywords of the voters' own
+   answers (keywords, `retriever.rag.keyword_vote`), or once over the typed facts every
+   document states (facts, `retriever.rag.fact_vote`: no LM reads a document; a question no
+   kind rule reads is answered by keywords at the same event); an answer the private
+   documents did not move abstains with `ABSTENTION_TEXT` (post-processing);
+4. optionally releases a confidence score through the Laplace mechanism.
+
+Every stage of the plan's worst case is charged in one ledger transaction after step 1 and
+before any noise is drawn in steps 2-4.
 
 Under individual (per-document) accounting the payers are chosen and charged first
 (`retriever.rag.individual.answer_individually`), then steps 3-4 run at the same shape.
@@ -46,7 +47,6 @@ so the latency of a remote answer can reveal M.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import secrets
@@ -81,7 +81,6 @@ from retriever.rag.sessions import (
 )
 from retriever.rag.text import clean_answer_text
 from synthgen.privacy import (
-    BudgetExceededError,
     PrivacyLedger,
     accounting,
     secure_rng,
@@ -257,11 +256,8 @@ class DPRag:
         Privacy:
           Privacy unit: one document (add/remove-one). The answer is (epsilon, delta)-DP
           with delta = config.delta: the plan's worst case composes to at most `epsilon`
-          (PLD). icl and vote answers are charged that worst case before any noise is
-          drawn. sparse-vote answers are charged their realized gate releases in a
-          ``basic`` scope (privacy filter, Rogers et al. 2016) and the worst case
-          otherwise; `Answer.epsilon` is then the realized loss bound, not a guarantee
-          stated in advance.
+          (PLD). Every answer (icl, keywords, facts) is charged that worst case before
+          any noise is drawn.
         """
         plan = self.validate(question, mechanism, epsilon)
         event = None
@@ -287,37 +283,22 @@ class DPRag:
     def _answer(
         self, question: str, tenant: str, plan: AnswerPlan, deadline: float | None
     ) -> Answer:
-        mechanism = plan.mechanism
-        realized = mechanism == "sparse-vote" and self._pays_as_it_goes(tenant)
-        charges = None
+        stages = plan.stage_events()
         ref = secrets.token_hex(16) if self.ledger is not None else None
         if self.ledger is not None:
             self.check_budget(tenant, plan)
-            if not realized:  # fixed events: charged before any noise is drawn
-                charges = self._charge(tenant, mechanism, plan.stage_events(), plan.delta, ref)
+        # every event is fixed by the plan: charged before any noise is drawn
+        charges = self._charge(tenant, plan.mechanism, stages, plan.delta, ref)
         failed = False
         try:
             released = self._release(question, plan, deadline)
         except Exception:  # noqa: BLE001 - re-raised below without its private text
             failed = True
         if failed:  # outside the except block: the new error carries no context
-            if charges is None:  # pays-as-it-goes: the checked worst case, on any failure
-                with contextlib.suppress(Exception):  # the error below is raised whatever
-                    self._charge(tenant, mechanism, plan.stage_events(), plan.delta, ref)
             raise AnswerFailedError(
                 "the answer failed after its budget check; it was charged its worst case "
                 "and released nothing"
             )
-        stages = released[2]
-        if not realized:
-            stages = plan.stage_events()
-        if charges is None:
-            try:
-                charges = self._charge(tenant, mechanism, stages, plan.delta, ref)
-            except BudgetExceededError:  # a concurrent answer spent the reservation
-                raise BudgetExceededError(
-                    f"the budget of {tenant} changed during the answer; nothing was released"
-                ) from None
         return self._assemble(tenant, plan, released, stages, charges, ref)
 
     def _assemble(self, tenant, plan, released, stages, charges, ref) -> Answer:
@@ -327,7 +308,7 @@ class DPRag:
         total = accounting.epsilon(accounting.compose([e for _, e in stages]), plan.delta)
         if abstained:
             text = ABSTENTION_TEXT
-        elif isinstance(tokens, str):  # answer-vote and keywords release whole answer text
+        elif isinstance(tokens, str):  # keywords and facts release whole answer text
             text, tokens = tokens, self.lm.encode(tokens)
         else:
             text = clean_answer_text(self.lm.decode(tokens))
@@ -353,8 +334,8 @@ class DPRag:
         return np.asarray(self.embeddings @ np.asarray(self.encode_question([question]))[0])
 
     def _release(self, question: str, plan: AnswerPlan, deadline: float | None):
-        """The mechanisms' releases: (tokens, paid, realized stages, abstained, truncated,
-        noisy count, confidence)."""
+        """The mechanisms' releases: (tokens, paid, stages, abstained, truncated, noisy
+        count, confidence); the stages are the plan's (`_answer` charges the plan's)."""
         rng = self._rng if self._rng is not None else secure_rng()
         scores = self._scores(question)
         tau = self._threshold(scores, plan.retrieval_epsilon, rng)
@@ -380,8 +361,6 @@ class DPRag:
         lm, public, c = self.lm, self.public_lm, self.config
         if mechanism == "icl":
             tokens, paid, stages, abstained = releases.icl(lm, public, c, rows, plan, rng, clock)
-        elif mechanism == "answer-vote":
-            tokens, paid, stages, abstained = releases.answer_vote(lm, c, rows, plan, rng, clock)
         elif mechanism == "facts" and question_kinds(question):
             tokens, paid, stages, abstained = releases.facts(
                 self._document_facts(), question, c, plan
@@ -391,8 +370,8 @@ class DPRag:
             tokens, paid, stages, abstained = releases.keywords(
                 lm, public, c, self.prompt, question, rows, plan, clock, read
             )
-        else:
-            tokens, paid, stages, abstained = releases.vote(lm, public, c, rows, plan, rng, clock)
+        else:  # make_plan refuses any other mechanism
+            raise ValueError(f"no release for mechanism {mechanism!r}")
         count = confidence = None
         if plan.score_epsilon > 0:
             count, confidence = releases.score(c, scores, selected, plan.score_epsilon, rng)
@@ -416,16 +395,6 @@ class DPRag:
 
     def _filters(self) -> DocumentFilters:
         return DocumentFilters(self.ledger.store)
-
-    def _pays_as_it_goes(self, tenant: str) -> bool:
-        """Sparse-vote pays its realized releases only where that is sound: a ``basic``
-        scope (a privacy filter, Rogers et al. 2016) or no ledger; a PLD/RDP scope, or a
-        dataset with a collection cap (always PLD/RDP), is charged the answer's worst case."""
-        if self.ledger is None:
-            return True
-        if self.ledger.collection_scope(self.dataset) is not None:
-            return False
-        return self.ledger.get_scope(tenant, self.dataset).accountant == "basic"
 
     def _check_context(self, question: str) -> None:
         """Refuses, from public lengths only, a question whose prompts could overflow."""

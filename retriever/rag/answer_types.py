@@ -39,10 +39,11 @@ class Answer:
 
     Attributes:
       text: the answer (`ABSTENTION_TEXT` when it abstains).
-      mechanism: "icl", "vote" or "sparse-vote".
+      mechanism: "icl", "keywords" or "facts".
       tokens: answer tokens released.
-      paid_tokens: tokens that cost budget (sparse-vote: gate releases; else all planned).
-      charges: per stage (retrieval, gate, tokens, score).
+      paid_tokens: releases that cost budget, all planned (icl: max_tokens; keywords and
+        facts: 1).
+      charges: per stage (retrieval, tokens, score).
       epsilon: the answer's (epsilon, delta) under PLD composition of its charges.
       delta: see epsilon.
       remaining_epsilon: the tenant's remaining budget after the answer (None: no ledger).
@@ -50,10 +51,10 @@ class Answer:
       confidence: mean similarity of the selected documents, from the noised sum and count
         (None: no score stage).
       ref: the public random id of the answer's charges in the ledger (None: no ledger).
-      abstained: the private documents did not move the answer (icl and sparse-vote: the
-        released tokens are the public LM's own greedy text; vote and sparse-vote: the
-        first paid release was the bottom symbol). Decided from released values and the
-        public prompt only (post-processing); the answer is charged all the same.
+      abstained: the private documents did not move the answer (icl: the released tokens
+        are the public LM's own greedy text; keywords and facts: nothing was released, or
+        no value led). Decided from released values and the public prompt only
+        (post-processing); the answer is charged all the same.
       truncated: the answer's deadline passed before its last token (fewer tokens; the
         charge is the same).
       reused: handed out again from `answers` (`retriever.rag.reuse`): the text and

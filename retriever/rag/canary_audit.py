@@ -198,7 +198,7 @@ def run_rag_canary_audit(
       canaries: number of canary documents N.
       answers_per_canary: DP answers per canary question at each finite epsilon (the
         greedy baseline is deterministic: one answer per canary).
-      mechanism: the DP mechanism ("icl", "vote" or "sparse-vote").
+      mechanism: the DP mechanism ("icl", "keywords" or "facts").
       key_words: words in a canary's key.
       baseline_k: documents in the baseline's prompt (default: `config.k`).
       seed: tests only: fixes the canaries and the mechanisms' randomness. None (the

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from retriever.provenance import collection_independence, encoder_provenance, read_provenance
 from retriever.rag.answer import RELATION
-from retriever.rag.plan import AnswerPlan
+from retriever.rag.plan import RETIRED, AnswerPlan
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope, accounting
 from synthgen.privacy.document_filters import DocumentFilter, DocumentFilters
 from synthgen.privacy.individual import DocumentBudget
@@ -248,8 +248,10 @@ def answer_event_shape(plan: AnswerPlan) -> str:
     """The canonical public description of an answer's event (what a collection pins).
 
     The plan's public inputs, which fix every stage's DP event: the mechanism, the
-    per-answer (ε, δ), the most tokens and paid releases, the retrieval and score shares
-    of ε, the icl composition and the neighbouring relation. Parameters that change
+    per-answer (ε, δ), the most tokens and paid releases (derived: icl max_tokens, keywords
+    and facts 1; kept so that shapes pinned before vote, sparse-vote and answer-vote were
+    retired stay byte-identical), the retrieval and score shares of ε, the icl composition
+    and the neighbouring relation. Parameters that change
     which documents or tokens are chosen but not the event (k, voters, score range) are
     left out: composition only needs the events fixed.
     """
@@ -271,12 +273,15 @@ def answer_event_shape(plan: AnswerPlan) -> str:
 
 
 # set by the mechanism: when the mechanism differs, naming them too only confuses
-_DERIVED = ("composition", "max_releases", "retrieval_share")
+_DERIVED = ("composition", "retrieval_share")
+# set by the mechanism and max_tokens (icl: max_tokens; keywords and facts: 1): never named
+_IMPLIED = ("max_releases",)
 
 
 def _differing(recorded: str, requested: str) -> list[tuple[str, object, object]] | None:
-    """(field, recorded, requested) of the fields that differ, the mechanism's own fields
-    left out when the mechanism differs; None: not a shape this program wrote."""
+    """(field, recorded, requested) of the fields that differ, the implied ones left out and
+    the mechanism's own fields too when the mechanism differs; None: not a shape this
+    program wrote (unreadable, or only an implied field differs)."""
     try:
         old, new = json.loads(recorded), json.loads(requested)
     except json.JSONDecodeError:
@@ -284,7 +289,9 @@ def _differing(recorded: str, requested: str) -> list[tuple[str, object, object]
     keys = sorted(set(old) | set(new))
     if old.get("mechanism") != new.get("mechanism"):
         keys = [k for k in keys if k not in _DERIVED]
-    return [(k, old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
+    differing = [(k, old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
+    shown = [d for d in differing if d[0] not in _IMPLIED]
+    return None if differing and not shown else shown
 
 
 def _shown(value: object) -> str:
@@ -305,7 +312,6 @@ _SHAPE_OPTIONS = {
     "mechanism": "--mechanism",
     "delta": "--delta",
     "max_tokens": "--max-tokens",
-    "max_releases": "RagConfig.max_releases (library only)",
     "composition": "--composition",
     "retrieval_share": "the mechanism's retrieval share (--mechanism)",
     "score_share": "--score (answer)",
@@ -326,7 +332,26 @@ def _way_forward(dataset: str, recorded: str, requested: str) -> str:
     )
 
 
+def _retired_mechanism(recorded: str) -> str | None:
+    """The retired mechanism (`plan.RETIRED`) a recorded shape names, if any."""
+    try:
+        mechanism = json.loads(recorded).get("mechanism")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return mechanism if mechanism in RETIRED else None
+
+
 def _shape_refusal(dataset: str, recorded: str, requested: str) -> ValueError:
+    retired = _retired_mechanism(recorded)
+    if retired is not None:  # its recorded settings cannot be used again: say so
+        return ValueError(
+            f"the collection {dataset} was pinned to {retired}, which was retired: its "
+            "charges still compose in the ledger, but no answer can be given at that event "
+            "any more. To answer from these documents (facts, keywords or icl), use another "
+            f"collection name, whose guarantee then adds up with {dataset}'s (the ledger "
+            f"totals both): --dataset NEW {GUARANTEES_FLAG} and its own caps (`retriever "
+            "tenant add NAME --dataset NEW --collection-epsilon E --collection-delta D`)"
+        )
     return ValueError(
         f"{dataset} already answers with another event ({_differences(recorded, requested)}): "
         "every answer charged to a collection must be the same event (adaptively chosen "

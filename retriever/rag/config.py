@@ -30,9 +30,7 @@ class RagConfig:
       aggregation: alpha, clip and the public power beta of the icl aggregation.
       max_voters: the public cap on private prompts of every mechanism, one selected
         document each (the best scored; fewer selected: padding rows): icl's rows, the
-        voters of vote / sparse-vote / answer-vote and LimitedDomain's k_bar. None: k.
-      gate_share: sparse-vote: the gate fires when at least this share of `voters` disagree.
-      max_releases: sparse-vote: most paid tokens per answer.
+        voters of keywords. None: k.
       answer_keywords: keywords: K, most keywords one voter's answer contributes (1: its
         first keyword, the name a short answer starts with; each more raises the
         release threshold, 13.6 -> 19.2 votes at epsilon 5 for K = 1 -> 2).
@@ -67,8 +65,6 @@ class RagConfig:
     composition: str = "pure"
     aggregation: AggregationConfig = AggregationConfig()
     max_voters: int | None = None
-    gate_share: float = 0.5
-    max_releases: int = 6
     answer_keywords: int = 1
     voter_tokens: int = 24
     max_document_tokens: int = 160
@@ -82,8 +78,6 @@ class RagConfig:
             raise ValueError(f"k, max_tokens and max_voters must be >= 1: {self=}")
         if self.top_p is not None and not 0 < self.top_p < 1:
             raise ValueError(f"top_p must be in (0, 1), got {self.top_p=}")
-        if not 0 < self.gate_share <= 1:
-            raise ValueError(f"gate_share must be in (0, 1], got {self.gate_share=}")
         if self.max_document_tokens < 1 or self.answer_keywords < 1 or self.voter_tokens < 1:
             raise ValueError(
                 f"max_document_tokens, answer_keywords and voter_tokens must be >= 1: {self=}"
@@ -120,5 +114,4 @@ def plan_answer(config: RagConfig, mechanism: str, epsilon: float) -> AnswerPlan
         retrieval_share=0.0 if config.individual else config.retrieval_share,
         score_share=config.score_share,
         composition=config.composition,
-        max_releases=config.max_releases,
     )

@@ -18,13 +18,10 @@ could never release). The choice depends on public parameters only.
 from __future__ import annotations
 
 from retriever.rag.config import ACCOUNTING_MODES, RETRIEVALS
-from retriever.rag.plan import MECHANISMS
+from retriever.rag.plan import check_mechanism
 
 # k (documents the threshold aims at; also the voters' cap) each mechanism was evaluated at
-# (answer-vote: probed on 10 questions only, not in the evaluation's table)
-EVALUATED_K: dict[str, int] = {
-    "icl": 32, "vote": 64, "sparse-vote": 32, "answer-vote": 64, "keywords": 64, "facts": 64,
-}  # fmt: skip
+EVALUATED_K: dict[str, int] = {"icl": 32, "keywords": 64, "facts": 64}
 # Individual accounting's public relevance threshold tau per retrieval, calibrated on a
 # public world (`scripts/payer_precision.py --seed 1`: another draw of invented diseases):
 # the smallest tau of those tried at which at least 90% of the payers were relevant
@@ -47,7 +44,8 @@ def resolve(
     wins at every evaluated epsilon of both retrievals (module docstring).
 
     Raises:
-      ValueError: an unknown mechanism, retrieval or accounting, or a k below 1.
+      ValueError: an unknown or retired mechanism (`plan.RETIRED`), retrieval or
+        accounting, or a k below 1.
     """
     if not epsilon > 0:
         raise ValueError(f"epsilon must be > 0, got {epsilon=}")
@@ -55,6 +53,7 @@ def resolve(
         raise ValueError(f"retrieval must be one of {RETRIEVALS}, got {retrieval=}")
     if accounting not in ACCOUNTING_MODES:
         raise ValueError(f"accounting must be one of {ACCOUNTING_MODES}, got {accounting=}")
+    check_mechanism(mechanism, auto=True)
     if mechanism == "auto":
         individual = accounting == "individual"
         mechanism = "icl" if individual else "facts"
@@ -62,8 +61,6 @@ def resolve(
             # keywords (the fallback of facts) is known at its evaluated k only (with 4
             # voters it can never clear its threshold); icl releases at any k
             mechanism = "icl"
-    if mechanism not in MECHANISMS:
-        raise ValueError(f"mechanism must be auto or one of {MECHANISMS}, got {mechanism=}")
     if k is not None and k < 1:
         raise ValueError(f"k must be >= 1, got {k=}")
     return mechanism, EVALUATED_K[mechanism] if k is None else k

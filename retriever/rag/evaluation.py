@@ -1,6 +1,6 @@
 """Answer accuracy of the DP-RAG mechanisms on fictional medical records, cell by cell.
 
-A cell is one (method, epsilon): the DP mechanisms ("icl", "vote", "sparse-vote") at each
+A cell is one (method, epsilon): the DP mechanisms (default "icl" and "keywords") at each
 per-answer epsilon, each with its own number of documents k, plus two non-private
 references: "rag" (the top-k records by exact similarity in one prompt, greedy decoding)
 and "no-rag" (the question alone). Besides accuracy by support bin, each cell reports its
@@ -50,7 +50,7 @@ class EvalConfig:
     """What the evaluation runs (all public)."""
 
     epsilons: tuple[float, ...] = (1.0, 3.0, 5.0, 10.0)
-    mechanisms: tuple[str, ...] = ("icl", "vote", "sparse-vote")
+    mechanisms: tuple[str, ...] = ("icl", "keywords")
     rag_k: int = 8
     seed: int = 0
     mechanism_k: tuple[tuple[str, int], ...] = ()  # (mechanism, k); others: the rag's k

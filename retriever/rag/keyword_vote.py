@@ -28,7 +28,7 @@ Privacy:
   (the voters' cap binds, or its group changes): two units of
   PipelineDP's add/remove analysis. So the selection runs at (epsilon / 2,
   delta / (1 + e^(epsilon / 2))), which group privacy turns into (epsilon, delta) for
-  one document (as `retriever.rag.voting.dp_vote_token` does for LimitedDomain). The
+  one document (`group_parameters`: two add/remove steps). The
   answer is charged that one (epsilon, delta) event. The noise is python-dp's own (OS
   entropy): a seeded `DPRag` does not replay it. Not covered: PipelineDP's running time
   grows with the number of voters' keywords, which a timing observer could read (the

@@ -4,10 +4,8 @@ A tenant asks for an answer at a per-answer target epsilon (delta is the stage's
 config). The plan gives a public share to the retrieval threshold and, when asked, to the
 Laplace score release, and calibrates the per-token parameters so that the worst case of
 the whole answer composes (PLD, `synthgen.privacy.accounting`) to at most the target. The
-worst case is what the ledger checks before any noise is drawn; `stage_events` lists it
-per stage, which is also what ICL and vote answers are charged (every planned token is
-paid). Sparse-vote answers are charged their realized gate releases instead
-(`retriever.rag.voting.SparseVoteGate`).
+worst case is what the ledger checks and charges before any noise is drawn; `stage_events`
+lists it per stage (icl: every planned token is paid; keywords and facts: one release).
 
 Under individual (per-document) accounting the retrieval is a public relevance threshold
 (retrieval share 0: no retrieval stage) and each document that pays is charged the plan's
@@ -24,11 +22,15 @@ from dp_accounting import dp_event
 
 from retriever.rag.accounting import bounded_range_epsilon, calibrate_token_epsilon
 from retriever.rag.keyword_vote import keyword_threshold
-from retriever.rag.voting import vote_threshold
 from synthgen.privacy import accounting
 from synthgen.privacy.individual import bounded_range_rho, pure_rho
 
-MECHANISMS = ("icl", "vote", "sparse-vote", "answer-vote", "keywords", "facts")
+MECHANISMS = ("icl", "keywords", "facts")
+# single-answer mechanisms retired by issue 69 (on the medical evaluation, 60 questions,
+# vote answered at most 0.08 and sparse-vote 0.00 at every epsilon; answer-vote was probed on
+# 10 questions only): refused by name, with what to use instead. Their charges in old
+# ledgers still compose (a charge is an event, whatever released it).
+RETIRED = ("vote", "sparse-vote", "answer-vote")
 COMPOSITIONS = ("pure", "bounded-range")
 
 
@@ -50,18 +52,17 @@ class AnswerPlan:
     """Public parameters of one answer's mechanisms and its worst-case charge.
 
     Attributes:
-      mechanism: "icl", "vote", "sparse-vote", "answer-vote" or "keywords".
+      mechanism: "icl", "keywords" or "facts".
       epsilon: the per-answer target.
       delta: the per-answer delta.
       max_tokens: most answer tokens.
       retrieval_epsilon: the threshold's epsilon.
       score_epsilon: the Laplace score release's epsilon (0: no score).
-      token_epsilon: per released token (icl: exponential mechanism; vote/sparse:
-        LimitedDomain).
-      token_delta: per released token (vote/sparse; 0 for icl).
-      gate_epsilon: per AboveThreshold instance (sparse only).
-      max_releases: paid tokens at most (sparse: the gate's cap; answer-vote and keywords:
-        1, the whole answer; otherwise max_tokens).
+      token_epsilon: per release (icl: the exponential mechanism per token; keywords and
+        facts: the partition selection's epsilon).
+      token_delta: per release (keywords and facts; 0 for icl).
+      max_releases: paid releases per answer, derived from the mechanism (icl:
+        max_tokens, one per token; keywords and facts: 1, the whole answer).
       composition: "pure" or "bounded-range" (icl tokens).
     """
 
@@ -73,7 +74,6 @@ class AnswerPlan:
     score_epsilon: float
     token_epsilon: float
     token_delta: float = 0.0
-    gate_epsilon: float = 0.0
     max_releases: int = 0
     composition: str = "pure"
 
@@ -96,9 +96,6 @@ class AnswerPlan:
         events = []
         if self.retrieval_epsilon > 0:
             events.append(("retrieval", accounting.pure_epsilon_event(self.retrieval_epsilon)))
-        if self.mechanism == "sparse-vote":
-            gate = accounting.pure_epsilon_event(self.gate_epsilon)
-            events.append(("gate", accounting.self_composed(gate, self.max_releases)))
         events.append(("tokens", self.token_block_event(self.max_releases)))
         if self.score_epsilon > 0:
             events.append(("score", accounting.laplace_event(self.score_epsilon)))
@@ -109,9 +106,9 @@ class AnswerPlan:
 
         Raises:
           ValueError: the plan has a stage without a zCDP curve: a DP retrieval threshold
-            (individual mode retrieves by a public relevance threshold instead), or vote /
-            sparse-vote / answer-vote tokens (LimitedDomain is (epsilon, delta)-DP with no
-            zCDP or RDP curve, and a per-document filter admits only such curves).
+            (individual mode retrieves by a public relevance threshold instead), or keywords'
+            or facts' partition selection ((epsilon, delta)-DP with no zCDP or RDP curve,
+            and a per-document filter admits only such curves).
 
         Privacy:
           A paying document's loss in one answer: every icl token is the exponential
@@ -123,8 +120,8 @@ class AnswerPlan:
         if self.mechanism != "icl":
             raise ValueError(
                 f"per-document accounting answers with icl only: {self.mechanism} releases "
-                "an (epsilon, delta)-DP event (LimitedDomain tokens, or keywords' partition "
-                "selection) with no zCDP curve, which a per-document filter cannot take"
+                "an (epsilon, delta)-DP event (a partition selection) with no zCDP curve, "
+                "which a per-document filter cannot take"
             )
         if self.retrieval_epsilon > 0:
             raise ValueError(
@@ -142,27 +139,22 @@ class AnswerPlan:
     def worst_case_epsilon(self) -> float:
         return accounting.epsilon(self.worst_case_event(), self.delta)
 
-    def vote_summary(
-        self, voters: int, gate_share: float = 0.5, max_keywords: int = 1
-    ) -> dict[str, float | int | bool]:
-        """What a vote / sparse-vote plan implies for `voters` voters (public arithmetic).
+    def vote_summary(self, voters: int, max_keywords: int = 1) -> dict[str, float | int | bool]:
+        """What a keywords / facts plan implies for `voters` voters (public arithmetic).
 
-        `limited_domain_threshold` is how many agreeing votes a token release needs
-        (`retriever.rag.voting.vote_threshold`; keywords: the votes a keyword needs to clear
-        the partition selection, `keyword_vote.keyword_threshold`, with
-        `max_keywords` per voter); when it exceeds `voters` a release is
-        practically impossible and every answer abstains. `gate_threshold` is how many
-        voters must disagree with the public LM before sparse-vote pays for a release.
+        `limited_domain_threshold` (the name kept for the CLI's JSON; also
+        `keyword_threshold`) is how many votes a keyword or value needs to clear the
+        partition selection (`keyword_vote.keyword_threshold`, with `max_keywords` per
+        voter); when it exceeds `voters` a release is practically impossible and every
+        answer abstains.
         """
         if self.mechanism == "icl":
-            raise ValueError("vote_summary is for vote and sparse-vote plans")
+            raise ValueError("vote_summary is for keywords and facts plans")
         if voters < 1:
             raise ValueError(f"voters must be >= 1, got {voters=}")
-        if self.mechanism in ("keywords", "facts"):  # PipelineDP's partition selection threshold
-            threshold = keyword_threshold(self.token_epsilon, self.token_delta, max_keywords)
-        else:
-            threshold = vote_threshold(self.token_epsilon, self.token_delta)
-        out = dict(
+        # PipelineDP's partition selection threshold
+        threshold = keyword_threshold(self.token_epsilon, self.token_delta, max_keywords)
+        return dict(
             mechanism=self.mechanism,
             epsilon=self.worst_case_epsilon(),
             target_epsilon=self.epsilon,
@@ -175,12 +167,31 @@ class AnswerPlan:
             voters=int(voters),
             limited_domain_threshold=threshold,
             release_possible=threshold <= voters,
+            max_keywords=int(max_keywords),
+            keyword_threshold=threshold,
         )
-        if self.mechanism in ("keywords", "facts"):
-            out.update(max_keywords=int(max_keywords), keyword_threshold=threshold)
-        if self.mechanism == "sparse-vote":
-            out.update(gate_epsilon=self.gate_epsilon, gate_threshold=gate_share * voters)
-        return out
+
+
+def retired_message(mechanism: str) -> str:
+    """The one line that refuses a retired mechanism (`RETIRED`), naming what to use."""
+    return (
+        f"the {mechanism} mechanism was retired (it answered almost no question of the DP-RAG "
+        "evaluation, docs/guides/dp_rag.md#retired-mechanisms): use facts (what auto "
+        "resolves to), keywords or icl"
+    )
+
+
+def check_mechanism(mechanism: str, *, auto: bool = False) -> None:
+    """Refuses a mechanism not in `MECHANISMS` (nor "auto" when `auto`).
+
+    Raises:
+      ValueError: a retired mechanism (`retired_message`) or an unknown one.
+    """
+    if mechanism in RETIRED:
+        raise ValueError(retired_message(mechanism))
+    known = ("auto", *MECHANISMS) if auto else MECHANISMS
+    if mechanism not in known:
+        raise ValueError(f"mechanism must be one of {known}, got {mechanism=}")
 
 
 def make_plan(
@@ -192,12 +203,11 @@ def make_plan(
     retrieval_share: float = 0.1,
     score_share: float = 0.0,
     composition: str = "pure",
-    max_releases: int = 6,
 ) -> AnswerPlan:
     """Splits a per-answer `epsilon` into the answer's mechanisms' parameters.
 
     Args:
-      mechanism: "icl", "vote", "sparse-vote", "answer-vote" or "keywords".
+      mechanism: "icl", "keywords" or "facts".
       epsilon: per-answer target epsilon.
       delta: per-answer delta.
       max_tokens: most answer tokens.
@@ -206,30 +216,29 @@ def make_plan(
       score_share: share of epsilon for the Laplace score (0: no score).
       composition: icl tokens: "pure" (PLD of pure events; Grislain 2024) or
         "bounded-range" (Dong, Durfee & Rogers 2020), which allows a larger token epsilon.
-      max_releases: sparse-vote: most paid tokens per answer.
 
     Returns:
       The plan; its worst case composes to at most `epsilon` at `delta`.
 
     Privacy:
       Privacy unit: one document (add/remove-one). Each (epsilon, delta) event carries its
-      own delta share (vote: delta / (2 T) per token; bounded-range icl: delta / 2), and a
-      ledger scope composes them at its delta cap, so a scope with cap delta_cap holds
-      at most about 2 * delta_cap / delta such answers before it refuses every answer.
+      own delta share (keywords and facts: delta / 2 for their one release; bounded-range
+      icl: delta / 2), and a ledger scope composes them at its delta cap, so a scope with
+      cap delta_cap holds at most about 2 * delta_cap / delta such answers before it
+      refuses every answer.
 
     Raises:
-      ValueError: a bad parameter, or a target too small to split.
+      ValueError: a bad parameter, a retired mechanism, or a target too small to split.
     """
-    if mechanism not in MECHANISMS:
-        raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism=}")
+    check_mechanism(mechanism)
     if composition not in COMPOSITIONS:
         raise ValueError(f"composition must be one of {COMPOSITIONS}, got {composition=}")
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise ValueError(f"epsilon must be finite and > 0, got {epsilon=}")
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta=}")
-    if max_tokens < 1 or max_releases < 1:
-        raise ValueError(f"max_tokens and max_releases must be >= 1, got {max_tokens=}")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens=}")
     if not (0 <= retrieval_share < 1 and 0 <= score_share < 1 - retrieval_share):
         raise ValueError(f"shares must leave room for tokens, got {retrieval_share=}")
     retrieval = retrieval_share * epsilon
@@ -259,19 +268,10 @@ def make_plan(
             return AnswerPlan(**base, token_epsilon=x, max_releases=max_tokens)
 
         return icl_plan(_largest(lambda x: icl_plan(x).worst_case_epsilon() <= epsilon, token))
-    # answer-vote, keywords and facts: one release per answer (whole answers; keywords; values)
-    one = {"vote": max_tokens, "answer-vote": 1, "keywords": 1, "facts": 1}
-    releases = one.get(mechanism, min(max_releases, max_tokens))
-    token_delta = delta / (2 * releases)
+    # keywords and facts: one release per answer (the keywords; the values)
+    token_delta = delta / 2
 
     def plan_of(x: float) -> AnswerPlan:
-        gate = x if mechanism == "sparse-vote" else 0.0
-        return AnswerPlan(
-            **base,
-            token_epsilon=x,
-            token_delta=token_delta,
-            gate_epsilon=gate,
-            max_releases=releases,
-        )
+        return AnswerPlan(**base, token_epsilon=x, token_delta=token_delta, max_releases=1)
 
     return plan_of(_largest(lambda x: plan_of(x).worst_case_epsilon() <= epsilon, epsilon))

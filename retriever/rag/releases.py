@@ -3,8 +3,8 @@
 `retriever.rag.answer.DPRag` selects the documents and builds the answer's rows
 (`retriever.rag.sessions.PromptRows`, a fixed public shape); each loop here then releases the
 answer from those rows and returns ``(tokens or text, paid releases, stages, abstained)``,
-where ``stages`` are the DP events the answer is charged for (`DPRag` composes and charges
-them, before any noise for fixed events). Every loop runs a public number of steps
+where ``stages`` are the DP events of the answer (`DPRag` charges the plan's worst case,
+these events, before any noise is drawn). Every loop runs a public number of steps
 (`AnswerPlan.max_tokens`) or stops at the public deadline; nothing else ends it early but a
 released token.
 
@@ -15,12 +15,6 @@ Privacy:
   * ``icl``: one DP in-context token per step from the rows' next-token distributions
     against the public prompt's (`retriever.rag.aggregation.dp_icl_token`, capped
     sensitivity); the public prompt's greedy token decides abstention (post-processing).
-  * ``vote`` and ``sparse-vote``: each row votes its argmax; the token is a DP vote
-    (`retriever.rag.voting.dp_vote_token`) or, sparse, released only when the gate's noisy
-    count clears the public threshold (`SparseVoteGate`; Rogers et al. 2016 for the
-    realized-loss filter), the public token otherwise.
-  * ``answer-vote``: every row decodes its own greedy answer for the public number of
-    steps; one DP vote over whole answers (`voting.dp_answer_vote`).
   * ``keywords``: one DP partition selection over the words the rows' answers share
     (`keyword_vote.release_answer_keywords`); the public LM then answers from the question
     and the released keywords only (post-processing).
@@ -31,8 +25,8 @@ Privacy:
     mechanism (see `score`).
 
 Each mechanism's own argument (sensitivity, calibration, references) is in the docstring of
-the module that implements it: `retriever.rag.aggregation`, `retriever.rag.voting`,
-`retriever.rag.keyword_vote`, `retriever.rag.fact_vote`; the score's is in `score` below.
+the module that implements it: `retriever.rag.aggregation`, `retriever.rag.keyword_vote`,
+`retriever.rag.fact_vote`; the score's is in `score` below.
 """
 
 from __future__ import annotations
@@ -47,8 +41,7 @@ from retriever.rag.keyword_vote import final_answer, keyword_document, release_a
 from retriever.rag.plan import AnswerPlan
 from retriever.rag.prompts import PromptFormat
 from retriever.rag.sessions import Deadline, PromptRows, Sessions, usable_rows
-from retriever.rag.voting import SparseVoteGate, dp_answer_vote, dp_vote_token, vote_counts
-from synthgen.privacy import accounting, laplace_mechanism
+from synthgen.privacy import laplace_mechanism
 
 
 def icl(lm, public_lm, config: RagConfig, rows: PromptRows, plan: AnswerPlan, rng, clock: Deadline):
@@ -79,74 +72,11 @@ def icl(lm, public_lm, config: RagConfig, rows: PromptRows, plan: AnswerPlan, rn
     return tokens, plan.max_tokens, stages, not moved
 
 
-def vote(
-    lm, public_lm, config: RagConfig, rows: PromptRows, plan: AnswerPlan, rng, clock: Deadline
-):
-    """(tokens, paid, stages, abstained). The best `config.voters` selected documents
-    vote, one each. A bottom release abstains when it is the answer's first paid
-    release and otherwise lets the public token continue, as a closed or spent gate
-    does; sparse-vote abstains too when no release was paid (the public text alone)."""
-    c = config
-    sparse = plan.mechanism == "sparse-vote"
-    gate = SparseVoteGate(
-        threshold=c.gate_share * c.voters,
-        gate_epsilon=plan.gate_epsilon,
-        token_epsilon=plan.token_epsilon,
-        token_delta=plan.token_delta,
-        max_candidates=c.voters,
-        max_releases=plan.max_releases,
-        rng=rng,
-    )
-    session = Sessions(lm, public_lm, rows, plan.max_tokens)
-    tokens: list[int] = []
-    paid_releases = 0
-    abstained = False
-    for _ in range(plan.max_tokens):
-        if clock.check():
-            break
-        public_token = int(np.argmax(session.public[0]))
-        counts = vote_counts(session.private, lm.vocab_size, rows.weights)
-        if sparse and gate.exhausted:
-            token, paid = public_token, False
-        elif sparse:
-            token, paid = gate.step(counts, public_token)
-        else:
-            token, paid = (
-                dp_vote_token(
-                    counts,
-                    epsilon=plan.token_epsilon,
-                    delta=plan.token_delta,
-                    max_candidates=c.voters,
-                    rng=rng,
-                ),
-                True,
-            )
-        if paid:
-            paid_releases += 1
-            if token is None and paid_releases == 1:
-                abstained = True
-                break
-        if token is None:
-            token = public_token
-        if token in lm.eos_ids:
-            break
-        tokens.append(token)
-        session.append(token, last=len(tokens) == plan.max_tokens)
-    if not sparse:
-        stages = [("tokens", plan.token_block_event(plan.max_tokens))]
-        return tokens, plan.max_tokens, stages, abstained
-    stages = [
-        (stage, accounting.self_composed(accounting.epsilon_delta_event(e, d), n))
-        for stage, (e, d, n) in gate.charges().items()
-    ]
-    return tokens, gate.releases, stages, abstained or gate.releases == 0
-
-
 def voter_answers(
     lm, rows: PromptRows, plan: AnswerPlan, clock: Deadline, steps: int | None = None
 ) -> list[str]:
-    """Each voter's own greedy answer (private): the best `config.voters` selected
-    documents decode all `steps` (default `max_tokens`) steps whatever they say (the
+    """Each voter's own greedy answer (private; keywords' voters): the best `config.voters`
+    selected documents decode all `steps` (default `max_tokens`) steps whatever they say (the
     loop's length is public); padding rows decode too and are left out of the result."""
     steps = plan.max_tokens if steps is None else steps
     answers: list[list[int]] = [[] for _ in rows.prompts]
@@ -164,20 +94,6 @@ def voter_answers(
             logprobs = lm.append([int(t) for t in greedy])
     texts = [lm.decode(a) for a in answers]
     return [text for text, w in zip(texts, rows.weights, strict=True) if w]
-
-
-def answer_vote(lm, config: RagConfig, rows: PromptRows, plan: AnswerPlan, rng, clock: Deadline):
-    """(answer text, paid, stages, abstained): `dp_answer_vote` releases the voters'
-    most common answer, or the bottom symbol, and the answer abstains."""
-    winner = dp_answer_vote(
-        voter_answers(lm, rows, plan, clock),
-        epsilon=plan.token_epsilon,
-        delta=plan.token_delta,
-        max_candidates=config.voters,
-        rng=rng,
-    )
-    stages = [("tokens", plan.token_block_event(1))]
-    return winner or "", 1, stages, winner is None
 
 
 def keywords(

@@ -5,7 +5,7 @@ A question's similarity to every private document is clipped to a public range
 continuous exponential mechanism with utility ``u(tau) = -|#{i : s_i >= tau} - k|`` (top-k) or
 the weighted top-p variant, and the documents with s_i >= tau are selected. Only tau is
 released by the mechanism; the selected set is private and only enters the DP answer
-mechanisms (`retriever.rag.aggregation`, `retriever.rag.voting`).
+mechanisms (`retriever.rag.aggregation`, `retriever.rag.keyword_vote`).
 
 The density of tau is piecewise constant: between consecutive sorted scores the count of
 selected documents does not change. The mechanism picks an interval with probability
@@ -213,8 +213,8 @@ def best_selected(
 
     Privacy: given the released tau, adding or removing one document adds or removes one
     row, or, when the cap binds, swaps one row for another (the sensitivity the token
-    mechanisms are calibrated for: `aggregation.dp_icl_token(capped=True)`,
-    `voting.dp_vote_token`).
+    mechanisms are calibrated for: `aggregation.dp_icl_token(capped=True)`, the group
+    step of `keyword_vote`).
     """
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows=}")

@@ -15,7 +15,7 @@ from retriever.rag import releases as releases_module
 from retriever.rag.answer_types import ABSTENTION_TEXT
 from retriever.rag.text import unreadable_count
 from synthgen.lm_backends import TinyLM
-from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope, accounting
+from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope
 
 N = 24
 
@@ -65,9 +65,7 @@ def _rag(tmp_path, *, cap=10.0, score_share=0.0, seed=0, accountant="pld"):
     return rag, ledger, lm
 
 
-@pytest.mark.parametrize(
-    "mechanism", ["icl", "vote", "sparse-vote", "answer-vote", "keywords", "facts"]
-)
+@pytest.mark.parametrize("mechanism", ["icl", "keywords", "facts"])
 @pytest.mark.parametrize("composition", ["pure", "bounded-range"])
 def test_plan_worst_case_within_target(mechanism, composition):
     plan = make_plan(mechanism, 3.0, delta=1e-6, max_tokens=8, composition=composition)
@@ -77,9 +75,7 @@ def test_plan_worst_case_within_target(mechanism, composition):
     assert plan.retrieval_epsilon == pytest.approx(0.3)
 
 
-@pytest.mark.parametrize(
-    "mechanism", ["icl", "vote", "sparse-vote", "answer-vote", "keywords", "facts"]
-)
+@pytest.mark.parametrize("mechanism", ["icl", "keywords", "facts"])
 def test_answer_charges_each_stage_once(tmp_path, mechanism):
     rag, ledger, lm = _rag(tmp_path, score_share=0.05)
     answer = rag.answer("what is the answer?", tenant="alice", epsilon=2.0, mechanism=mechanism)
@@ -109,54 +105,24 @@ def test_refusal_changes_nothing(tmp_path):
 
 def test_budget_runs_out(tmp_path):
     rag, ledger, _ = _rag(tmp_path, cap=2.5)
-    rag.answer("q?", tenant="alice", epsilon=2.0, mechanism="vote")
+    rag.answer("q?", tenant="alice", epsilon=2.0, mechanism="keywords")
     before = ledger.charges("alice", "records")
     with pytest.raises(BudgetExceededError):
-        rag.answer("q?", tenant="alice", epsilon=2.0, mechanism="vote")
+        rag.answer("q?", tenant="alice", epsilon=2.0, mechanism="keywords")
     assert ledger.charges("alice", "records") == before
 
 
-def test_sparse_vote_pays_only_released_tokens(tmp_path):
-    rag, ledger, _ = _rag(tmp_path, accountant="basic")  # a privacy filter: sound
-    plan = rag.plan("sparse-vote", 3.0)
-    answer = rag.answer("q?", tenant="alice", epsilon=3.0, mechanism="sparse-vote")
-    charged = {c.stage: c for c in ledger.charges("alice", "records")}
-    assert answer.paid_tokens <= plan.max_releases
-    if answer.paid_tokens:
-        gate = accounting.event_from_json(charged["rag-gate"].event)
-        assert gate.count == answer.paid_tokens
-    else:
-        assert "rag-gate" not in charged and "rag-tokens" not in charged
-    # the realized charge is never more than the reserved worst case
-    assert answer.epsilon <= plan.worst_case_epsilon() + 1e-9
-
-
-def test_sparse_vote_free_when_voters_agree_with_public(tmp_path):
-    """Documents that add nothing: voters agree with the public LM, the gate stays shut."""
-    ids, _, emb = _collection()
-    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
-    ledger.ensure_scope(Scope("alice", "records", 100.0, 1e-5, accountant="basic"))
-    rag = DPRag(
-        ids,
-        ["" for _ in ids],  # empty documents: every voter's prompt equals the public one
-        emb,
-        lambda qs: emb[:1],
-        TinyLM(),
-        ledger=ledger,
-        dataset="records",
-        config=RagConfig(k=8, max_tokens=6, score_range=ScoreRange(-1.0, 1.0), gate_share=0.5),
-        # ':' is followed by 'b' most often in every prompt, so all greedy votes agree
-        prompt=PromptFormat(chat=False, instruction="a:b a:b a:b"),
-        rng=np.random.default_rng(3),
-    )
-    answer = rag.answer("a:b", tenant="alice", epsilon=50.0, mechanism="sparse-vote")
-    stages = [c.stage for c in ledger.charges("alice", "records")]
-    assert answer.paid_tokens == 0
-    assert "rag-gate" not in stages and "rag-tokens" not in stages
-    assert stages == ["rag-retrieval", "rag-gate-open"]
-    # no paid release: the text is the public LM's alone, so the answer abstains
-    assert answer.abstained and answer.text == ABSTENTION_TEXT
-    assert answer.to_json()["abstained"] is True
+@pytest.mark.parametrize("mechanism", ["vote", "sparse-vote", "answer-vote"])
+def test_a_retired_mechanism_is_refused_by_name_before_any_charge(tmp_path, mechanism):
+    rag, ledger, lm = _rag(tmp_path)
+    for ask in (
+        lambda: make_plan(mechanism, 3.0, delta=1e-6, max_tokens=8),
+        lambda: rag.answer("q?", tenant="alice", epsilon=3.0, mechanism=mechanism),
+    ):
+        with pytest.raises(ValueError, match=f"the {mechanism} mechanism was retired") as err:
+            ask()
+        assert "facts" in str(err.value) and "keywords" in str(err.value)
+    assert ledger.charges("alice", "records") == [] and lm.seen == []
 
 
 def test_bad_requests(tmp_path):
@@ -171,15 +137,6 @@ def test_bad_requests(tmp_path):
     with pytest.raises(KeyError):
         rag.answer("q?", tenant="mallory", epsilon=1.0)
     assert ledger.charges("alice", "records") == []
-
-
-def test_sparse_vote_in_a_pld_scope_pays_its_worst_case_before_noise(tmp_path):
-    rag, ledger, _ = _rag(tmp_path)
-    plan = rag.plan("sparse-vote", 3.0)
-    answer = rag.answer("q?", tenant="alice", epsilon=3.0, mechanism="sparse-vote")
-    charged = {c.stage: c for c in ledger.charges("alice", "records")}
-    assert accounting.event_from_json(charged["rag-gate"].event).count == plan.max_releases
-    assert answer.epsilon == pytest.approx(plan.worst_case_epsilon())
 
 
 def test_inconsistent_collection_is_refused():
@@ -210,62 +167,19 @@ def _plain_rag(tmp_path, texts, *, config, instruction="a:b a:b a:b", seed=0, lm
     )
 
 
-def test_vote_abstains_when_its_first_release_is_bottom(tmp_path):
-    """At epsilon 1 a release needs ~190 agreeing votes: 8 voters get the bottom symbol."""
+def test_keywords_abstaining_is_charged_its_worst_case(tmp_path):
+    """At epsilon 1 a keyword needs far more than 8 agreeing voters: nothing is released."""
     rag = _plain_rag(
         tmp_path,
         [f"x:{i % 3}" for i in range(N)],
         config=RagConfig(k=8, max_tokens=5, score_range=ScoreRange(-1.0, 1.0)),
     )
-    plan = rag.plan("vote", 1.0)
-    answer = rag.answer("q", tenant="alice", epsilon=1.0, mechanism="vote")
+    plan = rag.plan("keywords", 1.0)
+    assert plan.vote_summary(8)["release_possible"] is False
+    answer = rag.answer("q", tenant="alice", epsilon=1.0, mechanism="keywords")
     assert answer.abstained and answer.text == ABSTENTION_TEXT and answer.tokens == 0
     # abstaining is post-processing: the answer is charged its whole worst case all the same
     assert answer.epsilon == pytest.approx(plan.worst_case_epsilon(), rel=1e-6)
-
-
-class AppendSpyLM(TinyLM):
-    """TinyLM whose public fork records every token appended to the answer."""
-
-    def __init__(self):
-        super().__init__()
-        self.appended, self.public_rows = [], []
-
-    def fork(self):
-        self.public = AppendSpyLM()
-        return self.public
-
-    def start(self, prompts, max_new_tokens, **kwargs):
-        out = super().start(prompts, max_new_tokens)
-        self.public_rows.append(out)
-        return out
-
-    def append(self, token):
-        self.appended.append(int(token))
-        out = super().append(token)
-        self.public_rows.append(out)
-        return out
-
-
-def test_vote_goes_on_with_the_public_token_after_a_later_bottom(tmp_path, monkeypatch):
-    released = iter([ord("Z"), None, None, ord("Y"), None])
-    monkeypatch.setattr(releases_module, "dp_vote_token", lambda counts, **kw: next(released))
-    lm = AppendSpyLM()
-    rag = _plain_rag(
-        tmp_path,
-        ["a:b" for _ in range(N)],
-        config=RagConfig(k=4, max_tokens=5, score_range=ScoreRange(-1.0, 1.0)),
-        lm=lm,
-    )
-    answer = rag.answer("q", tenant="alice", epsilon=5.0, mechanism="vote")
-    assert not answer.abstained
-    assert answer.tokens == 5  # the bottom symbols did not end the answer
-    public = lm.public  # its rows: the public prompt's next-token log-probabilities
-    greedy = [int(np.argmax(rows[0])) for rows in public.public_rows]
-    assert public.appended[0] == ord("Z") and public.appended[3] == ord("Y")
-    # each bottom was filled with the public prompt's greedy token at that position
-    assert public.appended[1] == greedy[1] and public.appended[2] == greedy[2]
-    assert answer.text.startswith("Z")
 
 
 def test_icl_abstains_when_the_documents_never_move_the_draw(tmp_path):
@@ -317,25 +231,6 @@ def test_answer_text_never_holds_a_split_multibyte_character(tmp_path, monkeypat
     assert TinyLM().decode([ord("c"), ord("a"), ord("f"), 0xC3]) == "caf\ufffd"
     assert answer.text == "caf"
     assert unreadable_count(answer.text) == 0
-
-
-def test_answer_vote_releases_the_voters_common_answer_once(tmp_path):
-    """Every document answers 'Q' after ':' (then a newline ends it): 24 voters agree, so
-    one LimitedDomain release at epsilon 20 gives 'Q', charged as one release."""
-    rag = _plain_rag(
-        tmp_path,
-        [":Q\n :Q\n :Q\n" for _ in range(N)],
-        config=RagConfig(k=N, max_tokens=3, score_range=ScoreRange(-1.0, 1.0)),
-        instruction="a:b",
-        lm=TinyLM(eos_after_newline=50.0),
-    )
-    plan = rag.plan("answer-vote", 20.0)
-    assert plan.max_releases == 1 and plan.token_epsilon > 15  # one release, not one per token
-    answer = rag.answer("a:", tenant="alice", epsilon=20.0, mechanism="answer-vote")
-    assert not answer.abstained
-    assert answer.text == "Q"
-    assert [c.stage for c in answer.charges] == ["retrieval", "tokens"]
-    assert answer.paid_tokens == 1
 
 
 def test_keywords_release_the_voters_shared_keyword_and_the_lm_answers_from_it(tmp_path):
@@ -408,19 +303,6 @@ def test_keywords_abstain_when_the_voters_disagree(tmp_path):
         lm=TinyLM(eos_after_newline=50.0),
     )
     answer = rag.answer("a:", tenant="alice", epsilon=5.0, mechanism="keywords")
-    assert answer.abstained and answer.text == ABSTENTION_TEXT
-
-
-def test_answer_vote_abstains_when_the_voters_disagree(tmp_path):
-    """Each document answers its own word: no answer has more than one vote."""
-    rag = _plain_rag(
-        tmp_path,
-        [f":w{i}\n" for i in range(N)],
-        config=RagConfig(k=N, max_tokens=4, score_range=ScoreRange(-1.0, 1.0)),
-        instruction="a",
-        lm=TinyLM(eos_after_newline=50.0),
-    )
-    answer = rag.answer("a:", tenant="alice", epsilon=5.0, mechanism="answer-vote")
     assert answer.abstained and answer.text == ABSTENTION_TEXT
 
 

@@ -13,12 +13,11 @@ from retriever.rag import DPRag, PromptFormat, RagConfig, ScoreRange
 from retriever.rag import releases as releases_module
 from retriever.rag.aggregation import AggregationConfig, token_probabilities, token_utilities
 from retriever.rag.answer_types import AnswerFailedError
-from retriever.rag.voting import vote_counts
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import PrivacyLedger, Scope
 
 N = 24
-MECHANISMS = ["icl", "vote", "sparse-vote", "answer-vote"]
+MECHANISMS = ["icl", "keywords"]
 
 
 class ShapeLM(TinyLM):
@@ -83,8 +82,10 @@ def test_the_session_shape_does_not_depend_on_how_many_documents_were_selected(
         rag.answer("what does the patient have?", tenant="alice", epsilon=5.0, mechanism=mechanism)
         shapes.append(list(log))
     # Sessions open at one shape; every step runs every row. (How many steps run depends
-    # on released values only: an end token or an abstaining bottom symbol.)
-    starts = [[e for e in s if e[0] == "start"] for s in shapes]
+    # on released values only: an end token; keywords' public answer session opens only
+    # when keywords were released, so only the private sessions are compared for it.)
+    public = mechanism == "icl"
+    starts = [[e for e in s if e[0] == "start" and (public or e[1] > 1)] for s in shapes]
     assert all(s == starts[0] for s in starts), starts
     assert {e[1] for s in shapes for e in s if e[1] > 1} == {rag.config.voters}
 
@@ -97,7 +98,6 @@ def test_padding_rows_count_for_nothing():
     np.testing.assert_allclose(
         token_utilities(rows, 7, config, weights), token_utilities(rows[[0, 1, 3]], 7, config)
     )
-    np.testing.assert_array_equal(vote_counts(rows, 7, weights), vote_counts(rows[[0, 1, 3]], 7))
     with pytest.raises(ValueError):
         token_utilities(rows, 7, config, np.array([1, 0.5, 0, 1, 0]))
 
@@ -123,7 +123,7 @@ def test_a_capped_row_set_stays_epsilon_dp_when_a_document_displaces_another(eps
     assert gap(capped=False) > epsilon  # the swap needs the doubled sensitivity
 
 
-@pytest.mark.parametrize("mechanism", ["icl", "vote"])
+@pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_a_passed_deadline_truncates_the_answer_and_charges_as_planned(tmp_path, mechanism):
     rag, ledger = _rag(tmp_path, ShapeLM())
     answer = rag.answer(
@@ -134,23 +134,27 @@ def test_a_passed_deadline_truncates_the_answer_and_charges_as_planned(tmp_path,
     assert len(ledger.charges("alice", "records")) == len(plan.stage_events())
     on_time = rag.answer("q?", tenant="alice", epsilon=2.0, mechanism=mechanism)
     assert not on_time.truncated
-    assert on_time.tokens == 4 or (mechanism == "vote" and on_time.abstained)
+    if mechanism == "icl":  # keywords' 6 voters cannot clear its threshold: it abstains
+        assert on_time.tokens == 4
 
 
 @pytest.mark.parametrize("accountant", ["basic", "pld"])
+@pytest.mark.parametrize(
+    "mechanism, release", [("icl", "dp_icl_token"), ("keywords", "release_answer_keywords")]
+)
 def test_a_failure_after_the_check_charges_the_worst_case_and_withholds_its_text(
-    tmp_path, monkeypatch, accountant
+    tmp_path, monkeypatch, accountant, mechanism, release
 ):
     rag, ledger = _rag(tmp_path, ShapeLM(), accountant=accountant)
 
     def leaky(*args, **kwargs):
         raise ValueError("record 3: the patient has besox fever")
 
-    monkeypatch.setattr(releases_module, "vote_counts", leaky)
+    monkeypatch.setattr(releases_module, release, leaky)
     with pytest.raises(AnswerFailedError) as caught:
-        rag.answer("q?", tenant="alice", epsilon=3.0, mechanism="sparse-vote")
+        rag.answer("q?", tenant="alice", epsilon=3.0, mechanism=mechanism)
     assert "besox" not in str(caught.value) and caught.value.__context__ is None
-    plan = rag.plan("sparse-vote", 3.0)
+    plan = rag.plan(mechanism, 3.0)
     charged = ledger.charges("alice", "records")
     assert sorted(c.stage for c in charged) == sorted(f"rag-{s}" for s, _ in plan.stage_events())
 
@@ -231,12 +235,16 @@ def test_a_document_the_tokenizer_refuses_is_refused_at_construction(tmp_path):
     assert "secret" not in str(caught.value)
 
 
-def test_a_failure_whose_charge_fails_too_still_raises_the_fixed_error(tmp_path, monkeypatch):
-    rag, ledger = _rag(tmp_path, ShapeLM(), accountant="basic")
-    monkeypatch.setattr(releases_module, "vote_counts", lambda *a, **k: 1 / 0)
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_charge_that_fails_releases_nothing(tmp_path, monkeypatch, mechanism):
+    """Every answer is charged before any noise: a ledger that fails to record the charge
+    stops the answer before any prompt is built."""
+    log = []
+    rag, ledger = _rag(tmp_path, ShapeLM(log), accountant="basic")
     monkeypatch.setattr(ledger, "charge_all", lambda *a, **k: 1 / 0)
-    with pytest.raises(AnswerFailedError):
-        rag.answer("q?", tenant="alice", epsilon=3.0, mechanism="sparse-vote")
+    with pytest.raises(ZeroDivisionError):
+        rag.answer("q?", tenant="alice", epsilon=3.0, mechanism=mechanism)
+    assert log == []
 
 
 def _naive_groups(scores, tau, buckets, groups, per_group):

@@ -242,7 +242,7 @@ def test_the_answer_event_shape_is_canonical_public_parameters():
     assert shape["max_tokens"] == 4 and shape["relation"] == "ADD_OR_REMOVE_ONE"
     assert answer_event_shape(_plan()) == answer_event_shape(_plan())
     assert answer_event_shape(_plan(2.0)) != answer_event_shape(_plan())
-    assert answer_event_shape(_plan(mechanism="vote")) != answer_event_shape(_plan())
+    assert answer_event_shape(_plan(mechanism="keywords")) != answer_event_shape(_plan())
 
 
 # The exact shapes collections pinned before vote, sparse-vote and answer-vote were retired
@@ -290,7 +290,7 @@ def test_one_answer_event_per_collection(tmp_path):
     check_answer_event(ledger, "records", _plan())  # nothing pinned yet
     pin_answer_event(ledger, "records", _plan())
     pin_answer_event(ledger, "records", _plan())  # the same event again
-    for other in (_plan(2.0), _plan(mechanism="vote"), _plan(max_tokens=8)):
+    for other in (_plan(2.0), _plan(mechanism="keywords"), _plan(max_tokens=8)):
         for check in (check_answer_event, pin_answer_event):
             with pytest.raises(ValueError, match="already answers with another event") as err:
                 check(ledger, "records", other)
@@ -298,6 +298,30 @@ def test_one_answer_event_per_collection(tmp_path):
     with pytest.raises(ValueError, match="epsilon 1.0 recorded, 2.0 here"):
         pin_answer_event(ledger, "records", _plan(2.0))
     assert ledger.event_shape(COLLECTION, "records") == answer_event_shape(_plan())
+    # max_releases follows from the mechanism and max_tokens: never named on its own
+    with pytest.raises(ValueError, match="max_tokens 4 recorded, 8 here") as err:
+        pin_answer_event(ledger, "records", _plan(max_tokens=8))
+    assert "max_releases" not in str(err.value)
+
+
+# the shape a collection pinned to vote recorded before it was retired (commit 03575c5)
+VOTE_SHAPE = (
+    '{"composition":null,"delta":1e-06,"epsilon":5.0,"format":1,"kind":"rag-answer",'
+    '"max_releases":12,"max_tokens":12,"mechanism":"vote","relation":"ADD_OR_REMOVE_ONE",'
+    '"retrieval_share":0.1,"score_share":0.0}'
+)
+
+
+@pytest.mark.parametrize("retired", ["vote", "sparse-vote", "answer-vote"])
+def test_a_collection_pinned_to_a_retired_mechanism_says_so(tmp_path, retired):
+    ledger = _ledger(tmp_path)
+    ledger.pin_event_shape(COLLECTION, "records", VOTE_SHAPE.replace('"vote"', f'"{retired}"'))
+    for check in (check_answer_event, pin_answer_event):
+        with pytest.raises(ValueError, match=f"pinned to {retired}, which was retired") as err:
+            check(ledger, "records", make_plan("facts", 5.0, delta=1e-6, max_tokens=12))
+        message = str(err.value)
+        assert "--mechanism" not in message and "\n" not in message
+        assert "--guarantees-add-up" in message and "still compose" in message
 
 
 def _options_of(command) -> set[str]:
@@ -308,9 +332,9 @@ def _options_of(command) -> set[str]:
     "requested",
     [
         {"epsilon": 2.0},
-        {"mechanism": "sparse-vote", "composition": None, "max_releases": 6},
+        {"mechanism": "keywords", "composition": None, "max_releases": 1},
         {"delta": 1e-7, "max_tokens": 4, "score_share": 0.2},
-        {"max_releases": 12},
+        {"max_tokens": 12, "max_releases": 12},
         {"composition": "pure"},
     ],
 )
@@ -327,7 +351,7 @@ def test_every_option_a_refusal_suggests_is_one_a_command_accepts(requested):
     tenant_add = root.commands["tenant"].commands["add"]
     recorded = {
         "mechanism": "icl", "epsilon": 1.0, "delta": 1e-6, "max_tokens": 8,
-        "max_releases": 6, "retrieval_share": 0.1, "score_share": 0.1, "composition": "pld",
+        "max_releases": 8, "retrieval_share": 0.1, "score_share": 0.1, "composition": "pld",
     }  # fmt: skip
     message = str(_shape_refusal("d", json.dumps(recorded), json.dumps({**recorded, **requested})))
     assert "None" not in message

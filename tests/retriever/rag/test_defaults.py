@@ -12,7 +12,7 @@ def test_resolve_fills_auto_and_k_and_refuses_the_rest():
         assert resolve("auto", None, epsilon, retrieval="overlap")[0] == "facts"
     # per-document filters take a zCDP curve: icl whatever the retrieval
     assert resolve("auto", None, 5.0, retrieval="overlap", accounting="individual")[0] == "icl"
-    assert resolve("vote", None, 5.0) == ("vote", EVALUATED_K["vote"])
+    assert resolve("keywords", None, 5.0) == ("keywords", EVALUATED_K["keywords"])
     # keywords (facts' fallback) was measured with 64 voters: with 4 it could never
     # release; auto takes icl
     assert resolve("auto", 4, 5.0, retrieval="overlap") == ("icl", 4)
@@ -20,6 +20,10 @@ def test_resolve_fills_auto_and_k_and_refuses_the_rest():
     assert resolve("icl", 7, 5.0) == ("icl", 7)
     with pytest.raises(ValueError, match="mechanism"):
         resolve("best", None, 5.0)
+    for retired in ("vote", "sparse-vote", "answer-vote"):
+        with pytest.raises(ValueError, match=f"the {retired} mechanism was retired.*use facts"):
+            resolve(retired, None, 5.0)
+    assert set(EVALUATED_K) == {"icl", "keywords", "facts"}
     with pytest.raises(ValueError, match="k must be"):
         resolve("icl", 0, 5.0)
     with pytest.raises(ValueError, match="accounting"):

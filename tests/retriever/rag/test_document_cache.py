@@ -12,7 +12,7 @@ from synthgen.lm_backends import FlaxLM, TinyLM
 from synthgen.models.llama import Llama, LlamaConfig
 
 N = 12
-MECHANISMS = ["icl", "vote", "sparse-vote", "answer-vote"]
+MECHANISMS = ["icl", "keywords"]
 
 
 class ByteTokenizer:  # ids 3.. are bytes

@@ -123,7 +123,7 @@ def test_the_tenant_quota_refuses_before_any_document_pays(tmp_path):
 
 def test_individual_mode_refuses_what_has_no_zcdp_curve_or_no_filters(tmp_path):
     rag, ledger, _, _, _ = _rag(tmp_path)
-    for mechanism in ("vote", "sparse-vote", "answer-vote"):
+    for mechanism in ("keywords", "facts"):
         with pytest.raises(ValueError, match="icl only"):
             rag.answer("near", tenant="alice", epsilon=1.0, mechanism=mechanism)
     with pytest.raises(ValueError, match="whole filter"):

@@ -16,6 +16,7 @@ from scipy import stats
 
 from retriever.rag.retrieval import (
     ScoreRange,
+    best_selected,
     dp_top_k_threshold,
     dp_top_p_threshold,
     select,
@@ -252,3 +253,35 @@ def test_neighbouring_score_vectors_change_the_density_by_at_most_e_epsilon(kind
 def test_bad_inputs_raise_value_error(call, bad):
     with pytest.raises(ValueError):
         call(np.random.default_rng(0))
+
+
+def _votes(scores: np.ndarray, greedy: np.ndarray, tau: float, max_voters: int) -> np.ndarray:
+    """The vote histogram of the voters the answer stage builds: the DP selection's best
+    `max_voters` rows at the fixed shape (`best_selected`), one voter each, padding rows
+    masked."""
+    if scores.size == 0:
+        return np.zeros(6)
+    indices, weights, _ = best_selected(scores, tau, max_voters, ScoreRange(0.0, 1.0))
+    return np.bincount(greedy[indices], weights=weights, minlength=6)
+
+
+@pytest.mark.parametrize("max_voters", [1, 4, 16, 64])
+def test_one_document_changes_the_vote_histogram_by_one_vote_in_and_one_out(max_voters):
+    """Neighbouring collections (one document added) at the same released threshold: at
+    most +1 in one count and -1 in another, the swap keywords' group step
+    (`keyword_vote.group_parameters`) and icl's capped sensitivity are calibrated for."""
+    rng = np.random.default_rng(max_voters)
+    worst_l1 = 0
+    for _ in range(300):
+        n = int(rng.integers(0, 40))
+        scores, greedy = rng.uniform(size=n + 1), rng.integers(0, 6, size=n + 1)
+        tau = float(rng.uniform(0.0, 0.9))
+        where = int(rng.integers(0, n + 1))  # the added document, anywhere in the order
+        keep = np.arange(n + 1) != where
+        before = _votes(scores[keep], greedy[keep], tau, max_voters)
+        after = _votes(scores, greedy, tau, max_voters)
+        diff = after - before
+        assert np.all(np.abs(diff) <= 1)
+        assert np.sum(diff > 0) <= 1 and np.sum(diff < 0) <= 1
+        worst_l1 = max(worst_l1, int(np.abs(diff).sum()))
+    assert worst_l1 == (2 if max_voters < 40 else 1)  # the swap happens when the cap binds

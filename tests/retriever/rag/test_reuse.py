@@ -62,7 +62,7 @@ def test_a_repeated_question_is_the_same_release_and_charges_nothing(tmp_path, m
     monkeypatch.undo()
     for other in (
         lambda: rag.answer(QUESTION, tenant="alice", epsilon=3.0),  # another epsilon
-        lambda: rag.answer(QUESTION, tenant="alice", epsilon=2.0, mechanism="vote"),
+        lambda: rag.answer(QUESTION, tenant="alice", epsilon=2.0, mechanism="keywords"),
         lambda: rag.with_config(dataclasses.replace(rag.config, max_tokens=1)).answer(
             QUESTION, tenant="alice", epsilon=2.0
         ),  # another config: another event
