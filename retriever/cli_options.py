@@ -11,20 +11,39 @@ import each other's helpers.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import click
 import typer
 
 from synthgen.command_line import (  # noqa: F401 - GuaranteesAddUpOption: shared with synthgen
     GuaranteesAddUpOption,
     choice,
+    one_of,
     positive,
     probability,
 )
 
 # `retriever.rag.plan.MECHANISMS`, spelled out so that the CLI imports no JAX or accounting
 # code to print its help (a test checks they agree)
-MECHANISMS = ("icl", "vote", "sparse-vote", "answer-vote", "keywords", "facts")
+MECHANISMS = ("icl", "keywords", "facts")
+
+
+def mechanism_choice(*values: str, help: str) -> Any:  # noqa: A002 - typer's own name
+    """`choice(*values)` for ``--mechanism``: a retired mechanism (`retriever.rag.plan.RETIRED`)
+    is a usage error that says it was retired and what to use instead."""
+    check = one_of(*values)
+
+    def checked(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is not None and value not in values:
+            from retriever.rag.plan import RETIRED, retired_message  # the error path only
+
+            if value in RETIRED:
+                raise click.UsageError(f"--mechanism: {retired_message(value)}", ctx)
+        return check(ctx, param, value)
+
+    return typer.Option(help=help, metavar="|".join(values), callback=checked)
+
 
 # the private collection
 IndexOption = Annotated[Path, typer.Option(help="exact index over the private corpus")]
@@ -146,7 +165,7 @@ def check_accounting(
     if mechanism != "icl":
         raise click.UsageError(
             f"--accounting individual answers with icl only, got --mechanism {mechanism}: "
-            "vote, sparse-vote, answer-vote and keywords releases have no zCDP curve for a "
+            "keywords' and facts' partition selections have no zCDP curve for a "
             "per-document filter"
         )
     if document_epsilon is None or document_delta is None:

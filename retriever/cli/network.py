@@ -67,7 +67,7 @@ def serve(
     lm: ServedLmOption = "smollm2-135m-instruct",
     answer_epsilon: Annotated[float, typer.Option(help="every answer's epsilon")] = 1.0,
     mechanism: Annotated[
-        str, typer.Option(help="every answer's: icl | vote | sparse-vote | answer-vote | keywords")
+        str, typer.Option(help="every answer's: icl | keywords | facts")
     ] = ("icl"),
     replicas: ReplicasOption = 1,
     queue: QueueOption = 16,

@@ -26,6 +26,7 @@ from retriever.cli_options import (
     announce_answers,
     check_accounting,
     check_collection_paths,
+    mechanism_choice,
 )
 from synthgen.command_line import HelpGroup, LedgerOption, choice, positive, probability
 
@@ -37,25 +38,13 @@ def privacy_rag(
     tokens: Annotated[int, typer.Option(help="most answer tokens T")],
     delta: Annotated[float, typer.Option(help="per-answer delta")],
     target_epsilon: Annotated[float, typer.Option(help="per-answer epsilon")],
-    mechanism: Annotated[
-        str,
-        choice(
-            "icl",
-            "vote",
-            "sparse-vote",
-            "answer-vote",
-            "keywords",
-            "facts",
-            help="the answer mechanism",
-        ),
-    ] = "icl",
+    mechanism: Annotated[str, mechanism_choice(*MECHANISMS, help="the answer mechanism")] = "icl",
     retrieval_epsilon: Annotated[float, typer.Option(help="the threshold's epsilon")] = 0.0,
     composition: Annotated[
         str,
         choice("pure", "bounded-range", help="icl tokens' composition"),
     ] = "pure",
-    voters: Annotated[int, typer.Option(help="vote / sparse-vote: most voters")] = 64,
-    max_releases: Annotated[int, typer.Option(help="sparse-vote: most paid tokens")] = 6,
+    voters: Annotated[int, typer.Option(help="keywords / facts: most voters")] = 64,
     max_keywords: Annotated[
         int, typer.Option(help="keywords: K, most keywords per voter's answer")
     ] = 1,
@@ -63,9 +52,8 @@ def privacy_rag(
 ) -> None:
     """Per-token parameters of a DP-RAG answer of T tokens within a per-answer target.
 
-    For vote and sparse-vote it also prints LimitedDomain's release threshold in votes, for
-    keywords the votes a keyword needs to clear the DP partition selection: a plan whose
-    threshold exceeds the voters can only abstain.
+    For keywords and facts it also prints the votes a keyword or value needs to clear the
+    DP partition selection: a plan whose threshold exceeds the voters can only abstain.
     """
     from retriever.rag.accounting import rag_privacy_plan
     from retriever.rag.plan import make_plan
@@ -87,11 +75,9 @@ def privacy_rag(
             delta=delta,
             max_tokens=tokens,
             retrieval_share=share,
-            max_releases=max_releases,
         ).vote_summary(voters, max_keywords=max_keywords)
-        name = "keyword_threshold" if mechanism == "keywords" else "limited_domain_threshold"
         line = (
-            f"voters={voters} {name}={plan['limited_domain_threshold']:.1f} "
+            f"voters={voters} keyword_threshold={plan['keyword_threshold']:.1f} "
             f"release_possible={plan['release_possible']}"
         )
     if as_json:
@@ -137,7 +123,7 @@ def answer(
     ],
     mechanism: Annotated[
         str,
-        choice(
+        mechanism_choice(
             "auto",
             *MECHANISMS,
             help="the answer mechanism (auto: the evaluation's best at this epsilon)",

@@ -38,6 +38,7 @@ from retriever.cli_options import (
     check_collection_paths,
     check_existing_ledger,
     check_reuse,
+    mechanism_choice,
 )
 from synthgen.command_line import HelpGroup, choice, positive, probability
 
@@ -68,7 +69,7 @@ def serve(
     ] = 1.0,
     mechanism: Annotated[
         str,
-        choice(
+        mechanism_choice(
             "auto",
             *MECHANISMS,
             help="every answer's mechanism (auto: the evaluation's best at --answer-epsilon)",

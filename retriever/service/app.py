@@ -91,7 +91,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from retriever.rag.answer import RELATION, DPRag
-from retriever.rag.plan import MECHANISMS
+from retriever.rag.plan import check_mechanism
 from retriever.service.admission import Admission, QueueFullError, QueueTimeoutError
 from retriever.service.public_index import PublicIndex
 from retriever.service.responses import (
@@ -120,7 +120,8 @@ class ServiceConfig:
 
     Attributes:
       answer_epsilon: every answer's epsilon (the same event for every answer: see above).
-      mechanism: every answer's mechanism ("icl", "vote" or "sparse-vote").
+      mechanism: every answer's mechanism ("icl", "keywords" or "facts"; a retired one,
+        `retriever.rag.plan.RETIRED`, is refused with what to use instead).
       max_question_chars: longer questions get 413 (a cheap first check, before the
         question is tokenized).
       max_question_tokens: questions longer in tokens of the answer LM get 413 before they
@@ -167,8 +168,7 @@ class ServiceConfig:
             raise ValueError(f"need queue_capacity >= 0 and queue_timeout > 0: {self=}")
         if not 0 < self.min_epsilon <= self.answer_epsilon < math.inf:
             raise ValueError(f"need 0 < min_epsilon <= answer_epsilon < inf: {self=}")
-        if self.mechanism not in MECHANISMS:
-            raise ValueError(f"mechanism must be one of {MECHANISMS}, got {self.mechanism=}")
+        check_mechanism(self.mechanism)
         if self.max_body_bytes < 2 * self.max_question_chars:
             raise ValueError(f"max_body_bytes too small for max_question_chars: {self=}")
 
@@ -338,9 +338,7 @@ class Service:
         The ledger's own check (`PrivacyLedger.repeats_that_fit`) of the service's fixed
         answer event, as every answer is charged: the worst case of its plan, stage by
         stage, against the tenant's and the collection's caps; at most
-        ``config.max_answers_shown``. A sparse-vote service on a ``basic`` tenant scope
-        charges realised releases, often less than the worst case: there the count is a
-        lower bound.
+        ``config.max_answers_shown``.
         """
         if not self.replicas:
             return None

@@ -173,13 +173,13 @@ def check_individual(config: ServiceConfig, document_target: tuple[float, float]
     """Refuses what individual accounting cannot serve, from public parameters only.
 
     Raises:
-      ValueError: a mechanism other than icl (vote mechanisms release LimitedDomain tokens,
-        with no zCDP curve for a per-document filter) or no per-document target.
+      ValueError: a mechanism other than icl (keywords and facts release a partition
+        selection, with no zCDP curve for a per-document filter) or no per-document target.
     """
     if config.mechanism != "icl":
         raise ValueError(
             f"individual accounting answers with icl only, got mechanism {config.mechanism}: "
-            "vote, sparse-vote, answer-vote and keywords releases have no zCDP curve for a "
+            "keywords' and facts' partition selections have no zCDP curve for a "
             "per-document filter"
         )
     if document_target is None:

@@ -221,8 +221,8 @@ class RagStageConfig:
       num_records, num_diseases, world_seed: the fictional medical world.
       questions: questions answered.
       epsilon: per-answer epsilon.
-      mechanism: "icl", "vote", "sparse-vote", "answer-vote", "keywords", "facts" or "auto"
-        (`retriever.rag.defaults`: facts, or icl with a k below 64).
+      mechanism: "icl", "keywords", "facts" or "auto" (`retriever.rag.defaults`: facts, or
+        icl with a k below 64); a retired one (`retriever.rag.plan.RETIRED`) is refused.
       k, max_tokens, delta: the answer stage's public parameters (`RagConfig`).
       epsilon_cap, delta_cap: caps of the collection's ledger scope (the run tenant's);
         in individual accounting, the tenant's quota.
@@ -274,9 +274,9 @@ class RagStageConfig:
             raise ValueError(
                 f"need 0 < delta <= delta_cap < 1, got {self.delta=}, {self.delta_cap=}"
             )
-        known = ("auto", "icl", "vote", "sparse-vote", "answer-vote", "keywords", "facts")
-        if self.mechanism not in known:
-            raise ValueError(f"mechanism must be auto or a DP-RAG mechanism, {self.mechanism=}")
+        from retriever.rag.plan import check_mechanism
+
+        check_mechanism(self.mechanism, auto=True)
         if self.k < 1 or self.max_tokens < 1:
             raise ValueError(f"k and max_tokens must be >= 1, got {self.k=}, {self.max_tokens=}")
         if self.questions < 1 or self.num_records < self.num_diseases:

@@ -16,11 +16,11 @@ What a release costs a document, as rho (`event_rho`):
 * a Gaussian release of multiplier sigma (noise std / L2 sensitivity): 1 / (2 sigma^2);
 * compositions add; a k-fold self-composition is k times its part.
 
-An (epsilon, delta) release with delta > 0 (LimitedDomain, a vote's token) has no zCDP
-curve: an individual filter for it would need basic composition of approximate DP
+An (epsilon, delta) release with delta > 0 (LimitedDomain, a partition selection) has no
+zCDP curve: an individual filter for it would need basic composition of approximate DP
 (Rogers et al. 2016; Whitehouse et al. 2023). This module refuses it
-(`UnsupportedEventError`, with that reason); vote and sparse-vote answers therefore run in
-collection mode only.
+(`UnsupportedEventError`, with that reason); answers released that way (DP-RAG's keywords
+and facts) therefore run in collection mode only.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def event_rho(event: dp_event.DpEvent) -> float:
             raise UnsupportedEventError(
                 f"an (epsilon, delta) event with delta > 0 (epsilon={event.epsilon}, "
                 f"delta={event.delta}) has no zCDP curve, so a per-document filter cannot "
-                "take it; use collection accounting for vote and sparse-vote answers"
+                "take it; use collection accounting for such releases"
             )
         return 0.0 if event.epsilon == 0 else pure_rho(event.epsilon)
     if isinstance(event, dp_event.ComposedDpEvent):

@@ -1,7 +1,6 @@
 """`retriever privacy rag` and `retriever answer` as a user runs them."""
 
 import json
-import math
 import subprocess
 import sys
 import types
@@ -32,32 +31,32 @@ def test_privacy_rag_calculator():
     assert out["bounded-range"]["token_epsilon"] > out["pure"]["token_epsilon"]
 
 
-def test_privacy_rag_prints_the_vote_release_threshold():
-    """An operator sees, from public parameters, when vote cannot release anything."""
+def test_privacy_rag_prints_the_keyword_release_threshold():
+    """An operator sees, from public parameters, when keywords cannot release anything."""
+    from retriever.rag.keyword_vote import keyword_threshold
+
     thresholds = {}
     for eps in ("1", "10"):
         result = _run(
             "retriever.cli", "privacy", "rag", "--tokens", "5", "--delta", "1e-6",
-            "--target-epsilon", eps, "--mechanism", "vote", "--voters", "64", "--json",
+            "--target-epsilon", eps, "--mechanism", "keywords", "--voters", "16", "--json",
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         plan = json.loads(result.stdout)
-        assert plan["mechanism"] == "vote" and plan["voters"] == 64
-        assert plan["epsilon"] <= float(eps)
-        # the noise-free LimitedDomain threshold of the plan's per-vote parameters
-        e, d = (
-            plan["token_epsilon"] / 2,
-            plan["token_delta"] / (1 + math.exp(plan["token_epsilon"] / 2)),
-        )
-        assert plan["limited_domain_threshold"] == pytest.approx(1 + math.log(1 / d) / e)
+        assert plan["mechanism"] == "keywords" and plan["voters"] == 16
+        assert plan["epsilon"] <= float(eps) and plan["max_releases"] == 1
+        # the partition selection's threshold at the plan's one release
+        expected = keyword_threshold(plan["token_epsilon"], plan["token_delta"], 1)
+        assert plan["keyword_threshold"] == pytest.approx(expected)
         thresholds[eps] = plan
     assert thresholds["10"]["release_possible"] and not thresholds["1"]["release_possible"]
-    sparse = _run(
+    retired = _run(
         "retriever.cli", "privacy", "rag", "--tokens", "5", "--delta", "1e-6",
-        "--target-epsilon", "10", "--mechanism", "sparse-vote", "--voters", "64", "--json",
+        "--target-epsilon", "10", "--mechanism", "sparse-vote", "--json",
     )  # fmt: skip
-    assert sparse.returncode == 0, sparse.stderr
-    assert json.loads(sparse.stdout)["gate_threshold"] == 32
+    assert retired.returncode == 2
+    assert "the sparse-vote mechanism was retired" in retired.stderr
+    assert "Traceback" not in retired.stderr
 
 
 @pytest.mark.slow
@@ -343,7 +342,7 @@ def test_answer_in_individual_accounting_charges_the_relevant_documents(individu
 @pytest.mark.parametrize(
     ("extra", "document", "code", "message"),
     [
-        (("--mechanism", "vote"), ("2", "1e-6"), 2, "icl only, got --mechanism vote"),
+        (("--mechanism", "keywords"), ("2", "1e-6"), 2, "icl only, got --mechanism keywords"),
         ((), None, 2, "needs --document-epsilon and --document-delta"),
         (("--document-delta", "1e-6"), None, 2, "needs --document-epsilon and"),
         (

@@ -102,7 +102,7 @@ def test_cli_modules_import_no_other_command_lines_helpers():
     ("args", "message"),
     [
         (("collection", "icl", 2.0, None), "go with --accounting individual"),
-        (("individual", "vote", 2.0, 1e-6), "icl only, got --mechanism vote"),
+        (("individual", "facts", 2.0, 1e-6), "icl only, got --mechanism facts"),
         (("individual", "icl", None, 1e-6), "needs --document-epsilon and --document-delta"),
         (("individual", "icl", 2.0, 1e-6, 10.0, 1e-5), "takes no collection cap"),
         (("both", "icl", None, None), "must be one of collection, individual"),
@@ -121,7 +121,7 @@ def test_check_accounting_refuses_options_that_do_not_go_with_the_mode(args, mes
 def test_check_accounting_returns_the_per_document_target():
     from retriever.cli_options import check_accounting
 
-    assert check_accounting("collection", "vote", None, None, 10.0, 1e-5) is None
+    assert check_accounting("collection", "keywords", None, None, 10.0, 1e-5) is None
     assert check_accounting("individual", "icl", 2.0, 1e-6) == (2.0, 1e-6)
 
 
@@ -196,11 +196,15 @@ def test_choices_print_their_values_and_a_wrong_one_is_a_usage_error():
 
     assert MECHANISMS == LIBRARY
     result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "80"})
-    assert "--mechanism auto|icl|vote|sparse-vote|answer-vote|keywords|facts" in result.output
+    assert "--mechanism auto|icl|keywords|facts" in result.output
     assert "--accounting collection|individual" in result.output
     result = _retriever("serve", "--mechanism", "magic")
     assert result.returncode == 2
     assert "--mechanism must be one of auto, icl" in result.stderr and "'magic'" in result.stderr
+    # a retired mechanism says so, and what to use instead (one line, exit 2)
+    result = _retriever("serve", "--mechanism", "vote")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "the vote mechanism was retired" in result.stderr and "use facts" in result.stderr
 
 
 def test_data_facts_writes_a_sample_collection_and_refuses_an_unknown_domain(tmp_path):

@@ -1,5 +1,5 @@
 """`NextTokenLM.append` with one token per row: each row continues on its own, exactly as
-a session of that row alone would (the answer-vote voters' greedy decoding)."""
+a session of that row alone would (the keywords voters' greedy decoding)."""
 
 import types
 from pathlib import Path

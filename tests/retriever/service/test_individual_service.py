@@ -185,10 +185,10 @@ def _serve(world, ledger, *extra):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (("--mechanism", "vote", "--document-epsilon", "3", "--document-delta", "1e-5"),
+        (("--mechanism", "keywords", "--document-epsilon", "3", "--document-delta", "1e-5"),
          "icl only"),
         (("--document-delta", "1e-5"), "--document-epsilon"),
-        (("--mechanism", "sparse-vote"), "icl only"),
+        (("--mechanism", "facts"), "icl only"),
     ],
 )  # fmt: skip
 def test_serve_refuses_what_individual_accounting_cannot_serve(world, tmp_path, extra, message):

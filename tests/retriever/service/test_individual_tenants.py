@@ -124,7 +124,7 @@ def test_the_service_refuses_what_individual_accounting_cannot_serve(registry):
     registry.add("alice", "records", epsilon=5.0, delta=1e-5)
     rag = tiny_rag(ledger, "records", score_range=ScoreRange(-1.0, 1.0), **INDIVIDUAL)
     with pytest.raises(ValueError, match="icl only"):
-        Service(ledger, registry, "records", [rag], config=ServiceConfig(mechanism="vote"))
+        Service(ledger, registry, "records", [rag], config=ServiceConfig(mechanism="keywords"))
     ledger.ensure_scope(Scope(COLLECTION, "records", 10.0, 1e-5))  # a cap appears
     with pytest.raises(ValueError, match="has a collection cap"):
         Service(ledger, registry, "records", [rag], config=ServiceConfig(mechanism="icl"))

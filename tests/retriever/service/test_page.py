@@ -148,12 +148,12 @@ def _api_answers_left(server, key: str) -> int:
 
 
 def test_page_shows_an_abstention_as_such(chromium, world, tmp_path):
-    """vote at epsilon 1 needs ~190 agreeing votes of at most 4 voters: its first release is
-    the bottom symbol, so the answer abstains, and the page says so."""
+    """keywords at epsilon 1 needs ~53 agreeing voters of at most 4: nothing is released,
+    so the answer abstains, and the page says so."""
     ledger = str(tmp_path / "ledger.sqlite")
     key = add_tenants(ledger, {"alice": 10.0}, collection=20.0)["alice"]
     server = Server(
-        world, ledger, tmp_path / "server.log", "--mechanism", "vote", "--answer-epsilon", "1.0"
+        world, ledger, tmp_path / "server.log", "--mechanism", "keywords", "--answer-epsilon", "1.0"
     ).start()
     page = chromium.new_page()
     page.set_default_timeout(WAIT_MS)
@@ -162,7 +162,7 @@ def test_page_shows_an_abstention_as_such(chromium, world, tmp_path):
         page.fill("#key", key)
         page.dispatch_event("#key", "change")
         page.wait_for_function(BUDGET_SHOWN, timeout=WAIT_MS)
-        assert page.locator("#mechanism").inner_text() == "vote"
+        assert page.locator("#mechanism").inner_text() == "keywords"
         _ask(page, questions(world)[0])
         assert page.locator("#error").inner_text() == ""
         assert page.locator("#answer").inner_text() == ABSTENTION_TEXT

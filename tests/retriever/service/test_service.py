@@ -91,7 +91,7 @@ REFUSALS = [
     ("alice", {"question": "q", "epsilon": 10**400}, 400, "bad_epsilon"),
     ("alice", {"question": "q", "epsilon": 0.5}, 400, "epsilon_not_offered"),
     ("alice", {"question": "q", "epsilon": 50.0}, 400, "epsilon_not_offered"),
-    ("alice", {"question": "q", "mechanism": "vote"}, 400, "mechanism_not_offered"),
+    ("alice", {"question": "q", "mechanism": "keywords"}, 400, "mechanism_not_offered"),
     ("alice", ["not", "an", "object"], 400, "bad_request"),
     ("alice", {"question": "q", "pad": "x" * 70000}, 413, "body_too_large"),
 ]
@@ -325,3 +325,12 @@ def test_health_states_terms_to_tenants_only_and_no_queue_depth(served):
     assert health["answer_epsilon"] == 1.0 and health["mechanism"] == "icl"
     assert health["queue_capacity"] == 16 and health["answer_timeout"] == 120.0
     assert not {"busy", "waiting"} & set(health)  # the queue's depth times others' answers
+
+
+@pytest.mark.parametrize("mechanism", ["vote", "sparse-vote", "answer-vote"])
+def test_a_service_refuses_a_retired_mechanism_with_what_to_use(mechanism):
+    from retriever.service.app import ServiceConfig
+
+    with pytest.raises(ValueError, match=f"the {mechanism} mechanism was retired.*use facts"):
+        ServiceConfig(mechanism=mechanism)
+    assert ServiceConfig(mechanism="facts").mechanism == "facts"

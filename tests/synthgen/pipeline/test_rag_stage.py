@@ -185,7 +185,7 @@ def test_the_report_states_the_per_record_guarantee(individual_stage):
     [
         ({"accounting": "per-tenant"}, "accounting must be collection or individual"),
         ({"accounting": "individual", "mechanism": "icl"}, "needs document_epsilon"),
-        ({**INDIVIDUAL, "mechanism": "vote"}, "icl only"),
+        ({**INDIVIDUAL, "mechanism": "keywords"}, "icl only"),
         ({**INDIVIDUAL, "mechanism": "auto"}, "icl only"),
         ({**INDIVIDUAL, "document_delta": 1.0}, "document_delta must be in"),
         ({**INDIVIDUAL, "relevance_threshold": 1.5}, "relevance_threshold must be in"),
@@ -195,6 +195,13 @@ def test_the_report_states_the_per_record_guarantee(individual_stage):
 def test_the_rag_stage_config_validates_individual_accounting(rag, message):
     with pytest.raises(ValueError, match=message):
         RagStageConfig(**rag)
+
+
+@pytest.mark.parametrize("mechanism", ["vote", "sparse-vote", "answer-vote", "magic"])
+def test_the_rag_stage_config_refuses_a_retired_or_unknown_mechanism(mechanism):
+    message = "mechanism must be one of" if mechanism == "magic" else "retired.*use facts"
+    with pytest.raises(ValueError, match=message):
+        RagStageConfig(mechanism=mechanism)
 
 
 class _HashEncoder:
