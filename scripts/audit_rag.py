@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument(
         "--mechanism",
         default="icl",
-        choices=["icl", "vote", "sparse-vote", "answer-vote", "keywords"],
+        choices=["icl", "keywords", "facts"],
     )
     parser.add_argument("--k", type=int, default=1, help="documents the DP threshold aims at")
     parser.add_argument("--baseline-k", type=int, default=1, help="documents in the baseline")

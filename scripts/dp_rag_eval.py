@@ -3,16 +3,20 @@
 Builds a `retriever.rag.medical` world (invented diseases, so SmolLM2 cannot know the
 answers; by default 2,000 records over 60 diseases whose supports span 1 to ~300 records,
 one question per disease), embeds its records with all-MiniLM-L6-v2, and answers the same
-questions with icl / vote / sparse-vote at each per-answer epsilon (each mechanism with its
-own k), next to non-private RAG (top-k records in one prompt) and no-RAG. Reports accuracy
+questions with icl and keywords (or any of icl, keywords, facts) at each per-answer epsilon
+(each mechanism with its own k), next to non-private RAG (top-k records in one prompt) and
+no-RAG. Reports accuracy
 by support bin (1-2, 3-9, 10-29, 30-99, 100+) and per cell the readability: share of
 answers with U+FFFD or control characters, share of abstentions, and the mean public
 log-probability per token of the answers. Resumable per question (rerun the same command);
 writes ``results.json``, ``table.md`` and ``accuracy.png`` to --out.
 
-    python scripts/dp_rag_eval.py --out runs/dp_rag_eval     # ~1.5 h on 2 CPU cores
+    python scripts/dp_rag_eval.py --out runs/dp_rag_eval
 
-Last line: ``cells=<n> best_dp_accuracy=<acc> rag_accuracy=<acc> no_rag_accuracy=<acc>``.
+Last line, with keywords among the mechanisms: ``keywords_eps5=<acc> keywords_eps10=<acc>
+keywords_support30_eps5=<acc> rag=<acc> rag_support30=<acc> icl_eps10=<acc>``; without:
+``cells=<n> best_dp_accuracy=<acc> rag_accuracy=<acc> no_rag_accuracy=<acc>``. (vote,
+sparse-vote and answer-vote were retired: docs/guides/dp_rag.md#retired-mechanisms.)
 """
 
 from __future__ import annotations
@@ -47,14 +51,13 @@ def main() -> None:
     parser.add_argument(
         "--mechanisms",
         nargs="+",
-        default=["icl", "vote", "sparse-vote"],
-        help="any of icl vote sparse-vote answer-vote keywords",
+        default=["icl", "keywords"],
+        choices=["icl", "keywords", "facts"],
+        help="any of icl keywords facts (facts: keywords for these questions, which no kind "
+        "rule reads)",
     )
     parser.add_argument("--k-icl", type=int, default=32, help="icl: documents aimed at")
-    parser.add_argument("--k-vote", type=int, default=64, help="vote: documents (= voters)")
-    parser.add_argument("--k-sparse", type=int, default=32, help="sparse-vote: voters")
-    parser.add_argument("--k-answer", type=int, default=64, help="answer-vote: voters")
-    parser.add_argument("--k-keywords", type=int, default=64, help="keywords: voters")
+    parser.add_argument("--k-keywords", type=int, default=64, help="keywords, facts: voters")
     parser.add_argument(
         "--answer-keywords", type=int, default=RagConfig().answer_keywords,
         help="keywords: K, most keywords per voter's answer",
@@ -65,7 +68,6 @@ def main() -> None:
     parser.add_argument("--rag-k", type=int, default=16, help="non-private RAG's top-k")
     parser.add_argument("--min-score", type=float, default=0.2, help="public lower clip")
     parser.add_argument("--max-tokens", type=int, default=5)
-    parser.add_argument("--max-releases", type=int, default=4, help="sparse-vote's paid tokens")
     parser.add_argument("--beta", type=float, default=RagConfig().aggregation.beta)
     parser.add_argument(
         "--beta-fade", type=float, default=RagConfig().aggregation.beta_fade_epsilon
@@ -95,7 +97,6 @@ def main() -> None:
     rag_config = RagConfig(
         k=args.k_icl,
         max_tokens=args.max_tokens,
-        max_releases=args.max_releases,
         score_range=ScoreRange(args.min_score, 1.0),
         composition=args.composition,
         aggregation=AggregationConfig(beta=args.beta, beta_fade_epsilon=args.beta_fade),
@@ -114,10 +115,8 @@ def main() -> None:
         rag_k=args.rag_k,
         mechanism_k=(
             ("icl", args.k_icl),
-            ("vote", args.k_vote),
-            ("sparse-vote", args.k_sparse),
-            ("answer-vote", args.k_answer),
             ("keywords", args.k_keywords),
+            ("facts", args.k_keywords),
         ),
     )
     results = evaluate_world(world, questions, rag, eval_config, args.out, readability=True)
