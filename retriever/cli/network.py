@@ -66,9 +66,7 @@ def serve(
     ] = False,
     lm: ServedLmOption = "smollm2-135m-instruct",
     answer_epsilon: Annotated[float, typer.Option(help="every answer's epsilon")] = 1.0,
-    mechanism: Annotated[
-        str, typer.Option(help="every answer's: icl | keywords | facts")
-    ] = ("icl"),
+    mechanism: Annotated[str, typer.Option(help="every answer's: icl | keywords | facts")] = "icl",
     replicas: ReplicasOption = 1,
     queue: QueueOption = 16,
     queue_timeout: QueueTimeoutOption = 30.0,
