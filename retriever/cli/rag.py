@@ -126,7 +126,7 @@ def answer(
         mechanism_choice(
             "auto",
             *MECHANISMS,
-            help="the answer mechanism (auto: the evaluation's best at this epsilon)",
+            help="the answer mechanism (auto: facts; icl in individual accounting)",
         ),
     ] = "auto",
     ledger: LedgerOption = None,

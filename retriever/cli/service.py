@@ -72,7 +72,7 @@ def serve(
         mechanism_choice(
             "auto",
             *MECHANISMS,
-            help="every answer's mechanism (auto: the evaluation's best at --answer-epsilon)",
+            help="every answer's mechanism (auto: facts; icl in individual accounting)",
         ),
     ] = "auto",
     replicas: ReplicasOption = 1,
