@@ -228,7 +228,7 @@ def _init_pairs(name, to, force, pairs, documents, preset, fields) -> None:
     destination.write_text(written)
     print(
         f"wrote {destination}: {plan.pairs} pairs naming {plan.documents_named} documents "
-        f"(about {plan.train_pairs} to train on), {plan.documents_indexed} documents indexed"
+        f"({plan.train_pairs} to train on), {plan.documents_indexed} documents indexed"
     )
     print(f"next: synthgen pipeline --config {shlex.quote(str(destination))}")
 

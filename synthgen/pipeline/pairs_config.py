@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from synthgen.user_pairs import PairsSource, read_pairs
+from synthgen.user_pairs import PairsSource, read_pairs, split_pairs
 
 PRESETS = ("demo", "tiny", "gpu")
 
@@ -29,8 +29,8 @@ TEMPLATE = '''"""The main job on your own pairs, written by `synthgen pipeline i
 Pairs: {pairs} ({pairs_count} pairs naming {named} documents when written).
 Documents indexed: {documents_note}.
 Generator and encoder: the `{preset}` preset's, with its {steps} DP steps of expected batch
-{batch} over your {train} train pairs (epochs {epochs:.4g}); a fifth of the documents the
-pairs name is held out whole to evaluate the encoders.
+{batch} over your {train} train pairs (epochs {epochs:.4g}), delta 1/(10 n); a fifth of the
+documents the pairs name is held out whole to evaluate the encoders.
 
     synthgen pipeline --config {config_name}
 """
@@ -62,6 +62,8 @@ def get_config():
             id_field={id_field!r},
         ),
         generate=dataclasses.replace(base.generate, querygen=generator.replace(dp=dp)),
+        # delta 1/(10 n) for the n train pairs (the run's default 1/(2 n) is near 1/n)
+        privacy=dataclasses.replace(base.privacy, delta={delta!r}),
         # the preset's DP-RAG stage answers over a built-in test world, not your data
         rag=RagStageConfig(enabled=False),
         # your real queries are private: the report shows none beside the synthetic ones
@@ -103,8 +105,7 @@ def pairs_config_text(
     base = import_module(f"synthgen.configs.{preset}").get_config()
     collection, pairs = read_pairs(source)
     named = len({p["doc_id"] for p in pairs})
-    held = max(1, int(round(test_fraction * named)))
-    train = round(len(pairs) * (named - held) / named)  # expected: documents held out whole
+    train = len(split_pairs(pairs, test_fraction=test_fraction, seed=base.seed)[0])
     dp = base.generate.querygen.dp
     steps = max(1, round(dp.epochs * _preset_train_pairs(base) / dp.batch_size))
     if train < dp.batch_size:
@@ -138,6 +139,7 @@ def pairs_config_text(
         text_field=source.text_field,
         id_field=source.id_field,
         config_name=config_name,
+        delta=1.0 / (10 * train),
     )
     return text, PairsPlan(len(pairs), named, len(collection), train, epochs)
 
