@@ -1,0 +1,180 @@
+"""The cluster release (DP-SynRAG) against the typed fact release, on the same fact worlds.
+
+For each domain (`retriever.rag.fact_world`: people validation, products and species test;
+`retriever.rag.natural_world`: helpdesk validation, facilities and lab test), both releases
+at the same (epsilon, delta), each answering every question of the world:
+
+* clusters: the cluster release at the defaults ``retriever knowledge release --mode
+  clusters`` had (`synthgen.knowledge.KnowledgeConfig(epsilon, delta)`: K = 6 keywords,
+  L = 2 clusters per record, 64 clusters at most, M = 64 voters at q = 1/2, free text),
+  built by `retriever.network.knowledge.build_knowledge` and answered as ``retriever
+  knowledge answer`` answers a cluster folder (`retriever.knowledge_base.KnowledgeBase`:
+  the top record by BM25, SmolLM2-135M's greedy answer, an abstention when no record
+  shares a word with the question);
+* facts: `synthgen.knowledge.facts.release_facts` (typed facts, K = 1) answered by
+  `retriever.typed_answers.TypedFactAnswerer` (no LM).
+
+The cluster release was retired after this comparison (docs/guides/knowledge.md): with a
+version that no longer builds it, the script answers the cluster folders an earlier run left
+under ``<out>/<domain>/clusters`` (a released folder stays answerable) and reads their
+release time from ``<out>/<domain>/clusters_seconds.txt``; without one it reports the
+domain's cluster row as not measured.
+
+Prints one line per (domain, release): accuracy on facts stated in >= 10 documents,
+abstention on the unanswerable questions (a fact stated in one document, or a relation the
+world never states), the share of answers that are wrong, and the release time; the last
+line sums the domains up per release.
+
+    python scripts/clusters_vs_facts.py --out runs/clusters_vs_facts --domains products,facilities
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+DELTA = 1e-6
+
+
+def _world(domain: str, seed: int):
+    """(the world, its answer check): templated or natural text, by the domain's name."""
+    from retriever.rag import fact_world, natural_world
+
+    if domain in natural_world.DOMAINS:
+        return natural_world.make_natural_world(domain, seed=seed), (
+            natural_world.natural_answer_is_right
+        )
+    return fact_world.make_world(domain, seed=seed), fact_world.answer_is_right
+
+
+def _rows(world, answer, is_right) -> list[dict]:
+    """One row per question: its support, whether answered right, whether abstained."""
+    rows = []
+    for q in world.questions:
+        found = answer(q.question)
+        rows.append(
+            {
+                "support": q.support,
+                "right": bool(q.answer) and is_right(found.answer, q.answer),
+                "abstained": bool(found.abstained),
+            }
+        )
+    return rows
+
+
+def figures(rows: list[dict]) -> dict[str, float]:
+    """accuracy (support >= 10), abstained (share of unanswerable questions abstained on:
+    support 0 or 1), wrong (share of the answers given that are wrong); nan: no such row."""
+
+    def mean(values) -> float:
+        return float(np.mean(values)) if values else float("nan")
+
+    return {
+        "accuracy": mean([r["right"] for r in rows if r["support"] >= 10]),
+        "abstained": mean([r["abstained"] for r in rows if r["support"] <= 1]),
+        "wrong": mean([not r["right"] for r in rows if not r["abstained"]]),
+    }
+
+
+def _write_corpus(texts: list[str], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = (json.dumps({"doc_id": f"d{i}", "text": t}) for i, t in enumerate(texts))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def cluster_rows(world, is_right, folder: Path, epsilon: float, lm: str):
+    """(rows, release seconds) of the cluster release in `folder`, built there first when
+    this version still can; (None, nan) when neither."""
+    from retriever.knowledge_base import KnowledgeBase
+
+    release = folder / "clusters"
+    timing = folder / "clusters_seconds.txt"
+    if not (release / "card.json").is_file():
+        try:
+            from synthgen.knowledge import KnowledgeConfig
+        except ImportError:  # retired: only an earlier run's folder can be answered
+            return None, float("nan")
+        from retriever.network.knowledge import build_knowledge
+
+        corpus = folder / "corpus.jsonl"
+        _write_corpus(list(world.documents), corpus)
+        start = time.perf_counter()
+        build_knowledge(
+            corpus, release, KnowledgeConfig(epsilon=epsilon, delta=DELTA),
+            contributor=folder.name, work=folder / "clusters_work", lm=lm,
+            answer_index=False, progress=False,
+        )  # fmt: skip
+        timing.write_text(f"{time.perf_counter() - start:.1f}\n")
+    seconds = float(timing.read_text()) if timing.is_file() else float("nan")
+    base = KnowledgeBase.open(release, lm=lm, k=1, retrieval="bm25")  # the CLI's defaults
+    return _rows(world, base.answer, is_right), seconds
+
+
+def fact_rows(world, is_right, epsilon: float):
+    """(rows, release seconds) of the typed fact release at `epsilon`."""
+    from retriever.typed_answers import TypedFactAnswerer
+    from synthgen.knowledge.facts import FactConfig, release_facts
+
+    start = time.perf_counter()
+    release = release_facts(list(world.documents), FactConfig(epsilon=epsilon, delta=DELTA))
+    seconds = time.perf_counter() - start
+    answerer = TypedFactAnswerer(release.records, noise_stddev=release.plan.noise_stddev)
+    return _rows(world, answerer.answer, is_right), seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/clusters_vs_facts"))
+    parser.add_argument("--domains", default="products,facilities")
+    parser.add_argument("--seed", type=int, default=7, help="the worlds' seed")
+    parser.add_argument("--epsilon", type=float, default=10.0)
+    parser.add_argument("--lm", default="smollm2-135m-instruct", help="the cluster release's LM")
+    args = parser.parse_args()
+    everything: dict[str, list] = {"clusters": [], "facts": []}
+    seconds_all: dict[str, list] = {"clusters": [], "facts": []}
+    results = {}
+    for domain in args.domains.split(","):
+        world, is_right = _world(domain, args.seed)
+        folder = args.out / domain
+        folder.mkdir(parents=True, exist_ok=True)
+        cells = {
+            "clusters": cluster_rows(world, is_right, folder, args.epsilon, args.lm),
+            "facts": fact_rows(world, is_right, args.epsilon),
+        }
+        results[domain] = {}
+        for name, (rows, seconds) in cells.items():
+            if rows is None:
+                print(f"{domain} {name}: not measured (no cluster folder under {folder})")
+                continue
+            everything[name] += rows
+            seconds_all[name].append(seconds)
+            f = figures(rows)
+            results[domain][name] = {**f, "seconds": seconds, "rows": rows}
+            print(
+                f"{domain} ({len(world.documents)} documents) {name} eps={args.epsilon:g}: "
+                f"accuracy_support10={f['accuracy']:.2f} abstain_unanswerable="
+                f"{f['abstained']:.2f} wrong_when_answered={f['wrong']:.2f} "
+                f"release_seconds={seconds:.1f}",
+                flush=True,
+            )
+    (args.out / "clusters_vs_facts.json").write_text(json.dumps(results, indent=1))
+    parts = []
+    for name, rows in everything.items():
+        if rows:
+            f = figures(rows)
+            parts.append(
+                f"{name}_support10={f['accuracy']:.2f} {name}_abstain={f['abstained']:.2f} "
+                f"{name}_wrong={f['wrong']:.2f} {name}_seconds={sum(seconds_all[name]):.1f}"
+            )
+    print(" ".join(parts))
+
+
+if __name__ == "__main__":
+    main()
