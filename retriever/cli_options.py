@@ -197,16 +197,6 @@ def check_reuse(reuse_answers: str, accounting: str) -> None:
         )
 
 
-# a knowledge release (`retriever knowledge release`, `retriever contributor build`)
-MaxKeywordsOption = Annotated[int, typer.Option(help="K: most keywords per record")]
-ClustersPerRecordOption = Annotated[int, typer.Option(help="L: most clusters per record")]
-MaxClustersOption = Annotated[int, typer.Option(help="most clusters generated for")]
-VotersOption = Annotated[int, typer.Option(help="M: voter prompts per release")]
-PublicPoolSizeOption = Annotated[
-    int, typer.Option(help="declared pool size N: sampling rate q = voters/N")
-]
-
-
 def check_collection_paths(index: Path | None, private_corpus: Path | None) -> None:
     """A missing index folder or corpus file is a usage error naming it (exit 2), checked
     before any ledger is opened or model loaded."""

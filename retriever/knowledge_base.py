@@ -2,13 +2,14 @@
 
 A knowledge folder (`retriever knowledge release`, `retriever.network.knowledge`) holds DP
 synthetic records, their index and the card with the release's guarantee. A fact release
-(``facts.json`` beside them, the default) is answered by `retriever.fact_answers`: the
-released phrases the question names, and the public LM's choice among their partners, or an
-abstention when the question names none. A cluster release: `KnowledgeBase` retrieves the
-top records for a question, by BM25 over the records' words (default: a record lists its
-facts as keywords, often invented names a dense encoder cannot relate; `retriever.lexical`)
-or with the index's encoder, and lets a public LM answer from them greedily; it abstains
-when no record shares a word with the question. However many questions are asked, the
+(``facts.json`` beside them) is answered by `retriever.typed_answers` (typed facts) or
+`retriever.fact_answers` (phrases: the public LM's choice among the partners of the
+released phrases the question names), or abstains. A folder of the retired cluster release
+(no ``facts.json``; such folders stay answerable): `KnowledgeBase` retrieves the top
+records for a question, by BM25 over the records' words (default: a record lists its facts
+as keywords, often invented names a dense encoder cannot relate; `retriever.lexical`) or
+with the index's encoder, and lets a public LM answer from them greedily; it abstains when
+no record shares a word with the question. However many questions are asked, the
 guarantee stays the card's: the collection was released once, and reading the release is
 post-processing.
 

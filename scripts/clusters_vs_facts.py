@@ -5,20 +5,20 @@ For each domain (`retriever.rag.fact_world`: people validation, products and spe
 at the same (epsilon, delta), each answering every question of the world:
 
 * clusters: the cluster release at the defaults ``retriever knowledge release --mode
-  clusters`` had (`synthgen.knowledge.KnowledgeConfig(epsilon, delta)`: K = 6 keywords,
-  L = 2 clusters per record, 64 clusters at most, M = 64 voters at q = 1/2, free text),
-  built by `retriever.network.knowledge.build_knowledge` and answered as ``retriever
-  knowledge answer`` answers a cluster folder (`retriever.knowledge_base.KnowledgeBase`:
-  the top record by BM25, SmolLM2-135M's greedy answer, an abstention when no record
-  shares a word with the question);
+  clusters`` had (K = 6 keywords, L = 2 clusters per record, 64 clusters at most, M = 64
+  voters at q = 1/2, free text), answered as ``retriever knowledge answer`` answers a
+  cluster folder (`retriever.knowledge_base.KnowledgeBase`: the top record by BM25,
+  SmolLM2-135M's greedy answer, an abstention when no record shares a word with the
+  question);
 * facts: `synthgen.knowledge.facts.release_facts` (typed facts, K = 1) answered by
   `retriever.typed_answers.TypedFactAnswerer` (no LM).
 
-The cluster release was retired after this comparison (docs/guides/knowledge.md): with a
-version that no longer builds it, the script answers the cluster folders an earlier run left
-under ``<out>/<domain>/clusters`` (a released folder stays answerable) and reads their
-release time from ``<out>/<domain>/clusters_seconds.txt``; without one it reports the
-domain's cluster row as not measured.
+The cluster release was retired after this comparison (docs/guides/knowledge.md), so this
+version does not build it: it answers the cluster folders that the script of commit 86c1f0b
+(which built them with `build_knowledge` and `KnowledgeConfig(epsilon, delta)`) left under
+``<out>/<domain>/clusters`` (a released folder stays answerable), with their release time
+from ``<out>/<domain>/clusters_seconds.txt``; without one a domain's cluster row is not
+measured. To build them again, run that commit's script.
 
 Prints one line per (domain, release): accuracy on facts stated in >= 10 documents,
 abstention on the unanswerable questions (a fact stated in one document, or a relation the
@@ -83,35 +83,15 @@ def figures(rows: list[dict]) -> dict[str, float]:
     }
 
 
-def _write_corpus(texts: list[str], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = (json.dumps({"doc_id": f"d{i}", "text": t}) for i, t in enumerate(texts))
-    path.write_text("\n".join(lines) + "\n")
-
-
-def cluster_rows(world, is_right, folder: Path, epsilon: float, lm: str):
-    """(rows, release seconds) of the cluster release in `folder`, built there first when
-    this version still can; (None, nan) when neither."""
+def cluster_rows(world, is_right, folder: Path, lm: str):
+    """(rows, release seconds) of the cluster release an earlier run left in `folder`;
+    (None, nan) when there is none."""
     from retriever.knowledge_base import KnowledgeBase
 
     release = folder / "clusters"
-    timing = folder / "clusters_seconds.txt"
     if not (release / "card.json").is_file():
-        try:
-            from synthgen.knowledge import KnowledgeConfig
-        except ImportError:  # retired: only an earlier run's folder can be answered
-            return None, float("nan")
-        from retriever.network.knowledge import build_knowledge
-
-        corpus = folder / "corpus.jsonl"
-        _write_corpus(list(world.documents), corpus)
-        start = time.perf_counter()
-        build_knowledge(
-            corpus, release, KnowledgeConfig(epsilon=epsilon, delta=DELTA),
-            contributor=folder.name, work=folder / "clusters_work", lm=lm,
-            answer_index=False, progress=False,
-        )  # fmt: skip
-        timing.write_text(f"{time.perf_counter() - start:.1f}\n")
+        return None, float("nan")
+    timing = folder / "clusters_seconds.txt"
     seconds = float(timing.read_text()) if timing.is_file() else float("nan")
     base = KnowledgeBase.open(release, lm=lm, k=1, retrieval="bm25")  # the CLI's defaults
     return _rows(world, base.answer, is_right), seconds
@@ -135,7 +115,7 @@ def main() -> None:
     parser.add_argument("--domains", default="products,facilities")
     parser.add_argument("--seed", type=int, default=7, help="the worlds' seed")
     parser.add_argument("--epsilon", type=float, default=10.0)
-    parser.add_argument("--lm", default="smollm2-135m-instruct", help="the cluster release's LM")
+    parser.add_argument("--lm", default="smollm2-135m-instruct", help="the cluster folders' LM")
     args = parser.parse_args()
     everything: dict[str, list] = {"clusters": [], "facts": []}
     seconds_all: dict[str, list] = {"clusters": [], "facts": []}
@@ -145,13 +125,14 @@ def main() -> None:
         folder = args.out / domain
         folder.mkdir(parents=True, exist_ok=True)
         cells = {
-            "clusters": cluster_rows(world, is_right, folder, args.epsilon, args.lm),
+            "clusters": cluster_rows(world, is_right, folder, args.lm),
             "facts": fact_rows(world, is_right, args.epsilon),
         }
         results[domain] = {}
         for name, (rows, seconds) in cells.items():
             if rows is None:
-                print(f"{domain} {name}: not measured (no cluster folder under {folder})")
+                print(f"{domain} {name}: not measured (no cluster folder under {folder}: "
+                      "built by the script of commit 86c1f0b)")  # fmt: skip
                 continue
             everything[name] += rows
             seconds_all[name].append(seconds)

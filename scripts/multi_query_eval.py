@@ -16,9 +16,12 @@ twice, each against its own SQLite ledger:
 
 Both state the same guarantee for every record. Cells that pay nothing per answer:
 
-* release (``--release-epsilons``): the collection released once as DP synthetic
-  knowledge (`synthgen.knowledge`, DP-SynRAG) at each per-record epsilon, then ordinary
-  RAG over the release for every question;
+* release (``--release-epsilons``): the collection's facts released once
+  (`synthgen.knowledge.facts`: pairs of key phrases, K = ``--release-max-pairs`` per
+  record, as measured on this world) at each per-record epsilon, then every question
+  answered from the release (`retriever.fact_answers`: the public LM picks a partner of
+  the phrases the question names, or abstains). The cluster release (DP-SynRAG) this
+  cell ran before was retired (docs/guides/knowledge.md);
 * rag: non-private RAG over the private records (the reference);
 * no-rag: the LM alone.
 
@@ -27,10 +30,10 @@ Reports for each: questions answered before refusals begin, accuracy over the st
 support bin, records exhausted; for releases their minutes, the process's peak memory and
 the number of synthetic records. Writes ``results.json``, ``table.md`` and
 ``cumulative_accuracy.png`` to --out. Resumable: rerun the same command (an answer
-interrupted after its charge is charged again when it is re-asked; a release resumes by
-cluster from its private work folder).
+interrupted after its charge is charged again when it is re-asked; a release is kept in
+--out and drawn once).
 
-    python scripts/multi_query_eval.py --out runs/knowledge_stream \
+    python scripts/multi_query_eval.py --out runs/knowledge_stream --retrieval bm25 \
         --modes rag no-rag release --release-epsilons 10 3 1 --individual-accuracy 0.006
     python scripts/multi_query_eval.py --out runs/multi_query_eval --modes collection individual
     python scripts/multi_query_eval.py --out runs/multi_query_eval --replot   # the plot only
@@ -142,28 +145,15 @@ def main() -> None:
         "--release-epsilons", type=float, nargs="+", default=[10.0, 3.0, 1.0],
         help="release: per-record epsilon of each one-time release (delta: --document-delta)",
     )  # fmt: skip
-    parser.add_argument("--max-clusters", type=int, default=64, help="release: clusters")
-    parser.add_argument("--clusters-per-record", type=int, default=2, help="release: L")
-    parser.add_argument("--release-voters", type=int, default=64, help="release: M")
     parser.add_argument(
-        "--min-keyword-tokens", type=int, default=1,
-        help="release: words the LM writes in fewer tokens are not keywords",
-    )  # fmt: skip
-    parser.add_argument("--release-tokens", type=int, default=32, help="release: T")
-    parser.add_argument(
-        "--shot-tokens", type=int, default=64,
-        help="release: a record's tokens in a voter's prompt (public bound: the world's "
-        "templates write 54 at most)",
+        "--release-max-pairs", type=int, default=16,
+        help="release: K, pairs of key phrases one record contributes (16: the medical "
+        "world's best, docs/results/tables.md)",
     )  # fmt: skip
     parser.add_argument("--rag-k", type=int, default=8, help="rag: records read per answer")
     parser.add_argument(
         "--retrieval", choices=["dense", "bm25"], default="dense",
-        help="rag and release cells: all-MiniLM-L6-v2 cosine, or BM25 (retriever.lexical)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--release-k", type=int, default=1,
-        help="release: synthetic records read per answer (SmolLM2-135M reads one record "
-        "best: 0.19 at k=1, 0.00-0.03 at k=2-8, on the first 300 questions of the eps=3 cell)",
+        help="rag cells: all-MiniLM-L6-v2 cosine, or BM25 (retriever.lexical)",
     )  # fmt: skip
     parser.add_argument(
         "--individual-accuracy", type=float, default=None,
@@ -361,61 +351,30 @@ def replot(out: Path) -> None:
     print(out / "cumulative_accuracy.png")
 
 
-def _release(args, name: str, epsilon: float, texts: list[str], encoder, lm) -> dict:
-    """The one-time release at `epsilon` (cached in <out>/<name>/): its records and figures."""
-    from synthgen.knowledge import (
-        MEDICAL_FIELD_VALUES,
-        MEDICAL_FIELDS,
-        MEDICAL_PUBLIC_EXAMPLE,
-        KnowledgeConfig,
-        release_knowledge,
-    )
+def _release(args, name: str, epsilon: float, texts: list[str]) -> dict:
+    """The one-time fact release at `epsilon` (cached in <out>/<name>/): its records and
+    figures."""
+    from synthgen.knowledge.facts import FactConfig, release_facts
 
     folder = args.out / name
     summary_path = folder / "release.json"
     if summary_path.is_file():
         return json.loads(summary_path.read_text())
     folder.mkdir(parents=True, exist_ok=True)
-    config = KnowledgeConfig(
-        epsilon=epsilon,
-        delta=args.document_delta,
-        max_clusters=args.max_clusters,
-        clusters_per_record=args.clusters_per_record,
-        voters=args.release_voters,
-        public_pool_size=2 * args.release_voters,
-        max_new_tokens=args.release_tokens,
-        shot_tokens=args.shot_tokens,
-        min_keyword_tokens=args.min_keyword_tokens,
-        fields=MEDICAL_FIELDS,
-        field_values=MEDICAL_FIELD_VALUES,
-        public_example=MEDICAL_PUBLIC_EXAMPLE,
+    config = FactConfig(
+        epsilon, args.document_delta, max_pairs=args.release_max_pairs, extractor="phrases"
     )
-    from tqdm import tqdm
-
-    bar = tqdm(desc=name, unit="cluster")
-
-    def on_cluster(done: int, total: int) -> None:
-        bar.total, bar.n = total, done
-        bar.refresh()
-
     start = time.perf_counter()
-    # no encoder ranking: all-MiniLM cannot relate invented words, while ranking a record's
-    # clusters by noisy count keeps a disease's records in its most frequent keyword's pool
-    release = release_knowledge(
-        lm, texts, config, work=args.out / "work" / name, on_cluster=on_cluster
-    )
-    bar.close()
+    release = release_facts(texts, config, work=args.out / "work" / name)
     minutes = (time.perf_counter() - start) / 60
     summary = {
-        "epsilon": release.plan.epsilon,
-        "delta": release.plan.delta,
-        "stages": release.plan.stages(),
-        "release_minutes": minutes,  # of this invocation (a resumed release: the rest only)
+        "epsilon": epsilon,
+        "delta": args.document_delta,
+        "max_pairs": args.release_max_pairs,
+        "release_minutes": minutes,  # of the run that drew it
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        "clusters": len(release.clusters),
-        "keywords_released": len(release.keyword_counts),
+        "pairs": len(release.pairs),
         "synthetic_records": len(release.records),
-        "generated_texts_kept": sum(r["generated"] for r in release.records),
         "records": release.records,
     }
     summary_path.write_text(json.dumps(summary, indent=1))
@@ -424,10 +383,10 @@ def _release(args, name: str, epsilon: float, texts: list[str], encoder, lm) -> 
 
 def _free_cells(mode, args, world, stream, encoder, lm, summaries, streams, others) -> None:
     """The cells that pay nothing per answer: rag, no-rag, and a release per epsilon."""
+    from retriever.fact_answers import FactAnswerer
     from retriever.rag.release_eval import (
         accuracy_by_support,
         answer_stream,
-        fact_share,
         retrieval_answerer,
     )
 
@@ -438,29 +397,27 @@ def _free_cells(mode, args, world, stream, encoder, lm, summaries, streams, othe
         if not cache.is_file():
             np.save(cache, encoder.encode(texts, progress=True))
         k = args.rag_k if mode == "rag" else 0
-        cells[mode] = (texts, np.load(cache), k, None)
-    else:
-        for epsilon in args.release_epsilons:
-            name = f"release-eps{epsilon:g}"
-            release = _release(args, name, epsilon, texts, encoder, lm)
-            synthetic = [r["text"] for r in release["records"]]
-            vectors = encoder.encode(synthetic) if synthetic else np.zeros((0, 384))
-            cells[name] = (synthetic, np.asarray(vectors), args.release_k, release)
-    for name, (docs, vectors, k, release) in cells.items():
         answer = retrieval_answerer(
-            lm, MEDICAL_PROMPT, docs, vectors, encoder.encode, k=k,
+            lm, MEDICAL_PROMPT, texts, np.load(cache), encoder.encode, k=k,
             max_tokens=args.max_tokens, max_document_tokens=args.max_document_tokens,
             retrieval=args.retrieval,
         )  # fmt: skip
+        cells[mode] = (answer, None)
+    else:
+        for epsilon in args.release_epsilons:
+            name = f"release-eps{epsilon:g}"
+            release = _release(args, name, epsilon, texts)
+            answerer = FactAnswerer(release["records"], lm)
+            cells[name] = (lambda q, a=answerer: a.answer(q).answer, release)
+    for name, (answer, release) in cells.items():
         rows = answer_stream(name, answer, stream, out_dir=args.out / "streams", others=others)
         summaries[name] = stream_summary(rows) | {"by_support": accuracy_by_support(rows)}
         if release is not None:
             summaries[name] |= {
                 key: release[key]
-                for key in ("release_minutes", "peak_rss_gib", "synthetic_records",
-                            "generated_texts_kept", "clusters", "keywords_released", "epsilon")
+                for key in ("release_minutes", "peak_rss_gib", "synthetic_records", "pairs",
+                            "epsilon", "max_pairs")
             }  # fmt: skip
-            summaries[name]["facts"] = fact_share(release["records"], world)
         streams[name] = rows
 
 

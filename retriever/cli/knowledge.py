@@ -15,22 +15,8 @@ from typing import Annotated
 
 import typer
 
-from retriever.cli_options import (
-    ClustersPerRecordOption,
-    GuaranteesAddUpOption,
-    MaxClustersOption,
-    MaxKeywordsOption,
-    PublicPoolSizeOption,
-    VotersOption,
-)
-from synthgen.command_line import (
-    HelpGroup,
-    LedgerOption,
-    choice,
-    parse_shard,
-    positive,
-    probability,
-)
+from retriever.cli_options import GuaranteesAddUpOption
+from synthgen.command_line import HelpGroup, LedgerOption, choice, positive, probability
 
 # The fact release's settings, as `preview` and `audit` take them (`release` has its own help).
 ReleaseDelta = Annotated[float, typer.Option(help="the release's delta", callback=probability)]
@@ -41,7 +27,7 @@ ReleaseExtractor = Annotated[str, typer.Option(help="the release's extractor: ty
 
 knowledge_app = typer.Typer(
     cls=HelpGroup,
-    help="Release a private collection's knowledge once (DP-SynRAG); answer from it for free.",
+    help="Release a private collection's facts once (DP set union); answer from them for free.",
     no_args_is_help=True,
 )
 
@@ -56,15 +42,6 @@ def release(
     delta: Annotated[
         float, typer.Option(help="delta of the whole release (< 1/n)", callback=probability)
     ] = 1e-6,
-    mode: Annotated[
-        str,
-        choice(
-            "facts",
-            "clusters",
-            help="facts: the key-phrase pairs many records state (DP set union); clusters: "
-            "DP-SynRAG clusters and LM-generated records",
-        ),
-    ] = "facts",  # fmt: skip
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -74,12 +51,12 @@ def release(
         ),
     ] = False,
     max_pairs: Annotated[
-        int, typer.Option(help="facts: K, facts one record contributes", callback=positive)
+        int, typer.Option(help="K, facts one record contributes", callback=positive)
     ] = 1,
     extractor: Annotated[
         str,
         typer.Option(
-            help="facts: typed (subject and typed value: IP addresses, versions, time windows, "
+            help="typed (subject and typed value: IP addresses, versions, time windows, "
             "teams, names...) or phrases (pairs of key phrases, the release before issue 69)"
         ),
     ] = "typed",
@@ -88,7 +65,7 @@ def release(
         choice(
             "local",
             "beam",
-            help="facts: where extraction and selection run: local, or Apache Beam's "
+            help="where extraction and selection run: local, or Apache Beam's "
             "DirectRunner (pip install 'dpsynth[beam]')",
         ),
     ] = "local",  # fmt: skip
@@ -98,96 +75,35 @@ def release(
     work: Annotated[
         Path | None, typer.Option(help="private work folder (default: beside the ledger)")
     ] = None,
-    shard: Annotated[
-        str | None,
-        typer.Option(
-            help="clusters: I/N: generate this shard's clusters; any run that finds all done "
-            "writes the release (shards share the work folder through flock: one machine, "
-            "or a filesystem whose locks hold between machines)"
-        ),
-    ] = None,  # fmt: skip
-    lm: Annotated[str, typer.Option(help="public LM asset or path; 'tiny': the test LM")] = (
-        "smollm2-135m-instruct"
-    ),
-    encoder: Annotated[str, typer.Option(help="public encoder of the index")] = (
-        "all-minilm-l6-v2"
-    ),
-    max_keywords: MaxKeywordsOption = 6,
-    clusters_per_record: ClustersPerRecordOption = 2,
-    max_clusters: MaxClustersOption = 64,
-    voters: VotersOption = 64,
-    public_pool_size: PublicPoolSizeOption = 128,
-    fields: Annotated[
-        str,
-        typer.Option(
-            help="clusters: comma-separated fields a synthetic record states "
-            "(e.g. Diagnosis,Symptoms,Treatment); '' (default) for free text"
-        ),
-    ] = "",
-    field_values: Annotated[
-        str, typer.Option(help="clusters: comma-separated keywords per field")
-    ] = "",
-    field_examples: Annotated[
-        Path | None,
-        typer.Option(
-            help="clusters: public worked examples for the field votes, a JSON list of "
-            '{"record": TEXT, "values": [one per field]} (default: none)'
-        ),
-    ] = None,
-    example: Annotated[
-        Path | None,
-        typer.Option(
-            help="clusters, free text: a public example record (a text file) shown in every "
-            "prompt (default: a generic one, not from any collection)"
-        ),
-    ] = None,
+    encoder: Annotated[
+        str, typer.Option(help="public encoder of the index over the released records")
+    ] = "all-minilm-l6-v2",
     as_json: Annotated[bool, typer.Option("--json", help="print the guarantee as JSON")] = False,
-    seed: Annotated[
-        int | None, typer.Option(help="tests only: fixed seed (stated on the card)")
-    ] = None,
 ) -> None:
-    """Release the collection's knowledge once; answer from it for free after.
+    """Release the collection's facts once; answer from them for free after.
 
-    facts (default): each record's fact pairs (key phrases stated together, by a public
-    rule); the pairs many records state are released (PipelineDP partition selection) and
-    written as one record per phrase. clusters: DP keywords, clusters, LM-generated records.
-    One charge on the ledger (tenant "release", the collection) before any noise; a second
-    release of the same collection from the same ledger is refused. A release that could
-    carry nothing is refused before the charge, with the records a fact would need.
+    Each record's facts (typed: a subject and its typed value; or pairs of key phrases, by a
+    public rule); the facts many records state are released (PipelineDP partition
+    selection) and written as one record per subject. One charge on the ledger (tenant
+    "release", the collection) before any noise; a second release of the same collection
+    from the same ledger is refused. A release that could carry nothing is refused before
+    the charge, with the records a fact would need. (The cluster release, --mode clusters,
+    was retired: see the knowledge guide.)
     """
     from retriever.data import read_corpus
     from retriever.network.knowledge import build_knowledge, summary
     from synthgen.knowledge import plan_facts
 
-    if seed is not None:
-        print(
-            "warning: --seed is for tests only (stated on the card); a fact release's noise "
-            "is python-dp's own and ignores it"
-            if mode == "facts"
-            else "warning: --seed is for tests only (stated on the card)",
-            file=sys.stderr,
-        )
-    if mode == "facts":
-        config = _fact_config(epsilon, delta, max_pairs, extractor, backend)
-        _, texts = read_corpus(private_corpus)
-        plan = plan_facts(config, len(texts))
-        if dry_run:
-            _print_plan(plan, as_json)
-            return
-        problems = plan.problems()
-        if problems:
-            print(f"error: refused before any charge: {'; '.join(problems)}", file=sys.stderr)
-            raise typer.Exit(2)
-    else:
-        if dry_run:
-            raise typer.BadParameter("--dry-run plans a fact release (--mode facts)")
-        if backend != "local":
-            raise typer.BadParameter("--backend runs a fact release (--mode facts)")
-        config = _cluster_config(
-            epsilon, delta, max_keywords, clusters_per_record, max_clusters, voters,
-            public_pool_size, fields, field_values, field_examples, example,
-        )  # fmt: skip
-    part = parse_shard(shard)
+    config = _fact_config(epsilon, delta, max_pairs, extractor, backend)
+    _, texts = read_corpus(private_corpus)
+    plan = plan_facts(config, len(texts))
+    if dry_run:
+        _print_plan(plan, as_json)
+        return
+    problems = plan.problems()
+    if problems:
+        print(f"error: refused before any charge: {'; '.join(problems)}", file=sys.stderr)
+        raise typer.Exit(2)
     result = build_knowledge(
         private_corpus,
         out,
@@ -196,11 +112,8 @@ def release(
         work=work,
         ledger=ledger,
         dataset=dataset,
-        lm=lm,
         encoder=encoder,
         answer_index=False,
-        seed=seed,
-        shard=(0, 1) if part is None else (part.index, part.count),
         guarantees_add_up=guarantees_add_up,
     )
     line = json.loads(summary(result))
@@ -209,14 +122,10 @@ def release(
         return
     if line.get("empty"):
         print(f"warning: {line['warning']}", file=sys.stderr)
-    if line["complete"]:
-        what = f"{line['pairs']} fact pairs" if "pairs" in line else f"{line['clusters']} clusters"
-        print(
-            f"released {line['synthetic_records']} synthetic records from {what} "
-            f"to {line['out']}: ({line['epsilon']:.4g}, {line['delta']:.3g})-DP per record"
-        )
-    else:
-        print(f"shard done; other clusters remain ({line['clusters']} clusters in all)")
+    print(
+        f"released {line['synthetic_records']} synthetic records from {line['pairs']} fact "
+        f"pairs to {line['out']}: ({line['epsilon']:.4g}, {line['delta']:.3g})-DP per record"
+    )
 
 
 @knowledge_app.command("preview")
@@ -367,46 +276,6 @@ def _print_plan(plan, as_json: bool) -> None:
     )
     for problem in summary["problems"]:
         print(f"refused: {problem}")
-
-
-def _cluster_config(
-    epsilon, delta, max_keywords, clusters_per_record, max_clusters, voters,
-    public_pool_size, fields, field_values, field_examples, example,
-):  # fmt: skip
-    from synthgen.knowledge import DEFAULT_PUBLIC_EXAMPLE, KnowledgeConfig
-
-    names = tuple(f.strip() for f in fields.split(",") if f.strip())
-    counts = tuple(int(v) for v in field_values.split(",") if v.strip())[: len(names)]
-    if names and not counts:
-        counts = (1,) * len(names)
-    examples = ()
-    if field_examples is not None:
-        try:
-            rows = json.loads(field_examples.read_text())
-            examples = tuple((str(r["record"]), tuple(map(str, r["values"]))) for r in rows)
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise typer.BadParameter(
-                f"--field-examples: need a JSON list of {{record, values}} ({error})"
-            ) from None
-    public_example = DEFAULT_PUBLIC_EXAMPLE
-    if example is not None:
-        try:
-            public_example = example.read_text().strip()
-        except OSError as error:
-            raise typer.BadParameter(f"--example: {error}") from None
-    return KnowledgeConfig(
-        epsilon=epsilon,
-        delta=delta,
-        max_keywords=max_keywords,
-        clusters_per_record=clusters_per_record,
-        max_clusters=max_clusters,
-        voters=voters,
-        public_pool_size=public_pool_size,
-        fields=names,
-        field_values=counts,
-        field_examples=examples,
-        public_example=public_example,
-    )
 
 
 @knowledge_app.command("answer")

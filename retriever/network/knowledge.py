@@ -1,17 +1,22 @@
 """`build_knowledge`: a collection's one-time DP knowledge release, charged to its ledger.
 
-From a private corpus.jsonl to a release folder (`retriever.network.folder`): the DP
-synthetic records of `synthgen.knowledge` (DP keywords, soft clusters, DP few-shot records
-per cluster, self-filtered; DP-SynRAG), an index over them, and the card stating the
+From a private corpus.jsonl to a release folder (`retriever.network.folder`): the DP fact
+release of `synthgen.knowledge.facts` (the facts many records state, by DP set union), one
+record per released subject, an index over them, ``facts.json`` and the card stating the
 guarantee. One implementation for a single collection (`retriever knowledge release`) and
 for every contributor of the network (`retriever contributor build`). The private work
-folder (mode 0700, never inside the release) receives the
-contributor's ledger (the release's charges; later its tenants' keys and /answer charges),
-the exact index over the private corpus that /answer reads, and ``private.json``.
+folder (mode 0700, never inside the release) receives the contributor's ledger (the
+release's charges; later its tenants' keys and /answer charges), the exact index over the
+private corpus that /answer reads, and ``private.json``.
+
+The cluster release (DP-SynRAG: DP keywords, clusters, LM-generated records) was retired
+(docs/guides/knowledge.md): folders it released stay answerable
+(`retriever.knowledge_base`), and a work folder holding one it left unfinished is refused
+with what to do (`check_no_cluster_release`), never resumed as a fact release.
 
 Privacy:
   Unit: one document of the private collection; add/remove-one. The release is
-  (card epsilon, card delta)-DP (`synthgen.knowledge`), charged to the scope
+  (card epsilon, card delta)-DP (`synthgen.knowledge.facts`), charged to the scope
   (``release``, dataset) of the contributor's ledger before any noise is drawn; the scope's
   cap is the release's budget, so building again on the same ledger is refused instead of
   silently spending twice. Nothing private is printed or logged: counts, epsilon and delta.
@@ -21,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,34 +44,44 @@ FACT_GENERATOR = (
     "DP fact release: key-phrase pairs by a public wordfreq rule, DP set union "
     "(PipelineDP partition selection), one record per released phrase"
 )
-GENERATOR = (
-    "DP-SynRAG (Mori et al. 2025): DP keywords (PipelineDP partition selection), soft "
-    "clusters, DP few-shot records per cluster (Tang et al. 2024), self-filtered"
-)
+# what the retired cluster release left in a work folder's knowledge/ while unfinished
+CLUSTER_RELEASE_FILES = ("knowledge_charge.json", "knowledge_state.json")
 
 
 @dataclasses.dataclass(frozen=True)
 class KnowledgeResult:
     """What a build released (public figures only)."""
 
-    folder: KnowledgeFolder | None  # None: this shard is done, others are not
+    folder: KnowledgeFolder
     work: Path
     card: dict[str, Any]
     num_documents: int
-    num_topics: int
-    release: Any = None  # the `synthgen.knowledge.KnowledgeRelease`
+    num_pairs: int
+    release: Any = None  # the `synthgen.knowledge.facts.FactRelease`
 
 
-def cluster_generator(config) -> str:
-    """What a cluster release's records are, in words: field votes or free text."""
-    if config.fields:
-        return (
-            "DP-SynRAG-style (Mori et al. 2025): DP keywords (PipelineDP partition "
-            "selection), soft clusters, one record per cluster whose fields ("
-            + ", ".join(config.fields)
-            + ") are each one DP vote over the cluster's released keywords"
+def check_no_cluster_release(work: Path) -> None:
+    """Refuses a work folder holding an unfinished cluster release (retired).
+
+    Such a folder was charged for a cluster release whose records were never written (no
+    ``private.json`` yet); resuming it as a fact release would release the collection again
+    under another plan, and the code that could finish it is gone. A finished one is left
+    to the ledger's refusal of a second release.
+
+    Raises:
+      ValueError: ``<work>/knowledge`` holds the retired release's charge or state file
+        and the release was not finished.
+    """
+    knowledge_work = work / KNOWLEDGE_WORK
+    left = [name for name in CLUSTER_RELEASE_FILES if (knowledge_work / name).is_file()]
+    if left and not (work / PRIVATE_FILE).is_file():
+        raise ValueError(
+            f"{knowledge_work} holds an unfinished cluster release ({', '.join(left)}), "
+            "which this version cannot finish: the cluster release (--mode clusters) was "
+            "retired. Finish it with the previous version of dpsynth, or delete that "
+            "folder to start over (the ledger keeps the charge already made, and a second "
+            "release of the collection composes with it)"
         )
-    return GENERATOR
 
 
 def default_contributor_work(release: str | Path) -> Path:
@@ -86,53 +100,44 @@ def build_knowledge(
     work: str | Path | None = None,
     ledger: str | None = None,
     dataset: str | None = None,
-    lm: str | object = "smollm2-135m-instruct",
     encoder: str = "all-minilm-l6-v2",
     answer_index: bool = True,
-    seed: int | None = None,
-    progress: bool = True,
-    lm_name: str | None = None,
-    shard: tuple[int, int] = (0, 1),
     guarantees_add_up: bool = False,
 ) -> KnowledgeResult:
-    """Builds a collection's release folder and private work folder (or one shard's part).
+    """Builds a collection's release folder and private work folder.
 
     Args:
       private_corpus: corpus.jsonl (doc_id, text) of the private collection.
-      out: the release folder (created once every cluster is done; safe to ship).
-      config: `synthgen.knowledge.facts.FactConfig` (the fact release, the default), or
-        `synthgen.knowledge.KnowledgeConfig` (DP-SynRAG clusters and generated records).
+      out: the release folder (safe to ship).
+      config: `synthgen.knowledge.facts.FactConfig`.
       contributor: the collection's (or contributor's) public name, on the card.
       work: the private work folder (default: beside `ledger` when given, else
         `default_contributor_work(out)`).
       ledger: the ledger (default: ``<work>/ledger.sqlite``).
       dataset: the collection's name in the ledger (default: the corpus file's stem).
-      lm: LM asset or path, ``"tiny"`` (test LM) or a loaded backend.
       encoder: public encoder of the indexes.
       answer_index: also index the private corpus exactly, for a contributor's /answer.
-      seed: tests only: a fixed seed for the mechanisms (stated on the card).
-      progress: show a progress bar on stderr (clusters done, epsilon of the release).
-      lm_name: how the card names a loaded `lm` (default: its type).
-      shard: (i, n): generate this shard's clusters; the release folder is written by
-        whichever run finds every cluster done (the same bytes whatever the split).
       guarantees_add_up: release under `dataset` although other names of the ledger have
         charged the same documents (`PrivacyLedger.bind_documents`; refused otherwise).
 
     Raises:
-      ValueError: a bad config, a work folder inside the release, or an empty corpus.
+      ValueError: a bad config, a work folder inside the release, an empty corpus, a
+        release that could carry nothing (before any charge), or a work folder holding an
+        unfinished cluster release (`check_no_cluster_release`).
       synthgen.privacy.BudgetExceededError: the ledger's release scope cannot pay
         (e.g. this collection was already released from this ledger).
       synthgen.privacy.ledger_documents.SharedDocumentsError: other names of the ledger
         have charged these documents and `guarantees_add_up` is False.
     """
     from retriever.data import read_corpus
-    from synthgen.knowledge import release_knowledge
-    from synthgen.knowledge.release import CHARGE_FILE
+    from synthgen.knowledge.facts import CHARGE_FILE, FactConfig
     from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope
     from synthgen.privacy.ledger_documents import GUARANTEES_FLAG, bind_texts
     from synthgen.privacy.notices import announce_ledger, warn_weak_guarantee
     from synthgen.work_folder import private_folder
 
+    if not isinstance(config, FactConfig):
+        raise TypeError(f"config must be a synthgen.knowledge.facts.FactConfig, got {config!r}")
     out = Path(out).absolute()
     if work is None:  # beside the ledger when one is given (synthgen.paths.default_work_dir)
         from synthgen.paths import default_work_dir
@@ -141,6 +146,7 @@ def build_knowledge(
     work = Path(work).absolute()
     if work == out or out in work.parents:
         raise ValueError(f"the private work folder must not be inside the release: {work=}")
+    check_no_cluster_release(work)
     doc_ids, texts = read_corpus(private_corpus)
     if not texts:
         raise ValueError(f"{private_corpus} holds no document")
@@ -149,10 +155,8 @@ def build_knowledge(
     private_folder(work)
     ledger_location = ledger or str(work / "ledger.sqlite")
     book = PrivacyLedger(ledger_location)
-    # charged with a kept ref and not finished: a resume (or another shard), not a second release
-    from synthgen.knowledge.facts import CHARGE_FILE as FACTS_CHARGE_FILE
-
-    charged = any((work / KNOWLEDGE_WORK / f).is_file() for f in (CHARGE_FILE, FACTS_CHARGE_FILE))
+    # charged with a kept ref and not finished: a resume, not a second release
+    charged = (work / KNOWLEDGE_WORK / CHARGE_FILE).is_file()
     resuming = charged and not (work / PRIVATE_FILE).is_file()
     released = {s.dataset for s in book.scopes() if s.tenant == RELEASE_TENANT}
     if dataset in released and book.charges(RELEASE_TENANT, dataset) and not resuming:
@@ -168,103 +172,11 @@ def build_knowledge(
     book.ensure_scope(Scope(RELEASE_TENANT, dataset, config.epsilon, config.delta))
     announce_ledger(book, dataset)
     warn_weak_guarantee(config.epsilon, config.delta, len(texts))
-    from synthgen.knowledge.facts import FactConfig
-
-    if isinstance(config, FactConfig):
-        return _build_facts(
-            private_corpus, out, config, texts, contributor=contributor, work=work,
-            book=book, ledger_location=ledger_location, dataset=dataset, encoder=encoder,
-            answer_index=answer_index,
-        )  # fmt: skip
-    if isinstance(lm, str):
-        from retriever.network.engine import load_answer_lm
-
-        model, _ = load_answer_lm(lm)  # "tiny" or an LM asset or path
-    else:
-        model = lm
-    # clusters are ranked by the released counts (a record's rarest keywords first), as
-    # measured (docs/results/tables.md); `synthgen.knowledge` can rank by an encoder instead
-    encode = None
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(unit="cluster", desc=f"{contributor} release", file=sys.stderr)
-
-    def on_cluster(done: int, total: int) -> None:
-        if bar is not None:
-            bar.total = total
-            bar.n = done
-            bar.set_postfix_str(f"eps={config.epsilon:g} charged once")
-            bar.refresh()
-
-    import numpy as np
-
-    try:
-        release = release_knowledge(
-            model,
-            texts,
-            config,
-            work=work / KNOWLEDGE_WORK,
-            encode=encode,
-            rng=None if seed is None else np.random.default_rng(seed),
-            ledger=book,
-            ledger_scope=(RELEASE_TENANT, dataset),
-            shard=shard,
-            on_cluster=on_cluster,
-        )
-    finally:
-        if bar is not None:
-            bar.close()
-    plan = release.plan
-    model_name = lm if isinstance(lm, str) else (lm_name or type(lm).__name__)
-    card = make_card(
-        contributor=contributor,
-        epsilon=plan.epsilon,
-        delta=plan.delta,
-        generator=cluster_generator(config),
-        model=str(model_name),
-        encoder=encoder,
-        num_documents=len(release.records),
-        stages=plan.stages(),
-        seeded=seed is not None,
-    )
-    if not release.complete:
-        return KnowledgeResult(None, work, card, 0, len(release.clusters), release)
-    metadata = {
-        "privacy": {
-            **plan.to_dict(),
-            "ledger_scope": {"tenant": RELEASE_TENANT, "dataset": dataset},
-            "rows_covered": "all rows of the private corpus",
-        },
-        "randomness": {"seeded": seed is not None},
-        "post_processing": (
-            "records are DP-released keywords and each field's DP-voted keywords"
-            if config.fields
-            else "records are DP-released keywords and the DP-generated texts the public "
-            "LM's self-filter kept"
-        ),
-        "model": {"backend": str(model_name)},
-        "generation": {
-            "method": cluster_generator(config),
-            "clusters": len(release.clusters),
-            "generated_texts_kept": sum(r["generated"] for r in release.records),
-            "keywords": {k: round(v, 3) for k, v in release.keyword_counts.items()},
-        },
-        "num_examples": len(release.records),
-    }
-    folder = write_knowledge_folder(
-        out,
-        [r["text"] for r in release.records],
-        [r["topic"] for r in release.records],
-        card,
-        metadata=metadata,
-    )
-    _write_private_side(
-        private_corpus, out, work, contributor=contributor, dataset=dataset,
-        ledger_location=ledger_location, encoder=encoder, answer_index=answer_index,
+    return _build_facts(
+        private_corpus, out, config, texts, contributor=contributor, work=work,
+        book=book, ledger_location=ledger_location, dataset=dataset, encoder=encoder,
+        answer_index=answer_index,
     )  # fmt: skip
-    return KnowledgeResult(folder, work, card, len(release.records), len(release.clusters), release)
 
 
 def _write_private_side(
@@ -369,26 +281,16 @@ def summary(result: KnowledgeResult) -> str:
     """One JSON line: public figures of a build."""
     guarantee = result.card["guarantee"]
     line = {
-        "out": None if result.folder is None else str(result.folder.path),
-        "complete": result.folder is not None,
+        "out": str(result.folder.path),
+        "complete": True,
         "work": str(result.work),
         "synthetic_records": result.num_documents,
-        "clusters": result.num_topics,
+        "pairs": result.num_pairs,
         "epsilon": guarantee["epsilon"],
         "delta": guarantee["delta"],
+        "records_needed": guarantee["records_needed"]["for_50_percent"],
     }
-    release = result.release
-    requested = getattr(getattr(release, "plan", None), "config", None)
-    if requested is not None and requested.epsilon > guarantee["epsilon"] * (1 + 1e-9):
-        line["epsilon_requested"] = requested.epsilon
-        line["epsilon_note"] = (
-            "the stages' noise is set so that their composition stays within the requested "
-            "epsilon; it composes to the (smaller) epsilon stated, which is the one charged"
-        )
-    if "records_needed" in guarantee:  # a fact release: pairs, not clusters
-        line["pairs"] = line.pop("clusters")
-        line["records_needed"] = guarantee["records_needed"]["for_50_percent"]
-    if result.folder is not None and result.num_documents == 0:
+    if result.num_documents == 0:
         line["empty"] = True
         line["warning"] = (
             "the release holds no record: nothing was stated by enough records to pass "

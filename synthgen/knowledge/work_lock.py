@@ -1,7 +1,7 @@
 """One release at a time on a private work folder: an exclusive `fcntl.flock` on one file.
 
 A knowledge release keeps what it drew in its private work folder so that a rerun returns the
-first draw, never a fresh one (`synthgen.knowledge.release`, `synthgen.knowledge.facts`).
+first draw, never a fresh one (`synthgen.knowledge.facts`).
 That only holds if two runs started together on one folder cannot both find it empty and
 both draw: each release holds this lock from the moment it reads the folder until what it
 drew is written, and a second run waits for it, then reads the first run's draw.

@@ -64,69 +64,73 @@ def _tell(ctx: StageContext, ledger, stated, records: int) -> None:
         ctx.log("rag", line)
 
 
+# the medical world's fact release, as measured on it (docs/results/tables.md): pairs of
+# key phrases, 16 per record, answered by the LM picking a partner (typed facts: 0.00)
+RELEASE_MAX_PAIRS, RELEASE_EXTRACTOR = 16, "phrases"
+CLUSTER_CHARGE_FILE = "knowledge_charge.json"  # the retired cluster release's, in knowledge/
+
+
+def _check_no_cluster_release(work) -> None:
+    """Refuses a run folder whose release mode ran the retired cluster release: its ledger
+    holds that release's charge, and a fact release would be a second release."""
+    if (work / CLUSTER_CHARGE_FILE).is_file():
+        raise ValueError(
+            f"this run folder's rag stage made a cluster release ({work / CLUSTER_CHARGE_FILE}),"
+            " which was retired: rerun it with the previous version of dpsynth, or start a new "
+            "run folder (--out) for the fact release"
+        )
+
+
 def release_and_answer(ctx: StageContext, world, questions) -> dict:
-    """Release mode: the collection's knowledge released once, then every question is
-    ordinary RAG over the release (greedy, one synthetic record read: `retriever.rag.
-    release_eval`), charged nothing. Writes ``rag/release.jsonl`` (the synthetic records)
-    and ``rag/answers.json``; the private state stays in the run's private folder.
+    """Release mode: the collection's facts released once, then every question answered
+    from the release (`retriever.fact_answers`: the released phrases the question names and
+    the public LM's choice among their partners, or an abstention), charged nothing. Writes
+    ``rag/release.jsonl`` (the synthetic records) and ``rag/answers.json``; the private
+    state stays in the run's private folder.
 
     Privacy:
-      The release is (plan.epsilon, delta_cap)-DP per record (`synthgen.knowledge`),
-      charged once to the scope ("release", the collection) before any noise; the answers
-      are post-processing.
+      The release is (release_epsilon, delta_cap)-DP per record (`synthgen.knowledge.facts`:
+      DP set union over pairs of key phrases, K = 16 per record), charged once to the scope
+      ("release", the collection) before any noise; the answers are post-processing.
     """
-    from retriever.encoders import load_encoder
-    from retriever.rag.evaluation import MEDICAL_PROMPT
+    from retriever.fact_answers import FactAnswerer
     from retriever.rag.medical import answer_is_correct
-    from retriever.rag.release_eval import retrieval_answerer
-    from synthgen.knowledge import (
-        MEDICAL_FIELD_VALUES,
-        MEDICAL_FIELDS,
-        MEDICAL_PUBLIC_EXAMPLE,
-        KnowledgeConfig,
-        release_knowledge,
-    )
+    from synthgen.knowledge.facts import FactConfig, release_facts
     from synthgen.lm_backends import FlaxLM
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.ledger_types import Scope
 
     cfg = ctx.config.rag
+    work = ctx.run.private / "knowledge"
+    _check_no_cluster_release(work)
     ledger = PrivacyLedger(ctx.run.ledger)
     open_run_scope(ledger, Scope("release", RAG_DATASET, cfg.release_epsilon, cfg.delta_cap))
     _tell(ctx, ledger, [(cfg.release_epsilon, cfg.delta_cap, None)], len(world.records))
-    config = KnowledgeConfig(  # the medical world: its fields, as measured on it
-        epsilon=cfg.release_epsilon, delta=cfg.delta_cap, fields=MEDICAL_FIELDS,
-        field_values=MEDICAL_FIELD_VALUES, public_example=MEDICAL_PUBLIC_EXAMPLE,
+    config = FactConfig(
+        cfg.release_epsilon, cfg.delta_cap, max_pairs=RELEASE_MAX_PAIRS,
+        extractor=RELEASE_EXTRACTOR,
     )  # fmt: skip
     texts = [r.text for r in world.records]
-    ctx.log("rag", f"loading {cfg.lm}; releasing {len(texts)} private records once")
-    lm = FlaxLM.load(cfg.lm)
-    release = release_knowledge(
-        lm, texts, config, work=ctx.run.private / "knowledge", ledger=ledger,
-        ledger_scope=("release", RAG_DATASET),
-    )  # fmt: skip
+    ctx.log("rag", f"releasing the facts of {len(texts)} private records once")
+    release = release_facts(
+        texts, config, work=work, ledger=ledger, ledger_scope=("release", RAG_DATASET)
+    )
     out = ctx.run.root / "rag"
     out.mkdir(parents=True, exist_ok=True)
-    synthetic = [r["text"] for r in release.records]
     (out / "release.jsonl").write_text("".join(json.dumps(r) + "\n" for r in release.records))
-    ctx.log("rag", f"released {len(synthetic)} synthetic records at eps={release.plan.epsilon:.3g}")
-    encoder = load_encoder("all-minilm-l6-v2")  # public, not trained on the collection
-    vectors = encoder.encode(synthetic) if synthetic else None
-    answer = (
-        retrieval_answerer(lm, MEDICAL_PROMPT, synthetic, vectors, encoder.encode, k=1)
-        if synthetic
-        else retrieval_answerer(lm, MEDICAL_PROMPT, [], None, encoder.encode, k=0)
-    )
+    ctx.log("rag", f"released {len(release.records)} synthetic records at eps={config.epsilon:.3g}")
+    ctx.log("rag", f"loading {cfg.lm}")
+    answerer = FactAnswerer(release.records, FlaxLM.load(cfg.lm))
     answers = []
     for q in questions:
-        text = answer(q.question)
+        found = answerer.answer(q.question)
         answers.append(
             {
                 "question": q.question,
                 "expected": q.answer,
-                "answer": text,
-                "abstained": False,
-                "correct": answer_is_correct(text, q.answer),
+                "answer": found.answer,
+                "abstained": found.abstained,
+                "correct": not found.abstained and answer_is_correct(found.answer, q.answer),
                 "epsilon": 0.0,
                 "delta": 0.0,
                 "mechanism": "release",
@@ -137,16 +141,16 @@ def release_and_answer(ctx: StageContext, world, questions) -> dict:
         "enabled": True,
         "mode": "release",
         "lm": cfg.lm,
-        "mechanism": "release (DP-SynRAG)",
+        "mechanism": f"release (DP fact release: {RELEASE_EXTRACTOR}, K = {RELEASE_MAX_PAIRS})",
         "accounting": "release",
         "records": len(texts),
-        "synthetic_records": len(synthetic),
+        "synthetic_records": len(release.records),
         "questions": len(answers),
         "epsilon_per_answer": 0.0,
-        "release_epsilon": release.plan.epsilon,
-        "release_delta": release.plan.delta,
+        "release_epsilon": config.epsilon,
+        "release_delta": config.delta,
         "correct": sum(a["correct"] for a in answers),
-        "abstained": 0,
+        "abstained": sum(a["abstained"] for a in answers),
         "collection_epsilon_spent": ledger.spent("release", RAG_DATASET).epsilon,
         "answers": answers,
     }

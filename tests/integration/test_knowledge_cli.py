@@ -1,124 +1,111 @@
-"""`retriever knowledge release|answer` and `retriever serve --knowledge`, as a user runs them.
+"""A cluster release folder (retired release) stays answerable: `retriever knowledge answer`
+and `retriever serve --knowledge`, as a user runs them.
 
-A medical world written by `python -m retriever.rag.medical`, released once in cluster
-mode (tiny LM, fixed seed), then answered from the CLI and from a real server on a loopback
-port: every answer says it charged nothing, and the ledger holds the one release charge
-whatever is asked.
+The cluster release (DP-SynRAG, `--mode clusters`) was retired; folders it released are
+still read. The folder here is written by hand the way that release wrote it (records of
+fields and keywords, no facts.json, a card with its three stages), then answered from the
+CLI and from a real server on a loopback port: every answer says it charged nothing.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import httpx
 import pytest
 
-from synthgen.privacy import PrivacyLedger
 from tests.retriever.service.harness import Server, cli
 
 pytestmark = pytest.mark.slow
-EPSILON = 10.0
+EPSILON = 9.2  # the card's composed epsilon (a cluster release stated it below the request)
+RECORDS = (
+    ("quinaxitis", "Diagnosis: Quinaxitis\nSymptoms: Shivers, Blisters\nTreatment: Dabaxozane\n"
+     "Keywords: quinaxitis, shivers, blisters"),
+    ("bruvelosis", "Diagnosis: Bruvelosis\nSymptoms: Wheezing, Cramps\nTreatment: Plunexozane\n"
+     "Keywords: bruvelosis, wheezing, cramps"),
+    ("tremadoria", "Diagnosis: Tremadoria\nSymptoms: Itching, Swelling\nTreatment: Fusonivir\n"
+     "Keywords: tremadoria, itching, swelling"),
+)  # fmt: skip
+GENERATOR = (
+    "DP-SynRAG-style (Mori et al. 2025): DP keywords (PipelineDP partition selection), soft "
+    "clusters, one record per cluster whose fields (Diagnosis, Symptoms, Treatment) are each "
+    "one DP vote over the cluster's released keywords"
+)
 
 
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
+    from retriever.network.folder import CARD_FORMAT, RELATION, write_knowledge_folder
+
     root = tmp_path_factory.mktemp("knowledge")
-    subprocess.run(
-        [sys.executable, "-m", "retriever.rag.medical", "--out", root / "world",
-         "--num-records", "200", "--num-diseases", "5"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    corpus, ledger = root / "world" / "corpus.jsonl", root / "ledger.sqlite"
-    result = cli("knowledge", "release", "--private-corpus", corpus, "--out", root / "release",
-                 "--epsilon", EPSILON, "--ledger", ledger, "--work", root / "work",
-                 "--mode", "clusters", "--fields", "Diagnosis,Symptoms,Treatment",
-                 "--field-values", "1,2,1", "--lm", "tiny", "--voters", 4,
-                 "--public-pool-size", 8, "--max-clusters", 6,
-                 "--seed", 0, "--json")  # fmt: skip
-    return {"root": root, "corpus": corpus, "ledger": ledger, "line": result.stdout}
+    stages = [
+        {"stage": stage, "epsilon": EPSILON / 3, "delta": 1e-6 / 3}
+        for stage in ("keywords", "cluster-keywords", "generation")
+    ]
+    card = {  # as the cluster release wrote it (retriever.network.folder.make_card)
+        "format": CARD_FORMAT,
+        "contributor": "corpus",
+        "created": "2025-11-01",
+        "releases": {
+            "synthetic_documents": len(RECORDS),
+            "generator": GENERATOR,
+            "model": "smollm2-135m-instruct",
+            "encoder": "all-minilm-l6-v2",
+        },
+        "guarantee": {
+            "epsilon": EPSILON,
+            "delta": 1e-6,
+            "privacy_unit": "one document of the private collection 'corpus'",
+            "neighboring_relation": RELATION,
+            "stages": stages,
+            "seeded": False,
+        },
+        "statement": f"({EPSILON}, 1e-06)-DP for one document of the private collection "
+        "'corpus' (add/remove one document): the synthetic documents, their topics and this "
+        "index are the only things released; retrieving from them is post-processing and "
+        "spends no budget, however many questions are asked",
+    }
+    write_knowledge_folder(
+        root / "release",
+        [text for _, text in RECORDS],
+        [topic for topic, _ in RECORDS],
+        card,
+        metadata={"generation": {"method": GENERATOR, "clusters": len(RECORDS)}},
+    )
+    return {"root": root, "release": root / "release"}
 
 
-def test_release_prints_its_guarantee_as_one_json_line(released):
-    lines = released["line"].strip().splitlines()
-    assert len(lines) == 1
-    line = json.loads(lines[0])
-    assert line["complete"] and line["synthetic_records"] > 0
-    assert 0 < line["epsilon"] <= EPSILON and line["delta"] == 1e-6
-    charges = PrivacyLedger(released["ledger"]).charges("release", "corpus")
-    assert [c.stage for c in charges] == ["knowledge-release"]
-
-
-def test_labels_say_what_they_count(released):
-    line = json.loads(released["line"])
-    assert "documents" not in line and line["synthetic_records"] > 0
-    if line["epsilon"] < EPSILON:  # the composition lands under the request: said why
-        assert line["epsilon_requested"] == EPSILON and "composition" in line["epsilon_note"]
-    card = json.loads((released["root"] / "release" / "card.json").read_text())
-    assert "the private collection 'corpus'" in card["statement"]
-    assert "Diagnosis, Symptoms, Treatment" in card["releases"]["generator"]
-    assert "few-shot" not in card["releases"]["generator"]
-
-
-def test_releasing_twice_is_refused_with_one_line(released):
-    root = released["root"]
-    result = cli("knowledge", "release", "--private-corpus", released["corpus"],
-                 "--out", root / "again", "--epsilon", EPSILON, "--ledger", released["ledger"],
-                 "--work", root / "work2", "--mode", "clusters", "--lm", "tiny",
-                 check=False)  # fmt: skip
-    assert result.returncode != 0
-    assert "already released" in result.stderr and "Traceback" not in result.stderr
-    assert not (root / "again").exists()
+def _ask(folder, question, *extra):
+    result = cli("knowledge", "answer", "--knowledge", folder, "--question", question,
+                 "--lm", "tiny", "--json", *extra)  # fmt: skip
+    return json.loads(result.stdout)
 
 
 def test_answer_charges_nothing_and_abstains_on_what_the_release_does_not_hold(released):
     from retriever.knowledge_base import KnowledgeBase
-    from retriever.lexical import QUESTION_WORDS, words
 
-    base = KnowledgeBase.open(released["root"] / "release", lm="tiny", k=1)
-    held = words(next(iter(base.records.values())))
-    word = min(w for w in held if len(w) >= 5 and w not in QUESTION_WORDS)  # the release's
-    result = cli("knowledge", "answer", "--knowledge", released["root"] / "release",
-                 "--question", f"Which disease causes {word}?", "--lm", "tiny",
-                 "--json")  # fmt: skip
-    answer = json.loads(result.stdout)
+    base = KnowledgeBase.open(released["release"], lm="tiny", k=1)
+    assert base.facts is None and len(base.records) == len(RECORDS)  # read as a cluster folder
+    answer = _ask(released["release"], "Which disease causes wheezing?")
     assert answer["charged"] is False and answer["epsilon_spent"] == 0.0
-    assert answer["guarantee"]["epsilon"] <= EPSILON and answer["sources"]
-    assert not answer["abstained"] and answer["records"]
-    unrelated = json.loads(
-        cli(
-            "knowledge",
-            "answer",
-            "--knowledge",
-            released["root"] / "release",
-            "--question",
-            "Qzxv wrplk?",
-            "--lm",
-            "tiny",
-            "--json",
-        ).stdout  # fmt: skip
-    )
-    assert unrelated["abstained"] and unrelated["sources"] == []
+    assert answer["guarantee"]["epsilon"] == EPSILON and answer["sources"]
+    assert not answer["abstained"] and "Bruvelosis" in answer["records"][0]
     assert "post-processing" in answer["statement"]
-    assert len(PrivacyLedger(released["ledger"]).charges("release", "corpus")) == 1
+    unrelated = _ask(released["release"], "Qzxv wrplk?")
+    assert unrelated["abstained"] and unrelated["sources"] == []
 
 
 def test_bm25_finds_the_record_that_holds_the_questions_word_and_dense_still_answers(released):
     from retriever.knowledge_base import KnowledgeBase
     from retriever.lexical import words
 
-    folder = released["root"] / "release"
+    folder = released["release"]
     base = KnowledgeBase.open(folder, lm="tiny", k=1)
     assert base.retrieval == "bm25"
-    texts = list(base.records.values())
-    counts = {w: sum(w in words(t) for t in texts) for t in texts for w in words(t)}
-    rare = min(counts, key=lambda w: (counts[w], w))  # a word few records hold
-    hit = base.search(f"Which disease causes {rare}?")[0]
-    assert rare in words(hit["text"]) and hit["score"] > 0
-    result = cli("knowledge", "answer", "--knowledge", folder, "--question", "a rash?",
-                 "--lm", "tiny", "--retrieval", "dense", "--json")  # fmt: skip
-    assert json.loads(result.stdout)["sources"]
+    hit = base.search("Which disease causes blisters?")[0]
+    assert "blisters" in words(hit["text"]) and hit["score"] > 0
+    assert _ask(folder, "a rash?", "--retrieval", "dense")["sources"]
     bad = cli("knowledge", "answer", "--knowledge", folder, "--question", "a rash?",
               "--lm", "tiny", "--retrieval", "fuzzy", check=False)  # fmt: skip
     assert bad.returncode != 0 and "--retrieval" in bad.stderr
@@ -134,15 +121,16 @@ class KnowledgeServer(Server):
 
 
 def test_serve_knowledge_answers_for_free(released):
-    server = KnowledgeServer(released["root"] / "release", released["root"] / "serve.log")
+    server = KnowledgeServer(released["release"], released["root"] / "serve.log")
     server.start()
     try:
         budget = httpx.get(server.url + "/budget", timeout=30).json()
         assert budget["charged_per_answer"] == {"epsilon": 0.0, "delta": 0.0}
         assert "Answers cost nothing" in budget["statement"]
-        for question in ("Which disease causes a rash?", "What treats tremor?"):
+        for question in ("Which disease causes itching?", "What treats cramps?"):
             reply = httpx.post(server.url + "/answer", json={"question": question}, timeout=60)
             assert reply.status_code == 200 and reply.json()["charged"] is False
+            assert reply.json()["sources"]
         # the same parsing and refusals as `retriever serve` (retriever.service.responses)
         for bad, status, error in (
             ({}, 400, "invalid_question"),
@@ -157,7 +145,7 @@ def test_serve_knowledge_answers_for_free(released):
         # curl -d sends application/x-www-form-urlencoded: a JSON body is still read
         form = httpx.post(
             server.url + "/answer",
-            content=b'{"question": "What treats tremor?"}',
+            content=b'{"question": "What treats cramps?"}',
             headers={"Content-Type": "application/x-www-form-urlencoded"},
             timeout=60,
         )
@@ -166,4 +154,3 @@ def test_serve_knowledge_answers_for_free(released):
         assert "Answers cost nothing" in page
     finally:
         server.stop()
-    assert len(PrivacyLedger(released["ledger"]).charges("release", "corpus")) == 1

@@ -31,5 +31,7 @@ def test_every_option_of_every_command_is_in_the_reference():
             section = text.split(heading, 1)[1].split("\n### ", 1)[0]
             assert f"`{opt}" in section, (heading, opt)
     release = text.split("### `retriever knowledge release`", 1)[1].split("\n### ", 1)[0]
-    for opt in ("--fields", "--field-values", "--max-keywords", "--voters", "--dry-run"):
+    for opt in ("--max-pairs", "--extractor", "--backend", "--dry-run"):
         assert f"`{opt} " in release or f"`{opt}`" in release, opt
+    for retired in ("--mode", "--fields", "--max-keywords", "--voters", "--shard"):  # clusters
+        assert f"`{retired}" not in release, retired

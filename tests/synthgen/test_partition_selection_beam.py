@@ -164,11 +164,11 @@ def test_without_apache_beam_the_error_names_the_extra_and_nothing_is_charged(
 
 
 @pytest.mark.slow
-def test_the_cli_releases_on_beam_and_refuses_it_for_clusters(tmp_path):
+def test_the_cli_releases_on_beam(tmp_path):
     """`retriever knowledge release --backend beam`: charged once, the two facts stated by
     50 records released (33 and 48 records yield them: more than 50 sigma above the
     threshold), and neither fact stated by one record (each at most 5e-7, the card's
-    figure: 1e-6 together); --backend with --mode clusters is a usage error."""
+    figure: 1e-6 together)."""
     world = make_world("products", facts_per_level=2, seed=5)
     write_world(world, tmp_path / "world")
     corpus = tmp_path / "world" / "corpus.jsonl"
@@ -182,8 +182,3 @@ def test_the_cli_releases_on_beam_and_refuses_it_for_clusters(tmp_path):
     released = (tmp_path / "rel" / "synthetic.jsonl").read_text()
     assert all(f.value in released for f in world.facts if f.support == 50)
     assert not any(f.value in released for f in world.facts if f.support == 1)
-    clusters = cli("knowledge", "release", "--private-corpus", corpus, "--out",
-                   tmp_path / "c", "--epsilon", 10, "--mode", "clusters", "--backend", "beam",
-                   check=False)  # fmt: skip
-    assert clusters.returncode == 2 and "--backend" in clusters.stderr
-    assert "Traceback" not in clusters.stderr and not (tmp_path / "c").exists()

@@ -1,13 +1,13 @@
-"""`build_knowledge` and `retriever contributor build`: a contributor's DP release (tiny LM).
+"""`build_knowledge` and `retriever contributor build`: a contributor's DP fact release.
 
 The release folder must hold no private text (canaries, doc_ids, sentences), the private
 work folder must stay apart (mode 0700), the card must state what the ledger was charged,
-and the ledger must refuse a second release of the same collection.
+the ledger must refuse a second release of the same collection, and a work folder left by
+an unfinished cluster release (retired) must be refused, never resumed as a fact release.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import stat
 from pathlib import Path
@@ -15,18 +15,21 @@ from pathlib import Path
 import pytest
 
 from retriever.network.folder import read_card, read_private_record
-from retriever.network.knowledge import RELEASE_TENANT, build_knowledge, summary
-from synthgen.knowledge import KnowledgeConfig, release
+from retriever.network.knowledge import (
+    CLUSTER_RELEASE_FILES,
+    KNOWLEDGE_WORK,
+    RELEASE_TENANT,
+    build_knowledge,
+    summary,
+)
+from synthgen.knowledge import FactConfig
 from synthgen.privacy import BudgetExceededError, PrivacyLedger
 from tests.retriever.service.harness import cli
 
-EPSILON, DELTA = 8.0, 1e-5  # keywords of 30 records pass PipelineDP's threshold
-CONFIG = KnowledgeConfig(
-    epsilon=EPSILON, delta=DELTA, voters=4, public_pool_size=8, max_clusters=8,
-    keyword_share=0.4,
-)  # fmt: skip
-SEED = 1
-SLOW_BUILD = pytest.mark.slow  # the shared build takes ~20 s: planning, two indexes
+EPSILON, DELTA = 8.0, 1e-5  # a pair of phrases 30 records state passes the threshold
+# the records below state (disease, symptom) pairs of key phrases; typed facts read none
+CONFIG = FactConfig(epsilon=EPSILON, delta=DELTA, extractor="phrases")
+SLOW_BUILD = pytest.mark.slow  # the shared build takes ~20 s: two indexes
 
 # Three invented diseases, 30 records each, and three canary records (unique strings).
 DISEASES = {
@@ -81,24 +84,14 @@ def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _plan_once():
-    # plan_release is a deterministic function of its frozen, public config and takes
-    # seconds; builds of one config in this process share its plan.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(release, "plan_release", functools.cache(release.plan_release))
-        yield
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("knowledge")
     rows = _private_rows()
     corpus = _write_corpus(root / "private" / "corpus.jsonl", rows)
     result = build_knowledge(
-        corpus, root / "release", CONFIG, contributor="north", work=root / "work",
-        lm="tiny", seed=SEED, progress=False,
-    )  # fmt: skip
+        corpus, root / "release", CONFIG, contributor="north", work=root / "work"
+    )
     return {"root": root, "rows": rows, "corpus": corpus, "result": result}
 
 
@@ -106,11 +99,11 @@ def built(tmp_path_factory):
 def test_release_folder_holds_no_private_text(built):
     result, rows = built["result"], built["rows"]
     release = result.folder.path
-    assert result.num_documents > 0 and result.num_topics > 0  # something was released
+    assert result.num_documents > 0 and result.num_pairs > 0  # something was released
     files = _snapshot(release)
-    assert {"card.json", "synthetic.jsonl", "metadata.json", "index/index.json"} <= set(files)
-    assert all(name.split("/")[0] in {"card.json", "synthetic.jsonl", "metadata.json", "index"}
-               for name in files)  # fmt: skip
+    shipped = {"card.json", "synthetic.jsonl", "metadata.json", "facts.json", "index"}
+    assert shipped - {"index"} | {"index/index.json"} <= set(files)
+    assert all(name.split("/")[0] in shipped for name in files)
     secrets = [*CANARIES, *(row["doc_id"] for row in rows)]
     secrets += [s for row in rows for s in _sentences(row["text"])]
     assert len(secrets) > len(rows) * 2  # every record has a long sentence to look for
@@ -121,9 +114,8 @@ def test_release_folder_holds_no_private_text(built):
         json.loads(line) for line in (release / "synthetic.jsonl").read_text().splitlines()
     ]
     assert len(synthetic) == result.num_documents
-    assert {row["topic"] for row in synthetic} <= set(
-        json.loads((release / "metadata.json").read_text())["generation"]["keywords"]
-    )
+    pairs = json.loads((release / "facts.json").read_text())["pairs"]
+    assert {row["topic"] for row in synthetic} <= {p for pair in pairs for p in pair.split(" | ")}
 
 
 @SLOW_BUILD
@@ -147,11 +139,9 @@ def test_card_states_the_ledger_spend(built):
     card = read_card(result.folder.path)
     assert card == result.card
     guarantee = card["guarantee"]
-    assert guarantee["epsilon"] <= EPSILON and guarantee["delta"] == DELTA
-    assert guarantee["seeded"] is True
-    assert [s["stage"] for s in guarantee["stages"]] == [
-        "keywords", "cluster-keywords", "generation"
-    ]  # fmt: skip
+    assert guarantee["epsilon"] == EPSILON and guarantee["delta"] == DELTA
+    assert guarantee["seeded"] is False
+    assert [s["stage"] for s in guarantee["stages"]] == ["fact-pairs"]
     ledger = PrivacyLedger(result.work / "ledger.sqlite")
     charges = ledger.charges(RELEASE_TENANT, "corpus")
     assert [c.stage for c in charges] == ["knowledge-release"]  # one charge, all stages
@@ -160,7 +150,7 @@ def test_card_states_the_ledger_spend(built):
     assert card["releases"]["synthetic_documents"] == result.num_documents
     line = json.loads(summary(result))
     assert line["synthetic_records"] == result.num_documents
-    assert line["clusters"] == result.num_topics
+    assert line["pairs"] == result.num_pairs and "clusters" not in line
     assert line["epsilon"] == guarantee["epsilon"]
 
 
@@ -174,8 +164,7 @@ def test_building_again_is_refused_and_changes_nothing(built):
     )
     for out in (release, root / "second-release"):
         with pytest.raises(BudgetExceededError):
-            build_knowledge(built["corpus"], out, CONFIG, contributor="north", work=work,
-                            lm="tiny", seed=SEED + 1, progress=False)  # fmt: skip
+            build_knowledge(built["corpus"], out, CONFIG, contributor="north", work=work)
     assert _snapshot(release) == before
     assert not (root / "second-release").exists()
     assert PrivacyLedger(work / "ledger.sqlite").charges(RELEASE_TENANT, "corpus") == charges
@@ -186,8 +175,7 @@ def test_work_folder_inside_the_release_is_refused(tmp_path):
     out = tmp_path / "release"
     for work in (out / "private", out, out / "a" / "b"):
         with pytest.raises(ValueError, match="must not be inside the release"):
-            build_knowledge(corpus, out, CONFIG, contributor="c", work=work, lm="tiny",
-                            seed=0, progress=False)  # fmt: skip
+            build_knowledge(corpus, out, CONFIG, contributor="c", work=work)
     assert not out.exists()
 
 
@@ -195,46 +183,89 @@ def test_an_empty_corpus_is_refused(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("")
     with pytest.raises(ValueError):
-        build_knowledge(corpus, tmp_path / "out", CONFIG, contributor="c",
-                        work=tmp_path / "work", lm="tiny", seed=0, progress=False)  # fmt: skip
+        build_knowledge(corpus, tmp_path / "out", CONFIG, contributor="c", work=tmp_path / "work")
     assert not (tmp_path / "out").exists()
 
 
 def test_an_empty_release_has_no_documents_and_no_index(tmp_path):
-    corpus = _write_corpus(tmp_path / "corpus.jsonl", _private_rows())
-    config = KnowledgeConfig(epsilon=0.05, delta=DELTA, voters=4, public_pool_size=8)
-    result = build_knowledge(corpus, tmp_path / "release", config, contributor="c",
-                             work=tmp_path / "work", lm="tiny", seed=0, progress=False,
-                             answer_index=False)  # fmt: skip
+    # as many records as the shared corpus, each stating its own pair: none is released
+    rows = [{"doc_id": f"r{i}", "text": f"Zorblat{i} met Quenzy{i}."} for i in range(93)]
+    corpus = _write_corpus(tmp_path / "corpus.jsonl", rows)
+    result = build_knowledge(corpus, tmp_path / "release", CONFIG, contributor="c",
+                             work=tmp_path / "work", answer_index=False)  # fmt: skip
     release = result.folder.path
     assert (release / "synthetic.jsonl").read_text() == ""
     assert not (release / "index").exists()
     card = read_card(release)
     assert card["releases"]["synthetic_documents"] == 0
-    assert (result.num_documents, result.num_topics) == (0, 0)
-    assert card["guarantee"]["epsilon"] <= 0.05
+    assert (result.num_documents, result.num_pairs) == (0, 0)
+    assert json.loads(summary(result))["empty"] is True
     charges = PrivacyLedger(result.work / "ledger.sqlite").charges(RELEASE_TENANT, "corpus")
     assert [c.stage for c in charges] == ["knowledge-release"]  # paid before any noise
     assert read_private_record(result.work)["private_index"] is None
+
+
+@pytest.mark.parametrize("left", CLUSTER_RELEASE_FILES)
+def test_an_unfinished_cluster_release_is_refused_before_anything(tmp_path, left):
+    """A work folder charged for a cluster release (retired) that never finished: refused
+    with what to do, nothing charged or written, never resumed as a fact release."""
+    corpus = _write_corpus(tmp_path / "corpus.jsonl", _private_rows())
+    work = tmp_path / "work"
+    (work / KNOWLEDGE_WORK).mkdir(parents=True)
+    (work / KNOWLEDGE_WORK / left).write_text('{"ref": "knowledge-0"}')
+    with pytest.raises(ValueError, match="unfinished cluster release") as refused:
+        build_knowledge(corpus, tmp_path / "release", CONFIG, contributor="c", work=work)
+    assert "previous version" in str(refused.value) and "delete" in str(refused.value)
+    assert not (tmp_path / "release").exists() and not (work / "ledger.sqlite").exists()
+    if left != CLUSTER_RELEASE_FILES[0]:
+        return  # the command line's one-line error: once
+    result = cli("contributor", "build", "--private", corpus, "--epsilon", EPSILON,
+                 "--out", tmp_path / "release", "--work", work, check=False)  # fmt: skip
+    assert result.returncode != 0 and "unfinished cluster release" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "release").exists()
+
+
+def test_a_finished_cluster_release_is_left_to_the_ledger(tmp_path):
+    """A finished cluster release's work folder (private.json written) is not the legacy
+    refusal's: its ledger refuses a second release of the collection."""
+    corpus = _write_corpus(tmp_path / "corpus.jsonl", _private_rows())
+    work = tmp_path / "work"
+    (work / KNOWLEDGE_WORK).mkdir(parents=True)
+    (work / KNOWLEDGE_WORK / CLUSTER_RELEASE_FILES[0]).write_text('{"ref": "knowledge-0"}')
+    (work / "private.json").write_text("{}")
+    first = build_knowledge(corpus, tmp_path / "first", CONFIG, contributor="c",
+                            work=tmp_path / "other", ledger=str(work / "ledger.sqlite"),
+                            answer_index=False)  # fmt: skip
+    assert first.num_pairs > 0
+    with pytest.raises(BudgetExceededError, match="already released"):
+        build_knowledge(corpus, tmp_path / "release", CONFIG, contributor="c", work=work,
+                        ledger=str(work / "ledger.sqlite"))  # fmt: skip
+
+
+def test_a_cluster_config_is_refused():
+    with pytest.raises(TypeError, match="FactConfig"):
+        build_knowledge("corpus.jsonl", "out", object(), contributor="c")
 
 
 @pytest.mark.slow
 def test_cli_build_prints_one_json_line(tmp_path):
     corpus = _write_corpus(tmp_path / "corpus.jsonl", _private_rows())
     out, work = tmp_path / "release", tmp_path / "work"
-    result = cli("contributor", "build", "--mode", "clusters", "--private", corpus,
-                 "--epsilon", EPSILON, "--out", out, "--work", work, "--lm", "tiny", "--seed", 1,
-                 "--voters", 4, "--public-pool-size", 8, "--max-clusters", 8,
-                 "--keyword-share", 0.4)  # fmt: skip
+    result = cli("contributor", "build", "--private", corpus, "--epsilon", EPSILON,
+                 "--delta", DELTA, "--extractor", "phrases", "--out", out,
+                 "--work", work)  # fmt: skip
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 1
     line = json.loads(lines[0])
-    assert {"synthetic_records", "clusters", "epsilon", "delta"} <= set(line)
-    assert line["synthetic_records"] > 0 and line["clusters"] > 0
-    assert line["epsilon"] <= EPSILON and line["delta"] == 1e-5
+    assert {"synthetic_records", "pairs", "epsilon", "delta"} <= set(line)
+    assert line["synthetic_records"] > 0 and line["pairs"] > 0
+    assert line["epsilon"] == EPSILON and line["delta"] == DELTA
     assert line["synthetic_records"] == len((out / "synthetic.jsonl").read_text().splitlines())
     assert read_card(out)["guarantee"]["epsilon"] == line["epsilon"]
+    assert json.loads((out / "facts.json").read_text())["extractor"] == "phrases"
     assert stat.S_IMODE(work.stat().st_mode) == 0o700
-    assert "for tests only" in result.stderr  # the seed warning
     for canary in CANARIES:
         assert canary not in result.stdout + result.stderr
+    retired = cli("contributor", "build", "--mode", "clusters", "--private", corpus,
+                  "--epsilon", EPSILON, "--out", tmp_path / "c", check=False)  # fmt: skip
+    assert retired.returncode == 2 and "--mode" in retired.stderr

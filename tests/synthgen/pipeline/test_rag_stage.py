@@ -5,7 +5,6 @@ import dataclasses
 import json
 import types
 
-import numpy as np
 import pytest
 
 from retriever import provenance
@@ -204,24 +203,37 @@ def test_the_rag_stage_config_refuses_a_retired_or_unknown_mechanism(mechanism):
         RagStageConfig(mechanism=mechanism)
 
 
-class _HashEncoder:
-    def encode(self, texts, **_):
-        return np.stack([np.random.default_rng(len(t)).normal(size=8) for t in texts])
-
-
-def test_release_mode_charges_once_and_answers_for_free(individual_stage, monkeypatch):
-    import retriever.encoders
-
-    monkeypatch.setattr(retriever.encoders, "load_encoder", lambda name: _HashEncoder())
+def test_release_mode_charges_once_and_answers_for_free(individual_stage):
     ctx = individual_stage(questions=4, accounting="collection", document_epsilon=None,
                            document_delta=None, mode="release", release_epsilon=10.0,
                            num_records=120)  # fmt: skip
     summary = answer_questions(ctx)
     assert summary["mode"] == "release" and summary["questions"] == 4
     assert all(a["epsilon"] == 0.0 and a["mechanism"] == "release" for a in summary["answers"])
+    assert "phrases" in summary["mechanism"] and summary["synthetic_records"] > 0
     book = PrivacyLedger(ctx.run.ledger)
     assert [c.stage for c in book.charges("release", RAG_DATASET)] == ["knowledge-release"]
-    assert 0 < summary["release_epsilon"] <= 10.0
+    assert summary["release_epsilon"] == 10.0
     assert summary["collection_epsilon_spent"] == pytest.approx(summary["release_epsilon"], 1e-3)
-    assert (ctx.run.root / "rag" / "release.jsonl").is_file()
-    assert not (ctx.run.root / "rag" / "knowledge_state.json").exists()  # private stays private
+    assert summary["abstained"] == sum(a["abstained"] for a in summary["answers"])
+    released = (ctx.run.root / "rag" / "release.jsonl").read_text().splitlines()
+    assert len(released) == summary["synthetic_records"]
+    assert (ctx.run.private / "knowledge" / "facts_result.json").is_file()  # private stays
+    assert not list((ctx.run.root / "rag").glob("facts_*"))  # private stays private
+    # a rerun of the stage returns the first draw and charges nothing more
+    again = answer_questions(ctx)
+    assert again["synthetic_records"] == summary["synthetic_records"]
+    assert len(book.charges("release", RAG_DATASET)) == 1
+
+
+def test_release_mode_refuses_a_run_folder_of_the_retired_cluster_release(individual_stage):
+    ctx = individual_stage(questions=2, accounting="collection", document_epsilon=None,
+                           document_delta=None, mode="release", num_records=120)  # fmt: skip
+    old = ctx.run.private / "knowledge"
+    old.mkdir(parents=True)
+    (old / "knowledge_charge.json").write_text('{"ref": "knowledge-0"}')
+    with pytest.raises(ValueError, match="cluster release") as refused:
+        answer_questions(ctx)
+    assert "previous version" in str(refused.value) and "--out" in str(refused.value)
+    assert PrivacyLedger(ctx.run.ledger).scopes() == []  # refused before its scope opened
+    assert not (ctx.run.root / "rag").exists()
