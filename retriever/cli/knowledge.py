@@ -183,6 +183,55 @@ def preview(
         print(f"  {n:>6d}  {key}")
 
 
+@knowledge_app.command("baseline")
+def baseline(
+    private_corpus: Annotated[Path, typer.Option(help="private corpus.jsonl (doc_id, text)")],
+    questions: Annotated[
+        Path, typer.Option(help='questions JSONL: {"question", "answer" (optional)} per line')
+    ],
+    max_pairs: ReleaseK = 1,
+    k: Annotated[int, typer.Option(help="records the retrieval ceiling reads")] = 4,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+) -> None:
+    """The non-private ceilings on your collection: NOT DP, for your eyes only.
+
+    For each question: whether the BM25 top-k records hold the expected answer, and the
+    typed fact release's reader on exact counts (no noise, no threshold). A question it
+    cannot answer, no release can. Nothing is charged, written or released.
+    """
+    from retriever.data import read_corpus
+    from retriever.fact_baseline import fact_baseline
+    from synthgen.corpora import read_jsonl
+
+    _, texts = read_corpus(private_corpus)
+    rows = read_jsonl(questions, required=("question",))
+    try:
+        found = fact_baseline(
+            texts,
+            [str(r["question"]) for r in rows],
+            [r.get("answer") or None for r in rows],
+            max_pairs=max_pairs,
+            k=k,
+        )
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    print(
+        "warning: non-private baseline, NOT DP: exact counts and texts of your private "
+        "records, for your eyes only; nothing is charged or released",
+        file=sys.stderr,
+    )
+    summary = found.summary()
+    if as_json:
+        print(json.dumps(summary))
+        return
+    for row in found.rows:
+        right = "" if row.typed_right is None else (" (right)" if row.typed_right else " (wrong)")
+        hit = "" if row.retrieval_hit is None else f"; top-{k} holds it: {row.retrieval_hit}"
+        print(f"{row.question} -> {row.typed_answer or 'abstains'}{right}{hit}")
+    print(json.dumps(summary))
+
+
 @knowledge_app.command("audit")
 def audit(
     private_corpus: Annotated[Path, typer.Option(help="private corpus.jsonl (doc_id, text)")],

@@ -46,3 +46,23 @@ def test_bad_input_is_refused():
         fact_baseline(["a"], ["q?"], ["x", "y"])
     with pytest.raises(ValueError, match="k and max_pairs"):
         fact_baseline(["a"], ["q?"], k=0)
+
+
+def test_the_cli_prints_the_ceilings_and_warns_it_is_not_dp(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from retriever.rag.fact_world import write_world
+
+    write_world(make_natural_world("facilities", seed=1), tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "retriever.cli", "knowledge", "baseline", "--private-corpus",
+         str(tmp_path / "corpus.jsonl"), "--questions", str(tmp_path / "questions.jsonl"),
+         "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "NOT DP" in done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["with_expected_answers"] > 0 and 0 <= summary["typed_right"] <= 1
