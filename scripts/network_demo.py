@@ -102,7 +102,7 @@ def fact_domain(args, domain: str, lm, prompt) -> dict:
         out, work = corpus.parent / "release", corpus.parent / "work"
         if not (out / "card.json").is_file():  # its own ledger: <work>/ledger.sqlite
             build_knowledge(corpus, out, config, contributor=f"{domain}-{c}", work=work,
-                            answer_index=False, progress=False)  # fmt: skip
+                            answer_index=False)  # fmt: skip
         key_file = work / "network-key.txt"
         if not key_file.is_file():
             key_file.write_text(add_key(work, "network", epsilon=1.0, delta=1e-6,

@@ -8,9 +8,11 @@ one line naming the file and line (never a line's content): a line that is not J
 lacks a field, an empty field, a document id the collection does not hold, an id the
 collection repeats, and too few distinct documents for a split.
 
-`split_pairs` then holds out whole documents (a seeded, public permutation of the documents
-the pairs name): the held-out documents' queries evaluate the encoders and never train a
-generator.
+`split_collection` then holds out whole documents of the collection (a seeded, public
+permutation of its ids): the held-out documents' queries evaluate the encoders and never
+train a generator, and the generator writes queries for the collection's other documents,
+not for the documents the pairs name (which documents were clicked, and how often, is
+private).
 
 Privacy:
   Unit: one pair (add/remove-one), as in the rest of the main job; the documents are public.
@@ -155,14 +157,24 @@ def read_pairs(source: PairsSource) -> tuple[list[dict], list[dict]]:
     return list(collection.values()), pairs
 
 
-def split_pairs(
-    pairs: list[dict], *, test_fraction: float, seed: int
-) -> tuple[list[dict], list[dict]]:
-    """(train pairs, held-out pairs): whole documents held out, by a seeded permutation of
-    the documents the pairs name (in order of first appearance; public given the ids)."""
+def split_collection(
+    collection: list[dict], pairs: list[dict], *, test_fraction: float, seed: int
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """(train pairs, held-out pairs, target documents): whole documents of the public
+    collection held out by a seeded permutation of its ids (public: the collection and the
+    seed, never the pairs), their pairs held out with them; the targets, the documents the
+    generator writes queries for, are the collection's other documents (public too: which
+    documents have pairs, and how many, is private and decides nothing here)."""
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction=}")
-    documents = list(dict.fromkeys(p["doc_id"] for p in pairs))
-    order = np.random.default_rng(seed).permutation(len(documents))
-    held = {documents[i] for i in order[: max(1, int(round(test_fraction * len(documents))))]}
-    return [p for p in pairs if p["doc_id"] not in held], [p for p in pairs if p["doc_id"] in held]
+    ids = [d["doc_id"] for d in collection]
+    order = np.random.default_rng(seed).permutation(len(ids))
+    held = {ids[i] for i in order[: max(1, int(round(test_fraction * len(ids))))]}
+    train = [p for p in pairs if p["doc_id"] not in held]
+    test = [p for p in pairs if p["doc_id"] in held]
+    targets = [
+        {"doc_id": d["doc_id"], "document": d["text"]}
+        for d in collection
+        if d["doc_id"] not in held
+    ]
+    return train, test, targets

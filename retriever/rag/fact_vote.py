@@ -3,9 +3,10 @@
 The token and keyword mechanisms ask a small LM to read each retrieved document and vote;
 on fact questions it votes for an entity of another relation as readily as for the asked
 one, and a larger epsilon buys more confident wrong answers. Here no LM reads a private
-document. Every document of the collection is a voter (no retrieval threshold: the
-threshold's share of epsilon goes to the vote), and a document votes for the values its
-own typed facts (`synthgen.knowledge.typed_facts`) state about what the question asks:
+document. Every document of the collection is a voter, not only those the DP threshold
+selects (the plan is keywords': the threshold is still drawn and charged, for the optional
+score), and a document votes for the values its own typed facts
+(`synthgen.knowledge.typed_facts`) state about what the question asks:
 
 * the fact's **subject is named** in the question (whole words, case-folded, a leading
   "the" dropped), and its value has a **kind the question asks for**

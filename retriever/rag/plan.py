@@ -24,6 +24,7 @@ from retriever.rag.accounting import bounded_range_epsilon, calibrate_token_epsi
 from retriever.rag.keyword_vote import keyword_threshold
 from synthgen.privacy import accounting
 from synthgen.privacy.individual import bounded_range_rho, pure_rho
+from synthgen.privacy.partition_selection import selection_threshold
 
 MECHANISMS = ("icl", "keywords", "facts")
 # single-answer mechanisms retired by issue 69 (on the medical evaluation, 60 questions,
@@ -152,8 +153,13 @@ class AnswerPlan:
             raise ValueError("vote_summary is for keywords and facts plans")
         if voters < 1:
             raise ValueError(f"voters must be >= 1, got {voters=}")
-        # PipelineDP's partition selection threshold
-        threshold = keyword_threshold(self.token_epsilon, self.token_delta, max_keywords)
+        # PipelineDP's partition selection threshold: keywords selects at the group
+        # parameters (a document swaps a voter), facts at the release's own (every document
+        # is a voter, `voters` is then the collection's size)
+        if self.mechanism == "facts":
+            threshold = selection_threshold(self.token_epsilon, self.token_delta, max_keywords)
+        else:
+            threshold = keyword_threshold(self.token_epsilon, self.token_delta, max_keywords)
         return dict(
             mechanism=self.mechanism,
             epsilon=self.worst_case_epsilon(),

@@ -65,8 +65,12 @@ class DataConfig:
             raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction=}")
         if (self.source is None) == (self.pairs is None):
             raise ValueError("give data.source (the wiki summaries) or data.pairs, not both")
-        if self.documents is not None and self.pairs is None:
-            raise ValueError("data.documents goes with data.pairs")
+        if (self.documents is None) != (self.pairs is None):
+            raise ValueError(
+                "data.pairs needs data.documents, the public collection to index, and the other "
+                "way round: which documents the private pairs name is private, so the main job "
+                "indexes and writes queries for a public collection, never for those documents"
+            )
 
     def pairs_source(self):
         """The `synthgen.user_pairs.PairsSource` of `pairs` (ValueError without it)."""

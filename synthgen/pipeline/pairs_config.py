@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from synthgen.user_pairs import PairsSource, read_pairs, split_pairs
+from synthgen.user_pairs import PairsFileError, PairsSource, read_pairs, split_collection
 
 PRESETS = ("demo", "tiny", "gpu")
 
@@ -30,7 +30,8 @@ Pairs: {pairs} ({pairs_count} pairs naming {named} documents when written).
 Documents indexed: {documents_note}.
 Generator and encoder: the `{preset}` preset's, with its {steps} DP steps of expected batch
 {batch} over your {train} train pairs (epochs {epochs:.4g}), delta 1/(10 n); a fifth of the
-documents the pairs name is held out whole to evaluate the encoders.
+collection's documents is held out whole (with their pairs) to evaluate the encoders, and
+the generator writes queries for the others.
 
     synthgen pipeline --config {config_name}
 """
@@ -103,9 +104,14 @@ def pairs_config_text(
     from importlib import import_module
 
     base = import_module(f"synthgen.configs.{preset}").get_config()
+    if source.documents is None:
+        raise PairsFileError(
+            "the main job needs the public collection (--documents FILE): which documents the "
+            "private pairs name is private, so it indexes and writes queries for a public one"
+        )
     collection, pairs = read_pairs(source)
     named = len({p["doc_id"] for p in pairs})
-    train = len(split_pairs(pairs, test_fraction=test_fraction, seed=base.seed)[0])
+    train = len(split_collection(collection, pairs, test_fraction=test_fraction, seed=base.seed)[0])
     dp = base.generate.querygen.dp
     steps = max(1, round(dp.epochs * _preset_train_pairs(base) / dp.batch_size))
     if train < dp.batch_size:
@@ -118,11 +124,7 @@ def pairs_config_text(
     text = TEMPLATE.format(
         pairs=resolve(source.pairs),
         documents=resolve(source.documents),
-        documents_note=(
-            f"the collection {resolve(source.documents)} ({len(collection)} documents)"
-            if source.documents
-            else f"the {len(collection)} documents the pairs hold"
-        ),
+        documents_note=f"the collection {resolve(source.documents)} ({len(collection)} documents)",
         pairs_count=len(pairs),
         named=named,
         preset=preset,

@@ -483,7 +483,10 @@ def write_report(ctx: StageContext) -> dict:
         (out / name).write_bytes(data)
     page = out / "report.html"
     page.write_text(
-        _html(metrics, plots, _samples(ctx, ctx.config.report.samples)), encoding="utf-8"
+        _html(
+            metrics, plots, _samples(ctx, 0 if ctx.config.data.pairs else ctx.config.report.samples)
+        ),
+        encoding="utf-8",
     )
     ctx.log("report", "report.html, metrics.json and the plots written")
     return {"report": str(page.resolve()), "plots": sorted(plots)}

@@ -32,6 +32,8 @@ from synthgen.pipeline.stage_shards import finished_shards, remove_shards
 from synthgen.work_folder import private_folder
 
 PAIRS_DATASET = "train-pairs"
+# A user's pairs: the public documents the generator writes queries for (data stage)
+TARGETS_FILE = "targets.jsonl"
 
 
 def _write_jsonl(path: Path, rows) -> None:
@@ -49,11 +51,12 @@ def data_stage(ctx: StageContext) -> dict:
     (`synthgen.user_pairs`): a bad file stops the run here, before any charge.
     """
     cfg = ctx.config.data
+    root, private = ctx.run.root, ctx.run.private
     if cfg.pairs is not None:
-        corpus, train, test = _user_pairs(cfg, ctx.config.seed)
+        corpus, train, test, targets = _user_pairs(cfg, ctx.config.seed)
+        _write_jsonl(root / "data" / TARGETS_FILE, targets)  # public: collection and seed
     else:
         corpus, train, test = _wiki_pairs(cfg, ctx.config.seed)
-    root, private = ctx.run.root, ctx.run.private
     private_folder(private / "data")  # owner only, as every folder of the private tree
     _write_jsonl(root / "data" / "corpus.jsonl", corpus)
     _write_jsonl(
@@ -77,19 +80,26 @@ def _wiki_pairs(cfg, seed: int) -> tuple[list[dict], list[dict], list[dict]]:
     return corpus, list(train), list(test)
 
 
-def _user_pairs(cfg, seed: int) -> tuple[list[dict], list[dict], list[dict]]:
-    """(corpus, train pairs, held-out pairs) of the user's files: the collection when given
-    (indexed whole), else the documents the kept pairs name."""
-    from synthgen.user_pairs import read_pairs, split_pairs
+def _user_pairs(cfg, seed: int):
+    """(corpus, train pairs, held-out pairs, targets) of the user's files: the public
+    collection indexed whole (its first `num_documents` documents when set), split by its
+    own ids (`synthgen.user_pairs.split_collection`)."""
+    from synthgen.user_pairs import read_pairs, split_collection
 
     collection, pairs = read_pairs(cfg.pairs_source())
-    if cfg.num_documents is not None:  # the pairs of the first N documents named
-        kept = set(list(dict.fromkeys(p["doc_id"] for p in pairs))[: cfg.num_documents])
+    if cfg.num_documents is not None:  # the collection's first N documents (public order)
+        collection = collection[: cfg.num_documents]
+        kept = {d["doc_id"] for d in collection}
         pairs = [p for p in pairs if p["doc_id"] in kept]
-        if cfg.documents is None:
-            collection = [d for d in collection if d["doc_id"] in kept]
-    train, test = split_pairs(pairs, test_fraction=cfg.test_fraction, seed=seed)
-    return collection, train, test
+    train, test, targets = split_collection(
+        collection, pairs, test_fraction=cfg.test_fraction, seed=seed
+    )
+    if not train or not test:
+        raise ValueError(
+            f"{cfg.pairs}: {len(train)} train pairs and {len(test)} held-out queries after the "
+            "split by document: need both (more pairs, or another data.test_fraction)"
+        )
+    return collection, train, test, targets
 
 
 def _pairs_scope(ctx: StageContext, n: int, relation: str, delta: float):
@@ -154,9 +164,8 @@ def _fewshot_plan(ctx: StageContext, pairs: list[dict]):
     from synthgen import fewshot
 
     cfg = ctx.config.generate
-    chosen = pairs if cfg.synthetic_documents is None else pairs[: cfg.synthetic_documents]
     private = [{"document": r["document"], "query": r["query"]} for r in pairs]
-    targets = [{"doc_id": r["doc_id"], "document": r["document"]} for r in chosen]
+    targets = list(_target_documents(ctx, pairs))
     plan = fewshot.plan_for(private, targets, fewshot.QUERY_TEMPLATE, cfg.fewshot)
     return private, targets, plan, max(ctx.config.privacy.delta or 0.0, plan.delta)
 
@@ -166,9 +175,14 @@ def _target_documents(ctx: StageContext, pairs: list[dict]):
     import datasets
 
     cfg = ctx.config.generate
-    targets = pairs if cfg.synthetic_documents is None else pairs[: cfg.synthetic_documents]
+    public = ctx.run.root / "data" / TARGETS_FILE
+    if ctx.config.data.pairs is not None:  # a user's pairs: the public targets, never the pairs'
+        rows = read_jsonl(public)
+    else:  # the wiki summaries: one pair per document, every document public
+        rows = [{"doc_id": r["doc_id"], "document": r["document"]} for r in pairs]
+    chosen = rows if cfg.synthetic_documents is None else rows[: cfg.synthetic_documents]
     return datasets.Dataset.from_list(
-        [{"doc_id": r["doc_id"], "document": r["document"]} for r in targets]
+        [{"doc_id": r["doc_id"], "document": r["document"]} for r in chosen]
     )
 
 

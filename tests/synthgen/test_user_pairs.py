@@ -4,7 +4,13 @@ import json
 
 import pytest
 
-from synthgen.user_pairs import MIN_DOCUMENTS, PairsFileError, PairsSource, read_pairs, split_pairs
+from synthgen.user_pairs import (
+    MIN_DOCUMENTS,
+    PairsFileError,
+    PairsSource,
+    read_pairs,
+    split_collection,
+)
 
 
 def _write(path, rows):
@@ -99,11 +105,16 @@ def test_ids_without_a_collection_say_what_to_pass(tmp_path):
         read_pairs(source)
 
 
-def test_the_split_holds_out_whole_documents_by_seed():
-    pairs = [{"doc_id": f"d{i % 20}", "query": f"q{i}"} for i in range(60)]
-    train, test = split_pairs(pairs, test_fraction=0.2, seed=0)
-    assert len({p["doc_id"] for p in test}) == 4 and len(train) + len(test) == 60
-    assert not {p["doc_id"] for p in train} & {p["doc_id"] for p in test}
-    assert split_pairs(pairs, test_fraction=0.2, seed=0) == (train, test)
-    assert split_pairs(pairs, test_fraction=0.2, seed=1) != (train, test)
+def test_the_split_holds_out_collection_documents_and_targets_never_follow_the_pairs():
+    """Held-out documents and targets are a function of the public collection and the seed:
+    adding or removing a pair (which documents were clicked) changes neither."""
+    collection = [{"doc_id": f"d{i}", "text": f"t{i}"} for i in range(20)]
+    pairs = [{"doc_id": f"d{i % 12}", "query": f"q{i}"} for i in range(36)]
+    train, test, targets = split_collection(collection, pairs, test_fraction=0.2, seed=0)
+    held = {d["doc_id"] for d in collection} - {t["doc_id"] for t in targets}
+    assert len(held) == 4 and len(targets) == 16 and len(train) + len(test) == 36
+    assert {p["doc_id"] for p in test} <= held and not {p["doc_id"] for p in train} & held
+    fewer = split_collection(collection, pairs[:-1], test_fraction=0.2, seed=0)
+    assert fewer[2] == targets  # one pair fewer: the same targets
+    assert split_collection(collection, pairs, test_fraction=0.2, seed=1)[2] != targets
     assert MIN_DOCUMENTS == 10

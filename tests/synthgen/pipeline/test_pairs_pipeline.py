@@ -64,6 +64,9 @@ def test_init_writes_a_config_for_the_pairs_and_the_main_job_runs_it(tmp_path):
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     assert "120 pairs naming 40 documents" in made.stdout and "45 documents indexed" in made.stdout
+    alone = _cli("pipeline", "init", "--pairs", log, "--query-field", "q",
+                 "--doc-id-field", "clicked", "--to", tmp_path / "x.py", cwd=tmp_path)  # fmt: skip
+    assert alone.returncode == 2 and "--documents FILE" in alone.stderr
     config = load_pipeline_config(str(tmp_path / "support.py"))
     assert config.data.pairs == str(log.resolve()) and config.data.source is None
     assert not config.rag.enabled
@@ -72,7 +75,12 @@ def test_init_writes_a_config_for_the_pairs_and_the_main_job_runs_it(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     root = tmp_path / "run"
     data = json.loads((root / "stages" / "data.json").read_text())["summary"]
-    assert data == {"documents": 45, "train_pairs": 96, "test_queries": 24}
+    assert data["documents"] == 45 and data["train_pairs"] + data["test_queries"] == 120
+    # the generator wrote queries for public documents, clicked or not, never by the pairs
+    targets = {json.loads(line)["doc_id"] for line in (root / "data" / "targets.jsonl").open()}
+    assert len(targets) == 36 and targets & {f"kb-{i}" for i in range(40, 45)}
+    written = {json.loads(line)["doc_id"] for line in (root / "synthetic" / "queries.jsonl").open()}
+    assert written <= targets
     report = (root / "report" / "report.html").read_text()
     assert "NDCG@10" in report and "synthetic" in report and "ε" in report
     for line in (root / "private" / "data" / "train_pairs.jsonl").read_text().splitlines()[:3]:
