@@ -484,7 +484,14 @@ def write_report(ctx: StageContext) -> dict:
     page = out / "report.html"
     page.write_text(
         _html(
-            metrics, plots, _samples(ctx, 0 if ctx.config.data.pairs else ctx.config.report.samples)
+            metrics,
+            plots,
+            _samples(
+                ctx,
+                0
+                if getattr(getattr(ctx.config, "data", None), "pairs", None)
+                else ctx.config.report.samples,
+            ),
         ),
         encoding="utf-8",
     )
