@@ -26,7 +26,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from scipy.special import gammaln, logsumexp
 
-from synthgen.privacy import accounting
+from synthgen.privacy import accounting, calibration
 
 Composition = Literal["pure", "bounded-range"]
 COMPOSITIONS: tuple[str, ...] = ("pure", "bounded-range")
@@ -166,12 +166,15 @@ def bounded_range_epsilon(
         pld, rdp = _adaptive(token_epsilon, tokens)
         rdp_eps, _ = rdp_lib.compute_epsilon(_RDP_ORDERS, rdp, delta)
         return float(min(pld.get_epsilon_for_delta(delta), rdp_eps, basic))
-    low, high = 0.0, basic
-    while high - low > 1e-7 * max(high, 1.0):
-        mid = (low + high) / 2
-        ok = _nonadaptive_delta(token_epsilon, int(tokens), mid) <= delta
-        low, high = (low, mid) if ok else (mid, high)
-    return float(high)
+    return float(
+        calibration.bisect(
+            lambda eps: _nonadaptive_delta(token_epsilon, int(tokens), eps) <= delta,
+            basic,
+            0.0,
+            rel_tol=1e-7,
+            abs_tol=1e-7,
+        )
+    )
 
 
 def bounded_range_zcdp_epsilon(token_epsilon: float, tokens: int, delta: float) -> float:
@@ -240,15 +243,14 @@ def calibrate_token_epsilon(
     low = budget / tokens  # feasible: both totals are at most basic composition
     while not ok(low):  # only float rounding can make it infeasible
         low /= 1 + 1e-4
-    high = 2 * low
-    while ok(high):
-        low, high = high, 2 * high
-        if high > 1e3 * target_epsilon:
-            raise ValueError(f"no token epsilon bounds the total for {target_epsilon=}")
-    while high > low * (1 + 1e-4):  # invariant: ok(low), not ok(high)
-        mid = math.sqrt(low * high)
-        low, high = (mid, high) if ok(mid) else (low, mid)
-    return float(low)
+    low, high = calibration.grow(
+        ok,
+        low,
+        2 * low,
+        limit=1e3 * target_epsilon,
+        error=f"no token epsilon bounds the total for {target_epsilon=}",
+    )
+    return float(calibration.bisect(ok, low, high, geometric=True, rel_tol=1e-4))
 
 
 def rag_privacy_plan(

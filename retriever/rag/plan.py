@@ -22,7 +22,7 @@ from dp_accounting import dp_event
 
 from retriever.rag.accounting import bounded_range_epsilon, calibrate_token_epsilon
 from retriever.rag.keyword_vote import keyword_threshold
-from synthgen.privacy import accounting
+from synthgen.privacy import accounting, calibration
 from synthgen.privacy.individual import bounded_range_rho, pure_rho
 from synthgen.privacy.partition_selection import selection_threshold
 
@@ -37,12 +37,9 @@ COMPOSITIONS = ("pure", "bounded-range")
 
 def _largest(feasible: Callable[[float], bool], high: float, iterations: int = 40) -> float:
     """Largest x in (0, high] with feasible(x), by bisection (feasible is monotone)."""
-    low = 0.0
     if feasible(high):
         return high
-    for _ in range(iterations):
-        mid = (low + high) / 2.0
-        low, high = (mid, high) if feasible(mid) else (low, mid)
+    low = calibration.bisect(feasible, 0.0, high, iterations=iterations)
     if low == 0.0:
         raise ValueError("the per-answer epsilon is too small for this plan")
     return low

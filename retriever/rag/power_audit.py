@@ -99,7 +99,7 @@ from synthgen.audit.canaries import DIGITS
 from synthgen.audit.cells import read_back, settings_of
 from synthgen.audit.claims import epsilon_tag
 from synthgen.audit.whitebox import CellResult, ScoreStats, score_stats, statistical_cap
-from synthgen.privacy import PrivacyLedger, Scope
+from synthgen.privacy import PrivacyLedger, Scope, calibration
 from synthgen.privacy.individual import DocumentBudget
 from synthgen.work_folder import private_folder
 
@@ -215,12 +215,12 @@ def answer_epsilon_for(config: RagConfig, rho: float, iterations: int = 60) -> f
     def charge(epsilon: float) -> float:
         return plan_answer(config, MECHANISM, epsilon).document_rho()
 
-    low, high = 0.0, 1.0
-    while charge(high) <= rho:  # document_rho grows with epsilon, without bound
-        low, high = high, 2.0 * high
-    for _ in range(iterations):
-        mid = (low + high) / 2.0
-        low, high = (mid, high) if charge(mid) <= rho else (low, mid)
+    def fits(epsilon: float) -> bool:
+        return charge(epsilon) <= rho
+
+    # document_rho grows with epsilon, without bound
+    low, high = calibration.grow(fits, 0.0, 1.0)
+    low = calibration.bisect(fits, low, high, iterations=iterations)
     if low == 0.0:
         raise ValueError(f"no per-answer epsilon fits {rho=}")
     return low

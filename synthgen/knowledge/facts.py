@@ -56,7 +56,7 @@ from synthgen.knowledge.typed_facts import (
     value_kind,
 )
 from synthgen.knowledge.work_lock import work_lock
-from synthgen.privacy import accounting
+from synthgen.privacy import accounting, calibration
 from synthgen.privacy.partition_selection import (
     MECHANISM,
     check_backend,
@@ -150,15 +150,16 @@ class FactPlan:
 
     def records_needed(self, probability: float = 0.5) -> int:
         """Fewest records stating a pair for it to be released with `probability`."""
-        low, high = 1, 1
-        while self.keep_probability(high) < probability:
-            high *= 2
-            if high > 10**9:
-                raise ValueError("no count reaches that probability")
-        while low < high:
-            mid = (low + high) // 2
-            low, high = (mid + 1, high) if self.keep_probability(mid) < probability else (low, mid)
-        return low
+
+        def enough(records: float) -> bool:
+            return self.keep_probability(int(records)) >= probability
+
+        if enough(1):
+            return 1
+        low, high = calibration.grow(
+            lambda n: not enough(n), 1, 2, limit=10**9, error="no count reaches that probability"
+        )
+        return int(calibration.bisect(enough, high, low, integer=True))
 
     @property
     def event(self) -> dp_event.DpEvent:

@@ -32,14 +32,16 @@ import functools
 import math
 from typing import Literal
 
-import scipy.optimize
 from dp_accounting import dp_event
 
+from synthgen.privacy import calibration
 from synthgen.privacy.accountants import (
     ACCOUNTANTS,
     MIN_NOISE_MULTIPLIER,
     AccountantKind,
+    _quiet_absl,
     epsilon,
+    make_accountant,
 )
 from synthgen.privacy.events import (
     FixedSizeSampledGaussianDpEvent,
@@ -231,16 +233,33 @@ def _calibrate(
     if search_eps(MIN_NOISE_MULTIPLIER) <= target_epsilon:
         sigma = MIN_NOISE_MULTIPLIER
     else:
-        lower, upper = MIN_NOISE_MULTIPLIER, 1.0
-        while search_eps(upper) > target_epsilon:
-            lower, upper = upper, upper * 2
-            if upper > 1e4:
-                raise ValueError(f"no noise multiplier <= 1e4 reaches {target_epsilon=}")
-        sigma = float(
-            scipy.optimize.brentq(
-                lambda s: search_eps(s) - target_epsilon, lower, upper, xtol=tolerance
-            )
+        lower, upper = calibration.grow(
+            lambda s: search_eps(s) > target_epsilon,
+            MIN_NOISE_MULTIPLIER,
+            1.0,
+            limit=1e4,
+            error=f"no noise multiplier <= 1e4 reaches {target_epsilon=}",
         )
+        relation = neighboring_relation(sampling)
+        with _quiet_absl():
+            sigma = calibration.calibrate_event(
+                lambda s: dpsgd_event(
+                    noise_multiplier=float(s),
+                    num_examples=num_examples,
+                    batch_size=batch_size,
+                    steps=steps,
+                    sampling=sampling,
+                    accountant=accountant,
+                ),
+                lambda: make_accountant(
+                    accountant, relation, value_discretization_interval=SEARCH_INTERVAL
+                ),
+                target_epsilon=target_epsilon,
+                delta=delta,
+                lower=lower,
+                upper=upper,
+                tol=tolerance,
+            )
     # Brent's root lies within tol of the search grid's answer: step up to its safe side
     # (cheap), then to the safe side of the stated grid (usually no step: the two grids
     # agree to about 1e-4 in epsilon, and each stated evaluation costs seconds).

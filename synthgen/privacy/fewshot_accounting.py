@@ -14,6 +14,7 @@ from typing import Any
 
 from dp_accounting import dp_event
 
+from synthgen.privacy import calibration
 from synthgen.privacy.accountants import (
     MIN_NOISE_MULTIPLIER,
     PldAccountant,
@@ -116,23 +117,27 @@ def calibrate_fewshot(
             acc.compose(fewshot_event(**event_args, **{name: value}))
             return float(acc.get_epsilon(delta))
 
-    # Bisection in log space on a monotone function: epsilon falls with sigma and rises
-    # with the per-token epsilon.
-    lo, hi = (1e-6, 1.0) if increasing else (MIN_NOISE_MULTIPLIER, 1.0)
-    floor_enough = not increasing and eps_of(lo) <= target_epsilon
-    while not floor_enough and (eps_of(hi) <= target_epsilon) == increasing:
-        lo, hi = hi, hi * 2
-        if hi > 1e4:
-            raise ValueError(f"no {name} in range reaches {target_epsilon=}")
-    if increasing and eps_of(lo) > target_epsilon:
-        raise ValueError(f"{target_epsilon=} is below what any per-token epsilon >= 1e-6 gives")
-    while not floor_enough and hi - lo > tolerance * lo:
-        mid = math.sqrt(lo * hi)
-        if (eps_of(mid) <= target_epsilon) == increasing:
-            lo = mid
-        else:
-            hi = mid
-    value = lo if increasing or floor_enough else hi
+    # Bisection in log space on a monotone rule: epsilon falls with sigma and rises with the
+    # per-token epsilon. Very small sigmas make the PLD grid explode: a target reachable
+    # with less noise than MIN_NOISE_MULTIPLIER gets that floor (more noise, never less).
+    def fits(value: float) -> bool:
+        return eps_of(value) <= target_epsilon
+
+    floor = 1e-6 if increasing else MIN_NOISE_MULTIPLIER
+    if not increasing and fits(floor):
+        value = floor
+    else:
+        lo, hi = calibration.grow(
+            lambda x: fits(x) == increasing,
+            floor,
+            1.0,
+            limit=1e4,
+            error=f"no {name} in range reaches {target_epsilon=}",
+        )
+        if increasing and not fits(lo):
+            raise ValueError(f"{target_epsilon=} is below what any per-token epsilon >= 1e-6 gives")
+        good, bad = (lo, hi) if increasing else (hi, lo)
+        value = calibration.bisect(fits, good, bad, geometric=True, rel_tol=tolerance)
     while eps_of(value, 1e-4) > target_epsilon:  # the answer, on the safe side
         value = value / (1 + tolerance) if increasing else value * (1 + tolerance)
     return float(value)

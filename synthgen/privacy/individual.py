@@ -33,6 +33,7 @@ import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
+from synthgen.privacy import calibration
 from synthgen.privacy.errors import UnsupportedEventError
 from synthgen.privacy.events import BoundedRangeDpEvent, EpsilonDeltaDpEvent
 
@@ -139,13 +140,14 @@ def rho_cap(epsilon: float, delta: float, iterations: int = 200) -> float:
       ValueError: epsilon not finite and > 0, or delta not in (0, 1).
     """
     epsilon, delta = _positive("epsilon", epsilon), _delta(delta)
-    low, high = 0.0, epsilon  # rho_epsilon(rho) >= rho, so rho = epsilon is too large
-    for _ in range(iterations):
-        mid = (low + high) / 2.0
-        low, high = (mid, high) if rho_epsilon(mid, delta) <= epsilon else (low, mid)
-        if high - low <= 1e-15 * high:
-            break
-    return low
+    # rho_epsilon(rho) >= rho, so rho = epsilon is too large
+    return calibration.bisect(
+        lambda rho: rho_epsilon(rho, delta) <= epsilon,
+        0.0,
+        epsilon,
+        rel_tol=1e-15,
+        iterations=iterations,
+    )
 
 
 @dataclasses.dataclass(frozen=True)

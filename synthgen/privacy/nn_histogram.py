@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from synthgen.privacy import accountants, events
+from synthgen.privacy import accountants, calibration, events
 
 RELATION = "ADD_OR_REMOVE_ONE"
 
@@ -131,17 +131,19 @@ def calibrate_nn_histogram(
     def eps(z: float) -> float:
         return accountants.epsilon(nn_histogram_event(z, iterations), delta)
 
-    low, high = 0.25, 1.0
-    while eps(high) > target_epsilon:
-        low, high = high, high * 2
-        if high > 1e4:
-            raise ValueError(f"no noise multiplier <= 1e4 reaches {target_epsilon=}")
-    if eps(low) <= target_epsilon:  # the floor: more noise than needed, never less
+    def fits(z: float) -> bool:
+        return eps(z) <= target_epsilon
+
+    low, high = calibration.grow(
+        lambda z: not fits(z),
+        0.25,
+        1.0,
+        limit=1e4,
+        error=f"no noise multiplier <= 1e4 reaches {target_epsilon=}",
+    )
+    if fits(low):  # the floor: more noise than needed, never less
         return low
-    while high - low > tolerance:
-        mid = (low + high) / 2
-        low, high = (low, mid) if eps(mid) <= target_epsilon else (mid, high)
-    return float(high)
+    return float(calibration.bisect(fits, high, low, abs_tol=tolerance))
 
 
 def dp_nn_histogram(
