@@ -307,17 +307,22 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
             f"(ε = {_num(gen.get('epsilon'))}, δ = {_num(gen.get('delta'))})-DP for one pair."
             + (
                 " Each DP-RAG answer (<code>rag/answers.json</code>) is charged to the "
-                "records that took part in it and to the tenant's quota above.</p>"
+                "records that took part in it and to the tenant's quota above."
                 if "medical-records" in individual
                 else " Each DP-RAG answer (<code>rag/answers.json</code>) is charged to the "
-                "medical-records scope above.</p>"
+                "medical-records scope above."
+                if any(s["dataset"] == "medical-records" for s in metrics["privacy"])
+                else ""
             )
+            + "</p>"
         )
     parts.append("</div>")
     parts.append(
         "<p class='warning'>This report is for the operator and is <b>not a release</b>: it "
-        "shows real queries and evaluation figures computed on held-out real queries, which "
-        "carry no privacy guarantee. Ship the folders named above, never this report or "
+        "shows "
+        + ("real queries and " if samples else "")
+        + "evaluation figures computed on held-out real queries, which carry no "
+        "privacy guarantee. Ship the folders named above, never this report or "
         "<code>private/</code>.</p>"
     )
     charge_rows = [

@@ -83,6 +83,8 @@ def test_init_writes_a_config_for_the_pairs_and_the_main_job_runs_it(tmp_path):
     assert written <= targets
     report = (root / "report" / "report.html").read_text()
     assert "NDCG@10" in report and "synthetic" in report and "ε" in report
+    # no DP-RAG stage ran and no real query is shown: the report says neither
+    assert "DP-RAG answer" not in report and "real queries and" not in report
     for line in (root / "private" / "data" / "train_pairs.jsonl").read_text().splitlines()[:3]:
         assert json.loads(line)["query"] not in report  # no private query in the report
 
