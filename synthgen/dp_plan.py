@@ -83,7 +83,12 @@ class DPConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PrivacyPlan:
-    """The guarantee of a run, fixed before it starts: what the accountant assumes."""
+    """The guarantee of a run, fixed before it starts: what the accountant assumes.
+
+    A `synthgen.privacy.release_plan.ReleasePlan`: `event` composed under `relation` with
+    `accountant` at `delta` gives `epsilon` (infinity for the non-private reference run,
+    which has no event).
+    """
 
     num_examples: int
     batch_size: int
@@ -111,9 +116,10 @@ class PrivacyPlan:
         )
 
     @property
-    def relation(self) -> str:
-        """The neighbouring relation of `event`: "ADD_OR_REMOVE_ONE" or "REPLACE_ONE"."""
-        return accounting.neighboring_relation(self.sampling).name
+    def relation(self) -> accounting.NeighboringRelation:
+        """The neighbouring relation of `event`: add/remove-one (Poisson) or replace-one
+        (shuffle); `.name` is what the ledger records."""
+        return accounting.neighboring_relation(self.sampling)
 
     @property
     def private(self) -> bool:
@@ -141,7 +147,7 @@ class PrivacyPlan:
         out.update(
             private=self.private,
             sampling_rate=self.sampling_rate,
-            neighboring_relation=self.relation,
+            neighboring_relation=self.relation.name,
             dp_event=json.loads(accounting.event_to_json(self.event)) if self.private else None,
         )
         return out

@@ -15,6 +15,7 @@ zCDP rho (`AnswerPlan.document_rho`): only mechanisms with a zCDP curve qualify.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable
 
@@ -48,6 +49,11 @@ def _largest(feasible: Callable[[float], bool], high: float, iterations: int = 4
 @dataclasses.dataclass(frozen=True)
 class AnswerPlan:
     """Public parameters of one answer's mechanisms and its worst-case charge.
+
+    A `synthgen.privacy.release_plan.ReleasePlan`: `event` (the worst case,
+    `worst_case_event`) composed with PLD under `relation` at `delta` is at most `epsilon`
+    (`make_plan` shrinks the token epsilon until it is). The ledger is charged
+    `stage_events`, whose composition `event` is, under `relation`.
 
     Attributes:
       mechanism: "icl", "keywords" or "facts".
@@ -133,6 +139,27 @@ class AnswerPlan:
 
     def worst_case_event(self) -> dp_event.DpEvent:
         return accounting.compose([event for _, event in self.stage_events()])
+
+    @property
+    def event(self) -> dp_event.DpEvent:
+        """The answer's charged event: `worst_case_event()`."""
+        return self.worst_case_event()
+
+    @property
+    def relation(self) -> accounting.NeighboringRelation:
+        """Add/remove-one document: the relation `retriever.rag.answer` charges and checks
+        the answer under (its `RELATION`)."""
+        return accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+
+    def to_dict(self) -> dict:
+        """The plan's public parameters and its charged event, as JSON-ready metadata."""
+        return {
+            **dataclasses.asdict(self),
+            "unit": "one document",
+            "neighboring_relation": self.relation.name,
+            "accountant": "pld",
+            "dp_event": json.loads(accounting.event_to_json(self.event)),
+        }
 
     def worst_case_epsilon(self) -> float:
         return accounting.epsilon(self.worst_case_event(), self.delta)

@@ -21,7 +21,10 @@ from synthgen.privacy.nn_histogram import RELATION, calibrate_nn_histogram, nn_h
 
 @dataclasses.dataclass(frozen=True)
 class EvolutionPlan:
-    """T Gaussian histograms of multiplier sigma, and their (epsilon, delta)."""
+    """T Gaussian histograms of multiplier sigma, and their (epsilon, delta).
+
+    A `synthgen.privacy.release_plan.ReleasePlan` (PLD accountant).
+    """
 
     iterations: int
     noise_multiplier: float
@@ -34,6 +37,12 @@ class EvolutionPlan:
     @property
     def noise_std(self) -> float:
         return self.noise_multiplier * self.votes**0.5
+
+    @property
+    def relation(self) -> accounting.NeighboringRelation:
+        """The neighbouring relation of `event` (`RELATION`, the one the ledger is charged
+        under by `synthgen.evolution.generation`)."""
+        return accounting.NeighboringRelation[RELATION]
 
     @property
     def event(self):

@@ -55,7 +55,10 @@ def resolve_delta(delta: float | None, num_private: int) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class FewShotPlan:
-    """The guarantee of a run, fixed before it starts from declared public figures only."""
+    """The guarantee of a run, fixed before it starts from declared public figures only.
+
+    A `synthgen.privacy.release_plan.ReleasePlan` (PLD accountant).
+    """
 
     public_pool_size: int
     pools: int
@@ -69,6 +72,12 @@ class FewShotPlan:
     delta: float
     epsilon: float
     pools_per_example: int = 1
+
+    @property
+    def relation(self) -> accounting.NeighboringRelation:
+        """The neighbouring relation of `event` (`RELATION`, the one the ledger is charged
+        under by `synthgen.fewshot.generation`)."""
+        return accounting.NeighboringRelation[RELATION]
 
     @property
     def event(self):

@@ -121,10 +121,27 @@ class FactConfig:
 
 @dataclasses.dataclass(frozen=True)
 class FactPlan:
-    """What a release at (epsilon, delta, K) can carry, from public figures only."""
+    """What a release at (epsilon, delta, K) can carry, from public figures only.
+
+    A `synthgen.privacy.release_plan.ReleasePlan`: one (epsilon, delta) event, charged
+    under `relation` by `charge_once`.
+    """
 
     config: FactConfig
     num_records: int
+
+    @property
+    def epsilon(self) -> float:
+        return self.config.epsilon
+
+    @property
+    def delta(self) -> float:
+        return self.config.delta
+
+    @property
+    def relation(self) -> accounting.NeighboringRelation:
+        """The neighbouring relation of `event` (`RELATION`, the one `charge_once` passes)."""
+        return accounting.NeighboringRelation[RELATION]
 
     @property
     def threshold(self) -> float:

@@ -102,7 +102,7 @@ def _user_pairs(cfg, seed: int):
     return collection, train, test, targets
 
 
-def _pairs_scope(ctx: StageContext, n: int, relation: str, delta: float):
+def _pairs_scope(ctx: StageContext, n: int, relation, delta: float):
     """The ledger and the private pairs' scope (opened on first use)."""
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.ledger_types import Scope
@@ -325,7 +325,7 @@ def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
         "steps_run": steps_run,
         "resumed_from_step": resumed_from,
         "accountant": plan.accountant,
-        "relation": plan.relation,
+        "relation": plan.relation.name,
     }
     if ctx.train_only:
         ctx.log(

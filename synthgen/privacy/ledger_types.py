@@ -45,7 +45,11 @@ class EventShapeError(PrivacyError):
 
 @dataclasses.dataclass(frozen=True)
 class Scope:
-    """Who spends (tenant) on which private data (dataset), with its cap and accountant."""
+    """Who spends (tenant) on which private data (dataset), with its cap and accountant.
+
+    `relation` takes a `NeighboringRelation` or its name (as `PrivacyLedger.charge` does,
+    e.g. a plan's `relation`) and holds the name.
+    """
 
     tenant: str
     dataset: str
@@ -55,6 +59,8 @@ class Scope:
     relation: str = "ADD_OR_REMOVE_ONE"
 
     def __post_init__(self) -> None:
+        if isinstance(self.relation, events.NeighboringRelation):
+            object.__setattr__(self, "relation", self.relation.name)
         if not self.tenant or not self.dataset:
             raise ValueError(f"tenant and dataset must be non-empty, got {self.tenant=!r}")
         if not (math.isfinite(self.epsilon_cap) and self.epsilon_cap > 0):
