@@ -140,10 +140,8 @@ def train_dp(
     from retriever.train import RetrieverConfig, train_retriever_dp
     from synthgen import dp_train
     from synthgen.paths import default_ledger_path, default_work_dir
+    from synthgen.privacy.admission import admit
     from synthgen.privacy.ledger import PrivacyLedger
-    from synthgen.privacy.ledger_documents import bind_texts
-    from synthgen.privacy.ledger_types import Scope
-    from synthgen.privacy.notices import announce_ledger, warn_weak_guarantee
 
     if noise_multiplier is not None:
         epsilon = None
@@ -169,10 +167,11 @@ def train_dp(
     book = PrivacyLedger(ledger or default_ledger_path())
     scope = (tenant, dataset or queries.stem)
     pairs = [{"document": texts[row_of[str(r["doc_id"])]], "query": r["query"]} for r in rows]
-    bind_texts(book, scope[1], pairs, guarantees_add_up=guarantees_add_up)
-    book.ensure_scope(Scope(*scope, plan.epsilon, plan.delta, relation=plan.relation))
-    announce_ledger(book, scope[1])
-    warn_weak_guarantee(plan.epsilon, plan.delta, len(rows))
+    # the run checks its budget through its work folder, which knows a resume
+    admit(
+        book, *scope, pairs, plan, stage="dp-train", public_count=len(rows),
+        guarantees_add_up=guarantees_add_up, check=False,
+    )  # fmt: skip
     work = work_dir if work_dir is not None else default_work_dir(out, book.path)
     result = train_retriever_dp(
         load_encoder(encoder),

@@ -130,10 +130,10 @@ def build_knowledge(
         have charged these documents and `guarantees_add_up` is False.
     """
     from retriever.data import read_corpus
-    from synthgen.knowledge.facts import CHARGE_FILE, FactConfig
-    from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope
-    from synthgen.privacy.ledger_documents import GUARANTEES_FLAG, bind_texts
-    from synthgen.privacy.notices import announce_ledger, warn_weak_guarantee
+    from synthgen.knowledge.facts import CHARGE_FILE, FactConfig, plan_facts
+    from synthgen.privacy import BudgetExceededError, PrivacyLedger
+    from synthgen.privacy.admission import admit
+    from synthgen.privacy.ledger_documents import GUARANTEES_FLAG
     from synthgen.work_folder import private_folder
 
     if not isinstance(config, FactConfig):
@@ -168,10 +168,12 @@ def build_knowledge(
             f"documents only deliberately, under another name with {GUARANTEES_FLAG}: the "
             "documents then lose both guarantees, and `synthgen ledger show` totals them"
         )
-    bind_texts(book, dataset, texts, guarantees_add_up=guarantees_add_up)
-    book.ensure_scope(Scope(RELEASE_TENANT, dataset, config.epsilon, config.delta))
-    announce_ledger(book, dataset)
-    warn_weak_guarantee(config.epsilon, config.delta, len(texts))
+    # the release checks and charges once through its work folder, which knows a resume
+    admit(
+        book, RELEASE_TENANT, dataset, texts, plan_facts(config, len(texts)),
+        stage="knowledge-release", public_count=len(texts),
+        guarantees_add_up=guarantees_add_up, check=False,
+    )  # fmt: skip
     return _build_facts(
         private_corpus, out, config, texts, contributor=contributor, work=work,
         book=book, ledger_location=ledger_location, dataset=dataset, encoder=encoder,

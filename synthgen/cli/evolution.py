@@ -102,11 +102,8 @@ def generate_docs_pe(
     from synthgen.lm_backends import load_backend
     from synthgen.paths import default_ledger_path
     from synthgen.privacy import secure_rng
+    from synthgen.privacy.admission import admit
     from synthgen.privacy.ledger import PrivacyLedger
-    from synthgen.privacy.ledger_documents import bind_texts
-    from synthgen.privacy.ledger_types import Scope
-    from synthgen.privacy.nn_histogram import RELATION
-    from synthgen.privacy.notices import announce_ledger, warn_weak_guarantee
 
     if (epsilon is None) == (noise is None):
         raise typer.BadParameter("give one of --epsilon and --noise")
@@ -134,12 +131,10 @@ def generate_docs_pe(
     records = [
         {"text": r[text_field], "label": r[label_field] if label_field else ""} for r in rows
     ]
-    bind_texts(ledger_obj, name, records, guarantees_add_up=guarantees_add_up)
-    ledger_obj.ensure_scope(Scope(tenant, name, budget if budget is not None else plan.epsilon,
-                                  plan.delta))  # fmt: skip
-    ledger_obj.check(tenant, name, stage="evolution", event=plan.event, relation=RELATION)
-    announce_ledger(ledger_obj, name)
-    warn_weak_guarantee(plan.epsilon, plan.delta, plan.public_size)  # N declared, public
+    admit(  # n: the declared public size N
+        ledger_obj, tenant, name, records, plan, stage="evolution",
+        public_count=plan.public_size, budget=budget, guarantees_add_up=guarantees_add_up,
+    )  # fmt: skip
     if seed is not None:
         print(SEED_WARNING, file=sys.stderr)
     texts = list(rows[text_field])

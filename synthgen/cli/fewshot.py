@@ -35,8 +35,6 @@ from synthgen.cli.common import (
 from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
 from synthgen.paths import default_ledger_path
 from synthgen.privacy.ledger import PrivacyLedger
-from synthgen.privacy.ledger_types import Scope
-from synthgen.privacy.notices import announce_ledger, warn_weak_guarantee
 
 PoolSizeOption = Annotated[
     int,
@@ -95,17 +93,15 @@ def _ledger(
     """Binds the private rows to `name` (another name over them is refused without
     --guarantees-add-up), opens the scope if it is new and refuses an over-budget run,
     before any compute."""
-    from synthgen.fewshot import RELATION
-    from synthgen.privacy.ledger_documents import bind_texts
+    from synthgen.privacy.admission import admit
 
     ledger_obj = PrivacyLedger(ledger or default_ledger_path())
-    bind_texts(ledger_obj, name, private, guarantees_add_up=guarantees_add_up)
-    cap = budget if budget is not None else plan.epsilon
-    ledger_obj.ensure_scope(Scope(tenant, name, cap, plan.delta))
-    ledger_obj.check(tenant, name, stage="fewshot-generate", event=plan.event, relation=RELATION)
-    announce_ledger(ledger_obj, name)
     # n: the declared public figure the plan's delta bound uses (never the private count)
-    warn_weak_guarantee(plan.epsilon, plan.delta, plan.public_pool_size * plan.pools)
+    admit(
+        ledger_obj, tenant, name, private, plan, stage="fewshot-generate",
+        public_count=plan.public_pool_size * plan.pools, budget=budget,
+        guarantees_add_up=guarantees_add_up,
+    )  # fmt: skip
     return ledger_obj
 
 

@@ -19,9 +19,6 @@ from synthgen.cli.common import (
 from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
 from synthgen.paths import default_ledger_path, default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger
-from synthgen.privacy.ledger_documents import bind_texts
-from synthgen.privacy.ledger_types import Scope
-from synthgen.privacy.notices import announce_ledger, warn_weak_guarantee
 
 # jax, flax and datasets are imported inside the commands so that `synthgen --help` and
 # the calculators start fast.
@@ -77,6 +74,7 @@ def train_generator(
     """
     from synthgen import corpora, querygen
     from synthgen.config_files import querygen_preset
+    from synthgen.privacy.admission import admit
 
     cfg = querygen_preset(config)
     changes: dict = {}
@@ -102,11 +100,12 @@ def train_generator(
     if plan.private:
         ledger_obj = PrivacyLedger(ledger_path)
         pairs_read = [{"document": r[document_field], "query": r[query_field]} for r in rows]
-        bind_texts(ledger_obj, scope_name, pairs_read, guarantees_add_up=guarantees_add_up)
-        cap = budget if budget is not None else max(plan.epsilon, 1e-6)
-        ledger_obj.ensure_scope(Scope(tenant, scope_name, cap, plan.delta, relation=plan.relation))
-        announce_ledger(ledger_obj, scope_name)
-        warn_weak_guarantee(plan.epsilon, plan.delta, len(rows))
+        # the run checks its budget through its work folder, which knows a resume
+        admit(
+            ledger_obj, tenant, scope_name, pairs_read, plan, stage="dp-train",
+            public_count=len(rows), budget=budget, guarantees_add_up=guarantees_add_up,
+            check=False,
+        )  # fmt: skip
     else:
         print(
             "warning: --noise-multiplier 0 is a NON-private run (epsilon = infinity); "

@@ -102,27 +102,25 @@ def _user_pairs(cfg, seed: int):
     return collection, train, test, targets
 
 
-def _pairs_scope(ctx: StageContext, n: int, relation, delta: float):
-    """The ledger and the private pairs' scope (opened on first use)."""
+def _admit_pairs(
+    ctx: StageContext, pairs: list[dict], plan, *, stage: str, n: int, check: bool, quiet=False
+):
+    """The ledger and the private pairs' scope, admitted as every command admits a
+    collection (`synthgen.privacy.admission.admit`: the pairs bound to their name, the scope
+    opened with the run's caps, the notices logged unless `quiet`). `n`: the count the delta
+    warning uses (the few-shot generator's declared pool size, not the private count)."""
+    from synthgen.privacy.admission import admit
     from synthgen.privacy.ledger import PrivacyLedger
-    from synthgen.privacy.ledger_types import Scope
 
     privacy = ctx.config.privacy
     ledger = PrivacyLedger(ctx.run.ledger)
-    open_run_scope(
-        ledger, Scope(privacy.tenant, PAIRS_DATASET, privacy.epsilon_cap, delta, relation=relation)
-    )
-    return ledger, (privacy.tenant, PAIRS_DATASET)
-
-
-def _tell(ctx: StageContext, ledger, epsilon: float, delta: float, n: int) -> None:
-    """Logs which ledger holds the pairs' charge, and a warning for a weak guarantee
-    (`synthgen.privacy.notices`)."""
-    from synthgen.privacy.notices import guarantee_lines, ledger_lines
-
-    lines = ledger_lines(ledger, PAIRS_DATASET, option=None)
-    for line in lines + guarantee_lines(epsilon, delta, n):
-        ctx.log("generate", line)
+    records = [{"document": r["document"], "query": r["query"]} for r in pairs]
+    scope = admit(
+        ledger, privacy.tenant, PAIRS_DATASET, records, plan, stage=stage, public_count=n,
+        budget=privacy.epsilon_cap, check=check, open_scope=open_run_scope, option=None,
+        tell=lambda lines: None if quiet else [ctx.log("generate", line) for line in lines],
+    )  # fmt: skip
+    return ledger, scope
 
 
 def _querygen_plan(ctx: StageContext, n: int):
@@ -143,16 +141,12 @@ def generate_precheck(ctx: StageContext) -> None:
         return
     pairs = read_jsonl(path)
     if ctx.config.generate.kind == "querygen":
-        _, plan, delta = _querygen_plan(ctx, len(pairs))
-        ledger, scope = _pairs_scope(ctx, len(pairs), plan.relation, delta)
-        stage, relation = "dp-train", plan.relation
+        _, plan, _ = _querygen_plan(ctx, len(pairs))
+        stage = "dp-train"
     else:
-        from synthgen import fewshot
-
-        _, _, plan, delta = _fewshot_plan(ctx, pairs)
-        ledger, scope = _pairs_scope(ctx, len(pairs), fewshot.RELATION, delta)
-        stage, relation = "fewshot-generate", fewshot.RELATION
-    ledger.check(*scope, stage=stage, event=plan.event, relation=relation)
+        _, _, plan, _ = _fewshot_plan(ctx, pairs)
+        stage = "fewshot-generate"
+    ledger, _ = _admit_pairs(ctx, pairs, plan, stage=stage, n=len(pairs), check=True, quiet=True)
     # the first to open a fresh run's ledger: the stage itself then names its location
     warning = new_ledger_warning(ledger, PAIRS_DATASET, option=None)
     if warning:
@@ -277,8 +271,8 @@ def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
 
     n = len(pairs)
     config, plan, delta = _querygen_plan(ctx, n)
-    ledger, scope = _pairs_scope(ctx, n, plan.relation, delta)
-    _tell(ctx, ledger, plan.epsilon, delta, n)
+    # the run checks its budget through its work folder, which knows a resume
+    ledger, scope = _admit_pairs(ctx, pairs, plan, stage="dp-train", n=n, check=False)
     ctx.log(
         "generate",
         f"DP fine-tuning {config.base} ({config.family}, LoRA rank {config.lora_rank}) on {n} "
@@ -381,8 +375,10 @@ def _fewshot(ctx: StageContext, pairs: list[dict]) -> dict:
 
     cfg = ctx.config.generate
     private, targets, plan, delta = _fewshot_plan(ctx, pairs)
-    ledger, scope = _pairs_scope(ctx, len(pairs), fewshot.RELATION, delta)
-    _tell(ctx, ledger, plan.epsilon, delta, plan.public_pool_size * plan.pools)  # declared N
+    ledger, scope = _admit_pairs(
+        ctx, pairs, plan, stage="fewshot-generate", n=plan.public_pool_size * plan.pools,
+        check=False,
+    )  # fmt: skip
     ctx.log(
         "generate",
         f"DP few-shot queries with {cfg.fewshot_model}: epsilon={plan.epsilon:.3f} "
