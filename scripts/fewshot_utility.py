@@ -48,6 +48,7 @@ from synthgen.paths import default_ledger_path
 from synthgen.plots import pyplot
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
+from synthgen.privacy.receipts import ledger_payer
 
 # The corpus's public topic list (Wikipedia's vital-article topics, plus the loader's
 # "Uncategorized"): the label set of the private train split, declared, never read from it.
@@ -216,8 +217,8 @@ def main() -> None:
             lm = lm or FlaxLM.load(args.model)
             result = fewshot.generate(
                 lm, private, targets, fewshot.DOCUMENT_TEMPLATE, config, pool_field="label",
-                rng=secure_rng(), ledger=ledger, ledger_scope=(args.tenant, args.dataset),
-                plan=plan,
+                rng=secure_rng(), plan=plan,
+                pay=ledger_payer(ledger, (args.tenant, args.dataset), stage="fewshot-generate"),
             )  # fmt: skip
             texts = [t if t else "(empty)" for t in result.texts]
             x = encoder.encode(texts)
@@ -343,8 +344,8 @@ def pe_cells(args, encoder, private, labels, test, base) -> list[dict]:
 
             result = evolution.evolve(
                 get_sampler(), embed, texts, cfg, rng=secure_rng(), private_labels=private_labels,
-                initial=initial, private_embeddings=private_emb, ledger=ledger,
-                ledger_scope=(args.tenant, args.dataset), plan=plan, progress=progress,
+                initial=initial, private_embeddings=private_emb, plan=plan, progress=progress,
+                pay=ledger_payer(ledger, (args.tenant, args.dataset), stage="evolution"),
             )  # fmt: skip
             bar.close()
             timing[eps] = result.samples_generated / max(result.generation_seconds, 1e-9)

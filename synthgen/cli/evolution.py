@@ -104,6 +104,7 @@ def generate_docs_pe(
     from synthgen.privacy import secure_rng
     from synthgen.privacy.admission import admit
     from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.receipts import ledger_payer
 
     if (epsilon is None) == (noise is None):
         raise typer.BadParameter("give one of --epsilon and --noise")
@@ -168,8 +169,8 @@ def generate_docs_pe(
     try:
         result = evolution.evolve(
             sampler, lambda batch: text_encoder.encode(list(batch)), texts, config,
-            rng=secure_rng(seed), private_labels=private_labels, ledger=ledger_obj,
-            ledger_scope=(tenant, name), plan=plan, progress=progress,
+            rng=secure_rng(seed), private_labels=private_labels, plan=plan, progress=progress,
+            pay=ledger_payer(ledger_obj, (tenant, name), stage="evolution"),
         )  # fmt: skip
     finally:
         for bar in bars.values():
@@ -180,7 +181,7 @@ def generate_docs_pe(
     lm_name = model if server is None else f"{server} ({server_model or model})"
     evolution.write_output(
         out, result, config, model=lm_name, encoder=encoder, rows=selection_note(limit, split),
-        seeded=seed is not None, ledger_scope=(tenant, name),
+        seeded=seed is not None,
     )  # fmt: skip
     rate = result.samples_generated / max(result.generation_seconds, 1e-9)
     print(

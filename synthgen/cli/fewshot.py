@@ -35,6 +35,9 @@ from synthgen.cli.common import (
 from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
 from synthgen.paths import default_ledger_path
 from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.receipts import ledger_payer
+
+STAGE = "fewshot-generate"  # the few-shot commands' ledger stage
 
 PoolSizeOption = Annotated[
     int,
@@ -98,7 +101,7 @@ def _ledger(
     ledger_obj = PrivacyLedger(ledger or default_ledger_path())
     # n: the declared public figure the plan's delta bound uses (never the private count)
     admit(
-        ledger_obj, tenant, name, private, plan, stage="fewshot-generate",
+        ledger_obj, tenant, name, private, plan, stage=STAGE,
         public_count=plan.public_pool_size * plan.pools, budget=budget,
         guarantees_add_up=guarantees_add_up,
     )  # fmt: skip
@@ -159,8 +162,7 @@ def _run(
             cfg,
             pool_field=pool_field,
             rng=secure_rng(seed),
-            ledger=ledger_obj,
-            ledger_scope=(ledger_args[0], ledger_args[1]),
+            pay=ledger_payer(ledger_obj, (ledger_args[0], ledger_args[1]), stage=STAGE),
             plan=plan,
             on_token=on_token,
         )
@@ -178,7 +180,6 @@ def _run(
         template=template,
         rows=rows,
         seeded=seed is not None,
-        ledger_scope=(ledger_args[0], ledger_args[1]),
     )
     print(
         json.dumps(

@@ -35,8 +35,8 @@ import numpy as np
 from synthgen.evolution.config import EvolutionConfig
 from synthgen.evolution.plan import EvolutionPlan, plan_evolution
 from synthgen.evolution.sampler import TextSampler
-from synthgen.privacy.ledger import PrivacyLedger
-from synthgen.privacy.nn_histogram import RELATION, dp_nn_histogram, nearest_neighbour_votes
+from synthgen.privacy.nn_histogram import dp_nn_histogram, nearest_neighbour_votes
+from synthgen.privacy.receipts import Payer, Receipt, paid
 
 Embed = Callable[[Sequence[str]], np.ndarray]
 # progress(stage, done, total): stage is "initial", "histogram" or "variation"
@@ -55,6 +55,7 @@ class EvolutionResult:
         threshold (post-processing of released histograms).
       samples_generated: LM samples generated (public work).
       generation_seconds: time spent in the LM (public work; not for release folders).
+      receipt: the receipt of the run's charge (None: an uncharged run).
     """
 
     texts: list[str]
@@ -63,6 +64,7 @@ class EvolutionResult:
     selected_share: list[float]
     samples_generated: int
     generation_seconds: float
+    receipt: Receipt | None = None
 
 
 def initial_prompts(config: EvolutionConfig) -> list[tuple[str, str]]:
@@ -113,8 +115,7 @@ def evolve(
     private_labels: Sequence[str] | None = None,
     initial: Sequence[str] | None = None,
     private_embeddings: np.ndarray | None = None,
-    ledger: PrivacyLedger | None = None,
-    ledger_scope: tuple[str, str] | None = None,
+    pay: Payer | None = None,
     plan: EvolutionPlan | None = None,
     progress: Progress | None = None,
 ) -> EvolutionResult:
@@ -131,8 +132,8 @@ def evolve(
       initial: a public first population (in `initial_prompts` order) instead of
         generating it, e.g. shared by runs at several epsilons.
       private_embeddings: `embed(private_texts)`, if already computed (row for row).
-      ledger: charged `plan.event` before the first histogram (checked first).
-      ledger_scope: (tenant, dataset) of the charge.
+      pay: the caller's payer (`synthgen.privacy.receipts.ledger_payer`): checked before
+        any work, paid once before the first histogram; None: an uncharged run.
       plan: the plan (default `plan_evolution(config)`).
       progress: callback (stage, done, total), public counts only.
 
@@ -151,10 +152,8 @@ def evolve(
 
     plan = plan or plan_evolution(config)
     _check_plan(plan, config)
-    if ledger is not None:
-        if ledger_scope is None:
-            raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
-        ledger.check(*ledger_scope, stage="evolution", event=plan.event, relation=RELATION)
+    if pay is not None:
+        pay.check(plan)
     labelled = config.labels != ("",)
     if labelled and private_labels is None:
         raise ValueError("config.labels names labels: pass private_labels")
@@ -216,17 +215,13 @@ def evolve(
             f"private and synthetic embeddings differ in width: {private_emb.shape[-1]} and "
             f"{synthetic_emb.shape[1]}"
         )
-    if ledger is not None:
-        ledger.charge(
-            *ledger_scope,
-            stage="evolution",
-            event=plan.event,
-            relation=RELATION,
-            description=(
-                f"Private Evolution: {plan.iterations} DP NN histograms, "
-                f"sigma={plan.noise_multiplier:.4g}, eps={plan.epsilon:.4g}"
-            ),
+    receipt = None
+    if pay is not None:
+        description = (
+            f"Private Evolution: {plan.iterations} DP NN histograms, "
+            f"sigma={plan.noise_multiplier:.4g}, eps={plan.epsilon:.4g}"
         )
+        receipt = paid(pay, plan, description)
     released = config.samples_per_label()
     sizes = config.population_per_label()
     shares: list[float] = []
@@ -278,4 +273,4 @@ def evolve(
             new = kept[g] + [next(variations) for _ in range(sizes[g] - len(kept[g]))]
             population += new
             population_labels += [label] * len(new)
-    return EvolutionResult(population, population_labels, plan, shares, generated, seconds)
+    return EvolutionResult(population, population_labels, plan, shares, generated, seconds, receipt)

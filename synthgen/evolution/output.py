@@ -25,7 +25,6 @@ def write_output(
     encoder: str,
     rows: str = "all rows of the private data",
     seeded: bool = False,
-    ledger_scope: tuple[str, str] | None = None,
     name: str = "synthetic",
 ) -> dict:
     """Writes `<name>.jsonl`, `<name>.parquet` (label, text) and metadata.json.
@@ -38,7 +37,6 @@ def write_output(
       encoder: the embedding model's name.
       rows: which private rows the guarantee covers.
       seeded: the randomness came from a fixed seed (tests only).
-      ledger_scope: (tenant, dataset) charged, or None.
       name: file stem.
 
     Returns:
@@ -55,8 +53,9 @@ def write_output(
     dataset.to_parquet(out / f"{name}.parquet")
     privacy = result.plan.to_dict()
     privacy["rows_covered"] = rows
+    receipt = result.receipt  # the (tenant, dataset) charged, None for an uncharged run
     privacy["ledger_scope"] = (
-        None if ledger_scope is None else {"tenant": ledger_scope[0], "dataset": ledger_scope[1]}
+        None if receipt is None else {"tenant": receipt.tenant, "dataset": receipt.dataset}
     )
     metadata = {
         "privacy": privacy,

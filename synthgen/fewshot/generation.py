@@ -1,12 +1,13 @@
 """The DP few-shot generation loop: one synthetic text per target, token by token.
 
 `generate` plans (or checks) the run, refuses prompts that may overflow the model's
-context, charges the ledger, then for every token draws the prompts' private examples,
-scores the public prompt alone and the M private prompts together, and releases one token.
+context, is paid for (the caller's payer, `synthgen.privacy.receipts`), then for every token
+draws the prompts' private examples, scores the public prompt alone and the M private
+prompts together, and releases one token.
 
 Privacy:
-  (plan.epsilon, plan.delta)-DP for one private example under add/remove-one, charged to
-  the ledger before the first token; stopping early at EOS only spends less. The public
+  (plan.epsilon, plan.delta)-DP for one private example under add/remove-one, paid for
+  before the first token; stopping early at EOS only spends less. The public
   prompt is scored in calls whose inputs are all public; the stopping rule reads only
   released tokens. See the package docstring (`synthgen.fewshot`; Tang et al. 2024).
 """
@@ -21,16 +22,17 @@ import numpy as np
 
 from synthgen.fewshot.config import FewShotConfig
 from synthgen.fewshot.mechanism import release_token
-from synthgen.fewshot.plan import RELATION, FewShotPlan, _check_plan, plan_for
+from synthgen.fewshot.plan import FewShotPlan, _check_plan, plan_for
 from synthgen.fewshot.prompts import PromptTemplate, _Prompts
 from synthgen.fewshot.sampling import _pools, draw_subsets
 from synthgen.next_token import NextTokenLM
-from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.receipts import Payer, Receipt, paid
 
 
 @dataclasses.dataclass
 class FewShotResult:
-    """Generated texts (one per target), the plan and the number of released tokens.
+    """Generated texts (one per target), the plan, the number of released tokens and the
+    receipt of the run's charge (None: an uncharged run).
 
     No timings: how long private work took is not part of a release.
     """
@@ -38,6 +40,7 @@ class FewShotResult:
     texts: list[str]
     plan: FewShotPlan
     tokens_released: int
+    receipt: Receipt | None = None
 
 
 def _public_logprobs(lm: NextTokenLM, public: list[int]) -> np.ndarray:
@@ -60,8 +63,7 @@ def generate(
     *,
     pool_field: str | None = None,
     rng: np.random.Generator,
-    ledger: PrivacyLedger | None = None,
-    ledger_scope: tuple[str, str] | None = None,
+    pay: Payer | None = None,
     plan: FewShotPlan | None = None,
     on_token: Callable[[int, FewShotPlan], None] | None = None,
 ) -> FewShotResult:
@@ -78,13 +80,14 @@ def generate(
         its own (label-conditioned generation); else all rows. Rows whose value is no
         target's are never used.
       rng: host randomness (subsampling and noise); production: `secure_rng()`.
-      ledger: charge the run's guarantee here before the first token.
-      ledger_scope: (tenant, dataset) of the charge.
+      pay: the caller's payer (`synthgen.privacy.receipts.ledger_payer`), called once
+        with the plan before the first token; None: an uncharged run (tests, benchmarks
+        that account for themselves).
       plan: a plan from `plan_for` (computed here if None).
       on_token: called after every released token with the total released so far.
 
     Returns:
-      The texts (without the stop token) and the plan.
+      The texts (without the stop token), the plan and the receipt of its charge.
 
     Raises:
       ValueError: a pool smaller than `config.public_pool_size` (its label is named, its
@@ -93,7 +96,7 @@ def generate(
 
     Privacy:
       See the module docstring: (plan.epsilon, plan.delta)-DP for one private example
-      under add/remove-one, charged to `ledger` before any token is released.
+      under add/remove-one, paid for (`pay`) before any token is released.
     """
     plan = plan or plan_for(private_rows, targets, template, config, pool_field=pool_field)
     pools = _pools(private_rows, targets, pool_field, config.min_pool_size)
@@ -113,17 +116,13 @@ def generate(
     prepare = getattr(lm, "prepare", None)
     if callable(prepare):  # a remote LM probes its server with a public prompt, pre-charge
         prepare()
-    if ledger is not None:
-        if ledger_scope is None:
-            raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
-        ledger.charge(
-            *ledger_scope,
-            stage="fewshot-generate",
-            event=plan.event,
-            relation=RELATION,
-            description=f"DP few-shot generation: {len(targets)} examples, "
-            f"{plan.tokens} tokens per pool, eps={plan.epsilon:.4g}",
+    receipt = None
+    if pay is not None:
+        description = (
+            f"DP few-shot generation: {len(targets)} examples, {plan.tokens} tokens per pool, "
+            f"eps={plan.epsilon:.4g}"
         )
+        receipt = paid(pay, plan, description)
     sample_rng, noise_rng = rng.spawn(2)
     released, texts = 0, []
     for frame, pool in zip(frames, pools, strict=True):
@@ -149,4 +148,4 @@ def generate(
             if config.resample == "example" and len(generated) < config.max_new_tokens:
                 private = lm.append(token)
         texts.append(lm.decode(generated).strip())
-    return FewShotResult(texts, plan, released)
+    return FewShotResult(texts, plan, released, receipt)

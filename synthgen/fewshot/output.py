@@ -34,9 +34,10 @@ def write_output(
     name: str = "synthetic",
     rows: str = "all rows of the private data",
     seeded: bool = False,
-    ledger_scope: tuple[str, str] | None = None,
 ) -> dict:
-    """Writes `<name>.jsonl`, `<name>.parquet` and metadata.json (with the guarantee).
+    """Writes `<name>.jsonl`, `<name>.parquet` and metadata.json (with the guarantee and
+    the (tenant, dataset) of the run's receipt, None for an uncharged run, for what is
+    trained on the output).
 
     Args:
       out_dir: output folder (released: public figures and DP outputs only).
@@ -48,8 +49,6 @@ def write_output(
       name: file stem.
       rows: which private rows the guarantee covers (e.g. a split or a limit).
       seeded: the mechanism's randomness came from a fixed seed (tests only).
-      ledger_scope: (tenant, dataset) the run was charged to; recorded in the privacy
-        block (None: not charged to a ledger), for what is trained on the output.
 
     Privacy:
       Metadata holds only declared or DP figures: the plan (from `public_pool_size`),
@@ -68,10 +67,9 @@ def write_output(
     dataset.to_parquet(out / f"{name}.parquet")
     privacy = result.plan.to_dict()
     privacy["rows_covered"] = rows
+    receipt = result.receipt
     privacy["ledger_scope"] = (
-        None
-        if ledger_scope is None
-        else {"tenant": str(ledger_scope[0]), "dataset": str(ledger_scope[1])}
+        None if receipt is None else {"tenant": receipt.tenant, "dataset": receipt.dataset}
     )
     metadata = {
         "privacy": privacy,

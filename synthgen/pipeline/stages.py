@@ -372,6 +372,7 @@ def _fewshot(ctx: StageContext, pairs: list[dict]) -> dict:
     from synthgen import fewshot
     from synthgen.lm_backends import FlaxLM
     from synthgen.privacy import secure_rng
+    from synthgen.privacy.receipts import ledger_payer
 
     cfg = ctx.config.generate
     private, targets, plan, delta = _fewshot_plan(ctx, pairs)
@@ -392,8 +393,7 @@ def _fewshot(ctx: StageContext, pairs: list[dict]) -> dict:
         fewshot.QUERY_TEMPLATE,
         cfg.fewshot,
         rng=secure_rng(),
-        ledger=ledger,
-        ledger_scope=scope,
+        pay=ledger_payer(ledger, scope, stage="fewshot-generate"),
         plan=plan,
     )
     fewshot.write_output(
@@ -408,7 +408,6 @@ def _fewshot(ctx: StageContext, pairs: list[dict]) -> dict:
         model=cfg.fewshot_model,
         template=fewshot.QUERY_TEMPLATE,
         name="queries",
-        ledger_scope=scope,
     )
     return {
         "generator": f"DP few-shot {cfg.fewshot_model}",

@@ -16,6 +16,13 @@ from synthgen.privacy.errors import BudgetExceededError
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
 from synthgen.privacy.nn_histogram import nn_histogram_event
+from synthgen.privacy.receipts import ledger_payer
+
+
+def _pay(ledger):
+    """The payer of scope (t, d), as the commands build it."""
+    return ledger_payer(ledger, ("t", "d"), stage="evolution")
+
 
 PRIVATE = ["the cat sat on the mat", "a cat and a kitten", "cats purr"] * 20 + [
     "dogs bark loudly",
@@ -96,7 +103,7 @@ def test_end_to_end_with_the_tiny_lm_is_charged_and_labelled(tmp_path):
     events = []
     result = evolution.evolve(
         sampler, embed, PRIVATE, config, rng=np.random.default_rng(0),
-        private_labels=PRIVATE_LABELS, ledger=ledger, ledger_scope=("t", "d"),
+        private_labels=PRIVATE_LABELS, pay=_pay(ledger),
         progress=lambda *a: events.append(a),
     )  # fmt: skip
     assert result.labels == ["cat", "cat", "dog", "dog"] and len(result.texts) == 4
@@ -109,7 +116,7 @@ def test_end_to_end_with_the_tiny_lm_is_charged_and_labelled(tmp_path):
     assert {e[0] for e in events} == {"initial", "histogram", "variation"}
     assert all(isinstance(x, int) for e in events for x in e[1:])  # public counts only
     meta = evolution.write_output(tmp_path / "out", result, config, model="tiny", encoder="test",
-                                  seeded=True, ledger_scope=("t", "d"))  # fmt: skip
+                                  seeded=True)  # fmt: skip
     rows = [json.loads(x) for x in (tmp_path / "out" / "synthetic.jsonl").read_text().splitlines()]
     assert [r["label"] for r in rows] == result.labels
     assert (tmp_path / "out" / "synthetic.parquet").is_file()
@@ -133,7 +140,7 @@ def test_the_ledger_is_charged_before_the_first_histogram(tmp_path, monkeypatch)
     sampler = ScriptedSampler(["cat", "mat", "dog", "log"])
     evolution.evolve(
         sampler, embed, PRIVATE, _config(), rng=np.random.default_rng(1),
-        private_labels=PRIVATE_LABELS, ledger=ledger, ledger_scope=("t", "d"),
+        private_labels=PRIVATE_LABELS, pay=_pay(ledger),
     )  # fmt: skip
     assert seen == [1, 1]  # two histograms, both after the one charge
 
@@ -146,7 +153,7 @@ def test_an_over_budget_run_is_refused_before_any_work(tmp_path):
     with pytest.raises(BudgetExceededError):
         evolution.evolve(sampler, lambda t: calls.append(t) or embed(t), PRIVATE, _config(),
                          rng=np.random.default_rng(0), private_labels=PRIVATE_LABELS,
-                         ledger=ledger, ledger_scope=("t", "d"))  # fmt: skip
+                         pay=_pay(ledger))  # fmt: skip
     assert ledger.charges("t", "d") == [] and sampler.prompts == [] and calls == []
 
 
@@ -375,11 +382,11 @@ def test_a_plan_of_another_config_and_mismatched_widths_are_refused_before_the_c
     with pytest.raises(ValueError, match="plan"):
         evolution.evolve(IdentitySampler(CANDIDATES), embed, PRIVATE, _config(),
                          rng=np.random.default_rng(0), private_labels=PRIVATE_LABELS,
-                         plan=other, ledger=ledger, ledger_scope=("t", "d"))  # fmt: skip
+                         plan=other, pay=_pay(ledger))  # fmt: skip
     with pytest.raises(ValueError, match="width") as error:
         evolution.evolve(IdentitySampler(CANDIDATES), embed, PRIVATE, _config(),
                          rng=np.random.default_rng(0), private_labels=PRIVATE_LABELS,
-                         private_embeddings=np.zeros((len(PRIVATE), 5)), ledger=ledger,
-                         ledger_scope=("t", "d"))  # fmt: skip
+                         private_embeddings=np.zeros((len(PRIVATE), 5)),
+                         pay=_pay(ledger))  # fmt: skip
     assert str(len(PRIVATE)) not in str(error.value)  # the private count is not shown
     assert ledger.charges("t", "d") == []

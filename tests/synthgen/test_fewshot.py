@@ -15,6 +15,13 @@ from synthgen.lm_backends import TinyLM
 from synthgen.privacy import accounting
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
+from synthgen.privacy.receipts import ledger_payer
+
+
+def _pay(ledger):
+    """The payer of scope (t, d), as the commands build it."""
+    return ledger_payer(ledger, ("t", "d"), stage="fewshot-generate")
+
 
 # ---- accounting -------------------------------------------------------------------------
 
@@ -237,8 +244,8 @@ def test_a_pool_smaller_than_declared_is_refused_without_its_size(tmp_path):
     plan = fewshot.plan_privacy(config, 8, 2)
     with pytest.raises(ValueError, match="smaller than the declared"):
         fewshot.generate(TinyLM(), ROWS, targets, fewshot.DOCUMENT_TEMPLATE, config,
-                         pool_field="label", rng=np.random.default_rng(0), ledger=ledger,
-                         ledger_scope=("t", "d"), plan=plan)  # fmt: skip
+                         pool_field="label", rng=np.random.default_rng(0), pay=_pay(ledger),
+                         plan=plan)  # fmt: skip
     assert ledger.charges("t", "d") == []
     # A label of the public list with no private example at all is refused the same way.
     with pytest.raises(ValueError, match="label='z' is smaller than the declared"):
@@ -390,7 +397,7 @@ def test_end_to_end_with_the_tiny_lm_is_charged_and_on_topic(resample, tmp_path)
     template = fewshot.PromptTemplate(header="{label}\n", shot="{text}\n", stem="")
     result = fewshot.generate(
         TinyLM(), ROWS, targets, template, config, pool_field="label",
-        rng=np.random.default_rng(0), ledger=ledger, ledger_scope=("t", "d"),
+        rng=np.random.default_rng(0), pay=_pay(ledger),
     )  # fmt: skip
     assert len(result.texts) == 4
     charges = ledger.charges("t", "d")
@@ -431,8 +438,8 @@ def test_over_budget_run_is_refused_and_releases_nothing(tmp_path):
 
     with pytest.raises(BudgetExceededError):
         fewshot.generate(lm, ROWS, [{"label": "x"}], fewshot.DOCUMENT_TEMPLATE, config,
-                         pool_field="label", rng=np.random.default_rng(0), ledger=ledger,
-                         ledger_scope=("t", "d"))  # fmt: skip
+                         pool_field="label", rng=np.random.default_rng(0),
+                         pay=_pay(ledger))  # fmt: skip
     assert ledger.charges("t", "d") == [] and SpyLM.calls == 0
 
 
@@ -445,7 +452,7 @@ def test_a_run_that_may_overflow_the_context_is_refused_before_the_charge(tmp_pa
     with pytest.raises(ValueError, match="context"):
         fewshot.generate(ShortLM(), ROWS, [{"label": "x"}], fewshot.DOCUMENT_TEMPLATE,
                          _config(), pool_field="label", rng=np.random.default_rng(0),
-                         ledger=ledger, ledger_scope=("t", "d"))  # fmt: skip
+                         pay=_pay(ledger))  # fmt: skip
     assert ledger.charges("t", "d") == []
 
 

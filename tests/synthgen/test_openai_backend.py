@@ -15,6 +15,13 @@ import pytest
 from synthgen import fewshot
 from synthgen.lm_backends import TinyLM
 from synthgen.openai_backend import PROBE_TEXT, LMServerError, OpenAICompletionsLM
+from synthgen.privacy.receipts import ledger_payer
+
+
+def _pay(ledger):
+    """The payer of scope (t, d), as the commands build it."""
+    return ledger_payer(ledger, ("t", "d"), stage="fewshot-generate")
+
 
 SECRET = "zq-secret-zq"  # stands for private text: must never reach an error message
 
@@ -278,8 +285,7 @@ def test_the_server_context_is_required_and_checked_before_the_charge(server, tm
     with pytest.raises(ValueError, match="context"):
         fewshot.generate(remote, [{"text": "abcdefg", "label": "x"}] * 40, [{"label": "x"}],
                          fewshot.DOCUMENT_TEMPLATE, config, pool_field="label",
-                         rng=np.random.default_rng(0), ledger=ledger,
-                         ledger_scope=("t", "d"))  # fmt: skip
+                         rng=np.random.default_rng(0), pay=_pay(ledger))  # fmt: skip
     assert ledger.charges("t", "d") == [] and _Handler.requests == before
 
 

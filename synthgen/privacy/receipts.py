@@ -1,0 +1,91 @@
+"""Receipts: an algorithm is paid for before it draws noise, and never holds the ledger.
+
+The caller that admitted the data (`synthgen.privacy.admission`) hands the algorithm a
+*payer* (`ledger_payer` over its ledger and scope): ``pay.check(plan)`` dry-runs the
+charge, and ``pay(plan, description)`` makes it and returns a `Receipt`. The algorithm runs
+its public checks, pays once, checks that the receipt is for its own plan's event
+(`paid`), and only then draws noise. So the algorithm cannot charge another scope, and
+cannot draw noise for an event the ledger never saw: "charge, then noise" is one call.
+
+Privacy:
+  A receipt holds public figures only: the scope's names, the stage, the charged event's
+  JSON and the charge's id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+from synthgen.privacy.events import event_to_json
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.release_plan import ReleasePlan
+
+
+@dataclasses.dataclass(frozen=True)
+class Receipt:
+    """What the ledger recorded for one release: its scope, stage, event and charge id."""
+
+    tenant: str
+    dataset: str
+    stage: str
+    event: str  # the charged DpEvent, as `event_to_json` writes it
+    charge_id: int
+
+    @property
+    def scope(self) -> tuple[str, str]:
+        return self.tenant, self.dataset
+
+    def check(self, plan: ReleasePlan) -> None:
+        """Raises ValueError unless this receipt charged `plan`'s event."""
+        if self.event != event_to_json(plan.event):
+            raise ValueError(
+                f"the receipt for {self.stage} charged another event than this plan's: no "
+                "noise is drawn for a release the ledger was not charged for"
+            )
+
+
+class Payer(Protocol):
+    """What an algorithm is handed instead of the ledger."""
+
+    def check(self, plan: ReleasePlan) -> None:
+        """A dry run of the charge: raises as the charge would, records nothing."""
+
+    def __call__(self, plan: ReleasePlan, description: str) -> Receipt:
+        """Charges `plan.event` under `plan.relation`; returns the receipt."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerPayer:
+    """A payer over `scope` of `ledger` at `stage` (`PrivacyLedger.check` and `.charge`:
+    a charge over a cap is refused, and nothing is recorded then)."""
+
+    ledger: PrivacyLedger
+    scope: tuple[str, str]
+    stage: str
+
+    def check(self, plan: ReleasePlan) -> None:
+        self.ledger.check(*self.scope, stage=self.stage, event=plan.event, relation=plan.relation)
+
+    def __call__(self, plan: ReleasePlan, description: str) -> Receipt:
+        charge = self.ledger.charge(
+            *self.scope,
+            stage=self.stage,
+            event=plan.event,
+            relation=plan.relation,
+            description=description,
+        )
+        return Receipt(*self.scope, self.stage, event_to_json(plan.event), charge.id)
+
+
+def ledger_payer(ledger: PrivacyLedger, scope: tuple[str, str], *, stage: str) -> LedgerPayer:
+    """The payer of `scope` in `ledger` for releases at `stage`."""
+    return LedgerPayer(ledger, tuple(scope), stage)
+
+
+def paid(pay: Payer, plan: ReleasePlan, description: str) -> Receipt:
+    """``pay(plan, description)``, its receipt checked against `plan` (what an algorithm
+    calls once, after its public checks and before its first noise)."""
+    receipt = pay(plan, description)
+    receipt.check(plan)
+    return receipt
