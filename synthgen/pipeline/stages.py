@@ -103,12 +103,21 @@ def _user_pairs(cfg, seed: int):
 
 
 def _admit_pairs(
-    ctx: StageContext, pairs: list[dict], plan, *, stage: str, n: int, check: bool, quiet=False
+    ctx: StageContext,
+    pairs: list[dict],
+    plan,
+    *,
+    stage: str,
+    n: int,
+    delta: float,
+    check: bool,
+    quiet: bool = False,
 ):
     """The ledger and the private pairs' scope, admitted as every command admits a
     collection (`synthgen.privacy.admission.admit`: the pairs bound to their name, the scope
     opened with the run's caps, the notices logged unless `quiet`). `n`: the count the delta
-    warning uses (the few-shot generator's declared pool size, not the private count)."""
+    warning uses (the few-shot generator's declared pool size, not the private count);
+    `delta`: the scope's delta cap (`_querygen_plan`, `_fewshot_plan`)."""
     from synthgen.privacy.admission import admit
     from synthgen.privacy.ledger import PrivacyLedger
 
@@ -117,7 +126,8 @@ def _admit_pairs(
     records = [{"document": r["document"], "query": r["query"]} for r in pairs]
     scope = admit(
         ledger, privacy.tenant, PAIRS_DATASET, records, plan, stage=stage, public_count=n,
-        budget=privacy.epsilon_cap, check=check, open_scope=open_run_scope, option=None,
+        budget=privacy.epsilon_cap, delta=delta, check=check, open_scope=open_run_scope,
+        option=None,
         tell=lambda lines: None if quiet else [ctx.log("generate", line) for line in lines],
     )  # fmt: skip
     return ledger, scope
@@ -141,12 +151,14 @@ def generate_precheck(ctx: StageContext) -> None:
         return
     pairs = read_jsonl(path)
     if ctx.config.generate.kind == "querygen":
-        _, plan, _ = _querygen_plan(ctx, len(pairs))
+        _, plan, delta = _querygen_plan(ctx, len(pairs))
         stage = "dp-train"
     else:
-        _, _, plan, _ = _fewshot_plan(ctx, pairs)
+        _, _, plan, delta = _fewshot_plan(ctx, pairs)
         stage = "fewshot-generate"
-    ledger, _ = _admit_pairs(ctx, pairs, plan, stage=stage, n=len(pairs), check=True, quiet=True)
+    ledger, _ = _admit_pairs(
+        ctx, pairs, plan, stage=stage, n=len(pairs), delta=delta, check=True, quiet=True
+    )
     # the first to open a fresh run's ledger: the stage itself then names its location
     warning = new_ledger_warning(ledger, PAIRS_DATASET, option=None)
     if warning:
@@ -272,7 +284,7 @@ def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
     n = len(pairs)
     config, plan, delta = _querygen_plan(ctx, n)
     # the run checks its budget through its work folder, which knows a resume
-    ledger, scope = _admit_pairs(ctx, pairs, plan, stage="dp-train", n=n, check=False)
+    ledger, scope = _admit_pairs(ctx, pairs, plan, stage="dp-train", n=n, delta=delta, check=False)
     ctx.log(
         "generate",
         f"DP fine-tuning {config.base} ({config.family}, LoRA rank {config.lora_rank}) on {n} "
@@ -378,7 +390,7 @@ def _fewshot(ctx: StageContext, pairs: list[dict]) -> dict:
     private, targets, plan, delta = _fewshot_plan(ctx, pairs)
     ledger, scope = _admit_pairs(
         ctx, pairs, plan, stage="fewshot-generate", n=plan.public_pool_size * plan.pools,
-        check=False,
+        delta=delta, check=True,
     )  # fmt: skip
     ctx.log(
         "generate",

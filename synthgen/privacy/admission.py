@@ -38,6 +38,7 @@ def admit(
     stage: str,
     public_count: int,
     budget: float | None = None,
+    delta: float | None = None,
     guarantees_add_up: bool = False,
     check: bool = True,
     open_scope: Callable[[PrivacyLedger, Scope], object] | None = None,
@@ -53,7 +54,10 @@ def admit(
       stage: the stage name the charge will carry.
       public_count: the n the delta warning compares with (a declared, public figure where
         the plan uses one; never a count the release would otherwise hide).
-      budget: the scope's epsilon cap if it is new (default: the plan's epsilon).
+      budget: the scope's epsilon cap if it is new (default: the plan's epsilon, at least
+        1e-6: a scope needs a positive cap, and a very noisy run may state epsilon 0).
+      delta: the scope's delta cap, the delta the notices read (default: the plan's; the
+        main job's few-shot run keeps the larger of the configured delta and the plan's).
       guarantees_add_up: bind documents that other names have charged (their totals add).
       check: dry-run the charge here. False only for a resumable run that checks itself
         through its work folder, which knows a resumed run's charge is already there
@@ -71,8 +75,9 @@ def admit(
       BudgetExceededError: the plan's event does not fit a cap.
     """
     bind_texts(ledger, dataset, list(records), guarantees_add_up=guarantees_add_up)
-    cap = budget if budget is not None else plan.epsilon
-    scope = Scope(tenant, dataset, cap, plan.delta, relation=plan.relation)
+    cap = budget if budget is not None else max(plan.epsilon, 1e-6)
+    delta = plan.delta if delta is None else delta
+    scope = Scope(tenant, dataset, cap, delta, relation=plan.relation)
     if open_scope is None:
         ledger.ensure_scope(scope)
     else:
@@ -81,6 +86,6 @@ def admit(
         ledger.check(tenant, dataset, stage=stage, event=plan.event, relation=plan.relation)
     tell(
         notices.ledger_lines(ledger, dataset, option=option)
-        + notices.guarantee_lines(plan.epsilon, plan.delta, public_count)
+        + notices.guarantee_lines(plan.epsilon, delta, public_count)
     )
     return tenant, dataset

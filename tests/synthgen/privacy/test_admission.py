@@ -67,3 +67,11 @@ def test_admit_binds_the_records_so_another_name_is_refused(tmp_path):
     with pytest.raises(SharedDocumentsError):
         admit(ledger, "t", "renamed", TEXTS, plan, **again)
     admit(ledger, "t", "renamed", TEXTS, plan, guarantees_add_up=True, **again)
+
+
+def test_a_zero_epsilon_plan_gets_a_positive_cap_and_delta_can_be_the_callers(tmp_path):
+    ledger, lines = PrivacyLedger(tmp_path / "l.sqlite"), []
+    _admit(ledger, _Plan(0.0, 1e-6), lines, delta=0.02, check=False)  # a very noisy run
+    scope = ledger.get_scope("t", "notes")
+    assert (scope.epsilon_cap, scope.delta_cap) == (1e-6, 0.02)
+    assert any("delta=0.02 is near 1/n" in line for line in lines)
