@@ -58,6 +58,7 @@ from synthgen import dp_train
 from synthgen.checkpoints import TrainCheckpoints
 from synthgen.paths import default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.receipts import ledger_payer
 from synthgen.work_folder import CHECKPOINTS, WorkFolder, private_folder
 
 PyTree = Any
@@ -483,15 +484,18 @@ def train_retriever_dp(
     if work_dir is None and out_dir is not None:
         work_dir = default_work_dir(out_dir, None if ledger is None else ledger.path)
     work = None if work_dir is None else WorkFolder(work_dir)
+    pay = None
     if ledger is not None:
         if not plan.private:
             raise ValueError("a non-private run (noise_multiplier=0) cannot be charged to a ledger")
         if ledger_scope is None:
             raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
-        if work is not None:  # refuse an over-budget run before embedding the corpus
-            work.check_budget(ledger, ledger_scope, plan, stage="dp-train")
-        else:
-            ledger.check(*ledger_scope, stage="dp-train", event=plan.event, relation=plan.relation)
+        pay = (
+            ledger_payer(ledger, ledger_scope, stage="dp-train")
+            if work is None
+            else work.payer(ledger, ledger_scope, stage="dp-train")
+        )
+        pay.check(plan)  # refuse an over-budget run before embedding the corpus
     doc_emb = encoder.encode(list(corpus_texts), max_len=config.max_doc_len, progress=progress)
     tokens = encoder.tokenize(list(queries), config.max_query_len)
     data = {
@@ -516,8 +520,7 @@ def train_retriever_dp(
         data,
         dp_config,
         work_dir=None if work is None else work.path,
-        ledger=ledger,
-        ledger_scope=ledger_scope,
+        pay=pay,
         description=f"retriever direct-DP baseline n={len(queries)}",
         progress=progress,
         stop_after=stop_after,

@@ -55,9 +55,9 @@ from synthgen import clip_rounding, ghost_clipping, run_seed
 from synthgen.batching import BatchSampler
 from synthgen.dp_plan import PER_EXAMPLE_NORMS, DPConfig, PrivacyPlan, plan_privacy
 from synthgen.privacy.errors import PrivacyError
-from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.receipts import Payer, paid
 from synthgen.privacy.rng import secure_rng
-from synthgen.work_folder import WorkFolder
+from synthgen.work_folder import OncePayer, WorkFolder
 
 # Re-exported: the plan of a run lives in `synthgen.dp_plan`, which `synthgen.work_folder`
 # imports too; callers keep importing it from here.
@@ -290,8 +290,7 @@ def train(
     *,
     lora: bool = False,
     work_dir: str | Path | None = None,
-    ledger: PrivacyLedger | None = None,
-    ledger_scope: tuple[str, str] | None = None,
+    pay: Payer | None = None,
     description: str = "",
     progress: bool = True,
     stop_after: int | None = None,
@@ -317,9 +316,10 @@ def train(
         an existing one resumes, and the record of the run's charge. It holds the noise key
         and the sampler state: keep it secret, apart from any released folder; the caller
         deletes it once the release is written.
-      ledger: charge the run's guarantee to this ledger before the first step (once: a
-        resume finds its charge through the work folder's record).
-      ledger_scope: (tenant, dataset) of the charge.
+      pay: the caller's payer (`synthgen.privacy.receipts`), paid once before the first
+        noise; with a work folder it must be that folder's (`WorkFolder.payer`: a resume
+        finds its charge through the folder's record and pays nothing more). None: an
+        uncharged run (tests, audits that state their own claim).
       description: public description for the ledger (ids and parameters only).
       progress: show a progress bar (loss, examples/s, epsilon so far).
       stop_after: stop after this many steps in total (to test resumption).
@@ -333,8 +333,8 @@ def train(
       TrainResult with the final trainable parameters and the privacy plan.
 
     Raises:
-      ValueError: bad shapes; a work folder of another run, ledger or scope; a ledger
-        with a non-private run or without `ledger_scope`.
+      ValueError: bad shapes; a work folder of another run, ledger or scope; a payer with
+        a non-private run, or not the work folder's.
       BudgetExceededError: the run's charge would exceed the scope's cap (nothing drawn).
 
     Privacy:
@@ -357,11 +357,8 @@ def train(
     if config.microbatch % devices:
         raise ValueError(f"microbatch={config.microbatch} must be a multiple of {devices=}")
 
-    if ledger is not None:
-        if not plan.private:
-            raise ValueError("a non-private run (noise_multiplier=0) cannot be charged to a ledger")
-        if ledger_scope is None:
-            raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
+    if pay is not None and not plan.private:
+        raise ValueError("a non-private run (noise_multiplier=0) cannot be charged to a ledger")
     description = description or f"DP-Adafactor n={n} steps={plan.steps}"
 
     seed = run_seed.shared_seed(config.seed)
@@ -384,10 +381,15 @@ def train(
     if work is not None:
         from synthgen.checkpoints import TrainCheckpoints
 
-        if ledger is None and work.charge_record() is not None:
+        if pay is None and work.charge_record() is not None:
             raise ValueError(
                 f"the run in {work.path} was charged to ledger "
                 f"{work.charge_record()['ledger']}: resume it with that ledger"
+            )
+        if pay is not None and not (isinstance(pay, OncePayer) and pay.work.path == work.path):
+            raise ValueError(  # any other payer would charge a resumed run again
+                f"a run kept in {work.path} pays through that folder: "
+                "pay=WorkFolder(work_dir).payer(ledger, scope, stage=...)"
             )
         work.create()
         manager = TrainCheckpoints(work.checkpoints)
@@ -401,22 +403,8 @@ def train(
             sampler.set_state(meta["sampler"])
     resumed_from = step
 
-    if ledger is not None:  # charge before the first noise is drawn
-        _charge_on_process_0(
-            lambda: (
-                work.charge_once(
-                    ledger, ledger_scope, plan, stage="dp-train", description=description
-                )
-                if work is not None
-                else ledger.charge(
-                    *ledger_scope,
-                    stage="dp-train",
-                    event=plan.event,
-                    relation=plan.relation,
-                    description=description,
-                )
-            )
-        )
+    if pay is not None:  # paid before the first noise is drawn
+        _charge_on_process_0(lambda: paid(pay, plan, description))
 
     mesh = _mesh()
     replicated = NamedSharding(mesh, P())

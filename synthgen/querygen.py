@@ -241,12 +241,14 @@ def train_generator(
     work = WorkFolder(work_dir)
     if ledger is not None and not plan.private:
         raise ValueError("a non-private run (noise_multiplier=0) cannot be charged to a ledger")
+    pay = None
     if ledger is not None:
         # Refuse an over-budget run before loading anything; a resumed run whose charge is
-        # in the ledger passes. `dp_train.train` charges (atomically, once) before step 1.
+        # in the ledger passes. `dp_train.train` pays (atomically, once) before step 1.
         if ledger_scope is None:
             raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
-        work.check_budget(ledger, ledger_scope, plan, stage="dp-train")
+        pay = work.payer(ledger, ledger_scope, stage="dp-train")
+        pay.check(plan)
     out.mkdir(parents=True, exist_ok=True)
     documents, queries = pairs[document_field], pairs[query_field]
     # The initialisation of a random-init base is public (seed 0): never derived from the
@@ -263,8 +265,7 @@ def train_generator(
         config.dp,
         lora=lora,
         work_dir=work.path,
-        ledger=ledger,
-        ledger_scope=ledger_scope,
+        pay=pay,
         description=f"query generator {config.family} base={config.base} n={len(pairs)}",
         progress=progress,
         stop_after=stop_after,

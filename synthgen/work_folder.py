@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from synthgen.dp_plan import PrivacyPlan
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.ledger_types import Charge
+    from synthgen.privacy.receipts import Receipt
 
 CHECKPOINTS = "checkpoints"
 
@@ -162,6 +163,11 @@ class WorkFolder:
             self._write({**record, "charge_id": charge.id})
         return charge
 
+    def payer(self, ledger: PrivacyLedger, scope: tuple[str, str], *, stage: str) -> OncePayer:
+        """The payer (`synthgen.privacy.receipts`) of a run kept in this folder: its dry run
+        is `check_budget` and its charge `charge_once`, so a resumed run pays nothing more."""
+        return OncePayer(self, ledger, (scope[0], scope[1]), stage)
+
     def charged_in(self, ledger: PrivacyLedger, scope: tuple[str, str], plan: PrivacyPlan) -> bool:
         """Whether this run, for `plan`, was charged to `ledger` under `scope`: its recorded
         charge is found there by its random reference (so a ledger moved with its run folder
@@ -211,3 +217,25 @@ class WorkFolder:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path / CHARGE_FILE)
+
+
+@dataclasses.dataclass(frozen=True)
+class OncePayer:
+    """A payer whose charge is made once across a run's resumes (`WorkFolder.payer`)."""
+
+    work: WorkFolder
+    ledger: PrivacyLedger
+    scope: tuple[str, str]
+    stage: str
+
+    def check(self, plan: PrivacyPlan) -> None:
+        self.work.check_budget(self.ledger, self.scope, plan, stage=self.stage)
+
+    def __call__(self, plan: PrivacyPlan, description: str) -> Receipt:
+        from synthgen.privacy.events import event_to_json
+        from synthgen.privacy.receipts import Receipt
+
+        charge = self.work.charge_once(
+            self.ledger, self.scope, plan, stage=self.stage, description=description
+        )
+        return Receipt(*self.scope, self.stage, event_to_json(plan.event), charge.id)

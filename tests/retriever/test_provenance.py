@@ -1,6 +1,7 @@
 """Encoder provenance: the statement for each kind of training data, the release metadata it
 reads (with its ledger scope), and the training runs that write it with no resume state."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -12,6 +13,8 @@ from retriever.encoders import load_encoder, random_encoder, save_encoder
 from retriever.train import RetrieverConfig, train_retriever
 from synthgen import dp_train, fewshot, querygen
 from synthgen.corpora import file_sha256
+from synthgen.privacy.events import event_to_json
+from synthgen.privacy.receipts import Receipt
 
 POST_PROCESSING = "post-processing of an (ε, δ)-DP release"
 
@@ -69,11 +72,13 @@ def test_fewshot_output_records_its_ledger_scope(tmp_path):
         public_pool_size=40, subsets=5, shots=2, max_new_tokens=8, noise_multiplier=1.0
     )
     plan = fewshot.plan_privacy(config, 8)
+    receipt = Receipt("t", "d", "fewshot-generate", event_to_json(plan.event), 1)
     result = fewshot.FewShotResult(texts=["a b", "c d"], plan=plan, tokens_released=4)
+    charged = dataclasses.replace(result, receipt=receipt)
     columns = {"doc_id": ["1", "2"], "document": ["x", "y"], "query": result.texts}
     meta = fewshot.write_output(
-        str(tmp_path), columns, result, config, model="tiny", template=fewshot.QUERY_TEMPLATE,
-        name="queries", ledger_scope=("t", "d"),
+        str(tmp_path), columns, charged, config, model="tiny", template=fewshot.QUERY_TEMPLATE,
+        name="queries",
     )  # fmt: skip
     assert meta["privacy"]["ledger_scope"] == {"tenant": "t", "dataset": "d"}
     record = prov.for_pairs_file(tmp_path / "queries.jsonl")

@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 from synthgen import dp_train, run_seed  # noqa: E402
 from synthgen.privacy.ledger import PrivacyLedger  # noqa: E402
 from synthgen.privacy.ledger_types import Scope  # noqa: E402
+from synthgen.privacy.receipts import ledger_payer  # noqa: E402
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 from test_dp_train import _loss, _setup  # noqa: E402
@@ -39,7 +40,8 @@ out["shared"] = [str(run_seed.shared_seed(None)), str(run_seed.shared_seed(2**12
 ledger = PrivacyLedger(sys.argv[3])
 ledger.ensure_scope(Scope("multi", "host", 100.0, 1e-3))
 for name, seed in (("entropy", None), ("seed0", 0)):
-    charged = dict(ledger=ledger, ledger_scope=("multi", "host")) if seed is None else {}
+    pay = ledger_payer(ledger, ("multi", "host"), stage="dp-train")
+    charged = {} if seed is not None else {"pay": pay}
     result = dp_train.train(_loss, trainable, frozen, data, config(seed), progress=False, **charged)
     out[name] = {k: np.asarray(v).tolist() for k, v in result.trainable.items()}
 print(json.dumps(out))

@@ -13,7 +13,9 @@ from synthgen.privacy import accounting
 from synthgen.privacy.errors import BudgetExceededError
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
+from synthgen.privacy.receipts import ledger_payer
 from synthgen.privacy.rng import secure_rng
+from synthgen.work_folder import WorkFolder
 
 D = 6
 
@@ -167,8 +169,7 @@ def test_training_reduces_loss_and_charges_ledger(tmp_path):
         data,
         _cfg(epochs=8),
         progress=False,
-        ledger=ledger,
-        ledger_scope=("t", "toy"),
+        pay=ledger_payer(ledger, ("t", "toy"), stage="dp-train"),
     )
     assert np.mean(result.losses[-10:]) < np.mean(result.losses[:10])
     [charge] = ledger.charges("t", "toy")
@@ -205,8 +206,7 @@ def test_resume_gives_the_same_run(tmp_path):
         progress=False,
         work_dir=ckpt,
         stop_after=7,
-        ledger=ledger,
-        ledger_scope=("t", "toy"),
+        pay=WorkFolder(ckpt).payer(ledger, ("t", "toy"), stage="dp-train"),
     )
     assert first.steps_run == 7
     second = dp_train.train(
@@ -217,8 +217,7 @@ def test_resume_gives_the_same_run(tmp_path):
         _cfg(),
         progress=False,
         work_dir=ckpt,
-        ledger=ledger,
-        ledger_scope=("t", "toy"),
+        pay=WorkFolder(ckpt).payer(ledger, ("t", "toy"), stage="dp-train"),
     )
     assert second.resumed_from == 7  # a stop saves a checkpoint
     assert second.steps_run == full.steps_run == full.plan.steps
@@ -235,8 +234,7 @@ def test_resume_gives_the_same_run(tmp_path):
             _cfg(noise_multiplier=0.9),
             progress=False,
             work_dir=ckpt,
-            ledger=ledger,
-            ledger_scope=("t", "toy"),
+            pay=WorkFolder(ckpt).payer(ledger, ("t", "toy"), stage="dp-train"),
         )
     with pytest.raises(ValueError, match="resume it with that ledger"):
         dp_train.train(_loss, trainable, frozen, data, _cfg(), progress=False, work_dir=ckpt)
@@ -251,8 +249,8 @@ def test_noise_multiplier_zero_is_an_explicit_non_private_run(tmp_path):
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
     ledger.open_scope(Scope("t", "d", 100.0, 1e-3))
     with pytest.raises(ValueError, match="non-private"):
-        dp_train.train(_loss, trainable, frozen, data, config, ledger=ledger,
-                       ledger_scope=("t", "d"), progress=False)  # fmt: skip
+        dp_train.train(_loss, trainable, frozen, data, config, progress=False,
+                       pay=ledger_payer(ledger, ("t", "d"), stage="dp-train"))  # fmt: skip
     assert ledger.charges("t", "d") == []
     result = dp_train.train(_loss, trainable, frozen, data, config, progress=False)
     assert result.steps_run == plan.steps
@@ -327,11 +325,30 @@ def test_run_seed_streams_keys_and_words():
     assert run_seed.shared_seed(None) != run_seed.shared_seed(None)  # OS entropy
 
 
+def _pay(tmp_path, ledger, scope):
+    """The payer of a run kept in tmp_path/work, as the commands build it."""
+    return WorkFolder(tmp_path / "work").payer(ledger, scope, stage="dp-train")
+
+
+def test_a_run_kept_in_a_work_folder_pays_through_that_folder(tmp_path):
+    data, trainable, frozen = _setup(n=64)
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.open_scope(Scope("t", "toy", 100.0, 1e-3))
+    for pay in (
+        ledger_payer(ledger, ("t", "toy"), stage="dp-train"),  # would charge a resume again
+        WorkFolder(tmp_path / "elsewhere").payer(ledger, ("t", "toy"), stage="dp-train"),
+    ):
+        with pytest.raises(ValueError, match="pays through that folder"):
+            dp_train.train(_loss, trainable, frozen, data, _cfg(), progress=False,
+                           work_dir=tmp_path / "work", pay=pay)  # fmt: skip
+    assert ledger.charges("t", "toy") == []
+
+
 def _charging_run(tmp_path, ledger, **kw):
     data, trainable, frozen = _setup(n=64)
     return dp_train.train(
         _loss, trainable, frozen, data, _cfg(), progress=False, work_dir=tmp_path / "work",
-        ledger=ledger, ledger_scope=("t", "toy"), **kw,
+        pay=_pay(tmp_path, ledger, ("t", "toy")), **kw,
     )  # fmt: skip
 
 
@@ -369,7 +386,7 @@ def test_resuming_against_another_ledger_or_scope_is_refused(tmp_path):
     with pytest.raises(ValueError, match="scope"):
         dp_train.train(
             _loss, trainable, frozen, data, _cfg(), progress=False, work_dir=tmp_path / "work",
-            ledger=first, ledger_scope=("t", "other"),
+            pay=_pay(tmp_path, first, ("t", "other")),
         )  # fmt: skip
     assert len(first.charges("t", "toy")) == 1 and first.charges("t", "other") == []
 
@@ -386,7 +403,7 @@ def test_a_refused_charge_leaves_a_work_folder_that_a_new_plan_may_reuse(tmp_pat
     assert ledger.charges("t", "toy") == []  # refused: nothing charged, no noise drawn
     result = dp_train.train(
         _loss, trainable, frozen, data, _cfg(noise_multiplier=5.0), progress=False,
-        work_dir=tmp_path / "work", ledger=ledger, ledger_scope=("t", "toy"),
+        work_dir=tmp_path / "work", pay=_pay(tmp_path, ledger, ("t", "toy")),
     )  # fmt: skip
     assert result.steps_run == small.steps
     [charge] = ledger.charges("t", "toy")
