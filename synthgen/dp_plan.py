@@ -118,7 +118,7 @@ class PrivacyPlan:
     @property
     def relation(self) -> accounting.NeighboringRelation:
         """The neighbouring relation of `event`: add/remove-one (Poisson) or replace-one
-        (shuffle); `.name` is what the ledger records."""
+        (shuffle); its ``name`` is what the ledger records."""
         return accounting.neighboring_relation(self.sampling)
 
     @property

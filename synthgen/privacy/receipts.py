@@ -57,8 +57,8 @@ class Payer(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class LedgerPayer:
-    """A payer over `scope` of `ledger` at `stage` (`PrivacyLedger.check` and `.charge`:
-    a charge over a cap is refused, and nothing is recorded then)."""
+    """A payer over `scope` of `ledger` at `stage` (`PrivacyLedger.check` and
+    `PrivacyLedger.charge`: a charge over a cap is refused, and nothing is recorded then)."""
 
     ledger: PrivacyLedger
     scope: tuple[str, str]
