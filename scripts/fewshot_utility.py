@@ -211,14 +211,13 @@ def main() -> None:
             )  # fmt: skip
             plan = fewshot.plan_for(private, targets, fewshot.DOCUMENT_TEMPLATE, config,
                                     pool_field="label")  # fmt: skip
-            ledger = open_scope(args, plan)
-            ledger.check(args.tenant, args.dataset, stage="fewshot-generate", event=plan.event,
-                         relation=fewshot.RELATION)  # fmt: skip
+            pay = ledger_payer(open_scope(args, plan), (args.tenant, args.dataset),
+                               stage="fewshot-generate")  # fmt: skip
+            pay.check(plan)  # before loading the LM
             lm = lm or FlaxLM.load(args.model)
             result = fewshot.generate(
                 lm, private, targets, fewshot.DOCUMENT_TEMPLATE, config, pool_field="label",
-                rng=secure_rng(), plan=plan,
-                pay=ledger_payer(ledger, (args.tenant, args.dataset), stage="fewshot-generate"),
+                rng=secure_rng(), plan=plan, pay=pay,
             )  # fmt: skip
             texts = [t if t else "(empty)" for t in result.texts]
             x = encoder.encode(texts)
@@ -332,8 +331,8 @@ def pe_cells(args, encoder, private, labels, test, base) -> list[dict]:
             plan = evolution.plan_evolution(cfg)
             ledger = PrivacyLedger(args.ledger)
             ledger.ensure_scope(Scope(args.tenant, args.dataset, args.budget, plan.delta))
-            ledger.check(args.tenant, args.dataset, stage="evolution", event=plan.event,
-                         relation="ADD_OR_REMOVE_ONE")  # fmt: skip
+            pay = ledger_payer(ledger, (args.tenant, args.dataset), stage="evolution")
+            pay.check(plan)  # before encoding the private texts
             if private_emb is None:
                 private_emb = encoder.encode(texts)  # no progress bar: private work's timing
             bar = tqdm(desc=f"PE eps={eps:g}", bar_format="{desc}: {postfix}")
@@ -345,7 +344,7 @@ def pe_cells(args, encoder, private, labels, test, base) -> list[dict]:
             result = evolution.evolve(
                 get_sampler(), embed, texts, cfg, rng=secure_rng(), private_labels=private_labels,
                 initial=initial, private_embeddings=private_emb, plan=plan, progress=progress,
-                pay=ledger_payer(ledger, (args.tenant, args.dataset), stage="evolution"),
+                pay=pay,
             )  # fmt: skip
             bar.close()
             timing[eps] = result.samples_generated / max(result.generation_seconds, 1e-9)

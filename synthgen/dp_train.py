@@ -378,6 +378,10 @@ def train(
 
     manager = None
     work = None if work_dir is None else WorkFolder(work_dir)
+    if work is None and isinstance(pay, OncePayer):
+        raise ValueError(  # its key would hand a second run the first run's charge
+            f"this payer pays once for the run kept in {pay.work.path}: pass that work_dir"
+        )
     if work is not None:
         from synthgen.checkpoints import TrainCheckpoints
 
@@ -386,7 +390,9 @@ def train(
                 f"the run in {work.path} was charged to ledger "
                 f"{work.charge_record()['ledger']}: resume it with that ledger"
             )
-        if pay is not None and not (isinstance(pay, OncePayer) and pay.work.path == work.path):
+        if pay is not None and not (
+            isinstance(pay, OncePayer) and pay.work.path.resolve() == work.path.resolve()
+        ):
             raise ValueError(  # any other payer would charge a resumed run again
                 f"a run kept in {work.path} pays through that folder: "
                 "pay=WorkFolder(work_dir).payer(ledger, scope, stage=...)"

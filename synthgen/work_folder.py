@@ -232,10 +232,9 @@ class OncePayer:
         self.work.check_budget(self.ledger, self.scope, plan, stage=self.stage)
 
     def __call__(self, plan: PrivacyPlan, description: str) -> Receipt:
-        from synthgen.privacy.events import event_to_json
         from synthgen.privacy.receipts import Receipt
 
         charge = self.work.charge_once(
             self.ledger, self.scope, plan, stage=self.stage, description=description
         )
-        return Receipt(*self.scope, self.stage, event_to_json(plan.event), charge.id)
+        return Receipt.of(charge)

@@ -17,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
-from synthgen.privacy.events import event_to_json
+from synthgen.privacy.events import as_relation, event_to_json
 from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.ledger_types import Charge
 from synthgen.privacy.release_plan import ReleasePlan
 
 
@@ -29,16 +30,27 @@ class Receipt:
     tenant: str
     dataset: str
     stage: str
-    event: str  # the charged DpEvent, as `event_to_json` writes it
+    event: str  # the charged DpEvent as the ledger stored it (`event_to_json`)
     charge_id: int
+    relation: str = "ADD_OR_REMOVE_ONE"  # the relation the ledger stored it under
+
+    @classmethod
+    def of(cls, charge: Charge) -> Receipt:
+        """The receipt of a charge the ledger recorded (its stored event and relation)."""
+        return cls(
+            charge.tenant, charge.dataset, charge.stage, charge.event, charge.id, charge.relation
+        )
 
     @property
     def scope(self) -> tuple[str, str]:
         return self.tenant, self.dataset
 
     def check(self, plan: ReleasePlan) -> None:
-        """Raises ValueError unless this receipt charged `plan`'s event."""
-        if self.event != event_to_json(plan.event):
+        """Raises ValueError unless this receipt charged `plan`'s event under its relation."""
+        if (
+            self.event != event_to_json(plan.event)
+            or self.relation != as_relation(plan.relation).name
+        ):
             raise ValueError(
                 f"the receipt for {self.stage} charged another event than this plan's: no "
                 "noise is drawn for a release the ledger was not charged for"
@@ -75,7 +87,7 @@ class LedgerPayer:
             relation=plan.relation,
             description=description,
         )
-        return Receipt(*self.scope, self.stage, event_to_json(plan.event), charge.id)
+        return Receipt.of(charge)
 
 
 def ledger_payer(ledger: PrivacyLedger, scope: tuple[str, str], *, stage: str) -> LedgerPayer:

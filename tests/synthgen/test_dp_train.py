@@ -341,6 +341,9 @@ def test_a_run_kept_in_a_work_folder_pays_through_that_folder(tmp_path):
         with pytest.raises(ValueError, match="pays through that folder"):
             dp_train.train(_loss, trainable, frozen, data, _cfg(), progress=False,
                            work_dir=tmp_path / "work", pay=pay)  # fmt: skip
+    with pytest.raises(ValueError, match="pass that work_dir"):  # a second run would be free
+        dp_train.train(_loss, trainable, frozen, data, _cfg(), progress=False,
+                       pay=_pay(tmp_path, ledger, ("t", "toy")))  # fmt: skip
     assert ledger.charges("t", "toy") == []
 
 

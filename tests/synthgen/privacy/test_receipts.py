@@ -37,9 +37,12 @@ def test_a_ledger_payer_charges_the_plan_and_its_receipt_names_it(tmp_path):
     assert receipt.scope == ("t", "d")
     assert (receipt.stage, receipt.charge_id) == (charge.stage, charge.id)
     assert receipt.event == event_to_json(plan.event) == charge.event
+    assert receipt == Receipt.of(charge)  # what the ledger stored, not what was asked
     other = dataclasses.replace(plan, tokens=plan.tokens + 1)
     with pytest.raises(ValueError, match="another event"):
         receipt.check(other)
+    with pytest.raises(ValueError, match="another event"):  # the same event, another relation
+        dataclasses.replace(receipt, relation="REPLACE_ONE").check(plan)
 
 
 def test_an_algorithm_refuses_a_receipt_for_another_plan_before_any_token(tmp_path):
