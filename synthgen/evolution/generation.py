@@ -215,13 +215,11 @@ def evolve(
             f"private and synthetic embeddings differ in width: {private_emb.shape[-1]} and "
             f"{synthetic_emb.shape[1]}"
         )
-    receipt = None
-    if pay is not None:
-        description = (
-            f"Private Evolution: {plan.iterations} DP NN histograms, "
-            f"sigma={plan.noise_multiplier:.4g}, eps={plan.epsilon:.4g}"
-        )
-        receipt = paid(pay, plan, description)
+    description = (
+        f"Private Evolution: {plan.iterations} DP NN histograms, "
+        f"sigma={plan.noise_multiplier:.4g}, eps={plan.epsilon:.4g}"
+    )
+    receipt = paid(pay, plan, description)
     released = config.samples_per_label()
     sizes = config.population_per_label()
     shares: list[float] = []

@@ -116,13 +116,11 @@ def generate(
     prepare = getattr(lm, "prepare", None)
     if callable(prepare):  # a remote LM probes its server with a public prompt, pre-charge
         prepare()
-    receipt = None
-    if pay is not None:
-        description = (
-            f"DP few-shot generation: {len(targets)} examples, {plan.tokens} tokens per pool, "
-            f"eps={plan.epsilon:.4g}"
-        )
-        receipt = paid(pay, plan, description)
+    description = (
+        f"DP few-shot generation: {len(targets)} examples, {plan.tokens} tokens per pool, "
+        f"eps={plan.epsilon:.4g}"
+    )
+    receipt = paid(pay, plan, description)
     sample_rng, noise_rng = rng.spawn(2)
     released, texts = 0, []
     for frame, pool in zip(frames, pools, strict=True):

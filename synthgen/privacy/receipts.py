@@ -95,9 +95,12 @@ def ledger_payer(ledger: PrivacyLedger, scope: tuple[str, str], *, stage: str) -
     return LedgerPayer(ledger, tuple(scope), stage)
 
 
-def paid(pay: Payer, plan: ReleasePlan, description: str) -> Receipt:
+def paid(pay: Payer | None, plan: ReleasePlan, description: str) -> Receipt | None:
     """``pay(plan, description)``, its receipt checked against `plan` (what an algorithm
-    calls once, after its public checks and before its first noise)."""
+    calls once, after its public checks and before its first noise); None without a payer
+    (an uncharged run)."""
+    if pay is None:
+        return None
     receipt = pay(plan, description)
     receipt.check(plan)
     return receipt
