@@ -46,8 +46,9 @@ class ReleasePlanBattery:
     """The contract every plan class meets; subclass it once per plan class.
 
     Subclasses set `plan_class` and implement `make_plan` (a small plan, the cheap way) and
-    `charged_relation` (what the plan's charge call site passes to the ledger, read from
-    that module). `accountant` is the accountant kind the plan states its epsilon with.
+    `charged_relation` (the relation the mechanism's analysis assumes, read from its module;
+    a payer charges `plan.relation`, so the two must agree). `accountant` is the accountant
+    kind the plan states its epsilon with.
     """
 
     plan_class: type
@@ -180,9 +181,9 @@ class TestFewShotPlan(ReleasePlanBattery):
         return fewshot.plan_privacy(config, 10)
 
     def charged_relation(self):
-        from synthgen.fewshot import generation
+        from synthgen.fewshot.plan import RELATION  # the relation the mechanism's analysis uses
 
-        return generation.RELATION
+        return RELATION
 
 
 class TestFewShotPlanRnm(TestFewShotPlan):
@@ -213,9 +214,9 @@ class TestEvolutionPlan(ReleasePlanBattery):
         return evolution.plan_evolution(config)
 
     def charged_relation(self):
-        from synthgen.evolution import generation
+        from synthgen.privacy.nn_histogram import RELATION  # the NN histogram's analysis
 
-        return generation.RELATION
+        return RELATION
 
 
 class TestFactPlan(ReleasePlanBattery):
