@@ -62,11 +62,11 @@ class TypedFactAnswerer:
         named = self.subjects(question)
         kinds = question_kinds(question)
         candidates: dict[str, float] = {}
-        for subject in named:
+        for subject in named:  # a value several named subjects share: their counts add up
             for fact in self.records[subject]["facts"]:
                 if fact["kind"] in kinds:
                     value = fact["value"]
-                    candidates[value] = max(candidates.get(value, 0.0), float(fact["count"]))
+                    candidates[value] = candidates.get(value, 0.0) + float(fact["count"])
         # a name the question names may be a released value: its subject is a candidate
         # too ("Velmora Dynamics employs Dara Quill" answers "Which company employs Dara Quill?")
         low = question.lower()

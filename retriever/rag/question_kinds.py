@@ -35,6 +35,7 @@ QUESTION_KINDS: tuple[tuple[str, frozenset[str]], ...] = tuple(
             "org",
         ),
         (r"\bcode\b|\bpassword\b", "item name"),
+        (r"\bdisease\b|\bdiagnos|\billness\b|\bcondition\b|\bsyndrome\b", "name place"),
         (r"\bwho\b|\bwhom\b", "person team name"),
         (r"\bshare\b|\bdata\b|\bsaves?\b|\bwrites?\b", "share host"),
         (

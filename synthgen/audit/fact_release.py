@@ -169,7 +169,9 @@ def make_over_k_canaries(
         for _ in range(size):
             own = [name() for _ in range(max_pairs + 1)]  # K + 1 names: K adjacent pairs
             met = own[1] if len(own) == 2 else f"{', '.join(own[1:-1])} and {own[-1]}"
-            records.append(f"{own[0]} met {met}. {a} grew up in {b}.")
+            # the filler keeps the list of own names from stating a fact with the shared
+            # name (`record_facts` pairs a list with the next statement's first name)
+            records.append(f"{own[0]} met {met}. The day was mild. {a} grew up in {b}.")
     return records, shared
 
 

@@ -14,7 +14,11 @@ e-mails between headers, greetings, timestamps and signatures, so the rule
 3. **finds the subject** each value is said of: the nearest noun phrase opened by "the"
    (up to four words, ending before a function word or a verb form) or the nearest other
    proper name in the same sentence; a checklist line ``- label: value`` takes the subject
-   of the heading above it and its label as relation words;
+   of the heading above it and its label as relation words; each item of a list of names
+   ("A, B and C", each with the common noun after it: "dalorish cramps") states a fact
+   with the first name after the list, in its statement or the next ("reported A, B and C
+   and was diagnosed with D"; "presented with A and B. Diagnosis: D."), and these come
+   after typed values and before other names when K is applied;
 4. **notes the relation words** (`TypedFact.words`, for diagnostics and tests;
    never released): the content words of the sentence that are neither the subject's nor
    the value's (lower-cased, a plural or verb ``-s`` and ``-ed`` stripped).
@@ -252,7 +256,8 @@ def record_facts(text: str, max_facts: int) -> list[TypedFact]:
     value is typed first, then those whose value is a proper name, then a noun phrase that
     holds one (module docstring); in reading order within each."""
     found: list[tuple[int, int, TypedFact]] = []
-    for order, (sentence, heading) in enumerate(statements(text)):
+    said = statements(text)
+    for order, (sentence, heading) in enumerate(said):
         typed = _values(sentence)
         item = re.fullmatch(r"([^:]{1,40}): (.{1,60})", sentence) if heading else None
         if item and not typed:  # a labelled item: its whole text is the value
@@ -262,10 +267,17 @@ def record_facts(text: str, max_facts: int) -> list[TypedFact]:
         named = _names(sentence, typed + label + [(a, b, "subject", t) for a, b, t in subjects])
         mentions = [(a, b, t) for a, b, t in subjects] + [(a, b, v) for a, b, _, v in named]
         proper = [(a, b, "name", t) for a, b, t in subjects if re.search(r" [A-Z]", t)]
+        if heading is None:  # a list's items each state a fact with what follows it
+            after = said[order + 1][0] if order + 1 < len(said) else ""
+            for item, target in _list_facts(sentence, typed + named, after):
+                words = _relation_words(sentence, item, target)
+                fact = TypedFact(item, target, value_kind(target), words)
+                if fact.key[0] and fact.key[0] != fact.key[1]:
+                    found.append((1, False, order * 10_000 + sentence.find(item), fact))
         for rank, (a, b, kind, value) in [
             *((0, v) for v in typed),
-            *((1, v) for v in named),
-            *((2, v) for v in proper),
+            *((2, v) for v in named),
+            *((3, v) for v in proper),
         ]:
             if heading is not None:
                 subject = heading
@@ -290,6 +302,45 @@ def record_facts(text: str, max_facts: int) -> list[TypedFact]:
             seen.add(fact.key)
             facts.append(fact)
     return facts[:max_facts]
+
+
+_LIST_GLUE = re.compile(r"\s*(?:,\s*(?:and|or)?|and|or)\s*")
+
+
+def _list_facts(sentence: str, values: list, after: str) -> list[tuple[str, str]]:
+    """(item, target) for each item of a list of values ("A, B and C": two or more, the
+    last joined by "and" or "or"): the target is the first value after the list in the
+    same statement, else the first value of the next statement ("reported A, B and C
+    and was diagnosed with D"; "presented with A, B and C. Diagnosis: D.")."""
+    spans = [_with_head(sentence, a, b, v) for a, b, _, v in sorted(values)]
+    out: list[tuple[str, str]] = []
+    i = 0
+    while i < len(spans):
+        j = i
+        while j + 1 < len(spans) and _LIST_GLUE.fullmatch(sentence[spans[j][1] : spans[j + 1][0]]):
+            j += 1
+        last_glue = sentence[spans[j - 1][1] : spans[j][0]] if j > i else ""
+        if j > i and re.search(r"\b(?:and|or)\b", last_glue):
+            later = spans[j + 1 :]
+            if later:
+                target = later[0][2]
+            else:
+                nxt = _values(after)
+                nxt += _names(after, nxt)
+                target = _with_head(after, *min(nxt)[:2], min(nxt)[3])[2] if nxt else ""
+            if target:
+                out += [(v, target) for _, _, v in spans[i : j + 1] if v != target]
+        i = j + 1
+    return out
+
+
+def _with_head(sentence: str, a: int, b: int, value: str) -> tuple[int, int, str]:
+    """A name with the common noun right after it ("dalorish cramps", "Besox fever"): a
+    lower-case word that is neither a function word nor a verb form."""
+    m = re.match(r" ([a-z][a-z-]*)\b", sentence[b:])
+    if m and m.group(1) not in FUNCTION_WORDS and not _is_verb(m.group(1)):
+        return a, b + m.end(), value + " " + m.group(1)
+    return a, b, value
 
 
 def _weak(subject: str) -> bool:

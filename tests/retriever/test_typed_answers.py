@@ -66,3 +66,18 @@ def test_question_kinds_are_a_public_rule():
     assert question_kinds("Tell me about x.") == frozenset()
     with pytest.raises(ValueError):
         TypedFactAnswerer([], noise_stddev=0.0)
+
+
+def test_a_value_several_named_subjects_share_adds_their_counts():
+    facts = {
+        fact_key("dalorish cramps", "Gruquind palsy"): 9.0,
+        fact_key("vitrilish rash", "Gruquind palsy"): 8.0,
+        fact_key("dalorish cramps", "Sefonemia"): 12.0,  # a symptom two diseases share
+        fact_key("dalorish cramps", "Erika Holm"): 30.0,  # a person: not a disease's kind
+    }
+    answerer = TypedFactAnswerer(fact_records(facts, 8, "typed"), noise_stddev=0.55)
+    found = answerer.answer("Which disease causes dalorish cramps and vitrilish rash?")
+    assert found.answer == "Gruquind palsy" and found.scores["Gruquind palsy"] == 17.0
+    diagnosis = "What is the diagnosis for a patient with vitrilish rash and dalorish cramps?"
+    assert answerer.answer(diagnosis).answer == "Gruquind palsy"
+    assert answerer.answer("Which disease causes dalorish cramps?").answer == "Sefonemia"

@@ -67,6 +67,30 @@ def test_a_checklist_line_is_a_fact_of_its_heading():
     assert "code" in fact.words and "word" in fact.words
 
 
+def test_each_item_of_a_list_states_a_fact_with_the_name_after_it():
+    said = (
+        "Erika Holm (87) reported dalorish cramps, vitrilish rash and ratrorish itch and "
+        "was diagnosed with Gruquind palsy; Binorafen was prescribed."
+    )
+    facts = [(f.subject, f.value) for f in record_facts(said, 3)]
+    assert facts == [(s, "Gruquind palsy") for s in
+                     ("dalorish cramps", "vitrilish rash", "ratrorish itch")]  # fmt: skip
+    # the name after the list may open the next statement
+    note = (
+        "Patient Ines Moreau, 67, presented with tadrunic numbness and gugolal spots. "
+        "Diagnosis: Sefonemia. Treated with Brozane."
+    )
+    assert [(f.subject, f.value) for f in record_facts(note, 2)] == [
+        ("tadrunic numbness", "Sefonemia"), ("gugolal spots", "Sefonemia")]  # fmt: skip
+    # typed values still come first; a list with nothing after it states no list fact
+    assert (
+        record_facts("The relay runs v2.1.0. Dara met Brenol, Quist and Vand.", 1)[0].value
+        == "v2.1.0"
+    )
+    alone = record_facts("We met Brenolt, Quistan and Vandor.", 8)
+    assert not any(f.value == "Vandor" and f.subject == "Brenolt" for f in alone)
+
+
 def test_a_record_contributes_each_fact_once_and_at_most_k():
     text = "Team Heron owns the payments gateway. " * 3 + "The mail relay runs v2.1.0."
     keys = record_fact_keys(text, 5)

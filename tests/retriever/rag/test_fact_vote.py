@@ -50,6 +50,19 @@ def test_no_kind_rule_needs_the_relation_words_and_words_mode_always_does():
         document_votes(team, "Who owns the payments gateway?", 1, "verbs")
 
 
+def test_a_disease_question_is_read_and_each_record_votes_its_diagnosis():
+    record = (
+        "Mei Jensen (60) reported vumanish cough, dalorish cramps and groflonent itch "
+        "and was diagnosed with Sefonemia; Branurafen was prescribed."
+    )
+    asked = "Which disease causes dalorish cramps and vumanish cough?"
+    assert _votes(record, asked) == ["Sefonemia"]
+    assert _votes(record, "A patient presents with groflonent itch. Which disease is it?") == [
+        "Sefonemia"
+    ]
+    assert _votes(record, "Which disease causes tadrunic numbness?") == []  # not stated
+
+
 def test_a_document_gives_at_most_k_distinct_values():
     text = "Team Heron owns the payments gateway. Team Otter owns the payments gateway too."
     question = "Which team owns the payments gateway?"
