@@ -13,8 +13,10 @@ subject, its values with their kinds and noisy counts ("payments gateway: team T
    "Which company ..." an organisation, "Who ..." a person, a team or a name. A question
    no rule reads is not answered (which relation it asks is unknown).
 3. **the value the release supports**: the subject's values of those kinds, by noisy
-   count. The answer is the first when it leads the second by at least `GAP` noise standard
-   deviations (the release's own, public); otherwise, or when no value has the kind asked,
+   count (a question naming m subjects, "Which disease causes A and B?", adds each value's
+   counts over them). The answer is the first when it leads the second by at least `GAP`
+   noise standard deviations (the release's own, public; sqrt(m) of them for a sum of m
+   counts); otherwise, or when no value has the kind asked,
    the answer abstains: a release that cannot tell names nothing, rather than a value of
    another relation.
 
@@ -30,6 +32,7 @@ Privacy:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -62,11 +65,13 @@ class TypedFactAnswerer:
         named = self.subjects(question)
         kinds = question_kinds(question)
         candidates: dict[str, float] = {}
+        summed = 0  # named subjects whose counts add up (their sum's noise: sqrt(m) sigma)
         for subject in named:  # a value several named subjects share: their counts add up
-            for fact in self.records[subject]["facts"]:
-                if fact["kind"] in kinds:
-                    value = fact["value"]
-                    candidates[value] = candidates.get(value, 0.0) + float(fact["count"])
+            asked = [f for f in self.records[subject]["facts"] if f["kind"] in kinds]
+            summed += bool(asked)
+            for fact in asked:
+                value = fact["value"]
+                candidates[value] = candidates.get(value, 0.0) + float(fact["count"])
         # a name the question names may be a released value: its subject is a candidate
         # too ("Velmora Dynamics employs Dara Quill" answers "Which company employs Dara Quill?")
         low = question.lower()
@@ -80,7 +85,7 @@ class TypedFactAnswerer:
                     candidates[subject] = max(candidates.get(subject, 0.0), count)
                     if subject not in named:
                         named.append(subject)
-        chosen = decide(candidates, self.margin)
+        chosen = decide(candidates, self.margin * math.sqrt(max(summed, 1)))
         if chosen is None:
             return FactAnswer(ABSTAIN, named, True, candidates)
         return FactAnswer(chosen, named, False, candidates)

@@ -221,12 +221,12 @@ def _build_facts(
 ) -> KnowledgeResult:
     """The fact release (`synthgen.knowledge.facts`): one charge, one selection, a folder."""
     from synthgen.knowledge.facts import release_facts
+    from synthgen.privacy.receipts import ledger_payer
     from synthgen.work_folder import private_folder
 
     facts_work = private_folder(work / KNOWLEDGE_WORK)
-    release = release_facts(
-        texts, config, work=facts_work, ledger=book, ledger_scope=(RELEASE_TENANT, dataset)
-    )
+    pay = ledger_payer(book, (RELEASE_TENANT, dataset), stage="knowledge-release")
+    release = release_facts(texts, config, work=facts_work, pay=pay)
     plan = release.plan
     privacy = plan.to_dict()
     card = make_card(

@@ -65,6 +65,7 @@ from synthgen.privacy.partition_selection import (
     release_key_counts,
     selection_threshold,
 )
+from synthgen.privacy.receipts import Payer, paid
 
 RELATION = "ADD_OR_REMOVE_ONE"
 EXTRACTORS = ("typed", "phrases")
@@ -124,7 +125,7 @@ class FactPlan:
     """What a release at (epsilon, delta, K) can carry, from public figures only.
 
     A `synthgen.privacy.release_plan.ReleasePlan`: one (epsilon, delta) event, charged
-    under `relation` by `charge_once`.
+    under `relation` through the payer `release_facts` is handed.
     """
 
     config: FactConfig
@@ -140,7 +141,7 @@ class FactPlan:
 
     @property
     def relation(self) -> accounting.NeighboringRelation:
-        """The neighbouring relation of `event` (`RELATION`, the one `charge_once` passes)."""
+        """The neighbouring relation of `event` (`RELATION`: the one the payer charges)."""
         return accounting.NeighboringRelation[RELATION]
 
     @property
@@ -302,23 +303,16 @@ def _typed_records(facts: dict[str, float], max_values: int) -> list[dict]:
     return out
 
 
-def charge_once(ledger, scope: tuple[str, str], plan: FactPlan, work: Path) -> None:
-    """Charges the release once: an idempotency key written before the first charge, so
-    that a rerun after a crash is answered with the first charge, never a second. A rerun
-    also returns the first draw (`RESULT_FILE`), never a fresh one: one charge, one draw."""
+def charge_ref(work: Path) -> str:
+    """The release's idempotency key, written to the work folder before its first charge
+    (called under the folder's lock): a rerun after a crash is charged under the same key,
+    so the ledger answers with the first charge, never a second."""
     path = work / CHARGE_FILE
     if not path.is_file():
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"ref": f"facts-{secrets.token_hex(16)}"}))
         tmp.replace(path)
-    ledger.charge(
-        *scope,
-        stage="knowledge-release",
-        event=plan.event,
-        relation=RELATION,
-        description=f"DP fact release (key-phrase pairs), eps={plan.config.epsilon:.4g}",
-        ref=json.loads(path.read_text())["ref"],
-    )
+    return json.loads(path.read_text())["ref"]
 
 
 def release_facts(
@@ -326,8 +320,7 @@ def release_facts(
     config: FactConfig,
     *,
     work: str | Path | None = None,
-    ledger=None,
-    ledger_scope: tuple[str, str] | None = None,
+    pay: Payer | None = None,
 ) -> FactRelease:
     """Releases the fact pairs many records state, and the synthetic records they make.
 
@@ -336,8 +329,9 @@ def release_facts(
       config: public parameters.
       work: the private work folder (the charge's idempotency key and the released pairs:
         a rerun, or a run started while another holds the folder's lock and so waits for
-        it, returns them and draws nothing); needed with a ledger.
-      ledger, ledger_scope: charged the release once, before the selection.
+        it, returns them and draws nothing); needed with a payer.
+      pay: the payer (`synthgen.privacy.receipts`) charged the release once, before the
+        selection, under the work folder's idempotency key (`charge_ref`).
 
     Raises:
       ValueError: a release that should not run (`FactPlan.problems`), refused before any
@@ -353,8 +347,8 @@ def release_facts(
     problems = plan.problems()
     if problems:
         raise ValueError("; ".join(problems))
-    if ledger is not None and (ledger_scope is None or work is None):
-        raise ValueError("a ledger needs ledger_scope=(tenant, dataset) and a work folder")
+    if pay is not None and work is None:
+        raise ValueError("a paid release needs a work folder (its charge's idempotency key)")
     check_backend(config.backend, installed=True)  # a missing engine is refused uncharged
     if work is None:  # nothing kept: an audit's or an evaluation's one-off release
         return _select(texts, config, plan)
@@ -364,8 +358,8 @@ def release_facts(
     # One run at a time: a second run started meanwhile waits, then reads the first's draw
     # (one charge, one draw, however many runs race on the folder).
     with work_lock(work / LOCK_FILE):
-        if ledger is not None:
-            charge_once(ledger, ledger_scope, plan, work)
+        description = f"DP fact release ({config.extractor}), eps={config.epsilon:.4g}"
+        paid(pay, plan, description, ref=charge_ref(work) if pay is not None else None)
         stored = work / RESULT_FILE
         if stored.is_file():  # a rerun: the first draw, never a second
             kept = json.loads(stored.read_text())

@@ -99,6 +99,7 @@ def release_and_answer(ctx: StageContext, world, questions) -> dict:
     from synthgen.lm_backends import FlaxLM
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.ledger_types import Scope
+    from synthgen.privacy.receipts import ledger_payer
 
     cfg = ctx.config.rag
     work = ctx.run.private / "knowledge"
@@ -112,9 +113,8 @@ def release_and_answer(ctx: StageContext, world, questions) -> dict:
     )  # fmt: skip
     texts = [r.text for r in world.records]
     ctx.log("rag", f"releasing the facts of {len(texts)} private records once")
-    release = release_facts(
-        texts, config, work=work, ledger=ledger, ledger_scope=("release", RAG_DATASET)
-    )
+    pay = ledger_payer(ledger, ("release", RAG_DATASET), stage="knowledge-release")
+    release = release_facts(texts, config, work=work, pay=pay)
     out = ctx.run.root / "rag"
     out.mkdir(parents=True, exist_ok=True)
     (out / "release.jsonl").write_text("".join(json.dumps(r) + "\n" for r in release.records))

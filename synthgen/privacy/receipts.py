@@ -63,8 +63,10 @@ class Payer(Protocol):
     def check(self, plan: ReleasePlan) -> None:
         """A dry run of the charge: raises as the charge would, records nothing."""
 
-    def __call__(self, plan: ReleasePlan, description: str) -> Receipt:
-        """Charges `plan.event` under `plan.relation`; returns the receipt."""
+    def __call__(self, plan: ReleasePlan, description: str, ref: str | None = None) -> Receipt:
+        """Charges `plan.event` under `plan.relation`; returns the receipt. `ref`: an
+        idempotency key (a public random id): a second call with it returns the first
+        charge's receipt and charges nothing."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,13 +81,14 @@ class LedgerPayer:
     def check(self, plan: ReleasePlan) -> None:
         self.ledger.check(*self.scope, stage=self.stage, event=plan.event, relation=plan.relation)
 
-    def __call__(self, plan: ReleasePlan, description: str) -> Receipt:
+    def __call__(self, plan: ReleasePlan, description: str, ref: str | None = None) -> Receipt:
         charge = self.ledger.charge(
             *self.scope,
             stage=self.stage,
             event=plan.event,
             relation=plan.relation,
             description=description,
+            ref=ref,
         )
         return Receipt.of(charge)
 
@@ -95,12 +98,15 @@ def ledger_payer(ledger: PrivacyLedger, scope: tuple[str, str], *, stage: str) -
     return LedgerPayer(ledger, tuple(scope), stage)
 
 
-def paid(pay: Payer | None, plan: ReleasePlan, description: str) -> Receipt | None:
+def paid(
+    pay: Payer | None, plan: ReleasePlan, description: str, ref: str | None = None
+) -> Receipt | None:
     """``pay(plan, description)``, its receipt checked against `plan` (what an algorithm
     calls once, after its public checks and before its first noise); None without a payer
-    (an uncharged run)."""
+    (an uncharged run). `ref`: the charge's idempotency key, for a release that keeps its
+    own (`synthgen.knowledge.facts`)."""
     if pay is None:
         return None
-    receipt = pay(plan, description)
+    receipt = pay(plan, description) if ref is None else pay(plan, description, ref=ref)
     receipt.check(plan)
     return receipt

@@ -17,6 +17,7 @@ from synthgen.knowledge.phrases import (
 from synthgen.knowledge.typed_facts import fact_key
 from synthgen.privacy import PrivacyLedger, Scope
 from synthgen.privacy.partition_selection import keep_probability
+from synthgen.privacy.receipts import ledger_payer
 
 
 def test_key_phrases_are_names_numbers_and_rare_words():
@@ -123,12 +124,16 @@ def test_fact_records_list_partners_by_noisy_count():
     assert fact_records(pairs, max_partners=1)[0]["partners"] == ["C"]
 
 
+def _pay(ledger):
+    return ledger_payer(ledger, ("release", "c"), stage="knowledge-release")
+
+
 def test_refused_before_any_charge_and_charged_once_on_rerun(tmp_path):
     ledger = PrivacyLedger(str(tmp_path / "ledger.sqlite"))
     ledger.ensure_scope(Scope("release", "c", 10.0, 1e-6))
     with pytest.raises(ValueError, match="carry nothing"):
         release_facts(["Ada Vorn met Bel Quist."] * 20, FactConfig(epsilon=0.2),
-                      work=tmp_path, ledger=ledger, ledger_scope=("release", "c"))  # fmt: skip
+                      work=tmp_path, pay=_pay(ledger))  # fmt: skip
     assert ledger.charges("release", "c") == []
     texts = _collection("x")
     draws = [  # a rerun after a crash: the same idempotency key, one charge, the same draw
@@ -136,8 +141,7 @@ def test_refused_before_any_charge_and_charged_once_on_rerun(tmp_path):
             texts,
             FactConfig(epsilon=10.0),
             work=tmp_path,
-            ledger=ledger,
-            ledger_scope=("release", "c"),
+            pay=_pay(ledger),
         ).pairs  # fmt: skip
         for _ in range(3)
     ]
@@ -172,8 +176,7 @@ def test_two_concurrent_releases_on_one_work_folder_charge_once_and_draw_once(
     def run(name):
         try:
             results[name] = facts.release_facts(
-                texts, FactConfig(epsilon=10.0), work=work, ledger=ledger,
-                ledger_scope=("release", "c"),
+                texts, FactConfig(epsilon=10.0), work=work, pay=_pay(ledger)
             ).pairs  # fmt: skip
         finally:
             b_waits_or_ends.set()

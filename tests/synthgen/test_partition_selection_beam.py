@@ -30,6 +30,7 @@ from synthgen.privacy.partition_selection import (
     release_key_counts,
     selection_threshold,
 )
+from synthgen.privacy.receipts import ledger_payer
 from tests.retriever.service.harness import cli
 
 DELTA = 1e-10  # a key of one record: released with probability delta / 2K per key
@@ -157,7 +158,7 @@ def test_without_apache_beam_the_error_names_the_extra_and_nothing_is_charged(
     with pytest.raises(ImportError, match=r"dpsynth\[beam\]"):
         release_facts(
             texts, FactConfig(epsilon=10.0, backend="beam"), work=tmp_path / "work",
-            ledger=ledger, ledger_scope=("release", "c"),
+            pay=ledger_payer(ledger, ("release", "c"), stage="knowledge-release"),
         )  # fmt: skip
     assert ledger.charges("release", "c") == []
     assert not (tmp_path / "work" / CHARGE_FILE).exists()

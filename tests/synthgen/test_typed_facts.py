@@ -91,6 +91,18 @@ def test_each_item_of_a_list_states_a_fact_with_the_name_after_it():
     assert not any(f.value == "Vandor" and f.subject == "Brenolt" for f in alone)
 
 
+def test_a_list_read_across_statements_keeps_the_record_to_k_facts():
+    """The over-K canary without its filler: the list's facts name the next statement's
+    first name, and the record still gives at most K keys (its shared pair past them)."""
+    for k in (1, 2, 4):
+        own = ", ".join(f"Vor{c}an" for c in "bdfg"[:k]) + " and Quistel"
+        text = f"Brenolt met {own}. Dalvera grew up in Poswick."
+        keys = record_fact_keys(text, k)
+        assert len(keys) == k
+        assert fact_key("Dalvera", "Poswick") not in keys
+        assert fact_key("Dalvera", "Poswick") in record_fact_keys(text, 10**6)
+
+
 def test_a_record_contributes_each_fact_once_and_at_most_k():
     text = "Team Heron owns the payments gateway. " * 3 + "The mail relay runs v2.1.0."
     keys = record_fact_keys(text, 5)

@@ -238,13 +238,16 @@ class TestFactPlan(ReleasePlanBattery):
 
     def test_the_ledger_records_the_event_and_relation(self, plan, tmp_path):
         # the one plan whose charge is a function of its own: charge it and read it back
-        from synthgen.knowledge.facts import charge_once
+        from synthgen.knowledge.facts import charge_ref
         from synthgen.privacy.ledger import PrivacyLedger
         from synthgen.privacy.ledger_types import Scope
+        from synthgen.privacy.receipts import ledger_payer, paid
 
         ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
         ledger.open_scope(Scope("t", "records", 10.0, 1e-5, relation=plan.relation))
-        charge_once(ledger, ("t", "records"), plan, tmp_path)
+        pay = ledger_payer(ledger, ("t", "records"), stage="knowledge-release")
+        for _ in range(2):  # the release's idempotency key: charged once
+            paid(pay, plan, "fact release", ref=charge_ref(tmp_path))
         (charge,) = ledger.charges("t", "records")
         assert charge.relation == plan.relation.name
         assert charge.event == event_to_json(plan.event)
