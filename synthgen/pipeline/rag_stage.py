@@ -64,9 +64,10 @@ def _tell(ctx: StageContext, ledger, stated, records: int) -> None:
         ctx.log("rag", line)
 
 
-# the medical world's fact release, as measured on it (docs/results/tables.md): pairs of
-# key phrases, 16 per record, answered by the LM picking a partner (typed facts: 0.00)
-RELEASE_MAX_PAIRS, RELEASE_EXTRACTOR = 16, "phrases"
+# the medical world's fact release, as measured on it (docs/results/tables.md): typed
+# facts, one per record (each listed symptom with the diagnosis after it), answered from
+# the released counts with no LM (pairs of key phrases, K = 16, with the LM: 0.307)
+RELEASE_MAX_PAIRS, RELEASE_EXTRACTOR = 1, "typed"
 CLUSTER_CHARGE_FILE = "knowledge_charge.json"  # the retired cluster release's, in knowledge/
 
 
@@ -83,20 +84,19 @@ def _check_no_cluster_release(work) -> None:
 
 def release_and_answer(ctx: StageContext, world, questions) -> dict:
     """Release mode: the collection's facts released once, then every question answered
-    from the release (`retriever.fact_answers`: the released phrases the question names and
-    the public LM's choice among their partners, or an abstention), charged nothing. Writes
+    from the release (`retriever.typed_answers`: the value the released counts support for
+    the subjects the question names, or an abstention; no LM), charged nothing. Writes
     ``rag/release.jsonl`` (the synthetic records) and ``rag/answers.json``; the private
     state stays in the run's private folder.
 
     Privacy:
       The release is (release_epsilon, delta_cap)-DP per record (`synthgen.knowledge.facts`:
-      DP set union over pairs of key phrases, K = 16 per record), charged once to the scope
+      DP set union over typed facts, K = 1 per record), charged once to the scope
       ("release", the collection) before any noise; the answers are post-processing.
     """
-    from retriever.fact_answers import FactAnswerer
     from retriever.rag.medical import answer_is_correct
+    from retriever.typed_answers import TypedFactAnswerer
     from synthgen.knowledge.facts import FactConfig, release_facts
-    from synthgen.lm_backends import FlaxLM
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.ledger_types import Scope
     from synthgen.privacy.receipts import ledger_payer
@@ -119,8 +119,7 @@ def release_and_answer(ctx: StageContext, world, questions) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "release.jsonl").write_text("".join(json.dumps(r) + "\n" for r in release.records))
     ctx.log("rag", f"released {len(release.records)} synthetic records at eps={config.epsilon:.3g}")
-    ctx.log("rag", f"loading {cfg.lm}")
-    answerer = FactAnswerer(release.records, FlaxLM.load(cfg.lm))
+    answerer = TypedFactAnswerer(release.records, release.plan.noise_stddev)
     answers = []
     for q in questions:
         found = answerer.answer(q.question)

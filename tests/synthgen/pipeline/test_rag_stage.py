@@ -210,7 +210,7 @@ def test_release_mode_charges_once_and_answers_for_free(individual_stage):
     summary = answer_questions(ctx)
     assert summary["mode"] == "release" and summary["questions"] == 4
     assert all(a["epsilon"] == 0.0 and a["mechanism"] == "release" for a in summary["answers"])
-    assert "phrases" in summary["mechanism"] and summary["synthetic_records"] > 0
+    assert "typed" in summary["mechanism"] and summary["synthetic_records"] > 0
     book = PrivacyLedger(ctx.run.ledger)
     assert [c.stage for c in book.charges("release", RAG_DATASET)] == ["knowledge-release"]
     assert summary["release_epsilon"] == 10.0
