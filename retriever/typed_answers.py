@@ -37,7 +37,14 @@ import re
 from collections.abc import Sequence
 
 from retriever.fact_answers import ABSTAIN, FactAnswer
-from retriever.rag.question_kinds import GAP, NAME_KINDS, decide, question_kinds, whole_words
+from retriever.rag.question_kinds import (
+    GAP,
+    NAME_KINDS,
+    decide,
+    question_kinds,
+    relation_noun,
+    whole_words,
+)
 from synthgen.knowledge.typed_facts import value_kind
 
 
@@ -51,7 +58,8 @@ class TypedFactAnswerer:
         self.margin = gap * noise_stddev
 
     def subjects(self, question: str) -> list[str]:
-        """The released subjects `question` names (case-folded), longest first."""
+        """The released subjects `question` names (case-folded), longest first; not one it
+        uses as a relation ("keeper" in "Who is the keeper of the autoclave?")."""
         low = question.lower()
         found: list[str] = []
         for subject in sorted(self.records, key=len, reverse=True):
@@ -59,7 +67,7 @@ class TypedFactAnswerer:
             inside = any(re.search(whole_words(key), f.lower()) for f in found)
             if re.search(whole_words(key), low) and not inside:
                 found.append(subject)
-        return found
+        return [s for s in found if not relation_noun(question, s)]
 
     def answer(self, question: str) -> FactAnswer:
         named = self.subjects(question)

@@ -42,7 +42,14 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from retriever.rag.question_kinds import GAP, NAME_KINDS, decide, question_kinds, whole_words
+from retriever.rag.question_kinds import (
+    GAP,
+    NAME_KINDS,
+    decide,
+    question_kinds,
+    relation_noun,
+    whole_words,
+)
 from synthgen.knowledge.typed_facts import (
     FUNCTION_WORDS,
     TypedFact,
@@ -79,6 +86,7 @@ def document_votes(
     low = question.lower()
     kinds = question_kinds(question)
     asked = question_stems(question)
+
     strong: list[str] = []  # relation words overlap the question's
     weak: list[str] = []
     for fact in facts:
@@ -86,6 +94,7 @@ def document_votes(
         kind = value_kind(value) if fact.kind == "name" else fact.kind  # org, place, person
         overlap = bool(asked & {stem(w) for w in fact.words})
         named_subject = bool(subject) and re.search(whole_words(subject), low) is not None
+        named_subject &= not relation_noun(question, subject)  # "the keeper of ..."
         if named_subject and not re.search(whole_words(value.lower()), low):
             vote = value if (kind in kinds if kinds else overlap) else None
         elif (

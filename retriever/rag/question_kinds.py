@@ -55,6 +55,15 @@ def whole_words(text: str) -> str:
     return r"(?<![\w-])" + re.escape(text) + r"(?![\w-])"
 
 
+def relation_noun(question: str, subject: str) -> bool:
+    """Whether `question` uses `subject` as the relation in "the <subject> of|for ..."
+    ("Who is the keeper of the autoclave?": "keeper" is asked of the autoclave, not asked
+    about): such a subject is not what the question names (public)."""
+    return (
+        re.search(whole_words(subject.lower()) + r"\s+(?:of|for)\s", question.lower()) is not None
+    )
+
+
 def question_kinds(question: str) -> frozenset[str]:
     """The kinds of value `question` asks for (`QUESTION_KINDS`); empty: none known."""
     low = question.lower()

@@ -283,7 +283,7 @@ def record_facts(text: str, max_facts: int) -> list[TypedFact]:
                 subject = heading
             else:
                 near = [m for m in mentions if (m[0], m[1]) != (a, b) and m[2] != value]
-                strong = [m for m in near if not _weak(m[2])]
+                strong = [m for m in near if not weak_subject(m[2])]
                 near = strong or near
                 if not near:
                     continue
@@ -343,7 +343,7 @@ def _with_head(sentence: str, a: int, b: int, value: str) -> tuple[int, int, str
     return a, b, value
 
 
-def _weak(subject: str) -> bool:
+def weak_subject(subject: str) -> bool:
     """A one-word common noun ("the town", "the year"): a subject only when nothing else is."""
     words = normal(subject).split()
     return len(words) == 1 and subject.split()[-1].islower() and zipf(words[0]) >= 4.5

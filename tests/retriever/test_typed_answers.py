@@ -81,3 +81,16 @@ def test_a_value_several_named_subjects_share_adds_their_counts():
     diagnosis = "What is the diagnosis for a patient with vitrilish rash and dalorish cramps?"
     assert answerer.answer(diagnosis).answer == "Gruquind palsy"
     assert answerer.answer("Which disease causes dalorish cramps?").answer == "Sefonemia"
+
+
+def test_a_subject_the_question_asks_as_a_relation_is_not_what_it_names():
+    facts = {
+        fact_key("keeper", "Tomasz Drutruldren"): 7.0,  # "The keeper: Tomasz ..." somewhere
+        fact_key("the autoclave", "room 2.39"): 41.0,
+        fact_key("the plate reader", "Hana Kunvirkos"): 15.0,
+    }
+    answerer = TypedFactAnswerer(fact_records(facts, 8, "typed"), noise_stddev=0.55)
+    found = answerer.answer("Who is the keeper of the autoclave?")
+    assert found.abstained and found.records == ["autoclave"]
+    assert answerer.answer("Who is the keeper of the plate reader?").answer == "Hana Kunvirkos"
+    assert answerer.answer("Who is the keeper?").answer == "Tomasz Drutruldren"

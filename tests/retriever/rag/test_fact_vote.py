@@ -63,6 +63,12 @@ def test_a_disease_question_is_read_and_each_record_votes_its_diagnosis():
     assert _votes(record, "Which disease causes tadrunic numbness?") == []  # not stated
 
 
+def test_a_subject_asked_as_a_relation_gets_no_vote():
+    text = "The keeper is Tomasz Drutruldren. The autoclave is in room 2.39."
+    assert _votes(text, "Who is the keeper of the autoclave?") == []
+    assert _votes(text, "Who is the keeper?") == ["Tomasz Drutruldren"]
+
+
 def test_a_document_gives_at_most_k_distinct_values():
     text = "Team Heron owns the payments gateway. Team Otter owns the payments gateway too."
     question = "Which team owns the payments gateway?"
