@@ -22,6 +22,7 @@ QUESTION_KINDS: tuple[tuple[str, frozenset[str]], ...] = tuple(
     for pattern, kinds in (
         (r"\bip\b|\baddress\b", "ip host"),
         (r"\bversion\b", "version"),
+        (r"\bwhen (?:was|were|did)\b", "year"),  # a past event: a date, not a window
         (r"\bwhen\b|\bschedule\b|\bwindow\b|what time", "window"),
         (r"\byear\b", "year"),
         (r"how long is|\blength\b|how tall|how big|how heavy|\bsize\b", "measure"),
@@ -41,7 +42,7 @@ QUESTION_KINDS: tuple[tuple[str, frozenset[str]], ...] = tuple(
         (
             r"\bwhere\b|\broom\b|\btown\b|\bcity\b|\bcountry\b|\blocated\b|\bgrow up\b"
             r"|\bhometown\b|\bhabitat\b|\blive\b|\bsite\b|\blocation\b",
-            "room place name share host",
+            "room place name",  # where a thing is; where data is: the share rule above
         ),
     )
 )

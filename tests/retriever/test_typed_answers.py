@@ -94,3 +94,18 @@ def test_a_subject_the_question_asks_as_a_relation_is_not_what_it_names():
     assert found.abstained and found.records == ["autoclave"]
     assert answerer.answer("Who is the keeper of the plate reader?").answer == "Hana Kunvirkos"
     assert answerer.answer("Who is the keeper?").answer == "Tomasz Drutruldren"
+
+
+def test_where_asks_a_place_and_when_was_a_date():
+    assert question_kinds("Where is the gel imager?") == frozenset({"room", "place", "name"})
+    assert "share" in question_kinds("Where does the gel imager write its data?")
+    assert question_kinds("When was the east wing last renovated?") == frozenset({"year"})
+    assert question_kinds("When is the east wing cleaned?") == frozenset({"window"})
+    facts = {
+        fact_key("the gel imager", "\\\\fs19\\data72"): 30.0,
+        fact_key("the east wing", "Saturdays 04:00-08:00 UTC"): 25.0,
+    }
+    answerer = TypedFactAnswerer(fact_records(facts, 8, "typed"), noise_stddev=0.55)
+    assert answerer.answer("Where is the gel imager?").abstained  # a share is not a place
+    assert answerer.answer("When was the east wing last renovated?").abstained
+    assert answerer.answer("When is the east wing cleaned?").answer.startswith("Saturdays")
