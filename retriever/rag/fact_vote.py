@@ -14,7 +14,8 @@ score), and a document votes for the values its own typed facts
   window); or the question names the fact's value and asks for the subject's kind
   ("Which company employs Dara Quill?");
 * for a question no kind rule reads, the fact's relation words (the document's own words
-  around it) must share a stem with the question's words;
+  around it) must share a stem with the question's words (and a question naming the
+  value of a link between two names votes its subject);
 * with ``relation="words"`` the relation words must also overlap when a kind rule reads the
   question (a relation the collection never states then finds no voter).
 
@@ -98,11 +99,14 @@ def document_votes(
         if named_subject and not re.search(whole_words(value.lower()), low):
             vote = value if (kind in kinds if kinds else overlap) else None
         elif (
-            kinds
-            and kind in NAME_KINDS
+            kind in NAME_KINDS
             and re.search(whole_words(value.lower()), low)
             and not named_subject
-            and value_kind(re.sub(r"^[Tt]he ", "", fact.subject.strip())) in kinds
+            and (
+                value_kind(re.sub(r"^[Tt]he ", "", fact.subject.strip())) in kinds
+                if kinds
+                else overlap
+            )
         ):  # the question names the value: its subject is the answer
             vote = re.sub(r"^[Tt]he ", "", fact.subject.strip())
         else:

@@ -18,7 +18,10 @@ e-mails between headers, greetings, timestamps and signatures, so the rule
    ("A, B and C", each with the common noun after it: "dalorish cramps") states a fact
    with the first name after the list, in its statement or the next ("reported A, B and C
    and was diagnosed with D"; "presented with A and B. Diagnosis: D."), and these come
-   after typed values and before other names when K is applied;
+   after typed values and before other names when K is applied; a link between two
+   proper names is kept in one order (alphabetical) whatever the phrasing ("Dara Quill
+   works at Velmora Dynamics", "Velmora Dynamics employs Dara Quill"), so that its
+   records pool; calendar words ("Saturday", "March") are never names;
 4. **notes the relation words** (`TypedFact.words`, for diagnostics and tests;
    never released): the content words of the sentence that are neither the subject's nor
    the value's (lower-cased, a plural or verb ``-s`` and ``-ed`` stripped).
@@ -208,11 +211,20 @@ def _values(sentence: str) -> list[tuple[int, int, str, str]]:
     return sorted(taken)
 
 
+# Calendar words are capitalised but name no entity: a date is not a fact (public list).
+CALENDAR_WORDS = frozenset(
+    """monday tuesday wednesday thursday friday saturday sunday mondays tuesdays wednesdays
+    thursdays fridays saturdays sundays january february march april may june july august
+    september october november december""".split()
+)
+
+
 def _names(sentence: str, taken: list) -> list[tuple[int, int, str, str]]:
-    """Proper names (invented or rare words, capitalised runs) outside the spans taken."""
+    """Proper names (invented or rare words, capitalised runs) outside the spans taken;
+    never a calendar word ("on Saturday morning", "in March")."""
     out: list[tuple[int, int, str, str]] = []
     for phrase in sentence_phrases(sentence):
-        if re.search(r"\d", phrase):
+        if re.search(r"\d", phrase) or all(w in CALENDAR_WORDS for w in phrase.lower().split()):
             continue
         for m in re.finditer(r"(?<!\w)" + re.escape(phrase) + r"(?!\w)", sentence):
             a, b = m.span()
@@ -290,6 +302,11 @@ def record_facts(text: str, max_facts: int) -> list[TypedFact]:
                 # the nearest mention, one before the value preferred (a clause's subject
                 # mostly comes first: "the kitchen is in room 1.25, next to the lifts")
                 subject = min(near, key=lambda m: a - m[1] if m[1] <= a else 3 * (m[0] - b))[2]
+            if kind == "name" and _proper(subject) and normal(value) < normal(subject):
+                # two proper names ("Dara Quill works at Velmora Dynamics", "Velmora
+                # Dynamics employs Dara Quill"): one order whatever the phrasing, so that
+                # the records stating the link pool
+                subject, value = value, subject
             fact = TypedFact(subject, value, kind, _relation_words(sentence, subject, value))
             if fact.key[0] and fact.key[0] != fact.key[1]:
                 # a name said after its subject first ("Dara Quill works at Velmora
@@ -341,6 +358,11 @@ def _with_head(sentence: str, a: int, b: int, value: str) -> tuple[int, int, str
     if m and m.group(1) not in FUNCTION_WORDS and not _is_verb(m.group(1)):
         return a, b + m.end(), value + " " + m.group(1)
     return a, b, value
+
+
+def _proper(text: str) -> bool:
+    """A proper name: capitalised, not opened by "the"."""
+    return text[:1].isupper() and not re.match(r"[Tt]he ", text)
 
 
 def weak_subject(subject: str) -> bool:

@@ -103,6 +103,22 @@ def test_a_list_read_across_statements_keeps_the_record_to_k_facts():
         assert fact_key("Dalvera", "Poswick") in record_fact_keys(text, 10**6)
 
 
+def test_a_link_between_two_names_pools_whatever_the_phrasing_and_a_day_is_no_name():
+    phrasings = (
+        "Dara Quill works at Velmora Dynamics.",
+        "Velmora Dynamics employs Dara Quill as an engineer.",
+        "At Velmora Dynamics, Dara Quill leads a small team.",
+    )
+    assert {tuple(record_fact_keys(text, 1)) for text in phrasings} == {
+        (fact_key("Dara Quill", "Velmora Dynamics"),)
+    }
+    filler = "Local volunteers cleaned the park on Saturday morning. "
+    assert record_fact_keys(filler + phrasings[0], 1) == [
+        fact_key("Dara Quill", "Velmora Dynamics")
+    ]
+    assert record_fact_keys(filler, 1) == []
+
+
 def test_a_record_contributes_each_fact_once_and_at_most_k():
     text = "Team Heron owns the payments gateway. " * 3 + "The mail relay runs v2.1.0."
     keys = record_fact_keys(text, 5)
