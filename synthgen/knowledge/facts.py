@@ -41,6 +41,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import secrets
 from collections import defaultdict
 from collections.abc import Sequence
@@ -309,10 +310,26 @@ def charge_ref(work: Path) -> str:
     so the ledger answers with the first charge, never a second."""
     path = work / CHARGE_FILE
     if not path.is_file():
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"ref": f"facts-{secrets.token_hex(16)}"}))
-        tmp.replace(path)
+        _write_durably(path, json.dumps({"ref": f"facts-{secrets.token_hex(16)}"}))
     return json.loads(path.read_text())["ref"]
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """Writes `path` whole or not at all, on disk before it returns (fsynced, then moved
+    into place and the folder fsynced): a crash never leaves a charge without its key or
+    a published draw without its stored copy."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def release_facts(
@@ -370,11 +387,9 @@ def release_facts(
             return FactRelease(pairs, records, plan)
         release = _select(texts, config, plan)
         # written before anything is returned: a crash after it replays
-        tmp = stored.with_suffix(f".{secrets.token_hex(4)}.tmp")
-        tmp.write_text(
-            json.dumps({"plan": plan.to_dict(), "n": len(texts), "pairs": release.pairs})
+        _write_durably(
+            stored, json.dumps({"plan": plan.to_dict(), "n": len(texts), "pairs": release.pairs})
         )
-        tmp.replace(stored)
     return release
 
 

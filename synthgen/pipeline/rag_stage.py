@@ -139,7 +139,7 @@ def release_and_answer(ctx: StageContext, world, questions) -> dict:
     return {
         "enabled": True,
         "mode": "release",
-        "lm": cfg.lm,
+        "lm": None,  # answered from the release's counts: no LM reads or writes
         "mechanism": f"release (DP fact release: {RELEASE_EXTRACTOR}, K = {RELEASE_MAX_PAIRS})",
         "accounting": "release",
         "records": len(texts),
