@@ -53,8 +53,7 @@ def main() -> None:
         nargs="+",
         default=["icl", "keywords"],
         choices=["icl", "keywords", "facts"],
-        help="any of icl keywords facts (facts: keywords for these questions, which no kind "
-        "rule reads)",
+        help="any of icl keywords facts (facts: no LM; each record votes its typed facts)",
     )
     parser.add_argument("--k-icl", type=int, default=32, help="icl: documents aimed at")
     parser.add_argument("--k-keywords", type=int, default=64, help="keywords, facts: voters")
