@@ -57,8 +57,7 @@ from retriever.encoders import TextEncoder, params_sha256, save_encoder
 from synthgen import dp_train
 from synthgen.checkpoints import TrainCheckpoints
 from synthgen.paths import default_work_dir
-from synthgen.privacy.ledger import PrivacyLedger
-from synthgen.privacy.receipts import ledger_payer
+from synthgen.privacy.receipts import Payer
 from synthgen.work_folder import CHECKPOINTS, WorkFolder, private_folder
 
 PyTree = Any
@@ -438,8 +437,7 @@ def train_retriever_dp(
     dp_config: dp_train.DPConfig,
     *,
     out_dir: str | Path | None = None,
-    ledger: PrivacyLedger | None = None,
-    ledger_scope: tuple[str, str] | None = None,
+    pay: Payer | None = None,
     work_dir: str | Path | None = None,
     keep_work: bool = False,
     progress: bool = True,
@@ -456,12 +454,14 @@ def train_retriever_dp(
       config: token budgets and temperature (`batch_size`/`epochs` come from `dp_config`).
       dp_config: DP-Adafactor hyper-parameters (sigma or target epsilon, C, sampling).
       out_dir: the release folder: the trained towers, the privacy metadata and
-        provenance.json (`retriever.provenance.dp_sgd`, with the ledger scope).
-      ledger, ledger_scope: the run's guarantee is charged there (once) before the first
-        step; an over-budget run is refused before the corpus is embedded.
+        provenance.json (`retriever.provenance.dp_sgd`, with the scope charged).
+      pay: the run's payer, charged (once) before the first step; an over-budget run is
+        refused before the corpus is embedded. With a work folder,
+        `synthgen.work_folder.run_payer` (its work folder is the run's); without,
+        `synthgen.privacy.receipts.ledger_payer`. None: not charged.
       work_dir: private work folder (checkpoints, noise key, sampler state, charge
-        record); with `out_dir`, default `synthgen.paths.default_work_dir(out_dir,
-        ledger.path)`. Calling again with the same folders resumes an interrupted run.
+        record): the payer's, else with `out_dir` `synthgen.paths.default_work_dir(out_dir)`.
+        Calling again with the same folders resumes an interrupted run.
       keep_work: keep the work folder after a finished run (it stays secret); by default
         it is deleted once the release is written.
       progress: show progress bars.
@@ -481,20 +481,17 @@ def train_retriever_dp(
     index = np.asarray(positive_index, np.int32)
     if index.min() < 0 or index.max() >= len(corpus_texts):
         raise ValueError("positive_index points outside the corpus")
+    paid_work = getattr(pay, "work", None)  # a run payer keeps its charge in the work folder
+    if paid_work is not None:
+        if work_dir is not None and Path(work_dir).resolve() != paid_work.path.resolve():
+            raise ValueError(f"work_dir={work_dir} is not the payer's work folder {paid_work.path}")
+        work_dir = paid_work.path
     if work_dir is None and out_dir is not None:
-        work_dir = default_work_dir(out_dir, None if ledger is None else ledger.path)
+        work_dir = default_work_dir(out_dir)
     work = None if work_dir is None else WorkFolder(work_dir)
-    pay = None
-    if ledger is not None:
+    if pay is not None:
         if not plan.private:
             raise ValueError("a non-private run (noise_multiplier=0) cannot be charged to a ledger")
-        if ledger_scope is None:
-            raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
-        pay = (
-            ledger_payer(ledger, ledger_scope, stage="dp-train")
-            if work is None
-            else work.payer(ledger, ledger_scope, stage="dp-train")
-        )
         pay.check(plan)  # refuse an over-budget run before embedding the corpus
     doc_emb = encoder.encode(list(corpus_texts), max_len=config.max_doc_len, progress=progress)
     tokens = encoder.tokenize(list(queries), config.max_query_len)
@@ -538,7 +535,7 @@ def train_retriever_dp(
         privacy = json.loads(json.dumps(privacy, default=str))
         extra = {"privacy": privacy, "training": {"config": dataclasses.asdict(config)}}
         record = prov.dp_sgd(
-            privacy, ledger_scope=None if ledger is None else ledger_scope, num_pairs=len(queries)
+            privacy, ledger_scope=None if pay is None else pay.scope, num_pairs=len(queries)
         )
         towers = {"query": result.trainable, "doc": encoder.params}
         save_trained(encoder, towers, out_dir, extra, provenance=record)

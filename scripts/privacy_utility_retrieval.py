@@ -74,6 +74,7 @@ from synthgen.config_files import querygen_preset
 from synthgen.plots import pyplot
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
+from synthgen.work_folder import run_payer
 
 
 def _cell(out: Path, name: str, run, settings: dict) -> dict:
@@ -278,9 +279,12 @@ def main() -> None:
                 rconfig,
                 dp_config,
                 out_dir=model,
-                ledger=ledger,
-                ledger_scope=scope(f"direct-dp-{eps:g}", plan),
-                work_dir=out / "work" / f"direct-dp-{eps:g}",
+                pay=run_payer(
+                    ledger,
+                    scope(f"direct-dp-{eps:g}", plan),
+                    out_dir=model,
+                    work_dir=out / "work" / f"direct-dp-{eps:g}",
+                ),
                 plan=plan,
             )
             return {
@@ -315,8 +319,11 @@ def main() -> None:
                     config,
                     train,
                     gen_dir,
-                    ledger=ledger if plan.private else None,
-                    ledger_scope=scope(name, plan) if plan.private else None,
+                    pay=run_payer(
+                        ledger, scope(name, plan), out_dir=gen_dir, work_dir=out / "work" / name
+                    )
+                    if plan.private
+                    else None,
                     work_dir=out / "work" / name,
                     plan=plan,
                 )

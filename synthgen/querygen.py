@@ -40,9 +40,8 @@ from synthgen.corpora import file_sha256
 from synthgen.generator_models import LlamaFamily, T5Family, merge_params, split_trainable
 from synthgen.models.sampling import SamplingConfig
 from synthgen.paths import default_work_dir
-from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.shards import Shard
-from synthgen.work_folder import WorkFolder
+from synthgen.work_folder import OncePayer, WorkFolder
 
 Family = Literal["t5", "llama"]
 COMPUTE_DTYPES = ("float32", "bfloat16")
@@ -194,8 +193,7 @@ def train_generator(
     *,
     document_field: str = "document",
     query_field: str = "query",
-    ledger: PrivacyLedger | None = None,
-    ledger_scope: tuple[str, str] | None = None,
+    pay: OncePayer | None = None,
     work_dir: str | Path | None = None,
     keep_work: bool = False,
     progress: bool = True,
@@ -214,10 +212,11 @@ def train_generator(
       pairs: private training pairs.
       out_dir: the release folder (what `generate_queries` reads and a user ships).
       document_field, query_field: column names in `pairs`.
-      ledger, ledger_scope: the run is charged there (once) before the first step.
+      pay: the run's payer (`synthgen.work_folder.run_payer`: a ledger scope and this
+        run's work folder), charged once before the first step; None: not charged.
       work_dir: private work folder (checkpoints, noise key, sampler state, charge
-        record); default `synthgen.paths.default_work_dir(out_dir, ledger.path)`, beside
-        the ledger. Calling again with the same folders resumes an interrupted run.
+        record): the payer's, else `synthgen.paths.default_work_dir(out_dir)`. Calling
+        again with the same folders resumes an interrupted run.
       keep_work: keep the work folder after a finished run (it stays secret); by default
         it is deleted once the release is written. An interrupted run always keeps it.
       progress: show a progress bar.
@@ -228,7 +227,7 @@ def train_generator(
 
     Privacy:
       See the module docstring: (epsilon, delta)-DP w.r.t. one (document, query) pair,
-      stated in `out_dir/generator.json` and charged to `ledger` before the first step.
+      stated in `out_dir/generator.json` and charged through `pay` before the first step.
       Nothing of the mechanism's randomness and no statistic of the private data (loss,
       timing) is written to `out_dir`.
     """
@@ -236,18 +235,17 @@ def train_generator(
     if plan is None:  # validates epsilon, delta and sizes before any compute
         plan = dp_train.plan_privacy(config.dp, len(pairs))
     out = Path(out_dir)
-    if work_dir is None:
-        work_dir = default_work_dir(out, None if ledger is None else ledger.path)
-    work = WorkFolder(work_dir)
-    if ledger is not None and not plan.private:
+    if pay is not None:
+        if work_dir is not None and Path(work_dir).resolve() != pay.work.path.resolve():
+            raise ValueError(f"work_dir={work_dir} is not the payer's work folder {pay.work.path}")
+        work = pay.work
+    else:
+        work = WorkFolder(work_dir if work_dir is not None else default_work_dir(out))
+    if pay is not None and not plan.private:
         raise ValueError("a non-private run (noise_multiplier=0) cannot be charged to a ledger")
-    pay = None
-    if ledger is not None:
+    if pay is not None:
         # Refuse an over-budget run before loading anything; a resumed run whose charge is
         # in the ledger passes. `dp_train.train` pays (atomically, once) before step 1.
-        if ledger_scope is None:
-            raise ValueError("ledger_scope=(tenant, dataset) is required with a ledger")
-        pay = work.payer(ledger, ledger_scope, stage="dp-train")
         pay.check(plan)
     out.mkdir(parents=True, exist_ok=True)
     documents, queries = pairs[document_field], pairs[query_field]
@@ -289,7 +287,7 @@ def train_generator(
         "lora_rank": config.lora_rank,
         "model_config": dataclasses.asdict(family.config),
         "generator_config": _released_config(config),
-        "privacy": _privacy_block(result.plan, ledger_scope if ledger is not None else None),
+        "privacy": _privacy_block(result.plan, None if pay is None else pay.scope),
         "randomness": _randomness(config),
     }
     (out / GENERATOR_FILE).write_text(json.dumps(record, indent=1))
@@ -313,7 +311,7 @@ def _randomness(config: GeneratorConfig) -> dict:
     return {"seeded": seeded, "note": SEEDED_NOTE if seeded else "OS entropy"}
 
 
-def _privacy_block(plan: dp_train.PrivacyPlan, ledger_scope: tuple[str, str] | None) -> dict:
+def _privacy_block(plan: dp_train.PrivacyPlan, charged: tuple[str, str] | None) -> dict:
     """The released guarantee: the plan, unit, mechanism and the ledger scope charged (or
     None: not charged to a ledger), so that whatever is trained on the release can state
     it (`retriever.provenance`)."""
@@ -324,8 +322,8 @@ def _privacy_block(plan: dp_train.PrivacyPlan, ledger_scope: tuple[str, str] | N
         if plan.private
         else "NON-PRIVATE reference run: per-example clipping, no noise (epsilon = infinity)",
         ledger_scope=None
-        if ledger_scope is None
-        else {"tenant": str(ledger_scope[0]), "dataset": str(ledger_scope[1])},
+        if charged is None
+        else {"tenant": str(charged[0]), "dataset": str(charged[1])},
     )
     return block
 

@@ -219,6 +219,24 @@ class WorkFolder:
         os.replace(tmp, self.path / CHARGE_FILE)
 
 
+def run_payer(
+    ledger: PrivacyLedger,
+    scope: tuple[str, str],
+    *,
+    out_dir: str | Path,
+    work_dir: str | Path | None = None,
+    stage: str = "dp-train",
+) -> OncePayer:
+    """The payer of a training run that releases into `out_dir`, kept in its work folder
+    (`work_dir`, default `synthgen.paths.default_work_dir(out_dir, ledger.path)`): what a
+    command hands `synthgen.querygen.train_generator` or
+    `retriever.train.train_retriever_dp`, which never see the ledger."""
+    from synthgen.paths import default_work_dir
+
+    work = work_dir if work_dir is not None else default_work_dir(out_dir, ledger.path)
+    return WorkFolder(work).payer(ledger, scope, stage=stage)
+
+
 @dataclasses.dataclass(frozen=True)
 class OncePayer:
     """A payer whose charge is made once across a run's resumes (`WorkFolder.payer`)."""

@@ -142,6 +142,7 @@ def train_dp(
     from synthgen.paths import default_ledger_path, default_work_dir
     from synthgen.privacy.admission import admit
     from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.work_folder import run_payer
 
     if noise_multiplier is not None:
         epsilon = None
@@ -181,9 +182,7 @@ def train_dp(
         RetrieverConfig(),
         dp_config,
         out_dir=out,
-        ledger=book,
-        ledger_scope=scope,
-        work_dir=work,
+        pay=run_payer(book, scope, out_dir=out, work_dir=work),
         keep_work=keep_work,
         plan=plan,
     )

@@ -75,6 +75,7 @@ def train_generator(
     from synthgen import corpora, querygen
     from synthgen.config_files import querygen_preset
     from synthgen.privacy.admission import admit
+    from synthgen.work_folder import run_payer
 
     cfg = querygen_preset(config)
     changes: dict = {}
@@ -120,8 +121,9 @@ def train_generator(
         out,
         document_field=document_field,
         query_field=query_field,
-        ledger=ledger_obj,
-        ledger_scope=(tenant, scope_name),
+        pay=None
+        if ledger_obj is None
+        else run_payer(ledger_obj, (tenant, scope_name), out_dir=out, work_dir=work),
         work_dir=work,
         keep_work=keep_work,
         plan=plan,

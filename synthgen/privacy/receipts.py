@@ -60,6 +60,8 @@ class Receipt:
 class Payer(Protocol):
     """What an algorithm is handed instead of the ledger."""
 
+    scope: tuple[str, str]  # the (tenant, dataset) it charges: public, stated in releases
+
     def check(self, plan: ReleasePlan) -> None:
         """A dry run of the charge: raises as the charge would, records nothing."""
 

@@ -15,6 +15,7 @@ from synthgen.config_files import querygen_preset
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
 from synthgen.shards import Shard
+from synthgen.work_folder import run_payer
 
 N_TRAIN = 300
 
@@ -43,7 +44,11 @@ def test_train_then_generate(preset, wiki, tmp_path):
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
     ledger.open_scope(Scope("t", "wiki", 8.0, 1 / (2 * N_TRAIN)))
     result = querygen.train_generator(
-        config, train, tmp_path / "gen", ledger=ledger, ledger_scope=("t", "wiki"), progress=False
+        config,
+        train,
+        tmp_path / "gen",
+        pay=run_payer(ledger, ("t", "wiki"), out_dir=tmp_path / "gen"),
+        progress=False,
     )
     assert result.steps_run == result.plan.steps
     assert result.plan.epsilon <= 8.0

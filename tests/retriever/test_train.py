@@ -22,6 +22,7 @@ from retriever.train import (
 from synthgen import corpora, dp_train
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
+from synthgen.work_folder import run_payer
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "synthgen"))
 from release_audit import assert_clean_release, files_containing, needles, record_randomness  # noqa: E402, I001
@@ -153,7 +154,7 @@ def test_direct_dp_baseline_charges_and_records_its_guarantee(wiki, encoder, tmp
     def run(**kw):
         return train_retriever_dp(
             encoder, wiki["query"], list(range(n)), wiki["document"], config, dp_config,
-            out_dir=release, ledger=ledger, ledger_scope=("t", "wiki"), work_dir=work,
+            out_dir=release, pay=run_payer(ledger, ("t", "wiki"), out_dir=release, work_dir=work),
             progress=False, **kw,
         )  # fmt: skip
 

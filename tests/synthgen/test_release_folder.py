@@ -13,6 +13,7 @@ from synthgen.config_files import querygen_preset
 from synthgen.paths import default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
+from synthgen.work_folder import run_payer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from release_audit import assert_clean_release, files_containing, needles, record_randomness  # noqa: E402, I001
@@ -49,7 +50,8 @@ def test_a_finished_run_releases_no_secret_and_generates_from_the_release_alone(
     ledger.open_scope(Scope("t", "wiki", 8.0, 1 / (2 * N)))
     release, work = tmp_path / "gen", tmp_path / "private" / "work" / "gen"
     seen = record_randomness(monkeypatch)
-    kwargs = dict(ledger=ledger, ledger_scope=("t", "wiki"), work_dir=work, progress=False)
+    pay = run_payer(ledger, ("t", "wiki"), out_dir=release, work_dir=work)
+    kwargs = dict(pay=pay, progress=False)
 
     first = querygen.train_generator(config, train, release, stop_after=2, **kwargs)
     assert first.steps_run == 2 < first.plan.steps
@@ -87,8 +89,8 @@ def test_keep_work_keeps_the_work_folder_outside_the_release(tmp_path):
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
     ledger.open_scope(Scope("t", "wiki", 100.0, 1 / (2 * N)))
     result = querygen.train_generator(
-        config, wiki, tmp_path / "gen", ledger=ledger, ledger_scope=("t", "wiki"),
-        keep_work=True, progress=False,
+        config, wiki, tmp_path / "gen", keep_work=True, progress=False,
+        pay=run_payer(ledger, ("t", "wiki"), out_dir=tmp_path / "gen"),
     )  # fmt: skip
     work = default_work_dir(tmp_path / "gen", ledger.path)
     assert result.steps_run == result.plan.steps
