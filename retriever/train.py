@@ -58,7 +58,7 @@ from synthgen import dp_train
 from synthgen.checkpoints import TrainCheckpoints
 from synthgen.paths import default_work_dir
 from synthgen.privacy.receipts import Payer
-from synthgen.work_folder import CHECKPOINTS, WorkFolder, private_folder
+from synthgen.work_folder import CHECKPOINTS, OncePayer, WorkFolder, private_folder
 
 PyTree = Any
 DOC_TOWER_DIR = "doc_tower"
@@ -456,8 +456,8 @@ def train_retriever_dp(
       out_dir: the release folder: the trained towers, the privacy metadata and
         provenance.json (`retriever.provenance.dp_sgd`, with the scope charged).
       pay: the run's payer, charged (once) before the first step; an over-budget run is
-        refused before the corpus is embedded. With a work folder,
-        `synthgen.work_folder.run_payer` (its work folder is the run's); without,
+        refused before the corpus is embedded. With `out_dir` or `work_dir`,
+        `synthgen.work_folder.run_payer` (its work folder is the run's); with neither,
         `synthgen.privacy.receipts.ledger_payer`. None: not charged.
       work_dir: private work folder (checkpoints, noise key, sampler state, charge
         record): the payer's, else with `out_dir` `synthgen.paths.default_work_dir(out_dir)`.
@@ -481,14 +481,18 @@ def train_retriever_dp(
     index = np.asarray(positive_index, np.int32)
     if index.min() < 0 or index.max() >= len(corpus_texts):
         raise ValueError("positive_index points outside the corpus")
-    paid_work = getattr(pay, "work", None)  # a run payer keeps its charge in the work folder
-    if paid_work is not None:
-        if work_dir is not None and Path(work_dir).resolve() != paid_work.path.resolve():
-            raise ValueError(f"work_dir={work_dir} is not the payer's work folder {paid_work.path}")
-        work_dir = paid_work.path
+    if isinstance(pay, OncePayer):  # a run payer keeps its charge in the work folder
+        if work_dir is not None and Path(work_dir).resolve() != pay.work.path.resolve():
+            raise ValueError(f"work_dir={work_dir} is not the payer's work folder {pay.work.path}")
+        work_dir = pay.work.path
     if work_dir is None and out_dir is not None:
         work_dir = default_work_dir(out_dir)
     work = None if work_dir is None else WorkFolder(work_dir)
+    if pay is not None and work is not None and not isinstance(pay, OncePayer):
+        raise ValueError(
+            "a run with a work folder (out_dir or work_dir) is paid by its run payer "
+            "(synthgen.work_folder.run_payer), which charges once across resumes"
+        )
     if pay is not None:
         if not plan.private:
             raise ValueError("a non-private run (noise_multiplier=0) cannot be charged to a ledger")

@@ -235,6 +235,8 @@ def train_generator(
     if plan is None:  # validates epsilon, delta and sizes before any compute
         plan = dp_train.plan_privacy(config.dp, len(pairs))
     out = Path(out_dir)
+    if pay is not None and not isinstance(pay, OncePayer):
+        raise ValueError("a training run is paid by its run payer (synthgen.work_folder.run_payer)")
     if pay is not None:
         if work_dir is not None and Path(work_dir).resolve() != pay.work.path.resolve():
             raise ValueError(f"work_dir={work_dir} is not the payer's work folder {pay.work.path}")

@@ -14,6 +14,7 @@ from synthgen import corpora, querygen
 from synthgen.config_files import querygen_preset
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
+from synthgen.privacy.receipts import ledger_payer
 from synthgen.shards import Shard
 from synthgen.work_folder import run_payer
 
@@ -94,7 +95,16 @@ def test_bad_input_fails_before_compute(wiki, tmp_path):
         querygen.train_generator(config.replace(dp_delta=0.5), train, tmp_path)
     with pytest.raises(ValueError, match="target_epsilon"):
         config.replace(dp_target_epsilon=0.0)
-    assert not (tmp_path / "checkpoints").exists()
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    bare = ledger_payer(ledger, ("t", "wiki"), stage="dp-train")  # no work folder: no resume
+    with pytest.raises(ValueError, match="run payer"):
+        querygen.train_generator(config, train, tmp_path / "gen", pay=bare)
+    other = run_payer(ledger, ("t", "wiki"), out_dir=tmp_path / "gen")
+    with pytest.raises(ValueError, match="not the payer's work folder"):
+        querygen.train_generator(
+            config, train, tmp_path / "gen", pay=other, work_dir=tmp_path / "w"
+        )
+    assert not (tmp_path / "checkpoints").exists() and ledger.charges("t", "wiki") == []
 
 
 def _lora_leaves(params):
