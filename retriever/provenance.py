@@ -63,7 +63,7 @@ def _figures(epsilon: float, delta: float) -> str:
     return f"ε = {epsilon:.4g}, δ = {delta:.3g}"
 
 
-def _guarantee(kind: str, privacy: dict | None, ledger_scope: Any = None) -> dict:
+def _guarantee(kind: str, privacy: dict | None) -> dict:
     privacy = privacy or {}
     relation = privacy.get("neighboring_relation")
     return {
@@ -74,7 +74,7 @@ def _guarantee(kind: str, privacy: dict | None, ledger_scope: Any = None) -> dic
         "neighboring_relation": relation,
         "mechanism": privacy.get("mechanism") or privacy.get("mechanism_description"),
         "accountant": privacy.get("accountant"),
-        "ledger_scope": _scope(ledger_scope),
+        "ledger_scope": _scope(privacy.get("ledger_scope")),
     }
 
 
@@ -176,7 +176,7 @@ def synthetic(
             f"trained on synthetic data from a NON-private generator run ({generator}, "
             "no noise, ε = ∞): no privacy guarantee",
         )
-    guarantee = _guarantee("post-processing", privacy, privacy.get("ledger_scope"))
+    guarantee = _guarantee("post-processing", privacy)
     statement = (
         f"post-processing of an (ε, δ)-DP release: trained only on synthetic queries from "
         f"the {generator}, which is ({_figures(guarantee['epsilon'], guarantee['delta'])})-DP for "
@@ -191,13 +191,13 @@ def synthetic(
     return _provenance(trained_on, guarantee, statement)
 
 
-def dp_sgd(privacy: dict, *, ledger_scope: Any = None, num_pairs: int | None = None) -> dict:
+def dp_sgd(privacy: dict, *, num_pairs: int | None = None) -> dict:
     """Provenance of an encoder trained on private pairs by DP-SGD (`train_retriever_dp`).
 
     Args:
       privacy: the run's privacy block (`dp_train.PrivacyPlan.to_dict` with "unit" and
-        "mechanism").
-      ledger_scope: (tenant, dataset) the run was charged to, if any.
+        "mechanism", and "ledger_scope": the (tenant, dataset) the run was charged to, if
+        any).
       num_pairs: private pairs (the plan's public `num_examples` if not given).
 
     Privacy:
@@ -218,7 +218,7 @@ def dp_sgd(privacy: dict, *, ledger_scope: Any = None, num_pairs: int | None = N
             _guarantee("none", None),
             "NON-private run (no noise, ε = ∞): " + REAL_STATEMENT,
         )
-    guarantee = _guarantee("dp-sgd", privacy, ledger_scope)
+    guarantee = _guarantee("dp-sgd", privacy)
     statement = (
         f"({_figures(guarantee['epsilon'], guarantee['delta'])})-DP for "
         f"{_unit_text(guarantee)}: DP-SGD on the private pairs"

@@ -538,9 +538,8 @@ def train_retriever_dp(
         )
         privacy = json.loads(json.dumps(privacy, default=str))
         extra = {"privacy": privacy, "training": {"config": dataclasses.asdict(config)}}
-        record = prov.dp_sgd(
-            privacy, ledger_scope=None if pay is None else pay.scope, num_pairs=len(queries)
-        )
+        charged = {"ledger_scope": None if pay is None else pay.scope}
+        record = prov.dp_sgd({**privacy, **charged}, num_pairs=len(queries))
         towers = {"query": result.trainable, "doc": encoder.params}
         save_trained(encoder, towers, out_dir, extra, provenance=record)
     if work is not None and not keep_work:

@@ -69,6 +69,7 @@ from retriever.rag.stream_eval import (
     zipf_stream,
 )
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
+from synthgen.privacy.receipts import collection_payer
 
 
 def _table(summaries: dict[str, dict]) -> str:
@@ -245,8 +246,7 @@ def main() -> None:
             embeddings,
             encoder.encode,
             lm,
-            ledger=ledger,
-            dataset="records",
+            payer=collection_payer(ledger, "records"),
             config=config,
             prompt=MEDICAL_PROMPT,
             document_cache=args.document_cache and (document_kv or True),

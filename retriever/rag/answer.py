@@ -1,9 +1,11 @@
 """The DP-RAG answer stage: one object from a question to a charged, private answer.
 
 `DPRag` holds the private collection (texts and their embeddings), the question encoder,
-the LM and the ledger. `answer(question, tenant=, epsilon=, mechanism=)`:
+the LM and the collection's payer (`synthgen.privacy.receipts.CollectionPayer`: it charges
+this collection's answers to the tenant that asks, and nothing else; the answer stage never
+holds the ledger). `answer(question, tenant=, epsilon=, mechanism=)`:
 
-1. plans the answer (`retriever.rag.plan`) and asks the ledger whether its worst case fits
+1. plans the answer (`retriever.rag.plan`) and asks the payer whether its worst case fits
    the tenant's remaining budget: a refused request draws no noise and puts no document in
    any prompt;
 2. scores the question against every private document (exact inner products) and draws
@@ -80,12 +82,8 @@ from retriever.rag.sessions import (
     tokenize_documents,
 )
 from retriever.rag.text import clean_answer_text
-from synthgen.privacy import (
-    PrivacyLedger,
-    accounting,
-    secure_rng,
-)
-from synthgen.privacy.document_filters import DocumentFilters
+from synthgen.privacy import accounting, secure_rng
+from synthgen.privacy.receipts import CollectionPayer
 
 RELATION = "ADD_OR_REMOVE_ONE"
 
@@ -101,8 +99,8 @@ class DPRag:
         products with the question embedding are the similarity scores.
       encode_question: maps a list of questions to [B, D] embeddings.
       lm: a `synthgen.lm_backends.NextTokenLM` with `fork()`.
-      ledger: the privacy ledger (None: nothing charged, for experiments only).
-      dataset: the collection's name in the ledger.
+      payer: the collection's payer (`synthgen.privacy.receipts.collection_payer(ledger,
+        name)`; None: nothing charged, for experiments only).
       config: public parameters.
       prompt: prompt format.
       rng: tests only; production draws a fresh OS-entropy generator per answer.
@@ -134,8 +132,7 @@ class DPRag:
         encode_question,
         lm,
         *,
-        ledger: PrivacyLedger | None = None,
-        dataset: str = "private",
+        payer: CollectionPayer | None = None,
         config: RagConfig = RagConfig(),
         prompt: PromptFormat | None = None,
         rng: np.random.Generator | None = None,
@@ -157,7 +154,7 @@ class DPRag:
         if len(set(doc_ids)) != len(doc_ids):
             raise ValueError("doc_ids must be unique")
         _check_delta(config, len(doc_ids))
-        check_individual(config, ledger, dataset)
+        check_individual(config, payer)
         self.doc_ids, self.texts = [str(d) for d in doc_ids], list(texts)
         self._position = {d: i for i, d in enumerate(self.doc_ids)}
         self._tokens = tokenize_documents(lm, self.texts)
@@ -166,7 +163,8 @@ class DPRag:
         self.embeddings = embeddings
         self.encode_question = encode_question
         self.lm, self.public_lm = lm, lm.fork()
-        self.ledger, self.dataset = ledger, dataset
+        self.payer = payer
+        self.dataset = payer.dataset if payer is not None else "private"  # its public name
         self.config, self.prompt = config, prompt or PromptFormat()
         self._rng = rng
         self._lock = threading.Lock()  # one answer at a time: the LM sessions are shared
@@ -177,9 +175,9 @@ class DPRag:
         self._facts = None  # private: the documents' typed facts (`_document_facts`)
 
     def with_config(self, config: RagConfig) -> DPRag:
-        """The same collection, encoder, LM sessions, ledger and lock under `config`."""
+        """The same collection, encoder, LM sessions, payer and lock under `config`."""
         _check_delta(config, len(self.doc_ids))
-        check_individual(config, self.ledger, self.dataset)
+        check_individual(config, self.payer)
         other = copy.copy(self)
         other.config = config
         return other
@@ -209,9 +207,8 @@ class DPRag:
         """Read-only: whether the tenant's scopes admit `plan`'s worst case (raises
         BudgetExceededError, KeyError without a scope, UnsupportedEventError when its
         accountant cannot compose the event)."""
-        self.ledger.check(
+        self.payer.check(
             tenant,
-            self.dataset,
             stage="rag-answer",
             event=plan.worst_case_event(),
             relation=RELATION,
@@ -219,9 +216,9 @@ class DPRag:
         )
 
     def remaining(self, tenant: str) -> float | None:
-        if self.ledger is None:
+        if self.payer is None:
             return None
-        return self.ledger.spent(tenant, self.dataset).epsilon_remaining
+        return self.payer.remaining(tenant)
 
     # ---- the answer -----------------------------------------------------------------
 
@@ -284,8 +281,8 @@ class DPRag:
         self, question: str, tenant: str, plan: AnswerPlan, deadline: float | None
     ) -> Answer:
         stages = plan.stage_events()
-        ref = secrets.token_hex(16) if self.ledger is not None else None
-        if self.ledger is not None:
+        ref = secrets.token_hex(16) if self.payer is not None else None
+        if self.payer is not None:
             self.check_budget(tenant, plan)
         # every event is fixed by the plan: charged before any noise is drawn
         charges = self._charge(tenant, plan.mechanism, stages, plan.delta, ref)
@@ -384,7 +381,7 @@ class DPRag:
         """The plan's per-document rho, or ValueError when no document could ever pay it
         or the mechanism has no zCDP curve (public parameters only)."""
         rho = plan.document_rho()
-        cap = self._filters().get(self.dataset).budget.rho_cap
+        cap = self.payer.document_filter().budget.rho_cap
         if rho > cap:
             raise ValueError(
                 f"an answer at epsilon={plan.epsilon:g} costs each document rho={rho:.4g}, "
@@ -392,9 +389,6 @@ class DPRag:
                 "epsilon"
             )
         return rho
-
-    def _filters(self) -> DocumentFilters:
-        return DocumentFilters(self.ledger.store)
 
     def _check_context(self, question: str) -> None:
         """Refuses, from public lengths only, a question whose prompts could overflow."""
@@ -422,11 +416,10 @@ class DPRag:
     def _charge(
         self, tenant, mechanism, stages, delta, ref, documents=None
     ) -> tuple[StageCharge, ...]:
-        if self.ledger is None:
+        if self.payer is None:
             return tuple(StageCharge(stage, *_standalone(event, delta)) for stage, event in stages)
-        recorded = self.ledger.charge_all(
+        recorded = self.payer.charge_all(
             tenant,
-            self.dataset,
             [(f"rag-{stage}", event, f"rag answer ({mechanism})") for stage, event in stages],
             relation=RELATION,
             delta=delta,

@@ -48,6 +48,7 @@ from retriever.rag.plan import MECHANISMS
 from retriever.rag.prompts import PromptFormat
 from synthgen.audit.canaries import DIGITS, digit_secret, public_words
 from synthgen.privacy import PrivacyLedger, Scope, secure_rng
+from synthgen.privacy.receipts import collection_payer
 from synthgen.work_folder import private_folder
 
 RECORD_FILE = "rag_canaries.json"
@@ -274,8 +275,7 @@ def run_rag_canary_audit(
                     embeddings,
                     lambda qs: np.stack([vector_of[q] for q in qs]),
                     lm,
-                    ledger=ledger,
-                    dataset=DATASET,
+                    payer=collection_payer(ledger, DATASET),
                     config=config,
                     prompt=prompt,
                     rng=None if seed is None else np.random.default_rng([seed, len(results)]),

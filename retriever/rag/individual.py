@@ -39,8 +39,8 @@ from retriever.rag.answer_types import Answer, AnswerFailedError
 from retriever.rag.config import RagConfig
 from retriever.rag.plan import AnswerPlan
 from retriever.rag.retrieval import ScoreRange, best_selected
-from synthgen.privacy import BudgetExceededError, PrivacyLedger, secure_rng
-from synthgen.privacy.document_filters import DocumentFilters
+from synthgen.privacy import BudgetExceededError, secure_rng
+from synthgen.privacy.receipts import CollectionPayer
 
 UNIT_RANGE = ScoreRange()  # scores already in [0, 1]
 
@@ -133,7 +133,7 @@ def answer_individually(
     def payers(conn) -> tuple[list[str], float]:
         """Selected inside the charge's transaction: no other answer can exhaust a
         payer between this read and the charge."""
-        active = active_documents(rag, rag._filters().exhausted_in(conn, rag.dataset, rho)) & coins
+        active = active_documents(rag, rag.payer.exhausted_in(conn, rho)) & coins
         chosen.append(
             individual_rows(scores, c.relevance_threshold, c.voters, active, c.score_range)
         )
@@ -165,24 +165,25 @@ def answer_individually(
     return rag._assemble(tenant, plan, released, stages, charges, ref)
 
 
-def check_individual(config: RagConfig, ledger: PrivacyLedger | None, dataset: str) -> None:
-    """Individual accounting needs a ledger whose collection is in individual mode and has
+def check_individual(config: RagConfig, payer: CollectionPayer | None) -> None:
+    """Individual accounting needs a payer whose collection is in individual mode and has
     no collection cap (a cap would compose every answer again and void the point)."""
+    dataset = payer.dataset if payer is not None else None
     if not config.individual:
-        if ledger is not None and DocumentFilters(ledger.store).get(dataset) is not None:
+        if payer is not None and payer.document_filter() is not None:
             raise ValueError(
                 f"collection {dataset!r} has per-document filters: answer it with "
                 "individual accounting (its documents must pay for every answer)"
             )
         return
-    if ledger is None:
+    if payer is None:
         raise ValueError("individual accounting needs a ledger (the per-document filters)")
-    if DocumentFilters(ledger.store).get(dataset) is None:
+    if payer.document_filter() is None:
         raise ValueError(
             f"collection {dataset!r} has no per-document filters: open them first "
             "(--document-epsilon, --document-delta)"
         )
-    if ledger.collection_scope(dataset) is not None:
+    if payer.has_collection_cap():
         raise ValueError(
             f"collection {dataset!r} has a collection cap, which composes every answer; "
             "individual accounting replaces it with per-document filters: use another "

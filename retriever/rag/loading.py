@@ -20,6 +20,7 @@ from retriever.rag.config import RETRIEVALS
 from retriever.rag.prompts import PromptFormat
 from synthgen.privacy import PrivacyLedger
 from synthgen.privacy.ledger_documents import bind_texts
+from synthgen.privacy.receipts import collection_payer
 
 if TYPE_CHECKING:
     from retriever.rag.reuse import ReleasedAnswers
@@ -172,8 +173,7 @@ def load_dprag(
         embeddings,
         encode,
         lm,
-        ledger=ledger,
-        dataset=dataset,
+        payer=collection_payer(ledger, dataset),
         config=config,
         prompt=prompt,
         document_cache=document_cache,

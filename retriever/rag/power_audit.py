@@ -101,6 +101,7 @@ from synthgen.audit.claims import epsilon_tag
 from synthgen.audit.whitebox import CellResult, ScoreStats, score_stats, statistical_cap
 from synthgen.privacy import PrivacyLedger, Scope, calibration
 from synthgen.privacy.individual import DocumentBudget
+from synthgen.privacy.receipts import collection_payer
 from synthgen.work_folder import private_folder
 
 OBSERVABLE = "secret_prefix_digits"
@@ -386,8 +387,7 @@ def run_rag_power_cell(
                 embeddings,
                 lambda qs: np.stack([vector_of[q] for q in qs]),
                 lm,
-                ledger=ledger,
-                dataset=DATASET,
+                payer=collection_payer(ledger, DATASET),
                 config=config,
                 prompt=prompt,
                 rng=None if seed is None else np.random.default_rng(mechanism_seed),

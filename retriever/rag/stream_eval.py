@@ -117,11 +117,6 @@ def run_stream(
         from tqdm import tqdm
 
         todo = tqdm(todo, desc=name, initial=len(rows), total=len(stream))
-    filters = None
-    if rag.config.individual:
-        from synthgen.privacy.document_filters import DocumentFilters
-
-        filters = DocumentFilters(rag.ledger.store)
     with path.open("a") as sink:
         for i in todo:
             q = stream[i]
@@ -145,8 +140,8 @@ def run_stream(
                 "reused": reused,
                 "seconds": round(time.perf_counter() - start, 3),
             }
-            if filters is not None:
-                row["exhausted"] = filters.summary(rag.dataset)["exhausted"]
+            if rag.config.individual:
+                row["exhausted"] = rag.payer.exhausted_count()
             sink.write(json.dumps(row) + "\n")
             sink.flush()
             rows.append(row)

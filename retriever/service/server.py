@@ -21,6 +21,7 @@ from retriever.service.public_index import PublicIndex
 from retriever.service.tenants import TenantRegistry
 from synthgen.privacy import PrivacyLedger
 from synthgen.privacy.document_filters import DocumentFilters
+from synthgen.privacy.receipts import collection_payer
 
 TINY_LM = "tiny"  # the byte-level test model (`synthgen.lm_backends.TinyLM`)
 
@@ -156,8 +157,7 @@ def load_service(
             first.embeddings,
             first.encode_question,
             first.lm.fork(),
-            ledger=book,
-            dataset=dataset,
+            payer=collection_payer(book, dataset),
             config=rag_config,
             prompt=first.prompt,
             document_cache=first.document_kv or False,  # computed once, shared

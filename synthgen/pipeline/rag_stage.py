@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 
 from synthgen.pipeline.context import StageContext, open_run_scope
+from synthgen.privacy.receipts import collection_payer
 
 RAG_DATASET = "medical-records"
 
@@ -234,8 +235,7 @@ def answer_questions(ctx: StageContext) -> dict:
         embeddings,
         lambda qs: question_encoder.encode(qs, max_len=64),
         FlaxLM.load(cfg.lm),
-        ledger=ledger,
-        dataset=RAG_DATASET,
+        payer=collection_payer(ledger, RAG_DATASET),
         config=rag_config,
     )
     out = ctx.run.root / "rag"

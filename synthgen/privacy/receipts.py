@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
+from synthgen.privacy.document_filters import DocumentFilters
 from synthgen.privacy.events import as_relation, event_to_json
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Charge
@@ -112,3 +113,55 @@ def paid(
     receipt = pay(plan, description) if ref is None else pay(plan, description, ref=ref)
     receipt.check(plan)
     return receipt
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectionPayer:
+    """A payer over one collection for the tenants that ask it (DP-RAG's answers).
+
+    An answer is charged to the tenant that asked, all its stages in one ledger
+    transaction (and, for a collection with per-document filters, each paying document's
+    loss in the same transaction: `PrivacyLedger.charge_all`). It reads and charges
+    `dataset` only: the answer stage is handed this, never the ledger.
+    """
+
+    _ledger: PrivacyLedger = dataclasses.field(repr=False)
+    dataset: str
+
+    def check(self, tenant: str, *, stage: str, event, relation, delta: float) -> None:
+        """A dry run of an answer's charge to `tenant` (raises as the charge would)."""
+        self._ledger.check(
+            tenant, self.dataset, stage=stage, event=event, relation=relation, delta=delta
+        )
+
+    def charge_all(self, tenant: str, items, *, relation, delta, ref, documents=None):
+        """`PrivacyLedger.charge_all` on (`tenant`, this collection): every stage of one
+        answer, atomically; returns the recorded charges."""
+        return self._ledger.charge_all(
+            tenant, self.dataset, items, relation=relation, delta=delta, ref=ref,
+            documents=documents,
+        )  # fmt: skip
+
+    def remaining(self, tenant: str) -> float:
+        """The tenant's epsilon left on this collection."""
+        return self._ledger.spent(tenant, self.dataset).epsilon_remaining
+
+    def document_filter(self):
+        """The collection's per-document filter record (None: collection accounting)."""
+        return DocumentFilters(self._ledger.store).get(self.dataset)
+
+    def exhausted_in(self, conn, rho: float) -> list[str]:
+        """Inside a charge's transaction: the documents a charge of `rho` would exhaust."""
+        return DocumentFilters(self._ledger.store).exhausted_in(conn, self.dataset, rho)
+
+    def exhausted_count(self) -> int:
+        """How many of the collection's documents are exhausted (an aggregate)."""
+        return DocumentFilters(self._ledger.store).summary(self.dataset)["exhausted"]
+
+    def has_collection_cap(self) -> bool:
+        return self._ledger.collection_scope(self.dataset) is not None
+
+
+def collection_payer(ledger: PrivacyLedger, dataset: str) -> CollectionPayer:
+    """The payer of `dataset`'s answers in `ledger`."""
+    return CollectionPayer(ledger, dataset)

@@ -101,7 +101,9 @@ def test_dp_sgd_and_real_data_statements():
     dp = dp_train.DPConfig(batch_size=4, epochs=1.0, noise_multiplier=1.0, target_epsilon=None)
     privacy = dp_train.plan_privacy(dp, 40).to_dict()
     privacy.update(unit="one (query, document) pair", mechanism="DP-Adafactor")
-    record = prov.dp_sgd(json.loads(json.dumps(privacy, default=str)), ledger_scope=("t", "q"))
+    record = prov.dp_sgd(
+        {**json.loads(json.dumps(privacy, default=str)), "ledger_scope": ("t", "q")}
+    )
     assert record["guarantee"]["kind"] == "dp-sgd" and record["trained_on"]["num_pairs"] == 40
     assert record["statement"].endswith("DP-SGD on the private pairs")
     assert "one (query, document) pair" in record["statement"]

@@ -16,6 +16,7 @@ from retriever.rag.answer_types import ABSTENTION_TEXT
 from retriever.rag.text import unreadable_count
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope
+from synthgen.privacy.receipts import collection_payer
 
 N = 24
 
@@ -54,8 +55,7 @@ def _rag(tmp_path, *, cap=10.0, score_share=0.0, seed=0, accountant="pld"):
         emb,
         lambda qs: emb[:1],  # the question looks like document 0
         lm,
-        ledger=ledger,
-        dataset="records",
+        payer=collection_payer(ledger, "records"),
         config=RagConfig(
             k=4, max_tokens=5, score_range=ScoreRange(-1.0, 1.0), score_share=score_share
         ),
@@ -159,8 +159,7 @@ def _plain_rag(tmp_path, texts, *, config, instruction="a:b a:b a:b", seed=0, lm
         emb,
         lambda qs: emb[:1],
         lm or TinyLM(),
-        ledger=ledger,
-        dataset="records",
+        payer=collection_payer(ledger, "records"),
         config=config,
         prompt=PromptFormat(chat=False, instruction=instruction),
         rng=np.random.default_rng(seed),
@@ -340,3 +339,11 @@ def test_grouped_keywords_voters_each_read_a_group_of_documents(tmp_path):
     assert any(len(row) > 1 for row in read)
     with pytest.raises(ValueError, match="keywords only"):
         rag.answer("a:", tenant="alice", epsilon=20.0, mechanism="icl")
+
+
+def test_the_answer_stage_holds_its_collection_payer_never_the_ledger(tmp_path):
+    rag, ledger, _ = _rag(tmp_path)
+    held = [v for v in vars(rag).values() if isinstance(v, PrivacyLedger)]
+    assert held == [] and rag.payer.dataset == rag.dataset == "records"
+    rag.answer("what colour?", tenant="alice", epsilon=1.0)
+    assert {c.dataset for c in ledger.charges("alice", "records")} == {"records"}

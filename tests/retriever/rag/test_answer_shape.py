@@ -15,6 +15,7 @@ from retriever.rag.aggregation import AggregationConfig, token_probabilities, to
 from retriever.rag.answer_types import AnswerFailedError
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import PrivacyLedger, Scope
+from synthgen.privacy.receipts import collection_payer
 
 N = 24
 MECHANISMS = ["icl", "keywords"]
@@ -57,8 +58,7 @@ def _rag(tmp_path, lm, *, accountant="pld", delta=1e-6):
         emb,
         lambda qs: emb[:1],
         lm,
-        ledger=ledger,
-        dataset="records",
+        payer=collection_payer(ledger, "records"),
         config=RagConfig(k=6, max_tokens=4, score_range=ScoreRange(-1.0, 1.0), delta=delta),
         prompt=PromptFormat(chat=False),
         rng=np.random.default_rng(1),

@@ -11,6 +11,7 @@ from synthgen.knowledge.typed_facts import record_facts
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import PrivacyLedger, Scope
 from synthgen.privacy.partition_selection import noise_stddev, selection_threshold
+from synthgen.privacy.receipts import collection_payer
 
 
 def _votes(text, question, k=1, relation="kind"):
@@ -119,8 +120,7 @@ def _rag(tmp_path, texts):
         emb,
         lambda qs: emb[:1],
         TinyLM(eos_after_newline=50.0),
-        ledger=ledger,
-        dataset="records",
+        payer=collection_payer(ledger, "records"),
         config=RagConfig(k=8, max_tokens=3, score_range=ScoreRange(-1.0, 1.0)),
         prompt=PromptFormat(chat=False, instruction="a"),
         rng=np.random.default_rng(0),

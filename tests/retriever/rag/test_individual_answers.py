@@ -10,6 +10,7 @@ from synthgen.lm_backends import TinyLM
 from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope
 from synthgen.privacy.document_filters import DocumentFilter, DocumentFilters
 from synthgen.privacy.individual import DocumentBudget
+from synthgen.privacy.receipts import collection_payer
 
 N = 24
 TAU = 0.9  # on the normalised scale of ScoreRange(-1, 1): cosine >= 0.8
@@ -71,8 +72,7 @@ def _rag(tmp_path, *, quota=1000.0, document_epsilon=4.0, epsilon=1.0, **config)
         emb,
         lambda qs: np.stack([question if q == "near" else -question for q in qs]),
         lm,
-        ledger=ledger,
-        dataset="records",
+        payer=collection_payer(ledger, "records"),
         config=rag_config,
         prompt=PromptFormat(chat=False),
         rng=np.random.default_rng(0),
@@ -131,7 +131,9 @@ def test_individual_mode_refuses_what_has_no_zcdp_curve_or_no_filters(tmp_path):
     ids, texts, emb, _ = _world()
     config = RagConfig(k=4, max_tokens=3, accounting="individual")
     with pytest.raises(ValueError, match="no per-document filters"):
-        DPRag(ids, texts, emb, None, TinyLM(), ledger=ledger, dataset="other", config=config)
+        DPRag(
+            ids, texts, emb, None, TinyLM(), payer=collection_payer(ledger, "other"), config=config
+        )
     with pytest.raises(ValueError, match="needs a ledger"):
         DPRag(ids, texts, emb, None, TinyLM(), config=config)
     ledger.ensure_scope(Scope("*", "records", 10.0, 1e-5))  # a collection cap

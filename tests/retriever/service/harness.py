@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from synthgen.privacy.receipts import collection_payer
+
 TIMEOUT = 120.0  # seconds a server may take to start (jax import, encoder load)
 
 
@@ -156,8 +158,7 @@ def tiny_rag(book, dataset: str, lm=None, **config):
         emb,
         lambda qs: emb[:1],
         lm if lm is not None else TinyLM(),
-        ledger=book,
-        dataset=dataset,
+        payer=collection_payer(book, dataset),
         config=RagConfig(**config),
         prompt=PromptFormat(chat=False),
     )

@@ -81,3 +81,22 @@ def test_a_payer_over_the_cap_refuses_before_the_run(tmp_path):
         evolution.evolve(None, None, ["x"] * 8, config, rng=np.random.default_rng(0),
                          pay=ledger_payer(ledger, ("t", "d"), stage="evolution"))  # fmt: skip
     assert ledger.charges("t", "d") == []
+
+
+def test_a_collection_payer_charges_the_asking_tenant_on_its_collection_only(tmp_path):
+    from synthgen.privacy.accounting import laplace_event
+    from synthgen.privacy.receipts import collection_payer
+
+    ledger = _ledger(tmp_path, cap=1.0)
+    ledger.open_scope(Scope("t", "other", 1.0, 1e-3))
+    pay = collection_payer(ledger, "d")
+    pay.check("t", stage="rag-answer", event=laplace_event(0.6), relation="ADD_OR_REMOVE_ONE",
+              delta=1e-5)  # fmt: skip
+    assert ledger.charges("t", "d") == []  # a dry run
+    items = [("rag-token", laplace_event(0.6), "an answer")]
+    pay.charge_all("t", items, relation="ADD_OR_REMOVE_ONE", delta=1e-5, ref="r1")
+    assert len(ledger.charges("t", "d")) == 1 and ledger.charges("t", "other") == []
+    assert pay.remaining("t") == pytest.approx(0.4, abs=0.01)  # PLD composes 0.6 a bit lower
+    with pytest.raises(BudgetExceededError):  # the cap holds through the payer
+        pay.charge_all("t", items, relation="ADD_OR_REMOVE_ONE", delta=1e-5, ref="r2")
+    assert pay.document_filter() is None and not pay.has_collection_cap()
