@@ -19,7 +19,8 @@ so a training loop can differentiate through it; `TextEncoder.encode` is the bat
 `save_encoder` stores fine-tuned params with the name of the base model they belong to;
 `load_encoder` reverses it.
 
-The BERT model and its checkpoint loading live in `retriever.bert`.
+The BERT model and its checkpoint loading live in `retriever.bert`, the tokenizers in
+`retriever.wordpiece`.
 
 References:
   Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers"; Reimers and
@@ -28,11 +29,9 @@ References:
 
 from __future__ import annotations
 
-import collections
 import functools
 import hashlib
 import json
-import string
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tqdm.auto import tqdm
 
 from retriever.bert import Bert, BertConfig, bert_params_from_hf, params_by_name, read_hf_tensors
+from retriever.wordpiece import AppendEos, FixedLength, build_vocab, wordpiece_tokenizer
 from synthgen.shards import Shard
 
 PyTree = Any
@@ -52,115 +52,6 @@ FAMILIES = ("bert", "t5")
 ENCODER_FILE = "encoder.json"
 PARAMS_FILE = "params.msgpack"
 RANDOM_PREFIX = "random:"  # load_encoder("random:bert") == random_encoder("bert")
-
-# ---- tokenization --------------------------------------------------------------------------
-
-
-class _FixedLength:
-    """A `tokenizers` tokenizer with its own specials, truncated and padded to a fixed length.
-
-    One configured copy per length, so concurrent callers with different lengths never see
-    each other's truncation settings.
-    """
-
-    def __init__(self, tokenizer: HFTokenizer, pad_token: str) -> None:
-        pad_id = tokenizer.token_to_id(pad_token)
-        if pad_id is None:
-            raise ValueError(f"the tokenizer has no padding token {pad_token=}")
-        self._json = tokenizer.to_str()
-        self.pad_token, self.pad_id = pad_token, pad_id
-        self._by_length: dict[int, HFTokenizer] = {}
-
-    def __call__(self, texts: list[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
-        tok = self._by_length.get(max_len)
-        if tok is None:
-            tok = HFTokenizer.from_str(self._json)
-            tok.enable_truncation(max_length=max_len)
-            tok.enable_padding(length=max_len, pad_id=self.pad_id, pad_token=self.pad_token)
-            self._by_length[max_len] = tok
-        encodings = tok.encode_batch(texts, add_special_tokens=True)
-        ids = np.array([e.ids for e in encodings], np.int32).reshape(len(texts), max_len)
-        mask = np.array([e.attention_mask for e in encodings], np.int32)
-        return ids, mask.reshape(len(texts), max_len)
-
-
-class _AppendEos:
-    """A `synthgen` Tokenizer (SentencePiece for T5): ids + EOS, truncated, padded."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-
-    def __call__(self, texts: list[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
-        tok = self.tokenizer
-        ids = np.full((len(texts), max_len), tok.pad_id, np.int32)
-        mask = np.zeros((len(texts), max_len), np.int32)
-        for row, text in enumerate(texts):
-            seq = tok.encode(text)[: max_len - 1] + [tok.eos_id]
-            ids[row, : len(seq)] = seq
-            mask[row, : len(seq)] = 1
-        return ids, mask
-
-
-# T5 conventions (pad 0, eos 1, unk 2) hold for the random vocabulary's first three ids.
-_SPECIALS = ("[PAD]", "[SEP]", "[UNK]", "[CLS]", "[MASK]")
-_DEFAULT_WORDS = (
-    "the of and to in is was for on that with as by at from his an it are were which be this "
-    "has also or had its first their one after but not new who they two have her she been other "
-    "all when there more into time during most would can may about up over world only some "
-    "city state year years people school university team music film war game what where how "
-    "why which query document search retrieval private data model text"
-).split()
-
-
-def wordpiece_tokenizer(vocab: Sequence[str], *, t5: bool = False) -> HFTokenizer:
-    """A lowercasing BERT WordPiece tokenizer over `vocab` (tokens in id order).
-
-    Args:
-      vocab: tokens; must hold the specials ``[PAD] [SEP] [UNK] [CLS] [MASK]``.
-      t5: ``$A [SEP]`` (T5 style, [SEP] playing EOS) instead of ``[CLS] $A [SEP]``.
-
-    Raises:
-      ValueError: `vocab` lacks one of the special tokens.
-    """
-    from tokenizers import models, normalizers, pre_tokenizers, processors
-
-    index = {token: i for i, token in enumerate(vocab)}
-    missing = [s for s in _SPECIALS if s not in index]
-    if missing:
-        raise ValueError(f"vocabulary lacks special tokens, got {missing=}")
-    tok = HFTokenizer(models.WordPiece(index, unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.post_processor = processors.TemplateProcessing(
-        single="$A [SEP]" if t5 else "[CLS] $A [SEP]",
-        special_tokens=[("[CLS]", index["[CLS]"]), ("[SEP]", index["[SEP]"])],
-    )
-    return tok
-
-
-def build_vocab(texts: Iterable[str] | None = None, *, size: int = 1024) -> list[str]:
-    """A small WordPiece vocabulary: specials, characters, ##characters, frequent words.
-
-    Args:
-      texts: public texts whose most frequent words are added (default: a fixed list).
-      size: maximum vocabulary size.
-
-    Returns:
-      Tokens in id order (deterministic for a given input).
-    """
-    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
-    vocab = [*_SPECIALS, *chars, *(f"##{c}" for c in string.ascii_lowercase + string.digits)]
-    if size < len(vocab):
-        raise ValueError(f"size must be >= {len(vocab)}, got {size=}")
-    probe = wordpiece_tokenizer(vocab)
-    counts: collections.Counter[str] = collections.Counter()
-    for text in _DEFAULT_WORDS if texts is None else texts:
-        normal = probe.normalizer.normalize_str(text)
-        counts.update(w for w, _ in probe.pre_tokenizer.pre_tokenize_str(normal))
-    known = set(vocab)
-    words = sorted((w for w in counts if w not in known), key=lambda w: (-counts[w], w))
-    return vocab + words[: size - len(vocab)]
-
 
 # ---- the encoder ---------------------------------------------------------------------------
 
@@ -471,7 +362,7 @@ def _bert_from_folder(name: str, path: Path, max_len: int | None) -> TextEncoder
         family="bert",
         config=config,
         params=params,
-        tokenize_fn=_FixedLength(tokenizer, "[PAD]"),
+        tokenize_fn=FixedLength(tokenizer, "[PAD]"),
         max_len=max_len,
     )
 
@@ -518,7 +409,7 @@ def _t5_from_folder(name: str, path: Path, max_len: int | None) -> TextEncoder:
         family="t5",
         config=config,
         params={k: params[k] for k in ("shared", "encoder")},
-        tokenize_fn=None if tokenizer is None else _AppendEos(tokenizer),
+        tokenize_fn=None if tokenizer is None else AppendEos(tokenizer),
         max_len=512 if max_len is None else max_len,
     )
 
@@ -527,7 +418,7 @@ def _random_from_vocab(
     family: str, vocab: list[str], seed: int, max_len: int | None = None
 ) -> TextEncoder:
     tokenizer = wordpiece_tokenizer(vocab, t5=family == "t5")
-    tokenize_fn = _FixedLength(tokenizer, "[PAD]")
+    tokenize_fn = FixedLength(tokenizer, "[PAD]")
     key = jax.random.key(seed)
     ids = np.zeros((1, 4), np.int32)
     if family == "bert":

@@ -203,7 +203,7 @@ def _rename(value: Any, names: dict[str, str]) -> Any:
 
 def _random_tokenizer(encoder: TextEncoder, out: Path) -> None:
     """tokenizer.json (+ vocab.txt for BERT) of a random encoder's WordPiece vocabulary."""
-    from retriever.encoders import wordpiece_tokenizer
+    from retriever.wordpiece import wordpiece_tokenizer
 
     vocab = encoder.vocab or []
     if encoder.family == "bert":

@@ -10,7 +10,7 @@ import pytest
 from flax import traverse_util
 from safetensors.numpy import save_file
 
-from retriever import bert, encoders
+from retriever import bert, encoders, wordpiece
 from synthgen.models.t5 import T5
 from synthgen.models.t5_loading import load_t5
 
@@ -200,7 +200,7 @@ def _hf_bert_folder(encoder, out: Path, prefix: str = "bert.") -> dict[str, np.n
     save_file(tensors, str(out / "model.safetensors"))
     config = {"model_type": "bert", **dataclasses.asdict(encoder.config)}
     (out / "config.json").write_text(json.dumps(config))
-    encoders.wordpiece_tokenizer(encoder.vocab).save(str(out / "tokenizer.json"))
+    wordpiece.wordpiece_tokenizer(encoder.vocab).save(str(out / "tokenizer.json"))
     return tensors
 
 
