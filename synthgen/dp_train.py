@@ -351,6 +351,11 @@ def train(
         plan.num_examples != n if not fixed_rate else n > plan.num_examples
     ):
         raise ValueError("the privacy plan was made for another dataset or batch size")
+    if plan.sampling != config.sampling:  # the batches drawn must be those accounted for
+        raise ValueError(
+            f"the privacy plan accounts for {plan.sampling} sampling, the run would draw "
+            f"{config.sampling} batches"
+        )
     if fixed_rate and (plan.sampling != "poisson" or config.sampling != "poisson"):
         raise ValueError("fixed_rate needs Poisson sampling")
     devices = jax.device_count()

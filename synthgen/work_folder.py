@@ -32,8 +32,6 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from synthgen.checkpoints import has_checkpoint
-
 if TYPE_CHECKING:
     from synthgen.dp_plan import PrivacyPlan
     from synthgen.privacy.ledger import PrivacyLedger
@@ -41,6 +39,26 @@ if TYPE_CHECKING:
     from synthgen.privacy.receipts import Receipt
 
 CHECKPOINTS = "checkpoints"
+
+
+def write_private(path: str | Path, text: str) -> None:
+    """Writes `path` whole or not at all, readable by its owner only (mode 0600 from its
+    creation), on disk before it returns (fsynced, moved into place, the folder fsynced):
+    a crash never leaves a charge without its key or a record half written. Every private
+    file of a work folder (charge records, audit records, stored draws) goes through here."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def private_folder(path: str | Path) -> Path:
@@ -200,6 +218,8 @@ class WorkFolder:
                 "it against that ledger and scope, or use another work folder"
             )
         if record["plan"] != _plan_record(plan):
+            from synthgen.checkpoints import has_checkpoint  # orbax: only when needed
+
             never_ran = ledger.find_charge(*scope, record["ref"]) is None and not has_checkpoint(
                 self.checkpoints
             )
@@ -210,13 +230,7 @@ class WorkFolder:
 
     def _write(self, record: dict) -> None:
         self.create()
-        tmp = self.path / f".{CHARGE_FILE}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path / CHARGE_FILE)
+        write_private(self.path / CHARGE_FILE, json.dumps(record, indent=1))
 
 
 def run_payer(

@@ -90,6 +90,9 @@ class RagConfig:
             raise ValueError(f"documents_per_voter must be >= 1: {self.documents_per_voter=}")
         if not 0.0 < self.participation <= 1.0:
             raise ValueError(f"participation must be in (0, 1]: {self.participation=}")
+        if not self.individual and not 0.0 < self.retrieval_share < 1.0:
+            # collection accounting draws a DP threshold: it needs a share of epsilon
+            raise ValueError(f"retrieval_share must be in (0, 1): {self.retrieval_share=}")
 
     @property
     def individual(self) -> bool:

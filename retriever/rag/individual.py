@@ -142,9 +142,9 @@ def answer_individually(
     charge_started = time.monotonic()
     try:
         charges = rag._charge(tenant, plan.mechanism, stages, plan.delta, ref, documents=payers)
-    except BudgetExceededError:  # a concurrent answer spent the quota
+    except BudgetExceededError as refused:  # a concurrent answer, or a shared document
         raise BudgetExceededError(
-            f"the budget of {tenant} changed during the answer; nothing was released"
+            f"the charge of {tenant}'s answer was refused ({refused}); nothing was released"
         ) from None
     selection = chosen[-1]
     if deadline is not None:

@@ -41,7 +41,6 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import secrets
 from collections import defaultdict
 from collections.abc import Sequence
@@ -67,6 +66,7 @@ from synthgen.privacy.partition_selection import (
     selection_threshold,
 )
 from synthgen.privacy.receipts import Payer, paid
+from synthgen.work_folder import private_folder, write_private
 
 RELATION = "ADD_OR_REMOVE_ONE"
 EXTRACTORS = ("typed", "phrases")
@@ -304,32 +304,23 @@ def _typed_records(facts: dict[str, float], max_values: int) -> list[dict]:
     return out
 
 
-def charge_ref(work: Path) -> str:
+def charge_ref(work: Path, scope: tuple[str, str], plan: FactPlan) -> str:
     """The release's idempotency key, written to the work folder before its first charge
-    (called under the folder's lock): a rerun after a crash is charged under the same key,
-    so the ledger answers with the first charge, never a second."""
+    (called under the folder's lock) with the scope and plan it is for: a rerun after a
+    crash is charged under the same key, so the ledger answers with the first charge, never
+    a second; a rerun for another scope or plan is refused before any charge."""
     path = work / CHARGE_FILE
+    bound = {"scope": list(scope), "plan": json.loads(json.dumps(plan.to_dict()))}
     if not path.is_file():
-        _write_durably(path, json.dumps({"ref": f"facts-{secrets.token_hex(16)}"}))
-    return json.loads(path.read_text())["ref"]
-
-
-def _write_durably(path: Path, text: str) -> None:
-    """Writes `path` whole or not at all, on disk before it returns (fsynced, then moved
-    into place and the folder fsynced): a crash never leaves a charge without its key or
-    a published draw without its stored copy."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+        write_private(path, json.dumps({"ref": f"facts-{secrets.token_hex(16)}", **bound}))
+    record = json.loads(path.read_text())
+    for key, value in bound.items():
+        if key in record and record[key] != value:  # (a key file of an older version: none)
+            raise ValueError(
+                f"{work} holds the charge of a fact release for another {key}; use a new work "
+                "folder (nothing was charged)"
+            )
+    return record["ref"]
 
 
 def release_facts(
@@ -369,25 +360,26 @@ def release_facts(
     check_backend(config.backend, installed=True)  # a missing engine is refused uncharged
     if work is None:  # nothing kept: an audit's or an evaluation's one-off release
         return _select(texts, config, plan)
-    from synthgen.work_folder import private_folder
-
     work = private_folder(work)
     # One run at a time: a second run started meanwhile waits, then reads the first's draw
     # (one charge, one draw, however many runs race on the folder).
     with work_lock(work / LOCK_FILE):
-        description = f"DP fact release ({config.extractor}), eps={config.epsilon:.4g}"
-        paid(pay, plan, description, ref=charge_ref(work) if pay is not None else None)
         stored = work / RESULT_FILE
-        if stored.is_file():  # a rerun: the first draw, never a second
-            kept = json.loads(stored.read_text())
-            if kept["plan"] != json.loads(json.dumps(plan.to_dict())) or kept["n"] != len(texts):
-                raise ValueError(f"{work} holds a fact release with another plan; use a new one")
+        kept = json.loads(stored.read_text()) if stored.is_file() else None
+        if kept is not None and (
+            kept["plan"] != json.loads(json.dumps(plan.to_dict())) or kept["n"] != len(texts)
+        ):  # refused before any charge
+            raise ValueError(f"{work} holds a fact release with another plan; use a new one")
+        description = f"DP fact release ({config.extractor}), eps={config.epsilon:.4g}"
+        ref = charge_ref(work, pay.scope, plan) if pay is not None else None
+        paid(pay, plan, description, ref=ref)
+        if kept is not None:  # a rerun: the first draw, never a second
             pairs = {str(k): float(v) for k, v in kept["pairs"].items()}
             records = fact_records(pairs, config.max_partners, config.extractor)
             return FactRelease(pairs, records, plan)
         release = _select(texts, config, plan)
         # written before anything is returned: a crash after it replays
-        _write_durably(
+        write_private(
             stored, json.dumps({"plan": plan.to_dict(), "n": len(texts), "pairs": release.pairs})
         )
     return release

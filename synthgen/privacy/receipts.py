@@ -164,4 +164,6 @@ class CollectionPayer:
 
 def collection_payer(ledger: PrivacyLedger, dataset: str) -> CollectionPayer:
     """The payer of `dataset`'s answers in `ledger`."""
+    if not isinstance(ledger, PrivacyLedger):
+        raise ValueError(f"a collection payer needs a PrivacyLedger, got {type(ledger).__name__}")
     return CollectionPayer(ledger, dataset)

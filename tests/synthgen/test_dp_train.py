@@ -411,3 +411,15 @@ def test_a_refused_charge_leaves_a_work_folder_that_a_new_plan_may_reuse(tmp_pat
     assert result.steps_run == small.steps
     [charge] = ledger.charges("t", "toy")
     assert charge.epsilon == pytest.approx(small.epsilon)
+
+
+def test_a_plan_for_another_sampling_scheme_is_refused_before_any_charge(tmp_path):
+    poisson = dp_train.plan_privacy(_cfg(), 64)  # add/remove-one, Poisson batches
+    data, trainable, frozen = _setup(n=64)
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.open_scope(Scope("t", "d", 100.0, 1e-3))
+    pay = ledger_payer(ledger, ("t", "d"), stage="dp-train")
+    with pytest.raises(ValueError, match="accounts for poisson sampling"):
+        dp_train.train(_loss, trainable, frozen, data, _cfg(sampling="shuffle"), plan=poisson,
+                       progress=False, pay=pay)  # fmt: skip
+    assert ledger.charges("t", "d") == []

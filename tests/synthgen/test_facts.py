@@ -148,6 +148,13 @@ def test_refused_before_any_charge_and_charged_once_on_rerun(tmp_path):
     assert draws[0] == draws[1] == draws[2]  # no fresh noise to average for free
     with pytest.raises(ValueError, match="another plan"):
         release_facts(texts, FactConfig(epsilon=5.0), work=tmp_path)
+    with pytest.raises(ValueError, match="another plan"):  # paid: refused before its charge
+        release_facts(texts, FactConfig(epsilon=5.0), work=tmp_path, pay=_pay(ledger))
+    ledger.ensure_scope(Scope("release", "d", 10.0, 1e-6))
+    other = ledger_payer(ledger, ("release", "d"), stage="knowledge-release")
+    with pytest.raises(ValueError, match="another scope"):  # the folder's key is c's
+        release_facts(texts, FactConfig(epsilon=10.0), work=tmp_path, pay=other)
+    assert ledger.charges("release", "d") == []
     charges = ledger.charges("release", "c")
     assert len(charges) == 1 and charges[0].stage == "knowledge-release"
     assert json.loads((tmp_path / "facts_charge.json").read_text())["ref"].startswith("facts-")

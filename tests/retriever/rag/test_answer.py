@@ -347,3 +347,10 @@ def test_the_answer_stage_holds_its_collection_payer_never_the_ledger(tmp_path):
     assert held == [] and rag.payer.dataset == rag.dataset == "records"
     rag.answer("what colour?", tenant="alice", epsilon=1.0)
     assert {c.dataset for c in ledger.charges("alice", "records")} == {"records"}
+
+
+def test_collection_accounting_refuses_an_answer_with_no_share_for_its_dp_threshold():
+    # the plan would charge no retrieval stage while the answer draws a DP threshold
+    with pytest.raises(ValueError, match="retrieval_share"):
+        RagConfig(retrieval_share=0.0)
+    assert RagConfig(accounting="individual", retrieval_share=0.0).individual  # public tau

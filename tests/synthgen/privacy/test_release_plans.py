@@ -247,7 +247,7 @@ class TestFactPlan(ReleasePlanBattery):
         ledger.open_scope(Scope("t", "records", 10.0, 1e-5, relation=plan.relation))
         pay = ledger_payer(ledger, ("t", "records"), stage="knowledge-release")
         for _ in range(2):  # the release's idempotency key: charged once
-            paid(pay, plan, "fact release", ref=charge_ref(tmp_path))
+            paid(pay, plan, "fact release", ref=charge_ref(tmp_path, pay.scope, plan))
         (charge,) = ledger.charges("t", "records")
         assert charge.relation == plan.relation.name
         assert charge.event == event_to_json(plan.event)
