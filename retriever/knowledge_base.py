@@ -115,7 +115,7 @@ class KnowledgeBase:
     @classmethod
     def open(cls, folder: str | Path, lm: str = "smollm2-135m-instruct", **kwargs) -> KnowledgeBase:
         """Opens `folder` with an LM asset or path (``"tiny"``: the test LM)."""
-        from retriever.network.engine import load_answer_lm
+        from retriever.network.local import load_answer_lm
 
         model, fmt = load_answer_lm(lm)
         kwargs.setdefault("prompt", dataclasses.replace(fmt, instruction=DEFAULT_INSTRUCTION))
@@ -153,7 +153,7 @@ class KnowledgeBase:
         Raises:
           ValueError: an empty question.
         """
-        from retriever.network.engine import local_answer
+        from retriever.network.local import local_answer
 
         if not question.strip():
             raise ValueError("the question is empty")

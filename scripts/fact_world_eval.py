@@ -217,7 +217,7 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main() -> None:
-    from retriever.network.engine import load_answer_lm
+    from retriever.network.local import load_answer_lm
     from retriever.rag import natural_world
     from retriever.rag.fact_world import TEST_DOMAINS, VALIDATION_DOMAIN
 

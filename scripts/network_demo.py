@@ -158,7 +158,7 @@ def fact_domain(args, domain: str, lm, prompt) -> dict:
 
 def facts_main(args) -> None:
     """``--facts``: the fact worlds through 3 contributors' fact releases (module docstring)."""
-    from retriever.network.engine import load_answer_lm
+    from retriever.network.local import load_answer_lm
 
     args.out.mkdir(parents=True, exist_ok=True)
     lm, prompt = load_answer_lm(args.model)

@@ -16,14 +16,8 @@ import httpx
 import numpy as np
 import pytest
 
-from retriever.network.engine import (
-    Contributor,
-    EngineConfig,
-    NetworkQueryEngine,
-    Reranker,
-    load_answer_lm,
-    local_answer,
-)
+from retriever.network.engine import Contributor, EngineConfig, NetworkQueryEngine
+from retriever.network.local import Reranker, load_answer_lm, local_answer
 from retriever.network.protocol import (
     MalformedResponse,
     parse_card,

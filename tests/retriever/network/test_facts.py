@@ -9,7 +9,7 @@ import json
 import pytest
 
 from retriever.fact_answers import ABSTAIN
-from retriever.network.engine import Contributor, EngineConfig, NetworkQueryEngine, load_answer_lm
+from retriever.network.engine import Contributor, EngineConfig, NetworkQueryEngine
 from retriever.network.facts import (
     fact_answer,
     is_fact_card,
@@ -17,6 +17,7 @@ from retriever.network.facts import (
     parse_fact_record,
 )
 from retriever.network.folder import read_card
+from retriever.network.local import load_answer_lm
 from retriever.rag.fact_world import make_world
 from retriever.service.contributor import add_key
 from tests.retriever.network.harness import (

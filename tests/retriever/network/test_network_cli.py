@@ -8,8 +8,8 @@ import json
 import httpx
 import pytest
 
-from retriever.network.engine import load_answer_lm, local_answer
 from retriever.network.folder import read_card
+from retriever.network.local import load_answer_lm, local_answer
 from tests.retriever.network.harness import (
     CARD_EPSILON,
     ENCODER,
