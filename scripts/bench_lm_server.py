@@ -32,7 +32,8 @@ import numpy as np
 
 from synthgen import assets, corpora, fewshot
 from synthgen.fewshot.prompts import _Prompts
-from synthgen.openai_backend import LocalTokenizer, OpenAICompletionsLM
+from synthgen.lm_backends import LocalTokenizer
+from synthgen.openai_backend import OpenAICompletionsLM
 
 
 def _session(lm: OpenAICompletionsLM, prompts: list[list[int]], tokens: int) -> float:

@@ -357,7 +357,7 @@ def load_backend(
       (lm, check): `check` is the server's public probe (`ServerCheck`), None locally.
     """
     if server is not None:
-        from synthgen.openai_backend import LocalTokenizer, OpenAICompletionsLM
+        from synthgen.openai_backend import OpenAICompletionsLM
 
         tokenizer = TinyLM() if model == "tiny" else LocalTokenizer(model)
         remote = OpenAICompletionsLM(
@@ -399,3 +399,43 @@ def continuation_logprobs(
             out[p, c] = sum(scores[spans[k] + j][t] for j, t in enumerate(ids))
             k += 1
     return out
+
+
+class LocalTokenizer:
+    """The tokenizer of a local Llama asset or folder, for `OpenAICompletionsLM`."""
+
+    def __init__(self, name_or_path: str) -> None:
+        from pathlib import Path
+
+        from synthgen import assets
+        from synthgen.models.bpe_tokenizer import BpeTokenizer
+
+        path = Path(name_or_path)
+        if name_or_path in assets.REGISTRY:
+            path = Path(assets.resolve(name_or_path))
+        if path.suffix == ".gguf":
+            self._tok = BpeTokenizer.from_gguf(path)
+        else:
+            self._tok = BpeTokenizer.from_pretrained_dir(path)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.vocab_size
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return (int(self._tok.eos_id),)
+
+    def encode(self, text: str, *, bos: bool = False) -> list[int]:
+        ids = self._tok.encode(text)
+        use_bos = bos and self._tok.add_bos and self._tok.bos_id is not None
+        return [self._tok.bos_id, *ids] if use_bos else ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids))
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        """Ids of the special (control) tokens, EOS among them."""
+        added = self._tok.backend.get_added_tokens_decoder()
+        return tuple(sorted(i for i, token in added.items() if token.special))

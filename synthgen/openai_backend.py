@@ -122,7 +122,7 @@ class OpenAICompletionsLM:
       base_url: e.g. ``http://127.0.0.1:8000/v1``.
       model: the served model's name.
       tokenizer: an object with ``encode``, ``decode``, ``vocab_size`` and ``eos_ids``
-        matching the served model (e.g. `LocalTokenizer`).
+        matching the served model (e.g. `synthgen.lm_backends.LocalTokenizer`).
       max_context: the context length (tokens) the server was started with (vLLM's
         ``--max-model-len``, llama.cpp's ``-c``, llama-cpp-python's ``--n_ctx``); required.
       top_logprobs: k, log-probs per reply (servers cap it, often at 20).
@@ -569,43 +569,3 @@ def _retry_after(response: Any, default: float) -> float:
         return min(max(float(response.headers.get("Retry-After", default)), 0.0), 30.0)
     except ValueError:
         return default
-
-
-class LocalTokenizer:
-    """The tokenizer of a local Llama asset or folder, for `OpenAICompletionsLM`."""
-
-    def __init__(self, name_or_path: str) -> None:
-        from pathlib import Path
-
-        from synthgen import assets
-        from synthgen.models.bpe_tokenizer import BpeTokenizer
-
-        path = Path(name_or_path)
-        if name_or_path in assets.REGISTRY:
-            path = Path(assets.resolve(name_or_path))
-        if path.suffix == ".gguf":
-            self._tok = BpeTokenizer.from_gguf(path)
-        else:
-            self._tok = BpeTokenizer.from_pretrained_dir(path)
-
-    @property
-    def vocab_size(self) -> int:
-        return self._tok.vocab_size
-
-    @property
-    def eos_ids(self) -> tuple[int, ...]:
-        return (int(self._tok.eos_id),)
-
-    def encode(self, text: str, *, bos: bool = False) -> list[int]:
-        ids = self._tok.encode(text)
-        use_bos = bos and self._tok.add_bos and self._tok.bos_id is not None
-        return [self._tok.bos_id, *ids] if use_bos else ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids))
-
-    @property
-    def special_ids(self) -> tuple[int, ...]:
-        """Ids of the special (control) tokens, EOS among them."""
-        added = self._tok.backend.get_added_tokens_decoder()
-        return tuple(sorted(i for i, token in added.items() if token.special))

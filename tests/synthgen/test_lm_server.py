@@ -15,7 +15,8 @@ import pytest
 from llama_server import LlamaServer, find_llama_server, missing_reason
 
 from synthgen import assets
-from synthgen.openai_backend import LMServerError, LocalTokenizer, OpenAICompletionsLM
+from synthgen.lm_backends import LocalTokenizer
+from synthgen.openai_backend import LMServerError, OpenAICompletionsLM
 
 pytestmark = pytest.mark.slow
 needs_llama_cpp_python = pytest.mark.skipif(
