@@ -96,7 +96,7 @@ from retriever.rag.greedy import greedy_answer
 from retriever.rag.prompts import PromptFormat
 from synthgen.audit.blackbox import draw_coins, streams
 from synthgen.audit.canaries import DIGITS
-from synthgen.audit.cells import read_back, settings_of
+from synthgen.audit.cells import resumable_cells, settings_of
 from synthgen.audit.claims import epsilon_tag
 from synthgen.audit.whitebox import CellResult, ScoreStats, score_stats, statistical_cap
 from synthgen.privacy import PrivacyLedger, Scope, calibration
@@ -500,24 +500,10 @@ def run_rag_power_cells(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results: list[RagPowerResult] = []
-    for k, epsilon in enumerate(epsilons):
-        path = cell_path(out, canaries, epsilon)
-        if path.exists():
-            answers = config or power_config(digits)
-            expect = settings_of(
-                run_rag_power_cell,
-                num_documents=len(documents),
-                num_canaries=canaries,
-                digits=digits,
-                delta=delta,
-                max_tokens=answers.max_tokens,
-                relevance_threshold=answers.relevance_threshold,
-            )
-            results.append(read_back(path, RagPowerResult, expect))
-            log(f"{path.name}: exists, skipped")
-            continue
-        result = run_rag_power_cell(
+    answers = config or power_config(digits)
+
+    def run(epsilon: float, k: int) -> RagPowerResult:
+        return run_rag_power_cell(
             documents,
             lm=lm,
             encode=encode,
@@ -531,12 +517,25 @@ def run_rag_power_cells(
             work_dir=work_dir,
             progress=progress,
         )
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result.to_dict(), indent=1))
-        tmp.replace(path)
-        log(f"{path.name}: {result.seconds:.1f} s ({result.seconds_per_answer:.2f} s/answer)")
-        results.append(result)
-    return results
+
+    expect = settings_of(
+        run_rag_power_cell,
+        num_documents=len(documents),
+        num_canaries=canaries,
+        digits=digits,
+        delta=delta,
+        max_tokens=answers.max_tokens,
+        relevance_threshold=answers.relevance_threshold,
+    )
+    return resumable_cells(
+        epsilons,
+        lambda epsilon: cell_path(out, canaries, epsilon),
+        run,
+        RagPowerResult,
+        expect=expect,
+        log=log,
+        describe=lambda r: f"{r.seconds:.1f} s ({r.seconds_per_answer:.2f} s/answer)",
+    )
 
 
 def format_table(results: Sequence[RagPowerResult]) -> str:

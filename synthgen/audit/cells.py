@@ -1,12 +1,14 @@
-"""Reading an audit cell's result file back, refusing one made with other settings.
+"""The audits' one resumable loop over cells, and reading a cell's result file back.
 
 Every audit writes one JSON file per cell and reads it back instead of re-running the cell
-(resumable runs). A file is named by the cell's kind, label, m and epsilon only, so a run
-with changed settings (more texts, another epoch count, another delta) would silently reuse a
-stale result; `read_back` compares the settings a run asks for with those the file records.
+(resumable runs: `resumable_cells`). A file is named by the cell's kind, label, m and
+epsilon only, so a run with changed settings (more texts, another epoch count, another
+delta) would silently reuse a stale result; `read_back` compares the settings a run asks
+for with those the file records.
 
 Privacy:
-  Result files hold aggregates only (see each audit's module); nothing here writes.
+  Result files hold aggregates only (each audit's result type; see its module): the loop
+  writes `to_dict()` of each result and nothing else.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +76,45 @@ def read_back(path: str | Path, result_type: type, expect: Mapping[str, Any]):
             "re-run the cell, or write to a new folder"
         )
     return result_type.from_dict(stored)
+
+
+def resumable_cells(
+    epsilons: Sequence[float],
+    path_of: Callable[[float], Path],
+    run: Callable[[float, int], Any],
+    result_type: type,
+    *,
+    expect: Mapping[str, Any],
+    log: Callable[[str], None] = print,
+    describe: Callable[[Any], str] = lambda result: f"{result.seconds:.1f} s",
+) -> list:
+    """Runs (or reads back) one cell per epsilon, in order; resumable by cell.
+
+    Args:
+      epsilons: the cells' claimed epsilons (math.inf: noise off).
+      path_of: the result file of the cell at an epsilon (its folder exists).
+      run: run(epsilon, k) -> the result of cell k (k: its position, for test seeds).
+      result_type: the result dataclass (`to_dict` writes it, `from_dict` reads it back).
+      expect: the settings `run` uses: a file that records others is refused
+        (`read_back`), not reused.
+      log: progress lines (file names and `describe` of each result only).
+      describe: the public figures of a result for its progress line.
+
+    Returns:
+      One result per epsilon. A cell whose file exists is read back; an interrupted cell
+      is re-run whole (its file is written at its end, atomically).
+    """
+    results = []
+    for k, epsilon in enumerate(epsilons):
+        path = path_of(epsilon)
+        if path.exists():
+            results.append(read_back(path, result_type, expect))
+            log(f"{path.name}: exists, skipped")
+            continue
+        result = run(epsilon, k)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result.to_dict(), indent=1))
+        tmp.replace(path)
+        log(f"{path.name}: {describe(result)}")
+        results.append(result)
+    return results

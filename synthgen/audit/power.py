@@ -35,7 +35,6 @@ Privacy:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import tempfile
 from collections.abc import Callable, Sequence
@@ -45,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from synthgen.audit import blackbox, whitebox
-from synthgen.audit.cells import read_back
+from synthgen.audit.cells import resumable_cells
 from synthgen.audit.claims import epsilon_tag
 
 MODELS = ("tiny_t5", "demo_lora")
@@ -149,46 +148,43 @@ def run_whitebox_cells(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results: list[whitebox.WhiteboxResult] = []
-    loaded: AuditedModel | None = None
-    grad_sum = None
-    for k, epsilon in enumerate(epsilons):
-        path = cell_path(out, model, num_canaries, epsilon)
-        if path.exists():
-            expect = dict(delta=delta, num_canaries=num_canaries)
-            results.append(read_back(path, whitebox.WhiteboxResult, expect))
-            log(f"{path.name}: exists, skipped")
-            continue
-        if loaded is None:
-            loaded = load_model(model)
-            grad_sum = whitebox.clipped_batch_sum(
-                loaded.loss_fn,
-                loaded.trainable,
-                loaded.frozen,
-                loaded.batch,
-                clip_norm=loaded.clip_norm,
-                microbatch=loaded.microbatch,
-                tapped_loss_fn=loaded.tapped_loss_fn,
-            )
-        config = whitebox.WhiteboxConfig(
-            num_canaries=num_canaries,
-            epsilon=epsilon,
-            delta=delta,
-            clip_norm=loaded.clip_norm,
-            learning_rate=loaded.learning_rate,
-            lora=loaded.lora,
-            microbatch=loaded.microbatch,
-            seed=None if seed is None else seed + k,
-        )
-        result = whitebox.audit_dp_step(
-            grad_sum, loaded.trainable, loaded.batch_size, config, model=loaded.description
-        )
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result.to_dict(), indent=1))
-        tmp.replace(path)
-        log(f"{path.name}: {result.seconds:.1f} s")
-        results.append(result)
-    return results
+    loaded: list = []  # (model, its clipped batch sum), made by the first cell that runs
+
+    def run(epsilon: float, k: int) -> whitebox.WhiteboxResult:
+        if not loaded:
+            m = load_model(model)
+            loaded.extend((m, whitebox.clipped_batch_sum(
+                m.loss_fn, m.trainable, m.frozen, m.batch, clip_norm=m.clip_norm,
+                microbatch=m.microbatch, tapped_loss_fn=m.tapped_loss_fn,
+            )))  # fmt: skip
+        loaded_model, grad_sum = loaded
+        return _whitebox_cell(loaded_model, grad_sum, epsilon, num_canaries, delta, seed, k)
+
+    return resumable_cells(
+        epsilons,
+        lambda epsilon: cell_path(out, model, num_canaries, epsilon),
+        run,
+        whitebox.WhiteboxResult,
+        expect=dict(delta=delta, num_canaries=num_canaries),
+        log=log,
+    )
+
+
+def _whitebox_cell(loaded, grad_sum, epsilon, num_canaries, delta, seed, k):
+    """One white-box cell of `loaded` (an `AuditedModel`) at `epsilon`."""
+    config = whitebox.WhiteboxConfig(
+        num_canaries=num_canaries,
+        epsilon=epsilon,
+        delta=delta,
+        clip_norm=loaded.clip_norm,
+        learning_rate=loaded.learning_rate,
+        lora=loaded.lora,
+        microbatch=loaded.microbatch,
+        seed=None if seed is None else seed + k,
+    )
+    return whitebox.audit_dp_step(
+        grad_sum, loaded.trainable, loaded.batch_size, config, model=loaded.description
+    )
 
 
 def _fmt(value: float) -> str:
@@ -351,19 +347,11 @@ def run_blackbox_cells(
             f"batch_size must be an integer in [1, num_private = {sizes['num_private']}], "
             f"got {sizes['batch_size']!r}"
         )
-    results: list[blackbox.BlackboxResult] = []
-    loaded = None
-    for k, epsilon in enumerate(epsilons):
-        path = blackbox_cell_path(
-            out, model, kind, num_canaries, epsilon, sizes["epochs"], sizes["batch_size"]
-        )
-        if path.exists():
-            expect = dict(kind=kind, delta=delta, num_canaries=num_canaries, **sizes)
-            results.append(read_back(path, blackbox.BlackboxResult, expect))
-            log(f"{path.name}: exists, skipped")
-            continue
-        if loaded is None:
-            loaded = load_generator(model)
+    loaded: list = []  # `load_generator(model)`, by the first cell that runs
+
+    def run(epsilon: float, k: int) -> blackbox.BlackboxResult:
+        if not loaded:
+            loaded.extend(load_generator(model))
         config, family, params, pairs = loaded
         n = sizes["num_private"]
         if n + num_canaries > len(pairs):
@@ -379,7 +367,7 @@ def run_blackbox_cells(
             batch_size=sizes["batch_size"],
             seed=None if seed is None else seed + k,
         )
-        result = blackbox.audit_querygen(
+        return blackbox.audit_querygen(
             family,
             params,
             private["document"],
@@ -394,15 +382,21 @@ def run_blackbox_cells(
             model=f"{PRESETS[model]} ({config.family} {config.base}, LoRA {config.lora_rank})",
             progress=progress,
         )
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result.to_dict(), indent=1))
-        tmp.replace(path)
-        log(
-            f"{path.name}: {result.seconds:.1f} s ({result.steps} steps, train "
-            f"{result.train_seconds:.1f} s, score {result.score_seconds:.1f} s)"
-        )
-        results.append(result)
-    return results
+
+    return resumable_cells(
+        epsilons,
+        lambda epsilon: blackbox_cell_path(
+            out, model, kind, num_canaries, epsilon, sizes["epochs"], sizes["batch_size"]
+        ),
+        run,
+        blackbox.BlackboxResult,
+        expect=dict(kind=kind, delta=delta, num_canaries=num_canaries, **sizes),
+        log=log,
+        describe=lambda r: (
+            f"{r.seconds:.1f} s ({r.steps} steps, train {r.train_seconds:.1f} s, score "
+            f"{r.score_seconds:.1f} s)"
+        ),
+    )
 
 
 def format_blackbox_table(results: Sequence[blackbox.BlackboxResult]) -> str:

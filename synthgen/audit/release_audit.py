@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from synthgen.audit.cells import read_back
+from synthgen.audit.cells import resumable_cells
 from synthgen.audit.claims import epsilon_tag
 from synthgen.audit.whitebox import ScoreStats, score_stats, statistical_cap
 
@@ -362,17 +362,11 @@ def run_cells(
         raise ValueError(f"label must be file-name safe ([A-Za-z0-9_.-]), got {label=}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for k, epsilon in enumerate(epsilons):
-        path = cell_path(out, kind, label, num_canaries, epsilon)
-        if path.exists():
-            results.append(read_back(path, result_type, expect or {}))
-            log(f"{path.name}: exists, skipped")
-            continue
-        result = run(epsilon, k)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result.to_dict(), indent=1))
-        tmp.replace(path)
-        log(f"{path.name}: {result.seconds:.1f} s")
-        results.append(result)
-    return results
+    return resumable_cells(
+        epsilons,
+        lambda epsilon: cell_path(out, kind, label, num_canaries, epsilon),
+        run,
+        result_type,
+        expect=expect or {},
+        log=log,
+    )
