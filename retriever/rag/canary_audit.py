@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import re
 import secrets
 import tempfile
@@ -49,7 +48,7 @@ from retriever.rag.prompts import PromptFormat
 from synthgen.audit.canaries import DIGITS, digit_secret, public_words
 from synthgen.privacy import PrivacyLedger, Scope, secure_rng
 from synthgen.privacy.receipts import collection_payer
-from synthgen.work_folder import private_folder
+from synthgen.work_folder import private_folder, write_private
 
 RECORD_FILE = "rag_canaries.json"
 TENANT = "canary-audit"
@@ -320,20 +319,14 @@ def run_rag_canary_audit(
         "documents": len(documents),
     }
     if work_dir is not None:
-        path = private_folder(work_dir) / RECORD_FILE
-        path.write_text(
-            json.dumps(
-                {
-                    "canaries": [dataclasses.asdict(c) for c in planted],
-                    "references": references,
-                    "answers": record,
-                    "config": public,
-                    "run": secrets.token_hex(8),
-                },
-                indent=1,
-            )
-        )
-        os.chmod(path, 0o600)
+        private = {
+            "canaries": [dataclasses.asdict(c) for c in planted],
+            "references": references,
+            "answers": record,
+            "config": public,
+            "run": secrets.token_hex(8),
+        }
+        write_private(private_folder(work_dir) / RECORD_FILE, json.dumps(private, indent=1))
     return {"config": public, "results": results}
 
 

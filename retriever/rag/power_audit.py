@@ -9,7 +9,7 @@ the same design, for DP-RAG answers:
      `digits` digits of the canary's uniformly random 10-digit secret (`digits` is a public
      parameter: fewer digits, fewer answer tokens, faster cells).
   2. Each canary is included in the collection with probability 1/2 (a fair coin drawn
-     from its own stream, `synthgen.audit.blackbox.draw_coins`); the collection is the base
+     from its own stream, `synthgen.audit.coins.draw_coins`); the collection is the base
      documents plus the included canaries.
   3. Every canary, in or out, is asked about exactly once, in a random order drawn from the
      canary-material stream (independent of the coins).
@@ -79,7 +79,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -94,15 +93,15 @@ from retriever.rag.collection import open_document_filters
 from retriever.rag.config import RagConfig, plan_answer
 from retriever.rag.greedy import greedy_answer
 from retriever.rag.prompts import PromptFormat
-from synthgen.audit.blackbox import draw_coins, streams
 from synthgen.audit.canaries import DIGITS
 from synthgen.audit.cells import resumable_cells, settings_of
 from synthgen.audit.claims import epsilon_tag
+from synthgen.audit.coins import draw_coins, streams
 from synthgen.audit.whitebox import CellResult, ScoreStats, score_stats, statistical_cap
 from synthgen.privacy import PrivacyLedger, Scope, calibration
 from synthgen.privacy.individual import DocumentBudget
 from synthgen.privacy.receipts import collection_payer
-from synthgen.work_folder import private_folder
+from synthgen.work_folder import private_folder, write_private
 
 OBSERVABLE = "secret_prefix_digits"
 DELTA = 1e-6  # the project's per-document delta (RagConfig.delta, --document-delta)
@@ -457,10 +456,7 @@ def _write_record(work_dir, epsilon, planted, coins, order, answers) -> None:
         "order": [int(j) for j in order],
         "answers": list(answers),
     }
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as sink:
-        json.dump(record, sink)
-    os.chmod(path, 0o600)
+    write_private(path, json.dumps(record))
 
 
 # ---- cells, resumable -------------------------------------------------------------------------

@@ -67,9 +67,9 @@ import numpy as np
 
 from synthgen import evolution
 from synthgen.audit import release_audit
-from synthgen.audit.blackbox import draw_coins, streams
 from synthgen.audit.cells import settings_of
 from synthgen.audit.claims import epsilon_tag
+from synthgen.audit.coins import draw_coins, streams
 from synthgen.audit.whitebox import CellResult, ScoreStats
 from synthgen.fewshot.plan import resolve_delta
 from synthgen.privacy.rng import secure_rng

@@ -61,9 +61,9 @@ import numpy as np
 
 from synthgen import fewshot
 from synthgen.audit import release_audit
-from synthgen.audit.blackbox import draw_coins, streams
 from synthgen.audit.cells import settings_of
 from synthgen.audit.claims import epsilon_tag
+from synthgen.audit.coins import draw_coins, streams
 from synthgen.audit.whitebox import CellResult, ScoreStats
 from synthgen.next_token import NextTokenLM
 from synthgen.privacy.rng import secure_rng

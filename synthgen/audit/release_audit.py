@@ -11,7 +11,7 @@ nothing, and what they release is text. Their audits (`synthgen.audit.fewshot_po
      rarely turns up by chance), and, where the generator needs outliers, an invented
      subject (`invented_name`: random syllables, one per canary, so no real text is near
      it). Each canary is included among the private examples with probability 1/2
-     (Steinke, Nasr & Jagielski 2023), by `blackbox.draw_coins`.
+     (Steinke, Nasr & Jagielski 2023), by `coins.draw_coins`.
   2. The generator runs ONCE on ordinary private examples (public stand-ins, the wiki
      summaries as in `synthgen.audit.power`) plus the included canaries. Every public
      figure it declares (a pool size, a data size) is fixed from public counts, ordinary
@@ -293,7 +293,7 @@ def save_private(work_dir: str | Path | None, tag: str, **values: Any) -> None:
     """
     if work_dir is None:
         return
-    from synthgen.work_folder import private_folder
+    from synthgen.work_folder import private_folder, write_private
 
     folder = private_folder(work_dir)
     texts = {k: v for k, v in values.items() if isinstance(v, list)}
@@ -301,8 +301,7 @@ def save_private(work_dir: str | Path | None, tag: str, **values: Any) -> None:
     np.savez(folder / f"{tag}.npz", **arrays)
     (folder / f"{tag}.npz").chmod(0o600)
     if texts:
-        (folder / f"{tag}_texts.json").write_text(json.dumps(texts))
-        (folder / f"{tag}_texts.json").chmod(0o600)
+        write_private(folder / f"{tag}_texts.json", json.dumps(texts))
 
 
 def wiki_stand_ins(num_private: int, num_public: int) -> tuple[list[str], list[str]]:

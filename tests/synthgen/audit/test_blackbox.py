@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from synthgen import dp_train
-from synthgen.audit import blackbox, power
+from synthgen.audit import blackbox, new_tokens, power
+from synthgen.audit.coins import draw_coins, streams
 from synthgen.audit.whitebox import HISTOGRAM_BINS, ROC_FPR
 from synthgen.generator_models import LlamaFamily
 from synthgen.models.llama import Llama, LlamaConfig
@@ -67,7 +68,7 @@ def _canaries(family, kind="new", m=4):
 def test_canary_rows_end_in_their_secret(tiny_llama):
     family, params = tiny_llama
     canaries = _canaries(family)
-    ext = blackbox.extend_vocabulary(
+    ext = new_tokens.extend_vocabulary(
         family, params, canaries.num_new, lora=True, rng=np.random.default_rng(0)
     )
     rows = blackbox.encode_canaries(ext.family, canaries, input_len=48, target_len=12)
@@ -104,7 +105,7 @@ def test_no_new_tokens_is_the_generator_itself(tiny_llama):
     canaries = _canaries(family, kind="rare")
     assert canaries.num_new == 0
     assert all(10 <= t < 20 for s in canaries.secrets for t in s)
-    ext = blackbox.extend_vocabulary(family, params, 0, lora=True, rng=np.random.default_rng(0))
+    ext = new_tokens.extend_vocabulary(family, params, 0, lora=True, rng=np.random.default_rng(0))
     rows = blackbox.encode_canaries(family, canaries, input_len=48, target_len=12)
     example = {k: v[0] for k, v in rows.items() if k != "secret_mask"}
     trainable, frozen = ext.trainable["model"], ext.frozen
@@ -192,8 +193,8 @@ def test_coins_never_reach_an_output_file(script_run, monkeypatch):
     main, args, out, lines = script_run
     patterns = []
     for k in range(2):  # the script's cell k uses the audit seed SEED + 1000 + k
-        _, coin_rng, _ = blackbox.streams(SEED + 1000 + k)
-        coins = blackbox.draw_coins(coin_rng, CANARIES)
+        _, coin_rng, _ = streams(SEED + 1000 + k)
+        coins = draw_coins(coin_rng, CANARIES)
         bits = "".join("1" if c else "0" for c in coins)
         patterns += [
             bits.encode(),

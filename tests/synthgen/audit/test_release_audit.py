@@ -16,7 +16,7 @@ import pytest
 
 from synthgen import evolution, fewshot
 from synthgen.audit import evolution_power, fewshot_power, release_audit
-from synthgen.audit.blackbox import streams
+from synthgen.audit.coins import streams
 from synthgen.lm_backends import TinyLM
 
 sys.path.insert(0, str(Path(__file__).parent))
