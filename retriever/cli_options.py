@@ -99,6 +99,14 @@ AnswerTimeoutOption = Annotated[
     float, typer.Option(help="seconds an answer may run; then it returns truncated")
 ]
 
+# the fact release (`retriever knowledge release`, `contributor build`: retriever.network.knowledge)
+FactCorpusOption = Annotated[Path, typer.Option(help="private corpus.jsonl (doc_id, text)")]
+ReleaseOutOption = Annotated[Path, typer.Option(help="release folder (safe to ship)")]
+MaxPairsOption = Annotated[
+    int, typer.Option(help="K, facts one record contributes", callback=positive)
+]
+ReleaseDatasetOption = Annotated[str | None, typer.Option(help="collection name in the ledger")]
+
 # individual (per-document) accounting (retriever.rag.RagConfig.accounting)
 AccountingOption = Annotated[
     str,
@@ -179,6 +187,74 @@ def check_accounting(
             "it): drop --collection-epsilon / --collection-delta"
         )
     return document_epsilon, document_delta
+
+
+def resolve_answer(
+    mechanism: str,
+    k: int | None,
+    epsilon: float,
+    retrieval: str,
+    accounting: str,
+    relevance_threshold: float | None,
+    document_epsilon: float | None,
+    document_delta: float | None,
+    collection_epsilon: float | None = None,
+    collection_delta: float | None = None,
+) -> tuple[str, int, float, tuple[float, float] | None]:
+    """`retriever answer` and `serve`: (mechanism, k, relevance threshold, per-document
+    target) from public options only, before anything is read or loaded: "auto" and a
+    missing k resolved (`retriever.rag.defaults.resolve`), the threshold calibrated when
+    not given, the options checked against the accounting (`check_accounting`)."""
+    from retriever.rag.defaults import relevance_threshold as calibrated
+    from retriever.rag.defaults import resolve
+
+    mechanism, k = resolve(mechanism, k, epsilon, retrieval=retrieval, accounting=accounting)
+    threshold = calibrated(relevance_threshold, retrieval)
+    target = check_accounting(
+        accounting,
+        mechanism,
+        document_epsilon,
+        document_delta,
+        collection_epsilon,
+        collection_delta,
+    )
+    return mechanism, k, threshold, target
+
+
+def rag_config(
+    k: int, max_tokens: int, delta: float, min_score: float, max_score: float, **settings: Any
+):
+    """The answer's `retriever.rag.RagConfig` from the options `retriever answer`, `serve`
+    and `contributor serve` share (the score clip from --min-score and --max-score), with
+    any other of its fields in `settings`."""
+    from retriever.rag import RagConfig, ScoreRange
+
+    score_range = ScoreRange(min_score, max_score)
+    return RagConfig(k=k, max_tokens=max_tokens, delta=delta, score_range=score_range, **settings)
+
+
+def service_config(
+    answer_epsilon: float,
+    mechanism: str,
+    queue: int,
+    queue_timeout: float,
+    max_question_tokens: int,
+    answer_timeout: float,
+    **settings: Any,
+):
+    """The server's `retriever.service.app.ServiceConfig` from the options `retriever serve`
+    and `contributor serve` share, with any other of its fields in `settings`."""
+    from retriever.service.app import ServiceConfig
+
+    return ServiceConfig(
+        answer_epsilon=answer_epsilon,
+        mechanism=mechanism,
+        queue_capacity=queue,
+        queue_timeout=queue_timeout,
+        max_question_tokens=max_question_tokens,
+        answer_timeout=answer_timeout,
+        **settings,
+    )
 
 
 def check_reuse(reuse_answers: str, accounting: str) -> None:

@@ -7,47 +7,59 @@ from typing import Annotated
 
 import typer
 
-from retriever.cli_options import GuaranteesAddUpOption
+from retriever.cli_options import (
+    FactCorpusOption,
+    GuaranteesAddUpOption,
+    MaxPairsOption,
+    ReleaseDatasetOption,
+    ReleaseOutOption,
+)
 from synthgen.command_line import choice, positive, probability
+
+EpsilonOption = Annotated[
+    float, typer.Option(help="epsilon of the whole release (paid once)", callback=positive)
+]
+NameOption = Annotated[
+    str | None, typer.Option(help="contributor's public name (default: --out's name)")
+]
+DeltaOption = Annotated[
+    float, typer.Option(help="delta of the whole release, below 1/n", callback=probability)
+]
+ExtractorOption = Annotated[
+    str,
+    choice(
+        "typed",
+        "phrases",
+        help="typed (a subject and its typed value) or phrases (pairs of key phrases, "
+        "answered by the LM picking a partner)",
+    ),
+]
+WorkOption = Annotated[
+    Path | None,
+    typer.Option(help="private work folder: ledger, keys, private index (never ship it)"),
+]
+LedgerOption = Annotated[
+    str | None, typer.Option(help="ledger file or URL (default: <work>/ledger.sqlite)")
+]
+AnswerIndexOption = Annotated[
+    bool, typer.Option(help="also index the private corpus for /answer (work folder)")
+]
 
 
 def build(
-    private: Annotated[Path, typer.Option(help="private corpus.jsonl (doc_id, text)")],
-    epsilon: Annotated[
-        float, typer.Option(help="epsilon of the whole release (paid once)", callback=positive)
-    ],
-    out: Annotated[Path, typer.Option(help="release folder (safe to ship)")],
-    name: Annotated[
-        str | None, typer.Option(help="contributor's public name (default: --out's name)")
-    ] = None,
-    delta: Annotated[
-        float, typer.Option(help="delta of the whole release, below 1/n", callback=probability)
-    ] = 1e-6,
-    max_pairs: Annotated[
-        int, typer.Option(help="K, facts one record contributes", callback=positive)
-    ] = 1,
-    extractor: Annotated[
-        str,
-        choice(
-            "typed",
-            "phrases",
-            help="typed (a subject and its typed value) or phrases (pairs of key phrases, "
-            "answered by the LM picking a partner)",
-        ),
-    ] = "typed",  # fmt: skip
-    work: Annotated[
-        Path | None,
-        typer.Option(help="private work folder: ledger, keys, private index (never ship it)"),
-    ] = None,
-    ledger: Annotated[
-        str | None, typer.Option(help="ledger file or URL (default: <work>/ledger.sqlite)")
-    ] = None,
-    dataset: Annotated[str | None, typer.Option(help="collection name in the ledger")] = None,
+    private: FactCorpusOption,
+    epsilon: EpsilonOption,
+    out: ReleaseOutOption,
+    name: NameOption = None,
+    delta: DeltaOption = 1e-6,
+    max_pairs: MaxPairsOption = 1,
+    extractor: ExtractorOption = "typed",
+    work: WorkOption = None,
+    ledger: LedgerOption = None,
+    dataset: ReleaseDatasetOption = None,
     guarantees_add_up: GuaranteesAddUpOption = False,
     encoder: Annotated[str, typer.Option(help="encoder of the indexes")] = "all-minilm-l6-v2",
-    answer_index: Annotated[
-        bool, typer.Option(help="also index the private corpus for /answer (work folder)")
-    ] = True,
+    answer_index: AnswerIndexOption = True,
 ) -> None:
     """Release a contributor's facts once: records, index, card.
 

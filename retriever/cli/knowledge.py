@@ -15,7 +15,13 @@ from typing import Annotated
 
 import typer
 
-from retriever.cli_options import GuaranteesAddUpOption
+from retriever.cli_options import (
+    FactCorpusOption,
+    GuaranteesAddUpOption,
+    MaxPairsOption,
+    ReleaseDatasetOption,
+    ReleaseOutOption,
+)
 from synthgen.command_line import HelpGroup, LedgerOption, choice, positive, probability
 
 # The fact release's settings, as `preview` and `audit` take them (`release` has its own help).
@@ -24,6 +30,44 @@ ReleaseK = Annotated[
     int, typer.Option(help="the release's K (facts per record)", callback=positive)
 ]
 ReleaseExtractor = Annotated[str, typer.Option(help="the release's extractor: typed or phrases")]
+
+# `release`'s own options
+ReleaseEpsilonOption = Annotated[
+    float, typer.Option(help="per-record epsilon of the whole release", callback=positive)
+]
+WholeReleaseDelta = Annotated[
+    float, typer.Option(help="delta of the whole release (< 1/n)", callback=probability)
+]
+DryRunOption = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="print how many records a fact needs at this epsilon, delta and n; "
+        "read and charge nothing else",
+    ),
+]
+ExtractorOption = Annotated[
+    str,
+    typer.Option(
+        help="typed (subject and typed value: IP addresses, versions, time windows, "
+        "teams, names...) or phrases (pairs of key phrases, the release before issue 69)"
+    ),
+]
+BackendOption = Annotated[
+    str,
+    choice(
+        "local",
+        "beam",
+        help="where extraction and selection run: local, or Apache Beam's "
+        "DirectRunner (pip install 'dpsynth[beam]')",
+    ),
+]
+WorkOption = Annotated[
+    Path | None, typer.Option(help="private work folder (default: beside the ledger)")
+]
+EncoderOption = Annotated[
+    str, typer.Option(help="public encoder of the index over the released records")
+]
 
 knowledge_app = typer.Typer(
     cls=HelpGroup,
@@ -34,50 +78,19 @@ knowledge_app = typer.Typer(
 
 @knowledge_app.command("release")
 def release(
-    private_corpus: Annotated[Path, typer.Option(help="private corpus.jsonl (doc_id, text)")],
-    out: Annotated[Path, typer.Option(help="release folder (safe to ship)")],
-    epsilon: Annotated[
-        float, typer.Option(help="per-record epsilon of the whole release", callback=positive)
-    ],
-    delta: Annotated[
-        float, typer.Option(help="delta of the whole release (< 1/n)", callback=probability)
-    ] = 1e-6,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run",
-            help="print how many records a fact needs at this epsilon, delta and n; "
-            "read and charge nothing else",
-        ),
-    ] = False,
-    max_pairs: Annotated[
-        int, typer.Option(help="K, facts one record contributes", callback=positive)
-    ] = 1,
-    extractor: Annotated[
-        str,
-        typer.Option(
-            help="typed (subject and typed value: IP addresses, versions, time windows, "
-            "teams, names...) or phrases (pairs of key phrases, the release before issue 69)"
-        ),
-    ] = "typed",
-    backend: Annotated[
-        str,
-        choice(
-            "local",
-            "beam",
-            help="where extraction and selection run: local, or Apache Beam's "
-            "DirectRunner (pip install 'dpsynth[beam]')",
-        ),
-    ] = "local",  # fmt: skip
+    private_corpus: FactCorpusOption,
+    out: ReleaseOutOption,
+    epsilon: ReleaseEpsilonOption,
+    delta: WholeReleaseDelta = 1e-6,
+    dry_run: DryRunOption = False,
+    max_pairs: MaxPairsOption = 1,
+    extractor: ExtractorOption = "typed",
+    backend: BackendOption = "local",
     ledger: LedgerOption = None,
-    dataset: Annotated[str | None, typer.Option(help="collection name in the ledger")] = None,
+    dataset: ReleaseDatasetOption = None,
     guarantees_add_up: GuaranteesAddUpOption = False,
-    work: Annotated[
-        Path | None, typer.Option(help="private work folder (default: beside the ledger)")
-    ] = None,
-    encoder: Annotated[
-        str, typer.Option(help="public encoder of the index over the released records")
-    ] = "all-minilm-l6-v2",
+    work: WorkOption = None,
+    encoder: EncoderOption = "all-minilm-l6-v2",
     as_json: Annotated[bool, typer.Option("--json", help="print the guarantee as JSON")] = False,
 ) -> None:
     """Release the collection's facts once; answer from them for free after.
@@ -116,7 +129,12 @@ def release(
         answer_index=False,
         guarantees_add_up=guarantees_add_up,
     )
-    line = json.loads(summary(result))
+    _print_release(json.loads(summary(result)), as_json)
+
+
+def _print_release(line: dict, as_json: bool) -> None:
+    """The release's summary line (`retriever.network.knowledge.summary`), as JSON or in
+    words (with a warning on stderr when it released nothing)."""
     if as_json:
         print(json.dumps(line))
         return
@@ -130,7 +148,7 @@ def release(
 
 @knowledge_app.command("preview")
 def preview(
-    private_corpus: Annotated[Path, typer.Option(help="private corpus.jsonl (doc_id, text)")],
+    private_corpus: FactCorpusOption,
     epsilon: Annotated[
         float, typer.Option(help="the release's epsilon you plan", callback=positive)
     ] = 10.0,
@@ -185,7 +203,7 @@ def preview(
 
 @knowledge_app.command("baseline")
 def baseline(
-    private_corpus: Annotated[Path, typer.Option(help="private corpus.jsonl (doc_id, text)")],
+    private_corpus: FactCorpusOption,
     questions: Annotated[
         Path, typer.Option(help='questions JSONL: {"question", "answer" (optional)} per line')
     ],
@@ -234,7 +252,7 @@ def baseline(
 
 @knowledge_app.command("audit")
 def audit(
-    private_corpus: Annotated[Path, typer.Option(help="private corpus.jsonl (doc_id, text)")],
+    private_corpus: FactCorpusOption,
     epsilon: Annotated[
         float, typer.Option(help="the release's epsilon: the claim audited", callback=positive)
     ],

@@ -30,6 +30,8 @@ from retriever.cli_options import (
     QueueTimeoutOption,
     ReplicasOption,
     ServedLmOption,
+    rag_config,
+    service_config,
 )
 from synthgen.command_line import HelpGroup, positive, probability
 
@@ -52,6 +54,25 @@ if importlib.util.find_spec("retriever.cli.contributor_build") is not None:
 DirOption = Annotated[Path, typer.Option("--dir", help="the release (knowledge) folder")]
 WorkOption = Annotated[
     Path, typer.Option("--work", help="the contributor's private work folder (private.json)")
+]
+
+# `network query`
+ContributorsOption = Annotated[str, typer.Option(help="contributor URLs, comma-separated")]
+KeysOption = Annotated[
+    Path, typer.Option(help="JSON file {url: API key} (keys never on the command line)")
+]
+TimeoutOption = Annotated[float, typer.Option(help="seconds per contributor, retries included")]
+RerankOption = Annotated[
+    str | None, typer.Option(help="re-score the merged hits with this local encoder")
+]
+AnswerLmOption = Annotated[
+    str, typer.Option(help="local LM answering over the documents ('tiny'; 'none': off)")
+]
+ModeOption = Annotated[
+    str, typer.Option(help="retrieve (free) | answer (each contributor's DP /answer)")
+]
+CardsOption = Annotated[
+    bool, typer.Option("--cards/--no-cards", help="fetch each contributor's card first")
 ]
 
 
@@ -84,8 +105,6 @@ def serve(
     /answer gives DP answers from the private collection, charged to the caller's tenant on
     this contributor's own ledger. Callers need a key from `retriever contributor key add`.
     """
-    from retriever.rag import RagConfig, ScoreRange
-    from retriever.service.app import ServiceConfig
     from retriever.service.contributor import load_contributor
     from retriever.service.server import serve as serve_forever
 
@@ -94,16 +113,9 @@ def serve(
         work,
         answer=answer,
         lm=lm,
-        rag_config=RagConfig(
-            k=k, max_tokens=max_tokens, delta=delta, score_range=ScoreRange(min_score, max_score)
-        ),
-        config=ServiceConfig(
-            answer_epsilon=answer_epsilon,
-            mechanism=mechanism,
-            queue_capacity=queue,
-            queue_timeout=queue_timeout,
-            max_question_tokens=max_question_tokens,
-            answer_timeout=answer_timeout,
+        rag_config=rag_config(k, max_tokens, delta, min_score, max_score),
+        config=service_config(
+            answer_epsilon, mechanism, queue, queue_timeout, max_question_tokens, answer_timeout
         ),
         replicas=replicas,
     )
@@ -163,29 +175,17 @@ def _read_keys(path: Path) -> dict[str, str]:
 
 @network_app.command("query")
 def query(
-    contributors: Annotated[str, typer.Option(help="contributor URLs, comma-separated")],
-    keys: Annotated[
-        Path, typer.Option(help="JSON file {url: API key} (keys never on the command line)")
-    ],
+    contributors: ContributorsOption,
+    keys: KeysOption,
     question: Annotated[str, typer.Option(help="the question")],
     k: Annotated[int, typer.Option(help="documents to return (asked of each contributor)")] = 10,
-    timeout: Annotated[float, typer.Option(help="seconds per contributor, retries included")] = (
-        10.0
-    ),
+    timeout: TimeoutOption = 10.0,
     retries: Annotated[int, typer.Option(help="retries after a transport error or 5xx")] = 2,
-    rerank: Annotated[
-        str | None, typer.Option(help="re-score the merged hits with this local encoder")
-    ] = None,
-    lm: Annotated[
-        str, typer.Option(help="local LM answering over the documents ('tiny'; 'none': off)")
-    ] = "none",
-    mode: Annotated[
-        str, typer.Option(help="retrieve (free) | answer (each contributor's DP /answer)")
-    ] = "retrieve",
+    rerank: RerankOption = None,
+    lm: AnswerLmOption = "none",
+    mode: ModeOption = "retrieve",
     max_response_bytes: Annotated[int, typer.Option(help="largest reply accepted")] = 1 << 20,
-    cards: Annotated[
-        bool, typer.Option("--cards/--no-cards", help="fetch each contributor's card first")
-    ] = True,
+    cards: CardsOption = True,
 ) -> None:
     """Ask every contributor at once; print the merged result as JSON.
 
@@ -201,13 +201,7 @@ def query(
         load_answer_lm,
     )
 
-    urls = [u.strip().rstrip("/") for u in contributors.split(",") if u.strip()]
-    if not urls:
-        raise ValueError("--contributors names no URL")
-    key_of = _read_keys(keys)
-    missing = [url for url in urls if url not in key_of]
-    if missing:
-        raise ValueError(f"{keys} has no key for {', '.join(missing)}")
+    urls, key_of = _contributor_keys(contributors, keys)
     model, prompt, lm_name = None, None, None
     if lm.lower() != "none":
         model, prompt = load_answer_lm(lm)
@@ -229,3 +223,16 @@ def query(
     if response.all_failed:
         print(f"error: all {len(urls)} contributors failed", file=sys.stderr)
         raise typer.Exit(1)
+
+
+def _contributor_keys(contributors: str, keys: Path) -> tuple[list[str], dict[str, str]]:
+    """(urls, {url: key}): the --contributors URLs and the --keys file, which must hold a
+    key for each of them."""
+    urls = [u.strip().rstrip("/") for u in contributors.split(",") if u.strip()]
+    if not urls:
+        raise ValueError("--contributors names no URL")
+    key_of = _read_keys(keys)
+    missing = [url for url in urls if url not in key_of]
+    if missing:
+        raise ValueError(f"{keys} has no key for {', '.join(missing)}")
+    return urls, key_of

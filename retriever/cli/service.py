@@ -33,12 +33,14 @@ from retriever.cli_options import (
     RetrievalOption,
     ServedLmOption,
     announce_answers,
-    check_accounting,
     check_accounting_mode,
     check_collection_paths,
     check_existing_ledger,
     check_reuse,
     mechanism_choice,
+    rag_config,
+    resolve_answer,
+    service_config,
 )
 from synthgen.command_line import HelpGroup, choice, positive, probability
 
@@ -49,47 +51,104 @@ KnowledgeOption = Annotated[
     Path | None,
     typer.Option(help="serve a knowledge release instead (answers cost nothing; no ledger)"),
 ]
+ServeIndexOption = Annotated[Path | None, typer.Option(help="exact index of the private corpus")]
+ServeCorpusOption = Annotated[
+    Path | None, typer.Option(help="the private corpus.jsonl (doc_id, text)")
+]
+ServeLedgerOption = Annotated[str | None, typer.Option(help="ledger file or PostgreSQL URL")]
+ServeDatasetOption = Annotated[
+    str | None, typer.Option(help="collection name in the ledger (default: corpus stem)")
+]
+AnswerEpsilonOption = Annotated[
+    float, typer.Option(help="every answer's epsilon", callback=positive)
+]
+ServeMechanismOption = Annotated[
+    str,
+    mechanism_choice(
+        "auto",
+        *MECHANISMS,
+        help="every answer's mechanism (auto: facts; icl in individual accounting)",
+    ),
+]
+PublicIndexOption = Annotated[
+    Path | None, typer.Option(help="index over a public/synthetic corpus (/retrieve)")
+]
+PublicCorpusOption = Annotated[Path | None, typer.Option(help="that corpus.jsonl")]
+ServeKOption = Annotated[
+    int | None,
+    typer.Option(help="documents the DP threshold aims to select (default: evaluation's)"),
+]
+ServeDeltaOption = Annotated[float, typer.Option(help="per-answer delta", callback=probability)]
+ShareDocumentSummaryOption = Annotated[
+    bool,
+    typer.Option(
+        help="individual: show tenants the documents' summary on /budget (not DP: "
+        "exhaustion tells how many documents a question touched)"
+    ),
+]
+ReuseAnswersOption = Annotated[
+    str,
+    choice(
+        "off",
+        "tenant",
+        "shared",
+        help="a repeated question gets the answer released before, charged nothing "
+        "(tenant: its own; shared: any tenant's, individual accounting only)",
+    ),
+]
+DocumentCacheOption = Annotated[
+    bool,
+    typer.Option(
+        help="compute every document's keys once at start (about 3 MB per 64-token "
+        "document for SmolLM2-135M): an answer runs only the question"
+    ),
+]
+
+
+SERVE_HELP = """Serve DP answers over HTTP, charged to tenants' budgets (Ctrl-C stops).
+
+Collection accounting (the default): every answer is the same DP event
+(--answer-epsilon, --mechanism, --delta, --max-tokens): the first server or `retriever
+answer` of a collection pins it in the ledger and any other is refused, so the
+ledger's composition stays valid however tenants time their questions; the collection
+cap bounds all tenants together. Refused before loading: a collection without a
+collection cap, a δ (per answer or any cap of the collection) of 1/n or more for n
+documents, an encoder not known to be independent of the collection, and a public
+corpus or index that is the private one.
+
+With --knowledge DIR (a `retriever knowledge release` folder) it serves that release
+instead: /answer is ordinary RAG over it and charges nothing (no ledger, no key).
+
+Individual accounting (--accounting individual, icl only): the privacy statement is
+per document, over all tenants' answers together: each document is
+(--document-epsilon, --document-delta)-DP, charged only for the answers where it
+scores at least --relevance-threshold while its filter admits them, then left out.
+Tenant caps are quotas on how much each tenant may ask, not the guarantee. Refused
+before loading: another mechanism, a missing per-document target, and a collection
+with a collection cap."""
 
 
 def serve(
-    index: Annotated[Path | None, typer.Option(help="exact index of the private corpus")] = None,
-    private_corpus: Annotated[
-        Path | None, typer.Option(help="the private corpus.jsonl (doc_id, text)")
-    ] = None,
-    ledger: Annotated[str | None, typer.Option(help="ledger file or PostgreSQL URL")] = None,
+    index: ServeIndexOption = None,
+    private_corpus: ServeCorpusOption = None,
+    ledger: ServeLedgerOption = None,
     knowledge: KnowledgeOption = None,
     host: HostOption = "127.0.0.1",
     port: PortOption = 0,
-    dataset: Annotated[
-        str | None, typer.Option(help="collection name in the ledger (default: corpus stem)")
-    ] = None,
+    dataset: ServeDatasetOption = None,
     lm: ServedLmOption = "smollm2-135m-instruct",
-    answer_epsilon: Annotated[
-        float, typer.Option(help="every answer's epsilon", callback=positive)
-    ] = 1.0,
-    mechanism: Annotated[
-        str,
-        mechanism_choice(
-            "auto",
-            *MECHANISMS,
-            help="every answer's mechanism (auto: facts; icl in individual accounting)",
-        ),
-    ] = "auto",
+    answer_epsilon: AnswerEpsilonOption = 1.0,
+    mechanism: ServeMechanismOption = "auto",
     replicas: ReplicasOption = 1,
     queue: QueueOption = 16,
     queue_timeout: QueueTimeoutOption = 30.0,
     max_question_tokens: MaxQuestionTokensOption = 128,
     answer_timeout: AnswerTimeoutOption = 120.0,
-    public_index: Annotated[
-        Path | None, typer.Option(help="index over a public/synthetic corpus (/retrieve)")
-    ] = None,
-    public_corpus: Annotated[Path | None, typer.Option(help="that corpus.jsonl")] = None,
-    k: Annotated[
-        int | None,
-        typer.Option(help="documents the DP threshold aims to select (default: evaluation's)"),
-    ] = None,
+    public_index: PublicIndexOption = None,
+    public_corpus: PublicCorpusOption = None,
+    k: ServeKOption = None,
     max_tokens: MaxTokensOption = 12,
-    delta: Annotated[float, typer.Option(help="per-answer delta", callback=probability)] = 1e-6,
+    delta: ServeDeltaOption = 1e-6,
     composition: CompositionOption = "pure",
     retrieval: RetrievalOption = "dense",
     min_score: MinScoreOption = 0.0,
@@ -100,78 +159,68 @@ def serve(
     document_epsilon: DocumentEpsilonOption = None,
     document_delta: DocumentDeltaOption = None,
     relevance_threshold: RelevanceThresholdOption = None,
-    share_document_summary: Annotated[
-        bool,
-        typer.Option(
-            help="individual: show tenants the documents' summary on /budget (not DP: "
-            "exhaustion tells how many documents a question touched)"
-        ),
-    ] = False,
-    reuse_answers: Annotated[
-        str,
-        choice(
-            "off",
-            "tenant",
-            "shared",
-            help="a repeated question gets the answer released before, charged nothing "
-            "(tenant: its own; shared: any tenant's, individual accounting only)",
-        ),
-    ] = "off",
-    document_cache: Annotated[
-        bool,
-        typer.Option(
-            help="compute every document's keys once at start (about 3 MB per 64-token "
-            "document for SmolLM2-135M): an answer runs only the question"
-        ),
-    ] = False,
+    share_document_summary: ShareDocumentSummaryOption = False,
+    reuse_answers: ReuseAnswersOption = "off",
+    document_cache: DocumentCacheOption = False,
 ) -> None:
-    """Serve DP answers over HTTP, charged to tenants' budgets (Ctrl-C stops).
-
-    Collection accounting (the default): every answer is the same DP event
-    (--answer-epsilon, --mechanism, --delta, --max-tokens): the first server or `retriever
-    answer` of a collection pins it in the ledger and any other is refused, so the
-    ledger's composition stays valid however tenants time their questions; the collection
-    cap bounds all tenants together. Refused before loading: a collection without a
-    collection cap, a δ (per answer or any cap of the collection) of 1/n or more for n
-    documents, an encoder not known to be independent of the collection, and a public
-    corpus or index that is the private one.
-
-    With --knowledge DIR (a `retriever knowledge release` folder) it serves that release
-    instead: /answer is ordinary RAG over it and charges nothing (no ledger, no key).
-
-    Individual accounting (--accounting individual, icl only): the privacy statement is
-    per document, over all tenants' answers together: each document is
-    (--document-epsilon, --document-delta)-DP, charged only for the answers where it
-    scores at least --relevance-threshold while its filter admits them, then left out.
-    Tenant caps are quotas on how much each tenant may ask, not the guarantee. Refused
-    before loading: another mechanism, a missing per-document target, and a collection
-    with a collection cap.
-    """
-    from retriever.rag import RagConfig, ScoreRange
-    from retriever.rag.defaults import relevance_threshold as calibrated
-    from retriever.rag.defaults import resolve
-    from retriever.service.app import ServiceConfig
-    from retriever.service.server import load_service, serve
+    from retriever.service.server import serve
 
     if knowledge is not None:
-        from retriever.knowledge_base import KnowledgeBase
-        from retriever.service.knowledge_app import serve_knowledge
-
-        serve_knowledge(KnowledgeBase.open(knowledge, lm=lm), host=host, port=port)
+        _serve_knowledge(knowledge, lm, host, port)
         return
-    if index is None or private_corpus is None or ledger is None:
-        raise typer.BadParameter(
-            "give --index, --private-corpus and --ledger (or --knowledge DIR)",
-            param_hint="'--index'",
-        )
-    mechanism, k = resolve(mechanism, k, answer_epsilon, retrieval=retrieval, accounting=accounting)
-    relevance_threshold = calibrated(relevance_threshold, retrieval)
-    document_target = check_accounting(accounting, mechanism, document_epsilon, document_delta)
-    check_reuse(reuse_answers, accounting)
-    if document_cache and lm == "tiny":
-        raise typer.BadParameter("the tiny test LM has no keys to cache", param_hint="'--lm'")
-    check_collection_paths(index, private_corpus)
-    check_existing_ledger(ledger)
+    mechanism, k, relevance_threshold, document_target = _refuse_before_loading(
+        index, private_corpus, ledger, lm, mechanism, k, answer_epsilon, retrieval,
+        accounting, relevance_threshold, document_epsilon, document_delta, reuse_answers,
+        document_cache,
+    )  # fmt: skip
+    answers = rag_config(
+        k, max_tokens, delta, min_score, max_score, composition=composition,
+        accounting=accounting, relevance_threshold=relevance_threshold,
+    )  # fmt: skip
+    config = service_config(
+        answer_epsilon, mechanism, queue, queue_timeout, max_question_tokens, answer_timeout,
+        share_document_summary=share_document_summary,
+    )  # fmt: skip
+    service = _load_service(
+        index, private_corpus, ledger, lm, replicas, dataset, answers, config, public_index,
+        public_corpus, encoder_independent_of_collection, guarantees_add_up, document_target,
+        reuse_answers, document_cache, retrieval,
+    )  # fmt: skip
+    serve(service, host=host, port=port)
+
+
+serve.__doc__ = SERVE_HELP  # registered in `retriever.cli`, whose typer reads it as help
+
+
+def _serve_knowledge(knowledge: Path, lm: str, host: str, port: int) -> None:
+    """`serve --knowledge`: ordinary RAG over a knowledge release, nothing charged."""
+    from retriever.knowledge_base import KnowledgeBase
+    from retriever.service.knowledge_app import serve_knowledge
+
+    serve_knowledge(KnowledgeBase.open(knowledge, lm=lm), host=host, port=port)
+
+
+def _load_service(
+    index: Path,
+    private_corpus: Path,
+    ledger: str,
+    lm: str,
+    replicas: int,
+    dataset: str | None,
+    rag_config,
+    config,
+    public_index: Path | None,
+    public_corpus: Path | None,
+    encoder_independent_of_collection: bool,
+    guarantees_add_up: bool,
+    document_target: tuple[float, float] | None,
+    reuse_answers: str,
+    document_cache: bool,
+    retrieval: str,
+):
+    """The loaded service (`retriever.service.server.load_service`: its own refusals come
+    before anything heavy is loaded), then its ledger and weak guarantees announced."""
+    from retriever.service.server import load_service
 
     service = load_service(
         index,
@@ -180,24 +229,8 @@ def serve(
         lm=lm,
         replicas=replicas,
         dataset=dataset,
-        rag_config=RagConfig(
-            k=k,
-            max_tokens=max_tokens,
-            delta=delta,
-            composition=composition,
-            score_range=ScoreRange(min_score, max_score),
-            accounting=accounting,
-            relevance_threshold=relevance_threshold,
-        ),
-        config=ServiceConfig(
-            answer_epsilon=answer_epsilon,
-            mechanism=mechanism,
-            queue_capacity=queue,
-            queue_timeout=queue_timeout,
-            max_question_tokens=max_question_tokens,
-            answer_timeout=answer_timeout,
-            share_document_summary=share_document_summary,
-        ),
+        rag_config=rag_config,
+        config=config,
         public_index=public_index,
         public_corpus=public_corpus,
         encoder_independent_of_collection=encoder_independent_of_collection,
@@ -210,12 +243,54 @@ def serve(
     announce_answers(
         service.ledger,
         service.dataset,
-        epsilon=answer_epsilon,
-        delta=delta,
+        epsilon=config.answer_epsilon,
+        delta=rag_config.delta,
         documents=len(service.replicas[0].doc_ids),
         document_target=document_target,
     )
-    serve(service, host=host, port=port)
+    return service
+
+
+def _refuse_before_loading(
+    index: Path | None,
+    private_corpus: Path | None,
+    ledger: str | None,
+    lm: str,
+    mechanism: str,
+    k: int | None,
+    answer_epsilon: float,
+    retrieval: str,
+    accounting: str,
+    relevance_threshold: float | None,
+    document_epsilon: float | None,
+    document_delta: float | None,
+    reuse_answers: str,
+    document_cache: bool,
+) -> tuple[str, int, float, tuple[float, float] | None]:
+    """`serve`'s checks of its options and paths, before any ledger is opened or model
+    loaded: (mechanism, k, relevance threshold, per-document target) as `resolve_answer`
+    gives them, or a usage error."""
+    if index is None or private_corpus is None or ledger is None:
+        raise typer.BadParameter(
+            "give --index, --private-corpus and --ledger (or --knowledge DIR)",
+            param_hint="'--index'",
+        )
+    settings = resolve_answer(
+        mechanism,
+        k,
+        answer_epsilon,
+        retrieval,
+        accounting,
+        relevance_threshold,
+        document_epsilon,
+        document_delta,
+    )
+    check_reuse(reuse_answers, accounting)
+    if document_cache and lm == "tiny":
+        raise typer.BadParameter("the tiny test LM has no keys to cache", param_hint="'--lm'")
+    check_collection_paths(index, private_corpus)
+    check_existing_ledger(ledger)
+    return settings
 
 
 @tenant_app.command("add")
@@ -280,67 +355,10 @@ def tenant_list(
     largest / median / mean epsilon spent); its tenants' caps are quotas.
     """
     from retriever.service.tenants import TenantRegistry
-    from synthgen.privacy import COLLECTION, format_epsilon
-    from synthgen.privacy.document_filters import DocumentFilters
 
     check_existing_ledger(ledger)
     registry = TenantRegistry.open(ledger)
-    filters = DocumentFilters(registry.ledger.store)
-    individual = filters.datasets()
-    scopes = registry.ledger.scopes()
-    rows = []
-
-    def scope_row(scope, tenant: str, status: str, key: str) -> dict:
-        spend = registry.ledger.spent(scope.tenant, scope.dataset)
-        return {
-            "tenant": tenant,
-            "status": status,
-            "key": key,
-            "dataset": scope.dataset,
-            "accounting": "individual" if scope.dataset in individual else "collection",
-            "epsilon_cap": scope.epsilon_cap,
-            "delta_cap": scope.delta_cap,
-            "spent_epsilon": spend.epsilon,
-            "spent_epsilon_text": format_epsilon(spend.epsilon),
-            "charges": spend.num_charges,
-        }
-
-    for tenant in registry.tenants():
-        status = "active" if tenant.active else "revoked"
-        for scope in (s for s in scopes if s.tenant == tenant.name):
-            rows.append(scope_row(scope, tenant.name, status, f"dpk_{tenant.key_id}_…"))
-    # scopes opened from the command line (`retriever answer --tenant-epsilon`, a release,
-    # a training run) hold no key but spend on the collection too: listed, so that the
-    # tenants' rows add up to the collection's
-    registered = {t.name for t in registry.tenants()} | {COLLECTION}
-    for scope in (s for s in scopes if s.tenant not in registered):
-        rows.append(scope_row(scope, scope.tenant, "no key", "(command line)"))
-    for scope in (s for s in scopes if s.tenant == COLLECTION):  # never in individual mode
-        rows.append(
-            scope_row(scope, "(collection: all tenants)", "cap", "")
-            | {
-                "notes": registry.ledger.scope_notes(COLLECTION, scope.dataset),
-                "answer_event": registry.ledger.event_shape(COLLECTION, scope.dataset),
-            }
-        )
-    for dataset in individual:
-        record, summary = filters.get(dataset), filters.summary(dataset)
-        rows.append(
-            {
-                "tenant": "(each document: all tenants)",
-                "status": "filters",
-                "key": "",
-                "dataset": dataset,
-                "accounting": "individual",
-                "epsilon_cap": record.budget.epsilon,  # each document's target
-                "delta_cap": record.budget.delta,
-                "spent_epsilon": summary["max_epsilon"],  # the largest over documents
-                "spent_epsilon_text": format_epsilon(summary["max_epsilon"]),
-                "charges": None,
-                "answers_per_document": record.answers_per_document,
-                "documents": summary,
-            }
-        )
+    rows = _tenant_rows(registry)
     groups = registry.ledger.document_groups()
     if as_json:
         for row in rows:
@@ -348,6 +366,93 @@ def tenant_list(
         for g in groups:
             print(json.dumps(g.to_json()))
         return
+    _print_tenant_table(rows)
+    for g in groups:
+        print(g.to_json()["line"])
+
+
+def _tenant_rows(registry) -> list[dict]:
+    """`tenant list`'s rows: each tenant's scopes, the scopes opened from the command line,
+    the collection caps, and the per-document filters of collections in individual
+    accounting."""
+    from synthgen.privacy import COLLECTION
+    from synthgen.privacy.document_filters import DocumentFilters
+
+    book = registry.ledger
+    filters = DocumentFilters(book.store)
+    individual = filters.datasets()
+    scopes = book.scopes()
+    rows = []
+    for tenant in registry.tenants():
+        status = "active" if tenant.active else "revoked"
+        for scope in (s for s in scopes if s.tenant == tenant.name):
+            key = f"dpk_{tenant.key_id}_…"
+            rows.append(_scope_row(book, individual, scope, tenant.name, status, key))
+    # scopes opened from the command line (`retriever answer --tenant-epsilon`, a release,
+    # a training run) hold no key but spend on the collection too: listed, so that the
+    # tenants' rows add up to the collection's
+    registered = {t.name for t in registry.tenants()} | {COLLECTION}
+    for scope in (s for s in scopes if s.tenant not in registered):
+        rows.append(_scope_row(book, individual, scope, scope.tenant, "no key", "(command line)"))
+    for scope in (s for s in scopes if s.tenant == COLLECTION):  # never in individual mode
+        rows.append(
+            _scope_row(book, individual, scope, "(collection: all tenants)", "cap", "")
+            | {
+                "notes": book.scope_notes(COLLECTION, scope.dataset),
+                "answer_event": book.event_shape(COLLECTION, scope.dataset),
+            }
+        )
+    for dataset in individual:
+        rows.append(_filters_row(filters, dataset))
+    return rows
+
+
+def _scope_row(book, individual, scope, tenant: str, status: str, key: str) -> dict:
+    """One scope's row: its caps and what it has spent (`individual`: the collections in
+    individual accounting, whose tenants' caps are quotas)."""
+    from synthgen.privacy import format_epsilon
+
+    spend = book.spent(scope.tenant, scope.dataset)
+    return {
+        "tenant": tenant,
+        "status": status,
+        "key": key,
+        "dataset": scope.dataset,
+        "accounting": "individual" if scope.dataset in individual else "collection",
+        "epsilon_cap": scope.epsilon_cap,
+        "delta_cap": scope.delta_cap,
+        "spent_epsilon": spend.epsilon,
+        "spent_epsilon_text": format_epsilon(spend.epsilon),
+        "charges": spend.num_charges,
+    }
+
+
+def _filters_row(filters, dataset: str) -> dict:
+    """The row of a collection's per-document filters: each document's target and the
+    summary over all documents."""
+    from synthgen.privacy import format_epsilon
+
+    record, summary = filters.get(dataset), filters.summary(dataset)
+    return {
+        "tenant": "(each document: all tenants)",
+        "status": "filters",
+        "key": "",
+        "dataset": dataset,
+        "accounting": "individual",
+        "epsilon_cap": record.budget.epsilon,  # each document's target
+        "delta_cap": record.budget.delta,
+        "spent_epsilon": summary["max_epsilon"],  # the largest over documents
+        "spent_epsilon_text": format_epsilon(summary["max_epsilon"]),
+        "charges": None,
+        "answers_per_document": record.answers_per_document,
+        "documents": summary,
+    }
+
+
+def _print_tenant_table(rows: list[dict]) -> None:
+    """`tenant list`'s table, one line per row."""
+    from synthgen.privacy import format_epsilon
+
     print(f"{'tenant':28} {'status':8} {'dataset':16} {'spent/cap eps':>16} {'charges':>8}  key")
     for r in rows:
         spent = f"{r['spent_epsilon_text']}/{r['epsilon_cap']:g}"
@@ -362,8 +467,6 @@ def tenant_list(
             quota = " (quota)" if r["accounting"] == "individual" else ""
             last = f"{r['charges']:>8}  {r['key']}{quota}"
         print(f"{r['tenant']:28} {r['status']:8} {r['dataset']:16} {spent:>16} {last}")
-    for g in groups:
-        print(g.to_json()["line"])
 
 
 @tenant_app.command("revoke")

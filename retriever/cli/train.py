@@ -5,46 +5,86 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
 
+if TYPE_CHECKING:
+    from synthgen.dp_plan import PrivacyPlan
+    from synthgen.dp_train import DPConfig
+    from synthgen.privacy.ledger import PrivacyLedger
+
+
+PairsOption = Annotated[Path, typer.Option(help="queries.jsonl (generator output or plain)")]
+TowersOutOption = Annotated[Path, typer.Option(help="release folder: towers and provenance.json")]
+EncoderOption = Annotated[str, typer.Option(help="base encoder: asset or folder")]
+PlainCorpusOption = Annotated[Path | None, typer.Option(help="corpus.jsonl for plain pairs")]
+EpochsOption = Annotated[float, typer.Option()]
+BatchSizeOption = Annotated[int, typer.Option()]
+LearningRateOption = Annotated[float, typer.Option()]
+TemperatureOption = Annotated[float, typer.Option()]
+FlagOption = Annotated[bool, typer.Option()]
+LimitOption = Annotated[int | None, typer.Option(help="first N pairs only")]
+DataOrderSeedOption = Annotated[int, typer.Option(help="data order")]
+SyntheticMetadataOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="metadata.json of the DP release the pairs come from (default: the one "
+        "beside --pairs, if it describes that file); without one the encoder is stated "
+        "as trained on real data, with no privacy guarantee"
+    ),
+]
+ResumeWorkDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="resume state (checkpoints), outside the release; the same command resumes "
+        "from it (default: <ledger folder>/work/<out name>-<hash>)"
+    ),
+]
+KeepWorkOption = Annotated[bool, typer.Option(help="keep the work folder after a finished run")]
+
+PrivateQueriesOption = Annotated[Path, typer.Option(help="private queries.jsonl (query, doc_id)")]
+PublicCorpusOption = Annotated[Path, typer.Option(help="public corpus.jsonl")]
+DpOutOption = Annotated[Path, typer.Option(help="release folder: towers and privacy metadata")]
+BaseEncoderOption = Annotated[str, typer.Option(help="base encoder")]
+EpsilonOption = Annotated[float | None, typer.Option(help="target epsilon")]
+NoiseMultiplierOption = Annotated[float | None, typer.Option(help="sigma instead")]
+DeltaOption = Annotated[float | None, typer.Option(help="default 1/(2n)")]
+ExpectedBatchOption = Annotated[int, typer.Option(help="expected batch size")]
+ClipNormOption = Annotated[float, typer.Option()]
+TenantOption = Annotated[str, typer.Option()]
+DatasetOption = Annotated[str | None, typer.Option(help="default: the queries file name")]
+SeedOption = Annotated[int | None, typer.Option(help="tests only; default OS entropy")]
+SecretWorkDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="SECRET work folder: resume state incl. the noise key and sampler state; "
+        "never ship it (default: <ledger folder>/work/<out name>-<hash>)"
+    ),
+]
+KeepSecretWorkOption = Annotated[
+    bool, typer.Option(help="keep the secret work folder after a finished run")
+]
+
 
 def train(
-    pairs: Annotated[Path, typer.Option(help="queries.jsonl (generator output or plain)")],
-    out: Annotated[Path, typer.Option(help="release folder: towers and provenance.json")],
-    encoder: Annotated[str, typer.Option(help="base encoder: asset or folder")] = (
-        "all-minilm-l6-v2"
-    ),
-    corpus: Annotated[Path | None, typer.Option(help="corpus.jsonl for plain pairs")] = None,
-    epochs: Annotated[float, typer.Option()] = 1.0,
-    batch_size: Annotated[int, typer.Option()] = 32,
-    learning_rate: Annotated[float, typer.Option()] = 5e-5,
-    temperature: Annotated[float, typer.Option()] = 0.05,
-    learn_temperature: Annotated[bool, typer.Option()] = False,
-    separate_towers: Annotated[bool, typer.Option()] = False,
-    limit: Annotated[int | None, typer.Option(help="first N pairs only")] = None,
-    seed: Annotated[int, typer.Option(help="data order")] = 0,
-    synthetic_metadata: Annotated[
-        Path | None,
-        typer.Option(
-            help="metadata.json of the DP release the pairs come from (default: the one "
-            "beside --pairs, if it describes that file); without one the encoder is stated "
-            "as trained on real data, with no privacy guarantee"
-        ),
-    ] = None,
-    work_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="resume state (checkpoints), outside the release; the same command resumes "
-            "from it (default: <ledger folder>/work/<out name>-<hash>)"
-        ),
-    ] = None,
-    keep_work: Annotated[
-        bool, typer.Option(help="keep the work folder after a finished run")
-    ] = False,
+    pairs: PairsOption,
+    out: TowersOutOption,
+    encoder: EncoderOption = "all-minilm-l6-v2",
+    corpus: PlainCorpusOption = None,
+    epochs: EpochsOption = 1.0,
+    batch_size: BatchSizeOption = 32,
+    learning_rate: LearningRateOption = 5e-5,
+    temperature: TemperatureOption = 0.05,
+    learn_temperature: FlagOption = False,
+    separate_towers: FlagOption = False,
+    limit: LimitOption = None,
+    seed: DataOrderSeedOption = 0,
+    synthetic_metadata: SyntheticMetadataOption = None,
+    work_dir: ResumeWorkDirOption = None,
+    keep_work: KeepWorkOption = False,
 ) -> None:
     """Train a dual encoder with in-batch softmax (non-private: for synthetic pairs).
 
@@ -79,9 +119,14 @@ def train(
         work_dir=work_dir,
         keep_work=keep_work,
     )
+    _print_trained(out, result, len(queries), batch_size, provenance["statement"])
+
+
+def _print_trained(out: Path, result, num_pairs: int, batch_size: int, statement: str) -> None:
+    """Prints the note on pairs left out of each epoch, if any, and the JSON summary."""
     if result.pairs_left_out_per_epoch:
         print(
-            f"note: {len(queries)} pairs at batch {batch_size}: "
+            f"note: {num_pairs} pairs at batch {batch_size}: "
             f"{result.pairs_left_out_per_epoch} pairs per epoch fill no batch and are left "
             "out of it (each epoch reshuffles; use a batch size that divides the pairs, or "
             "more epochs, to train on every pair)",
@@ -95,58 +140,45 @@ def train(
                 "pairs_left_out_per_epoch": result.pairs_left_out_per_epoch,
                 "pairs_per_second": round(result.pairs_per_second, 2),
                 "seconds": round(result.seconds, 1),
-                "statement": provenance["statement"],
+                "statement": statement,
             }
         )
     )
 
 
-def train_dp(
-    queries: Annotated[Path, typer.Option(help="private queries.jsonl (query, doc_id)")],
-    corpus: Annotated[Path, typer.Option(help="public corpus.jsonl")],
-    out: Annotated[Path, typer.Option(help="release folder: towers and privacy metadata")],
-    encoder: Annotated[str, typer.Option(help="base encoder")] = "all-minilm-l6-v2",
-    epsilon: Annotated[float | None, typer.Option(help="target epsilon")] = 8.0,
-    noise_multiplier: Annotated[float | None, typer.Option(help="sigma instead")] = None,
-    delta: Annotated[float | None, typer.Option(help="default 1/(2n)")] = None,
-    epochs: Annotated[float, typer.Option()] = 1.0,
-    batch_size: Annotated[int, typer.Option(help="expected batch size")] = 64,
-    clip_norm: Annotated[float, typer.Option()] = 1.0,
-    learning_rate: Annotated[float, typer.Option()] = 1e-3,
-    ledger: LedgerOption = None,
-    tenant: Annotated[str, typer.Option()] = "default",
-    dataset: Annotated[str | None, typer.Option(help="default: the queries file name")] = None,
-    guarantees_add_up: GuaranteesAddUpOption = False,
-    seed: Annotated[int | None, typer.Option(help="tests only; default OS entropy")] = None,
-    work_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="SECRET work folder: resume state incl. the noise key and sampler state; "
-            "never ship it (default: <ledger folder>/work/<out name>-<hash>)"
-        ),
-    ] = None,
-    keep_work: Annotated[
-        bool, typer.Option(help="keep the secret work folder after a finished run")
-    ] = False,
-) -> None:
-    """Direct-DP baseline: DP-Adafactor on real pairs (frozen public document tower).
+def _private_pairs(queries: Path, corpus: Path) -> tuple[list[dict], list[str], dict[str, int]]:
+    """The private query rows, the corpus texts and each doc_id's row in the corpus.
 
-    The release folder --out gets the towers only; the resume state (noise key, sampler
-    state, optimizer) stays in the secret --work-dir, which is deleted after a finished run
-    (unless --keep-work) and resumed from when the same command is run again.
+    Raises:
+      ValueError: a query names a doc_id that is not in the corpus.
     """
     from retriever.data import read_corpus, read_queries
-    from retriever.encoders import load_encoder
-    from retriever.train import RetrieverConfig, train_retriever_dp
-    from synthgen import dp_train
-    from synthgen.paths import default_ledger_path, default_work_dir
-    from synthgen.privacy.admission import admit
-    from synthgen.privacy.ledger import PrivacyLedger
-    from synthgen.work_folder import run_payer
+
+    rows = read_queries(queries)
+    doc_ids, texts = read_corpus(corpus)
+    row_of = {d: i for i, d in enumerate(doc_ids)}
+    missing = sum(1 for r in rows if str(r["doc_id"]) not in row_of)
+    if missing:
+        raise ValueError(f"{missing} queries name a doc_id that is not in {corpus}")
+    return rows, texts, row_of
+
+
+def _dp_config(
+    epsilon: float | None,
+    noise_multiplier: float | None,
+    delta: float | None,
+    epochs: float,
+    batch_size: int,
+    clip_norm: float,
+    learning_rate: float,
+    seed: int | None,
+) -> DPConfig:
+    """The DP-Adafactor config of the options (--noise-multiplier overrides --epsilon)."""
+    from synthgen.dp_train import DPConfig
 
     if noise_multiplier is not None:
         epsilon = None
-    dp_config = dp_train.DPConfig(
+    return DPConfig(
         batch_size=batch_size,
         epochs=epochs,
         clip_norm=clip_norm,
@@ -158,21 +190,85 @@ def train_dp(
         microbatch=8,
         seed=seed,
     )
-    rows = read_queries(queries)
-    doc_ids, texts = read_corpus(corpus)
-    row_of = {d: i for i, d in enumerate(doc_ids)}
-    missing = sum(1 for r in rows if str(r["doc_id"]) not in row_of)
-    if missing:
-        raise ValueError(f"{missing} queries name a doc_id that is not in {corpus}")
-    plan = dp_train.plan_privacy(dp_config, len(rows))
+
+
+def _admit_queries(
+    ledger: Path | None,
+    scope: tuple[str, str],
+    rows: list[dict],
+    texts: list[str],
+    row_of: dict[str, int],
+    plan: PrivacyPlan,
+    guarantees_add_up: bool,
+) -> PrivacyLedger:
+    """Admits the private (document, query) pairs to the ledger; returns the ledger."""
+    from synthgen.paths import default_ledger_path
+    from synthgen.privacy.admission import admit
+    from synthgen.privacy.ledger import PrivacyLedger
+
     book = PrivacyLedger(ledger or default_ledger_path())
-    scope = (tenant, dataset or queries.stem)
     pairs = [{"document": texts[row_of[str(r["doc_id"])]], "query": r["query"]} for r in rows]
     # the run checks its budget through its work folder, which knows a resume
     admit(
         book, *scope, pairs, plan, stage="dp-train", public_count=len(rows),
         guarantees_add_up=guarantees_add_up, check=False,
     )  # fmt: skip
+    return book
+
+
+def _print_guarantee(out: Path, steps: int, plan: PrivacyPlan, work: Path) -> None:
+    """Prints the run's guarantee as one JSON line (and the secret work folder, if kept)."""
+    summary = {
+        "out": str(out),
+        "steps": steps,
+        "epsilon": plan.epsilon,
+        "delta": plan.delta,
+        "noise_multiplier": plan.noise_multiplier,
+    }
+    if work.exists():
+        summary["work_dir"] = str(work)  # secret: kept, or an unfinished run to resume
+    print(json.dumps(summary))
+
+
+def train_dp(
+    queries: PrivateQueriesOption,
+    corpus: PublicCorpusOption,
+    out: DpOutOption,
+    encoder: BaseEncoderOption = "all-minilm-l6-v2",
+    epsilon: EpsilonOption = 8.0,
+    noise_multiplier: NoiseMultiplierOption = None,
+    delta: DeltaOption = None,
+    epochs: EpochsOption = 1.0,
+    batch_size: ExpectedBatchOption = 64,
+    clip_norm: ClipNormOption = 1.0,
+    learning_rate: LearningRateOption = 1e-3,
+    ledger: LedgerOption = None,
+    tenant: TenantOption = "default",
+    dataset: DatasetOption = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
+    seed: SeedOption = None,
+    work_dir: SecretWorkDirOption = None,
+    keep_work: KeepSecretWorkOption = False,
+) -> None:
+    """Direct-DP baseline: DP-Adafactor on real pairs (frozen public document tower).
+
+    The release folder --out gets the towers only; the resume state (noise key, sampler
+    state, optimizer) stays in the secret --work-dir, which is deleted after a finished run
+    (unless --keep-work) and resumed from when the same command is run again.
+    """
+    from retriever.encoders import load_encoder
+    from retriever.train import RetrieverConfig, train_retriever_dp
+    from synthgen.dp_train import plan_privacy
+    from synthgen.paths import default_work_dir
+    from synthgen.work_folder import run_payer
+
+    dp_config = _dp_config(
+        epsilon, noise_multiplier, delta, epochs, batch_size, clip_norm, learning_rate, seed
+    )
+    rows, texts, row_of = _private_pairs(queries, corpus)
+    plan = plan_privacy(dp_config, len(rows))
+    scope = (tenant, dataset or queries.stem)
+    book = _admit_queries(ledger, scope, rows, texts, row_of, plan, guarantees_add_up)
     work = work_dir if work_dir is not None else default_work_dir(out, book.path)
     result = train_retriever_dp(
         load_encoder(encoder),
@@ -186,13 +282,4 @@ def train_dp(
         keep_work=keep_work,
         plan=plan,
     )
-    summary = {
-        "out": str(out),
-        "steps": result.steps_run,
-        "epsilon": plan.epsilon,
-        "delta": plan.delta,
-        "noise_multiplier": plan.noise_multiplier,
-    }
-    if work.exists():
-        summary["work_dir"] = str(work)  # secret: kept, or an unfinished run to resume
-    print(json.dumps(summary))
+    _print_guarantee(out, result.steps_run, plan, work)

@@ -104,7 +104,7 @@ def load_dprag(
     """
     from retriever.data import read_corpus
     from retriever.evaluate import load_towers
-    from retriever.index_folder import index_encoder, load_index_searcher, read_index_meta
+    from retriever.index_folder import load_index_searcher, read_index_meta
 
     if retrieval not in RETRIEVALS:
         raise ValueError(f"retrieval must be one of {RETRIEVALS}, got {retrieval=}")
@@ -112,10 +112,7 @@ def load_dprag(
     meta = read_index_meta(index)
     dataset = collection.name if collection is not None else dataset or private_corpus.stem
     config = config or RagConfig()
-    encoder = assertion = None  # overlap: scores from the corpus's words, no encoder
-    if retrieval == "dense":
-        encoder, _ = index_encoder(index, meta=meta, option=None)  # checked against index.json
-        assertion = check_encoder(encoder, asserted=encoder_independent_of_collection)
+    encoder, assertion = checked_encoder(index, meta, retrieval, encoder_independent_of_collection)
     if config.individual:
         if ledger is None or document_target is None or answer_epsilon is None:
             raise ValueError(
@@ -173,12 +170,27 @@ def load_dprag(
         embeddings,
         encode,
         lm,
-        payer=collection_payer(ledger, dataset),
+        payer=None if ledger is None else collection_payer(ledger, dataset),
         config=config,
         prompt=prompt,
         document_cache=document_cache,
         answers=answers,
     )
+
+
+def checked_encoder(
+    index: Path, meta: dict, retrieval: str, asserted: bool
+) -> tuple[str | None, str | None]:
+    """(encoder, assertion): a dense index's encoder, checked against its ``index.json``
+    (`meta`), and the line to record when only the operator's assertion (`asserted`) makes
+    it independent of the collection (`check_encoder`, which refuses an encoder not known
+    to be); (None, None) for overlap retrieval, scored from the corpus's words."""
+    from retriever.index_folder import index_encoder
+
+    if retrieval != "dense":
+        return None, None
+    encoder, _ = index_encoder(index, meta=meta, option=None)
+    return encoder, check_encoder(encoder, asserted=asserted)
 
 
 def overlap_encoder(texts, lm):

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from synthgen.cli.common import PresetOption
+from synthgen.cli.common import PresetOption, SplitOption
 from synthgen.command_line import HelpGroup, choice
 
 audit_app = typer.Typer(
@@ -29,71 +29,67 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
     return values
 
 
-@audit_app.command("run")
-def audit_run(
-    out: Annotated[Path, typer.Option(help="report folder: audit.json, audit.md, PNG plots")],
-    pairs: Annotated[
-        str, typer.Option(help="private pairs: JSONL with document/query, or wiki-summaries-en")
-    ] = "wiki-summaries-en",
-    config: PresetOption = "tiny_llama",
-    epsilon: Annotated[
-        str, typer.Option(help="comma-separated epsilons; inf = non-private run")
-    ] = "inf,16,8,3",
-    repetitions: Annotated[str, typer.Option(help="comma-separated repetition counts")] = (
-        "1,10,100"
+ReportOutOption = Annotated[
+    Path, typer.Option(help="report folder: audit.json, audit.md, PNG plots")
+]
+PrivatePairsOption = Annotated[
+    str, typer.Option(help="private pairs: JSONL with document/query, or wiki-summaries-en")
+]
+EpsilonsOption = Annotated[
+    str, typer.Option(help="comma-separated epsilons; inf = non-private run")
+]
+RepetitionsOption = Annotated[str, typer.Option(help="comma-separated repetition counts")]
+PerCellOption = Annotated[
+    str,
+    typer.Option(
+        help="canaries per (kind, repetitions) cell: one number, or one per repetition "
+        "count (e.g. 16,4,1)"
     ),
-    per_cell: Annotated[
-        str,
-        typer.Option(
-            help="canaries per (kind, repetitions) cell: one number, or one per repetition "
-            "count (e.g. 16,4,1)"
-        ),
-    ] = "8",
-    kinds: Annotated[
-        str, typer.Option(help="secret,real_document,random_document,rare_token")
-    ] = "secret,real_document,random_document,rare_token",
-    references: Annotated[int, typer.Option(help="reference secrets per canary")] = 100,
-    limit: Annotated[int | None, typer.Option(help="first N private pairs only")] = None,
-    split: Annotated[
-        str,
-        choice("all", "train", "test", help="wiki corpus only: the split of documents to use"),
-    ] = "train",
-    epochs: Annotated[float | None, typer.Option(help="override the preset's epochs")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="expected batch size")] = None,
-    learning_rate: Annotated[float | None, typer.Option()] = None,
-    target_len: Annotated[int | None, typer.Option(help="query tokens (canaries need ~20)")] = None,
-    significance: Annotated[float, typer.Option(help="1 - confidence of the bounds")] = 0.05,
-    work_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="PRIVATE work folder: canary record, models, scores, training state "
-            "(default: beside the ledger, <ledger folder>/work/<out name>-<hash>; never ship it)"
-        ),
-    ] = None,
-    seed: Annotated[int | None, typer.Option(help="tests only; default OS entropy")] = None,
-) -> None:
-    """Train the query generator with canaries at each epsilon, score them, write the report.
+]
+KindsOption = Annotated[str, typer.Option(help="secret,real_document,random_document,rare_token")]
+ReferencesOption = Annotated[int, typer.Option(help="reference secrets per canary")]
+PrivateLimitOption = Annotated[int | None, typer.Option(help="first N private pairs only")]
+EpochsOverrideOption = Annotated[float | None, typer.Option(help="override the preset's epochs")]
+BatchSizeOption = Annotated[int | None, typer.Option(help="expected batch size")]
+LearningRateOption = Annotated[float | None, typer.Option()]
+TargetLenOption = Annotated[int | None, typer.Option(help="query tokens (canaries need ~20)")]
+SignificanceOption = Annotated[float, typer.Option(help="1 - confidence of the bounds")]
+AuditWorkDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="PRIVATE work folder: canary record, models, scores, training state "
+        "(default: beside the ledger, <ledger folder>/work/<out name>-<hash>; never ship it)"
+    ),
+]
+AuditSeedOption = Annotated[int | None, typer.Option(help="tests only; default OS entropy")]
 
-    Canaries of each (kind, repetitions) cell are inserted with probability 1/2. The report
-    folder gets aggregate figures only; the canary record, the models and the per-canary
-    scores stay in the private --work-dir. Re-running the same command resumes.
-    """
-    from synthgen.audit import canaries, querygen_audit
-    from synthgen.audit.claims import parse_epsilons
-    from synthgen.config_files import querygen_preset
-    from synthgen.corpora import load_rows
-    from synthgen.paths import default_work_dir
+
+def _canary_spec(kinds: str, repetitions: str, per_cell: str, references: int):
+    """The `CanarySpec` of --kinds, --repetitions, --per-cell and --references."""
+    from synthgen.audit import canaries
 
     reps = _ints(repetitions, "--repetitions")
     counts = _ints(per_cell, "--per-cell")
     if len(counts) not in (1, len(reps)):
         raise ValueError("--per-cell takes one number or one per repetition count")
-    spec = canaries.CanarySpec(
+    return canaries.CanarySpec(
         kinds=tuple(k.strip() for k in kinds.split(",") if k.strip()),
         repetitions=reps,
         per_cell=counts[0] if len(counts) == 1 else dict(zip(reps, counts, strict=True)),
         references=references,
     )
+
+
+def _audit_config(
+    config: str,
+    epochs: float | None,
+    batch_size: int | None,
+    learning_rate: float | None,
+    target_len: int | None,
+):
+    """The generator preset `config` with the options that were given applied."""
+    from synthgen.config_files import querygen_preset
+
     cfg = querygen_preset(config)
     changes = {}
     for name, value in (
@@ -104,7 +100,42 @@ def audit_run(
     ):
         if value is not None:
             changes[name] = value
-    cfg = cfg.replace(**changes)
+    return cfg.replace(**changes)
+
+
+@audit_app.command("run")
+def audit_run(
+    out: ReportOutOption,
+    pairs: PrivatePairsOption = "wiki-summaries-en",
+    config: PresetOption = "tiny_llama",
+    epsilon: EpsilonsOption = "inf,16,8,3",
+    repetitions: RepetitionsOption = "1,10,100",
+    per_cell: PerCellOption = "8",
+    kinds: KindsOption = "secret,real_document,random_document,rare_token",
+    references: ReferencesOption = 100,
+    limit: PrivateLimitOption = None,
+    split: SplitOption = "train",
+    epochs: EpochsOverrideOption = None,
+    batch_size: BatchSizeOption = None,
+    learning_rate: LearningRateOption = None,
+    target_len: TargetLenOption = None,
+    significance: SignificanceOption = 0.05,
+    work_dir: AuditWorkDirOption = None,
+    seed: AuditSeedOption = None,
+) -> None:
+    """Train the query generator with canaries at each epsilon, score them, write the report.
+
+    Canaries of each (kind, repetitions) cell are inserted with probability 1/2. The report
+    folder gets aggregate figures only; the canary record, the models and the per-canary
+    scores stay in the private --work-dir. Re-running the same command resumes.
+    """
+    from synthgen.audit import querygen_audit
+    from synthgen.audit.claims import parse_epsilons
+    from synthgen.corpora import load_rows
+    from synthgen.paths import default_work_dir
+
+    spec = _canary_spec(kinds, repetitions, per_cell, references)
+    cfg = _audit_config(config, epochs, batch_size, learning_rate, target_len)
     rows = load_rows(pairs, ("document", "query"), limit, split)
     work = work_dir if work_dir is not None else default_work_dir(out, None)
     audit = querygen_audit.run_querygen_audit(

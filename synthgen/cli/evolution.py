@@ -31,81 +31,42 @@ from synthgen.cli.common import (
     TopLogprobsOption,
 )
 from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
+from synthgen.privacy.receipts import ledger_payer
+
+STAGE = "evolution"  # the ledger stage of `generate-docs-pe`
 
 
-def generate_docs_pe(
-    private: Annotated[str, typer.Option(help="JSONL of private samples, or wiki-summaries-en")],
-    text_field: Annotated[str, typer.Option(help="field of the private text")],
-    num_samples: Annotated[int, typer.Option(help="synthetic samples to release")],
-    out: Annotated[Path, typer.Option(help="output folder (released)")],
-    epsilon: Annotated[float | None, typer.Option(help="target epsilon of the run")] = None,
-    noise: Annotated[float | None, typer.Option(help="noise multiplier instead")] = None,
-    iterations: Annotated[int, typer.Option(help="T: DP histograms (one per iteration)")] = 4,
-    public_size: Annotated[
-        int,
-        typer.Option(
-            help="declared public figure N for the private data's size: delta defaults to "
-            "1/(10N) and must be below 1/N (never compared with the real count)"
-        ),
-    ] = 1000,
-    delta: Annotated[float | None, typer.Option(help="below 1/N; default 1/(10N)")] = None,
-    label_field: Annotated[
-        str | None, typer.Option(help="label field: votes stay within a label (needs --labels)")
-    ] = None,
-    labels: Annotated[
-        str | None,
-        typer.Option(help="public comma-separated label list (rows with others are ignored)"),
-    ] = None,
-    votes: Annotated[int, typer.Option(help="k nearest votes per private sample")] = 1,
-    threshold: Annotated[float, typer.Option(help="noisy counts below this x std -> 0")] = 2.0,
-    population: Annotated[
-        int | None, typer.Option(help="candidates per label per iteration (default: released)")
-    ] = None,
-    keep_share: Annotated[float, typer.Option(help="share of selected samples kept")] = 0.25,
-    initial_prompt: Annotated[
-        str | None, typer.Option(help="public prompt of the first population; may use {label}")
-    ] = None,
-    variation_prompt: Annotated[
-        str | None, typer.Option(help="uses {text} (a synthetic sample), may use {label}")
-    ] = None,
-    max_new_tokens: Annotated[int, typer.Option()] = 96,
-    temperature: Annotated[float, typer.Option()] = 1.0,
-    top_p: Annotated[float, typer.Option()] = 0.95,
-    batch_size: Annotated[int, typer.Option(help="prompts per batched LM call")] = 32,
-    encoder: Annotated[
-        str, typer.Option(help="embedding model: asset name or encoder folder")
-    ] = "all-minilm-l6-v2",
-    model: ModelOption = "smollm2-135m-instruct",
-    server: ServerOption = None,
-    server_model: Annotated[str | None, typer.Option(help="served model name")] = None,
-    server_context: ServerContextOption = None,
-    server_prompt: ServerPromptOption = "auto",
-    top_logprobs: TopLogprobsOption = 20,
-    server_concurrency: ServerConcurrencyOption = 8,
-    limit: Annotated[
-        int | None, typer.Option(help="first N private samples only (the guarantee covers those)")
-    ] = None,
-    split: SplitOption = "all",
-    ledger: LedgerOption = None,
-    tenant: TenantOption = "default",
-    dataset: DatasetOption = None,
-    guarantees_add_up: GuaranteesAddUpOption = False,
-    budget: BudgetOption = None,
-    seed: SeedOption = None,
-) -> None:
-    """Private Evolution: DP synthetic text whose cost does not grow with its length or number."""
-    from tqdm import tqdm
+PublicSizeOption = Annotated[
+    int,
+    typer.Option(
+        help="declared public figure N for the private data's size: delta defaults to "
+        "1/(10N) and must be below 1/N (never compared with the real count)"
+    ),
+]
+LabelFieldOption = Annotated[
+    str | None, typer.Option(help="label field: votes stay within a label (needs --labels)")
+]
+LabelsOption = Annotated[
+    str | None,
+    typer.Option(help="public comma-separated label list (rows with others are ignored)"),
+]
+PopulationOption = Annotated[
+    int | None, typer.Option(help="candidates per label per iteration (default: released)")
+]
+InitialPromptOption = Annotated[
+    str | None, typer.Option(help="public prompt of the first population; may use {label}")
+]
+VariationPromptOption = Annotated[
+    str | None, typer.Option(help="uses {text} (a synthetic sample), may use {label}")
+]
+EncoderOption = Annotated[str, typer.Option(help="embedding model: asset name or encoder folder")]
+LimitOption = Annotated[
+    int | None, typer.Option(help="first N private samples only (the guarantee covers those)")
+]
 
-    from retriever.encoders import load_encoder
-    from synthgen import evolution
-    from synthgen.corpora import load_rows, selection_note
-    from synthgen.lm_backends import load_backend
-    from synthgen.paths import default_ledger_path
-    from synthgen.privacy import secure_rng
-    from synthgen.privacy.admission import admit
-    from synthgen.privacy.ledger import PrivacyLedger
-    from synthgen.privacy.receipts import ledger_payer
 
+def _check_options(epsilon, noise, label_field, labels, server, server_context) -> None:
+    """Refuses contradicting or missing options before anything is read."""
     if (epsilon is None) == (noise is None):
         raise typer.BadParameter("give one of --epsilon and --noise")
     if bool(label_field) != bool(labels):
@@ -115,6 +76,16 @@ def generate_docs_pe(
         )
     if server is not None and server_context is None:
         raise typer.BadParameter("--server needs --server-context (the server's context length)")
+
+
+def _config_and_plan(
+    num_samples, iterations, epsilon, noise, delta, public_size, labels, votes, threshold,
+    population, keep_share, initial_prompt, variation_prompt, max_new_tokens, temperature,
+    top_p, batch_size,
+):  # fmt: skip
+    """The run's `EvolutionConfig` (the prompts that were given) and its release plan."""
+    from synthgen import evolution
+
     prompts = {"initial_prompt": initial_prompt, "variation_prompt": variation_prompt}
     label_set = tuple(x.strip() for x in (labels or "").split(",") if x.strip()) or ("",)
     config = evolution.EvolutionConfig(
@@ -124,8 +95,18 @@ def generate_docs_pe(
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
         batch_size=batch_size, **{k: v for k, v in prompts.items() if v is not None},
     )  # fmt: skip
-    plan = evolution.plan_evolution(config)
-    name = dataset or Path(private).stem
+    return config, evolution.plan_evolution(config)
+
+
+def _admit_rows(private, text_field, label_field, limit, split, ledger, scope, plan, budget,
+                guarantees_add_up):  # fmt: skip
+    """Reads the private rows, binds them to `scope` and admits the run (before any compute);
+    returns the rows and the ledger."""
+    from synthgen.corpora import load_rows
+    from synthgen.paths import default_ledger_path
+    from synthgen.privacy.admission import admit
+    from synthgen.privacy.ledger import PrivacyLedger
+
     required = (text_field,) + ((label_field,) if label_field else ())
     rows = load_rows(private, required, limit, split)
     ledger_obj = PrivacyLedger(ledger or default_ledger_path())
@@ -133,24 +114,26 @@ def generate_docs_pe(
         {"text": r[text_field], "label": r[label_field] if label_field else ""} for r in rows
     ]
     admit(  # n: the declared public size N
-        ledger_obj, tenant, name, records, plan, stage="evolution",
+        ledger_obj, *scope, records, plan, stage=STAGE,
         public_count=plan.public_size, budget=budget, guarantees_add_up=guarantees_add_up,
     )  # fmt: skip
-    if seed is not None:
-        print(SEED_WARNING, file=sys.stderr)
-    texts = list(rows[text_field])
-    private_labels = [str(x) for x in rows[label_field]] if label_field else None
-    options = {"prompt_format": server_prompt, "top_logprobs": top_logprobs,
-               "concurrency": server_concurrency}  # fmt: skip
+    return rows, ledger_obj
+
+
+def _load_lm(model, server, server_model, server_context, prompt, top_logprobs, concurrency):
+    from synthgen.lm_backends import load_backend
+
+    options = {"prompt_format": prompt, "top_logprobs": top_logprobs,
+               "concurrency": concurrency}  # fmt: skip
     lm, check = load_backend(model, server, server_model, server_context, options)
     if check is not None:
         print(f"server: {check.note}", file=sys.stderr)
-    sampler = evolution.make_sampler(
-        lm, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-        batch_size=batch_size,
-    )  # fmt: skip
-    text_encoder = load_encoder(encoder)
-    bars: dict[str, tqdm] = {}
+    return lm
+
+
+def _progress(bars: dict, plan):
+    """The `progress` callback: one bar for the LM's work and one for the histograms."""
+    from tqdm import tqdm
 
     def progress(stage: str, done: int, total: int) -> None:
         key = "histogram" if stage == "histogram" else "lm"
@@ -166,11 +149,29 @@ def generate_docs_pe(
         bar.set_postfix_str(f"eps {plan.epsilon:.3g} charged" if stage == "histogram" else "")
         bar.refresh()
 
+    return progress
+
+
+def _evolve(lm, encoder, rows, text_field, label_field, config, plan, seed, pay):
+    """Runs Private Evolution with progress bars; closes them and a server backend, also
+    on an error."""
+    from retriever.encoders import load_encoder
+    from synthgen import evolution
+    from synthgen.privacy import secure_rng
+
+    texts = list(rows[text_field])
+    private_labels = [str(x) for x in rows[label_field]] if label_field else None
+    sampler = evolution.make_sampler(
+        lm, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+        top_p=config.top_p, batch_size=config.batch_size,
+    )  # fmt: skip
+    text_encoder = load_encoder(encoder)
+    bars: dict = {}
     try:
-        result = evolution.evolve(
+        return evolution.evolve(
             sampler, lambda batch: text_encoder.encode(list(batch)), texts, config,
-            rng=secure_rng(seed), private_labels=private_labels, plan=plan, progress=progress,
-            pay=ledger_payer(ledger_obj, (tenant, name), stage="evolution"),
+            rng=secure_rng(seed), private_labels=private_labels, plan=plan,
+            progress=_progress(bars, plan), pay=pay,
         )  # fmt: skip
     finally:
         for bar in bars.values():
@@ -178,11 +179,15 @@ def generate_docs_pe(
         close = getattr(lm, "close", None)
         if callable(close):
             close()
-    lm_name = model if server is None else f"{server} ({server_model or model})"
+
+
+def _write(out, result, config, plan, lm_name, encoder, rows, seed) -> None:
+    """Writes the release and prints the LM's speed (stderr) and the summary (stdout)."""
+    from synthgen import evolution
+
     evolution.write_output(
-        out, result, config, model=lm_name, encoder=encoder, rows=selection_note(limit, split),
-        seeded=seed is not None,
-    )  # fmt: skip
+        out, result, config, model=lm_name, encoder=encoder, rows=rows, seeded=seed is not None
+    )
     rate = result.samples_generated / max(result.generation_seconds, 1e-9)
     print(
         f"LM: {result.samples_generated} samples in {result.generation_seconds:.1f} s "
@@ -194,3 +199,64 @@ def generate_docs_pe(
         "delta": plan.delta, "noise_multiplier": plan.noise_multiplier,
         "iterations": plan.iterations, "seeded": seed is not None,
     }))  # fmt: skip
+
+
+def generate_docs_pe(
+    private: Annotated[str, typer.Option(help="JSONL of private samples, or wiki-summaries-en")],
+    text_field: Annotated[str, typer.Option(help="field of the private text")],
+    num_samples: Annotated[int, typer.Option(help="synthetic samples to release")],
+    out: Annotated[Path, typer.Option(help="output folder (released)")],
+    epsilon: Annotated[float | None, typer.Option(help="target epsilon of the run")] = None,
+    noise: Annotated[float | None, typer.Option(help="noise multiplier instead")] = None,
+    iterations: Annotated[int, typer.Option(help="T: DP histograms (one per iteration)")] = 4,
+    public_size: PublicSizeOption = 1000,
+    delta: Annotated[float | None, typer.Option(help="below 1/N; default 1/(10N)")] = None,
+    label_field: LabelFieldOption = None,
+    labels: LabelsOption = None,
+    votes: Annotated[int, typer.Option(help="k nearest votes per private sample")] = 1,
+    threshold: Annotated[float, typer.Option(help="noisy counts below this x std -> 0")] = 2.0,
+    population: PopulationOption = None,
+    keep_share: Annotated[float, typer.Option(help="share of selected samples kept")] = 0.25,
+    initial_prompt: InitialPromptOption = None,
+    variation_prompt: VariationPromptOption = None,
+    max_new_tokens: Annotated[int, typer.Option()] = 96,
+    temperature: Annotated[float, typer.Option()] = 1.0,
+    top_p: Annotated[float, typer.Option()] = 0.95,
+    batch_size: Annotated[int, typer.Option(help="prompts per batched LM call")] = 32,
+    encoder: EncoderOption = "all-minilm-l6-v2",
+    model: ModelOption = "smollm2-135m-instruct",
+    server: ServerOption = None,
+    server_model: Annotated[str | None, typer.Option(help="served model name")] = None,
+    server_context: ServerContextOption = None,
+    server_prompt: ServerPromptOption = "auto",
+    top_logprobs: TopLogprobsOption = 20,
+    server_concurrency: ServerConcurrencyOption = 8,
+    limit: LimitOption = None,
+    split: SplitOption = "all",
+    ledger: LedgerOption = None,
+    tenant: TenantOption = "default",
+    dataset: DatasetOption = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
+    budget: BudgetOption = None,
+    seed: SeedOption = None,
+) -> None:
+    """Private Evolution: DP synthetic text whose cost does not grow with its length or number."""
+    from synthgen.corpora import selection_note
+
+    _check_options(epsilon, noise, label_field, labels, server, server_context)
+    config, plan = _config_and_plan(
+        num_samples, iterations, epsilon, noise, delta, public_size, labels, votes, threshold,
+        population, keep_share, initial_prompt, variation_prompt, max_new_tokens, temperature,
+        top_p, batch_size,
+    )  # fmt: skip
+    scope = (tenant, dataset or Path(private).stem)
+    rows, ledger_obj = _admit_rows(private, text_field, label_field, limit, split, ledger, scope,
+                                   plan, budget, guarantees_add_up)  # fmt: skip
+    if seed is not None:
+        print(SEED_WARNING, file=sys.stderr)
+    lm = _load_lm(model, server, server_model, server_context, server_prompt, top_logprobs,
+                  server_concurrency)  # fmt: skip
+    result = _evolve(lm, encoder, rows, text_field, label_field, config, plan, seed,
+                     ledger_payer(ledger_obj, scope, stage=STAGE))  # fmt: skip
+    lm_name = model if server is None else f"{server} ({server_model or model})"
+    _write(out, result, config, plan, lm_name, encoder, selection_note(limit, split), seed)

@@ -50,6 +50,38 @@ PoolSizeOption = Annotated[
 DeltaOption = Annotated[
     float | None, typer.Option(help="below 1/N (N = declared pool size x pools); default 1/(10N)")
 ]
+DocsLabelFieldOption = Annotated[
+    str | None,
+    typer.Option(help="label field: one label per synthetic example (needs --labels)"),
+]
+DocsNoiseOption = Annotated[
+    float | None, typer.Option(help="sigma (gaussian) or per-token eps (rnm) instead")
+]
+DocsLimitOption = Annotated[
+    int | None,
+    typer.Option(help="first N private examples only (the guarantee covers those only)"),
+]
+DocsLabelsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="public comma-separated label list (required with --label-field; rows with "
+        "other labels are ignored)"
+    ),
+]
+
+
+def _check_options(epsilon, noise, label_field=None, labels=None) -> None:
+    """Refuses a run without --epsilon or --noise, and --label-field without --labels (or
+    the reverse), before anything is read."""
+    if epsilon is None and noise is None:
+        raise typer.BadParameter("give --epsilon (or --noise)")
+    if label_field and not labels:
+        raise typer.BadParameter(
+            "--label-field needs --labels: a public comma-separated label list (the label "
+            "set is never read from the private rows)"
+        )
+    if labels and not label_field:
+        raise typer.BadParameter("--labels needs --label-field")
 
 
 def _config(**values):
@@ -108,22 +140,8 @@ def _ledger(
     return ledger_obj
 
 
-def _run(
-    lm_args, private, targets, template, cfg, pool_field, out, ledger_args, seed, columns, rows
-):
-    """Plans, checks the budget, loads the LM, generates with a progress bar, writes."""
-    from tqdm import tqdm
-
-    from synthgen import fewshot
-    from synthgen.privacy import accounting, secure_rng
-
-    if lm_args[1] is not None and lm_args[3] is None:
-        raise typer.BadParameter("--server needs --server-context (the server's context length)")
-    plan = fewshot.plan_for(private, targets, template, cfg, pool_field=pool_field)
-    if seed is not None:
-        print(SEED_WARNING, file=sys.stderr)
-    ledger_obj = _ledger(*ledger_args, plan, private)
-    lm = _load_lm(*lm_args)
+def _warn_top_k(lm, cfg) -> None:
+    """Warns where a server's top-k log-probs are fewer than the public candidates."""
     top_k = getattr(lm, "top_logprobs", None)
     if top_k is not None and (cfg.public_vocab is None or cfg.public_vocab > top_k):
         print(
@@ -132,8 +150,12 @@ def _run(
             f"not rank: use --public-vocab {top_k} or less",
             file=sys.stderr,
         )
-    lm_name = lm_args[0] if lm_args[1] is None else f"{lm_args[1]} ({lm_args[2] or lm_args[0]})"
-    bar = tqdm(total=len(targets) * cfg.max_new_tokens, unit="tok", file=sys.stderr)
+
+
+def _token_progress(bar, cfg):
+    """The `on_token` callback: advances `bar` and shows the spend so far after each text."""
+    from synthgen.privacy import accounting
+
     shown = {"eps": 0.0}
 
     def on_token(released: int, plan) -> None:
@@ -153,8 +175,19 @@ def _run(
             )
         bar.set_postfix_str(f"eps so far <= {shown['eps']:.3g}", refresh=False)
 
+    return on_token
+
+
+def _generate(lm, private, targets, template, cfg, pool_field, plan, seed, pay):
+    """Generates with a progress bar; closes the bar and a server backend, also on an error."""
+    from tqdm import tqdm
+
+    from synthgen import fewshot
+    from synthgen.privacy import secure_rng
+
+    bar = tqdm(total=len(targets) * cfg.max_new_tokens, unit="tok", file=sys.stderr)
     try:
-        result = fewshot.generate(
+        return fewshot.generate(
             lm,
             private,
             targets,
@@ -162,18 +195,37 @@ def _run(
             cfg,
             pool_field=pool_field,
             rng=secure_rng(seed),
-            pay=ledger_payer(ledger_obj, (ledger_args[0], ledger_args[1]), stage=STAGE),
+            pay=pay,
             plan=plan,
-            on_token=on_token,
+            on_token=_token_progress(bar, cfg),
         )
     finally:
         bar.close()  # also on an error, whose line then stays the last one
         close = getattr(lm, "close", None)
         if callable(close):  # a server backend: no request may outlive the run
             close()
+
+
+def _run(
+    lm_args, private, targets, template, cfg, pool_field, out, ledger_args, seed, columns, rows
+):
+    """Plans, checks the budget, loads the LM, generates with a progress bar, writes."""
+    from synthgen import fewshot
+
+    if lm_args[1] is not None and lm_args[3] is None:
+        raise typer.BadParameter("--server needs --server-context (the server's context length)")
+    plan = fewshot.plan_for(private, targets, template, cfg, pool_field=pool_field)
+    if seed is not None:
+        print(SEED_WARNING, file=sys.stderr)
+    ledger_obj = _ledger(*ledger_args, plan, private)
+    lm = _load_lm(*lm_args)
+    _warn_top_k(lm, cfg)
+    lm_name = lm_args[0] if lm_args[1] is None else f"{lm_args[1]} ({lm_args[2] or lm_args[0]})"
+    pay = ledger_payer(ledger_obj, (ledger_args[0], ledger_args[1]), stage=STAGE)
+    result = _generate(lm, private, targets, template, cfg, pool_field, plan, seed, pay)
     fewshot.write_output(
         str(out),
-        columns(result.texts),
+        columns(targets, result.texts),
         result,
         cfg,
         model=lm_name,
@@ -197,6 +249,57 @@ def _run(
     )
 
 
+def _doc_rows(private, text_field, label_field, limit, split) -> list[dict]:
+    """The private rows as {text, label}; the label is "" without --label-field."""
+    from synthgen.corpora import load_rows
+
+    required = (text_field,) + ((label_field,) if label_field else ())
+    rows = load_rows(private, required, limit, split)
+    return [
+        {"text": r[text_field], "label": str(r[label_field]) if label_field else ""} for r in rows
+    ]
+
+
+def _doc_targets(header, label_field, labels, num_examples):
+    """The document template and the public targets: the labels in turn, one per example."""
+    import dataclasses
+
+    from synthgen import fewshot
+
+    template = fewshot.DOCUMENT_TEMPLATE
+    if header is not None:
+        template = dataclasses.replace(template, header=header)
+    elif not label_field:
+        template = dataclasses.replace(template, header="Here are example paragraphs.\n\n")
+    label_set = [label.strip() for label in (labels or "").split(",") if label.strip()]
+    if label_field and not label_set:
+        raise typer.BadParameter("--labels holds no label")
+    return template, fewshot.round_robin_targets(label_set or [""], num_examples)
+
+
+def _doc_columns(targets, texts) -> dict:
+    return {"label": [t["label"] for t in targets], "text": texts}
+
+
+def _query_rows(private, documents, limit, split):
+    """The private (document, query) pairs and the public documents to write queries for."""
+    from synthgen.corpora import load_rows
+
+    pairs = load_rows(private, ("document", "query"), None, split)
+    docs = load_rows(documents, ("doc_id", "document"), limit, split)
+    private_rows = [{"document": r["document"], "query": r["query"]} for r in pairs]
+    targets = [{"doc_id": d["doc_id"], "document": d["document"]} for d in docs]
+    return private_rows, targets
+
+
+def _query_columns(targets, texts) -> dict:
+    return {
+        "doc_id": [t["doc_id"] for t in targets],
+        "document": [t["document"] for t in targets],
+        "query": texts,
+    }
+
+
 def generate_docs(
     private: Annotated[str, typer.Option(help="JSONL of private examples, or wiki-summaries-en")],
     text_field: Annotated[str, typer.Option(help="field of the private text")],
@@ -204,15 +307,10 @@ def generate_docs(
     out: Annotated[Path, typer.Option(help="output folder")],
     public_pool_size: PoolSizeOption,
     epsilon: Annotated[float | None, typer.Option(help="target epsilon")] = None,
-    label_field: Annotated[
-        str | None,
-        typer.Option(help="label field: one label per synthetic example (needs --labels)"),
-    ] = None,
+    label_field: DocsLabelFieldOption = None,
     delta: DeltaOption = None,
     mechanism: FewShotMechanismOption = "gaussian",
-    noise: Annotated[
-        float | None, typer.Option(help="sigma (gaussian) or per-token eps (rnm) instead")
-    ] = None,
+    noise: DocsNoiseOption = None,
     shots: Annotated[int, typer.Option(help="expected private examples per prompt")] = 4,
     subsets: Annotated[int, typer.Option(help="M prompts per token")] = 10,
     public_vocab: Annotated[int | None, typer.Option(help="RVP: top-K public tokens")] = None,
@@ -227,18 +325,9 @@ def generate_docs(
     server_prompt: ServerPromptOption = "auto",
     top_logprobs: TopLogprobsOption = 20,
     server_concurrency: ServerConcurrencyOption = 8,
-    labels: Annotated[
-        str | None,
-        typer.Option(
-            help="public comma-separated label list (required with --label-field; rows with "
-            "other labels are ignored)"
-        ),
-    ] = None,
+    labels: DocsLabelsOption = None,
     header: Annotated[str | None, typer.Option(help="prompt header; may use {label}")] = None,
-    limit: Annotated[
-        int | None,
-        typer.Option(help="first N private examples only (the guarantee covers those only)"),
-    ] = None,
+    limit: DocsLimitOption = None,
     split: SplitOption = "all",
     ledger: LedgerOption = None,
     tenant: TenantOption = "default",
@@ -248,75 +337,21 @@ def generate_docs(
     seed: SeedOption = None,
 ) -> None:
     """DP few-shot generation of synthetic (label, text) examples from a frozen LM."""
-    import dataclasses
+    from synthgen.corpora import selection_note
 
-    from synthgen import fewshot
-
-    if epsilon is None and noise is None:
-        raise typer.BadParameter("give --epsilon (or --noise)")
-    if label_field and not labels:
-        raise typer.BadParameter(
-            "--label-field needs --labels: a public comma-separated label list (the label "
-            "set is never read from the private rows)"
-        )
-    if labels and not label_field:
-        raise typer.BadParameter("--labels needs --label-field")
+    _check_options(epsilon, noise, label_field, labels)
     cfg = _config(
-        public_pool_size=public_pool_size,
-        subsets=subsets,
-        shots=shots,
-        shot_tokens=shot_tokens,
-        max_new_tokens=max_new_tokens,
-        mechanism=mechanism,
-        epsilon=epsilon,
-        noise=noise,
-        delta=delta,
-        public_vocab=public_vocab,
-        public_prior=public_prior,
-        resample=resample,
-    )
-    from synthgen.corpora import load_rows, selection_note
-
-    required = (text_field,) + ((label_field,) if label_field else ())
-    rows = load_rows(private, required, limit, split)
-    private_rows = [
-        {"text": r[text_field], "label": str(r[label_field]) if label_field else ""} for r in rows
-    ]
-    template = fewshot.DOCUMENT_TEMPLATE
-    if header is not None:
-        template = dataclasses.replace(template, header=header)
-    elif not label_field:
-        template = dataclasses.replace(template, header="Here are example paragraphs.\n\n")
-    label_set = [label.strip() for label in (labels or "").split(",") if label.strip()]
-    if label_field and not label_set:
-        raise typer.BadParameter("--labels holds no label")
-    targets = fewshot.round_robin_targets(label_set or [""], num_examples)
-
-    def columns(texts):
-        return {"label": [t["label"] for t in targets], "text": texts}
-
-    name = dataset or Path(private).stem
-    _run(
-        _lm_args(
-            model,
-            server,
-            server_model,
-            server_context,
-            server_prompt,
-            top_logprobs,
-            server_concurrency,
-        ),  # fmt: skip
-        private_rows,
-        targets,
-        template,
-        cfg,
-        "label" if label_field else None,
-        out,
-        (tenant, name, ledger, budget, guarantees_add_up),
-        seed,
-        columns,
-        selection_note(limit, split),
-    )
+        public_pool_size=public_pool_size, subsets=subsets, shots=shots, shot_tokens=shot_tokens,
+        max_new_tokens=max_new_tokens, mechanism=mechanism, epsilon=epsilon, noise=noise,
+        delta=delta, public_vocab=public_vocab, public_prior=public_prior, resample=resample,
+    )  # fmt: skip
+    private_rows = _doc_rows(private, text_field, label_field, limit, split)
+    template, targets = _doc_targets(header, label_field, labels, num_examples)
+    lm_args = _lm_args(model, server, server_model, server_context, server_prompt, top_logprobs,
+                       server_concurrency)  # fmt: skip
+    scope = (tenant, dataset or Path(private).stem, ledger, budget, guarantees_add_up)
+    _run(lm_args, private_rows, targets, template, cfg, "label" if label_field else None, out,
+         scope, seed, _doc_columns, selection_note(limit, split))  # fmt: skip
 
 
 def generate_queries_fewshot(
@@ -353,57 +388,18 @@ def generate_queries_fewshot(
 ) -> None:
     """Training-free DP synthetic queries for public documents (few-shot over private pairs)."""
     from synthgen import fewshot
+    from synthgen.corpora import selection_note
 
-    if epsilon is None and noise is None:
-        raise typer.BadParameter("give --epsilon (or --noise)")
+    _check_options(epsilon, noise)
     cfg = _config(
-        public_pool_size=public_pool_size,
-        subsets=subsets,
-        shots=shots,
-        shot_tokens=shot_tokens,
-        max_new_tokens=max_new_tokens,
-        mechanism=mechanism,
-        epsilon=epsilon,
-        noise=noise,
-        delta=delta,
-        public_vocab=public_vocab,
-        public_prior=public_prior,
-        resample=resample,
+        public_pool_size=public_pool_size, subsets=subsets, shots=shots, shot_tokens=shot_tokens,
+        max_new_tokens=max_new_tokens, mechanism=mechanism, epsilon=epsilon, noise=noise,
+        delta=delta, public_vocab=public_vocab, public_prior=public_prior, resample=resample,
         stop_at_newline=True,
-    )
-    from synthgen.corpora import load_rows, selection_note
-
-    pairs = load_rows(private, ("document", "query"), None, split)
-    docs = load_rows(documents, ("doc_id", "document"), limit, split)
-    private_rows = [{"document": r["document"], "query": r["query"]} for r in pairs]
-    targets = [{"doc_id": d["doc_id"], "document": d["document"]} for d in docs]
-
-    def columns(texts):
-        return {
-            "doc_id": [t["doc_id"] for t in targets],
-            "document": [t["document"] for t in targets],
-            "query": texts,
-        }
-
-    name = dataset or Path(private).stem
-    _run(
-        _lm_args(
-            model,
-            server,
-            server_model,
-            server_context,
-            server_prompt,
-            top_logprobs,
-            server_concurrency,
-        ),  # fmt: skip
-        private_rows,
-        targets,
-        fewshot.QUERY_TEMPLATE,
-        cfg,
-        None,
-        out,
-        (tenant, name, ledger, budget, guarantees_add_up),
-        seed,
-        columns,
-        selection_note(None, split),
-    )
+    )  # fmt: skip
+    private_rows, targets = _query_rows(private, documents, limit, split)
+    lm_args = _lm_args(model, server, server_model, server_context, server_prompt, top_logprobs,
+                       server_concurrency)  # fmt: skip
+    scope = (tenant, dataset or Path(private).stem, ledger, budget, guarantees_add_up)
+    _run(lm_args, private_rows, targets, fewshot.QUERY_TEMPLATE, cfg, None, out, scope, seed,
+         _query_columns, selection_note(None, split))  # fmt: skip

@@ -11,6 +11,13 @@ from synthgen.cli.common import FewShotMechanismOption
 from synthgen.command_line import HelpGroup, choice
 from synthgen.privacy import accounting
 
+FewShotNoiseOption = Annotated[
+    float | None, typer.Option(help="sigma (gaussian) or per-token epsilon (rnm)")
+]
+TokensPerDrawOption = Annotated[
+    int, typer.Option(help="tokens sharing one draw (1 = fresh draw per token)")
+]
+
 privacy_app = typer.Typer(
     cls=HelpGroup, help="Privacy calculators (no data is touched).", no_args_is_help=True
 )
@@ -84,15 +91,11 @@ def privacy_fewshot(
     num_private: Annotated[int, typer.Option(help="private examples N (a declared public figure)")],
     sample_size: Annotated[int, typer.Option(help="examples drawn per token (all M subsets)")],
     tokens: Annotated[int, typer.Option(help="total released tokens T")],
-    noise_multiplier: Annotated[
-        float | None, typer.Option(help="sigma (gaussian) or per-token epsilon (rnm)")
-    ] = None,
+    noise_multiplier: FewShotNoiseOption = None,
     target_epsilon: Annotated[float | None, typer.Option(help="prints calibrated noise")] = None,
     delta: Annotated[float | None, typer.Option(help="below 1/N; default 1/(10N)")] = None,
     mechanism: FewShotMechanismOption = "gaussian",
-    tokens_per_draw: Annotated[
-        int, typer.Option(help="tokens sharing one draw (1 = fresh draw per token)")
-    ] = 1,
+    tokens_per_draw: TokensPerDrawOption = 1,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
     """Epsilon of DP few-shot generation (Tang et al. 2024), or the noise for a target.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -15,67 +15,63 @@ from synthgen.cli.common import (
     PresetOption,
     SeedOption,
     SplitOption,
+    TenantOption,
 )
 from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
 from synthgen.paths import default_ledger_path, default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger
 
+if TYPE_CHECKING:
+    import datasets
+
+    from synthgen.dp_plan import PrivacyPlan
+
 # jax, flax and datasets are imported inside the commands so that `synthgen --help` and
 # the calculators start fast.
 
 
-def train_generator(
-    pairs: Annotated[
-        str, typer.Option(help="JSONL with document/query fields, or wiki-summaries-en")
-    ],
-    out: Annotated[
-        Path,
-        typer.Option(help="release folder: weights, configs, tokenizer, privacy metadata"),
-    ],
-    config: PresetOption = "tiny_t5",
-    base: Annotated[
-        str | None, typer.Option(help="override the base model (asset or path)")
-    ] = None,
-    epsilon: Annotated[float | None, typer.Option(help="target epsilon")] = None,
-    noise_multiplier: Annotated[float | None, typer.Option(help="sigma instead of epsilon")] = None,
-    delta: Annotated[float | None, typer.Option(help="default 1/(2n)")] = None,
-    epochs: Annotated[float | None, typer.Option()] = None,
-    batch_size: Annotated[int | None, typer.Option(help="expected batch size")] = None,
-    limit: Annotated[int | None, typer.Option(help="first N pairs only")] = None,
-    split: SplitOption = "all",
-    document_field: Annotated[str, typer.Option()] = "document",
-    query_field: Annotated[str, typer.Option()] = "query",
-    ledger: LedgerOption = None,
-    tenant: Annotated[str, typer.Option(help="ledger tenant")] = "default",
-    dataset: Annotated[
-        str | None, typer.Option(help="ledger dataset (default: pairs name)")
-    ] = None,
-    guarantees_add_up: GuaranteesAddUpOption = False,
-    budget: BudgetOption = None,
-    seed: SeedOption = None,
-    work_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="SECRET work folder: resume state incl. the noise key and sampler state; "
-            "never ship it (default: <ledger folder>/work/<out name>-<hash>)"
-        ),
-    ] = None,
-    keep_work: Annotated[
-        bool, typer.Option(help="keep the secret work folder after a finished run")
-    ] = False,
-) -> None:
-    """DP-fine-tune a query generator on private (document, query) pairs.
+PairsOption = Annotated[
+    str, typer.Option(help="JSONL with document/query fields, or wiki-summaries-en")
+]
+ReleaseOutOption = Annotated[
+    Path,
+    typer.Option(help="release folder: weights, configs, tokenizer, privacy metadata"),
+]
+BaseOption = Annotated[str | None, typer.Option(help="override the base model (asset or path)")]
+EpsilonOption = Annotated[float | None, typer.Option(help="target epsilon")]
+NoiseMultiplierOption = Annotated[float | None, typer.Option(help="sigma instead of epsilon")]
+DeltaOption = Annotated[float | None, typer.Option(help="default 1/(2n)")]
+EpochsOption = Annotated[float | None, typer.Option()]
+BatchSizeOption = Annotated[int | None, typer.Option(help="expected batch size")]
+PairsLimitOption = Annotated[int | None, typer.Option(help="first N pairs only")]
+FieldOption = Annotated[str, typer.Option()]
+PairsDatasetOption = Annotated[
+    str | None, typer.Option(help="ledger dataset (default: pairs name)")
+]
+SecretWorkDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="SECRET work folder: resume state incl. the noise key and sampler state; "
+        "never ship it (default: <ledger folder>/work/<out name>-<hash>)"
+    ),
+]
+KeepWorkOption = Annotated[
+    bool, typer.Option(help="keep the secret work folder after a finished run")
+]
 
-    The release folder --out gets the generator only; the resume state (noise key, sampler
-    state, optimizer) stays in the secret --work-dir, which is deleted after a finished run
-    (unless --keep-work) and resumed from when the same command is run again. The printed
-    summary states the guarantee only: the training loss and timings are statistics of the
-    private data (not DP) and are never printed or released.
-    """
-    from synthgen import corpora, querygen
+
+def _generator_config(
+    config: str,
+    base: str | None,
+    epsilon: float | None,
+    noise_multiplier: float | None,
+    delta: float | None,
+    epochs: float | None,
+    batch_size: int | None,
+    seed: int | None,
+):
+    """The generator preset `config` with the options that were given applied."""
     from synthgen.config_files import querygen_preset
-    from synthgen.privacy.admission import admit
-    from synthgen.work_folder import run_payer
 
     cfg = querygen_preset(config)
     changes: dict = {}
@@ -91,43 +87,107 @@ def train_generator(
     ):
         if value is not None:
             changes[name] = value
-    cfg = cfg.replace(**changes)
-    rows = corpora.load_rows(pairs, (document_field, query_field), limit, split)
-    scope_name = dataset or Path(pairs).stem
-    plan = querygen.dp_train.plan_privacy(cfg.dp, len(rows))
-    ledger_path = ledger or default_ledger_path()
-    work = work_dir if work_dir is not None else default_work_dir(out, ledger_path)
-    ledger_obj = None
-    if plan.private:
-        ledger_obj = PrivacyLedger(ledger_path)
-        pairs_read = [{"document": r[document_field], "query": r[query_field]} for r in rows]
-        # the run checks its budget through its work folder, which knows a resume
-        admit(
-            ledger_obj, tenant, scope_name, pairs_read, plan, stage="dp-train",
-            public_count=len(rows), budget=budget, guarantees_add_up=guarantees_add_up,
-            check=False,
-        )  # fmt: skip
-    else:
+    return cfg.replace(**changes)
+
+
+def _admit_pairs(
+    plan: PrivacyPlan,
+    ledger_path: Path,
+    scope: tuple[str, str],
+    rows: datasets.Dataset,
+    fields: tuple[str, str],
+    budget: float | None,
+    guarantees_add_up: bool,
+) -> PrivacyLedger | None:
+    """Admits a private run's pairs to the ledger; warns of a non-private run instead.
+
+    Returns:
+      The ledger the run is charged to, or None for a non-private run (nothing charged).
+    """
+    from synthgen.privacy.admission import admit
+
+    if not plan.private:
         print(
             "warning: --noise-multiplier 0 is a NON-private run (epsilon = infinity); "
             "nothing is charged",
             file=sys.stderr,
         )
+        return None
+    ledger_obj = PrivacyLedger(ledger_path)
+    document_field, query_field = fields
+    pairs_read = [{"document": r[document_field], "query": r[query_field]} for r in rows]
+    # the run checks its budget through its work folder, which knows a resume
+    admit(
+        ledger_obj, *scope, pairs_read, plan, stage="dp-train",
+        public_count=len(rows), budget=budget, guarantees_add_up=guarantees_add_up,
+        check=False,
+    )  # fmt: skip
+    return ledger_obj
+
+
+def train_generator(
+    pairs: PairsOption,
+    out: ReleaseOutOption,
+    config: PresetOption = "tiny_t5",
+    base: BaseOption = None,
+    epsilon: EpsilonOption = None,
+    noise_multiplier: NoiseMultiplierOption = None,
+    delta: DeltaOption = None,
+    epochs: EpochsOption = None,
+    batch_size: BatchSizeOption = None,
+    limit: PairsLimitOption = None,
+    split: SplitOption = "all",
+    document_field: FieldOption = "document",
+    query_field: FieldOption = "query",
+    ledger: LedgerOption = None,
+    tenant: TenantOption = "default",
+    dataset: PairsDatasetOption = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
+    budget: BudgetOption = None,
+    seed: SeedOption = None,
+    work_dir: SecretWorkDirOption = None,
+    keep_work: KeepWorkOption = False,
+) -> None:
+    """DP-fine-tune a query generator on private (document, query) pairs.
+
+    The release folder --out gets the generator only; the resume state (noise key, sampler
+    state, optimizer) stays in the secret --work-dir, which is deleted after a finished run
+    (unless --keep-work) and resumed from when the same command is run again. The printed
+    summary states the guarantee only: the training loss and timings are statistics of the
+    private data (not DP) and are never printed or released.
+    """
+    from synthgen import corpora, querygen
+    from synthgen.work_folder import run_payer
+
+    cfg = _generator_config(
+        config, base, epsilon, noise_multiplier, delta, epochs, batch_size, seed
+    )
+    fields = (document_field, query_field)
+    rows = corpora.load_rows(pairs, fields, limit, split)
+    scope = (tenant, dataset or Path(pairs).stem)
+    plan = querygen.dp_train.plan_privacy(cfg.dp, len(rows))
+    ledger_path = ledger or default_ledger_path()
+    work = work_dir if work_dir is not None else default_work_dir(out, ledger_path)
+    ledger_obj = _admit_pairs(plan, ledger_path, scope, rows, fields, budget, guarantees_add_up)
     if seed is not None:
         print(SEED_WARNING, file=sys.stderr)
+    pay = None if ledger_obj is None else run_payer(ledger_obj, scope, out_dir=out, work_dir=work)
     result = querygen.train_generator(
         cfg,
         rows,
         out,
         document_field=document_field,
         query_field=query_field,
-        pay=None
-        if ledger_obj is None
-        else run_payer(ledger_obj, (tenant, scope_name), out_dir=out, work_dir=work),
+        pay=pay,
         work_dir=work,
         keep_work=keep_work,
         plan=plan,
     )
+    _print_summary(out, result, seed, work)
+
+
+def _print_summary(out: Path, result, seed: int | None, work: Path) -> None:
+    """Prints the run's guarantee (never its loss or timings) as one JSON line."""
     summary = {
         "out": str(out),
         "steps": result.steps_run,
