@@ -25,7 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from retriever.rag.power_audit import generator_runners
+from retriever.rag.power_cells import generator_runners
 from synthgen.audit import blackbox, power, power_audit
 from synthgen.audit.claims import parse_epsilons
 

@@ -502,3 +502,41 @@ class PrivateCollection:
 
     def _bind(self, ledger: PrivacyLedger, guarantees_add_up: bool) -> None:
         ledger.bind_documents(self.name, self.texts, guarantees_add_up=guarantees_add_up)
+
+
+def require_collection_cap(ledger: PrivacyLedger, dataset: str) -> None:
+    """Raises ValueError unless `dataset` has a collection cap (all tenants together)."""
+    if ledger.collection_scope(dataset) is None:
+        raise ValueError(
+            f"{dataset} has no collection cap: add a tenant with `retriever tenant add NAME "
+            f"--epsilon E --delta D --dataset {dataset} --collection-epsilon E "
+            "--collection-delta D` first"
+        )
+
+
+def refuse_collection_cap(ledger: PrivacyLedger, dataset: str) -> None:
+    """Raises ValueError if `dataset` has a collection cap (individual accounting replaces
+    it with per-document filters)."""
+    if ledger.collection_scope(dataset) is not None:
+        raise ValueError(
+            f"{dataset} has a collection cap, which composes every answer: individual "
+            "accounting replaces it with per-document filters; serve another collection name"
+        )
+
+
+def require_document_filters(ledger: PrivacyLedger, dataset: str) -> DocumentFilter:
+    """`dataset`'s per-document filters; ValueError if it has none or has a collection cap."""
+    refuse_collection_cap(ledger, dataset)
+    record = DocumentFilters(ledger.store).get(dataset)
+    if record is None:
+        raise ValueError(
+            f"{dataset} has no per-document filters: serve it with --accounting individual "
+            "--document-epsilon E --document-delta D"
+        )
+    return record
+
+
+def accounting_of(ledger: PrivacyLedger, dataset: str) -> str:
+    """The accounting mode of `dataset`: individual when it has per-document filters in
+    the ledger, else collection (a collection cannot have both: each refuses the other)."""
+    return "individual" if DocumentFilters(ledger.store).get(dataset) is not None else "collection"

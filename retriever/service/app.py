@@ -91,6 +91,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from retriever.rag.answer import RELATION, DPRag
+from retriever.rag.collection import (
+    accounting_of,
+    require_collection_cap,
+    require_document_filters,
+)
 from retriever.rag.plan import check_mechanism
 from retriever.service.admission import Admission, QueueFullError, QueueTimeoutError
 from retriever.service.public_index import PublicIndex
@@ -110,7 +115,7 @@ from synthgen.privacy import (
     format_epsilon,
     format_remaining,
 )
-from synthgen.privacy.document_filters import DocumentFilter, DocumentFilters
+from synthgen.privacy.document_filters import DocumentFilters
 from synthgen.privacy.errors import UnsupportedEventError
 
 
@@ -171,44 +176,6 @@ class ServiceConfig:
         check_mechanism(self.mechanism)
         if self.max_body_bytes < 2 * self.max_question_chars:
             raise ValueError(f"max_body_bytes too small for max_question_chars: {self=}")
-
-
-def require_collection_cap(ledger: PrivacyLedger, dataset: str) -> None:
-    """Raises ValueError unless `dataset` has a collection cap (all tenants together)."""
-    if ledger.collection_scope(dataset) is None:
-        raise ValueError(
-            f"{dataset} has no collection cap: add a tenant with `retriever tenant add NAME "
-            f"--epsilon E --delta D --dataset {dataset} --collection-epsilon E "
-            "--collection-delta D` first"
-        )
-
-
-def refuse_collection_cap(ledger: PrivacyLedger, dataset: str) -> None:
-    """Raises ValueError if `dataset` has a collection cap (individual accounting replaces
-    it with per-document filters)."""
-    if ledger.collection_scope(dataset) is not None:
-        raise ValueError(
-            f"{dataset} has a collection cap, which composes every answer: individual "
-            "accounting replaces it with per-document filters; serve another collection name"
-        )
-
-
-def require_document_filters(ledger: PrivacyLedger, dataset: str) -> DocumentFilter:
-    """`dataset`'s per-document filters; ValueError if it has none or has a collection cap."""
-    refuse_collection_cap(ledger, dataset)
-    record = DocumentFilters(ledger.store).get(dataset)
-    if record is None:
-        raise ValueError(
-            f"{dataset} has no per-document filters: serve it with --accounting individual "
-            "--document-epsilon E --document-delta D"
-        )
-    return record
-
-
-def accounting_of(ledger: PrivacyLedger, dataset: str) -> str:
-    """The accounting mode of `dataset`: individual when it has per-document filters in
-    the ledger, else collection (a collection cannot have both: each refuses the other)."""
-    return "individual" if DocumentFilters(ledger.store).get(dataset) is not None else "collection"
 
 
 @dataclasses.dataclass

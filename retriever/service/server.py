@@ -9,13 +9,12 @@ import sys
 from pathlib import Path
 
 from retriever.rag.answer import DPRag, RagConfig
+from retriever.rag.collection import refuse_collection_cap, require_collection_cap
 from retriever.rag.prompts import PromptFormat
 from retriever.service.app import (
     Service,
     ServiceConfig,
     create_app,
-    refuse_collection_cap,
-    require_collection_cap,
 )
 from retriever.service.public_index import PublicIndex
 from retriever.service.tenants import TenantRegistry

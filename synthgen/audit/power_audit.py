@@ -210,7 +210,7 @@ def run_generators(
       out_dir: the results folder (aggregates only).
       embed: the Private Evolution cells' encoder (texts -> [B, D]); required with
         `evolution_epsilons`.
-      rag_cells: `retriever.rag.power_audit.demo_cells` (or a function of the same
+      rag_cells: `retriever.rag.power_cells.demo_cells` (or a function of the same
         signature); required with `rag_epsilons`.
       seed: None (OS entropy) except in tests.
       log: progress lines (file names and seconds only).

@@ -189,7 +189,7 @@ def audit_power(
     """
     import dataclasses
 
-    from retriever.rag.power_audit import generator_runners
+    from retriever.rag.power_cells import generator_runners
     from synthgen.audit import power, power_audit
 
     cfg = power_audit.load_config(config) if config is not None else power_audit.PowerAuditConfig()

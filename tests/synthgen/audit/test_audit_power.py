@@ -168,7 +168,7 @@ def test_one_config_runs_the_other_generators_cells(monkeypatch, tmp_path, capsy
     """`synthgen audit power` with `evolution_epsilons` and `rag_epsilons`: retriever's
     runners are supplied by the entry point, the cells land in `generators_table.md` and
     `power_audit.json` (aggregates only), and the summary line is unchanged."""
-    from retriever.rag import power_audit as rag_power
+    from retriever.rag import power_cells as rag_power
     from synthgen.audit import power_audit, release_audit
     from synthgen.cli import app
     from synthgen.command_line import run
