@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -216,14 +217,23 @@ class IndexConfig:
 class RagStageConfig:
     """A few questions answered by the DP-RAG stage over a private collection.
 
-    The collection is the fictional medical world of the DP-RAG evaluation (records no
-    pretrained LM can know), scored with the pipeline's trained encoder.
+    The collection is the user's own (`records`, with public questions in `questions_file`)
+    or, by default, the fictional medical world of the DP-RAG evaluation (records no
+    pretrained LM can know); either is scored with the pipeline's trained encoder.
 
     Attributes:
       enabled: run the stage.
       lm: LM asset or path.
-      num_records, num_diseases, world_seed: the fictional medical world.
-      questions: questions answered.
+      num_records, num_diseases, world_seed: the fictional medical world (without
+        `records`).
+      questions: how many questions are answered: the first of the world's, or of
+        `questions_file`.
+      records: the user's private collection: a JSONL of {"doc_id", "text"} lines (None:
+        the fictional medical world).
+      questions_file: with `records`: the public questions, a JSONL of {"question",
+        optional "answer"} lines (an expected answer is scored) or one question per line.
+      dataset: the collection's name in the run's ledger (None: "medical-records" for the
+        world, the records file's stem otherwise).
       epsilon: per-answer epsilon.
       mechanism: "icl", "keywords", "facts" or "auto" (`retriever.rag.defaults`: facts, or
         icl with a k below 64); a retired one (`retriever.rag.plan.RETIRED`) is refused.
@@ -266,8 +276,21 @@ class RagStageConfig:
     relevance_threshold: float = dataclasses.field(default=0.5, metadata=FINGERPRINT_AT_DEFAULT)
     mode: str = dataclasses.field(default="answers", metadata=FINGERPRINT_AT_DEFAULT)
     release_epsilon: float = dataclasses.field(default=10.0, metadata=FINGERPRINT_AT_DEFAULT)
+    records: str | None = dataclasses.field(default=None, metadata=FINGERPRINT_AT_DEFAULT)
+    questions_file: str | None = dataclasses.field(default=None, metadata=FINGERPRINT_AT_DEFAULT)
+    dataset: str | None = dataclasses.field(default=None, metadata=FINGERPRINT_AT_DEFAULT)
 
     def __post_init__(self) -> None:
+        if (self.records is None) != (self.questions_file is None):
+            raise ValueError(
+                "rag.records (the private collection) and rag.questions_file (its public "
+                f"questions) go together: {self.records=}, {self.questions_file=}"
+            )
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.dataset_name):
+            raise ValueError(
+                f"the collection's name in the ledger must be plain ([A-Za-z0-9_.-]): "
+                f"{self.dataset_name!r}; set rag.dataset"
+            )
         if self.mode not in ("answers", "release"):
             raise ValueError(f"mode must be answers or release, {self.mode=}")
         if not (math.isfinite(self.release_epsilon) and self.release_epsilon > 0):
@@ -323,6 +346,13 @@ class RagStageConfig:
     def individual(self) -> bool:
         """Whether each record pays individually (per-document filters)."""
         return self.accounting == "individual"
+
+    @property
+    def dataset_name(self) -> str:
+        """The collection's name in the run's ledger."""
+        if self.dataset is not None:
+            return self.dataset
+        return "medical-records" if self.records is None else Path(self.records).stem
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,8 +4,9 @@ Privacy:
   Privacy unit: one record of the private collection (add/remove-one). Every answer is
   (epsilon, delta)-DP (`retriever.rag.DPRag`: DP retrieval threshold, DP token aggregation;
   Grislain 2024, Koga et al. 2024), charged to the run's ledger before any noise is drawn;
-  the collection's scope caps the total. The questions are public (generated from the
-  fictional world's disease descriptions), the answers are releases. The sensitivity
+  the collection's scope caps the total. The questions are public (the built-in
+  fictional world's, made from its disease descriptions, or the user's `rag.questions_file`),
+  the answers are releases. The sensitivity
   assumes an encoder that does not depend on the collection: the run's encoder is trained
   on the generate stage's DP synthetic release (checked from its provenance.json, as
   `retriever answer` does), and δ and the scope's δ cap are below 1/n for n records.
@@ -20,45 +21,124 @@ Privacy:
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 from synthgen.pipeline.context import StageContext, open_run_scope
 from synthgen.privacy.receipts import collection_payer
 
-RAG_DATASET = "medical-records"
+RAG_DATASET = "medical-records"  # the built-in world's name in the ledger
 
 
-def _check_accounting_unchanged(ledger, individual: bool) -> None:
+@dataclasses.dataclass(frozen=True)
+class Collection:
+    """The stage's private collection and its public questions.
+
+    `name` is the collection's name in the run's ledger; `questions` are (question, expected
+    answer or None) pairs, public."""
+
+    name: str
+    doc_ids: list[str]
+    texts: list[str]
+    questions: list[tuple[str, str | None]]
+
+
+def read_collection(cfg) -> Collection:
+    """`cfg.records` (a corpus JSONL of doc_id and text) with the first `cfg.questions` of
+    `cfg.questions_file`, or the built-in fictional medical world of `cfg`'s sizes with its
+    first questions in the world's (public) disease order: choosing by how many records a
+    disease has would branch on the private collection."""
+    if cfg.records is not None:
+        from retriever.data import read_corpus
+
+        doc_ids, texts = read_corpus(cfg.records)
+        return Collection(
+            cfg.dataset_name, doc_ids, texts, read_questions(cfg.questions_file)[: cfg.questions]
+        )
+    from retriever.rag.medical import MedicalWorldConfig, make_world
+
+    world = make_world(
+        MedicalWorldConfig(
+            num_diseases=cfg.num_diseases,
+            symptom_pool=max(60, 2 * cfg.num_diseases + 2),
+            num_records=cfg.num_records,
+            seed=cfg.world_seed,
+        )
+    )
+    questions = [(q.question, q.answer) for q in world.questions()[: cfg.questions]]
+    records = world.records
+    return Collection(
+        cfg.dataset_name, [r.doc_id for r in records], [r.text for r in records], questions
+    )
+
+
+def read_questions(path) -> list[tuple[str, str | None]]:
+    """The public questions of `path`: a JSONL of {"question", optional "answer"} lines, or
+    plain text, one question per line (no expected answer)."""
+    questions = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            row = json.loads(line)
+            if not isinstance(row.get("question"), str) or not row["question"].strip():
+                raise ValueError(f'{path}:{number}: a JSON line needs a non-empty "question"')
+            answer = row.get("answer")
+            questions.append((row["question"], None if answer is None else str(answer)))
+        else:
+            questions.append((line.strip(), None))
+    if not questions:
+        raise ValueError(f"{path} holds no question")
+    return questions
+
+
+def _count_correct(answers: list[dict]) -> int | None:
+    """How many answers name their expected answer (None: no question has one)."""
+    scored = [a["correct"] for a in answers if a["correct"] is not None]
+    return sum(scored) if scored or not answers else None
+
+
+def _correct(answer: str, expected: str | None, abstained: bool) -> bool | None:
+    """Whether an answer names the expected answer (None: no expected answer given)."""
+    from retriever.rag.medical import answer_is_correct
+
+    if expected is None:
+        return None
+    return not abstained and answer_is_correct(answer, expected)
+
+
+def _check_accounting_unchanged(ledger, dataset: str, individual: bool) -> None:
     """Refuses to switch the accounting of the run's collection: per-document filters
     opened after collection-accounting answers would not count them, and collection
     answers on a collection with filters would charge no record."""
     from synthgen.privacy.document_filters import DocumentFilters
 
-    has_filters = DocumentFilters(ledger.store).get(RAG_DATASET) is not None
+    has_filters = DocumentFilters(ledger.store).get(dataset) is not None
     charged = any(
         ledger.charges(scope.tenant, scope.dataset)
         for scope in ledger.scopes()
-        if scope.dataset == RAG_DATASET
+        if scope.dataset == dataset
     )
     if individual and not has_filters and charged:
         raise ValueError(
-            f"the run's ledger already charged {RAG_DATASET} under collection accounting; "
+            f"the run's ledger already charged {dataset} under collection accounting; "
             "per-document filters would not count those answers: restore "
             "rag.accounting='collection' or start a new run folder (--out)"
         )
     if not individual and has_filters:
         raise ValueError(
-            f"the run's ledger holds per-document filters for {RAG_DATASET} (individual "
+            f"the run's ledger holds per-document filters for {dataset} (individual "
             "accounting): restore rag.accounting='individual' or start a new run folder (--out)"
         )
 
 
-def _tell(ctx: StageContext, ledger, stated, records: int) -> None:
+def _tell(ctx: StageContext, ledger, dataset: str, stated, records: int) -> None:
     """Logs which ledger holds the collection's charges, and a warning for each weak
     guarantee among `stated` ((epsilon, delta, what) over `records` records)."""
     from synthgen.privacy.notices import guarantee_lines, ledger_lines
 
-    lines = ledger_lines(ledger, RAG_DATASET, option=None)
+    lines = ledger_lines(ledger, dataset, option=None)
     for epsilon, delta, what in stated:
         lines += guarantee_lines(epsilon, delta, records, what=what)
     for line in lines:
@@ -83,7 +163,7 @@ def _check_no_cluster_release(work) -> None:
         )
 
 
-def release_and_answer(ctx: StageContext, world, questions) -> dict:
+def release_and_answer(ctx: StageContext, collection: Collection) -> dict:
     """Release mode: the collection's facts released once, then every question answered
     from the release (`retriever.typed_answers`: the value the released counts support for
     the subjects the question names, or an abstention; no LM), charged nothing. Writes
@@ -95,26 +175,26 @@ def release_and_answer(ctx: StageContext, world, questions) -> dict:
       DP set union over typed facts, K = 1 per record), charged once to the scope
       ("release", the collection) before any noise; the answers are post-processing.
     """
-    from retriever.rag.medical import answer_is_correct
     from retriever.typed_answers import TypedFactAnswerer
     from synthgen.knowledge.facts import FactConfig, release_facts
     from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.ledger_documents import bind_texts
     from synthgen.privacy.ledger_types import Scope
     from synthgen.privacy.receipts import ledger_payer
 
     cfg = ctx.config.rag
     work = ctx.run.private / "knowledge"
     _check_no_cluster_release(work)
-    ledger = PrivacyLedger(ctx.run.ledger)
-    open_run_scope(ledger, Scope("release", RAG_DATASET, cfg.release_epsilon, cfg.delta_cap))
-    _tell(ctx, ledger, [(cfg.release_epsilon, cfg.delta_cap, None)], len(world.records))
+    ledger, dataset, texts = PrivacyLedger(ctx.run.ledger), collection.name, collection.texts
+    bind_texts(ledger, dataset, texts)  # the records, bound to their name before any charge
+    open_run_scope(ledger, Scope("release", dataset, cfg.release_epsilon, cfg.delta_cap))
+    _tell(ctx, ledger, dataset, [(cfg.release_epsilon, cfg.delta_cap, None)], len(texts))
     config = FactConfig(
         cfg.release_epsilon, cfg.delta_cap, max_pairs=RELEASE_MAX_PAIRS,
         extractor=RELEASE_EXTRACTOR,
     )  # fmt: skip
-    texts = [r.text for r in world.records]
     ctx.log("rag", f"releasing the facts of {len(texts)} private records once")
-    pay = ledger_payer(ledger, ("release", RAG_DATASET), stage="knowledge-release")
+    pay = ledger_payer(ledger, ("release", dataset), stage="knowledge-release")
     release = release_facts(texts, config, work=work, pay=pay)
     out = ctx.run.root / "rag"
     out.mkdir(parents=True, exist_ok=True)
@@ -122,15 +202,15 @@ def release_and_answer(ctx: StageContext, world, questions) -> dict:
     ctx.log("rag", f"released {len(release.records)} synthetic records at eps={config.epsilon:.3g}")
     answerer = TypedFactAnswerer(release.records, release.plan.noise_stddev)
     answers = []
-    for q in questions:
-        found = answerer.answer(q.question)
+    for question, expected in collection.questions:
+        found = answerer.answer(question)
         answers.append(
             {
-                "question": q.question,
-                "expected": q.answer,
+                "question": question,
+                "expected": expected,
                 "answer": found.answer,
                 "abstained": found.abstained,
-                "correct": not found.abstained and answer_is_correct(found.answer, q.answer),
+                "correct": _correct(found.answer, expected, found.abstained),
                 "epsilon": 0.0,
                 "delta": 0.0,
                 "mechanism": "release",
@@ -140,6 +220,7 @@ def release_and_answer(ctx: StageContext, world, questions) -> dict:
     return {
         "enabled": True,
         "mode": "release",
+        "dataset": dataset,
         "lm": None,  # answered from the release's counts: no LM reads or writes
         "mechanism": f"release (DP fact release: {RELEASE_EXTRACTOR}, K = {RELEASE_MAX_PAIRS})",
         "accounting": "release",
@@ -149,9 +230,9 @@ def release_and_answer(ctx: StageContext, world, questions) -> dict:
         "epsilon_per_answer": 0.0,
         "release_epsilon": config.epsilon,
         "release_delta": config.delta,
-        "correct": sum(a["correct"] for a in answers),
+        "correct": _count_correct(answers),
         "abstained": sum(a["abstained"] for a in answers),
-        "collection_epsilon_spent": ledger.spent("release", RAG_DATASET).epsilon,
+        "collection_epsilon_spent": ledger.spent("release", dataset).epsilon,
         "answers": answers,
     }
 
@@ -168,10 +249,10 @@ def answer_questions(ctx: StageContext) -> dict:
     from retriever.rag.answer import plan_answer
     from retriever.rag.collection import check_delta, check_encoder, open_document_filters
     from retriever.rag.defaults import resolve
-    from retriever.rag.medical import MedicalWorldConfig, answer_is_correct, make_world
     from synthgen.lm_backends import FlaxLM
     from synthgen.privacy.document_filters import DocumentFilters
     from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.ledger_documents import bind_texts
     from synthgen.privacy.ledger_types import Scope
 
     cfg = ctx.config.rag
@@ -179,23 +260,14 @@ def answer_questions(ctx: StageContext) -> dict:
         return {"enabled": False}
     # k: the config's (small worlds); the trained encoder scores: dense retrieval
     mechanism, _ = resolve(cfg.mechanism, cfg.k, cfg.epsilon, accounting=cfg.accounting)
-    world = make_world(
-        MedicalWorldConfig(
-            num_diseases=cfg.num_diseases,
-            symptom_pool=max(60, 2 * cfg.num_diseases + 2),
-            num_records=cfg.num_records,
-            seed=cfg.world_seed,
-        )
-    )
-    # The first questions in the world's (public) disease order: choosing by how many records
-    # a disease has would branch on the private collection.
-    questions = world.questions()[: cfg.questions]
+    collection = read_collection(cfg)
+    dataset, texts, questions = collection.name, collection.texts, collection.questions
     if cfg.mode == "release":
-        return release_and_answer(ctx, world, questions)
+        return release_and_answer(ctx, collection)
     encoder = str(ctx.run.root / "encoder")
     check_encoder(encoder)  # trained on the DP synthetic release: its provenance says so
-    check_delta(cfg.delta, len(world.records), "rag.delta")
-    check_delta(cfg.delta_cap, len(world.records), "rag.delta_cap")
+    check_delta(cfg.delta, len(texts), "rag.delta")
+    check_delta(cfg.delta_cap, len(texts), "rag.delta_cap")
     rag_config = RagConfig(
         k=cfg.k,
         max_tokens=cfg.max_tokens,
@@ -205,37 +277,37 @@ def answer_questions(ctx: StageContext) -> dict:
     )
     tenant = ctx.config.privacy.tenant
     ledger = PrivacyLedger(ctx.run.ledger)
-    _check_accounting_unchanged(ledger, cfg.individual)
+    _check_accounting_unchanged(ledger, dataset, cfg.individual)
     filters = DocumentFilters(ledger.store)
+    bind_texts(ledger, dataset, texts)  # the records, bound to their name before any charge
     if cfg.individual:
-        check_delta(cfg.document_delta, len(world.records), "rag.document_delta")
+        check_delta(cfg.document_delta, len(texts), "rag.document_delta")
         # the same settings again (a resumed run) are a no-op; others are refused
         open_document_filters(
             ledger,
-            RAG_DATASET,
-            documents=len(world.records),
+            dataset,
+            documents=len(texts),
             epsilon=cfg.document_epsilon,
             delta=cfg.document_delta,
             plan=plan_answer(rag_config, mechanism, cfg.epsilon),
         )
-    open_run_scope(ledger, Scope(tenant, RAG_DATASET, cfg.epsilon_cap, cfg.delta_cap))
+    open_run_scope(ledger, Scope(tenant, dataset, cfg.epsilon_cap, cfg.delta_cap))
     stated = [(cfg.epsilon, cfg.delta, "per answer")]
     if cfg.individual:
         stated.append((cfg.document_epsilon, cfg.document_delta, "per document"))
     else:
         stated.append((cfg.epsilon_cap, cfg.delta_cap, "scope cap"))
-    _tell(ctx, ledger, stated, len(world.records))
+    _tell(ctx, ledger, dataset, stated, len(texts))
     question_encoder, doc_encoder = load_towers(encoder)
-    texts = [r.text for r in world.records]
     embeddings = doc_encoder.encode(texts, max_len=128, progress=ctx.progress)
     ctx.log("rag", f"loading {cfg.lm}; {len(texts)} private records, {len(questions)} questions")
     rag = DPRag(
-        [r.doc_id for r in world.records],
+        collection.doc_ids,
         texts,
         embeddings,
         lambda qs: question_encoder.encode(qs, max_len=64),
         FlaxLM.load(cfg.lm),
-        payer=collection_payer(ledger, RAG_DATASET),
+        payer=collection_payer(ledger, dataset),
         config=rag_config,
     )
     out = ctx.run.root / "rag"
@@ -244,21 +316,18 @@ def answer_questions(ctx: StageContext) -> dict:
     # Each answer is written as soon as it is released: an interrupted stage resumes after
     # the last written answer instead of paying for it again.
     answers = json.loads(done_path.read_text()) if done_path.is_file() else []
-    for number, question in enumerate(questions, start=1):
+    for number, (question, expected) in enumerate(questions, start=1):
         if number <= len(answers):
             continue
-        answer = rag.answer(
-            question.question, tenant=tenant, epsilon=cfg.epsilon, mechanism=mechanism
-        )
-        correct = answer_is_correct(answer.text, question.answer)
+        answer = rag.answer(question, tenant=tenant, epsilon=cfg.epsilon, mechanism=mechanism)
         ctx.log("rag", f"question {number}/{len(questions)}: epsilon={answer.epsilon:.3g}")
         answers.append(
             {
-                "question": question.question,
-                "expected": question.answer,
+                "question": question,
+                "expected": expected,
                 "answer": answer.text,
                 "abstained": answer.abstained,
-                "correct": correct,
+                "correct": _correct(answer.text, expected, answer.abstained),
                 "epsilon": answer.epsilon,
                 "delta": answer.delta,
                 "mechanism": answer.mechanism,
@@ -267,22 +336,23 @@ def answer_questions(ctx: StageContext) -> dict:
         tmp = done_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(answers, indent=1, ensure_ascii=False))
         tmp.replace(done_path)
-    spend = ledger.spent(tenant, RAG_DATASET)
+    spend = ledger.spent(tenant, dataset)
     summary = {
         "enabled": True,
+        "dataset": dataset,
         "lm": cfg.lm,
         "mechanism": mechanism,
         "accounting": cfg.accounting,
         "records": len(texts),
         "questions": len(answers),
         "epsilon_per_answer": cfg.epsilon,
-        "correct": sum(a["correct"] for a in answers),
+        "correct": _count_correct(answers),
         "abstained": sum(a.get("abstained", False) for a in answers),
         "collection_epsilon_spent": spend.epsilon,
         "answers": answers,
     }
     if cfg.individual:
-        record = filters.get(RAG_DATASET)
+        record = filters.get(dataset)
         # the filters' summary (exhausted records, epsilons spent) is not DP: it stays in
         # the run's ledger for the operator (`synthgen ledger documents`), not in metrics
         ctx.log(

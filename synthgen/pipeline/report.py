@@ -30,6 +30,18 @@ PRIVACY_UNITS = {
 }
 
 
+def _unit(dataset: str, rag_dataset: str | None, default: str) -> str:
+    """The privacy unit of a ledger scope's dataset."""
+    if dataset in PRIVACY_UNITS:
+        return PRIVACY_UNITS[dataset]
+    return "one record of the private collection" if dataset == rag_dataset else default
+
+
+def _correct_count(rag: dict) -> str:
+    """ ": N correct" of a DP-RAG summary; nothing when no question had an expected answer."""
+    return "" if rag.get("correct") is None else f": {rag['correct']} correct"
+
+
 def _e(value) -> str:
     return html.escape(str(value))
 
@@ -52,8 +64,9 @@ def _table(header: list[str], rows: list[list]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _privacy(ledger_path: Path) -> list[dict]:
-    """Every scope of the run's ledger: its charges and the composed statement."""
+def _privacy(ledger_path: Path, rag_dataset: str | None = None) -> list[dict]:
+    """Every scope of the run's ledger: its charges and the composed statement
+    (`rag_dataset`: the name of the rag stage's collection, a user's own)."""
     from synthgen.privacy.ledger import PrivacyLedger
 
     if not ledger_path.is_file():
@@ -67,7 +80,7 @@ def _privacy(ledger_path: Path) -> list[dict]:
             {
                 "tenant": scope.tenant,
                 "dataset": scope.dataset,
-                "privacy_unit": PRIVACY_UNITS.get(scope.dataset, "see the stage that charged it"),
+                "privacy_unit": _unit(scope.dataset, rag_dataset, "see the stage that charged it"),
                 "relation": scope.relation,
                 "accountant": scope.accountant,
                 "epsilon_cap": scope.epsilon_cap,
@@ -210,7 +223,7 @@ def collect_metrics(ctx: StageContext) -> dict:
     return {
         "name": ctx.config.name,
         "created": datetime.datetime.now().isoformat(timespec="seconds"),
-        "privacy": _privacy(run.ledger),
+        "privacy": _privacy(run.ledger, ctx.config.rag.dataset_name),
         "documents": _document_filters(run.ledger),
         "data": done.get("data"),
         "generate": done.get("generate"),
@@ -271,6 +284,7 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
     # ---- privacy statement -------------------------------------------------------------
     parts.append("<h2 id='privacy'>Privacy statement</h2>")
     gen = metrics.get("generate") or {}
+    rag_dataset = (metrics.get("rag") or {}).get("dataset", "medical-records")  # older runs
     individual = {c["dataset"]: c for c in metrics.get("documents") or []}
     statements = []
     for scope in metrics["privacy"]:
@@ -308,10 +322,10 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
             + (
                 " Each DP-RAG answer (<code>rag/answers.json</code>) is charged to the "
                 "records that took part in it and to the tenant's quota above."
-                if "medical-records" in individual
-                else " Each DP-RAG answer (<code>rag/answers.json</code>) is charged to the "
-                "medical-records scope above."
-                if any(s["dataset"] == "medical-records" for s in metrics["privacy"])
+                if rag_dataset in individual
+                else f" Each DP-RAG answer (<code>rag/answers.json</code>) is charged to the "
+                f"{_e(rag_dataset)} scope above."
+                if any(s["dataset"] == rag_dataset for s in metrics["privacy"])
                 else ""
             )
             + "</p>"
@@ -399,13 +413,13 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
                 f"{rag['synthetic_records']} DP synthetic records (ε = "
                 f"{_num(rag['release_epsilon'])}, δ = {_num(rag['release_delta'])} per record); "
                 f"{rag['questions']} questions answered from the release with "
-                f"{_e(rag['lm'])}, charged nothing: {rag['correct']} correct.</p>"
+                f"{_e(rag['lm'])}, charged nothing{_correct_count(rag)}.</p>"
             )
         else:
             parts.append(
                 f"<p>{rag['questions']} questions over {rag['records']} private records with "
                 f"{_e(rag['lm'])} ({_e(rag['mechanism'])}, ε = {_num(rag['epsilon_per_answer'])} "
-                f"per answer): {rag['correct']} correct, {rag.get('abstained', 0)} abstained. "
+                f"per answer){_correct_count(rag)}, {rag.get('abstained', 0)} abstained. "
                 "An answer abstains when the private records did not move it (nothing the "
                 "records support at this ε); it is charged all the same.</p>"
             )
@@ -425,8 +439,8 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
                     [
                         _e(a["question"]),
                         "<em>abstained</em>" if a.get("abstained") else _e(a["answer"]),
-                        _e(a["expected"]),
-                        "yes" if a["correct"] else "no",
+                        "-" if a["expected"] is None else _e(a["expected"]),
+                        {True: "yes", False: "no", None: "-"}[a["correct"]],
                         _num(a["epsilon"]),
                     ]
                     for a in rag["answers"]

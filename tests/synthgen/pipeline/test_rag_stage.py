@@ -237,3 +237,62 @@ def test_release_mode_refuses_a_run_folder_of_the_retired_cluster_release(indivi
     assert "previous version" in str(refused.value) and "--out" in str(refused.value)
     assert PrivacyLedger(ctx.run.ledger).scopes() == []  # refused before its scope opened
     assert not (ctx.run.root / "rag").exists()
+
+
+# ---- a user's own collection ---------------------------------------------------------
+
+
+def _user_collection(tmp_path):
+    records = tmp_path / "clinic-notes.jsonl"
+    texts = [f"Patient {i} was seen for Vorlan fever and treated by Dr Mek." for i in range(30)]
+    records.write_text("".join(json.dumps({"doc_id": f"n{i}", "text": t}) + "\n"
+                               for i, t in enumerate(texts)))  # fmt: skip
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(
+        json.dumps({"question": "Which disease was treated?", "answer": "Vorlan fever"}) + "\n"
+        "Who treated the patients?\n"
+    )
+    return {"records": str(records), "questions_file": str(questions)}
+
+
+def test_the_rag_stage_answers_over_a_users_own_records_and_questions(individual_stage):
+    user = _user_collection(individual_stage().run.root)
+    ctx = individual_stage(accounting="collection", document_epsilon=None, document_delta=None,
+                           mechanism="icl", **user)  # fmt: skip
+    summary = answer_questions(ctx)
+    assert summary["dataset"] == "clinic-notes" and summary["records"] == 30
+    assert [a["question"] for a in summary["answers"]] == [
+        "Which disease was treated?",
+        "Who treated the patients?",
+    ]
+    assert summary["answers"][1]["expected"] is None and summary["answers"][1]["correct"] is None
+    assert isinstance(summary["answers"][0]["correct"], bool)
+    book = PrivacyLedger(ctx.run.ledger)
+    assert [s.dataset for s in book.scopes()] == ["clinic-notes"]  # not the built-in world
+    answers = {c.ref.split("/")[0] for c in book.charges("pipeline", "clinic-notes")}
+    assert len(answers) == 2  # one charge (each stage a row) per answer
+
+
+def test_a_users_questions_file_is_read_or_refused_with_its_line(tmp_path):
+    from synthgen.pipeline.rag_stage import read_questions
+
+    path = tmp_path / "q.txt"
+    path.write_text('What is X?\n\n{"question": "Where is Y?", "answer": "Z"}\n')
+    assert read_questions(path) == [("What is X?", None), ("Where is Y?", "Z")]
+    path.write_text('{"answer": "Z"}\n')
+    with pytest.raises(ValueError, match=r"q.txt:1: .*question"):
+        read_questions(path)
+    with pytest.raises(ValueError, match="go together"):
+        RagStageConfig(records=str(path))
+
+
+def test_release_mode_releases_a_users_own_records_once(individual_stage):
+    user = _user_collection(individual_stage().run.root)
+    ctx = individual_stage(accounting="collection", document_epsilon=None, document_delta=None,
+                           mode="release", **user)  # fmt: skip
+    summary = answer_questions(ctx)
+    assert summary["mode"] == "release" and summary["dataset"] == "clinic-notes"
+    assert summary["records"] == 30 and summary["questions"] == 2
+    book = PrivacyLedger(ctx.run.ledger)
+    assert [(s.tenant, s.dataset) for s in book.scopes()] == [("release", "clinic-notes")]
+    assert len(book.charges("release", "clinic-notes")) == 1
