@@ -82,6 +82,8 @@ RetrievalOption = Annotated[
 ]
 MinScoreOption = Annotated[float, typer.Option(help="public lower clip of similarities")]
 MaxScoreOption = Annotated[float, typer.Option(help="public upper clip of similarities")]
+QuestionOption = Annotated[str, typer.Option(help="the question")]
+PerAnswerDeltaOption = Annotated[float, typer.Option(help="per-answer delta")]
 
 # the server (retriever.service.ServiceConfig)
 ServedLmOption = Annotated[

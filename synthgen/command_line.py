@@ -7,7 +7,8 @@ on stderr and a non-zero exit code (``--debug`` shows the traceback instead);
 `global_options` is both tools' top-level callback: it documents ``--debug`` and answers
 ``--version``. `positive` and `probability` refuse a bad epsilon or delta at parsing, naming
 the option the user typed; `LedgerOption` is the ``--ledger`` option of the commands that
-charge the budget ledger.
+charge the budget ledger, and the other ``...Option`` types are the options that commands of
+both tools declare alike (``--json``, the DP-SGD training's ``--epsilon``, ``--work-dir``...).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import importlib.metadata
 import math
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import click
@@ -99,6 +101,28 @@ GuaranteesAddUpOption = Annotated[
         "prints the names together with their composed total)",
     ),
 ]
+
+# options that commands of both tools declare alike
+JsonOption = Annotated[bool, typer.Option("--json", help="one JSON object")]
+JsonFlagOption = Annotated[bool, typer.Option("--json")]
+OutFolderOption = Annotated[Path, typer.Option(help="output folder")]
+DocumentsLimitOption = Annotated[int | None, typer.Option(help="first N documents only")]
+
+# DP-SGD training (`synthgen train-generator`, `retriever train-dp`, the canary audit's runs)
+SecretWorkDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="SECRET work folder: resume state incl. the noise key and sampler state; "
+        "never ship it (default: <ledger folder>/work/<out name>-<hash>)"
+    ),
+]
+KeepSecretWorkOption = Annotated[
+    bool, typer.Option(help="keep the secret work folder after a finished run")
+]
+TargetEpsilonOption = Annotated[float | None, typer.Option(help="target epsilon")]
+DpSgdDeltaOption = Annotated[float | None, typer.Option(help="default 1/(2n)")]
+PairsLimitOption = Annotated[int | None, typer.Option(help="first N pairs only")]
+TestSeedOption = Annotated[int | None, typer.Option(help="tests only; default OS entropy")]
 
 
 def parse_shard(text: str | None):

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import HelpGroup
+from synthgen.command_line import DocumentsLimitOption, HelpGroup, OutFolderOption
 
 data_app = typer.Typer(
     cls=HelpGroup,
@@ -20,11 +20,11 @@ data_app = typer.Typer(
 
 @data_app.command("wiki")
 def data_wiki(
-    out: Annotated[Path, typer.Option(help="output folder")],
+    out: OutFolderOption,
     source: Annotated[str, typer.Option(help="asset name or path")] = "wiki-summaries-en",
     test_fraction: Annotated[float, typer.Option(help="held-out share of documents")] = 0.2,
     seed: Annotated[int, typer.Option(help="split seed")] = 0,
-    limit: Annotated[int | None, typer.Option(help="first N documents only")] = None,
+    limit: DocumentsLimitOption = None,
 ) -> None:
     """Write corpus.jsonl and train/test query files for the wiki summaries."""
     from retriever import data
@@ -37,7 +37,7 @@ def data_wiki(
 
 @data_app.command("medical")
 def data_medical(
-    out: Annotated[Path, typer.Option(help="output folder")],
+    out: OutFolderOption,
     num_records: Annotated[int, typer.Option(help="records (each names one disease)")] = 2000,
     num_diseases: Annotated[int, typer.Option(help="invented diseases")] = 60,
     per_disease: Annotated[int, typer.Option(help="questions per disease, 1 to 6")] = 1,
@@ -57,7 +57,7 @@ def data_medical(
 
 @data_app.command("facts")
 def data_facts(
-    out: Annotated[Path, typer.Option(help="output folder")],
+    out: OutFolderOption,
     domain: Annotated[
         str,
         typer.Option(

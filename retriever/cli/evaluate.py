@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import choice
+from synthgen.command_line import JsonOption, choice
 
 
 def evaluate(
@@ -20,7 +20,7 @@ def evaluate(
         choice("exact", "scann", "scann-bf", help="the search: exact, ScaNN, or ScaNN brute force"),
     ] = "exact",
     k: Annotated[int, typer.Option(help="cut-off of the metrics")] = 10,
-    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+    as_json: JsonOption = False,
     out: Annotated[Path | None, typer.Option(help="also write the report here")] = None,
 ) -> None:
     """NDCG@k, Recall@k and MRR@k of an encoder on held-out (query, document) pairs."""

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import HelpGroup, choice
+from synthgen.command_line import HelpGroup, JsonFlagOption, choice
 
 index_app = typer.Typer(
     cls=HelpGroup, help="Build and query a nearest-neighbour index.", no_args_is_help=True
@@ -23,6 +23,8 @@ IndexKindOption = Annotated[
         help="the search: exact, ScaNN or ScaNN brute force (auto: by size)",
     ),
 ]  # fmt: skip
+IndexFolderOption = Annotated[Path, typer.Option(help="index folder")]
+BuiltIndexOption = Annotated[Path, typer.Option(help="folder written by `index build`")]
 
 
 @index_app.command("build")
@@ -30,7 +32,7 @@ def index_build(
     corpus: Annotated[
         Path, typer.Option(help="corpus.jsonl: doc_id, text", exists=True, dir_okay=False)
     ],
-    out: Annotated[Path, typer.Option(help="index folder")],
+    out: IndexFolderOption,
     encoder: Annotated[str, typer.Option(help="asset or trained folder")] = "all-minilm-l6-v2",
     kind: IndexKindOption = "auto",
     shard: Annotated[
@@ -77,7 +79,7 @@ def index_build(
 @index_app.command("merge")
 def index_merge(
     shards: Annotated[list[Path], typer.Argument(help="the shard folders of one build")],
-    out: Annotated[Path, typer.Option(help="index folder")],
+    out: IndexFolderOption,
     kind: IndexKindOption = "auto",
 ) -> None:
     """Build the index from the folders of `index build --shard I/N` (all N of them)."""
@@ -89,10 +91,10 @@ def index_merge(
 
 @index_app.command("query")
 def index_query(
-    index: Annotated[Path, typer.Option(help="folder written by `index build`")],
+    index: BuiltIndexOption,
     query: Annotated[list[str], typer.Option(help="query text (repeatable)")],
     k: Annotated[int, typer.Option()] = 10,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: JsonFlagOption = False,
     encoder: Annotated[
         str | None,
         typer.Option(help="the index's encoder where its folder moved (provenance checked)"),
@@ -130,7 +132,7 @@ def index_query(
 
 @index_app.command("export")
 def index_export(
-    index: Annotated[Path, typer.Option(help="folder written by `index build`")],
+    index: BuiltIndexOption,
     out: Annotated[Path, typer.Option(help="output file (new)")],
     format: Annotated[str, typer.Option(help="parquet")] = "parquet",  # noqa: A002
     encoder: Annotated[

@@ -19,6 +19,7 @@ from retriever.cli_options import (
     FactCorpusOption,
     GuaranteesAddUpOption,
     MaxPairsOption,
+    QuestionOption,
     ReleaseDatasetOption,
     ReleaseOutOption,
 )
@@ -348,7 +349,7 @@ def _print_plan(plan, as_json: bool) -> None:
 @knowledge_app.command("answer")
 def answer(
     knowledge: Annotated[Path, typer.Option(help="a release folder (knowledge release)")],
-    question: Annotated[str, typer.Option(help="the question")],
+    question: QuestionOption,
     lm: Annotated[str, typer.Option(help="public LM asset or path; 'tiny': the test LM")] = (
         "smollm2-135m-instruct"
     ),

@@ -25,7 +25,9 @@ from retriever.cli_options import (
     MaxScoreOption,
     MaxTokensOption,
     MinScoreOption,
+    PerAnswerDeltaOption,
     PortOption,
+    QuestionOption,
     QueueOption,
     QueueTimeoutOption,
     ReplicasOption,
@@ -95,7 +97,7 @@ def serve(
     answer_timeout: AnswerTimeoutOption = 120.0,
     k: Annotated[int, typer.Option(help="documents the DP threshold aims to select")] = 8,
     max_tokens: MaxTokensOption = 12,
-    delta: Annotated[float, typer.Option(help="per-answer delta")] = 1e-6,
+    delta: PerAnswerDeltaOption = 1e-6,
     min_score: MinScoreOption = 0.0,
     max_score: MaxScoreOption = 1.0,
 ) -> None:
@@ -177,7 +179,7 @@ def _read_keys(path: Path) -> dict[str, str]:
 def query(
     contributors: ContributorsOption,
     keys: KeysOption,
-    question: Annotated[str, typer.Option(help="the question")],
+    question: QuestionOption,
     k: Annotated[int, typer.Option(help="documents to return (asked of each contributor)")] = 10,
     timeout: TimeoutOption = 10.0,
     retries: Annotated[int, typer.Option(help="retries after a transport error or 5xx")] = 2,

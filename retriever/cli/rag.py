@@ -20,18 +20,20 @@ from retriever.cli_options import (
     MaxScoreOption,
     MaxTokensOption,
     MinScoreOption,
+    PerAnswerDeltaOption,
     PrivateCorpusOption,
+    QuestionOption,
     RelevanceThresholdOption,
     RetrievalOption,
+    ServedLmOption,
     announce_answers,
     check_collection_paths,
     mechanism_choice,
     rag_config,
     resolve_answer,
 )
-from synthgen.command_line import HelpGroup, LedgerOption, choice, positive, probability
+from synthgen.command_line import HelpGroup, JsonOption, LedgerOption, positive, probability
 
-QuestionOption = Annotated[str, typer.Option(help="the question")]
 AnswerEpsilonOption = Annotated[float, typer.Option(help="per-answer epsilon")]
 DatasetOption = Annotated[
     str, typer.Option(help="the collection's name in the ledger (its caps hold for it)")
@@ -70,10 +72,6 @@ KOption = Annotated[
 ]
 AnswerDeltaOption = Annotated[float, typer.Option(help="per-answer delta (below 1/n)")]
 ScoreOption = Annotated[bool, typer.Option(help="also release a noisy count and score")]
-AnswerLmOption = Annotated[
-    str, typer.Option(help="LM asset or path; 'tiny': byte-level test model")
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="one JSON object")]
 
 privacy_app = typer.Typer(cls=HelpGroup, help="Privacy calculators.", no_args_is_help=True)
 
@@ -81,14 +79,11 @@ privacy_app = typer.Typer(cls=HelpGroup, help="Privacy calculators.", no_args_is
 @privacy_app.command("rag")
 def privacy_rag(
     tokens: Annotated[int, typer.Option(help="most answer tokens T")],
-    delta: Annotated[float, typer.Option(help="per-answer delta")],
-    target_epsilon: Annotated[float, typer.Option(help="per-answer epsilon")],
+    delta: PerAnswerDeltaOption,
+    target_epsilon: AnswerEpsilonOption,
     mechanism: Annotated[str, mechanism_choice(*MECHANISMS, help="the answer mechanism")] = "icl",
     retrieval_epsilon: Annotated[float, typer.Option(help="the threshold's epsilon")] = 0.0,
-    composition: Annotated[
-        str,
-        choice("pure", "bounded-range", help="icl tokens' composition"),
-    ] = "pure",
+    composition: CompositionOption = "pure",
     voters: Annotated[int, typer.Option(help="keywords / facts: most voters")] = 64,
     max_keywords: Annotated[
         int, typer.Option(help="keywords: K, most keywords per voter's answer")
@@ -221,7 +216,7 @@ def answer(
     retrieval: RetrievalOption = "dense",
     min_score: MinScoreOption = 0.0,
     max_score: MaxScoreOption = 1.0,
-    lm: AnswerLmOption = "smollm2-135m-instruct",
+    lm: ServedLmOption = "smollm2-135m-instruct",
     encoder_independent_of_collection: EncoderIndependentOption = False,
     guarantees_add_up: GuaranteesAddUpOption = False,
     as_json: JsonOption = False,

@@ -47,6 +47,7 @@ from synthgen.command_line import HelpGroup, choice, positive, probability
 tenant_app = typer.Typer(cls=HelpGroup, help="Tenants of the DP-RAG service.", no_args_is_help=True)
 
 LedgerOption = Annotated[str, typer.Option(help="ledger file or PostgreSQL URL")]
+TenantNameArgument = Annotated[str, typer.Argument(help="tenant name")]
 KnowledgeOption = Annotated[
     Path | None,
     typer.Option(help="serve a knowledge release instead (answers cost nothing; no ledger)"),
@@ -295,7 +296,7 @@ def _refuse_before_loading(
 
 @tenant_app.command("add")
 def tenant_add(
-    name: Annotated[str, typer.Argument(help="tenant name")],
+    name: TenantNameArgument,
     epsilon: Annotated[float, typer.Option(help="the tenant's epsilon cap", callback=positive)],
     delta: Annotated[float, typer.Option(help="the tenant's delta cap", callback=probability)],
     ledger: LedgerOption,
@@ -471,7 +472,7 @@ def _print_tenant_table(rows: list[dict]) -> None:
 
 @tenant_app.command("revoke")
 def tenant_revoke(
-    name: Annotated[str, typer.Argument(help="tenant name")],
+    name: TenantNameArgument,
     ledger: LedgerOption,
 ) -> None:
     """Revoke a tenant's key for good (its budget and charges stay in the ledger)."""

@@ -9,7 +9,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
+from synthgen.command_line import (
+    DpSgdDeltaOption,
+    GuaranteesAddUpOption,
+    KeepSecretWorkOption,
+    LedgerOption,
+    PairsLimitOption,
+    SecretWorkDirOption,
+    TargetEpsilonOption,
+    TestSeedOption,
+)
 
 if TYPE_CHECKING:
     from synthgen.dp_plan import PrivacyPlan
@@ -26,7 +35,6 @@ BatchSizeOption = Annotated[int, typer.Option()]
 LearningRateOption = Annotated[float, typer.Option()]
 TemperatureOption = Annotated[float, typer.Option()]
 FlagOption = Annotated[bool, typer.Option()]
-LimitOption = Annotated[int | None, typer.Option(help="first N pairs only")]
 DataOrderSeedOption = Annotated[int, typer.Option(help="data order")]
 SyntheticMetadataOption = Annotated[
     Path | None,
@@ -49,24 +57,11 @@ PrivateQueriesOption = Annotated[Path, typer.Option(help="private queries.jsonl 
 PublicCorpusOption = Annotated[Path, typer.Option(help="public corpus.jsonl")]
 DpOutOption = Annotated[Path, typer.Option(help="release folder: towers and privacy metadata")]
 BaseEncoderOption = Annotated[str, typer.Option(help="base encoder")]
-EpsilonOption = Annotated[float | None, typer.Option(help="target epsilon")]
 NoiseMultiplierOption = Annotated[float | None, typer.Option(help="sigma instead")]
-DeltaOption = Annotated[float | None, typer.Option(help="default 1/(2n)")]
 ExpectedBatchOption = Annotated[int, typer.Option(help="expected batch size")]
 ClipNormOption = Annotated[float, typer.Option()]
 TenantOption = Annotated[str, typer.Option()]
 DatasetOption = Annotated[str | None, typer.Option(help="default: the queries file name")]
-SeedOption = Annotated[int | None, typer.Option(help="tests only; default OS entropy")]
-SecretWorkDirOption = Annotated[
-    Path | None,
-    typer.Option(
-        help="SECRET work folder: resume state incl. the noise key and sampler state; "
-        "never ship it (default: <ledger folder>/work/<out name>-<hash>)"
-    ),
-]
-KeepSecretWorkOption = Annotated[
-    bool, typer.Option(help="keep the secret work folder after a finished run")
-]
 
 
 def train(
@@ -80,7 +75,7 @@ def train(
     temperature: TemperatureOption = 0.05,
     learn_temperature: FlagOption = False,
     separate_towers: FlagOption = False,
-    limit: LimitOption = None,
+    limit: PairsLimitOption = None,
     seed: DataOrderSeedOption = 0,
     synthetic_metadata: SyntheticMetadataOption = None,
     work_dir: ResumeWorkDirOption = None,
@@ -235,9 +230,9 @@ def train_dp(
     corpus: PublicCorpusOption,
     out: DpOutOption,
     encoder: BaseEncoderOption = "all-minilm-l6-v2",
-    epsilon: EpsilonOption = 8.0,
+    epsilon: TargetEpsilonOption = 8.0,
     noise_multiplier: NoiseMultiplierOption = None,
-    delta: DeltaOption = None,
+    delta: DpSgdDeltaOption = None,
     epochs: EpochsOption = 1.0,
     batch_size: ExpectedBatchOption = 64,
     clip_norm: ClipNormOption = 1.0,
@@ -246,7 +241,7 @@ def train_dp(
     tenant: TenantOption = "default",
     dataset: DatasetOption = None,
     guarantees_add_up: GuaranteesAddUpOption = False,
-    seed: SeedOption = None,
+    seed: TestSeedOption = None,
     work_dir: SecretWorkDirOption = None,
     keep_work: KeepSecretWorkOption = False,
 ) -> None:

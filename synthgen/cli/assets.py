@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from synthgen import assets
-from synthgen.command_line import HelpGroup
+from synthgen.command_line import HelpGroup, JsonFlagOption
 
 assets_app = typer.Typer(
     cls=HelpGroup,
@@ -19,7 +19,7 @@ assets_app = typer.Typer(
 
 
 @assets_app.command("list")
-def assets_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def assets_list(as_json: JsonFlagOption = False) -> None:
     """List the registered assets and whether each is cached."""
     rows = [
         {

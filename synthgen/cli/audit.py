@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from synthgen.cli.common import PresetOption, SplitOption
-from synthgen.command_line import HelpGroup, choice
+from synthgen.cli.common import ExpectedBatchOption, PresetOption, SplitOption
+from synthgen.command_line import HelpGroup, TestSeedOption, choice
 
 audit_app = typer.Typer(
     cls=HelpGroup,
@@ -50,7 +50,6 @@ KindsOption = Annotated[str, typer.Option(help="secret,real_document,random_docu
 ReferencesOption = Annotated[int, typer.Option(help="reference secrets per canary")]
 PrivateLimitOption = Annotated[int | None, typer.Option(help="first N private pairs only")]
 EpochsOverrideOption = Annotated[float | None, typer.Option(help="override the preset's epochs")]
-BatchSizeOption = Annotated[int | None, typer.Option(help="expected batch size")]
 LearningRateOption = Annotated[float | None, typer.Option()]
 TargetLenOption = Annotated[int | None, typer.Option(help="query tokens (canaries need ~20)")]
 SignificanceOption = Annotated[float, typer.Option(help="1 - confidence of the bounds")]
@@ -61,7 +60,6 @@ AuditWorkDirOption = Annotated[
         "(default: beside the ledger, <ledger folder>/work/<out name>-<hash>; never ship it)"
     ),
 ]
-AuditSeedOption = Annotated[int | None, typer.Option(help="tests only; default OS entropy")]
 
 
 def _canary_spec(kinds: str, repetitions: str, per_cell: str, references: int):
@@ -116,12 +114,12 @@ def audit_run(
     limit: PrivateLimitOption = None,
     split: SplitOption = "train",
     epochs: EpochsOverrideOption = None,
-    batch_size: BatchSizeOption = None,
+    batch_size: ExpectedBatchOption = None,
     learning_rate: LearningRateOption = None,
     target_len: TargetLenOption = None,
     significance: SignificanceOption = 0.05,
     work_dir: AuditWorkDirOption = None,
-    seed: AuditSeedOption = None,
+    seed: TestSeedOption = None,
 ) -> None:
     """Train the query generator with canaries at each epsilon, score them, write the report.
 

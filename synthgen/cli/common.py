@@ -31,6 +31,9 @@ SeedOption = Annotated[
 ]
 TenantOption = Annotated[str, typer.Option(help="ledger tenant")]
 DatasetOption = Annotated[str | None, typer.Option(help="ledger dataset (default: file name)")]
+TextFieldOption = Annotated[str, typer.Option(help="field of the private text")]
+DeclaredDeltaOption = Annotated[float | None, typer.Option(help="below 1/N; default 1/(10N)")]
+ExpectedBatchOption = Annotated[int | None, typer.Option(help="expected batch size")]
 BudgetOption = Annotated[
     float | None, typer.Option(help="epsilon cap of a new ledger scope", callback=positive)
 ]
@@ -50,6 +53,7 @@ ServerOption = Annotated[
         "--server-model the served model"
     ),
 ]
+ServerModelOption = Annotated[str | None, typer.Option(help="served model name")]
 ServerContextOption = Annotated[
     int | None,
     typer.Option(

@@ -26,13 +26,20 @@ from synthgen.cli.common import (
     SeedOption,
     ServerConcurrencyOption,
     ServerContextOption,
+    ServerModelOption,
     ServerOption,
     ServerPromptOption,
     SplitOption,
     TenantOption,
+    TextFieldOption,
     TopLogprobsOption,
 )
-from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
+from synthgen.command_line import (
+    GuaranteesAddUpOption,
+    LedgerOption,
+    OutFolderOption,
+    TargetEpsilonOption,
+)
 from synthgen.paths import default_ledger_path
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.receipts import ledger_payer
@@ -61,6 +68,7 @@ DocsLimitOption = Annotated[
     int | None,
     typer.Option(help="first N private examples only (the guarantee covers those only)"),
 ]
+PublicVocabOption = Annotated[int | None, typer.Option(help="RVP: top-K public tokens")]
 DocsLabelsOption = Annotated[
     str | None,
     typer.Option(
@@ -302,25 +310,25 @@ def _query_columns(targets, texts) -> dict:
 
 def generate_docs(
     private: Annotated[str, typer.Option(help="JSONL of private examples, or wiki-summaries-en")],
-    text_field: Annotated[str, typer.Option(help="field of the private text")],
+    text_field: TextFieldOption,
     num_examples: Annotated[int, typer.Option(help="synthetic examples to generate")],
-    out: Annotated[Path, typer.Option(help="output folder")],
+    out: OutFolderOption,
     public_pool_size: PoolSizeOption,
-    epsilon: Annotated[float | None, typer.Option(help="target epsilon")] = None,
+    epsilon: TargetEpsilonOption = None,
     label_field: DocsLabelFieldOption = None,
     delta: DeltaOption = None,
     mechanism: FewShotMechanismOption = "gaussian",
     noise: DocsNoiseOption = None,
     shots: Annotated[int, typer.Option(help="expected private examples per prompt")] = 4,
     subsets: Annotated[int, typer.Option(help="M prompts per token")] = 10,
-    public_vocab: Annotated[int | None, typer.Option(help="RVP: top-K public tokens")] = None,
+    public_vocab: PublicVocabOption = None,
     public_prior: Annotated[float, typer.Option(help="weight of the public prior")] = 0.0,
     max_new_tokens: Annotated[int, typer.Option()] = 64,
     shot_tokens: Annotated[int, typer.Option(help="tokens kept per private example")] = 96,
     resample: ResampleOption = "token",
     model: ModelOption = "smollm2-135m-instruct",
     server: ServerOption = None,
-    server_model: Annotated[str | None, typer.Option(help="served model name")] = None,
+    server_model: ServerModelOption = None,
     server_context: ServerContextOption = None,
     server_prompt: ServerPromptOption = "auto",
     top_logprobs: TopLogprobsOption = 20,
@@ -357,22 +365,22 @@ def generate_docs(
 def generate_queries_fewshot(
     private: Annotated[str, typer.Option(help="JSONL of private (document, query) pairs")],
     documents: Annotated[str, typer.Option(help="JSONL with doc_id/document (public)")],
-    out: Annotated[Path, typer.Option(help="output folder")],
+    out: OutFolderOption,
     public_pool_size: PoolSizeOption,
-    epsilon: Annotated[float | None, typer.Option(help="target epsilon")] = None,
+    epsilon: TargetEpsilonOption = None,
     delta: DeltaOption = None,
     mechanism: FewShotMechanismOption = "gaussian",
     noise: Annotated[float | None, typer.Option(help="sigma or per-token eps instead")] = None,
     shots: Annotated[int, typer.Option()] = 2,
     subsets: Annotated[int, typer.Option()] = 10,
-    public_vocab: Annotated[int | None, typer.Option(help="RVP: top-K public tokens")] = 100,
+    public_vocab: PublicVocabOption = 100,
     public_prior: Annotated[float, typer.Option()] = 0.0,
     max_new_tokens: Annotated[int, typer.Option()] = 16,
     shot_tokens: Annotated[int, typer.Option()] = 64,
     resample: ResampleOption = "token",
     model: ModelOption = "smollm2-135m-instruct",
     server: ServerOption = None,
-    server_model: Annotated[str | None, typer.Option(help="served model name")] = None,
+    server_model: ServerModelOption = None,
     server_context: ServerContextOption = None,
     server_prompt: ServerPromptOption = "auto",
     top_logprobs: TopLogprobsOption = 20,
@@ -381,7 +389,7 @@ def generate_queries_fewshot(
     split: SplitOption = "all",
     ledger: LedgerOption = None,
     tenant: Annotated[str, typer.Option()] = "default",
-    dataset: Annotated[str | None, typer.Option(help="ledger dataset (default: file name)")] = None,
+    dataset: DatasetOption = None,
     guarantees_add_up: GuaranteesAddUpOption = False,
     budget: BudgetOption = None,
     seed: SeedOption = None,

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import HelpGroup
+from synthgen.command_line import HelpGroup, JsonFlagOption
 from synthgen.paths import default_ledger_help, default_ledger_path
 from synthgen.privacy.document_filters import DocumentFilters
 from synthgen.privacy.figures import format_epsilon, format_remaining
@@ -37,9 +37,7 @@ LedgerOption = Annotated[
 
 
 @ledger_app.command("show")
-def ledger_show(
-    db: LedgerOption = None, as_json: Annotated[bool, typer.Option("--json")] = False
-) -> None:
+def ledger_show(db: LedgerOption = None, as_json: JsonFlagOption = False) -> None:
     """Spent and remaining budget of every scope, and the names that guard the same documents.
 
     The spend is the ledger's stated figure (`PrivacyLedger.spent`), written as everywhere
@@ -98,7 +96,7 @@ def _documents_line(filters: DocumentFilters, dataset: str) -> str:
 def ledger_documents(
     dataset: Annotated[str, typer.Option(help="a collection in individual accounting")],
     db: LedgerOption = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: JsonFlagOption = False,
 ) -> None:
     """Per-document accounting of a collection: documents, active, exhausted, and the max,
     median and mean epsilon the documents have spent at the document delta.

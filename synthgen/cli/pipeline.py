@@ -240,13 +240,14 @@ ShardOption = Annotated[
         "without --shard joins the N shards"
     ),
 ]
+RecomputeOption = Annotated[bool, typer.Option(help="recompute even if up to date")]
 
 
 def _stage_command(name: str):
     def command(
         config: ConfigOption = None,
         out: OutOption = None,
-        force: Annotated[bool, typer.Option(help="recompute even if up to date")] = False,
+        force: RecomputeOption = False,
         progress: ProgressOption = True,
     ) -> None:
         _run(name, config, out, force=force, progress=progress)
@@ -254,7 +255,7 @@ def _stage_command(name: str):
     def sharded_command(
         config: ConfigOption = None,
         out: OutOption = None,
-        force: Annotated[bool, typer.Option(help="recompute even if up to date")] = False,
+        force: RecomputeOption = False,
         progress: ProgressOption = True,
         shard: ShardOption = None,
     ) -> None:
@@ -263,7 +264,7 @@ def _stage_command(name: str):
     def generate_command(
         config: ConfigOption = None,
         out: OutOption = None,
-        force: Annotated[bool, typer.Option(help="recompute even if up to date")] = False,
+        force: RecomputeOption = False,
         progress: ProgressOption = True,
         shard: ShardOption = None,
         train_only: Annotated[

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from synthgen.cli.common import FewShotMechanismOption
-from synthgen.command_line import HelpGroup, choice
+from synthgen.cli.common import DeclaredDeltaOption, FewShotMechanismOption
+from synthgen.command_line import HelpGroup, JsonOption, choice
 from synthgen.privacy import accounting
 
 FewShotNoiseOption = Annotated[
@@ -36,7 +36,7 @@ def privacy_dpsgd(
         choice("poisson", "shuffle", help="how batches are drawn"),
     ] = "poisson",
     accountant: Annotated[str, choice("pld", "rdp", help="the accountant")] = "pld",
-    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Epsilon of DP-SGD for a noise multiplier, or the noise multiplier for a target epsilon."""
     if (noise_multiplier is None) == (target_epsilon is None):
@@ -93,10 +93,10 @@ def privacy_fewshot(
     tokens: Annotated[int, typer.Option(help="total released tokens T")],
     noise_multiplier: FewShotNoiseOption = None,
     target_epsilon: Annotated[float | None, typer.Option(help="prints calibrated noise")] = None,
-    delta: Annotated[float | None, typer.Option(help="below 1/N; default 1/(10N)")] = None,
+    delta: DeclaredDeltaOption = None,
     mechanism: FewShotMechanismOption = "gaussian",
     tokens_per_draw: TokensPerDrawOption = 1,
-    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Epsilon of DP few-shot generation (Tang et al. 2024), or the noise for a target.
 

@@ -12,12 +12,23 @@ import typer
 from synthgen.cli.common import (
     SEED_WARNING,
     BudgetOption,
+    ExpectedBatchOption,
     PresetOption,
     SeedOption,
     SplitOption,
     TenantOption,
 )
-from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
+from synthgen.command_line import (
+    DocumentsLimitOption,
+    DpSgdDeltaOption,
+    GuaranteesAddUpOption,
+    KeepSecretWorkOption,
+    LedgerOption,
+    OutFolderOption,
+    PairsLimitOption,
+    SecretWorkDirOption,
+    TargetEpsilonOption,
+)
 from synthgen.paths import default_ledger_path, default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger
 
@@ -38,25 +49,11 @@ ReleaseOutOption = Annotated[
     typer.Option(help="release folder: weights, configs, tokenizer, privacy metadata"),
 ]
 BaseOption = Annotated[str | None, typer.Option(help="override the base model (asset or path)")]
-EpsilonOption = Annotated[float | None, typer.Option(help="target epsilon")]
 NoiseMultiplierOption = Annotated[float | None, typer.Option(help="sigma instead of epsilon")]
-DeltaOption = Annotated[float | None, typer.Option(help="default 1/(2n)")]
 EpochsOption = Annotated[float | None, typer.Option()]
-BatchSizeOption = Annotated[int | None, typer.Option(help="expected batch size")]
-PairsLimitOption = Annotated[int | None, typer.Option(help="first N pairs only")]
 FieldOption = Annotated[str, typer.Option()]
 PairsDatasetOption = Annotated[
     str | None, typer.Option(help="ledger dataset (default: pairs name)")
-]
-SecretWorkDirOption = Annotated[
-    Path | None,
-    typer.Option(
-        help="SECRET work folder: resume state incl. the noise key and sampler state; "
-        "never ship it (default: <ledger folder>/work/<out name>-<hash>)"
-    ),
-]
-KeepWorkOption = Annotated[
-    bool, typer.Option(help="keep the secret work folder after a finished run")
 ]
 
 
@@ -130,11 +127,11 @@ def train_generator(
     out: ReleaseOutOption,
     config: PresetOption = "tiny_t5",
     base: BaseOption = None,
-    epsilon: EpsilonOption = None,
+    epsilon: TargetEpsilonOption = None,
     noise_multiplier: NoiseMultiplierOption = None,
-    delta: DeltaOption = None,
+    delta: DpSgdDeltaOption = None,
     epochs: EpochsOption = None,
-    batch_size: BatchSizeOption = None,
+    batch_size: ExpectedBatchOption = None,
     limit: PairsLimitOption = None,
     split: SplitOption = "all",
     document_field: FieldOption = "document",
@@ -146,7 +143,7 @@ def train_generator(
     budget: BudgetOption = None,
     seed: SeedOption = None,
     work_dir: SecretWorkDirOption = None,
-    keep_work: KeepWorkOption = False,
+    keep_work: KeepSecretWorkOption = False,
 ) -> None:
     """DP-fine-tune a query generator on private (document, query) pairs.
 
@@ -206,11 +203,11 @@ def generate_queries(
     documents: Annotated[
         str, typer.Option(help="JSONL with doc_id/document, or wiki-summaries-en")
     ],
-    out: Annotated[Path, typer.Option(help="output folder")],
+    out: OutFolderOption,
     k: Annotated[int | None, typer.Option(help="queries per document")] = None,
     top_p: Annotated[float | None, typer.Option()] = None,
     temperature: Annotated[float | None, typer.Option()] = None,
-    limit: Annotated[int | None, typer.Option(help="first N documents only")] = None,
+    limit: DocumentsLimitOption = None,
     split: SplitOption = "all",
     seed: Annotated[
         int | None, typer.Option(help="sampling seed (needed with --shard: one stream for all)")
@@ -259,7 +256,7 @@ def generate_queries(
 
 def merge_queries(
     shards: Annotated[list[Path], typer.Argument(help="the shard folders of one job")],
-    out: Annotated[Path, typer.Option(help="output folder")],
+    out: OutFolderOption,
 ) -> None:
     """Join `generate-queries --shard I/N` folders into the unsharded output (same bytes)."""
     from synthgen import querygen
