@@ -144,6 +144,21 @@ def status(config: ConfigOption = None, out: OutOption = None) -> None:
         )
 
 
+RagRecordsOption = Annotated[
+    Path | None,
+    typer.Option(help="with --pairs: your private collection for the DP-RAG stage, JSONL of "
+                 "doc_id and text (default: no DP-RAG stage)"),
+]  # fmt: skip
+RagQuestionsOption = Annotated[
+    Path | None,
+    typer.Option(help="with --rag-records: the public questions answered over it, JSONL of "
+                 "question (and an expected answer) or one question per line"),
+]  # fmt: skip
+PresetOption = Annotated[
+    str, typer.Option(help="the packaged config the generator and encoder come from")
+]
+
+
 @pipeline_app.command("init")
 def init(
     name: Annotated[
@@ -171,9 +186,9 @@ def init(
     id_field: Annotated[
         str | None, typer.Option(help="the collection's id field (default: --doc-id-field)")
     ] = None,
-    preset: Annotated[
-        str, typer.Option(help="the packaged config the generator and encoder come from")
-    ] = "demo",
+    rag_records: RagRecordsOption = None,
+    rag_questions: RagQuestionsOption = None,
+    preset: PresetOption = "demo",
 ) -> None:
     """Copies a packaged example config to a file you can edit, and says how to run it; with
     --pairs, writes a config for your own pairs file instead (checked line by line first)."""
@@ -183,10 +198,12 @@ def init(
         _init_pairs(
             name, to, force, pairs, documents, preset,
             (query_field, document_field, doc_id_field, text_field, id_field),
+            (rag_records, rag_questions),
         )  # fmt: skip
         return
-    if documents is not None:
-        raise typer.BadParameter("--documents goes with --pairs", param_hint="'--documents'")
+    for given, option in ((documents, "--documents"), (rag_records, "--rag-records")):
+        if given is not None:
+            raise typer.BadParameter(f"{option} goes with --pairs", param_hint=f"'{option}'")
     if name is None:
         print("packaged configs: " + ", ".join(pipeline_examples()))
         print("next: synthgen pipeline init NAME, or synthgen pipeline init --pairs FILE")
@@ -199,7 +216,7 @@ def init(
     print(f"next: synthgen pipeline --config {shlex.quote(str(path))}")
 
 
-def _init_pairs(name, to, force, pairs, documents, preset, fields) -> None:
+def _init_pairs(name, to, force, pairs, documents, preset, fields, rag) -> None:
     """`init --pairs`: a config for the user's pairs (`synthgen.pipeline.pairs_config`)."""
     from synthgen.pipeline.pairs_config import PRESETS, pairs_config_text
     from synthgen.user_pairs import PairsFileError, PairsSource
@@ -219,8 +236,10 @@ def _init_pairs(name, to, force, pairs, documents, preset, fields) -> None:
     )  # fmt: skip
     try:
         written, plan = pairs_config_text(
-            source, preset=preset, name=label, config_name=str(destination)
-        )
+            source, preset=preset, name=label, config_name=str(destination),
+            rag_records=None if rag[0] is None else str(rag[0]),
+            rag_questions=None if rag[1] is None else str(rag[1]),
+        )  # fmt: skip
     except (PairsFileError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(2) from None
@@ -230,6 +249,8 @@ def _init_pairs(name, to, force, pairs, documents, preset, fields) -> None:
         f"wrote {destination}: {plan.pairs} pairs naming {plan.documents_named} documents "
         f"({plan.train_pairs} to train on), {plan.documents_indexed} documents indexed"
     )
+    if plan.rag_questions:
+        print(f"DP-RAG: {plan.rag_questions} questions over {plan.rag_records} private records")
     print(f"next: synthgen pipeline --config {shlex.quote(str(destination))}")
 
 

@@ -4,10 +4,11 @@
 (`synthgen.user_pairs.read_pairs`: a bad file is refused here, before any config is written
 or any budget spent) and writes a config file built on a packaged preset: the data section
 reads the user's files, the DP generator keeps the preset's number of DP steps and expected
-batch whatever the number of pairs (its epochs are set from the train pairs' count), and the
-preset's DP-RAG stage, which answers over a built-in test world rather than the user's
-data, is turned off, and so are the report's samples (a real query beside its synthetic
-one: the user's real queries are private).
+batch whatever the number of pairs (its epochs are set from the train pairs' count). The
+DP-RAG stage answers the user's own questions over the user's private collection when both
+are given (`rag_records`, `rag_questions`, checked here), and is turned off otherwise (the
+preset's answers over a built-in test world, not the user's data); the report's samples are
+off (a real query beside its synthetic one: the user's real queries are private).
 
 Privacy:
   Reads the private pairs to check them and to count them; the config holds the files'
@@ -65,8 +66,8 @@ def get_config():
         generate=dataclasses.replace(base.generate, querygen=generator.replace(dp=dp)),
         # delta 1/(10 n) for the n train pairs (the run's default 1/(2 n) is near 1/n)
         privacy=dataclasses.replace(base.privacy, delta={delta!r}),
-        # the preset's DP-RAG stage answers over a built-in test world, not your data
-        rag=RagStageConfig(enabled=False),
+        {rag_note}
+        rag={rag},
         # your real queries are private: the report shows none beside the synthetic ones
         report=dataclasses.replace(base.report, samples=0),
     )
@@ -82,6 +83,8 @@ class PairsPlan:
     documents_indexed: int
     train_pairs: int
     epochs: float
+    rag_records: int = 0  # the DP-RAG stage's collection (0: no stage)
+    rag_questions: int = 0
 
 
 def pairs_config_text(
@@ -92,8 +95,11 @@ def pairs_config_text(
     out: str | None = None,
     test_fraction: float = 0.2,
     config_name: str = "my-pairs.py",
+    rag_records: str | None = None,
+    rag_questions: str | None = None,
 ) -> tuple[str, PairsPlan]:
-    """(the config file's text, its plan) for the pairs of `source`.
+    """(the config file's text, its plan) for the pairs of `source`; with `rag_records` and
+    `rag_questions`, a DP-RAG stage over those records answering those questions.
 
     Raises:
       PairsFileError: the first problem of the files, naming its line.
@@ -120,6 +126,7 @@ def pairs_config_text(
             f"{dp.batch_size} (the {preset} preset's): collect more pairs or use another preset"
         )
     epochs = steps * dp.batch_size / train
+    rag, counts = _rag_section(rag_records, rag_questions)
     resolve = lambda p: None if p is None else str(Path(p).resolve())  # noqa: E731
     text = TEMPLATE.format(
         pairs=resolve(source.pairs),
@@ -142,8 +149,39 @@ def pairs_config_text(
         id_field=source.id_field,
         config_name=config_name,
         delta=1.0 / (10 * train),
+        **rag,
     )
-    return text, PairsPlan(len(pairs), named, len(collection), train, epochs)
+    return text, PairsPlan(len(pairs), named, len(collection), train, epochs, *counts)
+
+
+def _rag_section(records: str | None, questions: str | None) -> tuple[dict, tuple[int, int]]:
+    """(the template's rag section, (records, questions) counted): the user's collection
+    and questions (checked: a corpus of doc_id and text, a questions file), or the stage
+    turned off."""
+    if (records is None) != (questions is None):
+        raise ValueError("a DP-RAG stage needs both the private records and the questions")
+    if records is None:
+        return {
+            "rag_note": "# the preset's DP-RAG stage answers over a built-in test world, not "
+            "your data",
+            "rag": "RagStageConfig(enabled=False)",
+        }, (0, 0)
+    from synthgen.corpora import read_jsonl
+    from synthgen.pipeline.rag_stage import read_questions
+
+    try:
+        doc_ids = [str(row["doc_id"]) for row in read_jsonl(records, required=("doc_id", "text"))]
+        count = len(read_questions(questions))
+    except (OSError, ValueError) as exc:
+        raise PairsFileError(str(exc)) from None
+    if len(set(doc_ids)) != len(doc_ids):
+        raise PairsFileError(f"{records} repeats doc_ids")
+    resolved = [str(Path(p).resolve()) for p in (records, questions)]
+    return {
+        "rag_note": f"# DP-RAG: your {count} questions over your {len(doc_ids)} private records",
+        "rag": f"dataclasses.replace(base.rag, records={resolved[0]!r}, "
+        f"questions_file={resolved[1]!r}, questions={count})",
+    }, (len(doc_ids), count)
 
 
 def _preset_train_pairs(config) -> int:

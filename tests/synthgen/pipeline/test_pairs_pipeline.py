@@ -48,6 +48,22 @@ def _files(folder, documents=40, per=3):
     return log, docs
 
 
+def _rag_files(folder):
+    """A private helpdesk collection (doc_id, text) and public questions about it."""
+    tickets = folder / "tickets.jsonl"
+    tickets.write_text("".join(
+        json.dumps({"doc_id": f"t{i}", "text": f"Ticket {i}: the {TOPICS[i % 10]} on floor "
+                    f"{i % 4} was fixed by Omar Vell."}) + "\n"
+        for i in range(40)
+    ))  # fmt: skip
+    questions = folder / "questions.jsonl"
+    questions.write_text(
+        json.dumps({"question": "Who fixed the printer?", "answer": "Omar Vell"}) + "\n"
+        "Which floor had the vpn issue?\n"
+    )
+    return tickets, questions
+
+
 def _cli(*args, cwd):
     return subprocess.run(
         [sys.executable, "-m", "synthgen.cli", *map(str, args)],
@@ -69,8 +85,18 @@ def test_init_writes_a_config_for_the_pairs_and_the_main_job_runs_it(tmp_path):
     assert alone.returncode == 2 and "--documents FILE" in alone.stderr
     config = load_pipeline_config(str(tmp_path / "support.py"))
     assert config.data.pairs == str(log.resolve()) and config.data.source is None
-    assert not config.rag.enabled
-    run = _cli("pipeline", "--config", tmp_path / "support.py", "--out", tmp_path / "run",
+    assert not config.rag.enabled  # no collection of yours: no DP-RAG stage over a test world
+    tickets, questions = _rag_files(tmp_path)
+    made = _cli(
+        "pipeline", "init", "--pairs", log, "--documents", docs, "--query-field", "q",
+        "--doc-id-field", "clicked", "--id-field", "id", "--text-field", "body",
+        "--rag-records", tickets, "--rag-questions", questions,
+        "--preset", "tiny", "--to", tmp_path / "support_rag.py", cwd=tmp_path,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    rag = load_pipeline_config(str(tmp_path / "support_rag.py")).rag
+    assert rag.enabled and rag.records == str(tickets.resolve()) and rag.questions == 2
+    run = _cli("pipeline", "--config", tmp_path / "support_rag.py", "--out", tmp_path / "run",
                "--no-progress", cwd=tmp_path)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     root = tmp_path / "run"
@@ -83,8 +109,12 @@ def test_init_writes_a_config_for_the_pairs_and_the_main_job_runs_it(tmp_path):
     assert written <= targets
     report = (root / "report" / "report.html").read_text()
     assert "NDCG@10" in report and "synthetic" in report and "ε" in report
-    # no DP-RAG stage ran and no real query is shown: the report says neither
-    assert "DP-RAG answer" not in report and "real queries and" not in report
+    # the DP-RAG stage answered your questions over your collection, charged to its scope
+    answered = json.loads((root / "stages" / "rag.json").read_text())["summary"]
+    assert answered["dataset"] == "tickets" and answered["records"] == 40
+    assert [a["question"] for a in answered["answers"]][1] == "Which floor had the vpn issue?"
+    assert "DP-RAG answers" in report and "tickets" in report
+    assert "real queries and" not in report  # no real query is shown
     for line in (root / "private" / "data" / "train_pairs.jsonl").read_text().splitlines()[:3]:
         assert json.loads(line)["query"] not in report  # no private query in the report
 
