@@ -57,7 +57,8 @@ def load_dprag(
         corpus (DP retrieval scores every document, so the index must hold them all).
       private_corpus: corpus.jsonl (doc_id, text), the same documents in the same order.
       lm: an LM asset name or path (loaded as `FlaxLM`), or a loaded `NextTokenLM`.
-      ledger: the privacy ledger.
+      ledger: the privacy ledger (None: answers are charged nothing, for experiments and
+        tests only; every command and the service pass one).
       dataset: the collection's name in the ledger (default: the corpus file's stem).
       config: public parameters of the answer stage.
       prompt: prompt format.

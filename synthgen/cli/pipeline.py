@@ -250,7 +250,10 @@ def _init_pairs(name, to, force, pairs, documents, preset, fields, rag) -> None:
         f"({plan.train_pairs} to train on), {plan.documents_indexed} documents indexed"
     )
     if plan.rag_questions:
-        print(f"DP-RAG: {plan.rag_questions} questions over {plan.rag_records} private records")
+        print(
+            f"DP-RAG: {plan.rag_questions} of your {plan.rag_questions_given} questions over "
+            f"{plan.rag_records} private records (as many as the rag scope's cap fits)"
+        )
     print(f"next: synthgen pipeline --config {shlex.quote(str(destination))}")
 
 

@@ -370,6 +370,10 @@ def release_facts(
             kept["plan"] != json.loads(json.dumps(plan.to_dict())) or kept["n"] != len(texts)
         ):  # refused before any charge
             raise ValueError(f"{work} holds a fact release with another plan; use a new one")
+        if kept is not None and pay is not None and kept.get("paid") is False:
+            raise ValueError(  # its noise was drawn before any charge: never a paid release
+                f"{work} holds a fact release drawn without a charge; use a new work folder"
+            )
         description = f"DP fact release ({config.extractor}), eps={config.epsilon:.4g}"
         ref = charge_ref(work, pay.scope, plan) if pay is not None else None
         paid(pay, plan, description, ref=ref)
@@ -379,9 +383,8 @@ def release_facts(
             return FactRelease(pairs, records, plan)
         release = _select(texts, config, plan)
         # written before anything is returned: a crash after it replays
-        write_private(
-            stored, json.dumps({"plan": plan.to_dict(), "n": len(texts), "pairs": release.pairs})
-        )
+        kept = {"plan": plan.to_dict(), "n": len(texts), "pairs": release.pairs}
+        write_private(stored, json.dumps({**kept, "paid": pay is not None}))
     return release
 
 

@@ -286,6 +286,13 @@ class RagStageConfig:
                 "rag.records (the private collection) and rag.questions_file (its public "
                 f"questions) go together: {self.records=}, {self.questions_file=}"
             )
+        if self.dataset_name == "train-pairs" or (
+            self.records is not None and self.dataset_name == "medical-records"
+        ):  # the generate stage's scope, or the built-in world's
+            raise ValueError(
+                f"the collection's name {self.dataset_name!r} is the main job's own: set "
+                "rag.dataset to another"
+            )
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.dataset_name):
             raise ValueError(
                 f"the collection's name in the ledger must be plain ([A-Za-z0-9_.-]): "

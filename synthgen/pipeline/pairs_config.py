@@ -84,7 +84,8 @@ class PairsPlan:
     train_pairs: int
     epochs: float
     rag_records: int = 0  # the DP-RAG stage's collection (0: no stage)
-    rag_questions: int = 0
+    rag_questions: int = 0  # answered: as many as the preset's cap fits
+    rag_questions_given: int = 0
 
 
 def pairs_config_text(
@@ -126,7 +127,7 @@ def pairs_config_text(
             f"{dp.batch_size} (the {preset} preset's): collect more pairs or use another preset"
         )
     epochs = steps * dp.batch_size / train
-    rag, counts = _rag_section(rag_records, rag_questions)
+    rag, counts = _rag_section(rag_records, rag_questions, base.rag)
     resolve = lambda p: None if p is None else str(Path(p).resolve())  # noqa: E731
     text = TEMPLATE.format(
         pairs=resolve(source.pairs),
@@ -154,10 +155,14 @@ def pairs_config_text(
     return text, PairsPlan(len(pairs), named, len(collection), train, epochs, *counts)
 
 
-def _rag_section(records: str | None, questions: str | None) -> tuple[dict, tuple[int, int]]:
-    """(the template's rag section, (records, questions) counted): the user's collection
-    and questions (checked: a corpus of doc_id and text, a questions file), or the stage
-    turned off."""
+def _rag_section(
+    records: str | None, questions: str | None, base
+) -> tuple[dict, tuple[int, int, int]]:
+    """(the template's rag section, (records, questions answered, questions given)): a DP-RAG
+    stage on `base` (the preset's rag section) over the user's collection and questions
+    (checked: a corpus of doc_id and text, a questions file, a name the ledger takes), its
+    delta cap below 1/(10 n) for n records, answering as many questions as its cap fits;
+    or the stage turned off."""
     if (records is None) != (questions is None):
         raise ValueError("a DP-RAG stage needs both the private records and the questions")
     if records is None:
@@ -165,23 +170,38 @@ def _rag_section(records: str | None, questions: str | None) -> tuple[dict, tupl
             "rag_note": "# the preset's DP-RAG stage answers over a built-in test world, not "
             "your data",
             "rag": "RagStageConfig(enabled=False)",
-        }, (0, 0)
+        }, (0, 0, 0)
     from synthgen.corpora import read_jsonl
-    from synthgen.pipeline.rag_stage import read_questions
+    from synthgen.pipeline.rag_stage import answers_that_fit, read_questions
 
     try:
         doc_ids = [str(row["doc_id"]) for row in read_jsonl(records, required=("doc_id", "text"))]
-        count = len(read_questions(questions))
+        given = len(read_questions(questions))
+        records, questions = (str(Path(p).resolve()) for p in (records, questions))
+        delta_cap = min(base.delta_cap, 1.0 / (10 * len(doc_ids)))
+        rag = dataclasses.replace(
+            base, records=records, questions_file=questions, questions=given,
+            delta_cap=delta_cap, delta=min(base.delta, delta_cap),
+        )  # fmt: skip
     except (OSError, ValueError) as exc:
         raise PairsFileError(str(exc)) from None
     if len(set(doc_ids)) != len(doc_ids):
         raise PairsFileError(f"{records} repeats doc_ids")
-    resolved = [str(Path(p).resolve()) for p in (records, questions)]
+    answered = answers_that_fit(rag)
+    if not answered:
+        raise PairsFileError(
+            f"not one answer at epsilon={rag.epsilon:g} fits the preset's cap "
+            f"epsilon={rag.epsilon_cap:g}"
+        )
+    note = f"# DP-RAG: {answered} of your {given} questions over your {len(doc_ids)} records"
+    if answered < given:
+        note += f" (what the cap epsilon={rag.epsilon_cap:g} fits: raise epsilon_cap for more)"
     return {
-        "rag_note": f"# DP-RAG: your {count} questions over your {len(doc_ids)} private records",
-        "rag": f"dataclasses.replace(base.rag, records={resolved[0]!r}, "
-        f"questions_file={resolved[1]!r}, questions={count})",
-    }, (len(doc_ids), count)
+        "rag_note": note,
+        "rag": f"dataclasses.replace(\n            base.rag, records={records!r},\n"
+        f"            questions_file={questions!r},\n            questions={answered}, "
+        f"delta={rag.delta!r}, delta_cap={rag.delta_cap!r},\n        )",
+    }, (len(doc_ids), answered, given)
 
 
 def _preset_train_pairs(config) -> int:

@@ -133,6 +133,93 @@ def _check_accounting_unchanged(ledger, dataset: str, individual: bool) -> None:
         )
 
 
+def answer_plan(cfg):
+    """(mechanism, `RagConfig`, the plan of one answer) of a rag section: public values.
+    k is the config's (small collections); the trained encoder scores: dense retrieval."""
+    from retriever.rag import RagConfig
+    from retriever.rag.answer import plan_answer
+    from retriever.rag.defaults import resolve
+
+    mechanism, _ = resolve(cfg.mechanism, cfg.k, cfg.epsilon, accounting=cfg.accounting)
+    config = RagConfig(
+        k=cfg.k,
+        max_tokens=cfg.max_tokens,
+        delta=cfg.delta,
+        accounting=cfg.accounting,
+        relevance_threshold=cfg.relevance_threshold,
+    )
+    return mechanism, config, plan_answer(config, mechanism, cfg.epsilon)
+
+
+def answers_that_fit(cfg, tenant: str = "pipeline") -> int:
+    """How many of `cfg.questions` answers fit a new scope of `cfg`'s caps (public)."""
+    from synthgen.privacy.calibration import bisect
+    from synthgen.privacy.ledger_types import Scope
+
+    scope = Scope(tenant, cfg.dataset_name, cfg.epsilon_cap, cfg.delta_cap)
+    plan = answer_plan(cfg)[2]
+
+    def fits(answers: int) -> bool:
+        try:
+            _check_answers_fit(None, scope, plan, answers)
+        except ValueError:
+            return False
+        return True
+
+    if fits(cfg.questions):
+        return cfg.questions
+    return bisect(fits, 0, cfg.questions, integer=True)  # 0 answers always fit
+
+
+def _answered(path: Path, questions: list[tuple[str, str | None]]) -> list[dict]:
+    """The answers an interrupted stage already released (`rag/answers.json`), refused when
+    they answer other questions than the first of `questions` (edited since)."""
+    answers = json.loads(path.read_text()) if path.is_file() else []
+    if [a["question"] for a in answers] != [q for q, _ in questions[: len(answers)]]:
+        raise ValueError(
+            f"{path} answers other questions than the config's (the questions changed "
+            "since): restore them, or start a new run folder (--out)"
+        )
+    return answers
+
+
+def _check_answers_fit(ledger, scope, plan, answers: int) -> None:
+    """Refuses, before anything is written or charged, questions whose `answers` answers at
+    `plan`'s worst case cannot all fit `scope`'s cap (with what the run already spent on it):
+    every answer is the same public event, so this is known from public values."""
+    import tempfile
+
+    from dp_accounting import dp_event
+
+    from retriever.rag.answer import RELATION
+    from synthgen.privacy import BudgetExceededError, PrivacyLedger
+
+    if answers <= 0:
+        return
+    stored = ledger is not None and any(
+        (s.tenant, s.dataset) == (scope.tenant, scope.dataset) for s in ledger.scopes()
+    )  # None: a new run's ledger
+    with tempfile.TemporaryDirectory() as folder:
+        book = ledger if stored else PrivacyLedger(Path(folder) / "check.sqlite")
+        if not stored:  # the scope the stage would open, alone in a scratch ledger
+            book.open_scope(scope)
+        try:
+            book.check(
+                scope.tenant, scope.dataset, stage="rag-answer", relation=RELATION,
+                event=dp_event.SelfComposedDpEvent(plan.worst_case_event(), answers),
+                delta=plan.delta,
+            )  # fmt: skip
+        except BudgetExceededError:
+            raise ValueError(
+                f"{answers} answers at epsilon={plan.epsilon:g} do not fit the cap of "
+                f"({scope.tenant}, {scope.dataset}), epsilon={scope.epsilon_cap:g}: answer "
+                "fewer questions (rag.questions) or raise rag.epsilon_cap; nothing was charged"
+            ) from None
+        finally:
+            if not stored:
+                book.close()
+
+
 def _tell(ctx: StageContext, ledger, dataset: str, stated, records: int) -> None:
     """Logs which ledger holds the collection's charges, and a warning for each weak
     guarantee among `stated` ((epsilon, delta, what) over `records` records)."""
@@ -176,7 +263,7 @@ def release_and_answer(ctx: StageContext, collection: Collection) -> dict:
       ("release", the collection) before any noise; the answers are post-processing.
     """
     from retriever.typed_answers import TypedFactAnswerer
-    from synthgen.knowledge.facts import FactConfig, release_facts
+    from synthgen.knowledge.facts import FactConfig, plan_facts, release_facts
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.ledger_documents import bind_texts
     from synthgen.privacy.ledger_types import Scope
@@ -186,13 +273,16 @@ def release_and_answer(ctx: StageContext, collection: Collection) -> dict:
     work = ctx.run.private / "knowledge"
     _check_no_cluster_release(work)
     ledger, dataset, texts = PrivacyLedger(ctx.run.ledger), collection.name, collection.texts
-    bind_texts(ledger, dataset, texts)  # the records, bound to their name before any charge
-    open_run_scope(ledger, Scope("release", dataset, cfg.release_epsilon, cfg.delta_cap))
-    _tell(ctx, ledger, dataset, [(cfg.release_epsilon, cfg.delta_cap, None)], len(texts))
     config = FactConfig(
         cfg.release_epsilon, cfg.delta_cap, max_pairs=RELEASE_MAX_PAIRS,
         extractor=RELEASE_EXTRACTOR,
     )  # fmt: skip
+    problems = plan_facts(config, len(texts)).problems()  # public: before anything is written
+    if problems:
+        raise ValueError("; ".join(problems))
+    bind_texts(ledger, dataset, texts)  # the records, bound to their name before any charge
+    open_run_scope(ledger, Scope("release", dataset, cfg.release_epsilon, cfg.delta_cap))
+    _tell(ctx, ledger, dataset, [(cfg.release_epsilon, cfg.delta_cap, None)], len(texts))
     ctx.log("rag", f"releasing the facts of {len(texts)} private records once")
     pay = ledger_payer(ledger, ("release", dataset), stage="knowledge-release")
     release = release_facts(texts, config, work=work, pay=pay)
@@ -245,10 +335,8 @@ def answer_questions(ctx: StageContext) -> dict:
     target and the filters' aggregate summary (never a record's own figure).
     """
     from retriever.evaluate import load_towers
-    from retriever.rag import DPRag, RagConfig
-    from retriever.rag.answer import plan_answer
+    from retriever.rag import DPRag
     from retriever.rag.collection import check_delta, check_encoder, open_document_filters
-    from retriever.rag.defaults import resolve
     from synthgen.lm_backends import FlaxLM
     from synthgen.privacy.document_filters import DocumentFilters
     from synthgen.privacy.ledger import PrivacyLedger
@@ -258,8 +346,7 @@ def answer_questions(ctx: StageContext) -> dict:
     cfg = ctx.config.rag
     if not cfg.enabled:
         return {"enabled": False}
-    # k: the config's (small worlds); the trained encoder scores: dense retrieval
-    mechanism, _ = resolve(cfg.mechanism, cfg.k, cfg.epsilon, accounting=cfg.accounting)
+    mechanism, rag_config, plan = answer_plan(cfg)
     collection = read_collection(cfg)
     dataset, texts, questions = collection.name, collection.texts, collection.questions
     if cfg.mode == "release":
@@ -268,16 +355,13 @@ def answer_questions(ctx: StageContext) -> dict:
     check_encoder(encoder)  # trained on the DP synthetic release: its provenance says so
     check_delta(cfg.delta, len(texts), "rag.delta")
     check_delta(cfg.delta_cap, len(texts), "rag.delta_cap")
-    rag_config = RagConfig(
-        k=cfg.k,
-        max_tokens=cfg.max_tokens,
-        delta=cfg.delta,
-        accounting=cfg.accounting,
-        relevance_threshold=cfg.relevance_threshold,
-    )
     tenant = ctx.config.privacy.tenant
     ledger = PrivacyLedger(ctx.run.ledger)
     _check_accounting_unchanged(ledger, dataset, cfg.individual)
+    done_path = ctx.run.root / "rag" / "answers.json"
+    done = len(_answered(done_path, questions))
+    scope = Scope(tenant, dataset, cfg.epsilon_cap, cfg.delta_cap)
+    _check_answers_fit(ledger, scope, plan, len(questions) - done)
     filters = DocumentFilters(ledger.store)
     bind_texts(ledger, dataset, texts)  # the records, bound to their name before any charge
     if cfg.individual:
@@ -289,9 +373,9 @@ def answer_questions(ctx: StageContext) -> dict:
             documents=len(texts),
             epsilon=cfg.document_epsilon,
             delta=cfg.document_delta,
-            plan=plan_answer(rag_config, mechanism, cfg.epsilon),
+            plan=plan,
         )
-    open_run_scope(ledger, Scope(tenant, dataset, cfg.epsilon_cap, cfg.delta_cap))
+    open_run_scope(ledger, scope)
     stated = [(cfg.epsilon, cfg.delta, "per answer")]
     if cfg.individual:
         stated.append((cfg.document_epsilon, cfg.document_delta, "per document"))
@@ -310,12 +394,10 @@ def answer_questions(ctx: StageContext) -> dict:
         payer=collection_payer(ledger, dataset),
         config=rag_config,
     )
-    out = ctx.run.root / "rag"
-    out.mkdir(parents=True, exist_ok=True)
-    done_path = out / "answers.json"
+    done_path.parent.mkdir(parents=True, exist_ok=True)
     # Each answer is written as soon as it is released: an interrupted stage resumes after
     # the last written answer instead of paying for it again.
-    answers = json.loads(done_path.read_text()) if done_path.is_file() else []
+    answers = _answered(done_path, questions)
     for number, (question, expected) in enumerate(questions, start=1):
         if number <= len(answers):
             continue

@@ -323,6 +323,9 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
                 " Each DP-RAG answer (<code>rag/answers.json</code>) is charged to the "
                 "records that took part in it and to the tenant's quota above."
                 if rag_dataset in individual
+                else f" The DP-RAG answers (<code>rag/answers.json</code>) are post-processing "
+                f"of the one fact release charged to the (release, {_e(rag_dataset)}) scope above."
+                if (metrics.get("rag") or {}).get("mode") == "release"
                 else f" Each DP-RAG answer (<code>rag/answers.json</code>) is charged to the "
                 f"{_e(rag_dataset)} scope above."
                 if any(s["dataset"] == rag_dataset for s in metrics["privacy"])

@@ -155,6 +155,10 @@ def test_refused_before_any_charge_and_charged_once_on_rerun(tmp_path):
     with pytest.raises(ValueError, match="another scope"):  # the folder's key is c's
         release_facts(texts, FactConfig(epsilon=10.0), work=tmp_path, pay=other)
     assert ledger.charges("release", "d") == []
+    unpaid = tmp_path / "unpaid"  # a draw made without a charge is never a paid release
+    release_facts(texts, FactConfig(epsilon=10.0), work=unpaid)
+    with pytest.raises(ValueError, match="without a charge"):
+        release_facts(texts, FactConfig(epsilon=10.0), work=unpaid, pay=_pay(ledger))
     charges = ledger.charges("release", "c")
     assert len(charges) == 1 and charges[0].stage == "knowledge-release"
     assert json.loads((tmp_path / "facts_charge.json").read_text())["ref"].startswith("facts-")

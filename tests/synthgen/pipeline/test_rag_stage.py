@@ -4,6 +4,7 @@ encoder whose provenance shows it independent of the collection, and δ below 1/
 import dataclasses
 import json
 import types
+from pathlib import Path
 
 import pytest
 
@@ -296,3 +297,39 @@ def test_release_mode_releases_a_users_own_records_once(individual_stage):
     book = PrivacyLedger(ctx.run.ledger)
     assert [(s.tenant, s.dataset) for s in book.scopes()] == [("release", "clinic-notes")]
     assert len(book.charges("release", "clinic-notes")) == 1
+
+
+def test_questions_whose_answers_cannot_all_fit_the_cap_are_refused_before_any_charge(
+    individual_stage,
+):
+    from synthgen.pipeline.rag_stage import answers_that_fit
+
+    user = _user_collection(individual_stage().run.root)
+    settings = dict(accounting="collection", document_epsilon=None, document_delta=None,
+                    mechanism="icl", epsilon=5.0, epsilon_cap=8.0, **user)  # fmt: skip
+    assert answers_that_fit(individual_stage(**settings).config.rag) == 1
+    ctx = individual_stage(questions=2, **settings)  # two answers at 5 in a cap of 8
+    with pytest.raises(ValueError, match="2 answers at epsilon=5 do not fit"):
+        answer_questions(ctx)
+    book = PrivacyLedger(ctx.run.ledger)
+    assert book.scopes() == [] and book.charges("pipeline", "clinic-notes") == []
+    answer_questions(individual_stage(questions=1, **settings))  # one fits, and is answered
+    assert len({c.ref.split("/")[0] for c in book.charges("pipeline", "clinic-notes")}) == 1
+
+
+def test_a_users_collection_may_not_take_the_main_jobs_own_ledger_names(tmp_path):
+    for name in ("train-pairs", "medical-records"):
+        with pytest.raises(ValueError, match="main job's own"):
+            RagStageConfig(records=str(tmp_path / f"{name}.jsonl"), questions_file="q.txt")
+    assert RagStageConfig(records="a/medical-records.jsonl", questions_file="q", dataset="x")
+
+
+def test_a_resumed_stage_refuses_answers_to_questions_edited_since(individual_stage):
+    user = _user_collection(individual_stage().run.root)
+    settings = dict(accounting="collection", document_epsilon=None, document_delta=None,
+                    mechanism="icl", **user)  # fmt: skip
+    ctx = individual_stage(**settings)
+    answer_questions(ctx)
+    Path(user["questions_file"]).write_text("An edited first question?\nWho treated them?\n")
+    with pytest.raises(ValueError, match="answers other questions"):
+        answer_questions(individual_stage(**settings))
