@@ -97,7 +97,7 @@ from synthgen.audit.canaries import DIGITS
 from synthgen.audit.cells import resumable_cells, settings_of
 from synthgen.audit.claims import epsilon_tag
 from synthgen.audit.coins import draw_coins, streams
-from synthgen.audit.whitebox import CellResult, ScoreStats, score_stats, statistical_cap
+from synthgen.audit.whitebox import CellResult, score_stats, statistical_cap
 from synthgen.privacy import PrivacyLedger, Scope, calibration
 from synthgen.privacy.individual import DocumentBudget
 from synthgen.privacy.receipts import collection_payer
@@ -154,11 +154,7 @@ class RagPowerResult(CellResult):
 
     AUDIT = "DP-RAG (per-record filters)"  # named in `power_audit` tables and plots
 
-    model: str
     num_documents: int
-    num_canaries: int
-    num_in: int
-    num_out: int
     digits: int
     key_words: int
     mechanism: str
@@ -169,16 +165,8 @@ class RagPowerResult(CellResult):
     answer_epsilon: float
     answer_rho: float
     rho_cap: float
-    target_epsilon: float
-    claimed_epsilon: float
-    delta: float
-    significance: float
-    cap_one_run: float
-    cap_fdp: float
     own_relevant: float
     cross_relevant: float
-    stats: tuple[ScoreStats, ...]
-    seconds: float
     seconds_per_answer: float
 
 

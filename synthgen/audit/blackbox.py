@@ -74,7 +74,7 @@ from flax import traverse_util
 from synthgen import dp_train, run_seed
 from synthgen.audit.coins import draw_coins, streams
 from synthgen.audit.new_tokens import embedding_paths, extend_vocabulary
-from synthgen.audit.whitebox import CellResult, ScoreStats, score_stats, statistical_cap
+from synthgen.audit.whitebox import CellResult, score_stats, statistical_cap
 
 KINDS = ("new", "rare")
 OBSERVABLE = "secret_log_ratio"
@@ -296,11 +296,7 @@ def score_secrets(family, params: PyTree, data: dict, *, batch: int) -> np.ndarr
 class BlackboxResult(CellResult):
     """The aggregate figures of one black-box cell (what a report may show)."""
 
-    model: str
     kind: str
-    num_canaries: int
-    num_in: int
-    num_out: int
     num_private: int
     num_new_tokens: int
     steps: int
@@ -309,16 +305,8 @@ class BlackboxResult(CellResult):
     learning_rate: float
     clip_norm: float
     noise_multiplier: float
-    target_epsilon: float
-    claimed_epsilon: float
-    delta: float
-    significance: float
-    cap_one_run: float
-    cap_fdp: float
-    stats: tuple[ScoreStats, ...]
     train_seconds: float
     score_seconds: float
-    seconds: float
 
 
 def run_config(dp: dp_train.DPConfig, config: BlackboxConfig, seed: int) -> dp_train.DPConfig:

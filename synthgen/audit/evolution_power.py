@@ -70,7 +70,7 @@ from synthgen.audit import release_audit
 from synthgen.audit.cells import settings_of
 from synthgen.audit.claims import epsilon_tag
 from synthgen.audit.coins import draw_coins, streams
-from synthgen.audit.whitebox import CellResult, ScoreStats
+from synthgen.audit.whitebox import CellResult
 from synthgen.fewshot.plan import resolve_delta
 from synthgen.privacy.rng import secure_rng
 
@@ -93,11 +93,7 @@ class EvolutionPowerResult(CellResult):
 
     AUDIT = "Private Evolution (the DP vote)"  # named in `power_audit` tables and plots
 
-    model: str
     encoder: str
-    num_canaries: int
-    num_in: int
-    num_out: int
     num_private: int
     ordinary_candidates: bool
     num_fillers: int
@@ -109,19 +105,11 @@ class EvolutionPowerResult(CellResult):
     threshold: float
     public_size: int
     noise_multiplier: float
-    target_epsilon: float
-    claimed_epsilon: float
-    delta: float
-    significance: float
-    cap_one_run: float
-    cap_fdp: float
-    stats: tuple[ScoreStats, ...]
     bait_in: int
     bait_out: int
     selected_share: tuple[float, ...]
     samples_generated: int
     generation_seconds: float
-    seconds: float
 
     @classmethod
     def from_dict(cls, data: dict) -> EvolutionPowerResult:

@@ -64,7 +64,7 @@ from synthgen.audit import release_audit
 from synthgen.audit.cells import settings_of
 from synthgen.audit.claims import epsilon_tag
 from synthgen.audit.coins import draw_coins, streams
-from synthgen.audit.whitebox import CellResult, ScoreStats
+from synthgen.audit.whitebox import CellResult
 from synthgen.next_token import NextTokenLM
 from synthgen.privacy.rng import secure_rng
 
@@ -94,10 +94,6 @@ class FewShotPowerResult(CellResult):
 
     AUDIT = "few-shot (canaries in prompts)"  # named in `power_audit` tables and plots
 
-    model: str
-    num_canaries: int
-    num_in: int
-    num_out: int
     num_private: int
     secret_words: int
     num_texts: int
@@ -113,18 +109,10 @@ class FewShotPowerResult(CellResult):
     sampling_rate: float
     noise_multiplier: float | None
     token_epsilon: float | None
-    target_epsilon: float
-    claimed_epsilon: float
-    delta: float
-    significance: float
-    cap_one_run: float
-    cap_fdp: float
-    stats: tuple[ScoreStats, ...]
     full_secret_in: int
     full_secret_out: int
     tokens_released: int
     generate_seconds: float
-    seconds: float
 
 
 def fewshot_plan(

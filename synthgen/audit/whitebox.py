@@ -302,12 +302,27 @@ def statistical_cap(
 # ---- the audited step ----------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
 class CellResult:
-    """What the audit cells' result dataclasses share (they hold `claimed_epsilon` and
-    `stats`): the primary observable, the verdict, and the JSON round trip."""
+    """The figures every audit cell records (each audit's result adds its own settings):
+    what ran (`model`), the m canaries and how many the coins put in, the target and the
+    claimed epsilon (math.inf without noise) at `delta`, the most any attack on these
+    counts can certify at `significance` (`cap_one_run`, `cap_fdp`), one `ScoreStats` per
+    observable (the primary first) and the wall time; and the primary observable, the
+    verdict and the JSON round trip. Aggregates only: no coin, secret or score."""
 
+    model: str
+    num_canaries: int
+    num_in: int
+    num_out: int
+    target_epsilon: float
     claimed_epsilon: float
+    delta: float
+    significance: float
+    cap_one_run: float
+    cap_fdp: float
     stats: tuple[ScoreStats, ...]
+    seconds: float
 
     @property
     def primary(self) -> ScoreStats:
@@ -347,22 +362,10 @@ class WhiteboxResult(CellResult):
     `ScoreStats` per observable, the primary (`PRIMARY`) first.
     """
 
-    model: str
     num_params: int
     batch_size: int
-    num_canaries: int
-    num_in: int
-    num_out: int
     clip_norm: float
     noise_multiplier: float
-    target_epsilon: float
-    claimed_epsilon: float
-    delta: float
-    significance: float
-    cap_one_run: float
-    cap_fdp: float
-    stats: tuple[ScoreStats, ...]
-    seconds: float
 
 
 def _streams(seed: int | None) -> tuple[jax.Array, jax.Array, jax.Array]:
