@@ -54,7 +54,7 @@ demo: assets
 
 test: install $(SERVER_STAMP)
 	$(VENV)/bin/synthgen assets fetch wiki-summaries-en chatterbot-corpus-en smollm2-135m-instruct all-minilm-l6-v2
-	$(VENV)/bin/ruff check synthgen retriever tests scripts
+	$(VENV)/bin/ruff check synthgen retriever dpsynth tests scripts
 	$(VENV)/bin/lint-imports
 	$(MAKE) docs
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
@@ -83,8 +83,8 @@ bench: install
 	$(PY) scripts/bench_dp_step.py
 
 lint: install
-	$(VENV)/bin/ruff check synthgen retriever tests scripts
-	$(VENV)/bin/ruff format --check synthgen retriever tests scripts
+	$(VENV)/bin/ruff check synthgen retriever dpsynth tests scripts
+	$(VENV)/bin/ruff format --check synthgen retriever dpsynth tests scripts
 	$(VENV)/bin/lint-imports
 
 clean:

@@ -4,7 +4,7 @@ corpus's doc_ids.
 Layout: ``index.json`` and ``searcher/`` (a `retriever.index` searcher's ``save``).
 `retriever index build` writes it (`build_index_folder`); `retriever index query`
 (`search_index_folder`), `retriever answer` (`retriever.rag.loading`), `retriever serve`
-(`retriever.service.public_index`) and `retriever index export` (`retriever.export.export_index`)
+(`dpsynth.service.public_index`) and `retriever index export` (`retriever.export.export_index`)
 read it, each through `index_encoder`.
 
 ``index.json`` (format 2)::

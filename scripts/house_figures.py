@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("synthgen", "retriever")
+PACKAGES = ("synthgen", "retriever", "dpsynth")
 PRIVACY_CORE = ("synthgen/privacy/", "synthgen/work_folder.py")
 
 

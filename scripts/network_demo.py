@@ -51,7 +51,7 @@ class ContributorProcess:
         env = {**os.environ, "HF_DATASETS_OFFLINE": "1"}
         self.log = open(log, "a")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "retriever.cli", "contributor", "serve",
+            [sys.executable, "-m", "dpsynth.cli.retriever", "contributor", "serve",
              "--dir", str(release), "--work", str(work), "--port", "0"],
             stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
         )  # fmt: skip
@@ -81,12 +81,12 @@ def _text(answer) -> str:
 
 def fact_domain(args, domain: str, lm, prompt) -> dict:
     """One fact world through a network of 3 fact releases: questions right out of 20."""
+    from dpsynth.service.contributor import add_key
     from retriever.fact_answers import FactAnswerer
     from retriever.network.engine import Contributor, EngineConfig, NetworkQueryEngine
     from retriever.network.facts import fact_answer, merge_fact_records
     from retriever.network.knowledge import build_knowledge
     from retriever.rag.fact_world import answer_is_right, make_world
-    from retriever.service.contributor import add_key
     from synthgen.knowledge.facts import FactConfig
 
     world = make_world(domain, facts_per_level=args.facts_per_level, seed=0)

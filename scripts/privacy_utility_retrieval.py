@@ -52,6 +52,7 @@ import math
 import time
 from pathlib import Path
 
+from dpsynth.config_files import querygen_preset
 from retriever.consistency import ConsistencyFilter, dedupe_pairs, filter_pairs
 from retriever.encoders import load_encoder
 from retriever.evaluate import evaluate
@@ -70,7 +71,6 @@ from retriever.utility_cells import (
     split_figures,
 )
 from synthgen import corpora, dp_train, querygen
-from synthgen.config_files import querygen_preset
 from synthgen.plots import pyplot
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument(
         "--generator",
         default="smollm2_lora_cpu",
-        help="querygen preset: a name in synthgen/configs/querygen.py or path/to/file.py:NAME",
+        help="querygen preset: a name in dpsynth/configs/querygen.py or path/to/file.py:NAME",
     )
     parser.add_argument("--generator-steps", type=int, default=25)
     parser.add_argument("--retriever-epochs", type=float, default=1.0)

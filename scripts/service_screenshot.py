@@ -44,7 +44,8 @@ def build_world(root: Path, *, records: int, diseases: int) -> dict[str, Path]:
     run("-m", "retriever.rag.medical", "--out", collection, "--num-records", records,
         "--num-diseases", diseases)  # fmt: skip
     corpus = collection / "corpus.jsonl"
-    run("-m", "retriever.cli", "index", "build", "--corpus", corpus, "--out", root / "index",
+    run("-m", "dpsynth.cli.retriever", "index", "build", "--corpus", corpus,
+        "--out", root / "index",
         "--kind", "exact")  # fmt: skip
     return {"corpus": corpus, "index": root / "index", "questions": collection / "questions.jsonl"}
 
@@ -55,7 +56,7 @@ def first_question(path: Path) -> str:
 
 def add_tenant(ledger: Path, *, epsilon: float, collection_epsilon: float) -> str:
     """Registers the tenant (and the collection's caps); returns its API key."""
-    out = run("-m", "retriever.cli", "tenant", "add", TENANT, "--epsilon", epsilon,
+    out = run("-m", "dpsynth.cli.retriever", "tenant", "add", TENANT, "--epsilon", epsilon,
               "--delta", 1e-5, "--ledger", ledger, "--dataset", "corpus",
               "--collection-epsilon", collection_epsilon, "--collection-delta", 1e-5)  # fmt: skip
     return out.strip()
@@ -67,7 +68,7 @@ def start_server(
     """`retriever serve` on a free loopback port, at the service's defaults otherwise (as the
     service guide's first run); returns (process, url)."""
     args = [
-        sys.executable, "-m", "retriever.cli", "serve",
+        sys.executable, "-m", "dpsynth.cli.retriever", "serve",
         "--index", world["index"], "--private-corpus", world["corpus"], "--ledger", ledger,
         "--lm", lm, "--answer-epsilon", epsilon, "--mechanism", mechanism,
     ]  # fmt: skip

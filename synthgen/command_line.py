@@ -1,7 +1,8 @@
 """Shared pieces of the two command lines: the one-line error wrapper, option validators and
 types.
 
-`synthgen.cli` and `retriever.cli` are entry points, and neither imports the other's helpers;
+`dpsynth.cli.synthgen` and `dpsynth.cli.retriever` are entry points, and neither imports the
+other's helpers;
 what both use lives here, in the library. `run` turns the errors a user can fix into one line
 on stderr and a non-zero exit code (``--debug`` shows the traceback instead);
 `global_options` is both tools' top-level callback: it documents ``--debug`` and answers
@@ -232,7 +233,7 @@ def run(application: typer.Typer, argv: list[str] | None = None) -> int:
     """Runs a Typer app, turning known errors into one line and exit code 1 (2 for usage).
 
     Args:
-      application: the Typer app (`synthgen.cli.app` or `retriever.cli.app`).
+      application: the Typer app (`dpsynth.cli.synthgen.app` or `dpsynth.cli.retriever.app`).
       argv: the arguments after the program name (default: ``sys.argv[1:]``); ``--debug``
         anywhere among them re-raises errors with their traceback.
 

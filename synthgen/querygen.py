@@ -55,7 +55,7 @@ SEEDED_NOTE = (
 
 @dataclasses.dataclass(frozen=True)
 class GeneratorConfig:
-    """Everything that defines a query-generator run (presets: `synthgen/configs/querygen.py`).
+    """Everything that defines a query-generator run (presets: `dpsynth/configs/querygen.py`).
 
     Attributes:
       family: "t5" or "llama".

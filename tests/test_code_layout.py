@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from synthgen.code_layout import HEADER, code_layout
+from dpsynth.code_layout import HEADER, code_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
@@ -35,12 +35,12 @@ def _summary(path: Path) -> str:
 
 
 def test_every_module_and_script_is_listed_with_its_docstring_and_length():
-    text = code_layout(ROOT, ("synthgen", "retriever"), scripts=("scripts",))
+    text = code_layout(ROOT, ("synthgen", "retriever", "dpsynth"), scripts=("scripts",))
     assert text.startswith(HEADER + "\n")
     rows = _rows(text)
     files = [
         path
-        for folder in ("synthgen", "retriever", "scripts")
+        for folder in ("synthgen", "retriever", "dpsynth", "scripts")
         for path in sorted((ROOT / folder).rglob("*.py"))
         if "__pycache__" not in path.parts and path.name != "__init__.py"
     ]
@@ -51,7 +51,7 @@ def test_every_module_and_script_is_listed_with_its_docstring_and_length():
         description, lines = rows[key]
         assert description == _summary(path), key
         assert lines == str(len(path.read_text(encoding="utf-8").splitlines())), key
-    for folder in ("synthgen", "retriever"):  # every package has its section
+    for folder in ("synthgen", "retriever", "dpsynth"):  # every package has its section
         for init in (ROOT / folder).rglob("__init__.py"):
             package = init.parent.relative_to(ROOT).as_posix()
             assert re.search(rf"^#+ {re.escape(package)}/$", text, re.M), package

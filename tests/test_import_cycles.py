@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("synthgen", "retriever")
+PACKAGES = ("synthgen", "retriever", "dpsynth")
 
 
 def _modules() -> dict[str, Path]:
@@ -102,8 +102,8 @@ def test_cycles_are_found():
 def test_the_graph_sees_every_kind_of_import():
     graph = import_graph()
     # a lazy import inside a function, and `from package import submodule`
-    assert "retriever.train" in graph["synthgen.pipeline.retrieval_stages"]
-    assert "synthgen.pipeline.context" in graph["synthgen.pipeline.runner"]
+    assert "retriever.train" in graph["dpsynth.pipeline.retrieval_stages"]
+    assert "dpsynth.pipeline.context" in graph["dpsynth.pipeline.runner"]
     assert "synthgen.privacy.accounting" in graph["synthgen.dp_plan"]
 
 

@@ -1,4 +1,4 @@
 """Privacy-preserving retrieval network: contributors release DP synthetic knowledge once
-(`knowledge`, `folder`), serve it (`retriever.service.contributor`: the service's app over
+(`knowledge`, `folder`), serve it (`dpsynth.service.contributor`: the service's app over
 a knowledge folder), and a `NetworkQueryEngine` (`engine`) fans questions out to them and
 merges what comes back."""

@@ -1,6 +1,6 @@
 """The network query engine: one question fanned out to N contributors, their hits merged.
 
-Each contributor of the network (`retriever.service.contributor`) serves ``/retrieve`` over
+Each contributor of the network (`dpsynth.service.contributor`) serves ``/retrieve`` over
 its DP synthetic release. `NetworkQueryEngine` sends a question to all of them at once
 (httpx, asyncio), waits for each at most a per-contributor timeout, retries what is safe to
 retry, validates every reply strictly, merges the hits by score (or re-scores them with a

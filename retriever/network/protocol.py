@@ -1,6 +1,6 @@
 """The network protocol as a caller reads it: strict parsing of contributors' replies.
 
-A contributor (`retriever.service.contributor`) replies with JSON; a caller trusts none of
+A contributor (`dpsynth.service.contributor`) replies with JSON; a caller trusts none of
 it. Each parser accepts exactly what the protocol allows and raises `MalformedResponse`
 with a one-line reason otherwise; reasons never quote the reply (it may echo the question).
 

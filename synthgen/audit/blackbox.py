@@ -41,7 +41,7 @@ independent streams: the public canary material (which rows, which secret tokens
 inclusion coins, and the training run's seed (sampler and noise). The coins, the secrets'
 in/out labels and the per-canary scores live in memory only and are dropped before the
 function returns; nothing of them is written anywhere. A cell is therefore resumed as a
-whole (`synthgen.audit.power`): an interrupted cell is re-run with fresh coins.
+whole (`dpsynth.evaluation.querygen_audit_power`): an interrupted cell is re-run with fresh coins.
 
 Privacy:
   Unit: one (document, query) pair (a canary is one pair); queries are private, documents

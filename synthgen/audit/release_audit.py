@@ -13,7 +13,8 @@ nothing, and what they release is text. Their audits (`synthgen.audit.fewshot_po
      it). Each canary is included among the private examples with probability 1/2
      (Steinke, Nasr & Jagielski 2023), by `coins.draw_coins`.
   2. The generator runs ONCE on ordinary private examples (public stand-ins, the wiki
-     summaries as in `synthgen.audit.power`) plus the included canaries. Every public
+     summaries as in `dpsynth.evaluation.querygen_audit_power`) plus the included canaries.
+     Every public
      figure it declares (a pool size, a data size) is fixed from public counts, ordinary
      rows + m, as if every canary went in: never from the coins, so the claim (the plan's
      epsilon for one private example) does not depend on them.

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
+from dpsynth.config_files import querygen_preset
 from synthgen import corpora
 from synthgen.audit import auditor, canaries, querygen_audit, report
-from synthgen.config_files import querygen_preset
 
 REFERENCES = 30
 MAX_EXPOSURE = math.log2(REFERENCES)

@@ -16,7 +16,7 @@ WORDS = "city music film war game team school state river mountain station histo
 
 def _retriever(*args, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "retriever.cli", *map(str, args)],
+        [sys.executable, "-m", "dpsynth.cli.retriever", *map(str, args)],
         capture_output=True,
         text=True,
         env=env,

@@ -81,7 +81,7 @@ def test_release_answer_abstain_and_serve(world):
     unknown = _ask(root / "release", "Who makes the Qqzx Z9?")
     assert unknown["abstained"] and unknown["sources"] == [] and unknown["records"] == []
     server = Server.__new__(Server)
-    server.args = [sys.executable, "-m", "retriever.cli", "serve", "--knowledge",
+    server.args = [sys.executable, "-m", "dpsynth.cli.retriever", "serve", "--knowledge",
                    root / "release", "--lm", "tiny"]  # fmt: skip
     server.log, server.proc, server.url = root / "serve.log", None, ""
     server.start()

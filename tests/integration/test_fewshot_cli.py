@@ -9,7 +9,9 @@ import pytest
 
 def _synthgen(*args):
     return subprocess.run(
-        [sys.executable, "-m", "synthgen.cli", *map(str, args)], capture_output=True, text=True
+        [sys.executable, "-m", "dpsynth.cli.synthgen", *map(str, args)],
+        capture_output=True,
+        text=True,
     )
 
 

@@ -115,7 +115,7 @@ class KnowledgeServer(Server):
     """`retriever serve --knowledge DIR` in a child process (the harness's start/stop)."""
 
     def __init__(self, release, log):  # no private index, corpus or ledger to pass
-        self.args = [sys.executable, "-m", "retriever.cli", "serve", "--knowledge", release,
+        self.args = [sys.executable, "-m", "dpsynth.cli.retriever", "serve", "--knowledge", release,
                      "--lm", "tiny"]  # fmt: skip
         self.log, self.proc, self.url = log, None, ""
 
@@ -131,7 +131,7 @@ def test_serve_knowledge_answers_for_free(released):
             reply = httpx.post(server.url + "/answer", json={"question": question}, timeout=60)
             assert reply.status_code == 200 and reply.json()["charged"] is False
             assert reply.json()["sources"]
-        # the same parsing and refusals as `retriever serve` (retriever.service.responses)
+        # the same parsing and refusals as `retriever serve` (dpsynth.service.responses)
         for bad, status, error in (
             ({}, 400, "invalid_question"),
             ({"question": ""}, 400, "empty_question"),

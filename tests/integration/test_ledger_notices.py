@@ -59,7 +59,7 @@ def collection(tmp_path):
 def _answer(collection, ledger, *extra):
     index, corpus = collection
     return _run(
-        "retriever.cli", "answer", "--index", index, "--private-corpus", corpus,
+        "dpsynth.cli.retriever", "answer", "--index", index, "--private-corpus", corpus,
         "--question", "which record says blue?", "--ledger", ledger, "--dataset", "records",
         "--tenant", "alice", "--lm", "tiny", "--retrieval", "overlap", "--json", *extra,
     )  # fmt: skip
@@ -101,8 +101,8 @@ def test_answer_warns_about_a_weak_guarantee_and_still_answers(collection, tmp_p
 def test_serve_names_its_ledger_and_warns_about_a_weak_collection_cap(
     collection, tmp_path, monkeypatch, capsys
 ):
-    import retriever.service.server
-    from retriever.cli import app
+    import dpsynth.service.server
+    from dpsynth.cli.retriever import app
     from synthgen.command_line import run
 
     index, corpus = collection
@@ -112,7 +112,7 @@ def test_serve_names_its_ledger_and_warns_about_a_weak_collection_cap(
                      "--collection-epsilon", "20", "--collection-delta", "1e-5"]) == 0  # fmt: skip
     capsys.readouterr()
     served = []
-    monkeypatch.setattr(retriever.service.server, "serve", lambda s, **kw: served.append(s))
+    monkeypatch.setattr(dpsynth.service.server, "serve", lambda s, **kw: served.append(s))
     code = run(app, ["serve", "--index", str(index), "--private-corpus", str(corpus),
                      "--ledger", str(ledger), "--dataset", "records", "--lm", "tiny",
                      "--retrieval", "overlap", "--mechanism", "icl"])  # fmt: skip
@@ -132,7 +132,7 @@ def test_generate_docs_warns_about_a_weak_guarantee_only(tmp_path):
 
     def generate(out, *extra):
         return _run(
-            "synthgen.cli", "generate-docs", "--private", private, "--text-field", "body",
+            "dpsynth.cli.synthgen", "generate-docs", "--private", private, "--text-field", "body",
             "--label-field", "topic", "--labels", "x,y", "--public-pool-size", 50,
             "--num-examples", 2, "--subsets", 5, "--shots", 2, "--max-new-tokens", 4,
             "--model", "tiny", "--ledger", ledger, "--out", tmp_path / out, *extra,
@@ -161,7 +161,7 @@ def test_knowledge_release_names_its_ledger_and_warns(tmp_path):
     write_world(make_world("products", facts_per_level=2, seed=5), tmp_path / "world")
     ledger = tmp_path / "ledger.sqlite"
     result = _run(
-        "retriever.cli", "knowledge", "release", "--private-corpus",
+        "dpsynth.cli.retriever", "knowledge", "release", "--private-corpus",
         tmp_path / "world" / "corpus.jsonl", "--ledger", ledger, "--work", tmp_path / "work",
         "--out", tmp_path / "release", "--epsilon", 12, "--json",
     )  # fmt: skip
@@ -186,7 +186,7 @@ def pairs(tmp_path):
 
 
 def _synthgen(argv, capsys):
-    from synthgen.cli import app
+    from dpsynth.cli.synthgen import app
     from synthgen.command_line import run
 
     code = run(app, list(map(str, argv)))
@@ -218,7 +218,7 @@ def test_train_generator_names_its_ledger_and_warns(pairs, tmp_path, monkeypatch
 def test_train_dp_names_its_ledger_and_warns(pairs, tmp_path, monkeypatch, capsys):
     import retriever.encoders
     import retriever.train
-    from retriever.cli import app
+    from dpsynth.cli.retriever import app
     from synthgen.command_line import run
 
     corpus = tmp_path / "corpus.jsonl"

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from synthgen import querygen
-from synthgen.config_files import default_configs_dir
-from synthgen.pipeline import (
+from dpsynth.config_files import default_configs_dir
+from dpsynth.pipeline import (
     STAGES,
     RunFolder,
     StageNotReadyError,
@@ -23,7 +22,8 @@ from synthgen.pipeline import (
     run_stage,
     stage_status,
 )
-from synthgen.pipeline.runner import run_shard
+from dpsynth.pipeline.runner import run_shard
+from synthgen import querygen
 from synthgen.privacy import PrivacyLedger
 from synthgen.shards import Shard
 from tests.synthgen.release_audit import assert_clean_release, record_randomness
@@ -34,7 +34,7 @@ CONFIG = default_configs_dir() / "tiny.py"  # the packaged example (`--config ti
 
 def _cli(*args):
     return subprocess.run(
-        [sys.executable, "-m", "synthgen.cli", "pipeline", *map(str, args)],
+        [sys.executable, "-m", "dpsynth.cli.synthgen", "pipeline", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=900,

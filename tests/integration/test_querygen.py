@@ -10,8 +10,8 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 
+from dpsynth.config_files import querygen_preset
 from synthgen import corpora, querygen
-from synthgen.config_files import querygen_preset
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
 from synthgen.privacy.receipts import ledger_payer

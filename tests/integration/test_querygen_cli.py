@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
+from dpsynth.cli.synthgen.common import SEED_WARNING
+from dpsynth.config_files import querygen_preset
 from synthgen import corpora, querygen
-from synthgen.cli.common import SEED_WARNING
-from synthgen.config_files import querygen_preset
 
 
 def _synthgen(*args, cwd=None):
     return subprocess.run(
-        [sys.executable, "-m", "synthgen.cli", *map(str, args)],
+        [sys.executable, "-m", "dpsynth.cli.synthgen", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=cwd,

@@ -62,8 +62,8 @@ def test_quickstart_commands_are_found():
 
 def test_the_fetch_step_names_every_asset_the_tiny_run_needs():
     """After the quick start's `synthgen assets fetch` line, the tiny run is offline."""
-    from synthgen.configs import tiny
-    from synthgen.pipeline.config import config_assets
+    from dpsynth.configs import tiny
+    from dpsynth.pipeline.config import config_assets
 
     fetch = [c for c in quickstart_commands(GUIDE.read_text()) if "assets fetch" in c]
     assert fetch, "the quick start fetches nothing"

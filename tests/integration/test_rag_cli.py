@@ -19,7 +19,7 @@ def test_privacy_rag_calculator():
     out = {}
     for composition in ("pure", "bounded-range"):
         result = _run(
-            "retriever.cli", "privacy", "rag", "--tokens", "32", "--delta", "1e-6",
+            "dpsynth.cli.retriever", "privacy", "rag", "--tokens", "32", "--delta", "1e-6",
             "--target-epsilon", "5", "--composition", composition, "--json",
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
@@ -38,7 +38,7 @@ def test_privacy_rag_prints_the_keyword_release_threshold():
     thresholds = {}
     for eps in ("1", "10"):
         result = _run(
-            "retriever.cli", "privacy", "rag", "--tokens", "5", "--delta", "1e-6",
+            "dpsynth.cli.retriever", "privacy", "rag", "--tokens", "5", "--delta", "1e-6",
             "--target-epsilon", eps, "--mechanism", "keywords", "--voters", "16", "--json",
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
@@ -51,7 +51,7 @@ def test_privacy_rag_prints_the_keyword_release_threshold():
         thresholds[eps] = plan
     assert thresholds["10"]["release_possible"] and not thresholds["1"]["release_possible"]
     retired = _run(
-        "retriever.cli", "privacy", "rag", "--tokens", "5", "--delta", "1e-6",
+        "dpsynth.cli.retriever", "privacy", "rag", "--tokens", "5", "--delta", "1e-6",
         "--target-epsilon", "10", "--mechanism", "sparse-vote", "--json",
     )  # fmt: skip
     assert retired.returncode == 2
@@ -67,7 +67,7 @@ def test_answer_charges_then_refuses(tmp_path):
     )
     assert made.returncode == 0, made.stderr
     corpus = data / "corpus.jsonl"
-    built = _run("retriever.cli", "index", "build", "--corpus", corpus, "--out", index,
+    built = _run("dpsynth.cli.retriever", "index", "build", "--corpus", corpus, "--out", index,
                  "--kind", "exact")  # fmt: skip
     assert built.returncode == 0, built.stderr
     question = json.loads((data / "questions.jsonl").read_text().splitlines()[0])["question"]
@@ -75,7 +75,7 @@ def test_answer_charges_then_refuses(tmp_path):
               "--ledger", ledger, "--tenant", "alice", "--tenant-epsilon", "3",
               "--dataset", "corpus", "--collection-epsilon", "10", "--collection-delta", "1e-5",
               "--k", "4", "--max-tokens", "3", "--min-score", "0.2"]  # fmt: skip
-    first = _run("retriever.cli", "answer", *common, "--epsilon", "2", "--json")
+    first = _run("dpsynth.cli.retriever", "answer", *common, "--epsilon", "2", "--json")
     assert first.returncode == 0, first.stderr
     answer = json.loads(first.stdout.strip().splitlines()[-1])
     assert {"text", "charges", "epsilon", "remaining_epsilon"} <= set(answer)
@@ -85,7 +85,7 @@ def test_answer_charges_then_refuses(tmp_path):
     before = book.charges("alice", "corpus")
     assert [c.stage for c in before] == ["rag-retrieval", "rag-tokens"]
 
-    second = _run("retriever.cli", "answer", *common, "--epsilon", "2")
+    second = _run("dpsynth.cli.retriever", "answer", *common, "--epsilon", "2")
     assert second.returncode == 1
     assert second.stderr.startswith("error:") and len(second.stderr.strip().splitlines()) == 1
     assert question not in second.stderr  # nothing private in the error
@@ -93,7 +93,7 @@ def test_answer_charges_then_refuses(tmp_path):
 
     # every answer charged to the collection is the event the first one pinned
     assert json.loads(book.event_shape("*", "corpus"))["epsilon"] == 2.0
-    other = _run("retriever.cli", "answer", *common, "--tenant", "bob", "--epsilon", "1")
+    other = _run("dpsynth.cli.retriever", "answer", *common, "--tenant", "bob", "--epsilon", "1")
     assert other.returncode == 1 and "already answers with another event" in other.stderr
     assert book.charges("*", "corpus") == before
     assert [s.tenant for s in book.scopes()] == ["*", "alice"]  # bob was never opened
@@ -102,19 +102,21 @@ def test_answer_charges_then_refuses(tmp_path):
     # the same documents under a new name: refused, as the ledger knows the documents
     renamed = [*common[: common.index("--dataset") + 1], "corpus-2",
                *common[common.index("--dataset") + 2 :]]  # fmt: skip
-    refused = _run("retriever.cli", "answer", *renamed, "--epsilon", "1")
+    refused = _run("dpsynth.cli.retriever", "answer", *renamed, "--epsilon", "1")
     assert refused.returncode == 1, refused.stderr
     assert "--dataset corpus" in refused.stderr and "add" in refused.stderr
     assert [s.dataset for s in book.scopes()] == ["corpus", "corpus"]  # nothing opened
-    added = _run("retriever.cli", "answer", *renamed, "--epsilon", "1", "--guarantees-add-up")
+    added = _run(
+        "dpsynth.cli.retriever", "answer", *renamed, "--epsilon", "1", "--guarantees-add-up"
+    )
     assert added.returncode == 0, added.stderr
     (group,) = book.document_groups()
     assert group.datasets == ("corpus", "corpus-2") and group.documents == 40
     assert group.epsilon > book.spent("*", "corpus").epsilon
-    shown = _run("synthgen.cli", "ledger", "show", "--db", ledger)
+    shown = _run("dpsynth.cli.synthgen", "ledger", "show", "--db", ledger)
     assert shown.returncode == 0, shown.stderr
     assert "2 names share documents (corpus, corpus-2; up to 40 documents each)" in shown.stdout
-    listed = _run("retriever.cli", "tenant", "list", "--ledger", ledger)
+    listed = _run("dpsynth.cli.retriever", "tenant", "list", "--ledger", ledger)
     assert "(corpus, corpus-2; up to 40 documents each): their guarantees add up" in listed.stdout
 
 
@@ -145,7 +147,7 @@ def collection(tmp_path):
 
 def _answer(index, corpus, ledger, *extra):
     return _run(
-        "retriever.cli", "answer", "--index", index, "--private-corpus", corpus,
+        "dpsynth.cli.retriever", "answer", "--index", index, "--private-corpus", corpus,
         "--question", "which record says blue?", "--epsilon", "1", "--ledger", ledger,
         "--tenant", "alice", "--tenant-epsilon", "10", "--lm", "no-such-lm", *extra,
     )  # fmt: skip
@@ -249,7 +251,7 @@ def individual(tmp_path, monkeypatch):
     import numpy as np
 
     import retriever.evaluate
-    from retriever.cli import app
+    from dpsynth.cli.retriever import app
     from retriever.index import ExactSearcher
     from retriever.index_folder import save_index_folder
     from synthgen.command_line import run
@@ -384,7 +386,7 @@ def test_an_unregistered_tenant_is_refused_unless_opened_explicitly(collection, 
     index, corpus = collection
     ledger = tmp_path / "ledger.sqlite"
     result = _run(
-        "retriever.cli", "answer", "--index", index(), "--private-corpus", corpus,
+        "dpsynth.cli.retriever", "answer", "--index", index(), "--private-corpus", corpus,
         "--question", "which record says blue?", "--epsilon", "1", "--ledger", ledger,
         "--tenant", "mallory", "--dataset", "records", "--lm", "no-such-lm",
     )  # fmt: skip
@@ -401,7 +403,7 @@ def test_tenant_list_shows_every_scope_that_spends_on_the_collection(tmp_path):
 
     ledger = tmp_path / "ledger.sqlite"
     added = _run(
-        "retriever.cli", "tenant", "add", "alice", "--epsilon", "5", "--delta", "1e-6",
+        "dpsynth.cli.retriever", "tenant", "add", "alice", "--epsilon", "5", "--delta", "1e-6",
         "--ledger", ledger, "--dataset", "records", "--collection-epsilon", "20",
         "--collection-delta", "1e-6",
     )  # fmt: skip
@@ -412,7 +414,7 @@ def test_tenant_list_shows_every_scope_that_spends_on_the_collection(tmp_path):
         "mallory", "records", stage="rag-tokens", event=accounting.pure_epsilon_event(0.5),
         relation="ADD_OR_REMOVE_ONE",
     )  # fmt: skip
-    listed = _run("retriever.cli", "tenant", "list", "--ledger", ledger, "--json")
+    listed = _run("dpsynth.cli.retriever", "tenant", "list", "--ledger", ledger, "--json")
     rows = {r["tenant"]: r for r in map(json.loads, listed.stdout.splitlines())}
     assert rows["mallory"]["status"] == "no key"
     assert rows["mallory"]["spent_epsilon"] == pytest.approx(0.5, abs=1e-3)
@@ -439,7 +441,7 @@ def test_answer_by_term_overlap_scores_rare_words_and_auto_takes_facts(collectio
     with pytest.raises((ValueError, FileNotFoundError)):
         load_dprag(custom, corpus, lm=TinyLM())
     result = _run(
-        "retriever.cli", "answer", "--index", folder, "--private-corpus", corpus,
+        "dpsynth.cli.retriever", "answer", "--index", folder, "--private-corpus", corpus,
         "--question", "which record says blue?", "--epsilon", "5", "--ledger",
         tmp_path / "ledger.sqlite", "--tenant", "alice", "--tenant-epsilon", "10",
         "--lm", "tiny", "--retrieval", "overlap", "--json", *CAPS,

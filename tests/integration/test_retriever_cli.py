@@ -10,7 +10,9 @@ import pytest
 
 def _retriever(*args):
     result = subprocess.run(
-        [sys.executable, "-m", "retriever.cli", *map(str, args)], capture_output=True, text=True
+        [sys.executable, "-m", "dpsynth.cli.retriever", *map(str, args)],
+        capture_output=True,
+        text=True,
     )
     return result
 

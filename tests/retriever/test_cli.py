@@ -10,13 +10,16 @@ from importlib.metadata import version
 import pytest
 from typer.testing import CliRunner
 
-from retriever.cli import app
+from dpsynth.cli.retriever import app
 from tests.synthgen.test_cli import assert_every_option_shown_in_full
 
 
 def _retriever(*args, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "retriever.cli", *args], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "dpsynth.cli.retriever", *args],
+        capture_output=True,
+        text=True,
+        env=env,
     )
 
 
@@ -83,13 +86,16 @@ def test_ledger_help_names_the_default_path(tmp_path):
 
 def test_cli_modules_import_no_other_command_lines_helpers():
     """House style: shared helpers live in the library (synthgen.command_line,
-    retriever.cli_options), never in the other tool's cli package."""
+    dpsynth.cli.retriever.options), never in the other tool's cli package."""
     import ast
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    for package, other in (("retriever", "synthgen.cli"), ("synthgen", "retriever.cli")):
-        for path in sorted((root / package / "cli").glob("*.py")):
+    pairs = (("retriever", "dpsynth.cli.synthgen"), ("synthgen", "dpsynth.cli.retriever"))
+    for package, other in pairs:
+        paths = sorted((root / "dpsynth" / "cli" / package).glob("*.py"))
+        assert len(paths) > 5, package
+        for path in paths:
             for node in ast.walk(ast.parse(path.read_text())):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
                 if isinstance(node, ast.ImportFrom):
@@ -109,17 +115,17 @@ def test_cli_modules_import_no_other_command_lines_helpers():
     ],
 )
 def test_check_accounting_refuses_options_that_do_not_go_with_the_mode(args, message):
-    """serve, answer and tenant add share one check (retriever.cli_options)."""
+    """serve, answer and tenant add share one check (dpsynth.cli.retriever.options)."""
     import click
 
-    from retriever.cli_options import check_accounting
+    from dpsynth.cli.retriever.options import check_accounting
 
     with pytest.raises(click.UsageError, match=message):
         check_accounting(*args)
 
 
 def test_check_accounting_returns_the_per_document_target():
-    from retriever.cli_options import check_accounting
+    from dpsynth.cli.retriever.options import check_accounting
 
     assert check_accounting("collection", "keywords", None, None, 10.0, 1e-5) is None
     assert check_accounting("individual", "icl", 2.0, 1e-6) == (2.0, 1e-6)
@@ -191,7 +197,7 @@ def test_serve_names_a_missing_index_corpus_or_ledger_and_creates_nothing(tmp_pa
 def test_choices_print_their_values_and_a_wrong_one_is_a_usage_error():
     """Issue 51: `--mechanism auto|icl|...`, not `<str>`; a value outside is exit 2 naming
     the option; the CLI's list of mechanisms is the library's."""
-    from retriever.cli_options import MECHANISMS
+    from dpsynth.cli.retriever.options import MECHANISMS
     from retriever.rag.plan import MECHANISMS as LIBRARY
 
     assert MECHANISMS == LIBRARY
@@ -227,8 +233,8 @@ def test_every_command_that_binds_documents_accepts_what_its_refusal_suggests():
     `--guarantees-add-up` (`SharedDocumentsError`): every command that binds accepts both."""
     import typer.main
 
-    from retriever.cli import app as retriever_app
-    from synthgen.cli import app as synthgen_app
+    from dpsynth.cli.retriever import app as retriever_app
+    from dpsynth.cli.synthgen import app as synthgen_app
     from synthgen.privacy.ledger_documents import SharedDocumentsError
 
     message = str(SharedDocumentsError("new", ["old"]))
@@ -252,7 +258,7 @@ def test_every_command_that_binds_documents_accepts_what_its_refusal_suggests():
 
 
 def test_an_audit_verdict_shouts_its_keyword_only():
-    from retriever.cli.knowledge import _shout_verdict
+    from dpsynth.cli.retriever.knowledge import _shout_verdict
 
     assert _shout_verdict("no leak found (by the f-DP bound alone)") == (
         "NO LEAK FOUND (by the f-DP bound alone)"

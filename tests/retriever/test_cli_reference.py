@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer.main
 
-from retriever.cli_reference import cli_reference
+from dpsynth.cli.reference import cli_reference
 
 
 def _options(group, path=()):
@@ -19,8 +19,8 @@ def _options(group, path=()):
 
 
 def test_every_option_of_every_command_is_in_the_reference():
-    from retriever.cli import app as retriever_app
-    from synthgen.cli import app as synthgen_app
+    from dpsynth.cli.retriever import app as retriever_app
+    from dpsynth.cli.synthgen import app as synthgen_app
 
     apps = {"synthgen": synthgen_app, "retriever": retriever_app}
     text = cli_reference(apps)

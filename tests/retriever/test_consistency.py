@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from dpsynth.cli.retriever import app
 from retriever import consistency, provenance
-from retriever.cli import app
 from retriever.consistency import (
     FILTER_KIND,
     ConsistencyFilter,

@@ -57,7 +57,7 @@ def test_the_cli_prints_the_ceilings_and_warns_it_is_not_dp(tmp_path):
 
     write_world(make_natural_world("facilities", seed=1), tmp_path)
     done = subprocess.run(
-        [sys.executable, "-m", "retriever.cli", "knowledge", "baseline", "--private-corpus",
+        [sys.executable, "-m", "dpsynth.cli.retriever", "knowledge", "baseline", "--private-corpus",
          str(tmp_path / "corpus.jsonl"), "--questions", str(tmp_path / "questions.jsonl"),
          "--json"],
         capture_output=True, text=True, timeout=600,

@@ -7,9 +7,9 @@ import shutil
 import numpy as np
 import pytest
 
+from dpsynth.cli.retriever import app
 from retriever import index_folder
 from retriever import provenance as prov
-from retriever.cli import app
 from retriever.encoders import random_encoder
 from retriever.index import ExactSearcher
 from retriever.train import save_trained

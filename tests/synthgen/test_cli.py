@@ -7,7 +7,7 @@ import sys
 
 def _synthgen(*args):
     return subprocess.run(
-        [sys.executable, "-m", "synthgen.cli", *args], capture_output=True, text=True
+        [sys.executable, "-m", "dpsynth.cli.synthgen", *args], capture_output=True, text=True
     )
 
 
@@ -182,7 +182,7 @@ def test_debug_is_a_documented_global_option():
 
 
 def test_help_shows_every_option_name_in_full_at_80_columns():
-    from synthgen.cli import app
+    from dpsynth.cli.synthgen import app
 
     assert_every_option_shown_in_full(app)
 
@@ -204,7 +204,7 @@ def test_ledger_help_names_the_default_path(tmp_path):
     want = str(tmp_path / "data" / "dpsynth" / "ledger.sqlite")
     for command in (("ledger", "show"), ("generate-docs",), ("train-generator",)):
         result = subprocess.run(
-            [sys.executable, "-m", "synthgen.cli", *command, "--help"],
+            [sys.executable, "-m", "dpsynth.cli.synthgen", *command, "--help"],
             capture_output=True, text=True, env=env,
         )  # fmt: skip
         text = "".join(result.stdout.split())  # help wraps (and may cut a long path)
@@ -254,8 +254,8 @@ def test_no_progress_silences_the_datasets_bars_too():
     import datasets
     from typer.testing import CliRunner
 
-    from synthgen.cli import app
-    from synthgen.cli.pipeline import _bars
+    from dpsynth.cli.synthgen import app
+    from dpsynth.cli.synthgen.pipeline import _bars
 
     assert "progress bars on stderr" in CliRunner().invoke(app, ["pipeline", "--help"]).output
     try:
@@ -269,7 +269,7 @@ def test_the_main_job_is_listed_first_with_every_summary_whole_at_80_columns():
     """Issue 51: `pipeline` first; no command summary cut with "..."; choices as values."""
     from typer.testing import CliRunner
 
-    from synthgen.cli import app
+    from dpsynth.cli.synthgen import app
 
     out = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "80"}).output
     commands = out.split("Commands:")[1].split()

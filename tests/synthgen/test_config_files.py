@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from synthgen import config_files
-from synthgen.config_files import UnknownConfigError
+from dpsynth import config_files
+from dpsynth.config_files import UnknownConfigError
 from synthgen.dp_train import DPConfig
 from synthgen.querygen import GeneratorConfig
 
@@ -39,7 +39,7 @@ def _write(path: Path, text: str) -> Path:
 
 
 def test_the_examples_are_inside_the_package():
-    packaged = REPO / "synthgen" / "configs"
+    packaged = REPO / "dpsynth" / "configs"
     assert config_files.default_configs_dir() == packaged
     assert config_files.pipeline_examples() == ["demo", "gpu", "tiny"]  # querygen.py is none
     assert (packaged / config_files.QUERYGEN_FILE).is_file()
@@ -153,9 +153,10 @@ def test_a_built_distribution_ships_the_examples(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    shutil.copytree(
-        REPO / "synthgen", source / "synthgen", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for package in ("synthgen", "retriever", "dpsynth"):
+        shutil.copytree(
+            REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
     build = tmp_path / "build"
     built = subprocess.run(
         [sys.executable, "-c", "import setuptools; setuptools.setup()", "-q", "build_py"]
@@ -166,16 +167,16 @@ def test_a_built_distribution_ships_the_examples(tmp_path):
         timeout=120,
     )
     assert built.returncode == 0, built.stderr[-2000:]
-    shipped = sorted(p.name for p in (build / "synthgen" / "configs").glob("*.py"))
+    shipped = sorted(p.name for p in (build / "dpsynth" / "configs").glob("*.py"))
     assert shipped == ["__init__.py", "demo.py", "gpu.py", "querygen.py", "tiny.py"]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     probe = textwrap.dedent(
         """
-        import synthgen
-        from synthgen.config_files import querygen_preset, resolve_pipeline_config
-        from synthgen.pipeline import load_pipeline_config
-        print(synthgen.__file__)
+        import dpsynth
+        from dpsynth.config_files import querygen_preset, resolve_pipeline_config
+        from dpsynth.pipeline import load_pipeline_config
+        print(dpsynth.__file__)
         print(resolve_pipeline_config("tiny"))
         print(load_pipeline_config("demo").name, querygen_preset("tiny_t5").family)
         """
@@ -191,6 +192,6 @@ def test_a_built_distribution_ships_the_examples(tmp_path):
     )
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     lines = loaded.stdout.split("\n")
-    assert lines[0] == str(build / "synthgen" / "__init__.py")
-    assert lines[1] == str(build / "synthgen" / "configs" / "tiny.py")
+    assert lines[0] == str(build / "dpsynth" / "__init__.py")
+    assert lines[1] == str(build / "dpsynth" / "configs" / "tiny.py")
     assert lines[2] == "demo t5"

@@ -198,7 +198,8 @@ def test_cli_writes_the_release_and_refuses_bad_options(tmp_path):
         "".join(json.dumps({"text": t, "topic": y}) + "\n" for t, y in
                 zip(PRIVATE, PRIVATE_LABELS, strict=True))
     )  # fmt: skip
-    base = [sys.executable, "-m", "synthgen.cli", "generate-docs-pe", "--private", str(private),
+    base = [sys.executable, "-m", "dpsynth.cli.synthgen", "generate-docs-pe",
+            "--private", str(private),
             "--text-field", "text", "--out", str(tmp_path / "out"), "--model", "tiny",
             "--encoder", "random:bert", "--ledger", str(tmp_path / "ledger.sqlite")]  # fmt: skip
     bad = subprocess.run(base + ["--num-samples", "2", "--epsilon", "4", "--label-field",

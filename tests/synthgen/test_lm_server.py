@@ -144,7 +144,7 @@ def _private_file(tmp_path):
 
 def _generate_docs_args(server, tmp_path, *extra):
     return [
-        sys.executable, "-m", "synthgen.cli", "generate-docs",
+        sys.executable, "-m", "dpsynth.cli.synthgen", "generate-docs",
         "--private", str(_private_file(tmp_path)), "--text-field", "body",
         "--label-field", "topic", "--labels", "rivers,mountains",
         "--public-pool-size", "20", "--num-examples", "1", "--epsilon", "8",

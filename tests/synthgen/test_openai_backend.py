@@ -297,7 +297,7 @@ def _generate_docs(server, tmp_path, *extra):
     private.write_text("".join(json.dumps({"body": "abab abab", "topic": "x"}) + "\n"
                                for _ in range(40)))  # fmt: skip
     return subprocess.run(
-        [sys.executable, "-m", "synthgen.cli", "generate-docs", "--private", str(private),
+        [sys.executable, "-m", "dpsynth.cli.synthgen", "generate-docs", "--private", str(private),
          "--text-field", "body", "--label-field", "topic", "--labels", "x",
          "--public-pool-size", "40", "--num-examples", "1",
          "--epsilon", "8", "--subsets", "4", "--shots", "2", "--max-new-tokens", "4",

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from dpsynth.config_files import querygen_preset
 from synthgen import corpora, querygen
-from synthgen.config_files import querygen_preset
 from synthgen.paths import default_work_dir
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope

@@ -41,7 +41,7 @@ class Network:
 
 @pytest.fixture(scope="session")
 def network(tmp_path_factory):
-    from retriever.service.contributor import add_key
+    from dpsynth.service.contributor import add_key
 
     root = tmp_path_factory.mktemp("network")
     world = make_world(root)

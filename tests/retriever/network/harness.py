@@ -193,7 +193,7 @@ class ContributorServer(ChildServer):
 
     def __init__(self, folders: Folders, log: Path, *, answer: bool = False) -> None:
         args: list[object] = [
-            sys.executable, "-m", "retriever.cli", "contributor", "serve",
+            sys.executable, "-m", "dpsynth.cli.retriever", "contributor", "serve",
             "--dir", folders.release, "--work", folders.work,
         ]  # fmt: skip
         if answer:

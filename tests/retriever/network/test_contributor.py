@@ -9,8 +9,8 @@ import httpx
 import numpy as np
 import pytest
 
+from dpsynth.service.contributor import add_key, load_contributor
 from retriever.network.folder import read_card
-from retriever.service.contributor import add_key, load_contributor
 from synthgen.privacy import COLLECTION, PrivacyLedger
 from tests.retriever.network.harness import (
     ANSWER_EPSILON,
@@ -173,8 +173,8 @@ def test_load_contributor_without_answer_needs_no_cap(network, tmp_path):
 def test_a_service_without_card_replicas_or_index_serves_health_only(tmp_path):
     from fastapi.testclient import TestClient
 
-    from retriever.service.app import Service, create_app
-    from retriever.service.tenants import TenantRegistry
+    from dpsynth.service.app import Service, create_app
+    from dpsynth.service.tenants import TenantRegistry
 
     ledger = PrivacyLedger(str(tmp_path / "ledger.sqlite"))
     registry = TenantRegistry(ledger)

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from dpsynth.service.contributor import add_key
 from retriever.fact_answers import ABSTAIN
 from retriever.network.engine import Contributor, EngineConfig, NetworkQueryEngine
 from retriever.network.facts import (
@@ -19,7 +20,6 @@ from retriever.network.facts import (
 from retriever.network.folder import read_card
 from retriever.network.local import load_answer_lm
 from retriever.rag.fact_world import make_world
-from retriever.service.contributor import add_key
 from tests.retriever.network.harness import (
     ContributorServer,
     Folders,

@@ -343,7 +343,7 @@ def test_every_option_a_refusal_suggests_is_one_a_command_accepts(requested):
 
     import typer.main
 
-    from retriever.cli import app
+    from dpsynth.cli.retriever import app
     from retriever.rag.collection import _shape_refusal
 
     root = typer.main.get_command(app)

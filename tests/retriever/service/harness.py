@@ -23,10 +23,10 @@ TIMEOUT = 120.0  # seconds a server may take to start (jax import, encoder load)
 
 
 def cli(*args: object, check: bool = True) -> subprocess.CompletedProcess:
-    """`python -m retriever.cli ARGS` as a user runs it."""
+    """`python -m dpsynth.cli.retriever ARGS` as a user runs it."""
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "retriever.cli", *map(str, args)],
+        [sys.executable, "-m", "dpsynth.cli.retriever", *map(str, args)],
         capture_output=True,
         text=True,
         env=env,
@@ -76,7 +76,7 @@ class Server:
 
     def __init__(self, world: dict[str, Path], ledger: str, log: Path, *extra: object) -> None:
         self.args = [
-            sys.executable, "-m", "retriever.cli", "serve",
+            sys.executable, "-m", "dpsynth.cli.retriever", "serve",
             "--index", world["private_index"], "--private-corpus", world["private_corpus"],
             "--public-index", world["public_index"], "--public-corpus", world["public_corpus"],
             "--ledger", ledger, "--lm", "tiny", "--k", "4", "--max-tokens", "6",
@@ -169,8 +169,8 @@ def serve_in_thread(service) -> Iterator[str]:
     """`create_app(service)` under uvicorn in a thread on a loopback port; yields its URL."""
     import uvicorn
 
-    from retriever.service.app import create_app
-    from retriever.service.server import bind
+    from dpsynth.service.app import create_app
+    from dpsynth.service.server import bind
 
     sock = bind("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning"))

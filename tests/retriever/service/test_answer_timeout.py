@@ -4,8 +4,8 @@ truncated, charged as usual (the charge precedes any release)."""
 import httpx
 import pytest
 
-from retriever.service.app import Service, ServiceConfig
-from retriever.service.tenants import TenantRegistry
+from dpsynth.service.app import Service, ServiceConfig
+from dpsynth.service.tenants import TenantRegistry
 from synthgen.privacy import PrivacyLedger
 from tests.retriever.service.harness import bearer, serve_in_thread, tiny_rag
 

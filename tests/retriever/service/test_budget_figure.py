@@ -8,8 +8,8 @@ import sys
 
 from fastapi.testclient import TestClient
 
-from retriever.service.app import Service, create_app
-from retriever.service.tenants import TenantRegistry
+from dpsynth.service.app import Service, create_app
+from dpsynth.service.tenants import TenantRegistry
 from synthgen.privacy import PrivacyLedger, accounting, format_epsilon, format_remaining
 
 RELATION = "ADD_OR_REMOVE_ONE"
@@ -17,7 +17,10 @@ RELATION = "ADD_OR_REMOVE_ONE"
 
 def _synthgen(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "synthgen.cli", *args], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "dpsynth.cli.synthgen", *args],
+        capture_output=True,
+        text=True,
+        check=True,
     )
 
 

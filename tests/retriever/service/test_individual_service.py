@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from retriever.cli import app
+from dpsynth.cli.retriever import app
 from synthgen.privacy import PrivacyLedger
 from synthgen.privacy.document_filters import SUMMARY_KEYS, DocumentFilters
 from tests.retriever.service.harness import Server, bearer, cli, questions

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from dpsynth.service.app import Service, ServiceConfig, create_app
+from dpsynth.service.tenants import TenantRegistry
 from retriever.rag.config import RagConfig, plan_answer
 from retriever.rag.retrieval import ScoreRange
-from retriever.service.app import Service, ServiceConfig, create_app
-from retriever.service.tenants import TenantRegistry
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
 from synthgen.privacy.document_filters import SUMMARY_KEYS, DocumentFilter, DocumentFilters
 from synthgen.privacy.individual import DocumentBudget

@@ -8,9 +8,9 @@ import time
 import httpx
 import pytest
 
-from retriever.service.admission import Admission, QueueFullError, QueueTimeoutError
-from retriever.service.app import Service, ServiceConfig
-from retriever.service.tenants import TenantRegistry
+from dpsynth.service.admission import Admission, QueueFullError, QueueTimeoutError
+from dpsynth.service.app import Service, ServiceConfig
+from dpsynth.service.tenants import TenantRegistry
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import COLLECTION, PrivacyLedger
 from tests.retriever.service.harness import serve_in_thread, tiny_rag

@@ -329,7 +329,7 @@ def test_health_states_terms_to_tenants_only_and_no_queue_depth(served):
 
 @pytest.mark.parametrize("mechanism", ["vote", "sparse-vote", "answer-vote"])
 def test_a_service_refuses_a_retired_mechanism_with_what_to_use(mechanism):
-    from retriever.service.app import ServiceConfig
+    from dpsynth.service.app import ServiceConfig
 
     with pytest.raises(ValueError, match=f"the {mechanism} mechanism was retired.*use facts"):
         ServiceConfig(mechanism=mechanism)

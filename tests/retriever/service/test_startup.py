@@ -8,11 +8,11 @@ import shutil
 import numpy as np
 import pytest
 
+from dpsynth.service.app import ServiceConfig
+from dpsynth.service.server import load_service
 from retriever.index import ExactSearcher
 from retriever.index_folder import save_index_folder
 from retriever.rag import RagConfig
-from retriever.service.app import ServiceConfig
-from retriever.service.server import load_service
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
 
 N = 20

@@ -2,7 +2,7 @@
 
 import pytest
 
-from retriever.service.tenants import AuthError, TenantRegistry
+from dpsynth.service.tenants import AuthError, TenantRegistry
 from synthgen.privacy import COLLECTION, PrivacyLedger
 
 

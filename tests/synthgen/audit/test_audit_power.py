@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from synthgen.audit import power, whitebox
+from dpsynth.evaluation import querygen_audit_power
+from synthgen.audit import whitebox
 
 SCRIPT = Path(__file__).parents[3] / "scripts" / "audit_power.py"
 LAST_LINE = re.compile(
@@ -25,9 +26,9 @@ def _loss(trainable, frozen, example):
     return jnp.mean(jnp.square(example["x"] @ trainable["w"] - example["y"]))
 
 
-def _toy_model(name: str) -> power.AuditedModel:
+def _toy_model(name: str) -> querygen_audit_power.AuditedModel:
     rng = np.random.default_rng(0)
-    return power.AuditedModel(
+    return querygen_audit_power.AuditedModel(
         name=name,
         description="toy (linear 64x256)",
         loss_fn=_loss,
@@ -48,9 +49,9 @@ def _toy_model(name: str) -> power.AuditedModel:
 @pytest.fixture
 def script(monkeypatch):
     """The script's main() with the toy model in place of the query generators."""
-    monkeypatch.setattr(power, "load_model", _toy_model)
+    monkeypatch.setattr(querygen_audit_power, "load_model", _toy_model)
     # The black-box cells train a real generator: `test_blackbox.py` runs them.
-    monkeypatch.setattr(power, "run_blackbox_cells", lambda *a, **k: [])
+    monkeypatch.setattr(querygen_audit_power, "run_blackbox_cells", lambda *a, **k: [])
     spec = importlib.util.spec_from_file_location("audit_power_script", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -129,7 +130,7 @@ def test_inclusion_coins_never_reach_an_output_file(script, tmp_path, capsys):
 
 
 def test_summary_line_without_cells():
-    assert power.summary_line([]) == (
+    assert querygen_audit_power.summary_line([]) == (
         "nonprivate_eps_lb=nan dp8_eps_lb=nan whitebox_nonprivate_eps_lb=nan "
         "whitebox_dp8_eps_lb=nan cap=nan"
     )
@@ -137,17 +138,17 @@ def test_summary_line_without_cells():
 
 def test_unknown_model_is_refused():
     with pytest.raises(ValueError, match="unknown model"):
-        power.load_model("gpt-5")
+        querygen_audit_power.load_model("gpt-5")
 
 
 def test_synthgen_audit_power_runs_one_config(monkeypatch, tmp_path, capsys):
     """`synthgen audit power --config FILE`: the cells the config names, the tables, the
     plots and the summary line, as the script writes them."""
-    from synthgen.cli import app
+    from dpsynth.cli.synthgen import app
     from synthgen.command_line import run
 
-    monkeypatch.setattr(power, "load_model", _toy_model)
-    monkeypatch.setattr(power, "run_blackbox_cells", lambda *a, **k: [])
+    monkeypatch.setattr(querygen_audit_power, "load_model", _toy_model)
+    monkeypatch.setattr(querygen_audit_power, "run_blackbox_cells", lambda *a, **k: [])
     config = tmp_path / "audit.yaml"
     config.write_text(
         f"model: tiny_t5\ncanaries: {CANARIES}\nwhitebox_epsilons: [inf]\nblackbox_epsilons: []\n"
@@ -168,9 +169,10 @@ def test_one_config_runs_the_other_generators_cells(monkeypatch, tmp_path, capsy
     """`synthgen audit power` with `evolution_epsilons` and `rag_epsilons`: retriever's
     runners are supplied by the entry point, the cells land in `generators_table.md` and
     `power_audit.json` (aggregates only), and the summary line is unchanged."""
-    from retriever.rag import power_cells as rag_power
-    from synthgen.audit import power_audit, release_audit
-    from synthgen.cli import app
+    from dpsynth.cli.synthgen import app
+    from dpsynth.evaluation import audit_power
+    from dpsynth.evaluation import rag_audit_power_cells as rag_power
+    from synthgen.audit import release_audit
     from synthgen.command_line import run
 
     rag_calls = []
@@ -184,7 +186,7 @@ def test_one_config_runs_the_other_generators_cells(monkeypatch, tmp_path, capsy
         "generator_runners",
         lambda cfg: {"embed": release_audit.word_embedding, "rag_cells": rag_cells},
     )
-    monkeypatch.setattr(power_audit, "EVOLUTION_SETTINGS", dict(num_private=30, num_samples=200))
+    monkeypatch.setattr(audit_power, "EVOLUTION_SETTINGS", dict(num_private=30, num_samples=200))
     config = tmp_path / "audit.yaml"
     config.write_text(
         "canaries: 60\nwhitebox_epsilons: []\nblackbox_epsilons: []\n"
@@ -198,50 +200,53 @@ def test_one_config_runs_the_other_generators_cells(monkeypatch, tmp_path, capsy
     report = json.loads((out / "power_audit.json").read_text())
     (cell,) = report["generators"]
     assert cell["num_canaries"] == 60 and cell["num_in"] + cell["num_out"] == 60
-    assert math.isinf(power_audit.load_config(config).evolution_epsilons[0])
+    assert math.isinf(audit_power.load_config(config).evolution_epsilons[0])
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("nonprivate_eps_lb=nan")
 
 
 def test_generator_cells_need_their_runners(tmp_path):
-    from synthgen.audit import power_audit
+    from dpsynth.evaluation import audit_power
 
-    config = power_audit.PowerAuditConfig(whitebox_epsilons=(), rag_epsilons=(8.0,))
+    config = audit_power.PowerAuditConfig(whitebox_epsilons=(), rag_epsilons=(8.0,))
     with pytest.raises(ValueError, match="rag_cells"):
-        power_audit.run_generators(config, tmp_path)
-    config = power_audit.PowerAuditConfig(whitebox_epsilons=(), evolution_epsilons=(8.0,))
+        audit_power.run_generators(config, tmp_path)
+    config = audit_power.PowerAuditConfig(whitebox_epsilons=(), evolution_epsilons=(8.0,))
     with pytest.raises(ValueError, match="encoder"):
-        power_audit.run_generators(config, tmp_path)
+        audit_power.run_generators(config, tmp_path)
 
 
 def test_blackbox_epochs_reach_the_cells_and_their_file_names(tmp_path):
     """`blackbox_epochs` is passed to the black-box runs, and a non-default value keys the
     cell's file, so a 3-epoch cell never reads back a 1-epoch one."""
-    from synthgen.audit import power_audit
+    from dpsynth.evaluation import audit_power
 
     config_file = tmp_path / "audit.yaml"
     config_file.write_text(
         "whitebox_epsilons: []\nblackbox_epsilons: [8]\nblackbox_epochs: 3\n"
         "blackbox_batch_size: 512\n"
     )
-    config = power_audit.load_config(config_file)
+    config = audit_power.load_config(config_file)
     calls = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(power, "run_blackbox_cells", lambda *a, **k: calls.append(k) or [])
-        power_audit.run(config, tmp_path)
+        patch.setattr(
+            querygen_audit_power, "run_blackbox_cells", lambda *a, **k: calls.append(k) or []
+        )
+        audit_power.run(config, tmp_path)
     assert calls[0]["epochs"] == 3.0 and calls[0]["batch_size"] == 512
 
-    default = power.blackbox_cell_path(tmp_path, "demo_lora", "new", 1000, 8.0, 1.0)
+    cell_path = querygen_audit_power.blackbox_cell_path
+    default = cell_path(tmp_path, "demo_lora", "new", 1000, 8.0, 1.0)
     assert default.name == "blackbox_demo_lora_new_m1000_eps8.json"
-    assert power.blackbox_cell_path(tmp_path, "demo_lora", "new", 1000, 8.0) == default
-    three = power.blackbox_cell_path(tmp_path, "demo_lora", "new", 1000, 8.0, 3.0)
+    assert cell_path(tmp_path, "demo_lora", "new", 1000, 8.0) == default
+    three = cell_path(tmp_path, "demo_lora", "new", 1000, 8.0, 3.0)
     assert three.name == "blackbox_demo_lora_new_m1000_ep3_eps8.json"
-    big = power.blackbox_cell_path(tmp_path, "demo_lora", "new", 1000, 8.0, 3.0, 512)
+    big = cell_path(tmp_path, "demo_lora", "new", 1000, 8.0, 3.0, 512)
     assert big.name == "blackbox_demo_lora_new_m1000_ep3_b512_eps8.json"
-    preset_batch = power.blackbox_cell_path(tmp_path, "demo_lora", "new", 1000, 8.0, 1.0, 32)
+    preset_batch = cell_path(tmp_path, "demo_lora", "new", 1000, 8.0, 1.0, 32)
     assert preset_batch == default  # the preset's own batch is the default, untagged
     with pytest.raises(ValueError, match="blackbox_epochs"):
-        power_audit.PowerAuditConfig(blackbox_epochs=0.0)
+        audit_power.PowerAuditConfig(blackbox_epochs=0.0)
     with pytest.raises(ValueError, match="blackbox_batch_size"):
-        power_audit.PowerAuditConfig(blackbox_batch_size=0)
+        audit_power.PowerAuditConfig(blackbox_batch_size=0)
     with pytest.raises(ValueError, match="blackbox_batch_size"):
-        power_audit.PowerAuditConfig(blackbox_batch_size=512.0)
+        audit_power.PowerAuditConfig(blackbox_batch_size=512.0)

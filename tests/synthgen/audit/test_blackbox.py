@@ -14,8 +14,9 @@ import jax
 import numpy as np
 import pytest
 
+from dpsynth.evaluation import querygen_audit_power
 from synthgen import dp_train
-from synthgen.audit import blackbox, new_tokens, power
+from synthgen.audit import blackbox, new_tokens
 from synthgen.audit.coins import draw_coins, streams
 from synthgen.audit.whitebox import HISTOGRAM_BINS, ROC_FPR
 from synthgen.generator_models import LlamaFamily
@@ -143,8 +144,8 @@ def test_run_config_takes_the_cells_sizes():
 def script_run(tmp_path_factory):
     """scripts/audit_power.py --quick, black-box cells only, at test size (run once)."""
     out = tmp_path_factory.mktemp("audit_power_blackbox")
-    saved = dict(power.BLACKBOX["tiny_t5"])
-    power.BLACKBOX["tiny_t5"].update(num_private=100, epochs=3.0, learning_rate=3e-2)
+    saved = dict(querygen_audit_power.BLACKBOX["tiny_t5"])
+    querygen_audit_power.BLACKBOX["tiny_t5"].update(num_private=100, epochs=3.0, learning_rate=3e-2)
     try:
         spec = importlib.util.spec_from_file_location("audit_power_script_bb", SCRIPT)
         module = importlib.util.module_from_spec(spec)
@@ -157,8 +158,8 @@ def script_run(tmp_path_factory):
         lines = buffer.getvalue().strip().splitlines()
         yield module.main, args, out, lines
     finally:
-        power.BLACKBOX["tiny_t5"].clear()
-        power.BLACKBOX["tiny_t5"].update(saved)
+        querygen_audit_power.BLACKBOX["tiny_t5"].clear()
+        querygen_audit_power.BLACKBOX["tiny_t5"].update(saved)
 
 
 @pytest.mark.slow
@@ -235,8 +236,10 @@ def test_coins_never_reach_an_output_file(script_run, monkeypatch):
     assert buffer.getvalue().strip().splitlines()[-1] == lines[-1]
     # A file made with other settings is refused, not reused; a bad batch before any work.
     with pytest.raises(ValueError, match="learning_rate: file 0.03 != asked 0.1"):
-        power.run_blackbox_cells(
+        querygen_audit_power.run_blackbox_cells(
             out, "tiny_t5", [math.inf], num_canaries=CANARIES, learning_rate=0.1
         )
     with pytest.raises(ValueError, match="batch_size must be an integer"):
-        power.run_blackbox_cells(out, "tiny_t5", [math.inf], num_canaries=CANARIES, batch_size=101)
+        querygen_audit_power.run_blackbox_cells(
+            out, "tiny_t5", [math.inf], num_canaries=CANARIES, batch_size=101
+        )

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from synthgen.cli import app, run
+from dpsynth.cli.synthgen import app, run
 from synthgen.models.decoding import bucket, generate
 from synthgen.models.llama import Llama
 from synthgen.models.llama_loading import load_llama

@@ -1,4 +1,4 @@
-"""`synthgen.pipeline.memory.StagePeak`: a stage's peak without resetting the process's own
+"""`dpsynth.pipeline.memory.StagePeak`: a stage's peak without resetting the process's own
 high-water mark (which outside tools such as `/usr/bin/time -v` read).
 
 Run in a fresh interpreter: a test worker's own history (earlier tests' peaks) would make
@@ -18,7 +18,7 @@ MIB = 2**20
 PROBE = """
 import json, time
 import numpy as np
-from synthgen.pipeline.memory import StagePeak, high_water_mark_bytes, resident_bytes
+from dpsynth.pipeline.memory import StagePeak, high_water_mark_bytes, resident_bytes
 
 def hold(megabytes, seconds):
     block = np.ones(megabytes * 2**20 // 8)  # touched: resident

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from synthgen.pipeline import load_pipeline_config
+from dpsynth.pipeline import load_pipeline_config
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,7 @@ def _rag_files(folder):
 
 def _cli(*args, cwd):
     return subprocess.run(
-        [sys.executable, "-m", "synthgen.cli", *map(str, args)],
+        [sys.executable, "-m", "dpsynth.cli.synthgen", *map(str, args)],
         capture_output=True, text=True, cwd=cwd, timeout=1800,
     )  # fmt: skip
 

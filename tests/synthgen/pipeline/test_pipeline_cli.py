@@ -3,8 +3,8 @@ name, from any folder; usage errors are one line with exit code 2."""
 
 import pytest
 
-from synthgen.cli import app, run
-from synthgen.config_files import default_configs_dir
+from dpsynth.cli.synthgen import app, run
+from dpsynth.config_files import default_configs_dir
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from dpsynth.pipeline.config import RagStageConfig
+from dpsynth.pipeline.rag_stage import RAG_DATASET, answer_questions
 from retriever import provenance
-from synthgen.pipeline.config import RagStageConfig
-from synthgen.pipeline.rag_stage import RAG_DATASET, answer_questions
 from synthgen.privacy import PrivacyLedger
 
 RELEASE = {"privacy": {"epsilon": 8.0, "delta": 1e-5, "unit": "one pair"}}
@@ -92,8 +92,8 @@ def individual_stage(tmp_path, monkeypatch):
     """The rag stage in individual accounting, on the byte-level test LM (no real
     encoder or LM loads), in a real run folder."""
     import retriever.evaluate
+    from dpsynth.pipeline.context import RunFolder
     from synthgen import lm_backends
-    from synthgen.pipeline.context import RunFolder
 
     monkeypatch.setattr(retriever.evaluate, "load_towers", lambda e: (_Towers(), _Towers()))
     monkeypatch.setattr(lm_backends.FlaxLM, "load", staticmethod(lambda name: lm_backends.TinyLM()))
@@ -160,7 +160,7 @@ def test_the_rag_stage_answers_under_per_record_filters(individual_stage):
 
 
 def test_the_report_states_the_per_record_guarantee(individual_stage):
-    from synthgen.pipeline.report import write_report
+    from dpsynth.pipeline.report import write_report
 
     ctx = individual_stage()
     summary = answer_questions(ctx)
@@ -275,7 +275,7 @@ def test_the_rag_stage_answers_over_a_users_own_records_and_questions(individual
 
 
 def test_a_users_questions_file_is_read_or_refused_with_its_line(tmp_path):
-    from synthgen.pipeline.rag_stage import read_questions
+    from dpsynth.pipeline.rag_stage import read_questions
 
     path = tmp_path / "q.txt"
     path.write_text('What is X?\n\n{"question": "Where is Y?", "answer": "Z"}\n')
@@ -302,7 +302,7 @@ def test_release_mode_releases_a_users_own_records_once(individual_stage):
 def test_questions_whose_answers_cannot_all_fit_the_cap_are_refused_before_any_charge(
     individual_stage,
 ):
-    from synthgen.pipeline.rag_stage import answers_that_fit
+    from dpsynth.pipeline.rag_stage import answers_that_fit
 
     user = _user_collection(individual_stage().run.root)
     settings = dict(accounting="collection", document_epsilon=None, document_delta=None,

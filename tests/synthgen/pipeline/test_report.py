@@ -4,7 +4,7 @@ import matplotlib
 import matplotlib.figure
 import pytest
 
-from synthgen.pipeline import report
+from dpsynth.pipeline import report
 
 
 @pytest.fixture

@@ -6,8 +6,7 @@ import stat
 
 import pytest
 
-from synthgen.dp_train import DPConfig
-from synthgen.pipeline import (
+from dpsynth.pipeline import (
     STAGES,
     GenerateConfig,
     IndexConfig,
@@ -20,8 +19,9 @@ from synthgen.pipeline import (
     run_stage,
     stage_status,
 )
-from synthgen.pipeline import runner as runner_module
-from synthgen.pipeline import stages as stages_module
+from dpsynth.pipeline import runner as runner_module
+from dpsynth.pipeline import stages as stages_module
+from synthgen.dp_train import DPConfig
 from synthgen.querygen import GeneratorConfig
 
 
@@ -83,7 +83,7 @@ def test_fingerprints_chain():
 
 
 def test_fields_added_later_enter_the_fingerprint_only_off_their_default():
-    from synthgen.pipeline.context import jsonable
+    from dpsynth.pipeline.context import jsonable
 
     base = _config()
     assert "accounting" not in jsonable(base.rag)  # old run folders keep their fingerprints
@@ -177,7 +177,7 @@ def test_refuses_a_folder_that_is_not_a_run(tmp_path, calls):
 
 
 def test_run_scope_refuses_other_caps(tmp_path):
-    from synthgen.pipeline.context import open_run_scope
+    from dpsynth.pipeline.context import open_run_scope
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.ledger_types import Scope
 
@@ -193,16 +193,16 @@ def test_run_scope_refuses_other_caps(tmp_path):
 
 
 def test_cli_rejects_group_options_before_a_stage(tmp_path):
-    from synthgen.cli import app, run
+    from dpsynth.cli.synthgen import app, run
 
     code = run(app, ["pipeline", "--config", "tiny", "status"])
     assert code == 2
 
 
 def test_fewshot_generate_precheck_refuses_a_run_over_the_cap(tmp_path):
+    from dpsynth.pipeline import PrivacyConfig
+    from dpsynth.pipeline.context import StageContext
     from synthgen.fewshot import FewShotConfig
-    from synthgen.pipeline import PrivacyConfig
-    from synthgen.pipeline.context import StageContext
     from synthgen.privacy import BudgetExceededError, PrivacyLedger
 
     def context(cap):

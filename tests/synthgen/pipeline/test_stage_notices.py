@@ -8,13 +8,13 @@ import types
 
 import pytest
 
+from dpsynth.pipeline import GenerateConfig, PipelineConfig, PrivacyConfig, RunFolder
+from dpsynth.pipeline import stages as stages_module
+from dpsynth.pipeline.config import RagStageConfig
+from dpsynth.pipeline.context import StageContext
+from dpsynth.pipeline.rag_stage import answer_questions
 from retriever import provenance
 from synthgen.dp_train import DPConfig
-from synthgen.pipeline import GenerateConfig, PipelineConfig, PrivacyConfig, RunFolder
-from synthgen.pipeline import stages as stages_module
-from synthgen.pipeline.config import RagStageConfig
-from synthgen.pipeline.context import StageContext
-from synthgen.pipeline.rag_stage import answer_questions
 from synthgen.querygen import GeneratorConfig
 
 RELEASE = {"privacy": {"epsilon": 8.0, "delta": 1e-5, "unit": "one pair"}}

@@ -6,18 +6,18 @@ import dataclasses
 
 import pytest
 
-from synthgen.config_files import default_configs_dir
-from synthgen.fewshot.config import FewShotConfig
-from synthgen.pipeline import RunFolder, load_pipeline_config, run_stage
-from synthgen.pipeline.context import StageBusyError, stage_lock
-from synthgen.pipeline.runner import run_shard
-from synthgen.pipeline.stage_shards import (
+from dpsynth.config_files import default_configs_dir
+from dpsynth.pipeline import RunFolder, load_pipeline_config, run_stage
+from dpsynth.pipeline.context import StageBusyError, stage_lock
+from dpsynth.pipeline.runner import run_shard
+from dpsynth.pipeline.stage_shards import (
     finished_shards,
     remove_shards,
     shard_folder,
     shard_progress,
     shards_root,
 )
+from synthgen.fewshot.config import FewShotConfig
 from synthgen.shards import Shard
 
 

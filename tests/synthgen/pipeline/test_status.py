@@ -2,10 +2,10 @@
 
 from typer.testing import CliRunner
 
+from dpsynth.cli.synthgen import app
+from dpsynth.pipeline import load_pipeline_config
+from dpsynth.pipeline.config import config_assets
 from synthgen import assets
-from synthgen.cli import app
-from synthgen.pipeline import load_pipeline_config
-from synthgen.pipeline.config import config_assets
 
 TINY = "tiny"  # the packaged example
 

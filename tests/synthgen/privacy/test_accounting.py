@@ -10,7 +10,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from synthgen.cli import app, run
+from dpsynth.cli.synthgen import app, run
 from synthgen.privacy import accounting
 from synthgen.privacy.errors import UnsupportedEventError
 
@@ -423,7 +423,7 @@ def test_convert_relation_refuses_replace_one_to_add_remove():
 
 
 def test_calculator_refuses_delta_of_one_over_n_or_more():
-    from synthgen.cli import run as cli_run
+    from dpsynth.cli.synthgen import run as cli_run
 
     args = ["privacy", "dpsgd", "--num-examples", "100", "--batch-size", "10", "--epochs", "1"]
     for delta in ("0.01", "0.5"):

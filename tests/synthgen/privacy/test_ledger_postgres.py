@@ -7,7 +7,7 @@ from functools import partial
 import psycopg
 import pytest
 
-from synthgen.cli import app, run
+from dpsynth.cli.synthgen import app, run
 from synthgen.privacy import accounting
 from synthgen.privacy.errors import BudgetExceededError
 from synthgen.privacy.ledger import PrivacyLedger

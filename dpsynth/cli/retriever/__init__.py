@@ -1,0 +1,53 @@
+"""`retriever` command line: thin wrappers over the retriever library.
+
+One module per command group (`data`, `index`, `rag`: privacy rag and answer, `service`:
+serve and tenant, `network`: contributor and network, `knowledge`: release and answer) or
+per family of top-level commands (`train`: train, train-dp; `evaluate`; `export`).
+Errors go through `synthgen.command_line.run`: one line on stderr, a non-zero exit code,
+`--debug` for the traceback. jax, flax, scann and datasets are imported inside the commands
+so `--help` starts fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from dpsynth.cli.retriever import evaluate, export, network, rag, service, train
+from dpsynth.cli.retriever.data import data_app
+from dpsynth.cli.retriever.index import index_app
+from dpsynth.cli.retriever.knowledge import knowledge_app
+from synthgen.command_line import HelpGroup, global_options, run
+
+__all__ = ["app", "main", "run"]
+
+app = typer.Typer(
+    cls=HelpGroup,
+    help="Retrieval on DP synthetic data.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    # click's own help layout: option names are never cut (rich's table cuts them with
+    # "…" below ~100 columns); the tree inherits the top-level app's mode
+    rich_markup_mode=None,
+)
+app.callback()(global_options)
+app.add_typer(data_app, name="data")
+app.add_typer(index_app, name="index")
+app.add_typer(rag.privacy_app, name="privacy")
+app.command("answer")(rag.answer)
+app.command("serve")(service.serve)
+app.add_typer(service.tenant_app, name="tenant")
+app.add_typer(network.contributor_app, name="contributor")
+app.add_typer(network.network_app, name="network")
+app.add_typer(knowledge_app, name="knowledge")
+app.command("train")(train.train)
+app.command("train-dp")(train.train_dp)
+app.command("evaluate")(evaluate.evaluate)
+app.command("export")(export.export)
+
+
+def main() -> None:
+    """Console script `retriever`."""
+    sys.exit(run(app))

@@ -1,0 +1,56 @@
+"""`synthgen` command line: thin wrappers that parse arguments and call one library function.
+
+One module per command group (`assets`, `privacy`, `ledger`, `lm`, `audit`) or per family of
+top-level commands (`querygen`: train-generator, generate-queries, merge-queries; `fewshot`:
+generate-docs, generate-queries-fewshot; `evolution`: generate-docs-pe); `common` holds the option
+types these commands share. The error wrapper `run` and what `retriever`'s command line shares with
+this one live in the library module `synthgen.command_line`. Every error is one line on stderr
+and a non-zero exit code; `--debug` shows the traceback. jax, flax and datasets are imported
+inside the commands so that `synthgen --help` and the calculators start fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from dpsynth.cli.synthgen import evolution, fewshot, querygen
+from dpsynth.cli.synthgen.assets import assets_app
+from dpsynth.cli.synthgen.audit import audit_app
+from dpsynth.cli.synthgen.ledger import ledger_app
+from dpsynth.cli.synthgen.lm import lm_app
+from dpsynth.cli.synthgen.pipeline import pipeline_app
+from dpsynth.cli.synthgen.privacy import privacy_app
+from synthgen.command_line import USER_ERRORS, HelpGroup, global_options, run
+
+__all__ = ["USER_ERRORS", "app", "main", "run"]
+
+app = typer.Typer(
+    cls=HelpGroup,
+    help="DP synthetic data: assets, privacy accounting, budget ledger.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    # click's own help layout: option names are never cut (rich's table cuts them with
+    # "…" below ~100 columns); the tree inherits the top-level app's mode
+    rich_markup_mode=None,
+)
+app.callback()(global_options)
+app.add_typer(assets_app, name="assets")
+app.add_typer(privacy_app, name="privacy")
+app.add_typer(ledger_app, name="ledger")
+app.add_typer(lm_app, name="lm")
+app.add_typer(audit_app, name="audit")
+app.add_typer(pipeline_app, name="pipeline")
+app.command("train-generator")(querygen.train_generator)
+app.command("generate-queries")(querygen.generate_queries)
+app.command("merge-queries")(querygen.merge_queries)
+app.command("generate-docs")(fewshot.generate_docs)
+app.command("generate-queries-fewshot")(fewshot.generate_queries_fewshot)
+app.command("generate-docs-pe")(evolution.generate_docs_pe)
+
+
+def main() -> None:
+    """Console script `synthgen`."""
+    sys.exit(run(app))

@@ -1,0 +1,87 @@
+"""Option types that only `synthgen`'s commands share (not `retriever`'s).
+
+The error wrapper `run`, the global options, the epsilon and delta validators and
+`LedgerOption`, which `dpsynth.cli.retriever` uses too, live in the library module
+`synthgen.command_line`; this module builds on them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from synthgen.command_line import choice, positive
+
+SplitOption = Annotated[
+    str,
+    choice("all", "train", "test", help="wiki corpus only: the split of documents to use"),
+]
+PresetOption = Annotated[
+    str,
+    typer.Option(
+        help="query-generator preset: a name in dpsynth/configs/querygen.py (shipped with the "
+        "package), or path/to/file.py:NAME (an entry of that file's PRESETS dict)"
+    ),
+]
+
+SeedOption = Annotated[
+    int | None,
+    typer.Option(help="tests only: a fixed seed makes the release reproducible (warned)"),
+]
+TenantOption = Annotated[str, typer.Option(help="ledger tenant")]
+DatasetOption = Annotated[str | None, typer.Option(help="ledger dataset (default: file name)")]
+TextFieldOption = Annotated[str, typer.Option(help="field of the private text")]
+DeclaredDeltaOption = Annotated[float | None, typer.Option(help="below 1/N; default 1/(10N)")]
+ExpectedBatchOption = Annotated[int | None, typer.Option(help="expected batch size")]
+BudgetOption = Annotated[
+    float | None, typer.Option(help="epsilon cap of a new ledger scope", callback=positive)
+]
+SEED_WARNING = (
+    "warning: --seed fixes the mechanism's randomness: anyone who knows it can replay the "
+    "noise; for tests only, not for publication (recorded in metadata.json)"
+)
+ModelOption = Annotated[
+    str,
+    typer.Option(help="asset name, .gguf file or HF Llama folder; 'tiny' = the test LM"),
+]
+ServerOption = Annotated[
+    str | None,
+    typer.Option(
+        help="OpenAI-compatible base URL (e.g. http://localhost:8000/v1) of a server you run "
+        "yourself: it sees the private prompts; --model then only names the tokenizer, and "
+        "--server-model the served model"
+    ),
+]
+ServerModelOption = Annotated[str | None, typer.Option(help="served model name")]
+ServerContextOption = Annotated[
+    int | None,
+    typer.Option(
+        help="context length (tokens) the server was started with; required with --server"
+    ),
+]
+ServerPromptOption = Annotated[
+    str,
+    choice(
+        "auto",
+        "tokens",
+        "text",
+        help="how prompts reach --server; auto probes it once with a "
+        "public prompt and sends token ids where accepted, text otherwise",
+    ),
+]
+TopLogprobsOption = Annotated[
+    int, typer.Option(help="log-probs per --server reply (servers cap it, often at 20)")
+]
+ServerConcurrencyOption = Annotated[
+    int, typer.Option(help="--server requests in flight at once (the M prompts of a token)")
+]
+FewShotMechanismOption = Annotated[
+    str, choice("gaussian", "rnm", help="the token release: Gaussian votes or report-noisy-max")
+]
+ResampleOption = Annotated[
+    str,
+    choice(
+        "token", "example", help="resample the private subsets per token or per example (KV cache)"
+    ),
+]

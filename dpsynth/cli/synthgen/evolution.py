@@ -1,0 +1,265 @@
+"""`synthgen generate-docs-pe`: Private Evolution (`synthgen.evolution`), a thin wrapper.
+
+Privacy: the guarantee is T Gaussian nearest-neighbour histograms (`synthgen.evolution`),
+fixed by public options only (`--iterations`, `--epsilon` or `--noise`, `--votes`,
+`--delta` or the declared `--public-size`); the LM sees public prompts only. `--limit` and
+`--split` select rows by position, so the guarantee covers the selected rows; `--seed` is
+for tests only (warned about and recorded in the metadata).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dpsynth.cli.synthgen.common import (
+    SEED_WARNING,
+    BudgetOption,
+    DatasetOption,
+    DeclaredDeltaOption,
+    ModelOption,
+    SeedOption,
+    ServerConcurrencyOption,
+    ServerContextOption,
+    ServerModelOption,
+    ServerOption,
+    ServerPromptOption,
+    SplitOption,
+    TenantOption,
+    TextFieldOption,
+    TopLogprobsOption,
+)
+from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
+from synthgen.privacy.receipts import ledger_payer
+
+STAGE = "evolution"  # the ledger stage of `generate-docs-pe`
+
+
+PublicSizeOption = Annotated[
+    int,
+    typer.Option(
+        help="declared public figure N for the private data's size: delta defaults to "
+        "1/(10N) and must be below 1/N (never compared with the real count)"
+    ),
+]
+LabelFieldOption = Annotated[
+    str | None, typer.Option(help="label field: votes stay within a label (needs --labels)")
+]
+LabelsOption = Annotated[
+    str | None,
+    typer.Option(help="public comma-separated label list (rows with others are ignored)"),
+]
+PopulationOption = Annotated[
+    int | None, typer.Option(help="candidates per label per iteration (default: released)")
+]
+InitialPromptOption = Annotated[
+    str | None, typer.Option(help="public prompt of the first population; may use {label}")
+]
+VariationPromptOption = Annotated[
+    str | None, typer.Option(help="uses {text} (a synthetic sample), may use {label}")
+]
+EncoderOption = Annotated[str, typer.Option(help="embedding model: asset name or encoder folder")]
+LimitOption = Annotated[
+    int | None, typer.Option(help="first N private samples only (the guarantee covers those)")
+]
+
+
+def _check_options(epsilon, noise, label_field, labels, server, server_context) -> None:
+    """Refuses contradicting or missing options before anything is read."""
+    if (epsilon is None) == (noise is None):
+        raise typer.BadParameter("give one of --epsilon and --noise")
+    if bool(label_field) != bool(labels):
+        raise typer.BadParameter(
+            "--label-field and --labels go together: the label list is public and never "
+            "read from the private rows"
+        )
+    if server is not None and server_context is None:
+        raise typer.BadParameter("--server needs --server-context (the server's context length)")
+
+
+def _config_and_plan(
+    num_samples, iterations, epsilon, noise, delta, public_size, labels, votes, threshold,
+    population, keep_share, initial_prompt, variation_prompt, max_new_tokens, temperature,
+    top_p, batch_size,
+):  # fmt: skip
+    """The run's `EvolutionConfig` (the prompts that were given) and its release plan."""
+    from synthgen import evolution
+
+    prompts = {"initial_prompt": initial_prompt, "variation_prompt": variation_prompt}
+    label_set = tuple(x.strip() for x in (labels or "").split(",") if x.strip()) or ("",)
+    config = evolution.EvolutionConfig(
+        num_samples=num_samples, iterations=iterations, target_epsilon=epsilon,
+        noise_multiplier=noise, delta=delta, public_size=public_size, labels=label_set,
+        votes=votes, threshold=threshold, population=population, keep_share=keep_share,
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+        batch_size=batch_size, **{k: v for k, v in prompts.items() if v is not None},
+    )  # fmt: skip
+    return config, evolution.plan_evolution(config)
+
+
+def _admit_rows(private, text_field, label_field, limit, split, ledger, scope, plan, budget,
+                guarantees_add_up):  # fmt: skip
+    """Reads the private rows, binds them to `scope` and admits the run (before any compute);
+    returns the rows and the ledger."""
+    from synthgen.corpora import load_rows
+    from synthgen.paths import default_ledger_path
+    from synthgen.privacy.admission import admit
+    from synthgen.privacy.ledger import PrivacyLedger
+
+    required = (text_field,) + ((label_field,) if label_field else ())
+    rows = load_rows(private, required, limit, split)
+    ledger_obj = PrivacyLedger(ledger or default_ledger_path())
+    records = [
+        {"text": r[text_field], "label": r[label_field] if label_field else ""} for r in rows
+    ]
+    admit(  # n: the declared public size N
+        ledger_obj, *scope, records, plan, stage=STAGE,
+        public_count=plan.public_size, budget=budget, guarantees_add_up=guarantees_add_up,
+    )  # fmt: skip
+    return rows, ledger_obj
+
+
+def _load_lm(model, server, server_model, server_context, prompt, top_logprobs, concurrency):
+    from synthgen.lm_backends import load_backend
+
+    options = {"prompt_format": prompt, "top_logprobs": top_logprobs,
+               "concurrency": concurrency}  # fmt: skip
+    lm, check = load_backend(model, server, server_model, server_context, options)
+    if check is not None:
+        print(f"server: {check.note}", file=sys.stderr)
+    return lm
+
+
+def _progress(bars: dict, plan):
+    """The `progress` callback: one bar for the LM's work and one for the histograms."""
+    from tqdm import tqdm
+
+    def progress(stage: str, done: int, total: int) -> None:
+        key = "histogram" if stage == "histogram" else "lm"
+        bar = bars.get(key)
+        if bar is None or bar.total != total or bar.desc != stage:
+            if bar is not None:
+                bar.close()
+            # the histogram bar shows counts only: its timing would be private work's
+            fmt = "{desc}: {n}/{total} {postfix}" if stage == "histogram" else None
+            bar = bars[key] = tqdm(total=total, desc=stage, unit="sample", file=sys.stderr,
+                                   bar_format=fmt)  # fmt: skip
+        bar.n = done
+        bar.set_postfix_str(f"eps {plan.epsilon:.3g} charged" if stage == "histogram" else "")
+        bar.refresh()
+
+    return progress
+
+
+def _evolve(lm, encoder, rows, text_field, label_field, config, plan, seed, pay):
+    """Runs Private Evolution with progress bars; closes them and a server backend, also
+    on an error."""
+    from retriever.encoders import load_encoder
+    from synthgen import evolution
+    from synthgen.privacy import secure_rng
+
+    texts = list(rows[text_field])
+    private_labels = [str(x) for x in rows[label_field]] if label_field else None
+    sampler = evolution.make_sampler(
+        lm, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+        top_p=config.top_p, batch_size=config.batch_size,
+    )  # fmt: skip
+    text_encoder = load_encoder(encoder)
+    bars: dict = {}
+    try:
+        return evolution.evolve(
+            sampler, lambda batch: text_encoder.encode(list(batch)), texts, config,
+            rng=secure_rng(seed), private_labels=private_labels, plan=plan,
+            progress=_progress(bars, plan), pay=pay,
+        )  # fmt: skip
+    finally:
+        for bar in bars.values():
+            bar.close()
+        close = getattr(lm, "close", None)
+        if callable(close):
+            close()
+
+
+def _write(out, result, config, plan, lm_name, encoder, rows, seed) -> None:
+    """Writes the release and prints the LM's speed (stderr) and the summary (stdout)."""
+    from synthgen import evolution
+
+    evolution.write_output(
+        out, result, config, model=lm_name, encoder=encoder, rows=rows, seeded=seed is not None
+    )
+    rate = result.samples_generated / max(result.generation_seconds, 1e-9)
+    print(
+        f"LM: {result.samples_generated} samples in {result.generation_seconds:.1f} s "
+        f"({rate:.2f} samples/s, public prompts only)",
+        file=sys.stderr,
+    )
+    print(json.dumps({
+        "out": str(out), "num_examples": len(result.texts), "epsilon": plan.epsilon,
+        "delta": plan.delta, "noise_multiplier": plan.noise_multiplier,
+        "iterations": plan.iterations, "seeded": seed is not None,
+    }))  # fmt: skip
+
+
+def generate_docs_pe(
+    private: Annotated[str, typer.Option(help="JSONL of private samples, or wiki-summaries-en")],
+    text_field: TextFieldOption,
+    num_samples: Annotated[int, typer.Option(help="synthetic samples to release")],
+    out: Annotated[Path, typer.Option(help="output folder (released)")],
+    epsilon: Annotated[float | None, typer.Option(help="target epsilon of the run")] = None,
+    noise: Annotated[float | None, typer.Option(help="noise multiplier instead")] = None,
+    iterations: Annotated[int, typer.Option(help="T: DP histograms (one per iteration)")] = 4,
+    public_size: PublicSizeOption = 1000,
+    delta: DeclaredDeltaOption = None,
+    label_field: LabelFieldOption = None,
+    labels: LabelsOption = None,
+    votes: Annotated[int, typer.Option(help="k nearest votes per private sample")] = 1,
+    threshold: Annotated[float, typer.Option(help="noisy counts below this x std -> 0")] = 2.0,
+    population: PopulationOption = None,
+    keep_share: Annotated[float, typer.Option(help="share of selected samples kept")] = 0.25,
+    initial_prompt: InitialPromptOption = None,
+    variation_prompt: VariationPromptOption = None,
+    max_new_tokens: Annotated[int, typer.Option()] = 96,
+    temperature: Annotated[float, typer.Option()] = 1.0,
+    top_p: Annotated[float, typer.Option()] = 0.95,
+    batch_size: Annotated[int, typer.Option(help="prompts per batched LM call")] = 32,
+    encoder: EncoderOption = "all-minilm-l6-v2",
+    model: ModelOption = "smollm2-135m-instruct",
+    server: ServerOption = None,
+    server_model: ServerModelOption = None,
+    server_context: ServerContextOption = None,
+    server_prompt: ServerPromptOption = "auto",
+    top_logprobs: TopLogprobsOption = 20,
+    server_concurrency: ServerConcurrencyOption = 8,
+    limit: LimitOption = None,
+    split: SplitOption = "all",
+    ledger: LedgerOption = None,
+    tenant: TenantOption = "default",
+    dataset: DatasetOption = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
+    budget: BudgetOption = None,
+    seed: SeedOption = None,
+) -> None:
+    """Private Evolution: DP synthetic text whose cost does not grow with its length or number."""
+    from synthgen.corpora import selection_note
+
+    _check_options(epsilon, noise, label_field, labels, server, server_context)
+    config, plan = _config_and_plan(
+        num_samples, iterations, epsilon, noise, delta, public_size, labels, votes, threshold,
+        population, keep_share, initial_prompt, variation_prompt, max_new_tokens, temperature,
+        top_p, batch_size,
+    )  # fmt: skip
+    scope = (tenant, dataset or Path(private).stem)
+    rows, ledger_obj = _admit_rows(private, text_field, label_field, limit, split, ledger, scope,
+                                   plan, budget, guarantees_add_up)  # fmt: skip
+    if seed is not None:
+        print(SEED_WARNING, file=sys.stderr)
+    lm = _load_lm(model, server, server_model, server_context, server_prompt, top_logprobs,
+                  server_concurrency)  # fmt: skip
+    result = _evolve(lm, encoder, rows, text_field, label_field, config, plan, seed,
+                     ledger_payer(ledger_obj, scope, stage=STAGE))  # fmt: skip
+    lm_name = model if server is None else f"{server} ({server_model or model})"
+    _write(out, result, config, plan, lm_name, encoder, selection_note(limit, split), seed)

@@ -1,0 +1,413 @@
+"""`synthgen generate-docs` and `synthgen generate-queries-fewshot`: thin wrappers over fewshot.
+
+Privacy: the guarantee is fixed by declared public figures only (`--public-pool-size`, the
+public `--labels`); see `synthgen.fewshot`. `--limit` and `--split` select rows by their
+position in the whole file or corpus, so the guarantee covers the selected rows only (it is
+stated for adding or removing one selected row); `--seed` makes the mechanism's randomness
+reproducible and is for tests only (warned about and recorded in the metadata).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dpsynth.cli.synthgen.common import (
+    SEED_WARNING,
+    BudgetOption,
+    DatasetOption,
+    FewShotMechanismOption,
+    ModelOption,
+    ResampleOption,
+    SeedOption,
+    ServerConcurrencyOption,
+    ServerContextOption,
+    ServerModelOption,
+    ServerOption,
+    ServerPromptOption,
+    SplitOption,
+    TenantOption,
+    TextFieldOption,
+    TopLogprobsOption,
+)
+from synthgen.command_line import (
+    GuaranteesAddUpOption,
+    LedgerOption,
+    OutFolderOption,
+    TargetEpsilonOption,
+)
+from synthgen.paths import default_ledger_path
+from synthgen.privacy.ledger import PrivacyLedger
+from synthgen.privacy.receipts import ledger_payer
+
+STAGE = "fewshot-generate"  # the few-shot commands' ledger stage
+
+PoolSizeOption = Annotated[
+    int,
+    typer.Option(
+        help="declared public lower bound N on the private examples of every pool (label): "
+        "each example is sampled with probability q = subsets * shots / N, delta defaults "
+        "to 1/(10 N x pools); a smaller real pool is refused (its size is never shown)"
+    ),
+]
+DeltaOption = Annotated[
+    float | None, typer.Option(help="below 1/N (N = declared pool size x pools); default 1/(10N)")
+]
+DocsLabelFieldOption = Annotated[
+    str | None,
+    typer.Option(help="label field: one label per synthetic example (needs --labels)"),
+]
+DocsNoiseOption = Annotated[
+    float | None, typer.Option(help="sigma (gaussian) or per-token eps (rnm) instead")
+]
+DocsLimitOption = Annotated[
+    int | None,
+    typer.Option(help="first N private examples only (the guarantee covers those only)"),
+]
+PublicVocabOption = Annotated[int | None, typer.Option(help="RVP: top-K public tokens")]
+DocsLabelsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="public comma-separated label list (required with --label-field; rows with "
+        "other labels are ignored)"
+    ),
+]
+
+
+def _check_options(epsilon, noise, label_field=None, labels=None) -> None:
+    """Refuses a run without --epsilon or --noise, and --label-field without --labels (or
+    the reverse), before anything is read."""
+    if epsilon is None and noise is None:
+        raise typer.BadParameter("give --epsilon (or --noise)")
+    if label_field and not labels:
+        raise typer.BadParameter(
+            "--label-field needs --labels: a public comma-separated label list (the label "
+            "set is never read from the private rows)"
+        )
+    if labels and not label_field:
+        raise typer.BadParameter("--labels needs --label-field")
+
+
+def _config(**values):
+    from synthgen.fewshot import FewShotConfig
+
+    mechanism = values["mechanism"]
+    epsilon, noise = values.pop("epsilon"), values.pop("noise")
+    if noise is not None:
+        values["noise_multiplier" if mechanism == "gaussian" else "token_epsilon"] = noise
+    return FewShotConfig(target_epsilon=None if noise is not None else epsilon, **values)
+
+
+def _lm_args(model, server, server_model, server_context, prompt, top_logprobs, concurrency):
+    """The arguments of `_load_lm` from the commands' LM options."""
+    options = {"prompt_format": prompt, "top_logprobs": top_logprobs, "concurrency": concurrency}
+    return model, server, server_model, server_context, options
+
+
+def _load_lm(
+    model: str,
+    server: str | None = None,
+    server_model: str | None = None,
+    server_context: int | None = None,
+    server_options: dict | None = None,
+):
+    from synthgen.lm_backends import load_backend
+
+    lm, check = load_backend(model, server, server_model, server_context, server_options)
+    if check is not None:
+        kind = "warning" if check.tokenization == "unchecked" else "server"
+        print(f"{kind}: {check.note}", file=sys.stderr)
+    return lm
+
+
+def _ledger(
+    tenant: str,
+    name: str,
+    ledger: str | None,
+    budget: float | None,
+    guarantees_add_up: bool,
+    plan,
+    private: list,
+):
+    """Binds the private rows to `name` (another name over them is refused without
+    --guarantees-add-up), opens the scope if it is new and refuses an over-budget run,
+    before any compute."""
+    from synthgen.privacy.admission import admit
+
+    ledger_obj = PrivacyLedger(ledger or default_ledger_path())
+    # n: the declared public figure the plan's delta bound uses (never the private count)
+    admit(
+        ledger_obj, tenant, name, private, plan, stage=STAGE,
+        public_count=plan.public_pool_size * plan.pools, budget=budget,
+        guarantees_add_up=guarantees_add_up,
+    )  # fmt: skip
+    return ledger_obj
+
+
+def _warn_top_k(lm, cfg) -> None:
+    """Warns where a server's top-k log-probs are fewer than the public candidates."""
+    top_k = getattr(lm, "top_logprobs", None)
+    if top_k is not None and (cfg.public_vocab is None or cfg.public_vocab > top_k):
+        print(
+            f"warning: the server returns {top_k} log-probs per prompt and the other tokens "
+            "share the rest uniformly, so candidates past its top-k are tokens the model did "
+            f"not rank: use --public-vocab {top_k} or less",
+            file=sys.stderr,
+        )
+
+
+def _token_progress(bar, cfg):
+    """The `on_token` callback: advances `bar` and shows the spend so far after each text."""
+    from synthgen.privacy import accounting
+
+    shown = {"eps": 0.0}
+
+    def on_token(released: int, plan) -> None:
+        bar.update(1)
+        if released % cfg.max_new_tokens == 0:
+            # An upper bound on any example's spend so far (the worst pool's rate).
+            args = dict(plan.to_dict())
+            tokens = min(released, plan.tokens)
+            shown["eps"] = accounting.fewshot_epsilon(
+                plan.delta,
+                sampling_rate=plan.sampling_rate,
+                tokens=tokens,
+                mechanism=plan.mechanism,
+                noise_multiplier=args["noise_multiplier"],
+                token_epsilon=args["token_epsilon"],
+                tokens_per_draw=plan.tokens_per_draw,
+            )
+        bar.set_postfix_str(f"eps so far <= {shown['eps']:.3g}", refresh=False)
+
+    return on_token
+
+
+def _generate(lm, private, targets, template, cfg, pool_field, plan, seed, pay):
+    """Generates with a progress bar; closes the bar and a server backend, also on an error."""
+    from tqdm import tqdm
+
+    from synthgen import fewshot
+    from synthgen.privacy import secure_rng
+
+    bar = tqdm(total=len(targets) * cfg.max_new_tokens, unit="tok", file=sys.stderr)
+    try:
+        return fewshot.generate(
+            lm,
+            private,
+            targets,
+            template,
+            cfg,
+            pool_field=pool_field,
+            rng=secure_rng(seed),
+            pay=pay,
+            plan=plan,
+            on_token=_token_progress(bar, cfg),
+        )
+    finally:
+        bar.close()  # also on an error, whose line then stays the last one
+        close = getattr(lm, "close", None)
+        if callable(close):  # a server backend: no request may outlive the run
+            close()
+
+
+def _run(
+    lm_args, private, targets, template, cfg, pool_field, out, ledger_args, seed, columns, rows
+):
+    """Plans, checks the budget, loads the LM, generates with a progress bar, writes."""
+    from synthgen import fewshot
+
+    if lm_args[1] is not None and lm_args[3] is None:
+        raise typer.BadParameter("--server needs --server-context (the server's context length)")
+    plan = fewshot.plan_for(private, targets, template, cfg, pool_field=pool_field)
+    if seed is not None:
+        print(SEED_WARNING, file=sys.stderr)
+    ledger_obj = _ledger(*ledger_args, plan, private)
+    lm = _load_lm(*lm_args)
+    _warn_top_k(lm, cfg)
+    lm_name = lm_args[0] if lm_args[1] is None else f"{lm_args[1]} ({lm_args[2] or lm_args[0]})"
+    pay = ledger_payer(ledger_obj, (ledger_args[0], ledger_args[1]), stage=STAGE)
+    result = _generate(lm, private, targets, template, cfg, pool_field, plan, seed, pay)
+    fewshot.write_output(
+        str(out),
+        columns(targets, result.texts),
+        result,
+        cfg,
+        model=lm_name,
+        template=template,
+        rows=rows,
+        seeded=seed is not None,
+    )
+    print(
+        json.dumps(
+            {
+                "out": str(out),
+                "num_examples": len(result.texts),
+                "epsilon": plan.epsilon,
+                "delta": plan.delta,
+                "noise_multiplier": plan.noise_multiplier,
+                "token_epsilon": plan.token_epsilon,
+                "tokens_released": result.tokens_released,
+                "seeded": seed is not None,
+            }
+        )
+    )
+
+
+def _doc_rows(private, text_field, label_field, limit, split) -> list[dict]:
+    """The private rows as {text, label}; the label is "" without --label-field."""
+    from synthgen.corpora import load_rows
+
+    required = (text_field,) + ((label_field,) if label_field else ())
+    rows = load_rows(private, required, limit, split)
+    return [
+        {"text": r[text_field], "label": str(r[label_field]) if label_field else ""} for r in rows
+    ]
+
+
+def _doc_targets(header, label_field, labels, num_examples):
+    """The document template and the public targets: the labels in turn, one per example."""
+    import dataclasses
+
+    from synthgen import fewshot
+
+    template = fewshot.DOCUMENT_TEMPLATE
+    if header is not None:
+        template = dataclasses.replace(template, header=header)
+    elif not label_field:
+        template = dataclasses.replace(template, header="Here are example paragraphs.\n\n")
+    label_set = [label.strip() for label in (labels or "").split(",") if label.strip()]
+    if label_field and not label_set:
+        raise typer.BadParameter("--labels holds no label")
+    return template, fewshot.round_robin_targets(label_set or [""], num_examples)
+
+
+def _doc_columns(targets, texts) -> dict:
+    return {"label": [t["label"] for t in targets], "text": texts}
+
+
+def _query_rows(private, documents, limit, split):
+    """The private (document, query) pairs and the public documents to write queries for."""
+    from synthgen.corpora import load_rows
+
+    pairs = load_rows(private, ("document", "query"), None, split)
+    docs = load_rows(documents, ("doc_id", "document"), limit, split)
+    private_rows = [{"document": r["document"], "query": r["query"]} for r in pairs]
+    targets = [{"doc_id": d["doc_id"], "document": d["document"]} for d in docs]
+    return private_rows, targets
+
+
+def _query_columns(targets, texts) -> dict:
+    return {
+        "doc_id": [t["doc_id"] for t in targets],
+        "document": [t["document"] for t in targets],
+        "query": texts,
+    }
+
+
+def generate_docs(
+    private: Annotated[str, typer.Option(help="JSONL of private examples, or wiki-summaries-en")],
+    text_field: TextFieldOption,
+    num_examples: Annotated[int, typer.Option(help="synthetic examples to generate")],
+    out: OutFolderOption,
+    public_pool_size: PoolSizeOption,
+    epsilon: TargetEpsilonOption = None,
+    label_field: DocsLabelFieldOption = None,
+    delta: DeltaOption = None,
+    mechanism: FewShotMechanismOption = "gaussian",
+    noise: DocsNoiseOption = None,
+    shots: Annotated[int, typer.Option(help="expected private examples per prompt")] = 4,
+    subsets: Annotated[int, typer.Option(help="M prompts per token")] = 10,
+    public_vocab: PublicVocabOption = None,
+    public_prior: Annotated[float, typer.Option(help="weight of the public prior")] = 0.0,
+    max_new_tokens: Annotated[int, typer.Option()] = 64,
+    shot_tokens: Annotated[int, typer.Option(help="tokens kept per private example")] = 96,
+    resample: ResampleOption = "token",
+    model: ModelOption = "smollm2-135m-instruct",
+    server: ServerOption = None,
+    server_model: ServerModelOption = None,
+    server_context: ServerContextOption = None,
+    server_prompt: ServerPromptOption = "auto",
+    top_logprobs: TopLogprobsOption = 20,
+    server_concurrency: ServerConcurrencyOption = 8,
+    labels: DocsLabelsOption = None,
+    header: Annotated[str | None, typer.Option(help="prompt header; may use {label}")] = None,
+    limit: DocsLimitOption = None,
+    split: SplitOption = "all",
+    ledger: LedgerOption = None,
+    tenant: TenantOption = "default",
+    dataset: DatasetOption = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
+    budget: BudgetOption = None,
+    seed: SeedOption = None,
+) -> None:
+    """DP few-shot generation of synthetic (label, text) examples from a frozen LM."""
+    from synthgen.corpora import selection_note
+
+    _check_options(epsilon, noise, label_field, labels)
+    cfg = _config(
+        public_pool_size=public_pool_size, subsets=subsets, shots=shots, shot_tokens=shot_tokens,
+        max_new_tokens=max_new_tokens, mechanism=mechanism, epsilon=epsilon, noise=noise,
+        delta=delta, public_vocab=public_vocab, public_prior=public_prior, resample=resample,
+    )  # fmt: skip
+    private_rows = _doc_rows(private, text_field, label_field, limit, split)
+    template, targets = _doc_targets(header, label_field, labels, num_examples)
+    lm_args = _lm_args(model, server, server_model, server_context, server_prompt, top_logprobs,
+                       server_concurrency)  # fmt: skip
+    scope = (tenant, dataset or Path(private).stem, ledger, budget, guarantees_add_up)
+    _run(lm_args, private_rows, targets, template, cfg, "label" if label_field else None, out,
+         scope, seed, _doc_columns, selection_note(limit, split))  # fmt: skip
+
+
+def generate_queries_fewshot(
+    private: Annotated[str, typer.Option(help="JSONL of private (document, query) pairs")],
+    documents: Annotated[str, typer.Option(help="JSONL with doc_id/document (public)")],
+    out: OutFolderOption,
+    public_pool_size: PoolSizeOption,
+    epsilon: TargetEpsilonOption = None,
+    delta: DeltaOption = None,
+    mechanism: FewShotMechanismOption = "gaussian",
+    noise: Annotated[float | None, typer.Option(help="sigma or per-token eps instead")] = None,
+    shots: Annotated[int, typer.Option()] = 2,
+    subsets: Annotated[int, typer.Option()] = 10,
+    public_vocab: PublicVocabOption = 100,
+    public_prior: Annotated[float, typer.Option()] = 0.0,
+    max_new_tokens: Annotated[int, typer.Option()] = 16,
+    shot_tokens: Annotated[int, typer.Option()] = 64,
+    resample: ResampleOption = "token",
+    model: ModelOption = "smollm2-135m-instruct",
+    server: ServerOption = None,
+    server_model: ServerModelOption = None,
+    server_context: ServerContextOption = None,
+    server_prompt: ServerPromptOption = "auto",
+    top_logprobs: TopLogprobsOption = 20,
+    server_concurrency: ServerConcurrencyOption = 8,
+    limit: Annotated[int | None, typer.Option(help="first N (public) documents only")] = None,
+    split: SplitOption = "all",
+    ledger: LedgerOption = None,
+    tenant: Annotated[str, typer.Option()] = "default",
+    dataset: DatasetOption = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
+    budget: BudgetOption = None,
+    seed: SeedOption = None,
+) -> None:
+    """Training-free DP synthetic queries for public documents (few-shot over private pairs)."""
+    from synthgen import fewshot
+    from synthgen.corpora import selection_note
+
+    _check_options(epsilon, noise)
+    cfg = _config(
+        public_pool_size=public_pool_size, subsets=subsets, shots=shots, shot_tokens=shot_tokens,
+        max_new_tokens=max_new_tokens, mechanism=mechanism, epsilon=epsilon, noise=noise,
+        delta=delta, public_vocab=public_vocab, public_prior=public_prior, resample=resample,
+        stop_at_newline=True,
+    )  # fmt: skip
+    private_rows, targets = _query_rows(private, documents, limit, split)
+    lm_args = _lm_args(model, server, server_model, server_context, server_prompt, top_logprobs,
+                       server_concurrency)  # fmt: skip
+    scope = (tenant, dataset or Path(private).stem, ledger, budget, guarantees_add_up)
+    _run(lm_args, private_rows, targets, fewshot.QUERY_TEMPLATE, cfg, None, out, scope, seed,
+         _query_columns, selection_note(None, split))  # fmt: skip

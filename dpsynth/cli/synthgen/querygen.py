@@ -1,0 +1,265 @@
+"""`synthgen train-generator` and `synthgen generate-queries`: thin wrappers over querygen."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from dpsynth.cli.synthgen.common import (
+    SEED_WARNING,
+    BudgetOption,
+    ExpectedBatchOption,
+    PresetOption,
+    SeedOption,
+    SplitOption,
+    TenantOption,
+)
+from synthgen.command_line import (
+    DocumentsLimitOption,
+    DpSgdDeltaOption,
+    GuaranteesAddUpOption,
+    KeepSecretWorkOption,
+    LedgerOption,
+    OutFolderOption,
+    PairsLimitOption,
+    SecretWorkDirOption,
+    TargetEpsilonOption,
+)
+from synthgen.paths import default_ledger_path, default_work_dir
+from synthgen.privacy.ledger import PrivacyLedger
+
+if TYPE_CHECKING:
+    import datasets
+
+    from synthgen.dp_plan import PrivacyPlan
+
+# jax, flax and datasets are imported inside the commands so that `synthgen --help` and
+# the calculators start fast.
+
+
+PairsOption = Annotated[
+    str, typer.Option(help="JSONL with document/query fields, or wiki-summaries-en")
+]
+ReleaseOutOption = Annotated[
+    Path,
+    typer.Option(help="release folder: weights, configs, tokenizer, privacy metadata"),
+]
+BaseOption = Annotated[str | None, typer.Option(help="override the base model (asset or path)")]
+NoiseMultiplierOption = Annotated[float | None, typer.Option(help="sigma instead of epsilon")]
+EpochsOption = Annotated[float | None, typer.Option()]
+FieldOption = Annotated[str, typer.Option()]
+PairsDatasetOption = Annotated[
+    str | None, typer.Option(help="ledger dataset (default: pairs name)")
+]
+
+
+def _generator_config(
+    config: str,
+    base: str | None,
+    epsilon: float | None,
+    noise_multiplier: float | None,
+    delta: float | None,
+    epochs: float | None,
+    batch_size: int | None,
+    seed: int | None,
+):
+    """The generator preset `config` with the options that were given applied."""
+    from dpsynth.config_files import querygen_preset
+
+    cfg = querygen_preset(config)
+    changes: dict = {}
+    if base is not None:
+        changes["base"] = base
+    if epsilon is not None or noise_multiplier is not None:
+        changes.update(dp_target_epsilon=epsilon, dp_noise_multiplier=noise_multiplier)
+    for name, value in (
+        ("dp_delta", delta),
+        ("dp_epochs", epochs),
+        ("dp_batch_size", batch_size),
+        ("dp_seed", seed),
+    ):
+        if value is not None:
+            changes[name] = value
+    return cfg.replace(**changes)
+
+
+def _admit_pairs(
+    plan: PrivacyPlan,
+    ledger_path: Path,
+    scope: tuple[str, str],
+    rows: datasets.Dataset,
+    fields: tuple[str, str],
+    budget: float | None,
+    guarantees_add_up: bool,
+) -> PrivacyLedger | None:
+    """Admits a private run's pairs to the ledger; warns of a non-private run instead.
+
+    Returns:
+      The ledger the run is charged to, or None for a non-private run (nothing charged).
+    """
+    from synthgen.privacy.admission import admit
+
+    if not plan.private:
+        print(
+            "warning: --noise-multiplier 0 is a NON-private run (epsilon = infinity); "
+            "nothing is charged",
+            file=sys.stderr,
+        )
+        return None
+    ledger_obj = PrivacyLedger(ledger_path)
+    document_field, query_field = fields
+    pairs_read = [{"document": r[document_field], "query": r[query_field]} for r in rows]
+    # the run checks its budget through its work folder, which knows a resume
+    admit(
+        ledger_obj, *scope, pairs_read, plan, stage="dp-train",
+        public_count=len(rows), budget=budget, guarantees_add_up=guarantees_add_up,
+        check=False,
+    )  # fmt: skip
+    return ledger_obj
+
+
+def train_generator(
+    pairs: PairsOption,
+    out: ReleaseOutOption,
+    config: PresetOption = "tiny_t5",
+    base: BaseOption = None,
+    epsilon: TargetEpsilonOption = None,
+    noise_multiplier: NoiseMultiplierOption = None,
+    delta: DpSgdDeltaOption = None,
+    epochs: EpochsOption = None,
+    batch_size: ExpectedBatchOption = None,
+    limit: PairsLimitOption = None,
+    split: SplitOption = "all",
+    document_field: FieldOption = "document",
+    query_field: FieldOption = "query",
+    ledger: LedgerOption = None,
+    tenant: TenantOption = "default",
+    dataset: PairsDatasetOption = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
+    budget: BudgetOption = None,
+    seed: SeedOption = None,
+    work_dir: SecretWorkDirOption = None,
+    keep_work: KeepSecretWorkOption = False,
+) -> None:
+    """DP-fine-tune a query generator on private (document, query) pairs.
+
+    The release folder --out gets the generator only; the resume state (noise key, sampler
+    state, optimizer) stays in the secret --work-dir, which is deleted after a finished run
+    (unless --keep-work) and resumed from when the same command is run again. The printed
+    summary states the guarantee only: the training loss and timings are statistics of the
+    private data (not DP) and are never printed or released.
+    """
+    from synthgen import corpora, querygen
+    from synthgen.work_folder import run_payer
+
+    cfg = _generator_config(
+        config, base, epsilon, noise_multiplier, delta, epochs, batch_size, seed
+    )
+    fields = (document_field, query_field)
+    rows = corpora.load_rows(pairs, fields, limit, split)
+    scope = (tenant, dataset or Path(pairs).stem)
+    plan = querygen.dp_train.plan_privacy(cfg.dp, len(rows))
+    ledger_path = ledger or default_ledger_path()
+    work = work_dir if work_dir is not None else default_work_dir(out, ledger_path)
+    ledger_obj = _admit_pairs(plan, ledger_path, scope, rows, fields, budget, guarantees_add_up)
+    if seed is not None:
+        print(SEED_WARNING, file=sys.stderr)
+    pay = None if ledger_obj is None else run_payer(ledger_obj, scope, out_dir=out, work_dir=work)
+    result = querygen.train_generator(
+        cfg,
+        rows,
+        out,
+        document_field=document_field,
+        query_field=query_field,
+        pay=pay,
+        work_dir=work,
+        keep_work=keep_work,
+        plan=plan,
+    )
+    _print_summary(out, result, seed, work)
+
+
+def _print_summary(out: Path, result, seed: int | None, work: Path) -> None:
+    """Prints the run's guarantee (never its loss or timings) as one JSON line."""
+    summary = {
+        "out": str(out),
+        "steps": result.steps_run,
+        "epsilon": result.plan.epsilon,
+        "delta": result.plan.delta,
+        "noise_multiplier": result.plan.noise_multiplier,
+        "seeded": seed is not None,
+    }
+    if work.exists():
+        summary["work_dir"] = str(work)  # secret: kept, or an unfinished run to resume
+    print(json.dumps(summary))
+
+
+def generate_queries(
+    generator: Annotated[Path, typer.Option(help="folder written by train-generator")],
+    documents: Annotated[
+        str, typer.Option(help="JSONL with doc_id/document, or wiki-summaries-en")
+    ],
+    out: OutFolderOption,
+    k: Annotated[int | None, typer.Option(help="queries per document")] = None,
+    top_p: Annotated[float | None, typer.Option()] = None,
+    temperature: Annotated[float | None, typer.Option()] = None,
+    limit: DocumentsLimitOption = None,
+    split: SplitOption = "all",
+    seed: Annotated[
+        int | None, typer.Option(help="sampling seed (needed with --shard: one stream for all)")
+    ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            help="I/N: only shard I of N (whole batches, in order); join with merge-queries"
+        ),
+    ] = None,
+) -> None:
+    """Generate synthetic queries for public documents (post-processing: no budget)."""
+    from synthgen import corpora, querygen
+    from synthgen.command_line import parse_shard
+
+    part = parse_shard(shard)
+    if part is not None:
+        if seed is None:
+            raise typer.BadParameter(
+                "a shard needs --seed: every shard must draw from one sampling stream",
+                param_hint="--seed",
+            )
+    docs = corpora.load_rows(documents, ("doc_id", "document"), limit, split)
+    ds = querygen.generate_queries(
+        generator,
+        docs,
+        out,
+        queries_per_doc=k,
+        top_p=top_p,
+        temperature=temperature,
+        seed=seed,
+        shard=part,
+    )
+    meta = json.loads((out / "metadata.json").read_text())
+    print(
+        json.dumps(
+            {
+                "out": str(out),
+                "num_queries": len(ds),
+                "epsilon": meta["privacy"]["epsilon"],
+                "delta": meta["privacy"]["delta"],
+            }
+        )
+    )
+
+
+def merge_queries(
+    shards: Annotated[list[Path], typer.Argument(help="the shard folders of one job")],
+    out: OutFolderOption,
+) -> None:
+    """Join `generate-queries --shard I/N` folders into the unsharded output (same bytes)."""
+    from synthgen import querygen
+
+    ds = querygen.merge_query_shards(shards, out)
+    print(json.dumps({"out": str(out), "num_queries": len(ds), "shards": len(shards)}))

@@ -1,0 +1,46 @@
+"""The main job: private pairs -> DP synthetic queries -> dual encoder -> index -> DP-RAG answers
+-> report, one resumable stage at a time (`synthgen pipeline --config demo`).
+
+This is the application layer: it may import both `synthgen` and `retriever`.
+"""
+
+from dpsynth.pipeline.config import (
+    DataConfig,
+    EncoderConfig,
+    EvaluateConfig,
+    GenerateConfig,
+    IndexConfig,
+    PipelineConfig,
+    PrivacyConfig,
+    RagStageConfig,
+    ReportConfig,
+    load_pipeline_config,
+)
+from dpsynth.pipeline.context import (
+    STAGES,
+    RunFolder,
+    StageNotReadyError,
+    fingerprints,
+    stage_status,
+)
+from dpsynth.pipeline.runner import run_pipeline, run_stage
+
+__all__ = [
+    "STAGES",
+    "DataConfig",
+    "EncoderConfig",
+    "EvaluateConfig",
+    "GenerateConfig",
+    "IndexConfig",
+    "PipelineConfig",
+    "PrivacyConfig",
+    "RagStageConfig",
+    "ReportConfig",
+    "RunFolder",
+    "StageNotReadyError",
+    "fingerprints",
+    "load_pipeline_config",
+    "run_pipeline",
+    "run_stage",
+    "stage_status",
+]

@@ -1,0 +1,454 @@
+"""The main job's DP-RAG stage: a few questions answered over a private collection.
+
+Privacy:
+  Privacy unit: one record of the private collection (add/remove-one). Every answer is
+  (epsilon, delta)-DP (`retriever.rag.DPRag`: DP retrieval threshold, DP token aggregation;
+  Grislain 2024, Koga et al. 2024), charged to the run's ledger before any noise is drawn;
+  the collection's scope caps the total. The questions are public (the built-in
+  fictional world's, made from its disease descriptions, or the user's `rag.questions_file`),
+  the answers are releases. The sensitivity
+  assumes an encoder that does not depend on the collection: the run's encoder is trained
+  on the generate stage's DP synthetic release (checked from its provenance.json, as
+  `retriever answer` does), and δ and the scope's δ cap are below 1/n for n records.
+
+  Individual accounting (``rag.accounting = "individual"``, icl only): each record has its
+  own (document_epsilon, document_delta) filter in the ledger over all answers of all
+  tenants (individual Rényi filter, Feldman & Zrnic 2021); an answer charges only the
+  records that score at least the public ``rag.relevance_threshold`` and that their filter
+  still admits, and the tenant's scope becomes a quota. A run folder keeps the accounting
+  it started with: switching would leave answers out of the statement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from dpsynth.pipeline.context import StageContext, open_run_scope
+from synthgen.privacy.receipts import collection_payer
+
+RAG_DATASET = "medical-records"  # the built-in world's name in the ledger
+
+
+@dataclasses.dataclass(frozen=True)
+class Collection:
+    """The stage's private collection and its public questions.
+
+    `name` is the collection's name in the run's ledger; `questions` are (question, expected
+    answer or None) pairs, public."""
+
+    name: str
+    doc_ids: list[str]
+    texts: list[str]
+    questions: list[tuple[str, str | None]]
+
+
+def read_collection(cfg) -> Collection:
+    """`cfg.records` (a corpus JSONL of doc_id and text) with the first `cfg.questions` of
+    `cfg.questions_file`, or the built-in fictional medical world of `cfg`'s sizes with its
+    first questions in the world's (public) disease order: choosing by how many records a
+    disease has would branch on the private collection."""
+    if cfg.records is not None:
+        from retriever.data import read_corpus
+
+        doc_ids, texts = read_corpus(cfg.records)
+        return Collection(
+            cfg.dataset_name, doc_ids, texts, read_questions(cfg.questions_file)[: cfg.questions]
+        )
+    from retriever.rag.medical import MedicalWorldConfig, make_world
+
+    world = make_world(
+        MedicalWorldConfig(
+            num_diseases=cfg.num_diseases,
+            symptom_pool=max(60, 2 * cfg.num_diseases + 2),
+            num_records=cfg.num_records,
+            seed=cfg.world_seed,
+        )
+    )
+    questions = [(q.question, q.answer) for q in world.questions()[: cfg.questions]]
+    records = world.records
+    return Collection(
+        cfg.dataset_name, [r.doc_id for r in records], [r.text for r in records], questions
+    )
+
+
+def read_questions(path) -> list[tuple[str, str | None]]:
+    """The public questions of `path`: a JSONL of {"question", optional "answer"} lines, or
+    plain text, one question per line (no expected answer)."""
+    questions = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            row = json.loads(line)
+            if not isinstance(row.get("question"), str) or not row["question"].strip():
+                raise ValueError(f'{path}:{number}: a JSON line needs a non-empty "question"')
+            answer = row.get("answer")
+            questions.append((row["question"], None if answer is None else str(answer)))
+        else:
+            questions.append((line.strip(), None))
+    if not questions:
+        raise ValueError(f"{path} holds no question")
+    return questions
+
+
+def _count_correct(answers: list[dict]) -> int | None:
+    """How many answers name their expected answer (None: no question has one)."""
+    scored = [a["correct"] for a in answers if a["correct"] is not None]
+    return sum(scored) if scored or not answers else None
+
+
+def _correct(answer: str, expected: str | None, abstained: bool) -> bool | None:
+    """Whether an answer names the expected answer (None: no expected answer given)."""
+    from retriever.rag.medical import answer_is_correct
+
+    if expected is None:
+        return None
+    return not abstained and answer_is_correct(answer, expected)
+
+
+def _check_accounting_unchanged(ledger, dataset: str, individual: bool) -> None:
+    """Refuses to switch the accounting of the run's collection: per-document filters
+    opened after collection-accounting answers would not count them, and collection
+    answers on a collection with filters would charge no record."""
+    from synthgen.privacy.document_filters import DocumentFilters
+
+    has_filters = DocumentFilters(ledger.store).get(dataset) is not None
+    charged = any(
+        ledger.charges(scope.tenant, scope.dataset)
+        for scope in ledger.scopes()
+        if scope.dataset == dataset
+    )
+    if individual and not has_filters and charged:
+        raise ValueError(
+            f"the run's ledger already charged {dataset} under collection accounting; "
+            "per-document filters would not count those answers: restore "
+            "rag.accounting='collection' or start a new run folder (--out)"
+        )
+    if not individual and has_filters:
+        raise ValueError(
+            f"the run's ledger holds per-document filters for {dataset} (individual "
+            "accounting): restore rag.accounting='individual' or start a new run folder (--out)"
+        )
+
+
+def answer_plan(cfg):
+    """(mechanism, `RagConfig`, the plan of one answer) of a rag section: public values.
+    k is the config's (small collections); the trained encoder scores: dense retrieval."""
+    from retriever.rag import RagConfig
+    from retriever.rag.answer import plan_answer
+    from retriever.rag.defaults import resolve
+
+    mechanism, _ = resolve(cfg.mechanism, cfg.k, cfg.epsilon, accounting=cfg.accounting)
+    config = RagConfig(
+        k=cfg.k,
+        max_tokens=cfg.max_tokens,
+        delta=cfg.delta,
+        accounting=cfg.accounting,
+        relevance_threshold=cfg.relevance_threshold,
+    )
+    return mechanism, config, plan_answer(config, mechanism, cfg.epsilon)
+
+
+def answers_that_fit(cfg, tenant: str = "pipeline") -> int:
+    """How many of `cfg.questions` answers fit a new scope of `cfg`'s caps (public)."""
+    from synthgen.privacy.calibration import bisect
+    from synthgen.privacy.ledger_types import Scope
+
+    scope = Scope(tenant, cfg.dataset_name, cfg.epsilon_cap, cfg.delta_cap)
+    plan = answer_plan(cfg)[2]
+
+    def fits(answers: int) -> bool:
+        try:
+            _check_answers_fit(None, scope, plan, answers)
+        except ValueError:
+            return False
+        return True
+
+    if fits(cfg.questions):
+        return cfg.questions
+    return bisect(fits, 0, cfg.questions, integer=True)  # 0 answers always fit
+
+
+def _answered(path: Path, questions: list[tuple[str, str | None]]) -> list[dict]:
+    """The answers an interrupted stage already released (`rag/answers.json`), refused when
+    they answer other questions than the first of `questions` (edited since)."""
+    answers = json.loads(path.read_text()) if path.is_file() else []
+    if [a["question"] for a in answers] != [q for q, _ in questions[: len(answers)]]:
+        raise ValueError(
+            f"{path} answers other questions than the config's (the questions changed "
+            "since): restore them, or start a new run folder (--out)"
+        )
+    return answers
+
+
+def _check_answers_fit(ledger, scope, plan, answers: int) -> None:
+    """Refuses, before anything is written or charged, questions whose `answers` answers at
+    `plan`'s worst case cannot all fit `scope`'s cap (with what the run already spent on it):
+    every answer is the same public event, so this is known from public values."""
+    import tempfile
+
+    from dp_accounting import dp_event
+
+    from retriever.rag.answer import RELATION
+    from synthgen.privacy import BudgetExceededError, PrivacyLedger
+
+    if answers <= 0:
+        return
+    stored = ledger is not None and any(
+        (s.tenant, s.dataset) == (scope.tenant, scope.dataset) for s in ledger.scopes()
+    )  # None: a new run's ledger
+    with tempfile.TemporaryDirectory() as folder:
+        book = ledger if stored else PrivacyLedger(Path(folder) / "check.sqlite")
+        if not stored:  # the scope the stage would open, alone in a scratch ledger
+            book.open_scope(scope)
+        try:
+            book.check(
+                scope.tenant, scope.dataset, stage="rag-answer", relation=RELATION,
+                event=dp_event.SelfComposedDpEvent(plan.worst_case_event(), answers),
+                delta=plan.delta,
+            )  # fmt: skip
+        except BudgetExceededError:
+            raise ValueError(
+                f"{answers} answers at epsilon={plan.epsilon:g} do not fit the cap of "
+                f"({scope.tenant}, {scope.dataset}), epsilon={scope.epsilon_cap:g}: answer "
+                "fewer questions (rag.questions) or raise rag.epsilon_cap; nothing was charged"
+            ) from None
+        finally:
+            if not stored:
+                book.close()
+
+
+def _tell(ctx: StageContext, ledger, dataset: str, stated, records: int) -> None:
+    """Logs which ledger holds the collection's charges, and a warning for each weak
+    guarantee among `stated` ((epsilon, delta, what) over `records` records)."""
+    from synthgen.privacy.notices import guarantee_lines, ledger_lines
+
+    lines = ledger_lines(ledger, dataset, option=None)
+    for epsilon, delta, what in stated:
+        lines += guarantee_lines(epsilon, delta, records, what=what)
+    for line in lines:
+        ctx.log("rag", line)
+
+
+# the medical world's fact release, as measured on it (docs/results/tables.md): typed
+# facts, one per record (each listed symptom with the diagnosis after it), answered from
+# the released counts with no LM (pairs of key phrases, K = 16, with the LM: 0.307)
+RELEASE_MAX_PAIRS, RELEASE_EXTRACTOR = 1, "typed"
+CLUSTER_CHARGE_FILE = "knowledge_charge.json"  # the retired cluster release's, in knowledge/
+
+
+def _check_no_cluster_release(work) -> None:
+    """Refuses a run folder whose release mode ran the retired cluster release: its ledger
+    holds that release's charge, and a fact release would be a second release."""
+    if (work / CLUSTER_CHARGE_FILE).is_file():
+        raise ValueError(
+            f"this run folder's rag stage made a cluster release ({work / CLUSTER_CHARGE_FILE}),"
+            " which was retired: rerun it with the previous version of dpsynth, or start a new "
+            "run folder (--out) for the fact release"
+        )
+
+
+def release_and_answer(ctx: StageContext, collection: Collection) -> dict:
+    """Release mode: the collection's facts released once, then every question answered
+    from the release (`retriever.typed_answers`: the value the released counts support for
+    the subjects the question names, or an abstention; no LM), charged nothing. Writes
+    ``rag/release.jsonl`` (the synthetic records) and ``rag/answers.json``; the private
+    state stays in the run's private folder.
+
+    Privacy:
+      The release is (release_epsilon, delta_cap)-DP per record (`synthgen.knowledge.facts`:
+      DP set union over typed facts, K = 1 per record), charged once to the scope
+      ("release", the collection) before any noise; the answers are post-processing.
+    """
+    from retriever.typed_answers import TypedFactAnswerer
+    from synthgen.knowledge.facts import FactConfig, plan_facts, release_facts
+    from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.ledger_documents import bind_texts
+    from synthgen.privacy.ledger_types import Scope
+    from synthgen.privacy.receipts import ledger_payer
+
+    cfg = ctx.config.rag
+    work = ctx.run.private / "knowledge"
+    _check_no_cluster_release(work)
+    ledger, dataset, texts = PrivacyLedger(ctx.run.ledger), collection.name, collection.texts
+    config = FactConfig(
+        cfg.release_epsilon, cfg.delta_cap, max_pairs=RELEASE_MAX_PAIRS,
+        extractor=RELEASE_EXTRACTOR,
+    )  # fmt: skip
+    problems = plan_facts(config, len(texts)).problems()  # public: before anything is written
+    if problems:
+        raise ValueError("; ".join(problems))
+    bind_texts(ledger, dataset, texts)  # the records, bound to their name before any charge
+    open_run_scope(ledger, Scope("release", dataset, cfg.release_epsilon, cfg.delta_cap))
+    _tell(ctx, ledger, dataset, [(cfg.release_epsilon, cfg.delta_cap, None)], len(texts))
+    ctx.log("rag", f"releasing the facts of {len(texts)} private records once")
+    pay = ledger_payer(ledger, ("release", dataset), stage="knowledge-release")
+    release = release_facts(texts, config, work=work, pay=pay)
+    out = ctx.run.root / "rag"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "release.jsonl").write_text("".join(json.dumps(r) + "\n" for r in release.records))
+    ctx.log("rag", f"released {len(release.records)} synthetic records at eps={config.epsilon:.3g}")
+    answerer = TypedFactAnswerer(release.records, release.plan.noise_stddev)
+    answers = []
+    for question, expected in collection.questions:
+        found = answerer.answer(question)
+        answers.append(
+            {
+                "question": question,
+                "expected": expected,
+                "answer": found.answer,
+                "abstained": found.abstained,
+                "correct": _correct(found.answer, expected, found.abstained),
+                "epsilon": 0.0,
+                "delta": 0.0,
+                "mechanism": "release",
+            }
+        )
+    (out / "answers.json").write_text(json.dumps(answers, indent=1, ensure_ascii=False))
+    return {
+        "enabled": True,
+        "mode": "release",
+        "dataset": dataset,
+        "lm": None,  # answered from the release's counts: no LM reads or writes
+        "mechanism": f"release (DP fact release: {RELEASE_EXTRACTOR}, K = {RELEASE_MAX_PAIRS})",
+        "accounting": "release",
+        "records": len(texts),
+        "synthetic_records": len(release.records),
+        "questions": len(answers),
+        "epsilon_per_answer": 0.0,
+        "release_epsilon": config.epsilon,
+        "release_delta": config.delta,
+        "correct": _count_correct(answers),
+        "abstained": sum(a["abstained"] for a in answers),
+        "collection_epsilon_spent": ledger.spent("release", dataset).epsilon,
+        "answers": answers,
+    }
+
+
+def answer_questions(ctx: StageContext) -> dict:
+    """Answers `rag.questions` questions at `rag.epsilon` each; writes `rag/answers.json`.
+
+    In individual accounting the collection's per-document filters are opened (or checked,
+    on a resumed run) before the tenant's scope, and the summary records the per-document
+    target and the filters' aggregate summary (never a record's own figure).
+    """
+    from retriever.evaluate import load_towers
+    from retriever.rag import DPRag
+    from retriever.rag.collection import check_delta, check_encoder, open_document_filters
+    from synthgen.lm_backends import FlaxLM
+    from synthgen.privacy.document_filters import DocumentFilters
+    from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.ledger_documents import bind_texts
+    from synthgen.privacy.ledger_types import Scope
+
+    cfg = ctx.config.rag
+    if not cfg.enabled:
+        return {"enabled": False}
+    mechanism, rag_config, plan = answer_plan(cfg)
+    collection = read_collection(cfg)
+    dataset, texts, questions = collection.name, collection.texts, collection.questions
+    if cfg.mode == "release":
+        return release_and_answer(ctx, collection)
+    encoder = str(ctx.run.root / "encoder")
+    check_encoder(encoder)  # trained on the DP synthetic release: its provenance says so
+    check_delta(cfg.delta, len(texts), "rag.delta")
+    check_delta(cfg.delta_cap, len(texts), "rag.delta_cap")
+    tenant = ctx.config.privacy.tenant
+    ledger = PrivacyLedger(ctx.run.ledger)
+    _check_accounting_unchanged(ledger, dataset, cfg.individual)
+    done_path = ctx.run.root / "rag" / "answers.json"
+    done = len(_answered(done_path, questions))
+    scope = Scope(tenant, dataset, cfg.epsilon_cap, cfg.delta_cap)
+    _check_answers_fit(ledger, scope, plan, len(questions) - done)
+    filters = DocumentFilters(ledger.store)
+    bind_texts(ledger, dataset, texts)  # the records, bound to their name before any charge
+    if cfg.individual:
+        check_delta(cfg.document_delta, len(texts), "rag.document_delta")
+        # the same settings again (a resumed run) are a no-op; others are refused
+        open_document_filters(
+            ledger,
+            dataset,
+            documents=len(texts),
+            epsilon=cfg.document_epsilon,
+            delta=cfg.document_delta,
+            plan=plan,
+        )
+    open_run_scope(ledger, scope)
+    stated = [(cfg.epsilon, cfg.delta, "per answer")]
+    if cfg.individual:
+        stated.append((cfg.document_epsilon, cfg.document_delta, "per document"))
+    else:
+        stated.append((cfg.epsilon_cap, cfg.delta_cap, "scope cap"))
+    _tell(ctx, ledger, dataset, stated, len(texts))
+    question_encoder, doc_encoder = load_towers(encoder)
+    embeddings = doc_encoder.encode(texts, max_len=128, progress=ctx.progress)
+    ctx.log("rag", f"loading {cfg.lm}; {len(texts)} private records, {len(questions)} questions")
+    rag = DPRag(
+        collection.doc_ids,
+        texts,
+        embeddings,
+        lambda qs: question_encoder.encode(qs, max_len=64),
+        FlaxLM.load(cfg.lm),
+        payer=collection_payer(ledger, dataset),
+        config=rag_config,
+    )
+    done_path.parent.mkdir(parents=True, exist_ok=True)
+    # Each answer is written as soon as it is released: an interrupted stage resumes after
+    # the last written answer instead of paying for it again.
+    answers = _answered(done_path, questions)
+    for number, (question, expected) in enumerate(questions, start=1):
+        if number <= len(answers):
+            continue
+        answer = rag.answer(question, tenant=tenant, epsilon=cfg.epsilon, mechanism=mechanism)
+        ctx.log("rag", f"question {number}/{len(questions)}: epsilon={answer.epsilon:.3g}")
+        answers.append(
+            {
+                "question": question,
+                "expected": expected,
+                "answer": answer.text,
+                "abstained": answer.abstained,
+                "correct": _correct(answer.text, expected, answer.abstained),
+                "epsilon": answer.epsilon,
+                "delta": answer.delta,
+                "mechanism": answer.mechanism,
+            }
+        )
+        tmp = done_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(answers, indent=1, ensure_ascii=False))
+        tmp.replace(done_path)
+    spend = ledger.spent(tenant, dataset)
+    summary = {
+        "enabled": True,
+        "dataset": dataset,
+        "lm": cfg.lm,
+        "mechanism": mechanism,
+        "accounting": cfg.accounting,
+        "records": len(texts),
+        "questions": len(answers),
+        "epsilon_per_answer": cfg.epsilon,
+        "correct": _count_correct(answers),
+        "abstained": sum(a.get("abstained", False) for a in answers),
+        "collection_epsilon_spent": spend.epsilon,
+        "answers": answers,
+    }
+    if cfg.individual:
+        record = filters.get(dataset)
+        # the filters' summary (exhausted records, epsilons spent) is not DP: it stays in
+        # the run's ledger for the operator (`synthgen ledger documents`), not in metrics
+        ctx.log(
+            "rag",
+            f"per record: target epsilon={record.budget.epsilon:g} delta={record.budget.delta:g}",
+        )
+        del summary["collection_epsilon_spent"]  # no collection cap: the tenant's quota
+        summary.update(
+            quota_epsilon_spent=spend.epsilon,
+            document_target={
+                "epsilon": record.budget.epsilon,
+                "delta": record.budget.delta,
+                "relevance_threshold": cfg.relevance_threshold,
+                "answers_per_document": record.answers_per_document,
+            },
+        )
+    return summary
