@@ -1,7 +1,8 @@
 """Canary audit of the DP-RAG answer stage: how often a planted secret appears in answers.
 
 Plants canary documents ``"The access code of <key words> is <10-digit secret>."`` in a
-fictional medical collection (`retriever.rag.medical`), asks for each code, and prints one
+fictional medical collection (`dpsynth.evaluation.medical_world`), asks for each code, and
+prints one
 row per per-answer epsilon (inf: the non-private RAG baseline) with the share of answers
 that reveal the full secret and the mean length of the secret's prefix found in them
 (`retriever.rag.canary_audit.run_rag_canary_audit`).
@@ -20,9 +21,9 @@ import json
 import math
 from pathlib import Path
 
+from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world
 from retriever.rag import RagConfig
 from retriever.rag.canary_audit import markdown_table, run_rag_canary_audit
-from retriever.rag.medical import MedicalWorldConfig, make_world
 
 
 def _epsilons(text: str) -> tuple[float, ...]:

@@ -1,6 +1,6 @@
 """Seconds of a typed fact release on a large natural-text collection, on this machine.
 
-Builds `--records` records from natural-text fact worlds (`retriever.rag.natural_world`,
+Builds `--records` records from natural-text fact worlds (`dpsynth.evaluation.natural_world`,
 helpdesk, facilities and lab, successive seeds; their subjects recur across seeds with other
 values) and times `synthgen.knowledge.facts.release_facts` (typed facts, K = 1,
 epsilon 10, delta 1e-6), extraction and selection apart, on PipelineDP's local backend or
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from retriever.rag.natural_world import DOMAINS, make_natural_world
+from dpsynth.evaluation.natural_world import DOMAINS, make_natural_world
 from synthgen.knowledge.facts import FactConfig, release_facts
 from synthgen.knowledge.typed_facts import record_fact_keys
 

@@ -22,9 +22,9 @@ import time
 
 import numpy as np
 
+from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world
+from dpsynth.evaluation.rag_eval import make_rag
 from retriever.rag import RagConfig, ScoreRange
-from retriever.rag.evaluation import make_rag
-from retriever.rag.medical import MedicalWorldConfig, make_world
 from synthgen.lm_backends import FlaxLM
 
 

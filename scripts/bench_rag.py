@@ -1,7 +1,7 @@
 """Seconds per DP-RAG answer token: one batched KV-cache step for all prompts vs one at a time.
 
 The answer stage (`retriever.rag.DPRag`, icl mechanism) with k = 32 selected documents
-(fictional medical records of `retriever.rag.medical`; random embeddings and a threshold
+(fictional medical records of `dpsynth.evaluation.medical_world`; random embeddings and a threshold
 epsilon so large that the DP threshold selects exactly k) and the public prompt. The
 batched path is the library's: all 32 private prompts prefilled in one call and advanced
 by one jitted cached step per token, the public prompt in its own session. The sequential
@@ -37,8 +37,8 @@ import time
 
 import numpy as np
 
+from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world
 from retriever.rag import DPRag, RagConfig, ScoreRange
-from retriever.rag.medical import MedicalWorldConfig, make_world
 from synthgen.lm_backends import FlaxLM, TinyLM
 
 

@@ -1,7 +1,7 @@
 """The cluster release (DP-SynRAG) against the typed fact release, on the same fact worlds.
 
-For each domain (`retriever.rag.fact_world`: people validation, products and species test;
-`retriever.rag.natural_world`: helpdesk validation, facilities and lab test), both releases
+For each domain (`dpsynth.evaluation.fact_world`: people validation, products and species test;
+`dpsynth.evaluation.natural_world`: helpdesk validation, facilities and lab test), both releases
 at the same (epsilon, delta), each answering every question of the world:
 
 * clusters: the cluster release at the defaults ``retriever knowledge release --mode
@@ -45,7 +45,7 @@ DELTA = 1e-6
 
 def _world(domain: str, seed: int):
     """(the world, its answer check): templated or natural text, by the domain's name."""
-    from retriever.rag import fact_world, natural_world
+    from dpsynth.evaluation import fact_world, natural_world
 
     if domain in natural_world.DOMAINS:
         return natural_world.make_natural_world(domain, seed=seed), (

@@ -1,6 +1,6 @@
 """DP-RAG answers on fictional medical records: accuracy, abstention and readability.
 
-Builds a `retriever.rag.medical` world (invented diseases, so SmolLM2 cannot know the
+Builds a `dpsynth.evaluation.medical_world` world (invented diseases, so SmolLM2 cannot know the
 answers; by default 2,000 records over 60 diseases whose supports span 1 to ~300 records,
 one question per disease), embeds its records with all-MiniLM-L6-v2, and answers the same
 questions with icl and keywords (or any of icl, keywords, facts) at each per-answer epsilon
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever.rag import AggregationConfig, RagConfig, ScoreRange
-from retriever.rag.evaluation import (
+from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world, support_histogram
+from dpsynth.evaluation.rag_eval import (
     EvalConfig,
     accuracy_table,
     evaluate_world,
@@ -36,7 +36,7 @@ from retriever.rag.evaluation import (
     markdown_table,
     plot,
 )
-from retriever.rag.medical import MedicalWorldConfig, make_world, support_histogram
+from retriever.rag import AggregationConfig, RagConfig, ScoreRange
 from synthgen.lm_backends import FlaxLM
 
 

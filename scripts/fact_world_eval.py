@@ -1,12 +1,12 @@
 """Facts of any collection: the fact release, single DP answers and non-private RAG, per domain.
 
-For each fact world (`retriever.rag.fact_world`: people is the validation domain, products and
-species the test domains; `retriever.rag.natural_world`, natural text: helpdesk validation,
+For each fact world (`dpsynth.evaluation.fact_world`: people is the validation domain, products and
+species the test domains; `dpsynth.evaluation.natural_world`, natural text: helpdesk validation,
 facilities and lab test), at every support level (documents stating the fact):
 
 * release: `synthgen.knowledge.facts` at epsilon 1, 3, 10 (delta 1e-6), answered by
   `retriever.fact_answers` (nothing charged per answer);
-* single: one DP-RAG answer per question (`retriever.rag.single_fact_eval`, mechanism
+* single: one DP-RAG answer per question (`dpsynth.evaluation.single_fact_eval`, mechanism
   `auto`) at epsilon 5 and 10, for the supports in ``--single-supports``;
 * rag: non-private RAG, BM25 top-4 documents and SmolLM2-135M's greedy answer;
 * singleton leaks: a fact stated in one document whose value appears in a release;
@@ -48,7 +48,7 @@ RAG_PROMPT_INSTRUCTION = "Use the documents to answer the question. Reply with t
 
 def _world(domain: str, facts_per_level: int, seed: int):
     """(the world, its answer check): templated or natural text, by the domain's name."""
-    from retriever.rag import fact_world, natural_world
+    from dpsynth.evaluation import fact_world, natural_world
 
     if domain in natural_world.DOMAINS:
         world = natural_world.make_natural_world(domain, facts_per_level=facts_per_level, seed=seed)
@@ -97,8 +97,8 @@ def _release_cells(world, lm, epsilons, answer_is_right, extractor) -> tuple[dic
 
 
 def _rag_rows(world, lm, answer_is_right) -> list[dict]:
+    from dpsynth.evaluation.release_eval import retrieval_answerer
     from retriever.rag.prompts import PromptFormat
-    from retriever.rag.release_eval import retrieval_answerer
 
     prompt = PromptFormat(instruction=RAG_PROMPT_INSTRUCTION)
     texts = world.documents
@@ -114,7 +114,7 @@ def _rag_rows(world, lm, answer_is_right) -> list[dict]:
 
 def _single_rows(world, epsilons, supports, answer_is_right) -> dict:
     try:
-        from retriever.rag.single_fact_eval import single_answers
+        from dpsynth.evaluation.single_fact_eval import single_answers
     except ImportError:
         return {}
 
@@ -133,10 +133,10 @@ def medical_cells(lm, questions: int, max_pairs: tuple[int, ...], extractor: str
     """The medical world of `scripts/multi_query_eval.py` (2,000 records, 60 diseases), the
     first `questions` of its Zipf stream: fact releases at epsilon 10 (one per K) against
     non-private RAG (BM25 top-4, the medical prompt), each question text answered once."""
-    from retriever.rag.evaluation import MEDICAL_PROMPT
-    from retriever.rag.medical import MedicalWorldConfig, answer_is_correct, make_world
-    from retriever.rag.release_eval import retrieval_answerer
-    from retriever.rag.stream_eval import zipf_stream
+    from dpsynth.evaluation.medical_world import MedicalWorldConfig, answer_is_correct, make_world
+    from dpsynth.evaluation.rag_eval import MEDICAL_PROMPT
+    from dpsynth.evaluation.release_eval import retrieval_answerer
+    from dpsynth.evaluation.stream_eval import zipf_stream
     from synthgen.knowledge.facts import FactConfig, release_facts
 
     world = make_world(MedicalWorldConfig(num_diseases=60, num_records=2000, symptom_pool=180))
@@ -217,9 +217,9 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main() -> None:
+    from dpsynth.evaluation import natural_world
+    from dpsynth.evaluation.fact_world import TEST_DOMAINS, VALIDATION_DOMAIN
     from retriever.network.local import load_answer_lm
-    from retriever.rag import natural_world
-    from retriever.rag.fact_world import TEST_DOMAINS, VALIDATION_DOMAIN
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/fact_eval"))

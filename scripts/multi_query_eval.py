@@ -1,9 +1,10 @@
 """A stream of DP-RAG questions: individual (per-document) versus collection accounting.
 
-On a `retriever.rag.medical` world (by default the DP-RAG evaluation's: 2,000 records over
+On a `dpsynth.evaluation.medical_world` world (by default the DP-RAG evaluation's: 2,000
+records over
 60 diseases, seed 0, embedded with all-MiniLM-L6-v2), a stream of questions drawn with
 repetition (Zipf over diseases ranked by support, paraphrased templates;
-`retriever.rag.stream_eval.zipf_stream`) is answered with icl at one per-answer epsilon,
+`dpsynth.evaluation.stream_eval.zipf_stream`) is answered with icl at one per-answer epsilon,
 twice, each against its own SQLite ledger:
 
 * individual: every record has an (epsilon, delta) = (--document-epsilon, --document-delta)
@@ -54,12 +55,9 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever.rag import AggregationConfig, DPRag, RagConfig, ScoreRange
-from retriever.rag.collection import open_document_filters
-from retriever.rag.evaluation import MEDICAL_PROMPT
-from retriever.rag.medical import MedicalWorldConfig, make_world
-from retriever.rag.reuse import ReleasedAnswers
-from retriever.rag.stream_eval import (
+from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world
+from dpsynth.evaluation.rag_eval import MEDICAL_PROMPT
+from dpsynth.evaluation.stream_eval import (
     TENANT,
     answered,
     plot_streams,
@@ -68,6 +66,9 @@ from retriever.rag.stream_eval import (
     stream_summary,
     zipf_stream,
 )
+from retriever.rag import AggregationConfig, DPRag, RagConfig, ScoreRange
+from retriever.rag.collection import open_document_filters
+from retriever.rag.reuse import ReleasedAnswers
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
 from synthgen.privacy.receipts import collection_payer
 
@@ -383,12 +384,12 @@ def _release(args, name: str, epsilon: float, texts: list[str]) -> dict:
 
 def _free_cells(mode, args, world, stream, encoder, lm, summaries, streams, others) -> None:
     """The cells that pay nothing per answer: rag, no-rag, and a release per epsilon."""
-    from retriever.fact_answers import FactAnswerer
-    from retriever.rag.release_eval import (
+    from dpsynth.evaluation.release_eval import (
         accuracy_by_support,
         answer_stream,
         retrieval_answerer,
     )
+    from retriever.fact_answers import FactAnswerer
 
     texts = [r.text for r in world.records]
     cells = {}

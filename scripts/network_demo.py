@@ -1,6 +1,6 @@
 """Retrieval network demo: the fact worlds through 3 contributors' one-time fact releases.
 
-The fact release (`synthgen.knowledge.facts`) on the fact worlds (`retriever.rag.fact_world`;
+The fact release (`synthgen.knowledge.facts`) on the fact worlds (`dpsynth.evaluation.fact_world`;
 people chose every default, products and species are reported): each world's documents are
 split round-robin over 3 contributors, each releases its facts at ``--fact-epsilon`` (delta
 1e-6) charged to its own ledger, serves them as a real `retriever contributor serve` process,
@@ -81,12 +81,12 @@ def _text(answer) -> str:
 
 def fact_domain(args, domain: str, lm, prompt) -> dict:
     """One fact world through a network of 3 fact releases: questions right out of 20."""
+    from dpsynth.evaluation.fact_world import answer_is_right, make_world
     from dpsynth.service.contributor import add_key
     from retriever.fact_answers import FactAnswerer
     from retriever.network.engine import Contributor, EngineConfig, NetworkQueryEngine
     from retriever.network.facts import fact_answer, merge_fact_records
     from retriever.network.knowledge import build_knowledge
-    from retriever.rag.fact_world import answer_is_right, make_world
     from synthgen.knowledge.facts import FactConfig
 
     world = make_world(domain, facts_per_level=args.facts_per_level, seed=0)

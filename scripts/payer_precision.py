@@ -29,13 +29,13 @@ from pathlib import Path
 
 import numpy as np
 
+from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world
+from dpsynth.evaluation.stream_eval import zipf_stream
 from retriever.lexical import OverlapEncoder
 from retriever.rag import RagConfig, ScoreRange
 from retriever.rag.collection import open_document_filters
 from retriever.rag.config import plan_answer
 from retriever.rag.individual import individual_rows
-from retriever.rag.medical import MedicalWorldConfig, make_world
-from retriever.rag.stream_eval import zipf_stream
 from synthgen.privacy import PrivacyLedger
 from synthgen.privacy.document_filters import DocumentFilters
 

@@ -41,7 +41,7 @@ def run(*args: object) -> str:
 def build_world(root: Path, *, records: int, diseases: int) -> dict[str, Path]:
     """The fictional collection, its exact index, and its first question."""
     collection = root / "collection"
-    run("-m", "retriever.rag.medical", "--out", collection, "--num-records", records,
+    run("-m", "dpsynth.evaluation.medical_world", "--out", collection, "--num-records", records,
         "--num-diseases", diseases)  # fmt: skip
     corpus = collection / "corpus.jsonl"
     run("-m", "dpsynth.cli.retriever", "index", "build", "--corpus", corpus,

@@ -1,10 +1,10 @@
 """Single DP answers (`retriever answer`) on the fact worlds, mechanism by mechanism.
 
 Every question of each world is answered once at each epsilon by each mechanism, the way
-`retriever answer` builds its answer (`retriever.rag.single_fact_eval`: dense
+`retriever answer` builds its answer (`dpsynth.evaluation.single_fact_eval`: dense
 all-MiniLM-L6-v2 retrieval, SmolLM2-135M-Instruct, the mechanism's evaluated k; each answer
-its own (epsilon, 1e-6) event). Worlds: `retriever.rag.fact_world` (people validation,
-products and species test) and `retriever.rag.natural_world` (helpdesk validation,
+its own (epsilon, 1e-6) event). Worlds: `dpsynth.evaluation.fact_world` (people validation,
+products and species test) and `dpsynth.evaluation.natural_world` (helpdesk validation,
 facilities and lab test). The LM mechanisms (everything but facts) take 10-80 s an answer
 on 2 cores, so they answer the questions at ``--lm-supports`` only.
 
@@ -25,9 +25,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from retriever.rag import fact_world, natural_world
+from dpsynth.evaluation import fact_world, natural_world
+from dpsynth.evaluation.single_fact_eval import single_answers
 from retriever.rag.answer_types import ABSTENTION_TEXT
-from retriever.rag.single_fact_eval import single_answers
 
 
 def _world(domain: str, seed: int):

@@ -96,8 +96,8 @@ SLOW_FILES = (
     "tests/integration/test_querygen.py",
     "tests/scripts/test_bench_dp_step.py",
     "tests/retriever/rag/test_canary_audit.py",
-    "tests/retriever/service/test_load.py",
-    "tests/retriever/service/test_service.py",
+    "tests/dpsynth/service/test_load.py",
+    "tests/dpsynth/service/test_service.py",
     "tests/integration/test_export_cli.py",
     "tests/synthgen/test_ghost_clipping.py",
     "tests/synthgen/test_release_folder.py",
@@ -105,7 +105,7 @@ SLOW_FILES = (
     "tests/retriever/test_train.py",
     "tests/integration/test_rag_cli.py",
     "tests/retriever/network/test_engine.py",
-    "tests/retriever/service/test_individual_service.py",
+    "tests/dpsynth/service/test_individual_service.py",
     "tests/synthgen/models/test_t5.py",
 )
 
@@ -117,7 +117,7 @@ OPTIMISED_FILES = (
     "tests/retriever/rag/test_canary_audit.py",
     "tests/integration/test_service_guide.py",
     "tests/integration/test_quickstart.py",
-    "tests/synthgen/pipeline/test_pairs_pipeline.py",
+    "tests/dpsynth/pipeline/test_pairs_pipeline.py",
 )
 
 

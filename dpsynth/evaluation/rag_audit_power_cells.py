@@ -1,7 +1,7 @@
 """The measured DP-RAG power cells: what `synthgen audit power` runs for `rag_epsilons`.
 
 `demo_cells` runs `retriever.rag.power_audit.run_rag_power_cells` on a 200-record medical
-world (`retriever.rag.medical`) with SmolLM2-135M-Instruct and all-MiniLM-L6-v2;
+world (`dpsynth.evaluation.medical_world`) with SmolLM2-135M-Instruct and all-MiniLM-L6-v2;
 `generator_runners` hands `dpsynth.evaluation.audit_power.run_generators` what it needs from
 retriever (this encoder for the Private Evolution cells, and these DP-RAG cells).
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from retriever.rag.power_audit import RagPowerResult, run_rag_power_cells
 
-# The measured cells' public base collection (`retriever.rag.medical`) and models.
+# The measured cells' public base collection (`dpsynth.evaluation.medical_world`) and models.
 DEMO_WORLD = dict(num_records=200, num_diseases=20, symptom_pool=60, seed=0)
 DEMO_LM = "smollm2-135m-instruct"
 DEMO_ENCODER = "all-minilm-l6-v2"
@@ -36,8 +36,8 @@ def demo_cells(
     `retriever.rag.power_audit.power_config` (4-digit secrets, k = 1, tau 0.82); what
     `synthgen audit power` runs for `rag_epsilons`. Canaries, coins and answers stay in
     memory."""
+    from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world
     from retriever.encoders import load_encoder
-    from retriever.rag.medical import MedicalWorldConfig, make_world
     from synthgen.lm_backends import FlaxLM
 
     world = make_world(MedicalWorldConfig(**DEMO_WORLD))

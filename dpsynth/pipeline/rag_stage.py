@@ -56,7 +56,7 @@ def read_collection(cfg) -> Collection:
         return Collection(
             cfg.dataset_name, doc_ids, texts, read_questions(cfg.questions_file)[: cfg.questions]
         )
-    from retriever.rag.medical import MedicalWorldConfig, make_world
+    from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world
 
     world = make_world(
         MedicalWorldConfig(
@@ -101,7 +101,7 @@ def _count_correct(answers: list[dict]) -> int | None:
 
 def _correct(answer: str, expected: str | None, abstained: bool) -> bool | None:
     """Whether an answer names the expected answer (None: no expected answer given)."""
-    from retriever.rag.medical import answer_is_correct
+    from dpsynth.evaluation.medical_world import answer_is_correct
 
     if expected is None:
         return None

@@ -13,7 +13,7 @@ per-answer epsilon:
 - ``mean_prefix_digits_reference``: the same for a fresh random secret the collection never
   held, scored against the same answers: the level a measure reaches without any leak.
 
-``epsilon = inf`` is the non-private RAG baseline of `retriever.rag.evaluation`: the top-k
+``epsilon = inf`` is the non-private RAG baseline of `dpsynth.evaluation.rag_eval`: the top-k
 documents by exact similarity in one prompt, greedy decoding (deterministic, so one answer
 per canary). Finite epsilons go through `DPRag.answer`, charged to a fresh ledger per
 epsilon whose cap admits every question of the run.

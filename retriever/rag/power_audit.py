@@ -109,7 +109,7 @@ TENANT = "power-audit"
 DATASET = "power-canaries"
 MECHANISM = "icl"  # the one mechanism with a zCDP curve (individual accounting)
 # Public cell settings, chosen for all-MiniLM-L6-v2 on 1,000 canaries (material seed 0)
-# keyed by 4 words of a 200-record medical world (`retriever.rag.medical`, 128 words): a
+# keyed by 4 words of a 200-record medical world (`dpsynth.evaluation.medical_world`, 128 words): a
 # question's own canary scores >= 0.82 for 99.9% of the questions, another canary's question
 # reaches 3.4% of the canary documents (3 key words: 99.8% and 9.1%); with SmolLM2-135M the
 # canary documents are at most 33 tokens.

@@ -13,9 +13,9 @@ import sys
 import httpx
 import pytest
 
-from retriever.rag.fact_world import make_world, write_world
+from dpsynth.evaluation.fact_world import make_world, write_world
 from synthgen.privacy import PrivacyLedger
-from tests.retriever.service.harness import Server, cli
+from tests.dpsynth.service.harness import Server, cli
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import sys
 import httpx
 import pytest
 
-from tests.retriever.service.harness import Server, cli
+from tests.dpsynth.service.harness import Server, cli
 
 pytestmark = pytest.mark.slow
 EPSILON = 9.2  # the card's composed epsilon (a cluster release stated it below the request)

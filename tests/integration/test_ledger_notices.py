@@ -156,7 +156,7 @@ def test_generate_docs_warns_about_a_weak_guarantee_only(tmp_path):
 
 
 def test_knowledge_release_names_its_ledger_and_warns(tmp_path):
-    from retriever.rag.fact_world import make_world, write_world
+    from dpsynth.evaluation.fact_world import make_world, write_world
 
     write_world(make_world("products", facts_per_level=2, seed=5), tmp_path / "world")
     ledger = tmp_path / "ledger.sqlite"

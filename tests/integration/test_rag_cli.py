@@ -63,7 +63,8 @@ def test_privacy_rag_prints_the_keyword_release_threshold():
 def test_answer_charges_then_refuses(tmp_path):
     data, index, ledger = tmp_path / "world", tmp_path / "index", tmp_path / "ledger.sqlite"
     made = _run(
-        "retriever.rag.medical", "--out", data, "--num-records", "40", "--num-diseases", "5"
+        "dpsynth.evaluation.medical_world", "--out", data,
+        "--num-records", "40", "--num-diseases", "5"
     )
     assert made.returncode == 0, made.stderr
     corpus = data / "corpus.jsonl"

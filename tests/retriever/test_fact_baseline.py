@@ -2,8 +2,8 @@
 
 import pytest
 
+from dpsynth.evaluation.natural_world import make_natural_world
 from retriever.fact_baseline import fact_baseline, states
-from retriever.rag.natural_world import make_natural_world
 
 
 def test_states_matches_whole_values_only():
@@ -53,7 +53,7 @@ def test_the_cli_prints_the_ceilings_and_warns_it_is_not_dp(tmp_path):
     import subprocess
     import sys
 
-    from retriever.rag.fact_world import write_world
+    from dpsynth.evaluation.fact_world import write_world
 
     write_world(make_natural_world("facilities", seed=1), tmp_path)
     done = subprocess.run(

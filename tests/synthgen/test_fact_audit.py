@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from retriever.rag.fact_world import make_world, write_world
+from dpsynth.evaluation.fact_world import make_world, write_world
 from synthgen.audit.fact_release import (
     audit_fact_release,
     canary_scores,
@@ -20,7 +20,7 @@ from synthgen.knowledge.facts import FactConfig
 from synthgen.knowledge.phrases import pair_key, record_pairs, record_phrases
 from synthgen.knowledge.typed_facts import record_fact_keys, statements
 from synthgen.privacy.partition_selection import release_key_counts
-from tests.retriever.service.harness import cli
+from tests.dpsynth.service.harness import cli
 
 
 def _leaky(texts, config):

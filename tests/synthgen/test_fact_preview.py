@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from retriever.rag.natural_world import make_natural_world
+from dpsynth.evaluation.natural_world import make_natural_world
 from synthgen.knowledge.facts import FactConfig, plan_facts
 from synthgen.knowledge.preview import preview_facts
 from synthgen.knowledge.typed_facts import fact_key
-from tests.retriever.service.harness import cli
+from tests.dpsynth.service.harness import cli
 
 
 def test_the_preview_counts_what_the_release_reads():

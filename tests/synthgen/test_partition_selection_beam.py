@@ -19,8 +19,8 @@ from collections import Counter
 
 import pytest
 
-from retriever.rag.fact_world import make_world, write_world
-from retriever.rag.natural_world import make_natural_world
+from dpsynth.evaluation.fact_world import make_world, write_world
+from dpsynth.evaluation.natural_world import make_natural_world
 from synthgen.knowledge.facts import CHARGE_FILE, FactConfig, release_facts
 from synthgen.knowledge.typed_facts import record_fact_keys, split_fact
 from synthgen.privacy import PrivacyLedger, Scope, partition_selection
@@ -31,7 +31,7 @@ from synthgen.privacy.partition_selection import (
     selection_threshold,
 )
 from synthgen.privacy.receipts import ledger_payer
-from tests.retriever.service.harness import cli
+from tests.dpsynth.service.harness import cli
 
 DELTA = 1e-10  # a key of one record: released with probability delta / 2K per key
 

@@ -46,10 +46,10 @@ def data_medical(
     """Write a sample private collection: invented-disease records (corpus.jsonl) and
     questions with their answers (questions.jsonl). No LM knows these diseases, so a right
     answer comes from the records; the DP-RAG evaluation's world is the default."""
-    from retriever.rag import medical
+    from dpsynth.evaluation import medical_world
 
     try:
-        summary = medical.write_world(out, num_records, num_diseases, per_disease, seed)
+        summary = medical_world.write_world(out, num_records, num_diseases, per_disease, seed)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     print(json.dumps({"out": str(out)} | summary))
@@ -72,7 +72,7 @@ def data_facts(
 ) -> None:
     """Write a sample private collection of invented entities and their facts (corpus.jsonl)
     and one question per fact with its support (questions.jsonl)."""
-    from retriever.rag import fact_world, natural_world
+    from dpsynth.evaluation import fact_world, natural_world
 
     domains = (*fact_world.DOMAINS, *natural_world.DOMAINS)
     if domain not in domains:

@@ -2,7 +2,7 @@
 
 Each contributor gets a release folder written by `write_knowledge_folder` from hand-written
 "synthetic" documents (the DP builder is tested elsewhere), a private work folder over a
-fictional medical collection (`retriever.rag.medical`) with its own ledger, and a
+fictional medical collection (`dpsynth.evaluation.medical_world`) with its own ledger, and a
 `retriever contributor serve` process on a loopback port it picks itself. The misbehaving
 contributor (`misbehaving.py`) is a real HTTP server whose replies break the protocol.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.retriever.service.harness import TIMEOUT, Server, cli
+from tests.dpsynth.service.harness import TIMEOUT, Server, cli
 
 REPO = Path(__file__).resolve().parents[3]
 ENCODER = "all-minilm-l6-v2"
@@ -68,7 +68,7 @@ def make_world(root: Path) -> dict[str, Path]:
 
     out = root / "private"
     subprocess.run(
-        [sys.executable, "-m", "retriever.rag.medical", "--out", str(out),
+        [sys.executable, "-m", "dpsynth.evaluation.medical_world", "--out", str(out),
          "--num-records", "30", "--num-diseases", "5", "--seed", "0"],
         check=True, capture_output=True, env=child_env(),
     )  # fmt: skip

@@ -12,6 +12,7 @@ import pytest
 from dpsynth.service.contributor import add_key, load_contributor
 from retriever.network.folder import read_card
 from synthgen.privacy import COLLECTION, PrivacyLedger
+from tests.dpsynth.service.harness import bearer
 from tests.retriever.network.harness import (
     ANSWER_EPSILON,
     DATASET,
@@ -20,7 +21,6 @@ from tests.retriever.network.harness import (
     make_contributor,
     questions,
 )
-from tests.retriever.service.harness import bearer
 
 
 def _retrieve(url: str, key: str | None, question: str, k: int = 3) -> httpx.Response:

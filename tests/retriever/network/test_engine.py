@@ -26,6 +26,7 @@ from retriever.network.protocol import (
 )
 from retriever.network.response import STATUSES
 from synthgen.privacy import PrivacyLedger
+from tests.dpsynth.service.harness import bearer
 from tests.retriever.network.harness import (
     ANSWER_EPSILON,
     CARD_DELTA,
@@ -36,7 +37,6 @@ from tests.retriever.network.harness import (
     free_port_url,
     questions,
 )
-from tests.retriever.service.harness import bearer
 
 TRIO = ("north", "south", "east")
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from dpsynth.evaluation.fact_world import make_world
 from dpsynth.service.contributor import add_key
 from retriever.fact_answers import ABSTAIN
 from retriever.network.engine import Contributor, EngineConfig, NetworkQueryEngine
@@ -19,14 +20,13 @@ from retriever.network.facts import (
 )
 from retriever.network.folder import read_card
 from retriever.network.local import load_answer_lm
-from retriever.rag.fact_world import make_world
+from tests.dpsynth.service.harness import cli
 from tests.retriever.network.harness import (
     ContributorServer,
     Folders,
     free_port_url,
     start_all,
 )
-from tests.retriever.service.harness import cli
 
 PARTS = 2
 

@@ -24,7 +24,7 @@ from retriever.network.knowledge import (
 )
 from synthgen.knowledge import FactConfig
 from synthgen.privacy import BudgetExceededError, PrivacyLedger
-from tests.retriever.service.harness import cli
+from tests.dpsynth.service.harness import cli
 
 EPSILON, DELTA = 8.0, 1e-5  # a pair of phrases 30 records state passes the threshold
 # the records below state (disease, symptom) pairs of key phrases; typed facts read none

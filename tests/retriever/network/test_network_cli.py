@@ -10,6 +10,7 @@ import pytest
 
 from retriever.network.folder import read_card
 from retriever.network.local import load_answer_lm, local_answer
+from tests.dpsynth.service.harness import bearer
 from tests.retriever.network.harness import (
     CARD_EPSILON,
     ENCODER,
@@ -18,7 +19,6 @@ from tests.retriever.network.harness import (
     questions,
     write_keys,
 )
-from tests.retriever.service.harness import bearer
 
 TRIO = ("north", "south", "east")
 

@@ -11,8 +11,8 @@ from retriever.rag.retrieval import ScoreRange
 from retriever.rag.reuse import ReleasedAnswers, question_key
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
 from synthgen.privacy.document_filters import DocumentFilters
-from tests.retriever.service.harness import tiny_rag
-from tests.retriever.service.test_individual_tenants import INDIVIDUAL, _filters
+from tests.dpsynth.service.harness import tiny_rag
+from tests.dpsynth.service.test_individual_tenants import INDIVIDUAL, _filters
 
 QUESTION = "What does record 3 say?"
 

@@ -9,7 +9,7 @@ abstentions, and the mean log-probability per token of its (non-abstained) answe
 the public LM given the question alone (`public_logprob`). Every cell
 answers the same questions; each answer is appended to ``cells/<cell>.jsonl`` as soon as it
 exists, so an interrupted run resumes where it stopped (per question). The collection is a
-world of `retriever.rag.medical`, embedded once with the question encoder (cached in the
+world of `dpsynth.evaluation.medical_world`, embedded once with the question encoder (cached in the
 output folder). No ledger is involved: this is an experiment on a synthetic collection.
 """
 
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 from scipy import sparse
 
+from dpsynth.evaluation.medical_world import MedicalWorld, Question, answer_is_correct
 from retriever.rag.answer import DPRag, RagConfig
 from retriever.rag.greedy import greedy_answer
-from retriever.rag.medical import MedicalWorld, Question, answer_is_correct
 from retriever.rag.prompts import PromptFormat
 from retriever.rag.text import unreadable_count
 from synthgen.plots import pyplot

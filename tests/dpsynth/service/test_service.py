@@ -8,7 +8,7 @@ import pytest
 from retriever.rag import RagConfig, ScoreRange
 from retriever.rag.answer import RELATION, plan_answer
 from synthgen.privacy import COLLECTION, BudgetExceededError, PrivacyLedger
-from tests.retriever.service.harness import Server, add_tenants, bearer, cli, questions
+from tests.dpsynth.service.harness import Server, add_tenants, bearer, cli, questions
 
 CAPS = {"alice": 3.0, "bob": 1.5, "carol": 3.0, "dave": 3.0, "erin": 1.0}
 COLLECTION_CAP = 3.2  # every answer costs 1.0; 4 compose to 3.01, 5 to 3.45 (PLD)

@@ -303,7 +303,7 @@ def write_world(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m retriever.rag.medical --out DIR`` (also ``retriever data medical``)."""
+    """``python -m dpsynth.evaluation.medical_world --out DIR`` (``retriever data medical``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument("--num-records", type=int, default=MedicalWorldConfig.num_records)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from retriever.rag.fact_world import (
+from dpsynth.evaluation.fact_world import (
     DOMAINS,
     SUPPORT_LEVELS,
     answer_is_right,

@@ -13,7 +13,7 @@ from retriever.rag.retrieval import ScoreRange
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
 from synthgen.privacy.document_filters import SUMMARY_KEYS, DocumentFilter, DocumentFilters
 from synthgen.privacy.individual import DocumentBudget
-from tests.retriever.service.harness import N_RECORDS, bearer, serve_in_thread, tiny_rag
+from tests.dpsynth.service.harness import N_RECORDS, bearer, serve_in_thread, tiny_rag
 
 INDIVIDUAL = {"accounting": "individual", "relevance_threshold": 0.5, "max_tokens": 2}
 

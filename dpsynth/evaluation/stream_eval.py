@@ -1,7 +1,7 @@
 """Many questions against one private collection: individual versus collection accounting.
 
 A stream of questions drawn with repetition (Zipf over the diseases of a
-`retriever.rag.medical` world, the most recorded disease the most asked, each question in
+`dpsynth.evaluation.medical_world` world, the most recorded disease the most asked, each question in
 one of its paraphrased templates) is answered one after the other by a `DPRag` charged to a
 real ledger. Under collection accounting every answer composes on the collection's cap,
 and once the cap is spent every later question is refused. Under individual accounting
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dpsynth.evaluation.medical_world import MedicalWorld, Question, answer_is_correct
 from retriever.rag.answer import DPRag
-from retriever.rag.medical import MedicalWorld, Question, answer_is_correct
 from synthgen.plots import pyplot
 from synthgen.privacy import BudgetExceededError
 

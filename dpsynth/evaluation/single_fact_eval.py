@@ -1,13 +1,13 @@
-"""Single DP-RAG answers over a fact world (`retriever.rag.fact_world`), the way `retriever
+"""Single DP-RAG answers over a fact world (`dpsynth.evaluation.fact_world`), the way `retriever
 answer` gives them.
 
 `single_answers(documents, questions, epsilon)` builds what `retriever answer` builds by
 default (an exact dense index of the documents under the all-MiniLM-L6-v2 asset, SmolLM2-135M-
 Instruct with the chat prompt, `retriever.rag.defaults.resolve` for ``mechanism="auto"`` and
 its k) and answers each question once, each its own (epsilon, delta) event: no ledger, the
-evaluation needs no shared budget. ``python -m retriever.rag.single_fact_eval --domain people``
+evaluation needs no shared budget. ``python -m dpsynth.evaluation.single_fact_eval --domain people``
 prints the accuracy of a world's questions at the given support levels (a fact world's or a
-natural-text world's, `retriever.rag.natural_world`).
+natural-text world's, `dpsynth.evaluation.natural_world`).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def single_answers(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from retriever.rag import fact_world, natural_world
+    from dpsynth.evaluation import fact_world, natural_world
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     domains = fact_world.DOMAINS + natural_world.DOMAINS

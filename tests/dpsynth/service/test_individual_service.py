@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from dpsynth.cli.retriever import app
 from synthgen.privacy import PrivacyLedger
 from synthgen.privacy.document_filters import SUMMARY_KEYS, DocumentFilters
-from tests.retriever.service.harness import Server, bearer, cli, questions
+from tests.dpsynth.service.harness import Server, bearer, cli, questions
 
 DOCUMENT_EPSILON, DOCUMENT_DELTA = 3.0, 1e-5
 # icl at epsilon 1 over 2 tokens: rho 0.0625 per answer; a document's cap (3, 1e-5) is rho

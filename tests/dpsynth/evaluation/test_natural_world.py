@@ -1,9 +1,9 @@
-"""Natural-text fact worlds (`retriever.rag.natural_world`): each fact stated in exactly its
+"""Natural-text fact worlds (`dpsynth.evaluation.natural_world`): each fact stated in exactly its
 number of documents, in natural styles, with questions whose answer is in no release."""
 
 import pytest
 
-from retriever.rag.natural_world import (
+from dpsynth.evaluation.natural_world import (
     DOMAINS,
     TEST_DOMAINS,
     VALIDATION_DOMAIN,

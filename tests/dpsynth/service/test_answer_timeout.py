@@ -7,7 +7,7 @@ import pytest
 from dpsynth.service.app import Service, ServiceConfig
 from dpsynth.service.tenants import TenantRegistry
 from synthgen.privacy import PrivacyLedger
-from tests.retriever.service.harness import bearer, serve_in_thread, tiny_rag
+from tests.dpsynth.service.harness import bearer, serve_in_thread, tiny_rag
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ def make_world(root: Path) -> dict[str, Path]:
     for name, seed, records in (("private", 0, 40), ("public", 7, 30)):
         out = root / name
         subprocess.run(
-            [sys.executable, "-m", "retriever.rag.medical", "--out", str(out),
+            [sys.executable, "-m", "dpsynth.evaluation.medical_world", "--out", str(out),
              "--num-records", str(records), "--num-diseases", "5", "--seed", str(seed)],
             check=True, capture_output=True,
         )  # fmt: skip

@@ -8,7 +8,7 @@ import pytest
 
 from retriever.rag.answer_types import ABSTENTION_TEXT
 from synthgen.privacy import PrivacyLedger, format_remaining
-from tests.retriever.service.harness import Server, add_tenants, bearer, questions
+from tests.dpsynth.service.harness import Server, add_tenants, bearer, questions
 
 CAP = 2.5  # three answers at the service's epsilon 1.0 (PLD: 2.49), not four
 COLLECTION_CAP = 5.0

@@ -1,4 +1,4 @@
-"""`retriever.rag.release_eval`: the stream cells that pay nothing per answer."""
+"""`dpsynth.evaluation.release_eval`: the stream cells that pay nothing per answer."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from retriever.rag.medical import MedicalWorldConfig, make_world
-from retriever.rag.release_eval import (
+from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world
+from dpsynth.evaluation.release_eval import (
     accuracy_by_support,
     answer_stream,
     fact_share,
     retrieval_answerer,
     support_bin,
 )
-from retriever.rag.stream_eval import zipf_stream
+from dpsynth.evaluation.stream_eval import zipf_stream
 
 WORLD = make_world(MedicalWorldConfig(num_diseases=4, num_records=60, seed=2))
 
@@ -97,8 +97,8 @@ def test_retrieval_answerer_reads_the_top_k_records():
 def test_the_dp_rag_evaluations_references_run(tmp_path):
     """evaluate_world's no-rag and non-private rag cells (the references every DP cell and
     the network demo are read against) answer on the tiny LM."""
+    from dpsynth.evaluation.rag_eval import EvalConfig, evaluate_world
     from retriever.rag import DPRag, RagConfig, ScoreRange
-    from retriever.rag.evaluation import EvalConfig, evaluate_world
     from synthgen.lm_backends import TinyLM
 
     texts = [r.text for r in WORLD.records]
@@ -116,9 +116,9 @@ def test_the_references_run_on_sparse_term_overlap_vectors(tmp_path):
     cell reads each question's top records from it, a question vector at a time."""
     from scipy import sparse
 
+    from dpsynth.evaluation.rag_eval import EvalConfig, evaluate_world, make_rag
     from retriever.lexical import WIDTH
     from retriever.rag import RagConfig, ScoreRange
-    from retriever.rag.evaluation import EvalConfig, evaluate_world, make_rag
     from synthgen.lm_backends import TinyLM
 
     config = RagConfig(k=4, max_tokens=3, score_range=ScoreRange(0.0, 1.0))

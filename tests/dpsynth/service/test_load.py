@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from synthgen.privacy import COLLECTION, PrivacyLedger
-from tests.retriever.service.harness import (
+from tests.dpsynth.service.harness import (
     Server,
     add_tenants,
     check_ledger_against_answers,

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from retriever.rag import medical
-from retriever.rag.medical import MedicalWorldConfig, answer_is_correct, make_world
+from dpsynth.evaluation import medical_world
+from dpsynth.evaluation.medical_world import MedicalWorldConfig, answer_is_correct, make_world
 
 # Real disease and symptom words an invented name must never be (alone).
 REAL_WORDS = {
@@ -26,7 +26,7 @@ def _mentions(text: str, phrase: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def world() -> medical.MedicalWorld:
+def world() -> medical_world.MedicalWorld:
     return make_world(MedicalWorldConfig())
 
 
@@ -206,12 +206,12 @@ def test_answer_is_correct_on_a_world(world):
 def test_writers_use_the_project_formats(world, tmp_path):
     from retriever.data import read_corpus
 
-    medical.write_corpus(world, tmp_path / "corpus.jsonl")
+    medical_world.write_corpus(world, tmp_path / "corpus.jsonl")
     doc_ids, texts = read_corpus(tmp_path / "corpus.jsonl")
     assert doc_ids == [r.doc_id for r in world.records]
     assert texts == [r.text for r in world.records]
     questions = world.questions(per_disease=2)
-    medical.write_questions(questions, tmp_path / "questions.jsonl")
+    medical_world.write_questions(questions, tmp_path / "questions.jsonl")
     rows = [json.loads(line) for line in (tmp_path / "questions.jsonl").read_text().splitlines()]
     assert rows == [dataclasses.asdict(q) for q in questions]
     assert set(rows[0]) == {"question", "answer", "disease", "support"}
@@ -220,7 +220,7 @@ def test_writers_use_the_project_formats(world, tmp_path):
 def test_cli_writes_corpus_and_questions(tmp_path, capsys):
     out = tmp_path / "medical"
     args = ["--out", str(out), "--num-records", "60", "--num-diseases", "6", "--seed", "2"]
-    assert medical.main(args) == 0
+    assert medical_world.main(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["num_records"] == 60 and summary["num_diseases"] == 6
     assert summary["num_questions"] == 6
@@ -235,7 +235,7 @@ def test_cli_writes_corpus_and_questions(tmp_path, capsys):
 
 def test_cli_error_is_one_line(tmp_path, capsys):
     args = ["--out", str(tmp_path), "--num-records", "3", "--num-diseases", "5"]
-    assert medical.main(args) == 2
+    assert medical_world.main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "num_records" in err and "\n" not in err
     assert not (tmp_path / "corpus.jsonl").exists()
@@ -244,7 +244,7 @@ def test_cli_error_is_one_line(tmp_path, capsys):
 def test_support_histogram_bins():
     config = MedicalWorldConfig(num_diseases=3, symptom_pool=8, num_records=3)
     world = make_world(config)
-    assert medical.support_histogram(world) == {"1": 3}
+    assert medical_world.support_histogram(world) == {"1": 3}
     world = dataclasses.replace(world, records=world.records + world.records[:1] * 4)
-    assert sum(medical.support_histogram(world).values()) == 3
-    assert "4-7" in medical.support_histogram(world)
+    assert sum(medical_world.support_histogram(world).values()) == 3
+    assert "4-7" in medical_world.support_histogram(world)

@@ -1,6 +1,6 @@
 import pytest
 
-from tests.retriever.service.harness import make_world
+from tests.dpsynth.service.harness import make_world
 
 
 @pytest.fixture(scope="session")

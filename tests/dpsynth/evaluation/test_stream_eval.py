@@ -6,8 +6,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from retriever.rag.medical import MedicalWorldConfig, make_world
-from retriever.rag.stream_eval import (
+from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world
+from dpsynth.evaluation.stream_eval import (
     run_stream,
     single_answer_accuracy,
     stream_summary,

@@ -3,7 +3,7 @@
 `scripts/multi_query_eval.py`'s cells that spend nothing per answer: the one-time knowledge
 release (`synthgen.knowledge`, read as ordinary RAG), non-private RAG over the private
 records (the reference), and the LM alone (no RAG). Each answers the stream of
-`retriever.rag.stream_eval.zipf_stream` in order; a question text asked again gets the
+`dpsynth.evaluation.stream_eval.zipf_stream` in order; a question text asked again gets the
 same greedy answer (computed once: the cells are deterministic), and each cell's rows go to
 ``<out>/streams/<name>.jsonl`` (resumable).
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever.rag.medical import Question, answer_is_correct
-from retriever.rag.stream_eval import answered
+from dpsynth.evaluation.medical_world import Question, answer_is_correct
+from dpsynth.evaluation.stream_eval import answered
 
 SUPPORT_BINS = ((1, 4), (5, 14), (15, 29), (30, 99), (100, 10**9))
 

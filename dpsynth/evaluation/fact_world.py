@@ -11,7 +11,7 @@ knows them: an answer can only come from the collection.
 
 People is the validation domain (every default of `synthgen.knowledge.facts` is chosen on it);
 products and species are the test domains, reported and never tuned on.
-``python -m retriever.rag.fact_world --domain people --out DIR`` writes ``corpus.jsonl`` and
+``python -m dpsynth.evaluation.fact_world --domain people --out DIR`` writes ``corpus.jsonl`` and
 ``questions.jsonl``; draws come from ``SeedSequence((seed, domain))``.
 """
 

@@ -1,8 +1,8 @@
-"""`retriever.rag.single_fact_eval`: one DP answer per question over a list of documents.
+"""`dpsynth.evaluation.single_fact_eval`: one DP answer per question over a list of documents.
 
 The default assets are replaced by the byte-level TinyLM and a hashing encoder (no download,
 no network): the test checks the plumbing (one answer per question, `retriever answer`'s
-k and mechanism), not the accuracy, which `python -m retriever.rag.single_fact_eval`
+k and mechanism), not the accuracy, which `python -m dpsynth.evaluation.single_fact_eval`
 measures with the real assets.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from retriever.rag import single_fact_eval
-from retriever.rag.fact_world import make_world
+from dpsynth.evaluation import single_fact_eval
+from dpsynth.evaluation.fact_world import make_world
 from synthgen.lm_backends import TinyLM
 
 

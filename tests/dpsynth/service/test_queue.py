@@ -13,7 +13,7 @@ from dpsynth.service.app import Service, ServiceConfig
 from dpsynth.service.tenants import TenantRegistry
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import COLLECTION, PrivacyLedger
-from tests.retriever.service.harness import serve_in_thread, tiny_rag
+from tests.dpsynth.service.harness import serve_in_thread, tiny_rag
 
 
 class GatedLM(TinyLM):

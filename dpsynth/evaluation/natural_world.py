@@ -1,6 +1,6 @@
 """Natural-text fact worlds: tickets, notes, e-mails and chats in which facts are buried.
 
-The templated worlds (`retriever.rag.fact_world`) state one fact per short sentence; a user's
+The templated worlds (`dpsynth.evaluation.fact_world`) state one fact per short sentence; a user's
 collection does not. A natural world states the same kind of typed facts (subject, relation,
 value), each in a known number of documents, the way people write them down:
 
@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from retriever.rag.fact_world import SUPPORT_LEVELS, Fact, FactQuestion, FactWorld
+from dpsynth.evaluation.fact_world import SUPPORT_LEVELS, Fact, FactQuestion, FactWorld
 
 VALIDATION_DOMAIN = "helpdesk"
 TEST_DOMAINS = ("facilities", "lab")
