@@ -76,7 +76,7 @@ device-wheels:
 
 # The documentation site, warnings as errors (a broken link or a renamed function fails).
 docs: $(DOCS_STAMP)
-	$(VENV)/bin/sphinx-build -E -W --keep-going -q -b html docs docs/_build/html
+	$(VENV)/bin/sphinx-build -E -W --keep-going -q -j auto -b html docs docs/_build/html
 	@echo "docs: docs/_build/html/index.html"
 
 bench: install

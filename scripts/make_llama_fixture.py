@@ -19,11 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import gguf
 import numpy as np
-import torch
-import transformers
+
+if TYPE_CHECKING:  # imported where used, so tests can import `permute` without torch
+    import transformers
 
 SEED = 1234
 SHAPE = dict(
@@ -54,6 +55,9 @@ def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarr
 
 
 def build_model() -> transformers.LlamaForCausalLM:
+    import torch
+    import transformers
+
     torch.manual_seed(SEED)
     config = transformers.LlamaConfig(**SHAPE, attn_implementation="eager")
     model = transformers.LlamaForCausalLM(config).float().eval()
@@ -68,6 +72,8 @@ def build_model() -> transformers.LlamaForCausalLM:
 
 
 def logits(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    import torch
+
     positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
     with torch.no_grad():
         out = model(
@@ -79,6 +85,8 @@ def logits(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def write_gguf(model: transformers.LlamaForCausalLM, path: Path) -> None:
+    import gguf
+
     cfg = model.config
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     writer = gguf.GGUFWriter(str(path), "llama")

@@ -55,7 +55,6 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world
 from dpsynth.evaluation.rag_eval import MEDICAL_PROMPT
 from dpsynth.evaluation.stream_eval import (
     TENANT,
@@ -64,7 +63,7 @@ from dpsynth.evaluation.stream_eval import (
     run_stream,
     single_answer_accuracy,
     stream_summary,
-    zipf_stream,
+    zipf_world,
 )
 from retriever.rag import AggregationConfig, DPRag, RagConfig, ScoreRange
 from retriever.rag.collection import open_document_filters
@@ -176,15 +175,9 @@ def main() -> None:
     from synthgen.lm_backends import FlaxLM
 
     args.out.mkdir(parents=True, exist_ok=True)
-    world = make_world(
-        MedicalWorldConfig(
-            num_diseases=args.diseases,
-            num_records=args.records,
-            symptom_pool=max(MedicalWorldConfig.symptom_pool, 3 * args.diseases),
-            seed=args.seed,
-        )
+    world, stream = zipf_world(
+        args.diseases, args.records, args.questions, exponent=args.zipf, seed=args.seed
     )
-    stream = zipf_stream(world, args.questions, exponent=args.zipf, seed=args.seed)
     texts = [r.text for r in world.records]
     ids = [r.doc_id for r in world.records]
     others = [d.name for d in world.diseases]

@@ -29,8 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world
-from dpsynth.evaluation.stream_eval import zipf_stream
+from dpsynth.evaluation.stream_eval import zipf_world
 from retriever.lexical import OverlapEncoder
 from retriever.rag import RagConfig, ScoreRange
 from retriever.rag.collection import open_document_filters
@@ -98,15 +97,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    world = make_world(
-        MedicalWorldConfig(
-            num_diseases=args.diseases,
-            num_records=args.records,
-            symptom_pool=max(MedicalWorldConfig.symptom_pool, 3 * args.diseases),
-            seed=args.seed,
-        )
+    world, stream = zipf_world(
+        args.diseases, args.records, args.questions, exponent=args.zipf, seed=args.seed
     )
-    stream = zipf_stream(world, args.questions, exponent=args.zipf, seed=args.seed)
     texts = [r.text for r in world.records]
     questions = [q.question for q in stream]
     relevant = np.array([[r.disease == q.disease for r in world.records] for q in stream])

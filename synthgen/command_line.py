@@ -71,13 +71,7 @@ def positive(ctx: click.Context, param: click.Parameter, value: float | None) ->
 def probability(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
     """Option callback: a delta in (0, 1), refused as `positive` refuses an epsilon.
 
-    Args:
-      ctx: the click context of the command being parsed.
-      param: the option being parsed.
-      value: its value, or None where it was not given and has no default.
-
-    Returns:
-      The value unchanged.
+    Takes and returns what `positive` does.
 
     Raises:
       click.UsageError: the value is not strictly between 0 and 1.

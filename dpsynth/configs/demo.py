@@ -11,6 +11,7 @@ a fictional private medical collection.
     synthgen pipeline --config demo            # or: synthgen pipeline init demo (a copy to edit)
 """
 
+from dpsynth.config_files import querygen_preset
 from dpsynth.pipeline.config import (
     DataConfig,
     EncoderConfig,
@@ -20,33 +21,15 @@ from dpsynth.pipeline.config import (
     PrivacyConfig,
     RagStageConfig,
 )
-from synthgen.dp_train import DPConfig
-from synthgen.querygen import GeneratorConfig
 
 TRAIN_PAIRS = 800  # 1,000 documents, test_fraction 0.2
 STEPS, BATCH = 10, 32
 
 
 def get_config() -> PipelineConfig:
-    generator = GeneratorConfig(
-        family="llama",
-        base="smollm2-135m-instruct",
-        lora_rank=8,
-        lora_alpha=16.0,
-        input_len=64,
-        target_len=16,
-        max_new_tokens=16,
-        generation_batch=32,
-        dp=DPConfig(
-            batch_size=BATCH,
-            epochs=STEPS * BATCH / TRAIN_PAIRS,
-            clip_norm=1.0,
-            learning_rate=2e-3,
-            target_epsilon=8.0,
-            physical_batch=8,
-            microbatch=4,
-            checkpoint_every=5,
-        ),
+    # The packaged querygen preset (LoRA rank 8 on SmolLM2-135M-Instruct), run STEPS steps.
+    generator = querygen_preset("smollm2_lora_cpu").replace(
+        generation_batch=32, dp_batch_size=BATCH, dp_epochs=STEPS * BATCH / TRAIN_PAIRS
     )
     return PipelineConfig(
         name="demo",

@@ -11,6 +11,7 @@ model.safetensors, spiece.model). Every wiki document; one synthetic query per t
 
 import os
 
+from dpsynth.config_files import querygen_preset
 from dpsynth.pipeline.config import (
     DataConfig,
     EncoderConfig,
@@ -20,33 +21,20 @@ from dpsynth.pipeline.config import (
     PrivacyConfig,
     RagStageConfig,
 )
-from synthgen.dp_train import DPConfig
-from synthgen.querygen import GeneratorConfig
 
 
 def get_config() -> PipelineConfig:
-    generator = GeneratorConfig(
-        family="t5",
+    # The packaged querygen preset t5_base (Carranza et al.'s sizes) with a larger physical
+    # batch: bfloat16 matmuls with float32 parameters, optimizer state, clipped sum and noise;
+    # blocks rematerialised: the float32 step at physical batch 256 asked XLA for 121 GiB
+    # on an H200 (issue 61). The clip bound holds in bfloat16 (synthgen.clip_rounding).
+    generator = querygen_preset("t5_base").replace(
         base=os.environ.get("DPSYNTH_T5_BASE", "t5-base"),
-        input_len=384,
-        target_len=128,
-        max_new_tokens=32,
         generation_batch=256,
-        # bfloat16 matmuls with float32 parameters, optimizer state, clipped sum and noise;
-        # blocks rematerialised: the float32 step at physical batch 256 asked XLA for 121 GiB
-        # on an H200 (issue 61). The clip bound holds in bfloat16 (synthgen.clip_rounding).
         dtype="bfloat16",
         remat=True,
-        dp=DPConfig(
-            batch_size=1024,
-            epochs=30,
-            clip_norm=0.1,
-            learning_rate=1e-3,
-            target_epsilon=8.0,
-            physical_batch=256,
-            microbatch=32,
-            checkpoint_every=100,
-        ),
+        dp_physical_batch=256,
+        dp_microbatch=32,
     )
     return PipelineConfig(
         name="gpu",

@@ -81,9 +81,7 @@ PRESETS: dict[str, GeneratorConfig] = {
         ),  # fmt: skip
     ),
     "t5_small": _T5_SMALL,
-    "t5_base": _T5_SMALL.replace(
-        base="t5-base", dp=dataclasses.replace(_T5_SMALL.dp, physical_batch=64, microbatch=8)
-    ),
+    "t5_base": _T5_SMALL.replace(base="t5-base", dp_physical_batch=64, dp_microbatch=8),
 }
 
 

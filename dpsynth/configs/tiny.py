@@ -3,6 +3,7 @@
 synthgen pipeline --config tiny --out /tmp/tiny-run
 """
 
+from dpsynth.config_files import querygen_preset
 from dpsynth.pipeline.config import (
     DataConfig,
     EncoderConfig,
@@ -13,29 +14,12 @@ from dpsynth.pipeline.config import (
     RagStageConfig,
     ReportConfig,
 )
-from synthgen.dp_train import DPConfig
-from synthgen.querygen import GeneratorConfig
 
 
 def get_config() -> PipelineConfig:
-    generator = GeneratorConfig(
-        family="llama",
-        base="random:tiny",
-        vocab_size=512,
-        input_len=64,
-        target_len=16,
-        max_new_tokens=8,
-        generation_batch=32,
-        dp=DPConfig(
-            batch_size=16,
-            epochs=1.0,
-            clip_norm=1.0,
-            learning_rate=1e-2,
-            target_epsilon=8.0,
-            physical_batch=16,
-            microbatch=8,
-            checkpoint_every=2,
-        ),
+    # The packaged querygen preset tiny_llama (random init), one epoch of batch 16.
+    generator = querygen_preset("tiny_llama").replace(
+        max_new_tokens=8, dp_batch_size=16, dp_epochs=1.0, dp_checkpoint_every=2
     )
     return PipelineConfig(
         name="tiny",

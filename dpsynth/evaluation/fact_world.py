@@ -257,6 +257,15 @@ class FactWorld:
     questions: list[FactQuestion]
 
 
+def domain_spec(domains: dict, domain: str, facts_per_level: int, levels: Sequence[int]) -> dict:
+    """`domains[domain]`, after refusing an unknown domain or sizes that make no fact."""
+    if domain not in domains:
+        raise ValueError(f"domain must be one of {tuple(domains)}, got {domain!r}")
+    if facts_per_level < 1 or not levels or min(levels) < 1:
+        raise ValueError(f"need facts_per_level >= 1 and levels >= 1: {facts_per_level=}")
+    return domains[domain]
+
+
 def make_world(
     domain: str,
     *,
@@ -271,11 +280,7 @@ def make_world(
     Raises:
       ValueError: an unknown domain, or sizes that make no fact.
     """
-    if domain not in _DOMAINS:
-        raise ValueError(f"domain must be one of {DOMAINS}, got {domain!r}")
-    if facts_per_level < 1 or not levels or min(levels) < 1:
-        raise ValueError(f"need facts_per_level >= 1 and levels >= 1: {facts_per_level=}")
-    spec = _DOMAINS[domain]
+    spec = domain_spec(_DOMAINS, domain, facts_per_level, levels)
     relations = list(spec["relations"].items())
     rng = np.random.default_rng(np.random.SeedSequence([seed, DOMAINS.index(domain)]))
     names, numbers = _Names(rng), set()

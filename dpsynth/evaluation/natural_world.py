@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dpsynth.evaluation.fact_world import SUPPORT_LEVELS, Fact, FactQuestion, FactWorld
+from dpsynth.evaluation.fact_world import SUPPORT_LEVELS, Fact, FactQuestion, FactWorld, domain_spec
 
 VALIDATION_DOMAIN = "helpdesk"
 TEST_DOMAINS = ("facilities", "lab")
@@ -525,11 +525,7 @@ def make_natural_world(
     Raises:
       ValueError: an unknown domain, or sizes that make no fact.
     """
-    if domain not in _DOMAINS:
-        raise ValueError(f"domain must be one of {DOMAINS}, got {domain!r}")
-    if facts_per_level < 1 or not levels or min(levels) < 1:
-        raise ValueError(f"need facts_per_level >= 1 and levels >= 1: {facts_per_level=}")
-    spec = _DOMAINS[domain]
+    spec = domain_spec(_DOMAINS, domain, facts_per_level, levels)
     relations = list(spec["relations"])
     rng = np.random.default_rng(np.random.SeedSequence([seed, 100 + DOMAINS.index(domain)]))
     values = _Values(rng)

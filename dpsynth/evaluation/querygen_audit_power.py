@@ -83,21 +83,10 @@ def load_model(name: str) -> AuditedModel:
     Raises:
       ValueError: an unknown name.
     """
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; models: {', '.join(MODELS)}")
-    from dpsynth.config_files import querygen_preset
-    from synthgen import querygen
-    from synthgen.corpora import load_wiki_summaries
     from synthgen.generator_models import split_trainable
 
-    config = querygen_preset(PRESETS[name])
-    pairs = load_wiki_summaries()
-    batch_size = config.dp.batch_size
-    with tempfile.TemporaryDirectory() as tokenizer_dir:  # a public vocabulary, discarded
-        family, params = querygen.load_base(
-            config, pairs["document"], tokenizer_dir=Path(tokenizer_dir), seed=0
-        )
-    rows = pairs.select(range(batch_size))
+    config, family, params, pairs = load_generator(name)
+    rows = pairs.select(range(config.dp.batch_size))
     batch = family.encode_pairs(
         rows["document"], rows["query"], config.input_len, config.target_len
     )
@@ -105,7 +94,7 @@ def load_model(name: str) -> AuditedModel:
     trainable, frozen = split_trainable(params, lora=lora)
     return AuditedModel(
         name=name,
-        description=f"{PRESETS[name]} ({config.family} {config.base}, LoRA {config.lora_rank})",
+        description=_description(name, config),
         loss_fn=family.loss_fn(),
         tapped_loss_fn=family.tapped_loss_fn(),
         trainable=trainable,
@@ -194,8 +183,8 @@ def _fmt(value: float) -> str:
 def format_table(results: Sequence[whitebox.WhiteboxResult]) -> str:
     """A Markdown table: one row per (cell, observable)."""
     head = (
-        "| model | params | claimed eps | sigma | canaries in/out | observable | AUROC | "
-        "TPR@1%FPR | eps one-run (count) | eps one-run (f-DP) | cap (count / f-DP) | ok |"
+        "| model | params | claimed eps | sigma | canaries in/out | observable | "
+        f"{whitebox.CellResult.FIGURES} | ok |"
     )
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in results:
@@ -203,9 +192,7 @@ def format_table(results: Sequence[whitebox.WhiteboxResult]) -> str:
             lines.append(
                 f"| {r.model.split(' ')[0]} | {r.num_params:,} | {_fmt(r.claimed_epsilon)} | "
                 f"{r.noise_multiplier:.3f} | {r.num_in}/{r.num_out} | {s.observable} | "
-                f"{s.auroc:.3f} | {s.tpr_at_1pct_fpr:.3f} | {s.epsilon_one_run:.2f} | "
-                f"{s.epsilon_one_run_fdp:.2f} | {r.cap_one_run:.2f} / {r.cap_fdp:.2f} | "
-                f"{'VIOLATION' if r.violation else 'yes'} |"
+                f"{r.figure_cells(s)} | {'VIOLATION' if r.violation else 'yes'} |"
             )
     return "\n".join(lines)
 
@@ -257,6 +244,11 @@ def load_generator(name: str):
             config, pairs["document"], tokenizer_dir=Path(tokenizer_dir), seed=0
         )
     return config, family, params, pairs
+
+
+def _description(name: str, config) -> str:
+    """The public label of `name`'s generator (preset, family, base, LoRA rank)."""
+    return f"{PRESETS[name]} ({config.family} {config.base}, LoRA {config.lora_rank})"
 
 
 def _preset_dp(model: str):
@@ -379,7 +371,7 @@ def run_blackbox_cells(
             input_len=config.input_len,
             target_len=config.target_len,
             lora=config.lora_rank > 0,
-            model=f"{PRESETS[model]} ({config.family} {config.base}, LoRA {config.lora_rank})",
+            model=_description(model, config),
             progress=progress,
         )
 
@@ -402,18 +394,15 @@ def run_blackbox_cells(
 def format_blackbox_table(results: Sequence[blackbox.BlackboxResult]) -> str:
     """A Markdown table: one row per black-box cell."""
     head = (
-        "| model | kind | claimed eps | sigma | epochs | batch | steps | canaries in/out | AUROC | "
-        "TPR@1%FPR | eps one-run (count) | eps one-run (f-DP) | cap (count / f-DP) | minutes | ok |"
+        "| model | kind | claimed eps | sigma | epochs | batch | steps | canaries in/out | "
+        f"{whitebox.CellResult.FIGURES} | minutes | ok |"
     )
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in results:
-        s = r.primary
         lines.append(
             f"| {r.model.split(' ')[0]} | {r.kind} | {_fmt(r.claimed_epsilon)} | "
             f"{r.noise_multiplier:.3f} | {r.epochs:g} | {r.batch_size} | {r.steps} | "
-            f"{r.num_in}/{r.num_out} | {s.auroc:.3f} | "
-            f"{s.tpr_at_1pct_fpr:.3f} | {s.epsilon_one_run:.2f} | {s.epsilon_one_run_fdp:.2f} | "
-            f"{r.cap_one_run:.2f} / {r.cap_fdp:.2f} | {r.seconds / 60:.1f} | "
+            f"{r.num_in}/{r.num_out} | {r.figure_cells(r.primary)} | {r.seconds / 60:.1f} | "
             f"{'VIOLATION' if r.violation else 'yes'} |"
         )
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from dpsynth.evaluation.medical_world import Question, answer_is_correct
-from dpsynth.evaluation.stream_eval import answered
+from dpsynth.evaluation.stream_eval import resume
 
 SUPPORT_BINS = ((1, 4), (5, 14), (15, 29), (30, 99), (100, 10**9))
 
@@ -81,16 +81,8 @@ def answer_stream(
 ) -> list[dict]:
     """Answers the stream in order (resuming), one row per question:
     index, disease, support, answer, correct, abstained (False), refused (False), seconds."""
-    path = Path(out_dir) / f"{name}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = answered(out_dir, name)[: len(stream)]  # a line cut by an interruption: dropped
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path, rows, todo = resume(out_dir, name, len(stream), progress)
     cache = {stream[r["index"]].question: r["answer"] for r in rows}
-    todo = range(len(rows), len(stream))
-    if progress:
-        from tqdm import tqdm
-
-        todo = tqdm(todo, desc=name, initial=len(rows), total=len(stream))
     with path.open("a") as sink:
         for i in todo:
             q = stream[i]

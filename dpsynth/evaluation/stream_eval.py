@@ -24,12 +24,31 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsynth.evaluation.medical_world import MedicalWorld, Question, answer_is_correct
+from dpsynth.evaluation.medical_world import (
+    MedicalWorld,
+    MedicalWorldConfig,
+    Question,
+    answer_is_correct,
+    make_world,
+)
 from retriever.rag.answer import DPRag
 from synthgen.plots import pyplot
 from synthgen.privacy import BudgetExceededError
 
 TENANT = "stream"
+
+
+def zipf_world(
+    diseases: int, records: int, questions: int, *, exponent: float, seed: int
+) -> tuple[MedicalWorld, list[Question]]:
+    """The stream scripts' world (its symptom pool grown to 3 symptoms per disease) and its
+    `zipf_stream` of `questions` questions."""
+    pool = max(MedicalWorldConfig.symptom_pool, 3 * diseases)
+    config = MedicalWorldConfig(
+        num_diseases=diseases, num_records=records, symptom_pool=pool, seed=seed
+    )
+    world = make_world(config)
+    return world, zipf_stream(world, questions, exponent=exponent, seed=seed)
 
 
 def zipf_stream(
@@ -67,6 +86,22 @@ def zipf_stream(
 def answered(out_dir: str | Path, name: str) -> list[dict]:
     """The rows of stream `name` answered so far in `out_dir` (as `run_stream` left them)."""
     return _done(Path(out_dir) / f"{name}.jsonl")
+
+
+def resume(out_dir: str | Path, name: str, total: int, progress: bool):
+    """Resumes stream `name` in `out_dir`: its file, rewritten with the rows answered so far
+    (a line cut by an interruption dropped), those rows, and the indices left to answer
+    (under a progress bar if `progress`)."""
+    path = Path(out_dir) / f"{name}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = _done(path)[:total]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    todo = range(len(rows), total)
+    if progress:
+        from tqdm import tqdm
+
+        todo = tqdm(todo, desc=name, initial=len(rows), total=total)
+    return path, rows, todo
 
 
 def single_answer_accuracy(cells: Sequence[dict], stream: Sequence[Question]) -> dict:
@@ -108,15 +143,7 @@ def run_stream(
       seconds and, under individual accounting, the collection's exhausted records after
       the answer (an aggregate).
     """
-    path = Path(out_dir) / f"{name}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = _done(path)[: len(stream)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))  # drops a cut last line
-    todo = range(len(rows), len(stream))
-    if progress:
-        from tqdm import tqdm
-
-        todo = tqdm(todo, desc=name, initial=len(rows), total=len(stream))
+    path, rows, todo = resume(out_dir, name, len(stream), progress)
     with path.open("a") as sink:
         for i in todo:
             q = stream[i]

@@ -43,14 +43,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from retriever.rag.question_kinds import (
-    GAP,
-    NAME_KINDS,
-    decide,
-    question_kinds,
-    relation_noun,
-    whole_words,
-)
+from retriever.rag import question_kinds as qk
 from synthgen.knowledge.typed_facts import (
     FUNCTION_WORDS,
     TypedFact,
@@ -85,7 +78,7 @@ def document_votes(
     if relation not in RELATIONS:
         raise ValueError(f"relation must be one of {RELATIONS}, got {relation=}")
     low = question.lower()
-    kinds = question_kinds(question)
+    kinds = qk.question_kinds(question)
     asked = question_stems(question)
 
     strong: list[str] = []  # relation words overlap the question's
@@ -94,13 +87,13 @@ def document_votes(
         subject, value = normal(fact.subject), fact.value.strip()
         kind = value_kind(value) if fact.kind == "name" else fact.kind  # org, place, person
         overlap = bool(asked & {stem(w) for w in fact.words})
-        named_subject = bool(subject) and re.search(whole_words(subject), low) is not None
-        named_subject &= not relation_noun(question, subject)  # "the keeper of ..."
-        if named_subject and not re.search(whole_words(value.lower()), low):
+        named_subject = bool(subject) and re.search(qk.whole_words(subject), low) is not None
+        named_subject &= not qk.relation_noun(question, subject)  # "the keeper of ..."
+        if named_subject and not re.search(qk.whole_words(value.lower()), low):
             vote = value if (kind in kinds if kinds else overlap) else None
         elif (
-            kind in NAME_KINDS
-            and re.search(whole_words(value.lower()), low)
+            kind in qk.NAME_KINDS
+            and re.search(qk.whole_words(value.lower()), low)
             and not named_subject
             and (
                 value_kind(re.sub(r"^[Tt]he ", "", fact.subject.strip())) in kinds
@@ -131,7 +124,7 @@ def fact_vote(
     delta: float,
     max_votes: int = 1,
     relation: str = "kind",
-    gap: float = GAP,
+    gap: float = qk.GAP,
 ) -> tuple[str | None, dict[str, float]]:
     """(the answer or None to abstain, the released values' noisy counts).
 
@@ -149,4 +142,4 @@ def fact_vote(
     votes = [document_votes(f, question, max_votes, relation) for f in facts]
     release = release_key_counts(votes, epsilon=epsilon, delta=delta, max_keys=max_votes)
     counts = {str(k): float(v) for k, v in release.counts.items()}
-    return decide(counts, gap * noise_stddev(epsilon, delta, max_votes)), counts
+    return qk.decide(counts, gap * noise_stddev(epsilon, delta, max_votes)), counts

@@ -97,7 +97,7 @@ from synthgen.audit.canaries import DIGITS
 from synthgen.audit.cells import resumable_cells, settings_of
 from synthgen.audit.claims import epsilon_tag
 from synthgen.audit.coins import draw_coins, streams
-from synthgen.audit.whitebox import CellResult, score_stats, statistical_cap
+from synthgen.audit.whitebox import CellResult, canary_figures
 from synthgen.privacy import PrivacyLedger, Scope, calibration
 from synthgen.privacy.individual import DocumentBudget
 from synthgen.privacy.receipts import collection_payer
@@ -324,7 +324,6 @@ def run_rag_power_cell(
     planted = _make_canaries(documents, canaries, digits, key_words, material, lm, config)
     order = material.permutation(canaries)  # public: independent of the coins
     coins = draw_coins(coin_rng, canaries)
-    num_in = int(coins.sum())
 
     canary_vectors = np.asarray(encode([c.document for c in planted]), np.float32)
     questions = [c.question for c in planted]
@@ -391,11 +390,13 @@ def run_rag_power_cell(
     answer_seconds = time.perf_counter() - answer_start
 
     scores = np.array([prefix_digits(c.secret, a) for c, a in zip(planted, answers)], np.float64)
-    stats = score_stats(
-        OBSERVABLE, scores[coins], scores[~coins], delta=delta, significance=significance
-    )
-    cap_one_run, cap_fdp = statistical_cap(
-        num_in, canaries - num_in, delta=delta, significance=significance
+    figures = canary_figures(
+        {OBSERVABLE: scores},
+        coins,
+        target_epsilon=epsilon,
+        claimed_epsilon=claim,
+        delta=delta,
+        significance=significance,
     )
     if work_dir is not None:
         _write_record(work_dir, epsilon, planted, coins, order, answers)
@@ -403,9 +404,6 @@ def run_rag_power_cell(
     return RagPowerResult(
         model=model,
         num_documents=len(documents),
-        num_canaries=canaries,
-        num_in=num_in,
-        num_out=canaries - num_in,
         digits=digits,
         key_words=key_words,
         mechanism=mechanism,
@@ -416,17 +414,11 @@ def run_rag_power_cell(
         answer_epsilon=answer_epsilon,
         answer_rho=answer_rho,
         rho_cap=cap,
-        target_epsilon=epsilon,
-        claimed_epsilon=claim,
-        delta=delta,
-        significance=significance,
-        cap_one_run=cap_one_run,
-        cap_fdp=cap_fdp,
         own_relevant=own_relevant,
         cross_relevant=cross_relevant,
-        stats=(stats,),
         seconds=time.perf_counter() - start_time,
         seconds_per_answer=answer_seconds / canaries,
+        **figures,
     )
 
 
@@ -525,17 +517,14 @@ def run_rag_power_cells(
 def format_table(results: Sequence[RagPowerResult]) -> str:
     """A Markdown table: one row per cell."""
     head = (
-        "| claimed eps (delta) | per-answer eps | canaries in/out | AUROC | TPR@1%FPR | "
-        "eps one-run (count) | eps one-run (f-DP) | cap (count / f-DP) | s/answer | ok |"
+        "| claimed eps (delta) | per-answer eps | canaries in/out | "
+        f"{CellResult.FIGURES} | s/answer | ok |"
     )
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in results:
-        s = r.primary
         lines.append(
             f"| {epsilon_tag(r.claimed_epsilon)} ({r.delta:g}) | {r.answer_epsilon:.3g} | "
-            f"{r.num_in}/{r.num_out} | {s.auroc:.3f} | {s.tpr_at_1pct_fpr:.3f} | "
-            f"{s.epsilon_one_run:.2f} | {s.epsilon_one_run_fdp:.2f} | "
-            f"{r.cap_one_run:.2f} / {r.cap_fdp:.2f} | {r.seconds_per_answer:.2f} | "
-            f"{'VIOLATION' if r.violation else 'yes'} |"
+            f"{r.num_in}/{r.num_out} | {r.figure_cells(r.primary)} | "
+            f"{r.seconds_per_answer:.2f} | {'VIOLATION' if r.violation else 'yes'} |"
         )
     return "\n".join(lines)

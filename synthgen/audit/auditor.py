@@ -88,6 +88,9 @@ from typing import Any
 import numpy as np
 from jax_privacy import auditing
 
+from synthgen.audit.canaries import split_by_repetitions
+from synthgen.audit.claims import group_claim
+
 TPR_FPR = 0.01  # the FPR of `AuditResult.tpr_at_1pct_fpr`
 # The one-run bound of a pure-DP claim is computed at this delta (module docstring).
 _PURE_DP_DELTA = math.ulp(0.0)
@@ -303,3 +306,24 @@ def violation_message(result: AuditResult) -> str | None:
         f"{result.num_out} out canaries): the run leaks more than it claims, or the audit's "
         "assumptions (independent 1/2 inclusion of canaries) do not hold."
     )
+
+
+def membership_rows(drawn, scores, epsilon: float, delta: float, figures) -> tuple[list, dict]:
+    """Membership rows and ROC points per repetitions group (`canaries.split_by_repetitions`).
+
+    A group of r repetitions is judged against its group claim (`claims.group_claim`);
+    `figures(inside, outside, claim_epsilon, claim_delta)` gives the row's figures where
+    the group has canaries on both sides.
+    """
+    rows, rocs = [], {}
+    for reps, (inside, outside) in split_by_repetitions(drawn, scores).items():
+        claim_eps, claim_delta = group_claim(epsilon, delta, reps)
+        row = {"repetitions": reps, "claimed_epsilon": claim_eps, "claimed_delta": claim_delta}
+        if inside and outside:
+            row.update(figures(inside, outside, claim_eps, claim_delta))
+            fpr, tpr = roc_points(inside, outside)
+            rocs[reps] = {"fpr": fpr.tolist(), "tpr": tpr.tolist()}
+        else:
+            row["note"] = "no in/out split in this group (every canary landed on one side)"
+        rows.append(row)
+    return rows, rocs

@@ -74,7 +74,7 @@ from flax import traverse_util
 from synthgen import dp_train, run_seed
 from synthgen.audit.coins import draw_coins, streams
 from synthgen.audit.new_tokens import embedding_paths, extend_vocabulary
-from synthgen.audit.whitebox import CellResult, score_stats, statistical_cap
+from synthgen.audit.whitebox import CellResult, canary_figures
 
 KINDS = ("new", "rare")
 OBSERVABLE = "secret_log_ratio"
@@ -405,7 +405,6 @@ def audit_querygen(
         batch=config.score_batch,
     )
     coins = draw_coins(coin_rng, m)
-    num_in = int(coins.sum())
     data = {k: np.concatenate([private[k], canary_rows[k][coins]]) for k in private}
     trained_start = time.perf_counter()
     result = dp_train.train(
@@ -429,26 +428,18 @@ def audit_querygen(
         batch=config.score_batch,
     )
     score_seconds = time.perf_counter() - score_start
-    scores = trained - base
-    stats = (
-        score_stats(
-            OBSERVABLE,
-            scores[coins],
-            scores[~coins],
-            delta=config.delta,
-            significance=config.significance,
-        ),
+    figures = canary_figures(
+        {OBSERVABLE: trained - base},
+        coins,
+        target_epsilon=config.epsilon,
+        claimed_epsilon=plan.epsilon,
+        delta=plan.delta,
+        significance=config.significance,
     )
-    del scores, coins, trained, base, result
-    cap_one_run, cap_fdp = statistical_cap(
-        num_in, m - num_in, delta=config.delta, significance=config.significance
-    )
+    del coins, trained, base, result
     return BlackboxResult(
         model=model,
         kind=config.kind,
-        num_canaries=m,
-        num_in=num_in,
-        num_out=m - num_in,
         num_private=len(private_documents),
         num_new_tokens=canaries.num_new,
         steps=plan.steps,
@@ -457,14 +448,8 @@ def audit_querygen(
         learning_rate=run.learning_rate,
         clip_norm=run.clip_norm,
         noise_multiplier=plan.noise_multiplier,
-        target_epsilon=config.epsilon,
-        claimed_epsilon=plan.epsilon,
-        delta=plan.delta,
-        significance=config.significance,
-        cap_one_run=cap_one_run,
-        cap_fdp=cap_fdp,
-        stats=stats,
         train_seconds=train_seconds,
         score_seconds=score_seconds,
         seconds=time.perf_counter() - start,
+        **figures,
     )

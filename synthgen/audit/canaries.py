@@ -251,6 +251,26 @@ def split_by_repetitions(
     return dict(sorted(groups.items()))
 
 
+def in_out_groups(drawn: Sequence[Canary], key=lambda c: c.repetitions):
+    """(key, included, indices) of each non-empty group of `drawn`: keys sorted, in then out."""
+    for value in sorted({key(c) for c in drawn}):
+        for included in (True, False):
+            idx = [i for i, c in enumerate(drawn) if key(c) == value and c.included == included]
+            if idx:
+                yield value, included, idx
+
+
+def summary(spec: CanarySpec, drawn: Sequence[Canary]) -> dict:
+    """The audit report's figures of the canaries: kinds, repetitions and counts."""
+    return {
+        "kinds": list(spec.kinds),
+        "repetitions": list(spec.repetitions),
+        "total": len(drawn),
+        "included": sum(c.included for c in drawn),
+        "references_per_canary": spec.references,
+    }
+
+
 def save_record(canaries: Sequence[Canary], work_dir: str | Path, **extra) -> Path:
     """Writes the canaries (with secrets and in/out labels) to the PRIVATE work folder."""
     from synthgen.work_folder import private_folder

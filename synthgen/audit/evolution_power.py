@@ -67,9 +67,6 @@ import numpy as np
 
 from synthgen import evolution
 from synthgen.audit import release_audit
-from synthgen.audit.cells import settings_of
-from synthgen.audit.claims import epsilon_tag
-from synthgen.audit.coins import draw_coins, streams
 from synthgen.audit.whitebox import CellResult
 from synthgen.fewshot.plan import resolve_delta
 from synthgen.privacy.rng import secure_rng
@@ -255,13 +252,9 @@ def run_evolution_power_cell(
     release_audit.check_canary_template(canary_template, name=True)
     if num_samples is not None and num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples=}")
-    if private_texts is None or public_texts is None:
-        wiki_private, wiki_public = release_audit.wiki_stand_ins(
-            num_private, max(2000, fillers + (num_samples or 0))
-        )
-        private_texts = wiki_private if private_texts is None else private_texts
-        public_texts = wiki_public if public_texts is None else public_texts
-    private_texts, public_texts = [str(t) for t in private_texts], [str(t) for t in public_texts]
+    private_texts, public_texts = release_audit.wiki_stand_ins(
+        num_private, max(2000, fillers + (num_samples or 0)), private_texts, public_texts
+    )
     copies = private_texts if ordinary_candidates else []
     population = canaries + len(copies) + fillers
     num_samples = population if num_samples is None else num_samples
@@ -286,16 +279,10 @@ def run_evolution_power_cell(
     plan = evolution_plan(epsilon, config)
     release_audit.check_delta(plan.delta, canaries)
 
-    material, coin_rng, run_seed = streams(seed)
-    drawn = release_audit.make_release_canaries(
-        canaries,
-        release_audit.secret_vocabulary(public_texts),
-        material,
-        template=canary_template,
-        secret_words=secret_words,
+    drawn, coins, run_seed = release_audit.draw_canaries(
+        seed, canaries, public_texts, template=canary_template, secret_words=secret_words
     )
     initial = list(drawn.texts) + copies + public_texts[:num_fillers]  # no coin read
-    coins = draw_coins(coin_rng, canaries)
     private = private_texts + [drawn.texts[i] for i in np.flatnonzero(coins)]
     report = _report if progress else None
     result = evolution.evolve(
@@ -313,26 +300,22 @@ def run_evolution_power_cell(
     scores = release_audit.max_cosine_scores(
         np.asarray(scoring(list(drawn.texts))), np.asarray(scoring(list(result.texts)))
     )
-    stats, cap_count, cap_fdp = release_audit.audit_scores(
-        OBSERVABLE, scores, coins, delta=plan.delta, significance=significance
+    figures, bait_in, bait_out = release_audit.release_figures(
+        OBSERVABLE,
+        scores,
+        coins,
+        result.texts,
+        found_at=1.0 - 1e-4,  # a released bait, up to the encoder's rounding
+        tag="evolution",
+        epsilon=epsilon,
+        plan=plan,
+        significance=significance,
+        work_dir=work_dir,
     )
-    bait = scores >= 1.0 - 1e-4  # a released bait, up to the encoder's rounding
-    bait_in, bait_out = int(np.sum(bait & coins)), int(np.sum(bait & ~coins))
-    release_audit.save_private(
-        work_dir,
-        f"evolution_eps{epsilon_tag(epsilon)}",
-        coins=coins,
-        scores=scores,
-        released=list(result.texts),
-    )
-    num_in = int(coins.sum())
-    del scores, coins, bait, drawn
+    del scores, coins, drawn
     return EvolutionPowerResult(
         model=model,
         encoder=encoder,
-        num_canaries=canaries,
-        num_in=num_in,
-        num_out=canaries - num_in,
         num_private=len(private_texts),
         ordinary_candidates=ordinary_candidates,
         num_fillers=num_fillers,
@@ -344,19 +327,13 @@ def run_evolution_power_cell(
         threshold=threshold,
         public_size=config.public_size,
         noise_multiplier=plan.noise_multiplier,
-        target_epsilon=epsilon,
-        claimed_epsilon=plan.epsilon,
-        delta=plan.delta,
-        significance=significance,
-        cap_one_run=cap_count,
-        cap_fdp=cap_fdp,
-        stats=(stats,),
         bait_in=bait_in,
         bait_out=bait_out,
         selected_share=tuple(result.selected_share),
         samples_generated=result.samples_generated,
         generation_seconds=result.generation_seconds,
         seconds=time.perf_counter() - start,
+        **figures,
     )
 
 
@@ -378,10 +355,7 @@ def run_evolution_power_cells(
     *,
     label: str = "evolution",
     canaries: int = 1000,
-    seed: int | None = None,
-    log: Callable[[str], None] = print,
-    work_dir: str | Path | None = None,
-    **settings,
+    **options,
 ) -> list[EvolutionPowerResult]:
     """Runs (or reads back) one Private Evolution cell per epsilon; resumable by cell.
 
@@ -391,33 +365,20 @@ def run_evolution_power_cells(
       epsilons: target epsilons; math.inf is the noise-off cell.
       label: a public, file-name-safe label of the setting.
       canaries: m per cell.
-      seed: None (OS entropy) except in tests; cell k uses seed + k.
-      log: progress lines (file names and seconds only).
-      work_dir: a PRIVATE folder for each cell's coins, scores and samples.
-      **settings: further `run_evolution_power_cell` arguments (embed, sizes, ...).
+      **options: `release_audit.run_cells`'s seed (cell k uses seed + k), log and work_dir,
+        and further `run_evolution_power_cell` arguments (embed, sizes, ...).
 
     Returns:
       One `EvolutionPowerResult` per epsilon, in order.
     """
-
-    def run(epsilon: float, k: int) -> EvolutionPowerResult:
-        return run_evolution_power_cell(
-            sampler,
-            epsilon=epsilon,
-            canaries=canaries,
-            seed=None if seed is None else seed + k,
-            work_dir=work_dir,
-            **settings,
-        )
-
     return release_audit.run_cells(
         out_dir,
         "evolution_power",
         label,
         epsilons,
         canaries,
-        run,
+        run_evolution_power_cell,
         EvolutionPowerResult,
-        expect=settings_of(run_evolution_power_cell, **settings, num_canaries=canaries),
-        log=log,
+        backend=sampler,
+        **options,
     )

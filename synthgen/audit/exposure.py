@@ -107,6 +107,24 @@ def extrapolated_exposure(
 # ---- scoring under a trained generator -------------------------------------------------------
 
 
+def group_figures(ppl: np.ndarray, idx: Sequence[int], space_sizes: Sequence[float]) -> dict:
+    """Exposure of the canaries `idx` (`ppl[i]`: the secret's, then the references' bits).
+
+    The count, the references, the median rank, the median and largest exposure and the
+    median extrapolated exposure (`space_sizes[j]`: canary idx[j]'s secret space).
+    """
+    exp = [exposure(ppl[i, 0], ppl[i, 1:]) for i in idx]
+    ext = [extrapolated_exposure(ppl[i, 0], ppl[i, 1:], n) for i, n in zip(idx, space_sizes)]
+    return {
+        "canaries": len(idx),
+        "references": int(ppl.shape[1] - 1),
+        "median_rank": float(np.median([rank(ppl[i, 0], ppl[i, 1:]) for i in idx])),
+        "median_exposure": float(np.median(exp)),
+        "max_exposure": float(np.max(exp)),
+        "median_extrapolated_exposure": float(np.median(ext)),
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class SequenceScores:
     """Per-sequence scores of (document, query) pairs under one model.

@@ -80,7 +80,7 @@ from scipy import special
 
 from synthgen import fewshot
 from synthgen.audit import auditor, canaries, exposure
-from synthgen.audit.claims import epsilon_tag, group_claim
+from synthgen.audit.claims import epsilon_tag
 from synthgen.fewshot.prompts import _Prompts
 from synthgen.fewshot.sampling import _pools
 from synthgen.lm_backends import NextTokenLM
@@ -283,71 +283,42 @@ def longest_prefix_found(secret: str, texts: Sequence[str]) -> int:
 
 
 def _cells(drawn, ppl: np.ndarray, extracted: np.ndarray, prefixes: np.ndarray) -> list[dict]:
-    rows = []
-    for reps in sorted({c.repetitions for c in drawn}):
-        for included in (True, False):
-            idx = [
-                i for i, c in enumerate(drawn) if c.repetitions == reps and c.included == included
-            ]
-            if not idx:
-                continue
-            ranks = [exposure.rank(ppl[i, 0], ppl[i, 1:]) for i in idx]
-            exp = [exposure.exposure(ppl[i, 0], ppl[i, 1:]) for i in idx]
-            extrapolated = [
-                exposure.extrapolated_exposure(ppl[i, 0], ppl[i, 1:], 10.0**canaries.DIGITS)
-                for i in idx
-            ]
-            rows.append(
-                {
-                    "kind": "secret",
-                    "repetitions": reps,
-                    "included": included,
-                    "canaries": len(idx),
-                    "references": int(ppl.shape[1] - 1),
-                    "median_rank": float(np.median(ranks)),
-                    "median_exposure": float(np.median(exp)),
-                    "max_exposure": float(np.max(exp)),
-                    "median_extrapolated_exposure": float(np.median(extrapolated)),
-                    "extracted": float(np.mean(extracted[idx])),
-                    "median_prefix_digits": float(np.median(prefixes[idx])),
-                    "median_ratio_bits": float(
-                        np.median(np.median(ppl[idx, 1:], axis=1) - ppl[idx, 0])
-                    ),
-                }
-            )
-    return rows
+    return [
+        {
+            "kind": "secret",
+            "repetitions": reps,
+            "included": included,
+            **exposure.group_figures(ppl, idx, [10.0**canaries.DIGITS] * len(idx)),
+            "extracted": float(np.mean(extracted[idx])),
+            "median_prefix_digits": float(np.median(prefixes[idx])),
+            "median_ratio_bits": float(np.median(np.median(ppl[idx, 1:], axis=1) - ppl[idx, 0])),
+        }
+        for reps, included, idx in canaries.in_out_groups(drawn)
+    ]
 
 
 def _membership(drawn, ppl: np.ndarray, plan, significance: float) -> tuple[list, dict]:
+    def figures(inside, outside, claim_eps, claim_delta) -> dict:
+        # Descriptive figures only. The scores are exact release probabilities computed
+        # from the private rows, not outputs of one DP run: under honest (r eps)-DP an
+        # inserted canary keeps a fixed bias, so in and out canaries separate perfectly
+        # and an epsilon "lower bound" from them would refute true claims. The one-run
+        # and Clopper-Pearson bounds are therefore not computed here.
+        library = auditor.canary_auditor(inside, outside)  # jax-privacy's auditor
+        return dict(
+            num_in=len(inside),
+            num_out=len(outside),
+            auroc=float(library.attack_auroc()),
+            tpr_at_1pct_fpr=float(library.tpr_at_given_fpr(auditor.TPR_FPR)),
+            epsilon_one_run=None,
+            epsilon_clopper_pearson=None,
+            violation=False,
+            violation_message=None,
+            note="exact release probabilities: no epsilon lower bound (not one DP run)",
+        )
+
     score = np.median(ppl[:, 1:], axis=1) - ppl[:, 0]  # higher: more likely inserted
-    rows, rocs = [], {}
-    for reps, (inside, outside) in canaries.split_by_repetitions(drawn, score).items():
-        claim_eps, claim_delta = group_claim(plan.epsilon, plan.delta, reps)
-        row = {"repetitions": reps, "claimed_epsilon": claim_eps, "claimed_delta": claim_delta}
-        if inside and outside:
-            # Descriptive figures only. The scores are exact release probabilities computed
-            # from the private rows, not outputs of one DP run: under honest (r eps)-DP an
-            # inserted canary keeps a fixed bias, so in and out canaries separate perfectly
-            # and an epsilon "lower bound" from them would refute true claims. The one-run
-            # and Clopper-Pearson bounds are therefore not computed here.
-            library = auditor.canary_auditor(inside, outside)  # jax-privacy's auditor
-            row.update(
-                num_in=len(inside),
-                num_out=len(outside),
-                auroc=float(library.attack_auroc()),
-                tpr_at_1pct_fpr=float(library.tpr_at_given_fpr(auditor.TPR_FPR)),
-                epsilon_one_run=None,
-                epsilon_clopper_pearson=None,
-                violation=False,
-                violation_message=None,
-                note="exact release probabilities: no epsilon lower bound (not one DP run)",
-            )
-            fpr, tpr = auditor.roc_points(inside, outside)
-            rocs[reps] = {"fpr": fpr.tolist(), "tpr": tpr.tolist()}
-        else:
-            row["note"] = "no in/out split in this group (every canary landed on one side)"
-        rows.append(row)
-    return rows, rocs
+    return auditor.membership_rows(drawn, score, plan.epsilon, plan.delta, figures)
 
 
 def canary_rows(
@@ -522,13 +493,7 @@ def run_fewshot_audit(
         },
         "draws": draws,
         "private_examples": {"canary_copies": len(rows) - len(private_rows)},
-        "canaries": {
-            "kinds": list(spec.kinds),
-            "repetitions": list(spec.repetitions),
-            "total": len(drawn),
-            "included": sum(c.included for c in drawn),
-            "references_per_canary": spec.references,
-        },
+        "canaries": canaries.summary(spec, drawn),
         "significance": significance,
         "runs": results,
     }

@@ -61,9 +61,6 @@ import numpy as np
 
 from synthgen import fewshot
 from synthgen.audit import release_audit
-from synthgen.audit.cells import settings_of
-from synthgen.audit.claims import epsilon_tag
-from synthgen.audit.coins import draw_coins, streams
 from synthgen.audit.whitebox import CellResult
 from synthgen.next_token import NextTokenLM
 from synthgen.privacy.rng import secure_rng
@@ -249,11 +246,9 @@ def run_fewshot_power_cell(
     shot_fields, target_fields = template.fields()
     if shot_fields != {"text"} or target_fields:
         raise ValueError(f"the template's shots must read only {{text}}, got {shot_fields=}")
-    if private_texts is None or public_texts is None:
-        wiki_private, wiki_public = release_audit.wiki_stand_ins(num_private, 2000)
-        private_texts = wiki_private if private_texts is None else private_texts
-        public_texts = wiki_public if public_texts is None else public_texts
-    private_texts = [str(t) for t in private_texts]
+    private_texts, public_texts = release_audit.wiki_stand_ins(
+        num_private, 2000, private_texts, public_texts
+    )
     config, plan = fewshot_plan(
         epsilon,
         num_private=len(private_texts),
@@ -272,15 +267,9 @@ def run_fewshot_power_cell(
     )
     release_audit.check_delta(plan.delta, canaries)
 
-    material, coin_rng, run_seed = streams(seed)
-    drawn = release_audit.make_release_canaries(
-        canaries,
-        release_audit.secret_vocabulary(public_texts),
-        material,
-        template=canary_template,
-        secret_words=secret_words,
+    drawn, coins, run_seed = release_audit.draw_canaries(
+        seed, canaries, public_texts, template=canary_template, secret_words=secret_words
     )
-    coins = draw_coins(coin_rng, canaries)
     rows = [{"text": t} for t in private_texts]
     rows += [{"text": drawn.texts[i]} for i in np.flatnonzero(coins)]
     on_token, close = _progress(progress, num_texts * max_new_tokens)
@@ -301,25 +290,21 @@ def run_fewshot_power_cell(
     generate_seconds = time.perf_counter() - generate_start
     del rows
     scores = release_audit.secret_word_scores(drawn.secrets, released.texts)
-    stats, cap_count, cap_fdp = release_audit.audit_scores(
-        OBSERVABLE, scores, coins, delta=plan.delta, significance=significance
+    figures, full_in, full_out = release_audit.release_figures(
+        OBSERVABLE,
+        scores,
+        coins,
+        released.texts,
+        found_at=secret_words,  # the whole secret, in order, in some text
+        tag="fewshot",
+        epsilon=epsilon,
+        plan=plan,
+        significance=significance,
+        work_dir=work_dir,
     )
-    full = scores >= secret_words  # the whole secret, in order, in some text
-    full_in, full_out = int(np.sum(full & coins)), int(np.sum(full & ~coins))
-    release_audit.save_private(
-        work_dir,
-        f"fewshot_eps{epsilon_tag(epsilon)}",
-        coins=coins,
-        scores=scores,
-        released=list(released.texts),
-    )
-    num_in = int(coins.sum())
-    del scores, coins, full, drawn
+    del scores, coins, drawn
     return FewShotPowerResult(
         model=model,
-        num_canaries=canaries,
-        num_in=num_in,
-        num_out=canaries - num_in,
         num_private=len(private_texts),
         secret_words=secret_words,
         num_texts=num_texts,
@@ -335,18 +320,12 @@ def run_fewshot_power_cell(
         sampling_rate=plan.sampling_rate,
         noise_multiplier=plan.noise_multiplier,
         token_epsilon=plan.token_epsilon,
-        target_epsilon=epsilon,
-        claimed_epsilon=plan.epsilon,
-        delta=plan.delta,
-        significance=significance,
-        cap_one_run=cap_count,
-        cap_fdp=cap_fdp,
-        stats=(stats,),
         full_secret_in=full_in,
         full_secret_out=full_out,
         tokens_released=released.tokens_released,
         generate_seconds=generate_seconds,
         seconds=time.perf_counter() - start,
+        **figures,
     )
 
 
@@ -369,10 +348,7 @@ def run_fewshot_power_cells(
     *,
     label: str = "fewshot",
     canaries: int = 1000,
-    seed: int | None = None,
-    log: Callable[[str], None] = print,
-    work_dir: str | Path | None = None,
-    **settings,
+    **options,
 ) -> list[FewShotPowerResult]:
     """Runs (or reads back) one few-shot cell per epsilon; resumable by cell.
 
@@ -382,33 +358,20 @@ def run_fewshot_power_cells(
       epsilons: target epsilons; math.inf is the noise-off cell.
       label: a public, file-name-safe label of the setting.
       canaries: m per cell.
-      seed: None (OS entropy) except in tests; cell k uses seed + k.
-      log: progress lines (file names and seconds only).
-      work_dir: a PRIVATE folder for each cell's coins, scores and texts (None: memory).
-      **settings: further `run_fewshot_power_cell` arguments.
+      **options: `release_audit.run_cells`'s seed (cell k uses seed + k), log and work_dir,
+        and further `run_fewshot_power_cell` arguments.
 
     Returns:
       One `FewShotPowerResult` per epsilon, in order.
     """
-
-    def run(epsilon: float, k: int) -> FewShotPowerResult:
-        return run_fewshot_power_cell(
-            lm,
-            epsilon=epsilon,
-            canaries=canaries,
-            seed=None if seed is None else seed + k,
-            work_dir=work_dir,
-            **settings,
-        )
-
     return release_audit.run_cells(
         out_dir,
         "fewshot_power",
         label,
         epsilons,
         canaries,
-        run,
+        run_fewshot_power_cell,
         FewShotPowerResult,
-        expect=settings_of(run_fewshot_power_cell, **settings, num_canaries=canaries),
-        log=log,
+        backend=lm,
+        **options,
     )

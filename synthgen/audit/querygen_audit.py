@@ -38,7 +38,7 @@ import numpy as np
 
 from synthgen import querygen
 from synthgen.audit import auditor, canaries, exposure
-from synthgen.audit.claims import epsilon_tag, group_claim
+from synthgen.audit.claims import epsilon_tag
 from synthgen.privacy.rng import secure_rng
 from synthgen.work_folder import private_folder
 
@@ -220,69 +220,41 @@ def score_base(
 
 def cell_figures(drawn, scores: dict, base_ppl: np.ndarray, pool_size: int) -> list[dict]:
     """Exposure and extraction per (kind, repetitions, included) cell."""
-    rows = []
     ppl = scores["log_perplexity"]
-    keys = sorted({(c.kind, c.repetitions) for c in drawn}, key=lambda k: (k[1], k[0]))
-    for kind, reps in keys:
-        for included in (True, False):
-            idx = [
-                i
-                for i, c in enumerate(drawn)
-                if c.kind == kind and c.repetitions == reps and c.included == included
-            ]
-            if not idx:
-                continue
-            ranks = [exposure.rank(ppl[i, 0], ppl[i, 1:]) for i in idx]
-            exp = [exposure.exposure(ppl[i, 0], ppl[i, 1:]) for i in idx]
-            ext = [
-                exposure.extrapolated_exposure(
-                    ppl[i, 0], ppl[i, 1:], canaries.space_size(drawn[i], pool_size)
-                )
-                for i in idx
-            ]
-            rows.append(
-                {
-                    "kind": kind,
-                    "repetitions": reps,
-                    "included": included,
-                    "canaries": len(idx),
-                    "references": int(ppl.shape[1] - 1),
-                    "median_rank": float(np.median(ranks)),
-                    "median_exposure": float(np.median(exp)),
-                    "max_exposure": float(np.max(exp)),
-                    "median_extrapolated_exposure": float(np.median(ext)),
-                    "extracted": float(np.mean(scores["greedy"][idx])),
-                    "median_log_perplexity_drop": float(np.median(base_ppl[idx] - ppl[idx, 0])),
-                }
-            )
-    return rows
+    return [
+        {
+            "kind": kind,
+            "repetitions": reps,
+            "included": included,
+            **exposure.group_figures(
+                ppl, idx, [canaries.space_size(drawn[i], pool_size) for i in idx]
+            ),
+            "extracted": float(np.mean(scores["greedy"][idx])),
+            "median_log_perplexity_drop": float(np.median(base_ppl[idx] - ppl[idx, 0])),
+        }
+        for (reps, kind), included, idx in canaries.in_out_groups(
+            drawn, lambda c: (c.repetitions, c.kind)
+        )
+    ]
 
 
 def membership_figures(
     drawn, scores: dict, base_ppl: np.ndarray, epsilon: float, delta: float, significance: float
 ) -> tuple[list[dict], dict]:
     """Membership audit per repetitions group; returns (rows, ROC points per group)."""
-    rows, rocs = [], {}
+
+    def figures(inside, outside, claim_eps, claim_delta) -> dict:
+        result = auditor.audit(
+            inside,
+            outside,
+            claimed_epsilon=claim_eps,
+            delta=claim_delta,
+            significance=significance,
+        )
+        return {**result.to_dict(), "violation_message": auditor.violation_message(result)}
+
     membership = base_ppl - scores["log_perplexity"][:, 0]  # higher: more likely inserted
-    for reps, (inside, outside) in canaries.split_by_repetitions(drawn, membership).items():
-        claim_eps, claim_delta = group_claim(epsilon, delta, reps)
-        row = {"repetitions": reps, "claimed_epsilon": claim_eps, "claimed_delta": claim_delta}
-        if inside and outside:
-            result = auditor.audit(
-                inside,
-                outside,
-                claimed_epsilon=claim_eps,
-                delta=claim_delta,
-                significance=significance,
-            )
-            row.update(result.to_dict())
-            row["violation_message"] = auditor.violation_message(result)
-            fpr, tpr = auditor.roc_points(inside, outside)
-            rocs[reps] = {"fpr": fpr.tolist(), "tpr": tpr.tolist()}
-        else:
-            row["note"] = "no in/out split in this group (every canary landed on one side)"
-        rows.append(row)
-    return rows, rocs
+    return auditor.membership_rows(drawn, membership, epsilon, delta, figures)
 
 
 def run_querygen_audit(
@@ -392,13 +364,7 @@ def run_querygen_audit(
             "private_pairs": len(pairs),
             "canary_copies": len(train) - len(pairs),
         },
-        "canaries": {
-            "kinds": list(spec.kinds),
-            "repetitions": list(spec.repetitions),
-            "total": len(drawn),
-            "included": sum(c.included for c in drawn),
-            "references_per_canary": spec.references,
-        },
+        "canaries": canaries.summary(spec, drawn),
         "significance": significance,
         "runs": runs,
     }

@@ -54,15 +54,16 @@ import json
 import math
 import re
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from synthgen.audit.cells import resumable_cells
+from synthgen.audit.cells import resumable_cells, settings_of
 from synthgen.audit.claims import epsilon_tag
-from synthgen.audit.whitebox import ScoreStats, score_stats, statistical_cap
+from synthgen.audit.coins import draw_coins, streams
+from synthgen.audit.whitebox import canary_figures
 
 _WORD = re.compile(r"[a-z]+")
 _CONSONANTS = "bdfgklmnprstvz"
@@ -164,6 +165,25 @@ def make_release_canaries(
     return ReleaseCanaries(texts, secrets)
 
 
+def draw_canaries(
+    seed: int | None, num: int, public_texts: Sequence[str], *, template: str, secret_words: int
+) -> tuple[ReleaseCanaries, np.ndarray, int]:
+    """(canaries, coins, run seed): a cell's public canaries, its secret coins, its run's seed.
+
+    Independent streams of one audit seed (`coins.streams`): the canaries' material (secrets
+    from `secret_vocabulary(public_texts)`), the coins (`coins.draw_coins`), the run.
+    """
+    material, coin_rng, run_seed = streams(seed)
+    drawn = make_release_canaries(
+        num,
+        secret_vocabulary(public_texts),
+        material,
+        template=template,
+        secret_words=secret_words,
+    )
+    return drawn, draw_coins(coin_rng, num), run_seed
+
+
 # ---- scores: functions of a canary and the released texts only --------------------------------
 
 
@@ -238,23 +258,43 @@ def max_cosine_scores(canaries: np.ndarray, released: np.ndarray) -> np.ndarray:
 # ---- statistics, private records, cells ---------------------------------------------------
 
 
-def audit_scores(
+def release_figures(
     observable: str,
     scores: np.ndarray,
     coins: np.ndarray,
+    released: Sequence[str],
     *,
-    delta: float,
+    found_at: float,
+    tag: str,
+    epsilon: float,
+    plan: Any,
     significance: float,
-) -> tuple[ScoreStats, float, float]:
-    """(stats, epsilon-count cap, f-DP cap) of the in (coins) and out canaries' scores."""
+    work_dir: str | Path | None,
+) -> tuple[dict[str, Any], int, int]:
+    """(`whitebox.canary_figures` of the cell, found in, found out) for a claim `plan`.
+
+    Found: the included / excluded canaries scoring at least `found_at`. The secrets
+    (coins, scores, released texts) go to the PRIVATE `work_dir` only (`save_private`,
+    `<tag>_eps<epsilon>`).
+    """
     coins = np.asarray(coins, bool)
-    stats = score_stats(
-        observable, scores[coins], scores[~coins], delta=delta, significance=significance
+    figures = canary_figures(
+        {observable: scores},
+        coins,
+        target_epsilon=epsilon,
+        claimed_epsilon=plan.epsilon,
+        delta=plan.delta,
+        significance=significance,
     )
-    cap_count, cap_fdp = statistical_cap(
-        int(coins.sum()), int((~coins).sum()), delta=delta, significance=significance
+    found = scores >= found_at
+    save_private(
+        work_dir,
+        f"{tag}_eps{epsilon_tag(epsilon)}",
+        coins=coins,
+        scores=scores,
+        released=list(released),
     )
-    return stats, cap_count, cap_fdp
+    return figures, int(np.sum(found & coins)), int(np.sum(found & ~coins))
 
 
 def check_cell(num_canaries: int, epsilon: float, significance: float) -> None:
@@ -305,20 +345,30 @@ def save_private(work_dir: str | Path | None, tag: str, **values: Any) -> None:
         write_private(folder / f"{tag}_texts.json", json.dumps(texts))
 
 
-def wiki_stand_ins(num_private: int, num_public: int) -> tuple[list[str], list[str]]:
-    """(ordinary private stand-ins, public documents): consecutive wiki-summaries documents.
+def wiki_stand_ins(
+    num_private: int,
+    num_public: int,
+    private_texts: Sequence[str] | None = None,
+    public_texts: Sequence[str] | None = None,
+) -> tuple[list[str], list[str]]:
+    """(private texts, public documents): those given, else consecutive wiki summaries.
 
     The first `num_private` documents play the private examples (as `power.py`'s cells
     do); the next `num_public` are public material (secret words, fillers).
     """
-    from synthgen.corpora import load_wiki_summaries
+    if private_texts is None or public_texts is None:
+        from synthgen.corpora import load_wiki_summaries
 
-    documents = load_wiki_summaries()["document"]
-    if num_private + num_public > len(documents):
-        raise ValueError(
-            f"{num_private} + {num_public} documents exceed the corpus's {len(documents)}"
-        )
-    return list(documents[:num_private]), list(documents[num_private : num_private + num_public])
+        documents = load_wiki_summaries()["document"]
+        if num_private + num_public > len(documents):
+            raise ValueError(
+                f"{num_private} + {num_public} documents exceed the corpus's {len(documents)}"
+            )
+        if private_texts is None:
+            private_texts = documents[:num_private]
+        if public_texts is None:
+            public_texts = documents[num_private : num_private + num_public]
+    return [str(t) for t in private_texts], [str(t) for t in public_texts]
 
 
 def cell_path(out_dir: str | Path, kind: str, label: str, num_canaries: int, eps: float) -> Path:
@@ -331,26 +381,35 @@ def run_cells(
     kind: str,
     label: str,
     epsilons: Sequence[float],
-    num_canaries: int,
-    run: Callable[[float, int], Any],
+    canaries: int,
+    cell: Callable[..., Any],
     result_type: type,
     *,
-    expect: Mapping[str, Any] | None = None,
+    backend: Any = None,
+    seed: int | None = None,
+    work_dir: str | Path | None = None,
     log: Callable[[str], None] = print,
+    **settings: Any,
 ) -> list:
     """Runs (or reads back) one cell per epsilon; resumable by cell.
+
+    Cell k runs `cell(backend, epsilon=, canaries=, seed=seed + k, work_dir=, **settings)`
+    and is written to `cell_path(out_dir, kind, label, canaries, epsilon)`.
 
     Args:
       out_dir: the results folder (aggregates only); created if needed.
       kind: the file-name kind ("fewshot_power", "evolution_power").
       label: a public label of the audited setting (file-name safe).
       epsilons: the cells' target epsilons (math.inf: noise off).
-      num_canaries: m (in the file name).
-      run: run(epsilon, k) -> result of cell k (k: the cell's position, for test seeds).
+      canaries: m per cell (in the file name).
+      cell: the one-cell function (`run_fewshot_power_cell`, `run_evolution_power_cell`).
       result_type: the result dataclass (its `from_dict` reads a file back).
-      expect: the settings `run` uses; a file that records others is refused
-        (`cells.read_back`), not reused.
+      backend: the cell's first argument (the LM or sampler).
+      seed: None (OS entropy) except in tests; cell k uses seed + k.
+      work_dir: a PRIVATE folder for each cell's coins, scores and texts (None: memory).
       log: progress lines (file names and seconds only).
+      **settings: further `cell` arguments; a file that records other settings (or
+        `cell`'s other defaults) is refused (`cells.read_back`), not reused.
 
     Returns:
       One result per epsilon, in order.
@@ -362,11 +421,18 @@ def run_cells(
         raise ValueError(f"label must be file-name safe ([A-Za-z0-9_.-]), got {label=}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+
+    def run(epsilon: float, k: int) -> Any:
+        seed_k = None if seed is None else seed + k
+        return cell(
+            backend, epsilon=epsilon, canaries=canaries, seed=seed_k, work_dir=work_dir, **settings
+        )
+
     return resumable_cells(
         epsilons,
-        lambda epsilon: cell_path(out, kind, label, num_canaries, epsilon),
+        lambda epsilon: cell_path(out, kind, label, canaries, epsilon),
         run,
         result_type,
-        expect=expect or {},
+        expect=settings_of(cell, **settings, num_canaries=canaries),
         log=log,
     )

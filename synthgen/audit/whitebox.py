@@ -299,6 +299,40 @@ def statistical_cap(
     return perfect.epsilon_one_run, perfect.epsilon_one_run_fdp
 
 
+def canary_figures(
+    scores: dict[str, np.ndarray],
+    coins: np.ndarray,
+    *,
+    target_epsilon: float,
+    claimed_epsilon: float,
+    delta: float,
+    significance: float,
+) -> dict[str, Any]:
+    """The `CellResult` fields every audit shares, from its m canaries' scores and coins.
+
+    One `ScoreStats` per observable of `scores` (name -> [m] scores, the primary first),
+    the counts in and out and the caps of `statistical_cap`. Aggregates only.
+    """
+    coins = np.asarray(coins, bool)
+    num_in, num_out = int(coins.sum()), int((~coins).sum())
+    cap_one_run, cap_fdp = statistical_cap(num_in, num_out, delta=delta, significance=significance)
+    return dict(
+        num_canaries=coins.size,
+        num_in=num_in,
+        num_out=num_out,
+        target_epsilon=target_epsilon,
+        claimed_epsilon=claimed_epsilon,
+        delta=delta,
+        significance=significance,
+        cap_one_run=cap_one_run,
+        cap_fdp=cap_fdp,
+        stats=tuple(
+            score_stats(name, s[coins], s[~coins], delta=delta, significance=significance)
+            for name, s in scores.items()
+        ),
+    )
+
+
 # ---- the audited step ----------------------------------------------------------------------
 
 
@@ -323,10 +357,19 @@ class CellResult:
     cap_fdp: float
     stats: tuple[ScoreStats, ...]
     seconds: float
+    # The columns of `figure_cells` in the audits' Markdown tables.
+    FIGURES = "AUROC | TPR@1%FPR | eps one-run (count) | eps one-run (f-DP) | cap (count / f-DP)"
 
     @property
     def primary(self) -> ScoreStats:
         return self.stats[0]
+
+    def figure_cells(self, s: ScoreStats) -> str:
+        """The `FIGURES` cells of a Markdown row, for the observable `s`."""
+        return (
+            f"{s.auroc:.3f} | {s.tpr_at_1pct_fpr:.3f} | {s.epsilon_one_run:.2f} | "
+            f"{s.epsilon_one_run_fdp:.2f} | {self.cap_one_run:.2f} / {self.cap_fdp:.2f}"
+        )
 
     @property
     def violation(self) -> bool:
@@ -523,36 +566,21 @@ def audit_dp_step(
     observed = jnp.stack([noisy_grad, adafactor], axis=1)
     del noisy_grad, adafactor, with_canaries
     scores = _score_pass(direction_key, observed, m, chunk, dim)
-    included = np.asarray(coins)
-    stats = tuple(
-        score_stats(
-            name,
-            scores[included, j],
-            scores[~included, j],
-            delta=config.delta,
-            significance=config.significance,
-        )
-        for j, name in enumerate(OBSERVABLES)
-    )
-    del scores, included, coins
-    cap_one_run, cap_fdp = statistical_cap(
-        num_in, m - num_in, delta=config.delta, significance=config.significance
-    )
-    return WhiteboxResult(
-        model=model,
-        num_params=dim,
-        batch_size=batch_size,
-        num_canaries=m,
-        num_in=num_in,
-        num_out=m - num_in,
-        clip_norm=c,
-        noise_multiplier=plan.noise_multiplier,
+    figures = canary_figures(
+        {name: scores[:, j] for j, name in enumerate(OBSERVABLES)},
+        np.asarray(coins),
         target_epsilon=config.epsilon,
         claimed_epsilon=plan.epsilon,
         delta=config.delta,
         significance=config.significance,
-        cap_one_run=cap_one_run,
-        cap_fdp=cap_fdp,
-        stats=stats,
+    )
+    del scores, coins
+    return WhiteboxResult(
+        model=model,
+        num_params=dim,
+        batch_size=batch_size,
+        clip_norm=c,
+        noise_multiplier=plan.noise_multiplier,
         seconds=time.perf_counter() - start_time,
+        **figures,
     )

@@ -35,8 +35,8 @@ def clean_text(text: str) -> str:
     return text.strip('"').strip()
 
 
-class FlaxSampler:
-    """Batched KV-cache sampling with the local Flax Llama."""
+class _BatchedSampler:
+    """The options both samplers take: `lm`, tokens per sample, temperature, top-p, batch."""
 
     def __init__(
         self,
@@ -46,15 +46,22 @@ class FlaxSampler:
         temperature: float = 1.0,
         top_p: float = 0.95,
         batch_size: int = 32,
-        chat: bool = True,
-        max_prompt_tokens: int = 384,
     ) -> None:
-        from synthgen.models.sampling import SamplingConfig
-
         self.lm = lm
         self.max_new_tokens = max_new_tokens
-        self.sampling = SamplingConfig(temperature=temperature, top_p=top_p)
+        self.temperature = temperature
+        self.top_p = top_p
         self.batch_size = batch_size
+
+
+class FlaxSampler(_BatchedSampler):
+    """Batched KV-cache sampling with the local Flax Llama (options: `_BatchedSampler`'s)."""
+
+    def __init__(self, lm, *, chat: bool = True, max_prompt_tokens: int = 384, **options) -> None:
+        from synthgen.models.sampling import SamplingConfig
+
+        super().__init__(lm, **options)
+        self.sampling = SamplingConfig(temperature=self.temperature, top_p=self.top_p)
         self.chat = chat and getattr(lm.tokenizer, "chat_template", None) is not None
         self.max_prompt_tokens = max_prompt_tokens
 
@@ -89,23 +96,8 @@ class FlaxSampler:
         return out
 
 
-class NextTokenSampler:
+class NextTokenSampler(_BatchedSampler):
     """Sampling through any `NextTokenLM`: one batched `score` per token, host-side draws."""
-
-    def __init__(
-        self,
-        lm,
-        *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 0.95,
-        batch_size: int = 32,
-    ) -> None:
-        self.lm = lm
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.top_p = top_p
-        self.batch_size = batch_size
 
     def _pick(self, logprobs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         if self.temperature == 0:

@@ -24,6 +24,8 @@ import jinja2.sandbox
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
+from synthgen.models.tokenizer import TokenizersWrapper
+
 GGUF_NORMAL, GGUF_CONTROL, GGUF_USER_DEFINED = 1, 3, 4
 
 _LLAMA3_SPLIT = (
@@ -65,7 +67,7 @@ def _field(fields: Mapping[str, Any], key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
-class BpeTokenizer:
+class BpeTokenizer(TokenizersWrapper):
     """A `synthgen.models.tokenizer.Tokenizer` over a `tokenizers.Tokenizer`.
 
     Args:
@@ -216,23 +218,7 @@ class BpeTokenizer:
         """The underlying `tokenizers.Tokenizer` (e.g. to save it as tokenizer.json)."""
         return self._tok
 
-    # ---- Tokenizer protocol -------------------------------------------------------------
-
-    @property
-    def vocab_size(self) -> int:
-        return self._tok.get_vocab_size(with_added_tokens=True)
-
-    @property
-    def eos_id(self) -> int:
-        return self._eos
-
-    @property
-    def pad_id(self) -> int:
-        return self._pad
-
-    @property
-    def bos_id(self) -> int | None:
-        return self._bos
+    # ---- Tokenizer protocol (sizes and special ids: TokenizersWrapper) ------------------
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`; special tokens written in the text (``<|im_start|>``) are one id."""

@@ -35,13 +35,22 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from synthgen.models.config_checks import check_lora_and_dtype, check_positive_ints
 from synthgen.models.lora import LoraDense
 from synthgen.models.taps import TAP_INPUTS, TAP_OUTPUTS, TappedEmbed
 
 PyTree = Any
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
-DTYPES = ("float32", "bfloat16", "float16")
+_POSITIVE_INTS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "max_seq_len",
+)
 _MASKED = float(jnp.finfo(jnp.float32).min)  # finite: a fully masked row gives no NaN
 
 # One layer's decoding cache: keys [B, K, S, D], values [B, K, S, D], the next slot (int32).
@@ -92,18 +101,7 @@ class LlamaConfig:
     remat: bool = False
 
     def __post_init__(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "max_seq_len",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
+        check_positive_ints(self, _POSITIVE_INTS)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 "num_kv_heads must divide num_heads, got "
@@ -121,14 +119,7 @@ class LlamaConfig:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta=}")
         if self.rms_norm_eps <= 0:
             raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps=}")
-        if self.lora_rank < 0:
-            raise ValueError(f"lora_rank must be >= 0, got {self.lora_rank=}")
-        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
-        unknown = set(self.lora_targets) - set(LORA_TARGETS)
-        if unknown:
-            raise ValueError(f"lora_targets must be among {LORA_TARGETS}, got {self.lora_targets=}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype=}")
+        check_lora_and_dtype(self, LORA_TARGETS)
 
     @property
     def jnp_dtype(self) -> jnp.dtype:

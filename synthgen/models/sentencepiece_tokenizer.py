@@ -22,6 +22,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from synthgen.models.tokenizer import TokenizersWrapper
+
 MODEL_FILE = "spiece.model"
 
 
@@ -120,7 +122,7 @@ class SentencePieceTokenizer:
         return self._sp.decode(kept)
 
 
-class TokenizerJsonTokenizer:
+class TokenizerJsonTokenizer(TokenizersWrapper):
     """A `Tokenizer` for a HF `tokenizer.json` (the fast-tokenizer form of spiece.model)."""
 
     def __init__(self, path: str | Path, *, pad_token: str = "<pad>", eos_token: str = "</s>"):
@@ -137,22 +139,6 @@ class TokenizerJsonTokenizer:
         self._eos = self._tok.token_to_id(eos_token)
         if self._pad is None or self._eos is None:
             raise ValueError(f"tokenizer.json lacks {pad_token=} or {eos_token=}")
-
-    @property
-    def vocab_size(self) -> int:
-        return self._tok.get_vocab_size(with_added_tokens=True)
-
-    @property
-    def eos_id(self) -> int:
-        return self._eos
-
-    @property
-    def pad_id(self) -> int:
-        return self._pad
-
-    @property
-    def bos_id(self) -> int | None:
-        return None
 
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)

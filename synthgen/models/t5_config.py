@@ -12,8 +12,22 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from synthgen.models.config_checks import check_lora_and_dtype, check_positive_ints
+
 ACTIVATION_NAMES = ("relu", "gelu", "gelu_new", "silu")
 LORA_TARGET_NAMES = ("q", "k", "v", "o", "wi", "wo")
+# The size fields, each a positive int (checked; also the first keys of `config.json`).
+_POSITIVE_INTS = (
+    "vocab_size",
+    "d_model",
+    "d_kv",
+    "d_ff",
+    "num_layers",
+    "num_decoder_layers",
+    "num_heads",
+    "relative_attention_num_buckets",
+    "relative_attention_max_distance",
+)
 
 _V1_0 = dict(vocab_size=32128, d_kv=64, feed_forward_proj="relu", tie_word_embeddings=True)
 _V1_1 = dict(vocab_size=32128, d_kv=64, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
@@ -88,20 +102,7 @@ class T5Config:
     remat: bool = False
 
     def __post_init__(self) -> None:
-        for name in (
-            "vocab_size",
-            "d_model",
-            "d_kv",
-            "d_ff",
-            "num_layers",
-            "num_decoder_layers",
-            "num_heads",
-            "relative_attention_num_buckets",
-            "relative_attention_max_distance",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value=}")
+        check_positive_ints(self, _POSITIVE_INTS)
         if self.relative_attention_num_buckets < 4:
             raise ValueError(f"need >= 4 buckets, got {self.relative_attention_num_buckets=}")
         parts = self.feed_forward_proj.split("-")
@@ -115,14 +116,7 @@ class T5Config:
             raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate=}")
         if self.layer_norm_epsilon <= 0:
             raise ValueError(f"layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon=}")
-        if self.lora_rank < 0:
-            raise ValueError(f"lora_rank must be >= 0, got {self.lora_rank=}")
-        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
-        unknown = set(self.lora_targets) - set(LORA_TARGET_NAMES)
-        if unknown:
-            raise ValueError(f"lora_targets must be among {LORA_TARGET_NAMES}, got {unknown=}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype=}")
+        check_lora_and_dtype(self, LORA_TARGET_NAMES)
         for name in ("pad_token_id", "eos_token_id", "decoder_start_token_id"):
             value = getattr(self, name)
             if not 0 <= value < self.vocab_size:
@@ -200,15 +194,7 @@ class T5Config:
             **{
                 f: getattr(self, f)
                 for f in (
-                    "vocab_size",
-                    "d_model",
-                    "d_kv",
-                    "d_ff",
-                    "num_layers",
-                    "num_decoder_layers",
-                    "num_heads",
-                    "relative_attention_num_buckets",
-                    "relative_attention_max_distance",
+                    *_POSITIVE_INTS,
                     "layer_norm_epsilon",
                     "feed_forward_proj",
                     "tie_word_embeddings",

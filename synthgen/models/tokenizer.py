@@ -1,4 +1,4 @@
-"""The tokenizer protocol shared by every model family."""
+"""The tokenizer protocol shared by every model family, and the wrappers' shared properties."""
 
 from __future__ import annotations
 
@@ -28,3 +28,29 @@ class Tokenizer(Protocol):
     def decode(self, ids: list[int]) -> str:
         """Text of `ids`, skipping special tokens."""
         ...
+
+
+class TokenizersWrapper:
+    """The `Tokenizer` properties of a wrapper around a `tokenizers.Tokenizer`.
+
+    The subclass sets `_tok` (the `tokenizers.Tokenizer`), `_eos`, `_pad` and, if the model
+    has one, `_bos`.
+    """
+
+    _bos: int | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def eos_id(self) -> int:
+        return self._eos
+
+    @property
+    def pad_id(self) -> int:
+        return self._pad
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._bos

@@ -71,31 +71,34 @@ def test_the_fetch_step_names_every_asset_the_tiny_run_needs():
     assert set(config_assets(tiny.get_config())) <= fetched
 
 
-def test_quickstart_runs_from_an_empty_folder(tmp_path):
-    """Each command exits 0 from a folder outside the checkout, with the console scripts of
-    the environment running the tests first on PATH; the run it makes is a complete one."""
+def run_from_an_empty_folder(guide: Path, work: Path, timeout: float) -> list[tuple[str, str]]:
+    """Runs the marked commands of `guide` in page order from the new folder `work`, with the
+    console scripts of the environment running the tests first on PATH (skips where they are
+    not installed); asserts each exits 0. Returns (command, stdout) pairs."""
     scripts = Path(sys.executable).parent
     if shutil.which("synthgen", path=str(scripts)) is None:
         pytest.skip(f"console scripts not installed beside {sys.executable} (pip install -e .)")
-    work = tmp_path / "newcomer"
     work.mkdir()
     env = {**os.environ, "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("DPSYNTH_LEDGER", None)
     outputs = []
-    for command in quickstart_commands(GUIDE.read_text()):
+    for command in quickstart_commands(guide.read_text()):
         done = subprocess.run(
-            ["bash", "-c", command],
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+            ["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
         assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
         outputs.append((command, done.stdout))
+    return outputs
+
+
+def test_quickstart_runs_from_an_empty_folder(tmp_path):
+    """Each command exits 0 from a folder outside the checkout, with the console scripts of
+    the environment running the tests first on PATH; the run it makes is a complete one."""
+    work = tmp_path / "newcomer"
+    by_command = dict(run_from_an_empty_folder(GUIDE, work, timeout=900))
     report = work / "runs" / "tiny" / "report" / "report.html"
     assert report.is_file()
-    by_command = dict(outputs)
     ledger = next(out for c, out in by_command.items() if c.startswith("synthgen ledger show"))
     assert re.search(r"train-pairs: epsilon \d", ledger), ledger
     query = next(out for c, out in by_command.items() if c.startswith("retriever index query"))

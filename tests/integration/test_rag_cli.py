@@ -62,10 +62,8 @@ def test_privacy_rag_prints_the_keyword_release_threshold():
 @pytest.mark.slow
 def test_answer_charges_then_refuses(tmp_path):
     data, index, ledger = tmp_path / "world", tmp_path / "index", tmp_path / "ledger.sqlite"
-    made = _run(
-        "dpsynth.evaluation.medical_world", "--out", data,
-        "--num-records", "40", "--num-diseases", "5"
-    )
+    made = _run("dpsynth.evaluation.medical_world", "--out", data,
+                "--num-records", "40", "--num-diseases", "5")  # fmt: skip
     assert made.returncode == 0, made.stderr
     corpus = data / "corpus.jsonl"
     built = _run("dpsynth.cli.retriever", "index", "build", "--corpus", corpus, "--out", index,

@@ -3,10 +3,6 @@ quick start's: from an empty folder, in page order, with the installed console s
 
 import importlib.util
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,21 +27,8 @@ def test_the_guide_names_a_command_per_kind_of_data():
 
 
 def test_the_guide_runs_from_an_empty_folder(tmp_path):
-    scripts = Path(sys.executable).parent
-    if shutil.which("synthgen", path=str(scripts)) is None:
-        pytest.skip(f"console scripts not installed beside {sys.executable} (pip install -e .)")
     work = tmp_path / "newcomer"
-    work.mkdir()
-    env = {**os.environ, "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env.pop("DPSYNTH_LEDGER", None)
-    outputs = {}
-    for command in _quickstart().quickstart_commands(GUIDE.read_text()):
-        done = subprocess.run(
-            ["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True,
-            timeout=1200,
-        )  # fmt: skip
-        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
-        outputs[command.split(" --")[0]] = done.stdout
+    _quickstart().run_from_an_empty_folder(GUIDE, work, timeout=1200)
     assert (work / "runs" / "my_log" / "report" / "report.html").is_file()
     data = json.loads((work / "runs" / "my_log" / "stages" / "data.json").read_text())
     assert data["summary"]["train_pairs"] > 0 and data["summary"]["test_queries"] > 0

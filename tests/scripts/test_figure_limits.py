@@ -6,10 +6,10 @@ import json
 import sys
 from pathlib import Path
 
-import matplotlib.figure
-import pytest
+from tests.dpsynth.pipeline import test_report as _report
 
 ROOT = Path(__file__).parents[2]
+saved_figures = _report.saved_figures  # the fixture that captures the figures as saved
 
 
 def _load(name: str):
@@ -18,19 +18,6 @@ def _load(name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture
-def saved_figures(monkeypatch):
-    figures = []
-    original = matplotlib.figure.Figure.savefig
-
-    def savefig(self, *args, **kwargs):
-        figures.append(self)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
-    return figures
 
 
 def _inside(ax, floor: bool = False) -> bool:

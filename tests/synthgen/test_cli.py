@@ -11,6 +11,14 @@ def _synthgen(*args):
     )
 
 
+def _dpsgd(num_examples, batch_size, *extra, before=()):
+    """`synthgen privacy dpsgd` over one epoch at delta 1e-5 and noise multiplier 1."""
+    return _synthgen(
+        *before, "privacy", "dpsgd", "--num-examples", num_examples, "--batch-size", batch_size,
+        "--epochs", "1", "--delta", "1e-5", "--noise-multiplier", "1", *extra,
+    )  # fmt: skip
+
+
 def test_help():
     result = _synthgen("--help")
     assert result.returncode == 0
@@ -32,83 +40,25 @@ def test_pipeline_init_without_a_name_lists_the_names():
 
 
 def test_usage_error_is_one_line_exit_2():
-    result = _synthgen(
-        "privacy",
-        "dpsgd",
-        "--num-examples",
-        "100",
-        "--batch-size",
-        "10",
-        "--epochs",
-        "1",
-        "--delta",
-        "1e-5",
-        "--noise-multiplier",
-        "1",
-        "--target-epsilon",
-        "1",
-    )
+    result = _dpsgd("100", "10", "--target-epsilon", "1")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "exactly one" in result.stderr
 
 
 def test_value_error_is_one_line_without_traceback():
-    result = _synthgen(
-        "privacy",
-        "dpsgd",
-        "--num-examples",
-        "10",
-        "--batch-size",
-        "100",
-        "--epochs",
-        "1",
-        "--delta",
-        "1e-5",
-        "--noise-multiplier",
-        "1",
-    )
+    result = _dpsgd("10", "100")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("error: batch_size")
 
 
 def test_debug_shows_traceback():
-    result = _synthgen(
-        "privacy",
-        "dpsgd",
-        "--num-examples",
-        "10",
-        "--batch-size",
-        "100",
-        "--epochs",
-        "1",
-        "--delta",
-        "1e-5",
-        "--noise-multiplier",
-        "1",
-        "--debug",
-    )
+    result = _dpsgd("10", "100", "--debug")
     assert result.returncode != 0 and "Traceback" in result.stderr
 
 
 def test_json_keys():
-    result = _synthgen(
-        "privacy",
-        "dpsgd",
-        "--num-examples",
-        "1000",
-        "--batch-size",
-        "10",
-        "--epochs",
-        "1",
-        "--delta",
-        "1e-5",
-        "--noise-multiplier",
-        "1",
-        "--accountant",
-        "rdp",
-        "--json",
-    )
+    result = _dpsgd("1000", "10", "--accountant", "rdp", "--json")
     out = json.loads(result.stdout)
     assert {"epsilon", "delta", "noise_multiplier", "steps", "sampling_rate", "accountant"} <= set(
         out
@@ -174,10 +124,7 @@ def test_debug_is_a_documented_global_option():
     assert result.returncode == 0
     assert "--debug" in result.stdout and "--version" in result.stdout
     # before the subcommand too (as --help now suggests), not only after it
-    before = _synthgen(
-        "--debug", "privacy", "dpsgd", "--num-examples", "10", "--batch-size", "100",
-        "--epochs", "1", "--delta", "1e-5", "--noise-multiplier", "1",
-    )  # fmt: skip
+    before = _dpsgd("10", "100", before=("--debug",))
     assert before.returncode != 0 and "Traceback" in before.stderr
 
 

@@ -197,28 +197,17 @@ def test_resume_gives_the_same_run(tmp_path):
     ledger.open_scope(Scope("t", "toy", 100.0, 1e-3))
     full = dp_train.train(_loss, trainable, frozen, data, _cfg(), progress=False)
     ckpt = tmp_path / "ckpt"
-    first = dp_train.train(
-        _loss,
-        trainable,
-        frozen,
-        data,
-        _cfg(),
-        progress=False,
-        work_dir=ckpt,
-        stop_after=7,
-        pay=WorkFolder(ckpt).payer(ledger, ("t", "toy"), stage="dp-train"),
-    )
+
+    def run(**stop):  # in the work folder `ckpt`, paying from its payer
+        cfg = _cfg()
+        pay = WorkFolder(ckpt).payer(ledger, ("t", "toy"), stage="dp-train")
+        return dp_train.train(
+            _loss, trainable, frozen, data, cfg, progress=False, work_dir=ckpt, pay=pay, **stop
+        )
+
+    first = run(stop_after=7)
     assert first.steps_run == 7
-    second = dp_train.train(
-        _loss,
-        trainable,
-        frozen,
-        data,
-        _cfg(),
-        progress=False,
-        work_dir=ckpt,
-        pay=WorkFolder(ckpt).payer(ledger, ("t", "toy"), stage="dp-train"),
-    )
+    second = run()
     assert second.resumed_from == 7  # a stop saves a checkpoint
     assert second.steps_run == full.steps_run == full.plan.steps
     assert second.plan.epsilon == full.plan.epsilon

@@ -12,27 +12,16 @@ from __future__ import annotations
 
 import sys
 
-import typer
-
 from dpsynth.cli.retriever import evaluate, export, network, rag, service, train
 from dpsynth.cli.retriever.data import data_app
 from dpsynth.cli.retriever.index import index_app
 from dpsynth.cli.retriever.knowledge import knowledge_app
-from synthgen.command_line import HelpGroup, global_options, run
+from dpsynth.cli.shared import tool_app
+from synthgen.command_line import run
 
 __all__ = ["app", "main", "run"]
 
-app = typer.Typer(
-    cls=HelpGroup,
-    help="Retrieval on DP synthetic data.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    # click's own help layout: option names are never cut (rich's table cuts them with
-    # "…" below ~100 columns); the tree inherits the top-level app's mode
-    rich_markup_mode=None,
-)
-app.callback()(global_options)
+app = tool_app("Retrieval on DP synthetic data.")
 app.add_typer(data_app, name="data")
 app.add_typer(index_app, name="index")
 app.add_typer(rag.privacy_app, name="privacy")

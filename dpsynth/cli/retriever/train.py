@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from dpsynth.cli.shared import print_guarantee
 from synthgen.command_line import (
     DpSgdDeltaOption,
     GuaranteesAddUpOption,
@@ -211,20 +212,6 @@ def _admit_queries(
     return book
 
 
-def _print_guarantee(out: Path, steps: int, plan: PrivacyPlan, work: Path) -> None:
-    """Prints the run's guarantee as one JSON line (and the secret work folder, if kept)."""
-    summary = {
-        "out": str(out),
-        "steps": steps,
-        "epsilon": plan.epsilon,
-        "delta": plan.delta,
-        "noise_multiplier": plan.noise_multiplier,
-    }
-    if work.exists():
-        summary["work_dir"] = str(work)  # secret: kept, or an unfinished run to resume
-    print(json.dumps(summary))
-
-
 def train_dp(
     queries: PrivateQueriesOption,
     corpus: PublicCorpusOption,
@@ -277,4 +264,4 @@ def train_dp(
         keep_work=keep_work,
         plan=plan,
     )
-    _print_guarantee(out, result.steps_run, plan, work)
+    print_guarantee(out, result.steps_run, plan, work)

@@ -4,7 +4,8 @@ One module per command group (`assets`, `privacy`, `ledger`, `lm`, `audit`) or p
 top-level commands (`querygen`: train-generator, generate-queries, merge-queries; `fewshot`:
 generate-docs, generate-queries-fewshot; `evolution`: generate-docs-pe); `common` holds the option
 types these commands share. The error wrapper `run` and what `retriever`'s command line shares with
-this one live in the library module `synthgen.command_line`. Every error is one line on stderr
+this one live in the library module `synthgen.command_line` (the top-level app and a training
+run's summary in `dpsynth.cli.shared`). Every error is one line on stderr
 and a non-zero exit code; `--debug` shows the traceback. jax, flax and datasets are imported
 inside the commands so that `synthgen --help` and the calculators start fast.
 """
@@ -13,8 +14,7 @@ from __future__ import annotations
 
 import sys
 
-import typer
-
+from dpsynth.cli.shared import tool_app
 from dpsynth.cli.synthgen import evolution, fewshot, querygen
 from dpsynth.cli.synthgen.assets import assets_app
 from dpsynth.cli.synthgen.audit import audit_app
@@ -22,21 +22,11 @@ from dpsynth.cli.synthgen.ledger import ledger_app
 from dpsynth.cli.synthgen.lm import lm_app
 from dpsynth.cli.synthgen.pipeline import pipeline_app
 from dpsynth.cli.synthgen.privacy import privacy_app
-from synthgen.command_line import USER_ERRORS, HelpGroup, global_options, run
+from synthgen.command_line import USER_ERRORS, run
 
 __all__ = ["USER_ERRORS", "app", "main", "run"]
 
-app = typer.Typer(
-    cls=HelpGroup,
-    help="DP synthetic data: assets, privacy accounting, budget ledger.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    # click's own help layout: option names are never cut (rich's table cuts them with
-    # "…" below ~100 columns); the tree inherits the top-level app's mode
-    rich_markup_mode=None,
-)
-app.callback()(global_options)
+app = tool_app("DP synthetic data: assets, privacy accounting, budget ledger.")
 app.add_typer(assets_app, name="assets")
 app.add_typer(privacy_app, name="privacy")
 app.add_typer(ledger_app, name="ledger")

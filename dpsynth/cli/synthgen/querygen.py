@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from dpsynth.cli.shared import print_guarantee
 from dpsynth.cli.synthgen.common import (
     SEED_WARNING,
     BudgetOption,
@@ -180,22 +181,7 @@ def train_generator(
         keep_work=keep_work,
         plan=plan,
     )
-    _print_summary(out, result, seed, work)
-
-
-def _print_summary(out: Path, result, seed: int | None, work: Path) -> None:
-    """Prints the run's guarantee (never its loss or timings) as one JSON line."""
-    summary = {
-        "out": str(out),
-        "steps": result.steps_run,
-        "epsilon": result.plan.epsilon,
-        "delta": result.plan.delta,
-        "noise_multiplier": result.plan.noise_multiplier,
-        "seeded": seed is not None,
-    }
-    if work.exists():
-        summary["work_dir"] = str(work)  # secret: kept, or an unfinished run to resume
-    print(json.dumps(summary))
+    print_guarantee(out, result.steps_run, result.plan, work, seeded=seed is not None)
 
 
 def generate_queries(

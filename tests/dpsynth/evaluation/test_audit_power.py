@@ -12,6 +12,7 @@ import pytest
 
 from dpsynth.evaluation import querygen_audit_power
 from synthgen.audit import whitebox
+from tests.synthgen.audit.coin_leaks import check_no_coins
 
 SCRIPT = Path(__file__).parents[3] / "scripts" / "audit_power.py"
 LAST_LINE = re.compile(
@@ -99,34 +100,14 @@ def test_inclusion_coins_never_reach_an_output_file(script, tmp_path, capsys):
     _run(script, tmp_path, capsys)
     # The coins of cell k, recomputed here from the test seed (seed + k) exactly as
     # whitebox.audit_dp_step draws them; they must not appear in any form in any file.
-    patterns = []
+    coins = []
     for k in range(2):
         _, coin_key, _ = whitebox._streams(SEED + k)
-        coins = np.asarray(whitebox.jax.random.bernoulli(coin_key, 0.5, (CANARIES,)))
-        bits = "".join("1" if c else "0" for c in coins)
-        patterns += [
-            bits.encode(),
-            bits[:64].encode(),
-            json.dumps(coins.astype(int).tolist()).encode(),
-            json.dumps(coins.tolist()).encode(),
-            np.packbits(coins).tobytes(),
-            np.packbits(coins).tobytes().hex().encode(),
-        ]
-    for path in tmp_path.rglob("*"):
-        data = path.read_bytes()
-        for pattern in patterns:
-            assert pattern not in data, path.name
-        if path.suffix == ".json" and path.name.startswith("whitebox_"):
-            record = json.loads(data)
-            assert set(record) == {f.name for f in whitebox.dataclasses.fields(
-                whitebox.WhiteboxResult)} | {"violation"}  # fmt: skip
-            assert record["num_in"] + record["num_out"] == CANARIES
-            # aggregates: a ROC at fixed FPRs and binned histograms, no list per canary
-            for stats in record["stats"]:
-                lengths = {len(v) for v in stats.values() if isinstance(v, list)}
-                assert lengths <= {len(whitebox.ROC_FPR), whitebox.HISTOGRAM_BINS,
-                                   whitebox.HISTOGRAM_BINS + 1}  # fmt: skip
-            assert record["target_epsilon"] in (8.0, math.inf)
+        coins.append(np.asarray(whitebox.jax.random.bernoulli(coin_key, 0.5, (CANARIES,))))
+    records = check_no_coins(tmp_path.rglob("*"), coins, "whitebox_", whitebox.WhiteboxResult)
+    for record in records:
+        assert record["num_in"] + record["num_out"] == CANARIES
+        assert record["target_epsilon"] in (8.0, math.inf)
 
 
 def test_summary_line_without_cells():

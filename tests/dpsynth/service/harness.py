@@ -86,16 +86,26 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.url = ""
 
+    cwd: Path | None = None  # the child's working folder (None: this process's)
+
     def start(self) -> Server:
+        return self.launch().wait_ready()
+
+    def launch(self) -> Server:
+        """Starts the child; `wait_ready` waits for it, so several can start at once."""
         env = {**os.environ, "HF_DATASETS_OFFLINE": "1"}
-        self.stderr = open(self.log, "a")  # noqa: SIM115 - closed in stop()
+        self.stderr = open(self.log, "a")  # noqa: SIM115 - closed in stop()/kill()
         self.proc = subprocess.Popen(
             list(map(str, self.args)),
             stdout=subprocess.PIPE,
             stderr=self.stderr,
             text=True,
             env=env,
+            cwd=self.cwd,
         )
+        return self
+
+    def wait_ready(self) -> Server:
         line: list[str] = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()))
         reader.start()

@@ -25,6 +25,18 @@ def _filters(ledger, dataset="records", documents=N_RECORDS):
     return DocumentFilters(ledger.store).open(record)
 
 
+def _alice_service(registry, **config):
+    """alice (epsilon 50) and an icl `Service` over `tiny_rag`'s records in individual
+    accounting: (the records' filter, alice's key, the rag, the service)."""
+    record = _filters(registry.ledger)
+    key = registry.add("alice", "records", epsilon=50.0, delta=1e-5)
+    rag = tiny_rag(registry.ledger, "records", score_range=ScoreRange(-1.0, 1.0), **INDIVIDUAL)
+    service = Service(
+        registry.ledger, registry, "records", [rag], config=ServiceConfig(mechanism="icl", **config)
+    )
+    return record, key, rag, service
+
+
 @pytest.fixture
 def registry(tmp_path):
     return TenantRegistry(PrivacyLedger(tmp_path / "ledger.sqlite"))
@@ -69,11 +81,7 @@ def test_a_collection_with_a_cap_refuses_a_quota(registry):
 
 def test_budget_states_the_summary_and_no_document(registry):
     ledger = registry.ledger
-    record = _filters(ledger)
-    key = registry.add("alice", "records", epsilon=50.0, delta=1e-5)
-    rag = tiny_rag(ledger, "records", score_range=ScoreRange(-1.0, 1.0), **INDIVIDUAL)
-    shared = ServiceConfig(mechanism="icl", share_document_summary=True)
-    service = Service(ledger, registry, "records", [rag], config=shared)
+    record, key, rag, service = _alice_service(registry, share_document_summary=True)
     with TestClient(create_app(service)) as client:
         for _ in range(2 * record.answers_per_document):  # the best documents run out
             assert client.post("/answer", headers=bearer(key), json={"question": "q"}).is_success
@@ -92,10 +100,7 @@ def test_budget_states_the_summary_and_no_document(registry):
 
 def test_by_default_tenants_see_the_public_target_only(registry):
     ledger = registry.ledger
-    record = _filters(ledger)
-    key = registry.add("alice", "records", epsilon=50.0, delta=1e-5)
-    rag = tiny_rag(ledger, "records", score_range=ScoreRange(-1.0, 1.0), **INDIVIDUAL)
-    service = Service(ledger, registry, "records", [rag], config=ServiceConfig(mechanism="icl"))
+    record, key, _, service = _alice_service(registry)
     with TestClient(create_app(service)) as client:
         for _ in range(2 * record.answers_per_document):  # some documents are exhausted
             assert client.post("/answer", headers=bearer(key), json={"question": "q"}).is_success
@@ -132,11 +137,7 @@ def test_the_service_refuses_what_individual_accounting_cannot_serve(registry):
 
 def test_the_page_shows_the_document_summary(chromium, registry):
     ledger = registry.ledger
-    record = _filters(ledger)
-    key = registry.add("alice", "records", epsilon=50.0, delta=1e-5)
-    rag = tiny_rag(ledger, "records", score_range=ScoreRange(-1.0, 1.0), **INDIVIDUAL)
-    shared = ServiceConfig(mechanism="icl", share_document_summary=True)
-    service = Service(ledger, registry, "records", [rag], config=shared)
+    record, key, _, service = _alice_service(registry, share_document_summary=True)
     with serve_in_thread(service) as url:
         page = chromium.new_page()
         page.set_default_timeout(60_000)

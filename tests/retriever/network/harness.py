@@ -14,13 +14,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import httpx
 
-from tests.dpsynth.service.harness import TIMEOUT, Server, cli
+from tests.dpsynth.service.harness import Server, cli
 
 REPO = Path(__file__).resolve().parents[3]
 ENCODER = "all-minilm-l6-v2"
@@ -145,43 +143,12 @@ class ChildServer(Server):
     `launch` starts it and `wait_ready` waits for it, so several can start at once.
     """
 
+    cwd = REPO
+
     def __init__(self, args: list[object], log: Path) -> None:
         self.args, self.log = list(args), log
         self.proc: subprocess.Popen | None = None
         self.url = ""
-
-    def launch(self) -> ChildServer:
-        self.stderr = open(self.log, "a")  # noqa: SIM115 - closed in stop()/kill()
-        self.proc = subprocess.Popen(
-            list(map(str, self.args)),
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            text=True,
-            env=child_env(),
-            cwd=REPO,
-        )
-        return self
-
-    def wait_ready(self) -> ChildServer:
-        line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()))
-        reader.start()
-        reader.join(TIMEOUT)
-        if not line or not line[0].startswith("serving "):
-            self.kill()
-            raise AssertionError(f"server did not start: {self.log.read_text()[-2000:]}")
-        self.url = line[0].split()[1]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # the socket listens before uvicorn accepts
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise AssertionError("server never answered /health")
-
-    def start(self) -> ChildServer:
-        return self.launch().wait_ready()
 
     @property
     def port(self) -> int:

@@ -169,20 +169,21 @@ def test_participation_coins_spread_the_payments(tmp_path):
         RagConfig(participation=0.0)
 
 
+def _charge_alice(ledger):
+    """A bare charge (epsilon 1, no documents named) to alice's records."""
+    from synthgen.privacy import accounting
+
+    event = accounting.pure_epsilon_event(1.0)
+    ledger.charge("alice", "records", stage="rag-tokens", event=event, relation="ADD_OR_REMOVE_ONE")
+
+
 def test_filters_are_not_opened_over_earlier_collection_answers(tmp_path):
     from retriever.rag.collection import open_document_filters
     from retriever.rag.config import plan_answer
-    from synthgen.privacy import accounting
 
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
     ledger.ensure_scope(Scope("alice", "records", 5.0, 1e-5))
-    ledger.charge(
-        "alice",
-        "records",
-        stage="rag-tokens",
-        event=accounting.pure_epsilon_event(1.0),
-        relation="ADD_OR_REMOVE_ONE",
-    )
+    _charge_alice(ledger)
     plan = plan_answer(RagConfig(max_tokens=3, accounting="individual"), "icl", 1.0)
     with pytest.raises(ValueError, match="already has charges"):
         open_document_filters(ledger, "records", documents=N, epsilon=4.0, delta=1e-6, plan=plan)
@@ -191,19 +192,11 @@ def test_filters_are_not_opened_over_earlier_collection_answers(tmp_path):
 
 
 def test_a_collection_with_filters_refuses_collection_answers_and_bare_charges(tmp_path):
-    from synthgen.privacy import accounting
-
     rag, ledger, _, _, _ = _rag(tmp_path)
     with pytest.raises(ValueError, match="individual accounting"):
         rag.with_config(RagConfig(k=4, max_tokens=3))  # collection accounting
     with pytest.raises(ValueError, match="must name the documents"):
-        ledger.charge(
-            "alice",
-            "records",
-            stage="rag-tokens",
-            event=accounting.pure_epsilon_event(1.0),
-            relation="ADD_OR_REMOVE_ONE",
-        )
+        _charge_alice(ledger)
     assert ledger.charges("alice", "records") == []
 
 

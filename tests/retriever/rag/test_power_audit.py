@@ -4,7 +4,6 @@ cap, DP answers stay under their claim, coins are fair, and nothing private is r
 import json
 import math
 import re
-import zlib
 
 import numpy as np
 import pytest
@@ -24,29 +23,16 @@ from retriever.rag.power_audit import (
 )
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy.individual import DocumentBudget
+from tests.retriever.rag.test_canary_audit import DOCUMENTS
+from tests.retriever.rag.test_canary_audit import bag_of_words as canary_bag_of_words
 
-DOCUMENTS = [
-    "Patient Ana Ruiz, 54, presented with a dry cough and fever. Diagnosis: influenza.",
-    "The river flooded the lower town twice during the spring of that year.",
-    "Bake the bread at two hundred degrees until the crust turns golden brown.",
-    "The museum opens at nine and closes at six, except on public holidays.",
-    "Patient Omar Diallo, 31, presented with a rash and joint pain. Diagnosis: measles.",
-    "The committee approved the new budget after a long debate on road repairs.",
-    "Water the tomato plants every morning and keep them in full sunlight.",
-    "The train to the coast leaves from platform four every half hour.",
-]
 QUESTION = "Question: What is the access code of "
 
 
-def bag_of_words(texts, dim=4096):
-    """Hashed bag-of-words embeddings, L2-normalised (scores in [0, 1]): a public encoder.
-    A question and its own canary share 9 of 10 words (cosine 0.9), another canary's at
-    most 8 (0.8)."""
-    out = np.zeros((len(texts), dim), np.float32)
-    for i, text in enumerate(texts):
-        for word in re.findall(r"[a-z0-9]+", text.lower()):
-            out[i, zlib.crc32(word.encode()) % dim] += 1.0
-    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+def bag_of_words(texts):
+    """`test_canary_audit`'s public encoder in 4096 dimensions: a question and its own canary
+    share 9 of 10 words (cosine 0.9), another canary's at most 8 (0.8)."""
+    return canary_bag_of_words(texts, dim=4096)
 
 
 class LeakLM(TinyLM):

@@ -2,7 +2,6 @@
 and no inclusion coin in any output file (tiny T5 through scripts/audit_power.py)."""
 
 import contextlib
-import dataclasses
 import importlib.util
 import io
 import json
@@ -18,9 +17,9 @@ from dpsynth.evaluation import querygen_audit_power
 from synthgen import dp_train
 from synthgen.audit import blackbox, new_tokens
 from synthgen.audit.coins import draw_coins, streams
-from synthgen.audit.whitebox import HISTOGRAM_BINS, ROC_FPR
 from synthgen.generator_models import LlamaFamily
 from synthgen.models.llama import Llama, LlamaConfig
+from tests.synthgen.audit.coin_leaks import check_no_coins
 
 SCRIPT = Path(__file__).parents[3] / "scripts" / "audit_power.py"
 LAST_LINE = re.compile(
@@ -192,19 +191,9 @@ def test_planted_leak_and_dp_claim(script_run):
 @pytest.mark.slow
 def test_coins_never_reach_an_output_file(script_run, monkeypatch):
     main, args, out, lines = script_run
-    patterns = []
-    for k in range(2):  # the script's cell k uses the audit seed SEED + 1000 + k
-        _, coin_rng, _ = streams(SEED + 1000 + k)
-        coins = draw_coins(coin_rng, CANARIES)
-        bits = "".join("1" if c else "0" for c in coins)
-        patterns += [
-            bits.encode(),
-            bits[:64].encode(),
-            json.dumps(coins.astype(int).tolist()).encode(),
-            json.dumps(coins.tolist()).encode(),
-            np.packbits(coins).tobytes(),
-            np.packbits(coins).tobytes().hex().encode(),
-        ]
+    coins = [  # the script's cell k uses the audit seed SEED + 1000 + k
+        draw_coins(streams(SEED + 1000 + k)[1], CANARIES) for k in range(2)
+    ]
     files = list(out.rglob("*"))
     assert {p.name for p in files} == {
         f"blackbox_tiny_t5_new_m{CANARIES}_epsinf.json",
@@ -214,20 +203,7 @@ def test_coins_never_reach_an_output_file(script_run, monkeypatch):
         "histograms.png",
         "power_audit.json",
     }
-    fields = {f.name for f in dataclasses.fields(blackbox.BlackboxResult)} | {"violation"}
-    aggregate_lengths = {len(ROC_FPR), HISTOGRAM_BINS, HISTOGRAM_BINS + 1}
-    for path in files:
-        data = path.read_bytes()
-        for pattern in patterns:
-            assert pattern not in data, path.name
-        if path.suffix == ".json" and path.name.startswith("blackbox_"):
-            record = json.loads(data)
-            assert set(record) == fields
-            # aggregates: a ROC at fixed FPRs and binned histograms, no list per canary
-            for stats in record["stats"]:
-                assert {len(v) for v in stats.values() if isinstance(v, list)} <= (
-                    aggregate_lengths
-                )
+    check_no_coins(files, coins, "blackbox_", blackbox.BlackboxResult)
     # Resumable by cell: a second run reads both cells back and trains nothing.
     monkeypatch.setattr(blackbox, "audit_querygen", lambda *a, **k: pytest.fail("recomputed"))
     buffer = io.StringIO()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+from scripts.make_llama_fixture import permute as llama_cpp_permute  # llama.cpp's, verbatim
 from synthgen.models import kv_cache, llama
 from synthgen.models.llama import Llama, LlamaConfig
 from synthgen.models.llama_loading import load_llama, unpermute_rotary
@@ -69,21 +70,10 @@ def test_gguf_matches_transformers_and_hf_weights(hf_model, expected):
         np.testing.assert_array_equal(flat_gguf[path], value, err_msg=str(path))
 
 
-def _llama_cpp_permute(weights, n_head, n_head_kv):
-    """llama.cpp convert_hf_to_gguf.py `LlamaModel.permute`."""
-    if n_head_kv is not None and n_head != n_head_kv:
-        n_head = n_head_kv
-    return (
-        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weights.shape)
-    )
-
-
 @pytest.mark.parametrize("heads,kv_heads", [(9, 9), (9, 3)])
 def test_unpermute_inverts_llama_cpp_permute(heads, kv_heads):
     w = np.random.default_rng(0).normal(size=(kv_heads * 64, 40))
-    permuted = _llama_cpp_permute(w, heads, kv_heads)
+    permuted = llama_cpp_permute(w, heads, kv_heads)
     assert not np.array_equal(permuted, w)
     np.testing.assert_array_equal(unpermute_rotary(permuted, kv_heads), w)
 
