@@ -22,8 +22,8 @@ from pathlib import Path
 def values() -> dict[str, float]:
     from retriever.rag import accounting as rag_accounting
     from retriever.rag.config import RagConfig
+    from retriever.rag.one_run_audit import answer_epsilon_for
     from retriever.rag.plan import make_plan
-    from retriever.rag.power_audit import answer_epsilon_for
     from synthgen.knowledge.facts import FactConfig, plan_facts
     from synthgen.privacy.dpsgd_accounting import calibrate_noise_multiplier
     from synthgen.privacy.fewshot_accounting import calibrate_fewshot

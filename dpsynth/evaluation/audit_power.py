@@ -3,11 +3,11 @@
 A `PowerAuditConfig` names the audited generator and the cells: white-box DP-SGD steps per
 claimed epsilon (`synthgen.audit.whitebox`) and black-box fine-tunes per claimed epsilon
 (`synthgen.audit.blackbox`), run or read back by
-`dpsynth.evaluation.querygen_audit_power`; and the same
-one-run design for the other generators (`run_generators`): DP few-shot generation
-(`synthgen.audit.fewshot_power`), Private Evolution (`synthgen.audit.evolution_power`)
-and DP-RAG answers (`retriever.rag.power_audit`, supplied by the entry point, since
-synthgen never imports retriever). `write_report` then writes into the results folder:
+`dpsynth.evaluation.querygen_audit_power`; and the same one-run design for the other
+generators (`run_generators`): DP few-shot generation
+(`synthgen.audit.fewshot_release_audit`), Private Evolution
+(`synthgen.audit.evolution_release_audit`) and DP-RAG answers (`retriever.rag.one_run_audit`,
+supplied by `rag_audit_power_cells`). `write_report` then writes into the results folder:
 
   * ``whitebox_table.md`` / ``blackbox_table.md`` / ``generators_table.md``: one row per
     cell;
@@ -52,7 +52,7 @@ EPSILON_FIELDS = (
 )
 FEWSHOT_LM = "smollm2-135m-instruct"
 # The measured few-shot cell: M = 1 prompt of 4 shots, one draw per text (the most copies a
-# release can hold, `fewshot_power`'s "Power"), 448 texts of 10 tokens, 100 ordinary rows.
+# release can hold, `fewshot_release_audit`'s "Power"), 448 texts of 10 tokens, 100 ordinary rows.
 FEWSHOT_SETTINGS = dict(
     num_private=100,
     num_texts=448,
@@ -87,7 +87,7 @@ class PowerAuditConfig:
       blackbox_batch_size: expected batch of the black-box runs (None: the preset's); a
         value is part of each cell's file name.
       delta: delta of every claim and bound (the DP-RAG cells use the answer stage's
-        per-document delta, `retriever.rag.power_audit.DELTA`, stated in their rows).
+        per-document delta, `retriever.rag.one_run_audit.DELTA`, stated in their rows).
       fewshot_epsilons: claimed epsilons of the few-shot cells (SmolLM2-135M-Instruct,
         `FEWSHOT_SETTINGS`).
       evolution_epsilons: claimed epsilons of the Private Evolution cells
@@ -222,7 +222,7 @@ def run_generators(
     Raises:
       ValueError: a cell kind is asked for without what it needs.
     """
-    from synthgen.audit import evolution_power, fewshot_power
+    from synthgen.audit import evolution_release_audit, fewshot_release_audit
 
     m = config.generator_canaries or config.canaries
     offset = lambda k: None if seed is None else seed + 2000 + 100 * k  # noqa: E731
@@ -242,7 +242,7 @@ def run_generators(
             for eps in config.fewshot_epsilons
             if not release_audit.cell_path(out_dir, "fewshot_power", "smollm2", m, eps).exists()
         ]
-        results += fewshot_power.run_fewshot_power_cells(
+        results += fewshot_release_audit.run_fewshot_power_cells(
             out_dir,
             FlaxLM.load(FEWSHOT_LM) if to_run else None,  # every cell read back: no LM
             config.fewshot_epsilons,
@@ -256,7 +256,7 @@ def run_generators(
             **FEWSHOT_SETTINGS,
         )
     if config.evolution_epsilons:
-        results += evolution_power.run_evolution_power_cells(
+        results += evolution_release_audit.run_evolution_power_cells(
             out_dir,
             None,
             config.evolution_epsilons,

@@ -1,4 +1,4 @@
-"""The audit-power table (issue 52): which audits can see a leak, cell by cell, resumable.
+"""The audit-power table: which audits of the query generator see a leak, cell by cell.
 
 `scripts/audit_power.py` is its entry point. It runs two kinds of cells:
 

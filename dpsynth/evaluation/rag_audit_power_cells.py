@@ -1,12 +1,12 @@
 """The measured DP-RAG power cells: what `synthgen audit power` runs for `rag_epsilons`.
 
-`demo_cells` runs `retriever.rag.power_audit.run_rag_power_cells` on a 200-record medical
+`demo_cells` runs `retriever.rag.one_run_audit.run_rag_power_cells` on a 200-record medical
 world (`dpsynth.evaluation.medical_world`) with SmolLM2-135M-Instruct and all-MiniLM-L6-v2;
 `generator_runners` hands `dpsynth.evaluation.audit_power.run_generators` what it needs from
 retriever (this encoder for the Private Evolution cells, and these DP-RAG cells).
 
 Privacy:
-  As `retriever.rag.power_audit`: the results hold aggregates only; the canaries, coins
+  As `retriever.rag.one_run_audit`: the results hold aggregates only; the canaries, coins
   and answers stay in memory.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from retriever.rag.power_audit import RagPowerResult, run_rag_power_cells
+from retriever.rag.one_run_audit import RagPowerResult, run_rag_power_cells
 
 # The measured cells' public base collection (`dpsynth.evaluation.medical_world`) and models.
 DEMO_WORLD = dict(num_records=200, num_diseases=20, symptom_pool=60, seed=0)
@@ -33,7 +33,7 @@ def demo_cells(
 ) -> list[RagPowerResult]:
     """The measured DP-RAG cells: `run_rag_power_cells` on the 200-record medical world
     (`DEMO_WORLD`) with SmolLM2-135M-Instruct and all-MiniLM-L6-v2, with the defaults of
-    `retriever.rag.power_audit.power_config` (4-digit secrets, k = 1, tau 0.82); what
+    `retriever.rag.one_run_audit.power_config` (4-digit secrets, k = 1, tau 0.82); what
     `synthgen audit power` runs for `rag_epsilons`. Canaries, coins and answers stay in
     memory."""
     from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world

@@ -1,9 +1,9 @@
-"""One-run canary audits of a generator's released text (issue 52): the shared design.
+"""One-run canary audits of a generator's released text: the shared design.
 
 The query generator's power audits (`synthgen.audit.blackbox`) score a trained model; the
 few-shot generator (`synthgen.fewshot`) and Private Evolution (`synthgen.evolution`) train
-nothing, and what they release is text. Their audits (`synthgen.audit.fewshot_power`,
-`synthgen.audit.evolution_power`) share one design, kept here:
+nothing, and what they release is text. Their audits (`synthgen.audit.fewshot_release_audit`,
+`synthgen.audit.evolution_release_audit`) share one design, kept here:
 
   1. m canaries (default 1,000) are made from public material only: a typical prefix and a
      secret of `secret_words` random words drawn from a public word list

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from synthgen import evolution, fewshot
-from synthgen.audit import evolution_power, fewshot_power, release_audit
+from synthgen.audit import evolution_release_audit, fewshot_release_audit, release_audit
 from synthgen.audit.coins import streams
 from synthgen.lm_backends import TinyLM
 
@@ -41,7 +41,7 @@ def _ordinary(n, seed=0):
 
 
 def _fewshot(epsilon, *, seed=3, canaries=M, num_texts=1000, **kw):
-    return fewshot_power.run_fewshot_power_cell(
+    return fewshot_release_audit.run_fewshot_power_cell(
         CopyLM(), epsilon=epsilon, canaries=canaries, private_texts=_ordinary(20),
         public_texts=PUBLIC, num_texts=num_texts, shots=1, shot_tokens=64, max_new_tokens=32,
         seed=seed, **kw,
@@ -51,7 +51,7 @@ def _fewshot(epsilon, *, seed=3, canaries=M, num_texts=1000, **kw):
 def _evolution(epsilon, *, seed=5, canaries=M, **kw):
     kw.setdefault("num_samples", 2 * (canaries + 40))
     kw.setdefault("public_texts", PUBLIC + _ordinary(600, seed=1))
-    return evolution_power.run_evolution_power_cell(
+    return evolution_release_audit.run_evolution_power_cell(
         epsilon=epsilon, canaries=canaries, private_texts=_ordinary(40), seed=seed, **kw
     )
 
@@ -96,7 +96,7 @@ def test_max_cosine_scores_find_an_identical_release():
 
 
 def test_canaries_are_distinct_outliers_with_the_template():
-    drawn = _material(0, evolution_power.EVOLUTION_CANARY)
+    drawn = _material(0, evolution_release_audit.EVOLUTION_CANARY)
     assert len(drawn) == M and len(set(drawn.texts)) == M
     names = {t.split(" is known for ")[0] for t in drawn.texts}
     assert len(names) == M  # one invented subject per canary
@@ -135,7 +135,7 @@ def test_fewshot_declared_sizes_do_not_depend_on_the_coins(monkeypatch):
         seen.append((config, plan, len(rows)))
         return fewshot.FewShotResult([""] * len(targets), plan, 0)
 
-    monkeypatch.setattr(fewshot_power.fewshot, "generate", fake_generate)
+    monkeypatch.setattr(fewshot_release_audit.fewshot, "generate", fake_generate)
     results = [_fewshot(2.0, seed=seed, num_texts=50) for seed in (1, 2)]
     (config_a, plan_a, rows_a), (config_b, plan_b, rows_b) = seen
     assert rows_a - results[0].num_in == rows_b - results[1].num_in == 20
@@ -150,14 +150,14 @@ def test_fewshot_cells_resume_and_hold_no_canary_material(tmp_path, monkeypatch)
     kw = dict(
         private_texts=_ordinary(20), public_texts=PUBLIC, num_texts=300, shots=1, shot_tokens=64
     )
-    first = fewshot_power.run_fewshot_power_cells(
+    first = fewshot_release_audit.run_fewshot_power_cells(
         tmp_path / "out", CopyLM(), [math.inf], label="copy", canaries=M, seed=7,
         work_dir=work, log=logs.append, max_new_tokens=32, **kw,
     )  # fmt: skip
     (path,) = (tmp_path / "out").iterdir()
     assert path.name == f"fewshot_power_copy_m{M}_epsinf.json"
     text = path.read_text()
-    drawn = _material(7, fewshot_power.FEWSHOT_CANARY)
+    drawn = _material(7, fewshot_release_audit.FEWSHOT_CANARY)
     assert first[0].full_secret_in > 0  # texts that hold secrets exist ...
     for canary, secret in zip(drawn.texts, drawn.secrets, strict=True):
         assert canary not in text and not any(w in text for w in secret)  # ... not here
@@ -167,21 +167,21 @@ def test_fewshot_cells_resume_and_hold_no_canary_material(tmp_path, monkeypatch)
     private = np.load(work / "fewshot_epsinf.npz")
     assert private["coins"].sum() == first[0].num_in
     # Read back, not re-run.
-    monkeypatch.setattr(fewshot_power, "run_fewshot_power_cell", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr(fewshot_release_audit, "run_fewshot_power_cell", lambda *a, **k: 1 / 0)
     kw["max_new_tokens"] = 32
-    again = fewshot_power.run_fewshot_power_cells(
+    again = fewshot_release_audit.run_fewshot_power_cells(
         tmp_path / "out", CopyLM(), [math.inf], label="copy", canaries=M, log=logs.append, **kw
     )
     assert again == first and logs[-1].endswith("exists, skipped")
     assert json.loads(text)["violation"] is False
     # A file made with other settings is refused, not reused.
     with pytest.raises(ValueError, match="num_texts: file 300 != asked 301"):
-        fewshot_power.run_fewshot_power_cells(
+        fewshot_release_audit.run_fewshot_power_cells(
             tmp_path / "out", CopyLM(), [math.inf], label="copy", canaries=M,
             **{**kw, "num_texts": 301},
         )  # fmt: skip
     with pytest.raises(ValueError, match="max_new_tokens: file 32 != asked 10"):  # a default
-        fewshot_power.run_fewshot_power_cells(
+        fewshot_release_audit.run_fewshot_power_cells(
             tmp_path / "out", CopyLM(), [math.inf], label="copy", canaries=M,
             **{**kw, "max_new_tokens": 10},
         )  # fmt: skip
@@ -226,7 +226,7 @@ def test_evolution_declared_sizes_do_not_depend_on_the_coins(monkeypatch):
         seen.append((config, plan, list(initial), len(private)))
         return evolution.EvolutionResult(list(initial[:5]), [""] * 5, plan, [1.0], 0, 0.0)
 
-    monkeypatch.setattr(evolution_power.evolution, "evolve", fake_evolve)
+    monkeypatch.setattr(evolution_release_audit.evolution, "evolve", fake_evolve)
     results = [_evolution(2.0, seed=seed) for seed in (1, 2)]
     (config_a, plan_a, initial_a, n_a), (config_b, plan_b, initial_b, n_b) = seen
     assert n_a - results[0].num_in == n_b - results[1].num_in == 40
@@ -237,11 +237,11 @@ def test_evolution_declared_sizes_do_not_depend_on_the_coins(monkeypatch):
 
 def test_evolution_result_holds_no_canary_material(evolution_noise_off):
     text = json.dumps(evolution_noise_off.to_dict())
-    drawn = _material(5, evolution_power.EVOLUTION_CANARY)
+    drawn = _material(5, evolution_release_audit.EVOLUTION_CANARY)
     for canary, secret in zip(drawn.texts, drawn.secrets, strict=True):
         name = canary.split(" is known for ")[0]
         assert name not in text and not any(w in text for w in secret)
-    back = evolution_power.EvolutionPowerResult.from_dict(json.loads(text))
+    back = evolution_release_audit.EvolutionPowerResult.from_dict(json.loads(text))
     assert back == evolution_noise_off
 
 
@@ -272,7 +272,7 @@ def test_coins_are_fair():
 def test_fewshot_refuses_bad_input(kw, match):
     args = dict(epsilon=math.inf, canaries=M, private_texts=_ordinary(20), public_texts=PUBLIC)
     with pytest.raises(ValueError, match=match):
-        fewshot_power.run_fewshot_power_cell(CopyLM(), **{**args, **kw})
+        fewshot_release_audit.run_fewshot_power_cell(CopyLM(), **{**args, **kw})
 
 
 @pytest.mark.parametrize(
@@ -288,7 +288,7 @@ def test_fewshot_refuses_bad_input(kw, match):
 def test_evolution_refuses_bad_input(kw, match):
     args = dict(epsilon=math.inf, canaries=M, private_texts=_ordinary(40), public_texts=PUBLIC)
     with pytest.raises(ValueError, match=match):
-        evolution_power.run_evolution_power_cell(**{**args, **kw})
+        evolution_release_audit.run_evolution_power_cell(**{**args, **kw})
 
 
 def test_cell_labels_must_be_file_name_safe(tmp_path):

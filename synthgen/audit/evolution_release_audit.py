@@ -1,4 +1,4 @@
-"""One-run canary audit with power of Private Evolution's DP vote (issue 52, item 3).
+"""One-run canary audit of Private Evolution's DP vote: a lower bound on its epsilon.
 
 What it measures: a lower bound on the epsilon of PE's private step, the DP
 nearest-neighbour histogram and what `evolve` draws from it, under a worst-case public
@@ -88,7 +88,7 @@ class EvolutionPowerResult(CellResult):
     default cells; with real private samples, treat it as private).
     """
 
-    AUDIT = "Private Evolution (the DP vote)"  # named in `power_audit` tables and plots
+    AUDIT = "Private Evolution (the DP vote)"  # named in the audit-power tables and plots
 
     encoder: str
     num_private: int

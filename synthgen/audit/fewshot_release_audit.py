@@ -1,4 +1,4 @@
-"""One-run canary audit with power of DP few-shot generation (issue 52, item 3).
+"""One-run canary audit of DP few-shot generation's released text: a lower bound on its epsilon.
 
 The design shared with Private Evolution's audit is `synthgen.audit.release_audit`'s. For
 the few-shot generator (`synthgen.fewshot`, Tang et al. 2024):
@@ -89,7 +89,7 @@ class FewShotPowerResult(CellResult):
     stand-ins in the default cells; with real private rows, treat them as private).
     """
 
-    AUDIT = "few-shot (canaries in prompts)"  # named in `power_audit` tables and plots
+    AUDIT = "few-shot (canaries in prompts)"  # named in the audit-power tables and plots
 
     num_private: int
     secret_words: int

@@ -12,7 +12,7 @@ from retriever.rag import RagConfig, aggregation
 from retriever.rag.accounting import bounded_range_epsilon
 from retriever.rag.canary_audit import CANARY_PROMPT
 from retriever.rag.config import plan_answer
-from retriever.rag.power_audit import (
+from retriever.rag.one_run_audit import (
     RagPowerResult,
     answer_epsilon_for,
     cell_path,

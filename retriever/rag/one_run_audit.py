@@ -1,4 +1,4 @@
-"""One-run canary audit with power of the DP-RAG answer stage (issue 52, item 3).
+"""One-run canary audit of the DP-RAG answer stage: a lower bound on its epsilon.
 
 The query-generator power audits (`synthgen.audit.whitebox`, `synthgen.audit.blackbox`) with
 the same design, for DP-RAG answers:
@@ -152,7 +152,7 @@ class RagPowerResult(CellResult):
     over all m candidates (in and out: independent of the coins).
     """
 
-    AUDIT = "DP-RAG (per-record filters)"  # named in `power_audit` tables and plots
+    AUDIT = "DP-RAG (per-record filters)"  # named in the audit-power tables and plots
 
     num_documents: int
     digits: int
