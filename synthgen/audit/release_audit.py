@@ -14,10 +14,9 @@ nothing, and what they release is text. Their audits (`synthgen.audit.fewshot_re
      (Steinke, Nasr & Jagielski 2023), by `coins.draw_coins`.
   2. The generator runs ONCE on ordinary private examples (public stand-ins, the wiki
      summaries as in `dpsynth.evaluation.querygen_audit_power`) plus the included canaries.
-     Every public
-     figure it declares (a pool size, a data size) is fixed from public counts, ordinary
-     rows + m, as if every canary went in: never from the coins, so the claim (the plan's
-     epsilon for one private example) does not depend on them.
+     Every public figure it declares (a pool size, a data size) is fixed from public
+     counts, ordinary rows + m, as if every canary went in: never from the coins, so the
+     claim (the plan's epsilon for one private example) does not depend on them.
   3. Each canary is scored from its own text and the released texts ONLY (higher = "in"):
      `secret_word_scores` (few-shot: the secret's words found verbatim) or
      `max_cosine_scores` (Private Evolution: similarity to the nearest released sample).
@@ -353,8 +352,8 @@ def wiki_stand_ins(
 ) -> tuple[list[str], list[str]]:
     """(private texts, public documents): those given, else consecutive wiki summaries.
 
-    The first `num_private` documents play the private examples (as `power.py`'s cells
-    do); the next `num_public` are public material (secret words, fillers).
+    The first `num_private` documents play the private examples (as the query generator's
+    audit-power cells do); the next `num_public` are public material (secret words, fillers).
     """
     if private_texts is None or public_texts is None:
         from synthgen.corpora import load_wiki_summaries
