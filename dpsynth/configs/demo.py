@@ -6,7 +6,7 @@ expected batch 32, delta = 1/(2n)); one synthetic query for every train document
 37's plain setting: no lever beat it on validation queries);
 all-MiniLM-L6-v2 trained on them, next to the zero-shot encoder and the real-data upper
 bound on the same documents; a ScaNN index; three DP-RAG answers (epsilon 5 each) over
-a fictional private medical collection.
+the packaged sample collection of 200 fictional private medical records (medical-200).
 
     synthgen pipeline --config demo            # or: synthgen pipeline init demo (a copy to edit)
 """
@@ -39,5 +39,5 @@ def get_config() -> PipelineConfig:
         generate=GenerateConfig(kind="querygen", querygen=generator),
         encoder=EncoderConfig(batch_size=32, epochs=1.0, max_query_len=32, max_doc_len=64),
         index=IndexConfig(kind="scann"),
-        rag=RagStageConfig(questions=3, epsilon=5.0, k=4, max_tokens=8),
+        rag=RagStageConfig(sample="medical-200", questions=3, epsilon=5.0, k=4, max_tokens=8),
     )

@@ -46,7 +46,5 @@ def get_config() -> PipelineConfig:
             batch_size=256, epochs=3.0, learning_rate=1e-4, max_query_len=32, max_doc_len=256
         ),
         index=IndexConfig(kind="scann"),
-        rag=RagStageConfig(
-            num_records=2000, num_diseases=40, questions=10, epsilon=1.0, k=8, max_tokens=16
-        ),
+        rag=RagStageConfig(sample="medical-2000", questions=10, epsilon=1.0, k=8, max_tokens=16),
     )

@@ -32,8 +32,7 @@ def get_config() -> PipelineConfig:
         ),
         index=IndexConfig(kind="scann"),
         rag=RagStageConfig(
-            num_records=40,
-            num_diseases=5,
+            sample="medical-40",
             questions=2,
             k=3,
             max_tokens=3,

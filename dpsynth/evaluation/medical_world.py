@@ -25,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+# The rule that scores a world's answers, re-exported here for the evaluations that use it.
+from retriever.answer_match import answer_is_correct as answer_is_correct
+
 # Plain consonant-vowel syllables: with SmolLM2's BPE (vocab 49152), 95% of disease names are
 # 2-4 tokens and the rest 5 (measured over 4,000 names).
 _ONSETS = "b br d dr f fl g gr k l m n p pl qu r s st t tr v z".split()
@@ -228,29 +231,6 @@ def make_world(config: MedicalWorldConfig) -> MedicalWorld:
         text = template.format(p=patient, a=age, s=symptoms, d=disease.name, t=disease.treatment)
         records.append(Record(f"rec-{i:05d}", text, disease.name))
     return MedicalWorld(config, diseases, records)
-
-
-def _mentions(text: str, phrase: str) -> bool:
-    return re.search(rf"(?<!\w){re.escape(phrase.lower())}(?!\w)", text.lower()) is not None
-
-
-def answer_is_correct(answer_text: str, disease_name: str, *, others: Iterable[str] = ()) -> bool:
-    """Whether an answer names the disease.
-
-    Rule (case-insensitive, at word boundaries): the answer contains the full name, or its
-    first word when that word has at least 5 characters and starts no other name in ``others``
-    ("Besox" counts for "Besox fever"). `make_world` gives every disease a distinct first word
-    of 5+ characters, so ``others`` may stay empty for its worlds.
-
-    Args:
-      answer_text: the generated answer.
-      disease_name: the expected disease name.
-      others: the world's other disease names, to check the first word is unique.
-    """
-    first = disease_name.split()[0].lower()
-    clash = any(o.split()[0].lower() == first for o in others if o.lower() != disease_name.lower())
-    partial = len(first) >= 5 and not clash and _mentions(answer_text, first)
-    return partial or _mentions(answer_text, disease_name)
 
 
 def _write_jsonl(rows: Iterable[dict], path: str | Path) -> None:

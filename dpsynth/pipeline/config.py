@@ -18,12 +18,16 @@ import re
 from pathlib import Path
 from typing import Literal
 
+from dpsynth.pipeline.sample_collections import DEFAULT_SAMPLE, check_sample, fingerprint_fields
 from synthgen.fewshot.config import FewShotConfig
 from synthgen.querygen import GeneratorConfig
 
 # Field metadata: a field added after run folders existed is hashed into its stage's
 # fingerprint only when it differs from its default, so old runs stay up to date.
 FINGERPRINT_AT_DEFAULT = {"fingerprint": "omit-at-default"}
+# Field metadata: a field that replaced others is hashed into its stage's fingerprint as the
+# fields it replaced (a function of its value gives them), so old runs stay up to date.
+FINGERPRINT_AS = "fingerprint-as"
 
 GeneratorKind = Literal["querygen", "fewshot"]
 
@@ -218,22 +222,23 @@ class RagStageConfig:
     """A few questions answered by the DP-RAG stage over a private collection.
 
     The collection is the user's own (`records`, with public questions in `questions_file`)
-    or, by default, the fictional medical world of the DP-RAG evaluation (records no
-    pretrained LM can know); either is scored with the pipeline's trained encoder.
+    or, by default, a packaged sample collection (`dpsynth.pipeline.sample_collections`:
+    fictional medical records no pretrained LM can know, with their questions); either is
+    scored with the pipeline's trained encoder.
 
     Attributes:
       enabled: run the stage.
       lm: LM asset or path.
-      num_records, num_diseases, world_seed: the fictional medical world (without
-        `records`).
-      questions: how many questions are answered: the first of the world's, or of
+      sample: the packaged sample collection answered over without `records`:
+        "medical-40", "medical-200" or "medical-2000" (that many records).
+      questions: how many questions are answered: the first of the sample's, or of
         `questions_file`.
       records: the user's private collection: a JSONL of {"doc_id", "text"} lines (None:
-        the fictional medical world).
+        the packaged `sample`).
       questions_file: with `records`: the public questions, a JSONL of {"question",
         optional "answer"} lines (an expected answer is scored) or one question per line.
-      dataset: the collection's name in the run's ledger (None: "medical-records" for the
-        world, the records file's stem otherwise).
+      dataset: the collection's name in the run's ledger (None: "medical-records" for a
+        packaged sample, the records file's stem otherwise).
       epsilon: per-answer epsilon.
       mechanism: "icl", "keywords", "facts" or "auto" (`retriever.rag.defaults`: facts, or
         icl with a k below 64); a retired one (`retriever.rag.plan.RETIRED`) is refused.
@@ -256,9 +261,10 @@ class RagStageConfig:
 
     enabled: bool = True
     lm: str = "smollm2-135m-instruct"
-    num_records: int = 200
-    num_diseases: int = 10
-    world_seed: int = 0
+    # replaced the world's sizes (num_records, num_diseases, world_seed): hashed as them
+    sample: str = dataclasses.field(
+        default=DEFAULT_SAMPLE, metadata={FINGERPRINT_AS: fingerprint_fields}
+    )
     questions: int = 3
     epsilon: float = 5.0
     mechanism: str = "auto"
@@ -288,7 +294,7 @@ class RagStageConfig:
             )
         if self.dataset_name == "train-pairs" or (
             self.records is not None and self.dataset_name == "medical-records"
-        ):  # the generate stage's scope, or the built-in world's
+        ):  # the generate stage's scope, or the packaged samples'
             raise ValueError(
                 f"the collection's name {self.dataset_name!r} is the main job's own: set "
                 "rag.dataset to another"
@@ -313,8 +319,9 @@ class RagStageConfig:
         check_mechanism(self.mechanism, auto=True)
         if self.k < 1 or self.max_tokens < 1:
             raise ValueError(f"k and max_tokens must be >= 1, got {self.k=}, {self.max_tokens=}")
-        if self.questions < 1 or self.num_records < self.num_diseases:
-            raise ValueError(f"bad sizes: {self.questions=}, {self.num_records=}")
+        check_sample(self.sample)
+        if self.questions < 1:
+            raise ValueError(f"questions must be >= 1, got {self.questions=}")
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise ValueError(f"epsilon must be positive and finite, got {self.epsilon=}")
         self._check_accounting()

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from dpsynth.pipeline.config import PipelineConfig
+from dpsynth.pipeline.config import FINGERPRINT_AS, PipelineConfig
 from synthgen.work_folder import private_folder
 
 STAGES = ("data", "generate", "train", "evaluate", "index", "rag", "report")
@@ -123,11 +123,14 @@ class StageContext:
 
 def jsonable(value):
     if dataclasses.is_dataclass(value):
-        return {
-            f.name: jsonable(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if not _omitted(f, getattr(value, f.name))
-        }
+        out = {}
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            if _omitted(f, item):
+                continue
+            stand_in = f.metadata.get(FINGERPRINT_AS)  # hashed as the fields it replaced
+            out.update(stand_in(item) if stand_in else {f.name: jsonable(item)})
+        return out
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
     if isinstance(value, dict):

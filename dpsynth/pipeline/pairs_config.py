@@ -7,8 +7,8 @@ reads the user's files, the DP generator keeps the preset's number of DP steps a
 batch whatever the number of pairs (its epochs are set from the train pairs' count). The
 DP-RAG stage answers the user's own questions over the user's private collection when both
 are given (`rag_records`, `rag_questions`, checked here), and is turned off otherwise (the
-preset's answers over a built-in test world, not the user's data); the report's samples are
-off (a real query beside its synthetic one: the user's real queries are private).
+preset's answers over its packaged sample collection, not the user's data); the report's
+samples are off (a real query beside its synthetic one: the user's real queries are private).
 
 Privacy:
   Reads the private pairs to check them and to count them; the config holds the files'
@@ -167,8 +167,8 @@ def _rag_section(
         raise ValueError("a DP-RAG stage needs both the private records and the questions")
     if records is None:
         return {
-            "rag_note": "# the preset's DP-RAG stage answers over a built-in test world, not "
-            "your data",
+            "rag_note": "# the preset's DP-RAG stage answers over a packaged sample collection, "
+            "not your data",
             "rag": "RagStageConfig(enabled=False)",
         }, (0, 0, 0)
     from dpsynth.pipeline.rag_stage import answers_that_fit, read_questions

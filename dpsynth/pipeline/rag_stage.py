@@ -4,9 +4,9 @@ Privacy:
   Privacy unit: one record of the private collection (add/remove-one). Every answer is
   (epsilon, delta)-DP (`retriever.rag.DPRag`: DP retrieval threshold, DP token aggregation;
   Grislain 2024, Koga et al. 2024), charged to the run's ledger before any noise is drawn;
-  the collection's scope caps the total. The questions are public (the built-in
-  fictional world's, made from its disease descriptions, or the user's `rag.questions_file`),
-  the answers are releases. The sensitivity
+  the collection's scope caps the total. The questions are public (the packaged sample
+  collection's, made from its fictional diseases' descriptions, or the user's
+  `rag.questions_file`), the answers are releases. The sensitivity
   assumes an encoder that does not depend on the collection: the run's encoder is trained
   on the generate stage's DP synthetic release (checked from its provenance.json, as
   `retriever answer` does), and δ and the scope's δ cap are below 1/n for n records.
@@ -28,7 +28,7 @@ from pathlib import Path
 from dpsynth.pipeline.context import StageContext, open_run_scope
 from synthgen.privacy.receipts import collection_payer
 
-RAG_DATASET = "medical-records"  # the built-in world's name in the ledger
+RAG_DATASET = "medical-records"  # the packaged sample collections' name in the ledger
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,31 +46,17 @@ class Collection:
 
 def read_collection(cfg) -> Collection:
     """`cfg.records` (a corpus JSONL of doc_id and text) with the first `cfg.questions` of
-    `cfg.questions_file`, or the built-in fictional medical world of `cfg`'s sizes with its
-    first questions in the world's (public) disease order: choosing by how many records a
-    disease has would branch on the private collection."""
-    if cfg.records is not None:
-        from retriever.data import read_corpus
+    `cfg.questions_file`, or the packaged sample collection `cfg.sample` with its first
+    questions, which are in its fictional world's (public) disease order: choosing by how
+    many records a disease has would branch on the private collection."""
+    from dpsynth.pipeline.sample_collections import sample_files
+    from retriever.data import read_corpus
 
-        doc_ids, texts = read_corpus(cfg.records)
-        return Collection(
-            cfg.dataset_name, doc_ids, texts, read_questions(cfg.questions_file)[: cfg.questions]
-        )
-    from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world
-
-    world = make_world(
-        MedicalWorldConfig(
-            num_diseases=cfg.num_diseases,
-            symptom_pool=max(60, 2 * cfg.num_diseases + 2),
-            num_records=cfg.num_records,
-            seed=cfg.world_seed,
-        )
+    records, questions = (
+        (cfg.records, cfg.questions_file) if cfg.records is not None else sample_files(cfg.sample)
     )
-    questions = [(q.question, q.answer) for q in world.questions()[: cfg.questions]]
-    records = world.records
-    return Collection(
-        cfg.dataset_name, [r.doc_id for r in records], [r.text for r in records], questions
-    )
+    doc_ids, texts = read_corpus(records)
+    return Collection(cfg.dataset_name, doc_ids, texts, read_questions(questions)[: cfg.questions])
 
 
 def read_questions(path) -> list[tuple[str, str | None]]:
@@ -100,8 +86,9 @@ def _count_correct(answers: list[dict]) -> int | None:
 
 
 def _correct(answer: str, expected: str | None, abstained: bool) -> bool | None:
-    """Whether an answer names the expected answer (None: no expected answer given)."""
-    from dpsynth.evaluation.medical_world import answer_is_correct
+    """Whether an answer names the expected answer (None: no expected answer given), by
+    `retriever.answer_match.answer_is_correct`."""
+    from retriever.answer_match import answer_is_correct
 
     if expected is None:
         return None

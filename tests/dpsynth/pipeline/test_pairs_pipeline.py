@@ -85,7 +85,7 @@ def test_init_writes_a_config_for_the_pairs_and_the_main_job_runs_it(tmp_path):
     assert alone.returncode == 2 and "--documents FILE" in alone.stderr
     config = load_pipeline_config(str(tmp_path / "support.py"))
     assert config.data.pairs == str(log.resolve()) and config.data.source is None
-    assert not config.rag.enabled  # no collection of yours: no DP-RAG stage over a test world
+    assert not config.rag.enabled  # no collection of yours: no DP-RAG stage over a sample
     tickets, questions = _rag_files(tmp_path)
     made = _cli(
         "pipeline", "init", "--pairs", log, "--documents", docs, "--query-field", "q",

@@ -23,7 +23,7 @@ def _ctx(tmp_path, record, **rag):
     if record is not None:
         provenance.write_provenance(encoder, record)
     config = types.SimpleNamespace(
-        rag=RagStageConfig(num_records=40, num_diseases=5, questions=1, **rag),
+        rag=RagStageConfig(sample="medical-40", questions=1, **rag),
         privacy=types.SimpleNamespace(tenant="pipeline"),
     )
     run = types.SimpleNamespace(root=tmp_path, ledger=tmp_path / "ledger.sqlite")
@@ -204,10 +204,21 @@ def test_the_rag_stage_config_refuses_a_retired_or_unknown_mechanism(mechanism):
         RagStageConfig(mechanism=mechanism)
 
 
+def test_the_rag_stage_reads_a_packaged_sample_or_refuses_an_unknown_one():
+    from dpsynth.pipeline.rag_stage import read_collection
+
+    collection = read_collection(RagStageConfig(sample="medical-40", questions=2))
+    assert collection.name == RAG_DATASET and len(collection.texts) == 40
+    assert collection.doc_ids[:2] == ["rec-00000", "rec-00001"]
+    assert [answer for _, answer in collection.questions] == ["Besox fever", "Rovanora"]
+    with pytest.raises(ValueError, match=r"rag.sample .*medical-40, medical-200, medical-2000"):
+        RagStageConfig(sample="medical-100")
+
+
 def test_release_mode_charges_once_and_answers_for_free(individual_stage):
     ctx = individual_stage(questions=4, accounting="collection", document_epsilon=None,
                            document_delta=None, mode="release", release_epsilon=10.0,
-                           num_records=120)  # fmt: skip
+                           sample="medical-200")  # fmt: skip
     summary = answer_questions(ctx)
     assert summary["mode"] == "release" and summary["questions"] == 4
     assert all(a["epsilon"] == 0.0 and a["mechanism"] == "release" for a in summary["answers"])
@@ -229,7 +240,7 @@ def test_release_mode_charges_once_and_answers_for_free(individual_stage):
 
 def test_release_mode_refuses_a_run_folder_of_the_retired_cluster_release(individual_stage):
     ctx = individual_stage(questions=2, accounting="collection", document_epsilon=None,
-                           document_delta=None, mode="release", num_records=120)  # fmt: skip
+                           document_delta=None, mode="release", sample="medical-200")  # fmt: skip
     old = ctx.run.private / "knowledge"
     old.mkdir(parents=True)
     (old / "knowledge_charge.json").write_text('{"ref": "knowledge-0"}')
@@ -269,7 +280,7 @@ def test_the_rag_stage_answers_over_a_users_own_records_and_questions(individual
     assert summary["answers"][1]["expected"] is None and summary["answers"][1]["correct"] is None
     assert isinstance(summary["answers"][0]["correct"], bool)
     book = PrivacyLedger(ctx.run.ledger)
-    assert [s.dataset for s in book.scopes()] == ["clinic-notes"]  # not the built-in world
+    assert [s.dataset for s in book.scopes()] == ["clinic-notes"]  # not the packaged sample
     answers = {c.ref.split("/")[0] for c in book.charges("pipeline", "clinic-notes")}
     assert len(answers) == 2  # one charge (each stage a row) per answer
 

@@ -96,6 +96,26 @@ def test_fields_added_later_enter_the_fingerprint_only_off_their_default():
     ]
 
 
+def test_the_rag_sample_is_fingerprinted_as_the_world_fields_it_replaced():
+    from dpsynth.pipeline.config import RagStageConfig
+    from dpsynth.pipeline.context import jsonable
+
+    base = _config()  # rag.sample at its default, medical-200
+    hashed = jsonable(base.rag)
+    assert "sample" not in hashed  # as before the field: run folders keep their fingerprints
+    assert {k: hashed[k] for k in ("num_records", "num_diseases", "world_seed")} == {
+        "num_records": 200,
+        "num_diseases": 10,
+        "world_seed": 0,
+    }
+    tiny = _config(rag=RagStageConfig(sample="medical-40"))
+    assert jsonable(tiny.rag)["num_records"] == 40 and jsonable(tiny.rag)["num_diseases"] == 5
+    assert [s for s in STAGES if fingerprints(tiny)[s] != fingerprints(base)[s]] == [
+        "rag",
+        "report",
+    ]
+
+
 def test_from_recomputes_that_stage_and_later(tmp_path, calls):
     run_pipeline(_config(), tmp_path)
     calls.clear()

@@ -79,7 +79,7 @@ def _rag_context(tmp_path, logged, **rag):
     (encoder / "encoder.json").write_text('{"base": "random:bert"}')
     provenance.write_provenance(encoder, provenance.synthetic(RELEASE, num_pairs=4))
     config = types.SimpleNamespace(
-        rag=RagStageConfig(num_records=40, num_diseases=5, questions=1, **rag),
+        rag=RagStageConfig(sample="medical-40", questions=1, **rag),
         privacy=types.SimpleNamespace(tenant="pipeline"),
     )
     run = types.SimpleNamespace(root=tmp_path, ledger=tmp_path / "ledger.sqlite")
