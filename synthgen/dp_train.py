@@ -37,6 +37,7 @@ generation); Shazeer & Stern 2018 (Adafactor).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -277,6 +278,12 @@ def _charge_on_process_0(charge: Callable[[], object]) -> None:
         raise PrivacyError("process 0 could not charge the run to the ledger; nothing is released")
 
 
+@functools.partial(jax.jit, donate_argnums=0)
+def _add_trees(total: PyTree, more: PyTree) -> PyTree:
+    """The chunks' clipped sums added in one dispatch (leaf by leaf, it is one per leaf)."""
+    return jax.tree.map(jnp.add, total, more)
+
+
 def _mesh() -> Mesh:
     return Mesh(np.array(jax.devices()), ("data",))
 
@@ -423,6 +430,9 @@ def train(
     # Copy: the update donates its inputs, and the caller's arrays must stay valid.
     trainable = jax.device_put(jax.tree.map(jnp.copy, trainable), replicated)
     frozen = jax.device_put(frozen, replicated)
+    # Placed as the update's outputs are: with the state left uncommitted, the second step's
+    # inputs differ from the first's in sharding and `update` would compile twice.
+    opt_state = jax.device_put(opt_state, replicated)
     ghost = tapped_loss_fn if config.per_example_norms == "ghost" else None
     grad_sum_fn = jax.jit(make_clipped_grad_sum(loss_fn, config.clip_norm, tapped_loss_fn=ghost))
     update_fn = jax.jit(
@@ -457,7 +467,7 @@ def train(
         for chunk in sampler.chunks(indices):
             batch, mask = to_device(chunk.indices, chunk.mask)
             acc, chunk_loss, counts = grad_sum_fn(trainable, frozen, batch, mask)
-            total = acc if total is None else jax.tree.map(jnp.add, total, acc)
+            total = acc if total is None else _add_trees(total, acc)
             loss_sum += float(chunk_loss)
             nonfinite += int(counts.nonfinite)
             count += int(chunk.mask.sum())

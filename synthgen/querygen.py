@@ -39,7 +39,7 @@ from synthgen import dp_train, run_seed, shards
 from synthgen.corpora import file_sha256
 from synthgen.generator_models import LlamaFamily, T5Family, merge_params, split_trainable
 from synthgen.models.sampling import SamplingConfig
-from synthgen.paths import default_work_dir
+from synthgen.paths import cache_dir, default_work_dir
 from synthgen.shards import Shard
 from synthgen.work_folder import OncePayer, WorkFolder
 
@@ -116,17 +116,25 @@ def _config_from_dict(cls, data: dict):
     )
 
 
+VOCABULARY_CACHE = "vocabularies"
+"""The asset cache's folder of random-init bases' vocabularies, trained on public documents
+(`synthgen.paths.cache_dir`; `synthgen.models.sentencepiece_tokenizer.train_sentencepiece`)."""
+
+
 def load_base(
     config: GeneratorConfig,
     documents: Sequence[str] = (),
     *,
     tokenizer_dir: Path | None = None,
     seed: int = 0,
+    vocabulary_cache: Path | None = None,
 ):
     """Returns (family adapter, params) for the configured base model.
 
     For "random:<preset>", trains a SentencePiece vocabulary on `documents` (public) into
-    `tokenizer_dir`, then initialises the model from `seed`.
+    `tokenizer_dir`, then initialises the model from `seed`. With `vocabulary_cache` (for
+    documents that are public: the cache outlives the run), a vocabulary trained before on
+    the same documents is reused (`VOCABULARY_CACHE`).
     """
     lora = dict(lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
     compute = dict(dtype=config.dtype, remat=config.remat)
@@ -136,7 +144,9 @@ def load_base(
             raise ValueError("a random-init base needs public documents for its vocabulary")
         from synthgen.models.sentencepiece_tokenizer import train_sentencepiece
 
-        tokenizer = train_sentencepiece(list(documents), config.vocab_size, tokenizer_dir)
+        tokenizer = train_sentencepiece(
+            list(documents), config.vocab_size, tokenizer_dir, cache=vocabulary_cache
+        )
         return _random_init(config.family, preset, tokenizer, {**lora, **compute}, seed)
     # Parameters load in float32 (what DP-Adafactor updates); only the matmuls run in
     # `config.dtype`.
@@ -253,7 +263,13 @@ def train_generator(
     documents, queries = pairs[document_field], pairs[query_field]
     # The initialisation of a random-init base is public (seed 0): never derived from the
     # mechanism's secret seed, which the released model must not carry a trace of.
-    family, params = load_base(config, documents, tokenizer_dir=out / "tokenizer", seed=0)
+    family, params = load_base(
+        config,
+        documents,
+        tokenizer_dir=out / "tokenizer",
+        seed=0,
+        vocabulary_cache=cache_dir() / VOCABULARY_CACHE,
+    )
     data = family.encode_pairs(documents, queries, config.input_len, config.target_len)
     lora = config.lora_rank > 0
     trainable, frozen = split_trainable(params, lora=lora)

@@ -14,9 +14,12 @@ References:
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -180,11 +183,15 @@ def train_sentencepiece(
     *,
     character_coverage: float = 0.9995,
     num_threads: int | None = None,
+    cache: str | Path | None = None,
 ) -> SentencePieceTokenizer:
     """Trains a T5-style unigram SentencePiece model on `texts` (pad 0, eos 1, unk 2, no bos).
 
-    Training is deterministic for a given input order (no sentence sampling). Each text is one
+    Training is deterministic for a given input order (no sentence sampling: the same pieces
+    and scores; the file's bytes may differ in the last bits of a score). Each text is one
     training sentence; long documents are kept whole (max_sentence_length is raised).
+    With `cache`, a model trained before on the same texts and settings (the same
+    SentencePiece version) is copied from there instead of trained again.
 
     Args:
       texts: training texts (public data only: the vocabulary is not a DP release).
@@ -192,6 +199,8 @@ def train_sentencepiece(
       out_dir: where spiece.model and spiece.vocab are written (created).
       character_coverage: share of characters covered by the alphabet (rest map to unk).
       num_threads: trainer threads (default: CPU count, at most 8).
+      cache: a folder of trained models, one subfolder per key (a SHA-256 of the texts and
+        settings); public texts only, as above.
 
     Returns:
       The trained tokenizer.
@@ -206,6 +215,8 @@ def train_sentencepiece(
         raise ValueError("train_sentencepiece needs at least one non-empty text")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if cache is not None:
+        return _cached(sentences, vocab_size, character_coverage, out_dir, Path(cache))
     prefix = out_dir / MODEL_FILE.removesuffix(".model")
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences),
@@ -221,4 +232,27 @@ def train_sentencepiece(
         num_threads=num_threads or min(os.cpu_count() or 1, 8),
         minloglevel=2,
     )
+    return SentencePieceTokenizer(out_dir / MODEL_FILE)
+
+
+def _cached(
+    sentences: list[str], vocab_size: int, coverage: float, out_dir: Path, cache: Path
+) -> SentencePieceTokenizer:
+    """`train_sentencepiece` through `cache`: trained once per key into a temporary folder
+    renamed into place (concurrent processes may train the same key; one rename wins)."""
+    key = hashlib.sha256(f"{spm.__version__}|{vocab_size}|{coverage}|".encode())
+    for sentence in sentences:
+        key.update(sentence.encode("utf-8") + b"\0")
+    entry = cache / key.hexdigest()
+    if not (entry / MODEL_FILE).exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".training-", dir=cache))
+        try:
+            train_sentencepiece(sentences, vocab_size, staging, character_coverage=coverage)
+            with contextlib.suppress(OSError):  # another process put the key in place first
+                staging.rename(entry)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # gone after a rename
+    for name in (MODEL_FILE, MODEL_FILE.replace(".model", ".vocab")):
+        shutil.copyfile(entry / name, out_dir / name)
     return SentencePieceTokenizer(out_dir / MODEL_FILE)
