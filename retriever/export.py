@@ -507,13 +507,3 @@ def export_index(
         "statement": record["statement"],
         "corpus_statement": CORPUS_STATEMENT,
     }
-
-
-def read_parquet_metadata(path: str | Path) -> dict:
-    """The ``dpsynth`` schema metadata of a Parquet file `export_index` wrote."""
-    import pyarrow.parquet as pq
-
-    metadata = pq.read_schema(path).metadata or {}
-    if PARQUET_METADATA_KEY not in metadata:
-        raise ValueError(f"{path} has no dpsynth metadata")
-    return json.loads(metadata[PARQUET_METADATA_KEY])

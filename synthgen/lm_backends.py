@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from synthgen.next_token import NextTokenLM, row_tokens
+from synthgen.next_token import NextTokenLM, RescoredSession, row_tokens
 
 __all__ = [
     "FlaxLM",
@@ -34,7 +34,7 @@ __all__ = [
 # ---- a deterministic test model ---------------------------------------------------------
 
 
-class TinyLM:
+class TinyLM(RescoredSession):
     """Byte-level bigram copy model: p(b | context) ∝ floor + count of (last, b) in context.
 
     Deterministic and instant, so few-shot behaviour is testable: tokens that follow the
@@ -82,17 +82,6 @@ class TinyLM:
 
     def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         return np.stack([self._logprobs(p) for p in prompts])
-
-    def start(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, length: int | None = None
-    ) -> np.ndarray:
-        self._rows = [list(p) for p in prompts]
-        return self.score(self._rows)
-
-    def append(self, token: int | Sequence[int]) -> np.ndarray:
-        for row, t in zip(self._rows, row_tokens(token, len(self._rows)), strict=True):
-            row.append(t)
-        return self.score(self._rows)
 
 
 # ---- the local Flax decoder --------------------------------------------------------------
@@ -295,11 +284,7 @@ class FlaxLM:
         return np.asarray(logprobs[: self._rows], np.float32)
 
     def continuations(
-        self,
-        prompts: Sequence[Sequence[int]],
-        continuations: Sequence[Sequence[int]],
-        *,
-        length: int | None = None,
+        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
     ) -> np.ndarray:
         """[prompts, continuations]: each continuation's total log-probability after each
         prompt, from one prefill (a copy of the session's cache per continuation)."""
@@ -308,7 +293,7 @@ class FlaxLM:
 
         if not continuations or min(len(c) for c in continuations) == 0:
             raise ValueError("every continuation needs at least one token")
-        first = self.start(prompts, max(len(c) for c in continuations), length=length)
+        first = self.start(prompts, max(len(c) for c in continuations))
         saved = jax.tree.map(jnp.copy, self._cache)  # a step donates the cache it reads
         out = np.zeros((len(prompts), len(continuations)))
         for j, ids in enumerate(continuations):
@@ -372,20 +357,16 @@ def load_backend(
 
 
 def continuation_logprobs(
-    lm: NextTokenLM,
-    prompts: Sequence[Sequence[int]],
-    continuations: Sequence[Sequence[int]],
-    *,
-    length: int | None = None,
+    lm: NextTokenLM, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
 ) -> np.ndarray:
     """[prompts, continuations]: each continuation's total log-probability after each prompt.
 
     One prefill where the backend offers it (`FlaxLM.continuations`); else one `score` row
-    per continuation prefix. `length` (public) pads the prompts to a fixed shape.
+    per continuation prefix.
     """
     own = getattr(lm, "continuations", None)
     if callable(own):
-        return own(prompts, continuations, length=length)
+        return own(prompts, continuations)
     rows, spans = [], []
     for prompt in prompts:
         for ids in continuations:

@@ -1,5 +1,5 @@
 """Next-token log-probabilities of a frozen LM for a batch of prompts: the `NextTokenLM`
-protocol and its one shared helper.
+protocol and its shared helpers.
 
 DP few-shot generation (`synthgen.fewshot`) releases one token at a time for M private
 prompts that all continue with the same released tokens. A backend therefore keeps a
@@ -73,3 +73,19 @@ def row_tokens(token: int | Sequence[int], rows: int) -> list[int]:
     if len(tokens) != rows:
         raise ValueError(f"need one token per row: {len(tokens)=}, {rows=}")
     return tokens
+
+
+class RescoredSession:
+    """`start` and `append` of a backend without a cache: every step scores its rows again
+    with the backend's own `score` (the rows are kept in ``_rows``)."""
+
+    def start(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, length: int | None = None
+    ) -> np.ndarray:
+        self._rows = [list(p) for p in prompts]
+        return self.score(self._rows)
+
+    def append(self, token: int | Sequence[int]) -> np.ndarray:
+        for row, t in zip(self._rows, row_tokens(token, len(self._rows)), strict=True):
+            row.append(t)
+        return self.score(self._rows)

@@ -70,7 +70,7 @@ from typing import Any
 
 import numpy as np
 
-from synthgen.next_token import row_tokens
+from synthgen.next_token import RescoredSession
 
 PROMPT_FORMATS = ("auto", "tokens", "text")
 # Public and fixed: the only prompt the probe ever sends.
@@ -115,7 +115,7 @@ def _display(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-class OpenAICompletionsLM:
+class OpenAICompletionsLM(RescoredSession):
     """An OpenAI-compatible completions endpoint behind the `NextTokenLM` protocol.
 
     Args:
@@ -210,17 +210,6 @@ class OpenAICompletionsLM:
         other = copy.copy(self)
         other._rows = []
         return other
-
-    def start(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, length: int | None = None
-    ) -> np.ndarray:
-        self._rows = [list(p) for p in prompts]
-        return self.score(self._rows)
-
-    def append(self, token: int | Sequence[int]) -> np.ndarray:
-        for row, t in zip(self._rows, row_tokens(token, len(self._rows)), strict=True):
-            row.append(t)
-        return self.score(self._rows)
 
     def close(self) -> None:
         """Closes the connection pool and the worker threads (forks share them)."""

@@ -114,30 +114,3 @@ def accuracy_by_support(rows: Sequence[dict]) -> dict[str, float | None]:
         hits = [bool(r["correct"]) for r in rows if low <= r["support"] <= high]
         out[label] = float(np.mean(hits)) if hits else None
     return out
-
-
-def fact_share(records: Sequence[dict], world) -> dict[str, int]:
-    """How many synthetic records name a disease of the world as their Diagnosis, and how
-    many of those also list only that disease's symptoms and its treatment (the fields they
-    state): a measure of what the release carries, read against the private world."""
-    first = {d.name.split()[0].lower(): d for d in world.diseases}
-    named = correct = 0
-    for record in records:
-        fields = dict(
-            line.split(": ", 1)
-            for line in record["text"].splitlines()
-            if ": " in line and not line.startswith("Keywords:")
-        )
-        disease = first.get(fields.get("Diagnosis", "").strip().lower())
-        if disease is None:
-            continue
-        named += 1
-        own = {s.split()[0] for s in disease.symptoms} | {disease.treatment.lower()}
-        stated = [
-            w.strip().lower()
-            for key in ("Symptoms", "Treatment")
-            for w in fields.get(key, "").split(",")
-            if w.strip()
-        ]
-        correct += bool(stated) and all(w in own for w in stated)
-    return {"records": len(records), "name_a_disease": named, "state_its_facts": correct}

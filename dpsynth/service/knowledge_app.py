@@ -37,7 +37,6 @@ from retriever.knowledge_base import KnowledgeBase
 
 log = logging.getLogger("dpsynth.service.knowledge")
 LIMITS = ServiceConfig()  # the same body and question limits as `retriever serve`
-MAX_QUESTION_CHARS = LIMITS.max_question_chars
 
 
 def budget_statement(base: KnowledgeBase) -> dict:

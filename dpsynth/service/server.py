@@ -15,14 +15,12 @@ from dpsynth.service.app import (
 )
 from dpsynth.service.public_index import PublicIndex
 from dpsynth.service.tenants import TenantRegistry
+from retriever.network.local import TINY_LM, load_answer_lm
 from retriever.rag.answer import DPRag, RagConfig
 from retriever.rag.collection import refuse_collection_cap, require_collection_cap
-from retriever.rag.prompts import PromptFormat
 from synthgen.privacy import PrivacyLedger
 from synthgen.privacy.document_filters import DocumentFilters
 from synthgen.privacy.receipts import collection_payer
-
-TINY_LM = "tiny"  # the byte-level test model (`synthgen.lm_backends.TinyLM`)
 
 
 def load_service(
@@ -123,12 +121,7 @@ def load_service(
     else:
         require_collection_cap(book, dataset)  # before loading anything heavy
         check_answer_event(book, dataset, plan)
-    if lm == TINY_LM:
-        from synthgen.lm_backends import TinyLM
-
-        model, prompt = TinyLM(), PromptFormat(chat=False)
-    else:
-        model, prompt = lm, None
+    model, prompt = load_answer_lm(lm) if lm == TINY_LM else (lm, None)  # FlaxLM: loaded later
     answers = None
     if reuse_answers is not None:
         from retriever.rag.reuse import ReleasedAnswers

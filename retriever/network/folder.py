@@ -70,7 +70,6 @@ def make_card(
     num_documents: int,
     stages: Sequence[dict[str, Any]] = (),
     seeded: bool = False,
-    created: str | None = None,
 ) -> dict[str, Any]:
     """The card of a release: what it holds and its (epsilon, delta) guarantee.
 
@@ -84,7 +83,6 @@ def make_card(
       num_documents: synthetic documents released.
       stages: the release's DP stages, each ``{"stage", "epsilon", "delta", ...}``.
       seeded: the mechanism's randomness came from a fixed seed (tests only).
-      created: ISO date (default: today, UTC).
 
     Raises:
       ValueError: a bad epsilon or delta.
@@ -93,7 +91,7 @@ def make_card(
 
     if not (math.isfinite(epsilon) and epsilon >= 0) or not 0 <= delta < 1:
         raise ValueError(f"need a finite epsilon >= 0 and 0 <= delta < 1, got {epsilon=} {delta=}")
-    created = created or datetime.datetime.now(datetime.UTC).date().isoformat()
+    created = datetime.datetime.now(datetime.UTC).date().isoformat()
     statement = (
         f"({epsilon:.4g}, {delta:.3g})-DP for one document of the private collection "
         f"'{contributor}' (add/remove one document): the synthetic documents, their topics, "
@@ -132,10 +130,9 @@ def write_knowledge_folder(
     card: dict[str, Any],
     *,
     metadata: dict[str, Any] | None = None,
-    index_kind: str = "exact",
     extra: dict[str, str] | None = None,
 ) -> KnowledgeFolder:
-    """Writes synthetic.jsonl, card.json, metadata.json and the index of a release.
+    """Writes synthetic.jsonl, card.json, metadata.json and the exact index of a release.
 
     card.json is written last: a folder with a card is complete (a crash before it leaves a
     folder that no reader takes for a release).
@@ -146,7 +143,6 @@ def write_knowledge_folder(
       topics: each document's topic (a DP-released keyword).
       card: from `make_card`; its encoder builds the index.
       metadata: the generator's metadata (written as metadata.json when given).
-      index_kind: the searcher kind (`retriever.index.build_searcher`).
       extra: other public files of the release, name -> text (a fact release's
         facts.json), written before the card.
 
@@ -175,7 +171,7 @@ def write_knowledge_folder(
         folder.metadata.write_text(json.dumps(metadata, indent=1, default=str))
     if rows:
         encoder = card["releases"]["encoder"]
-        build_index_folder(folder.synthetic, folder.index, encoder=encoder, kind=index_kind)
+        build_index_folder(folder.synthetic, folder.index, encoder=encoder, kind="exact")
     for name, text in (extra or {}).items():
         (folder.path / name).write_text(text)
     folder.card.write_text(json.dumps(card, indent=1))

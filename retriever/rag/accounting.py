@@ -177,20 +177,6 @@ def bounded_range_epsilon(
     )
 
 
-def bounded_range_zcdp_epsilon(token_epsilon: float, tokens: int, delta: float) -> float:
-    """Cesar & Rogers' reference: eps0-BR => eps0^2/8-zCDP; rho => rho + 2 sqrt(rho log 1/d).
-
-    Privacy:
-      Add/remove one document; zCDP composes adaptively (Bun & Steinke 2016).
-
-    References:
-      Cesar & Rogers 2021, "Bounding, concentrating, and truncating" (ALT).
-    """
-    _check("token_epsilon", token_epsilon, tokens, delta)
-    rho = tokens * token_epsilon**2 / 8
-    return rho + 2 * math.sqrt(rho * math.log(1 / delta))
-
-
 def _total(eps0: float, tokens: int, delta: float, others: list[float], composition: str) -> float:
     if composition == "pure":
         return pure_tokens_epsilon(eps0, tokens, delta, extra_pure=others)

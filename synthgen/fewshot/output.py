@@ -58,7 +58,7 @@ def write_output(
 
     import datasets
 
-    from synthgen.corpora import file_sha256
+    from synthgen.assets import file_sha256
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Loads and saves T5 in the Hugging Face directory format (config.json + safetensors).
+"""Loads T5 from the Hugging Face directory format (config.json + safetensors).
 
 The name map is exact: every weight the Flax model needs must be in the checkpoint and every
 tensor in the checkpoint must be used, except the aliases HF itself ignores
@@ -40,7 +40,6 @@ import jax
 import numpy as np
 from flax import traverse_util
 from safetensors import safe_open
-from safetensors.numpy import save_file
 
 from synthgen.models.lora import is_lora_path
 from synthgen.models.t5 import T5, T5Config
@@ -242,61 +241,3 @@ def load_t5(
     params = params_from_hf(config, _read_safetensors(path), lora_key=lora_key)
     tokenizer = load_tokenizer(path, required=require_tokenizer)
     return config, params, tokenizer
-
-
-def params_to_hf(config: T5Config, params: PyTree, *, merge_lora: bool = True) -> dict:
-    """HF-named float32 numpy tensors of `params`; LoRA adapters are merged into the kernels.
-
-    Raises:
-      ValueError: LoRA adapters present and `merge_lora` is False (HF has no slot for them).
-    """
-    flat = {k: np.asarray(v, np.float32) for k, v in traverse_util.flatten_dict(params).items()}
-    lora = {k for k in flat if is_lora_path(k)}
-    if lora and not merge_lora:
-        raise ValueError(f"params have {len(lora)} LoRA tensors; pass merge_lora=True")
-    for path in sorted(lora):
-        if path[-1] == "lora_a":
-            a, b = flat[path], flat[(*path[:-1], "lora_b")]
-            kernel = (*path[:-1], "kernel")
-            flat[kernel] = flat[kernel] + (config.lora_alpha / a.shape[1]) * (a @ b)
-    tensors = {}
-    for path, (name, transpose) in hf_name_map(config).items():
-        if path not in flat:
-            raise ValueError(f"params lack a weight for HF tensor {name=}")
-        value = flat[path]
-        tensors[name] = np.ascontiguousarray(value.T if transpose else value)
-    return tensors
-
-
-def save_t5(
-    path: str | Path,
-    config: T5Config,
-    params: PyTree,
-    *,
-    tokenizer: Tokenizer | None = None,
-    merge_lora: bool = True,
-) -> Path:
-    """Writes `config.json` and `model.safetensors` (float32) that HF and `load_t5` read.
-
-    Args:
-      path: output directory (created).
-      config: the model configuration.
-      params: Flax params; LoRA adapters are merged (W + alpha/r A B) since HF has no slot.
-      tokenizer: optional; a SentencePiece tokenizer's model is copied to spiece.model.
-      merge_lora: must be True when params hold adapters.
-
-    Returns:
-      The directory.
-    """
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    tensors = params_to_hf(config, params, merge_lora=merge_lora)
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    hf = config.to_hf_config()
-    (path / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
-    if tokenizer is not None:
-        save = getattr(tokenizer, "save", None)
-        if save is None:
-            raise ValueError(f"cannot save a tokenizer of type {type(tokenizer).__name__=}")
-        save(path)
-    return path

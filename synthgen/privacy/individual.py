@@ -6,21 +6,19 @@ as a zCDP parameter rho (Bun & Steinke 2016): the linear RDP curve D_alpha <= al
 valid at every order alpha at once, so one number per document suffices and the
 (epsilon, delta) statement is optimised over alpha only when it is stated.
 
-What a release costs a document, as rho (`event_rho`):
+What a release costs a document, as rho:
 
-* a pure epsilon-DP release (Laplace, the exponential mechanism read as pure DP, a pure
-  `EpsilonDeltaDpEvent`): epsilon^2 / 2 (Bun & Steinke 2016, Prop. 1.4);
-* an epsilon-bounded-range release (`BoundedRangeDpEvent`: the exponential mechanism):
-  epsilon^2 / 8 (Cesar & Rogers 2021, Lemma 3.2);
-* a `ZCDpEvent(rho)` (xi = 0): rho;
-* a Gaussian release of multiplier sigma (noise std / L2 sensitivity): 1 / (2 sigma^2);
+* a pure epsilon-DP release (Laplace, the exponential mechanism read as pure DP):
+  epsilon^2 / 2 (`pure_rho`; Bun & Steinke 2016, Prop. 1.4);
+* an epsilon-bounded-range release (the exponential mechanism): epsilon^2 / 8
+  (`bounded_range_rho`; Cesar & Rogers 2021, Lemma 3.2);
 * compositions add; a k-fold self-composition is k times its part.
 
 An (epsilon, delta) release with delta > 0 (LimitedDomain, a partition selection) has no
 zCDP curve: an individual filter for it would need basic composition of approximate DP
-(Rogers et al. 2016; Whitehouse et al. 2023). This module refuses it
-(`UnsupportedEventError`, with that reason); answers released that way (DP-RAG's keywords
-and facts) therefore run in collection mode only.
+(Rogers et al. 2016; Whitehouse et al. 2023). Such answers (DP-RAG's keywords and facts)
+therefore run in collection mode only (`retriever.rag.plan.AnswerPlan.document_rho`
+refuses them).
 """
 
 from __future__ import annotations
@@ -30,12 +28,9 @@ import functools
 import math
 
 import numpy as np
-from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from synthgen.privacy import calibration
-from synthgen.privacy.errors import UnsupportedEventError
-from synthgen.privacy.events import BoundedRangeDpEvent, EpsilonDeltaDpEvent
 
 # Orders over which a rho is stated as (epsilon, delta): dp-accounting's default grid plus
 # larger ones (small rho and small delta are optimised at large alpha).
@@ -63,60 +58,6 @@ def bounded_range_rho(epsilon: float) -> float:
     """rho of one epsilon-bounded-range release (the exponential mechanism at epsilon):
     epsilon^2 / 8 (Cesar & Rogers 2021, "Bounding, concentrating, and truncating", Lemma 3.2)."""
     return _positive("epsilon", epsilon) ** 2 / 8.0
-
-
-def gaussian_rho(noise_multiplier: float) -> float:
-    """rho of one Gaussian release of multiplier sigma (std / L2 sensitivity): 1/(2 sigma^2)."""
-    return 1.0 / (2.0 * _positive("noise_multiplier", noise_multiplier) ** 2)
-
-
-def event_rho(event: dp_event.DpEvent) -> float:
-    """The zCDP rho of `event` for one document that took part in it.
-
-    Args:
-      event: a `GaussianDpEvent`, `LaplaceDpEvent`, pure `EpsilonDeltaDpEvent`,
-        `BoundedRangeDpEvent`, `ZCDpEvent` (xi = 0), `NoOpDpEvent`, or a
-        `ComposedDpEvent` / `SelfComposedDpEvent` of those.
-
-    Returns:
-      rho >= 0.
-
-    Raises:
-      UnsupportedEventError: an (epsilon, delta) event with delta > 0, a sampled event, or
-        any other event without a zCDP curve here; the message says why.
-
-    Privacy:
-      The rho of a composition is the sum of its parts' (zCDP composes additively, also
-      adaptively: Bun & Steinke 2016, Lemma 2.3), which is what a filter adds up.
-    """
-    if isinstance(event, dp_event.NoOpDpEvent):
-        return 0.0
-    if isinstance(event, dp_event.GaussianDpEvent):
-        return gaussian_rho(event.noise_multiplier)
-    if isinstance(event, dp_event.LaplaceDpEvent):
-        return pure_rho(1.0 / _positive("noise_multiplier", event.noise_multiplier))
-    if isinstance(event, BoundedRangeDpEvent):
-        return 0.0 if event.epsilon == 0 else bounded_range_rho(event.epsilon)
-    if isinstance(event, dp_event.ZCDpEvent):
-        if event.xi != 0 or not 0 <= event.rho < math.inf:
-            raise UnsupportedEventError(f"only (0, rho)-zCDP events, got {event}")
-        return float(event.rho)
-    if isinstance(event, EpsilonDeltaDpEvent):
-        if event.delta > 0:
-            raise UnsupportedEventError(
-                f"an (epsilon, delta) event with delta > 0 (epsilon={event.epsilon}, "
-                f"delta={event.delta}) has no zCDP curve, so a per-document filter cannot "
-                "take it; use collection accounting for such releases"
-            )
-        return 0.0 if event.epsilon == 0 else pure_rho(event.epsilon)
-    if isinstance(event, dp_event.ComposedDpEvent):
-        return float(sum(event_rho(part) for part in event.events))
-    if isinstance(event, dp_event.SelfComposedDpEvent):
-        return event.count * event_rho(event.event)
-    raise UnsupportedEventError(
-        f"{type(event).__name__} has no zCDP curve in individual accounting (Gaussian, "
-        "Laplace, pure epsilon, bounded range, zCDP and their compositions only)"
-    )
 
 
 def rho_epsilon(rho: float, delta: float) -> float:

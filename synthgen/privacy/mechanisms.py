@@ -124,7 +124,7 @@ def laplace_mechanism(
     Each coordinate is rounded to the nearest multiple of the public granularity g
     (`laplace_grid`), then moved by g * R with R = rint(L), L ~ Laplace(0, s) in grid
     units, s = sensitivity' / (epsilon * g), sensitivity' = sensitivity + size * g. R is
-    drawn exactly with integer arithmetic (`rounded_laplace`), so every output is a
+    drawn exactly with integer arithmetic (`_rounded_laplace`), so every output is a
     multiple of g, whatever the value; values beyond +-2**62 g are clamped first.
 
     Args:
@@ -178,37 +178,6 @@ def laplace_mechanism(
     centres = np.rint(np.clip(array, -bound, bound) / granularity)
     steps = [float(int(c) + _rounded_laplace(rate, rng)) for c in centres.ravel()]
     return np.asarray(steps, dtype=np.float64).reshape(array.shape) * granularity
-
-
-def rounded_laplace(
-    scale: float | Fraction,
-    *,
-    size: int | tuple[int, ...] = (),
-    rng: np.random.Generator,
-) -> np.ndarray:
-    """Integers rint(L), L ~ Laplace(0, scale), sampled exactly (no floating point).
-
-    P(0) = 1 - exp(-1 / (2 scale)); P(+-m) = exp(-(m - 1/2) / scale) (1 - exp(-1 / scale))
-    / 2 for m >= 1. The scale is taken as the exact rational value of the float.
-
-    Args:
-      scale: the Laplace scale (in units of the integer grid), > 0.
-      size: output shape.
-      rng: source of randomness (uniform integers and bytes only).
-
-    Returns:
-      An int64 array of shape `size`.
-
-    References:
-      Canonne, Kamath & Steinke 2020, "The discrete Gaussian for differential privacy"
-      (exact Bernoulli(exp(-gamma)) and geometric sampling, Alg. 1 and 2).
-    """
-    if not (isinstance(scale, Fraction) and scale > 0):
-        _check_positive(scale=scale)
-    rate = 1 / Fraction(scale)
-    shape = (size,) if isinstance(size, int | np.integer) else tuple(size)
-    count = math.prod(shape)
-    return np.asarray([_rounded_laplace(rate, rng) for _ in range(count)], np.int64).reshape(shape)
 
 
 def _uniform_below(n: int, rng: np.random.Generator) -> int:

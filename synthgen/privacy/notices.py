@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from synthgen.privacy.ledger import PrivacyLedger
@@ -107,22 +107,15 @@ def guarantee_lines(
     return lines
 
 
-def tell(lines: Iterable[str], *, file: TextIO | None = None) -> None:
-    """Prints each line on `file` (default: stderr at call time)."""
-    out = file if file is not None else sys.stderr
+def tell(lines: Iterable[str]) -> None:
+    """Prints each line on stderr (looked up at call time)."""
     for line in lines:
-        print(line, file=out, flush=True)
+        print(line, file=sys.stderr, flush=True)
 
 
-def announce_ledger(
-    ledger: PrivacyLedger,
-    dataset: str,
-    *,
-    option: str | None = "--ledger",
-    file: TextIO | None = None,
-) -> None:
-    """Prints `ledger_lines` (stderr by default)."""
-    tell(ledger_lines(ledger, dataset, option=option), file=file)
+def announce_ledger(ledger: PrivacyLedger, dataset: str) -> None:
+    """Prints `ledger_lines` on stderr."""
+    tell(ledger_lines(ledger, dataset))
 
 
 def warn_weak_guarantee(
@@ -131,7 +124,6 @@ def warn_weak_guarantee(
     records: int | None,
     *,
     what: str | None = None,
-    file: TextIO | None = None,
 ) -> None:
-    """Prints `guarantee_lines` (stderr by default); prints nothing for a sound setting."""
-    tell(guarantee_lines(epsilon, delta, records, what=what), file=file)
+    """Prints `guarantee_lines` on stderr; prints nothing for a sound setting."""
+    tell(guarantee_lines(epsilon, delta, records, what=what))

@@ -65,6 +65,13 @@ def _trained(encoder, folder, *, doc_tower=False, scale=0.05):
     return params
 
 
+def _parquet_metadata(path):
+    """The ``dpsynth`` schema metadata of a Parquet file `export_index` wrote."""
+    import pyarrow.parquet as pq
+
+    return json.loads(pq.read_schema(path).metadata[export.PARQUET_METADATA_KEY])
+
+
 def _min_cosine(a, b):
     return float(
         np.min(np.sum(a * b, axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1))
@@ -249,7 +256,7 @@ def test_index_export_writes_rows_and_provenance_to_parquet(kind, tmp_path):
     np.testing.assert_array_equal(
         np.array(table.column("embedding").to_pylist(), np.float32), embeddings
     )
-    meta = export.read_parquet_metadata(tmp_path / "out" / "rows.parquet")
+    meta = _parquet_metadata(tmp_path / "out" / "rows.parquet")
     assert meta["provenance"] == json.loads((tmp_path / "encoder" / "provenance.json").read_text())
     assert meta["encoder"] == str(tmp_path / "encoder") and meta["dim"] == 16
     assert meta["provenance"]["statement"].startswith(STATEMENT)
@@ -258,7 +265,7 @@ def test_index_export_writes_rows_and_provenance_to_parquet(kind, tmp_path):
     # The encoder folder moved: the DP statement recorded in index.json is still written.
     (tmp_path / "encoder").rename(tmp_path / "moved")
     export.export_index(tmp_path / "index", tmp_path / "moved.parquet")
-    moved = export.read_parquet_metadata(tmp_path / "moved.parquet")
+    moved = _parquet_metadata(tmp_path / "moved.parquet")
     assert moved["provenance"] == meta["provenance"]
     (
         tmp_path / "index" / "searcher" / ("embeddings.npy" if kind == "exact" else "dataset.npy")
@@ -279,7 +286,7 @@ def test_index_export_of_a_format_1_index_never_drops_the_provenance(tmp_path, c
     old = {"encoder": "encoder", "doc_ids": ["a", "b", "c"], "kind": "exact"}
     (tmp_path / "index" / "index.json").write_text(json.dumps(old))
     export.export_index(tmp_path / "index", tmp_path / "rows.parquet")
-    meta = export.read_parquet_metadata(tmp_path / "rows.parquet")
+    meta = _parquet_metadata(tmp_path / "rows.parquet")
     assert meta["provenance"]["statement"].startswith(STATEMENT)
     assert "warning: " in capsys.readouterr().err
     (tmp_path / "encoder").rename(tmp_path / "moved")
@@ -287,7 +294,7 @@ def test_index_export_of_a_format_1_index_never_drops_the_provenance(tmp_path, c
         export.export_index(tmp_path / "index", tmp_path / "refused.parquet")
     assert not (tmp_path / "refused.parquet").exists()
     export.export_index(tmp_path / "index", tmp_path / "again.parquet", encoder=tmp_path / "moved")
-    again = export.read_parquet_metadata(tmp_path / "again.parquet")
+    again = _parquet_metadata(tmp_path / "again.parquet")
     assert again["provenance"] == meta["provenance"]
 
 

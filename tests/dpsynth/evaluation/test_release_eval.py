@@ -11,7 +11,6 @@ from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world
 from dpsynth.evaluation.release_eval import (
     accuracy_by_support,
     answer_stream,
-    fact_share,
     retrieval_answerer,
     support_bin,
 )
@@ -49,19 +48,6 @@ def test_a_repeated_question_is_answered_once_and_the_stream_resumes(tmp_path):
     assert len(again) == 40 and set(calls) <= {q.question for q in stream[25:]}
     by = accuracy_by_support(again)
     assert set(by) == {"1-4", "5-14", "15-29", "30-99", "100+"}
-
-
-def test_fact_share_reads_the_fields_against_the_world():
-    d = WORLD.diseases[0]
-    name, own = d.name.split()[0], [s.split()[0] for s in d.symptoms[:2]]
-    other = WORLD.diseases[1].symptoms[0].split()[0]
-    records = [
-        {"text": f"Diagnosis: {name}\nSymptoms: {own[0]}, {own[1]}\nKeywords: x."},
-        {"text": f"Diagnosis: {name}\nSymptoms: {own[0]}, {other}\nKeywords: x."},
-        {"text": "Diagnosis: Jonah\nKeywords: x."},
-        {"text": "Keywords: x."},
-    ]
-    assert fact_share(records, WORLD) == {"records": 4, "name_a_disease": 2, "state_its_facts": 1}
 
 
 def test_retrieval_answerer_reads_the_top_k_records():
