@@ -51,6 +51,7 @@ PyTree = Any
 FAMILIES = ("bert", "t5")
 ENCODER_FILE = "encoder.json"
 PARAMS_FILE = "params.msgpack"
+DOC_TOWER_DIR = "doc_tower"  # an asymmetric encoder's document tower, inside its folder
 RANDOM_PREFIX = "random:"  # load_encoder("random:bert") == random_encoder("bert")
 
 # ---- the encoder ---------------------------------------------------------------------------

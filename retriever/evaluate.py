@@ -15,10 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from retriever import metrics
-from retriever.encoders import TextEncoder, load_encoder
+from retriever.encoders import DOC_TOWER_DIR, TextEncoder, load_encoder
 from retriever.index import build_searcher
 from retriever.provenance import encoder_provenance
-from retriever.train import DOC_TOWER_DIR
 
 
 def load_towers(encoder: str | TextEncoder) -> tuple[TextEncoder, TextEncoder]:

@@ -40,9 +40,8 @@ from typing import Any
 import numpy as np
 
 from retriever import provenance as prov
-from retriever.encoders import ENCODER_FILE, RANDOM_PREFIX, TextEncoder
+from retriever.encoders import DOC_TOWER_DIR, ENCODER_FILE, RANDOM_PREFIX, TextEncoder
 from retriever.model_card import CARD_FILE, base_licence, model_card, read_evaluation
-from retriever.train import DOC_TOWER_DIR
 
 ENCODER_FORMATS = ("sentence-transformers",)
 INDEX_FORMATS = ("parquet",)

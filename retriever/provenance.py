@@ -42,7 +42,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from synthgen.corpora import file_sha256
+from synthgen.assets import file_sha256
 
 PROVENANCE_FILE = "provenance.json"
 FORMAT = 1

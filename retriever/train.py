@@ -53,7 +53,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from retriever import provenance as prov
-from retriever.encoders import TextEncoder, params_sha256, save_encoder
+from retriever.encoders import DOC_TOWER_DIR, TextEncoder, params_sha256, save_encoder
 from synthgen import dp_train
 from synthgen.checkpoints import TrainCheckpoints
 from synthgen.paths import default_work_dir
@@ -61,7 +61,6 @@ from synthgen.privacy.receipts import Payer
 from synthgen.work_folder import CHECKPOINTS, OncePayer, WorkFolder, private_folder
 
 PyTree = Any
-DOC_TOWER_DIR = "doc_tower"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,78 +2,61 @@
 
 Every DP release of the project goes through this package, so one ledger and one accountant
 state the guarantee of a whole pipeline. It imports nothing from the rest of the project.
+
+The names below load their module on first use (PEP 562), so that importing one
+submodule, such as `synthgen.privacy.errors`, does not load the accountants' libraries.
 """
 
-from synthgen.privacy.accountants import epsilon, make_accountant
-from synthgen.privacy.dpsgd_accounting import (
-    calibrate_noise_multiplier,
-    dpsgd_epsilon,
-    dpsgd_event,
-    neighboring_relation,
-    steps_for_epochs,
-)
-from synthgen.privacy.errors import BudgetExceededError, PrivacyError, UnsupportedEventError
-from synthgen.privacy.events import (
-    EpsilonDeltaDpEvent,
-    compose,
-    epsilon_delta_event,
-    event_from_json,
-    event_to_json,
-    gaussian_event,
-    laplace_event,
-    poisson_sampled,
-    pure_epsilon_event,
-    self_composed,
-)
-from synthgen.privacy.figures import format_epsilon, format_left, format_remaining
-from synthgen.privacy.ledger import PrivacyLedger
-from synthgen.privacy.ledger_types import COLLECTION, Charge, Scope, Spend
-from synthgen.privacy.mechanisms import (
-    AboveThreshold,
-    exponential_mechanism,
-    gaussian_mechanism,
-    laplace_mechanism,
-    limited_domain_top1,
-    report_noisy_max,
-    sparse_vector,
-)
-from synthgen.privacy.rng import secure_rng
+import importlib
 
-__all__ = [
-    "AboveThreshold",
-    "BudgetExceededError",
-    "COLLECTION",
-    "Charge",
-    "EpsilonDeltaDpEvent",
-    "PrivacyError",
-    "PrivacyLedger",
-    "Scope",
-    "Spend",
-    "UnsupportedEventError",
-    "calibrate_noise_multiplier",
-    "compose",
-    "dpsgd_epsilon",
-    "dpsgd_event",
-    "epsilon",
-    "epsilon_delta_event",
-    "event_from_json",
-    "event_to_json",
-    "exponential_mechanism",
-    "format_epsilon",
-    "format_left",
-    "format_remaining",
-    "gaussian_event",
-    "gaussian_mechanism",
-    "laplace_event",
-    "laplace_mechanism",
-    "limited_domain_top1",
-    "make_accountant",
-    "neighboring_relation",
-    "poisson_sampled",
-    "pure_epsilon_event",
-    "report_noisy_max",
-    "secure_rng",
-    "self_composed",
-    "sparse_vector",
-    "steps_for_epochs",
-]
+_MODULE_OF = {
+    "epsilon": "accountants",
+    "make_accountant": "accountants",
+    "calibrate_noise_multiplier": "dpsgd_accounting",
+    "dpsgd_epsilon": "dpsgd_accounting",
+    "dpsgd_event": "dpsgd_accounting",
+    "neighboring_relation": "dpsgd_accounting",
+    "steps_for_epochs": "dpsgd_accounting",
+    "BudgetExceededError": "errors",
+    "PrivacyError": "errors",
+    "UnsupportedEventError": "errors",
+    "EpsilonDeltaDpEvent": "events",
+    "compose": "events",
+    "epsilon_delta_event": "events",
+    "event_from_json": "events",
+    "event_to_json": "events",
+    "gaussian_event": "events",
+    "laplace_event": "events",
+    "poisson_sampled": "events",
+    "pure_epsilon_event": "events",
+    "self_composed": "events",
+    "format_epsilon": "figures",
+    "format_left": "figures",
+    "format_remaining": "figures",
+    "PrivacyLedger": "ledger",
+    "COLLECTION": "ledger_types",
+    "Charge": "ledger_types",
+    "Scope": "ledger_types",
+    "Spend": "ledger_types",
+    "AboveThreshold": "mechanisms",
+    "exponential_mechanism": "mechanisms",
+    "gaussian_mechanism": "mechanisms",
+    "laplace_mechanism": "mechanisms",
+    "limited_domain_top1": "mechanisms",
+    "report_noisy_max": "mechanisms",
+    "sparse_vector": "mechanisms",
+    "secure_rng": "rng",
+}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -26,6 +26,23 @@ def test_help():
         assert word in result.stdout
 
 
+def test_the_command_lines_start_without_the_numeric_libraries():
+    """Both CLIs build their command tree without jax, numpy, dp_accounting or datasets
+    (each command imports what it runs), and `synthgen.privacy` loads a name's module on
+    first use only: a fast `--help`, and no second of dp_accounting for `index query`."""
+    heavy = ("jax", "numpy", "dp_accounting", "datasets", "scipy", "flax")
+    probe = (
+        "import sys, dpsynth.cli.synthgen, dpsynth.cli.retriever, synthgen.privacy.errors; "
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
+    import synthgen.privacy as privacy
+
+    assert all(getattr(privacy, name) is not None for name in privacy.__all__)
+    assert "gaussian_event" in dir(privacy)
+
+
 def test_a_bare_command_prints_its_help_without_an_error():
     for args in ((), ("ledger",)):
         result = _synthgen(*args)

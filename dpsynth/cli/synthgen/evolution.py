@@ -34,7 +34,6 @@ from dpsynth.cli.synthgen.common import (
     TopLogprobsOption,
 )
 from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
-from synthgen.privacy.receipts import ledger_payer
 
 STAGE = "evolution"  # the ledger stage of `generate-docs-pe`
 
@@ -259,6 +258,8 @@ def generate_docs_pe(
         print(SEED_WARNING, file=sys.stderr)
     lm = _load_lm(model, server, server_model, server_context, server_prompt, top_logprobs,
                   server_concurrency)  # fmt: skip
+    from synthgen.privacy.receipts import ledger_payer
+
     result = _evolve(lm, encoder, rows, text_field, label_field, config, plan, seed,
                      ledger_payer(ledger_obj, scope, stage=STAGE))  # fmt: skip
     lm_name = model if server is None else f"{server} ({server_model or model})"

@@ -41,8 +41,6 @@ from synthgen.command_line import (
     TargetEpsilonOption,
 )
 from synthgen.paths import default_ledger_path
-from synthgen.privacy.ledger import PrivacyLedger
-from synthgen.privacy.receipts import ledger_payer
 
 STAGE = "fewshot-generate"  # the few-shot commands' ledger stage
 
@@ -137,6 +135,7 @@ def _ledger(
     --guarantees-add-up), opens the scope if it is new and refuses an over-budget run,
     before any compute."""
     from synthgen.privacy.admission import admit
+    from synthgen.privacy.ledger import PrivacyLedger
 
     ledger_obj = PrivacyLedger(ledger or default_ledger_path())
     # n: the declared public figure the plan's delta bound uses (never the private count)
@@ -219,6 +218,7 @@ def _run(
 ):
     """Plans, checks the budget, loads the LM, generates with a progress bar, writes."""
     from synthgen import fewshot
+    from synthgen.privacy.receipts import ledger_payer
 
     if lm_args[1] is not None and lm_args[3] is None:
         raise typer.BadParameter("--server needs --server-context (the server's context length)")

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from synthgen.command_line import HelpGroup, JsonFlagOption
 from synthgen.paths import default_ledger_help, default_ledger_path
-from synthgen.privacy.document_filters import DocumentFilters
 from synthgen.privacy.figures import format_epsilon, format_remaining
-from synthgen.privacy.ledger import PrivacyLedger
-from synthgen.privacy.ledger_copy import copy_ledger
+
+if TYPE_CHECKING:  # the ledger loads dp_accounting: imported by the commands that open one
+    from synthgen.privacy.document_filters import DocumentFilters
+    from synthgen.privacy.ledger import PrivacyLedger
 
 ledger_app = typer.Typer(
     cls=HelpGroup, help="Inspect the privacy budget ledger.", no_args_is_help=True
@@ -22,6 +23,8 @@ ledger_app = typer.Typer(
 
 def _open_ledger(db: str | None) -> PrivacyLedger:
     """The ledger at `db` (path or URL; default $DPSYNTH_LEDGER); a missing file is an error."""
+    from synthgen.privacy.ledger import PrivacyLedger
+
     location = db or str(default_ledger_path())
     if "://" not in location and not Path(location).exists():
         raise FileNotFoundError(f"no ledger at {location}")
@@ -74,6 +77,8 @@ def ledger_show(db: LedgerOption = None, as_json: JsonFlagOption = False) -> Non
             f"{r['epsilon_cap']:g} spent at delta={r['delta_cap']:g} ({r['accountant']}, "
             f"{r['relation']}, {r['charges']} charges)"
         )
+    from synthgen.privacy.document_filters import DocumentFilters
+
     filters = DocumentFilters(ledger.store)
     for dataset in filters.datasets():
         print(_documents_line(filters, dataset))
@@ -103,6 +108,8 @@ def ledger_documents(
 
     Aggregates only: which documents are exhausted depends on the private data.
     """
+    from synthgen.privacy.document_filters import DocumentFilters
+
     filters = DocumentFilters(_open_ledger(db).store)
     if filters.get(dataset) is None:
         raise typer.BadParameter(
@@ -142,5 +149,7 @@ def ledger_copy(
     """Copies a ledger to another backend, checked charge by charge."""
     if "://" not in source and not Path(source).exists():
         raise FileNotFoundError(f"no ledger at {source}")
+    from synthgen.privacy.ledger_copy import copy_ledger
+
     report = copy_ledger(source, target)
     print(f"copied {report.scopes} scopes and {report.charges} charges; checked charge by charge")

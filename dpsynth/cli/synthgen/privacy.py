@@ -9,7 +9,6 @@ import typer
 
 from dpsynth.cli.synthgen.common import DeclaredDeltaOption, FewShotMechanismOption
 from synthgen.command_line import HelpGroup, JsonOption, choice
-from synthgen.privacy import accounting
 
 FewShotNoiseOption = Annotated[
     float | None, typer.Option(help="sigma (gaussian) or per-token epsilon (rnm)")
@@ -39,6 +38,8 @@ def privacy_dpsgd(
     as_json: JsonOption = False,
 ) -> None:
     """Epsilon of DP-SGD for a noise multiplier, or the noise multiplier for a target epsilon."""
+    from synthgen.privacy import accounting  # dp_accounting: loaded by the calculators only
+
     if (noise_multiplier is None) == (target_epsilon is None):
         raise typer.BadParameter("give exactly one of --noise-multiplier and --target-epsilon")
     if sampling not in accounting.SAMPLINGS:
@@ -103,6 +104,7 @@ def privacy_fewshot(
     delta must be below 1/N and defaults to 1/(10N), as in `synthgen generate-docs`.
     """
     from synthgen.fewshot import resolve_delta
+    from synthgen.privacy import accounting
 
     if (noise_multiplier is None) == (target_epsilon is None):
         raise typer.BadParameter("give exactly one of --noise-multiplier and --target-epsilon")

@@ -31,12 +31,12 @@ from synthgen.command_line import (
     TargetEpsilonOption,
 )
 from synthgen.paths import default_ledger_path, default_work_dir
-from synthgen.privacy.ledger import PrivacyLedger
 
 if TYPE_CHECKING:
     import datasets
 
     from synthgen.dp_plan import PrivacyPlan
+    from synthgen.privacy.ledger import PrivacyLedger
 
 # jax, flax and datasets are imported inside the commands so that `synthgen --help` and
 # the calculators start fast.
@@ -103,6 +103,7 @@ def _admit_pairs(
       The ledger the run is charged to, or None for a non-private run (nothing charged).
     """
     from synthgen.privacy.admission import admit
+    from synthgen.privacy.ledger import PrivacyLedger
 
     if not plan.private:
         print(
