@@ -103,11 +103,12 @@ def _config_and_plan(
 def _admit_rows(private, text_field, label_field, limit, split, ledger, scope, plan, budget,
                 guarantees_add_up):  # fmt: skip
     """Reads the private rows, binds them to `scope` and admits the run (before any compute);
-    returns the rows and the ledger."""
+    returns the rows and the payer of the run's charge."""
     from synthgen.corpora import load_rows
     from synthgen.paths import default_ledger_path
     from synthgen.privacy.admission import admit
     from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.receipts import ledger_payer
 
     required = (text_field,) + ((label_field,) if label_field else ())
     rows = load_rows(private, required, limit, split)
@@ -119,7 +120,7 @@ def _admit_rows(private, text_field, label_field, limit, split, ledger, scope, p
         ledger_obj, *scope, records, plan, stage=STAGE,
         public_count=plan.public_size, budget=budget, guarantees_add_up=guarantees_add_up,
     )  # fmt: skip
-    return rows, ledger_obj
+    return rows, ledger_payer(ledger_obj, scope, stage=STAGE)
 
 
 def _load_lm(model, server, server_model, server_context, prompt, top_logprobs, concurrency):
@@ -252,15 +253,12 @@ def generate_docs_pe(
         top_p, batch_size,
     )  # fmt: skip
     scope = (tenant, dataset or Path(private).stem)
-    rows, ledger_obj = _admit_rows(private, text_field, label_field, limit, split, ledger, scope,
+    rows, pay = _admit_rows(private, text_field, label_field, limit, split, ledger, scope,
                                    plan, budget, guarantees_add_up)  # fmt: skip
     if seed is not None:
         print(SEED_WARNING, file=sys.stderr)
     lm = _load_lm(model, server, server_model, server_context, server_prompt, top_logprobs,
                   server_concurrency)  # fmt: skip
-    from synthgen.privacy.receipts import ledger_payer
-
-    result = _evolve(lm, encoder, rows, text_field, label_field, config, plan, seed,
-                     ledger_payer(ledger_obj, scope, stage=STAGE))  # fmt: skip
+    result = _evolve(lm, encoder, rows, text_field, label_field, config, plan, seed, pay)
     lm_name = model if server is None else f"{server} ({server_model or model})"
     _write(out, result, config, plan, lm_name, encoder, selection_note(limit, split), seed)

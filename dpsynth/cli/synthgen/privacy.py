@@ -48,13 +48,8 @@ def privacy_dpsgd(
         raise typer.BadParameter(f"--accountant must be one of {accounting.ACCOUNTANTS}")
     steps = accounting.steps_for_epochs(num_examples, batch_size, epochs)
     accounting.check_delta(delta, num_examples)
-    shape = dict(
-        num_examples=num_examples,
-        batch_size=batch_size,
-        steps=steps,
-        sampling=sampling,
-        accountant=accountant,
-    )
+    shape = dict(num_examples=num_examples, batch_size=batch_size, steps=steps)
+    shape.update(sampling=sampling, accountant=accountant)
     if target_epsilon is not None:
         noise_multiplier = accounting.calibrate_noise_multiplier(
             target_epsilon=target_epsilon, delta=delta, **shape
