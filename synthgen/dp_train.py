@@ -373,7 +373,9 @@ def train(
         raise ValueError("a non-private run (noise_multiplier=0) cannot be charged to a ledger")
     description = description or f"DP-Adafactor n={n} steps={plan.steps}"
 
-    seed = run_seed.shared_seed(config.seed)
+    work = None if work_dir is None else WorkFolder(work_dir)
+    kept = None if work is None else work.kept_seed()  # a restarted run's first seed
+    seed = run_seed.shared_seed(config.seed if kept is None else kept)
     sampler_seed, noise_key_data = run_seed.split_streams(seed)
     sampler = BatchSampler(
         n,
@@ -389,7 +391,6 @@ def train(
     step = 0
 
     manager = None
-    work = None if work_dir is None else WorkFolder(work_dir)
     if work is None and isinstance(pay, OncePayer):
         raise ValueError(  # its key would hand a second run the first run's charge
             f"this payer pays once for the run kept in {pay.work.path}: pass that work_dir"
@@ -410,6 +411,7 @@ def train(
                 "pay=WorkFolder(work_dir).payer(ledger, scope, stage=...)"
             )
         work.create()
+        work.keep_seed(seed)  # before the charge below
         manager = TrainCheckpoints(work.checkpoints)
         restored = manager.restore_latest(trainable, opt_state, noise_key_data)
         if restored is not None:

@@ -89,6 +89,7 @@ def private_folder(path: str | Path) -> Path:
 
 
 CHARGE_FILE = "charge.json"
+SEED_FILE = "run_seed.json"  # the run's secret seed: its batches and its noise
 
 
 def _plan_record(plan: PrivacyPlan) -> dict:
@@ -197,6 +198,19 @@ class WorkFolder:
             and record["plan"] == _plan_record(plan)
             and ledger.find_charge(*scope, record["ref"]) is not None
         )
+
+    def kept_seed(self) -> int | None:
+        """The run seed a first attempt kept (`keep_seed`), or None."""
+        path = self.path / SEED_FILE
+        return int(json.loads(path.read_text())["seed"]) if path.is_file() else None
+
+    def keep_seed(self, seed: int) -> None:
+        """Keeps the run seed before the run is charged, if no attempt kept one: a run
+        restarted before its first checkpoint then draws the batches and the noise of its
+        first attempt again (one charge, one draw of the mechanism), never fresh ones."""
+        if self.kept_seed() is None:
+            self.create()
+            write_private(self.path / SEED_FILE, json.dumps({"seed": str(seed)}))
 
     def discard(self) -> None:
         """Deletes the folder and everything in it (the run's secret state)."""

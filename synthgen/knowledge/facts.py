@@ -73,6 +73,7 @@ EXTRACTORS = ("typed", "phrases")
 PLAN_SUPPORTS = (1, 3, 5, 10, 20, 50, 100)
 CHARGE_FILE = "facts_charge.json"  # the charge's idempotency key (private work folder)
 RESULT_FILE = "facts_result.json"  # the released pairs, kept so a rerun draws nothing new
+DRAWING_FILE = "facts_drawing"  # written before the selection draws: one draw a charge
 LOCK_FILE = "facts.lock"  # held from the charge until the draw is written
 
 
@@ -381,6 +382,12 @@ def release_facts(
             pairs = {str(k): float(v) for k, v in kept["pairs"].items()}
             records = fact_records(pairs, config.max_partners, config.extractor)
             return FactRelease(pairs, records, plan)
+        if (work / DRAWING_FILE).is_file():  # drawn once under this charge, never stored
+            raise ValueError(
+                f"{work} holds a fact release whose draw was lost (the run stopped before "
+                "storing it); drawing again needs a new work folder and, if paid, a new charge"
+            )
+        write_private(work / DRAWING_FILE, "{}")
         release = _select(texts, config, plan)
         # written before anything is returned: a crash after it replays
         kept = {"plan": plan.to_dict(), "n": len(texts), "pairs": release.pairs}

@@ -336,11 +336,11 @@ def test_a_run_kept_in_a_work_folder_pays_through_that_folder(tmp_path):
     assert ledger.charges("t", "toy") == []
 
 
-def _charging_run(tmp_path, ledger, **kw):
+def _charging_run(tmp_path, ledger, cfg=None, **kw):
     data, trainable, frozen = _setup(n=64)
     return dp_train.train(
-        _loss, trainable, frozen, data, _cfg(), progress=False, work_dir=tmp_path / "work",
-        pay=_pay(tmp_path, ledger, ("t", "toy")), **kw,
+        _loss, trainable, frozen, data, cfg or _cfg(), progress=False,
+        work_dir=tmp_path / "work", pay=_pay(tmp_path, ledger, ("t", "toy")), **kw,
     )  # fmt: skip
 
 
@@ -412,3 +412,27 @@ def test_a_plan_for_another_sampling_scheme_is_refused_before_any_charge(tmp_pat
         dp_train.train(_loss, trainable, frozen, data, _cfg(sampling="shuffle"), plan=poisson,
                        progress=False, pay=pay)  # fmt: skip
     assert ledger.charges("t", "d") == []
+
+
+def test_a_restart_without_a_checkpoint_draws_the_first_attempts_batches_and_noise(tmp_path):
+    """One charge, one draw: a run whose checkpoints are lost (a crash before the first one)
+    replays its first attempt's seed, kept in the work folder before the charge."""
+    import shutil
+
+    import jax
+
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.open_scope(Scope("t", "toy", 100.0, 1e-3))
+    unseeded = _cfg(seed=None)  # 128 bits of OS entropy, as in a real run
+    first = _charging_run(tmp_path, ledger, unseeded)
+    assert (tmp_path / "work" / "run_seed.json").stat().st_mode & 0o777 == 0o600
+    shutil.rmtree(tmp_path / "work" / "checkpoints")
+    again = _charging_run(tmp_path, ledger, unseeded)
+    assert again.resumed_from == 0 and len(ledger.charges("t", "toy")) == 1
+    same = jax.tree.map(lambda a, b: bool((a == b).all()), first.trainable, again.trainable)
+    assert all(jax.tree.leaves(same))
+    other_ledger = PrivacyLedger(tmp_path / "m.sqlite")
+    other_ledger.open_scope(Scope("t", "toy", 100.0, 1e-3))
+    other = _charging_run(tmp_path / "other", other_ledger, unseeded)  # a new seed
+    assert not all(jax.tree.leaves(jax.tree.map(lambda a, b: bool((a == b).all()),
+                                                first.trainable, other.trainable)))  # fmt: skip

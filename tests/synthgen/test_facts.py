@@ -164,6 +164,30 @@ def test_refused_before_any_charge_and_charged_once_on_rerun(tmp_path):
     assert json.loads((tmp_path / "facts_charge.json").read_text())["ref"].startswith("facts-")
 
 
+def test_a_draw_lost_before_it_was_stored_is_never_drawn_again_on_its_charge(tmp_path, monkeypatch):
+    from synthgen.knowledge import facts
+
+    ledger = PrivacyLedger(str(tmp_path / "ledger.sqlite"))
+    ledger.ensure_scope(Scope("release", "c", 10.0, 1e-6))
+    texts, draws = _collection("x"), []
+    real_select, real_write = facts._select, facts.write_private
+
+    def crash_on_the_result(path, text):
+        if path.name == facts.RESULT_FILE:
+            raise OSError("disk full")
+        real_write(path, text)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(facts, "_select", lambda *a: draws.append(1) or real_select(*a))
+        patch.setattr(facts, "write_private", crash_on_the_result)
+        with pytest.raises(OSError, match="disk full"):  # charged and drawn, never stored
+            release_facts(texts, FactConfig(epsilon=10.0), work=tmp_path, pay=_pay(ledger))
+        patch.setattr(facts, "write_private", real_write)
+        with pytest.raises(ValueError, match="draw was lost"):
+            release_facts(texts, FactConfig(epsilon=10.0), work=tmp_path, pay=_pay(ledger))
+    assert len(draws) == 1 and len(ledger.charges("release", "c")) == 1
+
+
 def test_two_concurrent_releases_on_one_work_folder_charge_once_and_draw_once(
     tmp_path, monkeypatch, caplog
 ):
