@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from synthgen.querygen import GeneratorConfig
+    from synthgen.querygen_config import GeneratorConfig
 
 CONFIGS_PACKAGE = "dpsynth.configs"
 QUERYGEN_FILE = "querygen.py"
@@ -199,7 +199,7 @@ def querygen_preset(spec: str) -> GeneratorConfig:
       ValueError: unknown preset (the message lists the file's presets), a file without a
         `PRESETS` dict, or an entry that is not a `GeneratorConfig`.
     """
-    from synthgen.querygen import GeneratorConfig
+    from synthgen.querygen_config import GeneratorConfig
 
     if ":" in spec:
         path_text, name = spec.rsplit(":", 1)

@@ -28,7 +28,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import datasets
 import jax
@@ -38,72 +38,18 @@ from flax import serialization
 from synthgen import dp_train, run_seed, shards
 from synthgen.corpora import file_sha256
 from synthgen.generator_models import LlamaFamily, T5Family, merge_params, split_trainable
-from synthgen.models.sampling import SamplingConfig
+from synthgen.models.sampling_config import SamplingConfig
 from synthgen.paths import cache_dir, default_work_dir
+from synthgen.querygen_config import GeneratorConfig
 from synthgen.shards import Shard
 from synthgen.work_folder import OncePayer, WorkFolder
 
-Family = Literal["t5", "llama"]
-COMPUTE_DTYPES = ("float32", "bfloat16")
 GENERATOR_FILE = "generator.json"
 PARAMS_FILE = "params.msgpack"
 SEEDED_NOTE = (
     "the DP-SGD noise and the Poisson sampler came from a fixed seed: reproducible by anyone "
     "who knows the seed, so this generator is for tests only, not for publication"
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class GeneratorConfig:
-    """Everything that defines a query-generator run (presets: `dpsynth/configs/querygen.py`).
-
-    Attributes:
-      family: "t5" or "llama".
-      base: asset name or local path of the pretrained model, or "random:<preset>" for a
-        randomly initialised model of that preset (tests), whose SentencePiece vocabulary
-        of `vocab_size` pieces is trained on the public documents.
-      lora_rank: 0 for full fine-tuning, else the LoRA rank.
-      input_len, target_len: token budgets of document prompt and query.
-      dp: DP-Adafactor hyper-parameters.
-      top_p, temperature, queries_per_doc, max_new_tokens, generation_batch: sampling.
-      dtype: compute dtype of the model's matmuls ("float32" or "bfloat16": accelerators);
-        parameters, optimizer state, the clipped sum and the noise stay float32.
-      remat: recompute each block in the backward pass (less activation memory, about a
-        third more compute): what lets t5-base at the paper's batch fit one GPU.
-    """
-
-    family: Family
-    base: str
-    dp: dp_train.DPConfig
-    lora_rank: int = 0
-    lora_alpha: float = 16.0
-    input_len: int = 384
-    target_len: int = 128
-    vocab_size: int = 512
-    top_p: float = 0.8
-    temperature: float = 1.0
-    queries_per_doc: int = 1
-    max_new_tokens: int = 32
-    generation_batch: int = 16
-    dtype: str = "float32"
-    remat: bool = False
-
-    def __post_init__(self) -> None:
-        if self.family not in ("t5", "llama"):
-            raise ValueError(f"family must be 't5' or 'llama', got {self.family=}")
-        if self.lora_rank < 0 or self.input_len < 8 or self.target_len < 2:
-            raise ValueError(f"bad sizes: {self.lora_rank=}, {self.input_len=}, {self.target_len=}")
-        if self.queries_per_doc < 1 or self.max_new_tokens < 1 or self.generation_batch < 1:
-            raise ValueError("queries_per_doc, max_new_tokens, generation_batch must be >= 1")
-        SamplingConfig(temperature=self.temperature, top_p=self.top_p)  # validates
-        if self.dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"dtype must be one of {COMPUTE_DTYPES}, got {self.dtype=}")
-
-    def replace(self, **changes) -> GeneratorConfig:
-        dp_changes = {k[3:]: changes.pop(k) for k in list(changes) if k.startswith("dp_")}
-        if dp_changes:
-            changes["dp"] = dataclasses.replace(self.dp, **dp_changes)
-        return dataclasses.replace(self, **changes)
 
 
 # ---- loading models ----------------------------------------------------------------------

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import numbers
 import secrets
+from typing import TYPE_CHECKING
 
-import jax
 import numpy as np
+
+if TYPE_CHECKING:  # jax is imported where a key is made: the configs that name a seed stay light
+    import jax
 
 SEED_BITS = 128
 _WORDS = SEED_BITS // 32
@@ -59,6 +62,8 @@ def shared_seed(seed: int | None) -> int:
         seed = secrets.randbits(SEED_BITS)
     check_seed(seed)
     seed = int(seed)
+    import jax
+
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
@@ -85,6 +90,8 @@ def noise_key(key_data) -> jax.Array:
     data = np.asarray(key_data, np.uint32)
     if data.shape != (_WORDS,):
         raise ValueError(f"noise key data must have shape ({_WORDS},), got {data.shape=}")
+    import jax
+
     return jax.random.wrap_key_data(data, impl=KEY_IMPL)
 
 

@@ -12,8 +12,8 @@ model.safetensors + spiece.model).
 
 import dataclasses
 
-from synthgen.dp_train import DPConfig
-from synthgen.querygen import GeneratorConfig
+from synthgen.dp_plan import DPConfig
+from synthgen.querygen_config import GeneratorConfig
 
 _TINY_DP = DPConfig(
     batch_size=32,

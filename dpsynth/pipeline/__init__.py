@@ -23,7 +23,6 @@ from dpsynth.pipeline.context import (
     fingerprints,
     stage_status,
 )
-from dpsynth.pipeline.runner import run_pipeline, run_stage
 
 __all__ = [
     "STAGES",
@@ -44,3 +43,13 @@ __all__ = [
     "run_stage",
     "stage_status",
 ]
+
+
+def __getattr__(name: str):
+    """`run_pipeline` and `run_stage` load the runner, which imports every stage and the
+    numeric libraries, on first use: `synthgen pipeline status` reads a config without them."""
+    if name in ("run_pipeline", "run_stage"):
+        from dpsynth.pipeline import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

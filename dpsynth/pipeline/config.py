@@ -20,7 +20,7 @@ from typing import Literal
 
 from dpsynth.pipeline.sample_collections import DEFAULT_SAMPLE, check_sample, fingerprint_fields
 from synthgen.fewshot.config import FewShotConfig
-from synthgen.querygen import GeneratorConfig
+from synthgen.querygen_config import GeneratorConfig
 
 # Field metadata: a field added after run folders existed is hashed into its stage's
 # fingerprint only when it differs from its default, so old runs stay up to date.
@@ -166,7 +166,7 @@ class EncoderConfig:
     real_upper_bound: bool = True
 
     def retriever_config(self):
-        from retriever.train import RetrieverConfig
+        from retriever.train_config import RetrieverConfig
 
         return RetrieverConfig(
             batch_size=self.batch_size,
