@@ -23,9 +23,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # And XLA's CPU loop emitters instead of its fusion emitters, likewise inherited: unoptimised
 # programs compile in about 0.6x the time with them (tiny T5's gradient: 1.5 s -> 0.9 s;
-# fresh run of the suite: T5 60 -> 33 s, Llama 50 -> 21 s, ghost clipping 220 -> 178 s).
-# `OPTIMISED_FILES` keep the fusion emitters: their time is SmolLM2 running, which the loop
-# emitters slow down (the RAG canary audit: 77 -> 115 s).
+# fresh clones of 2476e4f and 1b897d2: T5 52 -> 30 s, Llama 28 -> 12 s, ghost clipping
+# 168 -> 120 s). `OPTIMISED_FILES` keep the fusion emitters: their time is SmolLM2 running,
+# which the loop emitters slow down (the RAG canary audit: 77 -> 115 s when it had them too).
 FUSION_EMITTERS = "xla_cpu_use_fusion_emitters"
 if FUSION_EMITTERS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{FUSION_EMITTERS}=false".strip()
