@@ -146,6 +146,7 @@ def _xla_optimisations(request):
         return get_compile_options(*args, env_options_overrides=overrides, **kwargs)
 
     get_compile_options = compiler.get_compile_options
+    jax.devices()  # XLA reads XLA_FLAGS, loop emitters included, before they are stripped below
     before = os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS")
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "0"
