@@ -4,9 +4,9 @@ the index rows."""
 
 import json
 import os
-import subprocess
 import sys
 
+import cli_process
 import pytest
 
 from synthgen.corpora import file_sha256
@@ -15,7 +15,7 @@ WORDS = "city music film war game team school state river mountain station histo
 
 
 def _retriever(*args, env=None):
-    return subprocess.run(
+    return cli_process.run(
         [sys.executable, "-m", "dpsynth.cli.retriever", *map(str, args)],
         capture_output=True,
         text=True,

@@ -1,14 +1,14 @@
 """`synthgen generate-docs`, `generate-queries-fewshot`, `privacy fewshot` as a user runs them."""
 
 import json
-import subprocess
 import sys
 
+import cli_process
 import pytest
 
 
 def _synthgen(*args):
-    return subprocess.run(
+    return cli_process.run(
         [sys.executable, "-m", "dpsynth.cli.synthgen", *map(str, args)],
         capture_output=True,
         text=True,

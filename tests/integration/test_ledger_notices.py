@@ -9,9 +9,9 @@ them (test LM).
 """
 
 import json
-import subprocess
 import sys
 
+import cli_process
 import numpy as np
 import pytest
 
@@ -19,7 +19,7 @@ N = 20  # documents of the collection below
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", *map(str, args)], capture_output=True, text=True)
+    return cli_process.run([sys.executable, "-m", *map(str, args)], capture_output=True, text=True)
 
 
 def _warnings(err: str) -> list[str]:

@@ -6,10 +6,10 @@ checked in headless Chromium."""
 import dataclasses
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+import cli_process
 import pytest
 
 from dpsynth.config_files import default_configs_dir
@@ -33,7 +33,7 @@ CONFIG = default_configs_dir() / "tiny.py"  # the packaged example (`--config ti
 
 
 def _cli(*args):
-    return subprocess.run(
+    return cli_process.run(
         [sys.executable, "-m", "dpsynth.cli.synthgen", "pipeline", *map(str, args)],
         capture_output=True,
         text=True,

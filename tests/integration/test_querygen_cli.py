@@ -1,9 +1,9 @@
 """`synthgen train-generator` / `generate-queries` as a user runs them: JSONL in, JSON out."""
 
 import json
-import subprocess
 import sys
 
+import cli_process
 import pytest
 
 from dpsynth.cli.synthgen.common import SEED_WARNING
@@ -12,7 +12,7 @@ from synthgen import corpora, querygen
 
 
 def _synthgen(*args, cwd=None):
-    return subprocess.run(
+    return cli_process.run(
         [sys.executable, "-m", "dpsynth.cli.synthgen", *map(str, args)],
         capture_output=True,
         text=True,

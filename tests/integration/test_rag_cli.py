@@ -1,10 +1,10 @@
 """`retriever privacy rag` and `retriever answer` as a user runs them."""
 
 import json
-import subprocess
 import sys
 import types
 
+import cli_process
 import numpy as np
 import pytest
 
@@ -12,7 +12,7 @@ from synthgen.privacy import PrivacyLedger
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", *map(str, args)], capture_output=True, text=True)
+    return cli_process.run([sys.executable, "-m", *map(str, args)], capture_output=True, text=True)
 
 
 def test_privacy_rag_calculator():

@@ -2,14 +2,14 @@
 
 import json
 import shutil
-import subprocess
 import sys
 
+import cli_process
 import pytest
 
 
 def _retriever(*args):
-    result = subprocess.run(
+    result = cli_process.run(
         [sys.executable, "-m", "dpsynth.cli.retriever", *map(str, args)],
         capture_output=True,
         text=True,

@@ -3,10 +3,10 @@ uncut at 80 columns, caps refused by the option's name before any ledger is crea
 
 import os
 import re
-import subprocess
 import sys
 from importlib.metadata import version
 
+import cli_process
 import pytest
 from typer.testing import CliRunner
 
@@ -15,7 +15,7 @@ from tests.synthgen.test_cli import assert_every_option_shown_in_full
 
 
 def _retriever(*args, env=None):
-    return subprocess.run(
+    return cli_process.run(
         [sys.executable, "-m", "dpsynth.cli.retriever", *args],
         capture_output=True,
         text=True,

@@ -50,13 +50,14 @@ def test_bad_input_is_refused():
 
 def test_the_cli_prints_the_ceilings_and_warns_it_is_not_dp(tmp_path):
     import json
-    import subprocess
     import sys
+
+    import cli_process
 
     from dpsynth.evaluation.fact_world import write_world
 
     write_world(make_natural_world("facilities", seed=1), tmp_path)
-    done = subprocess.run(
+    done = cli_process.run(
         [sys.executable, "-m", "dpsynth.cli.retriever", "knowledge", "baseline", "--private-corpus",
          str(tmp_path / "corpus.jsonl"), "--questions", str(tmp_path / "questions.jsonl"),
          "--json"],

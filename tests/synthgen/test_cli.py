@@ -4,9 +4,11 @@ import json
 import subprocess
 import sys
 
+import cli_process
+
 
 def _synthgen(*args):
-    return subprocess.run(
+    return cli_process.run(
         [sys.executable, "-m", "dpsynth.cli.synthgen", *args], capture_output=True, text=True
     )
 
@@ -180,7 +182,7 @@ def test_ledger_help_names_the_default_path(tmp_path):
     env.update(XDG_DATA_HOME=str(tmp_path / "data"))
     want = str(tmp_path / "data" / "dpsynth" / "ledger.sqlite")
     for command in (("ledger", "show"), ("generate-docs",), ("train-generator",)):
-        result = subprocess.run(
+        result = cli_process.run(
             [sys.executable, "-m", "dpsynth.cli.synthgen", *command, "--help"],
             capture_output=True, text=True, env=env,
         )  # fmt: skip

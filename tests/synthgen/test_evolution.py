@@ -2,9 +2,9 @@
 ledger charge before the first histogram, public-only prompts, the released folder, the CLI."""
 
 import json
-import subprocess
 import sys
 
+import cli_process
 import numpy as np
 import pytest
 
@@ -202,10 +202,10 @@ def test_cli_writes_the_release_and_refuses_bad_options(tmp_path):
             "--private", str(private),
             "--text-field", "text", "--out", str(tmp_path / "out"), "--model", "tiny",
             "--encoder", "random:bert", "--ledger", str(tmp_path / "ledger.sqlite")]  # fmt: skip
-    bad = subprocess.run(base + ["--num-samples", "2", "--epsilon", "4", "--label-field",
+    bad = cli_process.run(base + ["--num-samples", "2", "--epsilon", "4", "--label-field",
                                  "topic"], capture_output=True, text=True)  # fmt: skip
     assert bad.returncode != 0 and "--labels" in bad.stderr and "Traceback" not in bad.stderr
-    run = subprocess.run(
+    run = cli_process.run(
         base + ["--num-samples", "4", "--epsilon", "4", "--iterations", "2", "--label-field",
                 "topic", "--labels", "cat,dog", "--public-size", "100", "--max-new-tokens", "4",
                 "--seed", "0"],

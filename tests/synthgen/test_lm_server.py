@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import cli_process
 import numpy as np
 import pytest
 from llama_server import LlamaServer, find_llama_server, missing_reason
@@ -156,7 +157,7 @@ def _generate_docs_args(server, tmp_path, *extra):
 
 
 def test_generate_docs_end_to_end_through_the_server(llama_server, tmp_path):
-    result = subprocess.run(
+    result = cli_process.run(
         _generate_docs_args(llama_server, tmp_path, "--max-new-tokens", "3"),
         capture_output=True,
         text=True,

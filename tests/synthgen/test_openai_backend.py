@@ -290,13 +290,14 @@ def test_the_server_context_is_required_and_checked_before_the_charge(server, tm
 
 
 def _generate_docs(server, tmp_path, *extra):
-    import subprocess
     import sys
+
+    import cli_process
 
     private = tmp_path / "private.jsonl"
     private.write_text("".join(json.dumps({"body": "abab abab", "topic": "x"}) + "\n"
                                for _ in range(40)))  # fmt: skip
-    return subprocess.run(
+    return cli_process.run(
         [sys.executable, "-m", "dpsynth.cli.synthgen", "generate-docs", "--private", str(private),
          "--text-field", "body", "--label-field", "topic", "--labels", "x",
          "--public-pool-size", "40", "--num-examples", "1",

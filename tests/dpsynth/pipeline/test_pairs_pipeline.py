@@ -5,9 +5,9 @@ collection with its own id field ("id", "body"); the tiny preset keeps it CI-siz
 """
 
 import json
-import subprocess
 import sys
 
+import cli_process
 import pytest
 
 from dpsynth.pipeline import load_pipeline_config
@@ -65,7 +65,7 @@ def _rag_files(folder):
 
 
 def _cli(*args, cwd):
-    return subprocess.run(
+    return cli_process.run(
         [sys.executable, "-m", "dpsynth.cli.synthgen", *map(str, args)],
         capture_output=True, text=True, cwd=cwd, timeout=1800,
     )  # fmt: skip

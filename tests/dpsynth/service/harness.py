@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import cli_process
 import httpx
 import pytest
 
@@ -25,7 +26,7 @@ TIMEOUT = 120.0  # seconds a server may take to start (jax import, encoder load)
 def cli(*args: object, check: bool = True) -> subprocess.CompletedProcess:
     """`python -m dpsynth.cli.retriever ARGS` as a user runs it."""
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1"}
-    result = subprocess.run(
+    result = cli_process.run(
         [sys.executable, "-m", "dpsynth.cli.retriever", *map(str, args)],
         capture_output=True,
         text=True,
@@ -41,7 +42,7 @@ def make_world(root: Path) -> dict[str, Path]:
     paths = {}
     for name, seed, records in (("private", 0, 40), ("public", 7, 30)):
         out = root / name
-        subprocess.run(
+        cli_process.run(
             [sys.executable, "-m", "dpsynth.evaluation.medical_world", "--out", str(out),
              "--num-records", str(records), "--num-diseases", "5", "--seed", str(seed)],
             check=True, capture_output=True,

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import cli_process
 from fastapi.testclient import TestClient
 
 from dpsynth.service.app import Service, create_app
@@ -16,7 +17,7 @@ RELATION = "ADD_OR_REMOVE_ONE"
 
 
 def _synthgen(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return cli_process.run(
         [sys.executable, "-m", "dpsynth.cli.synthgen", *args],
         capture_output=True,
         text=True,

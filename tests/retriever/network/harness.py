@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_process
 import httpx
 
 from tests.dpsynth.service.harness import Server, cli
@@ -65,7 +66,7 @@ def make_world(root: Path) -> dict[str, Path]:
     from retriever.index_folder import build_index_folder
 
     out = root / "private"
-    subprocess.run(
+    cli_process.run(
         [sys.executable, "-m", "dpsynth.evaluation.medical_world", "--out", str(out),
          "--num-records", "30", "--num-diseases", "5", "--seed", "0"],
         check=True, capture_output=True, env=child_env(),
