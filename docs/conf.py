@@ -262,7 +262,50 @@ def _resolve_imported_name(app, env, node, contnode):
     return domain.resolve_xref(env, node["refdoc"], app.builder, "obj", resolved, node, contnode)
 
 
+def _titles_only(toc):
+    """A page's toc as a titles-only toctree keeps it (Sphinx's own cut, `_entries_from_toctree`):
+    each top-level entry's title and the toctrees below it, nothing of its sections."""
+    from sphinx import addnodes
+
+    toc = toc.deepcopy()
+    for toplevel in toc:
+        if len(toplevel) > 1:
+            if subtrees := list(toplevel.findall(addnodes.toctree)):
+                toplevel[1][:] = subtrees
+            else:
+                toplevel.pop(1)
+    return toc
+
+
+def _navigation_from_titles(app, pagename, templatename, context, doctree) -> None:
+    """furo's navigation tree from the pages' titles alone, the same HTML in far less time.
+
+    furo asks every page for the whole site's titles-only toctree; Sphinx copies every page's
+    full toc for it (each section and API object) and then cuts it to the titles: half the
+    build. The cut made once per page beforehand gives the same tree (checked by building
+    before and after: byte-identical pages).
+    """
+    toctree = context.get("toctree")
+    if toctree is None:
+        return
+    env = app.env
+
+    def titles_only_toctree(**kwargs):
+        if not kwargs.get("titles_only"):
+            return toctree(**kwargs)
+        if getattr(env, "_dpsynth_titles", None) is None:
+            env._dpsynth_titles = {name: _titles_only(toc) for name, toc in env.tocs.items()}
+        tocs, env.tocs = env.tocs, env._dpsynth_titles
+        try:
+            return toctree(**kwargs)
+        finally:
+            env.tocs = tocs
+
+    context["toctree"] = titles_only_toctree
+
+
 def setup(app) -> None:
+    app.connect("html-page-context", _navigation_from_titles, priority=400)  # before furo's
     app.connect("builder-inited", _write_api_pages)
     app.connect("builder-inited", _write_cli_reference)
     app.connect("builder-inited", _write_code_layout)

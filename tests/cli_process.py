@@ -1,52 +1,65 @@
 """The command lines (`python -m` a module of the three packages) run as a user runs them,
-each in a fresh process, without paying for their imports every time.
+each in a fresh process, without paying for the libraries' imports every time.
 
 `python -m dpsynth.cli.synthgen ...` spends about 4 s of CPU importing jax, flax, datasets and
 dp_accounting before the command starts, and the suite runs a few hundred such commands.
-`run` forks each one from a server process that imported every module of the three packages
-once (multiprocessing's forkserver, preloaded). The command still runs in a process of its
-own, with its own working folder, environment, stdout, stderr and exit status, and starts its
-own XLA backend after the fork (the server never starts one). What differs from a cold start
-is only what was read at import, from the environment the server started with (jax's
-settings, the help texts' default paths): a call with another environment, or that asks for
-more than captured output, runs in a plain subprocess instead, as does any other argv.
+`run` forks each one from a server process that imported those libraries once
+(multiprocessing's forkserver, preloaded; it never starts an XLA backend). The command then
+runs as `python -m` runs it, in a process of its own: it imports the project's modules itself
+(an import a command forgot still fails), with its own working folder, `sys.path`,
+environment, stdout, stderr and exit status, and it waits for its threads and runs its atexit
+handlers before it exits. What differs from a cold start is what the preloaded libraries read
+or printed at import: the server starts with this worker's environment at the import of this
+module, and a call with another environment (jax's settings, the help texts' default paths),
+or that asks for more than captured output, runs in a plain subprocess instead, as does any
+other argv. A warning a preloaded library prints at import reaches the server's stderr, not
+the command's.
 """
 
 from __future__ import annotations
 
 import atexit
-import importlib
+import locale
 import multiprocessing
 import multiprocessing.forkserver
 import os
-import pkgutil
 import runpy
 import subprocess
 import sys
 import tempfile
-import traceback
+import threading
 from pathlib import Path
 
 PACKAGES = ("synthgen", "retriever", "dpsynth")
+PRELOAD = (  # the third-party libraries the command lines import; a missing one is skipped
+    "numpy", "scipy.optimize", "scipy.stats", "pandas", "pyarrow", "datasets",
+    "jax", "jax.numpy", "flax.linen", "optax", "chex", "orbax.checkpoint", "tokenizers",
+    "dp_accounting", "jax_privacy", "fastapi", "uvicorn", "httpx", "typer", "rich",
+)  # fmt: skip
 SET_PER_TEST = {"PYTEST_CURRENT_TEST"}  # pytest's, never read by the packages
-_SERVER_ENV = dict(os.environ)  # the environment conftest.py set, before any fixture ran
+TESTS = str(Path(__file__).parent)
 _context = multiprocessing.get_context("forkserver")
+_SERVER_ENV = dict(os.environ)  # this worker's, when a test module imported this one
+_lock = threading.Lock()
+_started = False
 
 
-def _modules() -> list[str]:
-    """Every module of the three packages, and this one (the server's preload)."""
-    names = ["cli_process"]
-    for name in PACKAGES:
-        package = importlib.import_module(name)
-        names += [
-            m.name
-            for m in pkgutil.walk_packages(package.__path__, f"{name}.")
-            if not m.name.endswith("__main__")
-        ]
-    return names
-
-
-_context.set_forkserver_preload(_modules())
+def _start_server() -> None:
+    """The forkserver, started once with `_SERVER_ENV` (not a fixture's temporary change)."""
+    global _started
+    with _lock:
+        if _started:
+            return
+        worker_env = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(_SERVER_ENV)
+        try:
+            _context.set_forkserver_preload(list(PRELOAD))
+            multiprocessing.forkserver.ensure_running()
+            _started = True
+        finally:
+            os.environ.clear()
+            os.environ.update(worker_env)
 
 
 def _forkable(argv: list[str], env: dict[str, str]) -> bool:
@@ -58,39 +71,34 @@ def _forkable(argv: list[str], env: dict[str, str]) -> bool:
     return all(env.get(k) == _SERVER_ENV.get(k) for k in keys)
 
 
-def _start_server() -> None:
-    worker_env = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(_SERVER_ENV)  # not a fixture's temporary change
-    try:
-        multiprocessing.forkserver.ensure_running()  # a no-op once it runs
-    finally:
-        os.environ.clear()
-        os.environ.update(worker_env)
-
-
 def _child(module: str, args: list[str], cwd: str, env: dict[str, str], out: str, err: str):
-    os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
     for fd, path in ((1, out), (2, err)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        target = os.open(path, os.O_WRONLY | os.O_TRUNC)
         os.dup2(target, fd)
         os.close(target)
-    sys.argv = [module, *args]
     code: object = 0
     try:
+        from jax._src import xla_bridge
+
+        assert not xla_bridge._backends, "the server started an XLA backend before the fork"
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        # what `python -m` puts on the path: the working folder, then the interpreter's own
+        sys.path[:] = [cwd] + [p for p in sys.path if p and not p.startswith(TESTS)]
+        sys.argv = [module, *args]
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exit_:
         code = exit_.code
     except BaseException:
-        traceback.print_exc()
+        sys.excepthook(*sys.exc_info())
         code = 1
-    try:
-        atexit._run_exitfuncs()
+    try:  # the interpreter's own order at exit: the message, threads, atexit, the streams
         if code is not None and not isinstance(code, int):
             print(code, file=sys.stderr)
             code = 1
+        threading._shutdown()
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
@@ -102,8 +110,10 @@ def forked(module: str, args: list[str], cwd, env: dict[str, str], timeout=None)
     _start_server()
     with tempfile.TemporaryDirectory(prefix="dpsynth-cli-") as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
+        out.touch(), err.touch()
+        cwd = str(Path(cwd or os.getcwd()).absolute())
         process = _context.Process(
-            target=_child, args=(module, args, str(cwd or os.getcwd()), env, str(out), str(err))
+            target=_child, args=(module, list(args), cwd, env, str(out), str(err))
         )
         process.start()
         process.join(timeout)
@@ -114,18 +124,24 @@ def forked(module: str, args: list[str], cwd, env: dict[str, str], timeout=None)
         return process.exitcode, out.read_bytes(), err.read_bytes()
 
 
+def decode(output: bytes) -> str:
+    """Bytes as `subprocess.run(..., text=True)` gives them: universal newlines."""
+    text = output.decode(locale.getpreferredencoding(False))
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def run(argv, *, capture_output, cwd=None, env=None, timeout=None, check=False, text=False,
-        **kwargs) -> subprocess.CompletedProcess:
+        **kwargs) -> subprocess.CompletedProcess:  # fmt: skip
     """`subprocess.run(argv, capture_output=True, ...)`, forked from the server where it can be."""
     assert capture_output, "the output is always captured"
     argv = [str(a) for a in argv]
     env = dict(os.environ if env is None else env)
     if kwargs or not _forkable(argv, env):
         return subprocess.run(argv, cwd=cwd, env=env, timeout=timeout, check=check, text=text,
-                              capture_output=True, **kwargs)
+                              capture_output=True, **kwargs)  # fmt: skip
     code, stdout, stderr = forked(argv[2], argv[3:], cwd, env, timeout)
     if text:
-        stdout, stderr = stdout.decode(), stderr.decode()
+        stdout, stderr = decode(stdout), decode(stderr)
     result = subprocess.CompletedProcess(argv, code, stdout, stderr)
     if check:
         result.check_returncode()
