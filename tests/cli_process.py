@@ -19,6 +19,8 @@ the command's.
 from __future__ import annotations
 
 import atexit
+import functools
+import json
 import locale
 import multiprocessing
 import multiprocessing.forkserver
@@ -37,7 +39,9 @@ PRELOAD = (  # the third-party libraries the command lines import; a missing one
     "dp_accounting", "jax_privacy", "fastapi", "uvicorn", "httpx", "typer", "rich",
 )  # fmt: skip
 SET_PER_TEST = {"PYTEST_CURRENT_TEST"}  # pytest's, never read by the packages
-TESTS = str(Path(__file__).parent)
+# Set by jax itself in every process: at its import (TF_CPP_MIN_LOG_LEVEL) and when it starts
+# a backend (TPU_SKIP_MDS_QUERY). Absent means these values, in the server as in a fresh run.
+JAX_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "1", "TPU_SKIP_MDS_QUERY": "1"}
 _context = multiprocessing.get_context("forkserver")
 _SERVER_ENV = dict(os.environ)  # this worker's, when a test module imported this one
 _lock = threading.Lock()
@@ -62,30 +66,38 @@ def _start_server() -> None:
             os.environ.update(worker_env)
 
 
+@functools.cache
+def _interpreter_path() -> list[str]:
+    """`sys.path` of a fresh interpreter after its first entry (the script's folder)."""
+    probe = "import json, sys; print(json.dumps(sys.path[1:]))"
+    found = subprocess.run([sys.executable, "-c", probe], env=_SERVER_ENV, cwd="/",
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    return json.loads(found.stdout)
+
+
 def _forkable(argv: list[str], env: dict[str, str]) -> bool:
     if len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m":
         return False
     if not argv[2].startswith(tuple(f"{name}." for name in PACKAGES)):
         return False
     keys = (env.keys() | _SERVER_ENV.keys()) - SET_PER_TEST
-    return all(env.get(k) == _SERVER_ENV.get(k) for k in keys)
+    return all(env.get(k, JAX_DEFAULTS.get(k)) == _SERVER_ENV.get(k, JAX_DEFAULTS.get(k))
+               for k in keys)  # fmt: skip
 
 
-def _child(module: str, args: list[str], cwd: str, env: dict[str, str], out: str, err: str):
-    for fd, path in ((1, out), (2, err)):
-        target = os.open(path, os.O_WRONLY | os.O_TRUNC)
+def _child(module, args, cwd, env, out, err, python_path):
+    for fd, file in ((1, out), (2, err)):
+        target = os.open(file, os.O_WRONLY | os.O_TRUNC)
         os.dup2(target, fd)
         os.close(target)
     code: object = 0
     try:
-        from jax._src import xla_bridge
-
-        assert not xla_bridge._backends, "the server started an XLA backend before the fork"
+        xla_bridge = sys.modules.get("jax._src.xla_bridge")
+        assert xla_bridge is None or not xla_bridge._backends, "an XLA backend before the fork"
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
-        # what `python -m` puts on the path: the working folder, then the interpreter's own
-        sys.path[:] = [cwd] + [p for p in sys.path if p and not p.startswith(TESTS)]
+        sys.path[:] = [cwd, *python_path]  # what `python -m` puts on it
         sys.argv = [module, *args]
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exit_:
@@ -113,7 +125,8 @@ def forked(module: str, args: list[str], cwd, env: dict[str, str], timeout=None)
         out.touch(), err.touch()
         cwd = str(Path(cwd or os.getcwd()).absolute())
         process = _context.Process(
-            target=_child, args=(module, list(args), cwd, env, str(out), str(err))
+            target=_child,
+            args=(module, list(args), cwd, env, str(out), str(err), _interpreter_path()),
         )
         process.start()
         process.join(timeout)

@@ -12,7 +12,7 @@ PROBE = """\
 import atexit, json, os, sys, threading, time
 print(json.dumps({"cwd": os.getcwd(), "path0": sys.path[0], "probe": os.environ.get("PROBE"),
                   "argv": sys.argv[1:], "main": __name__,
-                  "tests": [p for p in sys.path if p.rstrip("/").endswith("/tests")]}))
+                  "path": sys.path}))
 sys.stdout.flush()
 print("bar 1\\rbar 2\\r\\nline", file=sys.stderr)
 atexit.register(lambda: print("atexit ran", file=sys.stderr))
@@ -32,9 +32,10 @@ def test_a_forked_module_sees_and_gives_what_python_dash_m_does(tmp_path, ending
     code, out, err = cli_process.forked("cli_probe", [ending], tmp_path, env, timeout=60)
     assert code == fresh.returncode == {"none": 0, "three": 3, "message": 1, "raise": 1}[ending]
     assert cli_process.decode(out) == fresh.stdout  # the folder, path, environment, threads
-    assert json.loads(fresh.stdout.splitlines()[0]) == {
-        "cwd": str(tmp_path), "path0": str(tmp_path), "probe": "seen", "argv": [ending],
-        "main": "__main__", "tests": []}  # fmt: skip
+    seen = json.loads(fresh.stdout.splitlines()[0])
+    assert seen == {"cwd": str(tmp_path), "path0": str(tmp_path), "probe": "seen",
+                    "argv": [ending], "main": "__main__", "path": seen["path"]}  # fmt: skip
+    assert not [p for p in seen["path"] if p.rstrip("/").endswith("/tests")]
     assert fresh.stdout.endswith("thread joined\n")
     if ending == "raise":  # the traceback's frames differ: runpy's own, or the runner's
         assert cli_process.decode(err).splitlines()[-2:] == fresh.stderr.splitlines()[-2:]
@@ -69,6 +70,8 @@ def test_another_environment_or_argv_runs_in_a_plain_subprocess(tmp_path, monkey
     argv = [sys.executable, "-m", "dpsynth.cli.retriever", "--help"]
     assert cli_process._forkable(argv, {**os.environ, "PYTEST_CURRENT_TEST": "another"})
     assert not cli_process._forkable(argv, {**os.environ, "DPSYNTH_LEDGER": str(tmp_path)})
+    assert cli_process._forkable(argv, {**os.environ, **cli_process.JAX_DEFAULTS})  # jax's own
+    assert not cli_process._forkable(argv, {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
     assert not cli_process._forkable([sys.executable, "-c", "pass"], dict(os.environ))
     assert not cli_process._forkable([sys.executable, "-m", "pytest"], dict(os.environ))
     monkeypatch.setattr(cli_process, "forked", None)  # no fork from here
