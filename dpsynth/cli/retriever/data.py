@@ -9,13 +9,10 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import DocumentsLimitOption, HelpGroup, OutFolderOption
+from dpsynth.cli.shared import group_app
+from synthgen.command_line import DocumentsLimitOption, OutFolderOption
 
-data_app = typer.Typer(
-    cls=HelpGroup,
-    help="Prepare retrieval datasets in the plain JSONL formats.",
-    no_args_is_help=True,
-)
+data_app = group_app("Prepare retrieval datasets in the plain JSONL formats.")
 
 
 @data_app.command("wiki")

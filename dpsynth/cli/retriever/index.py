@@ -9,11 +9,10 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import HelpGroup, JsonFlagOption, choice
+from dpsynth.cli.shared import group_app
+from synthgen.command_line import JsonFlagOption, choice
 
-index_app = typer.Typer(
-    cls=HelpGroup, help="Build and query a nearest-neighbour index.", no_args_is_help=True
-)
+index_app = group_app("Build and query a nearest-neighbour index.")
 
 
 IndexKindOption = Annotated[

@@ -23,7 +23,8 @@ from dpsynth.cli.retriever.options import (
     ReleaseDatasetOption,
     ReleaseOutOption,
 )
-from synthgen.command_line import HelpGroup, LedgerOption, choice, positive, probability
+from dpsynth.cli.shared import group_app
+from synthgen.command_line import LedgerOption, choice, positive, probability
 
 # The fact release's settings, as `preview` and `audit` take them (`release` has its own help).
 ReleaseDelta = Annotated[float, typer.Option(help="the release's delta", callback=probability)]
@@ -70,10 +71,8 @@ EncoderOption = Annotated[
     str, typer.Option(help="public encoder of the index over the released records")
 ]
 
-knowledge_app = typer.Typer(
-    cls=HelpGroup,
-    help="Release a private collection's facts once (DP set union); answer from them for free.",
-    no_args_is_help=True,
+knowledge_app = group_app(
+    "Release a private collection's facts once (DP set union); answer from them for free."
 )
 
 

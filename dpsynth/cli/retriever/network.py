@@ -35,18 +35,15 @@ from dpsynth.cli.retriever.options import (
     rag_config,
     service_config,
 )
+from dpsynth.cli.shared import group_app
 from synthgen.command_line import HelpGroup, positive, probability
 
-contributor_app = typer.Typer(
-    cls=HelpGroup,
-    help="A contributor of the retrieval network: its release, its keys, its server.",
-    no_args_is_help=True,
+contributor_app = group_app(
+    "A contributor of the retrieval network: its release, its keys, its server."
 )
 key_app = typer.Typer(cls=HelpGroup, help="API keys of a contributor (tenants of its own ledger).")
 contributor_app.add_typer(key_app, name="key")
-network_app = typer.Typer(
-    cls=HelpGroup, help="Ask every contributor of a network at once.", no_args_is_help=True
-)
+network_app = group_app("Ask every contributor of a network at once.")
 
 if importlib.util.find_spec("dpsynth.cli.retriever.contributor_build") is not None:
     from dpsynth.cli.retriever.contributor_build import build

@@ -32,7 +32,8 @@ from dpsynth.cli.retriever.options import (
     rag_config,
     resolve_answer,
 )
-from synthgen.command_line import HelpGroup, JsonOption, LedgerOption, positive, probability
+from dpsynth.cli.shared import group_app
+from synthgen.command_line import JsonOption, LedgerOption, positive, probability
 
 AnswerEpsilonOption = Annotated[float, typer.Option(help="per-answer epsilon")]
 DatasetOption = Annotated[
@@ -73,7 +74,7 @@ KOption = Annotated[
 AnswerDeltaOption = Annotated[float, typer.Option(help="per-answer delta (below 1/n)")]
 ScoreOption = Annotated[bool, typer.Option(help="also release a noisy count and score")]
 
-privacy_app = typer.Typer(cls=HelpGroup, help="Privacy calculators.", no_args_is_help=True)
+privacy_app = group_app("Privacy calculators.")
 
 
 @privacy_app.command("rag")

@@ -42,9 +42,10 @@ from dpsynth.cli.retriever.options import (
     resolve_answer,
     service_config,
 )
-from synthgen.command_line import HelpGroup, choice, positive, probability
+from dpsynth.cli.shared import group_app
+from synthgen.command_line import choice, positive, probability
 
-tenant_app = typer.Typer(cls=HelpGroup, help="Tenants of the DP-RAG service.", no_args_is_help=True)
+tenant_app = group_app("Tenants of the DP-RAG service.")
 
 LedgerOption = Annotated[str, typer.Option(help="ledger file or PostgreSQL URL")]
 TenantNameArgument = Annotated[str, typer.Argument(help="tenant name")]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dpsynth.cli.shared import print_guarantee
+from dpsynth.cli.shared import admit_training_pairs, print_guarantee
 from synthgen.command_line import (
     DpSgdDeltaOption,
     GuaranteesAddUpOption,
@@ -22,9 +22,7 @@ from synthgen.command_line import (
 )
 
 if TYPE_CHECKING:
-    from synthgen.dp_plan import PrivacyPlan
     from synthgen.dp_train import DPConfig
-    from synthgen.privacy.ledger import PrivacyLedger
 
 
 PairsOption = Annotated[Path, typer.Option(help="queries.jsonl (generator output or plain)")]
@@ -188,30 +186,6 @@ def _dp_config(
     )
 
 
-def _admit_queries(
-    ledger: Path | None,
-    scope: tuple[str, str],
-    rows: list[dict],
-    texts: list[str],
-    row_of: dict[str, int],
-    plan: PrivacyPlan,
-    guarantees_add_up: bool,
-) -> PrivacyLedger:
-    """Admits the private (document, query) pairs to the ledger; returns the ledger."""
-    from synthgen.paths import default_ledger_path
-    from synthgen.privacy.admission import admit
-    from synthgen.privacy.ledger import PrivacyLedger
-
-    book = PrivacyLedger(ledger or default_ledger_path())
-    pairs = [{"document": texts[row_of[str(r["doc_id"])]], "query": r["query"]} for r in rows]
-    # the run checks its budget through its work folder, which knows a resume
-    admit(
-        book, *scope, pairs, plan, stage="dp-train", public_count=len(rows),
-        guarantees_add_up=guarantees_add_up, check=False,
-    )  # fmt: skip
-    return book
-
-
 def train_dp(
     queries: PrivateQueriesOption,
     corpus: PublicCorpusOption,
@@ -241,7 +215,7 @@ def train_dp(
     from retriever.encoders import load_encoder
     from retriever.train import RetrieverConfig, train_retriever_dp
     from synthgen.dp_train import plan_privacy
-    from synthgen.paths import default_work_dir
+    from synthgen.paths import default_ledger_path, default_work_dir
     from synthgen.work_folder import run_payer
 
     dp_config = _dp_config(
@@ -250,7 +224,10 @@ def train_dp(
     rows, texts, row_of = _private_pairs(queries, corpus)
     plan = plan_privacy(dp_config, len(rows))
     scope = (tenant, dataset or queries.stem)
-    book = _admit_queries(ledger, scope, rows, texts, row_of, plan, guarantees_add_up)
+    pairs = [{"document": texts[row_of[str(r["doc_id"])]], "query": r["query"]} for r in rows]
+    book = admit_training_pairs(
+        ledger or default_ledger_path(), scope, pairs, plan, guarantees_add_up=guarantees_add_up
+    )
     work = work_dir if work_dir is not None else default_work_dir(out, book.path)
     result = train_retriever_dp(
         load_encoder(encoder),

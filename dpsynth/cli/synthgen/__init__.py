@@ -4,10 +4,10 @@ One module per command group (`assets`, `privacy`, `ledger`, `lm`, `audit`) or p
 top-level commands (`querygen`: train-generator, generate-queries, merge-queries; `fewshot`:
 generate-docs, generate-queries-fewshot; `evolution`: generate-docs-pe); `common` holds the option
 types these commands share. The error wrapper `run` and what `retriever`'s command line shares with
-this one live in the library module `synthgen.command_line` (the top-level app and a training
-run's summary in `dpsynth.cli.shared`). Every error is one line on stderr
-and a non-zero exit code; `--debug` shows the traceback. jax, flax and datasets are imported
-inside the commands so that `synthgen --help` and the calculators start fast.
+this one live in the library module `synthgen.command_line` (the top-level and command group
+apps, a training run's admission and its summary in `dpsynth.cli.shared`). Every error is one
+line on stderr and a non-zero exit code; `--debug` shows the traceback. jax, flax and datasets
+are imported inside the commands so that `synthgen --help` and the calculators start fast.
 """
 
 from __future__ import annotations

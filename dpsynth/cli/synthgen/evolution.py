@@ -32,6 +32,7 @@ from dpsynth.cli.synthgen.common import (
     TenantOption,
     TextFieldOption,
     TopLogprobsOption,
+    load_lm,
 )
 from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
 
@@ -121,17 +122,6 @@ def _admit_rows(private, text_field, label_field, limit, split, ledger, scope, p
         public_count=plan.public_size, budget=budget, guarantees_add_up=guarantees_add_up,
     )  # fmt: skip
     return rows, ledger_payer(ledger_obj, scope, stage=STAGE)
-
-
-def _load_lm(model, server, server_model, server_context, prompt, top_logprobs, concurrency):
-    from synthgen.lm_backends import load_backend
-
-    options = {"prompt_format": prompt, "top_logprobs": top_logprobs,
-               "concurrency": concurrency}  # fmt: skip
-    lm, check = load_backend(model, server, server_model, server_context, options)
-    if check is not None:
-        print(f"server: {check.note}", file=sys.stderr)
-    return lm
 
 
 def _progress(bars: dict, plan):
@@ -257,8 +247,8 @@ def generate_docs_pe(
                                    plan, budget, guarantees_add_up)  # fmt: skip
     if seed is not None:
         print(SEED_WARNING, file=sys.stderr)
-    lm = _load_lm(model, server, server_model, server_context, server_prompt, top_logprobs,
-                  server_concurrency)  # fmt: skip
+    lm = load_lm(model, server, server_model, server_context, server_prompt, top_logprobs,
+                 server_concurrency)  # fmt: skip
     result = _evolve(lm, encoder, rows, text_field, label_field, config, plan, seed, pay)
     lm_name = model if server is None else f"{server} ({server_model or model})"
     _write(out, result, config, plan, lm_name, encoder, selection_note(limit, split), seed)

@@ -33,6 +33,7 @@ from dpsynth.cli.synthgen.common import (
     TenantOption,
     TextFieldOption,
     TopLogprobsOption,
+    load_lm,
 )
 from synthgen.command_line import (
     GuaranteesAddUpOption,
@@ -98,28 +99,6 @@ def _config(**values):
     if noise is not None:
         values["noise_multiplier" if mechanism == "gaussian" else "token_epsilon"] = noise
     return FewShotConfig(target_epsilon=None if noise is not None else epsilon, **values)
-
-
-def _lm_args(model, server, server_model, server_context, prompt, top_logprobs, concurrency):
-    """The arguments of `_load_lm` from the commands' LM options."""
-    options = {"prompt_format": prompt, "top_logprobs": top_logprobs, "concurrency": concurrency}
-    return model, server, server_model, server_context, options
-
-
-def _load_lm(
-    model: str,
-    server: str | None = None,
-    server_model: str | None = None,
-    server_context: int | None = None,
-    server_options: dict | None = None,
-):
-    from synthgen.lm_backends import load_backend
-
-    lm, check = load_backend(model, server, server_model, server_context, server_options)
-    if check is not None:
-        kind = "warning" if check.tokenization == "unchecked" else "server"
-        print(f"{kind}: {check.note}", file=sys.stderr)
-    return lm
 
 
 def _ledger(
@@ -226,7 +205,7 @@ def _run(
     if seed is not None:
         print(SEED_WARNING, file=sys.stderr)
     ledger_obj = _ledger(*ledger_args, plan, private)
-    lm = _load_lm(*lm_args)
+    lm = load_lm(*lm_args, warn_unchecked=True)
     _warn_top_k(lm, cfg)
     lm_name = lm_args[0] if lm_args[1] is None else f"{lm_args[1]} ({lm_args[2] or lm_args[0]})"
     pay = ledger_payer(ledger_obj, (ledger_args[0], ledger_args[1]), stage=STAGE)
@@ -355,8 +334,8 @@ def generate_docs(
     )  # fmt: skip
     private_rows = _doc_rows(private, text_field, label_field, limit, split)
     template, targets = _doc_targets(header, label_field, labels, num_examples)
-    lm_args = _lm_args(model, server, server_model, server_context, server_prompt, top_logprobs,
-                       server_concurrency)  # fmt: skip
+    lm_args = (model, server, server_model, server_context, server_prompt, top_logprobs,
+               server_concurrency)  # fmt: skip
     scope = (tenant, dataset or Path(private).stem, ledger, budget, guarantees_add_up)
     _run(lm_args, private_rows, targets, template, cfg, "label" if label_field else None, out,
          scope, seed, _doc_columns, selection_note(limit, split))  # fmt: skip
@@ -406,8 +385,8 @@ def generate_queries_fewshot(
         stop_at_newline=True,
     )  # fmt: skip
     private_rows, targets = _query_rows(private, documents, limit, split)
-    lm_args = _lm_args(model, server, server_model, server_context, server_prompt, top_logprobs,
-                       server_concurrency)  # fmt: skip
+    lm_args = (model, server, server_model, server_context, server_prompt, top_logprobs,
+               server_concurrency)  # fmt: skip
     scope = (tenant, dataset or Path(private).stem, ledger, budget, guarantees_add_up)
     _run(lm_args, private_rows, targets, fewshot.QUERY_TEMPLATE, cfg, None, out, scope, seed,
          _query_columns, selection_note(None, split))  # fmt: skip

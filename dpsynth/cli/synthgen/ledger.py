@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from synthgen.command_line import HelpGroup, JsonFlagOption
+from dpsynth.cli.shared import group_app
+from synthgen.command_line import JsonFlagOption
 from synthgen.paths import default_ledger_help, default_ledger_path
 from synthgen.privacy.figures import format_epsilon, format_remaining
 
@@ -16,9 +17,7 @@ if TYPE_CHECKING:  # the ledger loads dp_accounting: imported by the commands th
     from synthgen.privacy.document_filters import DocumentFilters
     from synthgen.privacy.ledger import PrivacyLedger
 
-ledger_app = typer.Typer(
-    cls=HelpGroup, help="Inspect the privacy budget ledger.", no_args_is_help=True
-)
+ledger_app = group_app("Inspect the privacy budget ledger.")
 
 
 def _open_ledger(db: str | None) -> PrivacyLedger:

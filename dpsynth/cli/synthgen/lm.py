@@ -9,13 +9,9 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import HelpGroup
+from dpsynth.cli.shared import group_app
 
-lm_app = typer.Typer(
-    cls=HelpGroup,
-    help="Local Llama-architecture language models (GGUF or Hugging Face folders).",
-    no_args_is_help=True,
-)
+lm_app = group_app("Local Llama-architecture language models (GGUF or Hugging Face folders).")
 
 
 @lm_app.command("generate")

@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
+from dpsynth.cli.shared import group_app
 from dpsynth.cli.synthgen.common import DeclaredDeltaOption, FewShotMechanismOption
-from synthgen.command_line import HelpGroup, JsonOption, choice
+from synthgen.command_line import JsonOption, choice
 
 FewShotNoiseOption = Annotated[
     float | None, typer.Option(help="sigma (gaussian) or per-token epsilon (rnm)")
@@ -17,9 +18,7 @@ TokensPerDrawOption = Annotated[
     int, typer.Option(help="tokens sharing one draw (1 = fresh draw per token)")
 ]
 
-privacy_app = typer.Typer(
-    cls=HelpGroup, help="Privacy calculators (no data is touched).", no_args_is_help=True
-)
+privacy_app = group_app("Privacy calculators (no data is touched).")
 
 
 @privacy_app.command("dpsgd")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dpsynth.cli.shared import print_guarantee
+from dpsynth.cli.shared import admit_training_pairs, print_guarantee
 from dpsynth.cli.synthgen.common import (
     SEED_WARNING,
     BudgetOption,
@@ -102,9 +102,6 @@ def _admit_pairs(
     Returns:
       The ledger the run is charged to, or None for a non-private run (nothing charged).
     """
-    from synthgen.privacy.admission import admit
-    from synthgen.privacy.ledger import PrivacyLedger
-
     if not plan.private:
         print(
             "warning: --noise-multiplier 0 is a NON-private run (epsilon = infinity); "
@@ -112,16 +109,11 @@ def _admit_pairs(
             file=sys.stderr,
         )
         return None
-    ledger_obj = PrivacyLedger(ledger_path)
     document_field, query_field = fields
     pairs_read = [{"document": r[document_field], "query": r[query_field]} for r in rows]
-    # the run checks its budget through its work folder, which knows a resume
-    admit(
-        ledger_obj, *scope, pairs_read, plan, stage="dp-train",
-        public_count=len(rows), budget=budget, guarantees_add_up=guarantees_add_up,
-        check=False,
-    )  # fmt: skip
-    return ledger_obj
+    return admit_training_pairs(
+        ledger_path, scope, pairs_read, plan, budget=budget, guarantees_add_up=guarantees_add_up
+    )
 
 
 def train_generator(
