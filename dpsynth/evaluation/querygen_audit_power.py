@@ -135,8 +135,6 @@ def run_whitebox_cells(
     Returns:
       One `WhiteboxResult` per epsilon, in order.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     loaded: list = []  # (model, its clipped batch sum), made by the first cell that runs
 
     def run(epsilon: float, k: int) -> whitebox.WhiteboxResult:
@@ -151,7 +149,7 @@ def run_whitebox_cells(
 
     return resumable_cells(
         epsilons,
-        lambda epsilon: cell_path(out, model, num_canaries, epsilon),
+        lambda epsilon: cell_path(out_dir, model, num_canaries, epsilon),
         run,
         whitebox.WhiteboxResult,
         expect=dict(delta=delta, num_canaries=num_canaries),
@@ -186,15 +184,16 @@ def format_table(results: Sequence[whitebox.WhiteboxResult]) -> str:
         "| model | params | claimed eps | sigma | canaries in/out | observable | "
         f"{whitebox.CellResult.FIGURES} | ok |"
     )
-    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
-    for r in results:
-        for s in r.stats:
-            lines.append(
-                f"| {r.model.split(' ')[0]} | {r.num_params:,} | {_fmt(r.claimed_epsilon)} | "
-                f"{r.noise_multiplier:.3f} | {r.num_in}/{r.num_out} | {s.observable} | "
-                f"{r.figure_cells(s)} | {'VIOLATION' if r.violation else 'yes'} |"
-            )
-    return "\n".join(lines)
+    return whitebox.markdown_table(
+        head,
+        (
+            f"| {r.model.split(' ')[0]} | {r.num_params:,} | {_fmt(r.claimed_epsilon)} | "
+            f"{r.noise_multiplier:.3f} | {r.num_in}/{r.num_out} | {s.observable} | "
+            f"{r.figure_cells(s)} | {'VIOLATION' if r.violation else 'yes'} |"
+            for r in results
+            for s in r.stats
+        ),
+    )
 
 
 def summary_line(
@@ -322,8 +321,6 @@ def run_blackbox_cells(
       ValueError: a bad batch size, too few corpus rows, or a cell file made with other
         settings (`cells.read_back`).
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     sizes = {**BLACKBOX[model]} if model in BLACKBOX else {}
     preset = _preset_dp(model)
     for key, value in (
@@ -383,7 +380,7 @@ def run_blackbox_cells(
     return resumable_cells(
         epsilons,
         lambda epsilon: blackbox_cell_path(
-            out, model, kind, num_canaries, epsilon, sizes["epochs"], sizes["batch_size"]
+            out_dir, model, kind, num_canaries, epsilon, sizes["epochs"], sizes["batch_size"]
         ),
         run,
         blackbox.BlackboxResult,
@@ -402,12 +399,13 @@ def format_blackbox_table(results: Sequence[blackbox.BlackboxResult]) -> str:
         "| model | kind | claimed eps | sigma | epochs | batch | steps | canaries in/out | "
         f"{whitebox.CellResult.FIGURES} | minutes | ok |"
     )
-    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
-    for r in results:
-        lines.append(
+    return whitebox.markdown_table(
+        head,
+        (
             f"| {r.model.split(' ')[0]} | {r.kind} | {_fmt(r.claimed_epsilon)} | "
             f"{r.noise_multiplier:.3f} | {r.epochs:g} | {r.batch_size} | {r.steps} | "
             f"{r.num_in}/{r.num_out} | {r.figure_cells(r.primary)} | {r.seconds / 60:.1f} | "
             f"{'VIOLATION' if r.violation else 'yes'} |"
-        )
-    return "\n".join(lines)
+            for r in results
+        ),
+    )

@@ -102,6 +102,41 @@ def make_rag_canaries(
     return canaries
 
 
+@dataclasses.dataclass(frozen=True, eq=False)  # arrays: compared by identity
+class CanaryCollection:
+    """The collection a RAG canary audit answers from (private: which canaries it holds),
+    with each canary question's embedding (`vectors`); the baseline and `DPRag` read it."""
+
+    doc_ids: list[str]
+    texts: list[str]
+    embeddings: np.ndarray
+    vectors: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def greedy(
+        self, lm, prompt: PromptFormat, config: RagConfig, question: str, k: int, kind=None
+    ) -> str:
+        """The non-private baseline's answer: the top `k` documents by exact similarity
+        (`np.argsort` of `kind`) in one prompt, greedy decoding."""
+        top = np.argsort(-(self.embeddings @ self.vectors[question]), kind=kind)[:k]
+        docs = [lm.encode(self.texts[i])[: config.max_document_tokens] for i in top]
+        return greedy_answer(lm, prompt.encode(lm, question, docs), config.max_tokens)
+
+    def dp_rag(self, lm, ledger: PrivacyLedger, dataset: str, **options: Any) -> DPRag:
+        """`DPRag` over the collection, paid by `ledger`'s `dataset` (options: its own)."""
+        return DPRag(
+            self.doc_ids,
+            self.texts,
+            self.embeddings,
+            lambda qs: np.stack([self.vectors[q] for q in qs]),
+            lm,
+            payer=collection_payer(ledger, dataset),
+            **options,
+        )
+
+
 def secret_revealed(secret: str, answer: str) -> bool:
     """Whether the answer holds the full secret verbatim."""
     return secret in answer
@@ -242,11 +277,13 @@ def run_rag_canary_audit(
     planted = make_rag_canaries(documents, canaries, rng, key_words=key_words)
     references = [digit_secret(rng) for _ in planted]  # never in the collection
     texts = list(documents) + [c.document for c in planted]
-    doc_ids = [f"doc-{i}" for i in range(len(documents))] + [c.doc_id for c in planted]
-    embeddings = np.asarray(encode(texts), dtype=np.float32)
     questions = [c.question for c in planted]
-    question_vectors = np.asarray(encode(questions), dtype=np.float32)
-    vector_of = dict(zip(questions, question_vectors))
+    collection = CanaryCollection(
+        [f"doc-{i}" for i in range(len(documents))] + [c.doc_id for c in planted],
+        texts,
+        np.asarray(encode(texts), dtype=np.float32),
+        dict(zip(questions, np.asarray(encode(questions), dtype=np.float32))),
+    )
     k = baseline_k or config.k
 
     results, record = [], []
@@ -256,10 +293,7 @@ def run_rag_canary_audit(
             if math.isinf(epsilon):
                 for j, canary in enumerate(planted):
                     start = time.perf_counter()
-                    top = np.argsort(-(embeddings @ question_vectors[j]))[:k]
-                    docs = [lm.encode(texts[i])[: config.max_document_tokens] for i in top]
-                    ids = prompt.encode(lm, canary.question, docs)
-                    text = greedy_answer(lm, ids, config.max_tokens)
+                    text = collection.greedy(lm, prompt, config, canary.question, k)
                     rows.append(_row(j, planted, references[j], text, start))
                 per_answer, spent, delta = math.inf, math.inf, 0.0
             else:
@@ -268,13 +302,10 @@ def run_rag_canary_audit(
                 ledger.ensure_scope(
                     Scope(TENANT, DATASET, epsilon * n * 1.01 + 1.0, max(config.delta, 1e-5))
                 )
-                rag = DPRag(
-                    doc_ids,
-                    texts,
-                    embeddings,
-                    lambda qs: np.stack([vector_of[q] for q in qs]),
+                rag = collection.dp_rag(
                     lm,
-                    payer=collection_payer(ledger, DATASET),
+                    ledger,
+                    DATASET,
                     config=config,
                     prompt=prompt,
                     rng=None if seed is None else np.random.default_rng([seed, len(results)]),

@@ -87,20 +87,23 @@ from pathlib import Path
 import numpy as np
 
 from retriever.rag.accounting import bounded_range_epsilon
-from retriever.rag.answer import DPRag
-from retriever.rag.canary_audit import CANARY_PROMPT, RagCanary, make_rag_canaries, prefix_digits
+from retriever.rag.canary_audit import (
+    CANARY_PROMPT,
+    CanaryCollection,
+    RagCanary,
+    make_rag_canaries,
+    prefix_digits,
+)
 from retriever.rag.collection import open_document_filters
 from retriever.rag.config import RagConfig, plan_answer
-from retriever.rag.greedy import greedy_answer
 from retriever.rag.prompts import PromptFormat
 from synthgen.audit.canaries import DIGITS
 from synthgen.audit.cells import resumable_cells, settings_of
 from synthgen.audit.claims import epsilon_tag
 from synthgen.audit.coins import draw_coins, streams
-from synthgen.audit.whitebox import CellResult, canary_figures
+from synthgen.audit.whitebox import CellResult, canary_figures, markdown_table
 from synthgen.privacy import PrivacyLedger, Scope, calibration
 from synthgen.privacy.individual import DocumentBudget
-from synthgen.privacy.receipts import collection_payer
 from synthgen.work_folder import private_folder, write_private
 
 OBSERVABLE = "secret_prefix_digits"
@@ -332,11 +335,13 @@ def run_rag_power_cell(
     base_vectors = np.asarray(encode(list(documents)), np.float32).reshape(
         len(documents), canary_vectors.shape[1]
     )
-    texts = list(documents) + [c.document for c, x in zip(planted, coins) if x]
-    doc_ids = [f"doc-{i}" for i in range(len(documents))] + [
-        c.doc_id for c, x in zip(planted, coins) if x
-    ]
-    embeddings = np.concatenate([base_vectors, canary_vectors[coins]])
+    included = [c for c, x in zip(planted, coins) if x]
+    collection = CanaryCollection(
+        [f"doc-{i}" for i in range(len(documents))] + [c.doc_id for c in included],
+        list(documents) + [c.document for c in included],
+        np.concatenate([base_vectors, canary_vectors[coins]]),
+        dict(zip(questions, question_vectors)),
+    )
 
     answers: list[str] = [""] * canaries
     todo = order
@@ -348,10 +353,9 @@ def run_rag_power_cell(
     if math.isinf(epsilon):
         answer_epsilon = answer_rho = cap = claim = math.inf
         for j in todo:
-            top = np.argsort(-(embeddings @ question_vectors[j]), kind="stable")[: config.k]
-            docs = [lm.encode(texts[i])[: config.max_document_tokens] for i in top]
-            ids = prompt.encode(lm, questions[j], docs)
-            answers[j] = greedy_answer(lm, ids, config.max_tokens)
+            answers[j] = collection.greedy(
+                lm, prompt, config, questions[j], config.k, kind="stable"
+            )
         mechanism = "greedy"
     else:
         cap = DocumentBudget(epsilon, delta).rho_cap
@@ -359,21 +363,17 @@ def run_rag_power_cell(
         plan = plan_answer(config, MECHANISM, answer_epsilon)
         answer_rho = plan.document_rho()
         claim = record_epsilon(epsilon, plan, delta, answers_per_record)
-        vector_of = dict(zip(questions, question_vectors))
         with tempfile.TemporaryDirectory() as tmp:  # the ledger: who paid reveals the coins
             ledger = PrivacyLedger(Path(tmp) / "ledger.sqlite")
             # the tenant's quota only (basic: O(1) per charge); the claim is the filters'
             ledger.ensure_scope(Scope(TENANT, DATASET, 1e9, 0.5, accountant="basic"))
             open_document_filters(
-                ledger, DATASET, documents=len(texts), epsilon=epsilon, delta=delta, plan=plan
+                ledger, DATASET, documents=len(collection), epsilon=epsilon, delta=delta, plan=plan
             )
-            rag = DPRag(
-                doc_ids,
-                texts,
-                embeddings,
-                lambda qs: np.stack([vector_of[q] for q in qs]),
+            rag = collection.dp_rag(
                 lm,
-                payer=collection_payer(ledger, DATASET),
+                ledger,
+                DATASET,
                 config=config,
                 prompt=prompt,
                 rng=None if seed is None else np.random.default_rng(mechanism_seed),
@@ -400,7 +400,7 @@ def run_rag_power_cell(
     )
     if work_dir is not None:
         _write_record(work_dir, epsilon, planted, coins, order, answers)
-    del scores, coins, answers
+    del scores, coins, answers, included, collection
     return RagPowerResult(
         model=model,
         num_documents=len(documents),
@@ -474,8 +474,6 @@ def run_rag_power_cells(
     Returns:
       One `RagPowerResult` per epsilon, in order.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     answers = config or power_config(digits)
 
     def run(epsilon: float, k: int) -> RagPowerResult:
@@ -505,7 +503,7 @@ def run_rag_power_cells(
     )
     return resumable_cells(
         epsilons,
-        lambda epsilon: cell_path(out, canaries, epsilon),
+        lambda epsilon: cell_path(out_dir, canaries, epsilon),
         run,
         RagPowerResult,
         expect=expect,
@@ -520,11 +518,12 @@ def format_table(results: Sequence[RagPowerResult]) -> str:
         "| claimed eps (delta) | per-answer eps | canaries in/out | "
         f"{CellResult.FIGURES} | s/answer | ok |"
     )
-    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
-    for r in results:
-        lines.append(
+    return markdown_table(
+        head,
+        (
             f"| {epsilon_tag(r.claimed_epsilon)} ({r.delta:g}) | {r.answer_epsilon:.3g} | "
             f"{r.num_in}/{r.num_out} | {r.figure_cells(r.primary)} | "
             f"{r.seconds_per_answer:.2f} | {'VIOLATION' if r.violation else 'yes'} |"
-        )
-    return "\n".join(lines)
+            for r in results
+        ),
+    )

@@ -92,7 +92,7 @@ def resumable_cells(
 
     Args:
       epsilons: the cells' claimed epsilons (math.inf: noise off).
-      path_of: the result file of the cell at an epsilon (its folder exists).
+      path_of: the result file of the cell at an epsilon (its folder is created if needed).
       run: run(epsilon, k) -> the result of cell k (k: its position, for test seeds).
       result_type: the result dataclass (`to_dict` writes it, `from_dict` reads it back).
       expect: the settings `run` uses: a file that records others is refused
@@ -107,6 +107,7 @@ def resumable_cells(
     results = []
     for k, epsilon in enumerate(epsilons):
         path = path_of(epsilon)
+        path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
             results.append(read_back(path, result_type, expect))
             log(f"{path.name}: exists, skipped")

@@ -59,7 +59,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -116,7 +115,7 @@ class EvolutionPowerResult(CellResult):
 def evolution_plan(epsilon: float, config: evolution.EvolutionConfig) -> evolution.EvolutionPlan:
     """The plan of the audited run: `plan_evolution`, or the noise-off plan (claim inf).
 
-    `config` must carry the noise `evolution_config` gives it (a target epsilon, or
+    `config` must carry the noise `run_evolution_power_cell` gives it (a target epsilon, or
     `release_audit.NOISE_OFF` for epsilon = inf).
     """
     if math.isfinite(epsilon):
@@ -130,44 +129,6 @@ def evolution_plan(epsilon: float, config: evolution.EvolutionConfig) -> evoluti
         public_size=config.public_size,
         epsilon=math.inf,
         delta=resolve_delta(config.delta, config.public_size),
-    )
-
-
-def evolution_config(
-    epsilon: float,
-    *,
-    num_private: int,
-    num_canaries: int,
-    population: int,
-    num_samples: int,
-    iterations: int,
-    votes: int,
-    threshold: float,
-    keep_share: float,
-    max_new_tokens: int,
-    delta: float | None,
-    **options,
-) -> evolution.EvolutionConfig:
-    """The audited run's public config: public_size = num_private + m, never the coins.
-
-    Privacy:
-      One private sample under add/remove-one; T Gaussian histograms (Lin et al. 2024).
-      `options` are further public `EvolutionConfig` fields (prompts, sampling).
-    """
-    private = math.isfinite(epsilon)
-    return evolution.EvolutionConfig(
-        num_samples=num_samples,
-        iterations=iterations,
-        target_epsilon=float(epsilon) if private else None,
-        noise_multiplier=None if private else release_audit.NOISE_OFF,
-        delta=delta,
-        public_size=num_private + num_canaries,
-        votes=votes,
-        threshold=threshold,
-        population=population,
-        keep_share=keep_share,
-        max_new_tokens=max_new_tokens,
-        **options,
     )
 
 
@@ -243,13 +204,20 @@ def run_evolution_power_cell(
       public_size = num_private + m, fixed before the coins are drawn. The coins, scores
       and samples never leave this call except into `work_dir`.
     """
-    start = time.perf_counter()
-    release_audit.check_cell(canaries, epsilon, significance)
+    cell = release_audit.ReleaseCell(
+        epsilon=epsilon,
+        canaries=canaries,
+        significance=significance,
+        canary_template=canary_template,
+        secret_words=secret_words,
+        seed=seed,
+        work_dir=work_dir,
+        named_canaries=True,
+    )
     if fillers < 0 or secret_words < 1:
         raise ValueError(f"need fillers >= 0 and secret_words >= 1, got {fillers=}")
     if iterations > 1 and sampler is None:
         raise ValueError(f"iterations={iterations} > 1 asks the LM for variations: pass a sampler")
-    release_audit.check_canary_template(canary_template, name=True)
     if num_samples is not None and num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples=}")
     private_texts, public_texts = release_audit.wiki_stand_ins(
@@ -262,26 +230,27 @@ def run_evolution_power_cell(
     num_fillers = population - canaries - len(copies)
     if len(public_texts) < num_fillers:
         raise ValueError(f"need {num_fillers} public documents for the fillers")
-    config = evolution_config(
-        epsilon,
-        num_private=len(private_texts),
-        num_canaries=canaries,
+    # the run's settings that its config reads and the result records as given
+    shape = dict(
         population=population,
         num_samples=num_samples,
         iterations=iterations,
         votes=votes,
         threshold=threshold,
+    )
+    noisy = math.isfinite(epsilon)
+    config = evolution.EvolutionConfig(  # public figures only: public_size = ordinary + m
+        target_epsilon=float(epsilon) if noisy else None,
+        noise_multiplier=None if noisy else release_audit.NOISE_OFF,
+        delta=delta,
+        public_size=len(private_texts) + canaries,
         keep_share=keep_share,
         max_new_tokens=max_new_tokens,
-        delta=delta,
+        **shape,
         **options,
     )
     plan = evolution_plan(epsilon, config)
-    release_audit.check_delta(plan.delta, canaries)
-
-    drawn, coins, run_seed = release_audit.draw_canaries(
-        seed, canaries, public_texts, template=canary_template, secret_words=secret_words
-    )
+    drawn, coins, run_seed = cell.draw(public_texts, plan)
     initial = list(drawn.texts) + copies + public_texts[:num_fillers]  # no coin read
     private = private_texts + [drawn.texts[i] for i in np.flatnonzero(coins)]
     report = _report if progress else None
@@ -300,31 +269,24 @@ def run_evolution_power_cell(
     scores = release_audit.max_cosine_scores(
         np.asarray(scoring(list(drawn.texts))), np.asarray(scoring(list(result.texts)))
     )
-    figures, bait_in, bait_out = release_audit.release_figures(
+    figures, bait_in, bait_out = cell.figures(
         OBSERVABLE,
         scores,
         coins,
         result.texts,
         found_at=1.0 - 1e-4,  # a released bait, up to the encoder's rounding
         tag="evolution",
-        epsilon=epsilon,
         plan=plan,
-        significance=significance,
-        work_dir=work_dir,
     )
     del scores, coins, drawn
-    return EvolutionPowerResult(
+    return cell.result(
+        EvolutionPowerResult,
+        figures,
         model=model,
         encoder=encoder,
         num_private=len(private_texts),
         ordinary_candidates=ordinary_candidates,
         num_fillers=num_fillers,
-        secret_words=secret_words,
-        population=population,
-        num_samples=num_samples,
-        iterations=iterations,
-        votes=votes,
-        threshold=threshold,
         public_size=config.public_size,
         noise_multiplier=plan.noise_multiplier,
         bait_in=bait_in,
@@ -332,8 +294,7 @@ def run_evolution_power_cell(
         selected_share=tuple(result.selected_share),
         samples_generated=result.samples_generated,
         generation_seconds=result.generation_seconds,
-        seconds=time.perf_counter() - start,
-        **figures,
+        **shape,
     )
 
 

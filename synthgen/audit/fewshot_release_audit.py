@@ -238,9 +238,15 @@ def run_fewshot_power_cell(
       fixed before the coins are drawn. The coins, scores and texts never leave this call
       except into `work_dir` (see the module docstring).
     """
-    start = time.perf_counter()
-    release_audit.check_cell(canaries, epsilon, significance)
-    release_audit.check_canary_template(canary_template)
+    cell = release_audit.ReleaseCell(
+        epsilon=epsilon,
+        canaries=canaries,
+        significance=significance,
+        canary_template=canary_template,
+        secret_words=secret_words,
+        seed=seed,
+        work_dir=work_dir,
+    )
     if num_texts < 1 or secret_words < 1:
         raise ValueError(f"need num_texts >= 1 and secret_words >= 1, got {num_texts=}")
     shot_fields, target_fields = template.fields()
@@ -249,27 +255,27 @@ def run_fewshot_power_cell(
     private_texts, public_texts = release_audit.wiki_stand_ins(
         num_private, 2000, private_texts, public_texts
     )
-    config, plan = fewshot_plan(
-        epsilon,
-        num_private=len(private_texts),
-        num_canaries=canaries,
-        num_texts=num_texts,
+    # the generator's settings that the plan reads and the result records as given
+    shape = dict(
         subsets=subsets,
         shots=shots,
-        max_shots=max_shots,
         shot_tokens=shot_tokens,
         max_new_tokens=max_new_tokens,
         resample=resample,
         mechanism=mechanism,
         public_vocab=public_vocab,
+    )
+    config, plan = fewshot_plan(
+        epsilon,
+        num_private=len(private_texts),
+        num_canaries=canaries,
+        num_texts=num_texts,
+        max_shots=max_shots,
         public_prior=public_prior,
         delta=delta,
+        **shape,
     )
-    release_audit.check_delta(plan.delta, canaries)
-
-    drawn, coins, run_seed = release_audit.draw_canaries(
-        seed, canaries, public_texts, template=canary_template, secret_words=secret_words
-    )
+    drawn, coins, run_seed = cell.draw(public_texts, plan)
     rows = [{"text": t} for t in private_texts]
     rows += [{"text": drawn.texts[i]} for i in np.flatnonzero(coins)]
     on_token, close = _progress(progress, num_texts * max_new_tokens)
@@ -290,32 +296,23 @@ def run_fewshot_power_cell(
     generate_seconds = time.perf_counter() - generate_start
     del rows
     scores = release_audit.secret_word_scores(drawn.secrets, released.texts)
-    figures, full_in, full_out = release_audit.release_figures(
+    figures, full_in, full_out = cell.figures(
         OBSERVABLE,
         scores,
         coins,
         released.texts,
         found_at=secret_words,  # the whole secret, in order, in some text
         tag="fewshot",
-        epsilon=epsilon,
         plan=plan,
-        significance=significance,
-        work_dir=work_dir,
     )
     del scores, coins, drawn
-    return FewShotPowerResult(
+    return cell.result(
+        FewShotPowerResult,
+        figures,
         model=model,
         num_private=len(private_texts),
-        secret_words=secret_words,
         num_texts=num_texts,
-        subsets=subsets,
-        shots=shots,
         max_shots=config.shots_cap,
-        shot_tokens=shot_tokens,
-        max_new_tokens=max_new_tokens,
-        resample=resample,
-        mechanism=mechanism,
-        public_vocab=public_vocab,
         public_pool_size=config.public_pool_size,
         sampling_rate=plan.sampling_rate,
         noise_multiplier=plan.noise_multiplier,
@@ -324,8 +321,7 @@ def run_fewshot_power_cell(
         full_secret_out=full_out,
         tokens_released=released.tokens_released,
         generate_seconds=generate_seconds,
-        seconds=time.perf_counter() - start,
-        **figures,
+        **shape,
     )
 
 

@@ -49,9 +49,11 @@ References:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import re
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -164,25 +166,6 @@ def make_release_canaries(
     return ReleaseCanaries(texts, secrets)
 
 
-def draw_canaries(
-    seed: int | None, num: int, public_texts: Sequence[str], *, template: str, secret_words: int
-) -> tuple[ReleaseCanaries, np.ndarray, int]:
-    """(canaries, coins, run seed): a cell's public canaries, its secret coins, its run's seed.
-
-    Independent streams of one audit seed (`coins.streams`): the canaries' material (secrets
-    from `secret_vocabulary(public_texts)`), the coins (`coins.draw_coins`), the run.
-    """
-    material, coin_rng, run_seed = streams(seed)
-    drawn = make_release_canaries(
-        num,
-        secret_vocabulary(public_texts),
-        material,
-        template=template,
-        secret_words=secret_words,
-    )
-    return drawn, draw_coins(coin_rng, num), run_seed
-
-
 # ---- scores: functions of a canary and the released texts only --------------------------------
 
 
@@ -257,58 +240,103 @@ def max_cosine_scores(canaries: np.ndarray, released: np.ndarray) -> np.ndarray:
 # ---- statistics, private records, cells ---------------------------------------------------
 
 
-def release_figures(
-    observable: str,
-    scores: np.ndarray,
-    coins: np.ndarray,
-    released: Sequence[str],
-    *,
-    found_at: float,
-    tag: str,
-    epsilon: float,
-    plan: Any,
-    significance: float,
-    work_dir: str | Path | None,
-) -> tuple[dict[str, Any], int, int]:
-    """(`whitebox.canary_figures` of the cell, found in, found out) for a claim `plan`.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReleaseCell:
+    """The arguments every release-audit cell shares (named as the cells' own), the steps
+    it runs with them, and its clock, started on creation.
 
-    Found: the included / excluded canaries scoring at least `found_at`. The secrets
-    (coins, scores, released texts) go to the PRIVATE `work_dir` only (`save_private`,
-    `<tag>_eps<epsilon>`).
-    """
-    coins = np.asarray(coins, bool)
-    figures = canary_figures(
-        {observable: scores},
-        coins,
-        target_epsilon=epsilon,
-        claimed_epsilon=plan.epsilon,
-        delta=plan.delta,
-        significance=significance,
-    )
-    found = scores >= found_at
-    save_private(
-        work_dir,
-        f"{tag}_eps{epsilon_tag(epsilon)}",
-        coins=coins,
-        scores=scores,
-        released=list(released),
-    )
-    return figures, int(np.sum(found & coins)), int(np.sum(found & ~coins))
-
-
-def check_cell(num_canaries: int, epsilon: float, significance: float) -> None:
-    """Eager checks shared by the cells (public arguments only).
+    Creation checks the public arguments; `draw` refuses the plan's delta, then draws the
+    canaries and the coins; `figures` scores them; `result` makes the cell's record.
+    `named_canaries`: the canary template must hold "{name}" (outlier canaries).
 
     Raises:
-      ValueError: fewer than 2 canaries, epsilon not > 0 (NaN included), or a
-        significance outside (0, 0.5).
+      ValueError: fewer than 2 canaries, epsilon not > 0 (NaN included), a significance
+        outside (0, 0.5), or a template without "{secret}" (or "{name}").
     """
-    if num_canaries < 2:
-        raise ValueError(f"need >= 2 canaries, got {num_canaries=}")
-    if math.isnan(epsilon) or not epsilon > 0:
-        raise ValueError(f"epsilon must be > 0 or math.inf, got {epsilon=}")
-    if not 0 < significance < 0.5:
-        raise ValueError(f"significance must be in (0, 0.5), got {significance=}")
+
+    epsilon: float
+    canaries: int
+    significance: float
+    canary_template: str
+    secret_words: int
+    seed: int | None = dataclasses.field(repr=False)  # it draws the secret coins
+    work_dir: str | Path | None
+    named_canaries: bool = False
+    start: float = dataclasses.field(default_factory=time.perf_counter, repr=False)
+
+    def __post_init__(self) -> None:
+        num_canaries, epsilon, significance = self.canaries, self.epsilon, self.significance
+        if num_canaries < 2:
+            raise ValueError(f"need >= 2 canaries, got {num_canaries=}")
+        if math.isnan(epsilon) or not epsilon > 0:
+            raise ValueError(f"epsilon must be > 0 or math.inf, got {epsilon=}")
+        if not 0 < significance < 0.5:
+            raise ValueError(f"significance must be in (0, 0.5), got {significance=}")
+        check_canary_template(self.canary_template, name=self.named_canaries)
+
+    def draw(self, public_texts: Sequence[str], plan: Any) -> tuple[ReleaseCanaries, Any, int]:
+        """(canaries, coins, run seed): independent streams of the audit seed
+        (`coins.streams`) give the canaries' public material (secrets from
+        `secret_vocabulary(public_texts)`), the secret coins and the run's seed.
+
+        Raises:
+          ValueError: 2 m delta > 1 (the one-run p-value is monotone only below it).
+        """
+        delta, num_canaries = plan.delta, self.canaries
+        if 2 * num_canaries * delta > 1:
+            raise ValueError(
+                f"delta must be <= 1/(2 m) for m canaries, got {delta=}, {num_canaries=}"
+            )
+        material, coin_rng, run_seed = streams(self.seed)
+        drawn = make_release_canaries(
+            self.canaries,
+            secret_vocabulary(public_texts),
+            material,
+            template=self.canary_template,
+            secret_words=self.secret_words,
+        )
+        return drawn, draw_coins(coin_rng, self.canaries), run_seed
+
+    def figures(
+        self,
+        observable: str,
+        scores: np.ndarray,
+        coins: np.ndarray,
+        released: Sequence[str],
+        *,
+        found_at: float,
+        tag: str,
+        plan: Any,
+    ) -> tuple[dict[str, Any], int, int]:
+        """(`whitebox.canary_figures` of the cell, found in, found out) for the claim `plan`.
+
+        Found: the included / excluded canaries scoring at least `found_at`. The secrets
+        (coins, scores, released texts) go to the PRIVATE `work_dir` only (`save_private`,
+        `<tag>_eps<epsilon>`).
+        """
+        coins = np.asarray(coins, bool)
+        figures = canary_figures(
+            {observable: scores},
+            coins,
+            target_epsilon=self.epsilon,
+            claimed_epsilon=plan.epsilon,
+            delta=plan.delta,
+            significance=self.significance,
+        )
+        found = scores >= found_at
+        save_private(
+            self.work_dir,
+            f"{tag}_eps{epsilon_tag(self.epsilon)}",
+            coins=coins,
+            scores=scores,
+            released=list(released),
+        )
+        return figures, int(np.sum(found & coins)), int(np.sum(found & ~coins))
+
+    def result(self, result_type: type, figures: dict[str, Any], **fields: Any) -> Any:
+        """The cell's `result_type`: `figures`, `fields`, the secret words and the seconds."""
+        seconds = time.perf_counter() - self.start
+        return result_type(secret_words=self.secret_words, seconds=seconds, **fields, **figures)
 
 
 def check_canary_template(template: str, *, name: bool = False) -> None:
@@ -317,12 +345,6 @@ def check_canary_template(template: str, *, name: bool = False) -> None:
         raise ValueError(f"the canary template needs {{secret}}, got {template=}")
     if name and "{name}" not in template:
         raise ValueError(f"these canaries need an invented {{name}} (outliers), got {template=}")
-
-
-def check_delta(delta: float, num_canaries: int) -> None:
-    """Refuses 2 m delta > 1: the one-run p-value is monotone only below it."""
-    if 2 * num_canaries * delta > 1:
-        raise ValueError(f"delta must be <= 1/(2 m) for m canaries, got {delta=}, {num_canaries=}")
 
 
 def save_private(work_dir: str | Path | None, tag: str, **values: Any) -> None:
@@ -418,8 +440,6 @@ def run_cells(
     """
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", label):
         raise ValueError(f"label must be file-name safe ([A-Za-z0-9_.-]), got {label=}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
 
     def run(epsilon: float, k: int) -> Any:
         seed_k = None if seed is None else seed + k
@@ -429,7 +449,7 @@ def run_cells(
 
     return resumable_cells(
         epsilons,
-        lambda epsilon: cell_path(out, kind, label, canaries, epsilon),
+        lambda epsilon: cell_path(out_dir, kind, label, canaries, epsilon),
         run,
         result_type,
         expect=settings_of(cell, **settings, num_canaries=canaries),

@@ -77,7 +77,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -334,6 +334,11 @@ def canary_figures(
 
 
 # ---- the audited step ----------------------------------------------------------------------
+
+
+def markdown_table(head: str, rows: Iterable[str]) -> str:
+    """A Markdown table: the `head` row (cells separated by " | "), its rule, `rows`."""
+    return "\n".join([head, "|" + "---|" * head.count(" | ") + "---|", *rows])
 
 
 @dataclasses.dataclass(frozen=True)
