@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
-from safetensors import safe_open
+
+from synthgen.models.config_checks import check_divides, check_positive_ints
+from synthgen.models.safetensors_io import read_safetensors
 
 PyTree = Any
 _NEG = float(np.finfo(np.float32).min)  # additive mask value, as HF (no -inf: no NaN rows)
@@ -44,6 +45,15 @@ _ACTIVATIONS = {
     "relu": jax.nn.relu,
 }
 _UNUSED_PREFIXES = ("pooler.", "cls.", "embeddings.position_ids")
+_POSITIVE_INTS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
 
 
 # ---- BERT model ----------------------------------------------------------------------------
@@ -76,23 +86,8 @@ class BertConfig:
     hidden_act: str = "gelu"
 
     def __post_init__(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value=}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                "hidden_size must be a multiple of num_attention_heads, got "
-                f"{self.hidden_size=}, {self.num_attention_heads=}"
-            )
+        check_positive_ints(self, _POSITIVE_INTS)
+        check_divides(self, "num_attention_heads", "hidden_size")
         if self.layer_norm_eps <= 0:
             raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps=}")
         if self.hidden_act not in _ACTIVATIONS:
@@ -236,22 +231,11 @@ def bert_name_map(config: BertConfig) -> dict[tuple[str, ...], tuple[str, bool]]
 
 def read_hf_tensors(path: Path) -> dict[str, np.ndarray]:
     """Tensors of a folder's model.safetensors (or sharded index), LayerNorm names normalised."""
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        files = [
-            path / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        ]
-    elif (path / "model.safetensors").exists():
-        files = [path / "model.safetensors"]
-    else:
-        raise FileNotFoundError(f"no model.safetensors in {path} (.bin checkpoints: unsupported)")
     tensors: dict[str, np.ndarray] = {}
-    for file in files:
-        with safe_open(str(file), framework="numpy") as f:
-            for name in f.keys():
-                # Old TF conversions name the LayerNorm parameters gamma and beta.
-                key = name.replace("LayerNorm.gamma", "LayerNorm.weight")
-                tensors[key.replace("LayerNorm.beta", "LayerNorm.bias")] = f.get_tensor(name)
+    for name, tensor in read_safetensors(path).items():
+        # Old TF conversions name the LayerNorm parameters gamma and beta.
+        key = name.replace("LayerNorm.gamma", "LayerNorm.weight")
+        tensors[key.replace("LayerNorm.beta", "LayerNorm.bias")] = tensor
     return tensors
 
 

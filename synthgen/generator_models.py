@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -98,8 +98,30 @@ def _pad(ids: Sequence[int], length: int, pad: int) -> tuple[np.ndarray, np.ndar
     return out, mask
 
 
-class _Losses:
-    """The per-example functions a family derives from its `apply_fn`."""
+@dataclasses.dataclass(frozen=True)
+class _Draw:
+    """The public settings of every generation batch of one `generate` call."""
+
+    size: int  # rows per batch (T5 pads a short batch to it: a static shape)
+    samples: int  # samples per row
+    input_len: int
+    max_new_tokens: int
+    sampling: SamplingConfig
+
+
+@dataclasses.dataclass
+class _Family:
+    """A model family: its config and tokenizer, per-example losses and query generation.
+
+    A family provides `module`, `_model_inputs` and `_sample_batch`; the rest derives from them.
+    """
+
+    config: Any
+    tokenizer: Any
+
+    # True: a generation row is a document with all its samples (T5); False: a row is one
+    # prompt, repeated for each of a document's samples (Llama).
+    _ONE_ROW_PER_DOCUMENT: ClassVar[bool]
 
     def logits_fn(self):
         """fn(params, example) -> [target_len, vocab] logits predicting `example["targets"]`."""
@@ -113,20 +135,66 @@ class _Losses:
         """`loss_fn` with ghost-clipping taps (`synthgen.ghost_clipping.TappedLossFn`)."""
         return _tapped_loss(self.apply_fn())
 
+    def apply_fn(self):
+        """fn(variables, example, mutable) -> ([target_len, vocab] logits, mutated state)."""
+        module = self.module
 
-def _first_row(out, mutable):
-    """(logits of the one row, mutated state) from `module.apply`'s output."""
-    logits, state = out if mutable else (out, {})
-    return logits[0], state
+        def apply(variables, ex, mutable):
+            args, kwargs = self._model_inputs(ex)
+            out = module.apply(variables, *args, **kwargs, mutable=mutable)
+            logits, state = out if mutable else (out, {})
+            return logits[0], state
+
+        return apply
+
+    def generate(
+        self,
+        params,
+        documents: Sequence[str],
+        *,
+        input_len: int,
+        max_new_tokens: int,
+        sampling: SamplingConfig,
+        key: jax.Array,
+        num_samples: int,
+        batch_size: int,
+        progress: bool = False,
+        first_document: int = 0,
+    ) -> list[list[str]]:
+        """Samples `num_samples` queries per document, `batch_size` rows per batch.
+
+        A row is a document with its `num_samples` samples (T5) or one prompt per sample
+        (Llama). Each batch's key is `key` folded with its first row's position in the whole
+        job (`first_document` * rows per document + offset): a shard (`synthgen.shards`)
+        that starts at document `first_document` draws exactly what the unsharded job draws.
+        """
+        from tqdm.auto import tqdm
+
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        samples_per_row = num_samples if self._ONE_ROW_PER_DOCUMENT else 1
+        rows_per_document = num_samples // samples_per_row
+        rows = [d for d in documents for _ in range(rows_per_document)]
+        first_row = first_document * rows_per_document
+        draw = _Draw(batch_size, samples_per_row, input_len, max_new_tokens, sampling)
+        texts: list[str] = []
+        total = len(rows) * samples_per_row
+        bar = tqdm(total=total, desc="generate", unit="query", disable=not progress)
+        with bar:
+            for start in range(0, len(rows), batch_size):
+                part = rows[start : start + batch_size]
+                batch_key = jax.random.fold_in(key, first_row + start)
+                texts += self._sample_batch(params, part, batch_key, draw)
+                bar.update(len(part) * samples_per_row)
+        return [texts[i : i + num_samples] for i in range(0, len(texts), num_samples)]
 
 
 @dataclasses.dataclass
-class T5Family(_Losses):
+class T5Family(_Family):
     """T5 encoder-decoder (synthgen.models.t5)."""
 
-    config: Any
-    tokenizer: Any
     name: str = "t5"
+    _ONE_ROW_PER_DOCUMENT = True
 
     @property
     def module(self):
@@ -149,82 +217,42 @@ class T5Family(_Losses):
                 rows[key].append(value)
         return {k: np.stack(v) for k, v in rows.items()}
 
-    def apply_fn(self):
-        """fn(variables, example, mutable) -> ([target_len, vocab] logits, mutated state)."""
+    def _model_inputs(self, ex: dict) -> tuple[tuple, dict]:
+        """`T5.__call__`'s arguments for one example (a batch of one), teacher-forced."""
         from synthgen.models.t5 import shift_right
 
-        module, cfg = self.module, self.config
+        cfg = self.config
+        targets = ex["targets"][None]
+        decoder_in = shift_right(targets, cfg.decoder_start_token_id, cfg.pad_token_id)
+        return (
+            ex["input_ids"][None],
+            ex["input_mask"][None],
+            decoder_in,
+            ex["target_mask"][None],
+        ), {}
 
-        def apply(variables, ex, mutable):
-            targets = ex["targets"][None]
-            decoder_in = shift_right(targets, cfg.decoder_start_token_id, cfg.pad_token_id)
-            out = module.apply(
-                variables,
-                ex["input_ids"][None],
-                ex["input_mask"][None],
-                decoder_in,
-                ex["target_mask"][None],
-                mutable=mutable,
-            )
-            return _first_row(out, mutable)
-
-        return apply
-
-    def generate(
-        self,
-        params,
-        documents: Sequence[str],
-        *,
-        input_len: int,
-        max_new_tokens: int,
-        sampling: SamplingConfig,
-        key: jax.Array,
-        num_samples: int,
-        batch_size: int,
-        progress: bool = False,
-        first_document: int = 0,
-    ) -> list[list[str]]:
-        """Samples `num_samples` queries per document, batch by batch.
-
-        Each batch's key is `key` folded with the batch's first document's position in the
-        whole job (`first_document` + offset): a shard (`synthgen.shards`) that starts at
-        document `first_document` draws exactly what the unsharded job draws.
-        """
+    def _sample_batch(self, params, documents: list[str], key: jax.Array, draw: _Draw):
+        """The decoded samples of `documents`, `draw.samples` per document, in order."""
         from synthgen.models.t5_decoding import t5_generate
 
         tok = self.tokenizer
-        out: list[list[str]] = []
-        for start in _batches(len(documents), batch_size, num_samples, progress):
-            part = list(documents[start : start + batch_size])
-            real = len(part)
-            part += [""] * (batch_size - real)  # static batch shape
-            enc = [_pad(self.encode_input(d, input_len), input_len, tok.pad_id) for d in part]
-            ids = np.stack([e[0] for e in enc])
-            mask = np.stack([e[1] for e in enc]).astype(np.int32)
-            gen = t5_generate(
-                self.config,
-                params,
-                jnp.asarray(ids),
-                jnp.asarray(mask),
-                max_new_tokens=max_new_tokens,
-                sampling=sampling,
-                key=jax.random.fold_in(key, first_document + start),
-                num_samples=num_samples,
-            )
-            gen = np.asarray(gen).reshape(batch_size, num_samples, -1)
-            for row in gen[:real]:
-                out.append([tok.decode(_until_eos(r, tok.eos_id)) for r in row])
-        return out
-
-
-def _batches(total: int, batch_size: int, per_item: int, progress: bool):
-    """Start offsets of generation batches, with a progress bar counting queries."""
-    from tqdm.auto import tqdm
-
-    with tqdm(total=total * per_item, desc="generate", unit="query", disable=not progress) as bar:
-        for start in range(0, total, batch_size):
-            yield start
-            bar.update(min(batch_size, total - start) * per_item)
+        part = documents + [""] * (draw.size - len(documents))  # static batch shape
+        enc = [_pad(self.encode_input(d, draw.input_len), draw.input_len, tok.pad_id) for d in part]
+        ids = np.stack([e[0] for e in enc])
+        mask = np.stack([e[1] for e in enc]).astype(np.int32)
+        gen = t5_generate(
+            self.config,
+            params,
+            jnp.asarray(ids),
+            jnp.asarray(mask),
+            max_new_tokens=draw.max_new_tokens,
+            sampling=draw.sampling,
+            key=key,
+            num_samples=draw.samples,
+        )
+        # Row d * samples + s is sample s of document d.
+        gen = np.asarray(gen)[: len(documents) * draw.samples]
+        return [tok.decode(_until_eos(r, tok.eos_id)) for r in gen]
 
 
 def _until_eos(ids: Sequence[int], eos: int) -> list[int]:
@@ -233,12 +261,11 @@ def _until_eos(ids: Sequence[int], eos: int) -> list[int]:
 
 
 @dataclasses.dataclass
-class LlamaFamily(_Losses):
+class LlamaFamily(_Family):
     """Llama-architecture decoder (synthgen.models.llama)."""
 
-    config: Any
-    tokenizer: Any
     name: str = "llama"
+    _ONE_ROW_PER_DOCUMENT = False
 
     @property
     def module(self):
@@ -289,57 +316,24 @@ class LlamaFamily(_Losses):
             rows["target_mask"].append(target_mask)
         return {k: np.stack(v) for k, v in rows.items()}
 
-    def apply_fn(self):
-        """fn(variables, example, mutable) -> ([target_len, vocab] logits, mutated state)."""
-        module = self.module
+    def _model_inputs(self, ex: dict) -> tuple[tuple, dict]:
+        """`Llama.__call__`'s arguments for one example (a batch of one), target window only."""
+        window = dict(window_start=ex["target_start"][None], window_len=ex["targets"].shape[0])
+        return (ex["tokens"][None], ex["attention_mask"][None]), window
 
-        def apply(variables, ex, mutable):
-            out = module.apply(
-                variables,
-                ex["tokens"][None],
-                ex["attention_mask"][None],
-                window_start=ex["target_start"][None],
-                window_len=ex["targets"].shape[0],
-                mutable=mutable,
-            )
-            return _first_row(out, mutable)
-
-        return apply
-
-    def generate(
-        self,
-        params,
-        documents: Sequence[str],
-        *,
-        input_len: int,
-        max_new_tokens: int,
-        sampling: SamplingConfig,
-        key: jax.Array,
-        num_samples: int,
-        batch_size: int,
-        progress: bool = False,
-        first_document: int = 0,
-    ) -> list[list[str]]:
-        """Samples `num_samples` queries per document; batches run over the prompts.
-
-        Each batch's key is `key` folded with its first prompt's position in the whole job
-        (`first_document` * `num_samples` + offset), as for T5.
-        """
+    def _sample_batch(self, params, documents: list[str], key: jax.Array, draw: _Draw):
+        """The decoded continuation of each document's prompt (one sample each), in order."""
         from synthgen.models.decoding import generate
 
         tok = self.tokenizer
-        prompts = [self.encode_prompt(d, input_len) for d in documents for _ in range(num_samples)]
-        outs: list[list[int]] = []
-        for start in _batches(len(prompts), batch_size, 1, progress):
-            outs += generate(
-                self.config,
-                params,
-                prompts[start : start + batch_size],
-                max_new_tokens=max_new_tokens,
-                sampling=sampling,
-                key=jax.random.fold_in(key, first_document * num_samples + start),
-                eos_id=tok.eos_id,
-                pad_id=tok.pad_id,
-            )
-        texts = [tok.decode(_until_eos(o, tok.eos_id)).strip() for o in outs]
-        return [texts[i : i + num_samples] for i in range(0, len(texts), num_samples)]
+        outs = generate(
+            self.config,
+            params,
+            [self.encode_prompt(d, draw.input_len) for d in documents],
+            max_new_tokens=draw.max_new_tokens,
+            sampling=draw.sampling,
+            key=key,
+            eos_id=tok.eos_id,
+            pad_id=tok.pad_id,
+        )
+        return [tok.decode(_until_eos(o, tok.eos_id)).strip() for o in outs]

@@ -104,7 +104,27 @@ def _row_bucket(n: int) -> int:
     return row_bucket(n)
 
 
-class FlaxLM:
+class _TokenizerText:
+    """`eos_ids`, `encode` and `decode` of a backend through its local `tokenizer`."""
+
+    tokenizer: Any
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return (int(self.tokenizer.eos_id),)
+
+    def encode(self, text: str, *, bos: bool = False) -> list[int]:
+        """`text`'s ids, after BOS if `bos` and the tokenizer's model expects one."""
+        tok = self.tokenizer
+        ids = tok.encode(text)
+        use_bos = bos and getattr(tok, "add_bos", False) and tok.bos_id is not None
+        return [tok.bos_id, *ids] if use_bos else ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+
+class FlaxLM(_TokenizerText):
     """The local Flax Llama decoder behind `NextTokenLM`, with a batched KV cache.
 
     A session left-pads its B prompts to a bucketed length (power of two, >= 16),
@@ -170,18 +190,6 @@ class FlaxLM:
     def max_context(self) -> int:
         """Most tokens a row may hold (prompt + new tokens)."""
         return self.config.max_seq_len
-
-    @property
-    def eos_ids(self) -> tuple[int, ...]:
-        return (int(self.tokenizer.eos_id),)
-
-    def encode(self, text: str, *, bos: bool = False) -> list[int]:
-        ids = self.tokenizer.encode(text)
-        use_bos = bos and getattr(self.tokenizer, "add_bos", False)
-        return [self.tokenizer.bos_id, *ids] if use_bos else ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids))
 
     def _prefilled(
         self,
@@ -382,7 +390,7 @@ def continuation_logprobs(
     return out
 
 
-class LocalTokenizer:
+class LocalTokenizer(_TokenizerText):
     """The tokenizer of a local Llama asset or folder, for `OpenAICompletionsLM`."""
 
     def __init__(self, name_or_path: str) -> None:
@@ -395,28 +403,16 @@ class LocalTokenizer:
         if name_or_path in assets.REGISTRY:
             path = Path(assets.resolve(name_or_path))
         if path.suffix == ".gguf":
-            self._tok = BpeTokenizer.from_gguf(path)
+            self.tokenizer = BpeTokenizer.from_gguf(path)
         else:
-            self._tok = BpeTokenizer.from_pretrained_dir(path)
+            self.tokenizer = BpeTokenizer.from_pretrained_dir(path)
 
     @property
     def vocab_size(self) -> int:
-        return self._tok.vocab_size
-
-    @property
-    def eos_ids(self) -> tuple[int, ...]:
-        return (int(self._tok.eos_id),)
-
-    def encode(self, text: str, *, bos: bool = False) -> list[int]:
-        ids = self._tok.encode(text)
-        use_bos = bos and self._tok.add_bos and self._tok.bos_id is not None
-        return [self._tok.bos_id, *ids] if use_bos else ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids))
+        return self.tokenizer.vocab_size
 
     @property
     def special_ids(self) -> tuple[int, ...]:
         """Ids of the special (control) tokens, EOS among them."""
-        added = self._tok.backend.get_added_tokens_decoder()
+        added = self.tokenizer.backend.get_added_tokens_decoder()
         return tuple(sorted(i for i, token in added.items() if token.special))

@@ -1,4 +1,4 @@
-"""Validation shared by the model configs (`T5Config`, `LlamaConfig`) in `__post_init__`."""
+"""Validation shared by the model configs (`T5Config`, `LlamaConfig`, `BertConfig`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,13 @@ def check_positive_ints(config: Any, names: Sequence[str]) -> None:
         value = getattr(config, name)
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
+
+
+def check_divides(config: Any, divisor: str, dividend: str) -> None:
+    """ValueError unless field `divisor` divides field `dividend` (both positive ints)."""
+    a, b = getattr(config, divisor), getattr(config, dividend)
+    if b % a:
+        raise ValueError(f"{divisor} must divide {dividend}, got {divisor}={a} and {dividend}={b}")
 
 
 def check_lora_and_dtype(config: Any, lora_targets: Sequence[str]) -> None:

@@ -35,7 +35,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from synthgen.models.config_checks import check_lora_and_dtype, check_positive_ints
+from synthgen.models.config_checks import (
+    check_divides,
+    check_lora_and_dtype,
+    check_positive_ints,
+)
 from synthgen.models.lora import LoraDense
 from synthgen.models.taps import TAP_INPUTS, TAP_OUTPUTS, TappedEmbed
 
@@ -102,16 +106,9 @@ class LlamaConfig:
 
     def __post_init__(self) -> None:
         check_positive_ints(self, _POSITIVE_INTS)
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                "num_kv_heads must divide num_heads, got "
-                f"{self.num_heads=} and {self.num_kv_heads=}"
-            )
+        check_divides(self, "num_kv_heads", "num_heads")
         if self.head_dim is None:
-            if self.hidden_size % self.num_heads:
-                raise ValueError(
-                    f"num_heads must divide hidden_size, got {self.hidden_size=} {self.num_heads=}"
-                )
+            check_divides(self, "num_heads", "hidden_size")
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.head_dim <= 0 or self.head_dim % 2:
             raise ValueError(f"head_dim must be a positive even int, got {self.head_dim=}")

@@ -39,9 +39,9 @@ from typing import Any
 import jax
 import numpy as np
 from flax import traverse_util
-from safetensors import safe_open
 
 from synthgen.models.lora import is_lora_path
+from synthgen.models.safetensors_io import read_safetensors
 from synthgen.models.t5 import T5, T5Config
 from synthgen.models.tokenizer import Tokenizer
 
@@ -90,30 +90,6 @@ def hf_name_map(config: T5Config) -> dict[Path_, tuple[str, bool]]:
     if not config.tie_word_embeddings:
         names[("lm_head", "kernel")] = ("lm_head.weight", True)
     return names
-
-
-def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """All tensors of `path` (a file, or a directory with one file or a sharded index)."""
-    if path.is_dir():
-        index = path / "model.safetensors.index.json"
-        if index.exists():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            files = [path / shard for shard in shards]
-        elif (path / "model.safetensors").exists():
-            files = [path / "model.safetensors"]
-        else:
-            raise FileNotFoundError(
-                f"no model.safetensors in {path} (PyTorch .bin checkpoints are not supported: "
-                "convert with transformers' save_pretrained(safe_serialization=True))"
-            )
-    else:
-        files = [path]
-    tensors: dict[str, np.ndarray] = {}
-    for file in files:
-        with safe_open(str(file), framework="numpy") as f:  # bf16 via ml_dtypes
-            for name in f.keys():
-                tensors[name] = np.asarray(f.get_tensor(name)).astype(np.float32)
-    return tensors
 
 
 def _base_params(config: T5Config, tensors: dict[str, np.ndarray]) -> dict[Path_, np.ndarray]:
@@ -238,6 +214,6 @@ def load_t5(
     if lora_targets is not None:
         overrides["lora_targets"] = tuple(lora_targets)
     config = T5Config.from_hf_config(json.loads(config_file.read_text()), **overrides)
-    params = params_from_hf(config, _read_safetensors(path), lora_key=lora_key)
+    params = params_from_hf(config, read_safetensors(path, np.float32), lora_key=lora_key)
     tokenizer = load_tokenizer(path, required=require_tokenizer)
     return config, params, tokenizer
