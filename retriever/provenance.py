@@ -163,12 +163,9 @@ def synthetic(
         "ledger_scope": _scope(privacy.get("ledger_scope")),
         "num_rows": _num_rows(metadata),
     }
-    trained_on = {
-        "kind": "dp-synthetic",
-        "description": description or "DP synthetic queries",
-        "num_pairs": num_pairs,
-        "dataset": dataset,
-    }
+    trained_on = _trained_on(
+        "dp-synthetic", description or "DP synthetic queries", num_pairs, dataset
+    )
     if not _is_dp(privacy):
         return _provenance(
             trained_on,
@@ -206,12 +203,9 @@ def dp_sgd(privacy: dict, *, num_pairs: int | None = None) -> dict:
     """
     if num_pairs is None and isinstance(privacy.get("num_examples"), int):
         num_pairs = privacy["num_examples"]
-    trained_on = {
-        "kind": "real-dp-sgd",
-        "description": "private (query, document) pairs, trained with DP-SGD",
-        "num_pairs": num_pairs,
-        "dataset": None,
-    }
+    trained_on = _trained_on(
+        "real-dp-sgd", "private (query, document) pairs, trained with DP-SGD", num_pairs
+    )
     if not _is_dp(privacy):
         return _provenance(
             trained_on,
@@ -228,28 +222,25 @@ def dp_sgd(privacy: dict, *, num_pairs: int | None = None) -> dict:
 
 def real_data(*, num_pairs: int | None = None, description: str | None = None) -> dict:
     """Provenance of an encoder trained on real data (or data of unrecorded origin)."""
-    trained_on = {
-        "kind": "real",
-        "description": description or "real (query, document) pairs",
-        "num_pairs": num_pairs,
-        "dataset": None,
-    }
+    trained_on = _trained_on("real", description or "real (query, document) pairs", num_pairs)
     return _provenance(trained_on, _guarantee("none", None), REAL_STATEMENT)
 
 
 def pretrained(name: str) -> dict:
     """Provenance of a base model that was not trained here (asset, folder, random init)."""
-    trained_on = {
-        "kind": "pretrained",
-        "description": f"the pretrained model {name}, not trained by dpsynth",
-        "num_pairs": None,
-        "dataset": None,
-    }
+    trained_on = _trained_on("pretrained", f"the pretrained model {name}, not trained by dpsynth")
     statement = (
         f"pretrained model {name}, not trained on the operator's data by dpsynth: "
         "no privacy statement applies"
     )
     return _provenance(trained_on, _guarantee("none", None), statement, base_model=name)
+
+
+def _trained_on(
+    kind: str, description: str, num_pairs: int | None = None, dataset: dict | None = None
+) -> dict:
+    """The "trained_on" block: what kind of data, described, how many pairs, which release."""
+    return {"kind": kind, "description": description, "num_pairs": num_pairs, "dataset": dataset}
 
 
 def _provenance(trained_on: dict, guarantee: dict, statement: str, **more: Any) -> dict:

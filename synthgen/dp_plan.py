@@ -104,15 +104,20 @@ class PrivacyPlan:
     def sampling_rate(self) -> float:
         return self.batch_size / self.num_examples
 
+    def _accountant_kwargs(self, steps: int) -> dict:
+        """The accountant's keywords of this run's first `steps` steps (all but sigma, delta)."""
+        return dict(
+            num_examples=self.num_examples,
+            batch_size=self.batch_size,
+            steps=steps,
+            sampling=self.sampling,
+            accountant=self.accountant,
+        )
+
     @property
     def event(self):
         return accounting.dpsgd_event(
-            noise_multiplier=self.noise_multiplier,
-            num_examples=self.num_examples,
-            batch_size=self.batch_size,
-            steps=self.steps,
-            sampling=self.sampling,
-            accountant=self.accountant,
+            noise_multiplier=self.noise_multiplier, **self._accountant_kwargs(self.steps)
         )
 
     @property
@@ -134,12 +139,8 @@ class PrivacyPlan:
             return math.inf
         return accounting.dpsgd_epsilon(
             noise_multiplier=self.noise_multiplier,
-            num_examples=self.num_examples,
-            batch_size=self.batch_size,
-            steps=steps,
             delta=self.delta,
-            sampling=self.sampling,
-            accountant=self.accountant,
+            **self._accountant_kwargs(steps),
         )
 
     def to_dict(self) -> dict:

@@ -31,7 +31,7 @@ writes ``corpus.jsonl`` and ``questions.jsonl``.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -339,6 +339,21 @@ _AUTHORS = ("dana", "sam", "priya", "tomasz", "aiko", "bruno", "leila", "mateo")
 _GREETINGS = ("Hi team,", "Hello all,", "Hi,", "Morning folks,", "Dear colleagues,")
 _SIGNOFFS = ("Thanks,", "Best regards,", "Cheers,", "Kind regards,", "Thank you,")
 _TYPO_MIN = 5  # only words this long get a typo (values are never touched)
+# The generated value kinds: each draws one candidate from the world's rng (`_Values` redraws
+# until it is unique).
+_FORMATS: dict[str, Callable[[np.random.Generator], str]] = {
+    "ip": lambda r: f"10.{r.integers(10, 250)}.{r.integers(0, 250)}.{r.integers(2, 250)}",
+    "window": lambda r: (
+        f"{r.choice(_DAYS)} {int(r.integers(0, 6)):02d}:00-{int(r.integers(6, 10)):02d}:00 UTC"
+    ),
+    "version": lambda r: f"v{r.integers(2, 15)}.{r.integers(0, 30)}.{r.integers(0, 12)}",
+    "duration": lambda r: f"{r.integers(7, 400)} {r.choice(['days', 'weeks', 'months'])}",
+    "people": lambda r: f"{r.integers(3, 160)} people",
+    "room": lambda r: f"room {r.integers(1, 9)}.{r.integers(1, 40):02d}",
+    "host": lambda r: (
+        f"\\\\fs{r.integers(1, 40):02d}\\{r.choice(['raw', 'data', 'scans'])}{r.integers(1, 99)}"
+    ),
+}
 
 
 def natural_answer_is_right(answer_text: str, expected: str) -> bool:
@@ -391,36 +406,8 @@ class _Values:
             if not self.pools[kind]:
                 raise RuntimeError(f"ran out of {kind} values")
             return self._unique(lambda: self.pools[kind].pop())
-        if kind == "ip":
-            return self._unique(
-                lambda: f"10.{r.integers(10, 250)}.{r.integers(0, 250)}.{r.integers(2, 250)}"
-            )
-        if kind == "window":
-            return self._unique(
-                lambda: (
-                    f"{r.choice(_DAYS)} {int(r.integers(0, 6)):02d}:00-"
-                    f"{int(r.integers(6, 10)):02d}:00 UTC"
-                )
-            )
-        if kind == "version":
-            return self._unique(
-                lambda: f"v{r.integers(2, 15)}.{r.integers(0, 30)}.{r.integers(0, 12)}"
-            )
-        if kind == "duration":
-            return self._unique(
-                lambda: f"{r.integers(7, 400)} {r.choice(['days', 'weeks', 'months'])}"
-            )
-        if kind == "people":
-            return self._unique(lambda: f"{r.integers(3, 160)} people")
-        if kind == "room":
-            return self._unique(lambda: f"room {r.integers(1, 9)}.{r.integers(1, 40):02d}")
-        if kind == "host":
-            return self._unique(
-                lambda: (
-                    f"\\\\fs{r.integers(1, 40):02d}\\{r.choice(['raw', 'data', 'scans'])}"
-                    f"{r.integers(1, 99)}"
-                )
-            )
+        if kind in _FORMATS:
+            return self._unique(lambda: _FORMATS[kind](r))
         if kind == "person":
             return self._unique(lambda: f"{r.choice(_FIRST)} {self.surname()}")
         raise ValueError(kind)

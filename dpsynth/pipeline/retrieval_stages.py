@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -45,22 +46,28 @@ def train_stage(ctx: StageContext) -> dict:
     # keep_work: a crash later in the stage resumes from the finished run's last checkpoint
     # instead of training again; the work folder goes at the end of the stage.
     work = ctx.run.private / "work" / "train"
-    result = train_retriever(
-        base,
-        [r["query"] for r in synthetic],
-        [r["document"] for r in synthetic],
-        rconfig,
-        doc_ids=[r["doc_id"] for r in synthetic],
-        out_dir=ctx.run.root / "encoder",
-        provenance=provenance.synthetic(
-            metadata,
-            num_pairs=len(synthetic),
-            description="DP synthetic queries (run folder synthetic/)",
-        ),
-        work_dir=work / "encoder",
-        keep_work=True,
-        progress=ctx.progress,
+
+    def fit(pairs: list[dict], out_dir: Path, record: dict, name: str):
+        """Trains `base` on (query, document) pairs; resumable from `work / name`."""
+        return train_retriever(
+            base,
+            [r["query"] for r in pairs],
+            [r["document"] for r in pairs],
+            rconfig,
+            doc_ids=[r["doc_id"] for r in pairs],
+            out_dir=out_dir,
+            provenance=record,
+            work_dir=work / name,
+            keep_work=True,
+            progress=ctx.progress,
+        )
+
+    record = provenance.synthetic(
+        metadata,
+        num_pairs=len(synthetic),
+        description="DP synthetic queries (run folder synthetic/)",
     )
+    result = fit(synthetic, ctx.run.root / "encoder", record, "encoder")
     summary = {
         "synthetic_pairs": len(synthetic),
         "steps": result.steps_run,
@@ -76,20 +83,11 @@ def train_stage(ctx: StageContext) -> dict:
             if r["doc_id"] in used
         ]
         ctx.log("train", f"real-data upper bound on {len(real)} real pairs (not DP, private)")
-        upper = train_retriever(
-            base,
-            [r["query"] for r in real],
-            [r["document"] for r in real],
-            rconfig,
-            doc_ids=[r["doc_id"] for r in real],
-            out_dir=private_folder(ctx.run.private / "real_encoder"),  # owner only
-            provenance=provenance.real_data(
-                num_pairs=len(real), description="real train pairs (the real-data upper bound)"
-            ),
-            work_dir=work / "real_encoder",
-            keep_work=True,
-            progress=ctx.progress,
+        record = provenance.real_data(
+            num_pairs=len(real), description="real train pairs (the real-data upper bound)"
         )
+        out_dir = private_folder(ctx.run.private / "real_encoder")  # owner only
+        upper = fit(real, out_dir, record, "real_encoder")
         summary.update(real_pairs=len(real), real_seconds=upper.seconds)
     shutil.rmtree(work, ignore_errors=True)  # resume state: the releases are complete
     return summary

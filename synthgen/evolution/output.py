@@ -8,12 +8,11 @@ Privacy:
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from synthgen.evolution.config import EvolutionConfig
 from synthgen.evolution.generation import EvolutionResult
-from synthgen.fewshot.output import SEEDED_NOTE
+from synthgen.fewshot.output import write_release
 
 
 def write_output(
@@ -42,34 +41,24 @@ def write_output(
     Returns:
       The metadata written.
     """
-    import datasets
-
-    from synthgen.assets import file_sha256
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    dataset = datasets.Dataset.from_dict({"label": result.labels, "text": result.texts})
-    dataset.to_json(out / f"{name}.jsonl", lines=True, force_ascii=False)
-    dataset.to_parquet(out / f"{name}.parquet")
-    privacy = result.plan.to_dict()
-    privacy["rows_covered"] = rows
-    receipt = result.receipt  # the (tenant, dataset) charged, None for an uncharged run
-    privacy["ledger_scope"] = (
-        None if receipt is None else {"tenant": receipt.tenant, "dataset": receipt.dataset}
-    )
-    metadata = {
-        "privacy": privacy,
-        "randomness": {"seeded": seeded, "note": SEEDED_NOTE if seeded else "OS entropy"},
-        "post_processing": "samples are LM outputs of public prompts, selected by DP histograms",
-        "model": {"backend": model, "encoder": encoder},
-        "generation": {
-            "method": "Private Evolution for text (Lin et al. 2024; Xie et al. 2024)",
-            "config": dataclasses.asdict(config),
-            "selected_share_per_iteration": result.selected_share,
-            "samples_generated": result.samples_generated,
+    return write_release(
+        out_dir,
+        {"label": result.labels, "text": result.texts},
+        result.plan,
+        result.receipt,  # the (tenant, dataset) charged, None for an uncharged run
+        name=name,
+        rows=rows,
+        seeded=seeded,
+        described={
+            "post_processing": (
+                "samples are LM outputs of public prompts, selected by DP histograms"
+            ),
+            "model": {"backend": model, "encoder": encoder},
+            "generation": {
+                "method": "Private Evolution for text (Lin et al. 2024; Xie et al. 2024)",
+                "config": dataclasses.asdict(config),
+                "selected_share_per_iteration": result.selected_share,
+                "samples_generated": result.samples_generated,
+            },
         },
-        "num_examples": len(dataset),
-        "files": {f: file_sha256(out / f) for f in (f"{name}.jsonl", f"{name}.parquet")},
-    }
-    (out / "metadata.json").write_text(json.dumps(metadata, indent=1, default=str))
-    return metadata
+    )

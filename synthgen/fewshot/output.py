@@ -11,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from synthgen.fewshot.config import FewShotConfig
 from synthgen.fewshot.generation import FewShotResult
 from synthgen.fewshot.prompts import PromptTemplate
+from synthgen.privacy.receipts import Receipt
+from synthgen.privacy.release_plan import ReleasePlan
 
 SEEDED_NOTE = (
     "the mechanism's randomness came from a fixed seed: reproducible by anyone who knows "
@@ -54,8 +57,46 @@ def write_output(
       Metadata holds only declared or DP figures: the plan (from `public_pool_size`),
       the config and the count of released tokens; no real pool size and no timing.
     """
-    from pathlib import Path
+    return write_release(
+        out_dir,
+        columns,
+        result.plan,
+        result.receipt,
+        name=name,
+        rows=rows,
+        seeded=seeded,
+        described={
+            "post_processing": "texts are decoded from DP-released tokens and stripped",
+            "model": {"backend": model},
+            "generation": {
+                "method": "DP few-shot generation (Tang et al. 2024)",
+                "config": dataclasses.asdict(config),
+                "template": dataclasses.asdict(template),
+                "tokens_released": result.tokens_released,
+            },
+        },
+    )
 
+
+def write_release(
+    out_dir: str | Path,
+    columns: Mapping[str, Sequence[Any]],
+    plan: ReleasePlan,
+    receipt: Receipt | None,
+    *,
+    name: str,
+    rows: str,
+    seeded: bool,
+    described: Mapping[str, Any],
+) -> dict:
+    """Writes a synthetic-data release: `<name>.jsonl`, `<name>.parquet` and metadata.json.
+
+    The one layout of the few-shot and Private Evolution releases: the guarantee (`plan`),
+    the private `rows` it covers and the (tenant, dataset) of the run's `receipt` (None for
+    an uncharged run), where the randomness came from (`seeded`: a fixed seed, tests only),
+    then `described` (the generator's public blocks: post_processing, model, generation),
+    the row count and each file's SHA-256. Returns the metadata written.
+    """
     import datasets
 
     from synthgen.assets import file_sha256
@@ -65,23 +106,15 @@ def write_output(
     dataset = datasets.Dataset.from_dict({k: list(v) for k, v in columns.items()})
     dataset.to_json(out / f"{name}.jsonl", lines=True, force_ascii=False)
     dataset.to_parquet(out / f"{name}.parquet")
-    privacy = result.plan.to_dict()
+    privacy = plan.to_dict()
     privacy["rows_covered"] = rows
-    receipt = result.receipt
     privacy["ledger_scope"] = (
         None if receipt is None else {"tenant": receipt.tenant, "dataset": receipt.dataset}
     )
     metadata = {
         "privacy": privacy,
         "randomness": {"seeded": seeded, "note": SEEDED_NOTE if seeded else "OS entropy"},
-        "post_processing": "texts are decoded from DP-released tokens and stripped",
-        "model": {"backend": model},
-        "generation": {
-            "method": "DP few-shot generation (Tang et al. 2024)",
-            "config": dataclasses.asdict(config),
-            "template": dataclasses.asdict(template),
-            "tokens_released": result.tokens_released,
-        },
+        **described,
         "num_examples": len(dataset),
         "files": {f: file_sha256(out / f) for f in (f"{name}.jsonl", f"{name}.parquet")},
     }

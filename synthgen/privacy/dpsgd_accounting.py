@@ -28,6 +28,7 @@ Samplings of DP-SGD (the training loop must do exactly this):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Literal
@@ -114,16 +115,8 @@ def dpsgd_epsilon(
     """Epsilon of DP-SGD with the given parameters (memoised: a plan states it twice)."""
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta=}")
-    return _run_epsilon(
-        float(noise_multiplier),
-        float(delta),
-        num_examples,
-        batch_size,
-        steps,
-        sampling,
-        accountant,
-        STATED_INTERVAL,
-    )
+    run = _Run(num_examples, batch_size, steps, sampling, accountant)
+    return _run_epsilon(float(noise_multiplier), float(delta), run, STATED_INTERVAL)
 
 
 def calibrate_noise_multiplier(
@@ -154,78 +147,51 @@ def calibrate_noise_multiplier(
         raise ValueError(f"delta must be in (0, 1), got {delta=}")
     if not tolerance > 0:
         raise ValueError(f"tolerance must be positive, got {tolerance=}")
-    dpsgd_event(  # validates the shape, sampling and accountant before any search
-        noise_multiplier=1.0,
-        num_examples=num_examples,
-        batch_size=batch_size,
-        steps=steps,
-        sampling=sampling,
-        accountant=accountant,
-    )
-    return _calibrate(
-        float(target_epsilon),
-        float(delta),
-        num_examples,
-        batch_size,
-        steps,
-        sampling,
-        accountant,
-        float(tolerance),
-    )
+    run = _Run(num_examples, batch_size, steps, sampling, accountant)
+    run.event(1.0)  # validates the shape, sampling and accountant before any search
+    return _calibrate(float(target_epsilon), float(delta), run, float(tolerance))
 
 
 SEARCH_INTERVAL = 1e-3  # the PLD grid of the noise search
 STATED_INTERVAL = 1e-4  # the PLD grid of every stated epsilon (dp-accounting's default)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """The public shape of a DP-SGD run (all but sigma and delta): the memoised key.
+
+    Its fields are `dpsgd_event`'s keywords of the same names.
+    """
+
+    num_examples: int
+    batch_size: int
+    steps: int
+    sampling: Sampling
+    accountant: AccountantKind
+
+    def event(self, noise_multiplier: float) -> dp_event.DpEvent:
+        return dpsgd_event(noise_multiplier=noise_multiplier, **dataclasses.asdict(self))
+
+
 @functools.lru_cache(maxsize=256)
-def _run_epsilon(
-    sigma: float,
-    delta: float,
-    num_examples: int,
-    batch_size: int,
-    steps: int,
-    sampling: Sampling,
-    accountant: AccountantKind,
-    interval: float,
-) -> float:
+def _run_epsilon(sigma: float, delta: float, run: _Run, interval: float) -> float:
     """Epsilon of one DP-SGD run on a PLD grid of `interval` (memoised: pure in its args)."""
-    event = dpsgd_event(
-        noise_multiplier=sigma,
-        num_examples=num_examples,
-        batch_size=batch_size,
-        steps=steps,
-        sampling=sampling,
-        accountant=accountant,
-    )
-    relation = neighboring_relation(sampling)
     return epsilon(
-        event,
+        run.event(sigma),
         delta,
-        accountant=accountant,
-        relation=relation,
+        accountant=run.accountant,
+        relation=neighboring_relation(run.sampling),
         value_discretization_interval=interval,
     )
 
 
 @functools.lru_cache(maxsize=64)
-def _calibrate(
-    target_epsilon: float,
-    delta: float,
-    num_examples: int,
-    batch_size: int,
-    steps: int,
-    sampling: Sampling,
-    accountant: AccountantKind,
-    tolerance: float,
-) -> float:
-    shape = (delta, num_examples, batch_size, steps, sampling, accountant)
-
+def _calibrate(target_epsilon: float, delta: float, run: _Run, tolerance: float) -> float:
     def search_eps(sigma: float) -> float:
-        return _run_epsilon(float(sigma), *shape, SEARCH_INTERVAL)
+        return _run_epsilon(float(sigma), delta, run, SEARCH_INTERVAL)
 
     def stated_eps(sigma: float) -> float:
-        return _run_epsilon(float(sigma), *shape, STATED_INTERVAL)
+        return _run_epsilon(float(sigma), delta, run, STATED_INTERVAL)
 
     # Bracket [lower, upper] with eps(lower) > target >= eps(upper). Very small sigmas make
     # the PLD discretisation explode, so the search stops at MIN_NOISE_MULTIPLIER: a target
@@ -240,19 +206,12 @@ def _calibrate(
             limit=1e4,
             error=f"no noise multiplier <= 1e4 reaches {target_epsilon=}",
         )
-        relation = neighboring_relation(sampling)
+        relation = neighboring_relation(run.sampling)
         with _quiet_absl():
             sigma = calibration.calibrate_event(
-                lambda s: dpsgd_event(
-                    noise_multiplier=float(s),
-                    num_examples=num_examples,
-                    batch_size=batch_size,
-                    steps=steps,
-                    sampling=sampling,
-                    accountant=accountant,
-                ),
+                lambda s: run.event(float(s)),
                 lambda: make_accountant(
-                    accountant, relation, value_discretization_interval=SEARCH_INTERVAL
+                    run.accountant, relation, value_discretization_interval=SEARCH_INTERVAL
                 ),
                 target_epsilon=target_epsilon,
                 delta=delta,
