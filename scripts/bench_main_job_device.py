@@ -257,6 +257,23 @@ class Peer:
             model = cls(config)
         return model.to(self.device, dtype=self.dtype(dtype)).eval()
 
+    def sample(self, model, x, new: int, top_p: float):
+        """`model.generate` sampling at temperature 1 (no top-k cut, nucleus `top_p`) exactly
+        `new` tokens per row of `x` (min_new_tokens, as our side runs no early stop); the
+        output on the CPU."""
+        with self.torch.inference_mode():
+            out = model.generate(
+                input_ids=x,
+                attention_mask=self.torch.ones_like(x),
+                do_sample=True,
+                top_p=top_p,
+                top_k=0,
+                temperature=1.0,
+                max_new_tokens=new,
+                min_new_tokens=new,
+            )
+        return out.cpu()
+
 
 def measure(
     fig: Figure, ours: Callable[[int], object], peer: Peer, theirs, sizes: Sizes, rate: float
@@ -347,18 +364,7 @@ def gen_figure(
 
         def call(_):
             x = torch.from_numpy(ids).to(peer.device)
-            with torch.inference_mode():
-                out = model.generate(
-                    input_ids=x,
-                    attention_mask=torch.ones_like(x),
-                    do_sample=True,
-                    top_p=0.8,
-                    top_k=0,
-                    temperature=1.0,
-                    max_new_tokens=new,
-                    min_new_tokens=new,
-                )
-            out = out.cpu()
+            out = peer.sample(model, x, new, top_p=0.8)
             if out.shape[1] != new + 1:
                 raise RuntimeError(f"generate returned {out.shape[1] - 1} new tokens")
             return out
@@ -624,18 +630,7 @@ def bench_decode(sizes: Sizes, dtype: str, peer: Peer) -> list[Figure]:
         x = torch.from_numpy(prompts).to(peer.device)
 
         def call(_):
-            with torch.inference_mode():
-                out = model.generate(
-                    input_ids=x,
-                    attention_mask=torch.ones_like(x),
-                    do_sample=True,
-                    top_k=0,
-                    top_p=1.0,
-                    temperature=1.0,
-                    max_new_tokens=new,
-                    min_new_tokens=new,
-                )
-            return out.cpu()
+            return peer.sample(model, x, new, top_p=1.0)
 
         return call, f"LlamaForCausalLM.generate, {dtype}"
 

@@ -37,36 +37,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from fact_worlds import answer_rows, make_fact_world
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 DELTA = 1e-6
-
-
-def _world(domain: str, seed: int):
-    """(the world, its answer check): templated or natural text, by the domain's name."""
-    from dpsynth.evaluation import fact_world, natural_world
-
-    if domain in natural_world.DOMAINS:
-        return natural_world.make_natural_world(domain, seed=seed), (
-            natural_world.natural_answer_is_right
-        )
-    return fact_world.make_world(domain, seed=seed), fact_world.answer_is_right
-
-
-def _rows(world, answer, is_right) -> list[dict]:
-    """One row per question: its support, whether answered right, whether abstained."""
-    rows = []
-    for q in world.questions:
-        found = answer(q.question)
-        rows.append(
-            {
-                "support": q.support,
-                "right": bool(q.answer) and is_right(found.answer, q.answer),
-                "abstained": bool(found.abstained),
-            }
-        )
-    return rows
 
 
 def figures(rows: list[dict]) -> dict[str, float]:
@@ -94,7 +69,7 @@ def cluster_rows(world, is_right, folder: Path, lm: str):
     timing = folder / "clusters_seconds.txt"
     seconds = float(timing.read_text()) if timing.is_file() else float("nan")
     base = KnowledgeBase.open(release, lm=lm, k=1, retrieval="bm25")  # the CLI's defaults
-    return _rows(world, base.answer, is_right), seconds
+    return answer_rows(world, base.answer, is_right), seconds
 
 
 def fact_rows(world, is_right, epsilon: float):
@@ -106,7 +81,7 @@ def fact_rows(world, is_right, epsilon: float):
     release = release_facts(list(world.documents), FactConfig(epsilon=epsilon, delta=DELTA))
     seconds = time.perf_counter() - start
     answerer = TypedFactAnswerer(release.records, noise_stddev=release.plan.noise_stddev)
-    return _rows(world, answerer.answer, is_right), seconds
+    return answer_rows(world, answerer.answer, is_right), seconds
 
 
 def main() -> None:
@@ -121,7 +96,7 @@ def main() -> None:
     seconds_all: dict[str, list] = {"clusters": [], "facts": []}
     results = {}
     for domain in args.domains.split(","):
-        world, is_right = _world(domain, args.seed)
+        world, is_right = make_fact_world(domain, args.seed)
         folder = args.out / domain
         folder.mkdir(parents=True, exist_ok=True)
         cells = {

@@ -37,6 +37,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from fact_worlds import answer_rows, make_fact_world
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
@@ -44,17 +45,6 @@ RELEASE_EPSILONS = (1.0, 3.0, 10.0)
 SINGLE_EPSILONS = (5.0, 10.0)
 DELTA = 1e-6
 RAG_PROMPT_INSTRUCTION = "Use the documents to answer the question. Reply with the answer only."
-
-
-def _world(domain: str, facts_per_level: int, seed: int):
-    """(the world, its answer check): templated or natural text, by the domain's name."""
-    from dpsynth.evaluation import fact_world, natural_world
-
-    if domain in natural_world.DOMAINS:
-        world = natural_world.make_natural_world(domain, facts_per_level=facts_per_level, seed=seed)
-        return world, natural_world.natural_answer_is_right
-    world = fact_world.make_world(domain, facts_per_level=facts_per_level, seed=seed)
-    return world, fact_world.answer_is_right
 
 
 def answerer(release, lm):
@@ -79,17 +69,8 @@ def _release_cells(world, lm, epsilons, answer_is_right, extractor) -> tuple[dic
         release = release_facts(world.documents, config)
         seconds[eps] = time.perf_counter() - start
         released = "\n".join(release.pairs)
-        answer = answerer(release, lm).answer
-        rows = []
+        rows = answer_rows(world, answerer(release, lm).answer, answer_is_right)
         for q in world.questions:
-            found = answer(q.question)
-            rows.append(
-                {
-                    "support": q.support,
-                    "right": bool(q.answer) and answer_is_right(found.answer, q.answer),
-                    "abstained": found.abstained,
-                }
-            )
             if q.support == 1 and answer_is_right(released, q.answer):  # a secret out
                 leaks += 1
         cells[eps] = {"rows": rows, "pairs": len(release.pairs), "records": len(release.records)}
@@ -243,7 +224,7 @@ def main() -> None:
     everything = defaultdict(list)
     leaks = 0
     for domain in args.domains.split(","):
-        world, is_right = _world(domain, args.facts_per_level, args.seed)
+        world, is_right = make_fact_world(domain, args.seed, facts_per_level=args.facts_per_level)
         cells, domain_leaks, seconds = _release_cells(
             world, lm, RELEASE_EPSILONS, is_right, args.extractor
         )

@@ -137,6 +137,13 @@ def forked(module: str, args: list[str], cwd, env: dict[str, str], timeout=None)
         return process.exitcode, out.read_bytes(), err.read_bytes()
 
 
+def command(cli: str, *args: object, **options) -> subprocess.CompletedProcess:
+    """`python -m dpsynth.cli.<cli> ARGS` (`cli`: "synthgen" or "retriever") as a user runs
+    it, its output captured as text; `options` (cwd, env, timeout, check) go to `run`."""
+    argv = [sys.executable, "-m", f"dpsynth.cli.{cli}", *map(str, args)]
+    return run(argv, capture_output=True, text=True, **options)
+
+
 def decode(output: bytes) -> str:
     """Bytes as `subprocess.run(..., text=True)` gives them: universal newlines."""
     text = output.decode(locale.getpreferredencoding(False))

@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from throwaway_server import ThrowawayServer, ThrowawayServerError, free_port
 
 __all__ = [
     "LlamaServer",
@@ -48,7 +49,7 @@ MISSING = (
 )
 
 
-class LlamaServerError(RuntimeError):
+class LlamaServerError(ThrowawayServerError):
     """The test server could not be started or stopped."""
 
 
@@ -66,14 +67,7 @@ def find_llama_server() -> str | None:
     return found if found and os.access(found, os.X_OK) else None
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LlamaServer:
+class LlamaServer(ThrowawayServer):
     """One llama-cpp-python server process; see the module docstring.
 
     Args:
@@ -86,6 +80,8 @@ class LlamaServer:
       parallel: slots of ``llama-server`` (each with ``n_ctx`` tokens); llama-cpp-python's
         server has none (it runs one request at a time), so 1 there.
     """
+
+    error = LlamaServerError
 
     def __init__(
         self,
@@ -116,15 +112,7 @@ class LlamaServer:
     @property
     def url(self) -> str:
         """The OpenAI-compatible base URL (``.../v1``)."""
-        if self.port is None:
-            raise LlamaServerError("server not started; call start() first")
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    @property
-    def log_file(self) -> Path:
-        if self.base_dir is None:
-            raise LlamaServerError("server not started; call start() first")
-        return self.base_dir / "server.log"
+        return f"http://127.0.0.1:{self.listen_port}/v1"
 
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -179,19 +167,6 @@ class LlamaServer:
         if self.base_dir is not None:
             shutil.rmtree(self.base_dir, ignore_errors=True)
             self.base_dir = None
-
-    def __enter__(self) -> LlamaServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.cleanup()
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_file.read_text(errors="replace")
-        except (FileNotFoundError, LlamaServerError):
-            return "(no server log)"
-        return "\n".join(text.splitlines()[-lines:])
 
     # -- internals ----------------------------------------------------------------------
 

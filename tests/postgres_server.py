@@ -25,12 +25,13 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from throwaway_server import ThrowawayServer, ThrowawayServerError, free_port
 
 __all__ = ["PostgresBinaries", "PostgresServer", "PostgresServerError", "find_binaries"]
 
@@ -39,7 +40,7 @@ DB_USER = "dpsynth"
 _NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
-class PostgresServerError(RuntimeError):
+class PostgresServerError(ThrowawayServerError):
     """The test server could not be set up, started or stopped."""
 
 
@@ -79,17 +80,11 @@ def find_binaries() -> PostgresBinaries | None:
     return None
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class PostgresServer:
+class PostgresServer(ThrowawayServer):
     """One PostgreSQL server in a temporary folder; see the module docstring."""
 
     find_binaries = staticmethod(find_binaries)
+    error = PostgresServerError
 
     def __init__(
         self,
@@ -116,30 +111,18 @@ class PostgresServer:
 
     @property
     def data_dir(self) -> Path:
-        return self._base / "data"
-
-    @property
-    def log_file(self) -> Path:
-        return self._base / "server.log"
+        return self.folder / "data"
 
     @property
     def socket_dir(self) -> Path:
-        return self._base
+        return self.folder
 
     @property
     def url(self) -> str:
         return self.database_url("postgres")
 
     def database_url(self, dbname: str) -> str:
-        if self.port is None:
-            raise PostgresServerError("server not initialised; call start() first")
-        return f"postgresql://{DB_USER}@127.0.0.1:{self.port}/{dbname}"
-
-    @property
-    def _base(self) -> Path:
-        if self.base_dir is None:
-            raise PostgresServerError("server not initialised; call start() first")
-        return self.base_dir
+        return f"postgresql://{DB_USER}@127.0.0.1:{self.listen_port}/{dbname}"
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -220,12 +203,6 @@ class PostgresServer:
         shutil.rmtree(self.base_dir, ignore_errors=True)
         self.base_dir = None
 
-    def __enter__(self) -> PostgresServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.cleanup()
-
     # -- queries ----------------------------------------------------------------
 
     def postmaster_pid(self) -> int | None:
@@ -249,13 +226,6 @@ class PostgresServer:
         with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         return self.database_url(name)
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_file.read_text(errors="replace")
-        except (FileNotFoundError, PostgresServerError):
-            return "(no server log)"
-        return "\n".join(text.splitlines()[-lines:])
 
     # -- internals --------------------------------------------------------------
 
@@ -315,11 +285,11 @@ class PostgresServer:
         if self._run_as is not None:
             name, uid, gid = self._run_as
             kwargs = dict(user=uid, group=gid, extra_groups=[])
-            env.update(HOME=str(self._base), USER=name, LOGNAME=name)
+            env.update(HOME=str(self.folder), USER=name, LOGNAME=name)
         try:
             proc = subprocess.run(
                 cmd,
-                cwd=self._base,
+                cwd=self.folder,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,

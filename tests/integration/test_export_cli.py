@@ -4,7 +4,6 @@ the index rows."""
 
 import json
 import os
-import sys
 
 import cli_process
 import pytest
@@ -15,12 +14,7 @@ WORDS = "city music film war game team school state river mountain station histo
 
 
 def _retriever(*args, env=None):
-    return cli_process.run(
-        [sys.executable, "-m", "dpsynth.cli.retriever", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    return cli_process.command("retriever", *args, env=env)
 
 
 def _write_jsonl(path, rows):

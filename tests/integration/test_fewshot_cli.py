@@ -1,18 +1,13 @@
 """`synthgen generate-docs`, `generate-queries-fewshot`, `privacy fewshot` as a user runs them."""
 
 import json
-import sys
 
 import cli_process
 import pytest
 
 
 def _synthgen(*args):
-    return cli_process.run(
-        [sys.executable, "-m", "dpsynth.cli.synthgen", *map(str, args)],
-        capture_output=True,
-        text=True,
-    )
+    return cli_process.command("synthgen", *args)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ checked in headless Chromium."""
 import dataclasses
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import cli_process
@@ -33,12 +32,7 @@ CONFIG = default_configs_dir() / "tiny.py"  # the packaged example (`--config ti
 
 
 def _cli(*args):
-    return cli_process.run(
-        [sys.executable, "-m", "dpsynth.cli.synthgen", "pipeline", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    return cli_process.command("synthgen", "pipeline", *args, timeout=900)
 
 
 def _started(run: Path) -> dict:

@@ -1,7 +1,6 @@
 """`synthgen train-generator` / `generate-queries` as a user runs them: JSONL in, JSON out."""
 
 import json
-import sys
 
 import cli_process
 import pytest
@@ -12,12 +11,7 @@ from synthgen import corpora, querygen
 
 
 def _synthgen(*args, cwd=None):
-    return cli_process.run(
-        [sys.executable, "-m", "dpsynth.cli.synthgen", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-    )
+    return cli_process.command("synthgen", *args, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

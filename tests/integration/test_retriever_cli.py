@@ -2,19 +2,13 @@
 
 import json
 import shutil
-import sys
 
 import cli_process
 import pytest
 
 
 def _retriever(*args):
-    result = cli_process.run(
-        [sys.executable, "-m", "dpsynth.cli.retriever", *map(str, args)],
-        capture_output=True,
-        text=True,
-    )
-    return result
+    return cli_process.command("retriever", *args)
 
 
 @pytest.mark.slow

@@ -10,12 +10,12 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from throwaway_server import free_port
 
 pytestmark = pytest.mark.slow
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "service.md"
@@ -50,17 +50,11 @@ def _json_objects(text: str) -> list[dict]:
     return objects
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_sample_collection_serves_a_dp_answer(tmp_path):
     scripts = Path(sys.executable).parent
     if shutil.which("retriever", path=str(scripts)) is None:
         pytest.skip(f"console scripts not installed beside {sys.executable} (pip install -e .)")
-    port = _free_port()
+    port = free_port()
     body = "".join(marked_blocks(GUIDE.read_text())).replace(":8000", f":{port}")
     body = body.replace("--port 8000", f"--port {port}")
     script = "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + body

@@ -3,7 +3,6 @@ uncut at 80 columns, caps refused by the option's name before any ledger is crea
 
 import os
 import re
-import sys
 from importlib.metadata import version
 
 import cli_process
@@ -15,12 +14,7 @@ from tests.synthgen.test_cli import assert_every_option_shown_in_full
 
 
 def _retriever(*args, env=None):
-    return cli_process.run(
-        [sys.executable, "-m", "dpsynth.cli.retriever", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    return cli_process.command("retriever", *args, env=env)
 
 
 def test_version_and_debug_in_help():

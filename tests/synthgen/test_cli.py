@@ -8,9 +8,7 @@ import cli_process
 
 
 def _synthgen(*args):
-    return cli_process.run(
-        [sys.executable, "-m", "dpsynth.cli.synthgen", *args], capture_output=True, text=True
-    )
+    return cli_process.command("synthgen", *args)
 
 
 def _dpsgd(num_examples, batch_size, *extra, before=()):

@@ -1,28 +1,22 @@
 """Multi-host DP training: two `jax.distributed` processes on loopback act as one run."""
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from throwaway_server import free_port
 
 from synthgen import dp_train
 
 WORKER = Path(__file__).parent / "multihost_worker.py"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_draw_the_same_batches_and_noise(tmp_path):
-    port = str(_free_port())
+    port = str(free_port())
     ledger_path = tmp_path / "ledger.sqlite"
     procs = [
         subprocess.Popen(

@@ -5,7 +5,6 @@ collection with its own id field ("id", "body"); the tiny preset keeps it CI-siz
 """
 
 import json
-import sys
 
 import cli_process
 import pytest
@@ -65,10 +64,7 @@ def _rag_files(folder):
 
 
 def _cli(*args, cwd):
-    return cli_process.run(
-        [sys.executable, "-m", "dpsynth.cli.synthgen", *map(str, args)],
-        capture_output=True, text=True, cwd=cwd, timeout=1800,
-    )  # fmt: skip
+    return cli_process.command("synthgen", *args, cwd=cwd, timeout=1800)
 
 
 def test_init_writes_a_config_for_the_pairs_and_the_main_job_runs_it(tmp_path):

@@ -26,12 +26,7 @@ TIMEOUT = 120.0  # seconds a server may take to start (jax import, encoder load)
 def cli(*args: object, check: bool = True) -> subprocess.CompletedProcess:
     """`python -m dpsynth.cli.retriever ARGS` as a user runs it."""
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1"}
-    result = cli_process.run(
-        [sys.executable, "-m", "dpsynth.cli.retriever", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    result = cli_process.command("retriever", *args, env=env)
     if check and result.returncode != 0:
         raise AssertionError(f"retriever {args[:2]} failed: {result.stderr}")
     return result

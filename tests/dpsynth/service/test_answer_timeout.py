@@ -5,19 +5,7 @@ import httpx
 import pytest
 
 from dpsynth.service.app import Service, ServiceConfig
-from dpsynth.service.tenants import TenantRegistry
-from synthgen.privacy import PrivacyLedger
 from tests.dpsynth.service.harness import bearer, serve_in_thread, tiny_rag
-
-
-@pytest.fixture
-def ledger(tmp_path):
-    book = PrivacyLedger(tmp_path / "ledger.sqlite")
-    registry = TenantRegistry(book)
-    key = registry.add(
-        "alice", "records", epsilon=5.0, delta=1e-5, collection_epsilon=5.0, collection_delta=1e-5
-    )
-    return book, registry, key
 
 
 def _answer(book, registry, key, config):
@@ -31,8 +19,8 @@ def _answer(book, registry, key, config):
 
 
 @pytest.mark.parametrize(("timeout", "truncated"), [(1e-6, True), (120.0, False)])
-def test_an_answer_past_its_timeout_is_truncated_and_charged(ledger, timeout, truncated):
-    book, registry, key = ledger
+def test_an_answer_past_its_timeout_is_truncated_and_charged(alice_ledger, timeout, truncated):
+    book, registry, key = alice_ledger
     answer = _answer(book, registry, key, ServiceConfig(answer_timeout=timeout))
     assert answer["truncated"] is truncated
     if truncated:

@@ -4,7 +4,6 @@ figure for the same ledger, however long the service has been charging (issue 34
 import json
 import re
 import subprocess
-import sys
 
 import cli_process
 from fastapi.testclient import TestClient
@@ -17,12 +16,7 @@ RELATION = "ADD_OR_REMOVE_ONE"
 
 
 def _synthgen(*args: str) -> subprocess.CompletedProcess:
-    return cli_process.run(
-        [sys.executable, "-m", "dpsynth.cli.synthgen", *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    return cli_process.command("synthgen", *args, check=True)
 
 
 def test_budget_and_ledger_show_print_the_same_figure(tmp_path):

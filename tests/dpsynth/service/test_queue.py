@@ -10,10 +10,9 @@ import pytest
 
 from dpsynth.service.admission import Admission, QueueFullError, QueueTimeoutError
 from dpsynth.service.app import Service, ServiceConfig
-from dpsynth.service.tenants import TenantRegistry
 from synthgen.lm_backends import TinyLM
-from synthgen.privacy import COLLECTION, PrivacyLedger
-from tests.dpsynth.service.harness import serve_in_thread, tiny_rag
+from synthgen.privacy import COLLECTION
+from tests.dpsynth.service.harness import bearer, serve_in_thread, tiny_rag
 
 
 class GatedLM(TinyLM):
@@ -33,12 +32,8 @@ class GatedLM(TinyLM):
 
 
 @pytest.fixture
-def gated_server(tmp_path):
-    book = PrivacyLedger(tmp_path / "ledger.sqlite")
-    registry = TenantRegistry(book)
-    key = registry.add(
-        "alice", "records", epsilon=5.0, delta=1e-5, collection_epsilon=5.0, collection_delta=1e-5
-    )
+def gated_server(alice_ledger):
+    book, registry, key = alice_ledger
     gate, started = threading.Event(), threading.Event()
     rag = tiny_rag(book, "records", GatedLM(gate, started))
     service = Service(
@@ -52,7 +47,7 @@ def gated_server(tmp_path):
 def _ask(url, key, results, name):
     response = httpx.post(
         url + "/answer",
-        headers={"Authorization": f"Bearer {key}"},
+        headers=bearer(key),
         json={"question": "what colour?", "epsilon": 1.0},
         timeout=60,
     )
@@ -100,13 +95,19 @@ def test_admission_returns_the_replica_after_a_cancelled_request():
             await asyncio.sleep(0.002)
         raise AssertionError("timed out")
 
-    async def scenario():
-        admission = Admission(["r0"], capacity=0, timeout=5.0)
+    async def hold_and_refuse(admission, error):
+        """Holds the one replica with an answer that waits for the returned event; the next
+        request must fail with `error`. Returns (the held answer's task, its event)."""
         release = threading.Event()
         task = asyncio.ensure_future(admission.run(lambda r: release.wait(10)))
         await until(lambda: admission.busy == 1)
-        with pytest.raises(QueueFullError):
+        with pytest.raises(error):
             await admission.run(lambda r: r)
+        return task, release
+
+    async def scenario():
+        admission = Admission(["r0"], capacity=0, timeout=5.0)
+        task, release = await hold_and_refuse(admission, QueueFullError)
         task.cancel()  # the client went away; the answer still runs to its end
         await until(task.done)
         assert admission.busy == 1  # not handed out while the answer runs
@@ -114,11 +115,7 @@ def test_admission_returns_the_replica_after_a_cancelled_request():
         await until(lambda: admission.busy == 0)
         assert await admission.run(lambda r: r) == "r0"
         short = Admission(["r0"], capacity=1, timeout=0.05)
-        hold = threading.Event()
-        holder = asyncio.ensure_future(short.run(lambda r: hold.wait(10)))
-        await until(lambda: short.busy == 1)
-        with pytest.raises(QueueTimeoutError):
-            await short.run(lambda r: r)
+        holder, hold = await hold_and_refuse(short, QueueTimeoutError)
         hold.set()
         await holder
         admission.close()

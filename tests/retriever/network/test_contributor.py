@@ -30,6 +30,16 @@ def _retrieve(url: str, key: str | None, question: str, k: int = 3) -> httpx.Res
     )
 
 
+def _answer(network, server: str, holder: str, question: str) -> httpx.Response:
+    """POST /answer at `server`'s contributor with the key issued by `holder`'s."""
+    return httpx.post(
+        network.url(server) + "/answer",
+        headers=bearer(network.keys[holder]),
+        json={"question": question},
+        timeout=60,
+    )
+
+
 def _charges(network, name: str) -> list:
     return PrivacyLedger(str(network.folders[name].ledger)).charges(COLLECTION, DATASET)
 
@@ -80,12 +90,7 @@ def test_a_key_of_one_contributor_is_refused_at_another(network, world_question)
         assert response.json()["error"] == "unauthorized"
         assert _retrieve(network.url(holder), foreign, world_question).status_code == 200
     before = _charges(network, "north")
-    answer = httpx.post(
-        network.url("north") + "/answer",
-        headers=bearer(network.keys["south"]),
-        json={"question": world_question},
-        timeout=60,
-    )
+    answer = _answer(network, "north", "south", world_question)
     assert answer.status_code == 401 and _charges(network, "north") == before
 
 
@@ -123,12 +128,7 @@ def test_retrieve_is_free_and_returns_only_synthetic_documents(network, world_qu
 
 def test_answer_is_served_only_where_offered(network, world_question):
     south_before = _charges(network, "south")
-    refused = httpx.post(
-        network.url("south") + "/answer",
-        headers=bearer(network.keys["south"]),
-        json={"question": world_question},
-        timeout=60,
-    )
+    refused = _answer(network, "south", "south", world_question)
     assert refused.status_code == 404 and refused.json()["error"] == "answer_not_served"
     health = httpx.get(
         network.url("south") + "/health", headers=bearer(network.keys["south"]), timeout=30
@@ -137,12 +137,7 @@ def test_answer_is_served_only_where_offered(network, world_question):
     assert _charges(network, "south") == south_before
 
     north_before = _charges(network, "north")
-    answered = httpx.post(
-        network.url("north") + "/answer",
-        headers=bearer(network.keys["north"]),
-        json={"question": world_question},
-        timeout=60,
-    )
+    answered = _answer(network, "north", "north", world_question)
     assert answered.status_code == 200, answered.text
     answer = answered.json()["answer"]
     assert answer["epsilon"] <= ANSWER_EPSILON + 1e-9

@@ -45,6 +45,11 @@ def contributors(network, names=TRIO) -> list[Contributor]:
     return [Contributor(network.url(n), network.keys[n], name=n) for n in names]
 
 
+def misbehaving(network, behaviour: str, name: str | None = None) -> Contributor:
+    """A contributor that misbehaves as told (it takes any key), named by its behaviour."""
+    return Contributor(network.misbehaving.at(behaviour), "dpk_unused", name=name or behaviour)
+
+
 @pytest.fixture
 def question(network) -> str:
     return questions(network.world)[1]
@@ -183,10 +188,7 @@ def test_a_contributor_killed_mid_query_yields_a_partial_response(network, quest
 @pytest.mark.parametrize("behaviour", ["hang", "stall"])
 def test_a_hanging_contributor_hits_the_timeout(network, question, behaviour):
     engine = NetworkQueryEngine(
-        [
-            Contributor(network.url("north"), network.keys["north"], name="north"),
-            Contributor(network.misbehaving.at(behaviour), "dpk_unused", name=behaviour),
-        ],
+        [*contributors(network, ["north"]), misbehaving(network, behaviour)],
         config=EngineConfig(k=3, timeout=1.5),
     )
     response = engine.query_sync(question)
@@ -210,10 +212,7 @@ MALFORMED = [
 @pytest.mark.parametrize(("behaviour", "reason"), MALFORMED, ids=[b for b, _ in MALFORMED])
 def test_a_malformed_or_oversize_reply_is_rejected(network, question, behaviour, reason):
     engine = NetworkQueryEngine(
-        [
-            Contributor(network.url("south"), network.keys["south"], name="south"),
-            Contributor(network.misbehaving.at(behaviour), "dpk_unused", name=behaviour),
-        ],
+        [*contributors(network, ["south"]), misbehaving(network, behaviour)],
         config=EngineConfig(k=3, timeout=20),
     )
     response = engine.query_sync(question)
@@ -227,7 +226,7 @@ def test_a_malformed_or_oversize_reply_is_rejected(network, question, behaviour,
 def test_one_503_is_retried_after_its_retry_after(network, question):
     behaviour = f"flaky-{os.getpid()}-{time.monotonic_ns()}"
     engine = NetworkQueryEngine(
-        [Contributor(network.misbehaving.at(behaviour), "dpk_unused", name="flaky")],
+        [misbehaving(network, behaviour, name="flaky")],
         config=EngineConfig(k=3, timeout=20, retries=2, backoff=0.05),
     )
     (flaky,) = engine.query_sync(question).contributors
@@ -238,7 +237,7 @@ def test_one_503_is_retried_after_its_retry_after(network, question):
 
 def test_a_retry_after_beyond_the_timeout_gives_up_at_once(network, question):
     engine = NetworkQueryEngine(
-        [Contributor(network.misbehaving.at("busy"), "dpk_unused", name="busy")],
+        [misbehaving(network, "busy")],
         config=EngineConfig(k=3, timeout=5, retries=5),
     )
     (busy,) = engine.query_sync(question).contributors
@@ -249,8 +248,8 @@ def test_a_retry_after_beyond_the_timeout_gives_up_at_once(network, question):
 def test_5xx_retries_are_bounded_and_4xx_never_retried(network, question):
     engine = NetworkQueryEngine(
         [
-            Contributor(network.misbehaving.at("broken"), "dpk_unused", name="broken"),
-            Contributor(network.misbehaving.at("forbidden"), "dpk_unused", name="forbidden"),
+            misbehaving(network, "broken"),
+            misbehaving(network, "forbidden"),
             Contributor(free_port_url(), "dpk_unused", name="nobody"),
         ],
         config=EngineConfig(k=3, timeout=20, retries=2, backoff=0.01),

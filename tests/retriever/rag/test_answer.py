@@ -17,23 +17,25 @@ from retriever.rag.text import unreadable_count
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope
 from synthgen.privacy.receipts import collection_payer
+from tests.retriever.rag.recording_lm import RecordingLM
 
 N = 24
 
 
-class SpyLM(TinyLM):
+class SpyLM(RecordingLM):
     """TinyLM that records every prompt row it is given."""
-
-    def __init__(self, seen=None):
-        super().__init__()
-        self.seen = [] if seen is None else seen
-
-    def fork(self):
-        return SpyLM(self.seen)
 
     def start(self, prompts, max_new_tokens, **kwargs):
         self.seen.extend(self.decode(p) for p in prompts)
         return super().start(prompts, max_new_tokens)
+
+
+class SessionLM(RecordingLM):
+    """TinyLM that records each session's decoded rows and its number of new tokens."""
+
+    def start(self, prompts, max_new_tokens, **kwargs):
+        self.seen.append(([self.decode(p) for p in prompts], max_new_tokens))
+        return super().start(prompts, max_new_tokens, **kwargs)
 
 
 def _collection(seed=0):
@@ -237,25 +239,16 @@ def test_keywords_release_the_voters_shared_keyword_and_the_lm_answers_from_it(t
     partition selection at epsilon 20 releases it, and the public LM's answer is written
     from a prompt that holds the keywords and no document. The voters decode
     `voter_tokens` steps (public), the final answer `max_tokens`."""
-    seen, lengths = [], []
-
-    class Recording(TinyLM):
-        def start(self, prompts, max_new_tokens, **kwargs):
-            seen.append([self.decode(p) for p in prompts])
-            lengths.append(max_new_tokens)
-            return super().start(prompts, max_new_tokens, **kwargs)
-
-        def fork(self):  # the public session records too
-            return Recording(self.floor, self.eos_after_newline)
-
+    lm = SessionLM(eos_after_newline=50.0)  # its forks, the public session's, record too
     rag = _plain_rag(
         tmp_path,
         [":Qx\n :Qx\n :Qx\n" for _ in range(N)],
         config=RagConfig(k=N, max_tokens=3, score_range=ScoreRange(-1.0, 1.0)),
         instruction="a:b",
-        lm=Recording(eos_after_newline=50.0),
+        lm=lm,
     )
     answer = rag.answer("a:", tenant="alice", epsilon=20.0, mechanism="keywords")
+    seen, lengths = [rows for rows, _ in lm.seen], [new for _, new in lm.seen]
     assert not answer.abstained and answer.text
     assert [c.stage for c in answer.charges] == ["retrieval", "tokens"]
     assert answer.paid_tokens == 1
@@ -273,24 +266,21 @@ def test_keywords_count_only_what_the_voters_documents_spell(tmp_path):
     than the instruction, the documents' word is released."""
     config = RagConfig(k=N, max_tokens=3, score_range=ScoreRange(-1.0, 1.0))
     lm = TinyLM(eos_after_newline=50.0)
-    made_up = _plain_rag(
-        tmp_path,
-        [":Qx\n :Qx\n :Qx\n" for _ in range(N)],
-        config=config,
-        instruction=":Zz\n :Zz\n :Zz\n :Zz\n",
-        lm=lm,
-    )
-    answer = made_up.answer("a:", tenant="alice", epsilon=20.0, mechanism="keywords")
-    assert answer.abstained
-    said = _plain_rag(
-        tmp_path,
-        [":Qx\n :Qx\n :Qx\n :Qx\n :Qx\n" for _ in range(N)],
-        config=config,
-        instruction=":Zz\n :Zz\n :Zz\n :Zz\n",
-        lm=lm,
-    )
-    answer = said.answer("a:", tenant="alice", epsilon=20.0, mechanism="keywords")
-    assert not answer.abstained and "qx" in answer.text.lower()
+
+    def keywords_answer(document):  # every one of the N documents is `document`
+        rag = _plain_rag(
+            tmp_path,
+            [document for _ in range(N)],
+            config=config,
+            instruction=":Zz\n :Zz\n :Zz\n :Zz\n",
+            lm=lm,
+        )
+        return rag.answer("a:", tenant="alice", epsilon=20.0, mechanism="keywords")
+
+    made_up = keywords_answer(":Qx\n :Qx\n :Qx\n")
+    assert made_up.abstained
+    said = keywords_answer(":Qx\n :Qx\n :Qx\n :Qx\n :Qx\n")
+    assert not said.abstained and "qx" in said.text.lower()
 
 
 def test_keywords_abstain_when_the_voters_disagree(tmp_path):
@@ -309,16 +299,7 @@ def test_grouped_keywords_voters_each_read_a_group_of_documents(tmp_path):
     """documents_per_voter = 2: k = 24 documents make 12 voters, each prompt holds its
     group's documents (the answer's shape: 12 rows), and the shared keyword is released
     (kept with probability 1 - 1e-6 or more at 12 agreeing voters)."""
-    seen = []
-
-    class Recording(TinyLM):
-        def start(self, prompts, max_new_tokens, **kwargs):
-            seen.append([self.decode(p) for p in prompts])
-            return super().start(prompts, max_new_tokens, **kwargs)
-
-        def fork(self):
-            return Recording(self.floor, self.eos_after_newline)
-
+    lm = SessionLM(eos_after_newline=50.0)
     config = RagConfig(k=N, max_tokens=3, score_range=ScoreRange(-1.0, 1.0), documents_per_voter=2)
     assert config.voters == 12
     rag = _plain_rag(
@@ -326,11 +307,11 @@ def test_grouped_keywords_voters_each_read_a_group_of_documents(tmp_path):
         [f"r{i} :Qx\n :Qx\n :Qx\n" for i in range(N)],
         config=config,
         instruction="a",
-        lm=Recording(eos_after_newline=50.0),
+        lm=lm,
     )
     answer = rag.answer("a:", tenant="alice", epsilon=20.0, mechanism="keywords")
     assert not answer.abstained
-    voters = seen[0]
+    voters, _ = lm.seen[0]
     assert len(voters) == 12
     # every document read once, by one voter; a voter reads at most two
     read = [[i for i in range(N) if f"r{i} " in row] for row in voters]

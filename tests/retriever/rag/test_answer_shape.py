@@ -16,28 +16,22 @@ from retriever.rag.answer_types import AnswerFailedError
 from synthgen.lm_backends import TinyLM
 from synthgen.privacy import PrivacyLedger, Scope
 from synthgen.privacy.receipts import collection_payer
+from tests.retriever.rag.recording_lm import RecordingLM
 
 N = 24
 MECHANISMS = ["icl", "keywords"]
 
 
-class ShapeLM(TinyLM):
+class ShapeLM(RecordingLM):
     """TinyLM that records the shape of every session it opens and every step it takes."""
-
-    def __init__(self, log=None):
-        super().__init__()
-        self.log = [] if log is None else log
-
-    def fork(self):
-        return ShapeLM(self.log)
 
     def start(self, prompts, max_new_tokens, *, length=None):
         padded = max(max(len(p) for p in prompts), length or 0)
-        self.log.append(("start", len(prompts), padded, max_new_tokens))
+        self.seen.append(("start", len(prompts), padded, max_new_tokens))
         return super().start(prompts, max_new_tokens)
 
     def append(self, token):
-        self.log.append(("append", len(self._rows)))
+        self.seen.append(("append", len(self._rows)))
         return super().append(token)
 
     @property
@@ -200,7 +194,7 @@ class NanLM(ShapeLM):
         return out
 
     def fork(self):
-        return ShapeLM(self.log)
+        return ShapeLM(self.seen)
 
     def start(self, prompts, max_new_tokens, *, length=None):
         return self._poison(super().start(prompts, max_new_tokens, length=length))

@@ -11,20 +11,14 @@ from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope
 from synthgen.privacy.document_filters import DocumentFilter, DocumentFilters
 from synthgen.privacy.individual import DocumentBudget
 from synthgen.privacy.receipts import collection_payer
+from tests.retriever.rag.recording_lm import RecordingLM
 
 N = 24
 TAU = 0.9  # on the normalised scale of ScoreRange(-1, 1): cosine >= 0.8
 
 
-class CountingLM(TinyLM):
+class CountingLM(RecordingLM):
     """TinyLM that records each private session's prompts."""
-
-    def __init__(self, seen=None):
-        super().__init__()
-        self.seen = [] if seen is None else seen
-
-    def fork(self):
-        return CountingLM(self.seen)
 
     def start(self, prompts, max_new_tokens, **kwargs):
         if len(prompts) > 1:  # the private rows (the public prompt is alone)

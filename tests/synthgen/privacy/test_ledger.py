@@ -9,6 +9,7 @@ from synthgen.privacy import accounting
 from synthgen.privacy.errors import BudgetExceededError, UnsupportedEventError
 from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_types import Scope
+from tests.synthgen.privacy.ledger_schemas import write_schema_5_ledger
 from tests.synthgen.privacy.ledger_workers import charge_until_refused, race_processes
 
 AR = "ADD_OR_REMOVE_ONE"
@@ -23,6 +24,11 @@ def _open(tmp_path, accountant="pld", cap=2.0):
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
     ledger.open_scope(Scope("acme", "queries", cap, 1e-5, accountant))
     return ledger
+
+
+def _charge(ledger, stage, event, **options):
+    """One add/remove-one charge to the ("acme", "queries") scope that `_open` opens."""
+    return ledger.charge("acme", "queries", stage=stage, relation=AR, event=event, **options)
 
 
 def test_refused_charge_changes_nothing(tmp_path):
@@ -77,14 +83,7 @@ def test_spend_is_the_composition_under_the_accountant(tmp_path):
 
 def test_persists_across_reopen(tmp_path):
     ledger = _open(tmp_path)
-    ledger.charge(
-        "acme",
-        "queries",
-        stage="train",
-        relation=AR,
-        event=accounting.pure_epsilon_event(0.4),
-        description="run 7",
-    )
+    _charge(ledger, "train", accounting.pure_epsilon_event(0.4), description="run 7")
     reopened = PrivacyLedger(tmp_path / "ledger.sqlite")
     [charge] = reopened.charges("acme", "queries")
     assert (charge.stage, charge.epsilon, charge.description) == ("train", 0.4, "run 7")
@@ -109,25 +108,13 @@ def test_basic_accountant_sums_and_needs_delta(tmp_path):
     spend = ledger.spent("acme", "queries")
     assert spend.delta == pytest.approx(9e-6)
     with pytest.raises(BudgetExceededError):  # delta would exceed the cap
-        ledger.charge(
-            "acme",
-            "queries",
-            stage="c",
-            relation=AR,
-            event=accounting.epsilon_delta_event(0.01, 2e-6),
-        )
+        _charge(ledger, "c", accounting.epsilon_delta_event(0.01, 2e-6))
 
 
 def test_rdp_scope_refuses_approximate_events(tmp_path):
     ledger = _open(tmp_path, accountant="rdp")
     with pytest.raises(UnsupportedEventError):
-        ledger.charge(
-            "acme",
-            "queries",
-            stage="x",
-            relation=AR,
-            event=accounting.epsilon_delta_event(0.1, 1e-9),
-        )
+        _charge(ledger, "x", accounting.epsilon_delta_event(0.1, 1e-9))
     assert ledger.charges("acme", "queries") == []
 
 
@@ -293,14 +280,7 @@ def test_a_charge_ref_is_paid_once(tmp_path):
     assert ledger.find_charge("acme", "queries", "run-2") is None
     assert len(ledger.charges("acme", "queries")) == 1
     with pytest.raises(ValueError, match="different charge"):
-        ledger.charge(
-            "acme",
-            "queries",
-            stage="t",
-            event=accounting.pure_epsilon_event(0.7),
-            relation=AR,
-            ref="run-1",
-        )
+        _charge(ledger, "t", accounting.pure_epsilon_event(0.7), ref="run-1")
 
 
 def test_a_ledger_written_before_relations_keeps_its_meaning(tmp_path):
@@ -550,16 +530,11 @@ def test_scope_notes_are_appended_once_and_kept(tmp_path):
 def test_a_schema_5_ledger_is_migrated_with_its_scopes_and_charges(tmp_path):
     import sqlite3
 
-    from synthgen.privacy.ledger_store import MIGRATIONS, SCHEMA_VERSION
+    from synthgen.privacy.ledger_store import SCHEMA_VERSION
 
     path = tmp_path / "v5.sqlite"
     conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    for number, statements in MIGRATIONS["sqlite"][:5]:
-        for statement in statements:
-            conn.execute(statement)
-        conn.execute("INSERT INTO schema_version VALUES (?)", (number,))
-    conn.execute("INSERT INTO scopes VALUES ('*', 'q', 5.0, 1e-5, 'pld', ?, 0)", (AR,))
+    write_schema_5_ledger(conn, "sqlite")
     conn.execute(
         "INSERT INTO charges (tenant, dataset, stage, epsilon, delta, event, description, "
         "created_at, relation) VALUES ('*', 'q', 's', 1.0, 0.0, ?, 'old', 0, ?)",

@@ -14,6 +14,7 @@ from synthgen.privacy.ledger import PrivacyLedger
 from synthgen.privacy.ledger_copy import copy_ledger
 from synthgen.privacy.ledger_store import SCHEMA_VERSION
 from synthgen.privacy.ledger_types import Scope
+from tests.synthgen.privacy.ledger_schemas import write_schema_5_ledger
 from tests.synthgen.privacy.ledger_workers import charge_until_refused, race_processes
 
 AR = "ADD_OR_REMOVE_ONE"
@@ -143,16 +144,10 @@ def test_a_repeatable_read_server_default_cannot_make_replicas_overspend(postgre
 
 
 def test_a_schema_5_postgres_ledger_is_migrated_and_pins_one_shape(postgres_url):
-    from synthgen.privacy.ledger_store import MIGRATIONS
     from synthgen.privacy.ledger_types import EventShapeError
 
     with psycopg.connect(postgres_url) as conn:
-        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-        for number, statements in MIGRATIONS["postgresql"][:5]:
-            for statement in statements:
-                conn.execute(statement)
-            conn.execute("INSERT INTO schema_version VALUES (%s)", (number,))
-        conn.execute("INSERT INTO scopes VALUES ('*', 'q', 5.0, 1e-5, 'pld', %s, 0)", (AR,))
+        write_schema_5_ledger(conn, "postgresql")
     ledger = PrivacyLedger(postgres_url)
     assert ledger.get_scope("*", "q") == Scope("*", "q", 5.0, 1e-5)
     assert ledger.event_shape("*", "q") is None

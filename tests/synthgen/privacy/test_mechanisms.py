@@ -152,19 +152,22 @@ def _chi2_matches(draws, probs):
     return stats.chisquare(counts, np.asarray(probs) * len(draws)).pvalue
 
 
+def _exponential_draws(utilities, eps, sens, rng, **options) -> np.ndarray:
+    """N draws of the exponential mechanism on one rng stream."""
+    return np.array(
+        [
+            m.exponential_mechanism(utilities, epsilon=eps, sensitivity=sens, rng=rng, **options)
+            for _ in range(N)
+        ]
+    )
+
+
 @pytest.mark.parametrize("monotonic", [False, True])
 def test_exponential_mechanism_frequencies(monotonic):
     utilities = np.array([0.0, 1.0, 2.0, 4.0])
     eps, sens = 1.0, 2.0
     rng = secure_rng(2)
-    draws = np.array(
-        [
-            m.exponential_mechanism(
-                utilities, epsilon=eps, sensitivity=sens, rng=rng, monotonic=monotonic
-            )
-            for _ in range(N)
-        ]
-    )
+    draws = _exponential_draws(utilities, eps, sens, rng, monotonic=monotonic)
     factor = 1.0 if monotonic else 2.0
     expected = np.exp(eps * utilities / (factor * sens))
     expected /= expected.sum()
@@ -180,14 +183,7 @@ def test_exponential_mechanism_with_a_base_measure_draws_mu_times_exp():
     log_mu[4] = -np.inf
     eps, sens = 1.0, 2.0
     rng = secure_rng(3)
-    draws = np.array(
-        [
-            m.exponential_mechanism(
-                utilities, epsilon=eps, sensitivity=sens, rng=rng, log_base_measure=log_mu
-            )
-            for _ in range(N)
-        ]
-    )
+    draws = _exponential_draws(utilities, eps, sens, rng, log_base_measure=log_mu)
     assert not np.any(draws == 4)
     expected = np.exp(log_mu[:4] + eps * utilities[:4] / (2 * sens))
     assert _chi2_matches(draws, expected / expected.sum()) > 0.01
