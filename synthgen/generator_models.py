@@ -171,7 +171,7 @@ class _Family:
         from tqdm.auto import tqdm
 
         if num_samples < 1:
-            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+            raise ValueError(f"num_samples must be >= 1, got {num_samples=}")
         samples_per_row = num_samples if self._ONE_ROW_PER_DOCUMENT else 1
         rows_per_document = num_samples // samples_per_row
         rows = [d for d in documents for _ in range(rows_per_document)]

@@ -3,6 +3,7 @@ port, the error type, the context manager and the tail of the server's log."""
 
 from __future__ import annotations
 
+import abc
 import socket
 from pathlib import Path
 from typing import Self
@@ -21,7 +22,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class ThrowawayServer:
+class ThrowawayServer(abc.ABC):
     """A server process with its files in a temporary folder; `with` starts and cleans it up.
 
     Subclasses set `error` (their `ThrowawayServerError`), `base_dir` and `port` (None until
@@ -50,11 +51,13 @@ class ThrowawayServer:
     def log_file(self) -> Path:
         return self.folder / "server.log"
 
+    @abc.abstractmethod
     def start(self) -> Self:
-        raise NotImplementedError
+        """Starts the server on a free loopback port; returns it."""
 
+    @abc.abstractmethod
     def cleanup(self) -> None:
-        raise NotImplementedError
+        """Stops the server and deletes its folder."""
 
     def __enter__(self) -> Self:
         return self.start()

@@ -333,12 +333,13 @@ def canary_figures(
     )
 
 
-# ---- the audited step ----------------------------------------------------------------------
-
-
 def markdown_table(head: str, rows: Iterable[str]) -> str:
-    """A Markdown table: the `head` row (cells separated by " | "), its rule, `rows`."""
+    """A Markdown table of cells' figures: the `head` row (cells separated by " | "), its
+    rule, `rows`."""
     return "\n".join([head, "|" + "---|" * head.count(" | ") + "---|", *rows])
+
+
+# ---- the audited step ----------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
