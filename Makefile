@@ -61,11 +61,9 @@ test: install $(SERVER_STAMP)
 	$(VENV)/bin/synthgen assets fetch wiki-summaries-en chatterbot-corpus-en smollm2-135m-instruct all-minilm-l6-v2
 	$(VENV)/bin/ruff check synthgen retriever dpsynth tests scripts
 	$(VENV)/bin/lint-imports
-	$(MAKE) --no-print-directory -j2 docs suite DOCS_NICE="nice -n 10"
+	$(MAKE) --no-print-directory docs
+	$(MAKE) --no-print-directory suite
 
-# The suite alone. `make test` runs it beside the docs build, which it runs at a lower priority:
-# the suite leaves part of a core idle (waiting on servers, subprocesses and disks) and the docs
-# build fills it; `make test` fails if either fails.
 suite: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
@@ -85,9 +83,8 @@ device-wheels:
 	  dp-accounting==0.6.0 jax-privacy==2.0.0 mpmath dm-tree 'attrs<24' absl-py
 
 # The documentation site, warnings as errors (a broken link or a renamed function fails).
-DOCS_NICE ?=
 docs: $(DOCS_STAMP)
-	$(DOCS_NICE) $(VENV)/bin/sphinx-build -E -W --keep-going -q -j auto -b html docs docs/_build/html
+	$(VENV)/bin/sphinx-build -E -W --keep-going -q -j auto -b html docs docs/_build/html
 	@echo "docs: docs/_build/html/index.html"
 
 bench: install
