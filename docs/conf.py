@@ -25,11 +25,22 @@ import sys
 from importlib.metadata import version as _version
 from pathlib import Path
 
+import typer.models
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 # autodoc imports the project, which imports datasets; its import-time INFO line ("JAX
 # version ... available") is not the docs build's business
 logging.getLogger("datasets").setLevel(logging.WARNING)
+
+
+def _typer_parameter_repr(info) -> str:
+    """`typer.Option` / `typer.Argument`: how an `Annotated` CLI parameter's type reads on
+    an API page, in place of the object's address (which changed with every build)."""
+    return f"typer.{type(info).__name__.removesuffix('Info')}"
+
+
+typer.models.ParameterInfo.__repr__ = _typer_parameter_repr
 
 project = "dpsynth"
 author = "the dpsynth authors"
