@@ -97,7 +97,9 @@ def _plan_record(plan: PrivacyPlan) -> dict:
 
 
 def _ledger_id(ledger: PrivacyLedger) -> str:
-    return str(Path(ledger.path).expanduser().resolve())
+    """The ledger a run was charged to: a SQLite file's resolved path, or a PostgreSQL URL
+    without its password (`PrivacyLedger.location`)."""
+    return ledger.location
 
 
 class WorkFolder:

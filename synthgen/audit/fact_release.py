@@ -33,20 +33,22 @@ name is a leak (`beyond_k_released`), with no false alarm.
 
 Privacy:
   The audit is itself a release of the collection (plus canaries) at the same (epsilon,
-  delta): its scores and bounds are post-processing of that release. The toolkit prints its
-  summary only and charges nothing: count it against the collection if it leaves the
-  owner's hands.
+  delta): its scores and bounds are post-processing of that release. Given a payer (the
+  command line's), the release is charged once to it before any noise; without one (an
+  evaluation on a synthetic world) nothing is charged.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from synthgen.knowledge.facts import FactConfig, plan_facts, release_facts
 from synthgen.knowledge.phrases import record_phrases, split_pair
+from synthgen.privacy.receipts import Payer
 
 _ONSETS = "b br d dr f g k kl m n p pr qu s st t tr v z zh".split()
 _VOWELS = ("a", "e", "i", "o", "u", "ae", "ei")
@@ -196,6 +198,7 @@ def audit_fact_release(
     canaries: int = 500,
     seed: int | None = None,
     release: Callable[[Sequence[str], FactConfig], dict[str, float]] | None = None,
+    pay: Payer | None = None,
     significance: float = 0.05,
 ) -> AuditResult:
     """Plants canaries, runs the release once, and bounds its epsilon from the canaries.
@@ -209,11 +212,14 @@ def audit_fact_release(
       canaries: m, canary records planted (each included with probability 1/2).
       seed: the canaries and the coins (public); the release's noise is its own.
       release: texts, config -> released pairs with counts (default: `release_facts`);
-        tests plant a leaky one.
+        tests plant a leaky one (never charged: not with `pay`).
+      pay: the payer charged the release once, before its noise (`release_facts`, through
+        a private work folder removed after); None: nothing charged.
       significance: level of the bounds.
 
     Raises:
-      ValueError: fewer than 10 canaries.
+      ValueError: fewer than 10 canaries, or both `release` and `pay`.
+      synthgen.privacy.BudgetExceededError: the payer cannot pay (nothing is drawn).
     """
     from scipy.stats import binom
 
@@ -221,6 +227,8 @@ def audit_fact_release(
 
     if canaries < 10:
         raise ValueError(f"an audit needs at least 10 canaries, {canaries=}")
+    if release is not None and pay is not None:
+        raise ValueError("a planted release is never charged: pass release or pay, not both")
     names_rng, coins_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     avoid = {w.lower() for t in texts for s in record_phrases(t) for p in s for w in p.split()}
     plan = plan_facts(config, len(texts))  # public: records_needed reads epsilon, delta, K
@@ -231,10 +239,13 @@ def audit_fact_release(
         OVER_K_GROUPS, repeats, config.max_pairs, names_rng, avoid
     )
     audited = [*texts, *(c for c, keep in zip(planted, included, strict=True) if keep), *over_k]
-    if release is None:
-        pairs = release_facts(audited, config).pairs
-    else:
+    if release is not None:
         pairs = release(audited, config)
+    elif pay is None:
+        pairs = release_facts(audited, config).pairs
+    else:  # the draw is kept in a private folder until the audit is done, then removed
+        with tempfile.TemporaryDirectory(prefix="dpsynth-audit-") as work:
+            pairs = release_facts(audited, config, work=work, pay=pay).pairs
     scores = canary_scores(planted, pairs)
     stats = score_stats(
         "released count", scores[included], scores[~included], delta=config.delta,

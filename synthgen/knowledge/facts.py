@@ -375,6 +375,11 @@ def release_facts(
             raise ValueError(  # its noise was drawn before any charge: never a paid release
                 f"{work} holds a fact release drawn without a charge; use a new work folder"
             )
+        if kept is None and (work / DRAWING_FILE).is_file():  # drawn once, never stored:
+            raise ValueError(  # refused before any charge (a paid draw's charge stands)
+                f"{work} holds a fact release whose draw was lost (the run stopped before "
+                "storing it); drawing again needs a new work folder and, if paid, a new charge"
+            )
         description = f"DP fact release ({config.extractor}), eps={config.epsilon:.4g}"
         ref = charge_ref(work, pay.scope, plan) if pay is not None else None
         paid(pay, plan, description, ref=ref)
@@ -382,11 +387,6 @@ def release_facts(
             pairs = {str(k): float(v) for k, v in kept["pairs"].items()}
             records = fact_records(pairs, config.max_partners, config.extractor)
             return FactRelease(pairs, records, plan)
-        if (work / DRAWING_FILE).is_file():  # drawn once under this charge, never stored
-            raise ValueError(
-                f"{work} holds a fact release whose draw was lost (the run stopped before "
-                "storing it); drawing again needs a new work folder and, if paid, a new charge"
-            )
         write_private(work / DRAWING_FILE, "{}")
         release = _select(texts, config, plan)
         # written before anything is returned: a crash after it replays

@@ -97,6 +97,9 @@ def test_generate_docs_end_to_end_with_the_tiny_lm(private_file, tmp_path):
     result = _synthgen(*run, "--out", tmp_path / "docs", "--seed", 0)
     assert result.returncode == 0, result.stderr
     assert "warning: --seed" in result.stderr and "not for publication" in result.stderr
+    bar = [s for s in result.stderr.replace("\r", "\n").splitlines() if "generate:" in s]
+    assert bar and bar[-1].startswith("generate: 32/32 tokens")  # counts and epsilon only:
+    assert not [s for s in bar if "/s" in s or "s/" in s or "00:" in s]  # no rate, no time
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["num_examples"] == 4 and summary["epsilon"] <= 8
     assert summary["seeded"] is True and not any("second" in k for k in summary)

@@ -61,6 +61,15 @@ def _rows_running(marker: Path) -> list[Path]:
     return found
 
 
+def _state(proc: Path) -> str:
+    """A /proc entry's state letter and parent pid (`/proc/PID/stat`), or why not."""
+    try:
+        fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError as error:
+        return f"gone ({error.strerror})"
+    return f"state {fields[0]}, parent {fields[1]}"
+
+
 def _row(lines: list[str], label: str) -> list[str]:
     rows = [ln for ln in lines if ln.startswith(f"| {label}")]
     assert len(rows) == 1, lines
@@ -161,4 +170,5 @@ def test_a_stopped_run_prints_what_it_has_and_leaves_no_row_running(cache, tmp_p
     deadline = time.monotonic() + 10
     while _rows_running(out) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _rows_running(out)
+    left = {str(p): _state(p) for p in _rows_running(out)}
+    assert not left, left  # the state and parent of each, for the next reader

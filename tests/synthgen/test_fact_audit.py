@@ -184,11 +184,22 @@ def test_a_verdict_resting_on_the_f_dp_bound_alone_says_it_tests_a_stronger_clai
     assert above.verdict == "inconclusive"
 
 
-def test_the_command_prints_the_bound_against_the_claim(world, tmp_path):
+def test_the_command_prints_the_bound_against_the_claim_and_charges_the_release(world, tmp_path):
+    """The audit is a release of the collection: charged once to the ledger before its
+    noise; with the scope's default cap (this audit's epsilon) a second audit is refused."""
+    from synthgen.privacy.ledger import PrivacyLedger
+
     write_world(world, tmp_path)
-    result = cli("knowledge", "audit", "--private-corpus", tmp_path / "corpus.jsonl",
-                 "--epsilon", 10, "--canaries", 100, "--seed", 1, "--json")  # fmt: skip
+    ledger = tmp_path / "ledger.sqlite"
+    args = ("knowledge", "audit", "--private-corpus", tmp_path / "corpus.jsonl",
+            "--epsilon", 10, "--canaries", 100, "--seed", 1, "--ledger", ledger)  # fmt: skip
+    result = cli(*args, "--json")
     line = json.loads(result.stdout)
     assert line["claimed_epsilon"] == 10 and not line["leak"] and "seconds" not in line
     assert line["verdict"] == "inconclusive"  # 100 canaries cannot bound near 10
     assert line["epsilon_lower_bound"] <= 10 and line["canaries"] == 100
+    [charge] = PrivacyLedger(ledger).charges("audit", "corpus")
+    assert charge.stage == "knowledge-audit" and charge.epsilon == pytest.approx(10)
+    again = cli(*args, check=False)
+    assert again.returncode == 1 and "error:" in again.stderr and again.stdout == ""
+    assert PrivacyLedger(ledger).charges("audit", "corpus") == [charge]

@@ -188,6 +188,29 @@ def test_a_draw_lost_before_it_was_stored_is_never_drawn_again_on_its_charge(tmp
     assert len(draws) == 1 and len(ledger.charges("release", "c")) == 1
 
 
+def test_a_lost_unpaid_draw_refuses_a_paid_run_before_its_charge(tmp_path, monkeypatch):
+    """An uncharged attempt that drew and crashed leaves its marker: a paid run on that
+    folder is refused before it charges anything (a refusal changes nothing)."""
+    from synthgen.knowledge import facts
+
+    ledger = PrivacyLedger(str(tmp_path / "ledger.sqlite"))
+    ledger.ensure_scope(Scope("release", "c", 10.0, 1e-6))
+    texts, real_write = _collection("x"), facts.write_private
+
+    def crash_on_the_result(path, text):
+        if path.name == facts.RESULT_FILE:
+            raise OSError("disk full")
+        real_write(path, text)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(facts, "write_private", crash_on_the_result)
+        with pytest.raises(OSError, match="disk full"):  # drawn without a charge, never stored
+            release_facts(texts, FactConfig(epsilon=10.0), work=tmp_path)
+    with pytest.raises(ValueError, match="draw was lost"):
+        release_facts(texts, FactConfig(epsilon=10.0), work=tmp_path, pay=_pay(ledger))
+    assert ledger.charges("release", "c") == []
+
+
 def test_two_concurrent_releases_on_one_work_folder_charge_once_and_draw_once(
     tmp_path, monkeypatch, caplog
 ):

@@ -27,6 +27,15 @@ from dpsynth.cli.shared import group_app
 from synthgen.command_line import LedgerOption, choice, positive, probability
 
 # The fact release's settings, as `preview` and `audit` take them (`release` has its own help).
+AUDIT_TENANT, AUDIT_STAGE = "audit", "knowledge-audit"  # where `knowledge audit` is charged
+AuditBudgetOption = Annotated[
+    float | None,
+    typer.Option(
+        help="epsilon cap of the collection's audit scope if new (default: this audit's "
+        "epsilon, i.e. one audit)",
+        callback=positive,
+    ),
+]
 ReleaseDelta = Annotated[float, typer.Option(help="the release's delta", callback=probability)]
 ReleaseK = Annotated[
     int, typer.Option(help="the release's K (facts per record)", callback=positive)
@@ -250,6 +259,23 @@ def baseline(
     print(json.dumps(summary))
 
 
+def _audit_payer(ledger, dataset, texts, config, budget, guarantees_add_up):
+    """Admits the audit's release of `texts` (tenant "audit", stage "knowledge-audit": the
+    records bound, the scope opened, the charge dry-run) and returns its payer."""
+    from synthgen.knowledge import plan_facts
+    from synthgen.paths import default_ledger_path
+    from synthgen.privacy.admission import admit
+    from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.receipts import ledger_payer
+
+    book = PrivacyLedger(ledger or default_ledger_path())
+    scope = admit(
+        book, AUDIT_TENANT, dataset, texts, plan_facts(config, len(texts)), stage=AUDIT_STAGE,
+        public_count=len(texts), budget=budget, guarantees_add_up=guarantees_add_up,
+    )  # fmt: skip
+    return ledger_payer(book, scope, stage=AUDIT_STAGE)
+
+
 @knowledge_app.command("audit")
 def audit(
     private_corpus: FactCorpusOption,
@@ -263,6 +289,10 @@ def audit(
         int, typer.Option(help="canary records planted, each with probability 1/2")
     ] = 500,
     seed: Annotated[int | None, typer.Option(help="the canaries and coins (public)")] = None,
+    ledger: LedgerOption = None,
+    dataset: ReleaseDatasetOption = None,
+    budget: AuditBudgetOption = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Audit a fact release of your own collection: plant canaries, release once, bound epsilon.
@@ -273,41 +303,52 @@ def audit(
     bound above --epsilon, or included canaries released more often than the card's
     single-record probability allows, is a leak (exit code 1); "inconclusive" when no run
     with this many canaries could bound above the claim. The audit is itself a release of
-    the collection at the same (epsilon, delta); nothing of it is written but this summary.
+    the collection at the same (epsilon, delta), charged once to the ledger (tenant "audit",
+    the collection) before any noise; nothing of it is written but this summary.
     """
-    import dataclasses
-
     from retriever.data import read_corpus
     from synthgen.audit.fact_release import audit_fact_release
 
     _, texts = read_corpus(private_corpus)
     config = _fact_config(epsilon, delta, max_pairs, extractor)
     try:
-        result = audit_fact_release(texts, config, canaries=canaries, seed=seed)
+        if canaries < 10:  # refused before the ledger is touched (audit_fact_release's rule)
+            raise ValueError(f"an audit needs at least 10 canaries, {canaries=}")
+        pay = _audit_payer(
+            ledger, dataset or private_corpus.stem, texts, config, budget, guarantees_add_up
+        )
+        result = audit_fact_release(texts, config, canaries=canaries, seed=seed, pay=pay)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         raise typer.Exit(2) from None
-    line = {**dataclasses.asdict(result), "leak": result.leak, "verdict": result.verdict}
-    if as_json:
-        print(json.dumps(line))
-    else:
-        print(
-            f"{result.canaries} canaries ({result.included} included): released "
-            f"{result.included_released} included, {result.excluded_released} excluded; "
-            f"epsilon lower bound {result.epsilon_lower_bound:.3g} (f-DP "
-            f"{result.epsilon_lower_bound_fdp:.3g}) at 95% against the claim "
-            f"{result.claimed_epsilon:g}, at most {result.epsilon_cap:.3g} with this many "
-            f"canaries; the card's single-record check p = {result.card_check_p:.3g}: "
-            f"{_shout_verdict(result.verdict)}"
-        )
-        if result.verdict == "inconclusive":
-            print(
-                "  the bounds cannot exceed the claim with this many canaries (--canaries "
-                "raises the cap); the card check found nothing",
-                file=sys.stderr,
-            )
+    _print_audit(result, as_json)
     if result.leak:
         raise typer.Exit(1)
+
+
+def _print_audit(result, as_json: bool) -> None:
+    """The audit's result (`synthgen.audit.fact_release.AuditResult`), as JSON or in words."""
+    import dataclasses
+
+    if as_json:
+        line = {**dataclasses.asdict(result), "leak": result.leak, "verdict": result.verdict}
+        print(json.dumps(line))
+        return
+    print(
+        f"{result.canaries} canaries ({result.included} included): released "
+        f"{result.included_released} included, {result.excluded_released} excluded; "
+        f"epsilon lower bound {result.epsilon_lower_bound:.3g} (f-DP "
+        f"{result.epsilon_lower_bound_fdp:.3g}) at 95% against the claim "
+        f"{result.claimed_epsilon:g}, at most {result.epsilon_cap:.3g} with this many "
+        f"canaries; the card's single-record check p = {result.card_check_p:.3g}: "
+        f"{_shout_verdict(result.verdict)}"
+    )
+    if result.verdict == "inconclusive":
+        print(
+            "  the bounds cannot exceed the claim with this many canaries (--canaries "
+            "raises the cap); the card check found nothing",
+            file=sys.stderr,
+        )
 
 
 def _print_plan(plan, as_json: bool) -> None:

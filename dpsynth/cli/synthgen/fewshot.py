@@ -164,6 +164,9 @@ def _token_progress(bar, cfg):
     return on_token
 
 
+BAR_FORMAT = "generate: {n}/{total} tokens{postfix}"
+
+
 def _generate(lm, private, targets, template, cfg, pool_field, plan, seed, pay):
     """Generates with a progress bar; closes the bar and a server backend, also on an error."""
     from tqdm import tqdm
@@ -171,7 +174,8 @@ def _generate(lm, private, targets, template, cfg, pool_field, plan, seed, pay):
     from synthgen import fewshot
     from synthgen.privacy import secure_rng
 
-    bar = tqdm(total=len(targets) * cfg.max_new_tokens, unit="tok", file=sys.stderr)
+    # counts only: a token's time can depend on the private shots (unpadded prompts)
+    bar = tqdm(total=len(targets) * cfg.max_new_tokens, file=sys.stderr, bar_format=BAR_FORMAT)
     try:
         return fewshot.generate(
             lm,

@@ -178,3 +178,26 @@ def test_names_over_the_same_documents_are_bound_and_grouped_on_postgres(postgre
     (group,) = [g for g in ledger.document_groups() if "pg-records" in g.datasets]
     assert group.datasets == ("pg-records", "pg-records-2")
     assert group.epsilon == pytest.approx(2 * STEP_EPSILON, rel=1e-3)
+
+
+def test_a_training_work_folder_charges_a_postgresql_ledger_once(postgres_url, tmp_path):
+    """A DP training run's work folder on a PostgreSQL ledger: charged once however often it
+    resumes, named by the URL without its password, refused against another ledger."""
+    from synthgen.dp_plan import PrivacyPlan
+    from synthgen.work_folder import WorkFolder
+
+    plan = PrivacyPlan(64, 8, 4, 1.0, 1.0, 1e-3, 3.0, "poisson", "pld")
+    ledger = PrivacyLedger(postgres_url)
+    ledger.open_scope(Scope("t", "toy", 100.0, 1e-3))
+    work = WorkFolder(tmp_path / "work")
+    first = work.charge_once(ledger, ("t", "toy"), plan, stage="dp-train", description="run")
+    again = work.charge_once(
+        PrivacyLedger(postgres_url), ("t", "toy"), plan, stage="dp-train", description="run"
+    )
+    assert again == first and ledger.charges("t", "toy") == [first]
+    assert work.charge_record()["ledger"] == ledger.location
+    other = PrivacyLedger(tmp_path / "other.sqlite")
+    other.open_scope(Scope("t", "toy", 100.0, 1e-3))
+    with pytest.raises(ValueError, match="belongs to a run charged to ledger"):
+        work.charge_once(other, ("t", "toy"), plan, stage="dp-train", description="run")
+    assert other.charges("t", "toy") == []
