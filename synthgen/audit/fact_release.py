@@ -191,44 +191,38 @@ def canary_scores(canaries: Sequence[str], pairs: dict[str, float]) -> np.ndarra
     return np.asarray(scores, np.float64)
 
 
-def audit_fact_release(
-    texts: Sequence[str],
-    config: FactConfig,
-    *,
-    canaries: int = 500,
-    seed: int | None = None,
-    release: Callable[[Sequence[str], FactConfig], dict[str, float]] | None = None,
-    pay: Payer | None = None,
-    significance: float = 0.05,
-) -> AuditResult:
-    """Plants canaries, runs the release once, and bounds its epsilon from the canaries.
+@dataclasses.dataclass(frozen=True)
+class PlantedCollection:
+    """The collection an audit releases: the user's records with its canaries planted.
 
-    Besides the m coin-flipped canaries (every other one stating its pair `repeats` times),
-    ``OVER_K_GROUPS * repeats`` over-K canaries are always planted (module docstring).
+    `audited` holds the user's records (private); the rest is public (invented names and
+    coin flips drawn from the public seed).
+    """
 
-    Args:
-      texts: the user's private records.
-      config: the release's settings (its epsilon is the claim tested).
-      canaries: m, canary records planted (each included with probability 1/2).
-      seed: the canaries and the coins (public); the release's noise is its own.
-      release: texts, config -> released pairs with counts (default: `release_facts`);
-        tests plant a leaky one (never charged: not with `pay`).
-      pay: the payer charged the release once, before its noise (`release_facts`, through
-        a private work folder removed after); None: nothing charged.
-      significance: level of the bounds.
+    audited: list[str] = dataclasses.field(repr=False)
+    planted: list[str]
+    included: np.ndarray
+    over_k: list[str]
+    shared: list[str]
+    repeats: int
+
+    def problems(self, config: FactConfig) -> list[str]:
+        """Why the real release of this collection should not run (`FactPlan.problems`;
+        `release_facts` refuses it): for a caller that charges, before the ledger."""
+        return plan_facts(config, len(self.audited)).problems()
+
+
+def plant(
+    texts: Sequence[str], config: FactConfig, *, canaries: int = 500, seed: int | None = None
+) -> PlantedCollection:
+    """Plants the canaries (module docstring): m coin-flipped ones, every other one stating
+    its pair `repeats` times, and ``OVER_K_GROUPS * repeats`` over-K ones, always.
 
     Raises:
-      ValueError: fewer than 10 canaries, or both `release` and `pay`.
-      synthgen.privacy.BudgetExceededError: the payer cannot pay (nothing is drawn).
+      ValueError: fewer than 10 canaries.
     """
-    from scipy.stats import binom
-
-    from synthgen.audit.whitebox import score_stats, statistical_cap
-
     if canaries < 10:
         raise ValueError(f"an audit needs at least 10 canaries, {canaries=}")
-    if release is not None and pay is not None:
-        raise ValueError("a planted release is never charged: pass release or pay, not both")
     names_rng, coins_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     avoid = {w.lower() for t in texts for s in record_phrases(t) for p in s for w in p.split()}
     plan = plan_facts(config, len(texts))  # public: records_needed reads epsilon, delta, K
@@ -239,6 +233,70 @@ def audit_fact_release(
         OVER_K_GROUPS, repeats, config.max_pairs, names_rng, avoid
     )
     audited = [*texts, *(c for c, keep in zip(planted, included, strict=True) if keep), *over_k]
+    return PlantedCollection(audited, planted, included, over_k, list(shared), repeats)
+
+
+def audit_fact_release(
+    texts: Sequence[str],
+    config: FactConfig,
+    *,
+    canaries: int = 500,
+    seed: int | None = None,
+    release: Callable[[Sequence[str], FactConfig], dict[str, float]] | None = None,
+    significance: float = 0.05,
+) -> AuditResult:
+    """Plants canaries, runs the release once (uncharged), and bounds its epsilon from the
+    canaries: `audit_planted` of `plant` (the command line charges the release instead).
+
+    Args:
+      texts: the user's private records.
+      config: the release's settings (its epsilon is the claim tested).
+      canaries: m, canary records planted (each included with probability 1/2).
+      seed: the canaries and the coins (public); the release's noise is its own.
+      release: texts, config -> released pairs with counts (default: `release_facts`);
+        tests plant a leaky one.
+      significance: level of the bounds.
+
+    Raises:
+      ValueError: see `plant`.
+    """
+    planted = plant(texts, config, canaries=canaries, seed=seed)
+    return audit_planted(planted, config, release=release, significance=significance)
+
+
+def audit_planted(
+    collection: PlantedCollection,
+    config: FactConfig,
+    *,
+    release: Callable[[Sequence[str], FactConfig], dict[str, float]] | None = None,
+    pay: Payer | None = None,
+    significance: float = 0.05,
+) -> AuditResult:
+    """Runs the release of the planted collection once and bounds its epsilon.
+
+    Args:
+      collection: from `plant`.
+      config: the release's settings (its epsilon is the claim tested).
+      release: as `audit_fact_release`'s (never charged: not with `pay`).
+      pay: the payer charged the release once, before its noise (`release_facts`, through
+        a private work folder removed after); None: nothing charged.
+      significance: level of the bounds.
+
+    Raises:
+      ValueError: both `release` and `pay`.
+      synthgen.privacy.BudgetExceededError: the payer cannot pay (nothing is drawn).
+    """
+    from scipy.stats import binom
+
+    from synthgen.audit.whitebox import score_stats, statistical_cap
+
+    if release is not None and pay is not None:
+        raise ValueError("a planted release is never charged: pass release or pay, not both")
+    c = collection
+    audited, planted, included, over_k, shared = (
+        c.audited, c.planted, c.included, c.over_k, c.shared
+    )  # fmt: skip
+    canaries, repeats = len(planted), c.repeats
     if release is not None:
         pairs = release(audited, config)
     elif pay is None:

@@ -200,6 +200,19 @@ def test_the_command_prints_the_bound_against_the_claim_and_charges_the_release(
     assert line["epsilon_lower_bound"] <= 10 and line["canaries"] == 100
     [charge] = PrivacyLedger(ledger).charges("audit", "corpus")
     assert charge.stage == "knowledge-audit" and charge.epsilon == pytest.approx(10)
-    again = cli(*args, check=False)
-    assert again.returncode == 1 and "error:" in again.stderr and again.stdout == ""
+    again = cli(*args, check=False)  # exit 2, a refusal: 1 would say "leak"
+    assert again.returncode == 2 and "error:" in again.stderr and again.stdout == ""
     assert PrivacyLedger(ledger).charges("audit", "corpus") == [charge]
+
+
+def test_an_audit_the_release_would_refuse_is_refused_before_the_ledger(world, tmp_path):
+    """A refused audit (here delta not below 1/n) changes nothing: no ledger file, so the
+    corrected command runs."""
+    write_world(world, tmp_path)
+    ledger = tmp_path / "ledger.sqlite"
+    args = ("knowledge", "audit", "--private-corpus", tmp_path / "corpus.jsonl",
+            "--epsilon", 10, "--canaries", 100, "--seed", 1, "--ledger", ledger)  # fmt: skip
+    refused = cli(*args, "--delta", 0.5, check=False)
+    assert refused.returncode == 2 and "refused before any charge" in refused.stderr
+    assert "not below 1/n" in refused.stderr and not ledger.exists()
+    assert json.loads(cli(*args, "--json").stdout)["claimed_epsilon"] == 10

@@ -259,15 +259,19 @@ def baseline(
     print(json.dumps(summary))
 
 
-def _audit_payer(ledger, dataset, texts, config, budget, guarantees_add_up):
+def _audit_payer(ledger, dataset, texts, config, budget, guarantees_add_up, collection):
     """Admits the audit's release of `texts` (tenant "audit", stage "knowledge-audit": the
-    records bound, the scope opened, the charge dry-run) and returns its payer."""
+    records bound, the scope opened, the charge dry-run) and returns its payer. A release of
+    the planted `collection` that should not run is refused first: the ledger is untouched."""
     from synthgen.knowledge import plan_facts
     from synthgen.paths import default_ledger_path
     from synthgen.privacy.admission import admit
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.receipts import ledger_payer
 
+    problems = collection.problems(config)
+    if problems:
+        raise ValueError(f"refused before any charge: {'; '.join(problems)}")
     book = PrivacyLedger(ledger or default_ledger_path())
     scope = admit(
         book, AUDIT_TENANT, dataset, texts, plan_facts(config, len(texts)), stage=AUDIT_STAGE,
@@ -301,24 +305,26 @@ def audit(
     1/2; the release runs once with your settings, each canary is scored on what was
     released, and jax-privacy's one-run auditor gives a lower bound on epsilon at 95%. A
     bound above --epsilon, or included canaries released more often than the card's
-    single-record probability allows, is a leak (exit code 1); "inconclusive" when no run
-    with this many canaries could bound above the claim. The audit is itself a release of
-    the collection at the same (epsilon, delta), charged once to the ledger (tenant "audit",
-    the collection) before any noise; nothing of it is written but this summary.
+    single-record probability allows, is a leak (exit code 1; a refusal exits 2);
+    "inconclusive" when no run with this many canaries could bound above the claim. The
+    audit is itself a release of the collection at the same (epsilon, delta), charged once
+    to the ledger (tenant "audit", the collection) before any noise; nothing of it is
+    written but this summary.
     """
     from retriever.data import read_corpus
-    from synthgen.audit.fact_release import audit_fact_release
+    from synthgen.audit.fact_release import audit_planted, plant
+    from synthgen.privacy.errors import BudgetExceededError
 
     _, texts = read_corpus(private_corpus)
     config = _fact_config(epsilon, delta, max_pairs, extractor)
-    try:
-        if canaries < 10:  # refused before the ledger is touched (audit_fact_release's rule)
-            raise ValueError(f"an audit needs at least 10 canaries, {canaries=}")
+    try:  # exit 2 for every refusal: 1 means a leak
+        collection = plant(texts, config, canaries=canaries, seed=seed)
         pay = _audit_payer(
-            ledger, dataset or private_corpus.stem, texts, config, budget, guarantees_add_up
-        )
-        result = audit_fact_release(texts, config, canaries=canaries, seed=seed, pay=pay)
-    except ValueError as error:
+            ledger, dataset or private_corpus.stem, texts, config, budget, guarantees_add_up,
+            collection,
+        )  # fmt: skip
+        result = audit_planted(collection, config, pay=pay)
+    except (ValueError, BudgetExceededError) as error:
         print(f"error: {error}", file=sys.stderr)
         raise typer.Exit(2) from None
     _print_audit(result, as_json)
