@@ -124,7 +124,10 @@ def audit_run(
 
     Canaries of each (kind, repetitions) cell are inserted with probability 1/2. The report
     folder gets aggregate figures only; the canary record, the models and the per-canary
-    scores stay in the private --work-dir. Re-running the same command resumes.
+    scores stay in the private --work-dir. Re-running the same command resumes. Nothing is
+    charged: the figures come from models trained on --pairs, so publishing the report of
+    a run at epsilon costs that epsilon, and the inf row is not private (the default pairs
+    are public).
     """
     from synthgen.audit import querygen_audit
     from synthgen.audit.claims import parse_epsilons
