@@ -17,8 +17,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 # `make demo` installs the package alone; `make test` installs it with the test and docs extras
 # in one pip run (one resolve). --no-compile: Python writes a module's bytecode when it is first
-# imported, rather than pip compiling every installed file up front (the test extras on a fresh
-# clone: 43 s -> 24 s; the suite imports a fraction of what is installed).
+# imported, rather than pip compiling every installed file up front (the suite imports a
+# fraction of what is installed; times in docs/development.md, "Outside pytest").
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -64,9 +64,8 @@ test: install $(SERVER_STAMP)
 	$(MAKE) --no-print-directory docs
 	$(MAKE) --no-print-directory suite
 
-# The suite alone (`make test` builds the docs first). The docs build beside the suite, at a
-# lower priority, gained nothing measurable: fresh clones of 9d3e36e and 94aed3e took
-# 17 min 53 s and 19 min 16 s with it, 6a2a66e 18 min 23 s without, within an hour.
+# The suite alone (`make test` builds the docs first: building them beside the suite gained
+# nothing measurable, docs/development.md "Outside pytest").
 suite: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 

@@ -26,7 +26,6 @@ from dpsynth.cli.retriever.options import (
 from dpsynth.cli.shared import group_app
 from synthgen.command_line import LedgerOption, choice, positive, probability
 
-# The fact release's settings, as `preview` and `audit` take them (`release` has its own help).
 AUDIT_TENANT, AUDIT_STAGE = "audit", "knowledge-audit"  # where `knowledge audit` is charged
 AuditBudgetOption = Annotated[
     float | None,
@@ -36,6 +35,7 @@ AuditBudgetOption = Annotated[
         callback=positive,
     ),
 ]
+# The fact release's settings, as `preview` and `audit` take them (`release` has its own help).
 ReleaseDelta = Annotated[float, typer.Option(help="the release's delta", callback=probability)]
 ReleaseK = Annotated[
     int, typer.Option(help="the release's K (facts per record)", callback=positive)
