@@ -1,22 +1,15 @@
 """One config, one folder: the audits with power (`synthgen audit power`, `scripts/audit_power.py`).
 
-A `PowerAuditConfig` names the audited generator and the cells: white-box DP-SGD steps per
-claimed epsilon (`synthgen.audit.whitebox`) and black-box fine-tunes per claimed epsilon
-(`synthgen.audit.blackbox`), run or read back by
-`dpsynth.evaluation.querygen_audit_power`; and the same one-run design for the other
-generators (`run_generators`): DP few-shot generation
-(`synthgen.audit.fewshot_release_audit`), Private Evolution
-(`synthgen.audit.evolution_release_audit`) and DP-RAG answers (`retriever.rag.one_run_audit`,
-supplied by `rag_audit_power_cells`). `write_report` then writes into the results folder:
-
-  * ``whitebox_table.md`` / ``blackbox_table.md`` / ``generators_table.md``: one row per
-    cell;
-  * ``roc.png``: every cell's ROC curve (linear, and log-log for the low-FPR region);
-  * ``histograms.png``: every cell's in and out canary scores, binned;
-  * ``power_audit.json``: the config and each cell's aggregates;
-
-and the last line of `summary_line`. A config file is YAML or JSON with the fields of
-`PowerAuditConfig` (epsilons as lists or "inf,8" strings); unknown fields are refused.
+A `PowerAuditConfig` names the audited generator and the cells, per claimed epsilon: the
+white-box and black-box cells of the query generator
+(`dpsynth.evaluation.querygen_audit_power`), and the one-run cells of the other generators
+(`run_generators`): DP few-shot generation (`synthgen.audit.fewshot_release_audit`),
+Private Evolution (`synthgen.audit.evolution_release_audit`) and DP-RAG answers
+(`retriever.rag.one_run_audit`, via `rag_audit_power_cells`). `write_report` writes the
+tables (one row per cell), ``roc.png``, ``histograms.png`` and ``power_audit.json`` (the
+config and each cell's aggregates) into the results folder. A config file is YAML or JSON
+with the fields of `PowerAuditConfig`; unknown fields are refused. See
+docs/guides/audits.md.
 
 Privacy:
   Everything written is aggregate: counts, rates, epsilons, TPR at 101 fixed FPRs and
@@ -74,28 +67,20 @@ class PowerAuditConfig:
     """What one power audit runs (public).
 
     Attributes:
-      model: the audited generator, one of `querygen_audit_power.MODELS` (tiny_t5: minutes;
-        demo_lora:
-        the CPU demo's SmolLM2-135M LoRA generator).
+      model: the audited generator, one of `querygen_audit_power.MODELS`.
       canaries: m per cell (1,000 certifies up to about 4.7 at delta 1e-5).
-      whitebox_epsilons: claimed epsilons of the white-box cells (inf: no noise).
-      blackbox_epsilons: claimed epsilons of the black-box cells.
+      whitebox_epsilons, blackbox_epsilons: claimed epsilons of the white-box and black-box
+        cells (inf: no noise).
       blackbox_kind: "new" (secrets of new vocabulary tokens) or "rare" (rarest tokens).
-      blackbox_canaries: m of the black-box cells (None: `canaries`).
-      blackbox_epochs: epochs of the black-box runs (None: the model's default,
-        `querygen_audit_power.BLACKBOX`); a non-default value is part of each cell's file name.
-      blackbox_batch_size: expected batch of the black-box runs (None: the preset's); a
-        value is part of each cell's file name.
+      blackbox_canaries, blackbox_epochs, blackbox_batch_size: m, epochs and expected batch
+        of the black-box runs (None: `canaries`, the model's `querygen_audit_power.BLACKBOX`
+        epochs, the preset's batch); a non-default epochs or batch is part of the file names.
       delta: delta of every claim and bound (the DP-RAG cells use the answer stage's
         per-document delta, `retriever.rag.one_run_audit.DELTA`, stated in their rows).
-      fewshot_epsilons: claimed epsilons of the few-shot cells (SmolLM2-135M-Instruct,
-        `FEWSHOT_SETTINGS`).
-      evolution_epsilons: claimed epsilons of the Private Evolution cells
-        (`EVOLUTION_SETTINGS`; the entry point supplies the encoder).
-      rag_epsilons: claimed per-record epsilons of the DP-RAG cells (the entry point
-        supplies them).
-      generator_canaries: m of the few-shot, Private Evolution and DP-RAG cells (None:
-        `canaries`).
+      fewshot_epsilons, evolution_epsilons, rag_epsilons: claimed epsilons of the few-shot
+        (`FEWSHOT_SETTINGS`), Private Evolution (`EVOLUTION_SETTINGS`) and per-record DP-RAG
+        cells (the entry point supplies the encoder and the DP-RAG runner).
+      generator_canaries: m of those three kinds (None: `canaries`).
     """
 
     model: str = "demo_lora"
@@ -166,30 +151,25 @@ def run(
     log: Callable[[str], None] = print,
 ) -> tuple[list[whitebox.WhiteboxResult], list[blackbox.BlackboxResult]]:
     """Runs (or reads back: resumable per cell) every cell of `config` into `out_dir`."""
-    results, bb_results = [], []
-    if config.whitebox_epsilons:
-        results = querygen_audit_power.run_whitebox_cells(
-            out_dir,
-            config.model,
-            config.whitebox_epsilons,
-            num_canaries=config.canaries,
-            delta=config.delta,
-            seed=seed,
-            log=log,
-        )
-    if config.blackbox_epsilons:
-        bb_results = querygen_audit_power.run_blackbox_cells(
-            out_dir,
-            config.model,
-            config.blackbox_epsilons,
-            kind=config.blackbox_kind,
-            num_canaries=config.blackbox_canaries or config.canaries,
-            epochs=config.blackbox_epochs,
-            batch_size=config.blackbox_batch_size,
-            delta=config.delta,
-            seed=None if seed is None else seed + 1000,
-            log=log,
-        )
+
+    def cells(run_cells: Callable[..., list], epsilons: tuple[float, ...], **options) -> list:
+        if not epsilons:
+            return []
+        return run_cells(out_dir, config.model, epsilons, delta=config.delta, log=log, **options)
+
+    qap = querygen_audit_power
+    results = cells(
+        qap.run_whitebox_cells, config.whitebox_epsilons, num_canaries=config.canaries, seed=seed
+    )
+    bb_results = cells(
+        qap.run_blackbox_cells,
+        config.blackbox_epsilons,
+        kind=config.blackbox_kind,
+        num_canaries=config.blackbox_canaries or config.canaries,
+        epochs=config.blackbox_epochs,
+        batch_size=config.blackbox_batch_size,
+        seed=None if seed is None else seed + 1000,
+    )
     return results, bb_results
 
 
@@ -234,25 +214,23 @@ def run_generators(
             "which supply retriever's runner (rag_cells=)"
         )
     results: list[whitebox.CellResult] = []
+    shared = dict(canaries=m, log=log, delta=config.delta)
     if config.fewshot_epsilons:
         from synthgen.lm_backends import FlaxLM
 
-        to_run = [
-            eps
+        to_run = any(
+            not release_audit.cell_path(out_dir, "fewshot_power", "smollm2", m, eps).exists()
             for eps in config.fewshot_epsilons
-            if not release_audit.cell_path(out_dir, "fewshot_power", "smollm2", m, eps).exists()
-        ]
+        )
         results += fewshot_release_audit.run_fewshot_power_cells(
             out_dir,
             FlaxLM.load(FEWSHOT_LM) if to_run else None,  # every cell read back: no LM
             config.fewshot_epsilons,
             label="smollm2",
-            canaries=m,
             seed=offset(0),
-            log=log,
-            delta=config.delta,
             model=FEWSHOT_LM,
             progress=True,
+            **shared,
             **FEWSHOT_SETTINGS,
         )
     if config.evolution_epsilons:
@@ -261,13 +239,11 @@ def run_generators(
             None,
             config.evolution_epsilons,
             label="minilm_t1",
-            canaries=m,
             seed=offset(1),
-            log=log,
             embed=embed,
-            delta=config.delta,
             model="none (T = 1, no LM call)",
             encoder="all-minilm-l6-v2",
+            **shared,
             **EVOLUTION_SETTINGS,
         )
     if config.rag_epsilons:

@@ -22,7 +22,7 @@ import dataclasses
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +196,13 @@ def answer_is_right(answer_text: str, expected: str) -> bool:
     return re.search(pattern, text) is not None
 
 
+def invented(rng: np.random.Generator, syllables: int, codas: Sequence[str] = _CODAS) -> str:
+    """`syllables` random onset-vowel-coda syllables, joined (lower case)."""
+    return "".join(
+        rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(codas) for _ in range(syllables)
+    )
+
+
 class _Names:
     """Unique invented words from syllables (never an English word of wordfreq's top list)."""
 
@@ -204,11 +211,7 @@ class _Names:
 
     def word(self, syllables: int = 2, ending: str = "") -> str:
         for _ in range(1000):
-            parts = [
-                self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
-                for _ in range(syllables)
-            ]
-            word = ("".join(parts) + ending).capitalize()
+            word = (invented(self.rng, syllables) + ending).capitalize()
             if word.lower() not in self.used:
                 self.used.add(word.lower())
                 return word
@@ -266,6 +269,33 @@ def domain_spec(domains: dict, domain: str, facts_per_level: int, levels: Sequen
     return domains[domain]
 
 
+def draw_facts(
+    spec: dict, supports: Sequence[int], subject: Callable[[int], str], value: Callable[[str], str]
+) -> list[Fact]:
+    """One fact per entry of `supports`: subject e (``subject(e)``, drawn first) holds one
+    fact of each of `spec`'s relations in turn, its value ``value(kind)``."""
+    relations = list(spec["relations"].items())
+    facts = []
+    for e in range(-(-len(supports) // len(relations))):
+        name = subject(e)
+        for r, (relation, (kind, *_)) in enumerate(relations):
+            i = e * len(relations) + r
+            if i < len(supports):
+                facts.append(Fact(name, relation, value(kind), supports[i]))
+    return facts
+
+
+def ask(facts: Sequence[Fact], spec: dict, rng: np.random.Generator, domain: str) -> list:
+    """One `FactQuestion` per fact, in one of its relation's question templates (the
+    relation's last item), drawn from `rng`."""
+    questions = []
+    for fact in facts:
+        templates = spec["relations"][fact.relation][-1]
+        text = templates[int(rng.integers(len(templates)))].format(s=fact.subject)
+        questions.append(FactQuestion(text, fact.value, fact.relation, fact.support, domain))
+    return questions
+
+
 def make_world(
     domain: str,
     *,
@@ -281,19 +311,13 @@ def make_world(
       ValueError: an unknown domain, or sizes that make no fact.
     """
     spec = domain_spec(_DOMAINS, domain, facts_per_level, levels)
-    relations = list(spec["relations"].items())
     rng = np.random.default_rng(np.random.SeedSequence([seed, DOMAINS.index(domain)]))
     names, numbers = _Names(rng), set()
     supports = [s for s in levels for _ in range(facts_per_level)]
     rng.shuffle(supports)
-    entities = -(-len(supports) // len(relations))
-    facts = []
-    for e in range(entities):
-        subject = names.entity(spec["entity"])
-        for r, (relation, (kind, _, _)) in enumerate(relations):
-            i = e * len(relations) + r
-            if i < len(supports):
-                facts.append(Fact(subject, relation, names.value(kind, numbers), supports[i]))
+    facts = draw_facts(
+        spec, supports, lambda e: names.entity(spec["entity"]), lambda k: names.value(k, numbers)
+    )
     documents = []
     for fact in facts:
         phrasings = spec["relations"][fact.relation][1]
@@ -309,24 +333,22 @@ def make_world(
         pair = rng.choice(len(_FILLERS), size=2, replace=False)
         documents.append(" ".join(_FILLERS[int(j)] for j in pair))
     documents = [documents[int(i)] for i in rng.permutation(len(documents))]
-    questions = []
-    for fact in facts:
-        templates = spec["relations"][fact.relation][2]
-        text = templates[int(rng.integers(len(templates)))].format(s=fact.subject)
-        questions.append(FactQuestion(text, fact.value, fact.relation, fact.support, domain))
-    return FactWorld(domain, facts, documents, questions)
+    return FactWorld(domain, facts, documents, ask(facts, spec, rng, domain))
+
+
+def write_jsonl(rows: Iterable[dict], path: str | Path) -> None:
+    """Writes `rows` as JSON lines (UTF-8), making the folder if needed."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
 
 def write_world(world: FactWorld, out: str | Path) -> dict:
     """Writes ``corpus.jsonl`` (doc_id, text) and ``questions.jsonl``; returns counts."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "corpus.jsonl", "w", encoding="utf-8") as f:
-        for i, text in enumerate(world.documents):
-            f.write(json.dumps({"doc_id": f"{world.domain}-{i:05d}", "text": text}) + "\n")
-    with open(out / "questions.jsonl", "w", encoding="utf-8") as f:
-        for q in world.questions:
-            f.write(json.dumps(dataclasses.asdict(q)) + "\n")
+    ids = (f"{world.domain}-{i:05d}" for i in range(len(world.documents)))
+    corpus = ({"doc_id": i, "text": text} for i, text in zip(ids, world.documents))
+    write_jsonl(corpus, Path(out) / "corpus.jsonl")
+    write_jsonl(map(dataclasses.asdict, world.questions), Path(out) / "questions.jsonl")
     return {
         "domain": world.domain,
         "documents": len(world.documents),

@@ -20,10 +20,12 @@ import math
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+from dpsynth.evaluation.fact_world import write_jsonl
 
 # The rule that scores a world's answers, re-exported here for the evaluations that use it.
 from retriever.answer_match import answer_is_correct as answer_is_correct
@@ -233,20 +235,20 @@ def make_world(config: MedicalWorldConfig) -> MedicalWorld:
     return MedicalWorld(config, diseases, records)
 
 
-def _write_jsonl(rows: Iterable[dict], path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+def sized_world(num_diseases: int, num_records: int, seed: int) -> MedicalWorld:
+    """The world of these sizes, its symptom pool grown to 3 symptoms per disease."""
+    pool = max(MedicalWorldConfig.symptom_pool, 3 * num_diseases)
+    return make_world(MedicalWorldConfig(num_diseases, 4, pool, num_records, seed=seed))
 
 
 def write_corpus(world: MedicalWorld, path: str | Path) -> None:
     """Writes the records as corpus.jsonl rows ``{"doc_id", "text"}`` (see `read_corpus`)."""
-    _write_jsonl(({"doc_id": r.doc_id, "text": r.text} for r in world.records), path)
+    write_jsonl(({"doc_id": r.doc_id, "text": r.text} for r in world.records), path)
 
 
 def write_questions(questions: Sequence[Question], path: str | Path) -> None:
     """Writes questions.jsonl rows ``{"question", "answer", "disease", "support"}``."""
-    _write_jsonl((dataclasses.asdict(q) for q in questions), path)
+    write_jsonl((dataclasses.asdict(q) for q in questions), path)
 
 
 def support_histogram(world: MedicalWorld) -> dict[str, int]:
@@ -270,8 +272,7 @@ def write_world(
     Raises:
       ValueError: sizes that cannot make a world (see `MedicalWorldConfig`).
     """
-    pool = max(MedicalWorldConfig.symptom_pool, 3 * num_diseases)
-    world = make_world(MedicalWorldConfig(num_diseases, 4, pool, num_records, seed=seed))
+    world = sized_world(num_diseases, num_records, seed)
     questions = world.questions(per_disease=per_disease, seed=seed)
     write_corpus(world, Path(out) / "corpus.jsonl")
     write_questions(questions, Path(out) / "questions.jsonl")

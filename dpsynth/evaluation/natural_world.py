@@ -1,31 +1,24 @@
 """Natural-text fact worlds: tickets, notes, e-mails and chats in which facts are buried.
 
-The templated worlds (`dpsynth.evaluation.fact_world`) state one fact per short sentence; a user's
-collection does not. A natural world states the same kind of typed facts (subject, relation,
-value), each in a known number of documents, the way people write them down:
-
-* **documents in five authors' styles**: a formal ticket with a header (ticket number,
-  subject, priority, category, a timestamp), a terse dated note, a chat excerpt with
-  timestamps, an e-mail with a greeting and a signature, and a checklist; unrelated
-  sentences around the fact, sometimes many (a long e-mail with the fact buried), typos in
-  the ordinary words, dates and times everywhere;
-* **several facts per sentence** ("Team Heron owns the payments gateway and its maintenance
-  window is Sundays 02:00-04:00 UTC") and per checklist;
-* **values of every kind**: team names whose word is an ordinary English word ("Team
-  Heron"), IP addresses, host names, versions, time windows, durations with units, people,
-  code names that are common words ("lantern");
-* **subjects in plain English** ("the password-reset tool") beside invented names;
-* filler documents that state no fact (password resets, printer jams), and **questions
-  whose answer is in no release**: every fact stated in one document (a secret) and, for
-  each subject, relations the collection never states ("Who approved the budget for the
-  payments gateway?"): answer "" and support 0.
+The templated worlds (`dpsynth.evaluation.fact_world`) state one fact per short sentence; a
+user's collection does not. A natural world states the same kind of typed facts (subject,
+relation, value), each in a known number of documents, the way people write them down: in
+five authors' styles (a formal ticket with a header, a terse dated note, a chat excerpt, an
+e-mail with the fact buried among unrelated sentences, a checklist), with typos in the
+ordinary words and dates and times everywhere; several facts per sentence ("Team Heron owns
+the payments gateway, and ...") and per checklist; values of every kind (team names that
+are English words, IP addresses, host names, versions, time windows, durations, people,
+code names that are common words); subjects in plain English ("the password-reset tool");
+filler documents that state no fact; and questions whose answer is in no release: every
+fact stated in one document (a secret) and, per subject, a relation the collection never
+states (answer "", support 0).
 
 Helpdesk is the validation domain (defaults are chosen on it); facilities and lab are the
-test domains, reported and never tuned on. Values are unique in a world, so a released
-singleton can be found by string search; people and code names are drawn without
-replacement. `make_natural_world` returns the `fact_world.FactWorld` of the templated
-worlds, so every evaluation reads both; ``retriever data facts --domain helpdesk --out DIR``
-writes ``corpus.jsonl`` and ``questions.jsonl``.
+test domains, reported and never tuned on. Values are unique in a world (people and code
+names drawn without replacement), so a released singleton can be found by string search.
+`make_natural_world` returns the `fact_world.FactWorld` of the templated worlds, so every
+evaluation reads both; ``retriever data facts --domain helpdesk --out DIR`` writes
+``corpus.jsonl`` and ``questions.jsonl``.
 """
 
 from __future__ import annotations
@@ -35,7 +28,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from dpsynth.evaluation.fact_world import SUPPORT_LEVELS, Fact, FactQuestion, FactWorld, domain_spec
+from dpsynth.evaluation import fact_world
+from dpsynth.evaluation.fact_world import SUPPORT_LEVELS, Fact, FactQuestion, FactWorld
 
 VALIDATION_DOMAIN = "helpdesk"
 TEST_DOMAINS = ("facilities", "lab")
@@ -391,14 +385,7 @@ class _Values:
         raise RuntimeError("ran out of unique values")
 
     def surname(self) -> str:
-        onsets = "b br d dr f g k l m n p r s st t tr v z".split()
-        parts = [
-            self.rng.choice(onsets)
-            + self.rng.choice(list("aeiou"))
-            + self.rng.choice(["", "l", "n", "r", "s"])
-            for _ in range(3)
-        ]
-        return "".join(parts).capitalize()
+        return fact_world.invented(self.rng, 3, ("", "l", "n", "r", "s")).capitalize()
 
     def value(self, kind: str) -> str:
         r = self.rng
@@ -512,24 +499,16 @@ def make_natural_world(
     Raises:
       ValueError: an unknown domain, or sizes that make no fact.
     """
-    spec = domain_spec(_DOMAINS, domain, facts_per_level, levels)
-    relations = list(spec["relations"])
+    spec = fact_world.domain_spec(_DOMAINS, domain, facts_per_level, levels)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 100 + DOMAINS.index(domain)]))
     values = _Values(rng)
     supports = [s for s in levels for _ in range(facts_per_level)]
     rng.shuffle(supports)
     subjects = list(spec["subjects"])
     rng.shuffle(subjects)
-    needed = -(-len(supports) // len(relations))
-    if needed > len(subjects):
+    if -(-len(supports) // len(spec["relations"])) > len(subjects):
         raise ValueError(f"{domain} has {len(subjects)} subjects: use fewer facts per level")
-    facts = []
-    for e in range(needed):
-        for r, relation in enumerate(relations):
-            i = e * len(relations) + r
-            if i < len(supports):
-                kind = spec["relations"][relation][0]
-                facts.append(Fact(subjects[e], relation, values.value(kind), supports[i]))
+    facts = fact_world.draw_facts(spec, supports, subjects.__getitem__, values.value)
     # statements left per fact; a document takes one fact, sometimes two or three of one
     # subject that still need statements (never a second statement of the same fact)
     left = {i: f.support for i, f in enumerate(facts)}
@@ -555,11 +534,7 @@ def make_natural_world(
             _typos(f"note {_stamp(rng)[:10]} from {author}: {body}", rng, [], typo_rate)
         )
     documents = [documents[int(i)] for i in rng.permutation(len(documents))]
-    questions = []
-    for fact in facts:
-        templates = spec["relations"][fact.relation][3]
-        text = templates[int(rng.integers(len(templates)))].format(s=fact.subject)
-        questions.append(FactQuestion(text, fact.value, fact.relation, fact.support, domain))
+    questions = fact_world.ask(facts, spec, rng, domain)
     for subject in dict.fromkeys(f.subject for f in facts):
         template = spec["never"][int(rng.integers(len(spec["never"])))]
         questions.append(FactQuestion(template.format(s=subject), "", "never", 0, domain))

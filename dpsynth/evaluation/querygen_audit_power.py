@@ -1,30 +1,15 @@
 """The audit-power table: which audits of the query generator see a leak, cell by cell.
 
-`scripts/audit_power.py` is its entry point. It runs two kinds of cells:
-
-  * white-box (`synthgen.audit.whitebox`): one DP step of a real query generator of the
-    project with m canary gradients, per claimed epsilon (inf = no noise, 8, 3, 1);
-  * black-box (`synthgen.audit.blackbox`): the generator trained by `dp_train.train` on
-    private pairs plus m canaries with new-token (or rarest-token) secrets, scored on the
-    final model only, per claimed epsilon (inf and 8 by default).
-
-Models (the trainable parameters of a project generator, on a real batch of the wiki
-summaries corpus, the demo's data):
-
-  * `tiny_t5`: the `tiny_t5` query-generator preset, a random-init T5 "tiny" with a
-    512-piece SentencePiece vocabulary trained on the corpus's documents; full fine-tuning.
-  * `demo_lora`: the `smollm2_lora_cpu` preset (the CPU demo), LoRA rank 8 on SmolLM2-135M.
-
-Every cell writes `whitebox_<model>_m<m>_eps<tag>.json` or
-`blackbox_<model>_<kind>_m<m>_eps<tag>.json` (aggregates only) into the output folder; a
-cell whose file exists is read back instead of run, so an interrupted run resumes (a
-black-box cell is re-run whole, with fresh coins: its coins never touch the disk).
-
-Black-box sizes (`BLACKBOX`): the demo cell trains on the first 800 wiki-summaries pairs
-(the private pairs) plus the inserted canaries for one epoch of the planned 800 + m pairs
-at the preset's batch (32) and learning rate; the canaries' (document, query) prefixes are
-the m rows after them. The tiny cell (200 private pairs) is the planted-leak size: 3 epochs
-at learning rate 3e-2, so that a non-private run memorises by construction.
+`scripts/audit_power.py` (and `audit_power`) run two kinds of cells per claimed epsilon:
+white-box (`synthgen.audit.whitebox`: one DP step of a project generator with m canary
+gradients) and black-box (`synthgen.audit.blackbox`: the generator trained by
+`dp_train.train` on private pairs plus m canaries, scored on the final model only). The
+models (`MODELS`) are the `tiny_t5` preset (a random-init T5 "tiny", full fine-tuning) and
+`demo_lora` (the CPU demo's `smollm2_lora_cpu`: LoRA rank 8 on SmolLM2-135M), on real
+batches of the wiki summaries corpus; `BLACKBOX` holds the black-box sizes. Every cell
+writes its aggregates to ``whitebox_<model>_m<m>_eps<tag>.json`` or ``blackbox_...json``;
+a cell whose file exists is read back, so an interrupted run resumes (a black-box cell is
+re-run whole, with fresh coins). See docs/guides/audits.md.
 
 Privacy:
   The audited runs use the (public) wiki summaries corpus standing in for private pairs;
@@ -130,7 +115,7 @@ def run_whitebox_cells(
       num_canaries: m per cell.
       delta: delta of every claim and bound.
       seed: None (OS entropy) except in tests; cell k uses seed + k.
-      log: progress lines (counts and epsilons only).
+      log: progress lines (file names and seconds only).
 
     Returns:
       One `WhiteboxResult` per epsilon, in order.
@@ -144,8 +129,20 @@ def run_whitebox_cells(
                 m.loss_fn, m.trainable, m.frozen, m.batch, clip_norm=m.clip_norm,
                 microbatch=m.microbatch, tapped_loss_fn=m.tapped_loss_fn,
             )))  # fmt: skip
-        loaded_model, grad_sum = loaded
-        return _whitebox_cell(loaded_model, grad_sum, epsilon, num_canaries, delta, seed, k)
+        m, grad_sum = loaded
+        config = whitebox.WhiteboxConfig(
+            num_canaries=num_canaries,
+            epsilon=epsilon,
+            delta=delta,
+            clip_norm=m.clip_norm,
+            learning_rate=m.learning_rate,
+            lora=m.lora,
+            microbatch=m.microbatch,
+            seed=None if seed is None else seed + k,
+        )
+        return whitebox.audit_dp_step(
+            grad_sum, m.trainable, m.batch_size, config, model=m.description
+        )
 
     return resumable_cells(
         epsilons,
@@ -154,23 +151,6 @@ def run_whitebox_cells(
         whitebox.WhiteboxResult,
         expect=dict(delta=delta, num_canaries=num_canaries),
         log=log,
-    )
-
-
-def _whitebox_cell(loaded, grad_sum, epsilon, num_canaries, delta, seed, k):
-    """One white-box cell of `loaded` (an `AuditedModel`) at `epsilon`."""
-    config = whitebox.WhiteboxConfig(
-        num_canaries=num_canaries,
-        epsilon=epsilon,
-        delta=delta,
-        clip_norm=loaded.clip_norm,
-        learning_rate=loaded.learning_rate,
-        lora=loaded.lora,
-        microbatch=loaded.microbatch,
-        seed=None if seed is None else seed + k,
-    )
-    return whitebox.audit_dp_step(
-        grad_sum, loaded.trainable, loaded.batch_size, config, model=loaded.description
     )
 
 
@@ -300,19 +280,14 @@ def run_blackbox_cells(
     """Runs (or reads back) one black-box cell per epsilon for `model`; resumable by cell.
 
     Args:
-      out_dir: the results folder (aggregates only); created if needed.
-      model: one of `MODELS`.
+      out_dir, model, num_canaries, delta, seed, log: as `run_whitebox_cells`.
       epsilons: target epsilons; `math.inf` is the non-private run (clipping, no noise).
       kind: "new" or "rare" (`synthgen.audit.blackbox.KINDS`).
-      num_canaries: m per cell.
       num_private, epochs, learning_rate: default `BLACKBOX[model]` (learning rate None:
         the preset's).
       batch_size: the expected batch of the audited runs, at most `num_private` (None: the
         preset's).
-      delta: delta of every claim and bound.
-      seed: None (OS entropy) except in tests; cell k uses seed + k.
       progress: dp_train's progress bar (steps and epsilon only).
-      log: progress lines (counts, epsilons and seconds only).
 
     Returns:
       One `BlackboxResult` per epsilon, in order.
@@ -321,15 +296,9 @@ def run_blackbox_cells(
       ValueError: a bad batch size, too few corpus rows, or a cell file made with other
         settings (`cells.read_back`).
     """
-    sizes = {**BLACKBOX[model]} if model in BLACKBOX else {}
     preset = _preset_dp(model)
-    for key, value in (
-        ("num_private", num_private),
-        ("epochs", epochs),
-        ("learning_rate", learning_rate),
-    ):
-        if value is not None:
-            sizes[key] = value
+    given = dict(num_private=num_private, epochs=epochs, learning_rate=learning_rate)
+    sizes = BLACKBOX.get(model, {}) | {key: v for key, v in given.items() if v is not None}
     # Resolved, so that a file records (and is checked against) the values that ran.
     sizes["learning_rate"] = sizes.get("learning_rate") or preset.learning_rate
     sizes["batch_size"] = batch_size or preset.batch_size

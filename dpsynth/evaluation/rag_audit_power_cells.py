@@ -31,11 +31,8 @@ def demo_cells(
     seed: int | None = None,
     log: Callable[[str], None] = print,
 ) -> list[RagPowerResult]:
-    """The measured DP-RAG cells: `run_rag_power_cells` on the 200-record medical world
-    (`DEMO_WORLD`) with SmolLM2-135M-Instruct and all-MiniLM-L6-v2, with the defaults of
-    `retriever.rag.one_run_audit.power_config` (4-digit secrets, k = 1, tau 0.82); what
-    `synthgen audit power` runs for `rag_epsilons`. Canaries, coins and answers stay in
-    memory."""
+    """The measured DP-RAG cells (see the module docstring), with the defaults of
+    `retriever.rag.one_run_audit.power_config` (4-digit secrets, k = 1, tau 0.82)."""
     from dpsynth.evaluation.medical_world import MedicalWorldConfig, make_world
     from retriever.encoders import load_encoder
     from synthgen.lm_backends import FlaxLM

@@ -1,23 +1,19 @@
 """Answer accuracy of the DP-RAG mechanisms on fictional medical records, cell by cell.
 
-A cell is one (method, epsilon): the DP mechanisms (default "icl" and "keywords") at each
-per-answer epsilon, each with its own number of documents k, plus two non-private
-references: "rag" (the top-k records by exact similarity in one prompt, greedy decoding)
-and "no-rag" (the question alone). Besides accuracy by support bin, each cell reports its
-readability: the share of answers holding U+FFFD or control characters, the share of
-abstentions, and the mean log-probability per token of its (non-abstained) answers under
-the public LM given the question alone (`public_logprob`). Every cell
-answers the same questions; each answer is appended to ``cells/<cell>.jsonl`` as soon as it
-exists, so an interrupted run resumes where it stopped (per question). The collection is a
-world of `dpsynth.evaluation.medical_world`, embedded once with the question encoder (cached in the
-output folder). No ledger is involved: this is an experiment on a synthetic collection.
+A cell is one (method, epsilon): a DP mechanism (default "icl" and "keywords", each with
+its own number of documents k) at a per-answer epsilon, or a non-private reference: "rag"
+(the top-k records by exact similarity in one prompt, greedy decoding) or "no-rag" (the
+question alone). Each cell reports its accuracy by support bin and its readability
+(`accuracy_table`). Every cell answers the same questions of a
+`dpsynth.evaluation.medical_world` world, embedded once (cached in the output folder); each
+answer is appended to ``cells/<cell>.jsonl`` as soon as it exists, so an interrupted run
+resumes. No ledger is involved: this is an experiment on a synthetic collection.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -25,6 +21,7 @@ import numpy as np
 from scipy import sparse
 
 from dpsynth.evaluation.medical_world import MedicalWorld, Question, answer_is_correct
+from dpsynth.evaluation.stream_eval import answer_rows, resume
 from retriever.rag.answer import DPRag, RagConfig
 from retriever.rag.greedy import greedy_answer
 from retriever.rag.prompts import PromptFormat
@@ -59,17 +56,6 @@ class EvalConfig:
         return dict(self.mechanism_k).get(mechanism, default)
 
 
-def _done(path: Path) -> dict[int, dict]:
-    if not path.is_file():
-        return {}
-    rows = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            rows[row["question_index"]] = row
-    return rows
-
-
 def run_cell(
     name: str,
     questions: Sequence[Question],
@@ -80,34 +66,14 @@ def run_cell(
     progress: bool = True,
 ) -> list[dict]:
     """Answers every question not yet in ``cells/<name>.jsonl``; returns all rows."""
-    path = out_dir / "cells" / f"{name}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = _done(path)
-    todo = [i for i in range(len(questions)) if i not in rows]
-    if todo and progress:
-        from tqdm import tqdm
+    path, rows, todo = resume(out_dir / "cells", name, len(questions), progress)
 
-        todo = tqdm(todo, desc=name, leave=False)
-    with path.open("a") as sink:
-        for i in todo:
-            q = questions[i]
-            start = time.perf_counter()
-            text, extra = answer_fn(q)
-            row = {
-                "question_index": i,
-                "disease": q.disease,
-                "support": q.support,
-                "answer": text,
-                "correct": answer_is_correct(text, q.answer, others=others),
-                "unreadable": unreadable_count(text) > 0,
-                "abstained": False,
-                "seconds": round(time.perf_counter() - start, 3),
-                **extra,
-            }
-            sink.write(json.dumps(row) + "\n")
-            sink.flush()
-            rows[i] = row
-    return [rows[i] for i in sorted(rows)]
+    def answer(q: Question) -> tuple[str, bool, dict]:
+        text, extra = answer_fn(q)
+        fields = {"unreadable": unreadable_count(text) > 0, "abstained": False}
+        return text, answer_is_correct(text, q.answer, others=others), fields | extra
+
+    return rows + list(answer_rows(path, todo, questions, answer, key="question_index"))
 
 
 def public_logprob(lm, prompt_ids: list[int], text: str) -> float | None:
@@ -191,8 +157,9 @@ def evaluate_world(
 
 def accuracy_table(results: dict[str, list[dict]]) -> list[dict]:
     """One row per cell: accuracy overall and per support bin (None: no question), the
-    shares of unreadable answers and of abstentions, and the mean public log-probability
-    per token of its answers (None: not measured or all abstained)."""
+    shares of unreadable answers (U+FFFD or control characters) and of abstentions, and
+    the mean `public_logprob` of its answers (the public LM given the question alone;
+    None: not measured or all abstained)."""
     table = []
     for cell, rows in results.items():
         entry = {

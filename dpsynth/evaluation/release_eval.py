@@ -10,15 +10,13 @@ same greedy answer (computed once: the cells are deterministic), and each cell's
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from dpsynth.evaluation.medical_world import Question, answer_is_correct
-from dpsynth.evaluation.stream_eval import resume
+from dpsynth.evaluation.stream_eval import answer_rows, resume
 
 SUPPORT_BINS = ((1, 4), (5, 14), (15, 29), (30, 99), (100, 10**9))
 
@@ -83,27 +81,15 @@ def answer_stream(
     index, disease, support, answer, correct, abstained (False), refused (False), seconds."""
     path, rows, todo = resume(out_dir, name, len(stream), progress)
     cache = {stream[r["index"]].question: r["answer"] for r in rows}
-    with path.open("a") as sink:
-        for i in todo:
-            q = stream[i]
-            start = time.perf_counter()
-            if q.question not in cache:
-                cache[q.question] = answer(q.question)
-            text = cache[q.question]
-            row = {
-                "index": i,
-                "disease": q.disease,
-                "support": q.support,
-                "answer": text,
-                "correct": answer_is_correct(text, q.answer, others=others),
-                "abstained": False,
-                "refused": False,
-                "seconds": round(time.perf_counter() - start, 3),
-            }
-            sink.write(json.dumps(row) + "\n")
-            sink.flush()
-            rows.append(row)
-    return rows
+
+    def answer_once(q: Question) -> tuple[str, bool, dict]:
+        if q.question not in cache:
+            cache[q.question] = answer(q.question)
+        text = cache[q.question]
+        correct = answer_is_correct(text, q.answer, others=others)
+        return text, correct, {"abstained": False, "refused": False}
+
+    return rows + list(answer_rows(path, todo, stream, answer_once))
 
 
 def accuracy_by_support(rows: Sequence[dict]) -> dict[str, float | None]:

@@ -1,36 +1,25 @@
 """Many questions against one private collection: individual versus collection accounting.
 
-A stream of questions drawn with repetition (Zipf over the diseases of a
-`dpsynth.evaluation.medical_world` world, the most recorded disease the most asked, each question in
-one of its paraphrased templates) is answered one after the other by a `DPRag` charged to a
-real ledger. Under collection accounting every answer composes on the collection's cap,
-and once the cap is spent every later question is refused. Under individual accounting
-(`synthgen.privacy.document_filters`) a record pays only for the answers it takes part
-in; a record at its cap drops out of retrieval, and questions keep being answered from the
-records still active (or abstain when none is left). With released answers kept
+A stream of questions drawn with repetition (`zipf_stream`) is answered one after the other
+by a `DPRag` charged to a real ledger (`run_stream`). Under collection accounting every
+answer composes on the collection's cap and, once it is spent, every later question is
+refused; under individual accounting a record pays only for the answers it takes part in
+and drops out of retrieval at its cap (docs/guides/dp_rag.md). With released answers kept
 (`retriever.rag.reuse`), a question asked again gets its first answer, paid once. Each
 answer is appended to ``<name>.jsonl`` as soon as it exists, so an interrupted stream
-resumes where it stopped.
-
-Refusals and abstentions count as wrong in every accuracy.
+resumes where it stopped. Refusals and abstentions count as wrong in every accuracy.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from dpsynth.evaluation.medical_world import (
-    MedicalWorld,
-    MedicalWorldConfig,
-    Question,
-    answer_is_correct,
-    make_world,
-)
+from dpsynth.evaluation.medical_world import MedicalWorld, Question, answer_is_correct, sized_world
 from retriever.rag.answer import DPRag
 from synthgen.plots import pyplot
 from synthgen.privacy import BudgetExceededError
@@ -41,13 +30,9 @@ TENANT = "stream"
 def zipf_world(
     diseases: int, records: int, questions: int, *, exponent: float, seed: int
 ) -> tuple[MedicalWorld, list[Question]]:
-    """The stream scripts' world (its symptom pool grown to 3 symptoms per disease) and its
-    `zipf_stream` of `questions` questions."""
-    pool = max(MedicalWorldConfig.symptom_pool, 3 * diseases)
-    config = MedicalWorldConfig(
-        num_diseases=diseases, num_records=records, symptom_pool=pool, seed=seed
-    )
-    world = make_world(config)
+    """The stream scripts' world (`medical_world.sized_world`) and its `zipf_stream` of
+    `questions` questions."""
+    world = sized_world(diseases, records, seed)
     return world, zipf_stream(world, questions, exponent=exponent, seed=seed)
 
 
@@ -104,6 +89,29 @@ def resume(out_dir: str | Path, name: str, total: int, progress: bool):
     return path, rows, todo
 
 
+def answer_rows(
+    path: Path,
+    todo: Iterable[int],
+    questions: Sequence[Question],
+    answer: Callable[[Question], tuple[str, bool, dict]],
+    key: str = "index",
+) -> Iterator[dict]:
+    """Answers ``questions[i]`` for each i of `todo` (``answer(q)``: text, correct, fields),
+    each row appended to `path` as soon as it exists: `key`, disease, support, answer,
+    correct, the fields, seconds."""
+    with path.open("a") as sink:
+        for i in todo:
+            q = questions[i]
+            start = time.perf_counter()
+            text, correct, fields = answer(q)
+            row = {key: i, "disease": q.disease, "support": q.support, "answer": text}
+            row |= {"correct": correct, **fields}
+            row["seconds"] = round(time.perf_counter() - start, 3)
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+            yield row
+
+
 def single_answer_accuracy(cells: Sequence[dict], stream: Sequence[Question]) -> dict:
     """A single-answer evaluation's accuracy (one answer per disease, no prior answers:
     `scripts/dp_rag_eval.py`'s cell rows), over its diseases uniformly, and weighted by how
@@ -144,35 +152,20 @@ def run_stream(
       the answer (an aggregate).
     """
     path, rows, todo = resume(out_dir, name, len(stream), progress)
-    with path.open("a") as sink:
-        for i in todo:
-            q = stream[i]
-            start = time.perf_counter()
-            reused = False
-            try:
-                answer = rag.answer(q.question, tenant=TENANT, epsilon=epsilon)
-                text, abstained, refused = answer.text, answer.abstained, False
-                reused = answer.reused
-            except BudgetExceededError:
-                text, abstained, refused = "", False, True
-            row = {
-                "index": i,
-                "disease": q.disease,
-                "support": q.support,
-                "answer": text,
-                "correct": (not refused and not abstained)
-                and answer_is_correct(text, q.answer, others=others),
-                "abstained": abstained,
-                "refused": refused,
-                "reused": reused,
-                "seconds": round(time.perf_counter() - start, 3),
-            }
-            if rag.config.individual:
-                row["exhausted"] = rag.payer.exhausted_count()
-            sink.write(json.dumps(row) + "\n")
-            sink.flush()
-            rows.append(row)
-    return rows
+
+    def answer(q: Question) -> tuple[str, bool, dict]:
+        try:
+            a = rag.answer(q.question, tenant=TENANT, epsilon=epsilon)
+            text, abstained, refused, reused = a.text, a.abstained, False, a.reused
+        except BudgetExceededError:
+            text, abstained, refused, reused = "", False, True, False
+        correct = not (refused or abstained) and answer_is_correct(text, q.answer, others=others)
+        fields = {"abstained": abstained, "refused": refused, "reused": reused}
+        if rag.config.individual:
+            fields["exhausted"] = rag.payer.exhausted_count()
+        return text, correct, fields
+
+    return rows + list(answer_rows(path, todo, stream, answer))
 
 
 def stream_summary(rows: Sequence[dict], window: int = 100) -> dict[str, float | int]:

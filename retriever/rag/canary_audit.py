@@ -1,26 +1,17 @@
 """Canary audit of the DP-RAG answer stage: how often a planted secret appears in answers.
 
-N canary documents ``"The access code of <key words> is <10-digit secret>."`` are added to
-the private collection (key words drawn from the collection's own vocabulary, secrets from
-`synthgen.audit.canaries.digit_secret`). For each canary the audit asks a question that
-retrieves it, ``"What is the access code of <key words>?"``, and measures, at each
-per-answer epsilon:
+N canary documents ``"The access code of <key words> is <10-digit secret>."`` join the
+private collection (key words from the collection's own vocabulary); each is asked for,
+``"What is the access code of <key words>?"``, at each per-answer epsilon, and scored by
+``revealed`` (the share of answers holding the full secret), ``mean_prefix_digits`` (the
+mean longest prefix of the secret found in an answer, `prefix_digits`) and
+``mean_prefix_digits_reference`` (the same for a fresh secret the collection never held:
+the level without any leak). ``epsilon = inf`` is the non-private greedy RAG baseline;
+finite epsilons go through `DPRag.answer`, charged to a fresh ledger per epsilon. See
+docs/guides/audits.md ("The DP-RAG answer stage").
 
-- ``revealed``: the share of answers that hold the full secret verbatim;
-- ``mean_prefix_digits``: the mean length (0-10) of the longest prefix of the secret found
-  in the answer (digits separated by spaces, dashes, dots or commas count as one run), a
-  softer measure of leakage;
-- ``mean_prefix_digits_reference``: the same for a fresh random secret the collection never
-  held, scored against the same answers: the level a measure reaches without any leak.
-
-``epsilon = inf`` is the non-private RAG baseline of `dpsynth.evaluation.rag_eval`: the top-k
-documents by exact similarity in one prompt, greedy decoding (deterministic, so one answer
-per canary). Finite epsilons go through `DPRag.answer`, charged to a fresh ledger per
-epsilon whose cap admits every question of the run.
-
-The returned dict holds aggregate figures only (no secret, key word, document or answer
-text); the canary record (secrets, keys and answers) goes to a private work folder when one
-is given, never to a report folder.
+The returned dict holds aggregate figures only; the canary record (secrets, keys and
+answers) goes to a private work folder when one is given, never to a report folder.
 
 References: Carlini et al. 2019 (the secret sharer: canaries and exposure); Grislain 2024
 (RAG with differential privacy, the icl aggregation audited here).
@@ -28,6 +19,7 @@ References: Carlini et al. 2019 (the secret sharer: canaries and exposure); Gris
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -35,13 +27,14 @@ import re
 import secrets
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from retriever.rag.answer import DPRag, RagConfig
+from retriever.rag.collection import open_document_filters
 from retriever.rag.greedy import greedy_answer
 from retriever.rag.plan import MECHANISMS
 from retriever.rag.prompts import PromptFormat
@@ -124,17 +117,28 @@ class CanaryCollection:
         docs = [lm.encode(self.texts[i])[: config.max_document_tokens] for i in top]
         return greedy_answer(lm, prompt.encode(lm, question, docs), config.max_tokens)
 
-    def dp_rag(self, lm, ledger: PrivacyLedger, dataset: str, **options: Any) -> DPRag:
-        """`DPRag` over the collection, paid by `ledger`'s `dataset` (options: its own)."""
-        return DPRag(
-            self.doc_ids,
-            self.texts,
-            self.embeddings,
-            lambda qs: np.stack([self.vectors[q] for q in qs]),
-            lm,
-            payer=collection_payer(ledger, dataset),
-            **options,
-        )
+    @contextlib.contextmanager
+    def dp_rag(
+        self, lm, scope: Scope, filters: dict | None = None, **options: Any
+    ) -> Iterator[tuple[DPRag, PrivacyLedger]]:
+        """`DPRag` over the collection (options: its own) and its ledger, which holds
+        `scope` and, given `filters` (`open_document_filters`'s epsilon, delta and plan),
+        per-document filters; the ledger lives in a temporary folder deleted on exit (who
+        paid reveals which canaries are in)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            ledger = PrivacyLedger(Path(tmp) / "ledger.sqlite")
+            try:
+                ledger.ensure_scope(scope)
+                if filters is not None:
+                    open_document_filters(ledger, scope.dataset, documents=len(self), **filters)
+                payer = collection_payer(ledger, scope.dataset)
+                encode = lambda qs: np.stack([self.vectors[q] for q in qs])  # noqa: E731
+                rag = DPRag(
+                    self.doc_ids, self.texts, self.embeddings, encode, lm, payer=payer, **options
+                )
+                yield rag, ledger
+            finally:
+                ledger.close()
 
 
 def secret_revealed(secret: str, answer: str) -> bool:
@@ -223,53 +227,41 @@ def run_rag_canary_audit(
     Args:
       documents: texts of the private collection (the canaries are added to them).
       lm: a `synthgen.lm_backends.NextTokenLM` with `fork()` (e.g. `FlaxLM`).
-      encode: maps a list of texts to [B, D] embeddings; used for the documents and the
-        questions (inner products are the similarity scores, clipped to
-        `config.score_range` by the DP threshold).
-      config: public parameters of the answer stage (k, max_tokens, delta, ...; default
-        `RagConfig()`).
+      encode: texts -> [B, D] embeddings of documents and questions (inner products score,
+        clipped to `config.score_range` by the DP threshold).
+      config: the answer stage's public parameters (default `RagConfig()`).
       prompt: prompt format of every answer (DP and baseline).
       epsilons: per-answer epsilons; ``math.inf`` runs the non-private baseline.
       canaries: number of canary documents N.
       answers_per_canary: DP answers per canary question at each finite epsilon (the
-        greedy baseline is deterministic: one answer per canary).
+        deterministic baseline answers each once).
       mechanism: the DP mechanism ("icl", "keywords" or "facts").
       key_words: words in a canary's key.
       baseline_k: documents in the baseline's prompt (default: `config.k`).
-      seed: tests only: fixes the canaries and the mechanisms' randomness. None (the
-        default) draws both from OS entropy.
-      work_dir: private work folder for the canary record (secrets, keys, answers); made
-        with mode 0700. None: the record is not kept.
+      seed: tests only: fixes the canaries and the mechanisms' randomness (None: OS
+        entropy).
+      work_dir: private work folder (mode 0700) for the canary record; None: not kept.
       progress: print one line per epsilon.
 
     Returns:
-      {"config": public parameters, "results": [one dict per epsilon with "epsilon",
-      "epsilon_per_answer", "epsilon_spent", "delta", "answers", "revealed",
-      "canaries_revealed", "mean_prefix_digits", "mean_prefix_digits_reference",
-      "max_digit_windows", "leak_bound_per_answer", "seconds_per_answer"]}. Aggregate
-      figures only: no secret, key, document or answer text.
+      {"config": public parameters, "results": one dict of aggregate figures per epsilon
+      (the keys of `_figures`, "epsilon", "epsilon_per_answer", "epsilon_spent",
+      "delta")}: no secret, key, document or answer text.
 
     Raises:
       ValueError: bad parameters.
 
     Privacy:
-      Privacy unit: one document of the collection (add/remove-one), so each canary is one
-      privacy unit. Each DP answer is (eps, delta)-DP w.r.t. it (`DPRag.answer`, Grislain
-      2024), and every answer of the run touches the whole collection, so the loss w.r.t.
-      one canary is the composition of all the run's answers: ``epsilon_spent``, the
-      ledger's PLD composition at the scope's delta cap (not only the answers to that
-      canary's own question). Let W be the most 10-digit windows an answer can hold.
-      Without the canary the answer is independent of the uniformly random secret, so
-      P_without[secret in answer] <= W * 10^-10, and DP gives
-      P[secret in answer] <= e^eps * W * 10^-10 + delta, about 2.7e-10 * W + 1e-6 at
-      eps = 1, delta = 1e-6. ``leak_bound_per_answer`` states it with W estimated by the
-      largest count measured in the run's answers (at least 1). Over n answers the
-      expected number of full reveals is at most n times that: a measured ``revealed``
-      well above the bound (beyond sampling error) is a violation, and the soft measure
-      ``mean_prefix_digits`` should stay at the level of its reference. The baseline
-      (eps = inf) has no bound. The canaries come from OS entropy (`seed=None`), the
-      record with the secrets stays in `work_dir`, and nothing private is returned,
-      printed or logged.
+      Unit: one document, so each canary is one unit. Each DP answer is (eps, delta)-DP
+      w.r.t. it (`DPRag.answer`) and every answer touches the whole collection, so the
+      loss w.r.t. one canary is the composition of all the run's answers:
+      ``epsilon_spent``, the ledger's PLD composition. Without the canary an answer is
+      independent of its uniformly random secret and holds it with probability at most
+      W * 10^-10 (W: the answer's 10-digit windows), so DP bounds P[secret in answer] by
+      e^eps * W * 10^-10 + delta: ``leak_bound_per_answer``, W the largest count measured
+      (at least 1). A ``revealed`` share well above it (beyond sampling error) is a
+      violation; ``mean_prefix_digits`` should stay at its reference. The baseline
+      (eps = inf) has no bound. Nothing private is returned, printed or logged.
     """
     _validate(epsilons, canaries, answers_per_canary, mechanism, baseline_k)
     config = config or RagConfig()
@@ -287,29 +279,20 @@ def run_rag_canary_audit(
     k = baseline_k or config.k
 
     results, record = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for epsilon in epsilons:
-            rows: list[dict] = []
-            if math.isinf(epsilon):
-                for j, canary in enumerate(planted):
-                    start = time.perf_counter()
-                    text = collection.greedy(lm, prompt, config, canary.question, k)
-                    rows.append(_row(j, planted, references[j], text, start))
-                per_answer, spent, delta = math.inf, math.inf, 0.0
-            else:
-                ledger = PrivacyLedger(Path(tmp) / f"ledger-{len(results)}.sqlite")
-                n = canaries * answers_per_canary
-                ledger.ensure_scope(
-                    Scope(TENANT, DATASET, epsilon * n * 1.01 + 1.0, max(config.delta, 1e-5))
-                )
-                rag = collection.dp_rag(
-                    lm,
-                    ledger,
-                    DATASET,
-                    config=config,
-                    prompt=prompt,
-                    rng=None if seed is None else np.random.default_rng([seed, len(results)]),
-                )
+    for epsilon in epsilons:
+        rows: list[dict] = []
+        if math.isinf(epsilon):
+            for j, canary in enumerate(planted):
+                start = time.perf_counter()
+                text = collection.greedy(lm, prompt, config, canary.question, k)
+                rows.append(_row(j, planted, references[j], text, start))
+            per_answer, spent, delta = math.inf, math.inf, 0.0
+        else:
+            n = canaries * answers_per_canary
+            scope = Scope(TENANT, DATASET, epsilon * n * 1.01 + 1.0, max(config.delta, 1e-5))
+            rng = None if seed is None else np.random.default_rng([seed, len(results)])
+            paid = collection.dp_rag(lm, scope, config=config, prompt=prompt, rng=rng)
+            with paid as (rag, ledger):
                 per_answer = 0.0
                 for _ in range(answers_per_canary):
                     for j, canary in enumerate(planted):
@@ -320,25 +303,25 @@ def run_rag_canary_audit(
                         per_answer = max(per_answer, answer.epsilon)
                         rows.append(_row(j, planted, references[j], answer.text, start))
                 spend = ledger.spent(TENANT, DATASET)
-                spent, delta = spend.epsilon, spend.delta
-            figures = _figures(rows, epsilon, config.delta)
-            results.append(
-                {
-                    "epsilon": epsilon,
-                    "epsilon_per_answer": per_answer,
-                    "epsilon_spent": spent,
-                    "delta": delta,
-                    **figures,
-                }
+            spent, delta = spend.epsilon, spend.delta
+        figures = _figures(rows, epsilon, config.delta)
+        results.append(
+            {
+                "epsilon": epsilon,
+                "epsilon_per_answer": per_answer,
+                "epsilon_spent": spent,
+                "delta": delta,
+                **figures,
+            }
+        )
+        record.append({"epsilon": epsilon, "answers": [(r["canary"], r["text"]) for r in rows]})
+        if progress:
+            print(
+                f"epsilon={epsilon:g} answers={figures['answers']} "
+                f"revealed={figures['revealed']:.3f} "
+                f"mean_prefix_digits={figures['mean_prefix_digits']:.2f}",
+                flush=True,
             )
-            record.append({"epsilon": epsilon, "answers": [(r["canary"], r["text"]) for r in rows]})
-            if progress:
-                print(
-                    f"epsilon={epsilon:g} answers={figures['answers']} "
-                    f"revealed={figures['revealed']:.3f} "
-                    f"mean_prefix_digits={figures['mean_prefix_digits']:.2f}",
-                    flush=True,
-                )
     public = {
         "epsilons": list(epsilons),
         "canaries": canaries,

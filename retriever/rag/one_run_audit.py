@@ -1,70 +1,21 @@
 """One-run canary audit of the DP-RAG answer stage: a lower bound on its epsilon.
 
-The query-generator power audits (`synthgen.audit.whitebox`, `synthgen.audit.blackbox`) with
-the same design, for DP-RAG answers:
-
-  1. m canaries (default 1,000) are made by `retriever.rag.canary_audit.make_rag_canaries`
-     over the public base documents: ``"The access code of <key words> is <secret>."``,
-     asked about as ``"What is the access code of <key words>?"``. The secret is the first
-     `digits` digits of the canary's uniformly random 10-digit secret (`digits` is a public
-     parameter: fewer digits, fewer answer tokens, faster cells).
-  2. Each canary is included in the collection with probability 1/2 (a fair coin drawn
-     from its own stream, `synthgen.audit.coins.draw_coins`); the collection is the base
-     documents plus the included canaries.
-  3. Every canary, in or out, is asked about exactly once, in a random order drawn from the
-     canary-material stream (independent of the coins).
-  4. Canary i's score is `prefix_digits(secret_i, answer_i)`: the longest prefix of its
-     secret found in its own released answer (higher = "in"), a function of the canary and
-     its one answer only.
-  5. `synthgen.audit.whitebox.score_stats` (jax-privacy's `CanaryScoreAuditor`) gives the
-     AUROC, the TPR at 1% FPR and the one-run epsilon lower bounds of the epsilon-count
-     analysis (Steinke, Nasr & Jagielski 2023) and of the f-DP analysis (Mahloujifar et al.
-     2024), at 95% by default; `statistical_cap` the most any attack on the same in/out
-     counts can certify. A bound above the claim is a privacy defect (`violation`).
-
-The claim: per record, for the whole run. A canary is one document of the collection
-(add/remove-one). The DP cells answer under individual (per-document) accounting
-(`retriever.rag.individual`, Feldman & Zrnic 2021): every document of the collection,
-canaries included, has a Rényi filter whose target is exactly the claimed (epsilon, delta),
-delta = `DELTA` (1e-6, the project's per-document delta) by default. The filter turns the
-target into a zCDP cap rho_cap (`synthgen.privacy.individual.DocumentBudget`); a document
-pays an answer's rho when it is active and scores at least the public relevance threshold
-tau, and is left out of every answer it can no longer pay. By the filter theorem each
-record's loss over ALL m answers, however adaptive, is at most rho_cap-zCDP, hence
-(epsilon, delta)-DP by the RDP conversion (the filter's `target_epsilon`); the
-Steinke et al. / Mahloujifar et al. theorems need exactly this, DP w.r.t. each canary's
-inclusion. The per-answer epsilon (`answer_epsilon`) is the largest whose icl rho
-(`AnswerPlan.document_rho`) fits `answers_per_record` times in rho_cap: with the default 1 a
-canary spends its whole budget on the first answer it is relevant to (its own question,
-unless another question scores it above tau first; the share of canary documents some
-other canary's question reaches is `cross_relevant`, a property of the public canary
-material, independent of the coins). Retrieval is the public threshold, so nothing else is
-charged. With `answers_per_record` = 1 a record pays at most once, so its loss is also one
-answer's: its icl tokens composed as bounded-range at delta (`record_epsilon`; 6.06 at a
-target of 8). `claimed_epsilon` is the smaller of the two, the tightest the code
-guarantees, so a bound between them counts as the violation it would be.
-
-epsilon = inf is NOT the DP path with its noise removed: it is the non-private RAG
-baseline (the top k documents by exact similarity in one prompt, greedy decoding; no tau,
-no filters). It shows that the canaries and the score can see a leak when answers carry
-the secret; the tests switch the DP path's noise off to show the same for the DP path.
-
-What to expect. One document moves each icl token's probability by at most a factor
-e^(token epsilon) over the whole vocabulary, with a base measure (the public prompt's
-distribution) that does not favour the secret's digits, so a DP cell's bound is expected
-far below its claim. The tests plant a leak (the mechanisms' noise switched off, and the
-greedy baseline) to show that the same pipeline (public tau, filters, rows, score) reaches
-the statistical cap when the answers do carry the secret.
+The power audits' design (`synthgen.audit.whitebox`, `synthgen.audit.blackbox`) for DP-RAG
+answers: m canaries, each planted in the collection by a fair coin, each asked about once;
+a canary's score is the longest prefix of its secret in its own answer, and
+`synthgen.audit.whitebox.score_stats` turns the scores into one-run epsilon lower bounds.
+The DP cells answer under per-document Rényi filters whose target is the claimed
+(epsilon, delta); epsilon = inf is the non-private greedy RAG baseline, not the DP path
+without noise. The steps and the argument behind the claim: see docs/guides/audits.md
+("How a DP-RAG cell runs and what it claims").
 
 Privacy:
   The canaries are the audit's own synthetic records; the base documents stand in for the
-  private collection. The result (`RagPowerResult`) holds aggregates only: counts, rates,
-  areas, epsilons, rho, seconds, and the 40-bin histograms / 101-point ROC of
-  `score_stats`. The canaries (keys, secrets), the coins, the order, the answers and the
-  per-canary scores stay in memory, and in a private work folder (mode 0700, file mode
-  0600) when `work_dir` is given, never in the results folder. The cells' ledgers (which
-  document paid for what, which reveals the coins) live in a temporary folder deleted on
-  return. The epsilon = inf cell is NOT private.
+  private collection. A `RagPowerResult` holds aggregates only (counts, rates, epsilons,
+  rho, seconds, `score_stats`'s histograms and ROC). The canaries, coins, order, answers
+  and per-canary scores stay in memory, or in a private `work_dir` (mode 0700, files
+  0600), never in the results folder; the cells' ledgers (who paid reveals the coins) live
+  in a temporary folder deleted on return. The epsilon = inf cell is NOT private.
 
 References:
   Steinke, Nasr, Jagielski 2023, "Privacy Auditing with One (1) Training Run" (NeurIPS),
@@ -79,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -94,7 +44,6 @@ from retriever.rag.canary_audit import (
     make_rag_canaries,
     prefix_digits,
 )
-from retriever.rag.collection import open_document_filters
 from retriever.rag.config import RagConfig, plan_answer
 from retriever.rag.prompts import PromptFormat
 from synthgen.audit.canaries import DIGITS
@@ -102,7 +51,7 @@ from synthgen.audit.cells import resumable_cells, settings_of
 from synthgen.audit.claims import epsilon_tag
 from synthgen.audit.coins import draw_coins, streams
 from synthgen.audit.whitebox import CellResult, canary_figures, markdown_table
-from synthgen.privacy import PrivacyLedger, Scope, calibration
+from synthgen.privacy import Scope, calibration
 from synthgen.privacy.individual import DocumentBudget
 from synthgen.work_folder import private_folder, write_private
 
@@ -176,12 +125,10 @@ class RagPowerResult(CellResult):
 def record_epsilon(epsilon: float, plan, delta: float, answers_per_record: int) -> float:
     """The claim of a DP cell: the tightest (epsilon, `delta`) the code guarantees per record.
 
-    The filter's target `epsilon` holds for any number of answers. With one answer per
-    record (`answers_per_record` = 1) a record pays at most once, so its loss is also one
-    answer's: `plan.max_releases` icl tokens, each `plan.token_epsilon`-bounded-range,
-    composed at `delta` (Dong, Durfee & Rogers 2020; `bounded_range_epsilon`, adaptive),
-    plus the Laplace score's epsilon if any. The smaller of the two is claimed, so a bound
-    between them is reported as the violation it is.
+    The filter's target `epsilon` holds for any number of answers; with one answer per
+    record, a record's loss is also one answer's: `plan.max_releases` icl tokens, each
+    `plan.token_epsilon`-bounded-range, composed at `delta` (Dong, Durfee & Rogers 2020),
+    plus the Laplace score's epsilon if any. The smaller of the two is claimed.
     """
     if answers_per_record != 1:
         return epsilon
@@ -203,13 +150,9 @@ def answer_epsilon_for(config: RagConfig, rho: float, iterations: int = 60) -> f
     if not rho > 0:
         raise ValueError(f"rho must be > 0, got {rho=}")
 
-    def charge(epsilon: float) -> float:
-        return plan_answer(config, MECHANISM, epsilon).document_rho()
+    def fits(epsilon: float) -> bool:  # document_rho grows with epsilon, without bound
+        return plan_answer(config, MECHANISM, epsilon).document_rho() <= rho
 
-    def fits(epsilon: float) -> bool:
-        return charge(epsilon) <= rho
-
-    # document_rho grows with epsilon, without bound
     low, high = calibration.grow(fits, 0.0, 1.0)
     low = calibration.bisect(fits, low, high, iterations=iterations)
     if low == 0.0:
@@ -282,43 +225,38 @@ def run_rag_power_cell(
     """Runs one power cell: plants m canaries by coin, asks each once, audits the claim.
 
     Args:
-      documents: the public base collection (the included canaries are added to it); its
-        words also make the canaries' keys.
+      documents: the public base collection (the included canaries join it); its words
+        make the canaries' keys.
       lm: a `synthgen.lm_backends.NextTokenLM` with `fork()` (e.g. `FlaxLM`).
-      encode: maps a list of texts to [B, D] embeddings (documents and questions); inner
-        products are the similarity scores.
+      encode: texts -> [B, D] embeddings (documents and questions); inner products score.
       epsilon: the claimed per-record epsilon of the whole run; math.inf: the non-private
         greedy RAG baseline.
-      canaries: m, each included with probability 1/2.
-      digits: digits of each secret (public).
-      config: the answer stage (default `power_config(digits)`); finite epsilons need
-        individual accounting. Its k is also the baseline's number of documents.
-      delta: the claim's delta (each document filter's delta and the bounds').
-      answers_per_record: how many answers each record's filter can pay for: each answer
-        charges rho_cap / answers_per_record (1: all of it on the first).
-      key_words: words in a canary's key.
-      prompt: the prompt format of every answer.
-      significance: level of each bound (0.05: 95%).
-      model: a public label for the report.
-      seed: None (production): a 128-bit audit seed from OS entropy, and OS entropy for
-        every answer's mechanism; fixed seeds are for tests only.
-      work_dir: private work folder for the canary record (keys, secrets, coins, order,
-        answers); None: nothing is kept.
+      canaries: m, each included with probability 1/2; `digits`: digits per secret.
+      config: the answer stage (default `power_config(digits)`; finite epsilons need
+        individual accounting); its k is also the baseline's number of documents.
+      delta: the claim's delta (each document filter's and the bounds').
+      answers_per_record: answers each record's filter can pay for (each charges
+        rho_cap / answers_per_record).
+      key_words, prompt, significance, model: words per canary key, the answers' prompt
+        format, each bound's level (0.05: 95%), a public label for the report.
+      seed: None (production): the audit seed and every answer's noise from OS entropy;
+        fixed seeds are for tests only.
+      work_dir: private folder for the canary record (None: nothing is kept).
       progress: a tqdm bar over the answers.
 
     Returns:
       The `RagPowerResult` (aggregates only).
 
     Raises:
-      ValueError: bad parameters (checked before any canary is planted), or a canary
-        document longer than `config.max_document_tokens`.
+      ValueError: bad parameters (before any canary is planted), or a canary document
+        longer than `config.max_document_tokens`.
 
     Privacy:
-      Unit: one document (add/remove-one); a canary is one document. Each DP cell is, for
-      every record, (epsilon, delta)-DP over all its answers by the individual Rényi filter
-      (Feldman & Zrnic 2021; see the module docstring), the claim every bound is compared
-      with. Coins, canaries, answers and scores stay in memory or in `work_dir`; the
-      ledger lives in a temporary folder deleted on return.
+      Unit: one document; a canary is one document. A DP cell is, for every record,
+      (epsilon, delta)-DP over all its answers by the individual Rényi filter (Feldman &
+      Zrnic 2021; docs/guides/audits.md), the claim every bound is compared with. Coins,
+      canaries, answers and scores stay in memory or in `work_dir`; the ledger lives in a
+      temporary folder deleted on return.
     """
     start_time = time.perf_counter()
     config = config or power_config(digits)
@@ -363,29 +301,15 @@ def run_rag_power_cell(
         plan = plan_answer(config, MECHANISM, answer_epsilon)
         answer_rho = plan.document_rho()
         claim = record_epsilon(epsilon, plan, delta, answers_per_record)
-        with tempfile.TemporaryDirectory() as tmp:  # the ledger: who paid reveals the coins
-            ledger = PrivacyLedger(Path(tmp) / "ledger.sqlite")
-            # the tenant's quota only (basic: O(1) per charge); the claim is the filters'
-            ledger.ensure_scope(Scope(TENANT, DATASET, 1e9, 0.5, accountant="basic"))
-            open_document_filters(
-                ledger, DATASET, documents=len(collection), epsilon=epsilon, delta=delta, plan=plan
-            )
-            rag = collection.dp_rag(
-                lm,
-                ledger,
-                DATASET,
-                config=config,
-                prompt=prompt,
-                rng=None if seed is None else np.random.default_rng(mechanism_seed),
-            )
-            try:
-                for j in todo:
-                    answer = rag.answer(
-                        questions[j], tenant=TENANT, epsilon=answer_epsilon, mechanism=MECHANISM
-                    )
-                    answers[j] = answer.text
-            finally:
-                ledger.close()
+        # the tenant's quota only (basic: O(1) per charge); the claim is the filters'
+        scope = Scope(TENANT, DATASET, 1e9, 0.5, accountant="basic")
+        filters = dict(epsilon=epsilon, delta=delta, plan=plan)
+        rng = None if seed is None else np.random.default_rng(mechanism_seed)
+        paid = collection.dp_rag(lm, scope, filters, config=config, prompt=prompt, rng=rng)
+        asked = dict(tenant=TENANT, epsilon=answer_epsilon, mechanism=MECHANISM)
+        with paid as (rag, _):
+            for j in todo:
+                answers[j] = rag.answer(questions[j], **asked).text
         mechanism = MECHANISM
     answer_seconds = time.perf_counter() - answer_start
 

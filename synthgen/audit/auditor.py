@@ -1,82 +1,26 @@
 """Membership figures and epsilon lower bounds from canary scores, by jax-privacy's auditor.
 
-An audit inserts canaries into the training data, trains, and scores every canary under the
-trained model (higher score = the attacker guesses "in"). The scores of the held-in canaries
-(`in_scores`) and held-out canaries (`out_scores`) give, for the threshold attack "score >= t
-means in":
-
-  * the ROC curve (its upper convex hull: an attacker may randomise between two thresholds)
-    and its area (AUROC);
-  * the TPR at a fixed low FPR (1% here), the figure that matters for privacy because an
-    attack that is confident on a few canaries leaks even when its AUROC is near 1/2
-    (Carlini et al. 2022; Panda et al. 2025);
-  * two statistical lower bounds on the epsilon of the training run: one-run (Steinke, Nasr,
-    Jagielski 2023) and Clopper-Pearson (Jagielski, Ullman, Oprea 2020), one-sided, with the
-    significance split evenly over the hull's thresholds (Bonferroni), so choosing the best
-    threshold after seeing the scores costs nothing in validity.
-
-What comes from the library. Every statistic above is computed by
-`jax_privacy.auditing.CanaryScoreAuditor` (jax-privacy 2.0.0, pinned in pyproject.toml; its
-default `Bonferroni()` threshold strategy, `one_sided=True`): the hull, `attack_auroc`,
-`tpr_at_given_fpr`, `epsilon_one_run` (root tolerance 1e-6) and `epsilon_clopper_pearson`.
-`synthgen.audit.whitebox.score_stats` uses the same class for the white-box and release
-audits.
-
-What is the project's own (the library lacks it):
-  * `canary_auditor`: validation before the library sees the scores. The library checks
-    shape and emptiness but not finiteness (a NaN score would silently sort somewhere); the
-    errors here never echo a score.
-  * `roc_points`: the hull ROC as arrays to plot and record; the library exposes only the
-    TPR at given FPRs. The curve is read from `tpr_at_given_fpr` at every achievable false
-    positive count, so it is the library's hull, vertices included.
-  * A pure-DP claim (delta = 0) for the one-run bound: the library requires delta > 0. It is
-    audited at the smallest positive double instead (`_PURE_DP_DELTA`). That is sound:
-    (epsilon, 0)-DP implies (epsilon, delta')-DP for every delta' > 0, so a rejection of the
-    weaker claim rejects the pure one. The delta term it adds to the p-value (2 m delta'
-    times a probability, below 1e-300) vanishes in floating point, so the figure is the
-    delta = 0 bound.
-  * `AuditResult`, `audit` and `violation_message`: the verdict against a claimed epsilon.
-  * The null hypothesis and assumptions below, which decide what the figures mean.
-
-Null hypothesis. Each bound tests the claim "training is (epsilon, delta)-DP with respect to
-adding or removing one canary" and reports the largest epsilon for which the scores reject
-that claim at level `significance`. They are LOWER bounds at confidence 1 - significance:
-a bound above the claimed epsilon refutes the claim (or the audit's assumptions); a bound
-below it proves nothing, since a weak attack gives a weak bound.
-
-Assumptions:
-  * One-run bound: valid for a single training run in which each of the m canaries was
-    included independently with probability 1/2 before training, and the scores were computed
-    without knowledge of that draw. If canaries were chosen in/out any other way (a fixed
-    split, the best-looking half) the bound is not valid.
-  * Clopper-Pearson bound: treats each canary as an independent Bernoulli trial, which is
-    exact when every score comes from its own training run (Jagielski et al. 2020) and a
-    common approximation when all canaries share one run; prefer the one-run bound there.
-  * Each figure holds at confidence 1 - significance on its own. The verdict
-    (`AuditResult.violation`) uses the one-run bound only, so a false alarm has probability at
-    most `significance` per audited group; a report of G groups is right everywhere with
-    probability at least 1 - G * significance (union bound). The Bonferroni split counts the
-    hull's vertices, which depend on the scores (as in the library).
-  * The one-run p-value is monotone in epsilon when 2 * m * delta <= 1 (m canaries). Beyond
-    that its delta term (2 m delta times a fraction) keeps it near 1, so the bound is about 0:
-    a claim with such a delta cannot be refuted by m canaries.
-  * `significance` is in (0, 1/2), the range the library's Clopper-Pearson bound accepts (a
-    confidence of 1/2 or less tests nothing).
+A thin adapter over `jax_privacy.auditing.CanaryScoreAuditor` (jax-privacy 2.0.0, pinned in
+pyproject.toml; its default Bonferroni threshold strategy, one-sided), which computes every
+statistic: the ROC hull, AUROC, TPR at 1% FPR, the one-run bound (Steinke, Nasr & Jagielski
+2023) and the Clopper-Pearson bound (Jagielski, Ullman & Oprea 2020). The project adds what
+the library lacks: `canary_auditor` refuses non-finite scores (never echoing them),
+`roc_points` reads the hull off `tpr_at_given_fpr`, a pure-DP claim is tested at
+`_PURE_DP_DELTA`, and `audit` / `violation_message` give the verdict against a claim (the
+one-run bound alone decides). Each bound is a LOWER bound at confidence 1 - significance:
+above the claim it refutes the claim (or the audit's assumptions), below it proves
+nothing. The null hypothesis and the assumptions of each bound: docs/guides/audits.md
+("What the bounds assume").
 
 Privacy:
   The inputs are the scores of canaries, which are not private data; the outputs are
   aggregate figures (rates, areas, epsilons, counts). No function here logs or puts scores in
   error messages.
 
-References:
-  Jagielski, Ullman, Oprea 2020, "Auditing Differentially Private Machine Learning: How
-  Private is Private SGD?" (NeurIPS).
-  Steinke, Nasr, Jagielski 2023, "Privacy Auditing with One (1) Training Run" (NeurIPS),
-  arXiv:2305.08846.
-  Carlini, Chien, Nasr, Song, Terzis, Tramer 2022, "Membership Inference Attacks From First
-  Principles" (IEEE S&P).
-  Panda, Tang, Nasr, Choquette-Choo, Mittal 2025, "Privacy Auditing of Large Language Models"
-  (ICLR), arXiv:2503.06808.
+References: Jagielski, Ullman, Oprea 2020 (NeurIPS); Steinke, Nasr, Jagielski 2023
+(NeurIPS, arXiv:2305.08846); Carlini et al. 2022, "Membership Inference Attacks From First
+Principles" (IEEE S&P); Panda et al. 2025, "Privacy Auditing of Large Language Models"
+(ICLR, arXiv:2503.06808).
 """
 
 from __future__ import annotations
@@ -92,7 +36,10 @@ from synthgen.audit.canaries import split_by_repetitions
 from synthgen.audit.claims import group_claim
 
 TPR_FPR = 0.01  # the FPR of `AuditResult.tpr_at_1pct_fpr`
-# The one-run bound of a pure-DP claim is computed at this delta (module docstring).
+# The one-run bound of a pure-DP claim (the library needs delta > 0) is computed at this
+# delta. Sound: (epsilon, 0)-DP implies (epsilon, delta')-DP for every delta' > 0, so
+# rejecting the weaker claim rejects the pure one; its p-value term (2 m delta' times a
+# probability, below 1e-300) vanishes in floating point, so the figure is the delta = 0 one.
 _PURE_DP_DELTA = math.ulp(0.0)
 
 
@@ -147,11 +94,7 @@ def roc_points(
     hull is the ROC of the best threshold attack (the curve to plot). It is the library's
     `tpr_at_given_fpr` at every FPR k / n (k = 0..n false positives of n held-out canaries),
     which includes every vertex of the hull, preceded by (0, 0) when the curve starts with a
-    vertical segment.
-
-    Args:
-      in_scores: attack scores of the canaries that were included in training.
-      out_scores: attack scores of the canaries that were held out.
+    vertical segment. The scores are `canary_auditor`'s.
 
     Returns:
       `(fpr, tpr)`, two float arrays of equal length, both non-decreasing, from (0, 0) to

@@ -2,60 +2,29 @@
 
 What is audited: the released generator (the final weights only), trained by the project's
 DP-Adafactor (`synthgen.dp_train.train`, its sampler and accountant) on private pairs plus
-canaries. One run, m canaries (default 1,000), each inserted exactly once with probability
-1/2 (Steinke, Nasr & Jagielski 2023):
-
-  * A canary is one (document, query) pair with a typical prefix: a public document of the
-    corpus (a row held out of the private pairs) and, as its query, that row's real query
-    followed by a secret of 1-3 tokens (the length uniform in `secret_len`).
-  * Kind `new` (the issue's first kind): every secret token is a NEW token, appended to the
-    vocabulary for this audit only, one per secret position, so no two canaries share one.
-    Its embedding row is drawn from the existing rows' per-coordinate mean and variance (a
-    public value) and is TRAINABLE in the audited run (`Extension`: the model's parameters
-    are wrapped so that the new rows sit beside the LoRA adapters in the trainable tree,
-    clipped and noised as every other trainable parameter). Only an inserted canary ever
-    gives its rows a gradient that pulls them up, which is what makes one insertion visible.
-  * Kind `rare` (no model surgery): the secret tokens are the `rare_pool` existing tokens
-    least likely under the base model as the first query token after public prompts (drawn
-    without replacement while the pool lasts). With LoRA the embeddings stay frozen, so it
-    is the weaker kind there.
-
-Score of canary i: log p_trained(secret | prefix) - log p_base(secret | prefix), the loss on
-the secret tokens only (nats; the prefix tokens and the end of the query are not scored),
-calibrated by the base model (for `new`, the base model with the initial rows).
-
-Statistics: `jax_privacy.auditing.CanaryScoreAuditor` at run time, through
-`synthgen.audit.whitebox.score_stats` (no re-implementation): the one-run epsilon of
-Steinke et al. 2023 (epsilon-count analysis) and of Mahloujifar et al. 2024 (f-DP), both
-one-sided at 95% with Bonferroni over thresholds, at the run's delta; the TPR at 1% FPR;
-the AUROC; and the cap (what a perfect attack on the same in/out counts certifies).
-
-The claim: a canary is one pair, so the claim is the run's own (epsilon, delta) w.r.t. one
-(document, query) pair (add/remove-one, Poisson sampling). The plan is made for all m
-canaries plus the private pairs (a public size fixed before the coins are drawn) at a fixed
-Poisson rate (`dp_train.train(fixed_rate=True)`), so the mechanism does not depend on which
-canaries went in. A bound above the claim is a defect (`violation`), never tuned away.
-
-Randomness: one 128-bit audit seed (OS entropy unless a test fixes it) spawns three
-independent streams: the public canary material (which rows, which secret tokens), the
-inclusion coins, and the training run's seed (sampler and noise). The coins, the secrets'
-in/out labels and the per-canary scores live in memory only and are dropped before the
-function returns; nothing of them is written anywhere. A cell is therefore resumed as a
-whole (`dpsynth.evaluation.querygen_audit_power`): an interrupted cell is re-run with fresh coins.
+m canaries (default 1,000), each inserted exactly once with probability 1/2. A canary is a
+public (document, query) row held out of the private pairs, its query followed by a secret
+of 1-3 tokens: NEW vocabulary tokens with trainable rows (kind `new`, `new_tokens`), or the
+existing tokens least likely as a first query token (kind `rare`, weaker under LoRA). Score:
+log p_trained(secret | prefix) - log p_base(secret | prefix), over the secret tokens only;
+statistics by `whitebox.score_stats`. One 128-bit audit seed spawns the canary material,
+the coins and the training seed (`coins.streams`). See docs/guides/audits.md ("Black-box
+canaries with power").
 
 Privacy:
-  Unit: one (document, query) pair (a canary is one pair); queries are private, documents
-  public. The audited runs train on the private pairs and are not charged to a ledger: they
-  are never released, and only `BlackboxResult` aggregates leave this module (counts, rates,
-  areas, epsilons, sigma, step count, seconds); publishing the aggregates of a run at
-  epsilon costs that epsilon, and the epsilon = inf run is NOT private. The sizes, steps
-  and compiled shapes are fixed by public parameters (the planned size n + m), not by the
-  coins.
+  Unit: one (document, query) pair (a canary is one pair), add/remove-one, Poisson
+  sampling; queries are private, documents public. The plan is made for the private pairs
+  plus all m canaries (a public size fixed before the coins) at a fixed Poisson rate
+  (`dp_train.train(fixed_rate=True)`), so the mechanism, sizes, steps and compiled shapes
+  do not depend on the coins. The coins and per-canary scores live in memory only and are
+  dropped before return (a cell resumes whole, with fresh coins); only `BlackboxResult`
+  aggregates leave. The audited runs are never released and not charged to a ledger;
+  publishing the aggregates of a run at epsilon costs that epsilon, and the epsilon = inf
+  run is NOT private.
 
-References: Panda, Tang, Mahloujifar, Sehwag, Mittal 2025 (arXiv 2503.06808, "Privacy
-auditing of large language models": new-token and rare-token canaries, loss on the secret);
-Steinke, Nasr & Jagielski 2023 (arXiv 2305.08846, one-run auditing); Mahloujifar, Melis &
-Chaudhuri 2024 (arXiv 2410.22235, f-DP one-run analysis).
+References: Panda, Tang, Mahloujifar, Sehwag, Mittal 2025 (arXiv 2503.06808: new-token and
+rare-token canaries, loss on the secret); Steinke, Nasr & Jagielski 2023 (arXiv 2305.08846);
+Mahloujifar, Melis & Chaudhuri 2024 (arXiv 2410.22235).
 """
 
 from __future__ import annotations
@@ -73,6 +42,7 @@ from flax import traverse_util
 
 from synthgen import dp_train, run_seed
 from synthgen.audit.coins import draw_coins, streams
+from synthgen.audit.exposure import token_scores
 from synthgen.audit.new_tokens import embedding_paths, extend_vocabulary
 from synthgen.audit.whitebox import CellResult, canary_figures
 
@@ -271,22 +241,8 @@ def encode_canaries(family, canaries: Canaries, *, input_len: int, target_len: i
 
 def score_secrets(family, params: PyTree, data: dict, *, batch: int) -> np.ndarray:
     """log p(secret | prefix) in nats per canary: the sum over its secret tokens only."""
-    logits_fn = family.logits_fn()
-
-    def one(p, ex):
-        logp = jax.nn.log_softmax(logits_fn(p, ex).astype(jnp.float32), axis=-1)
-        token = jnp.take_along_axis(logp, ex["targets"][:, None], axis=-1)[:, 0]
-        return jnp.sum(token * ex["secret_mask"])
-
-    step = jax.jit(jax.vmap(one, in_axes=(None, 0)))
-    n = len(data["targets"])
-    out = np.zeros(n, np.float64)
-    for begin in range(0, n, batch):
-        idx = np.arange(begin, min(begin + batch, n))
-        padded = np.concatenate([idx, np.full(batch - len(idx), idx[-1])])
-        rows = {k: jnp.asarray(v[padded]) for k, v in data.items()}
-        out[idx] = np.asarray(step(params, rows))[: len(idx)]
-    return out
+    logp, _ = token_scores(family, params, data, batch_size=batch)
+    return (logp * data["secret_mask"]).sum(axis=1).astype(np.float64)
 
 
 # ---- the audited run --------------------------------------------------------------------------

@@ -1,30 +1,26 @@
 """Canaries for memorisation audits: secret-bearing (document, query) pairs, half inserted.
 
-Four kinds, after Carranza et al. 2023 (Table 7) and Panda et al. 2025. Every canary's
-private query is `"<key> <secret>"`: a random query of a few words (the key) followed by the
-secret. Only queries are private in the query generator (documents are public inputs), so
-the secret sits in the query: a secret in the document would be copied, not memorised::
+Four kinds, after Carranza et al. 2023 (Table 7) and Panda et al. 2025; every canary's
+private query is `"<key> <secret>"` (random key words, then the secret: only queries are
+private in the query generator, so a secret in the document would be copied, not
+memorised)::
 
-  secret           (random query, random 10-digit secret): no document.
-  real_document    (random query, its real document + secret): a public document.
-  random_document  (random query, random document + secret): a document of random words.
-  rare_token       Panda-style: the secret is 10 tokens drawn from the tokens that are
-                   rarest under the base model (Panda et al.: "new-token" canaries are
-                   the most memorable); a random document.
+  secret           no document; a random 10-digit secret.
+  real_document    a real public document.
+  random_document  a document of random words.
+  rare_token       a random document; the secret is 10 of the base model's rarest tokens.
 
-Each canary is repeated `repetitions` times and included in the training data with
-probability 1/2, independently (Steinke et al. 2023: the in/out split the one-run audit
-needs). Reference secrets for exposure are drawn from the same space as the canary's secret
-and scored with the same key and document.
+Each canary is repeated `repetitions` times and included with probability 1/2,
+independently (Steinke et al. 2023). Reference secrets for exposure come from the same
+space, with the same key and document. See docs/guides/audits.md ("What is measured").
 
 Privacy:
   Canaries are made from public text and OS-entropy randomness; they are not private data.
   Which canaries were inserted, and their secrets, are the audit's ground truth: the record
   is written to the private work folder (`save_record`), never to the audit's report folder.
 
-References: Carlini et al. 2019 (secret sharer); Carranza et al. 2023 (canaries for DP query
-generation); Panda et al. 2025, "Privacy auditing of large language models" (rare-token
-canaries); Steinke, Nasr, Jagielski 2023 (auditing in one training run).
+References: Carlini et al. 2019; Carranza et al. 2023; Panda et al. 2025; Steinke, Nasr,
+Jagielski 2023.
 """
 
 from __future__ import annotations

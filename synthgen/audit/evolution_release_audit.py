@@ -1,49 +1,23 @@
 """One-run canary audit of Private Evolution's DP vote: a lower bound on its epsilon.
 
-What it measures: a lower bound on the epsilon of PE's private step, the DP
+It bounds the epsilon of PE's private step (`synthgen.evolution`, Lin et al. 2024), the DP
 nearest-neighbour histogram and what `evolve` draws from it, under a worst-case public
-population (one bait per canary). It is not a measure of the leakage of a realistic PE
-run, whose population the LM writes and which varies it over T > 1 iterations.
+population; not the leakage of a realistic run, whose population the LM writes. The design
+is `release_audit`'s. PE never shows private text to the LM, so every canary is made an
+outlier (`EVOLUTION_CANARY`: an invented subject, distinct per canary, and a secret), and
+the first population, fixed before the coins, holds one bait per canary (its own public
+text), a copy of each ordinary sample (`ordinary_candidates`) and public fillers: an
+included canary votes for its bait, an excluded one's bait gets no vote. ONE run of
+`evolution.evolve`; a canary's score is its largest cosine similarity to a released sample
+(`score_embed`).
 
-The design shared with the few-shot audit is `synthgen.audit.release_audit`'s. Private
-Evolution (`synthgen.evolution`, Lin et al. 2024; Xie et al. 2024) never shows private text
-to the LM: a private sample only votes for its nearest public candidates, so its release
-can carry a canary only by selecting candidates near it. The audit therefore makes every
-canary an outlier and gives the vote something to move:
-
-  * A canary is one private sample, `EVOLUTION_CANARY`: an invented subject (random
-    syllables, distinct per canary, so no ordinary sample is near it) and a secret of
-    `secret_words` public words. Each is included with probability 1/2.
-  * The first population is fixed before the coins: one BAIT per canary (the canary's own
-    text: canaries are public material, only the coins are secret), one copy of each
-    ordinary sample (`ordinary_candidates`), and `fillers` public documents, padded with
-    further public documents to `num_samples` when that is larger. An included canary
-    votes for its own bait (distance 0) and an ordinary sample for its own copy, so an
-    excluded canary's bait gets no vote at all (without the copies, a real encoder puts
-    some ordinary samples nearer a bait than any filler, and those false positives tie
-    with the true ones at the top of the scores). The copies are legitimate public
-    input: the ordinary samples are the same in both worlds of every canary's
-    neighbouring pair (the claim is about one canary), so nothing of the population
-    depends on a coin.
-  * ONE run of `evolution.evolve` (T = `iterations` histograms; T > 1 asks the LM for
-    variations of the drawn candidates, public prompts only).
-  * Score of a canary: the largest cosine similarity between its text and any released
-    sample, under `score_embed` (default: the run's `embed`). Only the released texts are
-    read. A released bait scores 1 (up to the encoder's rounding).
-
-The claim. Unit: one private sample, add/remove-one (`nn_histogram.RELATION`). T Gaussian
-histograms of L2 sensitivity sqrt(votes), composed by the PLD accountant
-(`evolution.plan_evolution`); public_size = ordinary rows + m (every canary counted as if
-inserted) fixes the default delta 1 / (10 public_size), so neither delta nor sigma depends
-on the coins. The claim is the plan's epsilon. epsilon = math.inf runs the same loop with
-noise multiplier `release_audit.NOISE_OFF` (exact counts, a threshold of ~0): the claim is
-then math.inf (no privacy claimed; never a violation).
-
-Power. Noise off, an included canary's bait holds one vote among the N = ordinary + in
-votes, and the release draws `num_samples` candidates in proportion to the counts: it
-holds the bait with probability about 1 - (1 - 1/N)^num_samples (86% at num_samples = 2N).
-With noise, one vote must clear the threshold (`threshold` x sigma x sqrt(votes)) and the
-draw: at sigma >~ 1 a single vote is rarely visible, which is what the claim says.
+The claim (`evolution_plan`): one private sample, add/remove-one (`nn_histogram.RELATION`),
+T Gaussian histograms of L2 sensitivity sqrt(votes) composed by the PLD accountant, with
+public_size = ordinary rows + m fixing the default delta, so neither delta nor sigma reads
+the coins. epsilon = math.inf runs the same loop with the noise off
+(`release_audit.NOISE_OFF`) and claims nothing. Why the copies are legitimate and what
+limits the power: docs/guides/audits.md ("Few-shot, Private Evolution and DP-RAG with
+power").
 
 Privacy:
   See `synthgen.audit.release_audit`: the coins, scores and released samples stay in
@@ -166,15 +140,12 @@ def run_evolution_power_cell(
     Args:
       sampler: the LM (`evolution.make_sampler`); needed only when iterations > 1 (the
         first population is the public baits and fillers, never generated).
-      epsilon: the run's target epsilon; math.inf switches the noise off (claim: inf).
-      canaries: m, each included with probability 1/2.
+      epsilon, canaries, significance, canary_template, secret_words, seed, work_dir: the
+        audit's (`release_audit.ReleaseCell`; the template needs "{name}").
       embed: the run's public encoder (texts -> [n, d]); default `word_embedding`.
       score_embed: the scoring encoder (default `embed`).
-      private_texts: ordinary private samples; None: the first `num_private` wiki
-        summaries (public stand-ins).
-      public_texts: public documents for the secret words and the fillers; None: the wiki
-        summaries after the private stand-ins.
-      num_private: ordinary samples when `private_texts` is None.
+      private_texts, public_texts, num_private: the ordinary private samples and the
+        public documents for the secret words and fillers (`release_audit.wiki_stand_ins`).
       fillers: public documents among the first population, beside the m baits.
       ordinary_candidates: put a copy of each ordinary sample in the first population.
         For public stand-ins only: with real private samples, their copies would sit in a
@@ -184,12 +155,7 @@ def run_evolution_power_cell(
       iterations: T, DP histograms; votes, threshold, keep_share, max_new_tokens, delta
         and the keyword options are the generator's other public settings
         (`evolution.EvolutionConfig`).
-      canary_template: a canary's text, with "{secret}" and "{name}".
-      secret_words: words per secret.
-      significance: level of both bounds (0.05: 95%).
       model, encoder: public labels for the result.
-      seed: None (production): 128 bits of OS entropy; fixed seeds are for tests only.
-      work_dir: a PRIVATE folder for the coins, scores and released samples.
       progress: stage lines on stderr (public counts only).
 
     Returns:
@@ -205,17 +171,11 @@ def run_evolution_power_cell(
       and samples never leave this call except into `work_dir`.
     """
     cell = release_audit.ReleaseCell(
-        epsilon=epsilon,
-        canaries=canaries,
-        significance=significance,
-        canary_template=canary_template,
-        secret_words=secret_words,
-        seed=seed,
-        work_dir=work_dir,
-        named_canaries=True,
+        epsilon, canaries, significance, canary_template, secret_words, seed, work_dir
     )
-    if fillers < 0 or secret_words < 1:
-        raise ValueError(f"need fillers >= 0 and secret_words >= 1, got {fillers=}")
+    release_audit.check_canary_template(canary_template, name=True)  # outliers: named
+    if fillers < 0:
+        raise ValueError(f"need fillers >= 0, got {fillers=}")
     if iterations > 1 and sampler is None:
         raise ValueError(f"iterations={iterations} > 1 asks the LM for variations: pass a sampler")
     if num_samples is not None and num_samples < 1:
@@ -269,19 +229,16 @@ def run_evolution_power_cell(
     scores = release_audit.max_cosine_scores(
         np.asarray(scoring(list(drawn.texts))), np.asarray(scoring(list(result.texts)))
     )
-    figures, bait_in, bait_out = cell.figures(
+    return cell.result(
+        EvolutionPowerResult,
         OBSERVABLE,
         scores,
         coins,
         result.texts,
         found_at=1.0 - 1e-4,  # a released bait, up to the encoder's rounding
+        found=("bait_in", "bait_out"),
         tag="evolution",
         plan=plan,
-    )
-    del scores, coins, drawn
-    return cell.result(
-        EvolutionPowerResult,
-        figures,
         model=model,
         encoder=encoder,
         num_private=len(private_texts),
@@ -289,8 +246,6 @@ def run_evolution_power_cell(
         num_fillers=num_fillers,
         public_size=config.public_size,
         noise_multiplier=plan.noise_multiplier,
-        bait_in=bait_in,
-        bait_out=bait_out,
         selected_share=tuple(result.selected_share),
         samples_generated=result.samples_generated,
         generation_seconds=result.generation_seconds,
@@ -309,37 +264,7 @@ def _report(stage: str, done: int, total: int) -> None:
     print(f"evolution audit: {stage} {done}/{total}", file=sys.stderr)
 
 
-def run_evolution_power_cells(
-    out_dir: str | Path,
-    sampler: evolution.TextSampler | None,
-    epsilons: Sequence[float],
-    *,
-    label: str = "evolution",
-    canaries: int = 1000,
-    **options,
-) -> list[EvolutionPowerResult]:
-    """Runs (or reads back) one Private Evolution cell per epsilon; resumable by cell.
-
-    Args:
-      out_dir: the results folder (aggregates only): `evolution_power_<label>_m<m>_eps<tag>.json`.
-      sampler: the LM (None for one-iteration cells).
-      epsilons: target epsilons; math.inf is the noise-off cell.
-      label: a public, file-name-safe label of the setting.
-      canaries: m per cell.
-      **options: `release_audit.run_cells`'s seed (cell k uses seed + k), log and work_dir,
-        and further `run_evolution_power_cell` arguments (embed, sizes, ...).
-
-    Returns:
-      One `EvolutionPowerResult` per epsilon, in order.
-    """
-    return release_audit.run_cells(
-        out_dir,
-        "evolution_power",
-        label,
-        epsilons,
-        canaries,
-        run_evolution_power_cell,
-        EvolutionPowerResult,
-        backend=sampler,
-        **options,
-    )
+# run_evolution_power_cells(out_dir, backend, epsilons, *, label=, canaries=, **options)
+run_evolution_power_cells = release_audit.cell_runner(
+    "evolution_power", "evolution", run_evolution_power_cell, EvolutionPowerResult
+)

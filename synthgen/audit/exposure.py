@@ -1,23 +1,14 @@
 """Secret exposure (Carlini et al. 2019): rank, exposure, its extrapolation, and extraction.
 
-A canary's secret is scored by its log-perplexity given its context under the trained
-generator: the sum, in bits, of -log2 p(token | previous tokens, document) over the canary's
-query (the random key words, the secret and the end of the query). Reference secrets drawn
-from the same space get the same context; the secret's rank among them measures how much
-more likely the model finds the inserted secret than chance would.
+A secret's log-perplexity (bits) given its context under the trained generator is ranked
+among reference secrets from the same space with the same context:
 
   rank      = 1 + #{references with strictly lower log-perplexity}
   exposure  = log2(space size) - log2(rank)     (space size defaults to #references)
 
-With R references the rank-based exposure is at most log2(R). Carlini et al. (Sec. 4.3)
-extrapolate to the whole space (10^10 for a 10-digit secret) by fitting a skew-normal
-distribution to the reference log-perplexities: exposure ~ -log2 P(X <= secret's), capped
-at log2(space size).
-
-Extraction asks whether greedy decoding of the context reproduces the secret. Greedy
-decoding from the key words reproduces the secret exactly when, at every secret position,
-the most likely next token given the true previous tokens is the secret's token; this is
-read from the same teacher-forced forward pass that scores the secret (no sampling).
+`extrapolated_exposure` fits a skew-normal to the references to reach the whole space
+(Carlini et al., Sec. 4.3). Extraction (greedy decoding reproduces the secret) is read from
+the same teacher-forced pass: the argmax is the secret's token at every secret position.
 
 Privacy:
   Scores are computed on canaries, which are not private data; the per-canary scores and
@@ -178,27 +169,32 @@ def score_sequences(
             )
     starts = np.zeros(len(queries), np.int32) if secret_start is None else np.asarray(secret_start)
     data = family.encode_pairs(documents, queries, input_len, target_len)
-    step = _scoring_step(family)
-    n = len(queries)
-    bits = np.zeros(n, np.float64)
-    greedy = np.zeros(n, bool)
+    logp, hit = token_scores(
+        family, params, data, batch_size=batch_size, progress=progress, description=description
+    )
+    mask = data["target_mask"]
+    bits = -(logp * mask).sum(axis=1) / _LOG2
+    positions = np.arange(target_len)[None, :]
+    ends = mask.sum(axis=1, keepdims=True) - 1  # the end-of-query token is not secret
+    secret = (positions >= starts[:, None]) & (positions < ends)
+    greedy = np.all(hit | ~secret, axis=1)
+    return SequenceScores(log_perplexity=bits.astype(np.float64), greedy_secret=greedy)
+
+
+def token_scores(
+    family,
+    params,
+    data: dict[str, np.ndarray],
+    *,
+    batch_size: int,
+    progress: bool = False,
+    description: str = "score",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per encoded row (`family.encode_pairs`' keys) and target position: the target token's
+    log-probability (nats) and whether it is the greedy token, in jitted batches of
+    `batch_size` (the last one padded: one compiled shape)."""
     from tqdm.auto import tqdm
 
-    for begin in tqdm(range(0, n, batch_size), desc=description, disable=not progress):
-        idx = np.arange(begin, min(begin + batch_size, n))
-        padded = np.concatenate([idx, np.full(batch_size - len(idx), idx[-1])])
-        batch = {k: jnp.asarray(v[padded]) for k, v in data.items()}
-        logp, hit = jax.device_get(step(params, batch))
-        mask = data["target_mask"][idx]
-        bits[idx] = -(logp[: len(idx)] * mask).sum(axis=1) / _LOG2
-        positions = np.arange(target_len)[None, :]
-        ends = mask.sum(axis=1, keepdims=True) - 1  # the end-of-query token is not secret
-        secret = (positions >= starts[idx][:, None]) & (positions < ends)
-        greedy[idx] = np.all(hit[: len(idx)] | ~secret, axis=1)
-    return SequenceScores(log_perplexity=bits, greedy_secret=greedy)
-
-
-def _scoring_step(family):
     logits_fn = family.logits_fn()
 
     def one(params, ex):
@@ -207,4 +203,14 @@ def _scoring_step(family):
         target_logp = jnp.take_along_axis(logp, ex["targets"][:, None], axis=-1)[:, 0]
         return target_logp, jnp.argmax(logits, axis=-1) == ex["targets"]
 
-    return jax.jit(jax.vmap(one, in_axes=(None, 0)))
+    step = jax.jit(jax.vmap(one, in_axes=(None, 0)))
+    n = len(data["targets"])
+    logp = np.zeros(np.shape(data["targets"]), np.float32)
+    hit = np.zeros(np.shape(data["targets"]), bool)
+    for begin in tqdm(range(0, n, batch_size), desc=description, disable=not progress):
+        idx = np.arange(begin, min(begin + batch_size, n))
+        padded = np.concatenate([idx, np.full(batch_size - len(idx), idx[-1])])
+        batch = {k: jnp.asarray(v[padded]) for k, v in data.items()}
+        batch_logp, batch_hit = jax.device_get(step(params, batch))
+        logp[idx], hit[idx] = batch_logp[: len(idx)], batch_hit[: len(idx)]
+    return logp, hit

@@ -1,35 +1,16 @@
 """Audit a fact release of one's own collection with canaries (one run, jax-privacy's bounds).
 
-`audit_fact_release` plants m canary records in a copy of the user's collection, each a
-sentence stating a fact about invented names ("Zorvak Quimble works at Pelthrix Dynamics.")
-and each included with probability 1/2 (public coins); it runs the release once with the
-user's settings and scores every canary on what was released: the largest noisy count of a
-released pair that names one of the canary's phrases (0 when none). An included canary that
-the release carries scores high; an excluded one cannot (its names are invented and
-unique). `synthgen.audit.whitebox.score_stats` (jax-privacy's `CanaryScoreAuditor`: the
-one-run bounds of Steinke et al. 2023 and Mahloujifar et al. 2024) turns the scores into a
-lower bound on epsilon at 95%, to be read against the release's claimed epsilon: a bound
-above the claim is a leak. No run with m canaries can certify more than the bound of a
-perfect attack (`statistical_cap`): when that cap is not above the claim, the bound can
-never exceed it, and the verdict is "inconclusive", not "no leak". The epsilon-count bound
-tests the card's own claim, (epsilon, delta)-DP; the f-DP bound tests a Gaussian mechanism's
-trade-off curve at that (epsilon, delta), a stronger claim, and its cap is higher (500
-canaries, delta 1e-6: 4.10 and 8.20). A verdict that rests on the f-DP bound alone, a claim
-between the two caps or a bound only the f-DP one exceeds, says so. A second test has power
-at any epsilon: the card says a pair one record states is released with probability at most
-delta / 2K, so an included canary released at all is a leak when that is unlikely for the
-included canaries together (`card_check_p`).
-
-Two kinds of canary test the per-record bounds the card rests on: a record contributes each
-pair once and at most K pairs. Every other canary states its pair `repeats` times (the
-release's `records_needed(0.99)`, at most `MAX_REPEATS`): deduplicated it is one statement,
-as likely released as any single record's pair; counted once per statement it is released
-almost surely, and the card check sees it (`repeated_released`). Over-K canaries, planted in
-every run, come in `OVER_K_GROUPS` groups of `repeats` records; each record states K pairs of
-its own names first, then a pair its group shares, past its K-th pair. No record contributes
-a shared pair, so a release that keeps to K releases none, ever; one that lets a record
-contribute past K releases a group's pair almost surely: a released pair naming a shared
-name is a leak (`beyond_k_released`), with no false alarm.
+`audit_fact_release` plants m canary records in a copy of the user's collection, each a fact
+about invented names ("Zorvak Quimble works at Pelthrix Dynamics.") included with
+probability 1/2 (public coins), runs the release once with the user's settings, and scores
+every canary by the largest noisy count of a released pair naming one of its phrases (0
+when none). `whitebox.score_stats` turns the scores into one-run lower bounds on epsilon at
+95% (epsilon-count and f-DP), read against the release's claim and the cap of a perfect
+attack (`statistical_cap`: a claim above it is "inconclusive", not "no leak"). Two further
+tests have power at any epsilon: the card's single-record release probability
+(`card_check_p`, which repeated canaries probe) and the K cap (over-K canaries, whose shared
+pair a release that keeps to K never releases). The canary kinds, the verdicts and what
+the canaries miss: docs/guides/audits.md ("Your own knowledge release").
 
 Privacy:
   The audit is itself a release of the collection (plus canaries) at the same (epsilon,

@@ -1,58 +1,22 @@
 """Canary audit of DP few-shot generation (Tang et al. 2024): exposure, extraction, membership.
 
-Digit-secret canaries (`canaries.make_canaries`, kind "secret") are written as private
-examples whose text field is `"<key> <secret>"`; each is included with probability 1/2,
-independently, and then repeated `repetitions` times among the private rows (Steinke et al.
-2023: the in/out split of a one-run audit). For each epsilon (math.inf = noise off):
+Digit-secret canaries (`canaries.make_canaries`, kind "secret") are private examples whose
+text field is `"<key> <secret>"`, each included with probability 1/2 and repeated
+`repetitions` times. For each epsilon (math.inf = noise off):
 
-  exposure    Each canary (included or not) is teacher-forced through the generator: the
-              released prefix is `lead + key`, then the secret's tokens. At every secret
-              token the M private prompts are built exactly as `synthgen.fewshot.generate`
-              builds them (`draw_subsets` at the plan's rate, `_Prompts`), their rows are
-              averaged by `fewshot.private_mean` over the candidates of
-              `fewshot.public_candidates`, plus the public prior, and the probability that
-              the MECHANISM RELEASES the secret's token is computed (see "What is scored").
-              The sum of -log2 of these probabilities is the secret's log-perplexity;
-              reference secrets from the same space (`canaries.digit_secret`) get the same
-              key, the same subset draws (common random numbers) and the same computation;
-              rank and exposure follow Carlini et al. 2019 (`exposure.exposure`). The
-              cells also give `median_ratio_bits`: the median over canaries of (median
-              reference log-perplexity - the secret's), i.e. log2 of how much more likely
-              the release makes the secret than a typical secret of its space. Under heavy
-              noise the references' spread collapses, so the rank-based exposure can reach
-              its maximum log2(#references) for a bias of under a bit (an r-times repeated
-              canary may legitimately shift the release by about r * eps nats by group
-              privacy); `median_ratio_bits` keeps the size of the bias.
-  extraction  `fewshot.generate` is run on the private rows with the canaries; a canary is
-              extracted when its secret appears verbatim in a released text. The softer
-              figure is the longest prefix of the secret (in digits) found in any released
-              text (out canaries give its chance level).
-  membership  score = median reference log-perplexity - the secret's log-perplexity (the
-              key-calibrated exposure), in vs out per repetitions group: AUC and TPR at 1%
-              FPR, descriptive only. No epsilon lower bound is computed: the scores are
-              exact probabilities of the release computed from the private rows, not the
-              outputs of one DP run, and under honest DP an inserted canary keeps a bias of
-              up to r * eps that separates it perfectly (the bound would refute true claims).
+  exposure    the log-perplexity (bits) of each secret under the probability that the
+              MECHANISM RELEASES its tokens after `lead + key` (`score_canaries`: the M
+              prompts drawn as `fewshot.generate` draws them, Monte Carlo over the
+              subsample, exact in the noise: `release_logprob`), against reference secrets
+              with the same key and draws; rank and exposure as Carlini et al. 2019, and
+              `median_ratio_bits`, the size of the bias, which noise cannot squeeze.
+  extraction  a secret found verbatim in `fewshot.generate`'s texts, and the longest
+              prefix of it found.
+  membership  AUC and TPR at 1% FPR per repetitions group, descriptive only: no epsilon
+              bound (`_membership`).
 
-What is scored, and why it is sound:
-  The probability of the released token, P(release = v | released prefix), marginalised over
-  everything the mechanism draws: the Poisson subsample (Monte Carlo, `draws` draws) and the
-  noise (exactly: the exponential mechanism's softmax of eps * (mean + prior) / (2 / M); for
-  the Gaussian mechanism P(argmax(a + Z) = v) = integral of phi(z) * prod_c Phi(z + (a_v -
-  a_c) / s) dz, s = sigma * sqrt(2) / M, by quadrature). This is the distribution of the
-  release itself, so the exposure measures what the DP guarantee protects: by
-  post-processing and group privacy, an r-times repeated canary shifts it by at most a
-  factor e^{r eps} per draw of the whole text. With `resample="token"` the tokens' draws are
-  independent given the prefix, so the product over the secret's tokens is exactly the
-  probability that the generator, having released the key, releases the secret. With
-  `resample="example"` one draw is shared by a text: the probability is averaged over draws
-  per sequence, E_draw[prod_t P(s_t | draw)], without weighting the draws by the key's own
-  likelihood (a documented approximation). The noise-free mean (`private_mean` alone) is NOT
-  scored: it is the same at every epsilon and is never released, so exposure on it would
-  say nothing about the mechanism. At epsilon = inf the release is the argmax of the mean
-  (ties split evenly), a token's probability is the fraction of draws whose argmax it is;
-  zero probabilities are floored at 2^-FLOOR_BITS and, at epsilon = inf only, ties are broken
-  by a 1e-6-weighted log-perplexity under the noise-free mean.
+Why the scored probability is the release's own, and the one approximation (one draw per
+text): docs/guides/audits.md ("The few-shot generator").
 
 Privacy:
   The audit reads the private rows. The canary record (keys, secrets, in/out labels,
@@ -81,6 +45,7 @@ from scipy import special
 from synthgen import fewshot
 from synthgen.audit import auditor, canaries, exposure
 from synthgen.audit.claims import epsilon_tag
+from synthgen.audit.fewshot_release_audit import noise_off
 from synthgen.fewshot.prompts import _Prompts
 from synthgen.fewshot.sampling import _pools
 from synthgen.lm_backends import NextTokenLM
@@ -89,7 +54,6 @@ from synthgen.work_folder import private_folder
 
 FLOOR_BITS = 64.0  # a token's probability is floored at 2^-64 (log-perplexity stays finite)
 TIE_WEIGHT = 1e-6  # epsilon = inf only: weight of the noise-free mean's bits (tie-break)
-NOISE_OFF = 1e-9  # the Gaussian multiplier (rnm: 1 / token epsilon) of epsilon = inf runs
 SCORES = "fewshot_scores"
 TEXTS = "fewshot_texts"
 _LN2 = math.log(2.0)
@@ -106,21 +70,15 @@ def run_plan(
     """The config and plan of the audit run at `epsilon`.
 
     A finite epsilon is a calibration target (`target_epsilon`); math.inf keeps the plan's
-    shape (rate, tokens, delta) but switches the noise off: a Gaussian multiplier of
-    NOISE_OFF (rnm: token epsilon 1 / NOISE_OFF), i.e. argmax with random tie-breaking, and
-    the plan's epsilon is math.inf.
+    shape (rate, tokens, delta) but switches the noise off
+    (`fewshot_release_audit.noise_off`: the plan's epsilon is math.inf).
     """
     target = 1.0 if math.isinf(epsilon) else float(epsilon)
     config = dataclasses.replace(
         config, target_epsilon=target, noise_multiplier=None, token_epsilon=None
     )
     plan = fewshot.plan_for(rows, targets, template, config, pool_field=pool_field)
-    if math.isinf(epsilon):
-        if config.mechanism == "gaussian":
-            plan = dataclasses.replace(plan, noise_multiplier=NOISE_OFF, epsilon=math.inf)
-        else:
-            plan = dataclasses.replace(plan, token_epsilon=1.0 / NOISE_OFF, epsilon=math.inf)
-    return config, plan
+    return config, noise_off(plan) if math.isinf(epsilon) else plan
 
 
 # ---- the probability that the mechanism releases a token ----------------------------------

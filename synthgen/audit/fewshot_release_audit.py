@@ -1,44 +1,22 @@
 """One-run canary audit of DP few-shot generation's released text: a lower bound on its epsilon.
 
-The design shared with Private Evolution's audit is `synthgen.audit.release_audit`'s. For
-the few-shot generator (`synthgen.fewshot`, Tang et al. 2024):
+The design is `release_audit`'s. For the few-shot generator (`synthgen.fewshot`, Tang et
+al. 2024): a canary is one private example, a typical prefix then a secret of
+`secret_words` public words (`FEWSHOT_CANARY`). ONE run of `fewshot.generate` releases
+`num_texts` continuations of a public stem that ends in that prefix (`TEMPLATE`), so a
+prompt that holds a canary invites the LM to copy its secret there (Panda et al. 2025
+likewise score a secret after its prefix); the template is public and the same in both
+worlds. A canary's score is the most of its secret found in any released text
+(`release_audit.secret_word_scores`).
 
-  * A canary is one private example whose text is a typical prefix followed by a secret
-    of `secret_words` public words (`FEWSHOT_CANARY`: "The secret words are <w1 w2 w3>.").
-    Each canary is included with probability 1/2.
-  * ONE run of `fewshot.generate` on the ordinary rows plus the included canaries, with
-    `num_texts` public targets (one released text each) and the prompt layout of
-    `synthgen generate-docs` without labels, whose public stem ends with the canaries'
-    prefix (`TEMPLATE`: "... Paragraph: The secret words are"). Every released text is
-    thus a continuation of the prefix, and a prompt that holds a canary invites the LM to
-    copy its secret there (in-context copying is what few-shot generation can leak; Panda
-    et al. 2025 likewise score a secret after its prefix). The template is public and
-    the same in both worlds, so the claim is unchanged by it.
-  * Score of a canary: the most of its secret found in any released text
-    (`release_audit.secret_word_scores`: the longest in-order run of its words, the
-    number of its words as a tie-break). Only the released texts are read.
-
-The claim. Unit: one private example, add/remove-one (`fewshot.RELATION`); a canary is one
-example, inserted once. The plan (`fewshot_plan`) is made from public figures only:
-public_pool_size = ordinary rows + m (every canary counted as if inserted), so the
-sampling rate q = M * shots / public_pool_size, delta (default 1 / (10 public_pool_size))
-and the noise do not depend on the coins; the pool is smaller than declared by the
-excluded canaries, which `allow_small_pools` runs as designed (each example still joins a
-draw with probability exactly q). The claim is the plan's epsilon for `num_texts` x
-`max_new_tokens` tokens. epsilon = math.inf keeps the plan's shape but switches the noise
-off (multiplier `release_audit.NOISE_OFF`: the argmax of the mean, ties broken at random)
-and the claim is then math.inf (no privacy claimed; never a violation).
-
-Power. A canary can only be found if a prompt that holds it is copied into the release:
-with resample="example" (one draw per text) a text's prompts are fixed for its whole
-length, and with M = 1 prompt the release (noise off) is the LM's greedy continuation of
-that prompt; with M > 1 the argmax of the mean still follows at most one prompt's copy, so
-M = 1 is the cheapest way to the most copies. A text carries at most one secret, so at
-most `num_texts` canaries can be found: the bound approaches the cap only when
-`num_texts` is several times the m / 2 included canaries. Under noise the release is a
-noisy argmax of M-averaged probabilities; at the epsilons of interest one prompt's vote
-is far below the noise (std sigma sqrt(2) / M on probabilities) and the expected bound is
-near 0: what the claim promises, not a weakness of the scores.
+The claim (`fewshot_plan`): one private example, add/remove-one (`fewshot.RELATION`), for
+`num_texts` x `max_new_tokens` tokens, the pool declared as ordinary rows + m (every canary
+counted as if inserted), so the rate, delta and noise never read the coins; the excluded
+canaries make the pool smaller than declared, which `allow_small_pools` runs as designed
+(each example still joins a draw with probability exactly q). epsilon = math.inf keeps the
+plan's shape with the noise off (`release_audit.NOISE_OFF`) and claims nothing. Why M = 1
+and what limits the power: docs/guides/audits.md ("Few-shot, Private Evolution and DP-RAG
+with power").
 
 Privacy:
   See `synthgen.audit.release_audit`: the coins, the per-canary scores and the released
@@ -118,16 +96,8 @@ def fewshot_plan(
     num_private: int,
     num_canaries: int,
     num_texts: int,
-    subsets: int,
-    shots: int,
-    max_shots: int | None,
-    shot_tokens: int,
-    max_new_tokens: int,
-    resample: str,
     mechanism: str,
-    public_vocab: int | None,
-    public_prior: float,
-    delta: float | None,
+    **settings,
 ) -> tuple[fewshot.FewShotConfig, fewshot.FewShotPlan]:
     """The audited run's config and plan, from public figures only (never the coins).
 
@@ -135,8 +105,9 @@ def fewshot_plan(
       epsilon: the target epsilon; math.inf: the same plan shape with the noise off.
       num_private, num_canaries: the ordinary rows and m; public_pool_size = their sum.
       num_texts: released texts (one per target, one pool).
-      subsets ... public_prior: the generator's hyper-parameters (`fewshot.FewShotConfig`).
-      delta: None: the generator's default 1 / (10 public_pool_size).
+      mechanism, **settings: the generator's other hyper-parameters
+        (`fewshot.FewShotConfig`: subsets ... public_prior; delta None: the generator's
+        default 1 / (10 public_pool_size)).
 
     Returns:
       (config, plan): the plan's epsilon is the claim (math.inf without noise).
@@ -149,29 +120,25 @@ def fewshot_plan(
     private = math.isfinite(epsilon)
     config = fewshot.FewShotConfig(
         public_pool_size=num_private + num_canaries,
-        subsets=subsets,
-        shots=shots,
-        max_shots=max_shots,
-        shot_tokens=shot_tokens,
-        max_new_tokens=max_new_tokens,
         mechanism=mechanism,
         target_epsilon=float(epsilon) if private else None,
         # noise off: a placeholder noise fixes the plan's shape without a calibration
         noise_multiplier=None if private or mechanism != "gaussian" else 1.0,
         token_epsilon=None if private or mechanism != "rnm" else 1.0,
-        delta=delta,
-        public_vocab=public_vocab,
-        public_prior=public_prior,
-        resample=resample,
         allow_small_pools=True,
+        **settings,
     )
-    plan = fewshot.plan_privacy(config, num_texts * max_new_tokens)
-    if not private:
-        noise = {"noise_multiplier": release_audit.NOISE_OFF}
-        if mechanism == "rnm":
-            noise = {"token_epsilon": 1.0 / release_audit.NOISE_OFF}
-        plan = dataclasses.replace(plan, epsilon=math.inf, **noise)
-    return config, plan
+    plan = fewshot.plan_privacy(config, num_texts * config.max_new_tokens)
+    return config, plan if private else noise_off(plan)
+
+
+def noise_off(plan: fewshot.FewShotPlan) -> fewshot.FewShotPlan:
+    """`plan` with the noise switched off and no claim (epsilon math.inf): a Gaussian
+    multiplier of `release_audit.NOISE_OFF` (rnm: token epsilon 1 / NOISE_OFF), i.e. the
+    argmax of the mean with ties broken at random."""
+    if plan.mechanism == "gaussian":
+        return dataclasses.replace(plan, noise_multiplier=release_audit.NOISE_OFF, epsilon=math.inf)
+    return dataclasses.replace(plan, token_epsilon=1.0 / release_audit.NOISE_OFF, epsilon=math.inf)
 
 
 def run_fewshot_power_cell(
@@ -206,25 +173,17 @@ def run_fewshot_power_cell(
 
     Args:
       lm: the frozen LM backend (`synthgen.lm_backends.load_backend`).
-      epsilon: the run's target epsilon; math.inf switches the noise off (claim: inf).
-      canaries: m, each included with probability 1/2.
-      private_texts: the ordinary private examples' texts; None: the first `num_private`
-        wiki summaries (public stand-ins).
-      public_texts: public documents for the secret words; None: the wiki summaries after
-        the private stand-ins.
-      num_private: ordinary rows when `private_texts` is None.
+      epsilon, canaries, significance, canary_template, secret_words, seed, work_dir: the
+        audit's (`release_audit.ReleaseCell`).
+      private_texts, public_texts, num_private: the ordinary private examples' texts and
+        the public documents for the secret words (`release_audit.wiki_stand_ins`).
       num_texts: released texts (targets).
       subsets: M, prompts per token; shots, max_shots, shot_tokens, max_new_tokens,
         resample, mechanism, public_vocab, public_prior and delta are the generator's
         other settings (`fewshot_plan`).
       template: the prompt layout; its shot field must be `text`, its header and stem
         fieldless (the targets are empty).
-      canary_template: a canary's text, with "{secret}" (and optionally "{name}").
-      secret_words: words per secret.
-      significance: level of both bounds (0.05: 95%).
       model: a public label for the result.
-      seed: None (production): 128 bits of OS entropy; fixed seeds are for tests only.
-      work_dir: a PRIVATE folder for the coins, scores and released texts (None: memory).
       progress: a progress bar on stderr (released tokens only).
 
     Returns:
@@ -239,16 +198,10 @@ def run_fewshot_power_cell(
       except into `work_dir` (see the module docstring).
     """
     cell = release_audit.ReleaseCell(
-        epsilon=epsilon,
-        canaries=canaries,
-        significance=significance,
-        canary_template=canary_template,
-        secret_words=secret_words,
-        seed=seed,
-        work_dir=work_dir,
+        epsilon, canaries, significance, canary_template, secret_words, seed, work_dir
     )
-    if num_texts < 1 or secret_words < 1:
-        raise ValueError(f"need num_texts >= 1 and secret_words >= 1, got {num_texts=}")
+    if num_texts < 1:
+        raise ValueError(f"need num_texts >= 1, got {num_texts=}")
     shot_fields, target_fields = template.fields()
     if shot_fields != {"text"} or target_fields:
         raise ValueError(f"the template's shots must read only {{text}}, got {shot_fields=}")
@@ -296,19 +249,16 @@ def run_fewshot_power_cell(
     generate_seconds = time.perf_counter() - generate_start
     del rows
     scores = release_audit.secret_word_scores(drawn.secrets, released.texts)
-    figures, full_in, full_out = cell.figures(
+    return cell.result(
+        FewShotPowerResult,
         OBSERVABLE,
         scores,
         coins,
         released.texts,
         found_at=secret_words,  # the whole secret, in order, in some text
+        found=("full_secret_in", "full_secret_out"),
         tag="fewshot",
         plan=plan,
-    )
-    del scores, coins, drawn
-    return cell.result(
-        FewShotPowerResult,
-        figures,
         model=model,
         num_private=len(private_texts),
         num_texts=num_texts,
@@ -317,8 +267,6 @@ def run_fewshot_power_cell(
         sampling_rate=plan.sampling_rate,
         noise_multiplier=plan.noise_multiplier,
         token_epsilon=plan.token_epsilon,
-        full_secret_in=full_in,
-        full_secret_out=full_out,
         tokens_released=released.tokens_released,
         generate_seconds=generate_seconds,
         **shape,
@@ -337,37 +285,7 @@ def _progress(enabled: bool, total: int) -> tuple[Callable | None, Callable[[], 
     return (lambda released, plan: bar.update(1)), bar.close
 
 
-def run_fewshot_power_cells(
-    out_dir: str | Path,
-    lm: NextTokenLM,
-    epsilons: Sequence[float],
-    *,
-    label: str = "fewshot",
-    canaries: int = 1000,
-    **options,
-) -> list[FewShotPowerResult]:
-    """Runs (or reads back) one few-shot cell per epsilon; resumable by cell.
-
-    Args:
-      out_dir: the results folder (aggregates only): `fewshot_power_<label>_m<m>_eps<tag>.json`.
-      lm: the LM backend.
-      epsilons: target epsilons; math.inf is the noise-off cell.
-      label: a public, file-name-safe label of the setting.
-      canaries: m per cell.
-      **options: `release_audit.run_cells`'s seed (cell k uses seed + k), log and work_dir,
-        and further `run_fewshot_power_cell` arguments.
-
-    Returns:
-      One `FewShotPowerResult` per epsilon, in order.
-    """
-    return release_audit.run_cells(
-        out_dir,
-        "fewshot_power",
-        label,
-        epsilons,
-        canaries,
-        run_fewshot_power_cell,
-        FewShotPowerResult,
-        backend=lm,
-        **options,
-    )
+# run_fewshot_power_cells(out_dir, backend, epsilons, *, label=, canaries=, **options)
+run_fewshot_power_cells = release_audit.cell_runner(
+    "fewshot_power", "fewshot", run_fewshot_power_cell, FewShotPowerResult
+)

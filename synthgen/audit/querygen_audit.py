@@ -1,16 +1,11 @@
 """`synthgen audit run` for the DP query generator: train with canaries, score, audit.
 
 For each epsilon (math.inf = a non-private run: clipping, no noise) the generator is trained
-by `querygen.train_generator` on the private pairs plus the included canaries, then every
-canary (included or not) is scored with its references: exposure and extraction per
-(kind, repetitions) cell, and membership inference per repetitions group, with the score
-log-perplexity under the base model minus that under the trained model (calibrated by the
-base model, as in Carlini et al. 2022 and Panda et al. 2025).
-
-Claimed guarantee per group: the generator is (eps, delta)-DP for one (document, query)
-pair; a canary repeated r times is r pairs, covered by group privacy: (r eps,
-r e^{(r-1) eps} delta)-DP (vacuous once that delta reaches 1). The empirical lower bounds of
-a group are compared with that group's claim.
+by `querygen.train_generator` on the private pairs plus the included canaries; every canary
+is scored with its references (exposure and extraction per (kind, repetitions) cell) and by
+membership inference per repetitions group, the score being the base model's
+log-perplexity minus the trained model's (Carlini et al. 2022; Panda et al. 2025). A group
+of r repetitions is judged against its group-privacy claim (`claims.group_claim`).
 
 Privacy:
   The audit trains on the private pairs. Its models, the canary record (secrets, in/out
@@ -138,15 +133,17 @@ def prepare(
         for c in drawn
     ]
     check_lengths(family.tokenizer, drawn, references, config.target_len)
-    base = score_base(
+    base = exposure.score_sequences(  # the calibration: the canaries under the base model
         family,
         params,
-        drawn,
+        [c.document for c in drawn],
+        [c.query for c in drawn],
         input_len=config.input_len,
         target_len=config.target_len,
-        batch=score_batch,
+        batch_size=score_batch,
         progress=progress,
-    )
+        description="score base",
+    ).log_perplexity
     canaries.save_record(
         drawn,
         work,
@@ -198,24 +195,6 @@ def score_model(
         "log_perplexity": scores.log_perplexity.reshape(len(drawn), width),
         "greedy": scores.greedy_secret.reshape(len(drawn), width)[:, 0],
     }
-
-
-def score_base(
-    family, params, drawn, *, input_len: int, target_len: int, batch: int, progress
-) -> np.ndarray:
-    """Log-perplexities (bits) of the canaries under the base model (the calibration)."""
-    scores = exposure.score_sequences(
-        family,
-        params,
-        [c.document for c in drawn],
-        [c.query for c in drawn],
-        input_len=input_len,
-        target_len=target_len,
-        batch_size=batch,
-        progress=progress,
-        description="score base",
-    )
-    return scores.log_perplexity
 
 
 def cell_figures(drawn, scores: dict, base_ppl: np.ndarray, pool_size: int) -> list[dict]:

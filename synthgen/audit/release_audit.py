@@ -1,34 +1,18 @@
 """One-run canary audits of a generator's released text: the shared design.
 
-The query generator's power audits (`synthgen.audit.blackbox`) score a trained model; the
-few-shot generator (`synthgen.fewshot`) and Private Evolution (`synthgen.evolution`) train
-nothing, and what they release is text. Their audits (`synthgen.audit.fewshot_release_audit`,
-`synthgen.audit.evolution_release_audit`) share one design, kept here:
-
-  1. m canaries (default 1,000) are made from public material only: a typical prefix and a
-     secret of `secret_words` random words drawn from a public word list
-     (`secret_vocabulary`: mid-frequency words of public documents, so that a secret word
-     rarely turns up by chance), and, where the generator needs outliers, an invented
-     subject (`invented_name`: random syllables, one per canary, so no real text is near
-     it). Each canary is included among the private examples with probability 1/2
-     (Steinke, Nasr & Jagielski 2023), by `coins.draw_coins`.
-  2. The generator runs ONCE on ordinary private examples (public stand-ins, the wiki
-     summaries as in `dpsynth.evaluation.querygen_audit_power`) plus the included canaries.
-     Every public figure it declares (a pool size, a data size) is fixed from public
-     counts, ordinary rows + m, as if every canary went in: never from the coins, so the
-     claim (the plan's epsilon for one private example) does not depend on them.
-  3. Each canary is scored from its own text and the released texts ONLY (higher = "in"):
-     `secret_word_scores` (few-shot: the secret's words found verbatim) or
-     `max_cosine_scores` (Private Evolution: similarity to the nearest released sample).
-  4. The scores of the included and excluded canaries give AUROC, TPR at 1% FPR and the
-     one-run epsilon lower bounds of the epsilon-count analysis (Steinke et al. 2023) and
-     of the f-DP analysis (Mahloujifar et al. 2024) at 95%, by jax-privacy's auditor
-     (`whitebox.score_stats`), next to the statistical cap of the same counts
-     (`whitebox.statistical_cap`). A bound above the claim is a defect to report
-     (`CellResult.violation`), never a setting to tune away.
-
-Cells are written one JSON per cell (`run_cells`): an existing file is read back instead
-of run, so an interrupted table resumes; a cell is re-run whole, with fresh coins.
+The few-shot generator and Private Evolution train nothing and release text; their audits
+(`fewshot_release_audit`, `evolution_release_audit`) share this design (Steinke, Nasr &
+Jagielski 2023): m canaries made from public material only (a secret of random words from
+`secret_vocabulary`, mid-frequency public words; where the generator needs outliers, an
+`invented_name`), each included by a fair coin (`coins.draw_coins`); ONE run of the
+generator on ordinary private examples (wiki stand-ins, `wiki_stand_ins`) plus the included
+canaries, every size it declares fixed from ordinary rows + m, never from the coins, so the
+claim does not depend on them; each canary scored from its own text and the released texts
+ONLY (`secret_word_scores`, `max_cosine_scores`); the bounds and the cap of
+`whitebox.canary_figures` (`ReleaseCell`). A bound above the claim is a defect to report,
+never a setting to tune away. One JSON file per cell (`run_cells`): an interrupted table
+resumes; a cell is re-run whole, with fresh coins. See docs/guides/audits.md ("Few-shot,
+Private Evolution and DP-RAG with power").
 
 Privacy:
   The canaries are public (public words, OS-entropy randomness); which went in (the
@@ -39,11 +23,9 @@ Privacy:
   runs are not charged to a ledger: nothing but the aggregates leaves, and publishing the
   aggregates of a run at epsilon costs that epsilon; an epsilon = inf cell is NOT private.
 
-References:
-  Steinke, Nasr, Jagielski 2023, "Privacy Auditing with One (1) Training Run", arXiv
-  2305.08846; Mahloujifar, Melis, Chaudhuri 2024, "Auditing f-Differential Privacy in One
-  Run", arXiv 2410.22235; Panda et al. 2025, arXiv 2503.06808 (canaries with a typical
-  prefix and a secret); Carlini et al. 2019 (the secret sharer).
+References: Steinke, Nasr, Jagielski 2023 (arXiv 2305.08846); Mahloujifar, Melis, Chaudhuri
+2024 (arXiv 2410.22235); Panda et al. 2025 (arXiv 2503.06808: canaries with a typical prefix
+and a secret); Carlini et al. 2019 (the secret sharer).
 """
 
 from __future__ import annotations
@@ -53,6 +35,7 @@ import dataclasses
 import json
 import math
 import re
+import sys
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -240,18 +223,26 @@ def max_cosine_scores(canaries: np.ndarray, released: np.ndarray) -> np.ndarray:
 # ---- statistics, private records, cells ---------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class ReleaseCell:
     """The arguments every release-audit cell shares (named as the cells' own), the steps
     it runs with them, and its clock, started on creation.
 
     Creation checks the public arguments; `draw` refuses the plan's delta, then draws the
-    canaries and the coins; `figures` scores them; `result` makes the cell's record.
-    `named_canaries`: the canary template must hold "{name}" (outlier canaries).
+    canaries and the coins; `result` scores them and makes the cell's record.
+
+    Attributes:
+      epsilon: the run's target epsilon; math.inf switches the noise off (claim: inf).
+      canaries: m, each included with probability 1/2.
+      significance: level of both bounds (0.05: 95%).
+      canary_template: a canary's text, with "{secret}" (and "{name}" for outliers).
+      secret_words: words per secret.
+      seed: None (production): 128 bits of OS entropy; fixed seeds are for tests only.
+      work_dir: a PRIVATE folder for the coins, scores and released texts (None: memory).
 
     Raises:
       ValueError: fewer than 2 canaries, epsilon not > 0 (NaN included), a significance
-        outside (0, 0.5), or a template without "{secret}" (or "{name}").
+        outside (0, 0.5), no secret word, or a template without "{secret}".
     """
 
     epsilon: float
@@ -261,7 +252,6 @@ class ReleaseCell:
     secret_words: int
     seed: int | None = dataclasses.field(repr=False)  # it draws the secret coins
     work_dir: str | Path | None
-    named_canaries: bool = False
     start: float = dataclasses.field(default_factory=time.perf_counter, repr=False)
 
     def __post_init__(self) -> None:
@@ -272,7 +262,9 @@ class ReleaseCell:
             raise ValueError(f"epsilon must be > 0 or math.inf, got {epsilon=}")
         if not 0 < significance < 0.5:
             raise ValueError(f"significance must be in (0, 0.5), got {significance=}")
-        check_canary_template(self.canary_template, name=self.named_canaries)
+        if self.secret_words < 1:
+            raise ValueError(f"need secret_words >= 1, got {self.secret_words=}")
+        check_canary_template(self.canary_template)
 
     def draw(self, public_texts: Sequence[str], plan: Any) -> tuple[ReleaseCanaries, Any, int]:
         """(canaries, coins, run seed): independent streams of the audit seed
@@ -297,22 +289,26 @@ class ReleaseCell:
         )
         return drawn, draw_coins(coin_rng, self.canaries), run_seed
 
-    def figures(
+    def result(
         self,
+        result_type: type,
         observable: str,
         scores: np.ndarray,
         coins: np.ndarray,
         released: Sequence[str],
         *,
         found_at: float,
+        found: tuple[str, str],
         tag: str,
         plan: Any,
-    ) -> tuple[dict[str, Any], int, int]:
-        """(`whitebox.canary_figures` of the cell, found in, found out) for the claim `plan`.
+        **fields: Any,
+    ) -> Any:
+        """The cell's `result_type`: `whitebox.canary_figures` for the claim `plan`, `fields`,
+        the secret words and the seconds.
 
-        Found: the included / excluded canaries scoring at least `found_at`. The secrets
-        (coins, scores, released texts) go to the PRIVATE `work_dir` only (`save_private`,
-        `<tag>_eps<epsilon>`).
+        `found` names the fields counting the included / excluded canaries that score at
+        least `found_at`. The secrets (coins, scores, released texts) go to the PRIVATE
+        `work_dir` only (`save_private`, `<tag>_eps<epsilon>`).
         """
         coins = np.asarray(coins, bool)
         figures = canary_figures(
@@ -323,7 +319,6 @@ class ReleaseCell:
             delta=plan.delta,
             significance=self.significance,
         )
-        found = scores >= found_at
         save_private(
             self.work_dir,
             f"{tag}_eps{epsilon_tag(self.epsilon)}",
@@ -331,10 +326,8 @@ class ReleaseCell:
             scores=scores,
             released=list(released),
         )
-        return figures, int(np.sum(found & coins)), int(np.sum(found & ~coins))
-
-    def result(self, result_type: type, figures: dict[str, Any], **fields: Any) -> Any:
-        """The cell's `result_type`: `figures`, `fields`, the secret words and the seconds."""
+        hit = scores >= found_at
+        fields[found[0]], fields[found[1]] = int(np.sum(hit & coins)), int(np.sum(hit & ~coins))
         seconds = time.perf_counter() - self.start
         return result_type(secret_words=self.secret_words, seconds=seconds, **fields, **figures)
 
@@ -455,3 +448,33 @@ def run_cells(
         expect=settings_of(cell, **settings, num_canaries=canaries),
         log=log,
     )
+
+
+def cell_runner(kind: str, label: str, cell: Callable[..., Any], result_type: type) -> Callable:
+    """`run_<kind>_cells`: `run_cells` for one audit's `cell` and `result_type`."""
+
+    def runner(
+        out_dir: str | Path,
+        backend: Any,
+        epsilons: Sequence[float],
+        *,
+        label: str = label,
+        canaries: int = 1000,
+        **options: Any,
+    ) -> list:
+        # the module's cell at call time, as a module global is looked up (tests replace it)
+        bound = getattr(sys.modules[cell.__module__], cell.__name__)
+        return run_cells(
+            out_dir, kind, label, epsilons, canaries, bound, result_type, backend=backend, **options
+        )
+
+    runner.__name__ = runner.__qualname__ = f"run_{kind}_cells"
+    runner.__module__ = cell.__module__
+    runner.__doc__ = f"""Runs (or reads back) one `{cell.__name__}` per epsilon; resumable by cell.
+
+    Writes `{kind}_<label>_m<canaries>_eps<tag>.json` files (aggregates only) in `out_dir`;
+    `backend` is the cell's LM or sampler; `options` are `run_cells`'s seed (cell k uses
+    seed + k), log and work_dir, and further `{cell.__name__}` arguments. Returns one
+    `{result_type.__name__}` per epsilon, in order.
+    """
+    return runner

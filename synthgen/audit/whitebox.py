@@ -1,56 +1,16 @@
 """White-box audit of the DP-SGD step: canary gradients inserted before the Gaussian noise.
 
 This audits the project's own DP step (`synthgen.dp_train`), not a model's memorisation:
-
-  1. the clipped gradient sum of one real batch is taken by `dp_train.make_clipped_grad_sum`
-     (the function `dp_train.train` runs; ghost clipping where the caller gives the tapped
-     loss);
-  2. m canaries (default 1,000), each a uniformly random unit direction u_i in the space of
-     the trainable parameters scaled to the clip norm C (exactly one example's largest
-     clipped contribution), are each added to that sum independently with probability 1/2;
-  3. the sum goes through `dp_train.make_noisy_update`, unchanged: Gaussian noise
-     N(0, (sigma C)^2 I), division by the expected batch size, the optimizer;
-  4. each canary is scored by the inner product of u_i with what the step released, and the
-     scores of the included ("in") and excluded ("out") canaries give the one-run epsilon
-     lower bounds, the TPR at 1% FPR and the AUROC.
-
-Observable. The primary score is <u_i, g~> / C with g~ = B x (the privatized gradient the
-optimizer receives): the noisy sum that the DP guarantee is about. It is taken from
-`make_noisy_update` itself, run with `optax.identity()` on zero parameters (its output is
-then exactly g~ / B), so no line of the noise path is re-implemented here. For a Gaussian
-mechanism it is also the most powerful observable: given the rest of the sum, the
-likelihood ratio of "canary i in" depends on g~ only through <u_i, g~>. Adafactor is not
-linear (factored second-moment scaling, update clipping), so the parameter update is a
-post-processing of g~: the secondary score -<u_i, update> (same noise key, the project's
-optimizer, the model's real parameters) is reported too; it can only be weaker.
-
-One step, not T. A canary present in each of T steps (no subsampling) faces the T-fold
-composition of Gaussian mechanisms, which is exactly one Gaussian mechanism with noise
-multiplier sigma / sqrt(T); and sum_t <u_i, g~_t> is distributed exactly as the score of one
-step at that noise. T steps would cost T times the compute for the same test. Auditing
-Poisson subsampling of the canaries would need scores that know the realised inclusions of
-each step; the one-run test cannot use that amplification, so it would only lose power.
-
-The claim. Neighbouring relation: add or remove one canary, i.e. one example's clipped
-contribution of norm C. For the audited step, where a canary is present with certainty,
-the project's accountant gives the claim: `dp_train.plan_privacy` with batch size = number
-of examples (sampling rate 1) and one epoch (one step) is the Gaussian mechanism with noise
-multiplier sigma; the noise multiplier is calibrated by the same function to the target
-epsilon at `delta`, and the audit compares every bound with the plan's epsilon.
-
-Statistics. `jax_privacy.auditing.CanaryScoreAuditor` (jax-privacy 2.0.0) computes them at
-run time: the one-run epsilon of Steinke, Nasr & Jagielski 2023 (the epsilon-count
-analysis: one-sided, the attacker guesses "in" above a threshold and abstains below it;
-Bonferroni over the thresholds), the f-DP analysis of Mahloujifar et al. 2024 against the
-Gaussian trade-off curve of (epsilon, delta) (the audited mechanism is Gaussian, so that
-curve is the right one), TPR at 1% FPR and AUROC. The statistical cap of m canaries is the
-bound of a perfect attack on the same in/out counts (scores 1 for in, 0 for out). Measured
-reason to import it at run time (2 cores, CPU, jax-privacy 2.0.0): once jax, scipy, optax
-and dp-accounting are imported (every training path imports them), `import
-jax_privacy.auditing` adds 0.03-0.05 s; of its requirements only chex is not already a
-runtime dependency of this project, so it is a runtime dependency (pyproject.toml), imported
-lazily here; `synthgen.audit.auditor` (the query-generator and few-shot audits) is a thin
-adapter over the same class.
+m canaries, each a uniformly random unit direction u_i in the trainable parameters' space
+scaled to the clip norm C (one example's largest clipped contribution), are each added with
+probability 1/2 to one real batch's clipped gradient sum (`dp_train.make_clipped_grad_sum`);
+the sum goes through `dp_train.make_noisy_update` unchanged; each canary is scored by
+<u_i, g~> / C, g~ the privatized gradient sum (`noisy_grad`, read from `make_noisy_update`
+run with `optax.identity()` on zero parameters), and by -<u_i, update> under Adafactor (a
+post-processing: weaker). The claim is `step_plan`: the project's accountant for one step
+at sampling rate 1, the Gaussian mechanism with noise multiplier sigma. The statistics are
+jax-privacy's (`score_stats`). Why this observable is the most powerful, why one step and
+not T: docs/guides/audits.md ("White-box audit of the DP-SGD step").
 
 Privacy:
   The audited step runs on a real batch of private examples. What leaves this module is
@@ -62,14 +22,9 @@ Privacy:
   step, (epsilon, delta)-DP for one example of the batch. Nothing is charged to a ledger:
   nothing is released but the aggregates.
 
-References:
-  Steinke, Nasr, Jagielski 2023, "Privacy Auditing with One (1) Training Run" (NeurIPS),
-  arXiv:2305.08846.
-  Mahloujifar, Melis, Chaudhuri 2024, "Auditing f-Differential Privacy in One Run",
-  arXiv:2410.22235.
-  Nasr, Hayes, Steinke, Balle, Tramer, Jagielski, Carlini, Terzis 2023, "Tight Auditing of
-  Differentially Private Machine Learning" (USENIX Security): white-box gradient canaries.
-  Abadi et al. 2016 (DP-SGD).
+References: Steinke, Nasr, Jagielski 2023 (NeurIPS, arXiv:2305.08846); Mahloujifar, Melis,
+Chaudhuri 2024 (arXiv:2410.22235); Nasr et al. 2023, "Tight Auditing of Differentially
+Private Machine Learning" (USENIX Security: white-box gradient canaries); Abadi et al. 2016.
 """
 
 from __future__ import annotations
@@ -239,16 +194,6 @@ def score_histogram(
     return tuple(map(float, edges)), tuple(map(int, counts_in)), tuple(map(int, counts_out))
 
 
-def _canary_auditor():
-    try:
-        from jax_privacy.auditing import CanaryScoreAuditor
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ImportError(
-            "the white-box audit needs jax-privacy==2.0.0 (pip install 'jax-privacy==2.0.0')"
-        ) from exc
-    return CanaryScoreAuditor
-
-
 def score_stats(
     observable: str,
     in_scores: np.ndarray,
@@ -270,7 +215,9 @@ def score_stats(
       The `ScoreStats`: epsilon-count (Steinke et al. 2023) and f-DP (Mahloujifar et al.
       2024) one-run bounds, one-sided, Bonferroni over thresholds.
     """
-    auditor = _canary_auditor()(np.asarray(in_scores, np.float64), np.asarray(out_scores))
+    from jax_privacy.auditing import CanaryScoreAuditor  # a runtime dependency, lazily
+
+    auditor = CanaryScoreAuditor(np.asarray(in_scores, np.float64), np.asarray(out_scores))
     edges, counts_in, counts_out = score_histogram(in_scores, out_scores)
     return ScoreStats(
         observable=observable,
