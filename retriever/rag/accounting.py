@@ -5,14 +5,14 @@ tokens (exponential mechanism: eps0-DP and eps0-bounded-range, BR) and optionall
 score (pure). Privacy unit: one document; add/remove-one. ``pure`` composes every release
 with PLD (Grislain 2024). ``bounded-range``: an eps0-BR pair is a post-processing of the
 binary pair RR_t with losses t and t - eps0, t in [0, eps0] (Dong, Durfee & Rogers 2020,
-DDR). Decoding is *adaptive* (step j's mechanism, hence t, depends on the prefix), and DDR
-show adaptivity costs privacy: their optimal max-over-one-t formula (`adaptive=False`) holds
-only for mechanisms fixed in advance. For T=2, eps0=1 it gives TV 0.2883, while t1=0.5, then
-t2=0.25 after loss +0.5 and 0.75 after -0.5, reaches 0.3034. The default (`adaptive=True`)
-is the least of three sound bounds: (a) PLD of the T-fold product of the pair whose profile
-is sup_t delta_{RR_t}; it dominates every eps0-BR pair both ways, so f-DP composition (Dong,
-Roth & Su 2022, Thm 3.2) covers adaptive choices; (b) eps0^2/8-zCDP per token (Cesar &
-Rogers 2021) through dp-accounting's RDP conversion; (c) basic composition T * eps0.
+DDR). Decoding is *adaptive* (step j's t depends on the prefix), and DDR's optimal
+formula (`adaptive=False`) holds only for mechanisms fixed in advance (T=2, eps0=1: TV
+0.2883, while t1=0.5, then t2=0.25 after loss +0.5 and 0.75 after -0.5, reaches 0.3034).
+The default (`adaptive=True`) is the least of three sound bounds: (a) PLD of the T-fold
+product of the pair whose profile is sup_t delta_{RR_t}, which dominates every eps0-BR pair
+both ways, so f-DP composition (Dong, Roth & Su 2022, Thm 3.2) covers adaptive choices; (b)
+eps0^2/8-zCDP per token (Cesar & Rogers 2021) through dp-accounting's RDP conversion; (c)
+basic composition T * eps0. See docs/guides/dp_rag.md ("Per-answer accounting").
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def calibrate_token_epsilon(
     Args:
       target_epsilon, tokens, delta: the answer's target epsilon and delta, its most tokens T.
       retrieval_epsilon, extra_pure: the pure releases (threshold; e.g. the score).
-      composition: "pure" or "bounded-range".
+      composition: "pure" or "bounded-range" (above).
 
     Returns:
       eps0, on the safe side (its total is <= target_epsilon).
@@ -258,10 +258,7 @@ def rag_privacy_plan(
       retrieval_epsilon, score_epsilon, composition, target_epsilon.
 
     Privacy:
-      Add/remove one document; see `calibrate_token_epsilon`.
-
-    References:
-      Grislain 2024; Dong, Durfee & Rogers 2020.
+      Add/remove one document; see `calibrate_token_epsilon` and its references.
     """
     extra = (score_epsilon,) if score_epsilon else ()
     kwargs = dict(retrieval_epsilon=retrieval_epsilon, extra_pure=extra, composition=composition)

@@ -1,23 +1,18 @@
 """DP in-context aggregation: one answer token from per-document next-token distributions.
 
 Grislain 2024 ("RAG with differential privacy", Sec. 4; reference code sarus-tech/dp-rag):
-every privately selected document gets its own prompt, and one public prompt holds no
-document. For each prompt the next-token log-probabilities are shifted so their maximum is
-0, transformed by f(x) = (exp(alpha * x) - 1) / alpha (alpha -> 0 keeps log-probabilities,
-alpha = 1 gives p / p_max - 1), centred on the midpoint of their range and clipped to
-L-infinity norm <= C. The clipped vectors are summed into the utility u, and one token is
-drawn by the exponential mechanism over the whole vocabulary (no candidate list is cut from
-private scores) with the public prompt's distribution as its base measure:
+each selected document's prompt gives next-token log-probabilities, shifted so their maximum
+is 0, transformed by f(x) = (exp(alpha * x) - 1) / alpha, centred on the midpoint of their
+range and clipped to L-infinity norm <= C. Their sum u is the utility of one exponential
+mechanism draw over the whole vocabulary, with the public prompt's (no document)
+distribution as its base measure:
 
     P(v) ∝ p_public(v)^beta(epsilon) * exp(epsilon * u(v) / (2 C)).
 
-Grislain adds theta * log p_public inside the utility, where it is multiplied by epsilon /
-(2 C) and vanishes at small epsilon: the draw becomes uniform over the vocabulary (token
-salad). As a base measure it keeps its weight whatever epsilon, so at small epsilon the
-answer is the public LM's own text and at large epsilon the documents take over. beta is a
-public function of the token's epsilon (`AggregationConfig.public_power`): strong where the
-documents cannot speak, fading where they can, so the public prior does not pull a
-well-supported private answer towards the words the LM already knows.
+Grislain's theta * log p_public inside the utility vanishes at small epsilon (token salad);
+as a base measure it keeps its weight, with beta a public function of the token's epsilon
+(`AggregationConfig.public_power`). See docs/guides/dp_rag.md ("icl: the exponential
+mechanism with a public base measure").
 """
 
 from __future__ import annotations
@@ -42,10 +37,8 @@ class AggregationConfig:
       clip: L-infinity clip C of each document's centred vector (> 0); the utility's
         sensitivity. The transformed range is 1 / alpha, so C >= 1 / (2 alpha) never clips.
       beta: power of the public distribution in the base measure at token epsilon -> 0
-        (>= 0; 0: uniform base measure). Above 1 it sharpens the public LM towards its
-        greedy text.
-      beta_fade_epsilon: the power fades linearly to 0 at this token epsilon
-        (`public_power`); inf keeps `beta` at every epsilon.
+        (>= 0; 0: uniform; above 1 it sharpens the public LM towards its greedy text).
+      beta_fade_epsilon: the power fades linearly to 0 at this token epsilon (inf: never).
     """
 
     alpha: float = 1.0
@@ -161,15 +154,12 @@ def dp_icl_token(
 
     Args:
       private_logprobs: [R, V] next-token log-probabilities, one row per selected document
-        (R may be 0: then only the public prompt speaks), or padding rows masked by
-        `weights`.
+        or padding row (R may be 0: then only the public prompt speaks).
       public_logprobs: [V] next-token log-probabilities of the public prompt.
-      epsilon: this token's privacy parameter.
-      config: alpha, clip C and the public power beta.
-      rng: source of randomness.
-      capped: the rows are the best R of the selection for a public cap R (a fixed
-        shape), so a document can displace another's row (required: a capped caller
-        that forgot it would run at half the sensitivity it needs).
+      epsilon, config, rng: this token's epsilon; alpha, clip C and beta; randomness.
+      capped: the rows are the best R of the selection for a public cap R, so a document
+        can displace another's row (required: a capped caller that forgot it would run
+        at half the sensitivity it needs).
       weights: 1 for a document's row, 0 for a padding row (default: all documents).
 
     Returns:
@@ -177,19 +167,14 @@ def dp_icl_token(
       p_public(v)^beta(epsilon) * exp(epsilon * u_v / (2 S)), S = C, or 2C when `capped`.
 
     Privacy:
-      Privacy unit: one document of the private collection (add/remove-one), given the
-      released threshold of the DP retrieval. A document adds or removes one row, whose
-      contribution lies in [-C, C] in every coordinate, so the utility vector has
-      L-infinity sensitivity C; under a public cap on rows it may also displace the last
-      row (its row in, another out): sensitivity 2C. The exponential mechanism over the
-      full vocabulary at that sensitivity is epsilon-DP and epsilon-bounded-range
-      (McSherry & Talwar 2007; Dong, Durfee & Rogers 2020). Padding rows carry weight 0
-      and a public prompt, so they add nothing that depends on the collection. The base
-      measure p_public^beta comes from the public prompt (the question and the answer so
-      far, no document) and beta from the public epsilon, so it does not
-      depend on the collection: it scales a token's weight by the same factor in both
-      neighbours and leaves the guarantee unchanged (McSherry & Talwar 2007 define the
-      mechanism for any data-independent base measure). Account with
+      Privacy unit: one document (add/remove-one), given the released DP threshold. A
+      document adds or removes one row, each coordinate in [-C, C]: L-infinity
+      sensitivity C, or 2C under a public cap on rows, where it may also displace the
+      last row. The exponential mechanism over the full vocabulary at that sensitivity is
+      epsilon-DP and epsilon-bounded-range (McSherry & Talwar 2007; Dong, Durfee & Rogers
+      2020). Padding rows carry weight 0 and a public prompt. The base measure comes from
+      the public prompt and the public epsilon only, and a data-independent base measure
+      leaves the guarantee unchanged (McSherry & Talwar 2007). Account with
       `pure_epsilon_event(epsilon)` per token, or the bounded-range analysis of
       `retriever.rag.accounting` (Grislain 2024).
     """

@@ -1,50 +1,20 @@
 """The DP-RAG answer stage: one object from a question to a charged, private answer.
 
-`DPRag` holds the private collection (texts and their embeddings), the question encoder,
-the LM and the collection's payer (`synthgen.privacy.receipts.CollectionPayer`: it charges
-this collection's answers to the tenant that asks, and nothing else; the answer stage never
-holds the ledger). `answer(question, tenant=, epsilon=, mechanism=)`:
-
-1. plans the answer (`retriever.rag.plan`) and asks the payer whether its worst case fits
-   the tenant's remaining budget: a refused request draws no noise and puts no document in
-   any prompt;
-2. scores the question against every private document (exact inner products) and draws
-   the DP threshold (`retriever.rag.retrieval`); only the selected documents' text enters
-   prompts;
-3. releases the answer through the chosen mechanism (the loops are in
-   `retriever.rag.releases`): token by token (icl), with one batched KV-cache step per
-   token for all private prompts and a separate session for the public prompt
-   (`retriever.rag.aggregation`), or once per answer over the keywords of the voters' own
-   answers (keywords, `retriever.rag.keyword_vote`), or once over the typed facts every
-   document states (facts, `retriever.rag.fact_vote`: no LM reads a document; a question no
-   kind rule reads is answered by keywords at the same event); an answer the private
-   documents did not move abstains with `ABSTENTION_TEXT` (post-processing);
-4. optionally releases a confidence score through the Laplace mechanism.
-
-Every stage of the plan's worst case is charged in one ledger transaction after step 1 and
-before any noise is drawn in steps 2-4.
-
-Under individual (per-document) accounting the payers are chosen and charged first
-(`retriever.rag.individual.answer_individually`), then steps 3-4 run at the same shape.
+`DPRag.answer` plans the answer (`retriever.rag.plan`) and charges its worst case through
+the collection's payer (`synthgen.privacy.receipts.CollectionPayer`: the answer stage never
+holds the ledger) before any noise is drawn or any document enters a prompt; a refused
+request draws nothing. It then draws the DP threshold (`retriever.rag.retrieval`), releases
+the answer through the chosen mechanism (`retriever.rag.releases`; an answer the private
+documents did not move abstains with `ABSTENTION_TEXT`) and optionally a Laplace confidence
+score. Under individual accounting `retriever.rag.individual` picks and charges the payers
+first. Every answer runs at one public shape (`RagConfig.voters` rows, padded to a public
+prompt length, public loop counts), so time and memory do not follow how many documents
+were selected (Privacy rule 9); remote LM backends ignore the padding, so their latency can
+reveal it. See docs/guides/dp_rag.md ("How an answer is made", "Time and memory do not
+depend on the collection").
 
 Nothing returned (text, noisy count and score, charges) depends on the collection except
 through these mechanisms; no document id, raw score, logit or text is returned or logged.
-
-Time and memory are outputs too (Privacy rule 9). Every answer runs at one public shape:
-the private session always holds `RagConfig.voters` rows (the best-scored selected
-documents, then padding rows holding the public prompt and a public filler document,
-masked out of every count and sum), every prompt is padded to the public length of a
-prompt with a document of `max_document_tokens` tokens, and the loops run the public
-number of steps. How many documents the threshold selected (not DP) sets neither the batch,
-the compiled program nor the loop counts. The fixed shape also makes a row's numerics
-independent of which other rows share its batch, so one document cannot flip another
-voter's argmax through float rounding. The selection itself is a partition over all N
-scores (`retrieval.best_selected`), documents are tokenized once at construction, and a
-row that is not a distribution (a numerical fault) counts as padding instead of failing
-the answer; the score stage sums over all N with the selection as a mask. Remote LM
-backends (`synthgen.openai_backend`) ignore the padding: their timing is the server's,
-and a server's prefix cache would serve the identical padding rows faster than documents,
-so the latency of a remote answer can reveal M.
 """
 
 from __future__ import annotations
@@ -60,7 +30,7 @@ import numpy as np
 from scipy import sparse
 
 from retriever.rag import releases
-from retriever.rag.answer_types import ABSTENTION_TEXT, Answer, AnswerFailedError, StageCharge
+from retriever.rag.answer_types import ABSTENTION_TEXT, Answer, StageCharge, after_charge
 from retriever.rag.config import RagConfig, plan_answer
 from retriever.rag.fact_vote import document_facts
 from retriever.rag.individual import answer_individually, check_individual
@@ -94,34 +64,25 @@ class DPRag:
     Args:
       doc_ids: ids of the private documents (never released).
       texts: their texts.
-      embeddings: [N, D] document embeddings, a numpy array or a scipy.sparse matrix
-        (kept sparse: `retriever.lexical.OverlapEncoder`'s hashed term vectors); inner
-        products with the question embedding are the similarity scores.
+      embeddings: [N, D] document embeddings, a numpy array or a scipy.sparse matrix (kept
+        sparse); inner products with the question embedding are the similarity scores.
       encode_question: maps a list of questions to [B, D] embeddings.
       lm: a `synthgen.lm_backends.NextTokenLM` with `fork()`.
       payer: the collection's payer (`synthgen.privacy.receipts.collection_payer(ledger,
         name)`; None: nothing charged, for experiments only).
-      config: public parameters.
-      prompt: prompt format.
+      config, prompt: public parameters and prompt format.
       rng: tests only; production draws a fresh OS-entropy generator per answer.
-      answers: released answers to hand out again when the same question is asked at
-        the same event (`retriever.rag.reuse.ReleasedAnswers`; None: every question is
-        answered and charged).
-      document_cache: True to compute every document's keys and values once, here (an
-        LM with `document_kv`, e.g. `FlaxLM`; about 3 MB per document for SmolLM2-135M
-        at 64 tokens), so an answer runs only the question after them (SmolLM2-135M, 32
-        rows: the prefill goes from 12 s to 3 s). Every document is computed before any
-        answer, so an answer's work does not depend on which it reads. Used while
-        `config.max_document_tokens` is the width it was built with. Or another DPRag's
-        `document_kv` over the same documents, LM parameters and prompt (checked by a
-        digest of the documents' token ids). The keys derive from the private documents:
-        memory only, never saved or logged.
+      answers: released answers to hand out again for the same question at the same event
+        (`retriever.rag.reuse.ReleasedAnswers`; None: every question is answered).
+      document_cache: True to compute every document's keys and values once, before any
+        answer (an LM with `document_kv`), or another DPRag's `document_kv` over the same
+        documents, LM and prompt (`sessions.document_keys`). Memory only, never saved or
+        logged. See docs/guides/dp_rag.md ("Faster answers").
 
     Privacy:
-      Privacy unit: one document of the private collection (add/remove-one). Each answer
-      is (epsilon, delta)-DP for the requested epsilon and the config's delta: the
-      threshold, the tokens and the score are DP mechanisms composed by the plan
-      (`retriever.rag.plan`), and everything else is post-processing of their outputs.
+      Privacy unit: one document (add/remove-one). Each answer is (epsilon, delta)-DP for
+      the requested epsilon and the config's delta: the threshold, the tokens and the
+      score are DP mechanisms composed by the plan, the rest post-processing.
     """
 
     def __init__(
@@ -153,8 +114,7 @@ class DPRag:
             raise ValueError("document embeddings must be finite")
         if len(set(doc_ids)) != len(doc_ids):
             raise ValueError("doc_ids must be unique")
-        _check_delta(config, len(doc_ids))
-        check_individual(config, payer)
+        _check_config(config, payer, len(doc_ids))
         self.doc_ids, self.texts = [str(d) for d in doc_ids], list(texts)
         self._position = {d: i for i, d in enumerate(self.doc_ids)}
         self._tokens = tokenize_documents(lm, self.texts)
@@ -170,14 +130,15 @@ class DPRag:
         self._lock = threading.Lock()  # one answer at a time: the LM sessions are shared
         if document_cache and config.documents_per_voter > 1:
             raise ValueError("document_cache keys one document per row: documents_per_voter 1")
-        self._kv = self._document_kv(document_cache) if document_cache else None
+        self._kv = None
+        if document_cache:
+            self._kv = document_keys(lm, self.prompt, self._tokens, config, document_cache)
         self.answers = answers
         self._facts = None  # private: the documents' typed facts (`_document_facts`)
 
     def with_config(self, config: RagConfig) -> DPRag:
         """The same collection, encoder, LM sessions, payer and lock under `config`."""
-        _check_delta(config, len(self.doc_ids))
-        check_individual(config, self.payer)
+        _check_config(config, self.payer, len(self.doc_ids))
         other = copy.copy(self)
         other.config = config
         return other
@@ -188,9 +149,8 @@ class DPRag:
         return plan_answer(self.config, mechanism, float(epsilon))
 
     def validate(self, question: str, mechanism: str, epsilon: float) -> AnswerPlan:
-        """The answer's plan, or ValueError for what `answer` refuses before any charge
-        (empty question, bad epsilon or mechanism, a question too long for the LM's
-        context); decided from public lengths and parameters only."""
+        """The answer's plan, or ValueError for what `answer` refuses before any charge (an
+        empty question, a bad epsilon or mechanism, a question too long for the context)."""
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question must be non-empty text")
         plan = self.plan(mechanism, float(epsilon))
@@ -204,9 +164,8 @@ class DPRag:
         return plan
 
     def check_budget(self, tenant: str, plan: AnswerPlan) -> None:
-        """Read-only: whether the tenant's scopes admit `plan`'s worst case (raises
-        BudgetExceededError, KeyError without a scope, UnsupportedEventError when its
-        accountant cannot compose the event)."""
+        """Read-only: raises unless the tenant's scopes admit `plan`'s worst case
+        (BudgetExceededError, KeyError, UnsupportedEventError)."""
         self.payer.check(
             tenant,
             stage="rag-answer",
@@ -216,9 +175,7 @@ class DPRag:
         )
 
     def remaining(self, tenant: str) -> float | None:
-        if self.payer is None:
-            return None
-        return self.payer.remaining(tenant)
+        return None if self.payer is None else self.payer.remaining(tenant)
 
     # ---- the answer -----------------------------------------------------------------
 
@@ -235,26 +192,22 @@ class DPRag:
 
         With `answers` (`retriever.rag.reuse`), a question asked again at the same event
         gets the answer released before (`Answer.reused`), charged nothing and without a
-        budget check (post-processing of a release).
-
-        `deadline` (a `time.monotonic()` instant) bounds the answer's wall time: once it
-        passes, no further token is decoded and the answer returns `truncated` (charged
-        as planned). Every step has the same public shape, so when the deadline strikes
-        does not depend on the collection.
+        budget check (post-processing of a release). `deadline` (a `time.monotonic()`
+        instant) bounds the wall time: once it passes, no further token is decoded and the
+        answer returns `truncated`, charged as planned (every step has the same public
+        shape, so when it strikes does not depend on the collection).
 
         Raises:
-          BudgetExceededError: the answer's worst case does not fit the tenant's remaining
-            budget; raised before any noise is drawn or any document enters a prompt.
-          ValueError: an empty question, a bad epsilon or mechanism, or a question too
-            long for the LM's context (decided from public lengths only).
+          BudgetExceededError: the worst case does not fit the tenant's remaining budget
+            (before any noise is drawn or any document enters a prompt).
+          ValueError: what `validate` refuses.
           AnswerFailedError: the answer failed after its budget check; it was charged its
             worst case, and nothing was released (the failure's text is withheld).
 
         Privacy:
-          Privacy unit: one document (add/remove-one). The answer is (epsilon, delta)-DP
-          with delta = config.delta: the plan's worst case composes to at most `epsilon`
-          (PLD). Every answer (icl, keywords, facts) is charged that worst case before
-          any noise is drawn.
+          Privacy unit: one document (add/remove-one). The answer is (epsilon, delta)-DP,
+          delta = config.delta: the plan's worst case composes (PLD) to at most `epsilon`
+          and is charged before any noise is drawn.
         """
         plan = self.validate(question, mechanism, epsilon)
         event = None
@@ -280,29 +233,17 @@ class DPRag:
     def _answer(
         self, question: str, tenant: str, plan: AnswerPlan, deadline: float | None
     ) -> Answer:
-        stages = plan.stage_events()
         ref = secrets.token_hex(16) if self.payer is not None else None
         if self.payer is not None:
             self.check_budget(tenant, plan)
         # every event is fixed by the plan: charged before any noise is drawn
-        charges = self._charge(tenant, plan.mechanism, stages, plan.delta, ref)
-        failed = False
-        try:
-            released = self._release(question, plan, deadline)
-        except Exception:  # noqa: BLE001 - re-raised below without its private text
-            failed = True
-        if failed:  # outside the except block: the new error carries no context
-            raise AnswerFailedError(
-                "the answer failed after its budget check; it was charged its worst case "
-                "and released nothing"
-            )
-        return self._assemble(tenant, plan, released, stages, charges, ref)
+        charges = self._charge(tenant, plan, ref)
+        released = after_charge(lambda: self._release(question, plan, deadline))
+        return self._assemble(tenant, plan, released, charges, ref)
 
-    def _assemble(self, tenant, plan, released, stages, charges, ref) -> Answer:
+    def _assemble(self, tenant, plan, released, charges, ref) -> Answer:
         """The `Answer` from the releases (post-processing) and the recorded charges."""
-        tokens, paid, _, abstained, truncated, count, confidence = released
-        mechanism = plan.mechanism
-        total = accounting.epsilon(accounting.compose([e for _, e in stages]), plan.delta)
+        tokens, abstained, truncated, count, confidence = released
         if abstained:
             text = ABSTENTION_TEXT
         elif isinstance(tokens, str):  # keywords and facts release whole answer text
@@ -311,11 +252,11 @@ class DPRag:
             text = clean_answer_text(self.lm.decode(tokens))
         return Answer(
             text=text,
-            mechanism=mechanism,
+            mechanism=plan.mechanism,
             tokens=len(tokens),
-            paid_tokens=paid,
+            paid_tokens=plan.max_releases,
             charges=charges,
-            epsilon=total,
+            epsilon=plan.worst_case_epsilon(),
             delta=plan.delta,
             remaining_epsilon=self.remaining(tenant),
             selected_count=count,
@@ -331,12 +272,15 @@ class DPRag:
         return np.asarray(self.embeddings @ np.asarray(self.encode_question([question]))[0])
 
     def _release(self, question: str, plan: AnswerPlan, deadline: float | None):
-        """The mechanisms' releases: (tokens, paid, stages, abstained, truncated, noisy
-        count, confidence); the stages are the plan's (`_answer` charges the plan's)."""
+        """The mechanisms' releases (`_decode`), from the DP threshold's selection."""
         rng = self._rng if self._rng is not None else secure_rng()
         scores = self._scores(question)
-        tau = self._threshold(scores, plan.retrieval_epsilon, rng)
         c = self.config
+        if c.top_p is not None:
+            kind, size = dp_top_p_threshold, c.top_p
+        else:
+            kind, size = dp_top_k_threshold, c.k
+        tau = kind(scores, size, plan.retrieval_epsilon, rng, score_range=c.score_range)
         if c.documents_per_voter > 1:  # private: used only below
             buckets = self._id_hashes % c.voters
             selection = grouped_selected(
@@ -344,27 +288,23 @@ class DPRag:
             )
         else:
             selection = best_selected(scores, tau, c.voters, c.score_range)
-        released = self._decode(question, plan, scores, selection, rng, deadline)
-        released[2].insert(0, ("retrieval", accounting.pure_epsilon_event(plan.retrieval_epsilon)))
-        return released
+        return self._decode(question, plan, scores, selection, rng, deadline)
 
     def _decode(self, question, plan: AnswerPlan, scores, selection, rng, deadline):
         """The token (and score) releases from a selection (indices, weights, selected):
-        (tokens, paid, stages, abstained, truncated, noisy count, confidence)."""
+        (tokens or text, abstained, truncated, noisy count, confidence)."""
         mechanism = plan.mechanism
         indices, weights, selected = selection
         rows = self._rows(question, indices, weights)
         clock = Deadline(deadline)
         lm, public, c = self.lm, self.public_lm, self.config
         if mechanism == "icl":
-            tokens, paid, stages, abstained = releases.icl(lm, public, c, rows, plan, rng, clock)
+            tokens, abstained = releases.icl(lm, public, c, rows, plan, rng, clock)
         elif mechanism == "facts" and question_kinds(question):
-            tokens, paid, stages, abstained = releases.facts(
-                self._document_facts(), question, c, plan
-            )
+            tokens, abstained = releases.facts(self._document_facts(), question, c, plan)
         elif mechanism in ("keywords", "facts"):  # facts: a question no kind rule reads
             read = self._read_texts(indices, weights)  # private: the voters' own texts
-            tokens, paid, stages, abstained = releases.keywords(
+            tokens, abstained = releases.keywords(
                 lm, public, c, self.prompt, question, rows, plan, clock, read
             )
         else:  # make_plan refuses any other mechanism
@@ -372,8 +312,7 @@ class DPRag:
         count = confidence = None
         if plan.score_epsilon > 0:
             count, confidence = releases.score(c, scores, selected, plan.score_epsilon, rng)
-            stages.append(("score", accounting.laplace_event(plan.score_epsilon)))
-        return tokens, paid, stages, abstained, clock.passed, count, confidence
+        return tokens, abstained, clock.passed, count, confidence
 
     # ---- individual (per-document) accounting ----------------------------------------
 
@@ -407,22 +346,16 @@ class DPRag:
                 f"{decoded} answer tokens > {limit}"
             )
 
-    def _threshold(self, scores: np.ndarray, epsilon: float, rng) -> float:
-        c = self.config
-        if c.top_p is not None:
-            return dp_top_p_threshold(scores, c.top_p, epsilon, rng, score_range=c.score_range)
-        return dp_top_k_threshold(scores, c.k, epsilon, rng, score_range=c.score_range)
-
-    def _charge(
-        self, tenant, mechanism, stages, delta, ref, documents=None
-    ) -> tuple[StageCharge, ...]:
+    def _charge(self, tenant, plan: AnswerPlan, ref, documents=None) -> tuple[StageCharge, ...]:
+        """Charges the plan's worst case, stage by stage, in one transaction."""
+        stages = plan.stage_events()
         if self.payer is None:
-            return tuple(StageCharge(stage, *_standalone(event, delta)) for stage, event in stages)
+            return tuple(StageCharge(s, *_standalone(e, plan.delta)) for s, e in stages)
         recorded = self.payer.charge_all(
             tenant,
-            [(f"rag-{stage}", event, f"rag answer ({mechanism})") for stage, event in stages],
+            [(f"rag-{s}", event, f"rag answer ({plan.mechanism})") for s, event in stages],
             relation=RELATION,
-            delta=delta,
+            delta=plan.delta,
             ref=ref,
             documents=documents,
         )
@@ -436,9 +369,6 @@ class DPRag:
         `document_cache` to another `DPRag` over the same documents, LM and prompt."""
         return self._kv
 
-    def _document_kv(self, given):
-        return document_keys(self.lm, self.prompt, self._tokens, self.config, given)
-
     def _document_facts(self):
         """Every document's typed facts (`fact_vote.document_facts`), computed at the first
         facts answer (under the answer lock), kept in memory only."""
@@ -447,10 +377,9 @@ class DPRag:
         return self._facts
 
     def _read_texts(self, indices: np.ndarray, weights: np.ndarray) -> list[str]:
-        """The text each document row reads (its documents cut to `max_document_tokens`
-        tokens, as its prompt holds them), padding rows left out as `voter_answers`
-        leaves them out. Python work that grows with the selected count (microseconds
-        against the decoding), as `sessions.build_rows`'s joining of groups."""
+        """The text each document row reads (cut as its prompt holds it), padding rows left
+        out as `voter_answers` leaves them out (microseconds of Python work per selected
+        document, as `sessions.build_rows`'s joining of groups)."""
         width = self.config.max_document_tokens
         texts = []
         for row, w in zip(indices, weights, strict=True):
@@ -473,11 +402,13 @@ def _standalone(event, delta: float) -> tuple[float, float]:
     return accounting.epsilon(event, delta), delta
 
 
-def _check_delta(config: RagConfig, num_documents: int) -> None:
-    """Refuses a per-answer delta of at least 1/n for n documents: a delta that large
-    allows releasing one document outright (the rule DP-SGD's configs follow too)."""
+def _check_config(config: RagConfig, payer: CollectionPayer | None, num_documents: int) -> None:
+    """Refuses a per-answer delta of at least 1/n for n documents (it allows releasing one
+    document outright; DP-SGD's configs refuse it too) and an accounting mode the payer's
+    collection is not in (`check_individual`)."""
     if not config.delta < 1.0 / max(num_documents, 1):
         raise ValueError(
             f"the per-answer delta must be below 1/n for n = {num_documents} documents: "
             f"{config.delta=}"
         )
+    check_individual(config, payer)

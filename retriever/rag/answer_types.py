@@ -1,19 +1,21 @@
 """What a DP-RAG answer returns: the released `Answer`, its cost per stage (`StageCharge`),
 the abstention text, and the error of an answer that failed after its budget check.
 
-Its own module so that the answer loop (`retriever.rag.answer`) and what keeps released
-answers (`retriever.rag.reuse`) both import it without importing each other. Every field is
-public: a released value or a public cost (`retriever.rag.answer` states the mechanisms).
+Every field is public: a released value or a public cost (`retriever.rag.answer` states the
+mechanisms). Its own module so that `retriever.rag.answer` and `retriever.rag.reuse` need
+not import each other.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from synthgen.privacy import format_epsilon, format_left
 
 ABSTENTION_TEXT = "No answer: the private documents did not settle one at this privacy level."
+T = TypeVar("T")
 
 
 class AnswerFailedError(RuntimeError):
@@ -22,6 +24,18 @@ class AnswerFailedError(RuntimeError):
     Its message is fixed: the failure's own text may quote private data and never reaches
     the caller.
     """
+
+
+def after_charge(release: Callable[[], T]) -> T:
+    """`release()`; a failure after the charge raises a context-free `AnswerFailedError`."""
+    try:
+        return release()
+    except Exception:  # noqa: BLE001 - re-raised below without its private text
+        pass
+    raise AnswerFailedError(
+        "the answer failed after its budget check; it was charged its worst case "
+        "and released nothing"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,26 +55,20 @@ class Answer:
       text: the answer (`ABSTENTION_TEXT` when it abstains).
       mechanism: "icl", "keywords" or "facts".
       tokens: answer tokens released.
-      paid_tokens: releases that cost budget, all planned (icl: max_tokens; keywords and
-        facts: 1).
+      paid_tokens: releases that cost budget, all planned (`AnswerPlan.max_releases`).
       charges: per stage (retrieval, tokens, score).
-      epsilon: the answer's (epsilon, delta) under PLD composition of its charges.
-      delta: see epsilon.
+      epsilon, delta: the answer's, under PLD composition of its charges.
       remaining_epsilon: the tenant's remaining budget after the answer (None: no ledger).
-      selected_count: number of selected documents, Laplace-noised (None: no score stage).
-      confidence: mean similarity of the selected documents, from the noised sum and count
-        (None: no score stage).
+      selected_count, confidence: the number of selected documents and their mean
+        similarity, from the Laplace-noised count and sum (None: no score stage).
       ref: the public random id of the answer's charges in the ledger (None: no ledger).
       abstained: the private documents did not move the answer (icl: the released tokens
-        are the public LM's own greedy text; keywords and facts: nothing was released, or
-        no value led). Decided from released values and the public prompt only
-        (post-processing); the answer is charged all the same.
-      truncated: the answer's deadline passed before its last token (fewer tokens; the
-        charge is the same).
-      reused: handed out again from `answers` (`retriever.rag.reuse`): the text and
-        epsilon are the first release's (the ref too, for the tenant it was released
-        to); nothing was charged (``charges`` is empty: sum charges, not epsilon, to
-        total what answers cost).
+        are the public LM's greedy text; keywords and facts: nothing, or no leading value,
+        was released): post-processing; the answer is charged all the same.
+      truncated: the answer's deadline passed before its last token (charged the same).
+      reused: handed out again (`retriever.rag.reuse`): the text, epsilon (and, for the
+        tenant it was released to, the ref) are the first release's; nothing was charged
+        (``charges`` is empty: sum charges, not epsilon, to total what answers cost).
     """
 
     text: str

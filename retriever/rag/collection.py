@@ -1,29 +1,14 @@
 """What answering from a private collection assumes, checked before anything is charged.
 
-`DPRag`'s mechanisms are DP for one document of the collection (add/remove-one) under
-assumptions the answer loop cannot see. `load_dprag`, `retriever answer`, `retriever serve`
-and the pipeline's rag stage check them here, before any scope is opened or charged:
-
-1. **The encoder does not depend on the collection.** Every sensitivity argument of
-   `retriever.rag` holds the question encoder and the document embeddings fixed. The
-   encoder's provenance establishes it (`retriever.provenance.collection_independence`:
-   a public pretrained model, or a DP-trained one whose guarantee then composes with the
-   answers'), or the operator asserts it (``--encoder-independent-of-collection``); the
-   assertion is recorded in the collection cap's notes in the ledger, where every
-   answer's charge composes (`check_encoder`, `record_encoder_assertion`).
-2. **δ below 1/n** for n documents: the per-answer δ and the δ cap of every scope of the
-   collection. A δ of 1/n or more permits releasing one document outright; DP-SGD refuses
-   it the same way (`synthgen.privacy.accounting.check_delta`).
-3. **One budget per set of documents.** A collection is known by its records (keyed
-   digests, `synthgen.privacy.ledger_documents`), not by its name alone: a new name whose
-   records overlap, by even one record, those of a name that has charged is refused unless
-   the operator passes ``--guarantees-add-up``, and the ledger then lists the names
-   together with their composed total.
-4. **One answer event per collection.** The ledger composes a collection's charges as if
-   their parameters were fixed in advance; parameters chosen after seeing earlier answers
-   are adaptive and void that statement. The first service or command that answers from a
-   collection pins its answer event's public parameters on the collection cap
-   (`answer_event_shape`, `PrivacyLedger.pin_event_shape`); any other shape is refused.
+`DPRag` is DP for one document (add/remove-one) under assumptions the answer loop cannot
+see; `load_dprag`, `retriever answer`, `retriever serve` and the pipeline's rag stage check
+them here, before any scope is opened or charged: an encoder independent of the collection
+(`check_encoder`; an operator's assertion is noted on the collection cap), δ below 1/n for
+the answer and every scope (`check_delta`), one budget per set of documents
+(`PrivacyLedger.bind_documents`) and one answer event per collection (`pin_answer_event`:
+parameters chosen after seeing answers are adaptive). See docs/guides/dp_rag.md ("What is
+checked, and refused in one line") and docs/guides/privacy.md ("One budget per set of
+documents").
 
 Privacy:
   Everything here reads public parameters, provenance and counts the operator already
@@ -62,22 +47,20 @@ def check_encoder(encoder: str, *, asserted: bool = False) -> str | None:
 
     Args:
       encoder: the encoder the index was built with (asset, folder).
-      asserted: the operator asserts it was not trained on the collection
-        (``--encoder-independent-of-collection``).
+      asserted: the operator asserts it was not trained on the collection (`ENCODER_FLAG`).
 
     Returns:
-      None when its provenance establishes independence; else, when `asserted`, the public
-      line to record in the collection cap's notes (`record_encoder_assertion`).
+      None when its provenance establishes independence; else, when `asserted`, the line to
+      record in the collection cap's notes (`record_encoder_assertion`).
 
     Raises:
       ValueError: neither the provenance nor the operator establishes it.
 
     Privacy:
-      The answers' sensitivity (retrieval threshold, token aggregation) assumes scores
-      from an encoder fixed independently of the collection; an encoder trained on the
-      collection without DP could encode any document. A DP-trained encoder may depend on
-      the collection through its DP release only, and the guarantees compose (Dwork and
-      Roth 2014, Thm. 3.16).
+      The answers' sensitivity assumes scores from an encoder fixed independently of the
+      collection (one trained on it without DP could encode any document); a DP-trained
+      encoder depends on it through its DP release only, and the guarantees compose (Dwork
+      and Roth 2014, Thm. 3.16).
     """
     if collection_independence(encoder) is not None:
         return None
@@ -135,17 +118,29 @@ def check_delta(delta: float, documents: int, what: str) -> None:
 
 
 def check_scope_deltas(
-    ledger: PrivacyLedger, dataset: str, documents: int, scopes: list[Scope] | None = None
+    ledger: PrivacyLedger, dataset: str, documents: int, *new: Scope | None
 ) -> None:
-    """Refuses a δ cap >= 1/n among `scopes` (default: every scope of `dataset`).
+    """Refuses a δ cap >= 1/n among the scopes of `dataset`, stored or `new` (those of
+    `dataset` whose tenant has no stored scope yet).
 
     Raises:
       ValueError: naming the scope, its cap and n.
     """
-    if scopes is None:
-        scopes = [s for s in ledger.scopes() if s.dataset == dataset]
+    scopes = [s for s in ledger.scopes() if s.dataset == dataset]
+    stored = {s.tenant for s in scopes}
+    scopes += [s for s in new if s is not None and s.dataset == dataset and s.tenant not in stored]
     for scope in scopes:
         check_delta(scope.delta_cap, documents, f"the delta cap of {_scope_name(scope)}")
+
+
+def refuse_individual_assertion(assertion: str | None) -> None:
+    """Refuses an encoder assertion in individual accounting (no collection cap to record
+    it on)."""
+    if assertion is not None:
+        raise ValueError(
+            f"{ENCODER_FLAG} is recorded on a collection cap, which individual accounting "
+            "does not have: build the index with a public pretrained or DP-trained encoder"
+        )
 
 
 def open_document_filters(
@@ -161,18 +156,15 @@ def open_document_filters(
     filter (`synthgen.privacy.document_filters`); the same settings again are a no-op.
 
     Args:
-      ledger: the privacy ledger.
-      dataset: the collection.
-      documents: n, its number of documents (delta must be below 1/n).
+      ledger, dataset, documents: the privacy ledger, the collection and n, its size.
       epsilon, delta: each document's target over every answer of every tenant.
       plan: the default answer's plan; its `document_rho` is the collection's public
         per-answer charge (what "exhausted" means in the summary).
 
     Raises:
       ValueError: the collection has a collection cap or charges recorded before its
-        filters, a delta of 1/n or more, a plan
-        without a zCDP curve or costing more than a whole filter, or filters with other
-        settings.
+        filters, a delta of 1/n or more, a plan without a zCDP curve or costing more than
+        a whole filter, or filters with other settings.
 
     Privacy:
       Individual Rényi filter (Feldman & Zrnic 2021): every document of the collection is
@@ -203,21 +195,14 @@ def open_document_filters(
 def open_answer_scopes(
     ledger: PrivacyLedger, tenant: Scope, *, documents: int, collection: Scope | None = None
 ) -> None:
-    """Opens the tenant's scope on a collection that has a collection cap or per-document
-    filters, δ caps checked.
+    """Opens `tenant`'s scope (an existing one keeps its caps) and, if the dataset has
+    none, the `collection` cap, after checking every δ cap, stored or new, below 1/n for
+    n = `documents`.
 
-    A tenant scope opened on a collection with neither would be a fresh budget per tenant
-    name, with nothing bounding them together: the collection cap (stored, or `collection`
-    to open it) is required, as the service requires it, unless the collection is in
-    individual accounting (`open_document_filters`), where the tenant's scope is a quota.
-    An existing scope keeps its caps. Every scope of the dataset, and the new ones, must
-    have a δ cap below 1/n; every check runs before anything is written.
-
-    Args:
-      ledger: the privacy ledger.
-      tenant: the tenant's scope to open if it does not exist.
-      documents: n, the collection's documents.
-      collection: the collection cap to open if the dataset has none.
+    Without a collection cap (stored or `collection`) a tenant scope would be a fresh
+    budget per tenant name, nothing bounding them together: it is required unless the
+    collection is in individual accounting (`open_document_filters`), where the tenant's
+    scope is a quota.
 
     Raises:
       ValueError: no collection cap, or a δ cap (stored or new) >= 1/n.
@@ -235,10 +220,7 @@ def open_answer_scopes(
             f"{dataset} has no collection cap (all tenants together): pass "
             "--collection-epsilon and --collection-delta to open one"
         )
-    existing = [s for s in ledger.scopes() if s.dataset == dataset]
-    new = [s for s in (collection, tenant) if s is not None and s.dataset == dataset]
-    new = [s for s in new if all(s.tenant != e.tenant for e in existing)]
-    check_scope_deltas(ledger, dataset, documents, existing + new)
+    check_scope_deltas(ledger, dataset, documents, collection, tenant)
     if stored is None and collection is not None:
         ledger.ensure_scope(collection)
     ledger.ensure_scope(tenant)
@@ -248,12 +230,10 @@ def answer_event_shape(plan: AnswerPlan) -> str:
     """The canonical public description of an answer's event (what a collection pins).
 
     The plan's public inputs, which fix every stage's DP event: the mechanism, the
-    per-answer (ε, δ), the most tokens and paid releases (derived: icl max_tokens, keywords
-    and facts 1; kept so that shapes pinned before vote, sparse-vote and answer-vote were
-    retired stay byte-identical), the retrieval and score shares of ε, the icl composition
-    and the neighbouring relation. Parameters that change
-    which documents or tokens are chosen but not the event (k, voters, score range) are
-    left out: composition only needs the events fixed.
+    per-answer (ε, δ), the most tokens and paid releases (derived; kept so that shapes
+    pinned before vote, sparse-vote and answer-vote were retired stay byte-identical), the
+    shares of ε, the icl composition and the relation. Parameters that change which
+    documents or tokens are chosen but not the event (k, voters, score range) are left out.
     """
     shape = {
         "format": SHAPE_FORMAT,
@@ -298,13 +278,6 @@ def _shown(value: object) -> str:
     return "unset" if value is None else str(value)
 
 
-def _differences(recorded: str, requested: str) -> str:
-    differing = _differing(recorded, requested)
-    if differing is None:
-        return "recorded by another program"
-    return "; ".join(f"{k} {_shown(old)} recorded, {_shown(new)} here" for k, old, new in differing)
-
-
 # the options that set each field of an answer's event shape; every option named here is
 # one that `retriever answer` or `retriever serve` accepts (tested)
 _SHAPE_OPTIONS = {
@@ -316,20 +289,11 @@ _SHAPE_OPTIONS = {
     "retrieval_share": "the mechanism's retrieval share (--mechanism)",
     "score_share": "--score (answer)",
 }
-
-
-def _way_forward(dataset: str, recorded: str, requested: str) -> str:
-    differing = _differing(recorded, requested)
-    if differing is None:
-        return "answer with the recorded settings (`retriever tenant list` shows them)"
-    settings = ", ".join(f"{_SHAPE_OPTIONS.get(k, k)} {_shown(old)}" for k, old, _ in differing)
-    return (
-        f"to go on, use the recorded settings ({settings}). Other settings need another "
-        f"collection name over the same documents, whose guarantee then adds up with "
-        f"{dataset}'s (the ledger totals both): only deliberately, with --dataset NEW "
-        f"{GUARANTEES_FLAG} and its own caps (`retriever tenant add NAME --dataset NEW "
-        "--collection-epsilon E --collection-delta D`)"
-    )
+# how to answer at another event: a new name whose guarantee adds up with the old one's
+_NEW_NAME = (
+    f"--dataset NEW {GUARANTEES_FLAG} and its own caps (`retriever tenant add NAME --dataset "
+    "NEW --collection-epsilon E --collection-delta D`)"
+)
 
 
 def _retired_mechanism(recorded: str) -> str | None:
@@ -342,20 +306,33 @@ def _retired_mechanism(recorded: str) -> str | None:
 
 
 def _shape_refusal(dataset: str, recorded: str, requested: str) -> ValueError:
+    adds_up = f"whose guarantee then adds up with {dataset}'s (the ledger totals both)"
     retired = _retired_mechanism(recorded)
     if retired is not None:  # its recorded settings cannot be used again: say so
         return ValueError(
             f"the collection {dataset} was pinned to {retired}, which was retired: its "
             "charges still compose in the ledger, but no answer can be given at that event "
             "any more. To answer from these documents (facts, keywords or icl), use another "
-            f"collection name, whose guarantee then adds up with {dataset}'s (the ledger "
-            f"totals both): --dataset NEW {GUARANTEES_FLAG} and its own caps (`retriever "
-            "tenant add NAME --dataset NEW --collection-epsilon E --collection-delta D`)"
+            f"collection name, {adds_up}: {_NEW_NAME}"
+        )
+    differing = _differing(recorded, requested)
+    if differing is None:
+        what = "recorded by another program"
+        forward = "answer with the recorded settings (`retriever tenant list` shows them)"
+    else:
+        what = "; ".join(
+            f"{k} {_shown(old)} recorded, {_shown(new)} here" for k, old, new in differing
+        )
+        settings = ", ".join(f"{_SHAPE_OPTIONS.get(k, k)} {_shown(old)}" for k, old, _ in differing)
+        forward = (
+            f"to go on, use the recorded settings ({settings}). Other settings need another "
+            f"collection name over the same documents, {adds_up}: only deliberately, with "
+            f"{_NEW_NAME}"
         )
     return ValueError(
-        f"{dataset} already answers with another event ({_differences(recorded, requested)}): "
-        "every answer charged to a collection must be the same event (adaptively chosen "
-        f"events void the ledger's composition); {_way_forward(dataset, recorded, requested)}"
+        f"{dataset} already answers with another event ({what}): every answer charged to a "
+        "collection must be the same event (adaptively chosen events void the ledger's "
+        f"composition); {forward}"
     )
 
 
@@ -420,10 +397,9 @@ class PrivateCollection:
         if (cap_epsilon is None) != (cap_delta is None):
             raise ValueError("pass both --collection-epsilon and --collection-delta, or neither")
         cap = None if cap_epsilon is None else Scope(COLLECTION, name, cap_epsilon, cap_delta)
-        ids = tuple(doc_ids) if doc_ids is not None else ()
         if not texts:
             raise ValueError(f"collection {name} has no documents")
-        return cls(name, len(texts), cap, ids, tuple(texts))
+        return cls(name, len(texts), cap, tuple(doc_ids or ()), tuple(texts))
 
     @classmethod
     def read(cls, corpus: str | Path, name: str, **caps) -> PrivateCollection:
@@ -445,14 +421,12 @@ class PrivateCollection:
     ) -> None:
         """Every check an answer from this collection needs, then its scopes opened.
 
-        In order, refusing before anything is written: the per-answer δ below 1/n; in
-        individual accounting (`document_target` given) no encoder assertion, every δ cap
-        below 1/n and the per-document filters (opened, or checked against the stored
-        ones); in collection accounting no filters and the collection's pinned answer event;
-        the documents bound to the name (`PrivacyLedger.bind_documents`: a new name over
-        documents other names have charged is refused without `guarantees_add_up`); then
-        the filters (individual accounting) and scopes opened and the answer's worst case
-        checked against every cap.
+        In order: the per-answer δ below 1/n; in individual accounting (`document_target`
+        given) no encoder assertion and every δ cap below 1/n, in collection accounting no
+        filters and the collection's pinned answer event; the documents bound to the name
+        (`PrivacyLedger.bind_documents`, refused over documents other names have charged
+        without `guarantees_add_up`); the filters (opened, or checked against the stored
+        ones) and scopes opened; the answer's worst case checked against every cap.
 
         Raises:
           ValueError: any check above (one line naming the option to change).
@@ -460,18 +434,18 @@ class PrivateCollection:
           BudgetExceededError: the answer's worst case exceeds a cap.
         """
         check_delta(plan.delta, self.documents, "--delta (per answer)")
-        filters = DocumentFilters(ledger.store)
         if document_target is not None:
-            if encoder_assertion is not None:
-                raise ValueError(
-                    f"{ENCODER_FLAG} is recorded on a collection cap, which individual "
-                    "accounting does not have: build the index with a public pretrained or "
-                    "DP-trained encoder"
-                )
-            existing = [s for s in ledger.scopes() if s.dataset == self.name]
-            new = [] if any(s.tenant == tenant.tenant for s in existing) else [tenant]
-            check_scope_deltas(ledger, self.name, self.documents, existing + new)
-            self._bind(ledger, guarantees_add_up)
+            refuse_individual_assertion(encoder_assertion)
+            check_scope_deltas(ledger, self.name, self.documents, tenant)
+        elif DocumentFilters(ledger.store).get(self.name) is not None:
+            raise ValueError(
+                f"{self.name} is in individual accounting (per-document filters): answer "
+                "with --accounting individual and its --document-epsilon / --document-delta"
+            )
+        else:
+            check_answer_event(ledger, self.name, plan)
+        ledger.bind_documents(self.name, self.texts, guarantees_add_up=guarantees_add_up)
+        if document_target is not None:
             # refuses a collection cap, a document delta of 1/n or more, an answer costing
             # more than a whole filter and filters with other settings, before writing
             open_document_filters(
@@ -482,14 +456,6 @@ class PrivateCollection:
                 delta=document_target[1],
                 plan=plan,
             )
-        else:
-            if filters.get(self.name) is not None:
-                raise ValueError(
-                    f"{self.name} is in individual accounting (per-document filters): answer "
-                    "with --accounting individual and its --document-epsilon / --document-delta"
-                )
-            check_answer_event(ledger, self.name, plan)
-            self._bind(ledger, guarantees_add_up)
         open_answer_scopes(ledger, tenant, documents=self.documents, collection=self.cap)
         ledger.check(
             tenant.tenant,
@@ -499,9 +465,6 @@ class PrivateCollection:
             relation=RELATION,
             delta=plan.delta,
         )
-
-    def _bind(self, ledger: PrivacyLedger, guarantees_add_up: bool) -> None:
-        ledger.bind_documents(self.name, self.texts, guarantees_add_up=guarantees_add_up)
 
 
 def require_collection_cap(ledger: PrivacyLedger, dataset: str) -> None:

@@ -24,35 +24,27 @@ class RagConfig:
       score_range: public clipping range of similarity scores.
       max_tokens: most answer tokens.
       delta: per-answer delta.
-      retrieval_share: share of the per-answer epsilon for the threshold.
-      score_share: share for the Laplace score release (0: none).
+      retrieval_share, score_share: shares of the per-answer epsilon for the threshold
+        and for the Laplace score release (0: none).
       composition: "pure" or "bounded-range" analysis of icl tokens.
       aggregation: alpha, clip and the public power beta of the icl aggregation.
-      max_voters: the public cap on private prompts of every mechanism, one selected
-        document each (the best scored; fewer selected: padding rows): icl's rows, the
-        voters of keywords. None: k.
-      answer_keywords: keywords: K, most keywords one voter's answer contributes (1: its
-        first keyword, the name a short answer starts with; each more raises the
-        release threshold, 13.6 -> 19.2 votes at epsilon 5 for K = 1 -> 2).
-      voter_tokens: keywords: how many tokens each voter's own answer decodes (public; the
-        release costs one event whatever its length). Longer than `max_tokens`: a small
-        LM restates the question before it names the answer ("Kelmos Brunkon works at
-        Ferpil Industries" is 12 tokens), and a cut answer's keyword is a fragment.
+      max_voters: the public cap on private prompts (icl's rows, keywords' voters), one
+        selected document each, the best scored; fewer selected: padding rows. None: k.
+      answer_keywords: K, most keywords one voter's answer contributes (each more raises
+        the release threshold: 13.6 -> 19.2 votes at epsilon 5 for K = 1 -> 2).
+      voter_tokens: keywords: how many tokens each voter's own answer decodes (public;
+        longer than `max_tokens`: a small LM restates the question first).
       max_document_tokens: a document's text is cut to this many tokens in a prompt.
       accounting: "collection" (every answer is charged to the collection's cap) or
-        "individual" (each document pays for the answers it takes part in, through its
-        own filter in the ledger: `synthgen.privacy.document_filters`; icl only).
+        "individual" (each document pays, through its own filter in the ledger, for the
+        answers it takes part in: `synthgen.privacy.document_filters`; icl only).
       relevance_threshold: individual accounting: the public threshold tau on the
-        normalised score scale [0, 1] (MuRAG); documents at or above it that their filter
-        admits are used and pay, the others neither. Replaces the DP threshold, so the
-        retrieval costs nothing (`retrieval_share` is then ignored).
-      documents_per_voter: keywords: each voter (row) reads up to this many selected
-        documents, a disjoint group: a document's group is a public hash of its id, so
-        one document changes one voter (1: one document per voter).
-      participation: individual accounting: each active document takes part in an answer
-        (and pays, if relevant) with this public probability, by a coin drawn for it alone
-        at every answer (1: every active document). Below 1 it spreads a popular topic's
-        answers over its many documents, so each pays for fewer of them.
+        normalised score scale [0, 1] (MuRAG), replacing the DP threshold: documents at
+        or above it that their filter admits are used and pay, the others neither.
+      participation: individual accounting: the public probability with which each
+        active document takes part in an answer, by a coin drawn for it alone.
+      documents_per_voter: keywords: each voter reads up to this many selected documents,
+        a disjoint group chosen by a public hash of their ids (one document: one voter).
     """
 
     k: int = 16

@@ -1,19 +1,12 @@
 """The answer settings `retriever answer`, `retriever serve` and the main job default to.
 
-``mechanism="auto"`` under collection accounting is ``facts`` (`retriever.rag.fact_vote`):
-a question whose kind of value a public rule reads ("Which team ...", "When ...", "What is
-the IP address of ...") is answered from the typed facts every document states, and any
-other question by ``keywords`` at the same event. Chosen on the validation fact worlds
-(people, helpdesk; seed 0: every question about a fact stated in 20 documents answered at
-epsilon 3 to 10); measured on the test worlds at seed 7 (docs/results/tables.md, "Single
-answers from typed facts": 0.80 at epsilon 5, 0.85 at 10, where keywords answered 0.80 and
-icl 0.00 on products). On the medical world ("Which disease ..." asks a name) facts answers
-0.68 at epsilon 10 and 0.67 at 5 (0.60 at 3, 0.38 at 1; none wrong), against icl's 0.18 and
-0.12 and non-private RAG's 0.57 (docs/dp_rag_facts_eval.json, docs/dp_rag_eval.json; 60
-questions each). Individual (per-document) accounting
-takes icl, the one mechanism with a zCDP curve, as does a k below the 64 voters keywords
-was measured with (with 4 voters it could never release). The choice depends on public
-parameters only.
+``mechanism="auto"`` under collection accounting is ``facts`` (`retriever.rag.fact_vote`; a
+question no kind rule reads is answered by ``keywords`` at the same event), chosen on the
+validation fact worlds and measured on the test and medical worlds (docs/results/tables.md,
+"Single answers from typed facts"; docs/guides/dp_rag.md, "In one minute": 0.68 at epsilon
+10 where icl answers 0.18). Individual (per-document) accounting takes icl, the one
+mechanism with a zCDP curve, as does a k below the 64 voters keywords was measured with
+(with 4 voters it could never release). The choice depends on public parameters only.
 """
 
 from __future__ import annotations
@@ -40,9 +33,8 @@ def resolve(
     accounting: str = "collection",
 ) -> tuple[str, int]:
     """(mechanism, k): "auto" becomes facts (icl under individual accounting, or with a k
-    below the one keywords, the fallback of facts, was evaluated at), a missing k the k that
-    mechanism was evaluated at. `epsilon` and `retrieval` are checked, not used (module
-    docstring: where facts was measured, it answered at least as many as the rest).
+    below the one keywords, facts' fallback, was evaluated at), a missing k the evaluated
+    one (module docstring). `epsilon` and `retrieval` are checked, not used.
 
     Raises:
       ValueError: an unknown or retired mechanism (`plan.RETIRED`), retrieval or

@@ -1,41 +1,23 @@
 """One DP answer from the typed facts every document states (the ``facts`` mechanism).
 
-The token and keyword mechanisms ask a small LM to read each retrieved document and vote;
-on fact questions it votes for an entity of another relation as readily as for the asked
-one, and a larger epsilon buys more confident wrong answers. Here no LM reads a private
-document. Every document of the collection is a voter, not only those the DP threshold
-selects (the plan is keywords': the threshold is still drawn and charged, for the optional
-score), and a document votes for the values its own typed facts
-(`synthgen.knowledge.typed_facts`) state about what the question asks:
-
-* the fact's **subject is named** in the question (whole words, case-folded, a leading
-  "the" dropped), and its value has a **kind the question asks for**
-  (`retriever.rag.question_kinds`: "Which team ..." a team, "When ..." a time
-  window); or the question names the fact's value and asks for the subject's kind
-  ("Which company employs Dara Quill?");
-* for a question no kind rule reads, the fact's relation words (the document's own words
-  around it) must share a stem with the question's words (and a question naming the
-  value of a link between two names votes its subject);
-* with ``relation="words"`` the relation words must also overlap when a kind rule reads the
-  question (a relation the collection never states then finds no voter).
-
-Each document gives at most K distinct values (reading order, facts whose relation words
-overlap the question's first). One DP partition selection with noisy counts releases the
-values many documents give; the answer is the value with the largest noisy count when it
-leads the second by `GAP` noise standard deviations, else it abstains, and it abstains when
-nothing is released. The answer is the released value itself (no LM writes it).
+No LM reads a private document. Every document of the collection (not only those the DP
+threshold selects, which is still drawn and charged: the plan is keywords') votes for at
+most K distinct values its own typed facts (`synthgen.knowledge.typed_facts`) state about
+what the question asks (`document_votes`). One DP partition selection with noisy counts
+releases the values many documents give; the answer is the first when it leads the second
+by `GAP` noise standard deviations, else it abstains. See docs/guides/dp_rag.md ("facts:
+every document votes the values its typed facts give").
 
 Privacy:
   Unit: one document, add/remove-one. A document's votes are a function of its own text
-  and the public question, at most K distinct keys whatever they are; adding or removing a
-  document adds or removes one voter, with no cap or selection shared with other
-  documents. So the partition selection (`synthgen.privacy.partition_selection`: PipelineDP
-  Gaussian counts with post-aggregation thresholding, L2 sensitivity sqrt(K)) at the plan's
-  (token_epsilon, token_delta) is the answer's whole event; the choice and the abstention
-  are post-processing of the released counts and public numbers. A value only one document
-  gives is released with probability at most token_delta. Not covered (as for keywords):
-  the extraction's running time grows with how many documents name the question's subject,
-  which a timing observer could read.
+  and the public question, at most K distinct keys; adding or removing a document adds or
+  removes one voter, with no cap or selection shared with other documents. So the partition
+  selection (`synthgen.privacy.partition_selection`: PipelineDP Gaussian counts with
+  post-aggregation thresholding, L2 sensitivity sqrt(K)) at the plan's (token_epsilon,
+  token_delta) is the answer's whole event; the choice and the abstention are
+  post-processing. A value only one document gives is released with probability at most
+  token_delta. Not covered (as for keywords): the extraction's running time grows with how
+  many documents name the question's subject, which a timing observer could read.
 """
 
 from __future__ import annotations
@@ -59,27 +41,27 @@ MAX_READ_FACTS = 64  # facts of one document a voter reads (public: bounds its t
 _WORD = re.compile(r"[A-Za-z][\w'-]*")
 
 
-def question_stems(question: str) -> frozenset[str]:
-    """Stems of the question's content words (public)."""
-    return frozenset(stem(w) for w in _WORD.findall(question) if w.lower() not in FUNCTION_WORDS)
-
-
 def document_votes(
     facts: Sequence[TypedFact], question: str, max_votes: int, relation: str = "kind"
 ) -> list[str]:
-    """The values one document votes for (at most `max_votes`, distinct; module docstring).
+    """The values one document votes for (at most `max_votes`, distinct).
+
+    A fact whose subject the question names and whose value has the kind asked
+    (`retriever.rag.question_kinds`) votes its value; one whose value the question names
+    votes its subject. For a question no kind rule reads, the fact's relation words must
+    share a stem with the question's (``relation="words"``: also when a kind rule reads it).
 
     Args:
       facts: the document's typed facts (`record_facts`), in reading order.
       question: the public question.
       max_votes: K.
-      relation: "kind" or "words" (module docstring).
+      relation: "kind" or "words" (above).
     """
     if relation not in RELATIONS:
         raise ValueError(f"relation must be one of {RELATIONS}, got {relation=}")
     low = question.lower()
     kinds = qk.question_kinds(question)
-    asked = question_stems(question)
+    asked = {stem(w) for w in _WORD.findall(question) if w.lower() not in FUNCTION_WORDS}
 
     strong: list[str] = []  # relation words overlap the question's
     weak: list[str] = []
@@ -89,19 +71,13 @@ def document_votes(
         overlap = bool(asked & {stem(w) for w in fact.words})
         named_subject = bool(subject) and re.search(qk.whole_words(subject), low) is not None
         named_subject &= not qk.relation_noun(question, subject)  # "the keeper of ..."
-        if named_subject and not re.search(qk.whole_words(value.lower()), low):
+        named_value = re.search(qk.whole_words(value.lower()), low) is not None
+        if named_subject and not named_value:
             vote = value if (kind in kinds if kinds else overlap) else None
-        elif (
-            kind in qk.NAME_KINDS
-            and re.search(qk.whole_words(value.lower()), low)
-            and not named_subject
-            and (
-                value_kind(re.sub(r"^[Tt]he ", "", fact.subject.strip())) in kinds
-                if kinds
-                else overlap
-            )
-        ):  # the question names the value: its subject is the answer
+        elif kind in qk.NAME_KINDS and named_value and not named_subject:
+            # the question names the value: its subject is the answer
             vote = re.sub(r"^[Tt]he ", "", fact.subject.strip())
+            vote = vote if (value_kind(vote) in kinds if kinds else overlap) else None
         else:
             vote = None
         if vote is None or (relation == "words" and kinds and not overlap):
@@ -133,7 +109,7 @@ def fact_vote(
       question: the public question.
       epsilon, delta: the selection's parameters (one document).
       max_votes: K, most values one document gives.
-      relation: "kind" or "words" (module docstring).
+      relation: "kind" or "words" (`document_votes`).
       gap: noise standard deviations the first value must lead the second by.
 
     Privacy:

@@ -1,31 +1,20 @@
 """Which documents an answer uses, and which pay, under individual (per-document) accounting.
 
-In individual mode (`synthgen.privacy.individual`) a collection has no running privacy loss of
-its own: each document has one, and pays only for the answers it can change. Retrieval uses
-a *public* relevance threshold tau (MuRAG, Wu et al. 2025) instead of a DP one, so the
-selection costs nothing, and an answer's payers are exactly the documents that are active
-(their filter still admits this answer's charge) and score at least tau. The answer's rows
-are the best `rows` payers (a fixed public shape, as in collection mode).
+Each document has its own filter (`synthgen.privacy.individual`) and pays only for the
+answers it can change. Retrieval uses a *public* relevance threshold tau (MuRAG, Wu et al.
+2025), so the selection costs nothing: the payers are the active documents (their filter
+admits the charge and their participation coin, `RagConfig.participation`, came up) that
+score at least tau; the rows are the best `rows` payers (a fixed public shape).
 
-Why this charge is sound, document by document (add/remove one document i):
-
-* i below tau, or i exhausted (excluded before the answer): i is in no row and displaces no
-  row, so the answer's distribution is the same with and without i: loss 0.
-* i a payer: removing i removes its row or, when the cap binds, lets the next payer's row in
-  (a swap: the sensitivity 2C the token mechanism is calibrated for with ``capped=True``),
-  so i's loss is at most the answer's token mechanism's. A payer beyond the cap changes
-  nothing, but pays anyway: whether a document pays must depend on that document and the
-  public question only (its own score and its own past charges), never on the other
-  documents, or the filter's theorem (Feldman & Zrnic 2021) does not apply.
-
-A document left out of an answer by its participation coin (`RagConfig.participation`, a
-public probability; the coin is drawn for it alone, independently of the data) counts as
-inactive for that answer: conditional on the coins the argument above holds, and the
-mixture over coins keeps it.
-
-`tests/retriever/rag/test_individual.py` checks each case by brute force on small worlds.
-`answer_individually` is `DPRag.answer` in this mode: it picks the payers and charges them
-with the tenant's quota in one transaction, then decodes at the usual fixed shape.
+Why this charge is sound (add/remove one document i): i below tau or inactive is in no row
+and displaces none (loss 0). Removing a payer removes its row or, when the cap binds, lets
+the next payer's in (a swap: the sensitivity 2C of ``capped=True``), so its loss is at most
+the token mechanism's. A payer beyond the cap changes nothing but pays anyway: whether a
+document pays must depend on it and the public question only, never on the other
+documents, or the filter's theorem (Feldman & Zrnic 2021) does not apply. The coins are
+drawn for each document alone, independently of the data: given them the argument holds,
+and the mixture over coins keeps it. `tests/retriever/rag/test_individual.py` checks each
+case by brute force.
 """
 
 from __future__ import annotations
@@ -35,7 +24,7 @@ import time
 
 import numpy as np
 
-from retriever.rag.answer_types import Answer, AnswerFailedError
+from retriever.rag.answer_types import Answer, after_charge
 from retriever.rag.config import RagConfig
 from retriever.rag.plan import AnswerPlan
 from retriever.rag.retrieval import ScoreRange, best_selected
@@ -58,8 +47,7 @@ def individual_rows(
       scores: [N] similarity of the question to every document of the collection.
       tau: the public relevance threshold, on the normalised scale [0, 1] of `score_range`.
       rows: the public cap on rows (the answer's fixed shape).
-      active: [N] bool, whether each document's filter admits this answer's charge
-        (`synthgen.privacy.individual.DocumentBudget.fits`).
+      active: [N] bool, whether each document takes part (its filter admits the charge).
       score_range: the public clipping range of the scores.
 
     Returns:
@@ -71,11 +59,10 @@ def individual_rows(
       ValueError: `active` does not have one entry per score, or tau is not in [0, 1].
 
     Privacy:
-      Unit: one document, add/remove-one, in an individual filter. A document's payment
-      depends only on its own score for the public question and on its own filter state;
-      non-payers cannot change the answer (see the module docstring); a payer's effect is
-      at most a row added, removed or swapped under the cap. Given the public tau, this
-      selection releases nothing by itself (Wu et al. 2025, MuRAG; Feldman & Zrnic 2021).
+      Unit: one document, add/remove-one, in an individual filter. Whether a document pays
+      depends on its own score and filter state only; a non-payer cannot change the answer
+      and a payer at most adds, removes or swaps one row (module docstring). Given the
+      public tau, this selection releases nothing by itself (MuRAG; Feldman & Zrnic 2021).
     """
     if not 0.0 <= tau <= 1.0:
         raise ValueError(f"tau must be in [0, 1], got {tau=}")
@@ -84,15 +71,6 @@ def individual_rows(
         raise ValueError(f"active must have one entry per score: {active.shape=}")
     # An exhausted document is in no row and pays nothing, whatever its score.
     return best_selected(scores, tau, rows, score_range, eligible=active)
-
-
-def active_documents(rag, exhausted: list[str]) -> np.ndarray:
-    """[N] whether each of `rag`'s documents is active (not in `exhausted`; private)."""
-    active = np.ones(len(rag.doc_ids), dtype=bool)
-    if exhausted:
-        position = rag._position
-        active[[position[d] for d in exhausted if d in position]] = False
-    return active
 
 
 def answer_individually(
@@ -104,24 +82,18 @@ def answer_individually(
 
     Privacy:
       Individual Rényi filter (Feldman & Zrnic 2021): a document pays
-      `plan.document_rho()` when it is active, its participation coin came up, and it
-      scores at least the public relevance threshold
-      (`individual_rows`), nothing otherwise; an exhausted
-      document is excluded before the answer. The coins do not depend on the data:
-      given any coins the filter's theorem holds, and a mixture over coins of
-      (epsilon, delta)-DP interactions is (epsilon, delta)-DP (no amplification by
-      the sampling is claimed). The tenant's scope composes
-      the answer's (epsilon, delta) as a quota, not as the privacy statement, which is
-      per document over all tenants. Known channels, not hidden by the fixed shape:
-      the charge transaction reads the documents near their cap and writes two rows
-      per payer, so its duration (not the decode's deadline, which starts after it)
-      grows with those counts (about 0.1 ms per payer on SQLite); and a failure
-      after the charge (charged, nothing released) is observable, though the fixed
-      shape and padding of faulty rows make a data-dependent one unlikely.
+      `plan.document_rho()` when it is a payer (`individual_rows`, module docstring),
+      nothing otherwise; no amplification by the coins is claimed. The tenant's scope
+      composes the answer's (epsilon, delta) as a quota, not as the privacy statement,
+      which is per document over all tenants. Known channels, not hidden by the fixed
+      shape: the charge transaction reads the documents near their cap and writes two rows
+      per payer, so its duration (not the decode's deadline, which starts after it) grows
+      with those counts (about 0.1 ms per payer on SQLite); and a failure after the charge
+      (charged, nothing released) is observable, though the fixed shape and padding of
+      faulty rows make a data-dependent one unlikely.
     """
     rho = rag._document_rho(plan)
     ref = secrets.token_hex(16)
-    stages = plan.stage_events()
     rag.check_budget(tenant, plan)  # the tenant's quota
     rng = rag._rng if rag._rng is not None else secure_rng()
     c = rag.config
@@ -133,7 +105,9 @@ def answer_individually(
     def payers(conn) -> tuple[list[str], float]:
         """Selected inside the charge's transaction: no other answer can exhaust a
         payer between this read and the charge."""
-        active = active_documents(rag, rag.payer.exhausted_in(conn, rho)) & coins
+        active = coins.copy()  # and not exhausted (private)
+        exhausted = rag.payer.exhausted_in(conn, rho)
+        active[[rag._position[d] for d in exhausted if d in rag._position]] = False
         chosen.append(
             individual_rows(scores, c.relevance_threshold, c.voters, active, c.score_range)
         )
@@ -141,28 +115,16 @@ def answer_individually(
 
     charge_started = time.monotonic()
     try:
-        charges = rag._charge(tenant, plan.mechanism, stages, plan.delta, ref, documents=payers)
+        charges = rag._charge(tenant, plan, ref, documents=payers)
     except BudgetExceededError as refused:  # a concurrent answer, or a shared document
         raise BudgetExceededError(
             f"the charge of {tenant}'s answer was refused ({refused}); nothing was released"
         ) from None
-    selection = chosen[-1]
-    if deadline is not None:
-        # the charge's time grows with the number of payers: the decode's wall-time
-        # bound starts after it commits, so `truncated` and the token count do not
-        # depend on how many documents were relevant
+    if deadline is not None:  # starts after the charge, whose time grows with the payers
         deadline += time.monotonic() - charge_started
-    failed = False
-    try:
-        released = rag._decode(question, plan, scores, selection, rng, deadline)
-    except Exception:  # noqa: BLE001 - re-raised below without its private text
-        failed = True
-    if failed:
-        raise AnswerFailedError(
-            "the answer failed after its budget check; it was charged its worst case "
-            "and released nothing"
-        )
-    return rag._assemble(tenant, plan, released, stages, charges, ref)
+    selection = chosen[-1]
+    released = after_charge(lambda: rag._decode(question, plan, scores, selection, rng, deadline))
+    return rag._assemble(tenant, plan, released, charges, ref)
 
 
 def check_individual(config: RagConfig, payer: CollectionPayer | None) -> None:

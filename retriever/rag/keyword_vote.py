@@ -1,38 +1,21 @@
 """Answer-level aggregation: release the keywords many voters' answers share (DP-KSA).
 
-Token-by-token aggregation makes a 2-4-token invented name win a vote at every token over
-the whole vocabulary. Most questions are answered by a few keywords (DP-KSA, arXiv
-2602.14374), so here each voter answers the whole question from its own document, its
-answer is reduced to at most K normalised keywords (`answer_keywords`), and one DP
-partition selection releases the keywords that many voters share (`release_answer_keywords`,
-through `synthgen.privacy.partition_selection`, the same PipelineDP release as the knowledge
-release's keywords). The public LM then writes the final answer from the question and the
-released keywords only (`keyword_document`: post-processing). Nothing released: the answer
-abstains.
-
-A key is a word of a voter's answer, a number ("1988", "639" of "$639"), or a name of
-several capitalised words ("ferpil industries"): one key, so a two-word name needs the
-votes of one key, not of two. A voter contributes only when the text it read holds one of
-the question's rarest words (`question_focus`: it read about what was asked), and only
-keys that text spells (what its LM made up is not its document's).
+Each voter answers from its own document (DP-KSA, arXiv 2602.14374), reduced to at most K
+keys (`answer_keywords`); one DP partition selection releases the keys many voters share
+(`release_answer_keywords`), and the public LM answers from the question and those keys
+only (`keyword_document`: post-processing); nothing released abstains. See
+docs/guides/dp_rag.md ("keywords: one partition selection over the voters' keywords").
 
 Privacy:
   Unit: one document, add/remove-one, given the released retrieval threshold. A voter's
-  answer depends on its own document only (or its own group of documents with
-  `RagConfig.documents_per_voter` > 1: a document's group is a public hash of its id,
-  `retrieval.grouped_selected`), and so do its keys: a function of its answer, the text it
-  read (the relevance and spelling checks) and the public question and tokenizer. It
-  contributes each key at most once and at most K keys, whatever a key is (a word, a
-  number or a name of several words: the partition selection's keys are any strings).
-  Adding or removing a document adds or removes one voter, or changes one
-  (the voters' cap binds, or its group changes): two units of
-  PipelineDP's add/remove analysis. So the selection runs at (epsilon / 2,
-  delta / (1 + e^(epsilon / 2))), which group privacy turns into (epsilon, delta) for
-  one document (`group_parameters`: two add/remove steps). The
-  answer is charged that one (epsilon, delta) event. The noise is python-dp's own (OS
-  entropy): a seeded `DPRag` does not replay it. Not covered: PipelineDP's running time
-  grows with the number of voters' keywords, which a timing observer could read (the
-  token mechanisms run at a fixed shape instead).
+  keys are a function of its own document (or group, chosen by a public hash of the ids:
+  `retrieval.grouped_selected`), its answer and the public question and tokenizer: at most
+  K distinct keys, whatever a key is. A document adds, removes or changes one voter (the
+  voters' cap binds, or its group changes): two units of PipelineDP's add/remove analysis,
+  so the selection runs at (epsilon / 2, delta / (1 + e^(epsilon / 2))), which group
+  privacy turns into the one (epsilon, delta) event charged (`group_parameters`). The noise
+  is python-dp's own (OS entropy): a seeded `DPRag` does not replay it. Not covered:
+  PipelineDP's running time grows with the voters' keywords (a timing channel).
 """
 
 from __future__ import annotations
@@ -72,11 +55,6 @@ def normalise(word: str) -> str:
     return word
 
 
-def _is_name_part(word: str) -> bool:
-    """Whether `word` may continue a name: capitalised ("Industries", "Marshes")."""
-    return word[:1].isupper()
-
-
 def _spelled(text: str) -> set[str]:
     """Every word of `text`, lower case and normalised."""
     words = _WORD.findall(text)
@@ -108,28 +86,21 @@ def answer_keywords(
     """A voter's keywords: at most `max_keywords` distinct normalised keys of its answer.
 
     A key is a content word of the answer (neither a stopword nor a word of the public
-    question: a voter that echoes the question's words, "tadrunic numbness", says
-    nothing the question did not), or, when that word is capitalised, the whole name it
-    belongs to: the run of capitalised content words around it that only spaces separate
-    ("works at Ferpil Industries." gives "ferpil industries", lower case and otherwise as
-    spelled, so a two-word name is one key, not two keys that would each need their own
-    votes). A number is a word ("born in 1988" gives "1988"; "$639" gives "639").
+    question, which says nothing the question did not), a number ("$639" gives "639"), or,
+    for a capitalised word, the run of capitalised content words around it that only
+    spaces separate, as one key ("works at Ferpil Industries." gives "ferpil industries").
 
     Args:
       answer: the voter's answer.
       max_keywords: K.
       question: the public question.
       word_tokens: a public tokenizer's token count of a word: the keys of the rarest words
-        (most tokens) are kept first, so that a name beats the answer's framing ("the
-        disease causing ... is Zotrilosis" gives "zotrilosis", not "causing"); ties and
-        None keep the answer's order.
+        (most tokens) come first, so a name beats the answer's framing ("the disease
+        causing ... is Zotrilosis" gives "zotrilosis"); ties and None keep the order.
       document: the text the voter read (None: no check). A voter whose document holds
         none of the question's rarest words (`question_focus`) read about something else
-        and contributes nothing: among 64 voters and 20 documents about the asked entity,
-        44 voters would otherwise answer with their own documents' names. Its keys must
-        also be spelled in its document: a key the document does not hold ("2018" for a
-        birth year the document never states, "document" of "The document does not
-        say") is the LM's, not the document's.
+        and gives no key, and a key its document does not spell ("2018" for a birth year
+        the document never states) is the LM's, not the document's, and is dropped.
     """
     if document is not None:
         read = _spelled(document)
@@ -148,7 +119,7 @@ def answer_keywords(
     def joined(i: int, j: int) -> bool:  # words i and j = i + 1 are one name's parts
         gap = answer[matches[i].end() : matches[j].start()]
         return gap.strip(" ") == "" and all(
-            content[n][1] is not None and _is_name_part(content[n][0]) for n in (i, j)
+            content[n][1] is not None and content[n][0][:1].isupper() for n in (i, j)
         )
 
     candidates: list[tuple[str, str]] = []  # (key, the word that ranks it)
@@ -197,8 +168,7 @@ def release_answer_keywords(
 
     Args:
       answers: each voter's own answer (one voter per document; padding rows excluded).
-      epsilon: the release's epsilon for one document.
-      delta: its delta.
+      epsilon, delta: the release's, for one document.
       max_keywords: K, most keywords one voter contributes (public).
       question: the public question; its words are not keywords.
       word_tokens: a public tokenizer's token count of a word (`answer_keywords`).
@@ -229,8 +199,7 @@ def final_answer(text: str, keywords: Sequence[str]) -> str:
     """The public LM's answer `text` when it names a released keyword (every word of it);
     otherwise the most shared keyword itself, each word capitalised (post-processing of
     released keywords and public text)."""
-    words = _WORD.findall(text)
-    said = {normalise(w) for w in words} | {w.lower() for w in words}
+    said = _spelled(text)
     if keywords and not any(set(k.split()) <= said for k in keywords):
         return " ".join(w.capitalize() for w in keywords[0].split())
     return text

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 
 from retriever.rag.answer import DPRag, RagConfig, plan_answer
 from retriever.rag.collection import (
-    ENCODER_FLAG,
     PrivateCollection,
     check_delta,
     check_encoder,
     check_scope_deltas,
     open_document_filters,
     record_encoder_assertion,
+    refuse_individual_assertion,
 )
 from retriever.rag.config import RETRIEVALS
 from retriever.rag.prompts import PromptFormat
@@ -45,63 +45,44 @@ def load_dprag(
     collection: PrivateCollection | None = None,
 ) -> DPRag:
     """The answer stage over `private_corpus`, scored with the embeddings of `index`
-    (``retrieval="dense"``) or by term overlap (``"overlap"``).
-
-    Before loading the encoder or the LM it refuses an index whose encoder is not known to
-    be independent of the collection (`check_encoder`: from its ``provenance.json``, or
-    asserted by the caller), a per-answer δ of 1/n or more and, with a ledger, any scope of
-    the dataset whose δ cap is 1/n or more, for n documents.
+    (``retrieval="dense"``) or by term overlap (``"overlap"``), after the checks of
+    `retriever.rag.collection`, made before the encoder or the LM is loaded.
 
     Args:
-      index: a folder written by `retriever index build --kind exact` over the private
-        corpus (DP retrieval scores every document, so the index must hold them all).
+      index: a folder of `retriever index build --kind exact` over the private corpus (DP
+        retrieval scores every document), or, for overlap, one listing its documents.
       private_corpus: corpus.jsonl (doc_id, text), the same documents in the same order.
       lm: an LM asset name or path (loaded as `FlaxLM`), or a loaded `NextTokenLM`.
-      ledger: the privacy ledger (None: answers are charged nothing, for experiments and
-        tests only; every command and the service pass one).
+      ledger: the privacy ledger (None: nothing is charged; experiments and tests only).
       dataset: the collection's name in the ledger (default: the corpus file's stem).
-      config: public parameters of the answer stage.
-      prompt: prompt format.
-      encoder_independent_of_collection: the operator asserts that the index's encoder
-        was not trained on this collection, where its provenance does not establish it.
-        With a ledger, the assertion is recorded on the dataset's collection cap (which
-        must exist): every answer's charge composes there. Not available in individual
-        accounting (no collection cap to record it on).
-      document_target: individual accounting (`config.accounting == "individual"`): each
-        document's (epsilon, delta) over all answers of all tenants; the collection's
-        per-document filters are opened with it (`open_document_filters`), or checked.
-      answer_epsilon: individual accounting: the default answer's epsilon, whose plan's
-        per-document rho the filters record as one answer's charge.
-      document_cache: compute every document's keys once (`DPRag`'s `document_cache`).
-      answers: released answers to hand out again (`retriever.rag.reuse`).
-      retrieval: "dense" (the index's embeddings and encoder) or "overlap"
-        (`retriever.lexical.OverlapEncoder` over the corpus: the share of the question's
-        content words a document holds, each word weighted by its token count under the
-        LM; the index then only lists the documents). Overlap finds invented or rare
-        names that a dense encoder splits into meaningless pieces.
-      guarantees_add_up: with a ledger, bind `dataset` to the corpus's documents although
-        other names have charged them (`PrivacyLedger.bind_documents`; refused otherwise).
+      config, prompt, document_cache, answers: as `DPRag`'s.
+      encoder_independent_of_collection: the operator's assertion where the encoder's
+        provenance does not establish it (`check_encoder`); with a ledger it is recorded on
+        the dataset's collection cap, which must exist. Refused in individual accounting.
+      document_target, answer_epsilon: individual accounting: each document's (epsilon,
+        delta) over all answers, and the default answer's epsilon, whose per-document rho
+        the filters record as one answer's charge (`open_document_filters`).
+      retrieval: "dense" or "overlap" (`retriever.lexical.OverlapEncoder`, words weighted
+        by their token count under the LM).
+      guarantees_add_up: bind `dataset` to the corpus's documents although other names
+        have charged them (`PrivacyLedger.bind_documents`).
       collection: the corpus as a `PrivateCollection` that `PrivateCollection.admit` has
-        admitted to `ledger` (``retriever answer``): its name is the dataset, its texts are
-        used as read, and the checks `admit` made (δ bounds, the documents' binding, the
-        per-document filters) are not repeated.
+        admitted to `ledger`: its name and texts are used, its checks not repeated.
 
     Raises:
       FileNotFoundError: no index in the folder, or its encoder folder is not there.
-      ValueError: the encoder's provenance is not the one the index recorded
-        (`retriever.index_folder.index_encoder`); the index is not exact or does not match
-        the corpus; an encoder not known to be independent of the collection; a δ (per
-        answer or a scope's cap) of 1/n or more; with a ledger, other names have charged
-        the same documents and `guarantees_add_up` is False (`SharedDocumentsError`).
+      ValueError: an encoder whose provenance differs from the index's record or is not
+        known to be independent of the collection; an index that is not exact or does
+        not match the corpus; a δ (per answer or a scope's cap) of 1/n or more; other
+        names have charged the documents (`SharedDocumentsError`).
 
     Privacy:
       Privacy unit: one document of the collection (add/remove-one), as `DPRag`. Its
       sensitivity arguments assume scores from an encoder that does not depend on the
       collection: from a public pretrained model that holds; from a DP-trained encoder
-      (synthetic data of a DP release, or DP-SGD) the answers' guarantee composes with the
-      encoder's when that release was made from this collection; otherwise it rests on the
-      operator's assertion. δ < 1/n, as for DP-SGD (`accounting.check_delta`). An overlap
-      score depends on its document and the question alone, as a dense score does.
+      the answers' guarantee composes with the encoder's when that release was made from
+      this collection; otherwise it rests on the operator's assertion. δ < 1/n, as for
+      DP-SGD. An overlap score depends on its document and the question alone.
     """
     from retriever.data import read_corpus
     from retriever.evaluate import load_towers
@@ -120,11 +101,7 @@ def load_dprag(
                 "individual accounting needs a ledger, the per-document target "
                 "(--document-epsilon, --document-delta) and the answer's epsilon"
             )
-        if assertion is not None:
-            raise ValueError(
-                f"{ENCODER_FLAG} is recorded on a collection cap, which individual accounting "
-                "does not have: build the index with a public pretrained or DP-trained encoder"
-            )
+        refuse_individual_assertion(assertion)
     if assertion is not None and ledger is not None and ledger.collection_scope(dataset) is None:
         record_encoder_assertion(ledger, dataset, assertion)  # refuses: no collection cap
     searcher = load_index_searcher(index) if retrieval == "dense" else None
@@ -183,9 +160,8 @@ def checked_encoder(
     index: Path, meta: dict, retrieval: str, asserted: bool
 ) -> tuple[str | None, str | None]:
     """(encoder, assertion): a dense index's encoder, checked against its ``index.json``
-    (`meta`), and the line to record when only the operator's assertion (`asserted`) makes
-    it independent of the collection (`check_encoder`, which refuses an encoder not known
-    to be); (None, None) for overlap retrieval, scored from the corpus's words."""
+    (`meta`) and by `check_encoder` (`assertion`: the line to record when only the
+    operator's assertion `asserted` makes it independent); (None, None) for overlap."""
     from retriever.index_folder import index_encoder
 
     if retrieval != "dense":

@@ -1,15 +1,12 @@
 """How one answer's (epsilon, delta) is split between retrieval, tokens and score.
 
-A tenant asks for an answer at a per-answer target epsilon (delta is the stage's public
-config). The plan gives a public share to the retrieval threshold and, when asked, to the
-Laplace score release, and calibrates the per-token parameters so that the worst case of
-the whole answer composes (PLD, `synthgen.privacy.accounting`) to at most the target. The
-worst case is what the ledger checks and charges before any noise is drawn; `stage_events`
-lists it per stage (icl: every planned token is paid; keywords and facts: one release).
-
-Under individual (per-document) accounting the retrieval is a public relevance threshold
-(retrieval share 0: no retrieval stage) and each document that pays is charged the plan's
-zCDP rho (`AnswerPlan.document_rho`): only mechanisms with a zCDP curve qualify.
+The plan gives public shares of the per-answer target epsilon to the retrieval threshold
+and the optional Laplace score, and calibrates the per-token parameters so that the worst
+case of the whole answer composes (PLD) to at most the target at the config's delta. The
+ledger checks and charges that worst case (`stage_events`: icl pays every planned token,
+keywords and facts one release) before any noise is drawn. Under individual accounting the
+retrieval is a public relevance threshold (no retrieval stage) and each paying document is
+charged the plan's zCDP rho (`AnswerPlan.document_rho`: icl only).
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from collections.abc import Callable
 
 from dp_accounting import dp_event
 
-from retriever.rag.accounting import bounded_range_epsilon, calibrate_token_epsilon
+from retriever.rag.accounting import COMPOSITIONS, bounded_range_epsilon, calibrate_token_epsilon
 from retriever.rag.keyword_vote import keyword_threshold
 from synthgen.privacy import accounting, calibration
 from synthgen.privacy.individual import bounded_range_rho, pure_rho
@@ -33,7 +30,6 @@ MECHANISMS = ("icl", "keywords", "facts")
 # 10 questions only): refused by name, with what to use instead. Their charges in old
 # ledgers still compose (a charge is an event, whatever released it).
 RETIRED = ("vote", "sparse-vote", "answer-vote")
-COMPOSITIONS = ("pure", "bounded-range")
 
 
 def _largest(feasible: Callable[[float], bool], high: float, iterations: int = 40) -> float:
@@ -50,23 +46,17 @@ def _largest(feasible: Callable[[float], bool], high: float, iterations: int = 4
 class AnswerPlan:
     """Public parameters of one answer's mechanisms and its worst-case charge.
 
-    A `synthgen.privacy.release_plan.ReleasePlan`: `event` (the worst case,
-    `worst_case_event`) composed with PLD under `relation` at `delta` is at most `epsilon`
-    (`make_plan` shrinks the token epsilon until it is). The ledger is charged
-    `stage_events`, whose composition `event` is, under `relation`.
+    A `synthgen.privacy.release_plan.ReleasePlan`: `event` (the worst case, composed from
+    the charged `stage_events`) under `relation` at `delta` is at most `epsilon` (PLD).
 
     Attributes:
       mechanism: "icl", "keywords" or "facts".
-      epsilon: the per-answer target.
-      delta: the per-answer delta.
+      epsilon, delta: the per-answer target and delta.
       max_tokens: most answer tokens.
-      retrieval_epsilon: the threshold's epsilon.
-      score_epsilon: the Laplace score release's epsilon (0: no score).
-      token_epsilon: per release (icl: the exponential mechanism per token; keywords and
-        facts: the partition selection's epsilon).
-      token_delta: per release (keywords and facts; 0 for icl).
-      max_releases: paid releases per answer, derived from the mechanism (icl:
-        max_tokens, one per token; keywords and facts: 1, the whole answer).
+      retrieval_epsilon, score_epsilon: the threshold's and the Laplace score's (0: none).
+      token_epsilon, token_delta: per release (icl: each token's exponential mechanism,
+        delta 0; keywords and facts: the partition selection's).
+      max_releases: paid releases per answer (icl: max_tokens; keywords and facts: 1).
       composition: "pure" or "bounded-range" (icl tokens).
     """
 
@@ -109,17 +99,14 @@ class AnswerPlan:
         """The zCDP rho one answer charges each document that pays for it (individual mode).
 
         Raises:
-          ValueError: the plan has a stage without a zCDP curve: a DP retrieval threshold
-            (individual mode retrieves by a public relevance threshold instead), or keywords'
-            or facts' partition selection ((epsilon, delta)-DP with no zCDP or RDP curve,
-            and a per-document filter admits only such curves).
+          ValueError: a stage without a zCDP curve, which a per-document filter cannot
+            take: a DP retrieval threshold, or keywords' or facts' partition selection.
 
         Privacy:
-          A paying document's loss in one answer: every icl token is the exponential
-          mechanism at `token_epsilon`, which is `token_epsilon`-bounded-range and so
-          `token_epsilon**2 / 8`-zCDP (Cesar & Rogers 2021); the Laplace score is pure
-          `score_epsilon`-DP, `score_epsilon**2 / 2`-zCDP (Bun & Steinke 2016). zCDP adds
-          up over the answer's releases, all paid (`max_releases` tokens).
+          Each icl token is the exponential mechanism at `token_epsilon`, so
+          `token_epsilon`-bounded-range and `token_epsilon**2 / 8`-zCDP (Cesar & Rogers
+          2021); the Laplace score is `score_epsilon**2 / 2`-zCDP (Bun & Steinke 2016).
+          zCDP adds up over the answer's releases, all paid (`max_releases` tokens).
         """
         if self.mechanism != "icl":
             raise ValueError(
@@ -147,8 +134,7 @@ class AnswerPlan:
 
     @property
     def relation(self) -> accounting.NeighboringRelation:
-        """Add/remove-one document: the relation `retriever.rag.answer` charges and checks
-        the answer under (its `RELATION`)."""
+        """Add/remove-one document: the relation the answer is charged under (`RELATION`)."""
         return accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
     def to_dict(self) -> dict:
@@ -167,11 +153,9 @@ class AnswerPlan:
     def vote_summary(self, voters: int, max_keywords: int = 1) -> dict[str, float | int | bool]:
         """What a keywords / facts plan implies for `voters` voters (public arithmetic).
 
-        `limited_domain_threshold` (the name kept for the CLI's JSON; also
-        `keyword_threshold`) is how many votes a keyword or value needs to clear the
-        partition selection (`keyword_vote.keyword_threshold`, with `max_keywords` per
-        voter); when it exceeds `voters` a release is practically impossible and every
-        answer abstains.
+        `keyword_threshold` (also `limited_domain_threshold`, the CLI JSON's old name) is
+        how many votes a keyword or value needs to clear the partition selection; above
+        `voters` a release is practically impossible and every answer abstains.
         """
         if self.mechanism == "icl":
             raise ValueError("vote_summary is for keywords and facts plans")
@@ -238,8 +222,7 @@ def make_plan(
 
     Args:
       mechanism: "icl", "keywords" or "facts".
-      epsilon: per-answer target epsilon.
-      delta: per-answer delta.
+      epsilon, delta: the per-answer target epsilon and delta.
       max_tokens: most answer tokens.
       retrieval_share: share of epsilon for the DP threshold (0: a public threshold, no
         retrieval stage; individual accounting).
@@ -251,11 +234,10 @@ def make_plan(
       The plan; its worst case composes to at most `epsilon` at `delta`.
 
     Privacy:
-      Privacy unit: one document (add/remove-one). Each (epsilon, delta) event carries its
-      own delta share (keywords and facts: delta / 2 for their one release; bounded-range
-      icl: delta / 2), and a ledger scope composes them at its delta cap, so a scope with
-      cap delta_cap holds at most about 2 * delta_cap / delta such answers before it
-      refuses every answer.
+      Privacy unit: one document (add/remove-one). Each (epsilon, delta) event (keywords'
+      and facts' release, bounded-range icl) carries a delta / 2 share, and a scope
+      composes them at its delta cap, so it holds at most about 2 * delta_cap / delta such
+      answers before it refuses every answer.
 
     Raises:
       ValueError: a bad parameter, a retired mechanism, or a target too small to split.
@@ -283,7 +265,7 @@ def make_plan(
         composition=composition,
     )
     if mechanism == "icl":
-        token = calibrate_token_epsilon(
+        high = calibrate_token_epsilon(
             epsilon,
             max_tokens,
             delta if composition == "pure" else delta / 2,
@@ -291,17 +273,13 @@ def make_plan(
             extra_pure=(score,) if score > 0 else (),
             composition=composition,
         )
-
-        # the calibration may use basic composition where discretised PLD is looser; the
-        # ledger composes with PLD, so shrink until the PLD worst case is within the target
-        def icl_plan(x: float) -> AnswerPlan:
-            return AnswerPlan(**base, token_epsilon=x, max_releases=max_tokens)
-
-        return icl_plan(_largest(lambda x: icl_plan(x).worst_case_epsilon() <= epsilon, token))
-    # keywords and facts: one release per answer (the keywords; the values)
-    token_delta = delta / 2
+        token_delta, releases = 0.0, max_tokens
+    else:  # keywords and facts: one release per answer (the keywords; the values)
+        high, token_delta, releases = epsilon, delta / 2, 1
 
     def plan_of(x: float) -> AnswerPlan:
-        return AnswerPlan(**base, token_epsilon=x, token_delta=token_delta, max_releases=1)
+        return AnswerPlan(**base, token_epsilon=x, token_delta=token_delta, max_releases=releases)
 
-    return plan_of(_largest(lambda x: plan_of(x).worst_case_epsilon() <= epsilon, epsilon))
+    # icl's calibration may use basic composition where discretised PLD is looser; the
+    # ledger composes with PLD, so shrink until the PLD worst case is within the target
+    return plan_of(_largest(lambda x: plan_of(x).worst_case_epsilon() <= epsilon, high))

@@ -1,32 +1,19 @@
 """The release loops of a DP-RAG answer, one per mechanism, and the score release.
 
-`retriever.rag.answer.DPRag` selects the documents and builds the answer's rows
-(`retriever.rag.sessions.PromptRows`, a fixed public shape); each loop here then releases the
-answer from those rows and returns ``(tokens or text, paid releases, stages, abstained)``,
-where ``stages`` are the DP events of the answer (`DPRag` charges the plan's worst case,
-these events, before any noise is drawn). Every loop runs a public number of steps
-(`AnswerPlan.max_tokens`) or stops at the public deadline; nothing else ends it early but a
-released token.
+`DPRag` charges the plan's worst case, selects the documents and builds the answer's rows
+(`sessions.PromptRows`, a fixed public shape); each loop here returns ``(tokens or text,
+abstained)`` after a public number of steps, stopping early only at the public deadline or
+on a released token.
 
 Privacy:
   Unit: one document of the private collection (add/remove-one); the rows are the selected
-  documents' prompts, each document in at most one row.
-
-  * ``icl``: one DP in-context token per step from the rows' next-token distributions
-    against the public prompt's (`retriever.rag.aggregation.dp_icl_token`, capped
-    sensitivity); the public prompt's greedy token decides abstention (post-processing).
-  * ``keywords``: one DP partition selection over the words the rows' answers share
-    (`keyword_vote.release_answer_keywords`); the public LM then answers from the question
-    and the released keywords only (post-processing).
-  * ``facts``: not over the rows: one DP partition selection over the values every
-    document's own typed facts give for the question (`retriever.rag.fact_vote`; one
-    document is one voter, no cap shared with others, so no group step).
-  * ``score``: (count, sum of normalised scores) of the selection through the Laplace
-    mechanism (see `score`).
-
-Each mechanism's own argument (sensitivity, calibration, references) is in the docstring of
-the module that implements it: `retriever.rag.aggregation`, `retriever.rag.keyword_vote`,
-`retriever.rag.fact_vote`; the score's is in `score` below.
+  documents' prompts, each document in at most one row. The DP releases: icl, one capped
+  `aggregation.dp_icl_token` per step; keywords, one partition selection over the words the
+  rows' answers share (`keyword_vote.release_answer_keywords`); facts, one partition
+  selection over the values every document's own typed facts give, not over the rows
+  (`fact_vote`: one document is one voter, no shared cap, so no group step); the score,
+  the Laplace mechanism (`score`). Abstention and the public LM's final text are
+  post-processing. Each mechanism's argument is in the docstring of its module.
 """
 
 from __future__ import annotations
@@ -40,45 +27,44 @@ from retriever.rag.greedy import greedy_answer
 from retriever.rag.keyword_vote import final_answer, keyword_document, release_answer_keywords
 from retriever.rag.plan import AnswerPlan
 from retriever.rag.prompts import PromptFormat
-from retriever.rag.sessions import Deadline, PromptRows, Sessions, usable_rows
+from retriever.rag.sessions import Deadline, PromptRows, usable_rows
 from synthgen.privacy import laplace_mechanism
 
 
 def icl(lm, public_lm, config: RagConfig, rows: PromptRows, plan: AnswerPlan, rng, clock: Deadline):
-    """(tokens, paid, stages, abstained); abstains when every released token is the
-    public prompt's greedy token (the documents never moved the draw)."""
+    """(tokens, abstained); abstains when every released token is the public prompt's
+    greedy token (the documents never moved the draw)."""
     tokens: list[int] = []
     moved = False
-    session = Sessions(lm, public_lm, rows, plan.max_tokens)
+    # the private rows' batched session (always the public shape), the public prompt's own
+    private = rows.start(lm, plan.max_tokens)
+    public = public_lm.start([rows.public], plan.max_tokens)
     for _ in range(plan.max_tokens):
         if clock.check():
             break
-        private, weights = usable_rows(session.private, rows.weights)
+        usable, weights = usable_rows(private, rows.weights)
         token = dp_icl_token(
-            private,
-            session.public[0],
+            usable,
+            public[0],
             epsilon=plan.token_epsilon,
             config=config.aggregation,
             rng=rng,
             weights=weights,
             capped=True,
         )
-        moved = moved or token != int(np.argmax(session.public[0]))
+        moved = moved or token != int(np.argmax(public[0]))
         if token in lm.eos_ids:
             break
         tokens.append(token)
-        session.append(token, last=len(tokens) == plan.max_tokens)
-    stages = [("tokens", plan.token_block_event(plan.max_tokens))]
-    return tokens, plan.max_tokens, stages, not moved
+        if len(tokens) < plan.max_tokens:  # else no next token is drawn: skip the step
+            private, public = lm.append(token), public_lm.append(token)
+    return tokens, not moved
 
 
-def voter_answers(
-    lm, rows: PromptRows, plan: AnswerPlan, clock: Deadline, steps: int | None = None
-) -> list[str]:
-    """Each voter's own greedy answer (private; keywords' voters): the best `config.voters`
-    selected documents decode all `steps` (default `max_tokens`) steps whatever they say (the
-    loop's length is public); padding rows decode too and are left out of the result."""
-    steps = plan.max_tokens if steps is None else steps
+def voter_answers(lm, rows: PromptRows, clock: Deadline, steps: int) -> list[str]:
+    """Each voter's own greedy answer (private; keywords' voters): every row decodes all
+    `steps` steps whatever it says (the loop's length is public); padding rows decode too
+    and are left out of the result."""
     answers: list[list[int]] = [[] for _ in rows.prompts]
     logprobs = rows.start(lm, steps)
     ended = np.zeros(len(rows.prompts), bool)
@@ -107,13 +93,12 @@ def keywords(
     clock: Deadline,
     documents: list[str] | None = None,
 ):
-    """(answer text, paid, stages, abstained): the keywords many voters' answers share
-    (`keyword_vote.release_answer_keywords`, one partition selection; `documents`: the
-    text each document row read, for its relevance and spelling checks), then the public
-    LM's greedy answer from the question and those keywords only (post-processing);
-    nothing released: the answer abstains."""
+    """(answer text, abstained): the keywords many voters' answers share (one partition
+    selection; `documents`: the text each row read, for its relevance and spelling checks),
+    then the public LM's greedy answer from the question and those keywords only
+    (post-processing); nothing released: the answer abstains."""
     keywords = release_answer_keywords(
-        voter_answers(lm, rows, plan, clock, config.voter_tokens),
+        voter_answers(lm, rows, clock, config.voter_tokens),
         epsilon=plan.token_epsilon,
         delta=plan.token_delta,
         max_keywords=config.answer_keywords,
@@ -121,21 +106,19 @@ def keywords(
         word_tokens=lambda word: len(public_lm.encode(" " + word)),
         documents=documents,
     )
-    stages = [("tokens", plan.token_block_event(1))]
     if not keywords:
-        return "", 1, stages, True
+        return "", True
     # public inputs only: the public session, the document cut to the public bound
     # `DPRag._check_context` sized every prompt for
     document = public_lm.encode(keyword_document(keywords))[: config.max_document_tokens]
     text = greedy_answer(public_lm, prompt.encode(public_lm, question, [document]), plan.max_tokens)
-    return final_answer(text, keywords), 1, stages, False
+    return final_answer(text, keywords), False
 
 
 def facts(document_facts, question: str, config: RagConfig, plan: AnswerPlan):
-    """(answer text, paid, stages, abstained): the value the documents' typed facts give
-    for the question (`fact_vote.fact_vote`, one partition selection over every document
-    at the plan's per-release (epsilon, delta), K = `config.answer_keywords`); nothing
-    released, or no value ahead of the second by the gap: the answer abstains."""
+    """(answer text, abstained): the value every document's typed facts give for the
+    question (`fact_vote.fact_vote` at the plan's per-release (epsilon, delta), K =
+    `config.answer_keywords`); abstains when no value leads the second by the gap."""
     value, _ = fact_vote(
         document_facts,
         question,
@@ -143,8 +126,7 @@ def facts(document_facts, question: str, config: RagConfig, plan: AnswerPlan):
         delta=plan.token_delta,
         max_votes=config.answer_keywords,
     )
-    stages = [("tokens", plan.token_block_event(1))]
-    return ("", 1, stages, True) if value is None else (value, 1, stages, False)
+    return value or "", value is None
 
 
 def score(config: RagConfig, scores, selected, epsilon: float, rng) -> tuple[float, float]:

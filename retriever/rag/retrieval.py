@@ -1,21 +1,15 @@
 """DP retrieval: a similarity threshold drawn by the exponential mechanism (Grislain 2024).
 
-A question's similarity to every private document is clipped to a public range
-[min_score, max_score] and mapped to [0, 1]. A threshold tau in [0, 1] is drawn from the
-continuous exponential mechanism with utility ``u(tau) = -|#{i : s_i >= tau} - k|`` (top-k) or
-the weighted top-p variant, and the documents with s_i >= tau are selected. Only tau is
-released by the mechanism; the selected set is private and only enters the DP answer
-mechanisms (`retriever.rag.aggregation`, `retriever.rag.keyword_vote`).
-
-The density of tau is piecewise constant: between consecutive sorted scores the count of
-selected documents does not change. The mechanism picks an interval with probability
-proportional to length * exp(epsilon * u / 2) (through `synthgen.privacy.exponential_mechanism`
-with the log-length folded into the utility) and then tau uniformly inside it.
-
-The reference implementation (sarus-tech/dp-rag, `_exp_mechanism_top_k_threshold`) gives
-utility ``-|len(sorted) - k - j|`` to the interval starting at the j-th of the n + 2 padded
-scores, whose count is n - j, so its mode selects k - 2 documents; here the interval whose
-count is k has utility 0 (`tests/retriever/rag/test_retrieval.py` tests the mode).
+A question's similarity to every private document is clipped to a public range and mapped
+to [0, 1]. A threshold tau in [0, 1] is drawn from the continuous exponential mechanism with
+utility ``u(tau) = -|#{i : s_i >= tau} - k|`` (top-k) or the weighted top-p variant, and the
+documents with s_i >= tau are selected. Only tau is released; the selected set is private
+and only enters the DP answer mechanisms. The density of tau is piecewise constant between
+consecutive sorted scores: an interval is drawn with probability proportional to length *
+exp(epsilon * u / 2) (`synthgen.privacy.exponential_mechanism`, the log-length folded into
+the utility), then tau uniformly inside it. Unlike the reference code (sarus-tech/dp-rag),
+whose mode selects k - 2 documents, the interval whose count is k has utility 0. See
+docs/guides/dp_rag.md ("How an answer is made").
 """
 
 from __future__ import annotations
@@ -52,11 +46,6 @@ class ScoreRange:
         return (clipped - self.min_score) / (self.max_score - self.min_score)
 
 
-def _check(epsilon: float) -> None:
-    if not (isinstance(epsilon, int | float) and math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"epsilon must be finite and > 0, got {epsilon=}")
-
-
 def _intervals(scores01: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(left ends, lengths, selected counts) of the intervals (e_j, e_{j+1}] of [0, 1].
 
@@ -69,16 +58,22 @@ def _intervals(scores01: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return edges[:-1], np.diff(edges), counts
 
 
-def _draw(
-    left: np.ndarray,
-    lengths: np.ndarray,
-    utilities: np.ndarray,
+def _dp_threshold(
+    scores: np.typing.ArrayLike,
+    utilities_of_counts,
     epsilon: float,
     rng: np.random.Generator,
+    score_range: ScoreRange,
 ) -> float:
+    """tau drawn by the exponential mechanism over the intervals of the normalised scores."""
+    if not (isinstance(epsilon, int | float) and math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon=}")
+    normalised = score_range.normalise(scores)
+    left, lengths, counts = _intervals(normalised)
     keep = lengths > 0  # the lengths sum to 1, so some interval is kept
     # exp(eps * u / 2) * length == exp(eps * (u + 2 ln(length) / eps) / 2)
-    folded = utilities[keep] + 2.0 * np.log(lengths[keep]) / epsilon
+    utilities = utilities_of_counts(normalised, counts)[keep]
+    folded = utilities + 2.0 * np.log(lengths[keep]) / epsilon
     j = exponential_mechanism(folded, epsilon=epsilon, sensitivity=1.0, rng=rng)
     return float(left[keep][j] + lengths[keep][j] * (1.0 - rng.random()))
 
@@ -94,13 +89,6 @@ def threshold_distribution(
         logits = epsilon * utilities / 2.0 + np.log(lengths)
     weights = np.exp(logits - np.max(logits))
     return left, lengths, weights / weights.sum()
-
-
-def _top_k_utilities(k: int):
-    def utilities(scores: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        return -np.abs(counts - k).astype(np.float64)
-
-    return utilities
 
 
 def _top_p_utilities(p: float, concentration: float):
@@ -127,8 +115,7 @@ def dp_top_k_threshold(
       scores: similarity of the question to every document of the private collection
         (raw; clipped to `score_range` and mapped to [0, 1] here).
       k: how many documents the threshold should select (k >= 1).
-      epsilon: privacy parameter of the threshold.
-      rng: source of randomness (`synthgen.privacy.secure_rng()` in production).
+      epsilon, rng: the threshold's epsilon and randomness (`secure_rng()` in production).
       score_range: public clipping range of the raw scores.
 
     Returns:
@@ -144,10 +131,12 @@ def dp_top_k_threshold(
     """
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k=}")
-    _check(epsilon)
-    normalised = score_range.normalise(scores)
-    left, lengths, counts = _intervals(normalised)
-    return _draw(left, lengths, _top_k_utilities(int(k))(normalised, counts), epsilon, rng)
+    k = int(k)
+
+    def utilities(_: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        return -np.abs(counts - k).astype(np.float64)
+
+    return _dp_threshold(scores, utilities, epsilon, rng, score_range)
 
 
 def dp_top_p_threshold(
@@ -167,8 +156,7 @@ def dp_top_p_threshold(
     Args:
       scores: similarity of the question to every private document (raw).
       p: share of the total weight to select, in (0, 1).
-      epsilon: privacy parameter of the threshold.
-      rng: source of randomness.
+      epsilon, rng: the threshold's epsilon and randomness.
       concentration: public weighting of high scores (Grislain's top_p_alpha).
       score_range: public clipping range of the raw scores.
 
@@ -185,11 +173,8 @@ def dp_top_p_threshold(
         raise ValueError(f"p must be in (0, 1), got {p=}")
     if not (math.isfinite(concentration) and concentration >= 0):
         raise ValueError(f"concentration must be >= 0, got {concentration=}")
-    _check(epsilon)
-    normalised = score_range.normalise(scores)
-    left, lengths, counts = _intervals(normalised)
-    utilities = _top_p_utilities(float(p), float(concentration))(normalised, counts)
-    return _draw(left, lengths, utilities, epsilon, rng)
+    utilities = _top_p_utilities(float(p), float(concentration))
+    return _dp_threshold(scores, utilities, epsilon, rng, score_range)
 
 
 def best_selected(
@@ -206,15 +191,13 @@ def best_selected(
 
     Returns:
       (indices [rows], weights [rows], selected [N]): the `rows` best-scored documents with
-      normalised score >= tau, best first, padded with weight-0 entries when fewer are
-      selected; and the mask of all selected documents. The work is the same whatever the
-      number selected (a partition over all N scores, a sort of `rows`), so its time does
-      not tell how many documents the threshold selected.
+      normalised score >= tau, best first, padded with weight-0 entries; and the mask of
+      all selected documents. The work (a partition over all N scores, a sort of `rows`)
+      does not tell how many documents the threshold selected.
 
     Privacy: given the released tau, adding or removing one document adds or removes one
-    row, or, when the cap binds, swaps one row for another (the sensitivity the token
-    mechanisms are calibrated for: `aggregation.dp_icl_token(capped=True)`, the group
-    step of `keyword_vote`).
+    row, or, when the cap binds, swaps one row for another (the sensitivity of
+    `aggregation.dp_icl_token(capped=True)` and of `keyword_vote`'s group step).
     """
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows=}")
@@ -270,14 +253,12 @@ def grouped_selected(
     `per_group` selected documents (score desc, position asc).
 
     Returns:
-      (indices [groups, per_group] with -1 for an empty place, weights [groups]: 1 for a
-      group holding a document, selected [N]). The work is a sort of all N documents,
-      whatever the number selected.
+      (indices [groups, per_group], -1 for an empty place; weights [groups], 1 for a
+      group holding a document; selected [N]). The work is a sort of all N documents.
 
-    Privacy: given the released tau, adding or removing one document changes the group
-    of its bucket only (it enters or leaves it, possibly displacing or restoring one
-    document of the same bucket): one group changes, every other is unchanged. This is
-    the one-row swap the voters' mechanisms are calibrated for.
+    Privacy: given the released tau, adding or removing one document changes its bucket's
+    group only (possibly displacing or restoring one document of it): the one-row swap the
+    voters' mechanisms are calibrated for.
     """
     if groups < 1 or per_group < 1:
         raise ValueError(f"groups and per_group must be >= 1, got {groups=}, {per_group=}")

@@ -1,31 +1,17 @@
 """Released answers, reused: a question asked again gets the answer already released.
 
-A DP-RAG answer is a DP release. Handing the same text out again is post-processing and
-costs no privacy (Dwork & Roth 2014, Proposition 2.1): no document pays, no quota or
-collection cap is charged, and no LM runs. Under a stream of questions with repetition
-(the same question asked by many users, or again by the same one) this keeps the records
-that a popular question draws on from spending their budget on answers already given.
-
-What is a repeat is decided from public values only: the question's text, normalised
-(`question_key`: case, spacing and final punctuation), and everything that fixes the
-answer's event and meaning: the collection's name, the `RagConfig`, the prompt format and
-the answer's plan (mechanism, epsilon, delta, tokens, shares). Paraphrases are not
-matched. An abstention or a truncated answer is not kept, so asking again may still get an
-answer (and pays again). A repeat is handed out without a budget check: a tenant whose
-budget is spent still gets back what it was given before.
-
-Scopes:
-  * ``tenant``: a tenant gets back only answers released to itself. Every tenant's cap
-    keeps bounding what that tenant learns.
-  * ``shared`` (individual accounting only): any tenant gets any released answer (without
-    the first tenant's ledger ref). The per-document guarantee covers every answer given
-    to any tenant, so it is unchanged; tenant scopes there are quotas. Under collection
-    accounting a tenant's cap is a privacy bound for that tenant, which a shared answer
-    would bypass, so ``shared`` is refused there. An immediate answer tells a tenant that
-    someone asked the same question before: tenants learn of each other's questions.
-
-The answers are kept in memory, without a size limit, for the life of the
-`ReleasedAnswers` object (shared by the `DPRag.with_config` copies made after it was set).
+A DP-RAG answer is a DP release; handing the same text out again is post-processing and
+costs no privacy (Dwork & Roth 2014, Proposition 2.1): no document pays, no quota or cap is
+charged, no LM runs, and no budget is checked. A repeat is decided from public values only:
+the question's text up to case, spacing and final punctuation (`question_key`; paraphrases
+are not matched), and the collection's name, `RagConfig`, prompt format and plan. An
+abstention or a truncated answer is not kept. Scope ``tenant``: a tenant gets back only its
+own answers, so each tenant's cap keeps bounding what it learns. Scope ``shared``
+(individual accounting only, where the per-document guarantee covers every answer to any
+tenant and tenant scopes are quotas): any tenant gets any answer, without the first
+tenant's ledger ref, and learns that someone asked it before. Kept in memory, without a
+size limit, for the life of the `ReleasedAnswers` object (shared by the `DPRag.with_config`
+copies made after it was set). See docs/guides/dp_rag.md ("Reusing released answers").
 """
 
 from __future__ import annotations
@@ -66,9 +52,8 @@ class ReleasedAnswers:
         return (owner, question_key(question), event)
 
     def get(self, tenant: str, question: str, event: Hashable) -> Answer | None:
-        """The answer released before for this question and `event` (the public values
-        that fix the answer: `DPRag` passes its dataset, config, prompt and plan), marked
-        `reused`, with nothing charged; None when there is none."""
+        """The answer released before for this question and `event` (`DPRag`'s dataset,
+        config, prompt and plan), marked `reused`, nothing charged; None when there is none."""
         with self._lock:
             found = self._answers.get(self._key(tenant, question, event))
         if found is None:

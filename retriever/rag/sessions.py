@@ -1,7 +1,7 @@
 """The decode side of an answer at its public shape: prompt rows, LM sessions, the deadline.
 
 `retriever.rag.answer.DPRag` builds one `PromptRows` per answer (always `RagConfig.voters`
-private prompts, padded to one public length), runs them in one batched `Sessions` next to
+private prompts, padded to one public length), runs them in one batched session next to
 the public prompt's own session, and stops the loops at a `Deadline`. Nothing here reads
 private data beyond the rows it is given; shapes and loop counts are public (Privacy rule 9).
 """
@@ -16,9 +16,8 @@ import numpy as np
 
 
 def tokenize_documents(lm, texts: Sequence[str]) -> list[list[int]]:
-    """Every document's token ids, once, before any answer: an answer then only slices
-    them (the same work for any selection), and a text the tokenizer refuses is refused
-    here, with its position, instead of failing an answer that selected it."""
+    """Every document's token ids, once, before any answer (which then only slices them);
+    a text the tokenizer refuses is refused here, by position, not in an answer."""
     tokens = []
     for position, text in enumerate(texts):
         try:
@@ -48,9 +47,8 @@ class PromptRows:
       weights: 1 for a document's row, 0 for a padding row (private: used in sums only).
       public: the public prompt (the question, no document).
       length: the public length every private prompt is padded to.
-      documents: with the collection's precomputed keys (`DPRag(document_cache=True)`):
-        (kv, the row's document in kv, the suffix after it); the LM then runs only the
-        suffix (`FlaxLM.start_documents`) and `prompts` are not run.
+      documents: with precomputed keys (`DPRag(document_cache=True)`): (kv, each row's
+        document in kv, the suffix), which the LM runs instead of `prompts`.
     """
 
     prompts: list[list[int]]
@@ -77,22 +75,6 @@ class Deadline:
         if self.deadline is not None and time.monotonic() >= self.deadline:
             self.passed = True
         return self.passed
-
-
-class Sessions:
-    """The private rows' batched session (always the public shape) and the public
-    prompt's own session."""
-
-    def __init__(self, lm, public_lm, rows: PromptRows, max_tokens: int) -> None:
-        self.lm, self.public_lm = lm, public_lm
-        self.private = rows.start(lm, max_tokens)
-        self.public = public_lm.start([rows.public], max_tokens)
-
-    def append(self, token: int, *, last: bool) -> None:
-        if last:  # no next token will be drawn: skip the step
-            return
-        self.private = self.lm.append(token)
-        self.public = self.public_lm.append(token)
 
 
 PADDING_TEXT = " ."  # the public filler document of a padding row
@@ -139,39 +121,30 @@ def build_rows(
     kv=None,
 ) -> PromptRows:
     """An answer's private prompts at the public shape: `config.voters` rows, the selected
-    documents' (weight 1) and padding rows (weight 0: the public filler document), built
-    from token ids computed once and prompt parts encoded once, so building them costs the
-    same whichever rows are real. Grouped voters (`indices` of shape [voters,
-    documents_per_voter], -1 for an empty place): a row reads its group's documents, padded
-    to the public length of a full group (joining a group's documents is Python list work
-    that grows with the selected count: microseconds against the decoding). `kv`: the
-    collection's precomputed keys (`document_keys`), used for one-document rows whose
-    prompt head they match."""
+    documents' (weight 1) and padding rows (weight 0: the public filler document), from
+    token ids and prompt parts encoded once, so building them costs the same whichever rows
+    are real. Grouped voters (`indices` [voters, documents_per_voter], -1 for an empty
+    place): a row reads its group's documents, padded to the length of a full group. `kv`:
+    the collection's precomputed keys (`document_keys`) for one-document rows."""
     width = config.max_document_tokens
     prefix, suffix = prompt.document_parts(lm, question)
     filler = filler_tokens(lm, width)
     public = prompt.encode(lm, question, [])
-    if indices.ndim == 2:
-        between = lm.encode("\n") + lm.encode("- ")  # as `PromptFormat.encode` joins them
-        prompts = []
-        for group, w in zip(indices, weights, strict=True):
-            docs = [list(tokens[i][:width]) for i in group if i >= 0] if w else [filler]
-            row = list(prefix)
-            for j, doc in enumerate(docs):
-                row += (between if j else []) + doc
-            prompts.append(row + suffix)
-        g = indices.shape[1]
-        length = len(prefix) + g * width + (g - 1) * len(between) + len(suffix)
-        return PromptRows(prompts, weights, public, length=length)
-    documents = [
-        list(tokens[i][:width]) if w else filler for i, w in zip(indices, weights, strict=True)
-    ]
-    prompts = [prefix + doc + suffix for doc in documents]
+    between = lm.encode("\n") + lm.encode("- ")  # as `PromptFormat.encode` joins them
+    groups = indices.reshape(len(indices), -1)  # one document per row, or a group
+    prompts = []
+    for group, w in zip(groups, weights, strict=True):
+        docs = [list(tokens[i][:width]) for i in group if i >= 0] if w else [filler]
+        row = list(prefix)
+        for j, doc in enumerate(docs):
+            row += (between if j else []) + doc
+        prompts.append(row + suffix)
+    g = groups.shape[1]
+    length = len(prefix) + g * len(filler) + (g - 1) * len(between) + len(suffix)
     cached = None
-    if kv is not None and kv.width == width and list(kv.head) == prefix:
+    if indices.ndim == 1 and kv is not None and kv.width == width and list(kv.head) == prefix:
         # the same work for any rows: a gather of config.voters rows of width W
         filler_row = kv.documents - 1  # `document_keys` puts the filler last
         rows = [int(i) if w else filler_row for i, w in zip(indices, weights, strict=True)]
         cached = (kv, rows, suffix)
-    length = len(prefix) + len(filler) + len(suffix)
     return PromptRows(prompts, weights, public, length=length, documents=cached)

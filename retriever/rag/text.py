@@ -1,9 +1,8 @@
 """Answer text a person can read: no replacement characters, no control characters.
 
-An answer is decoded from its token ids as a whole sequence. A byte-level BPE can still
-end a released sequence in the middle of a multi-byte character (or release byte tokens
-that never form one); the decoder then writes U+FFFD. `clean_answer_text` drops those and
-any control character, which is post-processing of the released tokens.
+A byte-level BPE can end a released sequence in the middle of a multi-byte character (or
+release byte tokens that never form one); the decoder then writes U+FFFD.
+`clean_answer_text` drops those and any control character (post-processing).
 """
 
 from __future__ import annotations

@@ -125,8 +125,8 @@ def test_keys_are_shared_between_rags_of_one_collection_and_checked(lm):
     with pytest.raises(ValueError, match="keys of other documents"):
         _rag(lm, narrower, document_cache=first.document_kv)
     # same lengths, other texts: the digest of the token ids tells them apart
-    other = _rag(lm, CONFIG, texts=[t.replace("rash", "rasp") for t in TEXTS])
+    other = [t.replace("rash", "rasp") for t in TEXTS]
     with pytest.raises(ValueError, match="keys of other documents"):
-        other._document_kv(first.document_kv)
+        _rag(lm, CONFIG, texts=other, document_cache=first.document_kv)
     assert "params" not in repr(first.document_kv)  # nothing private in its repr
     assert _rag(lm, CONFIG).document_kv is None
