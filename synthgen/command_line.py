@@ -1,22 +1,19 @@
 """Shared pieces of the two command lines: the one-line error wrapper, option validators and
 types.
 
-`dpsynth.cli.synthgen` and `dpsynth.cli.retriever` are entry points, and neither imports the
-other's helpers;
-what both use lives here, in the library. `run` turns the errors a user can fix into one line
-on stderr and a non-zero exit code (``--debug`` shows the traceback instead);
-`global_options` is both tools' top-level callback: it documents ``--debug`` and answers
-``--version``. `positive` and `probability` refuse a bad epsilon or delta at parsing, naming
-the option the user typed; `LedgerOption` is the ``--ledger`` option of the commands that
-charge the budget ledger, and the other ``...Option`` types are the options that commands of
-both tools declare alike (``--json``, the DP-SGD training's ``--epsilon``, ``--work-dir``...).
+`dpsynth.cli.synthgen` and `dpsynth.cli.retriever` are entry points that never import each
+other's helpers: what both use lives here, in the library (the error wrapper `run`, the
+top-level `global_options`, the validators, and the ``...Option`` types both tools declare
+alike, such as `LedgerOption`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -45,40 +42,23 @@ def _option_name(param: click.Parameter) -> str:
     return max(param.opts, key=len) if param.opts else str(param.name)
 
 
-def positive(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
-    """Option callback: a positive, finite epsilon (an epsilon cap or a release's epsilon).
-
-    Refused at parsing, before the command opens anything, naming the option the user typed
-    (``--epsilon must be positive, got -1.0``, a usage error: exit 2) rather than the
-    library field it feeds.
-
-    Args:
-      ctx: the click context of the command being parsed.
-      param: the option being parsed.
-      value: its value, or None where it was not given and has no default.
-
-    Returns:
-      The value unchanged.
-
-    Raises:
-      click.UsageError: the value is zero, negative, infinite or NaN.
-    """
-    if value is not None and not 0 < value < math.inf:
-        raise click.UsageError(f"{_option_name(param)} must be positive, got {value!r}", ctx)
+def _checked(ctx: click.Context, param: click.Parameter, value, valid: bool, wanted: str):
+    """`value`, or a usage error (exit 2) naming the option the user typed: ``--epsilon
+    must be positive, got -1.0`` rather than the library field it feeds."""
+    if value is not None and not valid:
+        raise click.UsageError(f"{_option_name(param)} must be {wanted}, got {value!r}", ctx)
     return value
+
+
+def positive(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Option callback: a positive, finite epsilon (an epsilon cap or a release's epsilon),
+    refused at parsing, before the command opens anything (`_checked`)."""
+    return _checked(ctx, param, value, value is not None and 0 < value < math.inf, "positive")
 
 
 def probability(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
-    """Option callback: a delta in (0, 1), refused as `positive` refuses an epsilon.
-
-    Takes and returns what `positive` does.
-
-    Raises:
-      click.UsageError: the value is not strictly between 0 and 1.
-    """
-    if value is not None and not 0 < value < 1:
-        raise click.UsageError(f"{_option_name(param)} must be in (0, 1), got {value!r}", ctx)
-    return value
+    """Option callback: a delta in (0, 1), refused as `positive` refuses an epsilon."""
+    return _checked(ctx, param, value, value is not None and 0 < value < 1, "in (0, 1)")
 
 
 LedgerOption = Annotated[
@@ -120,6 +100,27 @@ PairsLimitOption = Annotated[int | None, typer.Option(help="first N pairs only")
 TestSeedOption = Annotated[int | None, typer.Option(help="tests only; default OS entropy")]
 
 
+@contextlib.contextmanager
+def usage_errors(*errors: type[Exception], option: str | None = None) -> Iterator[None]:
+    """Turns `errors` raised in the block into a usage error (exit 2) with their message,
+    naming `option` where given."""
+    try:
+        yield
+    except errors as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
+
+
+@contextlib.contextmanager
+def refusals(*errors: type[Exception]) -> Iterator[None]:
+    """Turns `errors` raised in the block into a refusal: ``error: MESSAGE`` on stderr and
+    exit code 2 (where a command keeps exit code 1 for a finding)."""
+    try:
+        yield
+    except errors as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
+
+
 def parse_shard(text: str | None):
     """`--shard I/N` as a `synthgen.shards.Shard` (None when not given); a malformed one is a
     usage error naming the option."""
@@ -127,10 +128,8 @@ def parse_shard(text: str | None):
 
     if text is None:
         return None
-    try:
+    with usage_errors(ValueError, option="--shard"):
         return Shard.parse(text)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--shard") from None
 
 
 def _print_version(value: bool) -> None:
@@ -148,10 +147,7 @@ def one_of(*values: str):
     (exit 2). Declared with ``metavar="a|b"`` so that help prints the values, not <str>."""
 
     def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-        if value is not None and value not in values:
-            message = f"{_option_name(param)} must be one of {', '.join(values)}, got {value!r}"
-            raise click.UsageError(message, ctx)
-        return value
+        return _checked(ctx, param, value, value in values, f"one of {', '.join(values)}")
 
     return check
 

@@ -1,5 +1,5 @@
-"""What both command lines build alike: the apps of the tools and their command groups, and a
-DP training run's admission and summary.
+"""What both command lines build alike: the apps of the tools, their command groups and console
+scripts, a run's admission to the ledger and a DP training run's summary.
 
 `dpsynth.cli.synthgen` and `dpsynth.cli.retriever` never import each other; the option types,
 validators and error wrapper they share live in the library module `synthgen.command_line`,
@@ -9,16 +9,19 @@ and the pieces of the application layer they share live here.
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from synthgen.command_line import HelpGroup, global_options
+from synthgen.command_line import HelpGroup, global_options, run
 
 if TYPE_CHECKING:
     from synthgen.dp_plan import PrivacyPlan
     from synthgen.privacy.ledger import PrivacyLedger
+    from synthgen.privacy.release_plan import ReleasePlan
 
 
 def group_app(help: str, **settings) -> typer.Typer:
@@ -41,33 +44,55 @@ def tool_app(help: str) -> typer.Typer:
     return app
 
 
-def admit_training_pairs(
-    ledger: str | Path,
-    scope: tuple[str, str],
-    pairs: list[dict],
-    plan: PrivacyPlan,
-    *,
-    budget: float | None = None,
-    guarantees_add_up: bool = False,
-) -> PrivacyLedger:
-    """Admits a DP training run on the private (document, query) `pairs` to the ledger at
-    `ledger` for `scope` (stage "dp-train", n = the number of pairs), before any compute.
+def console_script(app: typer.Typer) -> Callable[[], None]:
+    """The console script (``main``) of the tool `app`: `run`'s exit code."""
 
-    The run checks its budget through its work folder, which knows a resume, so the
-    admission does not dry-run the charge (`admit`'s ``check=False``).
+    def main() -> None:
+        sys.exit(run(app))
+
+    return main
+
+
+def admit_run(
+    ledger: str | Path | None,
+    scope: tuple[str, str],
+    records: list,
+    plan: ReleasePlan,
+    *,
+    stage: str,
+    public_count: int,
+    **admission,
+) -> PrivacyLedger:
+    """Admits a release of the private `records` for `scope` to the ledger at `ledger`
+    (default: `default_ledger_path`) before any compute (`admit`, which also takes
+    `admission`: budget, guarantees_add_up, check).
 
     Returns:
       The ledger the run is charged to.
     """
+    from synthgen.paths import default_ledger_path
     from synthgen.privacy.admission import admit
     from synthgen.privacy.ledger import PrivacyLedger
 
-    book = PrivacyLedger(ledger)
-    admit(
-        book, *scope, pairs, plan, stage="dp-train", public_count=len(pairs), budget=budget,
-        guarantees_add_up=guarantees_add_up, check=False,
-    )  # fmt: skip
+    book = PrivacyLedger(ledger or default_ledger_path())
+    admit(book, *scope, records, plan, stage=stage, public_count=public_count, **admission)
     return book
+
+
+def admit_training_pairs(
+    ledger: str | Path | None,
+    scope: tuple[str, str],
+    pairs: list[dict],
+    plan: PrivacyPlan,
+    **admission,
+) -> PrivacyLedger:
+    """`admit_run` of a DP training run on the private (document, query) `pairs` (stage
+    "dp-train", n = the number of pairs), without a dry-run of the charge: the run checks
+    its budget through its work folder, which knows a resume."""
+    return admit_run(
+        ledger, scope, pairs, plan, stage="dp-train", public_count=len(pairs), check=False,
+        **admission,
+    )  # fmt: skip
 
 
 def print_guarantee(out: Path, steps: int, plan: PrivacyPlan, work: Path, **extra) -> None:

@@ -1,22 +1,17 @@
 """`retriever` command line: thin wrappers over the retriever library.
 
-One module per command group (`data`, `index`, `rag`: privacy rag and answer, `service`:
-serve and tenant, `network`: contributor and network, `knowledge`: release and answer) or
-per family of top-level commands (`train`: train, train-dp; `evaluate`; `export`).
-Errors go through `synthgen.command_line.run`: one line on stderr, a non-zero exit code,
-`--debug` for the traceback. jax, flax, scann and datasets are imported inside the commands
-so `--help` starts fast.
+One module per command group, or per family of top-level commands (`train`, `evaluate`,
+`export`); `options` holds the option types these commands share. jax, flax, scann and
+datasets are imported inside the commands so `--help` starts fast.
 """
 
 from __future__ import annotations
-
-import sys
 
 from dpsynth.cli.retriever import evaluate, export, network, rag, service, train
 from dpsynth.cli.retriever.data import data_app
 from dpsynth.cli.retriever.index import index_app
 from dpsynth.cli.retriever.knowledge import knowledge_app
-from dpsynth.cli.shared import tool_app
+from dpsynth.cli.shared import console_script, tool_app
 from synthgen.command_line import run
 
 __all__ = ["app", "main", "run"]
@@ -35,8 +30,4 @@ app.command("train")(train.train)
 app.command("train-dp")(train.train_dp)
 app.command("evaluate")(evaluate.evaluate)
 app.command("export")(export.export)
-
-
-def main() -> None:
-    """Console script `retriever`."""
-    sys.exit(run(app))
+main = console_script(app)

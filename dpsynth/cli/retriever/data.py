@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from dpsynth.cli.shared import group_app
-from synthgen.command_line import DocumentsLimitOption, OutFolderOption
+from synthgen.command_line import DocumentsLimitOption, OutFolderOption, usage_errors
 
 data_app = group_app("Prepare retrieval datasets in the plain JSONL formats.")
 
@@ -45,10 +45,8 @@ def data_medical(
     answer comes from the records; the DP-RAG evaluation's world is the default."""
     from dpsynth.evaluation import medical_world
 
-    try:
+    with usage_errors(ValueError):
         summary = medical_world.write_world(out, num_records, num_diseases, per_disease, seed)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
     print(json.dumps({"out": str(out)} | summary))
 
 
@@ -77,12 +75,10 @@ def data_facts(
     if facts_per_level < 1:
         raise typer.BadParameter("--facts-per-level must be >= 1")
     if domain in natural_world.DOMAINS:
-        try:
+        with usage_errors(ValueError):  # more facts than the domain has subjects for
             world = natural_world.make_natural_world(
                 domain, facts_per_level=facts_per_level, seed=seed
             )
-        except ValueError as error:  # more facts than the domain has subjects for
-            raise typer.BadParameter(str(error)) from None
     else:
         world = fact_world.make_world(domain, facts_per_level=facts_per_level, seed=seed)
     print(json.dumps({"out": str(out)} | fact_world.write_world(world, out)))
@@ -114,7 +110,7 @@ def data_filter(
     for path, name in ((queries / "metadata.json", "--queries"), (corpus, "--corpus")):
         if not path.is_file():
             raise typer.BadParameter(f"{path} is not a file", param_hint=name)
-    try:
+    with usage_errors(ValueError):
         config = ConsistencyFilter(
             k=k,
             encoder=encoder,
@@ -122,7 +118,5 @@ def data_filter(
             max_doc_len=max_doc_len,
             dedupe=dedupe,
         )
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
     record = filter_query_folder(queries, corpus, out, config, progress=True)
     print(json.dumps({"out": str(out), "queries_in": record["queries_in"], "kept": record["kept"]}))

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from dpsynth.cli.shared import group_app
-from synthgen.command_line import JsonFlagOption, choice
+from synthgen.command_line import JsonFlagOption, choice, usage_errors
 
 index_app = group_app("Build and query a nearest-neighbour index.")
 
@@ -52,10 +52,8 @@ def index_build(
     from retriever.index_folder import build_index_folder, check_kind
     from synthgen import assets
 
-    try:
+    with usage_errors(ValueError, option="--kind"):
         check_kind(kind)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--kind") from None
     known = encoder.startswith(RANDOM_PREFIX) or encoder in assets.REGISTRY
     if not known and not Path(encoder).expanduser().is_dir():
         raise typer.BadParameter(
@@ -92,7 +90,7 @@ def index_merge(
 def index_query(
     index: BuiltIndexOption,
     query: Annotated[list[str], typer.Option(help="query text (repeatable)")],
-    k: Annotated[int, typer.Option()] = 10,
+    k: int = 10,
     as_json: JsonFlagOption = False,
     encoder: Annotated[
         str | None,

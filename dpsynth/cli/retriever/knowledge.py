@@ -23,8 +23,15 @@ from dpsynth.cli.retriever.options import (
     ReleaseDatasetOption,
     ReleaseOutOption,
 )
-from dpsynth.cli.shared import group_app
-from synthgen.command_line import LedgerOption, choice, positive, probability
+from dpsynth.cli.shared import admit_run, group_app
+from synthgen.command_line import (
+    LedgerOption,
+    choice,
+    positive,
+    probability,
+    refusals,
+    usage_errors,
+)
 
 AUDIT_TENANT, AUDIT_STAGE = "audit", "knowledge-audit"  # where `knowledge audit` is charged
 AuditBudgetOption = Annotated[
@@ -181,11 +188,8 @@ def preview(
 
     config = _fact_config(epsilon, delta, max_pairs, extractor)
     _, texts = read_corpus(private_corpus)
-    try:
+    with refusals(ValueError):
         found = preview_facts(texts, config)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise typer.Exit(2) from None
     print(
         "warning: operator preview, NOT DP: exact counts of your private records, for your "
         "eyes only; nothing is charged or released, and settings chosen from it are outside "
@@ -232,7 +236,7 @@ def baseline(
 
     _, texts = read_corpus(private_corpus)
     rows = read_jsonl(questions, required=("question",))
-    try:
+    with refusals(ValueError):
         found = fact_baseline(
             texts,
             [str(r["question"]) for r in rows],
@@ -240,9 +244,6 @@ def baseline(
             max_pairs=max_pairs,
             k=k,
         )
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise typer.Exit(2) from None
     print(
         "warning: non-private baseline, NOT DP: exact counts and texts of your private "
         "records, for your eyes only; nothing is charged or released",
@@ -264,17 +265,14 @@ def _audit_payer(ledger, dataset, texts, config, budget, guarantees_add_up, coll
     records bound, the scope opened, the charge dry-run) and returns its payer. A release of
     the planted `collection` that should not run is refused first: the ledger is untouched."""
     from synthgen.knowledge import plan_facts
-    from synthgen.paths import default_ledger_path
-    from synthgen.privacy.admission import admit
-    from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.receipts import ledger_payer
 
     problems = collection.problems(config)
     if problems:
         raise ValueError(f"refused before any charge: {'; '.join(problems)}")
-    book = PrivacyLedger(ledger or default_ledger_path())
-    scope = admit(
-        book, AUDIT_TENANT, dataset, texts, plan_facts(config, len(texts)), stage=AUDIT_STAGE,
+    scope = (AUDIT_TENANT, dataset)
+    book = admit_run(
+        ledger, scope, texts, plan_facts(config, len(texts)), stage=AUDIT_STAGE,
         public_count=len(texts), budget=budget, guarantees_add_up=guarantees_add_up,
     )  # fmt: skip
     return ledger_payer(book, scope, stage=AUDIT_STAGE)
@@ -317,16 +315,13 @@ def audit(
 
     _, texts = read_corpus(private_corpus)
     config = _fact_config(epsilon, delta, max_pairs, extractor)
-    try:  # exit 2 for every refusal: 1 means a leak
+    with refusals(ValueError, BudgetExceededError):  # exit 2 for every refusal: 1 is a leak
         collection = plant(texts, config, canaries=canaries, seed=seed)
         pay = _audit_payer(
             ledger, dataset or private_corpus.stem, texts, config, budget, guarantees_add_up,
             collection,
         )  # fmt: skip
         result = audit_planted(collection, config, pay=pay)
-    except (ValueError, BudgetExceededError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise typer.Exit(2) from None
     _print_audit(result, as_json)
     if result.leak:
         raise typer.Exit(1)
@@ -438,7 +433,5 @@ def _fact_config(
     """The fact release's config, or one clear error naming the bad option."""
     from synthgen.knowledge import FactConfig
 
-    try:
+    with usage_errors(ValueError):
         return FactConfig(epsilon, delta, max_pairs, extractor=extractor, backend=backend)
-    except ValueError as error:
-        raise typer.BadParameter(str(error)) from None

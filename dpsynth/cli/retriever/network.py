@@ -1,14 +1,10 @@
-"""`retriever contributor serve|card|key add` and `retriever network query`: thin wrappers
-over `retriever.network` (contributors of the retrieval network, and the engine that asks
-them all).
-
-`retriever contributor build` lives in `dpsynth.cli.retriever.contributor_build` and is registered
-here when that module exists.
+"""`retriever contributor build|serve|card|key add` and `retriever network query`: thin
+wrappers over `retriever.network` (contributors of the retrieval network, and the engine that
+asks them all).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -20,7 +16,10 @@ from dpsynth.cli.retriever.options import (
     AnswerTimeoutOption,
     CollectionDeltaOption,
     CollectionEpsilonOption,
+    FactCorpusOption,
+    GuaranteesAddUpOption,
     HostOption,
+    MaxPairsOption,
     MaxQuestionTokensOption,
     MaxScoreOption,
     MaxTokensOption,
@@ -30,13 +29,15 @@ from dpsynth.cli.retriever.options import (
     QuestionOption,
     QueueOption,
     QueueTimeoutOption,
+    ReleaseDatasetOption,
+    ReleaseOutOption,
     ReplicasOption,
     ServedLmOption,
     rag_config,
     service_config,
 )
 from dpsynth.cli.shared import group_app
-from synthgen.command_line import HelpGroup, positive, probability
+from synthgen.command_line import HelpGroup, choice, positive, probability
 
 contributor_app = group_app(
     "A contributor of the retrieval network: its release, its keys, its server."
@@ -44,11 +45,6 @@ contributor_app = group_app(
 key_app = typer.Typer(cls=HelpGroup, help="API keys of a contributor (tenants of its own ledger).")
 contributor_app.add_typer(key_app, name="key")
 network_app = group_app("Ask every contributor of a network at once.")
-
-if importlib.util.find_spec("dpsynth.cli.retriever.contributor_build") is not None:
-    from dpsynth.cli.retriever.contributor_build import build
-
-    contributor_app.command("build")(build)
 
 DirOption = Annotated[Path, typer.Option("--dir", help="the release (knowledge) folder")]
 WorkOption = Annotated[
@@ -73,6 +69,80 @@ ModeOption = Annotated[
 CardsOption = Annotated[
     bool, typer.Option("--cards/--no-cards", help="fetch each contributor's card first")
 ]
+
+
+# `contributor build`
+BuildEpsilonOption = Annotated[
+    float, typer.Option(help="epsilon of the whole release (paid once)", callback=positive)
+]
+BuildNameOption = Annotated[
+    str | None, typer.Option(help="contributor's public name (default: --out's name)")
+]
+BuildDeltaOption = Annotated[
+    float, typer.Option(help="delta of the whole release, below 1/n", callback=probability)
+]
+BuildExtractorOption = Annotated[
+    str,
+    choice(
+        "typed",
+        "phrases",
+        help="typed (a subject and its typed value) or phrases (pairs of key phrases, "
+        "answered by the LM picking a partner)",
+    ),
+]
+BuildWorkOption = Annotated[
+    Path | None,
+    typer.Option(help="private work folder: ledger, keys, private index (never ship it)"),
+]
+BuildLedgerOption = Annotated[
+    str | None, typer.Option(help="ledger file or URL (default: <work>/ledger.sqlite)")
+]
+BuildAnswerIndexOption = Annotated[
+    bool, typer.Option(help="also index the private corpus for /answer (work folder)")
+]
+
+
+@contributor_app.command("build")
+def build(
+    private: FactCorpusOption,
+    epsilon: BuildEpsilonOption,
+    out: ReleaseOutOption,
+    name: BuildNameOption = None,
+    delta: BuildDeltaOption = 1e-6,
+    max_pairs: MaxPairsOption = 1,
+    extractor: BuildExtractorOption = "typed",
+    work: BuildWorkOption = None,
+    ledger: BuildLedgerOption = None,
+    dataset: ReleaseDatasetOption = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
+    encoder: Annotated[str, typer.Option(help="encoder of the indexes")] = "all-minilm-l6-v2",
+    answer_index: BuildAnswerIndexOption = True,
+) -> None:
+    """Release a contributor's facts once: records, index, card.
+
+    Each record's facts (a subject and its typed value, by a public rule); the facts many
+    records state are released (PipelineDP partition selection) and written as one record
+    per subject, listing its released values. One charge on the contributor's ledger before
+    any noise; a release that could carry nothing is refused before the charge. (The
+    cluster release, --mode clusters, was retired: see the knowledge guide.)
+    """
+    from retriever.network.knowledge import build_knowledge, summary
+    from synthgen.knowledge import FactConfig
+
+    config = FactConfig(epsilon=epsilon, delta=delta, max_pairs=max_pairs, extractor=extractor)
+    result = build_knowledge(
+        private,
+        out,
+        config,
+        contributor=name or out.name,
+        work=work,
+        ledger=ledger,
+        dataset=dataset,
+        encoder=encoder,
+        answer_index=answer_index,
+        guarantees_add_up=guarantees_add_up,
+    )
+    print(summary(result))
 
 
 @contributor_app.command("serve")
@@ -159,19 +229,6 @@ def key_add(
     )
 
 
-def _read_keys(path: Path) -> dict[str, str]:
-    """{url: key} from a JSON file (trailing slashes ignored)."""
-    try:
-        keys = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        raise ValueError(f"{path} is not JSON: expected {{url: key}}") from None
-    if not isinstance(keys, dict) or not all(
-        isinstance(u, str) and isinstance(k, str) for u, k in keys.items()
-    ):
-        raise ValueError(f"{path} must be a JSON object {{url: key}}")
-    return {url.rstrip("/"): key for url, key in keys.items()}
-
-
 @network_app.command("query")
 def query(
     contributors: ContributorsOption,
@@ -225,12 +282,20 @@ def query(
 
 
 def _contributor_keys(contributors: str, keys: Path) -> tuple[list[str], dict[str, str]]:
-    """(urls, {url: key}): the --contributors URLs and the --keys file, which must hold a
-    key for each of them."""
+    """(urls, {url: key}): the --contributors URLs and the --keys JSON file {url: key}
+    (trailing slashes ignored), which must hold a key for each of them."""
     urls = [u.strip().rstrip("/") for u in contributors.split(",") if u.strip()]
     if not urls:
         raise ValueError("--contributors names no URL")
-    key_of = _read_keys(keys)
+    try:
+        read = json.loads(keys.read_text())
+    except json.JSONDecodeError:
+        raise ValueError(f"{keys} is not JSON: expected {{url: key}}") from None
+    if not isinstance(read, dict) or not all(
+        isinstance(u, str) and isinstance(k, str) for u, k in read.items()
+    ):
+        raise ValueError(f"{keys} must be a JSON object {{url: key}}")
+    key_of = {url.rstrip("/"): key for url, key in read.items()}
     missing = [url for url in urls if url not in key_of]
     if missing:
         raise ValueError(f"{keys} has no key for {', '.join(missing)}")

@@ -1,11 +1,9 @@
 """Typer option declarations that several `retriever` commands share.
 
-`retriever answer`, `retriever serve`, `retriever tenant add` and `retriever contributor
-serve|key add` take the same options for the same things: the private index and corpus, the
-answer's RAG settings, the collection cap, the server's queue. Each is declared once here, so
-the commands cannot drift apart in name, type, help text or validation; defaults stay in each
-command's signature. Kept outside `dpsynth.cli.retriever`, whose modules are entry points and do not
-import each other's helpers.
+`retriever answer`, `serve`, `tenant add` and `contributor serve|key add` take the same
+options for the same things (the private index and corpus, the answer's RAG settings, the
+collection cap, the server's queue): each is declared once here, with the checks and
+configs those commands build from them alike; defaults stay in each command's signature.
 """
 
 from __future__ import annotations
@@ -142,8 +140,6 @@ RelevanceThresholdOption = Annotated[
 
 def check_accounting_mode(accounting: str) -> None:
     """A usage error (exit 2) for an unknown --accounting."""
-    import click
-
     from retriever.rag.config import ACCOUNTING_MODES
 
     if accounting not in ACCOUNTING_MODES:
@@ -163,8 +159,6 @@ def check_accounting(
     """The per-document target (epsilon, delta) in individual accounting, None in
     collection accounting, or a usage error (exit 2) for options that do not go with the
     mode, from public options only, before anything is read or loaded."""
-    import click
-
     check_accounting_mode(accounting)
     if accounting == "collection":
         if document_epsilon is not None or document_delta is not None:
@@ -262,8 +256,6 @@ def service_config(
 def check_reuse(reuse_answers: str, accounting: str) -> None:
     """A usage error (exit 2) for an unknown --reuse-answers, or ``shared`` outside
     individual accounting (a shared answer would bypass a tenant's cap)."""
-    import click
-
     if reuse_answers not in ("off", "tenant", "shared"):
         raise click.UsageError(
             f"--reuse-answers must be one of off, tenant, shared, got {reuse_answers!r}"

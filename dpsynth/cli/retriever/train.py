@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -21,19 +21,10 @@ from synthgen.command_line import (
     TestSeedOption,
 )
 
-if TYPE_CHECKING:
-    from synthgen.dp_train import DPConfig
-
-
 PairsOption = Annotated[Path, typer.Option(help="queries.jsonl (generator output or plain)")]
 TowersOutOption = Annotated[Path, typer.Option(help="release folder: towers and provenance.json")]
 EncoderOption = Annotated[str, typer.Option(help="base encoder: asset or folder")]
 PlainCorpusOption = Annotated[Path | None, typer.Option(help="corpus.jsonl for plain pairs")]
-EpochsOption = Annotated[float, typer.Option()]
-BatchSizeOption = Annotated[int, typer.Option()]
-LearningRateOption = Annotated[float, typer.Option()]
-TemperatureOption = Annotated[float, typer.Option()]
-FlagOption = Annotated[bool, typer.Option()]
 DataOrderSeedOption = Annotated[int, typer.Option(help="data order")]
 SyntheticMetadataOption = Annotated[
     Path | None,
@@ -58,8 +49,6 @@ DpOutOption = Annotated[Path, typer.Option(help="release folder: towers and priv
 BaseEncoderOption = Annotated[str, typer.Option(help="base encoder")]
 NoiseMultiplierOption = Annotated[float | None, typer.Option(help="sigma instead")]
 ExpectedBatchOption = Annotated[int, typer.Option(help="expected batch size")]
-ClipNormOption = Annotated[float, typer.Option()]
-TenantOption = Annotated[str, typer.Option()]
 DatasetOption = Annotated[str | None, typer.Option(help="default: the queries file name")]
 
 
@@ -68,12 +57,12 @@ def train(
     out: TowersOutOption,
     encoder: EncoderOption = "all-minilm-l6-v2",
     corpus: PlainCorpusOption = None,
-    epochs: EpochsOption = 1.0,
-    batch_size: BatchSizeOption = 32,
-    learning_rate: LearningRateOption = 5e-5,
-    temperature: TemperatureOption = 0.05,
-    learn_temperature: FlagOption = False,
-    separate_towers: FlagOption = False,
+    epochs: float = 1.0,
+    batch_size: int = 32,
+    learning_rate: float = 5e-5,
+    temperature: float = 0.05,
+    learn_temperature: bool = False,
+    separate_towers: bool = False,
     limit: PairsLimitOption = None,
     seed: DataOrderSeedOption = 0,
     synthetic_metadata: SyntheticMetadataOption = None,
@@ -126,18 +115,15 @@ def _print_trained(out: Path, result, num_pairs: int, batch_size: int, statement
             "more epochs, to train on every pair)",
             file=sys.stderr,
         )
-    print(
-        json.dumps(
-            {
-                "out": str(out),
-                "steps": result.steps_run,
-                "pairs_left_out_per_epoch": result.pairs_left_out_per_epoch,
-                "pairs_per_second": round(result.pairs_per_second, 2),
-                "seconds": round(result.seconds, 1),
-                "statement": statement,
-            }
-        )
-    )
+    summary = {
+        "out": str(out),
+        "steps": result.steps_run,
+        "pairs_left_out_per_epoch": result.pairs_left_out_per_epoch,
+        "pairs_per_second": round(result.pairs_per_second, 2),
+        "seconds": round(result.seconds, 1),
+        "statement": statement,
+    }
+    print(json.dumps(summary))
 
 
 def _private_pairs(queries: Path, corpus: Path) -> tuple[list[dict], list[str], dict[str, int]]:
@@ -157,27 +143,16 @@ def _private_pairs(queries: Path, corpus: Path) -> tuple[list[dict], list[str], 
     return rows, texts, row_of
 
 
-def _dp_config(
-    epsilon: float | None,
-    noise_multiplier: float | None,
-    delta: float | None,
-    epochs: float,
-    batch_size: int,
-    clip_norm: float,
-    learning_rate: float,
-    seed: int | None,
-) -> DPConfig:
-    """The DP-Adafactor config of the options (--noise-multiplier overrides --epsilon)."""
+def _dp_config(epsilon, noise_multiplier, delta, epochs, batch_size, clip_norm, lr, seed):
+    """DP-Adafactor's settings; --noise-multiplier overrides --epsilon."""
     from synthgen.dp_train import DPConfig
 
-    if noise_multiplier is not None:
-        epsilon = None
     return DPConfig(
         batch_size=batch_size,
         epochs=epochs,
         clip_norm=clip_norm,
-        learning_rate=learning_rate,
-        target_epsilon=epsilon,
+        learning_rate=lr,
+        target_epsilon=None if noise_multiplier is not None else epsilon,
         noise_multiplier=noise_multiplier,
         delta=delta,
         physical_batch=16,
@@ -194,12 +169,12 @@ def train_dp(
     epsilon: TargetEpsilonOption = 8.0,
     noise_multiplier: NoiseMultiplierOption = None,
     delta: DpSgdDeltaOption = None,
-    epochs: EpochsOption = 1.0,
+    epochs: float = 1.0,
     batch_size: ExpectedBatchOption = 64,
-    clip_norm: ClipNormOption = 1.0,
-    learning_rate: LearningRateOption = 1e-3,
+    clip_norm: float = 1.0,
+    learning_rate: float = 1e-3,
     ledger: LedgerOption = None,
-    tenant: TenantOption = "default",
+    tenant: str = "default",
     dataset: DatasetOption = None,
     guarantees_add_up: GuaranteesAddUpOption = False,
     seed: TestSeedOption = None,

@@ -1,20 +1,14 @@
 """`synthgen` command line: thin wrappers that parse arguments and call one library function.
 
-One module per command group (`assets`, `privacy`, `ledger`, `lm`, `audit`) or per family of
-top-level commands (`querygen`: train-generator, generate-queries, merge-queries; `fewshot`:
-generate-docs, generate-queries-fewshot; `evolution`: generate-docs-pe); `common` holds the option
-types these commands share. The error wrapper `run` and what `retriever`'s command line shares with
-this one live in the library module `synthgen.command_line` (the top-level and command group
-apps, a training run's admission and its summary in `dpsynth.cli.shared`). Every error is one
-line on stderr and a non-zero exit code; `--debug` shows the traceback. jax, flax and datasets
-are imported inside the commands so that `synthgen --help` and the calculators start fast.
+One module per command group, or per family of top-level commands (`querygen`, `fewshot`,
+`evolution`); `common` holds the option types only these commands share. jax, flax and
+datasets are imported inside the commands so that `synthgen --help` and the calculators
+start fast.
 """
 
 from __future__ import annotations
 
-import sys
-
-from dpsynth.cli.shared import tool_app
+from dpsynth.cli.shared import console_script, tool_app
 from dpsynth.cli.synthgen import evolution, fewshot, querygen
 from dpsynth.cli.synthgen.assets import assets_app
 from dpsynth.cli.synthgen.audit import audit_app
@@ -39,8 +33,4 @@ app.command("merge-queries")(querygen.merge_queries)
 app.command("generate-docs")(fewshot.generate_docs)
 app.command("generate-queries-fewshot")(fewshot.generate_queries_fewshot)
 app.command("generate-docs-pe")(evolution.generate_docs_pe)
-
-
-def main() -> None:
-    """Console script `synthgen`."""
-    sys.exit(run(app))
+main = console_script(app)

@@ -10,7 +10,12 @@ from typing import Annotated
 import typer
 
 from dpsynth.cli.shared import group_app
-from dpsynth.cli.synthgen.common import ExpectedBatchOption, PresetOption, SplitOption
+from dpsynth.cli.synthgen.common import (
+    ExpectedBatchOption,
+    PresetOption,
+    SplitOption,
+    preset_with,
+)
 from synthgen.command_line import TestSeedOption, choice
 
 audit_app = group_app(
@@ -49,7 +54,6 @@ KindsOption = Annotated[str, typer.Option(help="secret,real_document,random_docu
 ReferencesOption = Annotated[int, typer.Option(help="reference secrets per canary")]
 PrivateLimitOption = Annotated[int | None, typer.Option(help="first N private pairs only")]
 EpochsOverrideOption = Annotated[float | None, typer.Option(help="override the preset's epochs")]
-LearningRateOption = Annotated[float | None, typer.Option()]
 TargetLenOption = Annotated[int | None, typer.Option(help="query tokens (canaries need ~20)")]
 SignificanceOption = Annotated[float, typer.Option(help="1 - confidence of the bounds")]
 AuditWorkDirOption = Annotated[
@@ -77,29 +81,6 @@ def _canary_spec(kinds: str, repetitions: str, per_cell: str, references: int):
     )
 
 
-def _audit_config(
-    config: str,
-    epochs: float | None,
-    batch_size: int | None,
-    learning_rate: float | None,
-    target_len: int | None,
-):
-    """The generator preset `config` with the options that were given applied."""
-    from dpsynth.config_files import querygen_preset
-
-    cfg = querygen_preset(config)
-    changes = {}
-    for name, value in (
-        ("dp_epochs", epochs),
-        ("dp_batch_size", batch_size),
-        ("dp_learning_rate", learning_rate),
-        ("target_len", target_len),
-    ):
-        if value is not None:
-            changes[name] = value
-    return cfg.replace(**changes)
-
-
 @audit_app.command("run")
 def audit_run(
     out: ReportOutOption,
@@ -114,7 +95,7 @@ def audit_run(
     split: SplitOption = "train",
     epochs: EpochsOverrideOption = None,
     batch_size: ExpectedBatchOption = None,
-    learning_rate: LearningRateOption = None,
+    learning_rate: float | None = None,
     target_len: TargetLenOption = None,
     significance: SignificanceOption = 0.05,
     work_dir: AuditWorkDirOption = None,
@@ -135,7 +116,10 @@ def audit_run(
     from synthgen.paths import default_work_dir
 
     spec = _canary_spec(kinds, repetitions, per_cell, references)
-    cfg = _audit_config(config, epochs, batch_size, learning_rate, target_len)
+    cfg = preset_with(
+        config, {}, dp_epochs=epochs, dp_batch_size=batch_size, dp_learning_rate=learning_rate,
+        target_len=target_len,
+    )  # fmt: skip
     rows = load_rows(pairs, ("document", "query"), limit, split)
     work = work_dir if work_dir is not None else default_work_dir(out, None)
     audit = querygen_audit.run_querygen_audit(
@@ -151,15 +135,12 @@ def audit_run(
     from synthgen.audit import report
 
     print(report.markdown(audit), file=sys.stderr)
-    print(
-        json.dumps(
-            {
-                "out": str(out),
-                "work_dir": str(work),
-                "violations": len(report.violations(audit)),
-            }
-        )
-    )
+    summary = {
+        "out": str(out),
+        "work_dir": str(work),
+        "violations": len(report.violations(audit)),
+    }
+    print(json.dumps(summary))
 
 
 @audit_app.command("power")

@@ -1,13 +1,12 @@
 """Option types that only `synthgen`'s commands share (not `retriever`'s), and the loading of
-the LM that the generation commands' LM options name.
+the LM and the generator preset that their options name.
 
-The error wrapper `run`, the global options, the epsilon and delta validators and
-`LedgerOption`, which `dpsynth.cli.retriever` uses too, live in the library module
-`synthgen.command_line`; this module builds on them.
+What `dpsynth.cli.retriever` uses too lives in the library module `synthgen.command_line`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Annotated
 
@@ -89,6 +88,26 @@ ResampleOption = Annotated[
 ]
 
 
+def preset_with(config: str, exact: dict, **given):
+    """The query-generator preset `config` (`querygen_preset`) with the `exact` changes and
+    those of `given` whose option was given (not None)."""
+    from dpsynth.config_files import querygen_preset
+
+    changes = {name: value for name, value in given.items() if value is not None}
+    return querygen_preset(config).replace(**changes, **exact)
+
+
+def lm_options(*options) -> tuple[tuple, str]:
+    """The LM options (model, server, server model, server context, prompt, top log-probs,
+    concurrency) as `load_lm` takes them, and the LM's name in the release's metadata; a
+    usage error for --server without --server-context."""
+    model, server, server_model, server_context = options[:4]
+    if server is not None and server_context is None:
+        raise typer.BadParameter("--server needs --server-context (the server's context length)")
+    return options, model if server is None else f"{server} ({server_model or model})"
+
+
+@contextlib.contextmanager
 def load_lm(
     model: str,
     server: str | None,
@@ -100,7 +119,8 @@ def load_lm(
     *,
     warn_unchecked: bool = False,
 ):
-    """The LM that the LM options name (`synthgen.lm_backends.load_backend`).
+    """The LM that the LM options name (`synthgen.lm_backends.load_backend`), closed after
+    the block, also on an error (a server backend: no request may outlive the run).
 
     A server's public probe note goes to stderr, as ``server: ...``, or as ``warning: ...``
     where `warn_unchecked` and the server's tokenization could not be checked.
@@ -112,4 +132,9 @@ def load_lm(
     if check is not None:
         unchecked = warn_unchecked and check.tokenization == "unchecked"
         print(f"{'warning' if unchecked else 'server'}: {check.note}", file=sys.stderr)
-    return lm
+    try:
+        yield lm
+    finally:
+        close = getattr(lm, "close", None)
+        if callable(close):
+            close()

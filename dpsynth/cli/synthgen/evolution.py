@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from dpsynth.cli.shared import admit_run
 from dpsynth.cli.synthgen.common import (
     SEED_WARNING,
     BudgetOption,
@@ -32,6 +33,7 @@ from dpsynth.cli.synthgen.common import (
     TenantOption,
     TextFieldOption,
     TopLogprobsOption,
+    lm_options,
     load_lm,
 )
 from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
@@ -68,7 +70,7 @@ LimitOption = Annotated[
 ]
 
 
-def _check_options(epsilon, noise, label_field, labels, server, server_context) -> None:
+def _check_options(epsilon, noise, label_field, labels) -> None:
     """Refuses contradicting or missing options before anything is read."""
     if (epsilon is None) == (noise is None):
         raise typer.BadParameter("give one of --epsilon and --noise")
@@ -77,8 +79,6 @@ def _check_options(epsilon, noise, label_field, labels, server, server_context) 
             "--label-field and --labels go together: the label list is public and never "
             "read from the private rows"
         )
-    if server is not None and server_context is None:
-        raise typer.BadParameter("--server needs --server-context (the server's context length)")
 
 
 def _config_and_plan(
@@ -99,29 +99,6 @@ def _config_and_plan(
         batch_size=batch_size, **{k: v for k, v in prompts.items() if v is not None},
     )  # fmt: skip
     return config, evolution.plan_evolution(config)
-
-
-def _admit_rows(private, text_field, label_field, limit, split, ledger, scope, plan, budget,
-                guarantees_add_up):  # fmt: skip
-    """Reads the private rows, binds them to `scope` and admits the run (before any compute);
-    returns the rows and the payer of the run's charge."""
-    from synthgen.corpora import load_rows
-    from synthgen.paths import default_ledger_path
-    from synthgen.privacy.admission import admit
-    from synthgen.privacy.ledger import PrivacyLedger
-    from synthgen.privacy.receipts import ledger_payer
-
-    required = (text_field,) + ((label_field,) if label_field else ())
-    rows = load_rows(private, required, limit, split)
-    ledger_obj = PrivacyLedger(ledger or default_ledger_path())
-    records = [
-        {"text": r[text_field], "label": r[label_field] if label_field else ""} for r in rows
-    ]
-    admit(  # n: the declared public size N
-        ledger_obj, *scope, records, plan, stage=STAGE,
-        public_count=plan.public_size, budget=budget, guarantees_add_up=guarantees_add_up,
-    )  # fmt: skip
-    return rows, ledger_payer(ledger_obj, scope, stage=STAGE)
 
 
 def _progress(bars: dict, plan):
@@ -146,8 +123,7 @@ def _progress(bars: dict, plan):
 
 
 def _evolve(lm, encoder, rows, text_field, label_field, config, plan, seed, pay):
-    """Runs Private Evolution with progress bars; closes them and a server backend, also
-    on an error."""
+    """Runs Private Evolution with progress bars; closes them, also on an error."""
     from retriever.encoders import load_encoder
     from synthgen import evolution
     from synthgen.privacy import secure_rng
@@ -169,9 +145,6 @@ def _evolve(lm, encoder, rows, text_field, label_field, config, plan, seed, pay)
     finally:
         for bar in bars.values():
             bar.close()
-        close = getattr(lm, "close", None)
-        if callable(close):
-            close()
 
 
 def _write(out, result, config, plan, lm_name, encoder, rows, seed) -> None:
@@ -194,6 +167,21 @@ def _write(out, result, config, plan, lm_name, encoder, rows, seed) -> None:
     }))  # fmt: skip
 
 
+def _admit(rows, text_field, label_field, plan, ledger, scope, budget, guarantees_add_up):
+    """The run's payer, with the private rows bound to `scope` and admitted before any
+    compute (n: the declared public size N)."""
+    from synthgen.privacy.receipts import ledger_payer
+
+    records = [
+        {"text": r[text_field], "label": r[label_field] if label_field else ""} for r in rows
+    ]
+    book = admit_run(
+        ledger, scope, records, plan, stage=STAGE, public_count=plan.public_size,
+        budget=budget, guarantees_add_up=guarantees_add_up,
+    )  # fmt: skip
+    return ledger_payer(book, scope, stage=STAGE)
+
+
 def generate_docs_pe(
     private: Annotated[str, typer.Option(help="JSONL of private samples, or wiki-summaries-en")],
     text_field: TextFieldOption,
@@ -212,9 +200,9 @@ def generate_docs_pe(
     keep_share: Annotated[float, typer.Option(help="share of selected samples kept")] = 0.25,
     initial_prompt: InitialPromptOption = None,
     variation_prompt: VariationPromptOption = None,
-    max_new_tokens: Annotated[int, typer.Option()] = 96,
-    temperature: Annotated[float, typer.Option()] = 1.0,
-    top_p: Annotated[float, typer.Option()] = 0.95,
+    max_new_tokens: int = 96,
+    temperature: float = 1.0,
+    top_p: float = 0.95,
     batch_size: Annotated[int, typer.Option(help="prompts per batched LM call")] = 32,
     encoder: EncoderOption = "all-minilm-l6-v2",
     model: ModelOption = "smollm2-135m-instruct",
@@ -234,21 +222,22 @@ def generate_docs_pe(
     seed: SeedOption = None,
 ) -> None:
     """Private Evolution: DP synthetic text whose cost does not grow with its length or number."""
-    from synthgen.corpora import selection_note
+    from synthgen.corpora import load_rows, selection_note
 
-    _check_options(epsilon, noise, label_field, labels, server, server_context)
+    _check_options(epsilon, noise, label_field, labels)
+    lm_args, lm_name = lm_options(model, server, server_model, server_context, server_prompt,
+                                  top_logprobs, server_concurrency)  # fmt: skip
     config, plan = _config_and_plan(
         num_samples, iterations, epsilon, noise, delta, public_size, labels, votes, threshold,
         population, keep_share, initial_prompt, variation_prompt, max_new_tokens, temperature,
         top_p, batch_size,
     )  # fmt: skip
+    required = (text_field,) + ((label_field,) if label_field else ())
+    rows = load_rows(private, required, limit, split)
     scope = (tenant, dataset or Path(private).stem)
-    rows, pay = _admit_rows(private, text_field, label_field, limit, split, ledger, scope,
-                                   plan, budget, guarantees_add_up)  # fmt: skip
+    pay = _admit(rows, text_field, label_field, plan, ledger, scope, budget, guarantees_add_up)
     if seed is not None:
         print(SEED_WARNING, file=sys.stderr)
-    lm = load_lm(model, server, server_model, server_context, server_prompt, top_logprobs,
-                 server_concurrency)  # fmt: skip
-    result = _evolve(lm, encoder, rows, text_field, label_field, config, plan, seed, pay)
-    lm_name = model if server is None else f"{server} ({server_model or model})"
+    with load_lm(*lm_args) as lm:
+        result = _evolve(lm, encoder, rows, text_field, label_field, config, plan, seed, pay)
     _write(out, result, config, plan, lm_name, encoder, selection_note(limit, split), seed)

@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from dpsynth.cli.shared import admit_run
 from dpsynth.cli.synthgen.common import (
     SEED_WARNING,
     BudgetOption,
@@ -33,6 +34,7 @@ from dpsynth.cli.synthgen.common import (
     TenantOption,
     TextFieldOption,
     TopLogprobsOption,
+    lm_options,
     load_lm,
 )
 from synthgen.command_line import (
@@ -41,7 +43,6 @@ from synthgen.command_line import (
     OutFolderOption,
     TargetEpsilonOption,
 )
-from synthgen.paths import default_ledger_path
 
 STAGE = "fewshot-generate"  # the few-shot commands' ledger stage
 
@@ -101,31 +102,6 @@ def _config(**values):
     return FewShotConfig(target_epsilon=None if noise is not None else epsilon, **values)
 
 
-def _ledger(
-    tenant: str,
-    name: str,
-    ledger: str | None,
-    budget: float | None,
-    guarantees_add_up: bool,
-    plan,
-    private: list,
-):
-    """Binds the private rows to `name` (another name over them is refused without
-    --guarantees-add-up), opens the scope if it is new and refuses an over-budget run,
-    before any compute."""
-    from synthgen.privacy.admission import admit
-    from synthgen.privacy.ledger import PrivacyLedger
-
-    ledger_obj = PrivacyLedger(ledger or default_ledger_path())
-    # n: the declared public figure the plan's delta bound uses (never the private count)
-    admit(
-        ledger_obj, tenant, name, private, plan, stage=STAGE,
-        public_count=plan.public_pool_size * plan.pools, budget=budget,
-        guarantees_add_up=guarantees_add_up,
-    )  # fmt: skip
-    return ledger_obj
-
-
 def _warn_top_k(lm, cfg) -> None:
     """Warns where a server's top-k log-probs are fewer than the public candidates."""
     top_k = getattr(lm, "top_logprobs", None)
@@ -148,15 +124,13 @@ def _token_progress(bar, cfg):
         bar.update(1)
         if released % cfg.max_new_tokens == 0:
             # An upper bound on any example's spend so far (the worst pool's rate).
-            args = dict(plan.to_dict())
-            tokens = min(released, plan.tokens)
             shown["eps"] = accounting.fewshot_epsilon(
                 plan.delta,
                 sampling_rate=plan.sampling_rate,
-                tokens=tokens,
+                tokens=min(released, plan.tokens),
                 mechanism=plan.mechanism,
-                noise_multiplier=args["noise_multiplier"],
-                token_epsilon=args["token_epsilon"],
+                noise_multiplier=plan.noise_multiplier,
+                token_epsilon=plan.token_epsilon,
                 tokens_per_draw=plan.tokens_per_draw,
             )
         bar.set_postfix_str(f"eps so far <= {shown['eps']:.3g}", refresh=False)
@@ -168,7 +142,7 @@ BAR_FORMAT = "generate: {n}/{total} tokens{postfix}"
 
 
 def _generate(lm, private, targets, template, cfg, pool_field, plan, seed, pay):
-    """Generates with a progress bar; closes the bar and a server backend, also on an error."""
+    """Generates with a progress bar; closes the bar, also on an error."""
     from tqdm import tqdm
 
     from synthgen import fewshot
@@ -191,9 +165,6 @@ def _generate(lm, private, targets, template, cfg, pool_field, plan, seed, pay):
         )
     finally:
         bar.close()  # also on an error, whose line then stays the last one
-        close = getattr(lm, "close", None)
-        if callable(close):  # a server backend: no request may outlive the run
-            close()
 
 
 def _run(
@@ -203,17 +174,18 @@ def _run(
     from synthgen import fewshot
     from synthgen.privacy.receipts import ledger_payer
 
-    if lm_args[1] is not None and lm_args[3] is None:
-        raise typer.BadParameter("--server needs --server-context (the server's context length)")
+    lm_args, lm_name = lm_options(*lm_args)
     plan = fewshot.plan_for(private, targets, template, cfg, pool_field=pool_field)
     if seed is not None:
         print(SEED_WARNING, file=sys.stderr)
-    ledger_obj = _ledger(*ledger_args, plan, private)
-    lm = load_lm(*lm_args, warn_unchecked=True)
-    _warn_top_k(lm, cfg)
-    lm_name = lm_args[0] if lm_args[1] is None else f"{lm_args[1]} ({lm_args[2] or lm_args[0]})"
-    pay = ledger_payer(ledger_obj, (ledger_args[0], ledger_args[1]), stage=STAGE)
-    result = _generate(lm, private, targets, template, cfg, pool_field, plan, seed, pay)
+    ledger, scope, admission = ledger_args
+    # n: the declared public figure the plan's delta bound uses (never the private count)
+    book = admit_run(ledger, scope, private, plan, stage=STAGE,
+                     public_count=plan.public_pool_size * plan.pools, **admission)  # fmt: skip
+    with load_lm(*lm_args, warn_unchecked=True) as lm:
+        _warn_top_k(lm, cfg)
+        pay = ledger_payer(book, scope, stage=STAGE)
+        result = _generate(lm, private, targets, template, cfg, pool_field, plan, seed, pay)
     fewshot.write_output(
         str(out),
         columns(targets, result.texts),
@@ -224,20 +196,17 @@ def _run(
         rows=rows,
         seeded=seed is not None,
     )
-    print(
-        json.dumps(
-            {
-                "out": str(out),
-                "num_examples": len(result.texts),
-                "epsilon": plan.epsilon,
-                "delta": plan.delta,
-                "noise_multiplier": plan.noise_multiplier,
-                "token_epsilon": plan.token_epsilon,
-                "tokens_released": result.tokens_released,
-                "seeded": seed is not None,
-            }
-        )
-    )
+    summary = {
+        "out": str(out),
+        "num_examples": len(result.texts),
+        "epsilon": plan.epsilon,
+        "delta": plan.delta,
+        "noise_multiplier": plan.noise_multiplier,
+        "token_epsilon": plan.token_epsilon,
+        "tokens_released": result.tokens_released,
+        "seeded": seed is not None,
+    }
+    print(json.dumps(summary))
 
 
 def _doc_rows(private, text_field, label_field, limit, split) -> list[dict]:
@@ -306,7 +275,7 @@ def generate_docs(
     subsets: Annotated[int, typer.Option(help="M prompts per token")] = 10,
     public_vocab: PublicVocabOption = None,
     public_prior: Annotated[float, typer.Option(help="weight of the public prior")] = 0.0,
-    max_new_tokens: Annotated[int, typer.Option()] = 64,
+    max_new_tokens: int = 64,
     shot_tokens: Annotated[int, typer.Option(help="tokens kept per private example")] = 96,
     resample: ResampleOption = "token",
     model: ModelOption = "smollm2-135m-instruct",
@@ -340,9 +309,10 @@ def generate_docs(
     template, targets = _doc_targets(header, label_field, labels, num_examples)
     lm_args = (model, server, server_model, server_context, server_prompt, top_logprobs,
                server_concurrency)  # fmt: skip
-    scope = (tenant, dataset or Path(private).stem, ledger, budget, guarantees_add_up)
+    admission = {"budget": budget, "guarantees_add_up": guarantees_add_up}
+    ledger_args = (ledger, (tenant, dataset or Path(private).stem), admission)
     _run(lm_args, private_rows, targets, template, cfg, "label" if label_field else None, out,
-         scope, seed, _doc_columns, selection_note(limit, split))  # fmt: skip
+         ledger_args, seed, _doc_columns, selection_note(limit, split))  # fmt: skip
 
 
 def generate_queries_fewshot(
@@ -354,12 +324,12 @@ def generate_queries_fewshot(
     delta: DeltaOption = None,
     mechanism: FewShotMechanismOption = "gaussian",
     noise: Annotated[float | None, typer.Option(help="sigma or per-token eps instead")] = None,
-    shots: Annotated[int, typer.Option()] = 2,
-    subsets: Annotated[int, typer.Option()] = 10,
+    shots: int = 2,
+    subsets: int = 10,
     public_vocab: PublicVocabOption = 100,
-    public_prior: Annotated[float, typer.Option()] = 0.0,
-    max_new_tokens: Annotated[int, typer.Option()] = 16,
-    shot_tokens: Annotated[int, typer.Option()] = 64,
+    public_prior: float = 0.0,
+    max_new_tokens: int = 16,
+    shot_tokens: int = 64,
     resample: ResampleOption = "token",
     model: ModelOption = "smollm2-135m-instruct",
     server: ServerOption = None,
@@ -371,7 +341,7 @@ def generate_queries_fewshot(
     limit: Annotated[int | None, typer.Option(help="first N (public) documents only")] = None,
     split: SplitOption = "all",
     ledger: LedgerOption = None,
-    tenant: Annotated[str, typer.Option()] = "default",
+    tenant: str = "default",
     dataset: DatasetOption = None,
     guarantees_add_up: GuaranteesAddUpOption = False,
     budget: BudgetOption = None,
@@ -391,6 +361,7 @@ def generate_queries_fewshot(
     private_rows, targets = _query_rows(private, documents, limit, split)
     lm_args = (model, server, server_model, server_context, server_prompt, top_logprobs,
                server_concurrency)  # fmt: skip
-    scope = (tenant, dataset or Path(private).stem, ledger, budget, guarantees_add_up)
-    _run(lm_args, private_rows, targets, fewshot.QUERY_TEMPLATE, cfg, None, out, scope, seed,
+    admission = {"budget": budget, "guarantees_add_up": guarantees_add_up}
+    ledger_args = (ledger, (tenant, dataset or Path(private).stem), admission)
+    _run(lm_args, private_rows, targets, fewshot.QUERY_TEMPLATE, cfg, None, out, ledger_args, seed,
          _query_columns, selection_note(None, split))  # fmt: skip

@@ -20,14 +20,18 @@ if TYPE_CHECKING:  # the ledger loads dp_accounting: imported by the commands th
 ledger_app = group_app("Inspect the privacy budget ledger.")
 
 
+def _existing(location: str) -> str:
+    """`location` (path or URL) of a ledger; a missing file is an error."""
+    if "://" not in location and not Path(location).exists():
+        raise FileNotFoundError(f"no ledger at {location}")
+    return location
+
+
 def _open_ledger(db: str | None) -> PrivacyLedger:
     """The ledger at `db` (path or URL; default $DPSYNTH_LEDGER); a missing file is an error."""
     from synthgen.privacy.ledger import PrivacyLedger
 
-    location = db or str(default_ledger_path())
-    if "://" not in location and not Path(location).exists():
-        raise FileNotFoundError(f"no ledger at {location}")
-    return PrivacyLedger(location)
+    return PrivacyLedger(_existing(db or str(default_ledger_path())))
 
 
 LedgerOption = Annotated[
@@ -146,9 +150,7 @@ def ledger_copy(
     target: Annotated[str, typer.Option("--to", help="new ledger to write (path or URL)")],
 ) -> None:
     """Copies a ledger to another backend, checked charge by charge."""
-    if "://" not in source and not Path(source).exists():
-        raise FileNotFoundError(f"no ledger at {source}")
     from synthgen.privacy.ledger_copy import copy_ledger
 
-    report = copy_ledger(source, target)
+    report = copy_ledger(_existing(source), target)
     print(f"copied {report.scopes} scopes and {report.charges} charges; checked charge by charge")

@@ -1,16 +1,11 @@
 """`synthgen pipeline`: the main job, whole or one stage at a time.
 
-synthgen pipeline --config demo                      # every stage not yet done (packaged demo)
-synthgen pipeline --config demo --from train         # recompute train and after
-synthgen pipeline status --config demo
-synthgen pipeline generate --config demo             # one stage (and --force)
-synthgen pipeline generate --config demo --train-only   # then --shard I/N per job, then join
-synthgen pipeline init demo                          # copy the example to ./demo.py to edit
-synthgen pipeline --config demo.py                   # run the edited copy (any path works)
+See docs/guides/pipeline.md (the commands) and docs/guides/scaling.md (stages in shards).
 """
 
 from __future__ import annotations
 
+import inspect
 import shlex
 import sys
 from pathlib import Path
@@ -18,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from synthgen.command_line import HelpGroup
+from synthgen.command_line import HelpGroup, refusals
 
 STAGE_HELP = {
     "data": "Load the private pairs and split them by document (public seed).",
@@ -234,15 +229,12 @@ def _init_pairs(name, to, force, pairs, documents, preset, fields, rag) -> None:
         str(pairs), None if documents is None else str(documents), query_field=query,
         document_field=document, doc_id_field=doc_id, text_field=text, id_field=id_,
     )  # fmt: skip
-    try:
+    with refusals(PairsFileError, ValueError):
         written, plan = pairs_config_text(
             source, preset=preset, name=label, config_name=str(destination),
             rag_records=None if rag[0] is None else str(rag[0]),
             rag_questions=None if rag[1] is None else str(rag[1]),
         )  # fmt: skip
-    except (PairsFileError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise typer.Exit(2) from None
     destination.parent.mkdir(parents=True, exist_ok=True)
     destination.write_text(written)
     print(
@@ -268,24 +260,10 @@ RecomputeOption = Annotated[bool, typer.Option(help="recompute even if up to dat
 
 
 def _stage_command(name: str):
+    """Stage `name`'s command: the first 4 options of `command` for most stages, --shard
+    too for the stages that shard (index, generate), and --train-only for generate."""
+
     def command(
-        config: ConfigOption = None,
-        out: OutOption = None,
-        force: RecomputeOption = False,
-        progress: ProgressOption = True,
-    ) -> None:
-        _run(name, config, out, force=force, progress=progress)
-
-    def sharded_command(
-        config: ConfigOption = None,
-        out: OutOption = None,
-        force: RecomputeOption = False,
-        progress: ProgressOption = True,
-        shard: ShardOption = None,
-    ) -> None:
-        _run(name, config, out, force=force, progress=progress, shard=shard)
-
-    def generate_command(
         config: ConfigOption = None,
         out: OutOption = None,
         force: RecomputeOption = False,
@@ -298,9 +276,12 @@ def _stage_command(name: str):
     ) -> None:
         _run(name, config, out, force=force, progress=progress, shard=shard, train_only=train_only)
 
-    chosen = {"generate": generate_command, "index": sharded_command}.get(name, command)
-    chosen.__doc__ = STAGE_HELP[name]
-    return chosen
+    # typer reads the options from the signature: the options a stage lacks are cut off it
+    signature = inspect.signature(command, eval_str=True)
+    kept = list(signature.parameters.values())[: {"generate": 6, "index": 5}.get(name, 4)]
+    command.__signature__ = signature.replace(parameters=kept)
+    command.__doc__ = STAGE_HELP[name]
+    return command
 
 
 def _run(name, config, out, *, force, progress, shard=None, train_only=False) -> None:
@@ -310,12 +291,11 @@ def _run(name, config, out, *, force, progress, shard=None, train_only=False) ->
 
     part = parse_shard(shard)
     _bars(progress)
-    if part is not None:
-        if force or train_only:
-            raise typer.BadParameter(
-                "--shard runs one shard; --force and --train-only belong to the stage itself",
-                param_hint="--shard",
-            )
+    if part is not None and (force or train_only):
+        raise typer.BadParameter(
+            "--shard runs one shard; --force and --train-only belong to the stage itself",
+            param_hint="--shard",
+        )
     cfg = _load(config)
     run = RunFolder(Path(out or cfg.out))
     run.root.mkdir(parents=True, exist_ok=True)

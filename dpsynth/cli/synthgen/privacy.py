@@ -67,18 +67,15 @@ def privacy_dpsgd(
         "batch_size": batch_size,
         "epochs": epochs,
     }
+    rest = f"steps={steps}, q={result['sampling_rate']:.4g}, {sampling}, {accountant})"
     if as_json:
         print(json.dumps(result))
     elif target_epsilon is not None:
         print(
-            f"noise_multiplier={noise_multiplier:.4f} (epsilon={eps:.4f}, delta={delta:g}, "
-            f"steps={steps}, q={result['sampling_rate']:.4g}, {sampling}, {accountant})"
+            f"noise_multiplier={noise_multiplier:.4f} (epsilon={eps:.4f}, delta={delta:g}, {rest}"
         )
     else:
-        print(
-            f"epsilon={eps:.4f} (delta={delta:g}, noise_multiplier={noise_multiplier:g}, "
-            f"steps={steps}, q={result['sampling_rate']:.4g}, {sampling}, {accountant})"
-        )
+        print(f"epsilon={eps:.4f} (delta={delta:g}, noise_multiplier={noise_multiplier:g}, {rest}")
 
 
 @privacy_app.command("fewshot")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -18,6 +18,7 @@ from dpsynth.cli.synthgen.common import (
     SeedOption,
     SplitOption,
     TenantOption,
+    preset_with,
 )
 from synthgen.command_line import (
     DocumentsLimitOption,
@@ -32,16 +33,6 @@ from synthgen.command_line import (
 )
 from synthgen.paths import default_ledger_path, default_work_dir
 
-if TYPE_CHECKING:
-    import datasets
-
-    from synthgen.dp_plan import PrivacyPlan
-    from synthgen.privacy.ledger import PrivacyLedger
-
-# jax, flax and datasets are imported inside the commands so that `synthgen --help` and
-# the calculators start fast.
-
-
 PairsOption = Annotated[
     str, typer.Option(help="JSONL with document/query fields, or wiki-summaries-en")
 ]
@@ -51,69 +42,9 @@ ReleaseOutOption = Annotated[
 ]
 BaseOption = Annotated[str | None, typer.Option(help="override the base model (asset or path)")]
 NoiseMultiplierOption = Annotated[float | None, typer.Option(help="sigma instead of epsilon")]
-EpochsOption = Annotated[float | None, typer.Option()]
-FieldOption = Annotated[str, typer.Option()]
 PairsDatasetOption = Annotated[
     str | None, typer.Option(help="ledger dataset (default: pairs name)")
 ]
-
-
-def _generator_config(
-    config: str,
-    base: str | None,
-    epsilon: float | None,
-    noise_multiplier: float | None,
-    delta: float | None,
-    epochs: float | None,
-    batch_size: int | None,
-    seed: int | None,
-):
-    """The generator preset `config` with the options that were given applied."""
-    from dpsynth.config_files import querygen_preset
-
-    cfg = querygen_preset(config)
-    changes: dict = {}
-    if base is not None:
-        changes["base"] = base
-    if epsilon is not None or noise_multiplier is not None:
-        changes.update(dp_target_epsilon=epsilon, dp_noise_multiplier=noise_multiplier)
-    for name, value in (
-        ("dp_delta", delta),
-        ("dp_epochs", epochs),
-        ("dp_batch_size", batch_size),
-        ("dp_seed", seed),
-    ):
-        if value is not None:
-            changes[name] = value
-    return cfg.replace(**changes)
-
-
-def _admit_pairs(
-    plan: PrivacyPlan,
-    ledger_path: Path,
-    scope: tuple[str, str],
-    rows: datasets.Dataset,
-    fields: tuple[str, str],
-    budget: float | None,
-    guarantees_add_up: bool,
-) -> PrivacyLedger | None:
-    """Admits a private run's pairs to the ledger; warns of a non-private run instead.
-
-    Returns:
-      The ledger the run is charged to, or None for a non-private run (nothing charged).
-    """
-    if not plan.private:
-        print(
-            "warning: --noise-multiplier 0 is a NON-private run (epsilon = infinity); "
-            "nothing is charged",
-            file=sys.stderr,
-        )
-        return None
-    document_field, query_field = fields
-    pairs_read = [{"document": r[document_field], "query": r[query_field]} for r in rows]
-    return admit_training_pairs(
-        ledger_path, scope, pairs_read, plan, budget=budget, guarantees_add_up=guarantees_add_up
-    )
 
 
 def train_generator(
@@ -124,12 +55,12 @@ def train_generator(
     epsilon: TargetEpsilonOption = None,
     noise_multiplier: NoiseMultiplierOption = None,
     delta: DpSgdDeltaOption = None,
-    epochs: EpochsOption = None,
+    epochs: float | None = None,
     batch_size: ExpectedBatchOption = None,
     limit: PairsLimitOption = None,
     split: SplitOption = "all",
-    document_field: FieldOption = "document",
-    query_field: FieldOption = "query",
+    document_field: str = "document",
+    query_field: str = "query",
     ledger: LedgerOption = None,
     tenant: TenantOption = "default",
     dataset: PairsDatasetOption = None,
@@ -150,19 +81,17 @@ def train_generator(
     from synthgen import corpora, querygen
     from synthgen.work_folder import run_payer
 
-    cfg = _generator_config(
-        config, base, epsilon, noise_multiplier, delta, epochs, batch_size, seed
-    )
+    cfg = _config(config, base, epsilon, noise_multiplier, delta, epochs, batch_size, seed)
     fields = (document_field, query_field)
     rows = corpora.load_rows(pairs, fields, limit, split)
     scope = (tenant, dataset or Path(pairs).stem)
     plan = querygen.dp_train.plan_privacy(cfg.dp, len(rows))
     ledger_path = ledger or default_ledger_path()
     work = work_dir if work_dir is not None else default_work_dir(out, ledger_path)
-    ledger_obj = _admit_pairs(plan, ledger_path, scope, rows, fields, budget, guarantees_add_up)
+    book = _admit(rows, fields, plan, ledger_path, scope, budget, guarantees_add_up)
     if seed is not None:
         print(SEED_WARNING, file=sys.stderr)
-    pay = None if ledger_obj is None else run_payer(ledger_obj, scope, out_dir=out, work_dir=work)
+    pay = None if book is None else run_payer(book, scope, out_dir=out, work_dir=work)
     result = querygen.train_generator(
         cfg,
         rows,
@@ -177,6 +106,33 @@ def train_generator(
     print_guarantee(out, result.steps_run, result.plan, work, seeded=seed is not None)
 
 
+def _config(config, base, epsilon, noise_multiplier, delta, epochs, batch_size, seed):
+    """The preset with the options given; --epsilon or --noise-multiplier replaces the
+    preset's pair whole."""
+    sigma = {"dp_target_epsilon": epsilon, "dp_noise_multiplier": noise_multiplier}
+    return preset_with(
+        config, sigma if epsilon is not None or noise_multiplier is not None else {},
+        base=base, dp_delta=delta, dp_epochs=epochs, dp_batch_size=batch_size, dp_seed=seed,
+    )  # fmt: skip
+
+
+def _admit(rows, fields, plan, ledger_path, scope, budget, guarantees_add_up):
+    """The ledger with the pairs admitted to `scope` (`admit_training_pairs`), or None for
+    a non-private run, which is warned about and charges nothing."""
+    if not plan.private:
+        print(
+            "warning: --noise-multiplier 0 is a NON-private run (epsilon = infinity); "
+            "nothing is charged",
+            file=sys.stderr,
+        )
+        return None
+    document_field, query_field = fields
+    pairs_read = [{"document": r[document_field], "query": r[query_field]} for r in rows]
+    return admit_training_pairs(
+        ledger_path, scope, pairs_read, plan, budget=budget, guarantees_add_up=guarantees_add_up
+    )
+
+
 def generate_queries(
     generator: Annotated[Path, typer.Option(help="folder written by train-generator")],
     documents: Annotated[
@@ -184,8 +140,8 @@ def generate_queries(
     ],
     out: OutFolderOption,
     k: Annotated[int | None, typer.Option(help="queries per document")] = None,
-    top_p: Annotated[float | None, typer.Option()] = None,
-    temperature: Annotated[float | None, typer.Option()] = None,
+    top_p: float | None = None,
+    temperature: float | None = None,
     limit: DocumentsLimitOption = None,
     split: SplitOption = "all",
     seed: Annotated[
@@ -203,12 +159,11 @@ def generate_queries(
     from synthgen.command_line import parse_shard
 
     part = parse_shard(shard)
-    if part is not None:
-        if seed is None:
-            raise typer.BadParameter(
-                "a shard needs --seed: every shard must draw from one sampling stream",
-                param_hint="--seed",
-            )
+    if part is not None and seed is None:
+        raise typer.BadParameter(
+            "a shard needs --seed: every shard must draw from one sampling stream",
+            param_hint="--seed",
+        )
     docs = corpora.load_rows(documents, ("doc_id", "document"), limit, split)
     ds = querygen.generate_queries(
         generator,
@@ -221,16 +176,13 @@ def generate_queries(
         shard=part,
     )
     meta = json.loads((out / "metadata.json").read_text())
-    print(
-        json.dumps(
-            {
-                "out": str(out),
-                "num_queries": len(ds),
-                "epsilon": meta["privacy"]["epsilon"],
-                "delta": meta["privacy"]["delta"],
-            }
-        )
-    )
+    summary = {
+        "out": str(out),
+        "num_queries": len(ds),
+        "epsilon": meta["privacy"]["epsilon"],
+        "delta": meta["privacy"]["delta"],
+    }
+    print(json.dumps(summary))
 
 
 def merge_queries(
