@@ -1,19 +1,9 @@
 """BERT encoder in Flax and its loading from Hugging Face safetensors (no torch).
 
-The BERT module has no dropout, absolute positions and token type 0 only. HF tensor names map
-to Flax paths as follows (a ``bert.`` prefix is stripped; torch Linear weights are [out, in],
-so kernels are transposed; ``pooler.*``, ``cls.*`` and ``embeddings.position_ids`` are
-ignored, any other unused tensor is an error):
-
-HF name                                              Flax path (under params)
-embeddings.{word,position,token_type}_embeddings.weight   {..}_embeddings/embedding
-embeddings.LayerNorm.{weight,bias}                   embeddings_norm/{scale,bias}
-encoder.layer.{i}.attention.self.{query,key,value}   layer_{i}/{query,key,value}
-encoder.layer.{i}.attention.output.dense             layer_{i}/attention_out
-encoder.layer.{i}.attention.output.LayerNorm         layer_{i}/attention_norm
-encoder.layer.{i}.intermediate.dense                 layer_{i}/intermediate
-encoder.layer.{i}.output.dense                       layer_{i}/output
-encoder.layer.{i}.output.LayerNorm                   layer_{i}/output_norm
+The BERT module has no dropout, absolute positions and token type 0 only. HF tensors map to
+Flax paths by name (`bert_name_map`, tabled in docs/guides/byo.md#weight-names); a ``bert.``
+prefix is stripped, ``pooler.*``, ``cls.*`` and ``embeddings.position_ids`` are ignored, any
+other unused tensor is an error.
 
 References:
   Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers"; HF
@@ -32,10 +22,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import traverse_util
 
-from synthgen.models.config_checks import check_divides, check_positive_ints
-from synthgen.models.safetensors_io import read_safetensors
+from synthgen.models.config_checks import check_config, check_divides
+from synthgen.models.safetensors_io import params_by_name, read_safetensors
 
 PyTree = Any
 _NEG = float(np.finfo(np.float32).min)  # additive mask value, as HF (no -inf: no NaN rows)
@@ -86,10 +75,8 @@ class BertConfig:
     hidden_act: str = "gelu"
 
     def __post_init__(self) -> None:
-        check_positive_ints(self, _POSITIVE_INTS)
+        check_config(self, _POSITIVE_INTS, ("layer_norm_eps",))
         check_divides(self, "num_attention_heads", "hidden_size")
-        if self.layer_norm_eps <= 0:
-            raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps=}")
         if self.hidden_act not in _ACTIVATIONS:
             raise ValueError(f"hidden_act must be in {sorted(_ACTIVATIONS)}, {self.hidden_act=}")
 
@@ -250,35 +237,3 @@ def bert_params_from_hf(config: BertConfig, tensors: dict[str, np.ndarray]) -> P
     ids = np.zeros((1, 2), np.int32)
     shapes = jax.eval_shape(lambda: Bert(config).init(jax.random.key(0), ids, ids + 1))
     return params_by_name(bert_name_map(config), shapes["params"], tensors, "BERT", "checkpoint")
-
-
-def params_by_name(
-    name_map: dict[tuple[str, ...], tuple[str, bool]],
-    shapes: PyTree,
-    tensors: dict[str, np.ndarray],
-    family: str,
-    where: str,
-) -> PyTree:
-    """Flax params of the tree `shapes` from HF-named tensors, converted by name, never by
-    position: each path takes its `name_map` tensor (transposed where marked) as float32.
-
-    Paths of `name_map` outside `shapes` are skipped (e.g. a T5 decoder for an encoder).
-
-    Raises:
-      ValueError: a missing, mis-shaped or unused tensor (named in the message).
-    """
-    expected = {k: v.shape for k, v in traverse_util.flatten_dict(shapes).items()}
-    tensors, flat = dict(tensors), {}
-    for path, (name, transpose) in name_map.items():
-        if path not in expected:
-            continue
-        if name not in tensors:
-            raise ValueError(f"{where} lacks {family} tensor {name=}")
-        value = np.asarray(tensors.pop(name), np.float32)
-        value = np.ascontiguousarray(value.T) if transpose else value
-        if value.shape != expected[path]:
-            raise ValueError(f"tensor {name=} has shape {value.shape}, expected {expected[path]}")
-        flat[path] = jnp.asarray(value)
-    if tensors:
-        raise ValueError(f"{where} has {len(tensors)} unused tensors, e.g. {sorted(tensors)[0]=}")
-    return traverse_util.unflatten_dict(flat)

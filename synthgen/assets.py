@@ -256,8 +256,7 @@ def resolve(name_or_path: str | Path, *, download: bool = True) -> Path:
     if path.exists():
         return path
     name = str(name_or_path)
-    asset = get(name) if name in REGISTRY else None
-    if asset is None:
+    if name not in REGISTRY:
         raise AssetError(
             f"{name!r} is neither an existing path nor a known asset "
             f"({', '.join(sorted(REGISTRY))})"

@@ -20,8 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from synthgen.models.llama import Llama
 from synthgen.models.lora import is_lora_path
 from synthgen.models.sampling import SamplingConfig
+from synthgen.models.t5 import T5, shift_right
 from synthgen.models.taps import TAP_INPUTS, TAP_OUTPUTS
 
 TASK_PREFIX = "generate_query: "
@@ -59,37 +61,6 @@ def token_nll(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Arr
     return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
-def _loss_from_logits(logits_fn):
-    """The per-example training loss: mean NLL of the example's own target tokens."""
-
-    def loss(trainable, frozen, ex):
-        logits = logits_fn(merge_params(trainable, frozen), ex)
-        return token_nll(logits, ex["targets"], ex["target_mask"])
-
-    return loss
-
-
-def _logits_from_apply(apply):
-    def logits(params, ex):
-        return apply({"params": params}, ex, mutable=False)[0]
-
-    return logits
-
-
-def _tapped_loss(apply):
-    """The per-example loss with ghost-clipping taps (`synthgen.ghost_clipping.TappedLossFn`).
-
-    fn(trainable, frozen, perturbations, example) -> (loss, the sown layer inputs).
-    """
-
-    def loss(trainable, frozen, perturbations, ex):
-        variables = {"params": merge_params(trainable, frozen), TAP_OUTPUTS: perturbations}
-        logits, state = apply(variables, ex, mutable=[TAP_INPUTS])
-        return token_nll(logits, ex["targets"], ex["target_mask"]), state.get(TAP_INPUTS, {})
-
-    return loss
-
-
 def _pad(ids: Sequence[int], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
     out = np.full(length, pad, np.int32)
     mask = np.zeros(length, np.float32)
@@ -113,27 +84,54 @@ class _Draw:
 class _Family:
     """A model family: its config and tokenizer, per-example losses and query generation.
 
-    A family provides `module`, `_model_inputs` and `_sample_batch`; the rest derives from them.
+    A family provides `_MODULE`, `_model_inputs` and `_sample_batch`; the rest derives from
+    them.
     """
 
     config: Any
     tokenizer: Any
 
+    _MODULE: ClassVar[type]  # the Flax module, built from `config`
     # True: a generation row is a document with all its samples (T5); False: a row is one
     # prompt, repeated for each of a document's samples (Llama).
     _ONE_ROW_PER_DOCUMENT: ClassVar[bool]
 
+    @property
+    def module(self):
+        return self._MODULE(self.config)
+
     def logits_fn(self):
         """fn(params, example) -> [target_len, vocab] logits predicting `example["targets"]`."""
-        return _logits_from_apply(self.apply_fn())
+        apply = self.apply_fn()
+
+        def logits(params, ex):
+            return apply({"params": params}, ex, mutable=False)[0]
+
+        return logits
 
     def loss_fn(self):
-        """fn(trainable, frozen, example) -> the example's mean token NLL."""
-        return _loss_from_logits(self.logits_fn())
+        """fn(trainable, frozen, example) -> the mean NLL of the example's own target tokens."""
+        logits_fn = self.logits_fn()
+
+        def loss(trainable, frozen, ex):
+            logits = logits_fn(merge_params(trainable, frozen), ex)
+            return token_nll(logits, ex["targets"], ex["target_mask"])
+
+        return loss
 
     def tapped_loss_fn(self):
-        """`loss_fn` with ghost-clipping taps (`synthgen.ghost_clipping.TappedLossFn`)."""
-        return _tapped_loss(self.apply_fn())
+        """`loss_fn` with ghost-clipping taps (`synthgen.ghost_clipping.TappedLossFn`).
+
+        fn(trainable, frozen, perturbations, example) -> (loss, the sown layer inputs).
+        """
+        apply = self.apply_fn()
+
+        def loss(trainable, frozen, perturbations, ex):
+            variables = {"params": merge_params(trainable, frozen), TAP_OUTPUTS: perturbations}
+            logits, state = apply(variables, ex, mutable=[TAP_INPUTS])
+            return token_nll(logits, ex["targets"], ex["target_mask"]), state.get(TAP_INPUTS, {})
+
+        return loss
 
     def apply_fn(self):
         """fn(variables, example, mutable) -> ([target_len, vocab] logits, mutated state)."""
@@ -194,13 +192,8 @@ class T5Family(_Family):
     """T5 encoder-decoder (synthgen.models.t5)."""
 
     name: str = "t5"
+    _MODULE = T5
     _ONE_ROW_PER_DOCUMENT = True
-
-    @property
-    def module(self):
-        from synthgen.models.t5 import T5
-
-        return T5(self.config)
 
     def encode_input(self, document: str, input_len: int) -> list[int]:
         ids = self.tokenizer.encode(TASK_PREFIX + document)[: input_len - 1]
@@ -219,8 +212,6 @@ class T5Family(_Family):
 
     def _model_inputs(self, ex: dict) -> tuple[tuple, dict]:
         """`T5.__call__`'s arguments for one example (a batch of one), teacher-forced."""
-        from synthgen.models.t5 import shift_right
-
         cfg = self.config
         targets = ex["targets"][None]
         decoder_in = shift_right(targets, cfg.decoder_start_token_id, cfg.pad_token_id)
@@ -265,13 +256,8 @@ class LlamaFamily(_Family):
     """Llama-architecture decoder (synthgen.models.llama)."""
 
     name: str = "llama"
+    _MODULE = Llama
     _ONE_ROW_PER_DOCUMENT = False
-
-    @property
-    def module(self):
-        from synthgen.models.llama import Llama
-
-        return Llama(self.config)
 
     def _prompt_parts(self) -> tuple[list[int], list[int]]:
         """Token ids before and after the document in the prompt."""

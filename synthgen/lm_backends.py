@@ -87,23 +87,6 @@ class TinyLM(RescoredSession):
 # ---- the local Flax decoder --------------------------------------------------------------
 
 
-def _bucket(n: int, minimum: int = 1) -> int:
-    from synthgen.models.decoding import bucket
-
-    return bucket(n, minimum)
-
-
-def _row_bucket(n: int) -> int:
-    """Rows of a one-off `score` of `n` prompts (`synthgen.models.decoding.row_bucket`).
-
-    A decoding session (`start`, `start_documents`) uses exactly its rows instead: its
-    compile is paid once for many steps, and 33 rows step 17% faster than 40.
-    """
-    from synthgen.models.decoding import row_bucket
-
-    return row_bucket(n)
-
-
 class _TokenizerText:
     """`eos_ids`, `encode` and `decode` of a backend through its local `tokenizer`."""
 
@@ -129,7 +112,10 @@ class FlaxLM(_TokenizerText):
 
     A session left-pads its B prompts to a bucketed length (power of two, >= 16),
     prefills them in one jitted call and then runs one jitted cached step per appended
-    token for all B rows at once (`score` pads the batch to `_row_bucket(B)` rows).
+    token for all B rows at once. A one-off `score` pads the batch to
+    `synthgen.models.decoding.row_bucket(B)` rows; a session (`start`, `start_documents`)
+    uses exactly its rows: its compile is paid once for many steps, and 33 rows step 17%
+    faster than 40.
     """
 
     def __init__(self, config: Any, params: Any, tokenizer: Any) -> None:
@@ -145,21 +131,16 @@ class FlaxLM(_TokenizerText):
         self._new_tokens = 0
         self._max_new = 0
 
-        def prefill(params, cache, ids, mask):
-            logits, cache = kv_cache.prefill(params, cache, ids, mask)
-            return jax.nn.log_softmax(logits, axis=-1), cache
+        def log_softmax(fn):
+            def run(params, cache, *inputs):
+                logits, cache = fn(params, cache, *inputs)
+                return jax.nn.log_softmax(logits, axis=-1), cache
 
-        def step(params, cache, tokens):
-            logits, cache = kv_cache.step(params, cache, tokens)
-            return jax.nn.log_softmax(logits, axis=-1), cache
+            return run
 
-        def extend(params, cache, ids, mask):
-            logits, cache = kv_cache.extend(params, cache, ids, mask)
-            return jax.nn.log_softmax(logits, axis=-1), cache
-
-        self._prefill = jax.jit(prefill)
-        self._step = jax.jit(step, donate_argnums=1)
-        self._extend = jax.jit(extend, donate_argnums=1)
+        self._prefill = jax.jit(log_softmax(kv_cache.prefill))
+        self._step = jax.jit(log_softmax(kv_cache.step), donate_argnums=1)
+        self._extend = jax.jit(log_softmax(kv_cache.extend), donate_argnums=1)
         self._raw_extend = jax.jit(kv_cache.extend, donate_argnums=1)
 
     @classmethod
@@ -191,6 +172,13 @@ class FlaxLM(_TokenizerText):
         """Most tokens a row may hold (prompt + new tokens)."""
         return self.config.max_seq_len
 
+    def _new_slots(self, longest: int, max_new_tokens: int) -> int:
+        """Cache slots for the new tokens: bucketed for compile reuse, within the context."""
+        from synthgen.models.decoding import bucket
+
+        room = self.config.max_seq_len - longest
+        return max(max_new_tokens, min(bucket(max_new_tokens, 16), room))
+
     def _prefilled(
         self,
         prompts: Sequence[Sequence[int]],
@@ -198,24 +186,17 @@ class FlaxLM(_TokenizerText):
         length: int | None = None,
         rows: int | None = None,
     ):
-        from synthgen.models import kv_cache
-        from synthgen.models.decoding import MIN_PROMPT_BUCKET, pad_prompts
+        from synthgen.models import decoding, kv_cache
 
         if not prompts or min(len(p) for p in prompts) == 0:
             raise ValueError("every prompt needs at least one token")
         longest = max(max(len(p) for p in prompts), length or 0)
         # Bucketed for compile reuse, but never past the context when the exact length fits.
-        length = max(
-            longest,
-            min(_bucket(longest, MIN_PROMPT_BUCKET), self.config.max_seq_len - max_new_tokens),
-        )
-        if length + max_new_tokens > self.config.max_seq_len:
-            raise ValueError(
-                f"prompt + new tokens exceed the context: {length=} + {max_new_tokens=} > "
-                f"{self.config.max_seq_len=}"
-            )
-        rows = rows or _row_bucket(len(prompts))
-        ids, mask = pad_prompts(prompts, length, self.tokenizer.pad_id, rows)
+        bucketed = decoding.bucket(longest, decoding.MIN_PROMPT_BUCKET)
+        length = max(longest, min(bucketed, self.config.max_seq_len - max_new_tokens))
+        decoding.check_context(self.config, length, max_new_tokens)
+        rows = rows or decoding.row_bucket(len(prompts))
+        ids, mask = decoding.pad_prompts(prompts, length, self.tokenizer.pad_id, rows)
         mask[len(prompts) :, -1] = 1  # padding rows get one token so no row is empty
         cache = kv_cache.init_cache(self.config, rows, length + max_new_tokens)
         return self._prefill(self.params, cache, ids, mask)
@@ -228,9 +209,7 @@ class FlaxLM(_TokenizerText):
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, length: int | None = None
     ) -> np.ndarray:
         longest = max(max(len(p) for p in prompts), length or 0)
-        self._max_new = max(
-            max_new_tokens, min(_bucket(max_new_tokens, 16), self.config.max_seq_len - longest)
-        )
+        self._max_new = self._new_slots(longest, max_new_tokens)
         logprobs, self._cache = self._prefilled(prompts, self._max_new, length, len(prompts))
         self._rows, self._new_tokens = len(prompts), 0
         return np.asarray(logprobs[: self._rows], np.float32)
@@ -263,7 +242,7 @@ class FlaxLM(_TokenizerText):
         """A session whose row r is ``kv.head + document rows[r] + suffix``: the same
         next-token log-probabilities [len(rows), V] as `start` on those prompts (up to
         float rounding), with only the suffix run. `append` continues it."""
-        from synthgen.models.decoding import MIN_PROMPT_BUCKET
+        from synthgen.models.decoding import MIN_PROMPT_BUCKET, bucket, check_context
         from synthgen.models.document_kv import session_cache
 
         if not len(rows) or not len(suffix):
@@ -271,15 +250,9 @@ class FlaxLM(_TokenizerText):
         if kv.params is not self.params:
             raise ValueError("these keys were computed with other model parameters")
         longest = len(kv.head) + kv.width + len(suffix)
-        if longest + max_new_tokens > self.config.max_seq_len:
-            raise ValueError(
-                f"prompt + new tokens exceed the context: {longest=} + {max_new_tokens=} > "
-                f"{self.config.max_seq_len=}"
-            )
-        t = _bucket(len(suffix), MIN_PROMPT_BUCKET)
-        self._max_new = max(
-            max_new_tokens, min(_bucket(max_new_tokens, 16), self.config.max_seq_len - longest)
-        )
+        check_context(self.config, longest, max_new_tokens)
+        t = bucket(len(suffix), MIN_PROMPT_BUCKET)
+        self._max_new = self._new_slots(longest, max_new_tokens)
         batch = len(rows)
         cache = session_cache(
             kv, self.config, list(rows), batch, len(kv.head) + kv.width + t + self._max_new

@@ -3,57 +3,26 @@
 Each prompt is sent to ``POST {base_url}/completions`` with ``max_tokens=1`` and
 ``logprobs=k``; the reply's top-k log-probabilities become a full-vocabulary vector.
 
-Prompt format (`prompt_format`). ``tokens`` sends the local token ids (exact; vLLM and
-llama.cpp's own ``llama-server`` accept them); ``text`` sends the decoded prompt, which the
-server tokenises again (the OpenAI-compatible server of ``llama-cpp-python`` accepts only
-strings). ``auto`` probes the server once with a public prompt (`PROBE_TEXT`, never a
-private one) and keeps token ids where they are accepted, text otherwise. With text, the
-server's tokenisation of the decoded probe is compared with the local ids through its
-tokenize endpoint (llama-cpp-python ``/extras/tokenize``, llama.cpp and vLLM ``/tokenize``)
-and a mismatch is refused; where no endpoint answers, `ServerCheck.tokenization` says it
-could not be checked (the CLI warns). `prepare` runs the probe; call it before the charge
-(the CLI does), so that a private prompt is never sent in a form the server is known to
-reject, and a server that caps k or returns broken rows is refused before any budget is
-spent.
-
-Concurrency. The M prompts of one `score` / `append` call go to the server at once over
-one `httpx.Client` (a pool of `concurrency` connections, a per-request timeout, retries
-with exponential backoff on 429, 503 and connection errors); results come back in prompt
-order. A server gains from this only with several slots (vLLM, ``llama-server
---parallel N``); llama-cpp-python's server runs one request at a time.
-
-Lossy by construction: the server returns only the top-k tokens. Their log-probabilities
-are kept; the residual mass 1 - sum(top-k) is spread uniformly over the rest of the
-vocabulary. Returned tokens are mapped back to ids: llama.cpp's ``id`` field and vLLM's
-``token_id:<n>`` form directly, token strings through the local tokenizer; a string that
-is not exactly one token of the local vocabulary (llama-cpp-python names every special
-token, EOS included, and every partial UTF-8 byte by the empty string) goes to the
-residual. Servers keep no session: every step re-sends prompt + generated tokens (prefix
-caching, in vLLM, llama.cpp and llama-cpp-python, makes this cheap).
-
-Refused (`LMServerError`): a server that returns fewer log-probs than asked (it caps k),
-found by the public probe before the charge; and, on every reply, no log-probs at all, a
-non-finite value, a positive log-probability or a top-k mass above 1. A reply of a server
-that passed the probe may still hold fewer than k entries, and is then kept: llama-cpp-
-python keys its top-k by decoded text, so distinct tokens with the same text (every
-special token and partial UTF-8 byte decodes to "" or to a shared prefix) collapse into
-one entry, and the tokens it hides join the residual; refusing such a reply mid-run would
-waste the charged budget over a naming artefact (it happens on real wiki text). Each
-refusal is one line that names the server and what to try, never the prompt or reply.
+`prepare` probes the server once with the public `PROBE_TEXT` (never a private prompt):
+it settles the prompt format (token ids where accepted, else text, whose tokenisation is
+checked against the local ids where the server has a tokenize endpoint) and refuses a
+server that caps k; call it before the charge (the CLI does). The top-k log-probabilities
+are kept and the residual mass 1 - sum(top-k) is spread uniformly over the other tokens;
+servers keep no session, so every step re-sends prompt + generated tokens (prefix caching
+makes this cheap). Prompt formats, concurrency, short replies and what is refused: see
+docs/guides/byo.md#lm-server.
 
 Privacy:
-  The server sees the private prompts: self-host it where the private data may go (your
-  own machine or enclave), never a third-party API. The DP guarantee covers what is
-  released from the generated tokens, not what the server logs. Each row is computed
-  from its own prompt's reply only and is a probability distribution, which the
-  sqrt(2)/M sensitivity of `synthgen.fewshot` needs (the mechanism also maps every row to
-  the simplex on its own, `synthgen.fewshot.mechanism.distributions`, so the guarantee
-  never rests on the server); a reply that is not one is refused rather than silently
-  renormalised, so that a broken server is seen. A refusal mid-run stops the run with no
-  output (the charge stands: it is never refunded); that the run stopped depends on a
-  reply to a private prompt, which is why the public probe checks the server before the
-  charge. Errors carry the status and the server's address, never a prompt, a reply or
-  the server's error body (a server may echo the rejected prompt there).
+  The server sees the private prompts: self-host it where the private data may go, never
+  a third-party API; the DP guarantee covers what is released from the generated tokens,
+  not what the server logs. Each row comes from its own prompt's reply only and must be a
+  probability distribution, as the sqrt(2)/M sensitivity of `synthgen.fewshot` needs (the
+  mechanism also maps every row to the simplex, `synthgen.fewshot.mechanism.distributions`,
+  so the guarantee never rests on the server); a reply that is not one is refused, not
+  renormalised. A refusal mid-run stops the run with no output and the charge stands; since
+  that stop depends on a reply to a private prompt, the public probe checks the server
+  before the charge. Errors carry the status and the server's address, never a prompt, a
+  reply or the server's error body (a server may echo the rejected prompt there).
 """
 
 from __future__ import annotations
@@ -126,7 +95,7 @@ class OpenAICompletionsLM(RescoredSession):
       max_context: the context length (tokens) the server was started with (vLLM's
         ``--max-model-len``, llama.cpp's ``-c``, llama-cpp-python's ``--n_ctx``); required.
       top_logprobs: k, log-probs per reply (servers cap it, often at 20).
-      prompt_format: "auto", "tokens" or "text" (see the module docstring).
+      prompt_format: "auto", "tokens" or "text" (see docs/guides/byo.md).
       concurrency: most requests in flight (and connections in the pool).
       timeout: seconds per request.
       retries: further attempts after a 429, a 503 or a connection error.
@@ -405,18 +374,17 @@ class OpenAICompletionsLM(RescoredSession):
             last = attempt == self.retries
             try:
                 response = client.post(url, json=body)
-            except httpx.TimeoutException as exc:
-                if isinstance(exc, httpx.ConnectTimeout) and not last:
+            except httpx.TransportError as exc:  # refused, reset, closed mid-reply, timed out
+                timed_out = isinstance(exc, httpx.TimeoutException)
+                if not last and (not timed_out or isinstance(exc, httpx.ConnectTimeout)):
                     time.sleep(self.backoff * 2**attempt)
                     continue
-                raise LMServerError(
-                    f"the LM server at {self.server} did not answer within {self.timeout:g} s "
-                    f"({type(exc).__name__}): check that it is running and not overloaded"
-                ) from None
-            except httpx.TransportError as exc:  # refused, reset, closed mid-reply
-                if not last:
-                    time.sleep(self.backoff * 2**attempt)
-                    continue
+                if timed_out:
+                    raise LMServerError(
+                        f"the LM server at {self.server} did not answer within "
+                        f"{self.timeout:g} s ({type(exc).__name__}): check that it is running "
+                        "and not overloaded"
+                    ) from None
                 raise LMServerError(
                     f"cannot reach the LM server at {self.server} ({type(exc).__name__}) "
                     f"after {self.retries + 1} attempts: check it is running and --server"

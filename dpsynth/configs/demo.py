@@ -11,33 +11,27 @@ the packaged sample collection of 200 fictional private medical records (medical
     synthgen pipeline --config demo            # or: synthgen pipeline init demo (a copy to edit)
 """
 
+from dpsynth import pipeline
 from dpsynth.config_files import querygen_preset
-from dpsynth.pipeline.config import (
-    DataConfig,
-    EncoderConfig,
-    GenerateConfig,
-    IndexConfig,
-    PipelineConfig,
-    PrivacyConfig,
-    RagStageConfig,
-)
 
 TRAIN_PAIRS = 800  # 1,000 documents, test_fraction 0.2
 STEPS, BATCH = 10, 32
 
 
-def get_config() -> PipelineConfig:
+def get_config() -> pipeline.PipelineConfig:
     # The packaged querygen preset (LoRA rank 8 on SmolLM2-135M-Instruct), run STEPS steps.
     generator = querygen_preset("smollm2_lora_cpu").replace(
         generation_batch=32, dp_batch_size=BATCH, dp_epochs=STEPS * BATCH / TRAIN_PAIRS
     )
-    return PipelineConfig(
+    return pipeline.PipelineConfig(
         name="demo",
         out="runs/demo",
-        data=DataConfig(num_documents=1000),
-        privacy=PrivacyConfig(epsilon_cap=10.0),
-        generate=GenerateConfig(kind="querygen", querygen=generator),
-        encoder=EncoderConfig(batch_size=32, epochs=1.0, max_query_len=32, max_doc_len=64),
-        index=IndexConfig(kind="scann"),
-        rag=RagStageConfig(sample="medical-200", questions=3, epsilon=5.0, k=4, max_tokens=8),
+        data=pipeline.DataConfig(num_documents=1000),
+        privacy=pipeline.PrivacyConfig(epsilon_cap=10.0),
+        generate=pipeline.GenerateConfig(kind="querygen", querygen=generator),
+        encoder=pipeline.EncoderConfig(batch_size=32, epochs=1.0, max_query_len=32, max_doc_len=64),
+        index=pipeline.IndexConfig(kind="scann"),
+        rag=pipeline.RagStageConfig(
+            sample="medical-200", questions=3, epsilon=5.0, k=4, max_tokens=8
+        ),
     )

@@ -11,19 +11,11 @@ model.safetensors, spiece.model). Every wiki document; one synthetic query per t
 
 import os
 
+from dpsynth import pipeline
 from dpsynth.config_files import querygen_preset
-from dpsynth.pipeline.config import (
-    DataConfig,
-    EncoderConfig,
-    GenerateConfig,
-    IndexConfig,
-    PipelineConfig,
-    PrivacyConfig,
-    RagStageConfig,
-)
 
 
-def get_config() -> PipelineConfig:
+def get_config() -> pipeline.PipelineConfig:
     # The packaged querygen preset t5_base (Carranza et al.'s sizes) with a larger physical
     # batch: bfloat16 matmuls with float32 parameters, optimizer state, clipped sum and noise;
     # blocks rematerialised: the float32 step at physical batch 256 asked XLA for 121 GiB
@@ -36,15 +28,17 @@ def get_config() -> PipelineConfig:
         dp_physical_batch=256,
         dp_microbatch=32,
     )
-    return PipelineConfig(
+    return pipeline.PipelineConfig(
         name="gpu",
         out="runs/gpu",
-        data=DataConfig(num_documents=None),
-        privacy=PrivacyConfig(epsilon_cap=10.0),
-        generate=GenerateConfig(kind="querygen", querygen=generator),
-        encoder=EncoderConfig(
+        data=pipeline.DataConfig(num_documents=None),
+        privacy=pipeline.PrivacyConfig(epsilon_cap=10.0),
+        generate=pipeline.GenerateConfig(kind="querygen", querygen=generator),
+        encoder=pipeline.EncoderConfig(
             batch_size=256, epochs=3.0, learning_rate=1e-4, max_query_len=32, max_doc_len=256
         ),
-        index=IndexConfig(kind="scann"),
-        rag=RagStageConfig(sample="medical-2000", questions=10, epsilon=1.0, k=8, max_tokens=16),
+        index=pipeline.IndexConfig(kind="scann"),
+        rag=pipeline.RagStageConfig(
+            sample="medical-2000", questions=10, epsilon=1.0, k=8, max_tokens=16
+        ),
     )

@@ -218,15 +218,7 @@ class BpeTokenizer(TokenizersWrapper):
         """The underlying `tokenizers.Tokenizer` (e.g. to save it as tokenizer.json)."""
         return self._tok
 
-    # ---- Tokenizer protocol (sizes and special ids: TokenizersWrapper) ------------------
-
-    def encode(self, text: str) -> list[int]:
-        """Ids of `text`; special tokens written in the text (``<|im_start|>``) are one id."""
-        return self._tok.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of `ids`, skipping special (control) tokens."""
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+    # ---- vocabulary (the Tokenizer protocol: TokenizersWrapper) -------------------------
 
     def token_to_id(self, token: str) -> int | None:
         """Id of one vocabulary entry, or None."""

@@ -1,23 +1,11 @@
 """A machine-wide cache of converted GGUF weights: a llama.cpp file is parsed once.
 
-Reading a GGUF file costs seconds on every load: gguf-py parses every tokenizer entry of the
-metadata in Python, and every tensor is dequantised (SmolLM2-135M: about 6 s on 2 cores, in
-every process that loads it: each `retriever answer`, each pipeline stage, each test). The
-first load writes what it read to ``<cache>/converted/<file stem>-<key>/``:
-
-* ``config.json``: the Llama hyper-parameters read from the metadata;
-* ``tokenizer/``: tokenizer.json and tokenizer_config.json (`BpeTokenizer.save_pretrained_dir`);
-* ``tensors/<name>.npy``: every tensor as float32, under its Hugging Face name and layout,
-  rotary rows already un-permuted: exactly what the GGUF reader hands to the assembler.
-
-Later loads read the arrays (memory-mapped, then copied: well under a second). The key
-hashes the file's resolved path, size and modification time, `FORMAT` and the gguf
-package's version, so a replaced file, or a change to what is stored, converts again. A
-folder is written under a temporary name and renamed into place, so concurrent first loads
-(test workers, replicas) never read half a cache; a damaged folder is removed and converted
-again. Only files inside the cache (fetched assets) are converted, so a user's own file
-leaves no copy behind. Weights are public; nothing private is stored. Set
-``DPSYNTH_NO_CONVERTED_CACHE=1`` to read the file every time.
+Reading a GGUF file costs seconds on every load (gguf-py parses the tokenizer metadata in
+Python and dequantises every tensor). The first load of a fetched asset writes what it read
+to ``<cache>/converted/<file stem>-<key>/`` (``config.json``, ``tokenizer/``, and
+``tensors/<name>.npy``: float32 under the Hugging Face names and layout, rotary rows
+un-permuted); later loads memory-map the arrays. Weights are public; nothing private is
+stored. See docs/guides/assets.md (timings, ``DPSYNTH_NO_CONVERTED_CACHE=1``).
 """
 
 from __future__ import annotations

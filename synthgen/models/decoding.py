@@ -42,6 +42,15 @@ def row_bucket(n: int) -> int:
     return bucket(n) if n <= 8 else -(-n // 8) * 8
 
 
+def check_context(config: LlamaConfig, length: int, max_new_tokens: int) -> None:
+    """ValueError unless `length` prompt tokens and `max_new_tokens` fit the context."""
+    if length + max_new_tokens > config.max_seq_len:
+        raise ValueError(
+            f"prompt + new tokens exceed the context: {length=} + {max_new_tokens=} > "
+            f"{config.max_seq_len=}"
+        )
+
+
 def pad_prompts(prompts: Sequence[Sequence[int]], length: int, pad_id: int, rows: int):
     """Left-pads `prompts` into int32 ids and a 0/1 mask of shape [rows, length]."""
     ids = np.full((rows, length), pad_id, np.int32)
@@ -135,11 +144,7 @@ def generate(
     lengths = [len(p) for p in prompts]
     if min(lengths) == 0:
         raise ValueError("every prompt needs at least one token (e.g. BOS)")
-    if max(lengths) + max_new_tokens > config.max_seq_len:
-        raise ValueError(
-            f"prompt + new tokens exceed the context: {max(lengths)=} + {max_new_tokens=} > "
-            f"{config.max_seq_len=}"
-        )
+    check_context(config, max(lengths), max_new_tokens)
     if key is None:
         if not sampling.greedy:
             raise ValueError("sampling with temperature > 0 needs a PRNG key")

@@ -21,9 +21,8 @@ filler's, so on a host that swaps, or through CPU caches, reading fewer or rarel
 documents can be marginally faster or slower; keep the keys resident (enough memory, no
 swap). The uncached path reads only token ids.
 
-Memory: ``2 x L x N x W x K x D`` floats (SmolLM2-135M, W = 64: about 3 MB per document in
-float32), held on the host; each answer also assembles its batch's cache (about 200 MB for
-32 rows) and copies it to the device.
+Memory: ``2 x L x N x W x K x D`` floats on the host (docs/guides/dp_rag.md), plus each
+answer's batch cache (about 200 MB for 32 rows of SmolLM2-135M), copied to the device.
 """
 
 from __future__ import annotations
@@ -124,7 +123,8 @@ def build_document_kv(
         for r, doc in enumerate(chunk):
             doc = list(doc)[:width]
             ids[r, : len(doc)], mask[r, : len(doc)] = doc, 1
-        filled = _headed_cache(config, head_k, head_v, batch, h + width)
+        head_only = _with_head(config, head_k, head_v, batch, h + width)
+        filled = _device_cache(config, *head_only, np.full(batch, h), h)
         _, filled = extend(params, filled, ids, mask)
         rows = len(chunk)
         k[:, start : start + rows] = np.stack([np.asarray(a[:rows, :, h:]) for a in filled.k])
@@ -151,22 +151,27 @@ def documents_digest(head: Sequence[int], documents: Sequence[Sequence[int]], wi
     return h.hexdigest()
 
 
-def _headed_cache(config, head_k, head_v, rows: int, slots: int) -> kv_cache.KVCache:
-    """A cache of `rows` rows and `slots` slots whose first slots hold the head."""
-    import jax.numpy as jnp
-
+def _with_head(config, head_k, head_v, rows: int, slots: int):
+    """Host keys, values and slot mask of `rows` rows and `slots` slots, the head first."""
     h = head_k.shape[2]
     shape = (config.num_layers, rows, config.num_kv_heads, slots, config.head_dim)
     k, v = np.zeros(shape, head_k.dtype), np.zeros(shape, head_v.dtype)
     k[:, :, :, :h], v[:, :, :, :h] = head_k[:, None], head_v[:, None]
     mask = np.zeros((rows, slots), bool)
     mask[:, :h] = True
+    return k, v, mask
+
+
+def _device_cache(config, k, v, mask, positions, index: int) -> kv_cache.KVCache:
+    """The `kv_cache.KVCache` of host arrays (`_with_head`'s, filled further)."""
+    import jax.numpy as jnp
+
     return kv_cache.KVCache(
         k=tuple(jnp.asarray(a) for a in k),
         v=tuple(jnp.asarray(a) for a in v),
         mask=jnp.asarray(mask),
-        positions=jnp.full((rows,), h, jnp.int32),
-        index=jnp.asarray(h, jnp.int32),
+        positions=jnp.asarray(positions, jnp.int32),
+        index=jnp.asarray(index, jnp.int32),
         config=config,
     )
 
@@ -179,8 +184,6 @@ def session_cache(
     `slots` slots in all; the next block goes into slot H + W.
 
     The same gather of `batch` rows of width W whichever documents are named."""
-    import jax.numpy as jnp
-
     h, w = len(kv.head), kv.width
     if not len(rows) or min(rows) < 0 or max(rows) >= kv.documents:
         raise ValueError(f"rows must name documents 0..{kv.documents - 1}")
@@ -189,19 +192,8 @@ def session_cache(
     index = np.zeros(batch, np.int64)
     index[: len(rows)] = rows
     index[len(rows) :] = rows[0]
-    shape = (config.num_layers, batch, config.num_kv_heads, slots, config.head_dim)
-    k, v = np.zeros(shape, kv.k.dtype), np.zeros(shape, kv.v.dtype)
-    k[:, :, :, :h], v[:, :, :, :h] = kv.head_k[:, None], kv.head_v[:, None]
+    k, v, mask = _with_head(config, kv.head_k, kv.head_v, batch, slots)
     k[:, :, :, h : h + w], v[:, :, :, h : h + w] = kv.k[:, index], kv.v[:, index]
     lengths = kv.lengths[index]
-    mask = np.zeros((batch, slots), bool)
-    mask[:, :h] = True
     mask[:, h : h + w] = np.arange(w)[None] < lengths[:, None]
-    return kv_cache.KVCache(
-        k=tuple(jnp.asarray(a) for a in k),
-        v=tuple(jnp.asarray(a) for a in v),
-        mask=jnp.asarray(mask),
-        positions=jnp.asarray(h + lengths, jnp.int32),
-        index=jnp.asarray(h + w, jnp.int32),
-        config=config,
-    )
+    return _device_cache(config, k, v, mask, h + lengths, h + w)

@@ -5,12 +5,9 @@ row at a time; `extend` feeds a block of tokens after a cached prefix (a chunked
 document's keys computed once, a question after it). The cache has static shapes and carries
 the config as static pytree metadata, so ``jax.jit(step, donate_argnums=1)`` works as is.
 
-Why the layers run one by one here and not as the training forward's `nn.scan`: inside a
-scan every layer slices its weights and its cache out of stacked [L, ...] arrays, and on
-XLA:CPU each slice is a copy (215 of about 460 ms of SmolLM2's decode step at 40 rows in a
-`jax.profiler` trace; docs/results/benchmarks.md). Here every layer has its own parameter
-arrays (`decode_params`, split once outside jit) and its own cache buffers, written in
-place when the cache is donated, so a step reads each weight and each cached key once.
+The layers run one by one, each over its own parameter arrays (`decode_params`, split once
+outside jit) and cache buffers (written in place when donated), not as the training
+forward's `nn.scan`, whose slices XLA:CPU copies (docs/results/benchmarks.md).
 
 Cache layout: per layer, keys and values [B, K, S, D] (slots next to each other per row and
 kv head, what the attention products read fastest), shared slot numbering: `prefill` writes

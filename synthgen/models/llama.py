@@ -35,11 +35,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from synthgen.models.config_checks import (
-    check_divides,
-    check_lora_and_dtype,
-    check_positive_ints,
-)
+from synthgen.models.config_checks import check_config, check_divides
 from synthgen.models.lora import LoraDense
 from synthgen.models.taps import TAP_INPUTS, TAP_OUTPUTS, TappedEmbed
 
@@ -105,18 +101,13 @@ class LlamaConfig:
     remat: bool = False
 
     def __post_init__(self) -> None:
-        check_positive_ints(self, _POSITIVE_INTS)
+        check_config(self, _POSITIVE_INTS, ("rope_theta", "rms_norm_eps"), LORA_TARGETS)
         check_divides(self, "num_kv_heads", "num_heads")
         if self.head_dim is None:
             check_divides(self, "num_heads", "hidden_size")
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.head_dim <= 0 or self.head_dim % 2:
             raise ValueError(f"head_dim must be a positive even int, got {self.head_dim=}")
-        if self.rope_theta <= 0:
-            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta=}")
-        if self.rms_norm_eps <= 0:
-            raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps=}")
-        check_lora_and_dtype(self, LORA_TARGETS)
 
     @property
     def jnp_dtype(self) -> jnp.dtype:
@@ -133,7 +124,6 @@ class LlamaConfig:
             num_layers=2,
             num_heads=4,
             num_kv_heads=2,
-            rope_theta=10000.0,
             rms_norm_eps=1e-6,
             max_seq_len=256,
         )
@@ -271,17 +261,11 @@ class DecoderLayer(nn.Module):
     config: LlamaConfig
 
     @nn.compact
-    def __call__(
-        self,
-        x: jax.Array,
-        cos: jax.Array,
-        sin: jax.Array,
-        mask: jax.Array,
-        cache: LayerCache | None = None,
-    ) -> tuple[jax.Array, LayerCache | None]:
+    def __call__(self, x: jax.Array, *inputs: Any) -> tuple[jax.Array, LayerCache | None]:
+        """x [B, T, d] through the block; `inputs`: `Attention`'s cos, sin, mask and cache."""
         c = self.config
         h = _rms_norm(c, "attn_norm")(x)
-        attn, cache = Attention(c, name="attn")(h, cos, sin, mask, cache)
+        attn, cache = Attention(c, name="attn")(h, *inputs)
         x = x + attn
         x = x + Mlp(c, name="mlp")(_rms_norm(c, "mlp_norm")(x))
         return x, cache

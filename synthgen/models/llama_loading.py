@@ -122,15 +122,9 @@ def load_llama(
 
 
 def add_lora_params(config: LlamaConfig, params: PyTree, key: jax.Array) -> PyTree:
-    """Adds fresh LoRA adapters (A ~ N(0, 1/in), B = 0) to pretrained `params`.
-
-    The adapter shapes come from `Llama.init` traced abstractly (no full random init).
-    """
-    shapes = jax.eval_shape(
-        lambda k: Llama(config).init(k, jnp.zeros((1, 1), jnp.int32))["params"], key
-    )
+    """Adds fresh LoRA adapters (A ~ N(0, 1/in), B = 0) to pretrained `params`."""
     flat = traverse_util.flatten_dict(params)
-    for i, (path, spec) in enumerate(sorted(traverse_util.flatten_dict(shapes).items())):
+    for i, (path, spec) in enumerate(sorted(_param_shapes(config).items())):
         if path[-1] not in LORA_NAMES:
             continue
         if path[-1] == "lora_b":
@@ -171,12 +165,16 @@ def _assemble(config: LlamaConfig, get: Callable[[str], np.ndarray]) -> PyTree:
     return params
 
 
+def _param_shapes(config: LlamaConfig) -> dict[tuple[str, ...], jax.ShapeDtypeStruct]:
+    """Every parameter's path and shape (`Llama.init` traced abstractly: no random init)."""
+    ids = jnp.zeros((1, 1), jnp.int32)
+    shapes = jax.eval_shape(lambda: Llama(config).init(jax.random.key(0), ids)["params"])
+    return traverse_util.flatten_dict(shapes)
+
+
 def _check_shapes(config: LlamaConfig, params: PyTree) -> None:
-    base = dataclasses.replace(config, lora_rank=0)
-    expected = jax.eval_shape(
-        lambda: Llama(base).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
-    )
-    want = {k: v.shape for k, v in traverse_util.flatten_dict(expected).items()}
+    base = _param_shapes(dataclasses.replace(config, lora_rank=0))
+    want = {k: v.shape for k, v in base.items()}
     got = {k: v.shape for k, v in traverse_util.flatten_dict(params).items()}
     if want != got:
         diff = sorted(set(want.items()) ^ set(got.items()))[:4]

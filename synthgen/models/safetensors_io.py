@@ -1,5 +1,6 @@
 """Reads Hugging Face safetensors checkpoints (one file, or a folder with one file or a
-sharded index) into numpy arrays, for the T5 and BERT loaders."""
+sharded index) into numpy arrays, and converts them to Flax parameters by name, for the T5
+and BERT loaders."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 from safetensors import safe_open
+
+PyTree = Any
 
 
 def read_safetensors(path: Path, dtype: Any = None) -> dict[str, np.ndarray]:
@@ -37,3 +42,35 @@ def read_safetensors(path: Path, dtype: Any = None) -> dict[str, np.ndarray]:
                 tensor = f.get_tensor(name)
                 tensors[name] = tensor if dtype is None else np.asarray(tensor).astype(dtype)
     return tensors
+
+
+def params_by_name(
+    name_map: dict[tuple[str, ...], tuple[str, bool]],
+    shapes: PyTree,
+    tensors: dict[str, np.ndarray],
+    family: str,
+    where: str,
+) -> PyTree:
+    """Flax params of the tree `shapes` from HF-named tensors, converted by name, never by
+    position: each path takes its `name_map` tensor (transposed where marked) as float32.
+
+    Paths of `name_map` outside `shapes` are skipped (e.g. a T5 decoder for an encoder).
+
+    Raises:
+      ValueError: a missing, mis-shaped or unused tensor (named in the message).
+    """
+    expected = {k: v.shape for k, v in traverse_util.flatten_dict(shapes).items()}
+    tensors, flat = dict(tensors), {}
+    for path, (name, transpose) in name_map.items():
+        if path not in expected:
+            continue
+        if name not in tensors:
+            raise ValueError(f"{where} lacks {family} tensor {name=}")
+        value = np.asarray(tensors.pop(name), np.float32)
+        value = np.ascontiguousarray(value.T) if transpose else value
+        if value.shape != expected[path]:
+            raise ValueError(f"tensor {name=} has shape {value.shape}, expected {expected[path]}")
+        flat[path] = jnp.asarray(value)
+    if tensors:
+        raise ValueError(f"{where} has {len(tensors)} unused tensors, e.g. {sorted(tensors)[0]=}")
+    return traverse_util.unflatten_dict(flat)

@@ -149,14 +149,6 @@ class TokenizerJsonTokenizer(TokenizersWrapper):
         self._tok.save(str(directory / "tokenizer.json"))
         return directory / "tokenizer.json"
 
-    def encode(self, text: str) -> list[int]:
-        """Ids of `text` without special tokens (no EOS appended)."""
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
-
-    def decode(self, ids: Iterable[int]) -> str:
-        """Text of `ids`, skipping special tokens (pad, eos, sentinels)."""
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
-
 
 def load_tokenizer(
     directory: str | Path, *, required: bool = True

@@ -105,6 +105,18 @@ class T5LayerNorm(nn.Module):
         return x * scale
 
 
+def _dense(cfg: T5Config, name: str, features: int, fan_in: int) -> LoraDense:
+    """Projection `name` with its LoRA rank, initialised N(0, 1/fan_in) as HF does."""
+    return LoraDense(
+        features,
+        rank=cfg.lora_rank_for(name),
+        alpha=cfg.lora_alpha,
+        dtype=cfg.compute_dtype,
+        kernel_init=nn.initializers.normal(fan_in**-0.5),
+        name=name,
+    )
+
+
 class T5Attention(nn.Module):
     """Multi-head attention with q/k/v/o LoRA-ready projections and an additive bias."""
 
@@ -113,22 +125,11 @@ class T5Attention(nn.Module):
     def setup(self) -> None:
         cfg = self.config
         inner = cfg.num_heads * cfg.d_kv
-
-        def dense(name: str, features: int, std: float) -> LoraDense:
-            return LoraDense(
-                features,
-                rank=cfg.lora_rank_for(name),
-                alpha=cfg.lora_alpha,
-                dtype=cfg.compute_dtype,
-                kernel_init=nn.initializers.normal(std),
-                name=name,
-            )
-
         # HF's init: q is scaled down by d_kv since T5 does not scale the scores.
-        self.q = dense("q", inner, (cfg.d_model * cfg.d_kv) ** -0.5)
-        self.k = dense("k", inner, cfg.d_model**-0.5)
-        self.v = dense("v", inner, cfg.d_model**-0.5)
-        self.o = dense("o", cfg.d_model, inner**-0.5)
+        self.q = _dense(cfg, "q", inner, cfg.d_model * cfg.d_kv)
+        self.k = _dense(cfg, "k", inner, cfg.d_model)
+        self.v = _dense(cfg, "v", inner, cfg.d_model)
+        self.o = _dense(cfg, "o", cfg.d_model, inner)
         self.dropout = nn.Dropout(cfg.dropout_rate)
 
     def _heads(self, x: jax.Array) -> jax.Array:
@@ -164,25 +165,14 @@ class T5FeedForward(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
         cfg = self.config
-
-        def dense(name: str, features: int, fan_in: int) -> LoraDense:
-            return LoraDense(
-                features,
-                rank=cfg.lora_rank_for(name),
-                alpha=cfg.lora_alpha,
-                dtype=cfg.compute_dtype,
-                kernel_init=nn.initializers.normal(fan_in**-0.5),
-                name=name,
-            )
-
         act = _ACTIVATIONS[cfg.activation]
         if cfg.is_gated:
-            gate = act(dense("wi_0", cfg.d_ff, cfg.d_model)(x))
-            h = gate * dense("wi_1", cfg.d_ff, cfg.d_model)(x)
+            gate = act(_dense(cfg, "wi_0", cfg.d_ff, cfg.d_model)(x))
+            h = gate * _dense(cfg, "wi_1", cfg.d_ff, cfg.d_model)(x)
         else:
-            h = act(dense("wi", cfg.d_ff, cfg.d_model)(x))
+            h = act(_dense(cfg, "wi", cfg.d_ff, cfg.d_model)(x))
         h = nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
-        return dense("wo", cfg.d_model, cfg.d_ff)(h)
+        return _dense(cfg, "wo", cfg.d_model, cfg.d_ff)(h)
 
 
 class T5Block(nn.Module):
@@ -240,12 +230,9 @@ class T5Block(nn.Module):
         x and the cache have B * n rows, cross_k/cross_v [B, S, H, d_kv] and cross_bias B rows.
         """
         h = self._normed(self.self_attn_norm, x)
-        k_new, v_new = self.self_attn.project_kv(h)
-        cache_k = jax.lax.dynamic_update_slice_in_dim(
-            cache_k, k_new.astype(cache_k.dtype), index, 1
-        )
-        cache_v = jax.lax.dynamic_update_slice_in_dim(
-            cache_v, v_new.astype(cache_v.dtype), index, 1
+        cache_k, cache_v = (
+            jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), index, 1)
+            for cache, new in zip((cache_k, cache_v), self.self_attn.project_kv(h))
         )
         x = self._residual(x, self.self_attn.attend(h, cache_k, cache_v, self_bias, True), True)
         # Rows b*n .. b*n+n-1 are n samples of input b: they become n queries of one cross
@@ -355,9 +342,6 @@ class T5(nn.Module):
                 kernel_init=nn.initializers.normal(1.0),
             )
 
-    def _embed(self, ids: jax.Array) -> jax.Array:
-        return self.shared(ids)
-
     def _logits(self, h: jax.Array) -> jax.Array:
         cfg = self.config
         dt = cfg.compute_dtype
@@ -368,7 +352,7 @@ class T5(nn.Module):
 
     def encode(self, input_ids, attention_mask, deterministic: bool = True) -> jax.Array:
         """Encoder states [B, S, d_model] (float32) of input_ids [B, S]."""
-        return self.encoder(self._embed(input_ids), attention_mask, deterministic=deterministic)
+        return self.encoder(self.shared(input_ids), attention_mask, deterministic=deterministic)
 
     def decode(
         self,
@@ -382,7 +366,7 @@ class T5(nn.Module):
         if decoder_attention_mask is None:
             decoder_attention_mask = jnp.ones(decoder_input_ids.shape, jnp.int32)
         h = self.decoder(
-            self._embed(decoder_input_ids),
+            self.shared(decoder_input_ids),
             decoder_attention_mask,
             encoded.astype(self.config.compute_dtype),
             attention_mask,
@@ -430,6 +414,6 @@ class T5(nn.Module):
         Returns:
           (logits [B, V] float32, updated cache).
         """
-        x = self._embed(token)[:, None, :]
+        x = self.shared(token)[:, None, :]
         h, cache = self.decoder.step(x, index, cache, cross, attention_mask)
         return self._logits(h)[:, 0], cache

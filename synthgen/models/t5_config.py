@@ -12,7 +12,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from synthgen.models.config_checks import check_lora_and_dtype, check_positive_ints
+from synthgen.models.config_checks import check_config
 
 ACTIVATION_NAMES = ("relu", "gelu", "gelu_new", "silu")
 LORA_TARGET_NAMES = ("q", "k", "v", "o", "wi", "wo")
@@ -27,6 +27,17 @@ _POSITIVE_INTS = (
     "num_heads",
     "relative_attention_num_buckets",
     "relative_attention_max_distance",
+)
+# The `config.json` keys read and written as they are.
+_HF_KEYS = (
+    *_POSITIVE_INTS,
+    "layer_norm_epsilon",
+    "feed_forward_proj",
+    "tie_word_embeddings",
+    "dropout_rate",
+    "pad_token_id",
+    "eos_token_id",
+    "decoder_start_token_id",
 )
 
 _V1_0 = dict(vocab_size=32128, d_kv=64, feed_forward_proj="relu", tie_word_embeddings=True)
@@ -102,7 +113,7 @@ class T5Config:
     remat: bool = False
 
     def __post_init__(self) -> None:
-        check_positive_ints(self, _POSITIVE_INTS)
+        check_config(self, _POSITIVE_INTS, ("layer_norm_epsilon",), LORA_TARGET_NAMES)
         if self.relative_attention_num_buckets < 4:
             raise ValueError(f"need >= 4 buckets, got {self.relative_attention_num_buckets=}")
         parts = self.feed_forward_proj.split("-")
@@ -114,9 +125,6 @@ class T5Config:
             raise ValueError(f"unsupported feed_forward_proj, got {self.feed_forward_proj=}")
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate=}")
-        if self.layer_norm_epsilon <= 0:
-            raise ValueError(f"layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon=}")
-        check_lora_and_dtype(self, LORA_TARGET_NAMES)
         for name in ("pad_token_id", "eos_token_id", "decoder_start_token_id"):
             value = getattr(self, name)
             if not 0 <= value < self.vocab_size:
@@ -161,27 +169,17 @@ class T5Config:
         """
         if hf.get("model_type", "t5") not in ("t5", "mt5"):
             raise ValueError(f"not a T5 config, got model_type={hf.get('model_type')!r}")
-        eos = hf.get("eos_token_id", 1)
-        tie = bool(hf.get("tie_word_embeddings", True))
-        if hf.get("scale_decoder_outputs") is False:
-            tie = False
-        fields = dict(
-            vocab_size=hf.get("vocab_size", 32128),
-            d_model=hf.get("d_model", 512),
-            d_kv=hf.get("d_kv", 64),
-            d_ff=hf.get("d_ff", 2048),
-            num_layers=hf.get("num_layers", 6),
-            num_decoder_layers=hf.get("num_decoder_layers") or hf.get("num_layers", 6),
-            num_heads=hf.get("num_heads", 8),
-            relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
-            relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
-            layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-6)),
-            feed_forward_proj=hf.get("feed_forward_proj", "relu"),
-            tie_word_embeddings=tie,
-            dropout_rate=float(hf.get("dropout_rate", 0.1)),
-            pad_token_id=hf.get("pad_token_id", 0),
+        # HF's defaults: t5-small's sizes, this class's defaults, but dropout 0.1.
+        fields = {**_PRESETS["small"], "dropout_rate": 0.1, "layer_norm_epsilon": 1e-6}
+        fields.update({key: hf[key] for key in _HF_KEYS if key in hf})
+        eos = fields.get("eos_token_id", 1)
+        fields.update(
+            num_decoder_layers=hf.get("num_decoder_layers") or fields["num_layers"],
+            layer_norm_epsilon=float(fields["layer_norm_epsilon"]),
+            dropout_rate=float(fields["dropout_rate"]),
             eos_token_id=eos[0] if isinstance(eos, list) else eos,
-            decoder_start_token_id=hf.get("decoder_start_token_id", 0),
+            tie_word_embeddings=bool(fields["tie_word_embeddings"])
+            and hf.get("scale_decoder_outputs") is not False,
         )
         return cls(**{**fields, **overrides})
 
@@ -191,19 +189,7 @@ class T5Config:
             "architectures": ["T5ForConditionalGeneration"],
             "model_type": "t5",
             "is_encoder_decoder": True,
-            **{
-                f: getattr(self, f)
-                for f in (
-                    *_POSITIVE_INTS,
-                    "layer_norm_epsilon",
-                    "feed_forward_proj",
-                    "tie_word_embeddings",
-                    "dropout_rate",
-                    "pad_token_id",
-                    "eos_token_id",
-                    "decoder_start_token_id",
-                )
-            },
+            **{key: getattr(self, key) for key in _HF_KEYS},
             "initializer_factor": 1.0,
         }
 

@@ -7,24 +7,7 @@ tensor in the checkpoint must be used, except the aliases HF itself ignores
 checkpoints). PyTorch `nn.Linear` weights are [out, in]; Flax kernels are [in, out], so every
 projection is transposed. Weights are loaded as float32 whatever their stored dtype.
 
-The name map::
-
-    HF name                                              Flax path (under params)
-    shared.weight                                        shared/embedding
-    {s}.block.0.layer.0.SelfAttention.relative_attention_bias.weight
-                                                         {s}/relative_attention_bias/embedding
-    {s}.block.{i}.layer.0.layer_norm.weight              {s}/block_{i}/self_attn_norm/scale
-    {s}.block.{i}.layer.0.SelfAttention.{q,k,v,o}.weight {s}/block_{i}/self_attn/{q,k,v,o}/kernel
-    decoder.block.{i}.layer.1.layer_norm.weight          decoder/block_{i}/cross_attn_norm/scale
-    decoder.block.{i}.layer.1.EncDecAttention.{q,k,v,o}.weight
-                                                         decoder/block_{i}/cross_attn/{..}/kernel
-    {s}.block.{i}.layer.{f}.layer_norm.weight            {s}/block_{i}/ff_norm/scale
-    {s}.block.{i}.layer.{f}.DenseReluDense.{wi,wi_0,wi_1,wo}.weight
-                                                         {s}/block_{i}/ff/{..}/kernel
-    {s}.final_layer_norm.weight                          {s}/final_norm/scale
-    lm_head.weight (untied only)                         lm_head/kernel
-
-with s in {encoder, decoder} and f = 1 (encoder) or 2 (decoder).
+The name map (`hf_name_map`) is tabled in docs/guides/byo.md#weight-names.
 
 An untied (v1.1) config whose checkpoint has no `lm_head.weight` takes the shared embedding as
 its head, as HF >= 5 does (it writes such checkpoints for freshly initialised v1.1 models).
@@ -41,7 +24,7 @@ import numpy as np
 from flax import traverse_util
 
 from synthgen.models.lora import is_lora_path
-from synthgen.models.safetensors_io import read_safetensors
+from synthgen.models.safetensors_io import params_by_name, read_safetensors
 from synthgen.models.t5 import T5, T5Config
 from synthgen.models.tokenizer import Tokenizer
 
@@ -92,7 +75,8 @@ def hf_name_map(config: T5Config) -> dict[Path_, tuple[str, bool]]:
     return names
 
 
-def _base_params(config: T5Config, tensors: dict[str, np.ndarray]) -> dict[Path_, np.ndarray]:
+def _resolve_aliases(config: T5Config, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`tensors` without the aliases HF writes or ignores (checked equal where they must be)."""
     tensors = dict(tensors)
     shared = tensors.get("shared.weight")
     if shared is None:  # some exports keep only the stack copies of the embedding
@@ -114,28 +98,7 @@ def _base_params(config: T5Config, tensors: dict[str, np.ndarray]) -> dict[Path_
                 f"{alias} differs from shared.weight; untied input embeddings are not supported"
             )
     tensors.pop(_IGNORED[2], None)
-
-    flat: dict[Path_, np.ndarray] = {}
-    missing = []
-    for path, (name, transpose) in hf_name_map(config).items():
-        if name not in tensors:
-            missing.append(name)
-            continue
-        value = tensors.pop(name)
-        flat[path] = np.ascontiguousarray(value.T) if transpose else value
-    if missing:
-        raise ValueError(f"checkpoint lacks {len(missing)} T5 weights, e.g. {missing[:3]=}")
-    if tensors:
-        raise ValueError(
-            f"checkpoint has {len(tensors)} unused tensors, e.g. {sorted(tensors)[:3]=}"
-        )
-    return flat
-
-
-def _expected_shapes(config: T5Config) -> dict[Path_, tuple[int, ...]]:
-    ids = np.zeros((1, 2), np.int32)
-    shapes = jax.eval_shape(lambda: T5(config).init(jax.random.key(0), ids, ids + 1, ids))
-    return {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(shapes["params"]).items()}
+    return tensors
 
 
 def params_from_hf(
@@ -152,16 +115,16 @@ def params_from_hf(
     Raises:
       ValueError: missing, unused or mis-shaped tensors.
     """
-    flat = _base_params(config, tensors)
-    expected = _expected_shapes(config)
-    for path, shape in expected.items():
-        name = "/".join(path)
-        if is_lora_path(path):
-            continue
-        if path not in flat:
-            raise ValueError(f"no checkpoint weight for parameter {name=}")
-        if flat[path].shape != shape:
-            raise ValueError(f"checkpoint shape {flat[path].shape} of {name=}, expected {shape=}")
+    ids = np.zeros((1, 2), np.int32)
+    shapes = jax.eval_shape(lambda: T5(config).init(jax.random.key(0), ids, ids + 1, ids))
+    expected = {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(shapes["params"]).items()}
+    names = hf_name_map(config)
+    unnamed = [p for p in expected if p not in names and not is_lora_path(p)]
+    if unnamed:
+        raise ValueError(f"no checkpoint weight for parameter {'/'.join(unnamed[0])}")
+    tensors = _resolve_aliases(config, tensors)
+    base = params_by_name(names, shapes["params"], tensors, "T5", "checkpoint")
+    flat = traverse_util.flatten_dict(base)
     key = jax.random.key(0) if lora_key is None else lora_key
     lora_paths = sorted(p for p in expected if is_lora_path(p))
     for i, path in enumerate(lora_paths):
@@ -171,8 +134,7 @@ def params_from_hf(
         else:  # as LoraDense's init: N(0, 1/in)
             noise = jax.random.normal(jax.random.fold_in(key, i), shape, np.float32)
             flat[path] = np.asarray(noise) * shape[0] ** -0.5
-    params = traverse_util.unflatten_dict({k: jax.numpy.asarray(v) for k, v in flat.items()})
-    return params
+    return traverse_util.unflatten_dict({k: jax.numpy.asarray(v) for k, v in flat.items()})
 
 
 def load_t5(

@@ -1,7 +1,9 @@
-"""The tokenizer protocol shared by every model family, and the wrappers' shared properties."""
+"""The tokenizer protocol shared by every model family, and what the `tokenizers` wrappers
+share."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
 
@@ -31,7 +33,7 @@ class Tokenizer(Protocol):
 
 
 class TokenizersWrapper:
-    """The `Tokenizer` properties of a wrapper around a `tokenizers.Tokenizer`.
+    """The `Tokenizer` protocol of a wrapper around a `tokenizers.Tokenizer`.
 
     The subclass sets `_tok` (the `tokenizers.Tokenizer`), `_eos`, `_pad` and, if the model
     has one, `_bos`.
@@ -54,3 +56,11 @@ class TokenizersWrapper:
     @property
     def bos_id(self) -> int | None:
         return self._bos
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`, none added; a special token written in it (``<|im_start|>``) is one id."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of `ids`, skipping special tokens (pad, EOS, control tokens, T5's sentinels)."""
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)

@@ -68,7 +68,7 @@ def test_start_documents_matches_start_on_the_whole_prompts():
 
 
 def test_rows_are_padded_to_a_power_of_two_then_a_multiple_of_eight():
-    from synthgen.lm_backends import _row_bucket
+    from synthgen.models.decoding import row_bucket
 
-    got = [_row_bucket(n) for n in (1, 2, 3, 5, 8, 9, 16, 17, 33, 64, 65)]
+    got = [row_bucket(n) for n in (1, 2, 3, 5, 8, 9, 16, 17, 33, 64, 65)]
     assert got == [1, 2, 4, 8, 8, 16, 16, 24, 40, 64, 72]
