@@ -1,38 +1,24 @@
 """Release the facts many records state, once: DP set union over typed facts.
 
-A fact is what a record says of a subject: "Team Heron owns the payments gateway" gives
-(payments gateway, Team Heron), the value typed as a team (`synthgen.knowledge.typed_facts`,
-a public rule that reads one record: headers, greetings and timestamps dropped, technical
-values kept whole, each value bound to the subject it is said of). Each record contributes
-at most K facts, and PipelineDP's partition selection with counts
-(`synthgen.privacy.partition_selection`) releases the facts that many records share, with
-noisy counts; a fact few records state is never released. The synthetic records are
-post-processing: one per released subject, listing its values with their kinds and noisy
-counts ("payments gateway: team Team Heron (31); version v2.28.5 (25)."), and every question
-after that is answered from them at no further cost (`retriever.knowledge_base`,
-`retriever.typed_answers`). ``extractor="phrases"`` keeps the release before issue 69:
-unordered pairs of key phrases (`synthgen.knowledge.phrases`).
-
-This is DP n-gram / set-union extraction (Kim et al. 2021, DPNE; Gopi et al. 2020) applied
-to the unit that carries a fact: a private name and what is said of it. It spends the whole
-budget on one selection, so the records a fact needs are the threshold's
-(`FactPlan.records_needed`), known before any record is read from n, epsilon, delta and K.
+Each record contributes at most K facts (`synthgen.knowledge.typed_facts`; or, with
+``extractor="phrases"``, the release before issue 69: unordered pairs of key phrases) and
+PipelineDP's partition selection with counts (`synthgen.privacy.partition_selection`)
+releases the facts many records share, with noisy counts (DP set union: Gopi et al. 2020;
+DPNE: Kim et al. 2021). The synthetic records, one per released subject, and every answer
+read from them are post-processing. The records a fact needs are the threshold's
+(`FactPlan.records_needed`), known from n, epsilon, delta and K before any record is read.
+See docs/guides/knowledge.md.
 
 Privacy:
   Unit: one record, add/remove-one. One (epsilon, delta)-DP release: a record contributes
-  each fact (pair) once and at most K of them (L2 sensitivity sqrt(K)), however many
-  facts a sentence states; a value's kind is a function of the released value's text
-  alone. PipelineDP calibrates the Gaussian noise and threshold to (epsilon, delta) for the
-  whole selection and its counts.
-  A pair held by one record is released with probability `FactPlan.singleton_probability`
-  (delta / 2K: at most delta). Nothing else reads the records; the ledger is charged that
-  one event, before the selection runs, and the pairs drawn are kept in the private work
-  folder so that a rerun returns them instead of drawing again; a release holds the work
-  folder's lock (`synthgen.knowledge.work_lock`) from its charge until its draw is written,
-  so a second run started meanwhile waits and returns that draw. The running time of the
-  key-phrase rule and of PipelineDP grows with n and the number of distinct pairs.
-  ``FactConfig.backend="beam"`` runs the extraction and the selection as one Apache Beam
-  pipeline: the same mechanism and guarantee, on Beam's workers.
+  each fact once and at most K of them (L2 sensitivity sqrt(K)); a value's kind is a
+  function of the released value's text. A fact one record holds is released with
+  probability `FactPlan.singleton_probability` (delta / 2K, at most delta). The ledger is
+  charged that one event before the selection runs; the draw is kept in the private work
+  folder, under its lock (`synthgen.knowledge.work_lock`) from the charge until the draw is
+  written, so a rerun or a concurrent run returns it instead of drawing again. The running
+  time of the rule and of PipelineDP grows with n and the number of distinct pairs.
+  ``FactConfig.backend="beam"`` runs the same mechanism on Beam's workers.
 """
 
 from __future__ import annotations
@@ -147,21 +133,23 @@ class FactPlan:
         return accounting.NeighboringRelation[RELATION]
 
     @property
+    def _selection(self) -> tuple[float, float, int]:
+        """(epsilon, delta, K): the partition selection's public parameters."""
+        return self.config.epsilon, self.config.delta, self.config.max_pairs
+
+    @property
     def threshold(self) -> float:
         """The noisy count a pair needs (PipelineDP's Gaussian thresholding)."""
-        c = self.config
-        return selection_threshold(c.epsilon, c.delta, c.max_pairs)
+        return selection_threshold(*self._selection)
 
     def keep_probability(self, records: int) -> float:
         """Probability that a pair stated by `records` records is released."""
-        c = self.config
-        return keep_probability(records, c.epsilon, c.delta, c.max_pairs)
+        return keep_probability(records, *self._selection)
 
     @property
     def noise_stddev(self) -> float:
         """The standard deviation of the noise on each released count (public)."""
-        c = self.config
-        return noise_stddev(c.epsilon, c.delta, c.max_pairs)
+        return noise_stddev(*self._selection)
 
     @property
     def singleton_probability(self) -> float:
@@ -269,30 +257,32 @@ def fact_records(
     """
     if extractor == "typed":
         return _typed_records(pairs, max_partners)
-    partners: dict[str, list[tuple[float, str]]] = defaultdict(list)
-    for key, count in pairs.items():
-        a, b = split_pair(key)
-        partners[a].append((count, b))
-        partners[b].append((count, a))
-    order = sorted(partners, key=lambda p: (-sum(c for c, _ in partners[p]), p))
     out = []
-    for phrase in order:
-        ranked = [b for _, b in sorted(partners[phrase], key=lambda cb: (-cb[0], cb[1]))]
-        ranked = ranked[:max_partners]
-        out.append({"text": f"{phrase}: {'; '.join(ranked)}.", "topic": phrase, "partners": ranked})
+    for phrase, ranked in _grouped(pairs, split_pair, both=True):
+        partners = [b for _, b in ranked[:max_partners]]
+        out.append(
+            {"text": f"{phrase}: {'; '.join(partners)}.", "topic": phrase, "partners": partners}
+        )
     return out
 
 
+def _grouped(pairs: dict, split, *, both: bool) -> list[tuple[str, list[tuple[float, str]]]]:
+    """Each head of a split key (and its other part, with `both`) with its (count, other)
+    by descending count; heads by descending total count, then by name."""
+    grouped: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for key, count in pairs.items():
+        a, b = split(key)
+        grouped[a].append((float(count), b))
+        if both:
+            grouped[b].append((float(count), a))
+    order = sorted(grouped, key=lambda h: (-sum(c for c, _ in grouped[h]), h))
+    return [(h, sorted(grouped[h], key=lambda cb: (-cb[0], cb[1]))) for h in order]
+
+
 def _typed_records(facts: dict[str, float], max_values: int) -> list[dict]:
-    by_subject: dict[str, list[tuple[float, str]]] = defaultdict(list)
-    for key, count in facts.items():
-        subject, value = split_fact(key)
-        by_subject[subject].append((float(count), value))
-    order = sorted(by_subject, key=lambda s: (-sum(c for c, _ in by_subject[s]), s))
     out = []
-    for subject in order:
-        ranked = sorted(by_subject[subject], key=lambda cv: (-cv[0], cv[1]))[:max_values]
-        rows = [{"value": v, "kind": value_kind(v), "count": c} for c, v in ranked]
+    for subject, ranked in _grouped(facts, split_fact, both=False):
+        rows = [{"value": v, "kind": value_kind(v), "count": c} for c, v in ranked[:max_values]]
         said = "; ".join(f"{KIND_LABELS[r['kind']]} {r['value']} ({r['count']:.0f})" for r in rows)
         out.append(
             {
@@ -384,9 +374,7 @@ def release_facts(
         ref = charge_ref(work, pay.scope, plan) if pay is not None else None
         paid(pay, plan, description, ref=ref)
         if kept is not None:  # a rerun: the first draw, never a second
-            pairs = {str(k): float(v) for k, v in kept["pairs"].items()}
-            records = fact_records(pairs, config.max_partners, config.extractor)
-            return FactRelease(pairs, records, plan)
+            return _release(kept["pairs"], config, plan)
         write_private(work / DRAWING_FILE, "{}")
         release = _select(texts, config, plan)
         # written before anything is returned: a crash after it replays
@@ -414,9 +402,13 @@ def _select(texts: Sequence[str], config: FactConfig, plan: FactPlan) -> FactRel
             selected = release_key_counts(keys, **kwargs)
     finally:
         zipf.cache_clear()  # the rule's cache holds the records' words: not kept after reading
-    pairs = {str(k): float(v) for k, v in selected.counts.items()}
-    records = fact_records(pairs, config.max_partners, config.extractor)
-    return FactRelease(pairs, records, plan)
+    return _release(selected.counts, config, plan)
+
+
+def _release(counts: dict, config: FactConfig, plan: FactPlan) -> FactRelease:
+    """The release of the selected (or kept) pairs: post-processing only."""
+    pairs = {str(k): float(v) for k, v in counts.items()}
+    return FactRelease(pairs, fact_records(pairs, config.max_partners, config.extractor), plan)
 
 
 def _record_keys(text: str, *, extract, k: int) -> list[str]:

@@ -10,15 +10,15 @@ invented or rare words, proper nouns, numbers and prices. A word is a *key word*
 * it is capitalised inside a sentence (a proper noun: "Velmora *Dynamics*"), or opens a
   sentence and the word after it is a capitalised key word ("*Maria* Lopez").
 
-A *key phrase* is a run of adjacent key words in one sentence ("Velmora Dynamics",
-"Banpo brebrin"). A record's *fact pairs* are the unordered pairs of key phrases that share a
-sentence, nearest first, then pairs across sentences: "Dara Quill works at Velmora Dynamics"
-gives ("Dara Quill", "Velmora Dynamics"). The word frequencies are public (the `wordfreq` package,
-fixed before any record is read), so a record's phrases and pairs are a function of that
-record alone: the per-record contribution a DP set union needs (`synthgen.knowledge.facts`).
+A *key phrase* is a run of adjacent key words in one sentence ("Velmora Dynamics"). A
+record's *fact pairs* are the unordered pairs of key phrases that share a sentence, nearest
+first, then pairs across sentences (`record_pairs`).
 
 Privacy:
-  Reads one record at a time and public word frequencies; releases nothing itself.
+  Reads one record at a time and public word frequencies (`wordfreq`, fixed before any
+  record is read), so a record's phrases and pairs are a function of that record alone,
+  the per-record contribution of the DP set union (`synthgen.knowledge.facts`); releases
+  nothing itself.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """See before you spend: what the fact release's public rule reads from a collection.
 
-Operator-only, local and **not DP**: `preview_facts` runs the extractor of a fact release
-(`synthgen.knowledge.typed_facts` or `phrases`) over the private records exactly as the
-release would (at most K facts per record), counts how many records state each fact, and
-says how many of them a release at (epsilon, delta) would carry: the expected number released
-(the sum of each fact's keep probability) and those above one half. A user learns that the
-defaults miss their data (a ticket system whose facts the rule does not read, a collection
-whose facts are each stated by too few records) before spending any budget.
+Operator-only, local and **not DP**: `preview_facts` runs a fact release's extractor over
+the private records exactly as the release would (at most K facts per record), counts how
+many records state each fact, and says how many of them a release at (epsilon, delta)
+would carry. See docs/guides/knowledge.md ("See before you spend").
 
 Privacy:
-  The counts are exact counts of the private records: the preview is the operator's own
-  view of their data, printed to their terminal, never written into a release and never
-  charged; no release reads it (a release refuses only on public figures:
-  `FactPlan.problems`). Settings chosen by looking at it (the extractor, K, epsilon, whether
-  to release at all) are chosen on private data, which the card's (epsilon, delta) does not
-  cover (Liu & Talwar 2019; Papernot & Steinke 2022). Preview a sample that is never released
-  (a held-out part, an older export, a public collection of the same kind), or accept that
-  the choice itself is outside the guarantee. Do not share the output.
+  Exact counts of the private records, printed to the operator's terminal, never released,
+  charged or read by a release (which refuses on public figures only). Settings chosen by
+  looking at it are chosen on private data, which the card's (epsilon, delta) does not
+  cover (Liu & Talwar 2019; Papernot & Steinke 2022): preview a sample that is never
+  released. Do not share the output.
 """
 
 from __future__ import annotations

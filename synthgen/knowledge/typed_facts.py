@@ -1,41 +1,22 @@
 """Typed facts of one record, by a public rule that reads that record only.
 
 A fact is (subject, relation, value): "Team Heron owns the payments gateway" states
-(payments gateway, owns, Team Heron). People write facts into tickets, notes, chats and
-e-mails between headers, greetings, timestamps and signatures, so the rule
-
-1. **drops what is not a statement**: header lines (``Subject:``, ``From:``, ``Date:``,
-   ``Priority:``, ``Category:``, ``Ticket #``...), chat and note prefixes (``[09:42] dana:``,
-   ``note 2026-06-05 from sam:``), greetings and sign-offs, and every date and timestamp;
-2. **finds typed values whole** (`VALUE_KINDS`, public patterns): IP addresses, time windows,
-   versions, host names and shares, rooms, amounts with units (durations, counts, lengths,
-   sizes, money), years, "Team X", and proper names (invented or rare words, capitalised
-   runs: `synthgen.knowledge.phrases`);
-3. **finds the subject** each value is said of: the nearest noun phrase opened by "the"
-   (up to four words, ending before a function word or a verb form) or the nearest other
-   proper name in the same sentence; a checklist line ``- label: value`` takes the subject
-   of the heading above it and its label as relation words; each item of a list of names
-   ("A, B and C", each with the common noun after it: "dalorish cramps") states a fact
-   with the first name after the list, in its statement or the next ("reported A, B and C
-   and was diagnosed with D"; "presented with A and B. Diagnosis: D."), and these come
-   after typed values and before other names when K is applied; a link between two
-   proper names is kept in one order (alphabetical) whatever the phrasing ("Dara Quill
-   works at Velmora Dynamics", "Velmora Dynamics employs Dara Quill"), so that its
-   records pool; calendar words ("Saturday", "March") are never names;
-4. **notes the relation words** (`TypedFact.words`, for diagnostics and tests;
-   never released): the content words of the sentence that are neither the subject's nor
-   the value's (lower-cased, a plural or verb ``-s`` and ``-ed`` stripped).
-
-Public caps keep the rule's time bounded by public figures: a record is read up to
-`MAX_RECORD_CHARS` characters and a statement up to `MAX_STATEMENT_CHARS`.
-
-Everything a fact is made of comes from the record and from public lists fixed before any
-record is read (word frequencies, function words, verb endings), so a record's facts are a
-function of that record alone: the per-record contribution a DP selection needs
-(`synthgen.knowledge.facts`).
+(payments gateway, owns, Team Heron). The rule drops what is not a statement (headers,
+chat and note prefixes, greetings, sign-offs, dates and timestamps), finds typed values
+whole (`VALUE_KINDS`; proper names through `synthgen.knowledge.phrases`) and binds each to
+the subject it is said of; see docs/guides/knowledge.md ("The fact release", "Limits").
+Details the guide leaves out: each item of a list of names states a fact with the first
+name after the list (ranked after typed values, before other names, when K is applied); a
+link between two proper names is kept in one (alphabetical) order whatever the phrasing,
+so its records pool; calendar words are never names; `TypedFact.words` (the sentence's
+other content words, lower-cased, ``-s``/``-ed`` stripped) is for diagnostics and tests,
+never released. A record is read up to `MAX_RECORD_CHARS` characters and a statement up
+to `MAX_STATEMENT_CHARS`, so the rule's time is bounded by public figures.
 
 Privacy:
-  Reads one record at a time and public word lists; releases nothing itself.
+  Reads one record at a time and public word lists fixed before any record is read, so a
+  record's facts are a function of that record alone (the per-record contribution of the
+  DP selection in `synthgen.knowledge.facts`); releases nothing itself.
 """
 
 from __future__ import annotations
@@ -148,10 +129,14 @@ class TypedFact:
         return normal(self.subject), normal(self.value)
 
 
+def _clean(text: str) -> str:
+    """One space, en dashes as hyphens, stripped."""
+    return re.sub(r"\s+", " ", text.replace("\u2013", "-")).strip()
+
+
 def normal(text: str) -> str:
     """Lower case, one space, en dashes as hyphens, no leading "the"."""
-    text = re.sub(r"\s+", " ", text.replace("\u2013", "-")).strip().lower()
-    return re.sub(r"^the ", "", text)
+    return re.sub(r"^the ", "", _clean(text).lower())
 
 
 def stem(word: str) -> str:
@@ -408,13 +393,8 @@ def value_kind(value: str) -> str:
 def fact_key(subject: str, value: str) -> str:
     """One released key for a fact: ``subject | value``, spaces and dashes normalised, a
     leading "the" dropped from both, the case kept (a name stays a name)."""
-
-    def clean(text: str) -> str:
-        return re.sub(r"\s+", " ", text.replace("\u2013", "-")).strip()
-
-    return (
-        re.sub(r"^[Tt]he ", "", clean(subject)) + SEPARATOR + re.sub(r"^[Tt]he ", "", clean(value))
-    )
+    subject, value = (re.sub(r"^[Tt]he ", "", _clean(text)) for text in (subject, value))
+    return subject + SEPARATOR + value
 
 
 def split_fact(key: str) -> tuple[str, str]:

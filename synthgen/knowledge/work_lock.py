@@ -1,15 +1,11 @@
 """One release at a time on a private work folder: an exclusive `fcntl.flock` on one file.
 
-A knowledge release keeps what it drew in its private work folder so that a rerun returns the
-first draw, never a fresh one (`synthgen.knowledge.facts`).
-That only holds if two runs started together on one folder cannot both find it empty and
-both draw: each release holds this lock from the moment it reads the folder until what it
-drew is written, and a second run waits for it, then reads the first run's draw.
-
-`flock` locks an open file description, so two threads of one process exclude each other as
-two processes do. It holds between processes of one machine on a local filesystem; on NFS
-without lockd, or on object-store mounts, it may not exclude, and two runs could draw twice.
-Run the releases of one work folder on one machine.
+A knowledge release keeps what it drew in its private work folder so that a rerun returns
+the first draw (`synthgen.knowledge.facts`). Each release holds this lock from reading the
+folder until its draw is written, so two runs started together cannot both draw: the
+second waits, then reads the first's draw. `flock` excludes threads and processes of one
+machine on a local filesystem; on NFS without lockd or object-store mounts it may not, so
+run the releases of one work folder on one machine.
 
 Privacy:
   Reads and writes nothing of the records; the log line names the lock file only.

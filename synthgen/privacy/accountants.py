@@ -29,6 +29,7 @@ from synthgen.privacy.events import (
     EpsilonDeltaDpEvent,
     FixedSizeSampledGaussianDpEvent,
     NeighboringRelation,
+    check_open_delta,
 )
 
 AccountantKind = Literal["pld", "rdp"]
@@ -92,76 +93,64 @@ class PldAccountant(pld_privacy_accountant.PLDAccountant):
     subsampled-Gaussian step's PLD once per process: `subsampled_gaussian_pld`)."""
 
     def _maybe_compose(self, event, count, do_compose):
+        replace_one = self.neighboring_relation == NeighboringRelation.REPLACE_ONE
+        if isinstance(event, FixedSizeSampledGaussianDpEvent) and not replace_one:
+            return self.CompositionErrorDetails(
+                invalid_event=event,
+                error_message="fixed-size batches are analysed under REPLACE_ONE only",
+            )
+        composed = self._own_pld(event, replace_one)
+        if composed is None:
+            return super()._maybe_compose(event, count, do_compose)
+        if do_compose:
+            self._pld = self._pld.compose(composed(count))
+        return None
+
+    def _own_pld(self, event, replace_one: bool):
+        """count -> the PLD of `count` copies of `event`, for the events composed here
+        (None: dp-accounting's own)."""
+        h = self._value_discretization_interval
         if (
             isinstance(event, dp_event.PoissonSampledDpEvent)
             and isinstance(event.event, dp_event.GaussianDpEvent)
             and event.sampling_probability > 0
             and event.event.noise_multiplier > 0
         ):  # dp-accounting's own branch, with the one-step PLD memoised
-            if do_compose:
-                pld = subsampled_gaussian_pld(
-                    float(event.event.noise_multiplier),
-                    float(event.sampling_probability),
-                    self._value_discretization_interval,
-                    self.neighboring_relation,
-                )
-                self._pld = self._pld.compose(pld.self_compose(count))
-            return None
+            sigma, q = float(event.event.noise_multiplier), float(event.sampling_probability)
+            return lambda count: subsampled_gaussian_pld(
+                sigma, q, h, self.neighboring_relation
+            ).self_compose(count)
         if isinstance(event, BoundedRangeDpEvent):
-            if do_compose:
-                pld = bounded_range_pld(event.epsilon, self._value_discretization_interval)
-                self._pld = self._pld.compose(pld.self_compose(count))
-            return None
+            return lambda count: bounded_range_pld(event.epsilon, h).self_compose(count)
         if isinstance(event, EpsilonDeltaDpEvent):
-            if do_compose:
-                params = privacy_loss_distribution.common.DifferentialPrivacyParameters(
-                    epsilon=event.epsilon, delta=event.delta
-                )
-                pld = privacy_loss_distribution.from_privacy_parameters(
-                    params, value_discretization_interval=self._value_discretization_interval
-                )
-                self._pld = self._pld.compose(pld.self_compose(count))
-            return None
-        replace_one = self.neighboring_relation == NeighboringRelation.REPLACE_ONE
-        if replace_one and isinstance(event, dp_event.GaussianDpEvent | dp_event.LaplaceDpEvent):
-            # The multiplier is relative to the replace-one sensitivity, as in the RDP
-            # accountant (dp-accounting's PLD would compare N(-1) with N(+1), doubling it),
-            # so one event means the same under both accountants.
-            if do_compose:
-                if isinstance(event, dp_event.GaussianDpEvent):
-                    pld = privacy_loss_distribution.from_gaussian_mechanism(
-                        standard_deviation=event.noise_multiplier / math.sqrt(count),
-                        value_discretization_interval=self._value_discretization_interval,
-                    )
-                else:
-                    pld = privacy_loss_distribution.from_laplace_mechanism(
-                        event.noise_multiplier,
-                        value_discretization_interval=self._value_discretization_interval,
-                    ).self_compose(count)
-                self._pld = self._pld.compose(pld)
-            return None
+            params = privacy_loss_distribution.common.DifferentialPrivacyParameters
+            return lambda count: privacy_loss_distribution.from_privacy_parameters(
+                params(epsilon=event.epsilon, delta=event.delta), value_discretization_interval=h
+            ).self_compose(count)
+        # Replace-one Gaussian/Laplace: the multiplier is relative to the replace-one
+        # sensitivity, as in the RDP accountant (dp-accounting's PLD would compare N(-1)
+        # with N(+1), doubling it), so one event means the same under both accountants.
+        if replace_one and isinstance(event, dp_event.GaussianDpEvent):
+            return lambda count: privacy_loss_distribution.from_gaussian_mechanism(
+                standard_deviation=event.noise_multiplier / math.sqrt(count),
+                value_discretization_interval=h,
+            )
+        if replace_one and isinstance(event, dp_event.LaplaceDpEvent):
+            return lambda count: privacy_loss_distribution.from_laplace_mechanism(
+                event.noise_multiplier, value_discretization_interval=h
+            ).self_compose(count)
         if isinstance(event, FixedSizeSampledGaussianDpEvent):
-            if not replace_one:
-                return self.CompositionErrorDetails(
-                    invalid_event=event,
-                    error_message="fixed-size batches are analysed under REPLACE_ONE only",
-                )
-            if do_compose:
-                # Both orders of N(0, s^2) vs (1-q) N(0, s^2) + q N(2, s^2): dp-accounting's
-                # add/remove pair of the subsampled Gaussian with multiplier sigma / 2. Each
-                # order is composed with itself and the worse total is stated; with adaptive
-                # steps the worse order may change from step to step, which the
-                # per-direction composition is taken to cover (checked numerically on mixed
-                # orders; the events it is composed with here are symmetric).
-                pld = subsampled_gaussian_pld(
-                    float(event.noise_multiplier) / 2,
-                    float(event.sampling_rate),
-                    self._value_discretization_interval,
-                    NeighboringRelation.ADD_OR_REMOVE_ONE,
-                )
-                self._pld = self._pld.compose(pld.self_compose(count))
-            return None
-        return super()._maybe_compose(event, count, do_compose)
+            # Both orders of N(0, s^2) vs (1-q) N(0, s^2) + q N(2, s^2): dp-accounting's
+            # add/remove pair of the subsampled Gaussian with multiplier sigma / 2. Each
+            # order is composed with itself and the worse total is stated; with adaptive
+            # steps the worse order may change from step to step, which the per-direction
+            # composition is taken to cover (checked numerically on mixed orders; the
+            # events it is composed with here are symmetric).
+            sigma, q = float(event.noise_multiplier) / 2, float(event.sampling_rate)
+            return lambda count: subsampled_gaussian_pld(
+                sigma, q, h, NeighboringRelation.ADD_OR_REMOVE_ONE
+            ).self_compose(count)
+        return None
 
 
 class RdpAccountant(rdp_privacy_accountant.RdpAccountant):
@@ -258,8 +247,7 @@ def epsilon(
 ) -> float:
     """Smallest epsilon such that `event` is (epsilon, delta)-DP under `accountant`
     (`value_discretization_interval`: the PLD grid, see `make_accountant`)."""
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1), got {delta=}")
+    check_open_delta(delta)
     acc = make_accountant(
         accountant, relation, value_discretization_interval=value_discretization_interval
     )

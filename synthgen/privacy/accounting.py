@@ -1,16 +1,9 @@
 """Privacy accounting, one import: re-exports events, accountants, DP-SGD and few-shot.
 
-This module defines nothing. It re-exports the public names of the modules that hold
-them, so that callers keep writing ``accounting.<name>`` after
-``from synthgen.privacy import accounting``:
-
-  * `events`: event types, event builders, validation, neighbouring relations, JSON;
-  * `accountants`: the PLD and RDP accountants, `epsilon`;
-  * `dpsgd_accounting`: DP-SGD's event, epsilon and noise calibration;
-  * `fewshot_accounting`: DP few-shot generation's event, epsilon and calibration.
-
-The API reference documents each name in its own module. Modules inside `synthgen.privacy`
-import from those modules, never from this one.
+Defines nothing: callers write ``accounting.<name>`` after ``from synthgen.privacy import
+accounting``; each name is documented in its own module (`events`, `accountants`,
+`dpsgd_accounting`, `fewshot_accounting`). Modules inside `synthgen.privacy` import from
+those modules, never from this one.
 """
 
 from synthgen.privacy.accountants import (  # noqa: F401

@@ -1,19 +1,15 @@
 """Per-document privacy filters kept in the ledger's store (SQLite or PostgreSQL).
 
-A collection in individual mode (`synthgen.privacy.individual`) records, once, each
-document's (epsilon, delta) target, the rho cap it implies, the public per-answer charge
-and its number of documents (table ``document_filters``); each document that has paid for
-an answer has a row with its running zCDP loss (table ``document_losses``), and each charge
-of each document a row of its own (table ``document_charges``, with the answer's public
-ref), from which `DocumentFilters.recompute` rebuilds every running loss. A charge names
-the documents it touched and adds the same rho to each, in one transaction under the
-collection's lock, so two concurrent answers touching a document never push it past its cap
-(SQLite: the file's write lock; PostgreSQL: the dataset's advisory lock). A charge of m
-documents reads and writes m rows through the primary key: O(m log N), not O(N).
+A collection in individual mode (`synthgen.privacy.individual`) records once each
+document's (epsilon, delta) target, its rho cap, the public per-answer charge and its
+number of documents (``document_filters``); each charged document has its running zCDP
+loss (``document_losses``) and one row per charge (``document_charges``, from which
+`DocumentFilters.recompute` rebuilds the losses). A charge adds the same rho to each named
+document in one transaction under the collection's lock, so concurrent answers never push
+a document past its cap; it touches m rows through the primary key.
 
-Which documents are exhausted depends on the private data (what was asked and which
-documents were relevant): per-document figures are for the operator; a tenant sees the
-summary at most (`DocumentFilters.summary`).
+Which documents are exhausted depends on the private data: per-document figures are for
+the operator; a tenant sees the summary at most (`DocumentFilters.summary`).
 """
 
 from __future__ import annotations
@@ -161,6 +157,13 @@ class DocumentFilters:
         """`get` inside the caller's transaction."""
         return self._record(conn, dataset)
 
+    def _required(self, conn: Connection, dataset: str) -> DocumentFilter:
+        """`_record`; KeyError if the collection is not in individual mode."""
+        record = self._record(conn, dataset)
+        if record is None:
+            raise KeyError(f"collection {dataset!r} has no per-document filters")
+        return record
+
     @staticmethod
     def _record(conn: Connection, dataset: str) -> DocumentFilter | None:
         row = conn.execute(
@@ -205,11 +208,9 @@ class DocumentFilters:
         Raises:
           KeyError: the collection is not in individual mode.
         """
-        record = self.get(dataset)
-        if record is None:
-            raise KeyError(f"collection {dataset!r} has no per-document filters")
-        spent = self.losses(dataset, doc_ids)
-        return spent + charge_rho <= record.budget.rho_cap
+        with self._store.read() as conn:
+            record = self._required(conn, dataset)
+        return self.losses(dataset, doc_ids) + charge_rho <= record.budget.rho_cap
 
     def exhausted(self, dataset: str, charge_rho: float) -> list[str]:
         """The documents whose filter refuses a further `charge_rho` (operator and answer
@@ -225,9 +226,7 @@ class DocumentFilters:
     def exhausted_in(self, conn: Connection, dataset: str, charge_rho: float) -> list[str]:
         """`exhausted` inside the caller's transaction (e.g. the one that then charges the
         answer's payers, so no other answer can exhaust one in between)."""
-        record = self._record(conn, dataset)
-        if record is None:
-            raise KeyError(f"collection {dataset!r} has no per-document filters")
+        record = self._required(conn, dataset)
         floor = (record.budget.rho_cap - charge_rho) * (1 - 1e-9)  # fits() decides below
         rows = conn.execute(
             "SELECT doc_id, rho FROM document_losses WHERE dataset = ? AND rho > ?",
@@ -258,9 +257,7 @@ class DocumentFilters:
         if not (isinstance(charge_rho, int | float) and 0 < charge_rho < math.inf):
             raise ValueError(f"charge_rho must be finite and > 0, got {charge_rho=}")
         ids = _check_documents(doc_ids)
-        record = self._record(conn, dataset)
-        if record is None:
-            raise KeyError(f"collection {dataset!r} has no per-document filters")
+        record = self._required(conn, dataset)
         spent = self._losses(conn, dataset, ids)
         refused = sum(
             1 for d in ids if not record.budget.fits(spent.get(d, 0.0), float(charge_rho))
@@ -329,10 +326,8 @@ class DocumentFilters:
           Aggregates over the collection only; which documents are exhausted, and each
           document's figure, depend on the private data and are not returned here.
         """
-        record = self.get(dataset)
-        if record is None:
-            raise KeyError(f"collection {dataset!r} has no per-document filters")
         with self._store.read() as conn:
+            record = self._required(conn, dataset)
             rows = conn.execute(
                 "SELECT rho FROM document_losses WHERE dataset = ?", (dataset,)
             ).fetchall()

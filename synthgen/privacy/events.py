@@ -1,20 +1,12 @@
 """Privacy events: the DpEvents of the mechanisms, their validation, relations and JSON.
 
-Every DP release in the project is described by a `dp_accounting.DpEvent` together with the
-neighbouring relation under which it is analysed. This module holds the event types
-dp-accounting lacks (`EpsilonDeltaDpEvent`, `FixedSizeSampledGaussianDpEvent`,
-`BoundedRangeDpEvent`), the builders of the events of the mechanisms in `mechanisms.py`
-(`gaussian_event`, `laplace_event`, `pure_epsilon_event`, ..., `compose`), their validation
-before they reach a ledger (`validate_event`, `check_delta`), their conversion between
-neighbouring relations where that is sound (`convert_relation`, `restate_legacy`) and their
-canonical JSON (`event_to_json`, `event_from_json`; for the ledger and output metadata).
-The accountants that turn a composition of events into one (epsilon, delta) statement live
-in `accountants.py`; DP-SGD's events in `dpsgd_accounting.py`.
-
-Neighbouring relations: an event analysed under add/remove-one converts soundly to
-replace-one (a replacement is a removal then an addition: group privacy of size 2, or the
-doubled sensitivity of an additive mechanism); the converse does not hold, and
-`convert_relation` refuses it with `RelationMismatchError`.
+Every DP release is described by a `dp_accounting.DpEvent` and the neighbouring relation
+it is analysed under. Holds the event types dp-accounting lacks (`EpsilonDeltaDpEvent`,
+`FixedSizeSampledGaussianDpEvent`, `BoundedRangeDpEvent`), the events of `mechanisms.py`,
+their validation before a ledger (`validate_event`, `check_delta`), sound conversion between
+relations (`convert_relation`: add/remove-one to replace-one only; `restate_legacy`) and
+their canonical JSON (`event_to_json`, `event_from_json`). The accountants live in
+`accountants.py`; DP-SGD's events in `dpsgd_accounting.py`.
 """
 
 from __future__ import annotations
@@ -192,6 +184,12 @@ def _check_dpsgd_shape(
         raise ValueError(f"{names[0]} must be >= 1, got {names[0]}={num_examples!r}")
     if not 1 <= batch_size <= num_examples:
         raise ValueError(f"{names[1]} must be in [1, {names[0]}], got {names[1]}={batch_size!r}")
+
+
+def check_open_delta(delta: float) -> None:
+    """Refuses a delta outside (0, 1), the range of a stated guarantee's delta."""
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta=}")
 
 
 def check_delta(delta: float, num_examples: int) -> None:

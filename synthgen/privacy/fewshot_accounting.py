@@ -23,6 +23,7 @@ from synthgen.privacy.accountants import (
 )
 from synthgen.privacy.events import (
     NeighboringRelation,
+    check_open_delta,
     gaussian_event,
     poisson_sampled,
     pure_epsilon_event,
@@ -103,8 +104,7 @@ def calibrate_fewshot(
     """
     if not target_epsilon > 0:
         raise ValueError(f"target_epsilon must be positive, got {target_epsilon=}")
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1), got {delta=}")
+    check_open_delta(delta)
     mechanism = event_args.get("mechanism", "gaussian")
     name = "noise_multiplier" if mechanism == "gaussian" else "token_epsilon"
 

@@ -1,24 +1,14 @@
 """Individual privacy filters: each document pays only for the releases it took part in.
 
-In individual mode a collection does not have one running privacy loss but one per document
-(Feldman & Zrnic 2021, "Individual privacy accounting via a Rényi filter"). The loss is kept
-as a zCDP parameter rho (Bun & Steinke 2016): the linear RDP curve D_alpha <= alpha * rho,
-valid at every order alpha at once, so one number per document suffices and the
-(epsilon, delta) statement is optimised over alpha only when it is stated.
-
-What a release costs a document, as rho:
-
-* a pure epsilon-DP release (Laplace, the exponential mechanism read as pure DP):
-  epsilon^2 / 2 (`pure_rho`; Bun & Steinke 2016, Prop. 1.4);
-* an epsilon-bounded-range release (the exponential mechanism): epsilon^2 / 8
-  (`bounded_range_rho`; Cesar & Rogers 2021, Lemma 3.2);
-* compositions add; a k-fold self-composition is k times its part.
-
-An (epsilon, delta) release with delta > 0 (LimitedDomain, a partition selection) has no
-zCDP curve: an individual filter for it would need basic composition of approximate DP
-(Rogers et al. 2016; Whitehouse et al. 2023). Such answers (DP-RAG's keywords and facts)
-therefore run in collection mode only (`retriever.rag.plan.AnswerPlan.document_rho`
-refuses them).
+In individual mode each document has its own running privacy loss (Feldman & Zrnic 2021,
+"Individual privacy accounting via a Rényi filter"), kept as a zCDP parameter rho (Bun &
+Steinke 2016): the linear RDP curve D_alpha <= alpha * rho at every order at once, stated as
+(epsilon, delta) only when asked. A pure epsilon-DP release costs epsilon^2 / 2
+(`pure_rho`), an epsilon-bounded-range one epsilon^2 / 8 (`bounded_range_rho`);
+compositions add. An (epsilon, delta > 0) release has no zCDP curve, so such answers
+(DP-RAG's keywords and facts) run in collection mode only
+(`retriever.rag.plan.AnswerPlan.document_rho` refuses them). See docs/guides/dp_rag.md
+("Per-document accounting").
 """
 
 from __future__ import annotations

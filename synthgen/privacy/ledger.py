@@ -1,64 +1,21 @@
 """Persistent privacy budget ledger: one (epsilon, delta) cap per scope, charged before release.
 
-A scope is a (tenant, dataset) pair with a neighbouring relation (its privacy unit). Each
-charge records the stage that spent it, its DpEvent (JSON), the relation under which that
-event is analysed, its standalone (epsilon, delta) in the scope's relation, a free-form
-description (never private data), an optional idempotency reference and the time. What a
-scope has spent is the composition of all its events under the scope's accountant, stated
-at the scope's delta cap:
-
-  * ``pld`` / ``rdp``: dp-accounting composition of the recorded events (tight);
-  * ``basic``: sum of the standalone epsilons and deltas (for events no accountant models).
-
-Every event is validated before it reaches the ledger (`events.validate_event`:
-epsilon >= 0 and finite, 0 <= delta < 1, sigma > 0, 0 < q <= 1). An event analysed under
-another relation than its scope's is converted soundly (add/remove-one to replace-one, see
-`events.convert_relation`) or refused with `RelationMismatchError`.
-
-A charge that would push the composition past the cap raises `BudgetExceededError` and
-records nothing; callers draw noise only after `charge` returns. SQLite with
-``BEGIN IMMEDIATE`` serialises concurrent charges from threads and processes, so the check
-and the insert are one atomic step and the cap is never overspent; on PostgreSQL an
-advisory lock keyed by the dataset does the same (`ledger_store`).
-
-Collection caps: tenants who collude add up, so a dataset may also have a collection scope,
-tenant ``COLLECTION`` (``"*"``), whose history is every charge of the dataset, whatever the
-tenant. A charge to any tenant of the dataset is checked against the tenant's cap and the
-collection's in the same transaction and recorded once; both must hold. Opening the
-collection scope later still counts the charges already made.
-
-What a scope's guarantee rests on beyond its events: a scope keeps public, append-only
-notes (operator assertions the ledger cannot check, `note_scope`) and, for a
-release repeated on request (every answer of a collection), the shape of its one event
-(`pin_event_shape`): an opaque public string set by the first caller and compared for
-equality by every later one, so no caller charges a differently parameterised event to the
-same composition. The ledger never reads either; the caller builds them.
-
-Cost: a charge does not recompose the history. Each ledger object keeps a running
-`summary.ScopeSummary` per scope (RDP curve, pure sum, composed PLD on a grid coarsened as
-it widens), folds in the rows other processes committed since it last looked (read inside
-the charge's transaction), and extends it by the new events: constant time per charge
-however long the history. The summary is a cache of the recorded events, never the record:
-`verify` rebuilds it from the rows and compares.
-
-Stated spend: a running summary depends on the order in which its process saw the events
-(its PLD grid coarsens along the way), so a long-lived service and a fresh command line
-could state one record a few 1e-4 apart, both upper bounds. What the ledger states
-(`spent`, hence ``/budget``, ``synthgen ledger show``, reports) is one function of the
-record: the summary of its `summary.EventTally` (identical events self-composed, in order
-of first record), caught up row by row and recomposed only when rows were added. The
-running summary is for the constant-cost charge checks only. People read it through one
-helper, `figures.format_epsilon` (4 decimals, rounded up, so a shown spend is never below
-the stated one).
+A scope is a (tenant, dataset) pair with a cap, an accountant (``pld``/``rdp``: composition
+of the recorded events; ``basic``: sums) and a neighbouring relation. Every event is
+validated (`events.validate_event`) and converted to the scope's relation or refused
+(`events.convert_relation`). A charge that would pass the cap, or the cap of the dataset's
+collection scope (tenant ``COLLECTION``, every tenant's charges), raises
+`BudgetExceededError` and records nothing; the check and the insert are one transaction
+under the dataset's lock (`ledger_store`), so callers draw noise only after `charge`
+returns. Charge checks use a running `summary.ScopeSummary` per scope (constant time per
+charge); what the ledger states (`spent`) is the summary of the record's
+`summary.EventTally`, one function of the rows. See docs/guides/privacy.md (the ledger
+sections) and docs/guides/service.md (collection caps).
 
 Layout: `PrivacyLedger` (this module) holds the scopes and the charges; its base classes
-`ledger_records.ScopeRecords` the scopes' notes and event shapes,
-`ledger_documents.DocumentSets` the documents each collection name guards (fingerprints,
-names grouped over the same documents, their composed total), and
-`ledger_composition.LedgerComposition` the composition of a
-scope's record (admission checks, running and stated summaries, recomposition);
-`ledger_types` the value types (`Scope`, `Charge`, `Spend`, `Recomposition`,
-`EventShapeError`); `ledger_store` the database; `summary` the running summaries.
+`ledger_records.ScopeRecords` (notes, pinned event shapes), `ledger_documents.DocumentSets`
+(the records each name guards) and `ledger_composition.LedgerComposition` (admission,
+summaries, recomposition); `ledger_types` the value types; `ledger_store` the database.
 """
 
 from __future__ import annotations
@@ -91,6 +48,8 @@ from synthgen.privacy.ledger_types import (
     Spend,
 )
 from synthgen.privacy.summary import EventTally, ScopeSummary
+
+_SCOPE_COLUMNS = "tenant, dataset, epsilon_cap, delta_cap, accountant, relation"
 
 
 class PrivacyLedger(ScopeRecords, DocumentSets, LedgerComposition):
@@ -135,15 +94,7 @@ class PrivacyLedger(ScopeRecords, DocumentSets, LedgerComposition):
             conn.execute(
                 "INSERT INTO scopes (tenant, dataset, epsilon_cap, delta_cap, accountant, "
                 "relation, created_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (
-                    scope.tenant,
-                    scope.dataset,
-                    scope.epsilon_cap,
-                    scope.delta_cap,
-                    scope.accountant,
-                    scope.relation,
-                    time.time(),
-                ),
+                (*dataclasses.astuple(scope), time.time()),  # the fields in column order
             )
             stored = self._scope(conn, scope.tenant, scope.dataset)
         if stored != scope:
@@ -188,17 +139,13 @@ class PrivacyLedger(ScopeRecords, DocumentSets, LedgerComposition):
     def get_scope(self, tenant: str, dataset: str) -> Scope:
         """Returns the stored scope; KeyError if it does not exist."""
         with self._store.read() as conn:
-            scope = self._scope(conn, tenant, dataset)
-        if scope is None:
-            raise KeyError(f"no ledger scope for {tenant=}, {dataset=}")
-        return scope
+            return self._stored_scope(conn, tenant, dataset)
 
     def scopes(self) -> list[Scope]:
         """All scopes in the ledger, in creation order."""
         with self._store.read() as conn:
             rows = conn.execute(
-                "SELECT tenant, dataset, epsilon_cap, delta_cap, accountant, relation FROM scopes"
-                " ORDER BY created_at, tenant, dataset"
+                f"SELECT {_SCOPE_COLUMNS} FROM scopes ORDER BY created_at, tenant, dataset"
             ).fetchall()
         return [Scope(*row) for row in rows]
 
@@ -212,11 +159,18 @@ class PrivacyLedger(ScopeRecords, DocumentSets, LedgerComposition):
     @staticmethod
     def _scope(conn: Connection, tenant: str, dataset: str) -> Scope | None:
         row = conn.execute(
-            "SELECT tenant, dataset, epsilon_cap, delta_cap, accountant, relation FROM scopes "
-            "WHERE tenant = ? AND dataset = ?",
+            f"SELECT {_SCOPE_COLUMNS} FROM scopes WHERE tenant = ? AND dataset = ?",
             (tenant, dataset),
         ).fetchone()
         return None if row is None else Scope(*row)
+
+    @staticmethod
+    def _stored_scope(conn: Connection, tenant: str, dataset: str) -> Scope:
+        """`_scope`; KeyError if it does not exist."""
+        scope = PrivacyLedger._scope(conn, tenant, dataset)
+        if scope is None:
+            raise KeyError(f"no ledger scope for {tenant=}, {dataset=}")
+        return scope
 
     # ---- charges ----------------------------------------------------------------------
 
@@ -440,9 +394,7 @@ class PrivacyLedger(ScopeRecords, DocumentSets, LedgerComposition):
             if tenant != COLLECTION and self._scope(conn, COLLECTION, dataset) is not None:
                 names.append(COLLECTION)
             for name in names:
-                scope = self._scope(conn, name, dataset)
-                if scope is None:
-                    raise KeyError(f"no ledger scope for {tenant=}, {dataset=}")
+                scope = self._stored_scope(conn, name, dataset)
                 summary = self._summary(conn, scope)
                 prepared = self._prepared(scope, stage_events, relation, delta, figures)
                 figures = figures or [own for _, own in prepared]  # as the rows record them
@@ -488,9 +440,7 @@ class PrivacyLedger(ScopeRecords, DocumentSets, LedgerComposition):
         object's running summary, which its charge checks use, may state a little more.
         """
         with self._store.read() as conn:
-            scope = self._scope(conn, tenant, dataset)
-            if scope is None:
-                raise KeyError(f"no ledger scope for {tenant=}, {dataset=}")
+            scope = self._stored_scope(conn, tenant, dataset)
             summary = self._stated_summary(conn, scope)[0]
         eps, delta = summary.spend(scope.delta_cap)
         return Spend(

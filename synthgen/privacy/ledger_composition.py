@@ -1,12 +1,9 @@
 """How a privacy ledger composes a scope's record: admission checks, summaries, recomposition.
 
-Holds `LedgerComposition`, the base class of `ledger.PrivacyLedger` with its composition
-logic: the check of new events against a scope's cap and its dataset's collection cap
-(`_check_scopes`), each event's standalone figures, the re-validation of stored rows, the
-running and stated `summary.ScopeSummary` of each scope kept caught up with the committed
-rows, and the from-scratch recomposition behind `verify`; and the SQL fragments that select
-a scope's charges. The guarantees (charge before release, collection caps, stated spend)
-are described in `ledger.py`.
+`LedgerComposition`, a base class of `ledger.PrivacyLedger`: the check of new events
+against a scope's cap and its dataset's collection cap (`_check_scopes`), standalone
+figures, re-validation of stored rows, the running and stated summaries kept caught up
+with the committed rows, and the recomposition behind `verify` (guarantees: `ledger.py`).
 """
 
 from __future__ import annotations
@@ -44,6 +41,34 @@ def _rows_of(tenant: str, dataset: str) -> tuple[str, tuple[str, ...]]:
     if tenant == COLLECTION:
         return "dataset = ?", (dataset,)
     return "tenant = ? AND dataset = ?", (tenant, dataset)
+
+
+def _rows_after(conn: Connection, scope: Scope, last_id: int) -> list:
+    """The scope's charge rows after id `last_id`, oldest first: (id, event, epsilon,
+    delta, relation, created_at)."""
+    where, params = _rows_of(scope.tenant, scope.dataset)
+    return conn.execute(
+        "SELECT charges.id, event, epsilon, delta, "
+        f"COALESCE(charges.relation, scopes.relation), charges.created_at FROM {_CHARGE_FROM}"
+        f" WHERE {where} AND charges.id > ? ORDER BY charges.id",
+        (*params, last_id),
+    ).fetchall()
+
+
+def _fresh(
+    conn: Connection, scope: Scope, summary: ScopeSummary, last_id: int, last_time: float | None
+) -> bool:
+    """Whether a cache ending with row `last_id` still describes the scope: same accountant
+    and relation, and that row still there (same ledger, not replaced)."""
+    if (summary.accountant, summary.relation) != (scope.accountant, scope.relation):
+        return False
+    if last_id == 0:
+        return True
+    where, params = _rows_of(scope.tenant, scope.dataset)
+    row = conn.execute(
+        f"SELECT created_at FROM charges WHERE id = ? AND {where}", (last_id, *params)
+    ).fetchone()
+    return row is not None and row[0] == last_time
 
 
 def _within(scope: Scope, epsilon: float, delta: float) -> bool:
@@ -122,10 +147,6 @@ class LedgerComposition:
 
     # ---- accounting -------------------------------------------------------------------
 
-    @staticmethod
-    def _relation(scope: Scope) -> NeighboringRelation:
-        return NeighboringRelation[scope.relation]
-
     def _standalone(
         self, scope: Scope, event: dp_event.DpEvent, event_json: str, delta: float | None
     ) -> tuple[float, float]:
@@ -159,44 +180,20 @@ class LedgerComposition:
     def _summary(self, conn: Connection, scope: Scope) -> ScopeSummary:
         """The scope's running summary, caught up with every committed row (constant
         time when this object made the last charges; one rebuild when it first looks)."""
-        key = (scope.tenant, scope.dataset)
         with self._cache_lock:
-            cached = self._summaries.get(key)
-        where, params = _rows_of(scope.tenant, scope.dataset)
-        select = (
-            "SELECT charges.id, event, epsilon, delta, "
-            f"COALESCE(charges.relation, scopes.relation), charges.created_at FROM {_CHARGE_FROM}"
-            f" WHERE {where}"
-        )
-        if cached is not None:
-            summary, last_time = cached
-            if (summary.accountant, summary.relation) == (scope.accountant, scope.relation):
-                if self._still_there(conn, where, params, summary.last_id, last_time):
-                    rows = conn.execute(
-                        select + " AND charges.id > ? ORDER BY charges.id",
-                        (*params, summary.last_id),
-                    ).fetchall()
-                    for row in rows:
-                        event_json, figures = self._row_record(scope, row[1:5])
-                        summary = summary.extended(event_json, figures, last_id=int(row[0]))
-                    if rows:
-                        self._remember(scope, summary, rows[-1][5])
-                    return summary
+            cached = self._summaries.get((scope.tenant, scope.dataset))
+        if cached is not None and _fresh(conn, scope, cached[0], cached[0].last_id, cached[1]):
+            summary = cached[0]
+            rows = _rows_after(conn, scope, summary.last_id)
+            for row in rows:
+                event_json, figures = self._row_record(scope, row[1:5])
+                summary = summary.extended(event_json, figures, last_id=int(row[0]))
+            if rows:
+                self._remember(scope, summary, rows[-1][5])
+            return summary
         summary, last_time = self._stated_summary(conn, scope)  # the record's own summary
         self._remember(scope, summary, last_time)
         return summary
-
-    @staticmethod
-    def _still_there(
-        conn: Connection, where: str, params: tuple, last_id: int, last_time: float | None
-    ) -> bool:
-        """Whether the row a cache ends with is still there (same ledger, not replaced)."""
-        if last_id == 0:
-            return True
-        row = conn.execute(
-            f"SELECT created_at FROM charges WHERE id = ? AND {where}", (last_id, *params)
-        ).fetchone()
-        return row is not None and row[0] == last_time
 
     def _stated_summary(self, conn: Connection, scope: Scope) -> tuple[ScopeSummary, float | None]:
         """(the summary of the scope's `EventTally`, the time of its last row): what the
@@ -204,22 +201,12 @@ class LedgerComposition:
         rows committed since this object last looked; the summary is recomposed only when
         there were some."""
         key = (scope.tenant, scope.dataset)
-        where, params = _rows_of(scope.tenant, scope.dataset)
         with self._cache_lock:
             cached = self._stated.get(key)
         tally, last_time, summary = EventTally(), None, None
-        if (
-            cached is not None
-            and (cached[2].accountant, cached[2].relation) == (scope.accountant, scope.relation)
-            and self._still_there(conn, where, params, cached[0].last_id, cached[1])
-        ):
+        if cached is not None and _fresh(conn, scope, cached[2], cached[0].last_id, cached[1]):
             tally, last_time, summary = cached
-        rows = conn.execute(
-            "SELECT charges.id, event, epsilon, delta, "
-            f"COALESCE(charges.relation, scopes.relation), charges.created_at FROM {_CHARGE_FROM}"
-            f" WHERE {where} AND charges.id > ? ORDER BY charges.id",
-            (*params, tally.last_id),
-        ).fetchall()
+        rows = _rows_after(conn, scope, tally.last_id)
         if rows or summary is None:
             tally = tally.added(
                 [self._row_record(scope, row[1:5]) for row in rows],
@@ -248,7 +235,7 @@ class LedgerComposition:
             return 0.0
         events = [event_from_json(self._row_record(scope, record)[0]) for record in records]
         composed = compose(events)
-        acc = make_accountant(kind, self._relation(scope))
+        acc = make_accountant(kind, NeighboringRelation[scope.relation])
         if not acc.supports(composed):
             raise UnsupportedEventError(
                 f"the {kind} accountant of scope ({scope.tenant}, {scope.dataset}) "

@@ -30,12 +30,26 @@ class CopyReport:
     spends: dict[str, tuple[float, float]]  # "tenant/dataset": (source, target) epsilon
 
 
-# what a binding keeps beside document_sets (`ledger_documents`), copied as it is
-_BINDING_TABLES = {
-    "ledger_keys": "key_id, secret, created_at",
-    "document_records": "dataset, key_id, digest",
-    "document_links": "dataset, other, created_at",
+# Every table a copy moves, in the order it inserts them: (columns, ORDER BY, whether an
+# existing row is left alone). Binding tables (`ledger_documents`) are copied as they are.
+_TABLES = {
+    "scopes": (
+        "tenant, dataset, epsilon_cap, delta_cap, accountant, relation, created_at, notes, "
+        "event_shape",
+        " ORDER BY created_at, tenant, dataset",
+        False,
+    ),
+    "document_sets": ("dataset, fingerprint, documents, created_at", " ORDER BY created_at", True),
+    "ledger_keys": ("key_id, secret, created_at", "", True),
+    "document_records": ("dataset, key_id, digest", "", True),
+    "document_links": ("dataset, other, created_at", "", True),
+    "charges": (
+        "tenant, dataset, stage, epsilon, delta, event, description, created_at, relation, ref",
+        " ORDER BY id",
+        False,
+    ),
 }
+_BINDING_TABLES = ("ledger_keys", "document_records", "document_links")
 
 
 def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
@@ -72,55 +86,24 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
                 f"the source ledger holds {individual} collection(s) with per-document "
                 "filters, which copy_ledger does not move yet; nothing was copied"
             )
-        scope_rows = conn.execute(
-            "SELECT tenant, dataset, epsilon_cap, delta_cap, accountant, relation, created_at, "
-            "notes, event_shape FROM scopes ORDER BY created_at, tenant, dataset"
-        ).fetchall()
-        charge_rows = conn.execute(
-            "SELECT tenant, dataset, stage, epsilon, delta, event, description, created_at, "
-            "relation, ref FROM charges ORDER BY id"
-        ).fetchall()
-        document_rows = conn.execute(  # every binding, charged or not
-            "SELECT dataset, fingerprint, documents, created_at FROM document_sets "
-            "ORDER BY created_at"
-        ).fetchall()
-        binding_rows = {
-            table: conn.execute(f"SELECT {columns} FROM {table}").fetchall()
-            for table, columns in _BINDING_TABLES.items()
+        rows = {
+            table: conn.execute(f"SELECT {columns} FROM {table}{order}").fetchall()
+            for table, (columns, order, _) in _TABLES.items()
         }
     with dst._store.write() as conn:  # noqa: SLF001 - one transaction: all or nothing
         bound = conn.execute("SELECT 1 FROM document_sets LIMIT 1").fetchone()
-        if bound and (document_rows or binding_rows["document_records"]):
+        if bound and (rows["document_sets"] or rows["document_records"]):
             raise ValueError(
                 "the target ledger already binds documents to collection names (under its "
                 "own secret, or by whole-collection digests), so names over the same documents "
                 "in the two ledgers could not be grouped: copy into a new ledger; nothing was "
                 "copied"
             )
-        for row in scope_rows:
-            conn.execute(
-                "INSERT INTO scopes (tenant, dataset, epsilon_cap, delta_cap, accountant, "
-                "relation, created_at, notes, event_shape) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                tuple(row),
-            )
-        for row in document_rows:
-            conn.execute(
-                "INSERT INTO document_sets (dataset, fingerprint, documents, created_at) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                tuple(row),
-            )
-        for table, rows in binding_rows.items():
-            columns = _BINDING_TABLES[table]
+        for table, (columns, _, keep) in _TABLES.items():
             marks = ", ".join("?" * len(columns.split(", ")))
-            conn.executemany(
-                f"INSERT INTO {table} ({columns}) VALUES ({marks}) ON CONFLICT DO NOTHING", rows
-            )
-        for row in charge_rows:
-            conn.execute(
-                "INSERT INTO charges (tenant, dataset, stage, epsilon, delta, event, "
-                "description, created_at, relation, ref) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                tuple(row),
-            )
+            conflict = " ON CONFLICT DO NOTHING" if keep else ""
+            sql = f"INSERT INTO {table} ({columns}) VALUES ({marks}){conflict}"
+            conn.executemany(sql, rows[table])
     spends = {}
     for scope in scopes:
         before = src.charges(scope.tenant, scope.dataset)
@@ -140,10 +123,10 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
         if not math.isclose(a, b, rel_tol=1e-6):
             raise ValueError(f"spend of {scope.tenant}/{scope.dataset} differs after the copy")
         spends[f"{scope.tenant}/{scope.dataset}"] = (a, b)
-    if document_rows:  # the target held no binding: its tables are the source's, row by row
+    if rows["document_sets"]:  # the target held no binding: its tables are the source's
         with src._store.read() as a, dst._store.read() as b:  # noqa: SLF001
-            tables = {**_BINDING_TABLES, "document_sets": "dataset, fingerprint"}
-            for table, columns in tables.items():
+            compared = {t: _TABLES[t][0] for t in _BINDING_TABLES}
+            for table, columns in {**compared, "document_sets": "dataset, fingerprint"}.items():
                 query = f"SELECT {columns} FROM {table}"
                 rows_a, rows_b = (sorted(map(tuple, c.execute(query).fetchall())) for c in (a, b))
                 if rows_a != rows_b:
@@ -154,4 +137,4 @@ def copy_ledger(source: str | Path, target: str | Path) -> CopyReport:
             raise ValueError(f"the names {group.datasets} are not grouped after the copy")
     src.close()
     dst.close()
-    return CopyReport(len(scopes), len(charge_rows), spends)
+    return CopyReport(len(scopes), len(rows["charges"]), spends)

@@ -1,38 +1,19 @@
 """Which documents a ledger's collection names guard: keyed record digests, groups, totals.
 
-A ledger composes the charges recorded under one collection name. Two names over the same
-documents are two budgets for one set of people: each states its own guarantee, and what
-a shared document has lost is the composition of both. So the ledger also knows the data,
-record by record: every entry point that charges a collection binds its name to its
-records (`DocumentSets.bind_documents`, `bind_texts`) before its first charge, and
-
-  * a name whose records overlap, by even one record, the records of another name that
-    has charged is refused unless the caller asks for it deliberately
-    (``guarantees_add_up=True``, on the command line ``--guarantees-add-up``): the refusal
-    names the other names and how to keep one budget. One record appended, removed or
-    edited, a dedupe or a re-export under a new name: all share records, all refused;
-  * `document_groups` gathers the names that share records (directly or through a third
-    name), and `group_spend` composes every charge of every name of a group: what
-    ``synthgen ledger show`` and ``retriever tenant list`` print beside the names, a bound
-    for every record the group shares.
-
-Each record (`record_text`) is kept as its HMAC-SHA-256 under a secret key of the ledger
-(table ``ledger_keys``, made at the first binding; 128 bits of the digest kept), one row
-per distinct record and name. What the ledger detects: a record whose text is identical,
-byte for byte, in two names' collections. A record edited in any character is another
-record (the rest of its collection still overlaps); two collections that share no text
-are not grouped, whoever the records are about. Cost: measured by
-``scripts/bench_ledger.py --documents``.
+Every entry point that charges a collection binds its name to its records
+(`DocumentSets.bind_documents`, `bind_texts`) before its first charge. A name whose records
+overlap, by even one identical record, those of another name that has charged is refused
+unless the caller asks for it deliberately (``--guarantees-add-up``); `document_groups`
+gathers the names that share records and `group_spend` composes every charge of a group.
+See docs/guides/privacy.md ("One budget per set of documents, whatever its name").
 
 Privacy:
-  The digests are keyed: without the ledger's secret, nobody can test whether a text is in
-  a collection, even knowing every other record. The secret and the digests are the
-  operator's private state, like the ledger's per-document losses and key hashes (the
-  ledger file is created readable by its owner only); they are never printed, logged, put
-  in an error or a lock name, or written into a released artefact. What leaves the ledger
-  is the names, their numbers of documents and the composed figures. A ledger written
-  before schema 10 kept one unkeyed digest of each whole collection (``document_sets``);
-  those are still compared for equality, and new bindings write none.
+  Each record (`record_text`) is kept as its HMAC-SHA-256 under a secret key of the ledger
+  (128 bits kept): without the secret nobody can test whether a text is in a collection.
+  The secret and the digests are the operator's private state, never printed, logged, put
+  in an error or a lock name, or released; what leaves the ledger is the names, their
+  numbers of documents and the composed figures. Ledgers before schema 10 kept one unkeyed
+  digest per whole collection (``document_sets``), still compared for equality.
 """
 
 from __future__ import annotations
@@ -47,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from dp_accounting import dp_event
 
-from synthgen.privacy.document_filters import DocumentFilters
+from synthgen.privacy.document_filters import DocumentFilters, _chunks
 from synthgen.privacy.errors import PrivacyError, UnsupportedEventError
 from synthgen.privacy.events import (
     EpsilonDeltaDpEvent,
@@ -65,7 +46,6 @@ GUARANTEES_FLAG = "--guarantees-add-up"
 # records is visible in PostgreSQL's pg_locks.
 _BIND_LOCK = "(document bindings)"  # a name that only serialises more if it collides
 _KEYED = "k:"  # prefix of a keyed set id in document_sets (older rows: unkeyed SHA-256)
-_CHUNK = 500  # digests per lookup statement
 
 
 def documents_fingerprint(texts: Iterable[str]) -> str:
@@ -450,8 +430,7 @@ def _sharing(conn: Connection, digests: dict[str, list[str]]) -> list[str]:
     """The names bound to at least one of `digests` (key id -> digests under that key)."""
     found: set[str] = set()
     for key_id, values in digests.items():
-        for start in range(0, len(values), _CHUNK):
-            chunk = values[start : start + _CHUNK]
+        for chunk in _chunks(values):
             marks = ", ".join("?" * len(chunk))
             found.update(
                 r[0]

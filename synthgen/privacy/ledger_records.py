@@ -1,10 +1,8 @@
 """A ledger scope's public records beyond its charges: notes and the pinned event shape.
 
-`ScopeRecords` is a base class of `ledger.PrivacyLedger` (which describes both records in
-its module docstring): `note_scope` / `scope_notes` keep what a scope's guarantee also
-rests on and the ledger cannot check; `pin_event_shape` / `event_shape` keep the one event
-a release repeated on request charges. The ledger never reads either; callers build them.
-Public text only, never private data.
+`ScopeRecords`, a base class of `ledger.PrivacyLedger`: what a scope's guarantee also rests
+on (`note_scope`) and the one event a repeated release charges (`pin_event_shape`). The
+ledger never reads either; callers build them. Public text only, never private data.
 """
 
 from __future__ import annotations
@@ -51,12 +49,10 @@ class ScopeRecords:
         """Records `shape` as the scope's one repeated event, or checks the recorded one.
 
         The composition a scope states (PLD, RDP over many orders) assumes its events'
-        parameters were fixed in advance. A release repeated on request (every answer of a
-        collection) keeps that true only if every caller charges the same event: parameters
-        chosen after seeing earlier releases are adaptive, and the statement would not be
-        backed by a composition theorem. The first caller records its event's shape; later
-        callers must present the same. `shape` is an opaque public string (the caller's
-        canonical description of the event's parameters), compared for equality only.
+        parameters were fixed in advance, which a release repeated on request (every answer
+        of a collection) keeps only if every caller charges the same event. The first caller
+        records its event's shape (an opaque public string, compared for equality only);
+        later callers must present the same.
 
         Returns:
           True if this call recorded the shape, False if it matched the recorded one.

@@ -1,29 +1,15 @@
 """Where a privacy ledger lives: SQLite (embedded default) or PostgreSQL (several replicas).
 
 One schema, versioned migrations, and one transaction primitive, `LedgerStore.scope_lock`:
-a write transaction in which no other charge to the same dataset can run (whatever the
-tenant: a dataset's collection scope caps all its tenants together, so their charges are
-checked one after another).
-
-  * ``sqlite:///path`` or a plain path: ``BEGIN IMMEDIATE`` takes the file's write lock, so
-    charges from threads and processes on one machine are serialised.
-  * ``postgresql://...`` (psycopg 3): the transaction takes a transaction-scoped advisory
-    lock keyed by the dataset, at READ COMMITTED, set on every connection whatever the
-    server's default (under REPEATABLE READ the snapshot would predate the lock and a
-    waiter would check a stale history); replicas on several machines charge one ledger.
-    Charge ids come from an IDENTITY sequence drawn under that lock (sequence cache 1, the
-    default), so within a dataset ids grow in commit order, which the ledger's catch-up
-    (rows with id > the last one folded in) relies on.
+a write transaction in which no other charge to the same dataset can run, whatever the
+tenant (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: an advisory lock keyed by the dataset, at
+READ COMMITTED on every connection). On PostgreSQL charge ids come from an IDENTITY
+sequence drawn under that lock (cache 1), so within a dataset ids grow in commit order,
+which the ledger's catch-up (rows with id > the last one folded in) relies on.
 
 Migrations are numbered (`MIGRATIONS`); `schema_version` records the last one applied. A
 SQLite file written before versioning is recognised by its columns. Concurrent openers
-migrate once (SQLite: the write lock; PostgreSQL: a transaction-scoped advisory lock).
-Migration 6 adds two public text columns to ``scopes`` (NULL on existing rows): ``notes``
-(operator assertions the scope's guarantee rests on, `PrivacyLedger.note_scope`) and
-``event_shape`` (the one event a scope's repeated release may charge,
-`PrivacyLedger.pin_event_shape`). Migration 9 adds ``document_sets``: the fingerprint of
-the documents each collection name guards (`ledger_documents`); migration 10 its records,
-each a keyed digest, the ledger's secret keys and the names found to share records.
+migrate once. Each migration's statements say in comments what they hold.
 """
 
 from __future__ import annotations
@@ -41,21 +27,28 @@ _MIGRATION_LOCK = 7_402_114  # PostgreSQL advisory lock id of ledger migrations
 _DATASET_LOCK_SEED = 7_402_115  # seed of the hash that keys a dataset's advisory lock
 
 
-def _schema(real: str, serial: str) -> tuple[str, ...]:
-    return (
+def _migrations(real: str, identity: str) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    """(version, statements) for a dialect's REAL and auto-increment key types."""
+    steps: dict[int, tuple[str, ...]] = {}
+    steps[1] = (
         "CREATE TABLE IF NOT EXISTS scopes (tenant TEXT NOT NULL, dataset TEXT NOT NULL, "
         f"epsilon_cap {real} NOT NULL, delta_cap {real} NOT NULL, accountant TEXT NOT NULL, "
         f"relation TEXT NOT NULL, created_at {real} NOT NULL, PRIMARY KEY (tenant, dataset))",
-        f"CREATE TABLE IF NOT EXISTS charges (id {serial}, tenant TEXT NOT NULL, "
+        f"CREATE TABLE IF NOT EXISTS charges (id {identity}, tenant TEXT NOT NULL, "
         f"dataset TEXT NOT NULL, stage TEXT NOT NULL, epsilon {real} NOT NULL, "
         f"delta {real} NOT NULL, event TEXT NOT NULL, description TEXT NOT NULL, "
         f"created_at {real} NOT NULL, "
         "FOREIGN KEY (tenant, dataset) REFERENCES scopes (tenant, dataset))",
     )
-
-
-def _tenants_and_collections(real: str) -> tuple[str, ...]:
-    return (
+    # Charges written before this carry no relation: NULL keeps meaning the scope's.
+    steps[2] = ("ALTER TABLE charges ADD COLUMN relation TEXT",)
+    steps[3] = ("ALTER TABLE charges ADD COLUMN ref TEXT",)
+    steps[4] = (
+        "CREATE UNIQUE INDEX IF NOT EXISTS charges_ref ON charges (tenant, dataset, ref)"
+        " WHERE ref IS NOT NULL",
+        "CREATE INDEX IF NOT EXISTS charges_scope ON charges (tenant, dataset, id)",
+    )
+    steps[5] = (
         # the service's tenants: API keys stored as salted hashes, never plain
         "CREATE TABLE IF NOT EXISTS tenants (name TEXT PRIMARY KEY, key_id TEXT NOT NULL UNIQUE, "
         f"key_salt TEXT NOT NULL, key_hash TEXT NOT NULL, created_at {real} NOT NULL, "
@@ -63,20 +56,14 @@ def _tenants_and_collections(real: str) -> tuple[str, ...]:
         # a collection scope composes every charge of its dataset
         "CREATE INDEX IF NOT EXISTS charges_dataset ON charges (dataset, id)",
     )
-
-
-def _scope_records() -> tuple[str, ...]:
-    return (
+    steps[6] = (
         # public, newline-separated notes: what the scope's guarantee also rests on (not
         # "description": charges has one, and the ledger joins the two tables)
         "ALTER TABLE scopes ADD COLUMN notes TEXT",
         # the opaque public shape of the one event a repeated release charges (NULL: none)
         "ALTER TABLE scopes ADD COLUMN event_shape TEXT",
     )
-
-
-def _document_filters(real: str) -> tuple[str, ...]:
-    return (
+    steps[7] = (
         # a collection in individual mode: each document's (epsilon, delta) target, the rho
         # cap it implies, the public per-answer charge and the number of documents
         "CREATE TABLE IF NOT EXISTS document_filters (dataset TEXT PRIMARY KEY, "
@@ -87,19 +74,13 @@ def _document_filters(real: str) -> tuple[str, ...]:
         f"doc_id TEXT NOT NULL, rho {real} NOT NULL, charges INTEGER NOT NULL, "
         "PRIMARY KEY (dataset, doc_id))",
     )
-
-
-def _document_charges(real: str) -> tuple[str, ...]:
-    return (
+    steps[8] = (
         # one row per document per charge: the record the running losses are recomputed from
         "CREATE TABLE IF NOT EXISTS document_charges (dataset TEXT NOT NULL, "
         f"doc_id TEXT NOT NULL, rho {real} NOT NULL, ref TEXT, created_at {real} NOT NULL)",
         "CREATE INDEX IF NOT EXISTS document_charges_doc ON document_charges (dataset, doc_id)",
     )
-
-
-def _document_sets(real: str) -> tuple[str, ...]:
-    return (
+    steps[9] = (
         # which documents a collection name guards: a digest of its documents (private
         # state, never printed) and their number (`ledger_documents`)
         "CREATE TABLE IF NOT EXISTS document_sets (dataset TEXT NOT NULL, "
@@ -107,10 +88,7 @@ def _document_sets(real: str) -> tuple[str, ...]:
         "PRIMARY KEY (dataset, fingerprint))",
         "CREATE INDEX IF NOT EXISTS document_sets_fingerprint ON document_sets (fingerprint)",
     )
-
-
-def _document_records(real: str) -> tuple[str, ...]:
-    return (
+    steps[10] = (
         # the ledger's secrets: each record of a collection is kept as a keyed digest
         # (HMAC-SHA-256 under one of these), so only who holds the ledger can test whether
         # a text is in a collection; a copied ledger brings its keys along
@@ -126,30 +104,7 @@ def _document_records(real: str) -> tuple[str, ...]:
         f"other TEXT NOT NULL, created_at {real} NOT NULL, "
         "deliberate INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (dataset, other))",
     )
-
-
-def _migrations(real: str, identity: str) -> tuple[tuple[int, tuple[str, ...]], ...]:
-    """(version, statements) for a dialect's REAL and auto-increment key types."""
-    return (
-        (1, _schema(real, identity)),
-        # Charges written before this carry no relation: NULL keeps meaning the scope's.
-        (2, ("ALTER TABLE charges ADD COLUMN relation TEXT",)),
-        (3, ("ALTER TABLE charges ADD COLUMN ref TEXT",)),
-        (
-            4,
-            (
-                "CREATE UNIQUE INDEX IF NOT EXISTS charges_ref ON charges (tenant, dataset, ref)"
-                " WHERE ref IS NOT NULL",
-                "CREATE INDEX IF NOT EXISTS charges_scope ON charges (tenant, dataset, id)",
-            ),
-        ),
-        (5, _tenants_and_collections(real)),
-        (6, _scope_records()),
-        (7, _document_filters(real)),
-        (8, _document_charges(real)),
-        (9, _document_sets(real)),
-        (10, _document_records(real)),
-    )
+    return tuple(steps.items())
 
 
 # (version, statements) per dialect; append, never edit an applied one.

@@ -1,10 +1,7 @@
 """Privacy ledger types: scopes, charges, spends, recompositions, the event-shape error.
 
-Holds `Scope` (a tenant's cap on a dataset, with its accountant and neighbouring
-relation), `Charge` (one recorded spend), `Spend` (spent and remaining budget of a scope),
-`Recomposition` (what `PrivacyLedger.verify` states), the collection tenant `COLLECTION`,
-the ledger's accountants (`LEDGER_ACCOUNTANTS`) and `EventShapeError` (a scope records
-another event shape than a caller's). The ledger itself is `ledger.PrivacyLedger`.
+The ledger itself is `ledger.PrivacyLedger`; `COLLECTION` is the tenant of a dataset's
+collection scope and `LEDGER_ACCOUNTANTS` the accountants a scope may use.
 """
 
 from __future__ import annotations

@@ -10,11 +10,8 @@ neighbouring datasets (L2 for Gaussian, L1 for Laplace, L-infinity of the score 
 selection mechanisms). `monotonic=True` asserts that, between neighbours, all scores move in
 the same direction (counts under add/remove-one); it halves the noise of selections.
 
-Released noisy values never come from floating-point Laplace samples: `laplace_mechanism`
-releases multiples of a public power-of-two grid with integer noise drawn by exact
-(rational) arithmetic, which closes Mironov's (2012) least-significant-bits attack. Where
-only a comparison or an argmax leaves the function (report-noisy-max, sparse vector), the
-float noise stays: those release an index or a bit, not the noisy value.
+Released noisy values never come from floating-point Laplace samples (`laplace_mechanism`;
+see docs/guides/privacy.md, "Laplace on a grid").
 """
 
 from __future__ import annotations
@@ -121,11 +118,10 @@ def laplace_mechanism(
 ) -> np.ndarray:
     """Adds Laplace noise of scale ~sensitivity / epsilon, released on a public grid.
 
-    Each coordinate is rounded to the nearest multiple of the public granularity g
-    (`laplace_grid`), then moved by g * R with R = rint(L), L ~ Laplace(0, s) in grid
-    units, s = sensitivity' / (epsilon * g), sensitivity' = sensitivity + size * g. R is
-    drawn exactly with integer arithmetic (`_rounded_laplace`), so every output is a
-    multiple of g, whatever the value; values beyond +-2**62 g are clamped first.
+    Each coordinate is clamped to +-2**62 g and rounded to the nearest multiple of the
+    public granularity g (`laplace_grid`), then moved by g * rint(L), L ~ Laplace(0, s) in
+    grid units, s = sensitivity' / (epsilon * g), sensitivity' = sensitivity + size * g.
+    rint(L) is drawn exactly with integer arithmetic (`_rounded_laplace`).
 
     Args:
       value: the statistic to release (any shape, finite).
@@ -140,31 +136,16 @@ def laplace_mechanism(
       ValueError: non-positive sensitivity or epsilon, or a non-finite value.
 
     Privacy:
-      epsilon-DP w.r.t. the neighbouring relation for which `sensitivity` bounds the L1
-      change of `value`. The release is post-processing (rounding to the grid) of the
-      Laplace mechanism (Dwork, McSherry, Nissim & Smith 2006) with scale
-      sensitivity' / epsilon applied to the rounded statistic g * rint(clamp(value) / g):
-      clamping is 1-Lipschitz and rounding adds at most g / 2 per coordinate, so the
-      rounded statistic has L1 sensitivity <= sensitivity' (`laplace_grid`), and rounding
-      c + L to the grid (c on the grid) is c + rint(L). Hence it is dominated by the
-      continuous Laplace mechanism at the caller's epsilon, also for tight (PLD)
-      composition: account with `events.laplace_event(epsilon)`. (A discrete Laplace
-      with the same epsilon would be epsilon-DP too, but its privacy-loss distribution is
-      not dominated by the continuous one, which the PLD accountant composes.)
-
-      Floating-point safety: a float Laplace sample added to a float leaves traces in the
-      low-order bits that can reveal the input (Mironov 2012, "On significance of the
-      least significant bits for differential privacy"). Here the output is g times an
-      integer; the integer noise is sampled exactly, by the rational Bernoulli(exp(-gamma))
-      and geometric samplers of Canonne, Kamath & Steinke 2020 ("The discrete Gaussian
-      for differential privacy", Alg. 1 and 2), from exactly uniform integers; the
-      rounding and the scaling by a power of two are exact.
-
-      Timing: the exact samplers loop a random number of times that grows with the
-      noise's magnitude (tens of microseconds: measured 20 us for ``|noise|`` below one scale,
-      43 us beyond three), so the time of one release says a little about its noise. The
-      callers (the DP-RAG score stage) release it inside answers whose latency varies by
-      milliseconds; a caller that times single releases should pad them to a fixed time.
+      epsilon-DP w.r.t. the relation for which `sensitivity` bounds the L1 change of
+      `value`: the Laplace mechanism (Dwork, McSherry, Nissim & Smith 2006) of scale
+      sensitivity' / epsilon on the rounded statistic g * rint(clamp(value) / g), whose L1
+      sensitivity is <= sensitivity' (clamping is 1-Lipschitz, rounding moves each
+      coordinate by <= g / 2), then rounded to the grid (post-processing: c + L rounds to
+      c + rint(L) for c on the grid). Dominated by the continuous Laplace mechanism, also
+      under PLD: account with `events.laplace_event(epsilon)`. Outputs are exact multiples
+      of g with exactly sampled integer noise (Canonne, Kamath & Steinke 2020), closing
+      Mironov's (2012) low-order-bits attack; the sampling time grows a little with the
+      noise's magnitude. See docs/guides/privacy.md ("Laplace on a grid").
     """
     _check_positive(sensitivity=sensitivity, epsilon=epsilon)
     array = np.asarray(value, dtype=np.float64)

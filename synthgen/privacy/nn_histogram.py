@@ -1,10 +1,8 @@
 """The DP nearest-neighbour histogram of Private Evolution: private samples vote, noise counts.
 
 Every private sample votes +1 for each of its `votes` nearest candidates (public, synthetic
-samples) in an embedding space; the vote counts of all candidates get N(0, sigma^2) noise
-with sigma = noise_multiplier * sqrt(votes), and noisy counts below a public threshold
-become 0. Candidates are split into groups (labels): a private sample votes only among its
-own group's candidates, so the groups' histograms are one vector with one sensitivity.
+samples) of its own group (label) in an embedding space; the counts get Gaussian noise and
+noisy counts below a public threshold become 0 (`dp_nn_histogram`).
 
 Privacy:
   Unit: one private sample; add/remove-one neighbours. Adding a sample adds +1 to at most
@@ -125,8 +123,7 @@ def calibrate_nn_histogram(
     (target_epsilon, delta)-DP under the PLD accountant."""
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"target_epsilon must be finite and > 0, got {target_epsilon=}")
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1), got {delta=}")
+    events.check_open_delta(delta)
 
     def eps(z: float) -> float:
         return accountants.epsilon(nn_histogram_event(z, iterations), delta)

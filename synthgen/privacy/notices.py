@@ -1,20 +1,11 @@
 """What a charging command tells its user on stderr: which ledger, and a weak guarantee.
 
-Every command that charges a ledger (`retriever answer`, `serve`, `knowledge release`,
-`contributor build`, `train-dp`; `synthgen train-generator`, `generate-docs`,
-`generate-queries-fewshot`, `generate-docs-pe`, the main job) says here, in the same words:
-
-- which ledger holds the charge (`PrivacyLedger.location`: a path or a password-free URL),
-  and, when the command created that ledger file, that the collection starts with a full
-  budget there: a mistyped or forgotten ``--ledger`` is a new budget, and nothing composes
-  the charges of two ledgers (`ledger_lines`);
-- a guarantee the user asked for that says little: epsilon above `WEAK_EPSILON`, or delta
-  above 1 / (`DELTA_MARGIN` n) for n records (`guarantee_lines`). These are warnings, never
-  refusals: what is refused (delta >= 1/n) is refused where the plan is made.
-
-The lines are returned (the main job logs them with its stage prefix) or printed
-(`announce_ledger`, `warn_weak_guarantee`). They hold a location, a collection name,
-epsilon, delta and n, the count the delta bound already uses: nothing private.
+Every command that charges a ledger says here, in the same words, which ledger holds the
+charge and whether the command created it (`ledger_lines`: a new ledger is a new budget),
+and warns, never refuses, when the guarantee asked for says little (`guarantee_lines`:
+epsilon above `WEAK_EPSILON`, delta above 1 / (`DELTA_MARGIN` n)). See
+docs/guides/privacy.md ("Which ledger, and weak settings"). The lines hold a location, a
+collection name, epsilon, delta and n: nothing private.
 """
 
 from __future__ import annotations

@@ -1,38 +1,21 @@
 """DP partition selection with counts over an unknown domain, through PipelineDP.
 
-Each privacy unit (a record) holds a set of keys (its keywords). `release_key_counts`
-releases the keys that many units share, with noisy counts, and never a key that only a
-few units hold: the DP partition selection of PipelineDP (Google's `pipeline-dp`). The
-selection and the count share one Gaussian noise draw (``post_aggregation_thresholding``):
-the Gaussian sparse histogram (Wilkins et al. 2024).
-
-Two backends run the same `DPEngine` aggregation: ``"local"`` (PipelineDP's `LocalBackend`,
-in this process; the default) and ``"beam"`` (Apache Beam, ``pip install 'dpsynth[beam]'``:
-the DirectRunner by default, any runner through ``beam_options``), for a collection that
-outgrows one machine. With an ``extract`` function the per-record extraction of keys runs
-inside the pipeline too (a FlatMap from each record to its (unit, key) rows), so the
-records are read once, where the pipeline runs. Both backends release the same set from
-the same data up to the noise.
-
-The randomness is python-dp's own secure noise (OS entropy), drawn where the aggregation
-runs (in this process, or on Beam's workers), not a `numpy` generator: a release cannot be
-replayed from a seed, which is what a production release wants. Tests check it
-statistically.
+Each privacy unit (a record) holds a set of keys. `release_key_counts` releases the keys
+many units share, with noisy counts: PipelineDP's partition selection, one Gaussian draw for
+selection and count (``post_aggregation_thresholding``, the Gaussian sparse histogram). The
+``"local"`` backend runs it in this process, ``"beam"`` as one Apache Beam pipeline (an
+``extract`` rule then runs on the workers too); see docs/guides/knowledge.md ("Beyond one
+machine"). The noise is python-dp's secure noise (OS entropy), not a seeded generator.
 
 Privacy:
-  Unit: one record, add/remove-one. A record contributes each of its keys at most once and
-  at most `max_keys` keys (its first `max_keys` distinct keys, cut before the aggregation;
-  PipelineDP bounds both again: ``max_partitions_contributed``,
-  ``max_contributions_per_partition = 1``), so the count vector has L2 sensitivity
-  sqrt(max_keys). PipelineDP calibrates the Gaussian noise and the threshold so that the
-  whole aggregation (which keys appear, and their counts) is (epsilon, delta)-DP
-  (`NaiveBudgetAccountant` with one aggregation: the whole budget). The mechanism is the
-  same on both backends (the same parameters, the same python-dp noise and threshold); the
-  backend changes where it runs, not what it releases. The ledger records it as that
-  (epsilon, delta) event. A key held by a single record is released with probability at
-  most delta. The keys are private: the Beam backend writes the released keys into a
-  private temporary folder (0700, or a fresh folder under the runner's ``--temp_location``),
-  reads them back and deletes it; nothing of a key is logged.
+  Unit: one record, add/remove-one. A record contributes each key once and at most
+  `max_keys` keys (cut before the aggregation, bounded again by PipelineDP), so the count
+  vector has L2 sensitivity sqrt(max_keys); PipelineDP calibrates noise and threshold so
+  that the whole aggregation (which keys appear, and their counts) is (epsilon, delta)-DP,
+  the same mechanism on both backends, charged as that (epsilon, delta) event. A key one
+  record holds is released with probability at most delta. The keys are private: the
+  Beam backend reads the released keys back from a private temporary folder (0700, or a
+  fresh one under ``--temp_location``) and deletes it; nothing of a key is logged.
 
 References:
   Google, PipelineDP (pipeline-dp.org) and python-dp; Gopi et al. 2020 (DP set union);
@@ -179,8 +162,7 @@ def release_key_counts(
     """
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise ValueError(f"epsilon must be finite and > 0, got {epsilon=}")
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1), got {delta=}")
+    events.check_open_delta(delta)
     if max_keys < 1:
         raise ValueError(f"max_keys must be >= 1, got {max_keys=}")
     check_backend(backend)

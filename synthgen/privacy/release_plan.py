@@ -1,28 +1,15 @@
 """`ReleasePlan`: what every DP plan of the project states, fixed before it releases anything.
 
 A plan is the guarantee of one release (a DP-SGD run, a few-shot generation, a Private
-Evolution run, a fact release, one DP-RAG answer), built from public figures only. Each plan
-class has its own parameters, but every one of them promises the same four things:
-
-* ``event``: the dp-accounting `DpEvent` the ledger is charged (or checked against) for the
-  release, before any noise is drawn;
-* ``relation``: the `NeighboringRelation` under which ``event`` is analysed, exactly the
-  relation the charge passes to the ledger;
-* ``epsilon`` and ``delta``: the stated guarantee. ``event`` composed under ``relation`` at
-  ``delta`` (with the plan's accountant; PLD unless it names another) gives at most
-  ``epsilon``;
-* ``to_dict()``: the plan as JSON-serialisable metadata (released with the artefact), which
-  names ``epsilon``, ``delta`` and ``neighboring_relation`` (the relation's ``.name``,
-  e.g. ``"ADD_OR_REMOVE_ONE"``), equal to the attributes.
-
-Plans are frozen dataclasses: a plan that changed after its charge would state a guarantee
-the ledger never saw. DP-SGD's explicitly non-private reference run (noise multiplier 0,
-epsilon infinity) has no event, so it is no release plan: the ledger refuses it, and
-`isinstance` on it raises the event's ValueError (Python 3.11 evaluates the properties).
-
-``tests/synthgen/privacy/test_release_plans.py`` holds one battery that every plan class
-passes (dp-accounting's pattern: one abstract test class per interface, one subclass per
-implementation).
+Evolution run, a fact release, one DP-RAG answer), built from public figures only: the
+event charged before any noise, its relation, the stated (epsilon, delta) (``event``
+composed under ``relation`` at ``delta`` gives at most ``epsilon``) and ``to_dict()``,
+JSON metadata naming ``epsilon``, ``delta`` and ``neighboring_relation`` (the relation's
+``.name``), equal to the attributes. Plans are frozen dataclasses: a plan that changed
+after its charge would state a guarantee the ledger never saw. DP-SGD's non-private
+reference run (noise multiplier 0) has no event, so it is no release plan (`isinstance`
+on it raises the event's ValueError). Every plan class passes one test battery,
+``tests/synthgen/privacy/test_release_plans.py``.
 
 Privacy:
   The protocol states no mechanism of its own; each plan's module states its privacy unit,

@@ -1,34 +1,16 @@
 """Running privacy summaries of a ledger scope: charges at a cost that does not grow.
 
-A scope's spend is the composition of every event it recorded. Recomposing the whole
-history on each charge costs time linear in the history (PLD: one FFT per distinct event
-over an ever wider grid). A `ScopeSummary` keeps, next to the record, what composes by
-extension:
-
-  * RDP at a fixed set of orders (dp-accounting's defaults), a sum over events; events no
-    RDP bound covers ((epsilon, delta > 0)-DP) are added by basic composition next to it
-    (every (epsilon, delta) mechanism is a post-processing of a four-outcome mechanism whose
-    privacy loss exceeds epsilon with probability <= delta; Kairouz, Oh & Viswanath 2015);
-  * the sum of pure epsilons (basic composition, delta = 0) while every event is pure;
-  * the composed PLD of the history, kept and extended by one convolution per event. Its
-    grid starts at dp-accounting's 1e-4 and doubles whenever the composed distribution
-    would exceed `MAX_PLD_BINS` bins: every loss is rounded *up* to the coarser grid, which
-    can only increase every delta(epsilon) (pessimistic, as dp-accounting's own
-    discretisation), so the cache never states less than the exact PLD recomposition;
-  * the sums of the standalone (epsilon, delta) figures (the ``basic`` accountant).
-
-The statement is the least of the valid bounds for the scope's accountant (``pld``: PLD
-cache, RDP + basic remainder, pure sum; ``rdp``: RDP, pure sum; ``basic``: the sums). A
-summary is a cache derived from the recorded events: `ScopeSummary.build` recomputes it
-from the records (identical events grouped into self-compositions), and the ledger's
-`verify` compares the two. An extended summary depends on the order in which a process saw
-the events (its PLD grid coarsens along the way): two processes may state the same record
-a few 1e-4 apart, both upper bounds. What the ledger *states* is therefore the summary of
-the `EventTally` of the record, a function of the recorded events alone.
-
-Costs: one RDP vector addition, one FFT convolution of at most `MAX_PLD_BINS` bins and a
-vectorised epsilon search per event, whatever the history's length. Each distinct event's
-own PLD and RDP are computed once per process (`event_pld`, `event_rdp`).
+A `ScopeSummary` keeps what composes by extension, so one more event costs one RDP vector
+addition, one FFT convolution of at most `MAX_PLD_BINS` bins and an epsilon search: RDP at
+dp-accounting's default orders, with (epsilon, delta > 0) parts added beside it by basic
+composition (each is a post-processing of a four-outcome mechanism whose loss exceeds
+epsilon with probability <= delta; Kairouz, Oh & Viswanath 2015); the sum of pure epsilons;
+the composed PLD, whose grid doubles when it would pass `MAX_PLD_BINS` bins, every loss
+rounded *up* (which can only raise delta(epsilon), so the cache never states less than the
+exact recomposition); and the sums of standalone figures (``basic``). The statement is the
+least valid bound for the scope's accountant. The ledger states the summary of the record's
+`EventTally`, a function of the recorded events alone. See docs/guides/privacy.md ("The
+ledger at service scale").
 """
 
 from __future__ import annotations
@@ -324,23 +306,10 @@ class ScopeSummary:
             return self.basic_epsilon, self.basic_delta
         return self.epsilon(delta_cap), delta_cap
 
-    @classmethod
-    def build(
-        cls,
-        accountant: str,
-        relation: str,
-        records: Iterable[tuple[str, tuple[float, float]]],
-        *,
-        last_id: int = 0,
-    ) -> ScopeSummary:
-        """Summary of `records` ((event JSON in the scope's relation, standalone figures)),
-        identical events grouped into self-compositions (`EventTally.summary`)."""
-        return EventTally().added(records, last_id=last_id).summary(accountant, relation)
-
 
 @dataclasses.dataclass(frozen=True)
 class EventTally:
-    """A scope's recorded events as a multiset: all that `ScopeSummary.build` reads.
+    """A scope's recorded events as a multiset: what its stated summary is built from.
 
     Distinct event JSONs in order of first record, with their counts and first standalone
     figures, and the row-by-row sums of the standalone figures. Extending a tally by new
