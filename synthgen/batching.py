@@ -1,18 +1,14 @@
 """Batch sampling for DP-SGD that is exactly what the accountant assumes.
 
-* ``poisson``: every step includes each example independently with probability q = B/n.
-  The realised batch has a random size; it is cut into fixed-shape chunks of
-  `physical_batch` rows (the last one padded, with a 0/1 mask), so every jitted call sees
-  static shapes and no example is ever dropped (no truncation to account for).
-* ``shuffle``: every step draws exactly B distinct examples uniformly at random,
-  independently across steps (sampling without replacement; replace-one neighbours).
+* ``poisson``: each example joins every step independently with probability q = B/n; the
+  realised batch is cut into padded fixed-shape chunks of `physical_batch` rows with a 0/1
+  mask (static shapes for jit, no example ever dropped).
+* ``shuffle``: every step draws exactly B distinct examples (replace-one neighbours).
 
-The sampler's randomness is part of the mechanism: production seeds it with 128 bits of OS
-entropy (`synthgen.run_seed`, `secure_rng`); tests pass a seeded generator. Its state is
-checkpointed so a resumed run draws the same batches it would have drawn; that state is
-secret (PCG64 steps backwards too: it reveals every batch), so it lives in the run's private
-work folder only (`synthgen.work_folder`). Padded rows repeat index 0 with mask 0: the
-clipping step gives them weight exactly 0 whatever their gradient (`dp_train`).
+The sampler's randomness is part of the mechanism: 128 bits of OS entropy in production
+(`synthgen.run_seed`), a seeded generator in tests. Its checkpointed state is secret (PCG64
+steps backwards too) and lives in the run's private work folder only. Padded rows repeat
+index 0 with mask 0: the clipping step gives them weight exactly 0 (`dp_train`).
 """
 
 from __future__ import annotations

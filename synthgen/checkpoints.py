@@ -1,13 +1,11 @@
 """Orbax checkpoints of a training run: parameters, optimizer, step, PRNG and sampler state.
 
-The JSON part of a DP run holds the privacy plan (so a resumed run is checked to be the same
-run and ends with the same epsilon and step count) and the batch sampler's generator state.
-Whether the run was charged is recorded beside them, in the work folder's charge record
-(`synthgen.work_folder`).
+The JSON part holds the privacy plan (a resumed run is checked to be the same run) and the
+batch sampler's state; the charge is recorded in the work folder (`synthgen.work_folder`).
 
 Privacy:
-  A DP run's checkpoints hold the mechanism's secret randomness (the noise key data and the
-  sampler state): they belong in the run's private work folder, never in a released folder.
+  A DP run's checkpoints hold the mechanism's secret randomness (noise key data, sampler
+  state): they belong in the run's private work folder, never in a released folder.
 """
 
 from __future__ import annotations

@@ -1,46 +1,29 @@
 """Rounding bounds that keep every clipped per-example contribution within C on any device.
 
-A clip factor c_i = min(1, C / N_i) bounds example i's contribution c_i G_i by C only if N_i
-is not below ||G_i||. Computed norms carry rounding: a sum of squares is off by a relative
-gamma_k, and a ghost norm (a sum of cross terms that cancel, `synthgen.ghost_clipping`) by
-gamma_k times (sum_t ||a_t|| ||b_t||)^2, which can exceed the norm itself many times over.
-This module turns each computed norm into an upper bound of the norm it approximates, from
-the lengths of its sums (static, public shapes), and names the products it relies on.
+A clip factor min(1, C / N_i) bounds a contribution by C only if N_i >= ||G_i||, but computed
+norms round (a ghost norm, whose cross terms cancel, by up to gamma_k (sum_t ||a_t||
+||b_t||)^2, many times the norm). This module turns each computed norm into an upper bound,
+from the static lengths of its sums. See docs/guides/querygen.md (clipping at the device's
+precision) for the model and the measured price. In short (Higham 2002, ch. 3):
 
-The model (Higham 2002, ch. 3):
-
-* Products: `exact_einsum` asks for an explicit algorithm, F32_F32_F32 or BF16_BF16_F32
-  (a bfloat16 model's factors are bfloat16 values): exact products of the inputs, float32
-  accumulation. Never the device's default: on a GPU that rounds float32 inputs to TF32, on a
-  TPU to bfloat16. A backend that cannot honour the algorithm fails to compile.
-* Accumulation: every addition is off by at most a relative u. The bound takes
-  u = 2^-23, twice float32's unit roundoff, since NVIDIA tensor cores have been measured to
-  truncate rather than round in their accumulators (Fasi et al. 2021). A sum or dot product
-  of k terms, in any order or tree, is then off by at most gamma_k = k u / (1 - k u) times
-  the sum of the terms' magnitudes. Reductions run one axis at a time behind optimization
-  barriers, long axes (a vocabulary) split in two, so the lengths are what the code says.
-* Element-wise operations (a product, a quotient, a square root, the clip factor C / N_i):
-  each a relative u = 2^-23 on non-negative values (one ulp of the result at most), so a
-  correctly rounded operation (half an ulp) counts once. One exception is
-  documented: a GPU's float32 division may be the approximate one (CUDA's `x / y` without
-  `-prec-div`, `__fdividef`), within 2 ulp, a relative 2u: it counts twice. The margin
-  (1 + 32 u) of `clip_norm_bound` covers the eleven roundings of its formula and of the clip
-  factor with the division counted twice (`clip_norm_bound` lists them).
-* Underflow: an operation whose result falls below 2^-126 may flush it to zero, an absolute
-  error of at most `TINY`; the bound adds those terms too (they matter only for extreme
-  factor scales, say activations of 1e-30 against output gradients of 1e30).
+* Products name an exact-input algorithm (`exact_einsum`: F32_F32_F32, or BF16_BF16_F32 for
+  bfloat16 factors), never the device's default (TF32 on GPUs, bfloat16 on TPUs).
+* Each addition errs by a relative u = 2^-23 (twice float32's unit roundoff: tensor cores
+  truncate, Fasi et al. 2021), so a k-term sum in any order errs by gamma_k = k u / (1 - k u)
+  of its terms' magnitudes; reductions run one axis at a time behind barriers, so k is what
+  the code says.
+* Element-wise operations count u each; a GPU's approximate float32 division (2 ulp) counts
+  twice; underflow below 2^-126 adds `TINY` per operation. `clip_norm_bound`'s margin
+  (1 + 32 u) covers its formula's roundings.
 
 Privacy:
-  With N_i from `clip_norm_bound`, every kept example's clip factor satisfies
-  c_i ||G_i|| <= C for G_i its per-example gradient as the step defines it (a materialised
-  array as computed; for a ghost-normed layer, the exact product of its recorded factors),
-  including the rounding of the step's own products over that example's tokens. The
-  remaining rounding is that of adding different examples' contributions together, which
-  every floating-point DP-SGD has (Mironov 2012): removing an example changes it by at most
-  2 gamma_k sum_j ||c_j G_j|| for k additions (`synthgen.ghost_clipping.clipped_sum`, which
-  forms each example's contribution on its own so that this is all). The cost: N_i exceeds
-  the norm by a relative eta_i, a slightly harder clip; the noise is unchanged
-  (`scripts/bench_clip_bound.py` measures eta).
+  With N_i from `clip_norm_bound`, every kept example satisfies c_i ||G_i|| <= C for G_i its
+  gradient as the step defines it (for a ghost-normed layer, the exact product of its
+  recorded factors), including the rounding of the step's own products over its tokens.
+  What remains is the rounding of adding different examples' contributions, as in every
+  floating-point DP-SGD (Mironov 2012): at most 2 gamma_k sum_j ||c_j G_j|| for k additions
+  (`synthgen.ghost_clipping.clipped_sum`). The cost is a slightly harder clip (N_i above the
+  norm by a relative eta_i); the noise is unchanged (`scripts/bench_clip_bound.py`).
 
 References: Higham 2002 (Accuracy and Stability of Numerical Algorithms, ch. 3); Fasi,
 Higham, Mikaitis, Pranesh 2021 (Numerical behavior of NVIDIA tensor cores); Mironov 2012

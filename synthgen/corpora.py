@@ -1,12 +1,8 @@
 """Corpus loaders: real text from the offline assets (or a local path) as `datasets.Dataset`.
 
-* `load_wiki_summaries`: Wikipedia lead paragraphs as (doc_id, title, document, query,
-  topic), with query = the article's short description. Entries without a description or
-  paragraph are dropped; doc_ids number the entries in file order, before dropping, so they
-  are stable across runs.
-* `load_chatterbot`: question/answer pairs as (category, question, answer).
-* `load_jsonl`: any JSON-lines file, for users' own corpora.
-* `split_by_document`: the fixed train/test split by document that every stage shares.
+`load_wiki_summaries` (Wikipedia lead paragraphs, query = the short description),
+`load_chatterbot` (question/answer pairs), `load_jsonl` (users' own corpora) and
+`split_by_document` (the fixed train/test split by document that every stage shares).
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ import yaml
 
 from synthgen import assets
 from synthgen.assets import file_sha256 as file_sha256  # re-exported
+from synthgen.user_pairs import nonblank_lines
 
 WIKI_FILE = "summaries_en-us.json"
 
@@ -38,6 +35,9 @@ def load_wiki_summaries(
     name_or_path: str | Path = "wiki-summaries-en", *, limit: int | None = None
 ) -> datasets.Dataset:
     """Loads the wiki summaries corpus.
+
+    Entries without a description or paragraph are dropped; doc_ids number the entries in
+    file order, before dropping, so they are stable across runs.
 
     Args:
       name_or_path: asset name, the JSON file, or a folder containing it.
@@ -140,18 +140,15 @@ def read_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> list[dict
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                raise ValueError(f"{path}:{number} is not valid JSON") from None
-            missing = [k for k in required if k not in record]
-            if missing:
-                raise ValueError(f"{path}:{number} lacks field(s) {missing}")
-            records.append(record)
+    for number, line in nonblank_lines(path):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise ValueError(f"{path}:{number} is not valid JSON") from None
+        missing = [k for k in required if k not in record]
+        if missing:
+            raise ValueError(f"{path}:{number} lacks field(s) {missing}")
+        records.append(record)
     if not records:
         raise ValueError(f"{path} holds no records")
     return records

@@ -1,15 +1,11 @@
 """The plan of a DP training run, fixed before it starts: `DPConfig` (what the run does),
 `plan_privacy` (delta, steps and sigma or epsilon for a dataset size) and `PrivacyPlan` (the
-guarantee the accountant states).
-
-Its own module, below `synthgen.dp_train` (which runs the plan) and `synthgen.work_folder`
-(which records the plan a run was charged for), so neither imports the other for a type.
+guarantee the accountant states). Below `synthgen.dp_train` and `synthgen.work_folder`.
 
 Privacy:
   The accountant reads the sampling (Poisson: add/remove-one; fixed-size shuffling:
   replace-one), the batch size, the steps and sigma from the same `DPConfig` that drives
-  the sampler, so the stated guarantee is that of the run the code does
-  (`synthgen.privacy.accounting`; the mechanism is stated in `synthgen.dp_train`).
+  the sampler, so the stated guarantee is that of the run the code does.
 """
 
 from __future__ import annotations
@@ -30,13 +26,11 @@ class DPConfig:
     """Hyper-parameters of a DP-Adafactor run.
 
     Exactly one of `noise_multiplier` and `target_epsilon` is set; `noise_multiplier=0` is
-    an explicitly NON-private run (clipping, no noise, epsilon = infinity: a reference point,
-    refused by the ledger). `delta=None` means
-    1/(2n) (Carranza et al.). `seed=None` (production) draws the 128-bit run seed of the
-    sampler and the noise from OS entropy; fixed seeds (integers in [0, 2**128)) are for
-    tests. `per_example_norms="ghost"` takes the norms by ghost clipping
-    (`synthgen.ghost_clipping`) where the caller gives a tapped loss, "vmap" always
-    materialises per-example gradients; both release the same clipped sum.
+    an explicitly NON-private reference run (no noise, epsilon = infinity, refused by the
+    ledger). `delta=None` means 1/(2n) (Carranza et al.). `seed=None` (production) draws the
+    128-bit run seed from OS entropy; fixed seeds (in [0, 2**128)) are for tests.
+    `per_example_norms`: "ghost" (`synthgen.ghost_clipping`, where the caller gives a tapped
+    loss) or "vmap" (materialised per-example gradients); both release the same sum.
     """
 
     batch_size: int = 1024

@@ -1,34 +1,23 @@
 """DP-Adafactor training: per-example clipping, Gaussian noise, Adafactor; resumable, sharded.
 
-One step (Abadi et al. 2016; Carranza et al. 2023 use Adafactor as the optimizer):
-
-  1. the `BatchSampler` draws the logical batch (Poisson by default);
-  2. per-example gradients: `vmap(grad(loss))` over microbatches inside `lax.scan`; each
-     per-example gradient is clipped to L2 norm C *after* the vmap (one fused rescale of the
-     stacked gradients; no clipping inside the vmapped function), then summed;
-  3. Gaussian noise N(0, (sigma C)^2 I) is added to the sum, which is divided by the
-     *expected* batch size B (never the realised one, which is private);
-  4. `optax.adafactor` applies the update.
+One step (Abadi et al. 2016): a Poisson batch (`BatchSampler`); per-example gradients
+clipped to L2 norm C and summed (`make_clipped_grad_sum`); N(0, (sigma C)^2 I) added and
+the sum divided by the *expected* batch size B (the realised one is private); Adafactor
+(Carranza et al. 2023). See docs/guides/querygen.md.
 
 Privacy:
-  Unit: one training example. Poisson sampling: add/remove-one neighbours; the sum of
-  clipped per-example gradients has L2 sensitivity C (each contribution, as summed, is at
-  most C; removing one also changes how the others' contributions round where they are
-  added, at most 2 gamma_k B C for k additions, as in every floating-point DP-SGD:
-  `make_clipped_grad_sum`), and the step is a Poisson-subsampled Gaussian mechanism with
-  noise multiplier sigma. Fixed-size sampling ("shuffle"):
-  replace-one neighbours (see `synthgen.privacy.accounting`). The accountant is built from
-  the same `DPConfig` that drives the sampler, so it assumes exactly what the code does.
-  The whole run is charged to the ledger before the first step, exactly once even across
-  crashes and resumes (`synthgen.work_folder`). The noise key and the sampler seed come from
-  a 128-bit run seed (`synthgen.run_seed`: OS entropy in production); they and the resume
-  state stay in the run's private work folder, never in a released folder. A per-example
-  gradient that is not finite is zeroed (it contributes nothing; the sensitivity stays C).
-  The progress bar shows steps and epsilon only (`PROGRESS_FORMAT`): no loss, no examples/s
-  or time per step, which are statistics of the realised batches. The losses and the count
-  of non-finite gradients in `TrainResult` are computed on private data and are NOT
-  differentially private: they are returned to the caller only and never written to
-  outputs or metadata.
+  Unit: one training example. Poisson sampling: add/remove-one, a Poisson-subsampled
+  Gaussian mechanism of multiplier sigma; fixed-size "shuffle": replace-one
+  (`synthgen.privacy.accounting`). The clipped sum's sensitivity is C (each contribution, as
+  summed, is at most C; removing one also moves how the others round where they are added,
+  at most 2 gamma_k B C for k additions, as in every floating-point DP-SGD:
+  `make_clipped_grad_sum`). A non-finite per-example gradient contributes 0. The accountant
+  reads the same `DPConfig` as the sampler. The run is charged before the first step,
+  exactly once across crashes and resumes (`synthgen.work_folder`). The noise key and the
+  sampler seed come from a 128-bit run seed (`synthgen.run_seed`) and stay, with the resume
+  state, in the private work folder. The progress bar shows steps and epsilon only
+  (`PROGRESS_FORMAT`); the losses and non-finite counts of `TrainResult` are NOT DP: for
+  the caller only, never written to outputs or metadata.
 
 References: Abadi et al. 2016 (DP-SGD); Carranza et al. 2023 (DP-Adafactor for query
 generation); Shazeer & Stern 2018 (Adafactor).
@@ -38,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import time
 from collections.abc import Callable
@@ -58,7 +46,7 @@ from synthgen.dp_plan import PER_EXAMPLE_NORMS, DPConfig, PrivacyPlan, plan_priv
 from synthgen.privacy.errors import PrivacyError
 from synthgen.privacy.receipts import Payer, paid
 from synthgen.privacy.rng import secure_rng
-from synthgen.work_folder import OncePayer, WorkFolder
+from synthgen.work_folder import OncePayer, WorkFolder, plan_record
 
 # Re-exported: the plan of a run lives in `synthgen.dp_plan`, which `synthgen.work_folder`
 # imports too; callers keep importing it from here.
@@ -94,21 +82,9 @@ def _vmap_clipped_sum(loss_fn: LossFn, clip_norm: float):
     def clipped_sum(trainable, frozen, batch, real):
         losses, grads = per_example(trainable, frozen, batch)
         micro = real.shape[0]
-        # The materialised per-example gradients are read three times: by the finiteness
-        # check, by the norms and by the sum. Two barriers make all three read the very same
-        # values: this one before any read (no backend recomputes or fuses the gradient's
-        # producer into one reader and not another), the next after the zeroing.
-        leaves = jax.lax.optimization_barrier(
-            [g.astype(jnp.float32) for g in jax.tree.leaves(grads)]
-        )
-        finite = jnp.ones((micro,), bool)
-        for g in leaves:
-            finite &= jnp.all(jnp.isfinite(g), axis=tuple(range(1, g.ndim)))
-        keep = real & finite
-        # Zero the rows that are not kept *before* any product: 0 * inf would be NaN; the
-        # barrier makes the norms and the sum read the very same values.
-        leaves = [jnp.where(keep.reshape(-1, *(1,) * (g.ndim - 1)), g, 0.0) for g in leaves]
-        leaves = jax.lax.optimization_barrier(leaves)
+        # The materialised gradients, checked, zeroed where not kept and fenced by barriers.
+        leaves = [g.astype(jnp.float32) for g in jax.tree.leaves(grads)]
+        leaves, keep = ghost_clipping.keep_finite(leaves, real)
         with jax.named_scope(ghost_clipping.CLIP_SCOPE):
             squares, chain, entries = clip_rounding.sum_of_squares(leaves, micro)
             zeros = jnp.zeros_like(squares)
@@ -122,7 +98,7 @@ def _vmap_clipped_sum(loss_fn: LossFn, clip_norm: float):
                 sum_eps_cross=0.0,
                 sum_tiny=clip_rounding.TINY * micro * sum(math.sqrt(g[0].size) for g in leaves),
             )
-            factors = jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12)), 0.0)
+            factors = ghost_clipping.clip_factors(keep, norms, clip_norm)
             sums = [clip_rounding.exact_einsum("b,b...->...", factors, g) for g in leaves]
         total = jax.tree.unflatten(jax.tree.structure(grads), sums)
         return total, losses, norms, keep
@@ -140,31 +116,22 @@ def make_clipped_grad_sum(
 ):
     """Returns f(trainable, frozen, batch, mask) -> (sum of clipped grads, loss sum, ClipCounts).
 
-    `batch` leaves have shape [num_micro, micro, ...] and `mask` [num_micro, micro]; the scan
-    runs over microbatches. Within a microbatch, with `tapped_loss_fn` (the same loss with
-    `LoraDense` taps) the per-example norms come from `synthgen.ghost_clipping` (ghost norms
-    or materialised gradients per layer, chosen by `norm_rule`, and Book-Keeping sums);
-    without it, from `vmap(grad)` over the examples, clipping after the vmap.
-    `book_keeping` chooses how the ghost path forms its sums (`ghost_clipping.clipped_sum`;
-    "batched" to measure against only).
+    `batch` leaves are [num_micro, micro, ...] and `mask` [num_micro, micro]; a scan runs
+    over the microbatches. With `tapped_loss_fn` (the loss with `LoraDense` taps) a
+    microbatch is clipped by `ghost_clipping.clipped_sum` (`norm_rule`, `book_keeping`);
+    without it, by `vmap(grad)` over the examples, clipping after the vmap.
 
     Privacy:
-      Each real example (mask 1) contributes min(1, C / N) g, of L2 norm at most C: N
-      bounds ||g|| from above, covering the rounding of its computation and of the sum's
-      products, which have exact inputs and float32 accumulation on every device
-      (`synthgen.clip_rounding`); a
-      gradient with any non-finite entry contributes exactly 0 (and is counted), and a
-      padding row (mask 0) contributes 0 whatever its gradient, so one example can never
-      turn the sum into NaN or inf: the sum's sensitivity is C (add/remove-one), up to the
-      rounding of adding the contributions together. Removing an example changes how the
-      others' contributions round where they are added (each contribution is formed on its
-      own, `synthgen.ghost_clipping.clipped_sum`), by at most 2 gamma_k sum_j ||c_j g_j||
-      <= 2 gamma_k B C, k the additions a contribution passes through (microbatch,
-      microbatches, chunks): 2.4e-4 C within a microbatch of 32, at most 0.011 C over the
-      `gpu` preset's batch of 1024 (k = 44), reached only if every addition rounds the same
-      way. Every floating-point DP-SGD has this residual (Mironov 2012 on the low bits);
-      the noise is not calibrated for it. Both paths compute the same sum (to float
-      rounding; tested).
+      Each real example (mask 1) contributes min(1, C / N) g, of L2 norm at most C: N bounds
+      ||g|| from above including its rounding, with exact-input products and float32
+      accumulation on every device (`synthgen.clip_rounding`). A non-finite gradient and a
+      padding row contribute exactly 0, so no example can make the sum NaN or inf: the
+      sensitivity is C (add/remove-one) up to the rounding of adding the contributions,
+      which an example's removal moves by at most 2 gamma_k sum_j ||c_j g_j|| <= 2 gamma_k B C
+      over its k additions (microbatch, microbatches, chunks): 2.4e-4 C within a microbatch
+      of 32, at most 0.011 C over the `gpu` preset's batch of 1024 (k = 44). Every
+      floating-point DP-SGD has this residual (Mironov 2012); the noise is not calibrated for
+      it. Both paths compute the same sum to float rounding (tested).
     """
     if tapped_loss_fn is None:
         clipped_sum = _vmap_clipped_sum(loss_fn, clip_norm)
@@ -239,9 +206,8 @@ def make_optimizer(learning_rate: float, *, lora: bool) -> optax.GradientTransfo
 class TrainResult:
     """Output of `train`: trained parameters, the guarantee, and the per-step log.
 
-    `losses` (mean loss of each step of this call) and `nonfinite` (per-example gradients
-    of this call that had an inf or NaN and were zeroed) are computed on private data and
-    are NOT differentially private: for the operator only, never for released files.
+    `losses` (each step's mean loss) and `nonfinite` (zeroed per-example gradients) are
+    computed on private data and NOT DP: for the operator only, never for released files.
     """
 
     trainable: PyTree
@@ -284,10 +250,6 @@ def _add_trees(total: PyTree, more: PyTree) -> PyTree:
     return jax.tree.map(jnp.add, total, more)
 
 
-def _mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()), ("data",))
-
-
 def train(
     loss_fn: LossFn,
     trainable: PyTree,
@@ -307,11 +269,6 @@ def train(
 ) -> TrainResult:
     """Runs DP-Adafactor on `data` (arrays with a leading example axis).
 
-    With `fixed_rate`, `plan` may be made for more examples than `data` has: each example is
-    then drawn with the plan's Poisson rate B / plan.num_examples, so the mechanism (rate,
-    steps, sigma, delta) does not depend on the dataset's size. Audits use it: their size
-    depends on which canaries were inserted, and the claim must not.
-
     Args:
       loss_fn: per-example loss(trainable, frozen, example) -> scalar. No batch statistics.
       trainable: parameters to train (all, or the LoRA adapters).
@@ -319,22 +276,21 @@ def train(
       data: dict of arrays [n, ...]; row i is example i.
       config: DP hyper-parameters.
       lora: selects the Adafactor variant (see `make_optimizer`).
-      work_dir: the run's private work folder (`synthgen.work_folder`): checkpoints, which
-        an existing one resumes, and the record of the run's charge. It holds the noise key
-        and the sampler state: keep it secret, apart from any released folder; the caller
-        deletes it once the release is written.
+      work_dir: the run's private work folder (`synthgen.work_folder`: checkpoints, which
+        resume the run, the noise key, the sampler state and the charge record). Keep it
+        secret; the caller deletes it once the release is written.
       pay: the caller's payer (`synthgen.privacy.receipts`), paid once before the first
-        noise; with a work folder it must be that folder's (`WorkFolder.payer`: a resume
-        finds its charge through the folder's record and pays nothing more). None: an
-        uncharged run (tests, audits that state their own claim).
+        noise; with a work folder, that folder's `WorkFolder.payer` (a resume pays
+        nothing more). None: an uncharged run (tests, audits that state their own claim).
       description: public description for the ledger (ids and parameters only).
-      progress: show a progress bar (loss, examples/s, epsilon so far).
+      progress: show a progress bar (steps and epsilon so far).
       stop_after: stop after this many steps in total (to test resumption).
       plan: the run's privacy plan if already computed by `plan_privacy(config, n)`.
-      fixed_rate: draw each example at the plan's Poisson rate (see above).
-      tapped_loss_fn: `loss_fn` with `LoraDense` taps (the model families'
-        `tapped_loss_fn()`); with `config.per_example_norms == "ghost"` the per-example norms
-        come from ghost clipping, which gives the same clipped sum faster.
+      fixed_rate: `plan` may be made for more examples than `data` has; each example is
+        drawn at the plan's Poisson rate, so the mechanism does not depend on the data's
+        size (audits, whose size depends on the canaries inserted).
+      tapped_loss_fn: `loss_fn` with `LoraDense` taps (the families' `tapped_loss_fn()`):
+        with `config.per_example_norms == "ghost"`, ghost clipping (the same sum, faster).
 
     Returns:
       TrainResult with the final trainable parameters and the privacy plan.
@@ -345,8 +301,8 @@ def train(
       BudgetExceededError: the run's charge would exceed the scope's cap (nothing drawn).
 
     Privacy:
-      See the module docstring: the subsampled Gaussian mechanism of `plan.event` under
-      `plan.relation`, charged before the first noise is drawn.
+      The subsampled Gaussian mechanism of `plan.event` under `plan.relation` (module
+      docstring), charged before the first noise is drawn.
     """
     sizes = {len(v) for v in data.values()}
     if len(sizes) != 1:
@@ -416,7 +372,7 @@ def train(
         restored = manager.restore_latest(trainable, opt_state, noise_key_data)
         if restored is not None:
             meta = restored.meta
-            if meta["plan"] != json.loads(json.dumps(dataclasses.asdict(plan))):
+            if meta["plan"] != plan_record(plan):
                 raise ValueError(f"checkpoint in {work.path} belongs to a different run")
             trainable, opt_state, step = restored.trainable, restored.opt_state, restored.step
             noise_key = run_seed.noise_key(restored.noise_key)
@@ -426,7 +382,7 @@ def train(
     if pay is not None:  # paid before the first noise is drawn
         _charge_on_process_0(lambda: paid(pay, plan, description))
 
-    mesh = _mesh()
+    mesh = Mesh(np.array(jax.devices()), ("data",))
     replicated = NamedSharding(mesh, P())
     sharded = NamedSharding(mesh, P(None, "data"))
     # Copy: the update donates its inputs, and the caller's arrays must stay valid.
@@ -508,9 +464,8 @@ def train(
 
 
 PROGRESS_FORMAT = "{desc}: {n_fmt}/{total_fmt} steps{postfix}"
-"""The DP-SGD bar: steps and epsilon spent, nothing else. tqdm's default format adds the
-rate and elapsed time, which depend on the realised (private) Poisson batch sizes and on n;
-the Private Evolution histogram bar leaves them out the same way."""
+"""The DP-SGD bar: steps and epsilon spent, nothing else (tqdm's default rate and elapsed
+time depend on the realised, private, Poisson batch sizes and on n)."""
 
 
 def _progress(total: int, initial: int, enabled: bool):

@@ -1,46 +1,22 @@
 """Clipped per-example gradient sums without per-example weight gradients (ghost clipping).
 
-Inside one example, a dense product y = x @ W with input x [n, d_in] and output gradient
-g = dL/dy [n, d_out] gives W the gradient x^T g. Its squared norm is
-
-    ||x^T g||_F^2 = sum_{t,s} (x_t . x_s) (g_t . g_s)        (the "ghost norm")
-
-which costs n^2 (d_in + d_out) instead of the n d_in d_out of materialising x^T g (Li et al.
-2022). Each layer takes the cheaper of the two, by that cost rule (Bu et al. 2023). With every
-example's norm, hence its clip factor c_i, known, W's clipped sum is one batched product
-sum_i c_i x_i^T g_i over the x_i and g_i of the same backward pass (Book-Keeping, Bu et al.
-2023): no second backward pass and no [batch, d_in, d_out] array for ghost layers. Bu et al.
-form it as one product over the microbatch's examples and tokens; here each example's
-product is formed on its own and added to one buffer (a scan over the microbatch: the same
-FLOPs), so that an example's presence changes the rounding of the others' contributions
-only where contributions are added (see Privacy).
-
-The x and g come from the taps of `synthgen.models.lora.LoraDense`: its products sow their
-inputs and add a zero "perturbation" to their outputs, whose gradient is g. A tapped loss
-function has the signature of `TappedLossFn`; the model families provide one
-(`tapped_loss_fn()`). Trainable parameters that are not the weight of a product tapped exactly
-once per example (norm scales, embeddings, position biases, biases, a weight used twice) get
-per-example gradients the usual way (`vmap` of `grad`), and their squares join the norm. A
-tapped weight is not differentiated by `grad`: a use of it that is not tapped would be missing
-from both its norm and its sum (a biased gradient, not a larger sensitivity); every use in
-the project's models is tapped (the tests compare with the per-example path).
+Ghost norms (Li et al. 2022) or materialised gradients per layer (Bu et al.'s cost rule),
+then Book-Keeping sums from the same taps (`synthgen.models.lora.LoraDense` inputs and output
+gradients), each example's product on its own; other parameters get `vmap(grad)` rows. See
+docs/guides/querygen.md. A tapped weight is not differentiated by `grad`: an untapped use
+would be missing from its norm and its sum (a biased gradient, not a larger sensitivity);
+every use in the project's models is tapped (tested against the per-example path).
 
 Privacy:
-  The same mechanism as `synthgen.dp_train`'s per-example path: every real example whose
-  gradient (tapped inputs and output gradients included) is finite contributes
-  min(1, C / N_i) g_i, of L2 norm at most C; any other row contributes exactly 0. The ghost
-  identity is exact, and N_i is an upper bound of ||g_i|| covering the rounding and underflow
-  of the norms and of the summed products (`synthgen.clip_rounding`), whose products all
-  have exact inputs and float32 accumulation by an explicit algorithm, never the device's
-  default precision (tested: no product in `CLIP_SCOPE` without one, and every released
-  contribution recomputed in float64 is at most C). The clipped sum equals the per-example
-  path's to float rounding and the bounds' margin (tested). Sensitivity: C per example, as
-  its contribution is summed; removing an example also changes the rounding of the
-  additions of the other examples' contributions, by at most 2 gamma_k sum_j ||c_j G_j||
-  over the k additions a contribution passes through (microbatch, microbatches, chunks),
-  as in every floating-point DP-SGD (the per-example path too; `clipped_sum` gives the
-  figures, and those of Bu et al.'s batched product, which are far larger). Shapes, the
-  per-layer choice and the bounds depend on public shapes only.
+  The mechanism of `synthgen.dp_train`'s per-example path: every real example with a finite
+  gradient contributes min(1, C / N_i) g_i, of L2 norm at most C; any other row exactly 0.
+  The ghost identity is exact and N_i bounds ||g_i|| from above including the rounding and
+  underflow of the norms and the summed products (`synthgen.clip_rounding`), all products
+  with exact inputs and float32 accumulation (tested: none in `CLIP_SCOPE` without a named
+  algorithm; every contribution, recomputed in float64, at most C). Removing an example
+  also changes the rounding of adding the others' contributions, by at most
+  2 gamma_k sum_j ||c_j G_j|| over k additions, as in every floating-point DP-SGD
+  (`clipped_sum`). Shapes, the per-layer choice and the bounds depend on public shapes only.
 
 References: Li et al. 2022 (Large language models can be strong differentially private
 learners: ghost clipping); Bu et al. 2023 (Differentially private optimization on large
@@ -118,12 +94,14 @@ def tapped_uses(tapped_loss_fn: TappedLossFn, trainable, frozen, example) -> dic
     return out
 
 
-def _factors(use: Use, recorded, out_grad, micro: int, stack: int):
+def _factors(use: Use, recorded_inputs, out_grads, micro: int, stack: int):
     """(A, B) with the example's gradient of the weight = sum over rows of A^T B.
 
     A is [micro, stack, n, rows of W] (ids [micro, stack, n] for a lookup), B is
-    [micro, stack, n, columns of W], both in the dtype the model computed them in.
+    [micro, stack, n, columns of W], both in the dtype the model computed them in; read
+    from the recorded inputs and output gradients, keyed by `use.perturbation`.
     """
+    recorded, out_grad = recorded_inputs[use.perturbation], out_grads[use.perturbation]
     if use.kind == LOOKUP:
         return recorded.reshape(micro, 1, -1), out_grad.reshape(micro, 1, -1, out_grad.shape[-1])
     if use.kind == ATTEND:
@@ -204,19 +182,9 @@ def per_example_factors(
         rest, zeros, batch
     )
 
-    f32 = jnp.float32
-    rows = {p: g.astype(f32) for p, g in rest_grads.items()}  # [micro, *shape]
+    rows = {p: g.astype(jnp.float32) for p, g in rest_grads.items()}  # [micro, *shape]
     factors = {
-        p: [
-            _factors(
-                u,
-                recorded[u.perturbation],
-                out_grads[u.perturbation],
-                micro,
-                math.prod(w.shape[:-2]),
-            )
-            for u in uses[p]
-        ]
+        p: [_factors(u, recorded, out_grads, micro, math.prod(w.shape[:-2])) for u in uses[p]]
         for p, w in weights.items()
     }
     return losses, rows, factors
@@ -244,10 +212,9 @@ def clipped_sum(
       rule: "auto" (the cost rule per layer), or force "ghost" / "materialise" (tests) for
         weights used once by a product; an embedding, or any weight used more than once,
         always takes the ghost norm with its cross terms.
-      book_keeping: how a ghost-normed weight's clipped sum is formed: "per_example" (one
-        example at a time into one buffer: the same products, see Privacy) or "batched" (one
-        product over the microbatch's examples and tokens, Bu et al.'s form; kept to measure
-        against, `scripts/bench_clip_bound.py --timing`).
+      book_keeping: how a ghost-normed weight's clipped sum is formed: "per_example" (each
+        example's product on its own into one buffer, see Privacy) or "batched" (Bu et al.'s
+        one product over the microbatch; kept to measure against, `bench_clip_bound.py`).
 
     Returns:
       (sum of clipped gradients shaped like `trainable` in float32, per-example losses,
@@ -255,22 +222,17 @@ def clipped_sum(
       finite).
 
     Privacy:
-      Each kept example contributes c_i G_i with c_i = min(1, C / N_i) and N_i an upper
-      bound of ||G_i|| (`_norm_bounds`, `synthgen.clip_rounding.clip_norm_bound`), so
-      ||c_i G_i|| <= C whatever the device's default precision. A bfloat16 model's scaled
-      output gradients are rounded to bfloat16 for the summed product; the bound includes
-      that rounding (2^-8 against sum_t ||a_t|| ||b_t||), the largest part of its margin.
+      Each kept example contributes c_i G_i, c_i = min(1, C / N_i), N_i an upper bound of
+      ||G_i|| (`synthgen.clip_rounding.clip_norm_bound`), so ||c_i G_i|| <= C at any device
+      precision; a bfloat16 model's scaled output gradients are rounded to bfloat16 for the
+      summed product, and the bound covers it (2^-8 against sum_t ||a_t|| ||b_t||).
 
-      What the bound covers is per example; removing an example also changes how the other
-      examples' terms round where they are added together. "per_example" computes each
-      contribution on its own and adds it to the buffer, so that change is the rounding of
-      adding contributions, at most 2 gamma_m sum_j ||c_j G_j|| <= 2 gamma_m m C over the m
-      examples of a microbatch (2.4e-4 C at m = 32), as on the per-example path. "batched"
-      adds every example's per-token terms in one product, and the change is at most
-      2 gamma_{m n} sum_j c_j P_j (P_j = sum_t ||a_t|| ||b_t||, several times ||G_j||): 3.9e-3 C
-      against 1.5e-5 C per example at t5-small with m = 8, about 0.2 C against 2.4e-4 C at
-      the `gpu` preset's shapes (worst cases, `scripts/bench_clip_bound.py`; the query
-      generator guide has the table).
+      Removing an example also changes how the others' terms round where they are added.
+      "per_example" adds each contribution on its own, so the change is at most
+      2 gamma_m sum_j ||c_j G_j|| <= 2 gamma_m m C over a microbatch of m (as on the
+      per-example path); "batched" adds every per-token term in one product, up to
+      2 gamma_{m n} sum_j c_j P_j, P_j = sum_t ||a_t|| ||b_t|| (far larger: the table in
+      docs/guides/querygen.md, from `scripts/bench_clip_bound.py`).
     """
     if rule not in NORM_RULES:
         raise ValueError(f"rule must be one of {NORM_RULES}, got {rule=}")
@@ -279,33 +241,14 @@ def clipped_sum(
     losses, rows, factors = per_example_factors(tapped_loss_fn, trainable, frozen, batch)
     flat = traverse_util.flatten_dict(trainable)
     micro = real.shape[0]
-    # Read by the finiteness check, the norms and the sums: a barrier before the first read
-    # and another after the zeroing make them all read the very same values.
-    rows, factors = jax.lax.optimization_barrier((rows, factors))
-    finite = jnp.ones((micro,), bool)
-    for r in rows.values():
-        finite &= jnp.all(jnp.isfinite(r), axis=tuple(range(1, r.ndim)))
-    for pairs in factors.values():
-        for a, b in pairs:
-            if a.ndim == 4:
-                finite &= jnp.all(jnp.isfinite(a), axis=(1, 2, 3))
-            finite &= jnp.all(jnp.isfinite(b), axis=(1, 2, 3))
-    keep = real & finite
-    # Zero what is not kept *before* any product: 0 * inf would be NaN. The barrier makes the
-    # norms and the sums below read the very same values (no producer recomputed per use).
-    rows = {p: jnp.where(_expand(keep, r), r, 0.0) for p, r in rows.items()}
-    factors = {
-        p: [(a if a.ndim == 3 else _zero_unkept(keep, a), _zero_unkept(keep, b)) for a, b in pairs]
-        for p, pairs in factors.items()
-    }
-    rows, factors = jax.lax.optimization_barrier((rows, factors))
+    (rows, factors), keep = keep_finite((rows, factors), real)  # lookup ids stay as they are
     with jax.named_scope(CLIP_SCOPE):
         sizes = {p: flat[p].size for p in factors}
         norms, materialised = _norm_bounds(rows, factors, sizes, micro, rule, book_keeping)
         # An overflow leaves inf or NaN: such a row is dropped like a non-finite gradient,
         # before any product with its values.
         keep &= jnp.isfinite(norms)
-        scale = jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12)), 0.0)
+        scale = clip_factors(keep, norms, clip_norm)
         total = _summed(flat, rows, factors, materialised, keep, scale, book_keeping)
         return total, losses, norms, keep
 
@@ -417,7 +360,7 @@ def _summed(flat, rows, factors, materialised, keep, scale, book_keeping: BookKe
     """
     total = {}
     for p, r in {**rows, **materialised}.items():
-        r = jnp.where(_expand(keep, r), r, 0.0)
+        r = zero_unkept(keep, r)
         total[p] = clip_rounding.exact_einsum("b,b...->...", scale, r).reshape(flat[p].shape)
     ghost = {p: pairs for p, pairs in factors.items() if p not in materialised}
     buffers = {
@@ -473,10 +416,32 @@ def _add_example(acc: jax.Array, pairs, c: jax.Array) -> jax.Array:
     return acc + jax.lax.optimization_barrier(part)
 
 
-def _zero_unkept(keep: jax.Array, x: jax.Array) -> jax.Array:
-    return jnp.where(_expand(keep, x), x, jnp.zeros((), x.dtype))
+def keep_finite(tree: PyTree, real: jax.Array) -> tuple[PyTree, jax.Array]:
+    """(tree, keep [micro]): keep marks the `real` rows whose floating leaves [micro, ...] are
+    all finite, and the rows not kept are zeroed in every floating leaf (integer leaves, a
+    lookup's ids, are left as they are).
+
+    Zeroed *before* any product: 0 * inf would be NaN. The values are read by the finiteness
+    check, the norms and the sums: a barrier before the check and one after the zeroing make
+    all of them read the very same values (no backend recomputes a producer per reader).
+    """
+
+    def floating(x: jax.Array) -> bool:
+        return jnp.issubdtype(x.dtype, jnp.inexact)
+
+    tree = jax.lax.optimization_barrier(tree)
+    keep = real
+    for x in filter(floating, jax.tree.leaves(tree)):
+        keep &= jnp.all(jnp.isfinite(x), axis=tuple(range(1, x.ndim)))
+    tree = jax.tree.map(lambda x: zero_unkept(keep, x) if floating(x) else x, tree)
+    return jax.lax.optimization_barrier(tree), keep
 
 
-def _expand(mask: jax.Array, like: jax.Array) -> jax.Array:
-    """[micro] -> [micro, 1, ...] broadcasting against `like`."""
-    return mask.reshape(mask.shape + (1,) * (like.ndim - 1))
+def clip_factors(keep: jax.Array, norms: jax.Array, clip_norm: float) -> jax.Array:
+    """[micro] clip factors min(1, C / N_i) of the kept rows, 0 for the others."""
+    return jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12)), 0.0)
+
+
+def zero_unkept(keep: jax.Array, x: jax.Array) -> jax.Array:
+    """x [micro, ...] with the rows that are not kept set to 0."""
+    return jnp.where(keep.reshape(keep.shape + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))

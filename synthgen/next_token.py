@@ -1,21 +1,16 @@
 """Next-token log-probabilities of a frozen LM for a batch of prompts: the `NextTokenLM`
 protocol and its shared helpers.
 
-DP few-shot generation (`synthgen.fewshot`) releases one token at a time for M private
-prompts that all continue with the same released tokens. A backend therefore keeps a
-*session*: `start(prompts)` returns the next-token log-probabilities [B, V] after each prompt
-and `append(token)` feeds the same token to every row and returns the next ones, so a token
-costs one cached decoding step per row. `score(prompts)` is the stateless full forward
-(what a session replaces; the naive path of `scripts/bench_fewshot.py`); it must leave an
-open session untouched, because the public prompt is scored with `score` in a call of its
-own while the private rows' session is open.
+DP few-shot generation (`synthgen.fewshot`) feeds the same released tokens to M prompts, so
+a backend keeps a *session*: `start(prompts)` and `append(token)` return log-probs [B, V]
+at one cached step per row. `score(prompts)`, the stateless full forward, must leave an
+open session untouched (the public prompt is scored alone while the private session is
+open). The backends (`synthgen.lm_backends`, `synthgen.openai_backend`) import this module
+and never each other.
 
-The backends (`synthgen.lm_backends`: Flax and a test model; `synthgen.openai_backend`: a
-server over HTTP) import this module and never each other.
-
-Privacy: rows of one batch are padded together and share batched numerics, so a row's
-log-probabilities may depend (by float rounding) on the other rows of its call. Callers keep
-public and private prompts in separate calls (`synthgen.fewshot.generate` does).
+Privacy: rows of one batch share batched numerics, so a row's log-probabilities may depend
+(by float rounding) on the other rows of its call. Callers keep public and private prompts
+in separate calls (`synthgen.fewshot.generate` does).
 """
 
 from __future__ import annotations

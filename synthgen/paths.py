@@ -42,10 +42,9 @@ def default_ledger_help() -> str:
 def default_work_dir(release_dir: str | Path, ledger_path: str | Path | None = None) -> Path:
     """Private work folder of the DP run that releases into `release_dir`.
 
-    ``<ledger folder>/work/<release folder name>-<12 hex digits of sha256(its absolute
-    path)>``: beside the ledger (private, durable data; the default ledger's when
-    `ledger_path` is None or a server URL), never inside the release folder, and the same
-    folder every time the same release is trained, so that calling again resumes an interrupted run.
+    ``<ledger folder>/work/<release folder name>-<12 hex of sha256(its absolute path)>``:
+    beside the ledger (the default ledger's for None or a server URL), never inside the
+    release folder, and the same for every run of the same release (calling again resumes).
 
     Privacy:
       The work folder holds the mechanism's secret randomness (noise key, sampler state) and

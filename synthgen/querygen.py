@@ -1,19 +1,14 @@
 """DP query generator (Carranza et al. 2023): DP fine-tuning on (document -> query) pairs, then
-synthetic queries for documents.
+synthetic queries for documents. See docs/guides/querygen.md.
 
 Privacy:
-  Unit: one (document, query) pair; queries are private, documents are public items
-  (query-level DP). Fine-tuning is DP-Adafactor (`synthgen.dp_train`): per-example clipping
-  to C, Gaussian noise sigma*C, Poisson sampling, PLD accounting, delta = 1/(2n) by default;
-  its guarantee is charged to the ledger before training. Generating queries from the
-  fine-tuned model is post-processing: it reads only public documents and the DP model, so
-  it costs no further budget. The vocabulary of a randomly initialised model is trained on
-  the public documents only.
-
-  The released generator folder holds the weights, the configs, the tokenizer and the
-  privacy metadata, nothing else: no resume state (noise key, sampler state, optimizer
-  state), which lives in the run's private work folder (`synthgen.work_folder`) and is
-  deleted after a finished run, and no losses or timings of the private training.
+  Unit: one (document, query) pair; queries are private, documents public (query-level
+  DP). Fine-tuning is DP-Adafactor (`synthgen.dp_train`; delta = 1/(2n) by default),
+  charged to the ledger before training. Generating queries reads only public documents
+  and the DP model: post-processing, no further budget. A random-init model's vocabulary
+  is trained on the public documents only. The released generator folder holds the
+  weights, configs, tokenizer and privacy metadata: no resume state (it stays in the
+  private work folder, `synthgen.work_folder`), no losses or timings of the training.
 
 References: Carranza, Farahani, Ponomareva, Kurakin, Jagielski, Nasr 2023, "Synthetic Query
 Generation for Privacy-Preserving Deep Retrieval Systems using Differentially Private
@@ -28,7 +23,6 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import datasets
 import jax
@@ -63,8 +57,7 @@ def _config_from_dict(cls, data: dict):
 
 
 VOCABULARY_CACHE = "vocabularies"
-"""The asset cache's folder of random-init bases' vocabularies, trained on public documents
-(`synthgen.paths.cache_dir`; `synthgen.models.sentencepiece_tokenizer.train_sentencepiece`)."""
+"""The asset cache's folder of random-init bases' vocabularies (`train_sentencepiece`)."""
 
 
 def load_base(
@@ -77,10 +70,9 @@ def load_base(
 ):
     """Returns (family adapter, params) for the configured base model.
 
-    For "random:<preset>", trains a SentencePiece vocabulary on `documents` (public) into
-    `tokenizer_dir`, then initialises the model from `seed`. With `vocabulary_cache` (for
-    documents that are public: the cache outlives the run), a vocabulary trained before on
-    the same documents is reused (`VOCABULARY_CACHE`).
+    For "random:<preset>", trains a SentencePiece vocabulary on the public `documents` into
+    `tokenizer_dir` (reusing one trained on the same documents in `vocabulary_cache`, which
+    outlives the run), then initialises the model from `seed`.
     """
     lora = dict(lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
     compute = dict(dtype=config.dtype, remat=config.remat)
@@ -108,24 +100,26 @@ def load_base(
 
 
 def _random_init(family: str, preset: str, tokenizer, overrides: dict, seed: int):
-    key = jax.random.key(seed)
+    family_cls, model_cls, config_cls = _family_classes(family)
+    if family == "llama" and preset != "tiny":
+        raise ValueError(f"random llama presets: tiny; got {preset=}")
+    base = config_cls.preset(preset) if family == "t5" else config_cls.tiny()
+    cfg = dataclasses.replace(base, vocab_size=tokenizer.vocab_size, **overrides)
+    ids = np.zeros((1, 4), np.int32)
+    inputs = (ids, np.ones_like(ids), ids) if family == "t5" else (ids,)
+    params = model_cls(cfg).init(jax.random.key(seed), *inputs)["params"]
+    return family_cls(cfg, tokenizer), params
+
+
+def _family_classes(family: str):
+    """(family adapter, model, model config) classes of a family."""
     if family == "t5":
         from synthgen.models.t5 import T5, T5Config
 
-        cfg = dataclasses.replace(
-            T5Config.preset(preset), vocab_size=tokenizer.vocab_size, **overrides
-        )
-        ids = np.zeros((1, 4), np.int32)
-        params = T5(cfg).init(key, ids, np.ones_like(ids), ids)["params"]
-        return T5Family(cfg, tokenizer), params
+        return T5Family, T5, T5Config
     from synthgen.models.llama import Llama, LlamaConfig
 
-    if preset != "tiny":
-        raise ValueError(f"random llama presets: tiny; got {preset=}")
-    cfg = dataclasses.replace(LlamaConfig.tiny(), vocab_size=tokenizer.vocab_size, **overrides)
-    ids = np.zeros((1, 4), np.int32)
-    params = Llama(cfg).init(key, ids)["params"]
-    return LlamaFamily(cfg, tokenizer), params
+    return LlamaFamily, Llama, LlamaConfig
 
 
 # ---- training ----------------------------------------------------------------------------
@@ -160,8 +154,7 @@ def train_generator(
     """DP-fine-tunes the generator on private (document, query) pairs; writes `out_dir`.
 
     Bad input (empty data, missing fields, epsilon <= 0, delta >= 1/n) raises ValueError
-    before any compute. The trained generator (params, configs, tokenizer, privacy plan)
-    goes to `out_dir`, the release; the resume state goes to the private `work_dir`.
+    before any compute. The resume state goes to the private `work_dir`.
 
     Args:
       config: the run's configuration.
@@ -173,8 +166,8 @@ def train_generator(
       work_dir: private work folder (checkpoints, noise key, sampler state, charge
         record): the payer's, else `synthgen.paths.default_work_dir(out_dir)`. Calling
         again with the same folders resumes an interrupted run.
-      keep_work: keep the work folder after a finished run (it stays secret); by default
-        it is deleted once the release is written. An interrupted run always keeps it.
+      keep_work: keep the (secret) work folder after a finished run; by default it is
+        deleted once the release is written (an interrupted run keeps it).
       progress: show a progress bar.
       stop_after: stop after this many steps (to test resumption).
       plan: precomputed `dp_train.plan_privacy(config.dp, len(pairs))`.
@@ -191,20 +184,21 @@ def train_generator(
     if plan is None:  # validates epsilon, delta and sizes before any compute
         plan = dp_train.plan_privacy(config.dp, len(pairs))
     out = Path(out_dir)
-    if pay is not None and not isinstance(pay, OncePayer):
-        raise ValueError("a training run is paid by its run payer (synthgen.work_folder.run_payer)")
-    if pay is not None:
+    if pay is None:
+        work = WorkFolder(work_dir if work_dir is not None else default_work_dir(out))
+    else:
+        if not isinstance(pay, OncePayer):
+            raise ValueError(
+                "a training run is paid by its run payer (synthgen.work_folder.run_payer)"
+            )
         if work_dir is not None and Path(work_dir).resolve() != pay.work.path.resolve():
             raise ValueError(f"work_dir={work_dir} is not the payer's work folder {pay.work.path}")
-        work = pay.work
-    else:
-        work = WorkFolder(work_dir if work_dir is not None else default_work_dir(out))
-    if pay is not None and not plan.private:
-        raise ValueError("a non-private run (noise_multiplier=0) cannot be charged to a ledger")
-    if pay is not None:
+        if not plan.private:
+            raise ValueError("a non-private run (noise_multiplier=0) cannot be charged to a ledger")
         # Refuse an over-budget run before loading anything; a resumed run whose charge is
         # in the ledger passes. `dp_train.train` pays (atomically, once) before step 1.
         pay.check(plan)
+        work = pay.work
     out.mkdir(parents=True, exist_ok=True)
     documents, queries = pairs[document_field], pairs[query_field]
     # The initialisation of a random-init base is public (seed 0): never derived from the
@@ -260,13 +254,9 @@ def train_generator(
     return result
 
 
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
-
-
 def _released_config(config: GeneratorConfig) -> dict:
     """The run's config without its secret: a fixed (test) seed replays the noise."""
-    return _jsonable(dataclasses.asdict(config.replace(dp_seed=None)))
+    return json.loads(json.dumps(dataclasses.asdict(config.replace(dp_seed=None)), default=str))
 
 
 def _randomness(config: GeneratorConfig) -> dict:
@@ -276,9 +266,8 @@ def _randomness(config: GeneratorConfig) -> dict:
 
 
 def _privacy_block(plan: dp_train.PrivacyPlan, charged: tuple[str, str] | None) -> dict:
-    """The released guarantee: the plan, unit, mechanism and the ledger scope charged (or
-    None: not charged to a ledger), so that whatever is trained on the release can state
-    it (`retriever.provenance`)."""
+    """The released guarantee: plan, unit, mechanism and the ledger scope charged (None: not
+    charged), so that whatever is trained on the release can state it (`retriever.provenance`)."""
     block = plan.to_dict()
     block.update(
         unit="one (document, query) pair; queries private, documents public",
@@ -304,16 +293,15 @@ def load_generator(model_dir: str | Path):
     if not path.is_file():
         raise FileNotFoundError(f"no trained generator in {model_dir} (missing {GENERATOR_FILE})")
     record = json.loads(path.read_text())
-    gen_cfg = record["generator_config"]
-    dp_cfg = dp_train.DPConfig(**gen_cfg.pop("dp"))
-    config = GeneratorConfig(dp=dp_cfg, **{k: v for k, v in gen_cfg.items() if k != "dp"})
+    gen_cfg = record["generator_config"]  # its "dp" is popped (the record then lacks it)
+    config = GeneratorConfig(dp=dp_train.DPConfig(**gen_cfg.pop("dp")), **gen_cfg)
     trainable_bytes = (model_dir / PARAMS_FILE).read_bytes()
     if config.base.startswith("random:"):
-        family_cls, model_cls = _family_classes(config.family)
+        family_cls, _, config_cls = _family_classes(config.family)
         from synthgen.models.sentencepiece_tokenizer import SentencePieceTokenizer
 
         tokenizer = SentencePieceTokenizer.load(model_dir / "tokenizer")
-        family = family_cls(_config_from_dict(model_cls, record["model_config"]), tokenizer)
+        family = family_cls(_config_from_dict(config_cls, record["model_config"]), tokenizer)
         params = serialization.msgpack_restore(trainable_bytes)
         return family, params, record
     family, base_params = load_base(config)
@@ -322,16 +310,6 @@ def load_generator(model_dir: str | Path):
         _, frozen = split_trainable(base_params, lora=True)
         return family, merge_params(trainable, frozen), record
     return family, trainable, record
-
-
-def _family_classes(family: str):
-    if family == "t5":
-        from synthgen.models.t5 import T5Config
-
-        return T5Family, T5Config
-    from synthgen.models.llama import LlamaConfig
-
-    return LlamaFamily, LlamaConfig
 
 
 # ---- generation --------------------------------------------------------------------------
@@ -354,9 +332,8 @@ def generate_queries(
 ) -> datasets.Dataset:
     """Writes synthetic (doc_id, document, query) rows (JSONL + Parquet) and metadata.json.
 
-    With `shard` (I/N, N > 1), only that shard's documents (`synthgen.shards`); the shards'
-    folders joined by `merge_query_shards` equal the unsharded output. Shards need a `seed`
-    (one sampling stream for all of them).
+    With `shard` (I/N), only that shard's documents (`synthgen.shards`; joined by
+    `merge_query_shards`); shards need a `seed` (one sampling stream for all of them).
 
     Privacy:
       Post-processing of the DP generator on public documents: no further budget. The
@@ -414,9 +391,7 @@ def generate_queries(
         "post_processing": "queries are sampled from the DP generator given public documents;"
         " generation spends no privacy budget; each query is cut to its first non-empty line",
         "model": {
-            "family": record["family"],
-            "base": record["base"],
-            "lora_rank": record["lora_rank"],
+            **{k: record[k] for k in ("family", "base", "lora_rank")},
             "config": record["model_config"],
             "generator_dir": str(Path(model_dir).absolute()),
         },
@@ -464,6 +439,17 @@ def write_query_folder(
     return dataset
 
 
+_SHARED_BY_SHARDS = (
+    "count",
+    "total_documents",
+    "documents_sha256",
+    "generator_sha256",
+    "seed_sha256",
+    "platform",
+)
+"""The shard records' fields every shard of one job shares (`merge_query_shards`)."""
+
+
 def merge_query_shards(shard_dirs: Sequence[str | Path], out_dir: str | Path) -> datasets.Dataset:
     """Joins the folders of `generate_queries(..., shard=I/N)` for I = 0..N-1 into one.
 
@@ -491,20 +477,8 @@ def merge_query_shards(shard_dirs: Sequence[str | Path], out_dir: str | Path) ->
 
     def job(meta: dict) -> tuple:
         generation = {k: v for k, v in meta["generation"].items() if k != "seconds"}
-        return (
-            json.dumps([meta["privacy"], meta["model"], meta["generator_config"], generation]),
-            *(
-                json.dumps(meta["shard"][k])
-                for k in (
-                    "count",
-                    "total_documents",
-                    "documents_sha256",
-                    "generator_sha256",
-                    "seed_sha256",
-                    "platform",
-                )
-            ),
-        )
+        shared = [meta["privacy"], meta["model"], meta["generator_config"], generation]
+        return (json.dumps(shared), *(json.dumps(meta["shard"][k]) for k in _SHARED_BY_SHARDS))
 
     position = 0
     for _, folder, meta in metas:

@@ -1,18 +1,13 @@
 """The secret seed of a DP training run: 128 bits, split into a sampler and a noise stream.
 
-One run seed (a 128-bit integer) is drawn from OS entropy (`secrets`) in production, or
-fixed in tests. `numpy.random.SeedSequence(seed).spawn(2)` derives two independent streams
-from it: the batch sampler's PCG64 seed and the data of the Gaussian noise key, both 128
-bits. The noise key uses JAX's ``rbg`` PRNG implementation, whose key data is 4 x uint32 =
-128 bits (a threefry key holds only 64 bits, and `jax.random.key(int)` with x64 disabled
-keeps only the low 32 bits of the seed).
+`SeedSequence(seed).spawn(2)` gives the sampler's PCG64 seed and the data of an ``rbg``
+noise key (4 x uint32: a threefry key holds 64 bits). See docs/guides/privacy.md.
 
 Privacy:
-  The noise and the batches are the mechanism's randomness: whoever knows the run seed, the
-  noise key or the sampler state can replay the noise and subtract it from the release.
-  They stay in memory and in the run's private work folder (`synthgen.work_folder`), never
-  in a released folder. With several processes (`jax.distributed`) every process must draw
-  the same batches and noise, so process 0's seed is broadcast, all 128 bits of it.
+  Whoever knows the run seed, the noise key or the sampler state can replay the noise and
+  subtract it from the release: they stay in memory and in the run's private work folder
+  (`synthgen.work_folder`). With several processes, process 0's seed is broadcast, all 128
+  bits, so every process draws the same batches and noise.
 
 References: Salmon et al. 2011 (counter-based PRNGs); numpy `SeedSequence` (O'Neill 2015).
 """
@@ -72,12 +67,8 @@ def shared_seed(seed: int | None) -> int:
 
 
 def split_streams(seed: int) -> tuple[int, np.ndarray]:
-    """(sampler seed, noise key data) of a run: independent 128-bit streams of `seed`.
-
-    Returns:
-      The PCG64 seed of the batch sampler (an int < 2**128, for `secure_rng`) and the
-      (4,) uint32 data of the noise key (for `noise_key`).
-    """
+    """Independent 128-bit streams of `seed`: the batch sampler's PCG64 seed (an int for
+    `secure_rng`) and the (4,) uint32 data of the noise key (for `noise_key`)."""
     check_seed(seed)
     sampler, noise = np.random.SeedSequence(int(seed)).spawn(2)
     return from_words(sampler.generate_state(_WORDS, np.uint32)), noise.generate_state(

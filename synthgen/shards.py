@@ -1,12 +1,9 @@
 """Splitting a long post-processing job into shards that separate processes or machines run.
 
-A shard is ``I/N`` (0 <= I < N). The documents are cut, in their given order, into N
-contiguous runs of whole generation batches, so every shard runs exactly the batches the
-unsharded job would run, with the same shapes and the same per-batch random keys; joining
-the shards' outputs in shard order gives the unsharded output, byte for byte (tested), when
-every shard ran on the same JAX version and device kind (recorded by `platform` and checked
-by the merges: other hardware rounds floats differently). Any scheduler (Slurm array jobs,
-Kubernetes indexed jobs, Ray) can fan them out.
+A shard ``I/N`` (0 <= I < N) runs the I-th of N contiguous runs of whole generation
+batches, with the unsharded job's shapes and per-batch keys: the shards' outputs joined in
+order are the unsharded output, byte for byte (tested), on the same JAX version and device
+kind (`platform`, checked by the merges). Any scheduler can fan them out.
 """
 
 from __future__ import annotations

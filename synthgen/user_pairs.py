@@ -1,18 +1,11 @@
 """A user's own (document, query) pairs, checked line by line before anything is charged.
 
-The main job's users hold a search or support log: (query, clicked document) pairs whose
-queries are private, and a document collection that is public to the service. `read_pairs`
-reads a JSONL of pairs, each with its query and either the document's text or the id of a
-document in a JSONL collection, and returns the collection and the pairs. Every problem is
-one line naming the file and line (never a line's content): a line that is not JSON or
-lacks a field, an empty field, a document id the collection does not hold, an id the
-collection repeats, and too few distinct documents for a split.
-
-`split_collection` then holds out whole documents of the collection (a seeded, public
-permutation of its ids): the held-out documents' queries evaluate the encoders and never
-train a generator, and the generator writes queries for the collection's other documents,
-not for the documents the pairs name (which documents were clicked, and how often, is
-private).
+`read_pairs` reads a JSONL of (query, clicked document) pairs, each with the document's
+text or its id in a public JSONL collection. Every problem is one line naming the file and
+line, never its content: a line that is not JSON or lacks a field, an empty field, an
+unknown or repeated document id, too few distinct documents for a split.
+`split_collection` then holds out whole documents of the collection. See
+docs/guides/pipeline.md.
 
 Privacy:
   Unit: one pair (add/remove-one), as in the rest of the main job; the documents are public.
@@ -24,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -61,21 +55,26 @@ class PairsSource:
     id_field: str | None = None
 
 
+def nonblank_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of each non-blank line of a UTF-8 text file."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                yield number, line
+
+
 def _lines(path: Path):
     """(line number, object) of each non-blank line; PairsFileError on a bad line."""
     if not path.is_file():
         raise PairsFileError(f"{path}: no such file")
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise PairsFileError(f"{path}:{number}: not valid JSON") from None
-            if not isinstance(row, dict):
-                raise PairsFileError(f"{path}:{number}: not a JSON object")
-            yield number, row
+    for number, line in nonblank_lines(path):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise PairsFileError(f"{path}:{number}: not valid JSON") from None
+        if not isinstance(row, dict):
+            raise PairsFileError(f"{path}:{number}: not a JSON object")
+        yield number, row
 
 
 def _text(path: Path, number: int, row: dict, field: str) -> str:
@@ -161,10 +160,9 @@ def split_collection(
     collection: list[dict], pairs: list[dict], *, test_fraction: float, seed: int
 ) -> tuple[list[dict], list[dict], list[dict]]:
     """(train pairs, held-out pairs, target documents): whole documents of the public
-    collection held out by a seeded permutation of its ids (public: the collection and the
-    seed, never the pairs), their pairs held out with them; the targets, the documents the
-    generator writes queries for, are the collection's other documents (public too: which
-    documents have pairs, and how many, is private and decides nothing here)."""
+    collection held out by a seeded permutation of its ids (never of the pairs), with their
+    pairs; the targets are the collection's other documents (which documents have pairs,
+    and how many, is private and decides nothing here)."""
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction=}")
     ids = [d["doc_id"] for d in collection]

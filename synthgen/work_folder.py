@@ -1,25 +1,18 @@
 """The private work folder of a DP training run: its resume state and the record of its charge.
 
-Layout::
-
-  <work>/checkpoints/  orbax checkpoints: parameters, optimizer state, the noise key data,
-                       the batch sampler's PCG64 state and the privacy plan
-  <work>/charge.json   {ledger, tenant, dataset, ref, plan, charge_id}: the run's charge
+Layout: ``checkpoints/`` (orbax: parameters, optimizer state, the noise key data, the batch
+sampler's PCG64 state, the privacy plan), ``charge.json`` (ledger, tenant, dataset, ref,
+plan, charge_id) and ``run_seed.json``. See docs/guides/privacy.md (release folder and
+private work folder).
 
 Privacy:
-  The work folder holds the mechanism's secret randomness: with the noise key and the
-  sampler state (PCG64 steps backwards as well as forwards) anyone could recompute every
-  step's batch and noise and subtract the noise from the released model. It therefore lives
-  apart from the released folder (default: beside the ledger, see
-  `synthgen.paths.default_work_dir`), is created with mode 0700, and is deleted once the
-  release is written unless the operator asks to keep it. Never ship it.
-
-  Charging exactly once: before the run is charged, `charge.json` records the ledger file,
-  the scope, the run's privacy plan and a fresh random `ref` (a public idempotency key,
-  independent of the data); the charge is made with `ref=` and its id recorded. A restart
-  reads the record, refuses another ledger, scope or plan, and charges with the same ref,
-  which the ledger answers with the earlier charge: a crash at any point (before, during or
-  after the charge, before the first checkpoint) never charges twice.
+  The folder holds the mechanism's secret randomness (with the noise key and the sampler
+  state anyone could recompute every batch and noise and subtract the noise from the
+  release): it lives apart from the released folder, with mode 0700, and is deleted once
+  the release is written unless kept on request. Never ship it. Charged exactly once:
+  `charge.json` records a fresh random `ref` (a public idempotency key) before the charge
+  is made with it, so a restart after a crash at any point charges with the same ref and
+  the ledger answers with the earlier charge; another ledger, scope or plan is refused.
 """
 
 from __future__ import annotations
@@ -42,10 +35,9 @@ CHECKPOINTS = "checkpoints"
 
 
 def write_private(path: str | Path, text: str) -> None:
-    """Writes `path` whole or not at all, readable by its owner only (mode 0600 from its
-    creation), on disk before it returns (fsynced, moved into place, the folder fsynced):
-    a crash never leaves a charge without its key or a record half written. Every private
-    file of a work folder (charge records, audit records, stored draws) goes through here."""
+    """Writes `path` whole or not at all, mode 0600 from its creation, on disk before it
+    returns (fsynced, moved into place, the folder fsynced): a crash never leaves a record
+    half written. Every private file of a work folder goes through here."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -64,11 +56,9 @@ def write_private(path: str | Path, text: str) -> None:
 def private_folder(path: str | Path) -> Path:
     """Creates `path` if needed and makes it readable by its owner only (mode 0700).
 
-    Every private work folder (training resume state, audit records) goes through here.
-    Each folder it creates, the missing parents too, is created with mode 0700 (never
-    readable by others, not even for a moment: `mkdir(parents=True, mode=...)` would give
-    the parents the umask's mode); `path` itself is made 0700 when it existed already, and
-    parents that existed are left as they were.
+    Every folder it creates, missing parents too, is created 0700 (never readable by others,
+    not even for a moment, unlike `mkdir(parents=True, mode=...)`); an existing `path` is
+    made 0700, existing parents are left as they were.
     """
     path = Path(path)
     missing = []
@@ -92,14 +82,9 @@ CHARGE_FILE = "charge.json"
 SEED_FILE = "run_seed.json"  # the run's secret seed: its batches and its noise
 
 
-def _plan_record(plan: PrivacyPlan) -> dict:
+def plan_record(plan: PrivacyPlan) -> dict:
+    """The plan as its JSON records (charge records, checkpoints) hold it."""
     return json.loads(json.dumps(dataclasses.asdict(plan)))
-
-
-def _ledger_id(ledger: PrivacyLedger) -> str:
-    """The ledger a run was charged to: a SQLite file's resolved path, or a PostgreSQL URL
-    without its password (`PrivacyLedger.location`)."""
-    return ledger.location
 
 
 class WorkFolder:
@@ -164,11 +149,11 @@ class WorkFolder:
         record = self._matching_record(ledger, scope, plan)
         if record is None:
             record = {
-                "ledger": _ledger_id(ledger),
+                "ledger": ledger.location,  # a SQLite path, or a URL without its password
                 "tenant": scope[0],
                 "dataset": scope[1],
                 "ref": secrets.token_hex(16),
-                "plan": _plan_record(plan),
+                "plan": plan_record(plan),
                 "charge_id": None,
             }
             self._write(record)  # before charging: a crash after the charge finds the ref
@@ -190,14 +175,13 @@ class WorkFolder:
         return OncePayer(self, ledger, (scope[0], scope[1]), stage)
 
     def charged_in(self, ledger: PrivacyLedger, scope: tuple[str, str], plan: PrivacyPlan) -> bool:
-        """Whether this run, for `plan`, was charged to `ledger` under `scope`: its recorded
-        charge is found there by its random reference (so a ledger moved with its run folder
-        still counts, unlike `check_budget`'s resume, which refuses another ledger path)."""
+        """Whether this run, for `plan`, was charged to `ledger` under `scope`, found by its
+        random reference (a ledger moved with its run folder still counts)."""
         record = self.charge_record()
         return (
             record is not None
             and (record["tenant"], record["dataset"]) == tuple(scope)
-            and record["plan"] == _plan_record(plan)
+            and record["plan"] == plan_record(plan)
             and ledger.find_charge(*scope, record["ref"]) is not None
         )
 
@@ -227,13 +211,13 @@ class WorkFolder:
         if record is None:
             return None
         stored = (record["ledger"], record["tenant"], record["dataset"])
-        if stored != (_ledger_id(ledger), *scope):
+        if stored != (ledger.location, *scope):
             raise ValueError(
                 f"the work folder {self.path} belongs to a run charged to ledger "
                 f"{record['ledger']}, scope ({record['tenant']}, {record['dataset']}): resume "
                 "it against that ledger and scope, or use another work folder"
             )
-        if record["plan"] != _plan_record(plan):
+        if record["plan"] != plan_record(plan):
             from synthgen.checkpoints import has_checkpoint  # orbax: only when needed
 
             never_ran = ledger.find_charge(*scope, record["ref"]) is None and not has_checkpoint(

@@ -19,12 +19,11 @@ class EvolutionConfig:
     Attributes:
       num_samples: synthetic samples released (split evenly over `labels`, round robin).
       iterations: T, DP nearest-neighbour histograms (one per iteration).
-      target_epsilon: the run's epsilon (sigma calibrated from it); or give
-        `noise_multiplier`.
+      target_epsilon: the run's epsilon (sigma calibrated from it), or `noise_multiplier`.
       noise_multiplier: sigma of every histogram (noise std sigma * sqrt(votes)).
       delta: the run's delta; default 1 / (10 N) with N = `public_size`.
-      public_size: N, a declared public figure for the private data's size (sets the
-        default delta, which must be below 1 / N); never compared with the real count.
+      public_size: N, the private data's declared (public) size: delta < 1 / N; never
+        compared with the real count.
       labels: the public label list ("" = one unlabelled pool).
       votes: k, nearest synthetic samples each private sample votes for (L2 sensitivity
         sqrt(k)).

@@ -1,25 +1,17 @@
 """The Private Evolution loop: public population, DP votes, selection, public variations.
 
-Per label, a population of synthetic samples is generated from the public initial prompt
-(or given). Each iteration embeds the population, lets every private sample vote for its
-k nearest synthetic samples of its own label (`synthgen.privacy.nn_histogram`), adds
-Gaussian noise, zeroes noisy counts below the threshold, and draws the label's samples in
-proportion to the noisy counts. All iterations but the last then build the next
-population: the best distinct drawn samples (by noisy count, `keep_share` of it) and LM
-variations of the drawn ones (public prompts holding a synthetic sample, never a private
-one). The last iteration's draw is the release: a draw with replacement, as in PE's
-Algorithm 1, so a sample with a large noisy count may be released more than once (a
-population larger than the release gives more distinct samples).
+Each iteration's DP vote (`synthgen.privacy.nn_histogram`) draws each label's samples;
+the best distinct ones stay and the LM varies the drawn ones. The last draw, with
+replacement as in PE's Algorithm 1, is the release. See docs/guides/evolution.md.
 
 Privacy:
   Unit: one private sample; add/remove-one. Each iteration is one Gaussian mechanism of
-  L2 sensitivity sqrt(k) (its votes) with noise std sigma * sqrt(k); everything after it
-  (threshold, draws, variations, the next embeddings) is post-processing of released
-  histograms and public prompts. T iterations compose to `plan.event` (PLD), checked
-  against the ledger before any work and charged before the first histogram. Private rows
-  are used only as embeddings inside the vote count; rows whose label is not in the
-  public list are dropped row by row (a stable transformation). Nothing private is
-  logged or returned: the progress callback gets stage names and public counts.
+  L2 sensitivity sqrt(k), noise std sigma * sqrt(k); the threshold, draws, variations and
+  next embeddings are post-processing of released histograms and public prompts. T
+  iterations compose to `plan.event` (PLD), checked against the ledger before any work and
+  charged before the first histogram. Rows whose label is not in the public list are
+  dropped row by row (a stable transformation). Nothing private is logged or returned: the
+  progress callback gets stage names and public counts.
 
 References: Lin et al. 2024 (PE, ICLR 2024); Xie et al. 2024 (Aug-PE, ICML 2024).
 """
@@ -35,6 +27,7 @@ import numpy as np
 from synthgen.evolution.config import EvolutionConfig
 from synthgen.evolution.plan import EvolutionPlan, plan_evolution
 from synthgen.evolution.sampler import TextSampler
+from synthgen.fewshot.plan import resolve_delta
 from synthgen.privacy.nn_histogram import dp_nn_histogram, nearest_neighbour_votes
 from synthgen.privacy.receipts import Payer, Receipt, paid
 
@@ -78,8 +71,6 @@ def initial_prompts(config: EvolutionConfig) -> list[tuple[str, str]]:
 
 def _check_plan(plan: EvolutionPlan, config: EvolutionConfig) -> None:
     """Refuses a plan that is not the config's: the metadata states the config's figures."""
-    from synthgen.fewshot.plan import resolve_delta
-
     same = (
         plan.iterations == config.iterations
         and plan.votes == config.votes
@@ -145,8 +136,7 @@ def evolve(
       ValueError: bad arguments.
 
     Privacy:
-      (plan.epsilon, plan.delta)-DP for one private sample under add/remove-one; see the
-      module docstring.
+      (plan.epsilon, plan.delta)-DP for one private sample, add/remove-one (module docstring).
     """
     import time
 

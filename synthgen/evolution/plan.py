@@ -14,17 +14,14 @@ from __future__ import annotations
 import dataclasses
 
 from synthgen.evolution.config import EvolutionConfig
-from synthgen.fewshot.plan import resolve_delta
+from synthgen.fewshot.plan import AddOrRemoveOnePlan, resolve_delta
 from synthgen.privacy import accounting
 from synthgen.privacy.nn_histogram import RELATION, calibrate_nn_histogram, nn_histogram_event
 
 
 @dataclasses.dataclass(frozen=True)
-class EvolutionPlan:
-    """T Gaussian histograms of multiplier sigma, and their (epsilon, delta).
-
-    A `synthgen.privacy.release_plan.ReleasePlan` (PLD accountant).
-    """
+class EvolutionPlan(AddOrRemoveOnePlan):
+    """T Gaussian histograms of multiplier sigma, and their (epsilon, delta)."""
 
     iterations: int
     noise_multiplier: float
@@ -37,12 +34,6 @@ class EvolutionPlan:
     @property
     def noise_std(self) -> float:
         return self.noise_multiplier * self.votes**0.5
-
-    @property
-    def relation(self) -> accounting.NeighboringRelation:
-        """The neighbouring relation of `event` (`RELATION`, the one the ledger is charged
-        under by `synthgen.evolution.generation`)."""
-        return accounting.NeighboringRelation[RELATION]
 
     @property
     def event(self):

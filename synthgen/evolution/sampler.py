@@ -1,21 +1,16 @@
 """Text from public prompts: the LM calls of Private Evolution, batched.
 
-Private Evolution's LM sees public prompts only (a label, or a synthetic sample already
-released to the run), so any backend and any sampling may be used. Two samplers share
-one call, `sample(prompts, key) -> texts`:
-
-  * `FlaxSampler`: the local Flax Llama (`synthgen.lm_backends.FlaxLM`), whole batches of
-    prompts through `synthgen.models.decoding.generate` (one jitted prefill, then a cached
-    decode loop inside `lax.while_loop`; shapes bucketed so batches reuse compilations);
-    prompts go through the tokenizer's chat template when it has one.
-  * `NextTokenSampler`: any `NextTokenLM` (the OpenAI-compatible backend, the test LM):
-    one stateless `score` call per token for the whole batch, sampled on the host.
+The LM sees public prompts only, so any backend and sampling may be used. Both samplers
+have `sample(prompts, key) -> texts`: `FlaxSampler` (the local Flax Llama, whole batches
+through `synthgen.models.decoding.generate`, chat template when there is one) and
+`NextTokenSampler` (any `NextTokenLM`: one batched `score` per token, host-side draws).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,23 +30,15 @@ def clean_text(text: str) -> str:
     return text.strip('"').strip()
 
 
+@dataclasses.dataclass(kw_only=True, eq=False)
 class _BatchedSampler:
     """The options both samplers take: `lm`, tokens per sample, temperature, top-p, batch."""
 
-    def __init__(
-        self,
-        lm,
-        *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 0.95,
-        batch_size: int = 32,
-    ) -> None:
-        self.lm = lm
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.top_p = top_p
-        self.batch_size = batch_size
+    lm: Any = dataclasses.field(kw_only=False)
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 0.95
+    batch_size: int = 32
 
 
 class FlaxSampler(_BatchedSampler):

@@ -1,12 +1,8 @@
 """The hyper-parameters of a DP few-shot generation run (`FewShotConfig`).
 
-Everything here is public: the declared `public_pool_size`, M, shots, the mechanism and its
-noise (or a target epsilon). The config fixes the sampling rate q = M * shots /
-public_pool_size that the accountant assumes (`synthgen.fewshot.plan`).
-
 Privacy:
-  No private data is read here. `public_pool_size` is a declared public figure; the real
-  pool sizes never enter the config, the rate or the guarantee.
+  Everything here is public: the declared `public_pool_size` fixes the rate q = M * shots /
+  public_pool_size the accountant assumes; real pool sizes never enter the config.
 """
 
 from __future__ import annotations
@@ -43,13 +39,12 @@ class FewShotConfig:
       public_prior: lambda of the public soft prior (0 = none).
       resample: "token" (fresh draw per token) or "example" (one draw, KV cache).
       stop_at_newline: a token containing a newline ends the example (single paragraphs).
-      allow_small_pools: run pools smaller than `public_pool_size` instead of refusing
-        them. The guarantee does not change (every example joins a draw with probability
-        exactly q, whatever its pool's size); small pools only fill fewer shots. For pools
-        made from DP-released keys, where refusing would itself read a pool's size.
+      allow_small_pools: run pools smaller than `public_pool_size` instead of refusing them
+        (the guarantee is unchanged: each example joins with probability exactly q; small
+        pools fill fewer shots). For pools of DP-released keys, where refusing would itself
+        read a pool's size.
       extra_candidates: public token ids added to the RVP candidates (e.g. the tokens of
-        DP-released keywords); they must not depend on private data except through a
-        DP release.
+        DP-released keywords): private data may enter them only through a DP release.
     """
 
     public_pool_size: int = dataclasses.field(kw_only=True)
@@ -111,6 +106,11 @@ class FewShotConfig:
     @property
     def shots_cap(self) -> int:
         return self.max_shots or 2 * self.shots
+
+    @property
+    def tokens_per_draw(self) -> int:
+        """Tokens that share one Poisson draw: 1 (resample "token") or max_new_tokens."""
+        return 1 if self.resample == "token" else self.max_new_tokens
 
     @property
     def sampling_rate(self) -> float:

@@ -1,15 +1,10 @@
 """The DP few-shot generation loop: one synthetic text per target, token by token.
 
-`generate` plans (or checks) the run, refuses prompts that may overflow the model's
-context, is paid for (the caller's payer, `synthgen.privacy.receipts`), then for every token
-draws the prompts' private examples, scores the public prompt alone and the M private
-prompts together, and releases one token.
-
 Privacy:
   (plan.epsilon, plan.delta)-DP for one private example under add/remove-one, paid for
-  before the first token; stopping early at EOS only spends less. The public
-  prompt is scored in calls whose inputs are all public; the stopping rule reads only
-  released tokens. See the package docstring (`synthgen.fewshot`; Tang et al. 2024).
+  before the first token (stopping early at EOS only spends less). The public prompt is
+  scored in calls whose inputs are all public; the stopping rule reads only released
+  tokens. See `synthgen.fewshot` (Tang et al. 2024).
 """
 
 from __future__ import annotations
@@ -31,27 +26,13 @@ from synthgen.privacy.receipts import Payer, Receipt, paid
 
 @dataclasses.dataclass
 class FewShotResult:
-    """Generated texts (one per target), the plan, the number of released tokens and the
-    receipt of the run's charge (None: an uncharged run).
-
-    No timings: how long private work took is not part of a release.
-    """
+    """Texts (one per target), the plan, the released tokens and the charge's receipt (None:
+    uncharged). No timings: how long private work took is not part of a release."""
 
     texts: list[str]
     plan: FewShotPlan
     tokens_released: int
     receipt: Receipt | None = None
-
-
-def _public_logprobs(lm: NextTokenLM, public: list[int]) -> np.ndarray:
-    """Log-probs [1, V] after the public prompt, from a call whose inputs are all public."""
-    return np.asarray(lm.score([public]), np.float32)[:1]
-
-
-def _is_stop(lm: NextTokenLM, token: int, config: FewShotConfig) -> bool:
-    if token in lm.eos_ids:
-        return True
-    return config.stop_at_newline and "\n" in lm.decode([token])
 
 
 def generate(
@@ -95,8 +76,8 @@ def generate(
         model's context; all before the charge.
 
     Privacy:
-      See the module docstring: (plan.epsilon, plan.delta)-DP for one private example
-      under add/remove-one, paid for (`pay`) before any token is released.
+      (plan.epsilon, plan.delta)-DP for one private example under add/remove-one, paid for
+      (`pay`) before any token is released (module docstring).
     """
     plan = plan or plan_for(private_rows, targets, template, config, pool_field=pool_field)
     pools = _pools(private_rows, targets, pool_field, config.min_pool_size)
@@ -135,12 +116,14 @@ def generate(
             if config.resample == "token":
                 subsets = draw_subsets(pool, config, plan.sampling_rate, sample_rng)
                 private = lm.score([prompts.prompt(frame, s) + generated for s in subsets])
-            logprobs = np.vstack([_public_logprobs(lm, public + generated), private])
+            # the public prompt's log-probs [1, V], from a call whose inputs are all public
+            public_row = np.asarray(lm.score([public + generated]), np.float32)[:1]
+            logprobs = np.vstack([public_row, private])
             token = release_token(logprobs, config, plan, noise_rng)
             released += 1
             if on_token is not None:
                 on_token(released, plan)
-            if _is_stop(lm, token, config):
+            if token in lm.eos_ids or (config.stop_at_newline and "\n" in lm.decode([token])):
                 break
             generated.append(token)
             if config.resample == "example" and len(generated) < config.max_new_tokens:

@@ -1,16 +1,14 @@
 """The release of one token: M next-token distributions -> one DP token (RVP, prior).
 
-Each private row is normalised to a probability distribution (`distributions`), the M rows
-are averaged (`private_mean`) and one token is released among the candidates
-(`public_candidates`: the whole vocabulary or, with RVP, the K most likely public tokens)
-by the Gaussian mechanism + argmax or by the exponential mechanism (`release_token`).
+Each row is normalised to a distribution (`distributions`), the M private rows averaged
+(`private_mean`), and one token released among the candidates (`public_candidates`) by the
+Gaussian mechanism + argmax or the exponential mechanism (`release_token`).
 
 Privacy:
-  Unit: one private example; add/remove-one neighbours. One example changes at most one
-  of the M prompts, so the mean moves by at most sqrt(2)/M in L2 and 1/M in L-infinity.
-  A token is one Gaussian mechanism of multiplier sigma (std sigma * sqrt(2) / M) or one
-  token_epsilon-DP exponential mechanism, through `synthgen.privacy.mechanisms`; the
-  candidates and the public prior read only the public row (Tang et al. 2024).
+  Unit: one private example; add/remove-one. One example changes at most one of the M
+  prompts, so the mean moves by at most sqrt(2)/M in L2 and 1/M in L-infinity; the
+  mechanisms are `synthgen.privacy.mechanisms`'; the candidates and the public prior read
+  only the public row (Tang et al. 2024).
 """
 
 from __future__ import annotations
@@ -43,9 +41,7 @@ def distributions(logprobs: np.ndarray) -> np.ndarray:
 def private_mean(logprobs: np.ndarray) -> np.ndarray:
     """Mean of the M private next-token distributions (rows 1..M of [1 + M, V] log-probs).
 
-    The statistic each token's mechanism releases: between neighbouring datasets it moves
-    by at most sqrt(2)/M in L2 and 1/M in L-infinity (one prompt changes; every row is
-    normalised by `distributions` first).
+    The statistic each token's mechanism releases (sensitivity: the module docstring).
     """
     return distributions(logprobs[1:]).mean(axis=0)
 
@@ -73,10 +69,9 @@ def release_token(
     """Releases one token from log-probs [1 + M, V]: row 0 public, rows 1..M private.
 
     Privacy:
-      One Gaussian mechanism (L2 sensitivity sqrt(2)/M, multiplier sigma) or one
-      token_epsilon-DP exponential mechanism (L-inf sensitivity 1/M) on the mean of the M
-      private distributions (each normalised to sum to 1); candidates and prior come from
-      the public row only. See the module docstring (Tang et al. 2024).
+      One Gaussian (L2 sensitivity sqrt(2)/M) or token_epsilon-DP exponential (L-inf 1/M)
+      mechanism on the private mean; candidates and prior read the public row only (module
+      docstring; Tang et al. 2024).
     """
     m = config.subsets
     if logprobs.shape[0] != m + 1:

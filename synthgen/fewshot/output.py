@@ -38,9 +38,7 @@ def write_output(
     rows: str = "all rows of the private data",
     seeded: bool = False,
 ) -> dict:
-    """Writes `<name>.jsonl`, `<name>.parquet` and metadata.json (with the guarantee and
-    the (tenant, dataset) of the run's receipt, None for an uncharged run, for what is
-    trained on the output).
+    """Writes the run's release: `<name>.jsonl`, `<name>.parquet` and metadata.json.
 
     Args:
       out_dir: output folder (released: public figures and DP outputs only).
@@ -53,9 +51,11 @@ def write_output(
       rows: which private rows the guarantee covers (e.g. a split or a limit).
       seeded: the mechanism's randomness came from a fixed seed (tests only).
 
+    Returns:
+      The metadata written (`write_release`).
+
     Privacy:
-      Metadata holds only declared or DP figures: the plan (from `public_pool_size`),
-      the config and the count of released tokens; no real pool size and no timing.
+      Only declared or DP figures: the plan, the config, the count of released tokens.
     """
     return write_release(
         out_dir,

@@ -1,20 +1,19 @@
 """The privacy plan of a run: delta, the noise and the guarantee, fixed before it starts.
 
-`plan_privacy` turns a `FewShotConfig` and the public token budget into a `FewShotPlan`
-(its dp-accounting event, epsilon and delta); `plan_for` validates a run's inputs and plans
-it; `_check_plan` refuses a plan that would under-charge a run.
+`plan_for` validates a run's inputs and plans it (`plan_privacy`: a `FewShotPlan`, its
+dp-accounting event, epsilon and delta); `_check_plan` refuses a plan that would
+under-charge a run.
 
 Privacy:
-  Unit: one private example; add/remove-one neighbours (`RELATION`). The plan reads only
-  declared public figures: q = M * shots / public_pool_size, the pools named by the
-  targets and max_new_tokens; delta defaults to 1 / (10 N) with N = public_pool_size x
-  pools and must be below 1 / N. `accounting.fewshot_event` composes the tokens with the
-  PLD accountant (Tang et al. 2024). The private rows are read only to refuse a pool
-  smaller than declared.
+  Unit: one private example; add/remove-one (`RELATION`). The plan reads only declared
+  public figures (q = M * shots / public_pool_size, the targets' pools, max_new_tokens;
+  delta < 1 / N, N = public_pool_size x pools); the private rows only refuse a pool
+  smaller than declared. `accounting.fewshot_event` composes the tokens (PLD).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -53,12 +52,19 @@ def resolve_delta(delta: float | None, num_private: int) -> float:
     return float(delta)
 
 
-@dataclasses.dataclass(frozen=True)
-class FewShotPlan:
-    """The guarantee of a run, fixed before it starts from declared public figures only.
+class AddOrRemoveOnePlan:
+    """A `synthgen.privacy.release_plan.ReleasePlan` (PLD accountant) whose `event` is
+    stated, and charged to the ledger, under add/remove-one."""
 
-    A `synthgen.privacy.release_plan.ReleasePlan` (PLD accountant).
-    """
+    @property
+    def relation(self) -> accounting.NeighboringRelation:
+        """The neighbouring relation of `event` (`RELATION`)."""
+        return accounting.NeighboringRelation[RELATION]
+
+
+@dataclasses.dataclass(frozen=True)
+class FewShotPlan(AddOrRemoveOnePlan):
+    """The guarantee of a run, fixed before it starts from declared public figures only."""
 
     public_pool_size: int
     pools: int
@@ -72,12 +78,6 @@ class FewShotPlan:
     delta: float
     epsilon: float
     pools_per_example: int = 1
-
-    @property
-    def relation(self) -> accounting.NeighboringRelation:
-        """The neighbouring relation of `event` (`RELATION`, the one the ledger is charged
-        under by `synthgen.fewshot.generation`)."""
-        return accounting.NeighboringRelation[RELATION]
 
     @property
     def event(self):
@@ -132,8 +132,8 @@ def plan_privacy(
       ValueError: delta >= 1 / N with N = public_pool_size x pools.
 
     Privacy:
-      Nothing here reads private data: q = M * shots / public_pool_size, delta and the
-      noise follow from public figures, so the plan may be published whole.
+      Reads no private data: q, delta and the noise follow from public figures, so the
+      plan may be published whole.
     """
     if pools < 1 or tokens_per_pool < 1 or pools_per_example < 1:
         raise ValueError(
@@ -141,8 +141,7 @@ def plan_privacy(
             f"{tokens_per_pool=} {pools_per_example=}"
         )
     delta = resolve_delta(config.delta, config.public_pool_size * pools)
-    rate = config.sampling_rate
-    per_draw = 1 if config.resample == "token" else config.max_new_tokens
+    rate, per_draw = config.sampling_rate, config.tokens_per_draw
     shape = dict(
         sampling_rate=rate,
         tokens=tokens_per_pool * pools_per_example,
@@ -184,11 +183,8 @@ def plan_for(
     """Validates the inputs and fixes the run's guarantee (before any model is loaded).
 
     `pools_per_example`: most pools one private example's rows sit in (overlapping pools
-    repeat an example's row once per pool, each with another `pool_field` value); the
-    plan charges every token that many times.
-
-    The plan depends only on public figures (the config and the targets); the private rows
-    are read only to refuse a pool smaller than `config.public_pool_size`.
+    repeat its row once per `pool_field` value); every token is charged that many times.
+    The private rows are read only to refuse a pool smaller than declared.
 
     Raises:
       ValueError: no targets, a field the template reads is missing, a pool smaller than
@@ -210,26 +206,26 @@ def plan_for(
     if missing:
         raise ValueError(f"targets lack field(s) {sorted(missing)}")
     pools = _pools(private_rows, targets, pool_field, config.min_pool_size)
-    per_pool: dict[int, int] = {}
-    for pool in pools:
-        per_pool[id(pool)] = per_pool.get(id(pool), 0) + 1
-    tokens = max(per_pool.values()) * config.max_new_tokens
-    return plan_privacy(config, tokens, len(per_pool), pools_per_example)
+    count, tokens = _pool_budget(pools, config)
+    return plan_privacy(config, tokens, count, pools_per_example)
+
+
+def _pool_budget(pools: Sequence[np.ndarray], config: FewShotConfig) -> tuple[int, int]:
+    """(distinct pools, most tokens one pool releases); pools are told apart by identity."""
+    counts = collections.Counter(map(id, pools))
+    return len(counts), max(counts.values()) * config.max_new_tokens
 
 
 def _check_plan(plan: FewShotPlan, config: FewShotConfig, pools: Sequence[np.ndarray]) -> None:
     """Refuses a plan that does not cover this run (it would under-charge)."""
-    per_draw = 1 if config.resample == "token" else config.max_new_tokens
-    counts: dict[int, int] = {}
-    for pool in pools:
-        counts[id(pool)] = counts.get(id(pool), 0) + 1
+    count, tokens = _pool_budget(pools, config)
     if (
         plan.subsets != config.subsets
         or plan.mechanism != config.mechanism
-        or plan.tokens_per_draw != per_draw
+        or plan.tokens_per_draw != config.tokens_per_draw
         or plan.public_pool_size != config.public_pool_size
         or plan.sampling_rate != config.sampling_rate
-        or plan.pools < len(counts)
-        or max(counts.values()) * config.max_new_tokens > plan.tokens
+        or plan.pools < count
+        or tokens > plan.tokens
     ):
         raise ValueError("the privacy plan does not cover this run; make it with plan_for")

@@ -1,18 +1,15 @@
 """Prompts of DP few-shot generation: templates, targets and prompt token ids.
 
-A `PromptTemplate` writes header + shots + stem; the header and stem are filled with a
-target's (public) fields, each shot with a private row. `_Prompts` encodes the pieces once
-and cuts every field to a public number of tokens, so a shot's length has a public bound.
-
 Privacy:
-  Targets are public (a public label list or public documents); `round_robin_targets`
-  reads only a public label list. The public prompt (header + stem, no shots) reads no
-  private row, and `_Prompts.shot_bound` depends only on the template and `field_tokens`.
+  Targets are public (a public label list or public documents). The public prompt (header
+  + stem, no shots) reads no private row, and `_Prompts` cuts every field to a public
+  number of tokens, so `_Prompts.shot_bound` depends only on the template.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,7 +31,6 @@ class PromptTemplate:
 
     def fields(self) -> tuple[set[str], set[str]]:
         """(fields of a private row, fields of a target) the template reads."""
-        import string
 
         def names(text: str) -> set[str]:
             return {f for _, f, _, _ in string.Formatter().parse(text) if f}
@@ -66,8 +62,6 @@ class _Prompts:
         self._shots: dict[int, list[int]] = {}
 
     def _render(self, text: str, row: Mapping[str, Any], *, bos: bool = False) -> list[int]:
-        import string
-
         ids = self.lm.encode("", bos=True) if bos else []
         for literal, field, _, _ in string.Formatter().parse(text):
             ids += self.lm.encode(literal) if literal else []
@@ -76,8 +70,6 @@ class _Prompts:
         return ids
 
     def _bound(self, text: str) -> int:
-        import string
-
         parsed = list(string.Formatter().parse(text))
         literals = sum(len(self.lm.encode(lit)) for lit, _, _, _ in parsed if lit)
         return literals + self.field_tokens * sum(1 for _, f, _, _ in parsed if f)

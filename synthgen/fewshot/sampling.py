@@ -1,14 +1,10 @@
 """Which private examples a token's prompts see: pools and their Poisson subsets.
 
-A target's pool is its label's private rows (or all rows); `draw_subsets` Poisson-samples a
-pool at the declared rate q and deals the sample to M prompts.
-
 Privacy:
-  Unit: one private example; add/remove-one neighbours. Each example joins the sample with
-  probability exactly q (the accountant's rate) and one uniformly random prompt, its draws
-  independent of the others', so adding an example changes at most one of the M prompts.
-  A pool smaller than the declared `public_pool_size` is refused, naming its (public)
-  label but never its size (Tang et al. 2024).
+  Unit: one private example; add/remove-one. Each example joins the sample with probability
+  exactly q and one uniformly random prompt, independently of the others, so adding one
+  changes at most one of the M prompts. A pool smaller than the declared
+  `public_pool_size` is refused, naming its (public) label, never its size.
 """
 
 from __future__ import annotations
@@ -53,11 +49,9 @@ def draw_subsets(
 ) -> list[list[int]]:
     """Poisson-samples `pool` at `rate` and deals the sample to M prompts at random.
 
-    Each example of the pool, whatever the pool's size, joins the sample with probability
-    exactly `rate` (the accountant's q) and a uniformly random prompt; a prompt keeps at
-    most `config.shots_cap` of its examples (those of smallest random priority, in that
-    order), so a larger pool only fills prompts up to the cap. Adding one example to the
-    pool changes at most one prompt: the sensitivity argument of the module docstring.
+    Each example, whatever the pool's size, joins with probability exactly `rate` (the
+    accountant's q) and a uniformly random prompt, which keeps at most `config.shots_cap`
+    (smallest random priority first): adding one example changes at most one prompt.
     """
     # One row of uniforms per pool example (inclusion, prompt, priority), so an example's
     # fate is independent of the others': the coupling of the sensitivity argument.
