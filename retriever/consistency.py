@@ -1,19 +1,15 @@
 """Round-trip consistency filtering of synthetic queries (Promptagator, Dai et al. 2022).
 
 A synthetic (document, query) pair is kept when a public retriever, searching the public
-corpus with the query, ranks the query's own document within its top k: queries that do not
-lead back to their document teach a dual encoder little, or the wrong thing. Empty queries
-and repeats of a (document, query) pair are dropped first. The filtered folder has the
-generator's layout (queries.jsonl, queries.parquet, metadata.json), so `retriever train`
-reads it as it reads the unfiltered one; its metadata keeps the release's guarantee and
-states the filter (``metadata["filter"]``).
+corpus with the query, ranks the query's own document within its top k; empty queries and
+repeated pairs go first. The filtered folder has the generator's layout, so `retriever
+train` reads it as it reads the unfiltered one; its metadata keeps the release's guarantee
+and states the filter. See docs/guides/retriever.md.
 
 Privacy:
-  Post-processing of a DP release with public data only: the queries are the DP generator's
-  output, the corpus is the public documents, and the filter's encoder must be a public
-  pretrained model (checked from its provenance: an asset, a random initialisation, or a
-  folder recorded as pretrained). The filtered set therefore keeps the release's (ε, δ)
-  guarantee and spends no budget (Dwork and Roth 2014, Prop. 2.1). An encoder trained on
+  Post-processing of a DP release with public data only (Dwork and Roth 2014, Prop. 2.1):
+  the queries are the DP generator's output, the corpus is public, and the filter's encoder
+  must be a public pretrained model (checked from its provenance). An encoder trained on
   private data would make the choice of kept queries depend on that data, and is refused.
 """
 

@@ -1,26 +1,14 @@
 """Text encoders for the dual-encoder retriever: BERT and T5 encoders, mean pooled, in Flax.
 
-Two families load from local Hugging Face folders; no torch is used at run time (weights are
-read from safetensors with numpy, text is tokenized by `tokenizers` or SentencePiece):
-
-* ``bert``: a BERT encoder, e.g. the ``all-minilm-l6-v2`` asset (sentence-transformers'
-  all-MiniLM-L6-v2), with the WordPiece tokenizer of its ``tokenizer.json`` (lowercasing,
-  ``[CLS] ... [SEP]``). The embedding follows that model's sentence-transformers modules
-  (Transformer, Pooling(mean), Normalize): the mean of the last hidden states over real
-  tokens, L2 normalised. Parity with sentence-transformers is tested against the golden file
-  written by ``scripts/make_minilm_fixture.py``.
-* ``t5``: the encoder stack of `synthgen.models.t5.T5` loaded by `load_t5`; inputs end with
-  EOS; states are mean pooled and L2 normalised the same way. Only the ``shared`` and
-  ``encoder`` params are kept (one tower, no decoder).
-
-`TextEncoder.apply` is pure and jittable (params and token ids in, [n, dim] unit vectors out),
-so a training loop can differentiate through it; `TextEncoder.encode` is the batched host API
-(texts sorted by length, each batch padded to one of a few bucketed lengths: few compiles).
-`save_encoder` stores fine-tuned params with the name of the base model they belong to;
-`load_encoder` reverses it.
-
-The BERT model and its checkpoint loading live in `retriever.bert`, the tokenizers in
-`retriever.wordpiece`.
+Two families load from local Hugging Face folders, with no torch at run time: ``bert``
+(e.g. the ``all-minilm-l6-v2`` asset, WordPiece tokenizer; the model and its loading live in
+`retriever.bert`, the tokenizers in `retriever.wordpiece`) and ``t5`` (the encoder stack of
+`synthgen.models.t5.T5`). Both embed as sentence-transformers does: the mean of the last
+hidden states over real tokens, L2 normalised (parity tested against
+``scripts/make_minilm_fixture.py``'s golden file). `TextEncoder.apply` is pure and jittable;
+`TextEncoder.encode` is the batched host API (bucketed lengths: few compiles);
+`save_encoder` and `load_encoder` store and load fine-tuned params with their base model's
+name. See docs/guides/retriever.md.
 
 References:
   Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers"; Reimers and
@@ -187,15 +175,13 @@ class TextEncoder:
     ) -> np.ndarray:
         """Embeds texts in length-sorted, length-bucketed batches: float32 [n, dim].
 
-        All texts are tokenized once and sorted by token count, then embedded `batch_size`
-        at a time; each batch is padded only up to the first of `_bucket_lengths(max_len)`
-        that holds its longest text (the last batch also gets all-padding rows, so every
-        batch has the same number of rows). As in sentence-transformers, short texts then
-        cost little; unlike its exact per-batch lengths, the few bucketed lengths bound the
-        jit compiles (one per bucket used). On CPU each device call runs its batch in
-        cache-sized steps (`_rows_per_step`). Padding has attention mask 0: it is masked as a
-        key and left out of the mean, so an embedding does not depend on its batch or padded
-        length (up to float rounding). Embeddings come back in the order of `texts`.
+        Texts are tokenized once, sorted by token count and embedded `batch_size` at a time,
+        each batch padded to the first of `_bucket_lengths(max_len)` that holds its longest
+        text (the last one filled with all-padding rows): short texts cost little and the
+        few bucket lengths bound the jit compiles. On CPU a batch runs in cache-sized steps
+        (`_rows_per_step`). Padding is masked as a key and left out of the mean, so an
+        embedding does not depend on its batch (up to float rounding). Output is in the
+        order of `texts`.
 
         Args:
           texts: the texts.
@@ -343,6 +329,12 @@ class _RaggedTokens:
 # ---- loading, saving, random init ----------------------------------------------------------
 
 
+def _st_max_len(path: Path) -> int | None:
+    """The ``max_seq_length`` of the folder's sentence-transformers config, if it states one."""
+    st_config = path / "sentence_bert_config.json"
+    return json.loads(st_config.read_text()).get("max_seq_length") if st_config.exists() else None
+
+
 def _bert_from_folder(name: str, path: Path, max_len: int | None) -> TextEncoder:
     config = BertConfig.from_hf_config(json.loads((path / "config.json").read_text()))
     if not (path / "tokenizer.json").exists():
@@ -350,11 +342,8 @@ def _bert_from_folder(name: str, path: Path, max_len: int | None) -> TextEncoder
     tokenizer = HFTokenizer.from_file(str(path / "tokenizer.json"))
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    default = config.max_position_embeddings
-    st_config = path / "sentence_bert_config.json"
-    if st_config.exists():
-        default = json.loads(st_config.read_text()).get("max_seq_length") or default
-    max_len = default if max_len is None else max_len
+    if max_len is None:
+        max_len = _st_max_len(path) or config.max_position_embeddings
     if max_len > config.max_position_embeddings:
         raise ValueError(f"max_len must be <= {config.max_position_embeddings=}, got {max_len=}")
     params = bert_params_from_hf(config, read_hf_tensors(path))
@@ -402,9 +391,8 @@ def _t5_from_folder(name: str, path: Path, max_len: int | None) -> TextEncoder:
         config, params, tokenizer = _t5_encoder_only(path)
     else:
         config, params, tokenizer = load_t5(path, require_tokenizer=False)
-    st_config = path / "sentence_bert_config.json"
-    if max_len is None and st_config.exists():
-        max_len = json.loads(st_config.read_text()).get("max_seq_length")
+    if max_len is None:
+        max_len = _st_max_len(path)
     return TextEncoder(
         name=name,
         family="t5",

@@ -1,31 +1,13 @@
 """Trained encoders and index embeddings in formats other tools read, with their provenance.
 
-`export_encoder` writes a trained encoder folder (``encoder.json`` + ``params.msgpack``) as a
-sentence-transformers folder in the base model's own Hugging Face layout, so that
-``SentenceTransformer(DIR)``, ``transformers.AutoModel.from_pretrained(DIR)`` (BERT) or
-``T5EncoderModel.from_pretrained(DIR)`` (T5) load it unchanged, and so does
-`retriever.encoders.load_encoder`:
-
-* ``model.safetensors``: float32 weights under their Hugging Face names, converted by name
-  with a shape check (`retriever.bert.bert_name_map`, the encoder part of
-  `synthgen.models.t5_loading.hf_name_map`, each read in reverse), never by position. BERT
-  keeps the base's ``pooler.*`` (sentence-transformers does not use it; training here does
-  not change it); T5 is written in the ``T5EncoderModel`` layout (``shared`` + ``encoder.*``).
-* ``config.json``: the base's (BERT) or the model's config (T5, ``T5EncoderModel``), checked
-  against the trained encoder's config.
-* the tokenizer files of the base, copied; a random-init encoder (``random:bert``,
-  ``random:t5``) gets ``tokenizer.json`` (and ``vocab.txt``) written from its vocabulary.
-* ``modules.json``, ``sentence_bert_config.json`` (the encoder's max length),
-  ``1_Pooling/config.json`` (mean over real tokens) and a ``Normalize`` module: the
-  embedding `retriever.encoders.TextEncoder` computes (all-MiniLM-L6-v2's own modules).
-* ``provenance.json`` and a model card ``README.md`` (`retriever.model_card`): the privacy
-  statement, what the encoder was trained on, the base model and its licence, evaluation
-  figures when given.
-
-A separate document tower (``doc_tower/``) is exported beside, as ``DIR/doc_tower``.
-
-`export_index` writes an index folder's (doc_id, embedding) rows to Parquet for any vector
-database, with the encoder and its provenance in the file's schema metadata.
+`export_encoder` writes a trained encoder folder as a sentence-transformers folder in the
+base model's own Hugging Face layout (``model.safetensors`` converted by name with a shape
+check, never by position; ``config.json``; the tokenizer files; the pooling and
+``Normalize`` modules; ``provenance.json`` and a model card, `retriever.model_card`), which
+``SentenceTransformer(DIR)``, ``transformers`` and `retriever.encoders.load_encoder` load
+unchanged; a separate document tower goes to ``DIR/doc_tower``. `export_index` writes an
+index folder's (doc_id, embedding) rows to Parquet for any vector database, with the
+encoder and its provenance in the file's schema metadata. See docs/guides/retriever.md.
 """
 
 from __future__ import annotations
@@ -437,13 +419,11 @@ def export_index(
     the dimension, the row count and the similarity (dot product of unit vectors, i.e.
     cosine).
 
-    The provenance is never dropped. It is the copy ``index.json`` recorded when the index
-    was built (`retriever.index_folder.index_encoder`): it describes the encoder that made
-    these embeddings, so the encoder folder need not be there (nothing is embedded). An
-    index of format 1 recorded no copy: its encoder is found as `retriever index query`
-    finds it (or `encoder`), its own provenance is written and a warning goes to stderr;
-    where that encoder cannot be found the export is refused, rather than writing "no
-    provenance recorded" in place of a statement that may be a DP guarantee.
+    The provenance is never dropped: it is the copy ``index.json`` recorded at build time
+    (`retriever.index_folder.index_encoder`), so the encoder folder need not be there. A
+    format 1 index has no copy: its encoder is found as `retriever index query` finds it,
+    with a warning, or the export is refused rather than state no provenance in place of
+    what may be a DP guarantee.
 
     Args:
       index_dir: a folder `retriever index build` wrote.

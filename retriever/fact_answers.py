@@ -2,21 +2,14 @@
 
 A fact release (`synthgen.knowledge.facts`) holds one synthetic record per released key
 phrase, listing the phrases stated with it ("Dara Quill: Velmora Dynamics; Poswick; 1970.").
-A question is answered in three public steps:
-
-1. the released phrases the question names ("Which company does Dara Quill work for?" names
-   "Dara Quill"); none: the answer abstains, naming no record;
-2. the candidates: those phrases' released partners, not named by the question; when the
-   question names several phrases, the partners that most of them share (what links
-   them: "Which disease causes stibrenish blisters and statirish swelling?");
-3. the public LM scores each candidate as the answer to the question (a plain
-   "Question: ... Answer:" prompt), less its score as the answer to an empty question
-   (domain-conditional PMI, Holtzman et al. 2021: a number is likely after any question),
-   and the best is the answer. Chosen on the validation domain (people; 30 questions,
-   every fact's value a candidate): 25 of 30 typed right, against 10 by plain
-   log-probability and 13 with the records in a chat prompt. The
-   LM's only job is typing ("company" -> "Velmora Dynamics", "year" -> "1970"); it cannot
-   invent a value, since every answer is a released phrase.
+A question is answered in three public steps: (1) the released phrases it names (none: the
+answer abstains); (2) the candidates, those phrases' released partners not named by the
+question (with several phrases named, the partners most of them share); (3) the public LM
+scores each candidate as the answer to a plain "Question: ... Answer:" prompt, less its
+score after an empty question (domain-conditional PMI, Holtzman et al. 2021), and the best
+is the answer. On the validation domain (people, 30 questions) PMI typed 25 right, against
+10 by plain log-probability and 13 with the records in a chat prompt. The LM only types
+("company" -> "Velmora Dynamics"); every answer is a released phrase.
 
 Privacy:
   Reads only the release (DP outputs); post-processing, charges nothing.

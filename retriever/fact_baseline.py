@@ -1,18 +1,12 @@
 """The non-private baseline on your own collection: what a fact release could answer at best.
 
 Operator-only, local and **not DP**, like `synthgen.knowledge.preview`. For your questions
-(with the answers you expect, where you know them) it reports two ceilings:
-
-1. **retrieval**: whether the BM25 top-k records hold the expected answer (what a search
-   index over the private records finds without privacy);
-2. **the typed reader on exact counts**: the typed fact release's own extraction (K facts
-   per record, `synthgen.knowledge.typed_facts`) with every fact's exact record count, no
-   noise and no threshold, answered by the same reader as a release
-   (`retriever.typed_answers.TypedFactAnswerer`, no gap). A question it cannot answer here,
-   no release can: the rule does not read the fact, or the question's kind is not read.
-
-Compare a release's answers (`retriever knowledge answer`) with these to see what privacy
-costs on your data, and what the extraction costs before any noise.
+(with the answers you expect, where known) it reports two ceilings: whether the BM25 top-k
+records hold the expected answer (retrieval without privacy), and the typed reader on exact
+counts (the typed release's own extraction, `synthgen.knowledge.typed_facts`, with exact
+record counts, no noise, no threshold, answered by the release's reader with no gap,
+`retriever.typed_answers`): what it cannot answer, no release can. Compare a release's
+answers (`retriever knowledge answer`) to see what privacy and the extraction cost.
 
 Privacy:
   Exact counts and texts of the private records: printed to the operator's terminal,

@@ -1,18 +1,11 @@
 """Maximum inner product search over L2-normalised embeddings: numpy exact search and ScaNN.
 
 Every index implements the `Searcher` protocol: ``search(queries, k)`` returns ``(scores,
-indices)``, both ``[q, k]``, best first, where the score is the inner product of the query and
-the corpus row (the cosine similarity, since the embeddings are L2-normalised).
-
-* `ExactSearcher`: numpy, a BLAS matmul per block of queries then `np.argpartition`. It is the
-  oracle every test and benchmark compares against.
-* `ScannSearcher`: ScaNN (Guo et al., 2020) through its pybind API (no TensorFlow), either brute
-  force (``kind="scann-bf"``, exact up to float rounding) or a k-means tree + anisotropic
-  asymmetric hashing + exact reordering (``kind="scann"``, approximate) whose parameters are
-  derived from the corpus size by `ScannParams.for_corpus`.
-
-`build_searcher` picks one by name; `load_searcher` reads any of them back from the folder its
-``save`` wrote (a ``searcher.json`` with the kind, size, dim and parameters, plus the arrays).
+indices)``, both ``[q, k]``, best first, the score being the inner product (the cosine, on
+unit vectors). `ExactSearcher` (numpy, the oracle every test compares against) and
+`ScannSearcher` (Guo et al. 2020, pybind API: brute force ``"scann-bf"`` or the
+approximate tree + anisotropic hashing ``"scann"`` sized by `ScannParams.for_corpus`).
+`build_searcher` picks one by name; `load_searcher` reads back what ``save`` wrote.
 
 References:
   Guo, Sun, Lindgren, Geng, Simcha, Chern, Kumar. "Accelerating Large-Scale Inference with
@@ -247,20 +240,13 @@ class ScannParams:
     def for_corpus(cls, size: int) -> ScannParams:
         """Derives the settings from the corpus size n.
 
-        The rule (tuned for recall@10 >= 0.95 on 1M x 384 clustered unit vectors, see
-        ``scripts/bench_index.py``):
-
-        * n < 1,000: float brute force, no tree and no AH (training codebooks on so few rows
-          costs more than it saves).
-        * 1,000 <= n < 10,000: AH over every row, no tree, then reordering.
-        * n >= 10,000: a spherical k-means tree with num_leaves = round(sqrt(n)) clamped to
-          [100, 4,000] (about sqrt(n) rows per leaf); num_leaves_to_search =
-          max(20, ceil(num_leaves / 10)) -- a tenth of the leaves, and never fewer than 20.
-          On the benchmark a fiftieth already reaches recall@10 0.996; the tenth leaves margin
-          for corpora less clustered than the benchmark's at about 1/3 of the speed.
-        * training_sample_size = min(n, 250,000); AH with dimensions_per_block=2 and
-          anisotropic_quantization_threshold=0.2; reorder = 250 (at search time
-          ``max(250, 10 * k)`` candidates are re-scored in float32).
+        Tuned for recall@10 >= 0.95 on 1M x 384 clustered unit vectors
+        (``scripts/bench_index.py``): below 1,000 rows float brute force (codebooks on so few
+        rows cost more than they save); below 10,000 AH over every row; above, a spherical
+        tree of about sqrt(n) leaves (clamped to [100, 4,000]) searching a tenth of them, at
+        least 20: a fiftieth already reached recall@10 0.996 on the benchmark, and the tenth
+        leaves margin for less clustered corpora at about 1/3 of the speed. The AH and
+        reordering settings are the `ScannParams` defaults; the sample is at most 250,000.
 
         Args:
           size: number of corpus rows (>= 1).

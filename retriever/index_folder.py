@@ -7,19 +7,11 @@ Layout: ``index.json`` and ``searcher/`` (a `retriever.index` searcher's ``save`
 (`dpsynth.service.public_index`) and `retriever index export` (`retriever.export.export_index`)
 read it, each through `index_encoder`.
 
-``index.json`` (format 2)::
-
-  {"format": 2,
-   "encoder": "/abs/path/to/encoder" or an asset name ("all-minilm-l6-v2", "random:bert"),
-   "encoder_provenance": {...},   # a copy of the encoder's provenance at build time
-   "doc_ids": [...], "kind": "exact" | "scann-bf" | "scann"}
-
-An encoder folder is recorded by its absolute, resolved path, so the index works from any
-working directory, and its provenance (`retriever.provenance.encoder_provenance`) is copied:
-the copy is what an export states (the embeddings were made by that encoder, whatever happens
-to the folder later), and what a reader checks the folder against before embedding queries
-with it. Format 1 (no "format" field) recorded the encoder as typed at build time and no
-provenance: it still loads, with a one-line warning (`index_encoder`).
+``index.json`` (format 2) holds ``format``, ``encoder`` (an absolute, resolved folder or an
+asset name, so the index works from any working directory), ``encoder_provenance`` (a copy
+of the encoder's provenance at build time: what an export states, and what a reader checks
+the folder against before embedding queries), ``doc_ids`` and ``kind``. Format 1 (no
+provenance) still loads, with a one-line warning (`index_encoder`).
 """
 
 from __future__ import annotations
@@ -168,21 +160,13 @@ def index_encoder(
 ) -> tuple[str, dict]:
     """The encoder of an index folder, checked against its ``index.json``, and its provenance.
 
-    Format 2 (the encoder's absolute folder or asset name, and a copy of its provenance):
-
-    * with `encoder` given (the folder moved), its provenance must equal the copy;
-    * else, when `load`, the recorded folder must still be there with the same provenance;
-    * the provenance returned is always the copy: it describes the encoder that made the
-      index's embeddings. With `load` False (an export, which embeds nothing) and no
-      `encoder`, the folder is not looked at.
-
-    A plain Hugging Face folder's provenance names its path (`provenance.pretrained`), so a
-    moved one matches nothing: rebuild the index.
-
-    Format 1 (the encoder as typed at build time, no provenance): `encoder` if given, else
-    the recorded path resolved as before (against the working directory), then beside the
-    index folder (against its parent); the provenance is the encoder's own, read now. One
-    warning line goes to stderr.
+    Format 2: with `encoder` given (the folder moved), its provenance must equal the
+    recorded copy; else, when `load`, the recorded folder must still be there with that
+    provenance (with `load` False, as for an export, it is not looked at). The provenance
+    returned is always the copy: it describes the encoder that made the embeddings. A moved
+    plain Hugging Face folder matches nothing (its provenance names its path): rebuild.
+    Format 1 (no provenance): `encoder`, else the recorded path resolved against the working
+    directory, then against the index's parent; its own provenance, and one warning line.
 
     Args:
       index: the index folder.

@@ -1,17 +1,12 @@
 """Answer questions from a released knowledge folder: ordinary RAG, nothing charged.
 
 A knowledge folder (`retriever knowledge release`, `retriever.network.knowledge`) holds DP
-synthetic records, their index and the card with the release's guarantee. A fact release
-(``facts.json`` beside them) is answered by `retriever.typed_answers` (typed facts) or
-`retriever.fact_answers` (phrases: the public LM's choice among the partners of the
-released phrases the question names), or abstains. A folder of the retired cluster release
-(no ``facts.json``; such folders stay answerable): `KnowledgeBase` retrieves the top
-records for a question, by BM25 over the records' words (default: a record lists its facts
-as keywords, often invented names a dense encoder cannot relate; `retriever.lexical`) or
-with the index's encoder, and lets a public LM answer from them greedily; it abstains when
-no record shares a word with the question. However many questions are asked, the
-guarantee stays the card's: the collection was released once, and reading the release is
-post-processing.
+synthetic records, their index and the card. A fact release (``facts.json``) is answered by
+`retriever.typed_answers` or `retriever.fact_answers`, or abstains; a folder of the retired
+cluster release (no ``facts.json``) by `KnowledgeBase`: the top records by BM25
+(`retriever.lexical`) or the index's encoder, answered greedily by a public LM, abstaining
+when no record shares a word with the question. However many questions are asked, the
+guarantee stays the card's (post-processing). See docs/guides/knowledge.md.
 
 Privacy:
   Reads only the release folder (DP outputs and public parameters); charges nothing,

@@ -130,39 +130,19 @@ class OverlapEncoder:
 
     A document's vector marks the words it holds; a question's vector gives each of its
     content words (outside `QUESTION_WORDS`) a public weight, normalised to sum to 1. The
-    inner product is the weighted share of the question's content words the document
-    holds, in [0, 1]: it depends on that document and the question alone (no idf, which
-    would make one document's score depend on the others), so a DP threshold over it has
-    sensitivity 1 as over any per-document score, and a public relevance threshold selects
-    the documents that hold the question's words.
+    inner product, the weighted share of the question's content words the document holds,
+    lies in [0, 1] and depends on that document and the question alone (no idf), so a DP
+    threshold over it has sensitivity 1 as over any per-document score.
 
-    Fixed width: a word's coordinate is its hash (`bucket`: BLAKE2b, a fixed public
-    function) modulo `width`, a public constant (`WIDTH` = 2^20), so the vectors' shape
-    never depends on the collection's vocabulary (privacy rule 9) and the document matrix
-    is a sparse CSR matrix [documents, width] that holds each document's distinct words
-    only. Two words in one bucket (a collision) cost retrieval quality, never privacy: a
-    document marks a bucket once (1, however many of its words fall there), a question's
-    bucket holds the sum of its words' shares there, so a score is still the sum of the
-    question's shares over the buckets the document marks, a function of that document
-    and the question alone, at least the exact overlap and at most the sum of all shares,
-    1. A question word's bucket is marked, on average over buckets, by (stored entries) /
-    width documents that do not hold it (fewer for most buckets: common words crowd a few);
-    each gains that word's share, which passes a relevance threshold alone only where the
-    word carries that much of the question's weight (measured at 1M records:
-    `scripts/overlap_scale.py`, docs/results/benchmarks.md). 2^20 keeps a question's
-    dense float32 vector at 4 MiB (scipy's CSR-times-vector product, no posting lists)
-    and the column indices in int32.
-
-    Exactly so, bit for bit: a question word's weight share is rounded down to a multiple
-    of 2^-20 (`GRID`), so a bucket's sum of shares and every partial sum of a document's
-    score are multiples of 2^-20 no larger than 1, exact in float32 (24-bit significand),
-    and the score does not depend on the order the product adds its terms in (the hash's
-    bucket order, scipy's or BLAS's loop). Not covered: the product reads every stored
-    entry, so its time and the matrix's memory grow with documents + stored entries (each
-    document's distinct buckets, a collection-wide total), the same for every question,
-    as the dense design's grew with the vocabulary; a posting-list search
-    would be faster but take time that follows how many documents hold the question's
-    words.
+    Fixed width (privacy rule 9): a word's coordinate is its BLAKE2b hash (`bucket`) modulo
+    the public `width` (`WIDTH` = 2^20), so no shape depends on the collection's vocabulary;
+    documents are a sparse CSR matrix of their distinct buckets. A collision costs quality,
+    never privacy: a document marks a bucket once, so its score is still a function of it
+    and the question alone, at least the exact overlap and at most 1. Exact bit for bit:
+    shares are rounded down to multiples of 2^-20 (`GRID`), so every partial sum is exact
+    in float32 whatever order the product adds in. Not covered: the product's time and the
+    matrix's memory grow with documents + stored entries, the same for every question.
+    See docs/guides/dp_rag.md (term overlap) and `scripts/overlap_scale.py`.
 
     Args:
       texts: the documents (their words set the stored entries only, never the shape).

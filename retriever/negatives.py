@@ -1,12 +1,10 @@
 """Hard negatives for dual-encoder training, mined from the public corpus with a public encoder.
 
-For each training query, the public encoder ranks the corpus; the hard negative is the
-highest-ranked document that is not the query's own and scores below `max_relative_score`
-times the own document's score. The cut drops the candidates that score about as high as
-the positive, which are often unlabelled relevant documents (false negatives): the
-"TopK-PercPos" rule of NV-Retriever (Moreira et al. 2024), who found 0.95 best. The trainer
-(`retriever.train.train_retriever(..., hard_negatives=...)`) adds the batch's hard negatives
-to its in-batch negatives.
+For each training query the public encoder ranks the corpus; the hard negative is the
+highest-ranked other document scoring below `max_relative_score` times the own document's
+score, a cut that drops likely false negatives ("TopK-PercPos" of NV-Retriever, Moreira et
+al. 2024, who found 0.95 best). `retriever.train.train_retriever` adds the batch's hard
+negatives to its in-batch negatives. See docs/guides/retriever.md.
 
 Privacy:
   Post-processing with public data only, when the queries are a DP release: the corpus is

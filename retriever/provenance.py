@@ -1,30 +1,12 @@
 """Provenance of an encoder: what it was trained on, and the privacy statement that follows.
 
-Every encoder folder `retriever.train` writes holds ``provenance.json`` (both towers), and
-every export carries it with a model card made from it (`retriever.export`). One form for
-all cases::
-
-  {"format": 1,
-   "base_model": "all-minilm-l6-v2",
-   "trained_on": {"kind": ..., "description": ..., "num_pairs": ..., "dataset": {...}},
-   "guarantee": {"kind": ..., "epsilon": ..., "delta": ..., "privacy_unit": ...,
-                 "neighboring_relation": ..., "mechanism": ..., "ledger_scope": ...},
-   "statement": "post-processing of an (ε, δ)-DP release: ..."}
-
-``trained_on.kind`` is one of
-
-* ``"dp-synthetic"``: only synthetic pairs of a DP generator release (the ``metadata.json``
-  that `synthgen.querygen.generate_queries` or `synthgen.fewshot.write_output` writes
-  beside them); ``dataset`` holds that release's generator, (ε, δ), privacy unit and ledger
-  scope. The guarantee is ``"post-processing"``: training reads nothing private beyond the
-  release, so the encoder is (ε, δ)-DP by post-processing (Dwork and Roth 2014, Prop. 2.1).
-* ``"real-dp-sgd"``: private pairs through DP-SGD (`retriever.train.train_retriever_dp`):
-  the guarantee is that run's (ε, δ), kind ``"dp-sgd"``.
-* ``"real"``: real data, or data whose origin is not recorded: guarantee ``"none"``,
-  "trained on real data: no privacy guarantee". A synthetic file is only taken for a DP
-  release when its metadata says so and describes exactly that file (`for_pairs_file`).
-* ``"pretrained"``: a base model that was not trained here (an asset, a Hugging Face
-  folder, a random initialisation): no statement about the operator's data applies.
+Every encoder folder `retriever.train` writes holds ``provenance.json`` (format 1: the base
+model, ``trained_on``, ``guarantee`` and ``statement``), and every export carries it with a
+model card (`retriever.export`). ``trained_on.kind`` is ``"dp-synthetic"`` (only pairs of a
+DP generator release whose metadata describes exactly that file, `for_pairs_file`: the
+encoder is (ε, δ)-DP by post-processing, Dwork and Roth 2014, Prop. 2.1), ``"real-dp-sgd"``
+(that DP-SGD run's guarantee), ``"real"`` (no guarantee) or ``"pretrained"`` (not trained
+here). See docs/guides/retriever.md (Provenance).
 
 Privacy:
   Provenance holds public figures only: the guarantee, the privacy unit, the ledger scope
@@ -389,20 +371,13 @@ def collection_independence(name_or_path: str | Path) -> str | None:
     """Why an encoder may score a private collection under DP-RAG, from its provenance.
 
     DP-RAG's sensitivity arguments (`retriever.rag`) hold the question encoder and the
-    document embeddings fixed: they must not depend on the private collection they score.
-    The provenance establishes that for
-
-    * a public pretrained model: a registered asset or a random initialisation, or a folder
-      whose ``provenance.json`` says ``"pretrained"`` (not trained by dpsynth);
-    * a DP-trained encoder: guarantee ``"post-processing"`` (trained only on a DP synthetic
-      release) or ``"dp-sgd"``, with a finite (ε, δ). It may depend on the collection only
-      through that DP release: when the release was made from this collection, the
-      answers' guarantee composes with the encoder's (its ε is in the ledger of the run
-      that made it).
-
-    Not established (None): real data without DP, a non-private generator run, training
-    continued from such an encoder, a trained folder without provenance, and a model folder
-    of unrecorded origin (a Hugging Face folder may have been fine-tuned on anything).
+    document embeddings fixed: they must not depend on the private collection. Established
+    for a public pretrained model (an asset, a random initialisation, a folder whose
+    provenance says ``"pretrained"``) and for a DP-trained encoder (``"post-processing"`` or
+    ``"dp-sgd"`` with a finite (ε, δ): it depends on the collection only through that DP
+    release, whose ε then composes with the answers'). Not established (None): real data
+    without DP, a non-private generator, training continued from such an encoder, or a
+    folder of unrecorded origin.
 
     Args:
       name_or_path: anything `retriever.encoders.load_encoder` accepts.

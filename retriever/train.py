@@ -1,36 +1,23 @@
 """Dual-encoder training: in-batch softmax on (query, document) pairs, and a direct-DP baseline.
 
-`train_retriever` (non-private; for DP synthetic pairs, which is post-processing of the
-generator's output, or for real pairs as the epsilon = infinity reference): query and document
-embeddings from the encoder (one shared tower by default, two with `separate_towers`),
-logits = s * q_i . d_j over the batch (s = 1 / temperature, fixed or learned), softmax
-cross-entropy with the paired document as the label; other pairs of the batch that share the
-positive document are masked out of the negatives. AdamW (optax), orbax checkpoints in a work
-folder outside the release (resumable: the data order of each epoch is a function of the seed
-and the epoch; deleted once the trained encoder is written), data parallel over local
-devices, progress bar with loss and pairs/s.
-
-Both trainers write the towers (`save_trained`) with ``provenance.json`` (`retriever.provenance`):
-what the encoder was trained on and the privacy statement that follows from it. A released
-encoder folder holds the towers, their metadata and the provenance, never resume state.
-
-`train_retriever_dp` (the "direct DP" baseline of Carranza et al., Table 4): DP-Adafactor via
-`synthgen.dp_train` on the real pairs.
+`train_retriever` (non-private: post-processing on DP synthetic pairs, or the epsilon =
+infinity reference on real ones): in-batch softmax over scaled cosine similarities, other
+pairs sharing the positive document masked out, AdamW, resumable orbax checkpoints in a work
+folder outside the release, data parallel over local devices. `train_retriever_dp` is the
+"direct DP" baseline of Carranza et al. (Table 4): DP-Adafactor via `synthgen.dp_train` on
+the real pairs. Both write the towers with ``provenance.json`` (`save_trained`), never
+resume state. See docs/guides/retriever.md.
 
 Privacy of the DP baseline:
   Unit: one (query, document) pair; add/remove-one neighbours (Poisson sampling). An
-  in-batch softmax couples examples: every other pair's loss uses this pair's document as a
-  negative, so clipping per-example losses of the in-batch objective (the paper's naive
-  approach with batch 32) does not bound the influence of one pair by C. Here the loss of
-  pair i depends on pair i alone: the query tower is trained, the document tower is frozen
-  at the public pretrained encoder, and the negatives are the embeddings of *all* public
-  corpus documents (a full softmax over the corpus, which is public). Per-example clipping
-  then gives L2 sensitivity exactly C, and the run is the subsampled Gaussian mechanism that
-  `synthgen.dp_train` accounts for and charges to the ledger. The released folder holds the
-  towers, the privacy metadata and provenance.json (the DP-SGD guarantee) only; the resume
-  state (noise key, sampler state, optimizer) stays in the private work folder
-  (`synthgen.work_folder`), deleted after a finished run, and no loss or timing of the
-  private training is written.
+  in-batch softmax couples examples (each pair's document is a negative in the others'
+  losses), so clipping its per-example losses would not bound one pair's influence by C.
+  Here the query tower is trained, the document tower is frozen at the public pretrained
+  encoder and the negatives are *all* public corpus documents: pair i's loss depends on
+  pair i alone, per-example clipping gives L2 sensitivity exactly C, and the run is the
+  subsampled Gaussian mechanism `synthgen.dp_train` accounts for and charges. The resume
+  state (noise key, sampler, optimizer) stays in the private work folder; no loss or
+  timing of the private training is written.
   References: Abadi et al. 2016; Carranza et al. 2023.
 """
 
@@ -186,21 +173,14 @@ def train_retriever(
       doc_ids: document identities (pairs sharing a document are not each other's
         negatives); default: the document text.
       hard_negatives: one document text per pair (`retriever.negatives`), added to the
-        batch's negatives (embedded by the document tower); None for a pair without one
-        (masked out for every query). A hard negative that is a query's own document is
-        masked out for it.
-      hard_negative_ids: their identities, of the same kind as `doc_ids` (required with
-        `doc_ids`; default: the texts).
-      out_dir: the release folder: the trained encoder once the run is complete (see
-        `save_trained`), never resume state.
-      provenance: what the pairs are (`retriever.provenance`: `synthetic` for a DP
-        generator's release, `for_pairs_file` for a file); default: real data, no
+        batch's negatives; None for a pair without one. A query's own document is masked.
+      hard_negative_ids: their identities, like `doc_ids` (required with `doc_ids`).
+      out_dir: the release folder: the trained encoder once complete (`save_trained`).
+      provenance: what the pairs are (`retriever.provenance`); default: real data, no
         guarantee. Written to out_dir/provenance.json.
-      work_dir: the run's resume state (orbax checkpoints; a run with the same config and
-        pairs resumes from it); with `out_dir`, default
-        `synthgen.paths.default_work_dir(out_dir)`, outside the release.
-      keep_work: keep the work folder after a finished run (default: deleted once the
-        encoder is written; an interrupted run always keeps it).
+      work_dir: the run's resume state (orbax checkpoints), outside the release; with
+        `out_dir`, default `synthgen.paths.default_work_dir(out_dir)`.
+      keep_work: keep the work folder after a finished run (an interrupted run keeps it).
       progress: show a progress bar.
       stop_after: stop after this many steps in total (to test resumption).
 
@@ -272,18 +252,16 @@ def train_retriever(
 
     def loss_fn(params, batch):
         query_tower, doc_tower = _towers(params)
-        q = encoder.apply(
-            query_tower, {"input_ids": batch["q_ids"], "attention_mask": batch["q_mask"]}
-        )
-        d = encoder.apply(
-            doc_tower, {"input_ids": batch["d_ids"], "attention_mask": batch["d_mask"]}
-        )
+
+        def embed(tower, side):  # side: "q", "d" or "n" (the hard negatives)
+            tokens = {"input_ids": batch[f"{side}_ids"], "attention_mask": batch[f"{side}_mask"]}
+            return encoder.apply(tower, tokens)
+
+        q, d = embed(query_tower, "q"), embed(doc_tower, "d")
         scale = jnp.exp(params["log_scale"])
         if "n_ids" not in batch:
             return in_batch_softmax_loss(q, d, batch["doc_key"], scale)
-        negatives = encoder.apply(
-            doc_tower, {"input_ids": batch["n_ids"], "attention_mask": batch["n_mask"]}
-        )
+        negatives = embed(doc_tower, "n")
         return in_batch_softmax_loss(q, d, batch["doc_key"], scale, negatives, batch["n_key"])
 
     @jax.jit

@@ -1,29 +1,16 @@
 """Answer a question from a typed fact release: its subject, the kind it asks for, the counts.
 
 A typed fact release (`synthgen.knowledge.facts`, ``extractor="typed"``) holds, per released
-subject, its values with their kinds and noisy counts ("payments gateway: team Team Heron
-(31); version v2.28.5 (25)."). A question is answered in three public steps, no LM:
-
-1. **the subject**: the released subjects the question names (whole words, case-folded; a
-   subject inside a longer named one is left out); and when the question names a released
-   value that is a name, that value's subject is a candidate too ("Velmora Dynamics
-   employs Dara Quill" answers "Which company does Dara Quill work for?"). None: abstain.
-2. **the kind it asks for**, by a public rule on the question's words (`QUESTION_KINDS`):
-   "What is the IP address of ..." asks an ``ip`` or a ``host``, "When ..." a time window,
-   "Which company ..." an organisation, "Who ..." a person, a team or a name. A question
-   no rule reads is not answered (which relation it asks is unknown).
-3. **the value the release supports**: the subject's values of those kinds, by noisy
-   count (a question naming m subjects, "Which disease causes A and B?", adds each value's
-   counts over them). The answer is the first when it leads the second by at least `GAP`
-   noise standard deviations (the release's own, public; sqrt(m) of them for a sum of m
-   counts); otherwise, or when no value has the kind asked,
-   the answer abstains: a release that cannot tell names nothing, rather than a value of
-   another relation.
-
-What it cannot tell: two relations whose values have the same kind (a subject's keeper and
-its contact, both people) are told apart only by their counts; a question about a relation
-the collection never states is answered when the subject has a value of the kind it asks
-for ("Who approved the budget for X?" when X has a team).
+subject, its values with their kinds and noisy counts. A question is answered in three
+public steps, no LM: (1) the released subjects it names (and the subject of a released name
+it names; none: abstain); (2) the kind it asks for, by a public rule on its words
+(`QUESTION_KINDS`; a question no rule reads is not answered); (3) the subject's value of
+that kind with the highest noisy count, summed over the m subjects named, when it leads the
+second by at least `GAP` noise standard deviations (the release's own, sqrt(m) of them for
+a sum); otherwise, or when no value has the kind asked, it abstains rather than name a
+value of another relation. Two relations whose values share a kind are told apart only by
+their counts, and a relation the collection never states is answered when the subject has
+a value of the kind asked. See docs/guides/knowledge.md (The fact release).
 
 Privacy:
   Reads only the release (DP outputs) and the public question; post-processing, charges

@@ -1,18 +1,14 @@
 """Cells of a privacy-utility study: their names, figures on the test queries, the headline.
 
-A cell is one trained (or zero-shot) retriever scored on the held-out real queries, a dict
-with ``"cell"`` (its name), ``"epsilon"`` and ``"per_query"`` (``{metric: one value per
-query}``, in `retriever.metrics.group_queries` order). Names:
-
-* ``zero-shot``, ``real`` (real train queries, no DP), ``direct-dp-<epsilon>``;
-* ``synthetic-<epsilon>`` (a DP query generator's release), with the levers that cost no
-  privacy appended (``synthetic-1+filter+negatives``; ``+all`` for every lever, `cell_name`);
-* ``real-e<E>`` / ``synthetic-<epsilon>-e<E>``: the same with the retriever trained E epochs
-  (a schedule check).
+A cell is one trained (or zero-shot) retriever scored on the held-out real queries: a dict
+with ``"cell"``, ``"epsilon"`` and ``"per_query"`` (``{metric: one value per query}``, in
+`retriever.metrics.group_queries` order). Names: ``zero-shot``, ``real``,
+``direct-dp-<epsilon>``, ``synthetic-<epsilon>`` with the free levers appended
+(``synthetic-1+filter+negatives``, ``+all``: `cell_name`), and ``-e<E>`` for E epochs.
 
 The held-out queries are halved once by a fixed public permutation
 (`retriever.metrics.validation_split`): the headline cell is chosen by its validation NDCG@10
-and every reported figure is the test half's, so the figure is not the maximum of noisy test
+and every reported figure is the test half's, so it is not the maximum of noisy test
 figures. The queries are private data too; these figures are for the operator's report.
 """
 

@@ -30,6 +30,8 @@ FINGERPRINT_AT_DEFAULT = {"fingerprint": "omit-at-default"}
 FINGERPRINT_AS = "fingerprint-as"
 
 GeneratorKind = Literal["querygen", "fewshot"]
+# the fields of `DataConfig` that name the fields of the user's pairs and documents
+PAIRS_FIELDS = ("query_field", "document_field", "doc_id_field", "text_field", "id_field")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,15 +85,8 @@ class DataConfig:
 
         if self.pairs is None:
             raise ValueError("no data.pairs")
-        return PairsSource(
-            self.pairs,
-            self.documents,
-            query_field=self.query_field,
-            document_field=self.document_field,
-            doc_id_field=self.doc_id_field,
-            text_field=self.text_field,
-            id_field=self.id_field,
-        )
+        fields = {name: getattr(self, name) for name in PAIRS_FIELDS}
+        return PairsSource(self.pairs, self.documents, **fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,16 +161,11 @@ class EncoderConfig:
     real_upper_bound: bool = True
 
     def retriever_config(self):
+        """The trainer's `RetrieverConfig`: this section's fields that it has, else defaults."""
         from retriever.train_config import RetrieverConfig
 
-        return RetrieverConfig(
-            batch_size=self.batch_size,
-            epochs=self.epochs,
-            learning_rate=self.learning_rate,
-            temperature=self.temperature,
-            max_query_len=self.max_query_len,
-            max_doc_len=self.max_doc_len,
-        )
+        shared = {f.name for f in dataclasses.fields(RetrieverConfig)} & vars(self).keys()
+        return RetrieverConfig(**{name: getattr(self, name) for name in shared})
 
     def __post_init__(self) -> None:
         self.retriever_config()  # validates
@@ -221,42 +211,37 @@ class IndexConfig:
 class RagStageConfig:
     """A few questions answered by the DP-RAG stage over a private collection.
 
-    The collection is the user's own (`records`, with public questions in `questions_file`)
-    or, by default, a packaged sample collection (`dpsynth.pipeline.sample_collections`:
-    fictional medical records no pretrained LM can know, with their questions); either is
-    scored with the pipeline's trained encoder.
+    The collection is the user's own (`records`) or a packaged sample collection of
+    fictional medical records (`dpsynth.pipeline.sample_collections`), scored with the
+    pipeline's trained encoder.
 
     Attributes:
       enabled: run the stage.
       lm: LM asset or path.
-      sample: the packaged sample collection answered over without `records`:
-        "medical-40", "medical-200" or "medical-2000" (that many records).
-      questions: how many questions are answered: the first of the sample's, or of
-        `questions_file`.
-      records: the user's private collection: a JSONL of {"doc_id", "text"} lines (None:
-        the packaged `sample`).
+      sample: the packaged collection used without `records`: "medical-40", "medical-200"
+        or "medical-2000" (that many records).
+      questions: how many questions (the first of the sample's or of `questions_file`).
+      records: the user's private collection, a JSONL of {"doc_id", "text"} (None: `sample`).
       questions_file: with `records`: the public questions, a JSONL of {"question",
-        optional "answer"} lines (an expected answer is scored) or one question per line.
+        optional "answer" (scored)} or one question per line.
       dataset: the collection's name in the run's ledger (None: "medical-records" for a
-        packaged sample, the records file's stem otherwise).
+        sample, the records file's stem otherwise).
       epsilon: per-answer epsilon.
-      mechanism: "icl", "keywords", "facts" or "auto" (`retriever.rag.defaults`: facts, or
-        icl with a k below 64); a retired one (`retriever.rag.plan.RETIRED`) is refused.
+      mechanism: "icl", "keywords", "facts" or "auto" (`retriever.rag.defaults`); a retired
+        one (`retriever.rag.plan.RETIRED`) is refused.
       k, max_tokens, delta: the answer stage's public parameters (`RagConfig`).
       epsilon_cap, delta_cap: caps of the collection's ledger scope (the run tenant's);
         in individual accounting, the tenant's quota.
-      accounting: "collection" (every answer composes on the scope above, the privacy
-        statement) or "individual" (each record has its own filter over all answers and
-        pays only for those it takes part in; icl only).
+      accounting: "collection" (every answer composes on that scope) or "individual" (each
+        record's own filter over all answers, paying only for those it takes part in; icl).
       document_epsilon, document_delta: individual accounting: each record's target over
         all answers of all tenants (document_delta below 1/num_records).
-      relevance_threshold: individual accounting: the public relevance threshold tau on
-        the [0, 1] score scale; records below it are not used and pay nothing.
-      mode: "answers" (each question a DP answer, charged) or "release" (the collection's
+      relevance_threshold: individual accounting: the public threshold tau on the [0, 1]
+        score scale; records below it are not used and pay nothing.
+      mode: "answers" (each question a charged DP answer) or "release" (the collection's
         facts released once at `release_epsilon` per record, `synthgen.knowledge.facts`,
-        then every question is answered from the release, charged nothing).
-      release_epsilon: release mode: the per-record epsilon of the one release (delta:
-        `delta_cap`).
+        then every question answered from the release for free; delta: `delta_cap`).
+      release_epsilon: release mode: the per-record epsilon of the one release.
     """
 
     enabled: bool = True

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from dpsynth.pipeline.config import PAIRS_FIELDS
 from synthgen.user_pairs import PairsFileError, PairsSource, read_pairs, split_collection
 
 PRESETS = ("demo", "tiny", "gpu")
@@ -143,13 +144,9 @@ def pairs_config_text(
         name=name,
         out=out or f"runs/{name}",
         test_fraction=test_fraction,
-        query_field=source.query_field,
-        document_field=source.document_field,
-        doc_id_field=source.doc_id_field,
-        text_field=source.text_field,
-        id_field=source.id_field,
         config_name=config_name,
         delta=1.0 / (10 * train),
+        **{field: getattr(source, field) for field in PAIRS_FIELDS},
         **rag,
     )
     return text, PairsPlan(len(pairs), named, len(collection), train, epochs, *counts)

@@ -2,21 +2,16 @@
 
 Privacy:
   Privacy unit: one record of the private collection (add/remove-one). Every answer is
-  (epsilon, delta)-DP (`retriever.rag.DPRag`: DP retrieval threshold, DP token aggregation;
-  Grislain 2024, Koga et al. 2024), charged to the run's ledger before any noise is drawn;
-  the collection's scope caps the total. The questions are public (the packaged sample
-  collection's, made from its fictional diseases' descriptions, or the user's
-  `rag.questions_file`), the answers are releases. The sensitivity
-  assumes an encoder that does not depend on the collection: the run's encoder is trained
-  on the generate stage's DP synthetic release (checked from its provenance.json, as
-  `retriever answer` does), and δ and the scope's δ cap are below 1/n for n records.
+  (epsilon, delta)-DP (`retriever.rag.DPRag`; Grislain 2024, Koga et al. 2024), charged to
+  the run's ledger before any noise is drawn; the collection's scope caps the total. The
+  questions are public, the answers releases. The sensitivity assumes an encoder that does
+  not depend on the collection (the run's is trained on the DP synthetic release, checked
+  from its provenance.json), and δ and the scope's δ cap are below 1/n for n records.
 
   Individual accounting (``rag.accounting = "individual"``, icl only): each record has its
-  own (document_epsilon, document_delta) filter in the ledger over all answers of all
-  tenants (individual Rényi filter, Feldman & Zrnic 2021); an answer charges only the
-  records that score at least the public ``rag.relevance_threshold`` and that their filter
-  still admits, and the tenant's scope becomes a quota. A run folder keeps the accounting
-  it started with: switching would leave answers out of the statement.
+  own filter over all answers of all tenants (Feldman & Zrnic 2021) and pays only for
+  answers it scores at least ``rag.relevance_threshold`` in while its filter admits them;
+  the tenant's scope becomes a quota. A run folder keeps the accounting it started with.
 """
 
 from __future__ import annotations

@@ -58,6 +58,11 @@ def _num(value, digits: int = 4) -> str:
     return str(value)
 
 
+def _cells(record: dict, *keys: str) -> list[str]:
+    """`record`'s values at `keys`, escaped; a key marked ``#`` is a number (`_num`)."""
+    return [_num(record[k[1:]]) if k[0] == "#" else _e(record[k]) for k in keys]
+
+
 def _table(header: list[str], rows: list[list]) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
@@ -343,14 +348,7 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
         "<code>private/</code>.</p>"
     )
     charge_rows = [
-        [
-            _e(s["dataset"]),
-            _e(c["stage"]),
-            _num(c["epsilon"]),
-            _num(c["delta"]),
-            _e(c["description"]),
-            _e(c["time"]),
-        ]
+        [_e(s["dataset"]), *_cells(c, "stage", "#epsilon", "#delta", "description", "time")]
         for s in metrics["privacy"]
         for c in s["charges"]
     ]
@@ -371,13 +369,7 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
             _table(
                 ["encoder", f"NDCG@{k}", f"Recall@{k}", f"MRR@{k}", "trained on"],
                 [
-                    [
-                        _e(r["encoder"]),
-                        _num(r["ndcg"]),
-                        _num(r["recall"]),
-                        _num(r["mrr"]),
-                        _e(r["note"]),
-                    ]
+                    _cells(r, "encoder", "#ndcg", "#recall", "#mrr", "note")
                     for r in evaluation["rows"]
                 ],
             )

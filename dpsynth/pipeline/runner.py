@@ -4,24 +4,12 @@ The top of `dpsynth.pipeline`: it composes the stage functions (`stages`,
 `retrieval_stages`, `rag_stage`, `report`, `stage_shards`) over what they share
 (`dpsynth.pipeline.context`), and none of them imports it back.
 
-Every stage writes `<run>/stages/<name>.json`: its fingerprint, status, timing and peak
-memory, and a public summary (counts, epsilons, metrics; never private text). A stage's
-fingerprint hashes its config sections and the fingerprints of the stages it reads, so a
-changed config section invalidates exactly the stages downstream of it. A stage whose record
-is "running" was interrupted: calling it again with the same fingerprint resumes it (the DP
-generator and the encoder resume from their checkpoints, and a charge is never made twice);
-with another fingerprint its outputs are removed first.
-
-Run folder::
-
-  ledger.sqlite        every charge of the run (public events: mechanism, epsilon, delta)
-  private/             mode 0700: the private split, secret resume state (noise keys, sampler
-                       states), the non-private upper-bound encoder; never ship it
-  data/corpus.jsonl    the public documents
-  generator/, synthetic/, encoder/, index/, rag/   the stages' releases
-  shards/<stage>/      a sharded stage's shard folders until it joins them (`stage_shards`)
-  stages/<name>.json   stage records (mode 0700: timings and non-DP evaluation figures)
-  report/              report.html, metrics.json, the PNGs (mode 0700: operator only)
+Every stage writes `<run>/stages/<name>.json` (fingerprint, status, timing, peak memory, a
+public summary). A fingerprint hashes the stage's config sections and the fingerprints of
+the stages it reads, so a changed section invalidates exactly the stages downstream; a
+"running" record with the same fingerprint resumes (a charge is never made twice), with
+another its outputs are removed first. The run folder's layout and the resume rules are in
+docs/guides/pipeline.md.
 """
 
 from __future__ import annotations

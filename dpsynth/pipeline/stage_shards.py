@@ -1,24 +1,12 @@
 """The generate and index stages in shards: N jobs write shard folders, the stage joins them.
 
-Any scheduler (Slurm array jobs, Kubernetes indexed jobs, Ray) can fan the shards out, as
-long as every job sees the same run folder (a shared file system)::
-
-  synthgen pipeline generate --config C --train-only    # one job: the DP training, charged once
-  synthgen pipeline generate --config C --shard I/N     # N jobs: shard I's synthetic queries
-  synthgen pipeline generate --config C                 # joins them, finishes the stage
-  synthgen pipeline train --config C
-  synthgen pipeline index --config C --shard I/N        # N jobs: shard I's document embeddings
-  synthgen pipeline --config C                          # joins them and runs the rest
-
-A stage run without `--shard` joins the finished shards of its fingerprint when there are
-any (and refuses an incomplete set), otherwise it does all the work itself. The joined
-output equals the unsharded stage's, byte for byte, when the shards ran on the same JAX
-version and device kind (`synthgen.shards`; tested on 3 shards). A shard writes
-``shards/<stage>/<fingerprint>/<I>-of-<N>.partial/`` and renames it to ``<I>-of-<N>/`` when
-done, so a crashed or running shard is never taken for a finished one; the stage removes
-its shards once it has joined them. Shards hold their stage's lock shared and the stage's
-own run holds it exclusively (`context.stage_lock`), so a join never runs beside a shard.
-Every job must see the run folder at the same path (the shards record it).
+Any scheduler can fan the shards out (``--shard I/N``) as long as every job sees the same
+run folder at the same path. A shard writes ``shards/<stage>/<fingerprint>/<I>-of-<N>.partial/``
+and renames it when done, so a crashed or running shard is never taken for a finished one;
+a stage run without ``--shard`` joins a complete set (byte for byte the unsharded output,
+`synthgen.shards`), refuses an incomplete one, and removes the shards once joined. Shards
+hold their stage's lock shared and the stage's own run holds it exclusively
+(`context.stage_lock`). See docs/guides/scaling.md (The main job in shards).
 
 Privacy:
   Shards spend nothing: the generate stage's DP training runs once (``--train-only``) and is

@@ -3,17 +3,15 @@ a public summary (the retrieval, rag and report stages have their own modules; `
 lists them all).
 
 Summaries hold counts, epsilons, metrics and timings only: never a private query or
-document, never a training loss (computed on private data and not DP). The stage records and
-the report read them.
+document, never a training loss (computed on private data and not DP).
 
 Privacy:
   Privacy unit of the pairs: one (document, query) pair of the train split (add/remove-one);
-  documents are public, queries private. The generate stage is the only release computed from
-  the private pairs and is charged to the run's ledger before training starts; the encoder,
-  the index and the synthetic queries are post-processing of it. The rag stage answers over
-  a second private collection (one record = one unit), each answer charged before noise is
-  drawn. The evaluate stage and the real-data upper bound read held-out or train real
-  queries: their figures are not DP and are shown to the operator only (the report says so).
+  documents are public, queries private. The generate stage is the only release computed
+  from the private pairs, charged before training starts; the encoder, the index and the
+  synthetic queries are post-processing of it. The rag stage's answers are charged per
+  answer (`rag_stage`). The evaluate stage and the real-data upper bound read real queries:
+  their figures are not DP and are shown to the operator only.
 """
 
 from __future__ import annotations

@@ -1,75 +1,18 @@
 """The DP-RAG service: a FastAPI app over `retriever.rag.DPRag` and the privacy ledger.
 
-Endpoints (JSON; every one but ``/``, ``/card`` and ``/health`` needs
-``Authorization: Bearer <key>``; the scheme is case-insensitive, RFC 7235):
+Endpoints ``/health``, ``/retrieve``, ``/answer``, ``/budget``, ``/card`` and ``/`` (the
+page). See docs/guides/service.md for each endpoint, refusals and errors, and the trust model.
 
-  * ``GET /health``: liveness, ``{"status": "ok"}``. With a valid tenant key it also states
-    the service's public terms: replicas, queue capacity, per-answer epsilon and mechanism,
-    the question limits, the accounting mode and, in individual accounting, the public
-    relevance threshold and each document's (epsilon, delta) target. It never states how
-    many requests are running or waiting: the queue depth would time other tenants'
-    answers, whose duration depends on the private collection.
-  * ``POST /retrieve`` ``{"question", "k"}``: top-k of the public/synthetic index. Free: it
-    reads no private document.
-  * ``POST /answer`` ``{"question", "epsilon", "mechanism"}`` (the last two optional and,
-    when sent, equal to the service's): a DP answer from the private collection at the
-    service's per-answer epsilon and mechanism, charged to the tenant's scope and the
-    collection's cap in one ledger transaction before any noise is drawn (`DPRag.answer`).
-    An answer runs at most ``answer_timeout`` seconds: past it, the answer stops releasing
-    tokens and comes back with ``truncated: true``, charged as usual.
-  * ``GET /budget``: the tenant's caps, spend, remaining budget, how many answers still
-    fit (the ledger's own check) and charge log. The spend is the ledger's stated figure
-    (`PrivacyLedger.spent`, a function of the recorded events, as ``synthgen ledger show``
-    states it), also written by `format_epsilon` (``spent_epsilon_text``, 4 decimals
-    rounded up; ``remaining_epsilon_text`` is the cap less it, rounded down). Also
-    ``accounting`` ("collection" or "individual") and, in individual accounting,
-    ``documents``: the collection's per-document summary (`DocumentFilters.summary`:
-    counts and aggregate epsilons only, never a document's own figure).
-  * ``GET /card`` (no key): the public card of what the service releases and under which
-    guarantee, when it has one (a network contributor's, `dpsynth.service.contributor`).
-  * ``GET /``: a one-file page to ask questions and watch the budget.
-
-Every error, 404 and 405 of unknown paths and methods included, is
-``{"error", "detail", "request_id", ...}`` with an ``X-Request-Id`` header. Refusals are
-4xx/503 and charge nothing: 401/403 bad keys, 400 bad input (a body that is not a JSON
-object, text that is not valid Unicode such as a lone surrogate escape, ``unknown_fields``
-naming the fields a request does not take), 413 an oversize body or question (in
-characters, and in tokens of the answer LM: ``max_question_tokens``, checked before the
-request queues), 402 a budget that does not cover the answer's worst case (with the
-remaining budget), 503 a full queue or a queue timeout (with Retry-After), 404 an endpoint
-this service does not serve (``/answer`` of a service without replicas, ``/retrieve``
-without a public index, ``/card`` without a card).
-
-An answer is charged before any noise is drawn, so a client that disconnects after the
-charge (a timeout, a closed tab) is charged all the same: the answer runs to its end and
-its charge stays in the ledger, as the charge must precede the release to bound what
-could have been released. ``/budget`` shows it.
-
-Logs hold request ids, tenant names, endpoints, epsilon, counts and timings; never a
-question, a document, a document id, a score or a key.
-
-Trust model: a tenant's cap bounds what that tenant learns about the collection from its
-own answers. Tenants who collude add up, so the collection's cap bounds all tenants
-together; both are checked in the same ledger transaction (`synthgen.privacy.ledger`).
-Answers run at a fixed shape (`retriever.rag.answer`), but one may end early on a released
-value (an end token, an abstention), and other tenants can time that through their own
-waits and 503s: that leak is of released values, covered by the collection's cap over all
-tenants, not by the asking tenant's own cap.
-
-Why one per-answer epsilon: the ledger states the composition of its events as if their
-parameters were fixed in advance. If each request chose its epsilon after seeing earlier
-answers, the parameters would be adaptive and that statement (PLD, RDP over many orders)
-would not be backed by a composition theorem. Every answer of a service is the same event,
-so only the number of answers is the tenants' choice, and stopping early is
-post-processing of the longest sequence the caps allow.
-
-Individual accounting (`RagConfig.accounting == "individual"`, icl answers only): the
-collection has no collection cap; each document has its own zCDP filter in the ledger
-(`synthgen.privacy.document_filters`) and pays only for the answers it scores at least the
-public relevance threshold for while its filter admits them; an exhausted document leaves
-every later answer. The privacy statement is then per document, over all tenants' answers
-together, and holds for adaptively chosen answers (Feldman & Zrnic 2021); a tenant's
-scope is a quota on how much it may ask, charged in the same transaction as the payers.
+Privacy: every answer is one fixed event (the service's per-answer epsilon and mechanism),
+charged to the tenant's scope and the collection's cap in one ledger transaction before any
+noise is drawn, so a client that disconnects after the charge is charged all the same.
+Only the number of answers is the tenants' choice, which keeps the ledger's composition
+statement non-adaptive. Colluding tenants add up and the collection's cap bounds them
+together; an answer that ends early on a released value leaks only released values to
+other tenants' timings, also under that cap. Refusals charge nothing. Individual
+accounting (icl only) gives each document its own zCDP filter instead of the collection
+cap (Feldman & Zrnic 2021). Logs hold ids, tenant names, epsilon, counts and timings, never
+a question, a document, a score or a key.
 """
 
 from __future__ import annotations
@@ -127,14 +70,11 @@ class ServiceConfig:
       answer_epsilon: every answer's epsilon (the same event for every answer: see above).
       mechanism: every answer's mechanism ("icl", "keywords" or "facts"; a retired one,
         `retriever.rag.plan.RETIRED`, is refused with what to use instead).
-      max_question_chars: longer questions get 413 (a cheap first check, before the
-        question is tokenized).
+      max_question_chars: longer questions get 413 (before they are tokenized).
       max_question_tokens: questions longer in tokens of the answer LM get 413 before they
-        queue. An answer's time and memory grow with its prompts, so a limit in characters
-        alone lets a short question of many-token characters (emoji, rare scripts) hold a
-        replica for minutes.
-      answer_timeout: seconds an answer may run once a replica starts it; past them it stops
-        releasing tokens and returns truncated (charged as usual: the charge came first).
+        queue (a short question of many-token characters could hold a replica for minutes).
+      answer_timeout: seconds an answer may run once a replica starts it; past them it
+        returns truncated, charged as usual.
       max_body_bytes: larger request bodies get 413 unread.
       queue_capacity: most requests waiting for a model replica (503 beyond).
       queue_timeout: seconds a request may wait for a replica (503 beyond).
@@ -143,10 +83,8 @@ class ServiceConfig:
       charge_log_limit: most recent charges listed by ``/budget``.
       max_answers_shown: ``/budget``'s ``answers_left`` counts up to this many.
       share_document_summary: individual accounting: ``/budget`` gives tenants the
-        collection's per-document summary (exhausted documents, the epsilons spent). Off by
-        default: the summary is not DP (how many documents a question exhausts tells how
-        many are relevant to it), so tenants get the public target only, and the operator
-        reads the summary with ``synthgen ledger documents``.
+        collection's per-document summary. Off by default: it is not DP (how many
+        documents a question exhausts tells how many are relevant to it).
     """
 
     answer_epsilon: float = 1.0
@@ -288,24 +226,20 @@ class Service:
         except ValueError as exc:
             raise Refusal(400, "bad_request", str(exc)) from None
         try:
-            self.replicas[0].check_budget(tenant, plan)
+            rag.check_budget(tenant, plan)
         except UnsupportedEventError as exc:  # a tenant added after the server started
             refusal = _accountant_refusal(tenant, exc)
             raise Refusal(409, "accountant_cannot_compose", refusal) from None
         except KeyError:
-            raise Refusal(
-                403, "no_budget", f"tenant {tenant} has no budget on this collection"
-            ) from None
+            raise _no_budget(tenant) from None
         except BudgetExceededError as exc:
             raise self.budget_refusal(tenant, config.answer_epsilon, exc) from None
 
     def answers_left(self, tenant: str) -> int | None:
         """How many more answers the ledger admits for `tenant` (None: no /answer here).
 
-        The ledger's own check (`PrivacyLedger.repeats_that_fit`) of the service's fixed
-        answer event, as every answer is charged: the worst case of its plan, stage by
-        stage, against the tenant's and the collection's caps; at most
-        ``config.max_answers_shown``.
+        The ledger's own check of the service's fixed answer event
+        (`PrivacyLedger.repeats_that_fit`), at most ``config.max_answers_shown``.
         """
         if not self.replicas:
             return None
@@ -337,20 +271,16 @@ class Service:
         """What ``/budget`` returns to `tenant` (its scope on the collection).
 
         In individual accounting the tenant's figures are its quota, and ``documents`` is
-        the collection's public target or, when the operator shares it
-        (`ServiceConfig.share_document_summary`), its summary over the per-document filters
-        (`DocumentFilters.summary`: the keys of `SUMMARY_KEYS`).
+        the collection's public target or its summary (`_document_terms`).
 
         Raises:
           KeyError: the tenant has no scope on the collection.
 
         Privacy:
           The tenant's own spend and charge log are functions of its own requests and the
-          public per-answer events. Per-document figures (which documents paid, which are
-          exhausted, any one document's loss) depend on the private collection and are
-          never returned. The summary's counts and aggregates depend on it too and are not
-          DP (a question that exhausts documents tells how many were relevant to it): they
-          are returned only when the operator opts in.
+          public per-answer events. Per-document figures depend on the private collection
+          and are never returned; the summary's aggregates are not DP either and are
+          returned only when the operator opts in.
         """
         scope = self.ledger.get_scope(tenant, self.dataset)
         spend = self.ledger.spent(tenant, self.dataset)
@@ -568,11 +498,13 @@ def create_app(service: Service) -> FastAPI:
         try:
             return await run_in_threadpool(service.budget, tenant)
         except KeyError:
-            raise Refusal(
-                403, "no_budget", f"tenant {tenant} has no budget on this collection"
-            ) from None
+            raise _no_budget(tenant) from None
 
     return app
+
+
+def _no_budget(tenant: str) -> Refusal:
+    return Refusal(403, "no_budget", f"tenant {tenant} has no budget on this collection")
 
 
 def _accountant_refusal(tenant: str, exc: UnsupportedEventError) -> str:

@@ -1,19 +1,16 @@
 """A contributor of the retrieval network: its release served over HTTP, on its own ledger.
 
 A contributor runs the DP-RAG service (`dpsynth.service.app`) over its knowledge folder
-(`retriever.network.folder`): ``/retrieve`` searches the released synthetic documents,
-``/card`` shows the release's card, and, when the contributor chooses to, ``/answer`` gives
-DP answers from its private collection. Its callers are tenants of its own ledger (the
-private work folder's ``ledger.sqlite`` or PostgreSQL URL), so an API key of one contributor
-means nothing at another: each contributor keeps its own keys and budgets.
+(`retriever.network.folder`): ``/retrieve`` over the released synthetic documents,
+``/card``, and optionally ``/answer`` from its private collection. Its callers are tenants
+of its own ledger, so a key of one contributor means nothing at another.
 
 Privacy:
-  ``/retrieve`` and ``/card`` serve the release folder only: the synthetic documents are a DP
-  output of the private collection (the card states the guarantee), and searching them is
-  post-processing, so any number of questions costs nothing more. ``/answer`` reads the
-  private collection: each answer is an (epsilon, delta)-DP event for one document of it
-  (add/remove one), charged before release to the caller's tenant at this contributor and to
-  the collection's cap over all tenants (`retriever.rag.answer.DPRag`).
+  ``/retrieve`` and ``/card`` serve the release folder only (a DP output; searching it is
+  post-processing, free for any number of questions). ``/answer`` reads the private
+  collection: each answer is an (epsilon, delta)-DP event for one document (add/remove
+  one), charged before release to the caller's tenant and to the collection's cap
+  (`retriever.rag.answer.DPRag`).
 """
 
 from __future__ import annotations

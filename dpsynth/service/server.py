@@ -44,18 +44,10 @@ def load_service(
 ) -> Service:
     """The service over `private_corpus` (indexed exactly in `index`) and `ledger`.
 
-    Collection accounting (`rag_config.accounting == "collection"`): before loading
-    anything heavy it refuses a collection without a collection cap, a public corpus or
-    index that is the private one, and an answer event other than the one the collection
-    pinned; `load_dprag` refuses an encoder not known to be independent of the collection
-    and δ caps of 1/n or more. Once loaded, the service pins its answer event on the
-    collection cap (`retriever.rag.collection`).
-
-    Individual accounting (`rag_config.accounting == "individual"`): before loading
-    anything heavy it refuses a mechanism other than icl, a missing `document_target`, a
-    collection with a collection cap, and filters already opened with another target;
-    `load_dprag` opens the collection's per-document filters (or checks them). No answer
-    event is pinned: the filters' guarantee holds for adaptively chosen answers.
+    Every refusal below comes before anything heavy loads, except `load_dprag`'s (an encoder
+    not known to be independent of the collection, δ caps of 1/n or more). Collection
+    accounting then pins its answer event on the collection cap; individual accounting
+    opens (or checks) the per-document filters and pins nothing.
 
     Args:
       index: exact index over the private corpus (`retriever index build --kind exact`).
@@ -83,8 +75,9 @@ def load_service(
 
     Raises:
       ValueError: bad arguments, the collection has no collection cap in the ledger
-        (collection accounting) or has one (individual accounting), the public corpus or
-        index is the private one, another answer event is pinned, or a check of
+        (collection accounting) or has one (individual accounting), a mechanism other than
+        icl or a missing or changed `document_target` (individual accounting), the public
+        corpus or index is the private one, another answer event is pinned, or a check of
         `load_dprag` fails.
 
     Privacy:

@@ -1,49 +1,24 @@
 """The network query engine: one question fanned out to N contributors, their hits merged.
 
-Each contributor of the network (`dpsynth.service.contributor`) serves ``/retrieve`` over
-its DP synthetic release. `NetworkQueryEngine` sends a question to all of them at once
-(httpx, asyncio), waits for each at most a per-contributor timeout, retries what is safe to
-retry, validates every reply strictly, merges the hits by score (or re-scores them with a
-local encoder), keeps the top k, and can answer from them with a local LM. One contributor
-that is down, slow or misbehaving costs that contributor's hits, never the query: every
-contributor appears in the `NetworkResponse` with a status and a one-line reason.
-
-Statuses:
-  * ``ok``: a valid reply.
-  * ``refused``: the contributor answered 4xx (a bad or foreign key, a spent budget, an
-    endpoint it does not serve); never retried.
-  * ``timeout``: no complete reply within the timeout (retries included).
-  * ``error``: connection failures and 5xx after the retries, or a reply that is not what the
-    protocol allows (not JSON, a wrong schema, a score that is not a finite number, more
-    results than asked, a body over ``max_response_bytes``, a non-zero cost for
-    ``/retrieve``).
-
-Retries: transport errors and 5xx, with exponential backoff and jitter, at most ``retries``
-more attempts, all within the timeout; a ``Retry-After`` is honoured when it fits in the
-time left, and the contributor is given up otherwise. ``/answer`` is charged at the
-contributor before it answers, so only what provably charged nothing is retried there: a
-503 (full queue) and a connection that never opened. 4xx is never retried.
-
-Scores of different contributors come from their own indexes (maybe their own encoders),
-so merging raw scores is a heuristic; ``reranker`` re-scores every hit with one local
-encoder so that the merged order is comparable across contributors.
-
-Fact releases (the default release): with a local LM the engine reads each card once, asks
-a fact release for ``fact_k`` records, and answers as from one fact release
-(`retriever.network.facts`: records merged by phrase, the LM picks among the partners of
-what the question names, or abstains). The merged documents are still the top k.
+`NetworkQueryEngine` sends a question to every contributor's ``/retrieve`` at once (httpx,
+asyncio), with a per-contributor timeout covering retries, validates every reply strictly,
+merges the hits by score (raw scores are a heuristic across indexes; ``reranker`` re-scores
+them with one local encoder), keeps the top k, and can answer with a local LM (from fact
+releases as one release, `retriever.network.facts`). A contributor that fails costs its
+hits, never the query: each is in the `NetworkResponse` with a status (``ok``,
+``refused`` for 4xx, ``timeout``, ``error`` for transport errors, 5xx or a reply the
+protocol does not allow) and a one-line reason. Retries back off exponentially with jitter
+and honour a ``Retry-After`` that fits the time left; 4xx is never retried, nor in
+``/answer`` anything that may have charged. See docs/guides/network.md.
 
 Privacy:
   ``/retrieve`` returns post-processing of each contributor's DP release, so it costs
   nothing at any contributor; the engine checks that each reports epsilon 0 and shows each
   release's own guarantee from its card (`fetch_cards`). With ``mode="answer"`` each
-  contributor returns a DP-RAG answer from its private collection, charged to the caller's
-  tenant there (each contributor's own ledger and collection: the costs do not compose
-  across contributors, whose collections differ); the charged epsilon is reported per
-  contributor. The local re-ranking and the local LM read only what the contributors
-  released (post-processing). The question leaves this process only to the contributors;
-  logs hold contributor names, statuses, counts and timings, never a question, a document
-  or a key.
+  contributor returns a DP-RAG answer charged to the caller's tenant in its own ledger (the
+  costs do not compose across contributors, whose collections differ). Re-ranking and the
+  local LM read only released values (post-processing). Logs hold contributor names,
+  statuses, counts and timings, never a question, a document or a key.
 """
 
 from __future__ import annotations
@@ -168,9 +143,6 @@ class EngineConfig:
             raise ValueError(f"size limits must be >= 1: {self=}")
         if self.max_document_tokens < 1 or self.fact_k < 1:
             raise ValueError(f"max_document_tokens and fact_k must be >= 1: {self=}")
-
-
-# ---- local re-ranking and answers (post-processing of the releases) ---------------------
 
 
 # ---- the engine -------------------------------------------------------------------------

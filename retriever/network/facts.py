@@ -1,29 +1,17 @@
 """Answers from the network's fact releases: their records parsed, merged by phrase, answered.
 
 A contributor's fact release (`synthgen.knowledge.facts`, `retriever.network.knowledge`)
-serves one synthetic record per released key phrase, listing the phrases released with it
-by noisy count: ``"Dara Quill: Velmora Dynamics; 1970."``. The network engine
-(`retriever.network.engine`) answers from such releases with the design of a single release
-(`retriever.fact_answers`):
-
-1. each contributor's ``/retrieve`` hits are parsed back into ``{topic, partners}``
-   (`parse_fact_record`; a text that is not a fact record is left out);
-2. the records of all contributors are merged by phrase (`merge_fact_records`): a phrase's
-   partners are the union of its partners at every contributor, best ranks first, and a
-   record also lends its topic to each of its partners (a released pair is one fact, so
-   "Velmora Dynamics: Dara Quill." at one contributor tells "Dara Quill" its employer even
-   when Dara Quill's own record was not among that contributor's hits);
-3. `retriever.fact_answers.FactAnswerer` names the merged phrases the question names, and
-   the public LM picks among their partners (or abstains when the question names none).
-
-A contributor is a fact release when its card's guarantee has the ``fact-pairs`` stage
-(`is_fact_card`); the engine asks such a contributor for ``EngineConfig.fact_k`` records
-(20) rather than k, since a record must be among the hits to be read at all. Measured on the
-fact worlds split over 3 contributors at epsilon 10 (26-32 records each; 20 questions of
-support >= 10 per domain): the record of the phrase a question names was among that
-contributor's top 5 and top 10 dense ``/retrieve`` hits for 170 of 172 (question,
-contributor) pairs, and among its top 20 for all 172; the merge's lent topics cover a miss.
-A release of thousands of records may need a name match at the contributor instead.
+serves one synthetic record per released key phrase with its partners by noisy count
+(``"Dara Quill: Velmora Dynamics; 1970."``). The engine parses each contributor's hits back
+into ``{topic, partners}`` (`parse_fact_record`), merges them by phrase over contributors
+(`merge_fact_records`: partners united, best ranks first, and each record lends its topic
+to its partners, since a released pair is one fact), and answers as one release does
+(`retriever.fact_answers.FactAnswerer`). A contributor whose card has the ``fact-pairs``
+stage (`is_fact_card`) is asked for ``EngineConfig.fact_k`` (20) records rather than k, as
+a record must be among the hits to be read: on the fact worlds split over 3 contributors
+(epsilon 10), the named phrase's record was in the top 10 for 170 of 172 (question,
+contributor) pairs and in the top 20 for all; a release of thousands of records may need a
+name match at the contributor instead.
 
 Privacy:
   Reads only what the contributors released (their DP records, over ``/retrieve``) and the

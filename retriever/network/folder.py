@@ -1,15 +1,11 @@
 """A contributor's knowledge folder: what it releases to the network, and nothing else.
 
-Layout of the release folder (safe to ship; `retriever contributor build` writes it):
-
-  card.json         the card: what the contributor releases and under which guarantee
-  synthetic.jsonl   the DP synthetic documents, rows ``{"doc_id", "text", "topic"}``
-  metadata.json     the generator's release metadata (its privacy block, file digests)
-  index/            an index folder (`retriever.index_folder`) over synthetic.jsonl
-
-The private work folder lives elsewhere (mode 0700, never inside the release): the
-contributor's ledger (its budget and its tenants' API keys) and ``private.json`` naming
-the private corpus and the exact index that ``/answer`` reads.
+The release folder (safe to ship; `retriever contributor build` writes it) holds
+``card.json`` (what the contributor releases, under which guarantee), ``synthetic.jsonl``
+(rows ``{"doc_id", "text", "topic"}``), ``metadata.json`` (the release's privacy block and
+file digests) and ``index/`` over the synthetic rows. The private work folder lives
+elsewhere (mode 0700): the contributor's ledger and ``private.json``. See
+docs/guides/network.md.
 
 Privacy:
   Every file of the release folder is a DP output or public: the synthetic texts and
@@ -36,27 +32,20 @@ CARD_FORMAT = "dpsynth-contributor-card/1"
 RELATION = "ADD_OR_REMOVE_ONE"
 
 
+def _member(name: str) -> property:
+    """A `KnowledgeFolder` property: the path of `name` inside the folder."""
+    return property(lambda folder: folder.path / name)
+
+
 @dataclasses.dataclass(frozen=True)
 class KnowledgeFolder:
     """Paths of a contributor's release folder."""
 
     path: Path
-
-    @property
-    def card(self) -> Path:
-        return self.path / CARD_FILE
-
-    @property
-    def synthetic(self) -> Path:
-        return self.path / SYNTHETIC_FILE
-
-    @property
-    def metadata(self) -> Path:
-        return self.path / METADATA_FILE
-
-    @property
-    def index(self) -> Path:
-        return self.path / INDEX_DIR
+    card = _member(CARD_FILE)
+    synthetic = _member(SYNTHETIC_FILE)
+    metadata = _member(METADATA_FILE)
+    index = _member(INDEX_DIR)
 
 
 def make_card(

@@ -1,18 +1,12 @@
 """`build_knowledge`: a collection's one-time DP knowledge release, charged to its ledger.
 
 From a private corpus.jsonl to a release folder (`retriever.network.folder`): the DP fact
-release of `synthgen.knowledge.facts` (the facts many records state, by DP set union), one
-record per released subject, an index over them, ``facts.json`` and the card stating the
-guarantee. One implementation for a single collection (`retriever knowledge release`) and
-for every contributor of the network (`retriever contributor build`). The private work
-folder (mode 0700, never inside the release) receives the contributor's ledger (the
-release's charges; later its tenants' keys and /answer charges), the exact index over the
-private corpus that /answer reads, and ``private.json``.
-
-The cluster release (DP-SynRAG: DP keywords, clusters, LM-generated records) was retired
-(docs/guides/knowledge.md): folders it released stay answerable
-(`retriever.knowledge_base`), and a work folder holding one it left unfinished is refused
-with what to do (`check_no_cluster_release`), never resumed as a fact release.
+release of `synthgen.knowledge.facts`, one record per released subject, an index over them,
+``facts.json`` and the card; one implementation for `retriever knowledge release` and
+`retriever contributor build`. The private work folder (mode 0700, never inside the
+release) receives the ledger, the exact private index that /answer reads, and
+``private.json``. A work folder holding an unfinished cluster release (retired, see
+docs/guides/knowledge.md) is refused (`check_no_cluster_release`), never resumed.
 
 Privacy:
   Unit: one document of the private collection; add/remove-one. The release is
