@@ -2,8 +2,8 @@
 
 The record is copied as it is: every scope with its cap, accountant, relation, creation
 time, notes and pinned event shape, the records each collection name guards with the
-secret keys of their digests and the names found to share records (`ledger_documents`),
-every charge in id order with its stage, standalone
+secret keys of their digests and the names found to share records, with whether each
+pair was admitted deliberately (`ledger_documents`), every charge in id order with its stage, standalone
 figures, event JSON, description, time, relation and idempotency reference. Charges are
 not re-checked against caps (they were when first recorded). The target must not hold any
 of the copied scopes yet, nor, when the source binds records, records of its own (their
@@ -42,7 +42,7 @@ _TABLES = {
     "document_sets": ("dataset, fingerprint, documents, created_at", " ORDER BY created_at", True),
     "ledger_keys": ("key_id, secret, created_at", "", True),
     "document_records": ("dataset, key_id, digest", "", True),
-    "document_links": ("dataset, other, created_at", "", True),
+    "document_links": ("dataset, other, created_at, deliberate", "", True),
     "charges": (
         "tenant, dataset, stage, epsilon, delta, event, description, created_at, relation, ref",
         " ORDER BY id",

@@ -103,6 +103,20 @@ def test_a_copy_keeps_which_names_share_documents(tmp_path):
         bind_texts(target, "c", TEXTS)
 
 
+def test_a_copy_keeps_which_sharing_was_admitted_deliberately(tmp_path):
+    """Two names bound before either charged, the later one with --guarantees-add-up: its
+    charges go through in the source, and must in the copy too."""
+    source = PrivacyLedger(tmp_path / "a.db")
+    bind_texts(source, "a", TEXTS)
+    bind_texts(source, "b", TEXTS, guarantees_add_up=True)
+    _charge(source, "a")
+    _charge(source, "b")
+    copy_ledger(tmp_path / "a.db", tmp_path / "b.db")
+    target = PrivacyLedger(tmp_path / "b.db")
+    target.charge("t", "b", stage="s", relation=AR, event=dp_event.GaussianDpEvent(2.0))
+    assert len(target.charges("t", "b")) == 2
+
+
 def test_a_binding_left_by_a_refused_run_admits_no_new_name(tmp_path):
     ledger = PrivacyLedger(tmp_path / "l.db")
     bind_texts(ledger, "stale", TEXTS)  # bound, then the run was refused: nothing charged
