@@ -1,15 +1,15 @@
 """Moves a privacy ledger between backends (SQLite <-> PostgreSQL), checked charge by charge.
 
 The record is copied as it is: every scope with its cap, accountant, relation, creation
-time, notes and pinned event shape, the records each collection name guards with the
-secret keys of their digests and the names found to share records, with whether each
-pair was admitted deliberately (`ledger_documents`), every charge in id order with its stage, standalone
-figures, event JSON, description, time, relation and idempotency reference. Charges are
-not re-checked against caps (they were when first recorded). The target must not hold any
-of the copied scopes yet, nor, when the source binds records, records of its own (their
-digests are keyed by another secret: names over the same documents in the two ledgers
-could not be grouped). After the copy, both ledgers are read back and compared row by
-row, and each scope's stated spend is recomputed on the target.
+time, notes and pinned event shape, the records each collection name guards with the secret
+keys of their digests and the names found to share records, with whether each pair was
+admitted deliberately (`ledger_documents`), every charge in id order with its stage,
+standalone figures, event JSON, description, time, relation and idempotency reference.
+Charges are not re-checked against caps (they were when first recorded). The target must not
+hold any of the copied scopes yet, nor, when the source binds records, records of its own
+(their digests are keyed by another secret: names over the same documents in the two ledgers
+could not be grouped). After the copy, both ledgers are read back and compared row by row,
+and each scope's stated spend is recomputed on the target.
 """
 
 from __future__ import annotations
