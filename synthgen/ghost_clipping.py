@@ -438,7 +438,12 @@ def keep_finite(tree: PyTree, real: jax.Array) -> tuple[PyTree, jax.Array]:
 
 
 def clip_factors(keep: jax.Array, norms: jax.Array, clip_norm: float) -> jax.Array:
-    """[micro] clip factors min(1, C / N_i) of the kept rows, 0 for the others."""
+    """[micro] clip factors min(1, C / N_i) of the kept rows, 0 for the others.
+
+    Privacy: a clipped row's norm is at most C only when `norms` are upper bounds from
+    `clip_rounding.clip_norm_bound`, whose 1 + 32u margin covers this division (counted
+    twice for a GPU's approximate float32 division); other norms void the bound.
+    """
     return jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-12)), 0.0)
 
 

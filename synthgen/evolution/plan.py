@@ -14,13 +14,13 @@ from __future__ import annotations
 import dataclasses
 
 from synthgen.evolution.config import EvolutionConfig
-from synthgen.fewshot.plan import AddOrRemoveOnePlan, resolve_delta
+from synthgen.fewshot.plan import resolve_delta
 from synthgen.privacy import accounting
 from synthgen.privacy.nn_histogram import RELATION, calibrate_nn_histogram, nn_histogram_event
 
 
 @dataclasses.dataclass(frozen=True)
-class EvolutionPlan(AddOrRemoveOnePlan):
+class EvolutionPlan:
     """T Gaussian histograms of multiplier sigma, and their (epsilon, delta)."""
 
     iterations: int
@@ -30,6 +30,12 @@ class EvolutionPlan(AddOrRemoveOnePlan):
     public_size: int
     epsilon: float
     delta: float
+
+    @property
+    def relation(self) -> accounting.NeighboringRelation:
+        """The neighbouring relation of `event` (`RELATION`, the one the ledger is charged
+        under by `synthgen.evolution.generation`)."""
+        return accounting.NeighboringRelation[RELATION]
 
     @property
     def noise_std(self) -> float:

@@ -1,9 +1,10 @@
 """DP few-shot generation (Tang et al. 2024): synthetic text from a frozen LM, no training.
 
-Each token is released by privately aggregating the next-token distributions of M prompts,
-each holding a Poisson subsample of the private examples of its pool (`gaussian` noise then
-argmax, or the `rnm` exponential mechanism; RVP and a public prior optional). See
-docs/guides/fewshot.md for the algorithm, the two samplings and the full argument.
+Each token is released by privately aggregating the next-token distributions of M prompts:
+the private examples of its pool are Poisson-subsampled once (rate q) and every sampled
+example joins one of the M prompts at random (`gaussian` noise then argmax, or the `rnm`
+exponential mechanism; RVP and a public prior optional). See docs/guides/fewshot.md for the
+algorithm, the two samplings and the full argument.
 
 Privacy:
   Unit: one private example; add/remove-one neighbours. An example changes at most one of

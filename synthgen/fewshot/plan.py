@@ -52,18 +52,8 @@ def resolve_delta(delta: float | None, num_private: int) -> float:
     return float(delta)
 
 
-class AddOrRemoveOnePlan:
-    """A `synthgen.privacy.release_plan.ReleasePlan` (PLD accountant) whose `event` is
-    stated, and charged to the ledger, under add/remove-one."""
-
-    @property
-    def relation(self) -> accounting.NeighboringRelation:
-        """The neighbouring relation of `event` (`RELATION`)."""
-        return accounting.NeighboringRelation[RELATION]
-
-
 @dataclasses.dataclass(frozen=True)
-class FewShotPlan(AddOrRemoveOnePlan):
+class FewShotPlan:
     """The guarantee of a run, fixed before it starts from declared public figures only."""
 
     public_pool_size: int
@@ -78,6 +68,12 @@ class FewShotPlan(AddOrRemoveOnePlan):
     delta: float
     epsilon: float
     pools_per_example: int = 1
+
+    @property
+    def relation(self) -> accounting.NeighboringRelation:
+        """The neighbouring relation of `event` (`RELATION`, the one the ledger is charged
+        under by `synthgen.fewshot.generation`)."""
+        return accounting.NeighboringRelation[RELATION]
 
     @property
     def event(self):

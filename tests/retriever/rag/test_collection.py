@@ -263,11 +263,12 @@ PINNED_SHAPES = {
         '"max_releases":1,"max_tokens":12,"mechanism":"keywords","relation":"ADD_OR_REMOVE_ONE",'
         '"retrieval_share":0.1,"score_share":0.0}'
     ),
+    ("facts", 5.0, 0.0, "pure"): (
+        '{"composition":null,"delta":1e-06,"epsilon":5.0,"format":1,"kind":"rag-answer",'
+        '"max_releases":1,"max_tokens":12,"mechanism":"facts","relation":"ADD_OR_REMOVE_ONE",'
+        '"retrieval_share":0.1,"score_share":0.0}'
+    ),
 }
-# facts' shape is keywords' with the mechanism's name (the same plan)
-PINNED_SHAPES["facts", 5.0, 0.0, "pure"] = PINNED_SHAPES["keywords", 5.0, 0.0, "pure"].replace(
-    '"mechanism":"keywords"', '"mechanism":"facts"'
-)
 
 
 @pytest.mark.parametrize("key", sorted(PINNED_SHAPES))

@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[3]
 NOT_RELEASES = {
     "ReleasePlan": "the protocol itself",
     "PairsPlan": "public sizes of a user's pairs file, no mechanism",
-    "AddOrRemoveOnePlan": "the relation shared by FewShotPlan and EvolutionPlan (both tested)",
 }
 
 
