@@ -105,7 +105,7 @@ def fewshot_plan(
       epsilon: the target epsilon; math.inf: the same plan shape with the noise off.
       num_private, num_canaries: the ordinary rows and m; public_pool_size = their sum.
       num_texts: released texts (one per target, one pool).
-      mechanism, **settings: the generator's other hyper-parameters
+      mechanism, settings: the generator's other hyper-parameters
         (`fewshot.FewShotConfig`: subsets ... public_prior; delta None: the generator's
         default 1 / (10 public_pool_size)).
 
