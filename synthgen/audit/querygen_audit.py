@@ -11,9 +11,11 @@ Privacy:
   The audit trains on the private pairs. Its models, the canary record (secrets, in/out
   labels), the per-canary scores and the training runs' secret state stay in the private
   work folder; the report folder gets aggregate figures only (per cell and group: medians,
-  rates, AUC, TPR, epsilon bounds). The audited runs are not charged to a ledger: they are
-  never released. Their aggregates are computed from the trained models, so publishing the
-  report of a run at epsilon costs that epsilon; the epsilon = inf row is NOT private.
+  rates, AUC, TPR, epsilon bounds), computed from every trained model. With a payer
+  (`pay`), the audit is one release of the pairs: `AuditRunsPlan`, the composition of its
+  runs' DP-SGD events, is charged once before the first run trains, and an epsilon = inf
+  run is refused (it is not private). Without one nothing is charged: for public pairs, or
+  evaluations whose report is never published.
 
 References: Carranza et al. 2023, Table 7; Carlini et al. 2019; Steinke, Nasr, Jagielski
 2023; Panda et al. 2025.
@@ -30,10 +32,14 @@ from pathlib import Path
 import datasets
 import jax
 import numpy as np
+from dp_accounting import dp_event
 
 from synthgen import querygen
 from synthgen.audit import auditor, canaries, exposure
 from synthgen.audit.claims import epsilon_tag
+from synthgen.dp_plan import PrivacyPlan
+from synthgen.privacy import accountants
+from synthgen.privacy.receipts import Payer
 from synthgen.privacy.rng import secure_rng
 from synthgen.work_folder import private_folder
 
@@ -48,6 +54,70 @@ def run_config(config: querygen.GeneratorConfig, epsilon: float, seed: int | Non
     else:
         changes = dict(dp_noise_multiplier=None, dp_target_epsilon=epsilon)
     return config.replace(dp_seed=seed, **changes)
+
+
+def planned_size(spec: canaries.CanarySpec, num_pairs: int) -> int:
+    """The training set every run is planned for: the pairs and every canary's copies, in
+    or out (a public size fixed before the in/out draw)."""
+    copies = sum(spec.cell_size(r) * r for r in spec.repetitions) * len(spec.kinds)
+    return num_pairs + copies
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditRunsPlan:
+    """The audit's finite-epsilon runs on the private pairs as one release: their DP-SGD
+    events composed with the runs' accountant, stated at the sum of their deltas
+    (`audit_runs_plan`)."""
+
+    runs: tuple[PrivacyPlan, ...]
+    epsilon: float
+    delta: float
+
+    @property
+    def relation(self):
+        return self.runs[0].relation
+
+    @property
+    def event(self) -> dp_event.DpEvent:
+        return dp_event.ComposedDpEvent([run.event for run in self.runs])
+
+    def to_dict(self) -> dict:
+        return {
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "neighboring_relation": self.relation.name,
+            "accountant": self.runs[0].accountant,
+            "runs": [run.to_dict() for run in self.runs],
+        }
+
+
+def audit_runs_plan(
+    config: querygen.GeneratorConfig,
+    epsilons: Sequence[float],
+    size: int,
+    seed: int | None = None,
+) -> AuditRunsPlan:
+    """The plan charged for the audit's runs at `epsilons` (all finite), each planned for
+    `size` training examples (`planned_size`).
+
+    Raises:
+      ValueError: no epsilon, or an infinite one (a non-private run cannot be charged).
+    """
+    if not epsilons or not all(math.isfinite(e) for e in epsilons):
+        raise ValueError(
+            f"a charged audit runs finite epsilons only (inf is not private), got {epsilons=}"
+        )
+    runs = tuple(
+        querygen.dp_train.plan_privacy(run_config(config, e, seed).dp, size) for e in epsilons
+    )
+    if len({(run.relation, run.accountant) for run in runs}) != 1:
+        raise ValueError("the audit's runs are stated under different relations or accountants")
+    delta = sum(run.delta for run in runs)
+    event = dp_event.ComposedDpEvent([run.event for run in runs])
+    epsilon = accountants.epsilon(
+        event, delta, accountant=runs[0].accountant, relation=runs[0].relation
+    )
+    return AuditRunsPlan(runs, epsilon, delta)
 
 
 def _first_token_log_probs(family, params, input_len: int, target_len: int) -> np.ndarray:
@@ -250,6 +320,7 @@ def run_querygen_audit(
     score_batch: int = 16,
     seed: int | None = None,
     progress: bool = True,
+    pay: Payer | None = None,
 ) -> dict:
     """Trains the generator with canaries at each epsilon, scores them, writes the report.
 
@@ -264,9 +335,15 @@ def run_querygen_audit(
       spec: the canaries to insert.
       work_dir: the PRIVATE work folder (models, canary record, scores, training state).
       seed: tests only: fixes the canaries and every run's noise; default OS entropy.
+      pay: the payer of the pairs' scope (`AuditRunsPlan`, charged once before the first
+        run trains; a resumed audit pays nothing more when the payer is a work folder's),
+        or None: nothing charged.
 
     Returns:
       The audit record written to `out_dir/audit.json`.
+
+    Raises:
+      ValueError: bad settings, overlapping folders, or an infinite epsilon with a payer.
     """
     from tqdm.auto import tqdm
 
@@ -277,6 +354,11 @@ def run_querygen_audit(
     out_path, work_path = Path(out_dir).resolve(), Path(work_dir).resolve()
     if out_path.is_relative_to(work_path) or work_path.is_relative_to(out_path):
         raise ValueError("the private work folder and the report folder must not overlap")
+    plan = (
+        None
+        if pay is None
+        else audit_runs_plan(config, epsilons, planned_size(spec, len(pairs)), seed)
+    )
     work = private_folder(Path(work_dir))
     check_fingerprint(work, config, spec, len(pairs))
     drawn, record = prepare(
@@ -294,7 +376,11 @@ def run_querygen_audit(
     pool_size = max(len(record["rare_pool"]), 1)
     base_ppl = np.asarray(record["base_log_perplexity"])
     train = training_set(pairs, drawn, document_field, query_field)
-    planned_size = len(pairs) + sum(c.repetitions for c in drawn)
+    size = len(pairs) + sum(c.repetitions for c in drawn)
+    if size != planned_size(spec, len(pairs)):
+        raise AssertionError(f"{size=} is not the planned {planned_size(spec, len(pairs))}")
+    if plan is not None:
+        pay(plan, f"canary audit of the query generator at epsilons {list(epsilons)}")
     sizes = dict(input_len=config.input_len, target_len=config.target_len, batch=score_batch)
     runs = []
     for epsilon in tqdm(epsilons, desc="audit runs", unit="run", disable=not progress):
@@ -310,7 +396,7 @@ def run_querygen_audit(
                 progress=progress,
                 # The plan is made for every canary inserted (a public size fixed before
                 # the in/out draw): rate, steps, sigma and delta do not depend on the draw.
-                plan=querygen.dp_train.plan_privacy(cfg.dp, planned_size),
+                plan=querygen.dp_train.plan_privacy(cfg.dp, size),
                 fixed_rate=True,
             )
         score_file = private_folder(work / SCORES) / f"{tag}.npz"

@@ -150,3 +150,41 @@ def test_work_folder_inside_the_report_is_refused(tmp_path):
             work_dir=tmp_path / "report" / "work",
             progress=False,
         )
+
+
+def _audit_cli(tmp_path, pairs, *extra):
+    """`synthgen audit run` of one tiny cell (secret canaries, one repetition) on `pairs`."""
+    import cli_process
+
+    return cli_process.command(
+        "synthgen", "audit", "run", "--out", tmp_path / "report", "--pairs", pairs,
+        "--work-dir", tmp_path / "work", "--ledger", tmp_path / "ledger.db",
+        "--kinds", "secret", "--repetitions", "1", "--per-cell", "4", "--references", "3",
+        "--split", "all", "--epochs", "1", "--batch-size", "16", "--target-len", "32",
+        "--seed", "3", *extra,
+    )  # fmt: skip
+
+
+def test_an_audit_of_private_pairs_is_charged_once_and_refuses_inf(tmp_path):
+    """A JSONL pairs file is private: the audit is one release of it, charged before it
+    trains (the runs' events composed) and not again on a resume; an inf run, which is not
+    private, is refused before the ledger is touched."""
+    from synthgen.audit.querygen_audit import audit_runs_plan, planned_size
+    from synthgen.privacy import PrivacyLedger
+
+    pairs = tmp_path / "pairs.jsonl"
+    corpora.load_wiki_summaries(limit=40).to_json(pairs, lines=True)
+    refused = _audit_cli(tmp_path, pairs, "--epsilon", "inf,8")
+    assert refused.returncode == 2, refused.stderr
+    assert "inf run on private pairs is not private" in refused.stderr
+    assert not (tmp_path / "ledger.db").exists()
+
+    for _ in range(2):  # the second run resumes: nothing trained, nothing charged again
+        ran = _audit_cli(tmp_path, pairs, "--epsilon", "8")
+        assert ran.returncode == 0, ran.stderr
+    (charge,) = PrivacyLedger(tmp_path / "ledger.db").charges("audit", "pairs")
+    assert charge.stage == "querygen-audit"
+    config = querygen_preset("tiny_llama").replace(dp_epochs=1.0, dp_batch_size=16, target_len=32)
+    spec = canaries.CanarySpec(kinds=("secret",), repetitions=(1,), per_cell=4, references=3)
+    plan = audit_runs_plan(config, [8.0], planned_size(spec, 40), seed=3)
+    assert charge.epsilon == pytest.approx(plan.epsilon)

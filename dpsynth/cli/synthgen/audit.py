@@ -9,14 +9,16 @@ from typing import Annotated
 
 import typer
 
-from dpsynth.cli.shared import group_app
+from dpsynth.cli.shared import admit_run, group_app
 from dpsynth.cli.synthgen.common import (
+    BudgetOption,
+    DatasetOption,
     ExpectedBatchOption,
     PresetOption,
     SplitOption,
     preset_with,
 )
-from synthgen.command_line import TestSeedOption, choice
+from synthgen.command_line import GuaranteesAddUpOption, LedgerOption, TestSeedOption, choice
 
 audit_app = group_app(
     "Empirical privacy audits: canaries, exposure, membership, epsilon lower bounds."
@@ -33,6 +35,14 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
     return values
 
 
+AUDIT_TENANT, AUDIT_STAGE = "audit", "querygen-audit"  # the charged audit's scope and stage
+PairsArePublicOption = Annotated[
+    bool,
+    typer.Option(
+        help="the --pairs file is public: nothing is charged and an inf run is allowed "
+        "(otherwise the audit is a release of the pairs, charged before it trains)"
+    ),
+]
 ReportOutOption = Annotated[
     Path, typer.Option(help="report folder: audit.json, audit.md, PNG plots")
 ]
@@ -81,6 +91,31 @@ def _canary_spec(kinds: str, repetitions: str, per_cell: str, references: int):
     )
 
 
+def _audit_payer(pairs, rows, cfg, spec, epsilons, seed, work, ledger, dataset, **admission):
+    """The payer of an audit of private pairs (tenant "audit", stage "querygen-audit"): the
+    pairs bound, the scope opened and the composed runs' charge checked, before any
+    compute; a charge made once across resumes (the work folder keeps its record)."""
+    from synthgen.audit.querygen_audit import audit_runs_plan, planned_size
+    from synthgen.work_folder import WorkFolder
+
+    if any(e == float("inf") for e in epsilons):
+        raise typer.BadParameter(
+            "an inf run on private pairs is not private: drop it, or pass --pairs-are-public "
+            "if the pairs are public",
+            param_hint="'--epsilon'",
+        )
+    plan = audit_runs_plan(cfg, epsilons, planned_size(spec, len(rows)), seed)
+    scope = (AUDIT_TENANT, dataset or Path(pairs).stem)
+    records = [{"document": r["document"], "query": r["query"]} for r in rows]
+    book = admit_run(
+        ledger, scope, records, plan, stage=AUDIT_STAGE, public_count=len(rows), check=False,
+        **admission,
+    )  # fmt: skip
+    payer = WorkFolder(Path(work) / "charge").payer(book, scope, stage=AUDIT_STAGE)
+    payer.check(plan)
+    return payer
+
+
 @audit_app.command("run")
 def audit_run(
     out: ReportOutOption,
@@ -100,15 +135,20 @@ def audit_run(
     significance: SignificanceOption = 0.05,
     work_dir: AuditWorkDirOption = None,
     seed: TestSeedOption = None,
+    pairs_are_public: PairsArePublicOption = False,
+    ledger: LedgerOption = None,
+    dataset: DatasetOption = None,
+    budget: BudgetOption = None,
+    guarantees_add_up: GuaranteesAddUpOption = False,
 ) -> None:
     """Train the query generator with canaries at each epsilon, score them, write the report.
 
     Canaries of each (kind, repetitions) cell are inserted with probability 1/2. The report
     folder gets aggregate figures only; the canary record, the models and the per-canary
-    scores stay in the private --work-dir. Re-running the same command resumes. Nothing is
-    charged: the figures come from models trained on --pairs, so publishing the report of
-    a run at epsilon costs that epsilon, and the inf row is not private (the default pairs
-    are public).
+    scores stay in the private --work-dir. Re-running the same command resumes. A JSONL
+    --pairs file is private unless --pairs-are-public: the audit is then one release of it,
+    its runs' composed epsilon charged once before training (tenant "audit"), and an inf
+    run is refused. The wiki pairs are public: nothing is charged.
     """
     from synthgen.audit import querygen_audit
     from synthgen.audit.claims import parse_epsilons
@@ -122,25 +162,20 @@ def audit_run(
     )  # fmt: skip
     rows = load_rows(pairs, ("document", "query"), limit, split)
     work = work_dir if work_dir is not None else default_work_dir(out, None)
+    epsilons = parse_epsilons(epsilon)
+    pay = None  # public pairs: nothing charged
+    if Path(pairs).suffix == ".jsonl" and not pairs_are_public:
+        pay = _audit_payer(pairs, rows, cfg, spec, epsilons, seed, work, ledger, dataset,
+                           budget=budget, guarantees_add_up=guarantees_add_up)  # fmt: skip
     audit = querygen_audit.run_querygen_audit(
-        cfg,
-        rows,
-        out,
-        epsilons=parse_epsilons(epsilon),
-        spec=spec,
-        work_dir=work,
-        significance=significance,
-        seed=seed,
-    )
+        cfg, rows, out, epsilons=epsilons, spec=spec, work_dir=work,
+        significance=significance, seed=seed, pay=pay,
+    )  # fmt: skip
     from synthgen.audit import report
 
     print(report.markdown(audit), file=sys.stderr)
-    summary = {
-        "out": str(out),
-        "work_dir": str(work),
-        "violations": len(report.violations(audit)),
-    }
-    print(json.dumps(summary))
+    violations = len(report.violations(audit))
+    print(json.dumps({"out": str(out), "work_dir": str(work), "violations": violations}))
 
 
 @audit_app.command("power")

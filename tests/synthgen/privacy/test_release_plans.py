@@ -155,6 +155,39 @@ class TestPrivacyPlanPoisson(ReleasePlanBattery):
         assert plan.relation.name == expected
 
 
+class TestAuditRunsPlan(ReleasePlanBattery):
+    """The query-generator audit's runs on private pairs, charged as one release."""
+
+    @property
+    def plan_class(self):
+        from synthgen.audit.querygen_audit import AuditRunsPlan
+
+        return AuditRunsPlan
+
+    def make_plan(self):
+        from dpsynth.config_files import querygen_preset
+        from synthgen.audit.querygen_audit import audit_runs_plan
+
+        return audit_runs_plan(querygen_preset("tiny_llama"), [8.0, 3.0], 640)
+
+    def charged_relation(self):
+        # each run is a Poisson-sampled DP-SGD run (the preset's sampling)
+        from synthgen.privacy.dpsgd_accounting import neighboring_relation
+
+        return neighboring_relation("poisson")
+
+    def test_states_at_most_the_sum_of_its_runs(self, plan):
+        assert plan.epsilon <= sum(run.epsilon for run in plan.runs)
+        assert plan.delta == pytest.approx(sum(run.delta for run in plan.runs))
+
+    def test_an_inf_run_cannot_be_charged(self):
+        from dpsynth.config_files import querygen_preset
+        from synthgen.audit.querygen_audit import audit_runs_plan
+
+        with pytest.raises(ValueError, match="inf is not private"):
+            audit_runs_plan(querygen_preset("tiny_llama"), [math.inf, 8.0], 640)
+
+
 class TestPrivacyPlanShuffle(TestPrivacyPlanPoisson):
     sampling = "shuffle"
     accountant = "rdp"  # the plan's own accountant kind, not the default PLD
