@@ -39,7 +39,7 @@ from synthgen.audit import auditor, canaries, exposure
 from synthgen.audit.claims import epsilon_tag
 from synthgen.dp_plan import PrivacyPlan
 from synthgen.privacy import accountants
-from synthgen.privacy.receipts import Payer
+from synthgen.privacy.receipts import Payer, paid
 from synthgen.privacy.rng import secure_rng
 from synthgen.work_folder import private_folder
 
@@ -107,6 +107,8 @@ def audit_runs_plan(
         raise ValueError(
             f"a charged audit runs finite epsilons only (inf is not private), got {epsilons=}"
         )
+    if config.dp.sampling != "poisson":
+        raise ValueError("the audit's runs are planned at a fixed Poisson rate: sampling='poisson'")
     runs = tuple(
         querygen.dp_train.plan_privacy(run_config(config, e, seed).dp, size) for e in epsilons
     )
@@ -379,8 +381,9 @@ def run_querygen_audit(
     size = len(pairs) + sum(c.repetitions for c in drawn)
     if size != planned_size(spec, len(pairs)):
         raise AssertionError(f"{size=} is not the planned {planned_size(spec, len(pairs))}")
-    if plan is not None:
-        pay(plan, f"canary audit of the query generator at epsilons {list(epsilons)}")
+    if plan is not None:  # the runs' own checks first: a refusal after the charge wastes it
+        querygen._check_pairs(train, document_field, query_field)  # noqa: SLF001
+        paid(pay, plan, f"canary audit of the query generator at epsilons {list(epsilons)}")
     sizes = dict(input_len=config.input_len, target_len=config.target_len, batch=score_batch)
     runs = []
     for epsilon in tqdm(epsilons, desc="audit runs", unit="run", disable=not progress):
@@ -398,6 +401,9 @@ def run_querygen_audit(
                 # the in/out draw): rate, steps, sigma and delta do not depend on the draw.
                 plan=querygen.dp_train.plan_privacy(cfg.dp, size),
                 fixed_rate=True,
+                # charged once: a finished run keeps its seed and state, so training it
+                # again (its model deleted) repeats the same draw, never a fresh one
+                keep_work=plan is not None,
             )
         score_file = private_folder(work / SCORES) / f"{tag}.npz"
         if not score_file.is_file():

@@ -165,6 +165,7 @@ def _audit_cli(tmp_path, pairs, *extra):
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_an_audit_of_private_pairs_is_charged_once_and_refuses_inf(tmp_path):
     """A JSONL pairs file is private: the audit is one release of it, charged before it
     trains (the runs' events composed) and not again on a resume; an inf run, which is not
@@ -179,9 +180,13 @@ def test_an_audit_of_private_pairs_is_charged_once_and_refuses_inf(tmp_path):
     assert "inf run on private pairs is not private" in refused.stderr
     assert not (tmp_path / "ledger.db").exists()
 
+    trained = []
     for _ in range(2):  # the second run resumes: nothing trained, nothing charged again
         ran = _audit_cli(tmp_path, pairs, "--epsilon", "8")
         assert ran.returncode == 0, ran.stderr
+        (model,) = (tmp_path / "work" / "models").iterdir()
+        trained.append(max(f.stat().st_mtime_ns for f in model.iterdir()))
+    assert trained[0] == trained[1]
     (charge,) = PrivacyLedger(tmp_path / "ledger.db").charges("audit", "pairs")
     assert charge.stage == "querygen-audit"
     config = querygen_preset("tiny_llama").replace(dp_epochs=1.0, dp_batch_size=16, target_len=32)

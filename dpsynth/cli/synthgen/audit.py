@@ -36,6 +36,7 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
 
 
 AUDIT_TENANT, AUDIT_STAGE = "audit", "querygen-audit"  # the charged audit's scope and stage
+WIKI = "wiki-summaries-en"  # the public pairs asset
 PairsArePublicOption = Annotated[
     bool,
     typer.Option(
@@ -47,7 +48,11 @@ ReportOutOption = Annotated[
     Path, typer.Option(help="report folder: audit.json, audit.md, PNG plots")
 ]
 PrivatePairsOption = Annotated[
-    str, typer.Option(help="private pairs: JSONL with document/query, or wiki-summaries-en")
+    str,
+    typer.Option(
+        help="pairs: a JSONL file with document/query or a wiki-shaped file (private unless "
+        "--pairs-are-public), or the public wiki-summaries-en asset"
+    ),
 ]
 EpsilonsOption = Annotated[
     str, typer.Option(help="comma-separated epsilons; inf = non-private run")
@@ -105,6 +110,12 @@ def _audit_payer(pairs, rows, cfg, spec, epsilons, seed, work, ledger, dataset, 
             param_hint="'--epsilon'",
         )
     plan = audit_runs_plan(cfg, epsilons, planned_size(spec, len(rows)), seed)
+    if plan.delta * len(rows) >= 1:
+        raise typer.BadParameter(
+            f"the runs' deltas add up to {plan.delta:.3g}, not below 1/n for n={len(rows)} "
+            "pairs: audit fewer epsilons or lower the preset's delta",
+            param_hint="'--epsilon'",
+        )
     scope = (AUDIT_TENANT, dataset or Path(pairs).stem)
     records = [{"document": r["document"], "query": r["query"]} for r in rows]
     book = admit_run(
@@ -119,7 +130,7 @@ def _audit_payer(pairs, rows, cfg, spec, epsilons, seed, work, ledger, dataset, 
 @audit_app.command("run")
 def audit_run(
     out: ReportOutOption,
-    pairs: PrivatePairsOption = "wiki-summaries-en",
+    pairs: PrivatePairsOption = WIKI,
     config: PresetOption = "tiny_llama",
     epsilon: EpsilonsOption = "inf,16,8,3",
     repetitions: RepetitionsOption = "1,10,100",
@@ -145,10 +156,10 @@ def audit_run(
 
     Canaries of each (kind, repetitions) cell are inserted with probability 1/2. The report
     folder gets aggregate figures only; the canary record, the models and the per-canary
-    scores stay in the private --work-dir. Re-running the same command resumes. A JSONL
-    --pairs file is private unless --pairs-are-public: the audit is then one release of it,
-    its runs' composed epsilon charged once before training (tenant "audit"), and an inf
-    run is refused. The wiki pairs are public: nothing is charged.
+    scores stay in the private --work-dir. Re-running the same command resumes. A --pairs
+    file is private unless --pairs-are-public: the audit is then one release of it, its
+    runs' composed epsilon charged once before training (tenant "audit"), and an inf run is
+    refused. The packaged wiki pairs are public: nothing is charged.
     """
     from synthgen.audit import querygen_audit
     from synthgen.audit.claims import parse_epsilons
@@ -164,7 +175,8 @@ def audit_run(
     work = work_dir if work_dir is not None else default_work_dir(out, None)
     epsilons = parse_epsilons(epsilon)
     pay = None  # public pairs: nothing charged
-    if Path(pairs).suffix == ".jsonl" and not pairs_are_public:
+    # only the packaged wiki asset is public; any file or folder given is private
+    if not pairs_are_public and (pairs != WIKI or Path(pairs).exists()):
         pay = _audit_payer(pairs, rows, cfg, spec, epsilons, seed, work, ledger, dataset,
                            budget=budget, guarantees_add_up=guarantees_add_up)  # fmt: skip
     audit = querygen_audit.run_querygen_audit(

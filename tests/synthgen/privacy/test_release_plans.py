@@ -177,6 +177,10 @@ class TestAuditRunsPlan(ReleasePlanBattery):
         return neighboring_relation("poisson")
 
     def test_states_at_most_the_sum_of_its_runs(self, plan):
+        assert [run.epsilon for run in plan.runs] == pytest.approx([8.0, 3.0], rel=1e-2)
+        for run in plan.runs:  # each run alone, at the plan's delta, spends less than all
+            alone = accountants.epsilon(run.event, plan.delta, relation=plan.relation)
+            assert alone < plan.epsilon
         assert plan.epsilon <= sum(run.epsilon for run in plan.runs)
         assert plan.delta == pytest.approx(sum(run.delta for run in plan.runs))
 
