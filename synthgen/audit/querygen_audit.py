@@ -81,14 +81,14 @@ class AuditRunsPlan:
     def event(self) -> dp_event.DpEvent:
         return dp_event.ComposedDpEvent([run.event for run in self.runs])
 
-    def to_dict(self) -> dict:
-        return {
+    def to_dict(self, exclude_runs: bool = False) -> dict:
+        stated = {
             "epsilon": self.epsilon,
             "delta": self.delta,
             "neighboring_relation": self.relation.name,
             "accountant": self.runs[0].accountant,
-            "runs": [run.to_dict() for run in self.runs],
         }
+        return stated if exclude_runs else {**stated, "runs": [r.to_dict() for r in self.runs]}
 
 
 def audit_runs_plan(
@@ -437,6 +437,8 @@ def run_querygen_audit(
         },
         "canaries": canaries.summary(spec, drawn),
         "significance": significance,
+        # what the pairs paid: the runs composed (each run's own epsilon is its claim above)
+        "charged": None if plan is None else plan.to_dict(exclude_runs=True),
         "runs": runs,
     }
     report.write_report(audit, out_dir)

@@ -32,11 +32,24 @@ def _fmt(value, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
+def _charged(charged: dict | None) -> list[str]:
+    """The line that states what an audit of private pairs charged (none for public pairs)."""
+    if charged is None:
+        return []
+    return [
+        f"Charged to the pairs' ledger: ε = {charged['epsilon']:.3g}, δ = {charged['delta']:.3g} "
+        f"({charged['neighboring_relation']}), every run below composed; each run's own ε is "
+        "the claim it is audited against.",
+        "",
+    ]
+
+
 def markdown(audit: dict) -> str:
     """The exposure table and the membership table of an audit record."""
     lines = [
         f"# Privacy audit: {audit['generator']} ({audit.get('base', '')})",
         "",
+        *_charged(audit.get("charged")),
         "## Exposure and extraction (canaries inserted vs. not inserted)",
         "",
         "| ε | kind | repetitions | median rank (in) | exposure in (bits) | "

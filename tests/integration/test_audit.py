@@ -153,13 +153,14 @@ def test_work_folder_inside_the_report_is_refused(tmp_path):
 
 
 def _audit_cli(tmp_path, pairs, *extra):
-    """`synthgen audit run` of one tiny cell (secret canaries, one repetition) on `pairs`."""
+    """`synthgen audit run` of one tiny cell (secret canaries, one repetition) on `pairs`,
+    its work folder the default one: beside the ledger."""
     import cli_process
 
     return cli_process.command(
         "synthgen", "audit", "run", "--out", tmp_path / "report", "--pairs", pairs,
-        "--work-dir", tmp_path / "work", "--ledger", tmp_path / "ledger.db",
-        "--kinds", "secret", "--repetitions", "1", "--per-cell", "4", "--references", "3",
+        "--ledger", tmp_path / "ledger.db", "--kinds", "secret", "--repetitions", "1",
+        "--per-cell", "4", "--references", "3",
         "--split", "all", "--epochs", "1", "--batch-size", "16", "--target-len", "32",
         "--seed", "3", *extra,
     )  # fmt: skip
@@ -184,7 +185,8 @@ def test_an_audit_of_private_pairs_is_charged_once_and_refuses_inf(tmp_path):
     for _ in range(2):  # the second run resumes: nothing trained, nothing charged again
         ran = _audit_cli(tmp_path, pairs, "--epsilon", "8")
         assert ran.returncode == 0, ran.stderr
-        (model,) = (tmp_path / "work" / "models").iterdir()
+        (work,) = (tmp_path / "work").iterdir()  # beside --ledger, named after the report
+        (model,) = (work / "models").iterdir()
         trained.append(max(f.stat().st_mtime_ns for f in model.iterdir()))
     assert trained[0] == trained[1]
     (charge,) = PrivacyLedger(tmp_path / "ledger.db").charges("audit", "pairs")
@@ -193,3 +195,6 @@ def test_an_audit_of_private_pairs_is_charged_once_and_refuses_inf(tmp_path):
     spec = canaries.CanarySpec(kinds=("secret",), repetitions=(1,), per_cell=4, references=3)
     plan = audit_runs_plan(config, [8.0], planned_size(spec, 40), seed=3)
     assert charge.epsilon == pytest.approx(plan.epsilon)
+    stated = json.loads((tmp_path / "report" / "audit.json").read_text())["charged"]
+    assert stated["epsilon"] == pytest.approx(plan.epsilon) and stated["delta"] == plan.delta
+    assert "Charged to the pairs' ledger: ε = " in (tmp_path / "report" / "audit.md").read_text()

@@ -172,7 +172,7 @@ def audit_run(
         target_len=target_len,
     )  # fmt: skip
     rows = load_rows(pairs, ("document", "query"), limit, split)
-    work = work_dir if work_dir is not None else default_work_dir(out, None)
+    work = work_dir if work_dir is not None else default_work_dir(out, ledger)
     epsilons = parse_epsilons(epsilon)
     pay = None  # public pairs: nothing charged
     # only the packaged wiki asset is public; any file or folder given is private
