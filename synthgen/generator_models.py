@@ -73,7 +73,7 @@ def _pad(ids: Sequence[int], length: int, pad: int) -> tuple[np.ndarray, np.ndar
 class _Draw:
     """The public settings of every generation batch of one `generate` call."""
 
-    size: int  # rows per batch (T5 pads a short batch to it: a static shape)
+    size: int  # rows per batch (a short last batch is padded to it: a static shape)
     samples: int  # samples per row
     input_len: int
     max_new_tokens: int
@@ -321,5 +321,6 @@ class LlamaFamily(_Family):
             key=key,
             eos_id=tok.eos_id,
             pad_id=tok.pad_id,
+            min_rows=draw.size,  # a short last batch: the full batches' program
         )
         return [tok.decode(_until_eos(o, tok.eos_id)).strip() for o in outs]

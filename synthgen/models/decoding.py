@@ -117,6 +117,7 @@ def generate(
     key: jax.Array | None,
     eos_id: int | Sequence[int],
     pad_id: int,
+    min_rows: int = 1,
 ) -> list[list[int]]:
     """Continues each prompt by up to `max_new_tokens` tokens.
 
@@ -129,6 +130,9 @@ def generate(
       key: PRNG key of the sampling; may be None only for greedy decoding.
       eos_id: id (or ids) that end a row.
       pad_id: id used for padding (never attended to).
+      min_rows: run at least this many rows (inactive ones padded): a caller that cuts a
+        job into batches of `min_rows` passes it so that a short last batch runs the
+        compiled program of the full ones instead of compiling its own.
 
     Returns:
       The generated ids of each prompt, without the EOS token and anything after it.
@@ -150,7 +154,7 @@ def generate(
             raise ValueError("sampling with temperature > 0 needs a PRNG key")
         key = jax.random.key(0)
     eos_ids = [int(eos_id)] if isinstance(eos_id, int | np.integer) else [int(e) for e in eos_id]
-    rows = row_bucket(len(prompts))
+    rows = row_bucket(max(len(prompts), min_rows))
     ids, mask = pad_prompts(prompts, bucket(max(lengths), MIN_PROMPT_BUCKET), pad_id, rows)
     active = np.arange(rows) < len(prompts)
     mask[~active, -1] = 1  # inactive rows get one (pad) token so no row is empty

@@ -77,6 +77,27 @@ def test_greedy_matches_naive_loop_and_is_batch_invariant(model):
     assert batch[1] == ids[len(prompts[1]) :]
 
 
+def test_a_short_last_batch_runs_the_full_batches_program(model):
+    """`min_rows` pads a short batch to the full batches' rows: one compile for both, and
+    the real rows' greedy continuations are those of an unpadded call."""
+    from synthgen.models.decoding import _generate_padded
+
+    prompts = _prompts(model[0], [5, 9, 12, 7, 6, 11, 10, 8, 13, 4])
+    config, params = model
+    run = functools.partial(
+        generate, config, params, max_new_tokens=4, sampling=GREEDY, key=None, eos_id=-1,
+        pad_id=0,
+    )  # fmt: skip
+    _generate_padded.clear_cache()  # the count below starts from none
+    before = _generate_padded._cache_size()
+    full = run(prompts[:9], min_rows=9)
+    assert _generate_padded._cache_size() == before + 1
+    last = run(prompts[9:], min_rows=9)  # 1 prompt, 16 rows as the full batch
+    assert _generate_padded._cache_size() == before + 1
+    assert [*full, *last] == run(prompts) and len(last) == 1
+    assert run(prompts[9:]) == last and _generate_padded._cache_size() == before + 2
+
+
 def test_rows_stop_at_eos(model):
     prompts = _prompts(model[0], [4, 9], seed=1)
     free = _generate(model, prompts, 10)
