@@ -8,9 +8,9 @@ elsewhere (mode 0700): the contributor's ledger and ``private.json``. See
 docs/guides/network.md.
 
 Privacy:
-  Every file of the release folder is a DP output or public: the synthetic texts and
-  topics are decoded from DP-released tokens and DP-released keywords, the card and the
-  metadata hold declared parameters and the guarantee. Serving it (`/retrieve`) is
+  Every file of the release folder is a DP output or public: the synthetic texts and their
+  topics are written from the DP fact release's pairs and noisy counts (facts.json), the
+  card and the metadata hold declared parameters and the guarantee. Serving it (`/retrieve`) is
   post-processing and costs nothing.
 """
 
@@ -129,13 +129,13 @@ def write_knowledge_folder(
     Args:
       out: the release folder (created).
       texts: the synthetic documents (DP outputs).
-      topics: each document's topic (a DP-released keyword).
+      topics: each document's topic (its subject, a DP-released key phrase).
       card: from `make_card`; its encoder builds the index.
       metadata: the generator's metadata (written as metadata.json when given).
       extra: other public files of the release, name -> text (a fact release's
         facts.json), written before the card.
 
-    An empty release (no topic passed the threshold) has an empty synthetic.jsonl and no
+    An empty release (no subject passed the threshold) has an empty synthetic.jsonl and no
     index: retrieving from it finds nothing.
 
     Raises:
