@@ -73,11 +73,12 @@ def _pad(ids: Sequence[int], length: int, pad: int) -> tuple[np.ndarray, np.ndar
 class _Draw:
     """The public settings of every generation batch of one `generate` call."""
 
-    size: int  # rows per batch (a short last batch is padded to it: a static shape)
+    size: int  # rows per batch (T5 pads a short batch to it: a static shape)
     samples: int  # samples per row
     input_len: int
     max_new_tokens: int
     sampling: SamplingConfig
+    full_rows: int  # rows of the job's full batches (its one batch, when shorter)
 
 
 @dataclasses.dataclass
@@ -174,7 +175,8 @@ class _Family:
         rows_per_document = num_samples // samples_per_row
         rows = [d for d in documents for _ in range(rows_per_document)]
         first_row = first_document * rows_per_document
-        draw = _Draw(batch_size, samples_per_row, input_len, max_new_tokens, sampling)
+        full_rows = min(batch_size, len(rows))  # a short last batch is padded to it (Llama)
+        draw = _Draw(batch_size, samples_per_row, input_len, max_new_tokens, sampling, full_rows)
         texts: list[str] = []
         total = len(rows) * samples_per_row
         bar = tqdm(total=total, desc="generate", unit="query", disable=not progress)
@@ -321,6 +323,6 @@ class LlamaFamily(_Family):
             key=key,
             eos_id=tok.eos_id,
             pad_id=tok.pad_id,
-            min_rows=draw.size,  # a short last batch: the full batches' program
+            min_rows=draw.full_rows,  # a short last batch: the full batches' program
         )
         return [tok.decode(_until_eos(o, tok.eos_id)).strip() for o in outs]

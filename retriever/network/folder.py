@@ -2,10 +2,10 @@
 
 The release folder (safe to ship; `retriever contributor build` writes it) holds
 ``card.json`` (what the contributor releases, under which guarantee), ``synthetic.jsonl``
-(rows ``{"doc_id", "text", "topic"}``), ``metadata.json`` (the release's privacy block and
-file digests) and ``index/`` over the synthetic rows. The private work folder lives
-elsewhere (mode 0700): the contributor's ledger and ``private.json``. See
-docs/guides/network.md.
+(rows ``{"doc_id", "text", "topic"}``), ``facts.json`` (the released pairs and their noisy
+counts), ``metadata.json`` (the release's privacy block and file digests) and ``index/``
+over the synthetic rows. The private work folder lives elsewhere (mode 0700): the
+contributor's ledger and ``private.json``. See docs/guides/network.md.
 
 Privacy:
   Every file of the release folder is a DP output or public: the synthetic texts and their
@@ -129,13 +129,13 @@ def write_knowledge_folder(
     Args:
       out: the release folder (created).
       texts: the synthetic documents (DP outputs).
-      topics: each document's topic (its subject, a DP-released key phrase).
+      topics: each document's topic (a DP-released key phrase of its facts).
       card: from `make_card`; its encoder builds the index.
       metadata: the generator's metadata (written as metadata.json when given).
       extra: other public files of the release, name -> text (a fact release's
         facts.json), written before the card.
 
-    An empty release (no subject passed the threshold) has an empty synthetic.jsonl and no
+    An empty release (no fact passed the threshold) has an empty synthetic.jsonl and no
     index: retrieving from it finds nothing.
 
     Raises:

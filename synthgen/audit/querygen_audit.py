@@ -308,6 +308,13 @@ def membership_figures(
     return auditor.membership_rows(drawn, membership, epsilon, delta, figures)
 
 
+def check_folders(out_dir: str | Path, work_dir: str | Path) -> None:
+    """ValueError if the report folder and the private work folder overlap."""
+    out_path, work_path = Path(out_dir).resolve(), Path(work_dir).resolve()
+    if out_path.is_relative_to(work_path) or work_path.is_relative_to(out_path):
+        raise ValueError("the private work folder and the report folder must not overlap")
+
+
 def run_querygen_audit(
     config: querygen.GeneratorConfig,
     pairs: datasets.Dataset,
@@ -353,9 +360,7 @@ def run_querygen_audit(
 
     if not 0 < significance < 0.5:
         raise ValueError(f"significance must be in (0, 0.5), got {significance=}")
-    out_path, work_path = Path(out_dir).resolve(), Path(work_dir).resolve()
-    if out_path.is_relative_to(work_path) or work_path.is_relative_to(out_path):
-        raise ValueError("the private work folder and the report folder must not overlap")
+    check_folders(out_dir, work_dir)
     plan = (
         None
         if pay is None

@@ -37,9 +37,10 @@ def _charged(charged: dict | None) -> list[str]:
     if charged is None:
         return []
     return [
-        f"Charged to the pairs' ledger: ε = {charged['epsilon']:.3g}, δ = {charged['delta']:.3g} "
-        f"({charged['neighboring_relation']}), every run below composed; each run's own ε is "
-        "the claim it is audited against.",
+        f"Charged once to the pairs' ledger: every run below composed, ε = "
+        f"{charged['epsilon']:.3g} at δ = {charged['delta']:.3g} "
+        f"({charged['neighboring_relation']}; the ledger states it at its scope's δ cap); each "
+        "run's own ε is the claim it is audited against.",
         "",
     ]
 

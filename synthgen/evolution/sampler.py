@@ -78,7 +78,8 @@ class FlaxSampler(_BatchedSampler):
                 key=jax.random.fold_in(key, start),
                 eos_id=self.lm.eos_ids,
                 pad_id=self.lm.tokenizer.pad_id,
-                min_rows=self.batch_size,  # a short last batch: the full batches' program
+                # a short last batch: the full batches' program
+                min_rows=min(self.batch_size, len(prompts)),
             )
             out.extend(clean_text(self.lm.decode(row)) for row in ids)
         return out

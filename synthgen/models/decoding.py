@@ -1,7 +1,8 @@
 """Batched autoregressive decoding for `synthgen.models.llama` with a KV cache.
 
 One jitted program per shape bucket: prompts are left-padded to a bucketed length (a power of
-two, at least 16), the batch is padded to a power of two with inactive rows, and the cache
+two, at least 16), the batch is padded with inactive rows (`row_bucket`, at least a
+caller's `min_rows`), and the cache
 and output buffer are sized for a bucketed number of new tokens while the actual limit is a
 traced value, so calls with similar shapes reuse one compilation. Inside the program the
 prompts are prefilled once, then a `lax.while_loop` steps every row one token at a time and
@@ -132,7 +133,8 @@ def generate(
       pad_id: id used for padding (never attended to).
       min_rows: run at least this many rows (inactive ones padded): a caller that cuts a
         job into batches of `min_rows` passes it so that a short last batch runs the
-        compiled program of the full ones instead of compiling its own.
+        compiled program of the full ones (when its prompts fall in the same length bucket)
+        instead of compiling its own.
 
     Returns:
       The generated ids of each prompt, without the EOS token and anything after it.

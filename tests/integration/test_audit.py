@@ -180,6 +180,9 @@ def test_an_audit_of_private_pairs_is_charged_once_and_refuses_inf(tmp_path):
     assert refused.returncode == 2, refused.stderr
     assert "inf run on private pairs is not private" in refused.stderr
     assert not (tmp_path / "ledger.db").exists()
+    overlapping = _audit_cli(tmp_path, pairs, "--epsilon", "8", "--work-dir", tmp_path / "report")
+    assert overlapping.returncode != 0 and "must not overlap" in overlapping.stderr
+    assert not (tmp_path / "ledger.db").exists()  # refused before the pairs were admitted
 
     trained = []
     for _ in range(2):  # the second run resumes: nothing trained, nothing charged again
@@ -197,4 +200,5 @@ def test_an_audit_of_private_pairs_is_charged_once_and_refuses_inf(tmp_path):
     assert charge.epsilon == pytest.approx(plan.epsilon)
     stated = json.loads((tmp_path / "report" / "audit.json").read_text())["charged"]
     assert stated["epsilon"] == pytest.approx(plan.epsilon) and stated["delta"] == plan.delta
-    assert "Charged to the pairs' ledger: ε = " in (tmp_path / "report" / "audit.md").read_text()
+    table = (tmp_path / "report" / "audit.md").read_text()
+    assert f"every run below composed, ε = {plan.epsilon:.3g} at δ = {plan.delta:.3g}" in table

@@ -173,6 +173,7 @@ def audit_run(
     )  # fmt: skip
     rows = load_rows(pairs, ("document", "query"), limit, split)
     work = work_dir if work_dir is not None else default_work_dir(out, ledger)
+    querygen_audit.check_folders(out, work)  # before the pairs are admitted to the ledger
     epsilons = parse_epsilons(epsilon)
     pay = None  # public pairs: nothing charged
     # only the packaged wiki asset is public; any file or folder given is private
