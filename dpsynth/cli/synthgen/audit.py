@@ -96,6 +96,17 @@ def _canary_spec(kinds: str, repetitions: str, per_cell: str, references: int):
     )
 
 
+def _work_folder(out: Path, work_dir: Path | None, ledger: str | None) -> Path:
+    """--work-dir, else the default one beside the ledger's file; refused, before the pairs
+    are admitted to the ledger, where it overlaps the report folder."""
+    from synthgen.audit.querygen_audit import check_folders
+    from synthgen.paths import default_work_dir
+
+    work = work_dir if work_dir is not None else default_work_dir(out, ledger)
+    check_folders(out, work)
+    return work
+
+
 def _audit_payer(pairs, rows, cfg, spec, epsilons, seed, work, ledger, dataset, **admission):
     """The payer of an audit of private pairs (tenant "audit", stage "querygen-audit"): the
     pairs bound, the scope opened and the composed runs' charge checked, before any
@@ -164,7 +175,6 @@ def audit_run(
     from synthgen.audit import querygen_audit
     from synthgen.audit.claims import parse_epsilons
     from synthgen.corpora import load_rows
-    from synthgen.paths import default_work_dir
 
     spec = _canary_spec(kinds, repetitions, per_cell, references)
     cfg = preset_with(
@@ -172,8 +182,7 @@ def audit_run(
         target_len=target_len,
     )  # fmt: skip
     rows = load_rows(pairs, ("document", "query"), limit, split)
-    work = work_dir if work_dir is not None else default_work_dir(out, ledger)
-    querygen_audit.check_folders(out, work)  # before the pairs are admitted to the ledger
+    work = _work_folder(out, work_dir, ledger)
     epsilons = parse_epsilons(epsilon)
     pay = None  # public pairs: nothing charged
     # only the packaged wiki asset is public; any file or folder given is private
