@@ -1,12 +1,12 @@
 """Batched autoregressive decoding for `synthgen.models.llama` with a KV cache.
 
 One jitted program per shape bucket: prompts are left-padded to a bucketed length (a power of
-two, at least 16), the batch is padded with inactive rows (`row_bucket`, at least a
-caller's `min_rows`), and the cache
-and output buffer are sized for a bucketed number of new tokens while the actual limit is a
-traced value, so calls with similar shapes reuse one compilation. Inside the program the
-prompts are prefilled once, then a `lax.while_loop` steps every row one token at a time and
-stops when all rows have emitted EOS or the limit is reached; no Python loop runs per token.
+two, at least 16), the batch is padded with inactive rows (`row_bucket`, at least a caller's
+`min_rows`), and the cache and output buffer are sized for a bucketed number of new tokens
+while the actual limit is a traced value, so calls with similar shapes reuse one compilation.
+Inside the program the prompts are prefilled once, then a `lax.while_loop` steps every row
+one token at a time and stops when all rows have emitted EOS or the limit is reached; no
+Python loop runs per token.
 Step i samples with ``fold_in(key, i)``.
 """
 
