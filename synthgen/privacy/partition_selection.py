@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import logging
 import math
 import secrets
 import shutil
@@ -69,10 +70,41 @@ class KeyCountRelease:
         }
 
 
+BEAM_IMPORT_WARNING = "apitools not found"  # Apache Beam's BigQuery clients, never used here
+
+
+@contextlib.contextmanager
+def _beam_import_quiet():
+    """Imports inside hide Apache Beam's import-time root-logger warning ("apitools not
+    found, ...": its BigQuery clients, never used here), printed to every command's stderr,
+    and undo the `logging.basicConfig` that warning's `logging.warning` call makes."""
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(BEAM_IMPORT_WARNING)
+
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
+        for handler in list(root.handlers):
+            if handler not in handlers:  # basicConfig's, made by that warning's call
+                root.removeHandler(handler)
+
+
+def _pipeline_dp():
+    """The `pipeline_dp` module (it imports Apache Beam), imported quietly."""
+    with _beam_import_quiet():
+        import pipeline_dp
+    return pipeline_dp
+
+
 def _strategy(epsilon: float, delta: float, max_keys: int):
     """python-dp's Gaussian thresholding strategy for one aggregation holding the whole
     (epsilon, delta): the one PipelineDP's post-aggregation thresholding runs."""
-    import pipeline_dp
+    pipeline_dp = _pipeline_dp()
     from pipeline_dp import partition_selection
 
     return partition_selection.create_partition_selection_strategy(
@@ -194,7 +226,7 @@ def check_backend(backend: str, *, installed: bool = False) -> None:
 
 def _engine(epsilon: float, delta: float, max_keys: int, backend):
     """PipelineDP's engine, accountant and parameters: the one mechanism of both backends."""
-    import pipeline_dp
+    pipeline_dp = _pipeline_dp()
 
     accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=epsilon, total_delta=delta)
     engine = pipeline_dp.DPEngine(accountant, backend)
@@ -227,7 +259,7 @@ def _no_value(row):
 
 
 def _local_aggregate(rows, epsilon, delta, max_keys) -> list[tuple[Hashable, float]]:
-    import pipeline_dp
+    pipeline_dp = _pipeline_dp()
 
     if not rows:  # what the mechanism outputs on such data (PipelineDP refuses empty input)
         return []
@@ -241,7 +273,8 @@ def _local_aggregate(rows, epsilon, delta, max_keys) -> list[tuple[Hashable, flo
 
 def _import_beam():
     try:
-        import apache_beam
+        with _beam_import_quiet():
+            import apache_beam
     except ImportError as error:
         raise ImportError(
             "backend 'beam' needs Apache Beam: pip install 'dpsynth[beam]'"
@@ -263,7 +296,7 @@ def _beam_aggregate(
     for this release (0700 on this machine, or a fresh folder under ``--temp_location``),
     deleted once read."""
     beam = _import_beam()
-    import pipeline_dp
+    pipeline_dp = _pipeline_dp()
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import (
         GoogleCloudOptions,

@@ -183,3 +183,22 @@ def test_the_cli_releases_on_beam(tmp_path):
     released = (tmp_path / "rel" / "synthetic.jsonl").read_text()
     assert all(f.value in released for f in world.facts if f.support == 50)
     assert not any(f.value in released for f in world.facts if f.support == 1)
+
+
+def test_importing_pipeline_dp_prints_nothing_and_configures_no_logging():
+    """Apache Beam warns at import that its BigQuery clients are missing, through the root
+    logger, which configures it: a fresh process that calibrates a threshold prints nothing
+    and leaves the root logger as it was (no handler)."""
+    import subprocess
+
+    code = (
+        "import logging\n"
+        "from synthgen.privacy.partition_selection import selection_threshold\n"
+        "assert selection_threshold(1.0, 1e-6, 1) > 1\n"
+        "import apache_beam\n"  # already imported: pipeline_dp imports it
+        "print(len(logging.getLogger().handlers))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "apitools" not in done.stderr, done.stderr
+    assert done.stdout.strip() == "0"
