@@ -19,10 +19,20 @@ from synthgen.work_folder import WorkFolder
 
 D = 6
 # The jitted clipped sum of 14 float32 gradients (leaves up to about 2) lands within 1.1e-5 of
-# a float64 reference on jaxlib 0.10.2's CPU, unoptimised or not; the eager loop within 6e-7.
+# a float64 reference on jaxlib 0.10.2's CPU, unoptimised or not; the eager loop within 6e-7
+# (both at float32 products: `float32_products`).
 # Elementwise, a near-zero entry can differ by 3e-6 (rtol alone cannot hold); an unclipped
 # or unmasked example moves entries by 1e-2 and more.
 F32_SUM_ATOL = 2e-5
+
+
+@pytest.fixture
+def float32_products():
+    """Products at float32 on any device (a GPU runs them as TF32 by default, `make
+    test-accelerator`): the comparisons with the naive loop check the algorithm, not the
+    device's rounding, which the clip bound's own tests cover (test_ghost_clipping.py)."""
+    with jax.default_matmul_precision("highest"):
+        yield
 
 
 def _loss(trainable, frozen, ex):
@@ -56,6 +66,7 @@ def _naive_clipped_sum(trainable, frozen, data, mask, clip):
     return total
 
 
+@pytest.mark.usefixtures("float32_products")
 def test_clipped_sum_matches_naive_per_example_loop():
     data, trainable, frozen = _setup(n=16)
     mask = np.ones(16, np.float32)
@@ -250,6 +261,7 @@ def test_noise_multiplier_zero_is_an_explicit_non_private_run(tmp_path):
     assert result.steps_run == plan.steps
 
 
+@pytest.mark.usefixtures("float32_products")
 def test_a_non_finite_gradient_is_zeroed_and_counted_never_nan():
     data, trainable, frozen = _setup(n=16)
     data["x"][0, 2] = np.inf  # example 0's gradient is NaN (0 * inf in tanh')
