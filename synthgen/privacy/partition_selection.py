@@ -81,16 +81,16 @@ def _beam_import_quiet():
     root = logging.getLogger()
     handlers = list(root.handlers)
 
-    def keep(record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(BEAM_IMPORT_WARNING)
+    def keep(record: logging.LogRecord) -> bool:  # never formats: another caller's args
+        return not (isinstance(record.msg, str) and record.msg.startswith(BEAM_IMPORT_WARNING))
 
     root.addFilter(keep)
     try:
         yield
     finally:
         root.removeFilter(keep)
-        for handler in list(root.handlers):
-            if handler not in handlers:  # basicConfig's, made by that warning's call
+        if not handlers:  # `logging.warning` calls basicConfig only on a root without any
+            for handler in list(root.handlers):
                 root.removeHandler(handler)
 
 

@@ -18,7 +18,7 @@ from synthgen.privacy.rng import secure_rng
 from synthgen.work_folder import WorkFolder
 
 D = 6
-# The jitted clipped sum of 14 float32 gradients (leaves up to about 2) lands within 1.1e-5 of
+# The jitted clipped sum of 13 or 14 float32 gradients (leaves up to about 2) lands within 1.1e-5 of
 # a float64 reference on jaxlib 0.10.2's CPU, unoptimised or not; the eager loop within 6e-7
 # (both at float32 products: `float32_products`).
 # Elementwise, a near-zero entry can differ by 3e-6 (rtol alone cannot hold); an unclipped
