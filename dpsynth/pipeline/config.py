@@ -230,9 +230,10 @@ class RagStageConfig:
       mechanism: "icl", "keywords", "facts" or "auto" (`retriever.rag.defaults`); a retired
         one (`retriever.rag.plan.RETIRED`) is refused.
       k, max_tokens, delta: the answer stage's public parameters (`RagConfig`).
-      epsilon_cap, delta_cap: caps of the collection's ledger scope (the run tenant's);
-        in individual accounting, the tenant's quota.
-      accounting: "collection" (every answer composes on that scope) or "individual" (each
+      epsilon_cap, delta_cap: caps of the run tenant's ledger scope on the collection and,
+        in collection accounting, of its collection cap (every tenant of the run's ledger
+        together); in individual accounting, the tenant's quota.
+      accounting: "collection" (every answer composes on those scopes) or "individual" (each
         record's own filter over all answers, paying only for those it takes part in; icl).
       document_epsilon, document_delta: individual accounting: each record's target over
         all answers of all tenants (document_delta below 1/num_records).

@@ -224,27 +224,38 @@ def later_reads(later: str, stage: str) -> bool:
     return stage in UPSTREAM[later] or any(later_reads(u, stage) for u in UPSTREAM[later])
 
 
-def open_run_scope(ledger, scope) -> None:
-    """Opens `scope` in the run's ledger, or refuses one stored with other caps: a run's
-    scopes never change under it (a lower cap would not be enforced, a higher one would
-    hide what was already spent), nor does their tenant (the same private data charged under a
-    second tenant would start from zero, and each scope's statement would miss the other's)."""
+def check_run_scope(ledger, scope) -> None:
+    """Refuses, read-only, a `scope` the run's ledger holds with other caps: a run's scopes
+    never change under it (a lower cap would not be enforced, a higher one would hide what
+    was already spent), nor does their tenant (the same private data charged under a second
+    tenant would start from zero, and each scope's statement would miss the other's). A
+    collection cap (tenant ``COLLECTION``) sits beside the run's tenant."""
     from synthgen.privacy.ledger_types import COLLECTION
 
     for stored in ledger.scopes():
-        if stored.dataset == scope.dataset and stored.tenant not in (scope.tenant, COLLECTION):
+        if scope.is_collection or stored.dataset != scope.dataset:
+            continue
+        if stored.tenant not in (scope.tenant, COLLECTION):
             raise ValueError(
                 f"the run's ledger charges {scope.dataset} to tenant {stored.tenant!r}, but the "
                 f"config names tenant {scope.tenant!r}: one run's private data has one tenant; "
                 "restore privacy.tenant or start a new run folder (--out)"
             )
     try:
-        ledger.open_scope(scope)
-    except ValueError:
         stored = ledger.get_scope(scope.tenant, scope.dataset)
+    except KeyError:
+        return
+    if stored != scope:
         raise ValueError(
             f"the run's ledger holds scope ({scope.tenant}, {scope.dataset}) with epsilon cap "
             f"{stored.epsilon_cap:g} and delta {stored.delta_cap:.3g}, but the config asks for "
             f"{scope.epsilon_cap:g} and {scope.delta_cap:.3g}: restore the config's privacy "
             "settings or start a new run folder (--out)"
-        ) from None
+        )
+
+
+def open_run_scope(ledger, scope) -> None:
+    """Opens `scope` in the run's ledger after `check_run_scope` (an equal stored scope is
+    kept)."""
+    check_run_scope(ledger, scope)
+    ledger.open_scope(scope)

@@ -3,7 +3,9 @@
 Privacy:
   Privacy unit: one record of the private collection (add/remove-one). Every answer is
   (epsilon, delta)-DP (`retriever.rag.DPRag`; Grislain 2024, Koga et al. 2024), charged to
-  the run's ledger before any noise is drawn; the collection's scope caps the total. The
+  the run's ledger before any noise is drawn; the collection is admitted as `retriever
+  answer` admits it (`PrivateCollection.admit`): a collection cap over every tenant caps the
+  total, and every answer is the one event pinned on it. The
   questions are public, the answers releases. The sensitivity assumes an encoder that does
   not depend on the collection (the run's is trained on the DP synthetic release, checked
   from its provenance.json), and δ and the scope's δ cap are below 1/n for n records.
@@ -20,7 +22,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from dpsynth.pipeline.context import StageContext, open_run_scope
+from dpsynth.pipeline.context import StageContext, check_run_scope, open_run_scope
 from synthgen.privacy.receipts import collection_payer
 
 RAG_DATASET = "medical-records"  # the packaged sample collections' name in the ledger
@@ -309,6 +311,40 @@ def release_and_answer(ctx: StageContext, collection: Collection) -> dict:
     }
 
 
+RESTORE_RAG = (
+    "restore the run's rag settings (rag.epsilon, rag.mechanism, rag.delta, rag.max_tokens) "
+    "or start a new run folder (--out)"
+)
+
+
+def _admit(ledger, collection: Collection, scope, plan, cfg) -> None:
+    """`PrivateCollection.admit` for the run's `scope` (the path of `retriever answer` and
+    `retriever serve`): the records bound to their name, in collection accounting a
+    collection cap at the scope's caps (every tenant of the run's ledger together) and the
+    pinned answer event checked, in individual accounting the per-record filters; each of
+    the run's scopes refused, before anything is written, if the ledger holds it with
+    other caps (`check_run_scope`)."""
+    from retriever.rag.collection import PrivateCollection, check_answer_event, check_delta
+
+    caps = (
+        {} if cfg.individual else {"cap_epsilon": scope.epsilon_cap, "cap_delta": scope.delta_cap}
+    )
+    private = PrivateCollection.of(
+        collection.name, collection.texts, doc_ids=collection.doc_ids, **caps
+    )
+    for run_scope in (scope, private.cap):
+        if run_scope is not None:
+            check_run_scope(ledger, run_scope)
+    target = None
+    if cfg.individual:
+        check_delta(cfg.document_delta, private.documents, "rag.document_delta")
+        target = (cfg.document_epsilon, cfg.document_delta)
+    else:
+        check_answer_event(ledger, private.name, plan, restore=RESTORE_RAG)
+    # the same filters again (a resumed run) are a no-op; others are refused
+    private.admit(ledger, scope, plan, document_target=target)
+
+
 def answer_questions(ctx: StageContext) -> dict:
     """Answers `rag.questions` questions at `rag.epsilon` each; writes `rag/answers.json`.
 
@@ -318,11 +354,10 @@ def answer_questions(ctx: StageContext) -> dict:
     """
     from retriever.evaluate import load_towers
     from retriever.rag import DPRag
-    from retriever.rag.collection import check_delta, check_encoder, open_document_filters
+    from retriever.rag.collection import check_delta, check_encoder, pin_answer_event
     from synthgen.lm_backends import FlaxLM
     from synthgen.privacy.document_filters import DocumentFilters
     from synthgen.privacy.ledger import PrivacyLedger
-    from synthgen.privacy.ledger_documents import bind_texts
     from synthgen.privacy.ledger_types import Scope
 
     cfg = ctx.config.rag
@@ -344,20 +379,8 @@ def answer_questions(ctx: StageContext) -> dict:
     done = len(_answered(done_path, questions))
     scope = Scope(tenant, dataset, cfg.epsilon_cap, cfg.delta_cap)
     _check_answers_fit(ledger, scope, plan, len(questions) - done)
+    _admit(ledger, collection, scope, plan, cfg)
     filters = DocumentFilters(ledger.store)
-    bind_texts(ledger, dataset, texts)  # the records, bound to their name before any charge
-    if cfg.individual:
-        check_delta(cfg.document_delta, len(texts), "rag.document_delta")
-        # the same settings again (a resumed run) are a no-op; others are refused
-        open_document_filters(
-            ledger,
-            dataset,
-            documents=len(texts),
-            epsilon=cfg.document_epsilon,
-            delta=cfg.document_delta,
-            plan=plan,
-        )
-    open_run_scope(ledger, scope)
     stated = [(cfg.epsilon, cfg.delta, "per answer")]
     if cfg.individual:
         stated.append((cfg.document_epsilon, cfg.document_delta, "per document"))
@@ -376,6 +399,8 @@ def answer_questions(ctx: StageContext) -> dict:
         payer=collection_payer(ledger, dataset),
         config=rag_config,
     )
+    if not cfg.individual:  # the one event every answer to the collection is
+        pin_answer_event(ledger, dataset, plan, restore=RESTORE_RAG)
     done_path.parent.mkdir(parents=True, exist_ok=True)
     # Each answer is written as soon as it is released: an interrupted stage resumes after
     # the last written answer instead of paying for it again.

@@ -63,6 +63,17 @@ def _cells(record: dict, *keys: str) -> list[str]:
     return [_num(record[k[1:]]) if k[0] == "#" else _e(record[k]) for k in keys]
 
 
+def _is_collection_cap(scope: dict) -> bool:
+    """Whether a `metrics["privacy"]` scope is a collection cap (every tenant's charges)."""
+    from synthgen.privacy.ledger_types import COLLECTION
+
+    return scope["tenant"] == COLLECTION
+
+
+def _scope_label(scope: dict) -> str:
+    return f"{scope['dataset']} (all tenants)" if _is_collection_cap(scope) else scope["dataset"]
+
+
 def _table(header: list[str], rows: list[list]) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
@@ -210,7 +221,7 @@ def _plots(metrics: dict) -> dict[str, bytes]:
         for i, scope in enumerate(scopes):
             ax.barh(i, scope["epsilon_cap"], color="lightgray", label="cap" if i == 0 else None)
             ax.barh(i, scope["epsilon"], color="tab:red", label="spent" if i == 0 else None)
-        ax.set_yticks(range(len(scopes)), [s["dataset"] for s in scopes])
+        ax.set_yticks(range(len(scopes)), [_scope_label(s) for s in scopes])
         ax.set_xlabel("epsilon (composed, at the scope's delta)")
         ax.legend(fontsize=8)
         ax.set_title("Privacy budget per scope")
@@ -302,8 +313,13 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
                 "whose statement is per record (below).</li>"
             )
             continue
+        who = (
+            "the collection cap: every tenant's answers together"
+            if _is_collection_cap(scope)
+            else f"tenant {_e(scope['tenant'])}"
+        )
         statements.append(
-            f"<li><b>{_e(scope['dataset'])}</b> (tenant {_e(scope['tenant'])}): "
+            f"<li><b>{_e(scope['dataset'])}</b> ({who}): "
             f"(ε = {_num(scope['epsilon'])}, δ = {_num(scope['delta'])})-DP for "
             f"{_e(scope['privacy_unit'])} ({_e(scope['relation'])}, {_e(scope['accountant'])} "
             f"composition of {len(scope['charges'])} charge(s); cap ε = "
@@ -332,7 +348,12 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
                 f"of the one fact release charged to the (release, {_e(rag_dataset)}) scope above."
                 if (metrics.get("rag") or {}).get("mode") == "release"
                 else f" Each DP-RAG answer (<code>rag/answers.json</code>) is charged to the "
-                f"{_e(rag_dataset)} scope above."
+                f"tenant's {_e(rag_dataset)} scope above"
+                + (
+                    " and counted by its collection cap."
+                    if any(_is_collection_cap(s) for s in metrics["privacy"])
+                    else "."
+                )
                 if any(s["dataset"] == rag_dataset for s in metrics["privacy"])
                 else ""
             )
@@ -350,6 +371,7 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
     charge_rows = [
         [_e(s["dataset"]), *_cells(c, "stage", "#epsilon", "#delta", "description", "time")]
         for s in metrics["privacy"]
+        if not _is_collection_cap(s)  # its charges are the tenants' rows, listed once
         for c in s["charges"]
     ]
     parts.append("<h3>Every charge in the ledger</h3>")

@@ -305,7 +305,11 @@ def _retired_mechanism(recorded: str) -> str | None:
     return mechanism if mechanism in RETIRED else None
 
 
-def _shape_refusal(dataset: str, recorded: str, requested: str) -> ValueError:
+def _shape_refusal(
+    dataset: str, recorded: str, requested: str, restore: str | None = None
+) -> ValueError:
+    """The refusal of `requested` where `recorded` is pinned; `restore`: the caller's own
+    way forward (the main job names its config keys), else the command-line options'."""
     adds_up = f"whose guarantee then adds up with {dataset}'s (the ledger totals both)"
     retired = _retired_mechanism(recorded)
     if retired is not None:  # its recorded settings cannot be used again: say so
@@ -332,23 +336,29 @@ def _shape_refusal(dataset: str, recorded: str, requested: str) -> ValueError:
     return ValueError(
         f"{dataset} already answers with another event ({what}): every answer charged to a "
         "collection must be the same event (adaptively chosen events void the ledger's "
-        f"composition); {forward}"
+        f"composition); {restore or forward}"
     )
 
 
-def check_answer_event(ledger: PrivacyLedger, dataset: str, plan: AnswerPlan) -> None:
+def check_answer_event(
+    ledger: PrivacyLedger, dataset: str, plan: AnswerPlan, *, restore: str | None = None
+) -> None:
     """Read-only: refuses a plan whose shape differs from the one `dataset` pinned (to
-    refuse before loading anything heavy; `pin_answer_event` decides atomically)."""
+    refuse before loading anything heavy; `pin_answer_event` decides atomically). `restore`:
+    the way forward the refusal names (default: the command-line options)."""
     if ledger.collection_scope(dataset) is None:
         return
     shape = answer_event_shape(plan)
     recorded = ledger.event_shape(COLLECTION, dataset)
     if recorded is not None and recorded != shape:
-        raise _shape_refusal(dataset, recorded, shape)
+        raise _shape_refusal(dataset, recorded, shape, restore)
 
 
-def pin_answer_event(ledger: PrivacyLedger, dataset: str, plan: AnswerPlan) -> None:
-    """Pins `plan`'s event shape on `dataset`'s collection cap, or checks the pinned one.
+def pin_answer_event(
+    ledger: PrivacyLedger, dataset: str, plan: AnswerPlan, *, restore: str | None = None
+) -> None:
+    """Pins `plan`'s event shape on `dataset`'s collection cap, or checks the pinned one
+    (`restore` as in `check_answer_event`).
 
     Raises:
       ValueError: no collection cap, or another shape pinned (nothing changes).
@@ -359,7 +369,7 @@ def pin_answer_event(ledger: PrivacyLedger, dataset: str, plan: AnswerPlan) -> N
     try:
         ledger.pin_event_shape(COLLECTION, dataset, shape)
     except EventShapeError as exc:
-        raise _shape_refusal(dataset, exc.recorded, shape) from None
+        raise _shape_refusal(dataset, exc.recorded, shape, restore) from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from xla_env import with_xla_flags
 
 SCRIPT = Path(__file__).parents[2] / "scripts" / "bench_dp_step.py"
 TINY = ["--preset", "tiny", "--batch", "4", "--steps", "1", "--input-len", "16",
@@ -34,11 +35,10 @@ def cache(tmp_path_factory) -> Path:
 
 def _run(args: list[str], cache: Path) -> list[str]:
     env = {
-        **os.environ,
+        **with_xla_flags("--xla_backend_optimization_level=0"),
         "JAX_COMPILATION_CACHE_DIR": str(cache),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-        "XLA_FLAGS": "--xla_backend_optimization_level=0",
     }
     result = subprocess.run(
         [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600, env=env

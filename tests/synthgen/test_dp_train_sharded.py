@@ -1,10 +1,11 @@
 """Data parallel DP training over 2 host devices gives the single-device result."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
+
+from xla_env import with_xla_flags
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -25,11 +26,8 @@ SCRIPT = textwrap.dedent("""
 
 
 def _run(devices):
-    env = dict(
-        os.environ,
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-        JAX_PLATFORMS="cpu",
-    )
+    env = with_xla_flags(f"--xla_force_host_platform_device_count={devices}")
+    env["JAX_PLATFORMS"] = "cpu"
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, check=True
     )

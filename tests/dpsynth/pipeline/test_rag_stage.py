@@ -11,7 +11,7 @@ import pytest
 from dpsynth.pipeline.config import RagStageConfig
 from dpsynth.pipeline.rag_stage import RAG_DATASET, answer_questions
 from retriever import provenance
-from synthgen.privacy import PrivacyLedger
+from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
 
 RELEASE = {"privacy": {"epsilon": 8.0, "delta": 1e-5, "unit": "one pair"}}
 
@@ -57,7 +57,13 @@ def test_the_pipelines_encoder_provenance_passes(tmp_path, monkeypatch):
     monkeypatch.setattr(retriever.evaluate, "load_towers", loaded)
     with pytest.raises(RuntimeError, match="loading"):
         answer_questions(ctx)
-    assert [s.dataset for s in PrivacyLedger(ctx.run.ledger).scopes()] == [RAG_DATASET]
+    book = PrivacyLedger(ctx.run.ledger)  # the collection's cap beside the run's tenant
+    assert {(s.tenant, s.dataset) for s in book.scopes()} == {
+        (COLLECTION, RAG_DATASET),
+        ("pipeline", RAG_DATASET),
+    }
+    caps = ctx.config.rag.epsilon_cap, ctx.config.rag.delta_cap
+    assert book.collection_scope(RAG_DATASET) == Scope(COLLECTION, RAG_DATASET, *caps)
 
 
 # ---- individual (per-record) accounting ------------------------------------------------
@@ -280,7 +286,7 @@ def test_the_rag_stage_answers_over_a_users_own_records_and_questions(individual
     assert summary["answers"][1]["expected"] is None and summary["answers"][1]["correct"] is None
     assert isinstance(summary["answers"][0]["correct"], bool)
     book = PrivacyLedger(ctx.run.ledger)
-    assert [s.dataset for s in book.scopes()] == ["clinic-notes"]  # not the packaged sample
+    assert {s.dataset for s in book.scopes()} == {"clinic-notes"}  # not the packaged sample
     answers = {c.ref.split("/")[0] for c in book.charges("pipeline", "clinic-notes")}
     assert len(answers) == 2  # one charge (each stage a row) per answer
 
@@ -344,3 +350,33 @@ def test_a_resumed_stage_refuses_answers_to_questions_edited_since(individual_st
     Path(user["questions_file"]).write_text("An edited first question?\nWho treated them?\n")
     with pytest.raises(ValueError, match="answers other questions"):
         answer_questions(individual_stage(**settings))
+
+
+def test_the_stage_admits_its_collection_as_retriever_answer_does(individual_stage):
+    """Collection accounting opens a collection cap at the run's caps and pins the answer
+    event on it: a resumed run whose answers would be another event, or whose cap
+    changed, is refused before anything is written or charged."""
+    from dpsynth.pipeline.rag_stage import RESTORE_RAG
+
+    user = _user_collection(individual_stage().run.root)
+    settings = dict(accounting="collection", document_epsilon=None, document_delta=None,
+                    mechanism="icl", **user)  # fmt: skip
+    ctx = individual_stage(questions=1, **settings)
+    answer_questions(ctx)
+    book = PrivacyLedger(ctx.run.ledger)
+    cap = book.collection_scope("clinic-notes")
+    assert (cap.epsilon_cap, cap.delta_cap) == (
+        ctx.config.rag.epsilon_cap,
+        ctx.config.rag.delta_cap,
+    )
+    assert json.loads(book.event_shape(COLLECTION, "clinic-notes"))["epsilon"] == 1.0
+    assert book.spent(COLLECTION, "clinic-notes") == book.spent("pipeline", "clinic-notes")
+    charges = len(book.charges("pipeline", "clinic-notes"))
+    with pytest.raises(ValueError, match=r"epsilon 1\.0 recorded, 2\.0 here") as refused:
+        answer_questions(individual_stage(questions=2, **{**settings, "epsilon": 2.0}))
+    assert RESTORE_RAG in str(refused.value)
+    with pytest.raises(ValueError, match="epsilon cap 20 .* config asks for 30"):
+        answer_questions(individual_stage(questions=2, **{**settings, "epsilon_cap": 30.0}))
+    assert len(book.charges("pipeline", "clinic-notes")) == charges
+    answer_questions(individual_stage(questions=2, **settings))  # the same settings resume
+    assert len({c.ref.split("/")[0] for c in book.charges("pipeline", "clinic-notes")}) == 2

@@ -197,9 +197,9 @@ def test_refuses_a_folder_that_is_not_a_run(tmp_path, calls):
 
 
 def test_run_scope_refuses_other_caps(tmp_path):
-    from dpsynth.pipeline.context import open_run_scope
+    from dpsynth.pipeline.context import check_run_scope, open_run_scope
     from synthgen.privacy.ledger import PrivacyLedger
-    from synthgen.privacy.ledger_types import Scope
+    from synthgen.privacy.ledger_types import COLLECTION, Scope
 
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
     open_run_scope(ledger, Scope("t", "d", 10.0, 1e-5))
@@ -210,6 +210,11 @@ def test_run_scope_refuses_other_caps(tmp_path):
         open_run_scope(ledger, Scope("u", "d", 10.0, 1e-5))
     assert [(s.tenant, s.dataset) for s in ledger.scopes()] == [("t", "d")]  # nothing opened
     open_run_scope(ledger, Scope("t", "e", 10.0, 1e-5))  # another dataset is its own scope
+    # a collection cap sits beside the run's tenant, and is held to its caps as well
+    open_run_scope(ledger, Scope(COLLECTION, "d", 10.0, 1e-5))
+    open_run_scope(ledger, Scope("t", "d", 10.0, 1e-5))
+    with pytest.raises(ValueError, match=r"\(\*, d\) with epsilon cap 10 .* asks for 12"):
+        check_run_scope(ledger, Scope(COLLECTION, "d", 12.0, 1e-5))
 
 
 def test_cli_rejects_group_options_before_a_stage(tmp_path):
