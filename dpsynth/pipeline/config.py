@@ -20,6 +20,7 @@ from typing import Literal
 
 from dpsynth.pipeline.sample_collections import DEFAULT_SAMPLE, check_sample, fingerprint_fields
 from synthgen.fewshot.config import FewShotConfig
+from synthgen.privacy.ledger_types import COLLECTION
 from synthgen.querygen_config import GeneratorConfig
 
 # Field metadata: a field added after run folders existed is hashed into its stage's
@@ -104,6 +105,8 @@ class PrivacyConfig:
     delta: float | None = None
 
     def __post_init__(self) -> None:
+        if not self.tenant or self.tenant == COLLECTION:
+            raise ValueError(f"tenant must be a name ({COLLECTION!r} is every tenant's cap)")
         if not (math.isfinite(self.epsilon_cap) and self.epsilon_cap > 0):
             raise ValueError(f"epsilon_cap must be positive and finite, {self.epsilon_cap=}")
         if self.delta is not None and not 0 < self.delta < 1:

@@ -317,15 +317,37 @@ RESTORE_RAG = (
 )
 
 
-def _admit(ledger, collection: Collection, scope, plan, cfg) -> None:
+def _check_earlier_answers(ledger, scope, plan) -> None:
+    """Refuses answers charged to `scope` before its collection pinned an answer event (a
+    run folder of a version that pinned none) unless every one of them is `plan`'s event:
+    the pin would otherwise admit answers at another event than those already given."""
+    from synthgen.privacy.events import event_to_json
+    from synthgen.privacy.ledger_types import COLLECTION
+
+    cap = ledger.collection_scope(scope.dataset)
+    if cap is not None and ledger.event_shape(COLLECTION, scope.dataset) is not None:
+        return  # pinned: `check_answer_event` compares with it
+    if all(s.tenant != scope.tenant or s.dataset != scope.dataset for s in ledger.scopes()):
+        return  # a new scope: no earlier answer
+    events = {(f"rag-{stage}", event_to_json(event)) for stage, event in plan.stage_events()}
+    if any((c.stage, c.event) not in events for c in ledger.charges(scope.tenant, scope.dataset)):
+        raise ValueError(
+            f"the run's ledger holds answers on {scope.dataset} charged at another event than "
+            f"the rag section's (by a version that pinned none): {RESTORE_RAG}"
+        )
+
+
+def _admit(ledger, collection: Collection, scope, plan, cfg, *, answers: int) -> None:
     """`PrivateCollection.admit` for the run's `scope` (the path of `retriever answer` and
     `retriever serve`): the records bound to their name, in collection accounting a
     collection cap at the scope's caps (every tenant of the run's ledger together) and the
     pinned answer event checked, in individual accounting the per-record filters; each of
     the run's scopes refused, before anything is written, if the ledger holds it with
-    other caps (`check_run_scope`)."""
+    other caps (`check_run_scope`). `answers`: 1, or 0 when none is left to give."""
     from retriever.rag.collection import PrivateCollection, check_answer_event, check_delta
 
+    if not cfg.individual:
+        _check_earlier_answers(ledger, scope, plan)
     caps = (
         {} if cfg.individual else {"cap_epsilon": scope.epsilon_cap, "cap_delta": scope.delta_cap}
     )
@@ -342,7 +364,7 @@ def _admit(ledger, collection: Collection, scope, plan, cfg) -> None:
     else:
         check_answer_event(ledger, private.name, plan, restore=RESTORE_RAG)
     # the same filters again (a resumed run) are a no-op; others are refused
-    private.admit(ledger, scope, plan, document_target=target)
+    private.admit(ledger, scope, plan, document_target=target, answers=answers)
 
 
 def answer_questions(ctx: StageContext) -> dict:
@@ -379,7 +401,7 @@ def answer_questions(ctx: StageContext) -> dict:
     done = len(_answered(done_path, questions))
     scope = Scope(tenant, dataset, cfg.epsilon_cap, cfg.delta_cap)
     _check_answers_fit(ledger, scope, plan, len(questions) - done)
-    _admit(ledger, collection, scope, plan, cfg)
+    _admit(ledger, collection, scope, plan, cfg, answers=min(1, len(questions) - done))
     filters = DocumentFilters(ledger.store)
     stated = [(cfg.epsilon, cfg.delta, "per answer")]
     if cfg.individual:
@@ -399,7 +421,7 @@ def answer_questions(ctx: StageContext) -> dict:
         payer=collection_payer(ledger, dataset),
         config=rag_config,
     )
-    if not cfg.individual:  # the one event every answer to the collection is
+    if not cfg.individual and done < len(questions):  # the one event of every answer
         pin_answer_event(ledger, dataset, plan, restore=RESTORE_RAG)
     done_path.parent.mkdir(parents=True, exist_ok=True)
     # Each answer is written as soon as it is released: an interrupted stage resumes after

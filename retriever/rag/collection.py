@@ -428,6 +428,7 @@ class PrivateCollection:
         document_target: tuple[float, float] | None = None,
         encoder_assertion: str | None = None,
         guarantees_add_up: bool = False,
+        answers: int = 1,
     ) -> None:
         """Every check an answer from this collection needs, then its scopes opened.
 
@@ -436,7 +437,8 @@ class PrivateCollection:
         filters and the collection's pinned answer event; the documents bound to the name
         (`PrivacyLedger.bind_documents`, refused over documents other names have charged
         without `guarantees_add_up`); the filters (opened, or checked against the stored
-        ones) and scopes opened; the answer's worst case checked against every cap.
+        ones) and scopes opened; the worst case of `answers` more answers checked against
+        every cap (0: a resumed run with none left to give).
 
         Raises:
           ValueError: any check above (one line naming the option to change).
@@ -467,14 +469,16 @@ class PrivateCollection:
                 plan=plan,
             )
         open_answer_scopes(ledger, tenant, documents=self.documents, collection=self.cap)
-        ledger.check(
-            tenant.tenant,
-            self.name,
-            stage="rag-answer",
-            event=plan.worst_case_event(),
-            relation=RELATION,
-            delta=plan.delta,
-        )
+        if answers > 0:
+            worst = plan.worst_case_event()
+            ledger.check(
+                tenant.tenant,
+                self.name,
+                stage="rag-answer",
+                event=worst if answers == 1 else accounting.self_composed(worst, answers),
+                relation=RELATION,
+                delta=plan.delta,
+            )
 
 
 def require_collection_cap(ledger: PrivacyLedger, dataset: str) -> None:

@@ -352,7 +352,7 @@ def test_a_resumed_stage_refuses_answers_to_questions_edited_since(individual_st
         answer_questions(individual_stage(**settings))
 
 
-def test_the_stage_admits_its_collection_as_retriever_answer_does(individual_stage):
+def test_the_stage_admits_its_collection_as_retriever_answer_does(individual_stage, monkeypatch):
     """Collection accounting opens a collection cap at the run's caps and pins the answer
     event on it: a resumed run whose answers would be another event, or whose cap
     changed, is refused before anything is written or charged."""
@@ -372,11 +372,56 @@ def test_the_stage_admits_its_collection_as_retriever_answer_does(individual_sta
     assert json.loads(book.event_shape(COLLECTION, "clinic-notes"))["epsilon"] == 1.0
     assert book.spent(COLLECTION, "clinic-notes") == book.spent("pipeline", "clinic-notes")
     charges = len(book.charges("pipeline", "clinic-notes"))
-    with pytest.raises(ValueError, match=r"epsilon 1\.0 recorded, 2\.0 here") as refused:
-        answer_questions(individual_stage(questions=2, **{**settings, "epsilon": 2.0}))
+    from synthgen import lm_backends
+
+    with monkeypatch.context() as m:  # refused before the LM loads
+        m.setattr(lm_backends.FlaxLM, "load", staticmethod(lambda name: pytest.fail("loaded")))
+        with pytest.raises(ValueError, match=r"epsilon 1\.0 recorded, 2\.0 here") as refused:
+            answer_questions(individual_stage(questions=2, **{**settings, "epsilon": 2.0}))
     assert RESTORE_RAG in str(refused.value)
     with pytest.raises(ValueError, match="epsilon cap 20 .* config asks for 30"):
         answer_questions(individual_stage(questions=2, **{**settings, "epsilon_cap": 30.0}))
     assert len(book.charges("pipeline", "clinic-notes")) == charges
     answer_questions(individual_stage(questions=2, **settings))  # the same settings resume
     assert len({c.ref.split("/")[0] for c in book.charges("pipeline", "clinic-notes")}) == 2
+
+
+def test_a_finished_stage_resumed_gives_no_answer_and_needs_no_room(individual_stage):
+    """Every answer written (the process died before the stage's record): a resume
+    answers nothing, so it is not refused for want of room for one more answer."""
+    user = _user_collection(individual_stage().run.root)
+    settings = dict(accounting="collection", document_epsilon=None, document_delta=None,
+                    mechanism="icl", epsilon=5.0, epsilon_cap=8.0, **user)  # fmt: skip
+    first = answer_questions(individual_stage(questions=1, **settings))
+    again = answer_questions(individual_stage(questions=1, **settings))  # a 2nd would not fit
+    assert again["answers"] == first["answers"]
+    book = PrivacyLedger(individual_stage().run.ledger)
+    assert len({c.ref.split("/")[0] for c in book.charges("pipeline", "clinic-notes")}) == 1
+
+
+def test_answers_of_a_version_that_pinned_no_event_are_compared_before_the_pin(
+    individual_stage,
+):
+    """A run folder whose answers were charged with no collection cap and no pinned event
+    (an earlier version): a resume at another event is refused, the same event goes on."""
+    user = _user_collection(individual_stage().run.root)
+    settings = dict(accounting="collection", document_epsilon=None, document_delta=None,
+                    mechanism="icl", epsilon=1.0, **user)  # fmt: skip
+    ctx = individual_stage(questions=1, **settings)
+    answer_questions(ctx)
+    book = PrivacyLedger(ctx.run.ledger)
+    with book.store.write() as conn:  # as an earlier version left it: no cap, no pin
+        conn.execute("DELETE FROM scopes WHERE tenant = ?", (COLLECTION,))
+    with pytest.raises(ValueError, match="another event .* pinned none"):
+        answer_questions(individual_stage(questions=2, **{**settings, "epsilon": 2.0}))
+    assert book.collection_scope("clinic-notes") is None  # refused before anything opened
+    answer_questions(individual_stage(questions=2, **settings))
+    assert json.loads(book.event_shape(COLLECTION, "clinic-notes"))["epsilon"] == 1.0
+    assert book.spent(COLLECTION, "clinic-notes") == book.spent("pipeline", "clinic-notes")
+
+
+def test_the_run_tenant_may_not_be_the_collection_caps_name():
+    from dpsynth.pipeline.config import PrivacyConfig
+
+    with pytest.raises(ValueError, match="every tenant's cap"):
+        PrivacyConfig(tenant=COLLECTION)
