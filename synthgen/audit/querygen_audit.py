@@ -330,6 +330,7 @@ def run_querygen_audit(
     seed: int | None = None,
     progress: bool = True,
     pay: Payer | None = None,
+    plan: AuditRunsPlan | None = None,
 ) -> dict:
     """Trains the generator with canaries at each epsilon, scores them, writes the report.
 
@@ -347,6 +348,8 @@ def run_querygen_audit(
       pay: the payer of the pairs' scope (`AuditRunsPlan`, charged once before the first
         run trains; a resumed audit pays nothing more when the payer is a work folder's),
         or None: nothing charged.
+      plan: with `pay`, the caller's `audit_runs_plan` of these settings (computed once:
+        each run's noise calibration is the audit's costliest setup); default: computed here.
 
     Returns:
       The audit record written to `out_dir/audit.json`.
@@ -361,11 +364,13 @@ def run_querygen_audit(
     if not 0 < significance < 0.5:
         raise ValueError(f"significance must be in (0, 0.5), got {significance=}")
     check_folders(out_dir, work_dir)
-    plan = (
-        None
-        if pay is None
-        else audit_runs_plan(config, epsilons, planned_size(spec, len(pairs)), seed)
-    )
+    if pay is None:
+        plan = None
+    elif plan is None:
+        plan = audit_runs_plan(config, epsilons, planned_size(spec, len(pairs)), seed)
+    elif len(plan.runs) != len(epsilons):
+        raise ValueError(f"the plan has {len(plan.runs)} runs for {len(epsilons)} epsilons")
+    run_plans = {} if plan is None else dict(zip(epsilons, plan.runs, strict=True))
     work = private_folder(Path(work_dir))
     check_fingerprint(work, config, spec, len(pairs))
     drawn, record = prepare(
@@ -396,15 +401,16 @@ def run_querygen_audit(
         model_dir = work / MODELS / tag
         if not (model_dir / querygen.GENERATOR_FILE).is_file():
             cfg = run_config(config, epsilon, seed)
+            # The plan is made for every canary inserted (a public size fixed before the
+            # in/out draw): rate, steps, sigma and delta do not depend on the draw.
+            run_plan = run_plans.get(epsilon) or querygen.dp_train.plan_privacy(cfg.dp, size)
             querygen.train_generator(
                 cfg,
                 train,
                 model_dir,
                 work_dir=work / "train" / tag,
                 progress=progress,
-                # The plan is made for every canary inserted (a public size fixed before
-                # the in/out draw): rate, steps, sigma and delta do not depend on the draw.
-                plan=querygen.dp_train.plan_privacy(cfg.dp, size),
+                plan=run_plan,
                 fixed_rate=True,
                 # charged once: a finished run keeps its seed and state, so training it
                 # again (its model deleted) repeats the same draw, never a fresh one

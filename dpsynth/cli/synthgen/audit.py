@@ -110,7 +110,8 @@ def _work_folder(out: Path, work_dir: Path | None, ledger: str | None) -> Path:
 def _audit_payer(pairs, rows, cfg, spec, epsilons, seed, work, ledger, dataset, **admission):
     """The payer of an audit of private pairs (tenant "audit", stage "querygen-audit"): the
     pairs bound, the scope opened and the composed runs' charge checked, before any
-    compute; a charge made once across resumes (the work folder keeps its record)."""
+    compute; a charge made once across resumes (the work folder keeps its record). Returns
+    (payer, the runs' plan)."""
     from synthgen.audit.querygen_audit import audit_runs_plan, planned_size
     from synthgen.work_folder import WorkFolder
 
@@ -135,7 +136,7 @@ def _audit_payer(pairs, rows, cfg, spec, epsilons, seed, work, ledger, dataset, 
     )  # fmt: skip
     payer = WorkFolder(Path(work) / "charge").payer(book, scope, stage=AUDIT_STAGE)
     payer.check(plan)
-    return payer
+    return payer, plan
 
 
 @audit_app.command("run")
@@ -184,14 +185,14 @@ def audit_run(
     rows = load_rows(pairs, ("document", "query"), limit, split)
     work = _work_folder(out, work_dir, ledger)
     epsilons = parse_epsilons(epsilon)
-    pay = None  # public pairs: nothing charged
+    pay = plan = None  # public pairs: nothing charged
     # only the packaged wiki asset is public; any file or folder given is private
     if not pairs_are_public and (pairs != WIKI or Path(pairs).exists()):
-        pay = _audit_payer(pairs, rows, cfg, spec, epsilons, seed, work, ledger, dataset,
+        pay, plan = _audit_payer(pairs, rows, cfg, spec, epsilons, seed, work, ledger, dataset,
                            budget=budget, guarantees_add_up=guarantees_add_up)  # fmt: skip
     audit = querygen_audit.run_querygen_audit(
         cfg, rows, out, epsilons=epsilons, spec=spec, work_dir=work,
-        significance=significance, seed=seed, pay=pay,
+        significance=significance, seed=seed, pay=pay, plan=plan,
     )  # fmt: skip
     from synthgen.audit import report
 
