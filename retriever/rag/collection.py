@@ -151,9 +151,11 @@ def open_document_filters(
     epsilon: float,
     delta: float,
     plan: AnswerPlan,
+    check_only: bool = False,
 ) -> DocumentFilter:
     """Puts `dataset` in individual accounting: each document gets an (epsilon, delta)
     filter (`synthgen.privacy.document_filters`); the same settings again are a no-op.
+    `check_only`: every refusal below, nothing written (the record it would open).
 
     Args:
       ledger, dataset, documents: the privacy ledger, the collection and n, its size.
@@ -189,6 +191,9 @@ def open_document_filters(
                 "use another collection name"
             )
     record = DocumentFilter(dataset, DocumentBudget(epsilon, delta), plan.document_rho(), documents)
+    if check_only:
+        filters.check(record)
+        return record
     return filters.open(record)
 
 
@@ -446,9 +451,15 @@ class PrivateCollection:
           BudgetExceededError: the answer's worst case exceeds a cap.
         """
         check_delta(plan.delta, self.documents, "--delta (per answer)")
+        filters = None
         if document_target is not None:
             refuse_individual_assertion(encoder_assertion)
             check_scope_deltas(ledger, self.name, self.documents, tenant)
+            # refuses a collection cap, a document delta of 1/n or more, an answer costing
+            # more than a whole filter and filters with other settings, before writing
+            filters = dict(documents=self.documents, plan=plan, epsilon=document_target[0],
+                           delta=document_target[1])  # fmt: skip
+            open_document_filters(ledger, self.name, check_only=True, **filters)
         elif DocumentFilters(ledger.store).get(self.name) is not None:
             raise ValueError(
                 f"{self.name} is in individual accounting (per-document filters): answer "
@@ -457,17 +468,8 @@ class PrivateCollection:
         else:
             check_answer_event(ledger, self.name, plan)
         ledger.bind_documents(self.name, self.texts, guarantees_add_up=guarantees_add_up)
-        if document_target is not None:
-            # refuses a collection cap, a document delta of 1/n or more, an answer costing
-            # more than a whole filter and filters with other settings, before writing
-            open_document_filters(
-                ledger,
-                self.name,
-                documents=self.documents,
-                epsilon=document_target[0],
-                delta=document_target[1],
-                plan=plan,
-            )
+        if filters is not None:
+            open_document_filters(ledger, self.name, **filters)
         open_answer_scopes(ledger, tenant, documents=self.documents, collection=self.cap)
         if answers > 0:
             worst = plan.worst_case_event()

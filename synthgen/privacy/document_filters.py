@@ -121,12 +121,7 @@ class DocumentFilters:
         with self._store.scope_lock(record.dataset) as conn:
             existing = self._record(conn, record.dataset)
             if existing is not None:
-                if existing != record:
-                    raise ValueError(
-                        f"collection {record.dataset!r} already has per-document filters "
-                        f"{existing}; they never change (use another collection name)"
-                    )
-                return existing
+                return _same(existing, record)
             conn.execute(
                 "INSERT INTO document_filters (dataset, epsilon, delta, rho_cap, answer_rho, "
                 "documents, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -141,6 +136,12 @@ class DocumentFilters:
                 ),
             )
         return record
+
+    def check(self, record: DocumentFilter) -> None:
+        """Read-only: `open`'s refusal of other parameters, before anything is written."""
+        existing = self.get(record.dataset)
+        if existing is not None:
+            _same(existing, record)
 
     def datasets(self) -> list[str]:
         """The collections in individual mode, by name."""
@@ -347,3 +348,13 @@ class DocumentFilters:
             "mean_epsilon": float(per_document.mean()),
             "delta": record.budget.delta,
         }
+
+
+def _same(existing: DocumentFilter, record: DocumentFilter) -> DocumentFilter:
+    """`existing`, or ValueError: per-document filters never change."""
+    if existing != record:
+        raise ValueError(
+            f"collection {record.dataset!r} already has per-document filters {existing}; "
+            "they never change (use another collection name)"
+        )
+    return existing

@@ -425,3 +425,15 @@ def test_the_run_tenant_may_not_be_the_collection_caps_name():
 
     with pytest.raises(ValueError, match="every tenant's cap"):
         PrivacyConfig(tenant=COLLECTION)
+
+
+def test_per_record_settings_that_cannot_hold_one_answer_are_refused_before_any_write(
+    individual_stage,
+):
+    ctx = individual_stage(document_epsilon=0.05)  # less than one answer's cost per record
+    with pytest.raises(ValueError, match="not one answer would fit a document's target"):
+        answer_questions(ctx)
+    book = PrivacyLedger(ctx.run.ledger)
+    with book.store.read() as conn:
+        assert conn.execute("SELECT COUNT(*) FROM document_sets").fetchone()[0] == 0
+    assert book.scopes() == []
