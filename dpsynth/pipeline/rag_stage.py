@@ -327,26 +327,26 @@ def _check_earlier_answers(ledger, scope, plan) -> None:
     cap = ledger.collection_scope(scope.dataset)
     if cap is not None and ledger.event_shape(COLLECTION, scope.dataset) is not None:
         return  # pinned: `check_answer_event` compares with it
-    if all(s.tenant != scope.tenant or s.dataset != scope.dataset for s in ledger.scopes()):
-        return  # a new scope: no earlier answer
     events = {(f"rag-{stage}", event_to_json(event)) for stage, event in plan.stage_events()}
     if any((c.stage, c.event) not in events for c in ledger.charges(scope.tenant, scope.dataset)):
         raise ValueError(
             f"the run's ledger holds answers on {scope.dataset} charged at another event than "
-            f"the rag section's (by a version that pinned none): {RESTORE_RAG}"
+            f"the rag section's, by a version that pinned none: {RESTORE_RAG} (if that version "
+            "calibrated them otherwise, only a new run folder answers more)"
         )
 
 
-def _admit(ledger, collection: Collection, scope, plan, cfg, *, answers: int) -> None:
+def _admit(ledger, collection: Collection, scope, plan, cfg, *, room: bool) -> None:
     """`PrivateCollection.admit` for the run's `scope` (the path of `retriever answer` and
     `retriever serve`): the records bound to their name, in collection accounting a
     collection cap at the scope's caps (every tenant of the run's ledger together) and the
     pinned answer event checked, in individual accounting the per-record filters; each of
     the run's scopes refused, before anything is written, if the ledger holds it with
-    other caps (`check_run_scope`). `answers`: 1, or 0 when none is left to give."""
+    other caps (`check_run_scope`). `room`: check room for one more answer (False: none
+    is left to give, and nothing more will be charged)."""
     from retriever.rag.collection import PrivateCollection, check_answer_event, check_delta
 
-    if not cfg.individual:
+    if not cfg.individual and room:
         _check_earlier_answers(ledger, scope, plan)
     caps = (
         {} if cfg.individual else {"cap_epsilon": scope.epsilon_cap, "cap_delta": scope.delta_cap}
@@ -364,7 +364,7 @@ def _admit(ledger, collection: Collection, scope, plan, cfg, *, answers: int) ->
     else:
         check_answer_event(ledger, private.name, plan, restore=RESTORE_RAG)
     # the same filters again (a resumed run) are a no-op; others are refused
-    private.admit(ledger, scope, plan, document_target=target, answers=answers)
+    private.admit(ledger, scope, plan, document_target=target, room=room)
 
 
 def answer_questions(ctx: StageContext) -> dict:
@@ -401,7 +401,7 @@ def answer_questions(ctx: StageContext) -> dict:
     done = len(_answered(done_path, questions))
     scope = Scope(tenant, dataset, cfg.epsilon_cap, cfg.delta_cap)
     _check_answers_fit(ledger, scope, plan, len(questions) - done)
-    _admit(ledger, collection, scope, plan, cfg, answers=min(1, len(questions) - done))
+    _admit(ledger, collection, scope, plan, cfg, room=done < len(questions))
     filters = DocumentFilters(ledger.store)
     stated = [(cfg.epsilon, cfg.delta, "per answer")]
     if cfg.individual:

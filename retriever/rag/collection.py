@@ -433,7 +433,7 @@ class PrivateCollection:
         document_target: tuple[float, float] | None = None,
         encoder_assertion: str | None = None,
         guarantees_add_up: bool = False,
-        answers: int = 1,
+        room: bool = True,
     ) -> None:
         """Every check an answer from this collection needs, then its scopes opened.
 
@@ -442,8 +442,8 @@ class PrivateCollection:
         filters and the collection's pinned answer event; the documents bound to the name
         (`PrivacyLedger.bind_documents`, refused over documents other names have charged
         without `guarantees_add_up`); the filters (opened, or checked against the stored
-        ones) and scopes opened; the worst case of `answers` more answers checked against
-        every cap (0: a resumed run with none left to give).
+        ones) and scopes opened; with `room`, the answer's worst case checked against every
+        cap (False: a resumed run with no answer left to give).
 
         Raises:
           ValueError: any check above (one line naming the option to change).
@@ -471,13 +471,12 @@ class PrivateCollection:
         if filters is not None:
             open_document_filters(ledger, self.name, **filters)
         open_answer_scopes(ledger, tenant, documents=self.documents, collection=self.cap)
-        if answers > 0:
-            worst = plan.worst_case_event()
+        if room:
             ledger.check(
                 tenant.tenant,
                 self.name,
                 stage="rag-answer",
-                event=worst if answers == 1 else accounting.self_composed(worst, answers),
+                event=plan.worst_case_event(),
                 relation=RELATION,
                 delta=plan.delta,
             )

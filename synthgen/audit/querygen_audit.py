@@ -368,8 +368,10 @@ def run_querygen_audit(
         plan = None
     elif plan is None:
         plan = audit_runs_plan(config, epsilons, planned_size(spec, len(pairs)), seed)
-    elif len(plan.runs) != len(epsilons):
-        raise ValueError(f"the plan has {len(plan.runs)} runs for {len(epsilons)} epsilons")
+    elif len(plan.runs) != len(epsilons) or not all(map(math.isfinite, epsilons)):
+        raise ValueError(f"a charged plan of {len(plan.runs)} runs for epsilons {epsilons}")
+    elif any(r.num_examples != planned_size(spec, len(pairs)) for r in plan.runs):
+        raise ValueError("the plan's runs are planned for another number of examples")
     run_plans = {} if plan is None else dict(zip(epsilons, plan.runs, strict=True))
     work = private_folder(Path(work_dir))
     check_fingerprint(work, config, spec, len(pairs))

@@ -152,6 +152,30 @@ def test_work_folder_inside_the_report_is_refused(tmp_path):
         )
 
 
+def test_a_plan_given_for_other_runs_is_refused_before_any_charge(tmp_path):
+    """The caller's charged plan must be these runs': one per (finite) epsilon, each for
+    every canary copy; the payer is never called."""
+    import types
+
+    spec = canaries.CanarySpec(kinds=("secret",), repetitions=(1,), per_cell=2)
+    pairs = corpora.load_wiki_summaries(limit=40)
+    size = querygen_audit.planned_size(spec, len(pairs))
+    run = types.SimpleNamespace(num_examples=size)
+    cases = {  # (epsilons, the plan's runs, what is refused)
+        "epsilons": ((1.0, 2.0), (run,), "charged plan of 1 runs"),
+        "inf": ((math.inf,), (run,), "charged plan"),
+        "examples": ((1.0,), (types.SimpleNamespace(num_examples=size - 1),), "examples"),
+    }
+    for epsilons, runs, message in cases.values():
+        with pytest.raises(ValueError, match=message):
+            querygen_audit.run_querygen_audit(
+                querygen_preset("tiny_llama"), pairs, tmp_path / "report", epsilons=epsilons,
+                spec=spec, work_dir=tmp_path / "work", progress=False,
+                pay=lambda *a, **k: pytest.fail("charged"),
+                plan=querygen_audit.AuditRunsPlan(runs, 1.0, 1e-6),
+            )  # fmt: skip
+
+
 def _audit_cli(tmp_path, pairs, *extra):
     """`synthgen audit run` of one tiny cell (secret canaries, one repetition) on `pairs`,
     its work folder the default one: beside the ledger."""
