@@ -317,25 +317,6 @@ RESTORE_RAG = (
 )
 
 
-def _check_earlier_answers(ledger, scope, plan) -> None:
-    """Refuses answers charged to `scope` before its collection pinned an answer event (a
-    run folder of a version that pinned none) unless every one of them is `plan`'s event:
-    the pin would otherwise admit answers at another event than those already given."""
-    from synthgen.privacy.events import event_to_json
-    from synthgen.privacy.ledger_types import COLLECTION
-
-    cap = ledger.collection_scope(scope.dataset)
-    if cap is not None and ledger.event_shape(COLLECTION, scope.dataset) is not None:
-        return  # pinned: `check_answer_event` compares with it
-    events = {(f"rag-{stage}", event_to_json(event)) for stage, event in plan.stage_events()}
-    if any((c.stage, c.event) not in events for c in ledger.charges(scope.tenant, scope.dataset)):
-        raise ValueError(
-            f"the run's ledger holds answers on {scope.dataset} charged at another event than "
-            f"the rag section's, by a version that pinned none: {RESTORE_RAG} (if that version "
-            "calibrated them otherwise, only a new run folder answers more)"
-        )
-
-
 def _admit(ledger, collection: Collection, scope, plan, cfg, *, room: bool) -> None:
     """`PrivateCollection.admit` for the run's `scope` (the path of `retriever answer` and
     `retriever serve`): the records bound to their name, in collection accounting a
@@ -346,8 +327,6 @@ def _admit(ledger, collection: Collection, scope, plan, cfg, *, room: bool) -> N
     is left to give, and nothing more will be charged)."""
     from retriever.rag.collection import PrivateCollection, check_answer_event, check_delta
 
-    if not cfg.individual and room:
-        _check_earlier_answers(ledger, scope, plan)
     caps = (
         {} if cfg.individual else {"cap_epsilon": scope.epsilon_cap, "cap_delta": scope.delta_cap}
     )
@@ -361,7 +340,7 @@ def _admit(ledger, collection: Collection, scope, plan, cfg, *, room: bool) -> N
     if cfg.individual:
         check_delta(cfg.document_delta, private.documents, "rag.document_delta")
         target = (cfg.document_epsilon, cfg.document_delta)
-    else:
+    elif room:
         check_answer_event(ledger, private.name, plan, restore=RESTORE_RAG)
     # the same filters again (a resumed run) are a no-op; others are refused
     private.admit(ledger, scope, plan, document_target=target, room=room)

@@ -348,15 +348,38 @@ def _shape_refusal(
 def check_answer_event(
     ledger: PrivacyLedger, dataset: str, plan: AnswerPlan, *, restore: str | None = None
 ) -> None:
-    """Read-only: refuses a plan whose shape differs from the one `dataset` pinned (to
-    refuse before loading anything heavy; `pin_answer_event` decides atomically). `restore`:
+    """Read-only: refuses a plan whose shape differs from the one `dataset` pinned, or,
+    where none is pinned, from the answers already charged (`_check_unpinned_answers`); to
+    refuse before loading anything heavy (`pin_answer_event` decides atomically). `restore`:
     the way forward the refusal names (default: the command-line options)."""
-    if ledger.collection_scope(dataset) is None:
-        return
-    shape = answer_event_shape(plan)
-    recorded = ledger.event_shape(COLLECTION, dataset)
-    if recorded is not None and recorded != shape:
-        raise _shape_refusal(dataset, recorded, shape, restore)
+    recorded = None
+    if ledger.collection_scope(dataset) is not None:
+        recorded = ledger.event_shape(COLLECTION, dataset)
+    if recorded is None:
+        _check_unpinned_answers(ledger, dataset, plan, restore)
+    elif recorded != answer_event_shape(plan):
+        raise _shape_refusal(dataset, recorded, answer_event_shape(plan), restore)
+
+
+def _check_unpinned_answers(
+    ledger: PrivacyLedger, dataset: str, plan: AnswerPlan, restore: str | None
+) -> None:
+    """Refuses to pin `plan` over answers charged to `dataset` before any event was pinned
+    (a ledger of a version that pinned none) unless each of their stage charges is one of
+    `plan`'s (`stage_events`, as `DPRag` charges them): the pin would otherwise admit
+    answers at another event than those already given. Other stages (a release, an audit)
+    are not answers and are left out."""
+    from synthgen.privacy.events import event_to_json
+
+    events = {(f"rag-{stage}", event_to_json(e)) for stage, e in plan.stage_events()}
+    for charge in ledger.charges(COLLECTION, dataset):
+        if charge.stage.startswith("rag-") and (charge.stage, charge.event) not in events:
+            forward = restore or f"use another collection name, {_NEW_NAME}"
+            raise ValueError(
+                f"{dataset} holds answers charged at another event than this one, before "
+                "answer events were pinned: the ledger cannot show that every answer is the "
+                f"same event; {forward}"
+            )
 
 
 def pin_answer_event(
@@ -370,6 +393,8 @@ def pin_answer_event(
     """
     if ledger.collection_scope(dataset) is None:
         raise ValueError(f"{dataset} has no collection cap to record its answer event on")
+    if ledger.event_shape(COLLECTION, dataset) is None:
+        _check_unpinned_answers(ledger, dataset, plan, restore)
     shape = answer_event_shape(plan)
     try:
         ledger.pin_event_shape(COLLECTION, dataset, shape)
@@ -465,7 +490,7 @@ class PrivateCollection:
                 f"{self.name} is in individual accounting (per-document filters): answer "
                 "with --accounting individual and its --document-epsilon / --document-delta"
             )
-        else:
+        elif room:  # a resumed run with no answer left gives none at any event
             check_answer_event(ledger, self.name, plan)
         ledger.bind_documents(self.name, self.texts, guarantees_add_up=guarantees_add_up)
         if filters is not None:

@@ -21,7 +21,7 @@ from retriever.rag.collection import (
 )
 from retriever.rag.loading import load_dprag
 from synthgen.lm_backends import TinyLM
-from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
+from synthgen.privacy import COLLECTION, PrivacyLedger, Scope, accounting
 
 N = 20  # documents: delta must be below 1/20 = 0.05
 DP_RELEASE = {
@@ -302,6 +302,25 @@ def test_one_answer_event_per_collection(tmp_path):
     with pytest.raises(ValueError, match="max_tokens 4 recorded, 8 here") as err:
         pin_answer_event(ledger, "records", _plan(max_tokens=8))
     assert "max_releases" not in str(err.value)
+
+
+def test_answers_charged_before_any_pin_are_compared_with_the_first_pin(tmp_path):
+    """A ledger of a version that pinned no event: its answers must be the event pinned
+    now; other stages (not answers) are left out."""
+    ledger = _ledger(tmp_path)
+    charged = _plan()
+    items = [(f"rag-{s}", e, "rag answer (icl)") for s, e in charged.stage_events()]
+    ledger.charge_all("alice", "records", items, relation="ADD_OR_REMOVE_ONE", delta=1e-6)
+    release = accounting.pure_epsilon_event(0.5)  # a release of the same name: not an answer
+    ledger.charge("alice", "records", stage="knowledge-release", event=release,
+                  relation="ADD_OR_REMOVE_ONE")  # fmt: skip
+    for check in (check_answer_event, pin_answer_event):
+        with pytest.raises(ValueError, match="another event than this one, before answer"):
+            check(ledger, "records", _plan(2.0))
+    assert ledger.event_shape(COLLECTION, "records") is None  # nothing pinned
+    check_answer_event(ledger, "records", charged)
+    pin_answer_event(ledger, "records", charged)
+    assert ledger.event_shape(COLLECTION, "records") == answer_event_shape(charged)
 
 
 # the shape a collection pinned to vote recorded before it was retired (commit 03575c5)
