@@ -371,15 +371,15 @@ def _check_unpinned_answers(
     are not answers and are left out."""
     from synthgen.privacy.events import event_to_json
 
-    events = {(f"rag-{stage}", event_to_json(e)) for stage, e in plan.stage_events()}
-    for charge in ledger.charges(COLLECTION, dataset):
-        if charge.stage.startswith("rag-") and (charge.stage, charge.event) not in events:
-            forward = restore or f"use another collection name, {_NEW_NAME}"
-            raise ValueError(
-                f"{dataset} holds answers charged at another event than this one, before "
-                "answer events were pinned: the ledger cannot show that every answer is the "
-                f"same event; {forward}"
-            )
+    charged = {(c.stage, c.event) for c in ledger.charges(COLLECTION, dataset)}
+    answers = {(stage, event) for stage, event in charged if stage.startswith("rag-")}
+    if not answers <= {(f"rag-{s}", event_to_json(e)) for s, e in plan.stage_events()}:
+        forward = restore or f"use another collection name, {_NEW_NAME}"
+        raise ValueError(
+            f"{dataset} holds answers charged at another event than this one, before answer "
+            f"events were pinned: the ledger cannot show that every answer is the same event; "
+            f"{forward}"
+        )
 
 
 def pin_answer_event(
