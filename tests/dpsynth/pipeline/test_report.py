@@ -51,3 +51,21 @@ def test_retrieval_plot_keeps_zero_when_the_values_span_the_scale(saved_figures)
     report._plots(_metrics(rows))
     low, high = saved_figures[0].axes[0].get_ylim()
     assert low == 0.0 and 1.0 < high <= 1.15
+
+
+def test_the_statement_names_the_collection_cap_and_lists_each_charge_once():
+    charge = {"stage": "rag-tokens", "epsilon": 2.7, "delta": 1e-6, "description": "rag answer",
+              "time": "2026-12-01T05:35:02"}  # fmt: skip
+    scope = {"dataset": "notes", "privacy_unit": "one note", "relation": "ADD_OR_REMOVE_ONE",
+             "accountant": "pld", "epsilon_cap": 10.0, "delta_cap": 1e-4, "epsilon": 2.7,
+             "delta": 1e-4, "charges": [charge]}  # fmt: skip
+    metrics = {
+        "name": "t", "created": "now", "stages": [],
+        "privacy": [{**scope, "tenant": "*"}, {**scope, "tenant": "pipeline"}],
+        "rag": {"dataset": "notes"}, "generate": {"epsilon": 8.0, "delta": 1e-5},
+    }  # fmt: skip
+    page = report._html(metrics, {}, [])
+    assert "<b>notes</b> (the collection cap: every tenant's answers together)" in page
+    assert "<b>notes</b> (tenant pipeline)" in page and "(tenant *)" not in page
+    assert page.count("2026-12-01T05:35:02") == 1  # the cap's rows are the tenants' rows
+    assert "charged to the tenant's notes scope above and counted by its collection cap" in page
