@@ -325,7 +325,7 @@ def _admit(ledger, collection: Collection, scope, plan, cfg, *, room: bool) -> N
     the run's scopes refused, before anything is written, if the ledger holds it with
     other caps (`check_run_scope`). `room`: check room for one more answer (False: none
     is left to give, and nothing more will be charged)."""
-    from retriever.rag.collection import PrivateCollection, check_answer_event, check_delta
+    from retriever.rag.collection import PrivateCollection, check_delta
 
     caps = (
         {} if cfg.individual else {"cap_epsilon": scope.epsilon_cap, "cap_delta": scope.delta_cap}
@@ -340,10 +340,8 @@ def _admit(ledger, collection: Collection, scope, plan, cfg, *, room: bool) -> N
     if cfg.individual:
         check_delta(cfg.document_delta, private.documents, "rag.document_delta")
         target = (cfg.document_epsilon, cfg.document_delta)
-    elif room:
-        check_answer_event(ledger, private.name, plan, restore=RESTORE_RAG)
     # the same filters again (a resumed run) are a no-op; others are refused
-    private.admit(ledger, scope, plan, document_target=target, room=room)
+    private.admit(ledger, scope, plan, document_target=target, room=room, restore=RESTORE_RAG)
 
 
 def answer_questions(ctx: StageContext) -> dict:

@@ -459,6 +459,7 @@ class PrivateCollection:
         encoder_assertion: str | None = None,
         guarantees_add_up: bool = False,
         room: bool = True,
+        restore: str | None = None,
     ) -> None:
         """Every check an answer from this collection needs, then its scopes opened.
 
@@ -468,7 +469,8 @@ class PrivateCollection:
         (`PrivacyLedger.bind_documents`, refused over documents other names have charged
         without `guarantees_add_up`); the filters (opened, or checked against the stored
         ones) and scopes opened; with `room`, the answer's worst case checked against every
-        cap (False: a resumed run with no answer left to give).
+        cap (False: a resumed run with no answer left to give). `restore`: the way forward
+        an event refusal names (`check_answer_event`).
 
         Raises:
           ValueError: any check above (one line naming the option to change).
@@ -491,7 +493,7 @@ class PrivateCollection:
                 "with --accounting individual and its --document-epsilon / --document-delta"
             )
         elif room:  # a resumed run with no answer left gives none at any event
-            check_answer_event(ledger, self.name, plan)
+            check_answer_event(ledger, self.name, plan, restore=restore)
         ledger.bind_documents(self.name, self.texts, guarantees_add_up=guarantees_add_up)
         if filters is not None:
             open_document_filters(ledger, self.name, **filters)
