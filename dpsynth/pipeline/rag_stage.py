@@ -351,10 +351,7 @@ def answer_questions(ctx: StageContext) -> dict:
     on a resumed run) before the tenant's scope, and the summary records the per-document
     target and the filters' aggregate summary (never a record's own figure).
     """
-    from retriever.evaluate import load_towers
-    from retriever.rag import DPRag
     from retriever.rag.collection import check_delta, check_encoder, pin_answer_event
-    from synthgen.lm_backends import FlaxLM
     from synthgen.privacy.document_filters import DocumentFilters
     from synthgen.privacy.ledger import PrivacyLedger
     from synthgen.privacy.ledger_types import Scope
@@ -375,7 +372,8 @@ def answer_questions(ctx: StageContext) -> dict:
     ledger = PrivacyLedger(ctx.run.ledger)
     _check_accounting_unchanged(ledger, dataset, cfg.individual)
     done_path = ctx.run.root / "rag" / "answers.json"
-    done = len(_answered(done_path, questions))
+    answers = _answered(done_path, questions)
+    done = len(answers)
     scope = Scope(tenant, dataset, cfg.epsilon_cap, cfg.delta_cap)
     _check_answers_fit(ledger, scope, plan, len(questions) - done)
     _admit(ledger, collection, scope, plan, cfg, room=done < len(questions))
@@ -386,44 +384,11 @@ def answer_questions(ctx: StageContext) -> dict:
     else:
         stated.append((cfg.epsilon_cap, cfg.delta_cap, "scope cap"))
     _tell(ctx, ledger, dataset, stated, len(texts))
-    question_encoder, doc_encoder = load_towers(encoder)
-    embeddings = doc_encoder.encode(texts, max_len=128, progress=ctx.progress)
-    ctx.log("rag", f"loading {cfg.lm}; {len(texts)} private records, {len(questions)} questions")
-    rag = DPRag(
-        collection.doc_ids,
-        texts,
-        embeddings,
-        lambda qs: question_encoder.encode(qs, max_len=64),
-        FlaxLM.load(cfg.lm),
-        payer=collection_payer(ledger, dataset),
-        config=rag_config,
-    )
-    if not cfg.individual and done < len(questions):  # the one event of every answer
-        pin_answer_event(ledger, dataset, plan, restore=RESTORE_RAG)
-    done_path.parent.mkdir(parents=True, exist_ok=True)
-    # Each answer is written as soon as it is released: an interrupted stage resumes after
-    # the last written answer instead of paying for it again.
-    answers = _answered(done_path, questions)
-    for number, (question, expected) in enumerate(questions, start=1):
-        if number <= len(answers):
-            continue
-        answer = rag.answer(question, tenant=tenant, epsilon=cfg.epsilon, mechanism=mechanism)
-        ctx.log("rag", f"question {number}/{len(questions)}: epsilon={answer.epsilon:.3g}")
-        answers.append(
-            {
-                "question": question,
-                "expected": expected,
-                "answer": answer.text,
-                "abstained": answer.abstained,
-                "correct": _correct(answer.text, expected, answer.abstained),
-                "epsilon": answer.epsilon,
-                "delta": answer.delta,
-                "mechanism": answer.mechanism,
-            }
-        )
-        tmp = done_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(answers, indent=1, ensure_ascii=False))
-        tmp.replace(done_path)
+    if done < len(questions):  # a finished stage resumed loads no model
+        rag = _load_rag(ctx, collection, encoder, ledger, rag_config)
+        if not cfg.individual:  # the one event of every answer
+            pin_answer_event(ledger, dataset, plan, restore=RESTORE_RAG)
+        _answer_the_rest(ctx, rag, mechanism, questions, answers, done_path)
     spend = ledger.spent(tenant, dataset)
     summary = {
         "enabled": True,
@@ -458,3 +423,58 @@ def answer_questions(ctx: StageContext) -> dict:
             },
         )
     return summary
+
+
+def _load_rag(ctx: StageContext, collection, encoder: str, ledger, rag_config):
+    """The stage's `DPRag`: the run's encoder towers, the records' embeddings, `rag.lm`."""
+    from retriever.evaluate import load_towers
+    from retriever.rag import DPRag
+    from synthgen.lm_backends import FlaxLM
+
+    cfg = ctx.config.rag
+    question_encoder, doc_encoder = load_towers(encoder)
+    embeddings = doc_encoder.encode(collection.texts, max_len=128, progress=ctx.progress)
+    ctx.log(
+        "rag",
+        f"loading {cfg.lm}; {len(collection.texts)} private records, "
+        f"{len(collection.questions)} questions",
+    )
+    return DPRag(
+        collection.doc_ids,
+        collection.texts,
+        embeddings,
+        lambda qs: question_encoder.encode(qs, max_len=64),
+        FlaxLM.load(cfg.lm),
+        payer=collection_payer(ledger, collection.name),
+        config=rag_config,
+    )
+
+
+def _answer_the_rest(
+    ctx: StageContext, rag, mechanism: str, questions: list, answers: list, done_path
+) -> None:
+    """Answers the questions after `answers` (those already written), each charged by `rag`
+    first and written as soon as it is released: an interrupted stage resumes after the
+    last written answer instead of paying for it again."""
+    cfg, tenant = ctx.config.rag, ctx.config.privacy.tenant
+    done_path.parent.mkdir(parents=True, exist_ok=True)
+    for number, (question, expected) in enumerate(questions, start=1):
+        if number <= len(answers):
+            continue
+        answer = rag.answer(question, tenant=tenant, epsilon=cfg.epsilon, mechanism=mechanism)
+        ctx.log("rag", f"question {number}/{len(questions)}: epsilon={answer.epsilon:.3g}")
+        answers.append(
+            {
+                "question": question,
+                "expected": expected,
+                "answer": answer.text,
+                "abstained": answer.abstained,
+                "correct": _correct(answer.text, expected, answer.abstained),
+                "epsilon": answer.epsilon,
+                "delta": answer.delta,
+                "mechanism": answer.mechanism,
+            }
+        )
+        tmp = done_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(answers, indent=1, ensure_ascii=False))
+        tmp.replace(done_path)

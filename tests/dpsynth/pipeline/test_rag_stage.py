@@ -386,13 +386,20 @@ def test_the_stage_admits_its_collection_as_retriever_answer_does(individual_sta
     assert len({c.ref.split("/")[0] for c in book.charges("pipeline", "clinic-notes")}) == 2
 
 
-def test_a_finished_stage_resumed_gives_no_answer_and_needs_no_room(individual_stage):
+def test_a_finished_stage_resumed_gives_no_answer_and_needs_no_room(individual_stage, monkeypatch):
     """Every answer written (the process died before the stage's record): a resume
-    answers nothing, so it is not refused for want of room for one more answer."""
+    answers nothing, so it is not refused for want of room for one more answer, and it
+    loads neither the encoder nor the LM to write its summary."""
     user = _user_collection(individual_stage().run.root)
     settings = dict(accounting="collection", document_epsilon=None, document_delta=None,
                     mechanism="icl", epsilon=5.0, epsilon_cap=8.0, **user)  # fmt: skip
     first = answer_questions(individual_stage(questions=1, **settings))
+    import retriever.evaluate
+    from synthgen import lm_backends
+
+    unloadable = staticmethod(lambda *a: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(retriever.evaluate, "load_towers", unloadable)
+    monkeypatch.setattr(lm_backends.FlaxLM, "load", unloadable)
     again = answer_questions(individual_stage(questions=1, **settings))  # a 2nd would not fit
     assert again["answers"] == first["answers"]
     book = PrivacyLedger(individual_stage().run.ledger)
