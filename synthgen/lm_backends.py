@@ -80,8 +80,8 @@ class TinyLM(RescoredSession):
         with np.errstate(divide="ignore"):  # BOS and PAD are never predicted: log 0 = -inf
             return np.log(counts / counts.sum()).astype(np.float32)
 
-    def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
-        return np.stack([self._logprobs(p) for p in prompts])
+    def score(self, prompts: Sequence[Sequence[int]], *, length: int | None = None) -> np.ndarray:
+        return np.stack([self._logprobs(p) for p in prompts])  # no shapes: `length` unused
 
 
 # ---- the local Flax decoder --------------------------------------------------------------
@@ -201,8 +201,8 @@ class FlaxLM(_TokenizerText):
         cache = kv_cache.init_cache(self.config, rows, length + max_new_tokens)
         return self._prefill(self.params, cache, ids, mask)
 
-    def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
-        logprobs, _ = self._prefilled(prompts, 0)
+    def score(self, prompts: Sequence[Sequence[int]], *, length: int | None = None) -> np.ndarray:
+        logprobs, _ = self._prefilled(prompts, 0, length)
         return np.asarray(logprobs[: len(prompts)], np.float32)
 
     def start(

@@ -52,10 +52,11 @@ class NextTokenLM(Protocol):
         log-probs [B, V] of the next token."""
         ...
 
-    def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+    def score(self, prompts: Sequence[Sequence[int]], *, length: int | None = None) -> np.ndarray:
         """Stateless: log-probs [B, V] of the token after each prompt (full forward).
 
-        Leaves an open `start`/`append` session untouched.
+        Leaves an open `start`/`append` session untouched. `length` (public) pads as
+        `start`'s does.
         """
         ...
 
@@ -77,10 +78,12 @@ class RescoredSession:
     def start(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, length: int | None = None
     ) -> np.ndarray:
-        self._rows = [list(p) for p in prompts]
-        return self.score(self._rows)
+        self._rows, self._length = [list(p) for p in prompts], length
+        return self.score(self._rows, length=length)
 
     def append(self, token: int | Sequence[int]) -> np.ndarray:
         for row, t in zip(self._rows, row_tokens(token, len(self._rows)), strict=True):
             row.append(t)
-        return self.score(self._rows)
+        if self._length is not None:  # the session's padding grows with its tokens
+            self._length += 1
+        return self.score(self._rows, length=self._length)

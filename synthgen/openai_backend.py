@@ -162,8 +162,9 @@ class OpenAICompletionsLM(RescoredSession):
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids)
 
-    def score(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
-        """Log-probs [B, V] after each prompt; the prompts go to the server concurrently."""
+    def score(self, prompts: Sequence[Sequence[int]], *, length: int | None = None) -> np.ndarray:
+        """Log-probs [B, V] after each prompt; the prompts go to the server concurrently
+        (one request each: no shared shape to pad, `length` is unused)."""
         self.prepare()
         rows = [[int(t) for t in p] for p in prompts]
         for row in rows:

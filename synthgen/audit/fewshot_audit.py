@@ -183,6 +183,7 @@ def score_canaries(
     prompts = _Prompts(lm, template, rows, config.shot_tokens)
     frame = prompts.frame(target)
     public = prompts.prompt(frame, [])
+    worst = prompts.worst_length([frame], config.shots_cap)  # the release's padding
     per_token = config.resample == "token"
     width = 1 + len(references[0])
     out = np.zeros((len(runs), len(drawn), width))
@@ -206,7 +207,8 @@ def score_canaries(
                 released = prefix + ids[:t]
                 public_row = np.asarray(lm.score([public + released]), np.float32)[:1]
                 for d in range(draws):
-                    private = lm.score([prompts.prompt(frame, s) + released for s in subsets[d][t]])
+                    rows = [prompts.prompt(frame, s) + released for s in subsets[d][t]]
+                    private = lm.score(rows, length=worst + len(released))
                     logprobs = np.vstack([public_row, np.asarray(private, np.float32)])
                     mean_p = fewshot.private_mean(logprobs)[token]
                     mean_bits -= math.log2(max(mean_p, 2.0**-FLOOR_BITS)) / draws

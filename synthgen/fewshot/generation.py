@@ -87,8 +87,7 @@ def generate(
     # A prompt's length depends on the private examples drawn: refuse, before the charge,
     # any run whose public worst case does not fit the model's context.
     context = getattr(lm, "max_context", None)
-    longest = max(len(h) + len(st) for h, st in frames)
-    worst = longest + config.shots_cap * prompts.shot_bound()
+    worst = prompts.worst_length(frames, config.shots_cap)
     if context is not None and worst + config.max_new_tokens > context:
         raise ValueError(
             f"a prompt may reach {worst} + {config.max_new_tokens} new tokens, more than the "
@@ -115,7 +114,10 @@ def generate(
         for _ in range(config.max_new_tokens):
             if config.resample == "token":
                 subsets = draw_subsets(pool, config, plan.sampling_rate, sample_rng)
-                private = lm.score([prompts.prompt(frame, s) + generated for s in subsets])
+                private = lm.score(
+                    [prompts.prompt(frame, s) + generated for s in subsets],
+                    length=worst + len(generated),
+                )  # padded to the public worst case, as a session is
             # the public prompt's log-probs [1, V], from a call whose inputs are all public
             public_row = np.asarray(lm.score([public + generated]), np.float32)[:1]
             logprobs = np.vstack([public_row, private])

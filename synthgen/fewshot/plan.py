@@ -213,10 +213,21 @@ def _pool_budget(pools: Sequence[np.ndarray], config: FewShotConfig) -> tuple[in
 
 
 def _check_plan(plan: FewShotPlan, config: FewShotConfig, pools: Sequence[np.ndarray]) -> None:
-    """Refuses a plan that does not cover this run (it would under-charge)."""
+    """Refuses a plan that does not cover this run (it would under-charge), or that claims
+    a guarantee other than the config's (the metadata states the config next to the plan's
+    figures; a noise-off plan, an audit's, claims none)."""
     count, tokens = _pool_budget(pools, config)
+    gaussian = config.mechanism == "gaussian"
+    noise = plan.noise_multiplier if gaussian else plan.token_epsilon
+    given = config.noise_multiplier if gaussian else config.token_epsilon
+    other = (
+        (given is not None and noise != given)
+        or (config.target_epsilon is not None and plan.epsilon > config.target_epsilon)
+        or plan.delta != resolve_delta(config.delta, config.public_pool_size * plan.pools)
+    )
     if (
-        plan.subsets != config.subsets
+        (other and math.isfinite(plan.epsilon))
+        or plan.subsets != config.subsets
         or plan.mechanism != config.mechanism
         or plan.tokens_per_draw != config.tokens_per_draw
         or plan.public_pool_size != config.public_pool_size

@@ -78,6 +78,10 @@ class _Prompts:
         """Most tokens a shot can have (public: template and `field_tokens` only)."""
         return self._bound(self.template.shot)
 
+    def worst_length(self, frames: Sequence[tuple[list[int], list[int]]], shots: int) -> int:
+        """Most tokens a prompt of `shots` shots on any of `frames` can have (public)."""
+        return max(len(h) + len(st) for h, st in frames) + shots * self.shot_bound()
+
     def shot(self, index: int) -> list[int]:
         if index not in self._shots:
             self._shots[index] = self._render(self.template.shot, self.rows[index])

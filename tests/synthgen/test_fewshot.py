@@ -253,6 +253,26 @@ def test_a_pool_smaller_than_declared_is_refused_without_its_size(tmp_path):
                          pool_field="label")  # fmt: skip
 
 
+def test_a_plan_made_for_other_privacy_settings_is_refused_before_the_charge(tmp_path):
+    """The release states its config next to the plan's figures: a plan for another
+    epsilon, noise or delta than the config's is refused, nothing charged."""
+    config = _config(noise_multiplier=None, target_epsilon=1.0)
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    ledger.open_scope(Scope("t", "d", 100.0, 0.01))
+    others = (
+        _config(noise_multiplier=None, target_epsilon=8.0),
+        _config(noise_multiplier=0.5),
+        _config(noise_multiplier=None, target_epsilon=1.0, delta=1e-4),
+    )
+    for other in others:
+        plan = fewshot.plan_for(ROWS, [{"label": "x"}], fewshot.DOCUMENT_TEMPLATE, other)
+        with pytest.raises(ValueError, match="plan does not cover this run"):
+            fewshot.generate(TinyLM(), ROWS, [{"label": "x"}], fewshot.DOCUMENT_TEMPLATE,
+                             config, rng=np.random.default_rng(0), pay=_pay(ledger),
+                             plan=plan)  # fmt: skip
+    assert ledger.charges("t", "d") == []
+
+
 def test_the_plan_depends_on_declared_figures_only():
     # Two private datasets with different pool sizes (both >= declared): the same plan, the
     # rate M * shots / declared for every pool, and no real size anywhere in it.
@@ -293,10 +313,10 @@ class CountingLM(TinyLM):
     def eos_ids(self):
         return ()
 
-    def score(self, prompts):
+    def score(self, prompts, **kwargs):
         if len(prompts) > 1:  # the M private prompts; the public one is scored alone
             self.shots += [self.decode(p).count("Paragraph: ") for p in prompts]
-        return super().score(prompts)
+        return super().score(prompts, **kwargs)
 
 
 def test_each_example_is_included_with_the_declared_rate_and_prompts_stay_capped():
@@ -323,8 +343,8 @@ class BatchCoupledLM(TinyLM):
     the vocabulary) with the total length of the batch it is scored in, as padding and
     batched matmuls do in a real model."""
 
-    def score(self, prompts):
-        out = super().score(prompts).astype(np.float64)
+    def score(self, prompts, **kwargs):
+        out = super().score(prompts, **kwargs).astype(np.float64)
         total = sum(len(p) for p in prompts)
         out += 1e-6 * (total % 97) * (np.arange(out.shape[1]) % 3)
         return out.astype(np.float32)
@@ -359,6 +379,37 @@ def test_public_scores_are_bit_identical_whatever_the_private_prompts(resample, 
     for (pub_a, cand_a), (pub_b, cand_b) in zip(*runs, strict=True):
         assert pub_a.tobytes() == pub_b.tobytes()
         np.testing.assert_array_equal(cand_a, cand_b)
+
+
+class ShapeLM(CountingLM):
+    """Records the length every private call is padded to (a compiled program's shape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lengths: list[int] = []
+
+    def score(self, prompts, *, length=None):
+        if len(prompts) > 1:
+            self.lengths.append(max([length or 0, *map(len, prompts)]))
+        return super().score(prompts, length=length)
+
+
+@pytest.mark.parametrize("resample", ["token", "example"])
+def test_private_calls_are_padded_to_the_public_worst_case(resample):
+    """Rule 9: the private prompts' shape is fixed by public settings, not by which
+    examples were drawn, nor how long they are (a neighbour with one long example)."""
+    config = _config(resample=resample, max_new_tokens=4, stop_at_newline=False)
+    template = fewshot.PromptTemplate(header="H\n", shot="Paragraph: {text}\n", stem="")
+    runs = []
+    for rows in (ROWS, ROWS + [{"text": "z" * 90, "label": "x"}]):
+        lm = ShapeLM()
+        fewshot.generate(lm, rows, [{"label": "x"}], template, config, pool_field="label",
+                         rng=np.random.default_rng(3))  # fmt: skip
+        runs.append(lm.lengths)
+    prompts = _Prompts(ShapeLM(), template, ROWS, config.shot_tokens)
+    worst = prompts.worst_length([prompts.frame({"label": "x"})], config.shots_cap)
+    # one private call per token (token: a scoring; example: the session's start, appends)
+    assert runs[0] == runs[1] == [worst + g for g in range(config.max_new_tokens)]
 
 
 def test_rows_that_are_not_distributions_are_normalised():
@@ -429,9 +480,9 @@ def test_over_budget_run_is_refused_and_releases_nothing(tmp_path):
     class SpyLM(TinyLM):
         calls = 0
 
-        def score(self, prompts):
+        def score(self, prompts, **kwargs):
             SpyLM.calls += 1
-            return super().score(prompts)
+            return super().score(prompts, **kwargs)
 
     lm = SpyLM()
     from synthgen.privacy.errors import BudgetExceededError
