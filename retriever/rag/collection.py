@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from retriever.provenance import collection_independence, encoder_provenance, read_provenance
@@ -151,6 +152,7 @@ def open_document_filters(
     epsilon: float,
     delta: float,
     plan: AnswerPlan,
+    records: tuple[Sequence[str], Sequence[str]] | None = None,
     check_only: bool = False,
 ) -> DocumentFilter:
     """Puts `dataset` in individual accounting: each document gets an (epsilon, delta)
@@ -159,6 +161,8 @@ def open_document_filters(
 
     Args:
       ledger, dataset, documents: the privacy ledger, the collection and n, its size.
+      records: (doc_ids, texts): the filters pin which record each id names, and refuse
+        the same collection under other ids (None: nothing pinned, e.g. a throwaway ledger).
       epsilon, delta: each document's target over every answer of every tenant.
       plan: the default answer's plan; its `document_rho` is the collection's public
         per-answer charge (what "exhausted" means in the summary).
@@ -190,7 +194,10 @@ def open_document_filters(
                 "accounting; per-document filters opened now would leave those answers out: "
                 "use another collection name"
             )
-    record = DocumentFilter(dataset, DocumentBudget(epsilon, delta), plan.document_rho(), documents)
+    pinned = None if records is None else ledger.records_under_ids(*records, read_only=check_only)
+    record = DocumentFilter(
+        dataset, DocumentBudget(epsilon, delta), plan.document_rho(), documents, pinned
+    )
     if check_only:
         filters.check(record)
         return record
@@ -486,6 +493,8 @@ class PrivateCollection:
             # more than a whole filter and filters with other settings, before writing
             filters = dict(documents=self.documents, plan=plan, epsilon=document_target[0],
                            delta=document_target[1])  # fmt: skip
+            if self.doc_ids:  # the filters pin which record each id names
+                filters["records"] = (self.doc_ids, self.texts)
             open_document_filters(ledger, self.name, check_only=True, **filters)
         elif DocumentFilters(ledger.store).get(self.name) is not None:
             raise ValueError(

@@ -127,6 +127,7 @@ def load_dprag(
             epsilon=document_target[0],
             delta=document_target[1],
             plan=plan_answer(config, "icl", float(answer_epsilon)),
+            records=(doc_ids, texts),
         )
     if ledger is not None:
         if collection is None:

@@ -63,12 +63,15 @@ class DocumentFilter:
       budget: each document's (epsilon, delta) target and its rho cap.
       answer_rho: the public rho one answer charges each document it touches.
       documents: the number of documents of the collection (public).
+      records: which record each document id names (`PrivacyLedger.records_under_ids`;
+        private, never printed); None: not pinned (filters opened before schema 11).
     """
 
     dataset: str
     budget: DocumentBudget
     answer_rho: float
     documents: int
+    records: str | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.documents, int) and self.documents >= 1):
@@ -121,10 +124,16 @@ class DocumentFilters:
         with self._store.scope_lock(record.dataset) as conn:
             existing = self._record(conn, record.dataset)
             if existing is not None:
-                return _same(existing, record)
+                _same(existing, record)
+                if existing.records is None and record.records is not None:  # pinned now
+                    conn.execute(
+                        "UPDATE document_filters SET records = ? WHERE dataset = ?",
+                        (record.records, record.dataset),
+                    )
+                return existing
             conn.execute(
                 "INSERT INTO document_filters (dataset, epsilon, delta, rho_cap, answer_rho, "
-                "documents, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "documents, records, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.dataset,
                     record.budget.epsilon,
@@ -132,6 +141,7 @@ class DocumentFilters:
                     record.budget.rho_cap,
                     record.answer_rho,
                     record.documents,
+                    record.records,
                     time.time(),
                 ),
             )
@@ -168,20 +178,20 @@ class DocumentFilters:
     @staticmethod
     def _record(conn: Connection, dataset: str) -> DocumentFilter | None:
         row = conn.execute(
-            "SELECT epsilon, delta, rho_cap, answer_rho, documents FROM document_filters "
-            "WHERE dataset = ?",
+            "SELECT epsilon, delta, rho_cap, answer_rho, documents, records "
+            "FROM document_filters WHERE dataset = ?",
             (dataset,),
         ).fetchone()
         if row is None:
             return None
-        epsilon, delta, stored_cap, answer_rho, documents = row
+        epsilon, delta, stored_cap, answer_rho, documents, records = row
         budget = DocumentBudget(float(epsilon), float(delta))
         if not math.isclose(budget.rho_cap, float(stored_cap), rel_tol=1e-9):
             raise PrivacyError(
                 f"collection {dataset!r}: the stored rho cap {stored_cap} is not the one its "
                 f"target implies ({budget.rho_cap}); refusing to charge against it"
             )
-        return DocumentFilter(dataset, budget, float(answer_rho), int(documents))
+        return DocumentFilter(dataset, budget, float(answer_rho), int(documents), records)
 
     @staticmethod
     def _losses(conn: Connection, dataset: str, ids: list[str]) -> dict[str, float]:
@@ -351,10 +361,17 @@ class DocumentFilters:
 
 
 def _same(existing: DocumentFilter, record: DocumentFilter) -> DocumentFilter:
-    """`existing`, or ValueError: per-document filters never change."""
+    """`existing`, or ValueError: per-document filters never change, nor do the records
+    their ids name (new ids for the same records would start fresh filters)."""
     if existing != record:
         raise ValueError(
             f"collection {record.dataset!r} already has per-document filters {existing}; "
             "they never change (use another collection name)"
+        )
+    if None not in (existing.records, record.records) and existing.records != record.records:
+        raise ValueError(
+            f"collection {record.dataset!r}'s per-document filters are kept by document id, "
+            "and these ids name other records than when they opened (renumbered or edited "
+            "records would each start a fresh filter): restore its doc_ids and texts"
         )
     return existing

@@ -284,7 +284,7 @@ class PrivacyLedger(ScopeRecords, DocumentSets, LedgerComposition):
                         noun = "charge" if _single else "charges"
                         raise ValueError(f"{ref=} already names a different {noun}")
                     return earlier
-            shared = undeclared_sharing(conn, dataset)
+            shared = undeclared_sharing(self._store, conn, dataset)
             if shared:  # two names bound before either charged: the second to charge waits
                 raise BudgetExceededError(
                     f"the documents of {dataset} share records with {', '.join(shared)}, "

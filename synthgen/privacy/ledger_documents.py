@@ -37,7 +37,7 @@ from synthgen.privacy.events import (
     event_to_json,
 )
 from synthgen.privacy.figures import format_epsilon
-from synthgen.privacy.ledger_store import Connection
+from synthgen.privacy.ledger_store import Connection, LedgerStore
 from synthgen.privacy.ledger_types import COLLECTION, Scope
 from synthgen.privacy.summary import EventTally
 
@@ -228,6 +228,30 @@ class DocumentSets:
                     pairs,
                 )
         return others
+
+    def records_under_ids(
+        self, doc_ids: Sequence[str], texts: Sequence[str], *, read_only: bool = False
+    ) -> str | None:
+        """A keyed digest of which record each document id names (private state, never
+        printed): per-document filters are kept by id, so they pin this digest.
+
+        `read_only`: None rather than making the ledger's first key (no filters can have
+        pinned a digest before it exists).
+        """
+        if len(doc_ids) != len(texts):
+            raise ValueError(f"one id per record: {len(doc_ids)=}, {len(texts)=}")
+        if read_only:
+            with self._store.read() as conn:
+                keys = _read_keys(conn)
+            if not keys:
+                return None
+        key_id, secret = (keys if read_only else self._bind_keys())[0]
+        whole = hmac.new(secret, len(texts).to_bytes(8, "big"), hashlib.sha256)
+        for doc_id, text in sorted(zip(map(str, doc_ids), texts, strict=True)):
+            for part in (doc_id, text):
+                data = part.encode("utf-8")
+                whole.update(len(data).to_bytes(8, "big") + data)
+        return f"{key_id}:{whole.hexdigest()}"
 
     def _bind_keys(self) -> list[tuple[str, bytes]]:
         """The ledger's HMAC keys, the first made (under the bind lock) if none."""
@@ -506,14 +530,19 @@ def _legacy_charged(conn: Connection) -> list[str]:
     return [r[0] for r in rows if _has_spent(conn, r[0])]
 
 
-def undeclared_sharing(conn: Connection, dataset: str) -> list[str]:
+def undeclared_sharing(store: LedgerStore, conn: Connection, dataset: str) -> list[str]:
     """Names that share records with `dataset`, were not admitted beside it deliberately,
     and have charged: a charge to `dataset` would add up with theirs unannounced (two names
-    bound before either charged). Every charge checks it, inside its transaction."""
+    bound before either charged). Every charge checks it, inside its transaction (its
+    dataset's lock); where such names exist it takes the bindings' lock first, so two of
+    them never charge at once, each unaware of the other's uncommitted charge."""
     rows = conn.execute(
         "SELECT other FROM document_links WHERE dataset = ? AND deliberate = 0", (dataset,)
     ).fetchall()
-    return [r[0] for r in rows if r[0] != dataset and _has_spent(conn, r[0])]
+    others = [r[0] for r in rows if r[0] != dataset]
+    if others:
+        store.lock_also(conn, _BIND_LOCK)
+    return [other for other in others if _has_spent(conn, other)]
 
 
 def _has_spent(conn: Connection, dataset: str) -> bool:

@@ -104,6 +104,9 @@ def _migrations(real: str, identity: str) -> tuple[tuple[int, tuple[str, ...]], 
         f"other TEXT NOT NULL, created_at {real} NOT NULL, "
         "deliberate INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (dataset, other))",
     )
+    # which record each document id named when a collection's per-document filters opened
+    # (a keyed digest, `DocumentSets.records_under_ids`; NULL: opened before, not pinned)
+    steps[11] = ("ALTER TABLE document_filters ADD COLUMN records TEXT",)
     return tuple(steps.items())
 
 
@@ -314,17 +317,23 @@ class LedgerStore:
         opening a collection cap: they do not check it.
         """
         with self.write() as conn:
+            self.lock_also(conn, dataset)
             if self.dialect == "postgresql":
-                conn.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(?, ?))",
-                    (dataset, _DATASET_LOCK_SEED),
-                ).fetchall()
                 if tenant is not None:  # what replicas before schema 5 lock: they wait
                     conn.execute(
                         "SELECT 1 FROM scopes WHERE tenant = ? AND dataset = ? FOR UPDATE",
                         (tenant, dataset),
                     ).fetchall()
             yield conn
+
+    def lock_also(self, conn: Connection, name: str) -> None:
+        """Inside `scope_lock`'s transaction: `name`'s lock too, held to its end (SQLite's
+        write lock already covers the file). Take locks in one order: a dataset's, then
+        at most the bindings' (`ledger_documents`)."""
+        if self.dialect == "postgresql":
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(?, ?))", (name, _DATASET_LOCK_SEED)
+            ).fetchall()
 
     def close(self) -> None:
         """Closes this thread's PostgreSQL connection (SQLite holds none open)."""

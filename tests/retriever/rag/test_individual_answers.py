@@ -185,6 +185,38 @@ def test_filters_are_not_opened_over_earlier_collection_answers(tmp_path):
     open_document_filters(ledger, "fresh", documents=N, epsilon=4.0, delta=1e-6, plan=plan)
 
 
+def test_the_same_records_under_new_ids_do_not_get_fresh_filters(tmp_path):
+    """Filters are kept by document id: re-admitting the collection's records under other
+    ids (or other records under its ids) is refused before anything is written, so an
+    exhausted record never restarts at zero; the same ids and records again go on."""
+    from retriever.rag.collection import PrivateCollection
+    from retriever.rag.config import plan_answer
+
+    ids, texts, _, _ = _world()
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    plan = plan_answer(RagConfig(max_tokens=3, accounting="individual"), "icl", 1.0)
+    tenant, target = Scope("alice", "records", 5.0, 1e-5), (4.0, 1e-6)
+
+    def admit(doc_ids, records):
+        collection = PrivateCollection.of("records", records, doc_ids=doc_ids)
+        collection.admit(ledger, tenant, plan, document_target=target)
+
+    admit(ids, texts)
+    pinned = DocumentFilters(ledger.store).get("records").records
+    assert pinned is not None and "secret" not in pinned
+    admit(list(reversed(ids)), list(reversed(texts)))  # the same pairs, another order
+    renumbered = [f"b{i}" for i in range(N)]
+    edited = [*texts[:-1], "another record"]
+    for doc_ids, records in ((renumbered, texts), (ids, edited), (ids[::-1], texts)):
+        with pytest.raises(ValueError, match="ids name other records"):
+            admit(doc_ids, records)
+    assert DocumentFilters(ledger.store).get("records").records == pinned
+    with ledger.store.write() as conn:  # filters opened before schema 11 pin nothing
+        conn.execute("UPDATE document_filters SET records = NULL")
+    admit(ids, texts)  # ... until their next admission pins them
+    assert DocumentFilters(ledger.store).get("records").records == pinned
+
+
 def test_a_collection_with_filters_refuses_collection_answers_and_bare_charges(tmp_path):
     rag, ledger, _, _, _ = _rag(tmp_path)
     with pytest.raises(ValueError, match="individual accounting"):

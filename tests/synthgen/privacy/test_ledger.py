@@ -542,7 +542,7 @@ def test_a_schema_5_ledger_is_migrated_with_its_scopes_and_charges(tmp_path):
     )
     conn.commit()
     conn.close()
-    assert SCHEMA_VERSION == 10
+    assert SCHEMA_VERSION == 11
     ledger = PrivacyLedger(path)
     assert ledger.get_scope("*", "q") == Scope("*", "q", 5.0, 1e-5)
     assert [c.description for c in ledger.charges("*", "q")] == ["old"]
@@ -552,5 +552,5 @@ def test_a_schema_5_ledger_is_migrated_with_its_scopes_and_charges(tmp_path):
     ledger.charge("*", "q", stage="t", relation=AR, event=accounting.pure_epsilon_event(1.0))
     assert ledger.spent("*", "q").epsilon == pytest.approx(2.0, abs=1e-3)
     with sqlite3.connect(path) as raw:
-        assert raw.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 10
+        assert raw.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 11
     assert ledger.document_groups() == []  # migrations 9, 10: bindings

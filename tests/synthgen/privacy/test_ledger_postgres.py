@@ -180,6 +180,51 @@ def test_names_over_the_same_documents_are_bound_and_grouped_on_postgres(postgre
     assert group.epsilon == pytest.approx(2 * STEP_EPSILON, rel=1e-3)
 
 
+def test_two_names_bound_to_shared_records_never_both_charge_first(postgres_url, monkeypatch):
+    """Names bound to shared records before either charged: the first to charge wins, the
+    other is refused, even when both charge at once. Each charge's sharing check is held
+    open 0.5 s (its transaction uncommitted): without the bindings' lock, READ COMMITTED
+    let each miss the other's charge and both commit."""
+    import threading
+    import time
+
+    from synthgen.privacy import ledger as ledger_module
+    from synthgen.privacy.ledger_documents import bind_texts
+
+    checked = ledger_module.undeclared_sharing
+
+    def slow(*args):
+        shared = checked(*args)
+        time.sleep(0.5)  # the other charge runs meanwhile
+        return shared
+
+    monkeypatch.setattr(ledger_module, "undeclared_sharing", slow)
+    texts = ["a shared record", "another"]
+    names = ("race-a", "race-b")
+    for name in names:
+        bind_texts(PrivacyLedger(postgres_url), name, texts)  # neither has charged yet
+        PrivacyLedger(postgres_url).open_scope(Scope("acme", name, 2.0, 1e-5))
+    start, outcomes = threading.Barrier(2), {}
+
+    def charge(name):
+        ledger = PrivacyLedger(postgres_url)
+        start.wait()
+        try:
+            ledger.charge("acme", name, stage="a", relation=AR, event=STEP)
+            outcomes[name] = "charged"
+        except BudgetExceededError:
+            outcomes[name] = "refused"
+
+    threads = [threading.Thread(target=charge, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes.values()) == ["charged", "refused"], outcomes
+    ledger = PrivacyLedger(postgres_url)
+    assert sum(len(ledger.charges("acme", name)) for name in names) == 1
+
+
 def test_a_training_work_folder_charges_a_postgresql_ledger_once(postgres_url, tmp_path):
     """A DP training run's work folder on a PostgreSQL ledger: charged once however often it
     resumes, named by the URL without its password, refused against another ledger."""
