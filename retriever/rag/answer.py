@@ -34,7 +34,7 @@ from retriever.rag.answer_types import ABSTENTION_TEXT, Answer, StageCharge, aft
 from retriever.rag.config import RagConfig, plan_answer
 from retriever.rag.fact_vote import document_facts
 from retriever.rag.individual import answer_individually, check_individual
-from retriever.rag.plan import AnswerPlan
+from retriever.rag.plan import RELATION, AnswerPlan, answer_event_shape
 from retriever.rag.prompts import PromptFormat
 from retriever.rag.question_kinds import question_kinds
 from retriever.rag.retrieval import (
@@ -54,8 +54,6 @@ from retriever.rag.sessions import (
 from retriever.rag.text import clean_answer_text
 from synthgen.privacy import accounting, secure_rng
 from synthgen.privacy.receipts import CollectionPayer
-
-RELATION = "ADD_OR_REMOVE_ONE"
 
 
 class DPRag:
@@ -347,7 +345,10 @@ class DPRag:
             )
 
     def _charge(self, tenant, plan: AnswerPlan, ref, documents=None) -> tuple[StageCharge, ...]:
-        """Charges the plan's worst case, stage by stage, in one transaction."""
+        """Charges the plan's worst case, stage by stage, in one transaction; in collection
+        accounting that transaction also holds the collection cap to one answer event (its
+        pinned shape, pinned there if none is), so a caller varying the event adaptively
+        never composes under a cap what its accountant does not cover."""
         stages = plan.stage_events()
         if self.payer is None:
             return tuple(StageCharge(s, *_standalone(e, plan.delta)) for s, e in stages)
@@ -358,6 +359,7 @@ class DPRag:
             delta=plan.delta,
             ref=ref,
             documents=documents,
+            event_shape=None if documents is not None else answer_event_shape(plan),
         )
         return tuple(
             StageCharge(stage, c.epsilon, c.delta) for (stage, _), c in zip(stages, recorded)

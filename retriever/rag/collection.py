@@ -24,8 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from retriever.provenance import collection_independence, encoder_provenance, read_provenance
-from retriever.rag.answer import RELATION
-from retriever.rag.plan import RETIRED, AnswerPlan
+from retriever.rag.plan import RELATION, RETIRED, AnswerPlan, answer_event_shape
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope, accounting
 from synthgen.privacy.document_filters import DocumentFilter, DocumentFilters
 from synthgen.privacy.individual import DocumentBudget
@@ -33,7 +32,6 @@ from synthgen.privacy.ledger_documents import GUARANTEES_FLAG
 from synthgen.privacy.ledger_types import EventShapeError
 
 ENCODER_FLAG = "--encoder-independent-of-collection"
-SHAPE_FORMAT = 1
 
 
 def _encoder_label(encoder: str) -> str:
@@ -236,32 +234,6 @@ def open_answer_scopes(
     if stored is None and collection is not None:
         ledger.ensure_scope(collection)
     ledger.ensure_scope(tenant)
-
-
-def answer_event_shape(plan: AnswerPlan) -> str:
-    """The canonical public description of an answer's event (what a collection pins).
-
-    The plan's public inputs, which fix every stage's DP event: the mechanism, the
-    per-answer (ε, δ), the most tokens and paid releases (derived; kept so that shapes
-    pinned before vote, sparse-vote and answer-vote were retired stay byte-identical), the
-    shares of ε, the icl composition and the relation. Parameters that change which
-    documents or tokens are chosen but not the event (k, voters, score range) are left out.
-    """
-    shape = {
-        "format": SHAPE_FORMAT,
-        "kind": "rag-answer",
-        "relation": RELATION,
-        "mechanism": plan.mechanism,
-        "epsilon": plan.epsilon,
-        "delta": plan.delta,
-        "max_tokens": plan.max_tokens,
-        "max_releases": plan.max_releases,
-        # shares, not products: a differing epsilon is then named once
-        "retrieval_share": round(plan.retrieval_epsilon / plan.epsilon, 12),
-        "score_share": round(plan.score_epsilon / plan.epsilon, 12),
-        "composition": plan.composition if plan.mechanism == "icl" else None,
-    }
-    return json.dumps(shape, sort_keys=True, separators=(",", ":"))
 
 
 # set by the mechanism: when the mechanism differs, naming them too only confuses

@@ -117,18 +117,16 @@ def load_dprag(
     if list(map(str, meta["doc_ids"])) != doc_ids:
         raise ValueError(f"{index} was not built from {private_corpus} (doc_ids differ)")
     check_delta(config.delta, len(doc_ids), "the per-answer delta")
+    filters = None
+    if config.individual and collection is None:
+        filters = dict(documents=len(doc_ids), epsilon=document_target[0],
+                       delta=document_target[1], records=(doc_ids, texts),
+                       plan=plan_answer(config, "icl", float(answer_epsilon)))  # fmt: skip
+        open_document_filters(ledger, dataset, check_only=True, **filters)  # refuses first
     if ledger is not None and collection is None:  # before the filters or a scope is written
         bind_texts(ledger, dataset, texts, guarantees_add_up=guarantees_add_up)
-    if config.individual and collection is None:
-        open_document_filters(
-            ledger,
-            dataset,
-            documents=len(doc_ids),
-            epsilon=document_target[0],
-            delta=document_target[1],
-            plan=plan_answer(config, "icl", float(answer_epsilon)),
-            records=(doc_ids, texts),
-        )
+    if filters is not None:
+        open_document_filters(ledger, dataset, **filters)
     if ledger is not None:
         if collection is None:
             check_scope_deltas(ledger, dataset, len(doc_ids))

@@ -24,6 +24,9 @@ from synthgen.privacy import accounting, calibration
 from synthgen.privacy.individual import bounded_range_rho, pure_rho
 from synthgen.privacy.partition_selection import selection_threshold
 
+RELATION = "ADD_OR_REMOVE_ONE"  # every answer's neighbouring relation
+SHAPE_FORMAT = 1
+
 MECHANISMS = ("icl", "keywords", "facts")
 # single-answer mechanisms retired by issue 69 (on the medical evaluation, 60 questions,
 # vote answered at most 0.08 and sparse-vote 0.00 at every epsilon; answer-vote was probed on
@@ -283,3 +286,29 @@ def make_plan(
     # icl's calibration may use basic composition where discretised PLD is looser; the
     # ledger composes with PLD, so shrink until the PLD worst case is within the target
     return plan_of(_largest(lambda x: plan_of(x).worst_case_epsilon() <= epsilon, high))
+
+
+def answer_event_shape(plan: AnswerPlan) -> str:
+    """The canonical public description of an answer's event (what a collection pins).
+
+    The plan's public inputs, which fix every stage's DP event: the mechanism, the
+    per-answer (ε, δ), the most tokens and paid releases (derived; kept so that shapes
+    pinned before vote, sparse-vote and answer-vote were retired stay byte-identical), the
+    shares of ε, the icl composition and the relation. Parameters that change which
+    documents or tokens are chosen but not the event (k, voters, score range) are left out.
+    """
+    shape = {
+        "format": SHAPE_FORMAT,
+        "kind": "rag-answer",
+        "relation": RELATION,
+        "mechanism": plan.mechanism,
+        "epsilon": plan.epsilon,
+        "delta": plan.delta,
+        "max_tokens": plan.max_tokens,
+        "max_releases": plan.max_releases,
+        # shares, not products: a differing epsilon is then named once
+        "retrieval_share": round(plan.retrieval_epsilon / plan.epsilon, 12),
+        "score_share": round(plan.score_epsilon / plan.epsilon, 12),
+        "composition": plan.composition if plan.mechanism == "icl" else None,
+    }
+    return json.dumps(shape, sort_keys=True, separators=(",", ":"))

@@ -362,13 +362,14 @@ class DocumentFilters:
 
 def _same(existing: DocumentFilter, record: DocumentFilter) -> DocumentFilter:
     """`existing`, or ValueError: per-document filters never change, nor do the records
-    their ids name (new ids for the same records would start fresh filters)."""
+    their ids name (new ids for the same records would start fresh filters): a caller that
+    names no records is refused by pinned filters."""
     if existing != record:
         raise ValueError(
             f"collection {record.dataset!r} already has per-document filters {existing}; "
             "they never change (use another collection name)"
         )
-    if None not in (existing.records, record.records) and existing.records != record.records:
+    if existing.records is not None and existing.records != record.records:
         raise ValueError(
             f"collection {record.dataset!r}'s per-document filters are kept by document id, "
             "and these ids name other records than when they opened (renumbered or edited "

@@ -233,6 +233,7 @@ class PrivacyLedger(ScopeRecords, DocumentSets, LedgerComposition):
         documents: tuple[Sequence[str], float]
         | Callable[[Connection], tuple[Sequence[str], float]]
         | None = None,
+        event_shape: str | None = None,
         _single: bool = False,
     ) -> list[Charge]:
         """Records one release's charges, one row per stage, atomically: all or none.
@@ -251,6 +252,9 @@ class PrivacyLedger(ScopeRecords, DocumentSets, LedgerComposition):
             transaction's connection and returns them: the payers are then chosen from
             the filters' state inside the lock (no other answer can exhaust one in
             between). Required for a collection that has filters.
+          event_shape: the release's repeated-event shape (`pin_event_shape`): where
+            `dataset` has a collection cap, its pinned shape must be this one (pinned in
+            this transaction if none is).
 
         Returns:
           The recorded charges (or the earlier ones with the same `ref`).
@@ -260,6 +264,7 @@ class PrivacyLedger(ScopeRecords, DocumentSets, LedgerComposition):
             shares records with a name that charged after both were bound
             (`ledger_documents.undeclared_sharing`); nothing is recorded.
           DocumentBudgetError: a named document cannot pay; nothing is recorded.
+          EventShapeError: the collection cap pins another `event_shape`; nothing recorded.
           ValueError: no items, an invalid event, or `ref` reused for other events.
         """
         if not items:
@@ -284,6 +289,8 @@ class PrivacyLedger(ScopeRecords, DocumentSets, LedgerComposition):
                         noun = "charge" if _single else "charges"
                         raise ValueError(f"{ref=} already names a different {noun}")
                     return earlier
+            if event_shape is not None:
+                self._hold_event_shape(conn, dataset, event_shape)
             shared = undeclared_sharing(self._store, conn, dataset)
             if shared:  # two names bound before either charged: the second to charge waits
                 raise BudgetExceededError(

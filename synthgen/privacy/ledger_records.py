@@ -8,7 +8,7 @@ ledger never reads either; callers build them. Public text only, never private d
 from __future__ import annotations
 
 from synthgen.privacy.ledger_store import Connection
-from synthgen.privacy.ledger_types import EventShapeError
+from synthgen.privacy.ledger_types import COLLECTION, EventShapeError
 
 
 class ScopeRecords:
@@ -65,16 +65,29 @@ class ScopeRecords:
         if not shape:
             raise ValueError("an event shape is a non-empty string")
         with self._store.scope_lock(dataset) as conn:
-            recorded = self._record_row(conn, tenant, dataset, "event_shape")
-            if recorded is None:
-                conn.execute(
-                    "UPDATE scopes SET event_shape = ? WHERE tenant = ? AND dataset = ?",
-                    (shape, tenant, dataset),
-                )
-                return True
+            return self._pin_in(conn, tenant, dataset, shape)
+
+    def _pin_in(self, conn: Connection, tenant: str, dataset: str, shape: str) -> bool:
+        """`pin_event_shape` inside the caller's transaction (its dataset's lock)."""
+        recorded = self._record_row(conn, tenant, dataset, "event_shape")
+        if recorded is None:
+            conn.execute(
+                "UPDATE scopes SET event_shape = ? WHERE tenant = ? AND dataset = ?",
+                (shape, tenant, dataset),
+            )
+            return True
         if recorded != shape:
             raise EventShapeError(tenant, dataset, recorded, shape)
         return False
+
+    def _hold_event_shape(self, conn: Connection, dataset: str, shape: str) -> None:
+        """Inside a charge's transaction: `dataset`'s collection cap, if it has one, pins
+        `shape` (pinned now if it pins none; EventShapeError if another)."""
+        capped = conn.execute(
+            "SELECT 1 FROM scopes WHERE tenant = ? AND dataset = ?", (COLLECTION, dataset)
+        ).fetchone()
+        if capped is not None:
+            self._pin_in(conn, COLLECTION, dataset, shape)
 
     def event_shape(self, tenant: str, dataset: str) -> str | None:
         """The scope's recorded event shape (None: none yet); KeyError if no such scope."""

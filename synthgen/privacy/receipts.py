@@ -134,12 +134,14 @@ class CollectionPayer:
             tenant, self.dataset, stage=stage, event=event, relation=relation, delta=delta
         )
 
-    def charge_all(self, tenant: str, items, *, relation, delta, ref, documents=None):
+    def charge_all(
+        self, tenant: str, items, *, relation, delta, ref, documents=None, event_shape=None
+    ):
         """`PrivacyLedger.charge_all` on (`tenant`, this collection): every stage of one
         answer, atomically; returns the recorded charges."""
         return self._ledger.charge_all(
             tenant, self.dataset, items, relation=relation, delta=delta, ref=ref,
-            documents=documents,
+            documents=documents, event_shape=event_shape,
         )  # fmt: skip
 
     def remaining(self, tenant: str) -> float:

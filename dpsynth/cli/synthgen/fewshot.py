@@ -148,7 +148,7 @@ def _generate(lm, private, targets, template, cfg, pool_field, plan, seed, pay):
     from synthgen import fewshot
     from synthgen.privacy import secure_rng
 
-    # counts only: a token's time can depend on the private shots (unpadded prompts)
+    # counts only: a server's time per token grows with the private shots (no padding)
     bar = tqdm(total=len(targets) * cfg.max_new_tokens, file=sys.stderr, bar_format=BAR_FORMAT)
     try:
         return fewshot.generate(

@@ -335,3 +335,28 @@ def test_collection_accounting_refuses_an_answer_with_no_share_for_its_dp_thresh
     with pytest.raises(ValueError, match="retrieval_share"):
         RagConfig(retrieval_share=0.0)
     assert RagConfig(accounting="individual", retrieval_share=0.0).individual  # public tau
+
+
+def test_a_collection_cap_holds_every_answer_to_one_event_at_the_charge(tmp_path):
+    """A library caller that never pins: the first answer's charge pins its event on the
+    collection cap, in the charge's transaction, and an answer at another event is
+    refused there, nothing charged (an adaptive choice of events under a cap is a PLD
+    filter, which the accountant does not cover)."""
+    from retriever.rag.plan import answer_event_shape
+    from synthgen.privacy import COLLECTION
+    from synthgen.privacy.ledger_types import EventShapeError
+
+    ids, texts, emb = _collection()
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    ledger.ensure_scope(Scope(COLLECTION, "records", 20.0, 1e-5))
+    ledger.ensure_scope(Scope("alice", "records", 20.0, 1e-5))
+    rag = DPRag(ids, texts, emb, lambda qs: emb[:1], TinyLM(),
+                payer=collection_payer(ledger, "records"), config=RagConfig(k=4, max_tokens=2),
+                prompt=PromptFormat(chat=False), rng=np.random.default_rng(0))  # fmt: skip
+    first = rag.answer("q", tenant="alice", epsilon=1.0)
+    assert ledger.event_shape(COLLECTION, "records") == answer_event_shape(rag.plan("icl", 1.0))
+    charges = ledger.charges("alice", "records")
+    with pytest.raises(EventShapeError):
+        rag.answer("q", tenant="alice", epsilon=2.0)
+    assert ledger.charges("alice", "records") == charges
+    assert rag.answer("q", tenant="alice", epsilon=1.0).epsilon == first.epsilon

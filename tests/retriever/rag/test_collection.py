@@ -381,3 +381,30 @@ def test_every_option_a_refusal_suggests_is_one_a_command_accepts(requested):
         words = command.split()[3:]
         if words[:1] == ["NAME"]:
             tenant_add.make_context("add", words, resilient_parsing=True)
+
+
+def test_served_filters_refuse_other_records_under_their_ids_before_binding(tmp_path, towers):
+    """`load_dprag` (the server's path) in individual accounting: a record edited under
+    its id is refused by the pinned filters before the ledger binds the edited record."""
+    import sqlite3
+
+    index, corpus = _collection(tmp_path, "all-minilm-l6-v2")
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    config = RagConfig(max_tokens=3, accounting="individual")
+    options = dict(lm=TinyLM(), ledger=ledger, dataset="records", config=config,
+                   document_target=(4.0, 1e-6), answer_epsilon=1.0)  # fmt: skip
+    load_dprag(index, corpus, **options)
+
+    def bindings():
+        with sqlite3.connect(tmp_path / "l.sqlite") as conn:
+            return [conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+                    for table in ("document_sets", "document_records")]  # fmt: skip
+
+    before = bindings()
+    lines = corpus.read_text().splitlines()
+    row = json.loads(lines[-1])
+    lines[-1] = json.dumps({**row, "text": "an edited record"})
+    corpus.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match="ids name other records"):
+        load_dprag(index, corpus, **options)
+    assert bindings() == before

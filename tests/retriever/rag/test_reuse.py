@@ -11,6 +11,7 @@ from retriever.rag.retrieval import ScoreRange
 from retriever.rag.reuse import ReleasedAnswers, question_key
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
 from synthgen.privacy.document_filters import DocumentFilters
+from synthgen.privacy.ledger_types import EventShapeError
 from tests.dpsynth.service.harness import tiny_rag
 from tests.dpsynth.service.test_individual_tenants import INDIVIDUAL, _filters
 
@@ -60,6 +61,8 @@ def test_a_repeated_question_is_the_same_release_and_charges_nothing(tmp_path, m
     assert len(ledger.charges("alice", "records")) == charges  # nothing new
     assert again.remaining_epsilon == pytest.approx(first.remaining_epsilon)
     monkeypatch.undo()
+    # Another event is never served from the stored answers: it reaches the charge, where
+    # the collection cap's one event refuses it (nothing charged).
     for other in (
         lambda: rag.answer(QUESTION, tenant="alice", epsilon=3.0),  # another epsilon
         lambda: rag.answer(QUESTION, tenant="alice", epsilon=2.0, mechanism="keywords"),
@@ -67,9 +70,9 @@ def test_a_repeated_question_is_the_same_release_and_charges_nothing(tmp_path, m
             QUESTION, tenant="alice", epsilon=2.0
         ),  # another config: another event
     ):
-        before = len(ledger.charges("alice", "records"))
-        assert not other().reused
-        assert len(ledger.charges("alice", "records")) > before
+        with pytest.raises(EventShapeError):
+            other()
+        assert len(ledger.charges("alice", "records")) == charges
 
 
 def test_shared_answers_are_refused_under_collection_accounting(tmp_path):
