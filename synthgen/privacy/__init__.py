@@ -38,13 +38,9 @@ _MODULE_OF = {
     "Charge": "ledger_types",
     "Scope": "ledger_types",
     "Spend": "ledger_types",
-    "AboveThreshold": "mechanisms",
     "exponential_mechanism": "mechanisms",
     "gaussian_mechanism": "mechanisms",
     "laplace_mechanism": "mechanisms",
-    "limited_domain_top1": "mechanisms",
-    "report_noisy_max": "mechanisms",
-    "sparse_vector": "mechanisms",
     "secure_rng": "rng",
 }
 __all__ = sorted(_MODULE_OF)
