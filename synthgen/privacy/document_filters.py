@@ -369,6 +369,11 @@ def _same(existing: DocumentFilter, record: DocumentFilter) -> DocumentFilter:
             f"collection {record.dataset!r} already has per-document filters {existing}; "
             "they never change (use another collection name)"
         )
+    if existing.records is not None and record.records is None:
+        raise ValueError(
+            f"collection {record.dataset!r}'s per-document filters are kept by document id: "
+            "name its records (doc_ids and texts) to use them"
+        )
     if existing.records is not None and existing.records != record.records:
         raise ValueError(
             f"collection {record.dataset!r}'s per-document filters are kept by document id, "

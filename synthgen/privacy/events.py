@@ -113,7 +113,7 @@ def laplace_event(epsilon: float) -> dp_event.DpEvent:
 
 
 def pure_epsilon_event(epsilon: float) -> dp_event.DpEvent:
-    """Any epsilon-DP mechanism (exponential, report-noisy-max, sparse vector)."""
+    """Any epsilon-DP mechanism (e.g. the exponential mechanism)."""
     return EpsilonDeltaDpEvent(epsilon=float(epsilon), delta=0.0)
 
 
@@ -123,7 +123,7 @@ def bounded_range_event(epsilon: float) -> dp_event.DpEvent:
 
 
 def epsilon_delta_event(epsilon: float, delta: float) -> dp_event.DpEvent:
-    """Any (epsilon, delta)-DP mechanism (e.g. LimitedDomain top-1)."""
+    """Any (epsilon, delta)-DP mechanism (e.g. a partition selection)."""
     return EpsilonDeltaDpEvent(epsilon=float(epsilon), delta=float(delta))
 
 

@@ -82,12 +82,22 @@ class ScopeRecords:
 
     def _hold_event_shape(self, conn: Connection, dataset: str, shape: str) -> None:
         """Inside a charge's transaction: `dataset`'s collection cap, if it has one, pins
-        `shape` (pinned now if it pins none; EventShapeError if another)."""
+        `shape` (EventShapeError if another). It pins it now only over no earlier charge:
+        earlier ones must be compared with it first (ValueError; the callers that pin
+        before answering do so)."""
         capped = conn.execute(
-            "SELECT 1 FROM scopes WHERE tenant = ? AND dataset = ?", (COLLECTION, dataset)
+            "SELECT event_shape FROM scopes WHERE tenant = ? AND dataset = ?",
+            (COLLECTION, dataset),
         ).fetchone()
-        if capped is not None:
-            self._pin_in(conn, COLLECTION, dataset, shape)
+        if capped is None:
+            return
+        earlier = conn.execute("SELECT 1 FROM charges WHERE dataset = ? LIMIT 1", (dataset,))
+        if capped[0] is None and earlier.fetchone() is not None:
+            raise ValueError(
+                f"{dataset} has charges but no pinned answer event: pin it first "
+                "(`retriever.rag.collection.pin_answer_event` compares them with it)"
+            )
+        self._pin_in(conn, COLLECTION, dataset, shape)
 
     def event_shape(self, tenant: str, dataset: str) -> str | None:
         """The scope's recorded event shape (None: none yet); KeyError if no such scope."""

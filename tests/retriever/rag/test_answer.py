@@ -15,7 +15,7 @@ from retriever.rag import releases as releases_module
 from retriever.rag.answer_types import ABSTENTION_TEXT
 from retriever.rag.text import unreadable_count
 from synthgen.lm_backends import TinyLM
-from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope
+from synthgen.privacy import BudgetExceededError, PrivacyLedger, Scope, accounting
 from synthgen.privacy.receipts import collection_payer
 from tests.retriever.rag.recording_lm import RecordingLM
 
@@ -360,3 +360,18 @@ def test_a_collection_cap_holds_every_answer_to_one_event_at_the_charge(tmp_path
         rag.answer("q", tenant="alice", epsilon=2.0)
     assert ledger.charges("alice", "records") == charges
     assert rag.answer("q", tenant="alice", epsilon=1.0).epsilon == first.epsilon
+    # a first charge refused by a cap pins nothing (one transaction); nor does a charge over
+    # earlier charges, which must be compared with the event first (pin_answer_event)
+    for name, cap in (("small", 0.5), ("earlier", 20.0)):
+        ledger.ensure_scope(Scope(COLLECTION, name, cap, 1e-5))
+        ledger.ensure_scope(Scope("alice", name, 20.0, 1e-5))
+        other = DPRag(ids, texts, emb, lambda qs: emb[:1], TinyLM(),
+                      payer=collection_payer(ledger, name), config=RagConfig(k=4, max_tokens=2),
+                      prompt=PromptFormat(chat=False))  # fmt: skip
+        if name == "earlier":
+            ledger.charge("alice", name, stage="rag-retrieval", relation="ADD_OR_REMOVE_ONE",
+                          event=accounting.pure_epsilon_event(0.1))  # fmt: skip
+        refusal = BudgetExceededError if name == "small" else ValueError
+        with pytest.raises(refusal):
+            other.answer("q", tenant="alice", epsilon=1.0)
+        assert ledger.event_shape(COLLECTION, name) is None

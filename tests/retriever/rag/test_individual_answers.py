@@ -191,7 +191,7 @@ def test_the_same_records_under_new_ids_do_not_get_fresh_filters(tmp_path):
     """Filters are kept by document id: re-admitting the collection's records under other
     ids (or other records under its ids) is refused before anything is written, so an
     exhausted record never restarts at zero; the same ids and records again go on."""
-    from retriever.rag.collection import PrivateCollection
+    from retriever.rag.collection import PrivateCollection, open_document_filters
     from retriever.rag.config import plan_answer
 
     ids, texts, _, _ = _world()
@@ -213,6 +213,8 @@ def test_the_same_records_under_new_ids_do_not_get_fresh_filters(tmp_path):
         with pytest.raises(ValueError, match="ids name other records"):
             admit(doc_ids, records)
     assert DocumentFilters(ledger.store).get("records").records == pinned
+    with pytest.raises(ValueError, match="name its records"):  # a caller naming none
+        open_document_filters(ledger, "records", documents=N, epsilon=4.0, delta=1e-6, plan=plan)
     with ledger.store.write() as conn:  # filters opened before schema 11 pin nothing
         conn.execute("UPDATE document_filters SET records = NULL")
     admit(ids, texts)  # ... until their next admission pins them
