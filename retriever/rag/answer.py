@@ -359,7 +359,7 @@ class DPRag:
             delta=plan.delta,
             ref=ref,
             documents=documents,
-            event_shape=None if documents is not None else answer_event_shape(plan),
+            event_shape=None if self.config.individual else answer_event_shape(plan),
         )
         return tuple(
             StageCharge(stage, c.epsilon, c.delta) for (stage, _), c in zip(stages, recorded)

@@ -91,12 +91,13 @@ class ScopeRecords:
         ).fetchone()
         if capped is None:
             return
-        earlier = conn.execute("SELECT 1 FROM charges WHERE dataset = ? LIMIT 1", (dataset,))
-        if capped[0] is None and earlier.fetchone() is not None:
-            raise ValueError(
-                f"{dataset} has charges but no pinned answer event: pin it first "
-                "(`retriever.rag.collection.pin_answer_event` compares them with it)"
-            )
+        if capped[0] is None:
+            earlier = conn.execute("SELECT 1 FROM charges WHERE dataset = ? LIMIT 1", (dataset,))
+            if earlier.fetchone() is not None:
+                raise ValueError(
+                    f"{dataset} has charges but no pinned event: pin it first "
+                    "(`pin_event_shape`), once its earlier charges are known to be that event"
+                )
         self._pin_in(conn, COLLECTION, dataset, shape)
 
     def event_shape(self, tenant: str, dataset: str) -> str | None:
