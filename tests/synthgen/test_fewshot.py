@@ -256,15 +256,15 @@ def test_a_pool_smaller_than_declared_is_refused_without_its_size(tmp_path):
 def test_a_plan_made_for_other_privacy_settings_is_refused_before_the_charge(tmp_path):
     """The release states its config next to the plan's figures: a plan for another
     epsilon, noise or delta than the config's is refused, nothing charged."""
-    config = _config(noise_multiplier=None, target_epsilon=1.0)
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
-    ledger.open_scope(Scope("t", "d", 100.0, 0.01))
-    others = (
-        _config(noise_multiplier=None, target_epsilon=8.0),
-        _config(noise_multiplier=0.5),
-        _config(noise_multiplier=None, target_epsilon=1.0, delta=1e-4),
+    ledger.open_scope(Scope("t", "d", 1000.0, 0.01))
+    target = _config(noise_multiplier=None, target_epsilon=1.0)  # never calibrated here
+    cases = (  # (the run's config, the config its plan was made for)
+        (target, _config(noise_multiplier=0.3)),  # a larger epsilon than the target
+        (_config(noise_multiplier=1.0), _config(noise_multiplier=0.5)),
+        (_config(noise_multiplier=1.0), _config(noise_multiplier=1.0, delta=1e-4)),
     )
-    for other in others:
+    for config, other in cases:
         plan = fewshot.plan_for(ROWS, [{"label": "x"}], fewshot.DOCUMENT_TEMPLATE, other)
         with pytest.raises(ValueError, match="plan does not cover this run"):
             fewshot.generate(TinyLM(), ROWS, [{"label": "x"}], fewshot.DOCUMENT_TEMPLATE,
