@@ -186,7 +186,11 @@ class DocumentSets:
         with self._store.read() as conn:  # the slow lookups, before the lock
             mark = _bindings_mark(conn)
             sharing = None if _is_bound(conn, dataset, set_id) else _sharing(conn, digests)
-        with self._store.scope_lock(_BIND_LOCK) as conn:
+        with self._store.write() as conn:
+            # the sharing names' locks first, in one order, then the bindings': a first charge
+            # of one of them still in its transaction is waited for, not missed
+            for name in [*sorted(set(sharing or ()) - {dataset}), _BIND_LOCK]:
+                self._store.lock_also(conn, name)
             rebind = _is_bound(conn, dataset, set_id)
             if rebind:  # every name that overlaps this set was linked when bound
                 sharing = sorted(_linked(conn, dataset))

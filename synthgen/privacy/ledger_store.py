@@ -327,9 +327,9 @@ class LedgerStore:
             yield conn
 
     def lock_also(self, conn: Connection, name: str) -> None:
-        """Inside `scope_lock`'s transaction: `name`'s lock too, held to its end (SQLite's
-        write lock already covers the file). Take locks in one order: a dataset's, then
-        at most the bindings' (`ledger_documents`)."""
+        """Inside a write transaction: `name`'s lock too, held to its end (SQLite's write
+        lock already covers the file). Take locks in one order: datasets' (several: sorted),
+        then at most the bindings' (`ledger_documents`)."""
         if self.dialect == "postgresql":
             conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtextextended(?, ?))", (name, _DATASET_LOCK_SEED)

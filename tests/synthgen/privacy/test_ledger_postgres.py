@@ -225,6 +225,48 @@ def test_two_names_bound_to_shared_records_never_both_charge_first(postgres_url,
     assert sum(len(ledger.charges("acme", name)) for name in names) == 1
 
 
+def test_a_binding_waits_for_a_first_charge_of_a_name_it_overlaps(postgres_url, monkeypatch):
+    """Name B (charged) re-bound to records that now overlap name A's while A's first
+    charge is still in its transaction: the binding waits for that charge and is refused,
+    not admitted unaware of it (READ COMMITTED hides an uncommitted charge)."""
+    import threading
+    import time
+
+    from synthgen.privacy import ledger as ledger_module
+    from synthgen.privacy.ledger_documents import SharedDocumentsError, bind_texts
+
+    inside, checked = threading.Event(), ledger_module.undeclared_sharing
+
+    def slow(*args):
+        shared = checked(*args)
+        inside.set()  # A's charge holds its dataset's lock, uncommitted
+        time.sleep(0.5)
+        return shared
+
+    ledger = PrivacyLedger(postgres_url)
+    bind_texts(ledger, "bind-a", ["a's record", "a shared record"])
+    bind_texts(ledger, "bind-b", ["b's record"])
+    for name in ("bind-a", "bind-b"):
+        ledger.open_scope(Scope("acme", name, 2.0, 1e-5))
+    ledger.charge("acme", "bind-b", stage="a", relation=AR, event=STEP)
+    monkeypatch.setattr(ledger_module, "undeclared_sharing", slow)
+    outcome = {}
+
+    def rebind():
+        inside.wait(10)
+        try:
+            bind_texts(PrivacyLedger(postgres_url), "bind-b", ["b's record", "a shared record"])
+            outcome["bind"] = "admitted"
+        except SharedDocumentsError:
+            outcome["bind"] = "refused"
+
+    thread = threading.Thread(target=rebind)
+    thread.start()
+    PrivacyLedger(postgres_url).charge("acme", "bind-a", stage="a", relation=AR, event=STEP)
+    thread.join()
+    assert outcome == {"bind": "refused"}
+
+
 def test_a_training_work_folder_charges_a_postgresql_ledger_once(postgres_url, tmp_path):
     """A DP training run's work folder on a PostgreSQL ledger: charged once however often it
     resumes, named by the URL without its password, refused against another ledger."""
