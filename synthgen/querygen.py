@@ -6,7 +6,8 @@ Privacy:
   DP). Fine-tuning is DP-Adafactor (`synthgen.dp_train`; delta = 1/(2n) by default),
   charged to the ledger before training. Generating queries reads only public documents
   and the DP model: post-processing, no further budget. A random-init model's vocabulary
-  is trained on the public documents only. The released generator folder holds the
+  is trained on a fixed public corpus, not on the pairs' documents: which documents the
+  pairs name, and how often, is private. The released generator folder holds the
   weights, configs, tokenizer and privacy metadata: no resume state (it stays in the
   private work folder, `synthgen.work_folder`), no losses or timings of the training.
 
@@ -34,9 +35,15 @@ from synthgen.corpora import file_sha256
 from synthgen.generator_models import LlamaFamily, T5Family, merge_params, split_trainable
 from synthgen.models.sampling_config import SamplingConfig
 from synthgen.paths import cache_dir, default_work_dir
-from synthgen.querygen_config import COMPUTE_DTYPES, Family, GeneratorConfig  # noqa: F401 (their old home)
+from synthgen.querygen_config import (  # noqa: F401 (their old home)
+    COMPUTE_DTYPES,
+    VOCABULARY_CORPUS,
+    VOCABULARY_DOCUMENTS,
+    Family,
+    GeneratorConfig,
+)
 from synthgen.shards import Shard
-from synthgen.work_folder import OncePayer, WorkFolder
+from synthgen.work_folder import OncePayer, WorkFolder, check_apart
 
 GENERATOR_FILE = "generator.json"
 PARAMS_FILE = "params.msgpack"
@@ -60,9 +67,20 @@ VOCABULARY_CACHE = "vocabularies"
 """The asset cache's folder of random-init bases' vocabularies (`train_sentencepiece`)."""
 
 
+def public_vocabulary_texts() -> list[str]:
+    """The public texts every random-init base's vocabulary is trained on.
+
+    Privacy: the vocabulary ships in the release folder and is not a DP release, so it is a
+    function of this fixed public corpus only; a vocabulary trained on the run's documents
+    would publish which documents the private pairs name, and how often.
+    """
+    from synthgen.corpora import load_wiki_summaries
+
+    return list(load_wiki_summaries(VOCABULARY_CORPUS, limit=VOCABULARY_DOCUMENTS)["document"])
+
+
 def load_base(
     config: GeneratorConfig,
-    documents: Sequence[str] = (),
     *,
     tokenizer_dir: Path | None = None,
     seed: int = 0,
@@ -70,20 +88,22 @@ def load_base(
 ):
     """Returns (family adapter, params) for the configured base model.
 
-    For "random:<preset>", trains a SentencePiece vocabulary on the public `documents` into
-    `tokenizer_dir` (reusing one trained on the same documents in `vocabulary_cache`, which
-    outlives the run), then initialises the model from `seed`.
+    For "random:<preset>", trains a SentencePiece vocabulary on `public_vocabulary_texts()`
+    into `tokenizer_dir` (reusing one trained before in `vocabulary_cache`, default the asset
+    cache's `VOCABULARY_CACHE`, which outlives the run), then initialises the model from
+    `seed`.
     """
     lora = dict(lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
     compute = dict(dtype=config.dtype, remat=config.remat)
     if config.base.startswith("random:"):
         preset = config.base.split(":", 1)[1]
-        if not documents or tokenizer_dir is None:
-            raise ValueError("a random-init base needs public documents for its vocabulary")
+        if tokenizer_dir is None:
+            raise ValueError("a random-init base needs a folder for its vocabulary")
         from synthgen.models.sentencepiece_tokenizer import train_sentencepiece
 
+        cache = vocabulary_cache or cache_dir() / VOCABULARY_CACHE
         tokenizer = train_sentencepiece(
-            list(documents), config.vocab_size, tokenizer_dir, cache=vocabulary_cache
+            public_vocabulary_texts(), config.vocab_size, tokenizer_dir, cache=cache
         )
         return _random_init(config.family, preset, tokenizer, {**lora, **compute}, seed)
     # Parameters load in float32 (what DP-Adafactor updates); only the matmuls run in
@@ -199,16 +219,16 @@ def train_generator(
         # in the ledger passes. `dp_train.train` pays (atomically, once) before step 1.
         pay.check(plan)
         work = pay.work
+    check_apart(out, work.path)
     out.mkdir(parents=True, exist_ok=True)
     documents, queries = pairs[document_field], pairs[query_field]
-    # The initialisation of a random-init base is public (seed 0): never derived from the
-    # mechanism's secret seed, which the released model must not carry a trace of.
+    # The initialisation of a random-init base is public (seed 0, a public vocabulary):
+    # never derived from the mechanism's secret seed or the private pairs, which the released
+    # model must not carry a trace of.
     family, params = load_base(
         config,
-        documents,
         tokenizer_dir=out / "tokenizer",
         seed=0,
-        vocabulary_cache=cache_dir() / VOCABULARY_CACHE,
     )
     data = family.encode_pairs(documents, queries, config.input_len, config.target_len)
     lora = config.lora_rank > 0

@@ -14,6 +14,10 @@ from synthgen.models.sampling_config import SamplingConfig
 
 Family = Literal["t5", "llama"]
 COMPUTE_DTYPES = ("float32", "bfloat16")
+VOCABULARY_CORPUS = "wiki-summaries-en"
+VOCABULARY_DOCUMENTS = 1000
+"""A random-init base's vocabulary is trained on the first `VOCABULARY_DOCUMENTS` lead
+paragraphs of the public corpus `VOCABULARY_CORPUS`, whatever the run trains on."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +28,8 @@ class GeneratorConfig:
       family: "t5" or "llama".
       base: asset name or local path of the pretrained model, or "random:<preset>" for a
         randomly initialised model of that preset (tests), whose SentencePiece vocabulary
-        of `vocab_size` pieces is trained on the public documents.
+        of `vocab_size` pieces is trained on a fixed public corpus
+        (`synthgen.querygen.public_vocabulary_texts`), never on the run's pairs.
       lora_rank: 0 for full fine-tuning, else the LoRA rank.
       input_len, target_len: token budgets of document prompt and query.
       dp: DP-Adafactor hyper-parameters.

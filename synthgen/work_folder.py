@@ -53,6 +53,14 @@ def write_private(path: str | Path, text: str) -> None:
         os.close(folder)
 
 
+def check_apart(out_dir: str | Path, work_dir: str | Path, out_name: str = "release") -> None:
+    """ValueError if the private work folder and the `out_name` folder (shipped or read by
+    others) overlap: one inside the other would ship the noise key and sampler state."""
+    out_path, work_path = Path(out_dir).resolve(), Path(work_dir).resolve()
+    if out_path.is_relative_to(work_path) or work_path.is_relative_to(out_path):
+        raise ValueError(f"the private work folder and the {out_name} folder must not overlap")
+
+
 def private_folder(path: str | Path) -> Path:
     """Creates `path` if needed and makes it readable by its owner only (mode 0700).
 

@@ -215,18 +215,11 @@ def load_generator(name: str):
     from dpsynth.config_files import querygen_preset
     from synthgen import querygen
     from synthgen.corpora import load_wiki_summaries
-    from synthgen.paths import cache_dir
 
     config = querygen_preset(PRESETS[name])
     pairs = load_wiki_summaries()
     with tempfile.TemporaryDirectory() as tokenizer_dir:  # a public vocabulary, discarded
-        family, params = querygen.load_base(
-            config,
-            pairs["document"],
-            tokenizer_dir=Path(tokenizer_dir),
-            seed=0,
-            vocabulary_cache=cache_dir() / querygen.VOCABULARY_CACHE,
-        )
+        family, params = querygen.load_base(config, tokenizer_dir=Path(tokenizer_dir), seed=0)
     return config, family, params, pairs
 
 

@@ -41,7 +41,7 @@ from synthgen.dp_plan import PrivacyPlan
 from synthgen.privacy import accountants
 from synthgen.privacy.receipts import Payer, paid
 from synthgen.privacy.rng import secure_rng
-from synthgen.work_folder import private_folder
+from synthgen.work_folder import check_apart, private_folder
 
 SCORES = "scores"
 MODELS = "models"
@@ -191,10 +191,7 @@ def prepare(
         return canaries.load_record(work)
     rng = secure_rng(seed)
     drawn = canaries.make_canaries(spec, list(pairs[document_field]), rng)
-    train = training_set(pairs, drawn, document_field, query_field)
-    family, params = querygen.load_base(
-        config, list(train["document"]), tokenizer_dir=work / "base_tokenizer", seed=0
-    )
+    family, params = querygen.load_base(config, tokenizer_dir=work / "base_tokenizer", seed=0)
     pool: list[int] = []
     if "rare_token" in spec.kinds:
         log_probs = _first_token_log_probs(family, params, config.input_len, config.target_len)
@@ -308,13 +305,6 @@ def membership_figures(
     return auditor.membership_rows(drawn, membership, epsilon, delta, figures)
 
 
-def check_folders(out_dir: str | Path, work_dir: str | Path) -> None:
-    """ValueError if the report folder and the private work folder overlap."""
-    out_path, work_path = Path(out_dir).resolve(), Path(work_dir).resolve()
-    if out_path.is_relative_to(work_path) or work_path.is_relative_to(out_path):
-        raise ValueError("the private work folder and the report folder must not overlap")
-
-
 def run_querygen_audit(
     config: querygen.GeneratorConfig,
     pairs: datasets.Dataset,
@@ -363,7 +353,7 @@ def run_querygen_audit(
 
     if not 0 < significance < 0.5:
         raise ValueError(f"significance must be in (0, 0.5), got {significance=}")
-    check_folders(out_dir, work_dir)
+    check_apart(out_dir, work_dir, "report")
     if pay is None:
         plan = None
     elif plan is None:

@@ -125,9 +125,7 @@ def test_lora_fine_tuning_moves_only_the_adapters(preset, wiki, tmp_path):
     config = querygen_preset(preset).replace(
         lora_rank=4, dp_seed=0, dp_epochs=1, dp_target_epsilon=None, dp_noise_multiplier=0.8
     )
-    family, base = querygen.load_base(
-        config, train["document"], tokenizer_dir=tmp_path / "tok", seed=0
-    )
+    family, base = querygen.load_base(config, tokenizer_dir=tmp_path / "tok", seed=0)
     result = querygen.train_generator(
         config, train, tmp_path / "gen", work_dir=tmp_path / "work", progress=False
     )

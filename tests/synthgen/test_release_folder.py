@@ -97,3 +97,45 @@ def test_keep_work_keeps_the_work_folder_outside_the_release(tmp_path):
     assert (work / "charge.json").is_file() and (work / "checkpoints").is_dir()
     assert work.stat().st_mode & 0o077 == 0  # owner only
     assert not (tmp_path / "gen" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_the_released_vocabulary_is_the_public_one_whatever_the_pairs(tmp_path):
+    """A random-init base ships its vocabulary: it must not depend on which documents the
+    private pairs name (a vocabulary trained on them published a piece of a document
+    named by 32 of 96 pairs, telling the pairs apart with certainty)."""
+    from synthgen.models.sentencepiece_tokenizer import train_sentencepiece
+    from synthgen.paths import cache_dir
+
+    wiki = corpora.load_wiki_summaries(limit=N)
+    secret = "Zanzibar Quokka Xylophonist, a private record of the Quokka Xylophonist guild."
+    pairs = wiki.map(lambda row, i: {"document": secret} if i % 3 == 0 else {}, with_indices=True)
+    config = querygen_preset("tiny_t5").replace(
+        dp_seed=1, dp_epochs=0.2, dp_batch_size=16, dp_target_epsilon=None, dp_noise_multiplier=1
+    )
+    release = tmp_path / "gen"
+    querygen.train_generator(config, pairs, release, work_dir=tmp_path / "work", progress=False)
+    public = train_sentencepiece(
+        querygen.public_vocabulary_texts(),
+        config.vocab_size,
+        tmp_path / "public",
+        cache=cache_dir() / querygen.VOCABULARY_CACHE,
+    )
+    shipped = (release / "tokenizer" / "spiece.vocab").read_text()
+    assert shipped == (tmp_path / "public" / "spiece.vocab").read_text()
+    assert public.encode(secret) == querygen.load_generator(release)[0].tokenizer.encode(secret)
+    assert "Quokka" not in shipped and "Xylophon" not in shipped
+
+
+def test_a_work_folder_inside_the_release_is_refused_before_anything_is_written(tmp_path):
+    wiki = corpora.load_wiki_summaries(limit=N)
+    config = querygen_preset("tiny_t5").replace(
+        dp_batch_size=16, dp_target_epsilon=None, dp_noise_multiplier=1
+    )
+    for release, work in (
+        (tmp_path / "gen", tmp_path / "gen" / "work"),
+        (tmp_path / "w" / "gen", tmp_path / "w"),
+    ):
+        with pytest.raises(ValueError, match="must not overlap"):
+            querygen.train_generator(config, wiki, release, work_dir=work, progress=False)
+        assert not release.exists() and not work.exists()

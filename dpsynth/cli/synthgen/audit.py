@@ -99,11 +99,11 @@ def _canary_spec(kinds: str, repetitions: str, per_cell: str, references: int):
 def _work_folder(out: Path, work_dir: Path | None, ledger: str | None) -> Path:
     """--work-dir, else the default one beside the ledger's file; refused, before the pairs
     are admitted to the ledger, where it overlaps the report folder."""
-    from synthgen.audit.querygen_audit import check_folders
     from synthgen.paths import default_work_dir
+    from synthgen.work_folder import check_apart
 
     work = work_dir if work_dir is not None else default_work_dir(out, ledger)
-    check_folders(out, work)
+    check_apart(out, work, "report")
     return work
 
 
