@@ -128,6 +128,7 @@ def build_knowledge(
     from synthgen.privacy import BudgetExceededError, PrivacyLedger
     from synthgen.privacy.admission import admit
     from synthgen.privacy.ledger_documents import GUARANTEES_FLAG
+    from synthgen.privacy.partition_selection import check_backend
     from synthgen.work_folder import private_folder
 
     if not isinstance(config, FactConfig):
@@ -144,6 +145,11 @@ def build_knowledge(
     doc_ids, texts = read_corpus(private_corpus)
     if not texts:
         raise ValueError(f"{private_corpus} holds no document")
+    plan = plan_facts(config, len(texts))
+    problems = plan.problems()
+    if problems:  # refused before the ledger or the work folder is touched
+        raise ValueError("; ".join(problems))
+    check_backend(config.backend, installed=True)
     named = dataset is not None
     dataset = dataset or Path(private_corpus).stem
     private_folder(work)
@@ -164,9 +170,8 @@ def build_knowledge(
         )
     # the release checks and charges once through its work folder, which knows a resume
     admit(
-        book, RELEASE_TENANT, dataset, texts, plan_facts(config, len(texts)),
-        stage="knowledge-release", public_count=len(texts),
-        guarantees_add_up=guarantees_add_up, check=False,
+        book, RELEASE_TENANT, dataset, texts, plan, stage="knowledge-release",
+        public_count=len(texts), guarantees_add_up=guarantees_add_up, check=False,
     )  # fmt: skip
     return _build_facts(
         private_corpus, out, config, texts, contributor=contributor, work=work,

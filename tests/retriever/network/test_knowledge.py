@@ -269,3 +269,19 @@ def test_cli_build_prints_one_json_line(tmp_path):
     retired = cli("contributor", "build", "--mode", "clusters", "--private", corpus,
                   "--epsilon", EPSILON, "--out", tmp_path / "c", check=False)  # fmt: skip
     assert retired.returncode == 2 and "--mode" in retired.stderr
+
+
+def test_a_release_that_could_carry_nothing_changes_nothing_and_a_retry_runs(tmp_path):
+    """Refused before the ledger is opened: no scope with the refused plan's cap is left
+    behind to refuse the corrected retry (a second review's finding)."""
+    corpus = _write_corpus(tmp_path / "corpus.jsonl", _private_rows())
+    ledger, work = tmp_path / "ledger.sqlite", tmp_path / "work"
+    tiny = FactConfig(epsilon=0.01, delta=DELTA, extractor="phrases")
+    with pytest.raises(ValueError, match="records"):
+        build_knowledge(corpus, tmp_path / "release", tiny, contributor="c", work=work,
+                        ledger=str(ledger), answer_index=False)  # fmt: skip
+    assert not ledger.exists() and not work.exists() and not (tmp_path / "release").exists()
+    result = build_knowledge(corpus, tmp_path / "release", CONFIG, contributor="c", work=work,
+                             ledger=str(ledger), answer_index=False)  # fmt: skip
+    assert result.num_pairs > 0
+    assert [s.epsilon_cap for s in PrivacyLedger(ledger).scopes()] == [EPSILON]
