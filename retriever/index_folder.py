@@ -10,8 +10,10 @@ read it, each through `index_encoder`.
 ``index.json`` (format 2) holds ``format``, ``encoder`` (an absolute, resolved folder or an
 asset name, so the index works from any working directory), ``encoder_provenance`` (a copy
 of the encoder's provenance at build time: what an export states, and what a reader checks
-the folder against before embedding queries), ``doc_ids`` and ``kind``. Format 1 (no
-provenance) still loads, with a one-line warning (`index_encoder`).
+the folder against before embedding queries), ``doc_ids``, ``kind`` and ``corpus_digest``
+(`corpus_digest`: which corpus the index embeds, checked by `retriever serve`'s public
+index; absent from indexes written before it). Format 1 (no provenance) still loads, with a
+one-line warning (`index_encoder`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,17 @@ def encoder_reference(encoder: str | Path) -> str:
     return str(path.resolve()) if path.exists() else str(encoder)
 
 
+def corpus_digest(doc_ids: Sequence[str], texts: Sequence[str]) -> str:
+    """SHA-256 of a corpus's (doc_id, text) rows in order: two corpora that share doc_ids but
+    not texts (a redacted copy) differ."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for doc_id, text in zip(doc_ids, texts, strict=True):
+        digest.update(json.dumps([str(doc_id), text], ensure_ascii=False).encode() + b"\n")
+    return digest.hexdigest()
+
+
 def save_index_folder(
     out: str | Path,
     searcher: Searcher,
@@ -50,6 +63,7 @@ def save_index_folder(
     encoder: str,
     doc_ids: Sequence[str],
     provenance: dict | None = None,
+    digest: str | None = None,
 ) -> None:
     """Writes `searcher` and its metadata (format 2) to the folder `out` (created).
 
@@ -61,6 +75,7 @@ def save_index_folder(
       doc_ids: the corpus's doc_ids, in embedding order.
       provenance: the encoder's provenance (default: `encoder_provenance` of `encoder`, read
         now); ``index.json`` keeps a copy.
+      digest: the corpus's `corpus_digest`, recorded in ``index.json`` (None: not recorded).
     """
     from retriever import provenance as prov
 
@@ -73,6 +88,8 @@ def save_index_folder(
         "doc_ids": list(doc_ids),
         "kind": searcher.kind,
     }
+    if digest is not None:
+        meta["corpus_digest"] = digest
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     searcher.save(out / SEARCHER_DIR)
@@ -127,7 +144,8 @@ def build_index_folder(
     doc_ids, texts = read_corpus(corpus)
     embeddings = doc_encoder.encode(texts, progress=progress)
     searcher = build_searcher(embeddings, kind=kind)
-    save_index_folder(out, searcher, encoder=encoder, doc_ids=doc_ids)
+    digest = corpus_digest(doc_ids, texts)
+    save_index_folder(out, searcher, encoder=encoder, doc_ids=doc_ids, digest=digest)
     return searcher
 
 

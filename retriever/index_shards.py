@@ -19,7 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever.index_folder import check_kind, encoder_reference, save_index_folder
+from retriever.index_folder import (
+    check_kind,
+    corpus_digest,
+    encoder_reference,
+    save_index_folder,
+)
 from synthgen import shards
 from synthgen.corpora import file_sha256
 from synthgen.shards import Shard
@@ -63,6 +68,7 @@ def encode_index_shard(
         "index": shard.index,
         "count": shard.count,
         "corpus_sha256": file_sha256(corpus),
+        "corpus_digest": corpus_digest(doc_ids, texts),
         "num_documents": len(doc_ids),
         "encoder": reference,
         "encoder_provenance": prov.encoder_provenance(reference),
@@ -102,6 +108,7 @@ def read_index_shards(shard_dirs: Sequence[str | Path]) -> tuple[np.ndarray, lis
     keys = (
         "count",
         "corpus_sha256",
+        "corpus_digest",
         "num_documents",
         "encoder",
         "encoder_provenance",
@@ -153,5 +160,6 @@ def merge_index_shards(shard_dirs: Sequence[str | Path], out: str | Path, *, kin
         encoder=first["encoder"],
         doc_ids=doc_ids,
         provenance=first["encoder_provenance"],
+        digest=first.get("corpus_digest"),  # none: shards of an older version
     )
     return searcher

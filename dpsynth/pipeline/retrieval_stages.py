@@ -188,7 +188,7 @@ def index_stage(ctx: StageContext) -> dict:
     recall@k against exact search and its speed on the held-out queries."""
     from retriever.evaluate import load_towers
     from retriever.index import build_searcher
-    from retriever.index_folder import save_index_folder
+    from retriever.index_folder import corpus_digest, save_index_folder
 
     cfg = ctx.config.index
     doc_ids, texts = _corpus(ctx)
@@ -206,7 +206,11 @@ def index_stage(ctx: StageContext) -> dict:
     searcher = build_searcher(embeddings, kind=cfg.kind)
     build_seconds = time.time() - start
     save_index_folder(
-        ctx.run.root / "index", searcher, encoder=str(encoder_dir.resolve()), doc_ids=doc_ids
+        ctx.run.root / "index",
+        searcher,
+        encoder=str(encoder_dir.resolve()),
+        doc_ids=doc_ids,
+        digest=corpus_digest(doc_ids, texts),
     )
     # Recall of the index against the exact oracle, on the held-out query texts' embeddings
     # (a property of the index, not of the queries: no figure about a query is reported).

@@ -15,20 +15,29 @@ class PublicIndex:
 
     Raises:
       FileNotFoundError: no index in the folder, or its encoder folder is not there.
-      ValueError: the index was not built from `corpus`; its encoder's provenance is not
-        the one the index recorded (`retriever.index_folder.index_encoder`).
+      ValueError: the index was not built from `corpus` (other doc_ids, or other texts
+        where the index recorded its corpus's digest); its encoder's provenance is not the
+        one the index recorded (`retriever.index_folder.index_encoder`).
     """
 
     def __init__(self, index: str | Path, corpus: str | Path) -> None:
         from retriever.data import read_corpus
         from retriever.evaluate import load_towers
-        from retriever.index_folder import index_encoder, load_index_searcher, read_index_meta
+        from retriever.index_folder import (
+            corpus_digest,
+            index_encoder,
+            load_index_searcher,
+            read_index_meta,
+        )
 
         index = Path(index)
         meta = read_index_meta(index)
         self.doc_ids, self.texts = read_corpus(corpus)
         if list(map(str, meta["doc_ids"])) != self.doc_ids:
             raise ValueError(f"{index} was not built from {corpus} (doc_ids differ)")
+        recorded = meta.get("corpus_digest")  # none: an older index, or joined shards
+        if recorded is not None and recorded != corpus_digest(self.doc_ids, self.texts):
+            raise ValueError(f"{index} was not built from {corpus} (its texts differ)")
         encoder, _ = index_encoder(index, meta=meta, option=None)
         self.encoder, _ = load_towers(encoder)
         self.searcher = load_index_searcher(index)

@@ -203,7 +203,8 @@ def refuse_private_as_public(
     """Refuses a public corpus or index that is the private one (``/retrieve`` is free).
 
     The same resolved file, or a corpus with the same bytes (SHA-256), is the private
-    collection whatever its name; so is the private index's folder.
+    collection whatever its name; so is the private index's folder, and an index whose
+    recorded corpus digest is the private corpus's (a copy of the private index).
 
     Raises:
       ValueError: one line naming the option, never the content.
@@ -220,6 +221,15 @@ def refuse_private_as_public(
         )
     if Path(index).resolve() == Path(public_index).resolve():
         raise ValueError("--public-index is the private index: /retrieve must not search it")
+    from retriever.data import read_corpus
+    from retriever.index_folder import corpus_digest, read_index_meta
+
+    recorded = read_index_meta(public_index).get("corpus_digest")
+    if recorded is not None and recorded == corpus_digest(*read_corpus(private_corpus)):
+        raise ValueError(
+            "--public-index was built from the private corpus (a copy of the private index): "
+            "/retrieve must not search it"
+        )
 
 
 def bind(host: str, port: int) -> socket.socket:

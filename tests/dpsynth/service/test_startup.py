@@ -11,7 +11,7 @@ import pytest
 from dpsynth.service.app import ServiceConfig
 from dpsynth.service.server import load_service
 from retriever.index import ExactSearcher
-from retriever.index_folder import save_index_folder
+from retriever.index_folder import corpus_digest, save_index_folder
 from retriever.rag import RagConfig
 from synthgen.privacy import COLLECTION, PrivacyLedger, Scope
 
@@ -40,10 +40,13 @@ def _corpus(folder, name, prefix):
     emb = rng.normal(size=(N, 8)).astype(np.float32)
     emb /= np.linalg.norm(emb, axis=1, keepdims=True)
     ids = [f"{prefix}{i}" for i in range(N)]
+    texts = [f"{d} text" for d in ids]
     corpus = folder / f"{name}.jsonl"
-    corpus.write_text("".join(json.dumps({"doc_id": d, "text": f"{d} text"}) + "\n" for d in ids))
+    corpus.write_text(
+        "".join(json.dumps({"doc_id": d, "text": t}) + "\n" for d, t in zip(ids, texts))
+    )
     save_index_folder(folder / f"{name}-index", ExactSearcher(emb), encoder="all-minilm-l6-v2",
-                      doc_ids=ids)  # fmt: skip
+                      doc_ids=ids, digest=corpus_digest(ids, texts))  # fmt: skip
     return folder / f"{name}-index", corpus
 
 
@@ -84,6 +87,23 @@ def test_the_private_corpus_is_refused_as_the_public_one(world, tmp_path, towers
     assert towers == [] and world["book"].event_shape(COLLECTION, "corpus") is None
     service = _load(world, public_index=world["public_index"], public_corpus=world["public"])
     assert service.public is not None
+
+
+def test_a_copy_of_the_private_index_is_refused_with_a_redacted_corpus(world, tmp_path, towers):
+    """A copied private index served with a public corpus that reuses the private doc_ids
+    (a redacted export): refused by the index's recorded corpus digest, not by paths."""
+    copy = tmp_path / "copied-index"
+    shutil.copytree(world["index"], copy)
+    redacted = tmp_path / "redacted.jsonl"
+    rows = [json.loads(line) for line in world["corpus"].read_text().splitlines()]
+    redacted.write_text("".join(json.dumps({**r, "text": "[redacted]"}) + "\n" for r in rows))
+    with pytest.raises(ValueError, match="built from the private corpus"):
+        _load(world, public_index=copy, public_corpus=redacted)
+    from dpsynth.service.public_index import PublicIndex
+
+    with pytest.raises(ValueError, match="its texts differ"):
+        PublicIndex(copy, redacted)  # the public index's own check, whatever the private one
+    assert towers == []
 
 
 def test_a_service_pins_its_answer_event_and_another_is_refused(world, towers):
