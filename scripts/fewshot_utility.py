@@ -68,6 +68,7 @@ WIKI_TOPICS = (
 )
 # Shared with the few-shot guide's `synthgen generate-docs` run on the same private train split.
 TENANT, DATASET, PUBLIC_POOL_SIZE, BUDGET = "demo", "wiki-train", 150, 24.0
+PE_PUBLIC_SIZE = 8000  # the 7,890 wiki train paragraphs, rounded up
 
 
 def logistic_regression(x, y, classes, *, l2=1e-3, steps=500, lr=2.0):
@@ -126,6 +127,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=["fewshot", "pe"],
         choices=["fewshot", "pe"],
         help="which DP generators get cells",
+    )
+    parser.add_argument(
+        "--pe-public-size",
+        type=int,
+        default=PE_PUBLIC_SIZE,
+        help="PE: declared N of the private paragraphs (at least their count)",
     )
     parser.add_argument("--pe-population", type=int, default=12, help="PE: per topic")
     parser.add_argument("--pe-samples", type=int, default=144, help="PE: released, in all")
@@ -248,12 +255,15 @@ def all_cells(out: Path) -> list[dict]:
 
 
 def pe_config(args: argparse.Namespace, labels: list[str], eps: float):
-    """The PE cell's public parameters (delta = the few-shot cells' 1/(10 N), N declared)."""
+    """The PE cell's public parameters: N = --pe-public-size declared (at least the private
+    count), delta the few-shot cells' 1/(10 N') of their declared pool sizes N' (the scope's
+    one delta)."""
     from synthgen import evolution
 
     return evolution.EvolutionConfig(
         num_samples=args.pe_samples, iterations=args.pe_iterations, target_epsilon=eps,
-        public_size=args.public_pool_size * len(labels), labels=tuple(labels),
+        public_size=args.pe_public_size, labels=tuple(labels),
+        delta=1 / (10 * args.public_pool_size * len(labels)),
         population=args.pe_population, max_new_tokens=args.pe_max_new_tokens,
         batch_size=args.pe_batch_size,
     )  # fmt: skip

@@ -22,8 +22,8 @@ class EvolutionConfig:
       target_epsilon: the run's epsilon (sigma calibrated from it), or `noise_multiplier`.
       noise_multiplier: sigma of every histogram (noise std sigma * sqrt(votes)).
       delta: the run's delta; default 1 / (10 N) with N = `public_size`.
-      public_size: N, the private data's declared (public) size: delta < 1 / N; never
-        compared with the real count.
+      public_size: N, the private data's declared (public) size: delta < 1 / N; a run
+        over more private samples than N is refused (without printing their count).
       labels: the public label list ("" = one unlabelled pool).
       votes: k, nearest synthetic samples each private sample votes for (L2 sensitivity
         sqrt(k)).

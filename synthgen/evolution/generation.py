@@ -70,16 +70,19 @@ def initial_prompts(config: EvolutionConfig) -> list[tuple[str, str]]:
 
 
 def _check_plan(plan: EvolutionPlan, config: EvolutionConfig) -> None:
-    """Refuses a plan that is not the config's: the metadata states the config's figures."""
-    same = (
-        plan.iterations == config.iterations
-        and plan.votes == config.votes
-        and plan.public_size == config.public_size
-        and plan.delta == resolve_delta(config.delta, config.public_size)
-        and math.isclose(plan.threshold_count, config.threshold * plan.noise_std)
-        and (config.noise_multiplier is None or plan.noise_multiplier == config.noise_multiplier)
-        and (config.target_epsilon is None or plan.epsilon <= config.target_epsilon)
-    )
+    """Refuses a plan that is not `plan_evolution(config)`: the metadata states the plan's
+    epsilon, which must be the one its noise gives. A noise-off audit plan (epsilon = inf,
+    never chargeable) is compared on the config's public settings only."""
+    if math.isfinite(plan.epsilon):
+        same = plan == plan_evolution(config)
+    else:
+        same = (
+            plan.iterations == config.iterations
+            and plan.votes == config.votes
+            and plan.public_size == config.public_size
+            and plan.delta == resolve_delta(config.delta, config.public_size)
+            and math.isclose(plan.threshold_count, config.threshold * plan.noise_std)
+        )
     if not same:
         raise ValueError("the plan was not made from this config (plan_evolution(config))")
 
@@ -142,8 +145,6 @@ def evolve(
 
     plan = plan or plan_evolution(config)
     _check_plan(plan, config)
-    if pay is not None:
-        pay.check(plan)
     labelled = config.labels != ("",)
     if labelled and private_labels is None:
         raise ValueError("config.labels names labels: pass private_labels")
@@ -157,6 +158,14 @@ def evolve(
         keep, groups = list(range(len(private_texts))), np.zeros(len(private_texts), np.int64)
     if private_embeddings is not None and len(private_embeddings) != len(private_texts):
         raise ValueError("private_embeddings needs one row per private sample")
+    if len(keep) > config.public_size:  # the count itself is never printed
+        raise ValueError(
+            f"the private data holds more samples than its declared size N={config.public_size}"
+            " (--public-size): delta, below 1/N, would not be small for it; declare N at "
+            "least the real count"
+        )
+    if pay is not None:
+        pay.check(plan)
     hist_rng, draw_rng, lm_rng = rng.spawn(3)
     report = progress or (lambda stage, done, total: None)
     seconds, generated = 0.0, 0

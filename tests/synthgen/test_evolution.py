@@ -1,6 +1,7 @@
 """Private Evolution (`synthgen.evolution`): the plan, the loop with the fixture LM, the
 ledger charge before the first histogram, public-only prompts, the released folder, the CLI."""
 
+import dataclasses
 import json
 import sys
 
@@ -380,14 +381,42 @@ def test_a_plan_of_another_config_and_mismatched_widths_are_refused_before_the_c
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
     ledger.open_scope(Scope("t", "d", 100.0, 1e-3))
     other = evolution.plan_evolution(_config(iterations=3))
-    with pytest.raises(ValueError, match="plan"):
-        evolution.evolve(IdentitySampler(CANDIDATES), embed, PRIVATE, _config(),
-                         rng=np.random.default_rng(0), private_labels=PRIVATE_LABELS,
-                         plan=other, pay=_pay(ledger))  # fmt: skip
+    # the config's own plan with less noise: it would state the config's epsilon (a review
+    # found 0.9998 stated for an event of epsilon 260.9); and an uncharged run too
+    target = _config(target_epsilon=1.0, noise_multiplier=None)
+    own = evolution.plan_evolution(target)
+    quieter = dataclasses.replace(own, noise_multiplier=0.05, threshold_count=0.05 * 2.0)
+    for config, plan, pay in ((_config(), other, _pay(ledger)), (target, quieter, None)):
+        with pytest.raises(ValueError, match="plan"):
+            evolution.evolve(IdentitySampler(CANDIDATES), embed, PRIVATE, config,
+                             rng=np.random.default_rng(0), private_labels=PRIVATE_LABELS,
+                             plan=plan, pay=pay)  # fmt: skip
     with pytest.raises(ValueError, match="width") as error:
         evolution.evolve(IdentitySampler(CANDIDATES), embed, PRIVATE, _config(),
                          rng=np.random.default_rng(0), private_labels=PRIVATE_LABELS,
                          private_embeddings=np.zeros((len(PRIVATE), 5)),
                          pay=_pay(ledger))  # fmt: skip
     assert str(len(PRIVATE)) not in str(error.value)  # the private count is not shown
+    assert ledger.charges("t", "d") == []
+
+
+def test_more_private_samples_than_the_declared_size_are_refused_uncounted(tmp_path):
+    """delta defaults to 1/(10 N) of the declared N: a larger private set would get a delta
+    too large for it (a review: the command line's default N = 1000 said nothing)."""
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    ledger.open_scope(Scope("t", "d", 100.0, 1e-3))
+    small = _config(public_size=len(PRIVATE) - 1, delta=1e-3)  # rows of other labels: uncounted
+    evolution.evolve(
+        IdentitySampler(CANDIDATES),
+        embed,
+        PRIVATE[1:] + ["z"] * 9,
+        small,
+        rng=np.random.default_rng(0),
+        private_labels=PRIVATE_LABELS[1:] + ["x"] * 9,
+    )
+    with pytest.raises(ValueError, match="declared size N") as error:
+        evolution.evolve(IdentitySampler(CANDIDATES), embed, PRIVATE, small,
+                         rng=np.random.default_rng(0), private_labels=PRIVATE_LABELS,
+                         pay=_pay(ledger))  # fmt: skip
+    assert str(len(PRIVATE)) not in str(error.value)
     assert ledger.charges("t", "d") == []

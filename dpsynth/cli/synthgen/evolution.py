@@ -45,7 +45,7 @@ PublicSizeOption = Annotated[
     int,
     typer.Option(
         help="declared public figure N for the private data's size: delta defaults to "
-        "1/(10N) and must be below 1/N (never compared with the real count)"
+        "1/(10N) and must be below 1/N; more private samples than N are refused"
     ),
 ]
 LabelFieldOption = Annotated[

@@ -4,7 +4,6 @@ Planted leaks reach near the statistical cap without noise, small epsilons stay 
 claim, the cell files hold no canary material, the coins are fair and never fix a declared
 size, and bad input fails early."""
 
-import dataclasses
 import json
 import math
 import os
@@ -299,14 +298,16 @@ def test_cell_labels_must_be_file_name_safe(tmp_path):
 def test_evolution_run_without_its_noise_is_flagged_as_a_violation(monkeypatch):
     """A finite claim whose run draws no noise (a planted defect): the bound exceeds the
     claim and the cell reports a violation, so a broken mechanism cannot pass quietly."""
-    real_evolve = evolution.evolve
+    from synthgen.evolution import generation
 
-    def noiseless(*args, plan, **kw):
-        off = release_audit.NOISE_OFF
-        plan = dataclasses.replace(plan, noise_multiplier=off, threshold_count=2.0 * off)
-        return real_evolve(*args, plan=plan, **kw)
+    real_histogram = generation.dp_nn_histogram
 
-    monkeypatch.setattr(evolution, "evolve", noiseless)
+    def noiseless(counts, *, noise_multiplier, threshold, **kw):
+        off = release_audit.NOISE_OFF  # below the plan's check: the noise draw itself
+        scaled = threshold * off / noise_multiplier
+        return real_histogram(counts, noise_multiplier=off, threshold=scaled, **kw)
+
+    monkeypatch.setattr(generation, "dp_nn_histogram", noiseless)
     r = _evolution(0.5)
     assert 0 < r.claimed_epsilon <= 0.5 + 1e-9
     assert r.primary.epsilon_one_run > r.claimed_epsilon and r.violation
