@@ -1,4 +1,5 @@
-"""The main job at test size (CI): a random-init tiny Llama generator, 120 wiki documents.
+"""The main job at test size (CI): a random-init tiny Llama generator, 120 wiki documents,
+DP-RAG answers by the byte-level test LM (``lm="tiny"``).
 
 synthgen pipeline --config tiny --out /tmp/tiny-run
 """
@@ -25,7 +26,13 @@ def get_config() -> pipeline.PipelineConfig:
         ),
         index=pipeline.IndexConfig(kind="scann"),
         rag=pipeline.RagStageConfig(
-            sample="medical-40", questions=2, k=3, max_tokens=3, epsilon=3.0, epsilon_cap=10.0
+            lm="tiny",
+            sample="medical-40",
+            questions=2,
+            k=3,
+            max_tokens=3,
+            epsilon=3.0,
+            epsilon_cap=10.0,
         ),
         report=pipeline.ReportConfig(samples=4),
     )

@@ -220,7 +220,7 @@ class RagStageConfig:
 
     Attributes:
       enabled: run the stage.
-      lm: LM asset or path.
+      lm: LM asset or path, or "tiny" (the byte-level test model, as in the other commands).
       sample: the packaged collection used without `records`: "medical-40", "medical-200"
         or "medical-2000" (that many records).
       questions: how many questions (the first of the sample's or of `questions_file`).
@@ -433,17 +433,28 @@ def load_pipeline_config(spec: str | Path) -> PipelineConfig:
 def config_assets(config: object) -> list[str]:
     """The registered assets a config names (LMs, encoders, corpora), sorted.
 
-    Walks the config's dataclass fields; a string field whose value is an asset name of
-    `synthgen.assets.REGISTRY` counts (paths and other strings do not).
+    Walks the config's dataclass fields that a run reads (not the generator kind it does
+    not run, not a disabled DP-RAG stage); a string field whose value is an asset name of
+    `synthgen.assets.REGISTRY` counts (paths and other strings do not), and so does the
+    public corpus of a random-init query generator's vocabulary.
     """
     from synthgen import assets
+    from synthgen.querygen_config import VOCABULARY_CORPUS, GeneratorConfig
 
+    unused = {"querygen": ("fewshot", "fewshot_model"), "fewshot": ("querygen",)}
     found: set[str] = set()
     stack = [config]
     while stack:
         item = stack.pop()
+        if isinstance(item, GeneratorConfig) and item.base.startswith("random:"):
+            found.add(VOCABULARY_CORPUS)
+        if isinstance(item, RagStageConfig) and not item.enabled:
+            continue
         if dataclasses.is_dataclass(item) and not isinstance(item, type):
-            stack.extend(getattr(item, f.name) for f in dataclasses.fields(item))
+            skip = unused.get(item.kind, ()) if isinstance(item, GenerateConfig) else ()
+            stack.extend(
+                getattr(item, f.name) for f in dataclasses.fields(item) if f.name not in skip
+            )
         elif isinstance(item, list | tuple):
             stack.extend(item)
         elif isinstance(item, str) and item in assets.REGISTRY:

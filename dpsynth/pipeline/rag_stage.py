@@ -426,10 +426,11 @@ def answer_questions(ctx: StageContext) -> dict:
 
 
 def _load_rag(ctx: StageContext, collection, encoder: str, ledger, rag_config):
-    """The stage's `DPRag`: the run's encoder towers, the records' embeddings, `rag.lm`."""
+    """The stage's `DPRag`: the run's encoder towers, the records' embeddings, `rag.lm`
+    (an asset or path, or ``"tiny"``, the byte-level test model, as the other commands)."""
     from retriever.evaluate import load_towers
+    from retriever.network.local import load_answer_lm
     from retriever.rag import DPRag
-    from synthgen.lm_backends import FlaxLM
 
     cfg = ctx.config.rag
     question_encoder, doc_encoder = load_towers(encoder)
@@ -439,14 +440,16 @@ def _load_rag(ctx: StageContext, collection, encoder: str, ledger, rag_config):
         f"loading {cfg.lm}; {len(collection.texts)} private records, "
         f"{len(collection.questions)} questions",
     )
+    lm, prompt = load_answer_lm(cfg.lm)
     return DPRag(
         collection.doc_ids,
         collection.texts,
         embeddings,
         lambda qs: question_encoder.encode(qs, max_len=64),
-        FlaxLM.load(cfg.lm),
+        lm,
         payer=collection_payer(ledger, collection.name),
         config=rag_config,
+        prompt=prompt,
     )
 
 
