@@ -13,6 +13,10 @@ def get_config() -> pipeline.PipelineConfig:
     generator = querygen_preset("tiny_llama").replace(
         max_new_tokens=8, dp_batch_size=16, dp_epochs=1.0, dp_checkpoint_every=2
     )
+    rag = pipeline.RagStageConfig(
+        lm="tiny", sample="medical-40", questions=2, k=3, max_tokens=3, epsilon=3.0,
+        epsilon_cap=10.0,
+    )  # fmt: skip
     return pipeline.PipelineConfig(
         name="tiny",
         out="runs/tiny",
@@ -25,14 +29,6 @@ def get_config() -> pipeline.PipelineConfig:
             base="random:bert", batch_size=8, epochs=1.0, max_query_len=16, max_doc_len=32
         ),
         index=pipeline.IndexConfig(kind="scann"),
-        rag=pipeline.RagStageConfig(
-            lm="tiny",
-            sample="medical-40",
-            questions=2,
-            k=3,
-            max_tokens=3,
-            epsilon=3.0,
-            epsilon_cap=10.0,
-        ),
+        rag=rag,
         report=pipeline.ReportConfig(samples=4),
     )

@@ -130,17 +130,6 @@ def privacy_rag(
         )
 
 
-def _load_lm(lm: str):
-    """(lm, prompt format): ``"tiny"`` is the byte-level test model with a plain prompt;
-    any other name is loaded by `load_dprag` (an asset or path, chat prompt)."""
-    if lm != "tiny":
-        return lm, None
-    from retriever.rag.prompts import PromptFormat
-    from synthgen.lm_backends import TinyLM
-
-    return TinyLM(), PromptFormat(chat=False)
-
-
 def _stored_scope(ledger: str, tenant: str, dataset: str):
     """The tenant's scope on `dataset` in the ledger, or None (a SQLite file that does not
     exist holds none and is not created here)."""
@@ -318,11 +307,12 @@ def _load_rag(
 ):
     """The admitted collection's `DPRag` (`load_dprag`); in collection accounting, the
     answer event pinned on the collection cap once it has loaded."""
+    from retriever.network.local import TINY_LM, load_answer_lm
     from retriever.rag.collection import pin_answer_event
     from retriever.rag.loading import load_dprag
 
     individual = document_target is not None
-    model, prompt = _load_lm(lm)
+    model, prompt = load_answer_lm(lm) if lm == TINY_LM else (lm, None)  # FlaxLM: loaded later
     rag = load_dprag(
         index,
         private_corpus,
