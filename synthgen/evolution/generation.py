@@ -87,6 +87,27 @@ def _check_plan(plan: EvolutionPlan, config: EvolutionConfig) -> None:
         raise ValueError("the plan was not made from this config (plan_evolution(config))")
 
 
+def check_private_size(
+    config: EvolutionConfig, private_labels: Sequence[str] | None, num_private: int
+) -> None:
+    """Refuses more private samples (rows of a label outside `config.labels` not counted)
+    than the declared size N, without printing their count: delta, below 1/N, would not be
+    small for them. A command calls it before it admits the rows to the ledger.
+
+    Raises:
+      ValueError: more samples than `config.public_size`.
+    """
+    if config.labels != ("",) and private_labels is not None:
+        known = set(config.labels)
+        num_private = sum(str(label) in known for label in private_labels)
+    if num_private > config.public_size:
+        raise ValueError(
+            f"the private data holds more samples than its declared size N={config.public_size}"
+            " (--public-size): delta, below 1/N, would not be small for it; declare N at "
+            "least the real count"
+        )
+
+
 def _group_draw(
     noisy: np.ndarray, groups: np.ndarray, group: int, n: int, rng: np.random.Generator
 ) -> list[int]:
@@ -143,8 +164,10 @@ def evolve(
     """
     import time
 
-    plan = plan or plan_evolution(config)
-    _check_plan(plan, config)
+    if plan is None:
+        plan = plan_evolution(config)
+    else:
+        _check_plan(plan, config)
     labelled = config.labels != ("",)
     if labelled and private_labels is None:
         raise ValueError("config.labels names labels: pass private_labels")
@@ -158,12 +181,7 @@ def evolve(
         keep, groups = list(range(len(private_texts))), np.zeros(len(private_texts), np.int64)
     if private_embeddings is not None and len(private_embeddings) != len(private_texts):
         raise ValueError("private_embeddings needs one row per private sample")
-    if len(keep) > config.public_size:  # the count itself is never printed
-        raise ValueError(
-            f"the private data holds more samples than its declared size N={config.public_size}"
-            " (--public-size): delta, below 1/N, would not be small for it; declare N at "
-            "least the real count"
-        )
+    check_private_size(config, private_labels, len(private_texts))
     if pay is not None:
         pay.check(plan)
     hist_rng, draw_rng, lm_rng = rng.spawn(3)

@@ -206,6 +206,12 @@ def test_cli_writes_the_release_and_refuses_bad_options(tmp_path):
     bad = cli_process.run(base + ["--num-samples", "2", "--epsilon", "4", "--label-field",
                                  "topic"], capture_output=True, text=True)  # fmt: skip
     assert bad.returncode != 0 and "--labels" in bad.stderr and "Traceback" not in bad.stderr
+    # 100 samples of known labels over a declared N of 99: refused before the ledger exists
+    big = cli_process.run(base + ["--num-samples", "4", "--epsilon", "4", "--label-field",
+                                  "topic", "--labels", "cat,dog", "--public-size", "99",
+                                  "--delta", "1e-3"], capture_output=True, text=True)  # fmt: skip
+    assert big.returncode == 2 and "declared size N=99" in big.stderr, big.stderr
+    assert "100" not in big.stderr and not (tmp_path / "ledger.sqlite").exists()
     run = cli_process.run(
         base + ["--num-samples", "4", "--epsilon", "4", "--iterations", "2", "--label-field",
                 "topic", "--labels", "cat,dog", "--public-size", "100", "--max-new-tokens", "4",

@@ -36,7 +36,7 @@ from dpsynth.cli.synthgen.common import (
     lm_options,
     load_lm,
 )
-from synthgen.command_line import GuaranteesAddUpOption, LedgerOption
+from synthgen.command_line import GuaranteesAddUpOption, LedgerOption, usage_errors
 
 STAGE = "evolution"  # the ledger stage of `generate-docs-pe`
 
@@ -223,6 +223,7 @@ def generate_docs_pe(
 ) -> None:
     """Private Evolution: DP synthetic text whose cost does not grow with its length or number."""
     from synthgen.corpora import load_rows, selection_note
+    from synthgen.evolution.generation import check_private_size
 
     _check_options(epsilon, noise, label_field, labels)
     lm_args, lm_name = lm_options(model, server, server_model, server_context, server_prompt,
@@ -234,6 +235,9 @@ def generate_docs_pe(
     )  # fmt: skip
     required = (text_field,) + ((label_field,) if label_field else ())
     rows = load_rows(private, required, limit, split)
+    private_labels = [str(x) for x in rows[label_field]] if label_field else None
+    with usage_errors(ValueError, option="--public-size"):  # before the ledger sees the rows
+        check_private_size(config, private_labels, len(rows))
     scope = (tenant, dataset or Path(private).stem)
     pay = _admit(rows, text_field, label_field, plan, ledger, scope, budget, guarantees_add_up)
     if seed is not None:
