@@ -31,8 +31,11 @@ def test_bad_input_is_one_line_before_compute(pairs_file, tmp_path):
     result = _synthgen(*common, "--out", tmp_path / "c", "--query-field", "nope")
     assert result.returncode == 1 and "lacks field" in result.stderr
     assert "Traceback" not in result.stderr
-    assert not any((tmp_path / d).exists() for d in "abc")
+    result = _synthgen(*common, "--out", tmp_path / "d", "--work-dir", tmp_path / "d" / "w")
+    assert result.returncode == 2 and "must not overlap" in result.stderr
+    assert not any((tmp_path / d).exists() for d in "abcd")
     assert not (tmp_path / "work").exists()  # no work folder either
+    assert not (tmp_path / "l.sqlite").exists()  # nor a ledger: refused before admission
 
 
 def test_train_generator_documents_its_secret_work_folder():

@@ -30,6 +30,7 @@ from synthgen.command_line import (
     PairsLimitOption,
     SecretWorkDirOption,
     TargetEpsilonOption,
+    usage_errors,
 )
 from synthgen.paths import default_ledger_path, default_work_dir
 
@@ -79,7 +80,7 @@ def train_generator(
     private data (not DP) and are never printed or released.
     """
     from synthgen import corpora, querygen
-    from synthgen.work_folder import run_payer
+    from synthgen.work_folder import check_apart, run_payer
 
     cfg = _config(config, base, epsilon, noise_multiplier, delta, epochs, batch_size, seed)
     fields = (document_field, query_field)
@@ -88,6 +89,8 @@ def train_generator(
     plan = querygen.dp_train.plan_privacy(cfg.dp, len(rows))
     ledger_path = ledger or default_ledger_path()
     work = work_dir if work_dir is not None else default_work_dir(out, ledger_path)
+    with usage_errors(ValueError, option="--work-dir"):  # before the ledger sees the pairs
+        check_apart(out, work)
     book = _admit(rows, fields, plan, ledger_path, scope, budget, guarantees_add_up)
     if seed is not None:
         print(SEED_WARNING, file=sys.stderr)
