@@ -35,7 +35,7 @@ class PublicIndex:
         self.doc_ids, self.texts = read_corpus(corpus)
         if list(map(str, meta["doc_ids"])) != self.doc_ids:
             raise ValueError(f"{index} was not built from {corpus} (doc_ids differ)")
-        recorded = meta.get("corpus_digest")  # none: an older index, or joined shards
+        recorded = meta.get("corpus_digest")  # none: written before indexes recorded it
         if recorded is not None and recorded != corpus_digest(self.doc_ids, self.texts):
             raise ValueError(f"{index} was not built from {corpus} (its texts differ)")
         encoder, _ = index_encoder(index, meta=meta, option=None)

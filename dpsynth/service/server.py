@@ -202,9 +202,10 @@ def refuse_private_as_public(
 ) -> None:
     """Refuses a public corpus or index that is the private one (``/retrieve`` is free).
 
-    The same resolved file, or a corpus with the same bytes (SHA-256), is the private
-    collection whatever its name; so is the private index's folder, and an index whose
-    recorded corpus digest is the private corpus's (a copy of the private index).
+    The same resolved file, or a corpus with the same bytes or the same (doc_id, text) rows,
+    is the private collection whatever its name; so is the private index's folder, an index
+    whose recorded corpus digest is the private corpus's (a copy of the private index), and
+    an index that recorded none over the private doc_ids.
 
     Raises:
       ValueError: one line naming the option, never the content.
@@ -224,11 +225,22 @@ def refuse_private_as_public(
     from retriever.data import read_corpus
     from retriever.index_folder import corpus_digest, read_index_meta
 
-    recorded = read_index_meta(public_index).get("corpus_digest")
-    if recorded is not None and recorded == corpus_digest(*read_corpus(private_corpus)):
+    private_ids, private_texts = read_corpus(private_corpus)
+    private_digest = corpus_digest(private_ids, private_texts)
+    if corpus_digest(*read_corpus(public_corpus)) == private_digest:
         raise ValueError(
-            "--public-index was built from the private corpus (a copy of the private index): "
-            "/retrieve must not search it"
+            "--public-corpus holds the private corpus's records (rewritten): /retrieve is free "
+            "and must read public or DP synthetic documents only"
+        )
+    meta = read_index_meta(public_index)
+    recorded = meta.get("corpus_digest")  # none: written before indexes recorded it
+    if recorded == private_digest or (
+        recorded is None and list(map(str, meta["doc_ids"])) == private_ids
+    ):
+        raise ValueError(
+            "--public-index was built from the private corpus (a copy of the private index, "
+            "or an older index over its doc_ids: rebuild the public one): /retrieve must not "
+            "search it"
         )
 
 

@@ -103,6 +103,17 @@ def test_a_copy_of_the_private_index_is_refused_with_a_redacted_corpus(world, tm
 
     with pytest.raises(ValueError, match="its texts differ"):
         PublicIndex(copy, redacted)  # the public index's own check, whatever the private one
+    rewritten = tmp_path / "rewritten.jsonl"  # the private rows, other bytes
+    rewritten.write_text(
+        "".join(json.dumps(r, indent=None, separators=(",", ":")) + "\n" for r in rows)
+    )
+    with pytest.raises(ValueError, match="holds the private corpus's records"):
+        _load(world, public_index=world["public_index"], public_corpus=rewritten)
+    meta = json.loads((copy / "index.json").read_text())
+    del meta["corpus_digest"]  # an index written before indexes recorded their digest
+    (copy / "index.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="built from the private corpus"):
+        _load(world, public_index=copy, public_corpus=redacted)
     assert towers == []
 
 
