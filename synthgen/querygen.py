@@ -35,13 +35,7 @@ from synthgen.corpora import file_sha256
 from synthgen.generator_models import LlamaFamily, T5Family, merge_params, split_trainable
 from synthgen.models.sampling_config import SamplingConfig
 from synthgen.paths import cache_dir, default_work_dir
-from synthgen.querygen_config import (  # noqa: F401 (their old home)
-    COMPUTE_DTYPES,
-    VOCABULARY_CORPUS,
-    VOCABULARY_DOCUMENTS,
-    Family,
-    GeneratorConfig,
-)
+from synthgen.querygen_config import VOCABULARY_CORPUS, VOCABULARY_DOCUMENTS, GeneratorConfig
 from synthgen.shards import Shard
 from synthgen.work_folder import OncePayer, WorkFolder, check_apart
 

@@ -202,26 +202,13 @@ def refuse_private_as_public(
 ) -> None:
     """Refuses a public corpus or index that is the private one (``/retrieve`` is free).
 
-    The same resolved file, or a corpus with the same bytes or the same (doc_id, text) rows,
-    is the private collection whatever its name; so is the private index's folder, an index
-    whose recorded corpus digest is the private corpus's (a copy of the private index), and
-    an index that recorded none over the private doc_ids.
+    A corpus with the private corpus's (doc_id, text) rows is the private collection
+    whatever its file; the private index's folder, a copy of it (its recorded corpus digest)
+    and an index that recorded none over the private doc_ids are the private index.
 
     Raises:
       ValueError: one line naming the option, never the content.
     """
-    from synthgen.corpora import file_sha256
-
-    private, public = Path(private_corpus).resolve(), Path(public_corpus).resolve()
-    if private == public or (
-        private.is_file() and public.is_file() and file_sha256(private) == file_sha256(public)
-    ):
-        raise ValueError(
-            "--public-corpus is the private corpus (same file or same content): /retrieve is "
-            "free and must read public or DP synthetic documents only"
-        )
-    if Path(index).resolve() == Path(public_index).resolve():
-        raise ValueError("--public-index is the private index: /retrieve must not search it")
     from retriever.data import read_corpus
     from retriever.index_folder import corpus_digest, read_index_meta
 
@@ -229,18 +216,17 @@ def refuse_private_as_public(
     private_digest = corpus_digest(private_ids, private_texts)
     if corpus_digest(*read_corpus(public_corpus)) == private_digest:
         raise ValueError(
-            "--public-corpus holds the private corpus's records (rewritten): /retrieve is free "
-            "and must read public or DP synthetic documents only"
+            "--public-corpus is the private corpus (the same records, whatever the file): "
+            "/retrieve is free and must read public or DP synthetic documents only"
         )
     meta = read_index_meta(public_index)
     recorded = meta.get("corpus_digest")  # none: written before indexes recorded it
-    if recorded == private_digest or (
-        recorded is None and list(map(str, meta["doc_ids"])) == private_ids
-    ):
+    older_over_ids = recorded is None and list(map(str, meta["doc_ids"])) == private_ids
+    same_folder = Path(index).resolve() == Path(public_index).resolve()
+    if same_folder or recorded == private_digest or older_over_ids:
         raise ValueError(
-            "--public-index was built from the private corpus (a copy of the private index, "
-            "or an older index over its doc_ids: rebuild the public one): /retrieve must not "
-            "search it"
+            "--public-index is the private index (its folder, a copy, or an older index over "
+            "its doc_ids): /retrieve must not search it"
         )
 
 

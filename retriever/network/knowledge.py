@@ -115,7 +115,7 @@ def build_knowledge(
         charged the same documents (`PrivacyLedger.bind_documents`; refused otherwise).
 
     Raises:
-      ValueError: a bad config, a work folder inside the release, an empty corpus, a
+      ValueError: a bad config, a work folder overlapping the release, an empty corpus, a
         release that could carry nothing (before any charge), or a work folder holding an
         unfinished cluster release (`check_no_cluster_release`).
       synthgen.privacy.BudgetExceededError: the ledger's release scope cannot pay
@@ -129,7 +129,7 @@ def build_knowledge(
     from synthgen.privacy.admission import admit
     from synthgen.privacy.ledger_documents import GUARANTEES_FLAG
     from synthgen.privacy.partition_selection import check_backend
-    from synthgen.work_folder import private_folder
+    from synthgen.work_folder import check_apart, private_folder
 
     if not isinstance(config, FactConfig):
         raise TypeError(f"config must be a synthgen.knowledge.facts.FactConfig, got {config!r}")
@@ -139,8 +139,7 @@ def build_knowledge(
 
         work = default_work_dir(out, ledger) if ledger else default_contributor_work(out)
     work = Path(work).absolute()
-    if work == out or out in work.parents:
-        raise ValueError(f"the private work folder must not be inside the release: {work=}")
+    check_apart(out, work)
     check_no_cluster_release(work)
     doc_ids, texts = read_corpus(private_corpus)
     if not texts:

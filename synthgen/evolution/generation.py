@@ -90,13 +90,9 @@ def _check_plan(plan: EvolutionPlan, config: EvolutionConfig) -> None:
 def check_private_size(
     config: EvolutionConfig, private_labels: Sequence[str] | None, num_private: int
 ) -> None:
-    """Refuses more private samples (rows of a label outside `config.labels` not counted)
-    than the declared size N, without printing their count: delta, below 1/N, would not be
-    small for them. A command calls it before it admits the rows to the ledger.
-
-    Raises:
-      ValueError: more samples than `config.public_size`.
-    """
+    """ValueError if there are more private samples (rows of a label outside `config.labels`
+    not counted) than the declared size N, never printing their count: delta, below 1/N,
+    would not be small for them. A command calls it before it admits the rows."""
     if config.labels != ("",) and private_labels is not None:
         known = set(config.labels)
         num_private = sum(str(label) in known for label in private_labels)

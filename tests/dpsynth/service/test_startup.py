@@ -97,7 +97,7 @@ def test_a_copy_of_the_private_index_is_refused_with_a_redacted_corpus(world, tm
     redacted = tmp_path / "redacted.jsonl"
     rows = [json.loads(line) for line in world["corpus"].read_text().splitlines()]
     redacted.write_text("".join(json.dumps({**r, "text": "[redacted]"}) + "\n" for r in rows))
-    with pytest.raises(ValueError, match="built from the private corpus"):
+    with pytest.raises(ValueError, match="--public-index is the private index"):
         _load(world, public_index=copy, public_corpus=redacted)
     from dpsynth.service.public_index import PublicIndex
 
@@ -107,12 +107,12 @@ def test_a_copy_of_the_private_index_is_refused_with_a_redacted_corpus(world, tm
     rewritten.write_text(
         "".join(json.dumps(r, indent=None, separators=(",", ":")) + "\n" for r in rows)
     )
-    with pytest.raises(ValueError, match="holds the private corpus's records"):
+    with pytest.raises(ValueError, match="--public-corpus is the private corpus"):
         _load(world, public_index=world["public_index"], public_corpus=rewritten)
     meta = json.loads((copy / "index.json").read_text())
     del meta["corpus_digest"]  # an index written before indexes recorded their digest
     (copy / "index.json").write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match="built from the private corpus"):
+    with pytest.raises(ValueError, match="--public-index is the private index"):
         _load(world, public_index=copy, public_corpus=redacted)
     assert towers == []
 

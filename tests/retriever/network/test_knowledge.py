@@ -174,7 +174,7 @@ def test_work_folder_inside_the_release_is_refused(tmp_path):
     corpus = _write_corpus(tmp_path / "corpus.jsonl", _private_rows()[:5])
     out = tmp_path / "release"
     for work in (out / "private", out, out / "a" / "b"):
-        with pytest.raises(ValueError, match="must not be inside the release"):
+        with pytest.raises(ValueError, match="must not overlap"):
             build_knowledge(corpus, out, CONFIG, contributor="c", work=work)
     assert not out.exists()
 
