@@ -98,9 +98,8 @@ def check_private_size(
         num_private = sum(str(label) in known for label in private_labels)
     if num_private > config.public_size:
         raise ValueError(
-            f"the private data holds more samples than its declared size N={config.public_size}"
-            " (--public-size): delta, below 1/N, would not be small for it; declare N at "
-            "least the real count"
+            f"the private data holds more samples than its declared size N={config.public_size}:"
+            " delta, below 1/N, would not be small for it; declare N at least the real count"
         )
 
 

@@ -25,6 +25,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -116,11 +117,12 @@ def nn_histogram_event(noise_multiplier: float, iterations: int = 1):
     return events.self_composed(events.gaussian_event(noise_multiplier), iterations)
 
 
+@functools.lru_cache(maxsize=64)
 def calibrate_nn_histogram(
     target_epsilon: float, delta: float, iterations: int, *, tolerance: float = 1e-3
 ) -> float:
     """Smallest noise multiplier (within `tolerance`) making `iterations` histograms
-    (target_epsilon, delta)-DP under the PLD accountant."""
+    (target_epsilon, delta)-DP under the PLD accountant (memoised: plans are rechecked)."""
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"target_epsilon must be finite and > 0, got {target_epsilon=}")
     events.check_open_delta(delta)

@@ -207,7 +207,7 @@ def test_cli_writes_the_release_and_refuses_bad_options(tmp_path):
                                  "topic"], capture_output=True, text=True)  # fmt: skip
     assert bad.returncode != 0 and "--labels" in bad.stderr and "Traceback" not in bad.stderr
     # 100 samples of known labels over a declared N of 99: refused before the ledger exists
-    big = cli_process.run(base + ["--num-samples", "4", "--epsilon", "4", "--label-field",
+    big = cli_process.run(base + ["--num-samples", "4", "--noise", "2", "--label-field",
                                   "topic", "--labels", "cat,dog", "--public-size", "99",
                                   "--delta", "1e-3"], capture_output=True, text=True)  # fmt: skip
     assert big.returncode == 2 and "declared size N=99" in big.stderr, big.stderr
@@ -389,7 +389,7 @@ def test_a_plan_of_another_config_and_mismatched_widths_are_refused_before_the_c
     other = evolution.plan_evolution(_config(iterations=3))
     # the config's own plan with less noise: it would state the config's epsilon (a review
     # found 0.9998 stated for an event of epsilon 260.9); and an uncharged run too
-    target = _config(target_epsilon=1.0, noise_multiplier=None)
+    target = _config(target_epsilon=4.0, noise_multiplier=None)  # the plan test's (memoised)
     own = evolution.plan_evolution(target)
     quieter = dataclasses.replace(own, noise_multiplier=0.05, threshold_count=0.05 * 2.0)
     for config, plan, pay in ((_config(), other, _pay(ledger)), (target, quieter, None)):
