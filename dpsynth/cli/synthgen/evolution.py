@@ -167,14 +167,18 @@ def _write(out, result, config, plan, lm_name, encoder, rows, seed) -> None:
     }))  # fmt: skip
 
 
-def _admit(rows, text_field, label_field, plan, ledger, scope, budget, guarantees_add_up):
+def _admit(rows, text_field, label_field, config, plan, ledger, scope, budget, guarantees_add_up):
     """The run's payer, with the private rows bound to `scope` and admitted before any
-    compute (n: the declared public size N)."""
+    compute (n: the declared N, refused below their count before the ledger sees them)."""
+    from synthgen.evolution.generation import check_private_size
     from synthgen.privacy.receipts import ledger_payer
 
     records = [
         {"text": r[text_field], "label": r[label_field] if label_field else ""} for r in rows
     ]
+    with usage_errors(ValueError, option="--public-size"):
+        labels = [r["label"] for r in records] if label_field else None
+        check_private_size(config, labels, len(rows))
     book = admit_run(
         ledger, scope, records, plan, stage=STAGE, public_count=plan.public_size,
         budget=budget, guarantees_add_up=guarantees_add_up,
@@ -223,7 +227,6 @@ def generate_docs_pe(
 ) -> None:
     """Private Evolution: DP synthetic text whose cost does not grow with its length or number."""
     from synthgen.corpora import load_rows, selection_note
-    from synthgen.evolution.generation import check_private_size
 
     _check_options(epsilon, noise, label_field, labels)
     lm_args, lm_name = lm_options(model, server, server_model, server_context, server_prompt,
@@ -235,11 +238,8 @@ def generate_docs_pe(
     )  # fmt: skip
     required = (text_field,) + ((label_field,) if label_field else ())
     rows = load_rows(private, required, limit, split)
-    private_labels = [str(x) for x in rows[label_field]] if label_field else None
-    with usage_errors(ValueError, option="--public-size"):  # before the ledger sees the rows
-        check_private_size(config, private_labels, len(rows))
-    scope = (tenant, dataset or Path(private).stem)
-    pay = _admit(rows, text_field, label_field, plan, ledger, scope, budget, guarantees_add_up)
+    pay = _admit(rows, text_field, label_field, config, plan, ledger,
+                 (tenant, dataset or Path(private).stem), budget, guarantees_add_up)  # fmt: skip
     if seed is not None:
         print(SEED_WARNING, file=sys.stderr)
     with load_lm(*lm_args) as lm:
