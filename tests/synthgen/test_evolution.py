@@ -212,6 +212,14 @@ def test_cli_writes_the_release_and_refuses_bad_options(tmp_path):
                                   "--delta", "1e-3"], capture_output=True, text=True)  # fmt: skip
     assert big.returncode == 2 and "declared size N=99" in big.stderr, big.stderr
     assert "100" not in big.stderr and not (tmp_path / "ledger.sqlite").exists()
+    # an encoder folder of unrecorded origin (it may be trained on these rows): refused
+    (tmp_path / "enc").mkdir()
+    (tmp_path / "enc" / "encoder.json").write_text('{"base": "random:bert"}')
+    own = cli_process.run([*base[:-4], "--encoder", str(tmp_path / "enc"), *base[-2:],
+                           "--num-samples", "4", "--noise", "2"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert own.returncode == 2 and "provenance.json" in own.stderr, own.stderr
+    assert not (tmp_path / "ledger.sqlite").exists()
     run = cli_process.run(
         base + ["--num-samples", "4", "--epsilon", "4", "--iterations", "2", "--label-field",
                 "topic", "--labels", "cat,dog", "--public-size", "100", "--max-new-tokens", "4",

@@ -3,8 +3,9 @@
 Privacy: the guarantee is T Gaussian nearest-neighbour histograms (`synthgen.evolution`),
 fixed by public options only (`--iterations`, `--epsilon` or `--noise`, `--votes`,
 `--delta` or the declared `--public-size`); the LM sees public prompts only. `--limit` and
-`--split` select rows by position, so the guarantee covers the selected rows; `--seed` is
-for tests only (warned about and recorded in the metadata).
+`--split` select rows by position, so the guarantee covers the selected rows; `--encoder`
+must be public or DP-trained (a DP-trained one's guarantee composes with the run's, as
+DP-RAG's); `--seed` is for tests only (warned about and recorded in the metadata).
 """
 
 from __future__ import annotations
@@ -70,8 +71,14 @@ LimitOption = Annotated[
 ]
 
 
-def _check_options(epsilon, noise, label_field, labels) -> None:
-    """Refuses contradicting or missing options before anything is read."""
+def _check_options(epsilon, noise, label_field, labels, encoder) -> None:
+    """Refuses contradicting or missing options, and an encoder whose provenance does not
+    show it public or DP-trained (the votes' sensitivity holds it fixed), before any read."""
+    from retriever.provenance import collection_independence
+
+    if collection_independence(encoder) is None:
+        raise typer.BadParameter(f"{encoder} is not known to be public or DP-trained (its "
+                                 "provenance.json)", param_hint="--encoder")  # fmt: skip
     if (epsilon is None) == (noise is None):
         raise typer.BadParameter("give one of --epsilon and --noise")
     if bool(label_field) != bool(labels):
@@ -228,7 +235,7 @@ def generate_docs_pe(
     """Private Evolution: DP synthetic text whose cost does not grow with its length or number."""
     from synthgen.corpora import load_rows, selection_note
 
-    _check_options(epsilon, noise, label_field, labels)
+    _check_options(epsilon, noise, label_field, labels, encoder)
     lm_args, lm_name = lm_options(model, server, server_model, server_context, server_prompt,
                                   top_logprobs, server_concurrency)  # fmt: skip
     config, plan = _config_and_plan(
