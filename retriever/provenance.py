@@ -31,6 +31,7 @@ FORMAT = 1
 METADATA_FILE = "metadata.json"  # what a generator release writes beside its synthetic rows
 REAL_STATEMENT = "trained on real data: no privacy guarantee"
 UNKNOWN_STATEMENT = "no provenance recorded: treated as " + REAL_STATEMENT
+SEEDED_NOTE = " (the release's noise came from a fixed seed: for tests only, not for publication)"
 _RELATIONS = {"ADD_OR_REMOVE_ONE": "add/remove-one", "REPLACE_ONE": "replace-one"}
 
 
@@ -164,9 +165,7 @@ def synthetic(
     )
     if (metadata.get("randomness") or {}).get("seeded"):
         dataset["seeded"] = True
-        statement += (
-            " (the release's noise came from a fixed seed: for tests only, not for publication)"
-        )
+        statement += SEEDED_NOTE
     return _provenance(trained_on, guarantee, statement)
 
 
@@ -198,7 +197,7 @@ def dp_sgd(privacy: dict, *, num_pairs: int | None = None) -> dict:
     statement = (
         f"({_figures(guarantee['epsilon'], guarantee['delta'])})-DP for "
         f"{_unit_text(guarantee)}: DP-SGD on the private pairs"
-    )
+    ) + (SEEDED_NOTE if privacy.get("seeded") else "")
     return _provenance(trained_on, guarantee, statement)
 
 

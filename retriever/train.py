@@ -46,7 +46,7 @@ from synthgen import dp_train
 from synthgen.checkpoints import TrainCheckpoints
 from synthgen.paths import default_work_dir
 from synthgen.privacy.receipts import Payer
-from synthgen.work_folder import CHECKPOINTS, OncePayer, WorkFolder, private_folder
+from synthgen.work_folder import CHECKPOINTS, OncePayer, WorkFolder, check_apart, private_folder
 
 PyTree = Any
 
@@ -422,6 +422,8 @@ def train_retriever_dp(
         work_dir = pay.work.path
     if work_dir is None and out_dir is not None:
         work_dir = default_work_dir(out_dir)
+    if work_dir is not None and out_dir is not None:
+        check_apart(out_dir, work_dir)  # else the release would ship the noise key
     work = None if work_dir is None else WorkFolder(work_dir)
     if pay is not None and work is not None and not isinstance(pay, OncePayer):
         raise ValueError(
@@ -467,6 +469,7 @@ def train_retriever_dp(
     if out_dir is not None:
         privacy = plan.to_dict()
         privacy.update(
+            seeded=dp_config.seed is not None,  # the noise from a fixed seed: tests only
             unit="one (query, document) pair",
             mechanism="DP-Adafactor on a per-example softmax over public corpus embeddings "
             "(frozen document tower)",

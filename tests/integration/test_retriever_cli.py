@@ -108,6 +108,9 @@ def test_train_dp_keeps_its_secret_state_out_of_the_release(tmp_path):
         "--encoder", "random:bert", "--epochs", "1", "--batch-size", "16",
         "--ledger", ledger, "--seed", "3",
     )  # fmt: skip
+    inside = _retriever(*common, "--out", tmp_path / "a", "--work-dir", tmp_path / "a" / "work")
+    assert inside.returncode == 2 and "must not overlap" in inside.stderr, inside.stderr
+    assert not ledger.exists()  # refused before the ledger saw the pairs
     kept = tmp_path / "kept-work"
     result = _retriever(*common, "--out", tmp_path / "a", "--dataset", "a", "--work-dir", kept,
                         "--keep-work")  # fmt: skip
@@ -129,6 +132,7 @@ def test_train_dp_keeps_its_secret_state_out_of_the_release(tmp_path):
         ["encoder.json", "params.msgpack", "provenance.json", "doc_tower"]
     )
     assert "seconds" not in (release / "encoder.json").read_text()
+    assert "fixed seed" in json.loads((release / "provenance.json").read_text())["statement"]
     shipped = tmp_path / "shipped"  # the release folder alone evaluates
     shutil.copytree(release, shipped)
     shutil.rmtree(release)

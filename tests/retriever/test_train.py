@@ -158,6 +158,9 @@ def test_direct_dp_baseline_charges_and_records_its_guarantee(wiki, encoder, tmp
             progress=False, **kw,
         )  # fmt: skip
 
+    with pytest.raises(ValueError, match="must not overlap"):  # the noise key would ship
+        train_retriever_dp(encoder, wiki["query"], list(range(n)), wiki["document"], config,
+                           dp_config, out_dir=release, work_dir=release / "w")  # fmt: skip
     part = run(stop_after=2)
     assert part.steps_run == 2 and not (release / "encoder.json").exists()
     assert files_containing(work, needles(seen))  # the secrets are in the work folder only

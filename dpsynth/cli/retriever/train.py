@@ -19,6 +19,7 @@ from synthgen.command_line import (
     SecretWorkDirOption,
     TargetEpsilonOption,
     TestSeedOption,
+    usage_errors,
 )
 
 PairsOption = Annotated[Path, typer.Option(help="queries.jsonl (generator output or plain)")]
@@ -191,19 +192,20 @@ def train_dp(
     from retriever.train import RetrieverConfig, train_retriever_dp
     from synthgen.dp_train import plan_privacy
     from synthgen.paths import default_ledger_path, default_work_dir
-    from synthgen.work_folder import run_payer
+    from synthgen.work_folder import check_apart, run_payer
 
     dp_config = _dp_config(
         epsilon, noise_multiplier, delta, epochs, batch_size, clip_norm, learning_rate, seed
     )
+    ledger = ledger or default_ledger_path()
+    work = work_dir if work_dir is not None else default_work_dir(out, ledger)
+    with usage_errors(ValueError, option="--work-dir"):  # before the ledger sees the pairs
+        check_apart(out, work)
     rows, texts, row_of = _private_pairs(queries, corpus)
     plan = plan_privacy(dp_config, len(rows))
     scope = (tenant, dataset or queries.stem)
     pairs = [{"document": texts[row_of[str(r["doc_id"])]], "query": r["query"]} for r in rows]
-    book = admit_training_pairs(
-        ledger or default_ledger_path(), scope, pairs, plan, guarantees_add_up=guarantees_add_up
-    )
-    work = work_dir if work_dir is not None else default_work_dir(out, book.path)
+    book = admit_training_pairs(ledger, scope, pairs, plan, guarantees_add_up=guarantees_add_up)
     result = train_retriever_dp(
         load_encoder(encoder),
         [r["query"] for r in rows],
