@@ -145,6 +145,8 @@ def read_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> list[dict
             record = json.loads(line)
         except json.JSONDecodeError:
             raise ValueError(f"{path}:{number} is not valid JSON") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number} is not a JSON object")
         missing = [k for k in required if k not in record]
         if missing:
             raise ValueError(f"{path}:{number} lacks field(s) {missing}")
@@ -155,8 +157,18 @@ def read_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> list[dict
 
 
 def load_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> datasets.Dataset:
-    """`read_jsonl` as a `datasets.Dataset` (same checks and errors)."""
-    return datasets.Dataset.from_list(read_jsonl(path, required=required))
+    """`read_jsonl` as a `datasets.Dataset` (same checks and errors). A field whose rows
+    hold different types is named, never a value (Arrow's own message quotes one)."""
+    records = read_jsonl(path, required=required)
+    try:
+        return datasets.Dataset.from_list(records)
+    except Exception:  # noqa: BLE001 (pyarrow's and datasets' errors quote a row's value)
+        types: dict[str, set] = {}
+        for record in records:
+            for key, value in record.items():
+                types.setdefault(key, set()).add(type(value))
+        mixed = sorted(k for k, found in types.items() if len(found) > 1) or "of its rows"
+        raise ValueError(f"{path}: field(s) {mixed} hold values of different types") from None
 
 
 def load_rows(

@@ -81,7 +81,9 @@ def _text(path: Path, number: int, row: dict, field: str) -> str:
     if field not in row:
         raise PairsFileError(f"{path}:{number}: no {field!r} field")
     value = row[field]
-    if not isinstance(value, str | int) or not str(value).strip():
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise PairsFileError(f"{path}:{number}: {field!r} field is not a string or an integer")
+    if not str(value).strip():
         raise PairsFileError(f"{path}:{number}: empty {field!r} field")
     return str(value).strip()
 

@@ -77,6 +77,7 @@ def test_pairs_holding_the_text_make_their_own_collection(tmp_path):
             r":2: document id not in",
         ),
         ([{"clicked": "kb-1"}], r":1: no 'q' field"),
+        ([{"clicked": "kb-1", "q": True}], r":1: 'q' field is not a string or an integer"),
         ([{"clicked": f"kb-{i % 3}", "q": "x"} for i in range(9)], r"name 3 distinct documents"),
     ],
 )
