@@ -18,6 +18,8 @@ import datetime
 import html
 import io
 import json
+import math
+from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 
 from dpsynth.pipeline.context import STAGES, StageContext
@@ -46,21 +48,25 @@ def _e(value) -> str:
     return html.escape(str(value))
 
 
-def _num(value, digits: int = 4) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return (
-            f"{value:.{digits}g}"
-            if abs(value) < 1e-3 or abs(value) >= 1e4
-            else f"{value:.{digits}f}".rstrip("0").rstrip(".")
-        )
-    return str(value)
+def _num(value, digits: int = 4, *, up: bool = False) -> str:
+    """`value` for the page; `up`: rounded up (a stated ε or δ never shows below itself)."""
+    if not isinstance(value, float):
+        return "-" if value is None else str(value)
+    small = abs(value) < 1e-3 or abs(value) >= 1e4
+    if up and math.isfinite(value) and value:
+        places = digits - 1 - math.floor(math.log10(abs(value))) if small else digits
+        value = float(Decimal(repr(value)).quantize(Decimal(1).scaleb(-places), ROUND_CEILING))
+    return f"{value:.{digits}g}" if small else f"{value:.{digits}f}".rstrip("0").rstrip(".")
+
+
+def _up(value) -> str:
+    return _num(value, up=True)  # a stated ε or δ
 
 
 def _cells(record: dict, *keys: str) -> list[str]:
-    """`record`'s values at `keys`, escaped; a key marked ``#`` is a number (`_num`)."""
-    return [_num(record[k[1:]]) if k[0] == "#" else _e(record[k]) for k in keys]
+    """`record`'s values at `keys`, escaped; a key marked ``#`` is a number (`_num`), ``^``
+    a stated ε or δ (rounded up)."""
+    return [_num(record[k[1:]], up=k[0] == "^") if k[0] in "#^" else _e(record[k]) for k in keys]
 
 
 def _is_collection_cap(scope: dict) -> bool:
@@ -307,7 +313,7 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
         if scope["dataset"] in individual:
             statements.append(
                 f"<li><b>{_e(scope['dataset'])}</b> (tenant {_e(scope['tenant'])}): the "
-                f"tenant's quota, (ε = {_num(scope['epsilon'])}, δ = {_num(scope['delta'])}) "
+                f"tenant's quota, (ε = {_up(scope['epsilon'])}, δ = {_up(scope['delta'])}) "
                 f"composed over {len(scope['charges'])} charge(s) (cap ε = "
                 f"{_num(scope['epsilon_cap'])}); the collection is in individual accounting, "
                 "whose statement is per record (below).</li>"
@@ -320,7 +326,7 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
         )
         statements.append(
             f"<li><b>{_e(scope['dataset'])}</b> ({who}): "
-            f"(ε = {_num(scope['epsilon'])}, δ = {_num(scope['delta'])})-DP for "
+            f"(ε = {_up(scope['epsilon'])}, δ = {_up(scope['delta'])})-DP for "
             f"{_e(scope['privacy_unit'])} ({_e(scope['relation'])}, {_e(scope['accountant'])} "
             f"composition of {len(scope['charges'])} charge(s); cap ε = "
             f"{_num(scope['epsilon_cap'])}).</li>"
@@ -339,7 +345,7 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
             "<p>The generator (<code>generator/</code>), the synthetic queries "
             "(<code>synthetic/</code>), the encoder (<code>encoder/</code>) and the index "
             "(<code>index/</code>) are post-processing of the generate stage's release: "
-            f"(ε = {_num(gen.get('epsilon'))}, δ = {_num(gen.get('delta'))})-DP for one pair."
+            f"(ε = {_up(gen.get('epsilon'))}, δ = {_up(gen.get('delta'))})-DP for one pair."
             + (
                 " Each DP-RAG answer (<code>rag/answers.json</code>) is charged to the "
                 "records that took part in it and to the tenant's quota above."
@@ -365,11 +371,12 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
         "shows "
         + ("real queries and " if samples else "")
         + "evaluation figures computed on held-out real queries, which carry no "
-        "privacy guarantee. Ship the folders named above, never this report or "
-        "<code>private/</code>.</p>"
+        "privacy guarantee. Ship the folders named above, never this report, "
+        "<code>ledger.sqlite</code> (its keyed digests of the private records, with the "
+        "key, test whether a text is among them) or <code>private/</code>.</p>"
     )
     charge_rows = [
-        [_e(s["dataset"]), *_cells(c, "stage", "#epsilon", "#delta", "description", "time")]
+        [_e(s["dataset"]), *_cells(c, "stage", "^epsilon", "^delta", "description", "time")]
         for s in metrics["privacy"]
         if not _is_collection_cap(s)  # its charges are the tenants' rows, listed once
         for c in s["charges"]
@@ -428,14 +435,14 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
             parts.append(
                 f"<p>The {rag['records']} private records were released once as "
                 f"{rag['synthetic_records']} DP synthetic records (ε = "
-                f"{_num(rag['release_epsilon'])}, δ = {_num(rag['release_delta'])} per record); "
+                f"{_up(rag['release_epsilon'])}, δ = {_up(rag['release_delta'])} per record); "
                 f"{rag['questions']} questions answered from the release with "
                 f"{_e(rag['lm'])}, charged nothing{_correct_count(rag)}.</p>"
             )
         else:
             parts.append(
                 f"<p>{rag['questions']} questions over {rag['records']} private records with "
-                f"{_e(rag['lm'])} ({_e(rag['mechanism'])}, ε = {_num(rag['epsilon_per_answer'])} "
+                f"{_e(rag['lm'])} ({_e(rag['mechanism'])}, ε = {_up(rag['epsilon_per_answer'])} "
                 f"per answer){_correct_count(rag)}, {rag.get('abstained', 0)} abstained. "
                 "An answer abstains when the private records did not move it (nothing the "
                 "records support at this ε); it is charged all the same.</p>"
@@ -447,7 +454,7 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
                 f"scoring at least the public relevance threshold τ = "
                 f"{_num(target['relevance_threshold'])} whose filter still admits it; each "
                 f"record can take part in {target['answers_per_document']} answer(s) within "
-                f"(ε = {_num(target['epsilon'])}, δ = {_num(target['delta'])}).</p>"
+                f"(ε = {_up(target['epsilon'])}, δ = {_up(target['delta'])}).</p>"
             )
         parts.append(
             _table(
@@ -458,7 +465,7 @@ def _html(metrics: dict, plots: dict[str, bytes], samples: list[list[str]]) -> s
                         "<em>abstained</em>" if a.get("abstained") else _e(a["answer"]),
                         "-" if a["expected"] is None else _e(a["expected"]),
                         {True: "yes", False: "no", None: "-"}[a["correct"]],
-                        _num(a["epsilon"]),
+                        _up(a["epsilon"]),
                     ]
                     for a in rag["answers"]
                 ],
@@ -493,8 +500,8 @@ def _individual_statement(collection: dict) -> str:
     """The plain-words per-record statement of a collection in individual accounting."""
     return (
         f"<li><b>{_e(collection['dataset'])}</b> ({_e(collection['privacy_unit'])}): "
-        f"Each private record is (ε = {_num(collection['epsilon'])}, δ = "
-        f"{_num(collection['delta'])})-DP over all {collection['answers']} answers, whichever "
+        f"Each private record is (ε = {_up(collection['epsilon'])}, δ = "
+        f"{_up(collection['delta'])})-DP over all {collection['answers']} answers, whichever "
         "tenant asked; records pay only for answers they took part in. How many records "
         "are exhausted, and what they spent, is not DP: the operator reads it with "
         f"<code>synthgen ledger documents --dataset {_e(collection['dataset'])}</code> on the "

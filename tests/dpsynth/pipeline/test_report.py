@@ -69,3 +69,11 @@ def test_the_statement_names_the_collection_cap_and_lists_each_charge_once():
     assert "<b>notes</b> (tenant pipeline)" in page and "(tenant *)" not in page
     assert page.count("2026-12-01T05:35:02") == 1  # the cap's rows are the tenants' rows
     assert "charged to the tenant's notes scope above and counted by its collection cap" in page
+
+
+def test_a_stated_epsilon_or_delta_is_never_shown_below_itself():
+    assert report._up(7.962115) == "7.9622" and report._num(7.962115) == "7.9621"
+    assert report._up(0.0010499) == "0.0011" and report._num(0.0010499) == "0.001"
+    assert report._up(1 / 192) == "0.0053" and report._up(1.23456e-6) == "1.235e-06"
+    assert report._up(2.0) == "2" and report._up(0.0) == "0" and report._up(None) == "-"
+    assert report._up(float("inf")) == "inf"
