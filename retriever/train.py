@@ -475,7 +475,10 @@ def train_retriever_dp(
             "(frozen document tower)",
         )
         privacy = json.loads(json.dumps(privacy, default=str))
-        extra = {"privacy": privacy, "training": {"config": dataclasses.asdict(config)}}
+        used = ("temperature", "max_query_len", "max_doc_len")  # the rest is dp_config's
+        trained = {k: v for k, v in dataclasses.asdict(config).items() if k in used}
+        dp = {k: v for k, v in dataclasses.asdict(dp_config).items() if k != "seed"}
+        extra = {"privacy": privacy, "training": {"config": {**trained, "dp": dp}}}
         charged = {"ledger_scope": None if pay is None else pay.scope}
         record = prov.dp_sgd({**privacy, **charged}, num_pairs=len(queries))
         towers = {"query": result.trainable, "doc": encoder.params}

@@ -174,6 +174,11 @@ def test_direct_dp_baseline_charges_and_records_its_guarantee(wiki, encoder, tmp
     assert meta["privacy"]["epsilon"] == pytest.approx(plan.epsilon)
     assert math.isclose(meta["privacy"]["delta"], 1 / (2 * n))
     assert "seconds" not in meta["training"] and "seconds" not in json.dumps(meta)
+    assert meta["training"]["config"]["dp"]["batch_size"] == 16  # what ran, and never a seed
+    assert (
+        "seed" not in json.dumps(meta["training"])
+        and "batch_size" not in meta["training"]["config"]
+    )
     # The release alone is the model: evaluate it from a copy. The document tower is the
     # frozen public encoder; only the query tower moved.
     shipped = tmp_path / "shipped"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -17,7 +18,8 @@ def export(
     ] = "sentence-transformers",
     evaluation: Annotated[
         Path | None,
-        typer.Option(help="a `retriever evaluate --out` report of this encoder, for the card"),
+        typer.Option(help="a `retriever evaluate --out` report of this encoder, for the card "
+                     "(not DP: for public evaluation queries only)"),  # fmt: skip
     ] = None,
 ) -> None:
     """Export a trained encoder for sentence-transformers / transformers, with its provenance.
@@ -28,4 +30,7 @@ def export(
     from retriever.export import export_encoder
 
     summary = export_encoder(encoder, out, format=format, evaluation=evaluation)
+    if evaluation is not None:
+        print("warning: the card's evaluation figures are not DP: ship it only if the "
+              "evaluation queries may be published", file=sys.stderr)  # fmt: skip
     print(json.dumps(summary))  # JSON escapes ε and δ: safe in any locale
