@@ -38,6 +38,8 @@ UPSTREAM = {
     "rag": ("train",),
     "report": ("evaluate", "index", "rag"),
 }
+# The config fields naming private files a stage reads: an edited file makes it stale.
+INPUT_FILES = {"data": ("pairs", "documents"), "rag": ("records",)}
 # Private work folders a stage keeps until its done record is written, then removes.
 STAGE_SECRETS = {"generate": ("private/work/generate", "private/work/generate-sampling")}
 # What each stage writes (relative to the run folder), removed when its config changed.
@@ -159,14 +161,27 @@ def fingerprints(config: PipelineConfig) -> dict[str, str]:
     return out
 
 
+def input_digests(config: PipelineConfig, stage: str) -> dict[str, str]:
+    """SHA-256 of each file named by `stage`'s `INPUT_FILES` (kept in its record, 0700)."""
+    from synthgen.assets import file_sha256
+
+    paths = [getattr(getattr(config, stage), f) for f in INPUT_FILES.get(stage, ())]
+    return {str(p): file_sha256(p) for p in paths if p is not None and Path(p).is_file()}
+
+
 def stage_status(config: PipelineConfig, run: RunFolder) -> dict[str, str]:
-    """ "done", "stale" (done under another config), "interrupted" or "missing" per stage."""
+    """ "done", "stale" (done under another config or on other input files; a record
+    without "inputs", written before they were kept, is not compared), "interrupted" or
+    "missing" per stage."""
     fps, out = fingerprints(config), {}
     for stage in STAGES:
         record = run.record(stage)
+        inputs = record and record.get("inputs")
         if record is None:
             out[stage] = "missing"
         elif record["fingerprint"] != fps[stage] or record["status"] == "stale-upstream":
+            out[stage] = "stale"
+        elif inputs is not None and inputs != input_digests(config, stage):
             out[stage] = "stale"
         else:
             out[stage] = "done" if record["status"] == "done" else "interrupted"

@@ -30,6 +30,7 @@ from dpsynth.pipeline.context import (
     StageContext,
     check_upstream,
     fingerprints,
+    input_digests,
     jsonable,
     later_reads,
     stage_lock,
@@ -125,9 +126,11 @@ def run_stage(
                     stale["status"] = "stale-upstream"
                     run.write_record(later, stale)
         started = time.time()
+        inputs = input_digests(config, stage)  # as read now: an edit after makes it stale
         running = {
             "stage": stage,
             "fingerprint": fps[stage],
+            "inputs": inputs,
             "status": "running",
             "started": started,
         }
@@ -140,6 +143,7 @@ def run_stage(
         record = {
             "stage": stage,
             "fingerprint": fps[stage],
+            "inputs": inputs,
             "status": "done",
             "started": started,
             "seconds": round(time.time() - started, 2),

@@ -251,3 +251,18 @@ def test_fewshot_generate_precheck_refuses_a_run_over_the_cap(tmp_path):
         PrivacyLedger(tmp_path / "run-10.0" / "ledger.sqlite").charges("pipeline", "train-pairs")
         == []
     )
+
+
+def test_an_edited_input_file_makes_its_stage_and_what_reads_it_stale(tmp_path, calls):
+    pairs, run = tmp_path / "pairs.jsonl", tmp_path / "run"
+    pairs.write_text('{"query": "q", "document": "d"}\n')
+    data = dataclasses.replace(_config().data, source=None, pairs=str(pairs), documents="d.jsonl")
+    config = _config(data=data)  # documents.jsonl is missing: not hashed, not read here
+    run_pipeline(config, run)
+    calls.clear()
+    run_pipeline(config, run)
+    assert calls == []
+    pairs.write_text('{"query": "q2", "document": "d"}\n')  # the same path, other pairs
+    assert stage_status(config, RunFolder(run))["data"] == "stale"
+    run_pipeline(config, run)
+    assert calls == list(STAGES)
