@@ -109,6 +109,7 @@ def run_stage(
         run.private  # noqa: B018 - created owner-only before any stage writes into it
         if status[stage] == "done" and not force:
             print(f"[{stage}] up to date (fingerprint {fps[stage]}), skipped", file=sys.stderr)
+            _remove_secrets(run, stage)  # left by a run stopped right after its done record
             return record
         context = StageContext(config, run, progress, train_only)
         if status[stage] == "interrupted" and not force:
@@ -152,9 +153,13 @@ def run_stage(
             "summary": jsonable(summary),
         }
         run.write_record(stage, record)
-        for rel in STAGE_SECRETS.get(stage, ()):  # only now: a resume before this needs them
-            shutil.rmtree(run.root / rel, ignore_errors=True)
+        _remove_secrets(run, stage)  # only now: a resume before this needs them
         return record
+
+
+def _remove_secrets(run: RunFolder, stage: str) -> None:
+    for rel in STAGE_SECRETS.get(stage, ()):
+        shutil.rmtree(run.root / rel, ignore_errors=True)
 
 
 def run_shard(stage: str, config, run, shard: Shard, *, progress: bool = True) -> dict:

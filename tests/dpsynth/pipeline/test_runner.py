@@ -266,3 +266,12 @@ def test_an_edited_input_file_makes_its_stage_and_what_reads_it_stale(tmp_path, 
     assert stage_status(config, RunFolder(run))["data"] == "stale"
     run_pipeline(config, run)
     assert calls == list(STAGES)
+
+
+def test_secret_work_left_behind_a_done_stage_goes_at_the_next_run(tmp_path, calls):
+    run_pipeline(_config(), tmp_path)
+    left = tmp_path / "private" / "work" / "generate"  # a run stopped after its done record
+    left.mkdir(parents=True)
+    (left / "noise_key").write_text("secret")
+    run_pipeline(_config(), tmp_path)
+    assert not left.exists()
