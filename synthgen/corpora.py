@@ -16,7 +16,7 @@ import yaml
 
 from synthgen import assets
 from synthgen.assets import file_sha256 as file_sha256  # re-exported
-from synthgen.user_pairs import nonblank_lines
+from synthgen.user_pairs import json_objects
 
 WIKI_FILE = "summaries_en-us.json"
 
@@ -140,13 +140,7 @@ def read_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> list[dict
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
     records = []
-    for number, line in nonblank_lines(path):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            raise ValueError(f"{path}:{number} is not valid JSON") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}:{number} is not a JSON object")
+    for number, record in json_objects(path):
         missing = [k for k in required if k not in record]
         if missing:
             raise ValueError(f"{path}:{number} lacks field(s) {missing}")

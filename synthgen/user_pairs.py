@@ -55,26 +55,29 @@ class PairsSource:
     id_field: str | None = None
 
 
-def nonblank_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, line) of each non-blank line of a UTF-8 text file."""
-    with open(path, encoding="utf-8") as f:
+def json_objects(path: Path, error: type[ValueError] = ValueError) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of each non-blank line of a UTF-8 JSONL file; `error`, naming
+    the line and never its content, on one that is not a JSON object."""
+    with open(path, "rb") as f:
         for number, line in enumerate(f, start=1):
-            if line.strip():
-                yield number, line
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise error(f"{path}:{number}: not UTF-8") from None
+            except json.JSONDecodeError:
+                raise error(f"{path}:{number}: not valid JSON") from None
+            if not isinstance(row, dict):
+                raise error(f"{path}:{number}: not a JSON object")
+            yield number, row
 
 
 def _lines(path: Path):
-    """(line number, object) of each non-blank line; PairsFileError on a bad line."""
+    """`json_objects` of a pairs or documents file; PairsFileError on a bad line."""
     if not path.is_file():
         raise PairsFileError(f"{path}: no such file")
-    for number, line in nonblank_lines(path):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise PairsFileError(f"{path}:{number}: not valid JSON") from None
-        if not isinstance(row, dict):
-            raise PairsFileError(f"{path}:{number}: not a JSON object")
-        yield number, row
+    return json_objects(path, PairsFileError)
 
 
 def _text(path: Path, number: int, row: dict, field: str) -> str:

@@ -44,9 +44,13 @@ def test_jsonl_errors_name_the_line_not_the_content(tmp_path):
     with pytest.raises(FileNotFoundError):
         corpora.load_jsonl(tmp_path / "missing.jsonl")
     path.write_text('"secret text"\n')  # a JSON string: `in` would test substrings
-    with pytest.raises(ValueError, match=":1 is not a JSON object"):
+    with pytest.raises(ValueError, match=":1: not a JSON object"):
         corpora.load_jsonl(path, required=("query",))
     path.write_text('{"query": 12}\n{"query": "secret text"}\n')  # Arrow's error quotes it
     with pytest.raises(ValueError, match=r"\['query'\] hold values") as info:
         corpora.load_jsonl(path, required=("query",))
     assert "secret" not in str(info.value) and info.value.__suppress_context__
+    path.write_bytes(b'{"query": "ok"}\n{"query": "caf\xe9 secret"}\n')  # Latin-1, not UTF-8
+    with pytest.raises(ValueError, match=":2: not UTF-8") as info:
+        corpora.load_jsonl(path, required=("query",))
+    assert "secret" not in str(info.value)
