@@ -43,10 +43,9 @@ def _record(work_dir: str | Path) -> dict[str, Any]:
     if missing:
         raise ValueError(f"{work}/private.json lacks {', '.join(missing)}")
     record = dict(record)
-    record["ledger"] = _located(str(record["ledger"]), work)
-    record["private_corpus"] = _located(str(record["private_corpus"]), work)
-    if record.get("private_index"):
-        record["private_index"] = _located(str(record["private_index"]), work)
+    for key in ("ledger", "private_corpus", "private_index"):  # the first two are required
+        if record.get(key):
+            record[key] = _located(str(record[key]), work)
     return record
 
 

@@ -348,18 +348,17 @@ def audit_querygen(
     )
     ext = extend_vocabulary(family, params, canaries.num_new, lora=lora, rng=material)
     canary_rows = encode_canaries(ext.family, canaries, input_len=input_len, target_len=target_len)
-    secret_mask = canary_rows.pop("secret_mask")
     private = ext.family.encode_pairs(
         list(private_documents), list(private_queries), input_len, target_len
     )
     run = run_config(dp, config, train_seed)
     plan = dp_train.plan_privacy(run, len(private_documents) + m)  # public: before the coins
-    base = score_secrets(
-        ext.family,
-        ext.full_params(ext.trainable),
-        {**canary_rows, "secret_mask": secret_mask},
-        batch=config.score_batch,
-    )
+
+    def score(trainable: PyTree) -> np.ndarray:  # log p(secret | prefix) per canary
+        weights = ext.full_params(trainable)
+        return score_secrets(ext.family, weights, canary_rows, batch=config.score_batch)
+
+    base = score(ext.trainable)
     coins = draw_coins(coin_rng, m)
     data = {k: np.concatenate([private[k], canary_rows[k][coins]]) for k in private}
     trained_start = time.perf_counter()
@@ -377,12 +376,7 @@ def audit_querygen(
     del data
     train_seconds = time.perf_counter() - trained_start
     score_start = time.perf_counter()
-    trained = score_secrets(
-        ext.family,
-        ext.full_params(result.trainable),
-        {**canary_rows, "secret_mask": secret_mask},
-        batch=config.score_batch,
-    )
+    trained = score(result.trainable)
     score_seconds = time.perf_counter() - score_start
     figures = canary_figures(
         {OBSERVABLE: trained - base},
