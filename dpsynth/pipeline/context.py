@@ -170,18 +170,23 @@ def input_digests(config: PipelineConfig, stage: str) -> dict[str, str]:
 
 
 def stage_status(config: PipelineConfig, run: RunFolder) -> dict[str, str]:
-    """ "done", "stale" (done under another config or on other input files; a record
-    without "inputs", written before they were kept, is not compared), "interrupted" or
-    "missing" per stage."""
-    fps, out = fingerprints(config), {}
+    """ "done", "stale" (done under another config, or on an input file edited since, or
+    reading such a stage), "interrupted" or "missing" per stage. An input file gone since
+    (or a record without "inputs", written before they were kept) is not compared."""
+    fps, out, edited = fingerprints(config), {}, set()
     for stage in STAGES:
         record = run.record(stage)
-        inputs = record and record.get("inputs")
+        kept = (record or {}).get("inputs") or {}
+        now = input_digests(config, stage) if kept else {}
+        if any(now.get(path, digest) != digest for path, digest in kept.items()) or any(
+            u in edited for u in UPSTREAM[stage]
+        ):
+            edited.add(stage)
         if record is None:
             out[stage] = "missing"
-        elif record["fingerprint"] != fps[stage] or record["status"] == "stale-upstream":
+        elif stage in edited or record["fingerprint"] != fps[stage]:
             out[stage] = "stale"
-        elif inputs is not None and inputs != input_digests(config, stage):
+        elif record["status"] == "stale-upstream":
             out[stage] = "stale"
         else:
             out[stage] = "done" if record["status"] == "done" else "interrupted"

@@ -111,8 +111,8 @@ def pipeline(
 
 @pipeline_app.command("status")
 def status(config: ConfigOption = None, out: OutOption = None) -> None:
-    """Each stage: done, stale (config changed), interrupted or missing; and the config's
-    assets that are not cached yet (a run fetches them first, from PyPI)."""
+    """Each stage: done, stale (config or an input file changed), interrupted or missing;
+    and the config's assets that are not cached yet (a run fetches them first, from PyPI)."""
     from dpsynth.pipeline import RunFolder, fingerprints, stage_status
     from dpsynth.pipeline.config import config_assets
     from dpsynth.pipeline.stage_shards import SHARDABLE, shard_progress

@@ -263,9 +263,14 @@ def test_an_edited_input_file_makes_its_stage_and_what_reads_it_stale(tmp_path, 
     run_pipeline(config, run)
     assert calls == []
     pairs.write_text('{"query": "q2", "document": "d"}\n')  # the same path, other pairs
-    assert stage_status(config, RunFolder(run))["data"] == "stale"
+    assert stage_status(config, RunFolder(run)) == {s: "stale" for s in STAGES}
     run_pipeline(config, run)
     assert calls == list(STAGES)
+    calls.clear()
+    pairs.unlink()  # an input removed after its run: nothing to compare, nothing re-run
+    assert stage_status(config, RunFolder(run)) == {s: "done" for s in STAGES}
+    run_pipeline(config, run)
+    assert calls == []
 
 
 def test_secret_work_left_behind_a_done_stage_goes_at_the_next_run(tmp_path, calls):
