@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from synthgen.assets import file_sha256
+from synthgen.privacy.figures import round_up
 
 PROVENANCE_FILE = "provenance.json"
 FORMAT = 1
@@ -43,7 +44,7 @@ def _number(value: Any) -> float | None:
 
 
 def _figures(epsilon: float, delta: float) -> str:
-    return f"ε = {epsilon:.4g}, δ = {delta:.3g}"
+    return f"ε = {round_up(epsilon, 4):.4g}, δ = {round_up(delta, 3):.3g}"  # never below
 
 
 def _guarantee(kind: str, privacy: dict | None) -> dict:

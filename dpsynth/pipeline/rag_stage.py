@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 
 from dpsynth.pipeline.context import StageContext, check_run_scope, open_run_scope
+from synthgen.privacy.figures import format_epsilon
 from synthgen.privacy.receipts import collection_payer
 
 RAG_DATASET = "medical-records"  # the packaged sample collections' name in the ledger
@@ -273,7 +274,11 @@ def release_and_answer(ctx: StageContext, collection: Collection) -> dict:
     out = ctx.run.root / "rag"
     out.mkdir(parents=True, exist_ok=True)
     (out / "release.jsonl").write_text("".join(json.dumps(r) + "\n" for r in release.records))
-    ctx.log("rag", f"released {len(release.records)} synthetic records at eps={config.epsilon:.3g}")
+    ctx.log(
+        "rag",
+        f"released {len(release.records)} synthetic records at "
+        f"eps={format_epsilon(config.epsilon)}",
+    )
     answerer = TypedFactAnswerer(release.records, release.plan.noise_stddev)
     answers = []
     for question, expected in collection.questions:
@@ -465,7 +470,9 @@ def _answer_the_rest(
         if number <= len(answers):
             continue
         answer = rag.answer(question, tenant=tenant, epsilon=cfg.epsilon, mechanism=mechanism)
-        ctx.log("rag", f"question {number}/{len(questions)}: epsilon={answer.epsilon:.3g}")
+        ctx.log(
+            "rag", f"question {number}/{len(questions)}: epsilon={format_epsilon(answer.epsilon)}"
+        )
         answers.append(
             {
                 "question": question,

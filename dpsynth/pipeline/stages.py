@@ -27,7 +27,7 @@ from dpsynth.pipeline.context import (
 )
 from dpsynth.pipeline.stage_shards import finished_shards, remove_shards
 from synthgen.corpora import read_jsonl
-from synthgen.privacy.figures import format_epsilon
+from synthgen.privacy.figures import format_epsilon, round_up
 from synthgen.work_folder import private_folder
 
 PAIRS_DATASET = "train-pairs"
@@ -287,8 +287,8 @@ def _querygen(ctx: StageContext, pairs: list[dict], documents) -> dict:
     ctx.log(
         "generate",
         f"DP fine-tuning {config.base} ({config.family}, LoRA rank {config.lora_rank}) on {n} "
-        f"private pairs: epsilon={format_epsilon(plan.epsilon)} delta={plan.delta:.2e} "
-        f"sigma={plan.noise_multiplier:.3f} steps={plan.steps}",
+        f"private pairs: epsilon={format_epsilon(plan.epsilon)} "
+        f"delta={round_up(plan.delta, 3):.2e} sigma={plan.noise_multiplier:.3f} steps={plan.steps}",
     )
     train = datasets.Dataset.from_list(pairs)
     work = ctx.run.private / "work" / "generate"
@@ -392,7 +392,7 @@ def _fewshot(ctx: StageContext, pairs: list[dict]) -> dict:
     ctx.log(
         "generate",
         f"DP few-shot queries with {cfg.fewshot_model}: epsilon={format_epsilon(plan.epsilon)} "
-        f"delta={plan.delta:.2e} over {len(targets)} documents",
+        f"delta={round_up(plan.delta, 3):.2e} over {len(targets)} documents",
     )
     lm = FlaxLM.load(cfg.fewshot_model)
     result = fewshot.generate(

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from synthgen.privacy.figures import round_up
+
 CARD_FILE = "card.json"
 SYNTHETIC_FILE = "synthetic.jsonl"
 METADATA_FILE = "metadata.json"
@@ -82,11 +84,11 @@ def make_card(
         raise ValueError(f"need a finite epsilon >= 0 and 0 <= delta < 1, got {epsilon=} {delta=}")
     created = datetime.datetime.now(datetime.UTC).date().isoformat()
     statement = (
-        f"({epsilon:.4g}, {delta:.3g})-DP for one document of the private collection "
-        f"'{contributor}' (add/remove one document): the synthetic documents, their topics, "
-        "the released pairs of a fact release (facts.json) and this index are the only "
-        "things released; retrieving from them is post-processing "
-        "and spends no budget, however many questions are asked"
+        f"({round_up(epsilon, 4):.4g}, {round_up(delta, 3):.3g})-DP for one document of the "
+        f"private collection '{contributor}' (add/remove one document): the synthetic "
+        "documents, their topics, the released pairs of a fact release (facts.json) and this "
+        "index are the only things released; retrieving from them is post-processing and "
+        "spends no budget, however many questions are asked"
     )
     if seeded:
         statement += " (noise from a fixed seed: for tests only, not for publication)"

@@ -57,3 +57,12 @@ def format_left(epsilon: float) -> str:
         return "inf" if epsilon > 0 else str(Decimal(0).quantize(_QUANTUM))
     left = Decimal(repr(epsilon)).quantize(_QUANTUM, rounding=ROUND_FLOOR)
     return str(max(Decimal(0).quantize(_QUANTUM), left))
+
+
+def round_up(value: float, digits: int) -> float:
+    """`value` rounded up to `digits` significant digits: a stated ε or δ written with
+    ``:.{digits}g`` then never reads below the figure it states (0, inf: as they are)."""
+    if not math.isfinite(value) or value <= 0:
+        return value
+    quantum = Decimal(1).scaleb(math.floor(math.log10(value)) - digits + 1)
+    return float(Decimal(repr(float(value))).quantize(quantum, rounding=ROUND_CEILING))

@@ -18,8 +18,10 @@ def export(
     ] = "sentence-transformers",
     evaluation: Annotated[
         Path | None,
-        typer.Option(help="a `retriever evaluate --out` report of this encoder, for the card "
-                     "(not DP: for public evaluation queries only)"),  # fmt: skip
+        typer.Option(
+            help="a `retriever evaluate --out` report of this encoder, for the card "
+            "(not DP: for public evaluation queries only)"
+        ),
     ] = None,
 ) -> None:
     """Export a trained encoder for sentence-transformers / transformers, with its provenance.

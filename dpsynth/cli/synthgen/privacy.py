@@ -10,6 +10,7 @@ import typer
 from dpsynth.cli.shared import group_app
 from dpsynth.cli.synthgen.common import DeclaredDeltaOption, FewShotMechanismOption
 from synthgen.command_line import JsonOption, choice
+from synthgen.privacy.figures import format_epsilon
 
 FewShotNoiseOption = Annotated[
     float | None, typer.Option(help="sigma (gaussian) or per-token epsilon (rnm)")
@@ -67,15 +68,14 @@ def privacy_dpsgd(
         "batch_size": batch_size,
         "epochs": epochs,
     }
+    eps = format_epsilon(eps)  # rounded up: never below the computed epsilon
     rest = f"steps={steps}, q={result['sampling_rate']:.4g}, {sampling}, {accountant})"
     if as_json:
         print(json.dumps(result))
     elif target_epsilon is not None:
-        print(
-            f"noise_multiplier={noise_multiplier:.4f} (epsilon={eps:.4f}, delta={delta:g}, {rest}"
-        )
+        print(f"noise_multiplier={noise_multiplier:.4f} (epsilon={eps}, delta={delta:g}, {rest}")
     else:
-        print(f"epsilon={eps:.4f} (delta={delta:g}, noise_multiplier={noise_multiplier:g}, {rest}")
+        print(f"epsilon={eps} (delta={delta:g}, noise_multiplier={noise_multiplier:g}, {rest}")
 
 
 @privacy_app.command("fewshot")
@@ -134,6 +134,6 @@ def privacy_fewshot(
         print(json.dumps(result))
     else:
         print(
-            f"epsilon={eps:.4f} (delta={delta:g}, {noise_name}={noise_multiplier:.4g}, "
+            f"epsilon={format_epsilon(eps)} (delta={delta:g}, {noise_name}={noise_multiplier:.4g}, "
             f"tokens={tokens}, q={result['sampling_rate']:.4g}, {mechanism}, pld)"
         )
