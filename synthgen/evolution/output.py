@@ -22,6 +22,7 @@ def write_output(
     *,
     model: str,
     encoder: str,
+    encoder_provenance: str | None = None,
     rows: str = "all rows of the private data",
     seeded: bool = False,
     name: str = "synthetic",
@@ -34,6 +35,8 @@ def write_output(
       config: its public parameters.
       model: the LM backend's description.
       encoder: the embedding model's name.
+      encoder_provenance: why it is public or DP-trained (a DP-trained encoder's guarantee
+        composes with this release's where it was trained on the same rows).
       rows: which private rows the guarantee covers.
       seeded: the randomness came from a fixed seed (tests only).
       name: file stem.
@@ -53,7 +56,11 @@ def write_output(
             "post_processing": (
                 "samples are LM outputs of public prompts, selected by DP histograms"
             ),
-            "model": {"backend": model, "encoder": encoder},
+            "model": {
+                "backend": model,
+                "encoder": encoder,
+                "encoder_provenance": encoder_provenance,
+            },
             "generation": {
                 "method": "Private Evolution for text (Lin et al. 2024; Xie et al. 2024)",
                 "config": dataclasses.asdict(config),

@@ -219,6 +219,11 @@ def test_cli_writes_the_release_and_refuses_bad_options(tmp_path):
                            "--num-samples", "4", "--noise", "2"],
                           capture_output=True, text=True)  # fmt: skip
     assert own.returncode == 2 and "provenance.json" in own.stderr, own.stderr
+    (tmp_path / "enc" / "provenance.json").write_text("{not json")
+    broken = cli_process.run([*base[:-4], "--encoder", str(tmp_path / "enc"), *base[-2:],
+                              "--num-samples", "4", "--noise", "2"],
+                             capture_output=True, text=True)  # fmt: skip
+    assert broken.returncode == 2 and "Traceback" not in broken.stderr, broken.stderr
     assert not (tmp_path / "ledger.sqlite").exists()
     run = cli_process.run(
         base + ["--num-samples", "4", "--epsilon", "4", "--iterations", "2", "--label-field",
@@ -238,6 +243,7 @@ def test_cli_writes_the_release_and_refuses_bad_options(tmp_path):
     assert "private" not in json.dumps(meta["generation"])  # no private figure
     assert meta["privacy"]["delta"] == pytest.approx(1e-3)
     assert meta["generation"]["config"]["labels"] == ["cat", "dog"]
+    assert meta["model"]["encoder_provenance"].startswith("public pretrained model")
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
     assert [c.stage for c in ledger.charges("default", "private")] == ["evolution"]
 

@@ -71,14 +71,20 @@ LimitOption = Annotated[
 ]
 
 
-def _check_options(epsilon, noise, label_field, labels, encoder) -> None:
+def _check_options(epsilon, noise, label_field, labels, encoder) -> str:
     """Refuses contradicting or missing options, and an encoder whose provenance does not
-    show it public or DP-trained (the votes' sensitivity holds it fixed), before any read."""
+    show it public or DP-trained (the votes' sensitivity holds it fixed), before any read;
+    returns why the encoder qualifies (for the release's metadata)."""
     from retriever.provenance import collection_independence
 
-    if collection_independence(encoder) is None:
-        raise typer.BadParameter(f"{encoder} is not known to be public or DP-trained (its "
-                                 "provenance.json)", param_hint="--encoder")  # fmt: skip
+    with usage_errors(ValueError, option="--encoder"):  # a provenance.json that is not JSON
+        why = collection_independence(encoder)
+    if why is None:
+        raise typer.BadParameter(
+            f"{encoder} is neither an asset nor an encoder folder whose provenance.json "
+            "shows it public or DP-trained",
+            param_hint="--encoder",
+        )
     if (epsilon is None) == (noise is None):
         raise typer.BadParameter("give one of --epsilon and --noise")
     if bool(label_field) != bool(labels):
@@ -86,6 +92,7 @@ def _check_options(epsilon, noise, label_field, labels, encoder) -> None:
             "--label-field and --labels go together: the label list is public and never "
             "read from the private rows"
         )
+    return why
 
 
 def _config_and_plan(
@@ -155,12 +162,15 @@ def _evolve(lm, encoder, rows, text_field, label_field, config, plan, seed, pay)
 
 
 def _write(out, result, config, plan, lm_name, encoder, rows, seed) -> None:
-    """Writes the release and prints the LM's speed (stderr) and the summary (stdout)."""
+    """Writes the release and prints the LM's speed (stderr) and the summary (stdout);
+    `encoder`: (name, why it qualifies)."""
     from synthgen import evolution
 
+    name, why = encoder
     evolution.write_output(
-        out, result, config, model=lm_name, encoder=encoder, rows=rows, seeded=seed is not None
-    )
+        out, result, config, model=lm_name, encoder=name, encoder_provenance=why, rows=rows,
+        seeded=seed is not None,
+    )  # fmt: skip
     rate = result.samples_generated / max(result.generation_seconds, 1e-9)
     print(
         f"LM: {result.samples_generated} samples in {result.generation_seconds:.1f} s "
@@ -235,7 +245,7 @@ def generate_docs_pe(
     """Private Evolution: DP synthetic text whose cost does not grow with its length or number."""
     from synthgen.corpora import load_rows, selection_note
 
-    _check_options(epsilon, noise, label_field, labels, encoder)
+    encoder_note = _check_options(epsilon, noise, label_field, labels, encoder)
     lm_args, lm_name = lm_options(model, server, server_model, server_context, server_prompt,
                                   top_logprobs, server_concurrency)  # fmt: skip
     config, plan = _config_and_plan(
@@ -243,12 +253,12 @@ def generate_docs_pe(
         population, keep_share, initial_prompt, variation_prompt, max_new_tokens, temperature,
         top_p, batch_size,
     )  # fmt: skip
-    required = (text_field,) + ((label_field,) if label_field else ())
-    rows = load_rows(private, required, limit, split)
+    rows = load_rows(private, (text_field,) + ((label_field,) if label_field else ()), limit, split)
     pay = _admit(rows, text_field, label_field, config, plan, ledger,
                  (tenant, dataset or Path(private).stem), budget, guarantees_add_up)  # fmt: skip
     if seed is not None:
         print(SEED_WARNING, file=sys.stderr)
     with load_lm(*lm_args) as lm:
         result = _evolve(lm, encoder, rows, text_field, label_field, config, plan, seed, pay)
-    _write(out, result, config, plan, lm_name, encoder, selection_note(limit, split), seed)
+    rows_note = selection_note(limit, split)
+    _write(out, result, config, plan, lm_name, (encoder, encoder_note), rows_note, seed)
