@@ -152,7 +152,7 @@ def read_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> list[dict
 
 def load_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> datasets.Dataset:
     """`read_jsonl` as a `datasets.Dataset` (same checks and errors). A field whose rows
-    hold different types is named, never a value (Arrow's own message quotes one)."""
+    hold different types (null aside) is named, never a value (Arrow's messages quote one)."""
     records = read_jsonl(path, required=required)
     try:
         return datasets.Dataset.from_list(records)
@@ -161,8 +161,9 @@ def load_jsonl(path: str | Path, *, required: tuple[str, ...] = ()) -> datasets.
         for record in records:
             for key, value in record.items():
                 types.setdefault(key, set()).add(type(value))
-        mixed = sorted(k for k, found in types.items() if len(found) > 1) or "of its rows"
-        raise ValueError(f"{path}: field(s) {mixed} hold values of different types") from None
+        mixed = sorted(k for k, found in types.items() if len(found - {type(None)}) > 1)
+        what = f"field(s) {mixed} hold values of different types" if mixed else "its rows"
+        raise ValueError(f"{path}: {what} cannot be read as one table") from None
 
 
 def load_rows(

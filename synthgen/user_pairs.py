@@ -58,19 +58,18 @@ class PairsSource:
 def json_objects(path: Path, error: type[ValueError] = ValueError) -> Iterator[tuple[int, dict]]:
     """(line number, object) of each non-blank line of a UTF-8 JSONL file; `error`, naming
     the line and never its content, on one that is not a JSON object."""
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line.decode("utf-8"))
-            except UnicodeDecodeError:
-                raise error(f"{path}:{number}: not UTF-8") from None
-            except json.JSONDecodeError:
-                raise error(f"{path}:{number}: not valid JSON") from None
-            if not isinstance(row, dict):
-                raise error(f"{path}:{number}: not a JSON object")
-            yield number, row
+    for number, line in enumerate(Path(path).read_bytes().splitlines(), start=1):
+        if not line.strip():  # bytes split at \n, \r\n and \r, as text mode reads lines
+            continue
+        try:
+            row = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise error(f"{path}:{number}: not UTF-8") from None
+        except json.JSONDecodeError:
+            raise error(f"{path}:{number}: not valid JSON") from None
+        if not isinstance(row, dict):
+            raise error(f"{path}:{number}: not a JSON object")
+        yield number, row
 
 
 def _lines(path: Path):

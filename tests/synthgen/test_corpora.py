@@ -54,3 +54,5 @@ def test_jsonl_errors_name_the_line_not_the_content(tmp_path):
     with pytest.raises(ValueError, match=":2: not UTF-8") as info:
         corpora.load_jsonl(path, required=("query",))
     assert "secret" not in str(info.value)
+    path.write_bytes(b'{"query": "a", "n": null}\r{"query": "b", "n": 1}\r')  # old Mac lines
+    assert corpora.load_jsonl(path, required=("query",))["n"] == [None, 1]

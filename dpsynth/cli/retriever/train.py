@@ -199,7 +199,8 @@ def train_dp(
     )
     ledger = ledger or default_ledger_path()
     work = work_dir if work_dir is not None else default_work_dir(out, ledger)
-    with usage_errors(ValueError, option="--work-dir"):  # before the ledger sees the pairs
+    where = "--work-dir" if work_dir is not None else "--ledger"  # the default's folder
+    with usage_errors(ValueError, option=where):  # before the ledger sees the pairs
         check_apart(out, work)
     rows, texts, row_of = _private_pairs(queries, corpus)
     plan = plan_privacy(dp_config, len(rows))

@@ -89,7 +89,8 @@ def train_generator(
     plan = querygen.dp_train.plan_privacy(cfg.dp, len(rows))
     ledger_path = ledger or default_ledger_path()
     work = work_dir if work_dir is not None else default_work_dir(out, ledger_path)
-    with usage_errors(ValueError, option="--work-dir"):  # before the ledger sees the pairs
+    where = "--work-dir" if work_dir is not None else "--ledger"  # the default's folder
+    with usage_errors(ValueError, option=where):  # before the ledger sees the pairs
         check_apart(out, work)
     book = _admit(rows, fields, plan, ledger_path, scope, budget, guarantees_add_up)
     if seed is not None:
