@@ -355,17 +355,9 @@ class ScannSearcher:
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Returns the top-k inner products and row ids of each query, best first.
 
-        Args:
-          queries: float ``[q, dim]``.
-          k: neighbours per query (>= 1; clamped to `size`).
-
-        Returns:
-          ``(scores, indices)``: float32 and int64, both ``[q, min(k, size)]``. With a tree,
-          a query whose searched leaves hold fewer than k rows gets id -1 and score -inf in
-          the missing tail.
-
-        Raises:
-          ValueError: on malformed queries or k.
+        Arguments, result and errors as in `ExactSearcher.search`, except that with a tree a
+        query whose searched leaves hold fewer than k rows gets id -1 and score -inf in the
+        missing tail.
         """
         queries = _check_queries(queries, self.dim)
         k = min(_check_k(k), self.size)

@@ -83,14 +83,23 @@ def _count_correct(answers: list[dict]) -> int | None:
     return sum(scored) if scored or not answers else None
 
 
-def _correct(answer: str, expected: str | None, abstained: bool) -> bool | None:
-    """Whether an answer names the expected answer (None: no expected answer given), by
+def _answer_row(
+    question: str, expected: str | None, answer: str, abstained: bool, spent: dict
+) -> dict:
+    """One row of answers.json, `spent` (epsilon, delta, mechanism) last; "correct" says
+    whether the answer names the expected answer (None: no expected answer given), by
     `retriever.answer_match.answer_is_correct`."""
     from retriever.answer_match import answer_is_correct
 
-    if expected is None:
-        return None
-    return not abstained and answer_is_correct(answer, expected)
+    correct = None if expected is None else not abstained and answer_is_correct(answer, expected)
+    return {
+        "question": question,
+        "expected": expected,
+        "answer": answer,
+        "abstained": abstained,
+        "correct": correct,
+        **spent,
+    }
 
 
 def _check_accounting_unchanged(ledger, dataset: str, individual: bool) -> None:
@@ -280,21 +289,10 @@ def release_and_answer(ctx: StageContext, collection: Collection) -> dict:
         f"eps={format_epsilon(config.epsilon)}",
     )
     answerer = TypedFactAnswerer(release.records, release.plan.noise_stddev)
-    answers = []
+    answers, spent = [], {"epsilon": 0.0, "delta": 0.0, "mechanism": "release"}
     for question, expected in collection.questions:
         found = answerer.answer(question)
-        answers.append(
-            {
-                "question": question,
-                "expected": expected,
-                "answer": found.answer,
-                "abstained": found.abstained,
-                "correct": _correct(found.answer, expected, found.abstained),
-                "epsilon": 0.0,
-                "delta": 0.0,
-                "mechanism": "release",
-            }
-        )
+        answers.append(_answer_row(question, expected, found.answer, found.abstained, spent))
     (out / "answers.json").write_text(json.dumps(answers, indent=1, ensure_ascii=False))
     return {
         "enabled": True,
@@ -473,18 +471,8 @@ def _answer_the_rest(
         ctx.log(
             "rag", f"question {number}/{len(questions)}: epsilon={format_epsilon(answer.epsilon)}"
         )
-        answers.append(
-            {
-                "question": question,
-                "expected": expected,
-                "answer": answer.text,
-                "abstained": answer.abstained,
-                "correct": _correct(answer.text, expected, answer.abstained),
-                "epsilon": answer.epsilon,
-                "delta": answer.delta,
-                "mechanism": answer.mechanism,
-            }
-        )
+        spent = {"epsilon": answer.epsilon, "delta": answer.delta, "mechanism": answer.mechanism}
+        answers.append(_answer_row(question, expected, answer.text, answer.abstained, spent))
         tmp = done_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(answers, indent=1, ensure_ascii=False))
         tmp.replace(done_path)

@@ -167,8 +167,11 @@ def _document_filters(ledger_path: Path) -> list[dict]:
 
 
 def _png(fig) -> bytes:
+    """`fig`, laid out, as PNG bytes; closes it."""
+    fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
+    pyplot().close(fig)
     return buffer.getvalue()
 
 
@@ -202,9 +205,7 @@ def _plots(metrics: dict) -> dict[str, bytes]:
         ax.legend(loc="upper left", fontsize=8, ncols=2)
         zoomed = f" (y axis from {bottom:.2f})" if bottom > 0 else ""
         ax.set_title(f"Retrieval quality{zoomed}")
-        fig.tight_layout()
         plots["retrieval.png"] = _png(fig)
-        plt.close(fig)
     stages = [s for s in metrics["stages"] if s.get("seconds") is not None]
     if stages:
         fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3))
@@ -218,9 +219,7 @@ def _plots(metrics: dict) -> dict[str, bytes]:
         right.set_xlabel("peak memory (GiB)")
         right.invert_yaxis()
         fig.suptitle("Time and peak memory per stage")
-        fig.tight_layout()
         plots["stages.png"] = _png(fig)
-        plt.close(fig)
     scopes = [s for s in metrics["privacy"] if s["charges"]]
     if scopes:
         fig, ax = plt.subplots(figsize=(6, 2.6))
@@ -231,9 +230,7 @@ def _plots(metrics: dict) -> dict[str, bytes]:
         ax.set_xlabel("epsilon (composed, at the scope's delta)")
         ax.legend(fontsize=8)
         ax.set_title("Privacy budget per scope")
-        fig.tight_layout()
         plots["privacy.png"] = _png(fig)
-        plt.close(fig)
     return plots
 
 
