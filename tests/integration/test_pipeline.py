@@ -21,6 +21,7 @@ from dpsynth.pipeline import (
     run_stage,
     stage_status,
 )
+from dpsynth.pipeline import report as report_page
 from dpsynth.pipeline.runner import run_shard
 from synthgen import querygen
 from synthgen.privacy import PrivacyLedger
@@ -118,7 +119,7 @@ def test_report_numbers_come_from_the_run(tiny_run):
         assert (run / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (run / "report" / "report.html").read_text()
     assert page.index("Privacy statement") < page.index("Retrieval quality")
-    assert f"{generate['epsilon']:.4f}".rstrip("0") in page
+    assert f"ε = {report_page._up(generate['epsilon'])}," in page  # rounded up, never below
 
 
 def test_released_folders_hold_no_secret_randomness(tiny_run):
