@@ -18,12 +18,11 @@ import datetime
 import html
 import io
 import json
-import math
-from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 
 from dpsynth.pipeline.context import STAGES, StageContext
 from synthgen.plots import pyplot
+from synthgen.privacy.figures import DECIMALS, format_epsilon, round_up
 from synthgen.work_folder import private_folder
 
 PRIVACY_UNITS = {
@@ -52,11 +51,10 @@ def _num(value, digits: int = 4, *, up: bool = False) -> str:
     """`value` for the page; `up`: rounded up (a stated ε or δ never shows below itself)."""
     if not isinstance(value, float):
         return "-" if value is None else str(value)
-    small = abs(value) < 1e-3 or abs(value) >= 1e4
-    if up and math.isfinite(value) and value:
-        places = digits - 1 - math.floor(math.log10(abs(value))) if small else digits
-        value = float(Decimal(repr(value)).quantize(Decimal(1).scaleb(-places), ROUND_CEILING))
-    return f"{value:.{digits}g}" if small else f"{value:.{digits}f}".rstrip("0").rstrip(".")
+    if abs(value) < 1e-3 or abs(value) >= 1e4:
+        return f"{round_up(value, digits) if up else value:.{digits}g}"
+    shown = format_epsilon(value) if up and digits == DECIMALS else f"{value:.{digits}f}"
+    return shown.rstrip("0").rstrip(".")
 
 
 def _up(value) -> str:
